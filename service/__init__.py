@@ -1,0 +1,3 @@
+"""Vigil: watches LLM agents in production."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,79 @@
+"""Every Prometheus metric Vigil exposes, namespace ``vigil``. Each test builds its own registry.
+
+Label values that come from traffic (agent ids, versions) pass through :class:`LabelGuard`, which
+folds values past a fixed budget into ``other`` so a misbehaving client cannot explode cardinality.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+NS = "vigil"
+OTHER = "other"
+
+
+class LabelGuard:
+    """Admits at most ``limit`` distinct values; later newcomers become ``other``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str | None) -> str:
+        if not value:
+            return "unknown"
+        if value in self._seen:
+            return value
+        with self._lock:
+            if len(self._seen) < self.limit:
+                self._seen.add(value)
+                return value
+        return OTHER
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None, max_label_values: int = 50) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.agent = LabelGuard(max_label_values)
+        self.version = LabelGuard(max_label_values)
+        self.label = LabelGuard(max_label_values)
+
+        self.conversations_processed = Counter(
+            "conversations_processed_total", "Conversations (new or superseding revisions) checked and stored.",
+            ["agent", "agent_version", "source"], namespace=NS, registry=r)
+        self.conversations_duplicate = Counter(
+            "conversations_duplicate_total", "Messages whose revision was already stored (redeliveries, replays).",
+            ["source"], namespace=NS, registry=r)
+        self.findings = Counter(
+            "findings_total", "Rule findings.", ["rule", "severity", "agent", "agent_version"], namespace=NS, registry=r)
+        self.conversations_flagged = Counter(
+            "conversations_flagged_total", "Conversations with at least one finding.",
+            ["agent", "agent_version", "severity"], namespace=NS, registry=r)
+        self.processing_seconds = Histogram(
+            "processing_seconds", "Time to decode, check and store one batch, per conversation.",
+            ["stage"], namespace=NS, registry=r,
+            buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0))
+        self.batch_size = Histogram(
+            "batch_size_conversations", "Conversations per stored batch.", namespace=NS, registry=r,
+            buckets=(1, 5, 10, 50, 100, 250, 500, 1000, 5000))
+        self.consumer_lag = Gauge(
+            "consumer_lag_messages", "Messages behind the partition's end, per assigned partition.",
+            ["topic", "partition"], namespace=NS, registry=r)
+        self.consumer_assigned_partitions = Gauge(
+            "consumer_assigned_partitions", "Partitions assigned to this consumer.", namespace=NS, registry=r)
+        self.dead_letters = Counter(
+            "dead_letters_total", "Messages set aside as dead letters.", ["reason", "source"], namespace=NS, registry=r)
+        self.ingest_errors = Counter(
+            "ingest_errors_total", "Ingest failures that were retried (database, broker).", ["stage"],
+            namespace=NS, registry=r)
+        self.rule_errors = Counter(
+            "rule_errors_total", "Rule functions that raised on a conversation.", ["rule"], namespace=NS, registry=r)
+        self.rules_loaded = Gauge("rules_loaded", "Rules loaded from rule packs.", namespace=NS, registry=r)
+        self.outcomes = Counter(
+            "outcomes_total", "Outcome signals received.", ["type", "agent", "agent_version"],
+            namespace=NS, registry=r)
+        self.build_info = Gauge("build_info", "Vigil version.", ["version"], namespace=NS, registry=r)

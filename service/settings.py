@@ -1,0 +1,124 @@
+"""One settings object, read from ``VIGIL_*`` environment variables, built once at start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+Role = Literal["ingest", "reviewer", "admin"]
+
+
+class ApiKey:
+    __slots__ = ("name", "role", "key")
+
+    def __init__(self, name: str, role: str, key: SecretStr) -> None:
+        self.name, self.role, self.key = name, role, key
+
+    def __repr__(self) -> str:
+        return f"ApiKey(name={self.name!r}, role={self.role!r})"
+
+
+def _default_dir(name: str) -> str:
+    return str(PROJECT_ROOT / name)
+
+
+class Settings(BaseSettings):
+    """All of Vigil's configuration. Each field is documented in the README (a test checks)."""
+
+    model_config = SettingsConfigDict(env_prefix="VIGIL_", extra="ignore")
+
+    database_url: SecretStr = Field(
+        default=SecretStr("sqlite:///vigil.db"),
+        description="SQLAlchemy URL. SQLite file by default; postgresql+psycopg://... for Postgres.",
+    )
+    api_keys: SecretStr = Field(
+        default=SecretStr(""),
+        description="Comma-separated name:role:key entries; roles are ingest, reviewer, admin.",
+    )
+    rule_packs: str = Field(
+        default=_default_dir("rules") + "/default.yaml",
+        description="Comma-separated paths or globs of rule pack YAML files.",
+    )
+    rule_plugins: str = Field(
+        default="", description="Comma-separated Python modules imported at start-up to register rule types."
+    )
+    judges_dir: str = Field(default=_default_dir("judges"), description="Folder of judge definitions.")
+    kafka_bootstrap_servers: str = Field(default="", description="Kafka bootstrap servers, host:port,...")
+    kafka_conversations_topic: str = Field(default="conversations", description="Topic of conversations.")
+    kafka_outcomes_topic: str = Field(default="outcomes", description="Topic of outcome signals.")
+    kafka_group_id: str = Field(default="vigil", description="Consumer group id of `vigil consume`.")
+    kafka_dead_letter_topic: str = Field(
+        default="", description="If set, bad messages are also produced to this topic."
+    )
+    kafka_batch_size: int = Field(default=500, ge=1, description="Max records per poll/commit batch.")
+    kafka_poll_timeout_ms: int = Field(default=500, ge=1, description="Poll timeout of the consumer.")
+    kafka_max_poll_interval_ms: int = Field(
+        default=300_000, ge=1000, description="Consumer max_poll_interval_ms (rebalance timeout)."
+    )
+    kafka_session_timeout_ms: int = Field(default=10_000, ge=1000, description="Consumer session timeout.")
+    max_message_bytes: int = Field(
+        default=1_000_000, ge=1024, description="Conversations larger than this are dead-lettered."
+    )
+    dead_letter_raw_bytes: int = Field(
+        default=16_384, ge=0, description="How much of a bad message's raw bytes is kept."
+    )
+    max_label_values: int = Field(
+        default=50, ge=1, description="Distinct agents/versions per metric label before folding to 'other'."
+    )
+    host: str = Field(default="127.0.0.1", description="Bind address of `vigil serve`.")
+    port: int = Field(default=8000, description="Port of `vigil serve`.")
+    metrics_host: str = Field(default="0.0.0.0", description="Bind address of a worker's /metrics server.")
+    metrics_port: int = Field(
+        default=9108, ge=0, description="Port of /metrics for `vigil consume` and workers (0 = off)."
+    )
+    log_level: str = Field(default="INFO", description="Log level.")
+    migrate_on_start: bool = Field(default=True, description="Run Alembic migrations when a role starts.")
+
+    @field_validator("log_level")
+    @classmethod
+    def _upper(cls, v: str) -> str:
+        return v.upper()
+
+    def parsed_api_keys(self) -> list[ApiKey]:
+        """Parse ``VIGIL_API_KEYS``; raises ConfigError on a malformed entry."""
+        from .errors import ConfigError
+
+        keys: list[ApiKey] = []
+        raw = self.api_keys.get_secret_value().strip()
+        if not raw:
+            return keys
+        for i, entry in enumerate(raw.split(",")):
+            parts = entry.strip().split(":", 2)
+            if len(parts) != 3 or not all(parts):
+                raise ConfigError(f"VIGIL_API_KEYS entry {i + 1} must be name:role:key")
+            name, role, key = parts
+            if role not in ("ingest", "reviewer", "admin"):
+                raise ConfigError(
+                    f"VIGIL_API_KEYS entry {i + 1} ({name}): role {role!r} is not ingest, reviewer or admin"
+                )
+            keys.append(ApiKey(name, role, SecretStr(key)))
+        return keys
+
+    def rule_pack_paths(self) -> list[Path]:
+        import glob
+
+        from .errors import ConfigError
+
+        paths: list[Path] = []
+        for pattern in (p.strip() for p in self.rule_packs.split(",")):
+            if not pattern:
+                continue
+            matches = sorted(glob.glob(pattern))
+            if not matches:
+                raise ConfigError(f"VIGIL_RULE_PACKS: {pattern!r} matches no file")
+            paths.extend(Path(m) for m in matches)
+        return paths
+
+    @property
+    def database_url_str(self) -> str:
+        return self.database_url.get_secret_value()

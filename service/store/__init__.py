@@ -1,0 +1,1 @@
+"""Store stage: durable, idempotent writes of conversations, findings, outcomes and dead letters."""

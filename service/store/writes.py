@@ -1,0 +1,161 @@
+"""Idempotent batch writes. A redelivered revision changes nothing; a newer revision supersedes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import delete, func, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from ..rules import Finding, max_severity
+from ..schema import Conversation
+from .models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow
+
+
+@dataclass(slots=True)
+class Checked:
+    """A decoded conversation with its rule findings, ready to store."""
+
+    conversation: Conversation
+    findings: list[Finding]
+    document: str
+
+
+@dataclass(slots=True)
+class DeadLetter:
+    source: str
+    reason: str
+    detail: str
+    raw: bytes
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+    key: str | None = None
+
+
+def _dialect_insert(session: Session, table):  # type: ignore[no-untyped-def]
+    name = session.get_bind().dialect.name
+    return (postgresql.insert if name == "postgresql" else sqlite.insert)(table)
+
+
+def _row(item: Checked, now: datetime) -> dict[str, object]:
+    c = item.conversation
+    errors = sum(1 for m in c.messages if m.role == "tool" and m.is_error)
+    calls = sum(len(m.tool_calls) for m in c.messages if m.tool_calls)
+    return {
+        "conversation_id": c.conversation_id,
+        "revision": c.effective_revision,
+        "schema_version": c.schema_version,
+        "agent_id": c.agent_id,
+        "agent_version": c.agent_version,
+        "task_id": c.task_id,
+        "intent": c.intent,
+        "status": c.status,
+        "started_at": c.started_at,
+        "ended_at": c.ended_at,
+        "received_at": now,
+        "message_count": len(c.messages),
+        "tool_call_count": calls,
+        "tool_error_count": errors,
+        "tokens": c.usage.tokens if c.usage else None,
+        "cost_usd": c.usage.cost_usd if c.usage else None,
+        "latency_ms": c.usage.latency_ms if c.usage else None,
+        "finding_count": len(item.findings),
+        "max_severity": max_severity(item.findings),
+        "document": item.document,
+    }
+
+
+def newest_per_conversation(items: Sequence[Checked]) -> list[Checked]:
+    best: dict[str, Checked] = {}
+    for item in items:
+        cid = item.conversation.conversation_id
+        cur = best.get(cid)
+        if cur is None or item.conversation.effective_revision > cur.conversation.effective_revision:
+            best[cid] = item
+    return list(best.values())
+
+
+def store_conversations(session: Session, items: Sequence[Checked]) -> list[Checked]:
+    """Upsert conversations and replace their findings. Returns the items actually applied."""
+    if not items:
+        return []
+    items = newest_per_conversation(items)
+    now = datetime.now(UTC)
+    stmt = _dialect_insert(session, ConversationRow)
+    cols = {k: stmt.excluded[k] for k in _row(items[0], now) if k != "conversation_id"}
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["conversation_id"],
+        set_=cols,
+        where=ConversationRow.revision < stmt.excluded.revision,
+    ).returning(ConversationRow.conversation_id)
+    applied_ids = set(session.scalars(stmt, [_row(i, now) for i in items]).all())
+    applied = [i for i in items if i.conversation.conversation_id in applied_ids]
+    if not applied:
+        return []
+    session.execute(delete(FindingRow).where(FindingRow.conversation_id.in_(applied_ids)))
+    finding_rows = [
+        {
+            "conversation_id": i.conversation.conversation_id,
+            "revision": i.conversation.effective_revision,
+            "agent_id": i.conversation.agent_id,
+            "agent_version": i.conversation.agent_version,
+            "rule_id": f.rule_id,
+            "rule_type": f.rule_type,
+            "severity": f.severity,
+            "message": f.message,
+            "evidence": [e.as_dict() for e in f.evidence],
+            "details": f.details,
+            "created_at": now,
+        }
+        for i in applied
+        for f in i.findings
+    ]
+    if finding_rows:
+        session.execute(insert(FindingRow), finding_rows)
+    outcome_rows = [
+        {
+            "idempotency_key": o.idempotency_key or f"{i.conversation.conversation_id}:{o.type}",
+            "conversation_id": i.conversation.conversation_id,
+            "type": o.type,
+            "value": o.value,
+            "occurred_at": o.occurred_at or i.conversation.ended_at or now,
+            "received_at": now,
+            "source": "inline",
+        }
+        for i in applied
+        for o in i.conversation.outcomes
+    ]
+    if outcome_rows:
+        ins = _dialect_insert(session, OutcomeRow)
+        session.execute(ins.on_conflict_do_nothing(index_elements=["idempotency_key"]), outcome_rows)
+    return applied
+
+
+def store_dead_letters(session: Session, letters: Sequence[DeadLetter], keep_bytes: int) -> None:
+    if not letters:
+        return
+    rows = [
+        {
+            "source": d.source,
+            "topic": d.topic,
+            "partition": d.partition,
+            "offset": d.offset,
+            "key": d.key,
+            "reason": d.reason,
+            "detail": d.detail[:4000],
+            "raw": d.raw[:keep_bytes],
+            "raw_size": len(d.raw),
+            "created_at": datetime.now(UTC),
+        }
+        for d in letters
+    ]
+    ins = _dialect_insert(session, DeadLetterRow)
+    session.execute(ins.on_conflict_do_nothing(index_elements=["source", "topic", "partition", "offset"]), rows)
+
+
+def count_conversations(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(ConversationRow)) or 0
