@@ -78,7 +78,9 @@ def consume(
 
     s = _settings()
     try:
-        rt = build_runtime(s)
+        from .wiring import wire
+
+        rt = wire(build_runtime(s), {"consume"})
         handlers = consumer_handlers(rt)
         consumer = kafka_consumer(rt, list(handlers))
     except VigilError as exc:
@@ -132,8 +134,9 @@ def replay(
             console.print(f"produced {len(convs)} conversations to {s.kafka_conversations_topic}")
             return
         from .runtime import build_runtime
+        from .wiring import wire
 
-        rt = build_runtime(s)
+        rt = wire(build_runtime(s), {"replay"})
         for i in range(0, len(convs), batch):
             chunk = convs[i : i + batch]
             result = rt.pipeline.process(chunk, "replay")
@@ -232,13 +235,26 @@ def _make_sink(out: Path | None, url: str | None, api_key: str | None, to_kafka:
         return to_topic
     from .runtime import build_runtime
     from .schema import Conversation
+    from .wiring import wire
 
-    rt = build_runtime(s)
+    rt = wire(build_runtime(s), {"replay"})
 
     def to_pipeline(convs: list[dict[str, Any]], _outs: list[dict[str, Any]]) -> None:
         rt.pipeline.process([Conversation.model_validate(c) for c in convs], "simulate")
 
     return to_pipeline
+
+
+def _register_stage_commands() -> None:
+    """Stages add their commands in ``service/<stage>/commands.py`` with ``register(app)``."""
+    import importlib
+
+    for path in STAGE_COMMANDS:
+        importlib.import_module(path).register(app)
+
+
+STAGE_COMMANDS: list[str] = []
+_register_stage_commands()
 
 
 def main() -> None:

@@ -77,3 +77,15 @@ class Metrics:
             "outcomes_total", "Outcome signals received.", ["type", "agent", "agent_version"],
             namespace=NS, registry=r)
         self.build_info = Gauge("build_info", "Vigil version.", ["version"], namespace=NS, registry=r)
+
+        # --- judge metrics ---
+        # --- end judge metrics ---
+
+        # --- review metrics ---
+        # --- end review metrics ---
+
+        # --- outcomes and detector metrics ---
+        # --- end outcomes and detector metrics ---
+
+        # --- calibration metrics ---
+        # --- end calibration metrics ---

@@ -76,7 +76,9 @@ def build_server_app(
 ) -> FastAPI:
     from .api.app import create_app
 
-    rt = runtime or build_runtime(settings)
+    from .wiring import wire
+
+    rt = runtime or wire(build_runtime(settings), {"serve"})
     background: list[Any] = list(rt.extras.get("background", []))
     if demo:
         background.append(DemoTraffic(rt, demo_rate, demo_versions))

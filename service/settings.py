@@ -79,6 +79,21 @@ class Settings(BaseSettings):
     log_level: str = Field(default="INFO", description="Log level.")
     migrate_on_start: bool = Field(default=True, description="Run Alembic migrations when a role starts.")
 
+    # --- judge (issue: LLM judge) ---
+    # --- end judge ---
+
+    # --- review (issue: review queue and UI) ---
+    # --- end review ---
+
+    # --- outcomes, compare, detector (issue: outcomes and alerting) ---
+    # --- end outcomes ---
+
+    # --- calibration and export ---
+    # --- end calibration ---
+
+    # --- tracing and OTLP ingest ---
+    # --- end tracing ---
+
     @field_validator("log_level")
     @classmethod
     def _upper(cls, v: str) -> str:

@@ -44,6 +44,8 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
     app.state.keyring = KeyRing.from_settings(runtime.settings)
     app.include_router(ingest.router)
     app.include_router(conversations.router)
+    for router in runtime.extras.get("routers", []):
+        app.include_router(router)
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:

@@ -4,8 +4,21 @@ from __future__ import annotations
 
 from sqlalchemy import MetaData
 
+MODEL_MODULES = [
+    "service.store.models",
+    "service.judge.models",
+    "service.review.models",
+    "service.outcomes.models",
+    "service.calibration.models",
+    "service.tracing.models",
+]
+
 
 def metadata() -> MetaData:
-    from . import models
+    import importlib
 
-    return models.Base.metadata
+    for name in MODEL_MODULES:
+        importlib.import_module(name)
+    from .models import Base
+
+    return Base.metadata

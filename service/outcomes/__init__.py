@@ -1,0 +1,1 @@
+"""outcomes stage."""
