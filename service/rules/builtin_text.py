@@ -13,35 +13,54 @@ from .builtin_tools import compiled
 from .registry import Evidence, Hit, RuleArgs, rule_type
 from .view import ConversationView
 
+_SCORERS = {
+    "ratio": fuzz.ratio,
+    "token_sort_ratio": fuzz.token_sort_ratio,
+    "token_set_ratio": fuzz.token_set_ratio,
+}
+
 
 class UserRepetitionArgs(RuleArgs):
-    threshold: float = Field(default=88, ge=0, le=100, description="rapidfuzz token_set_ratio, 0..100.")
+    threshold: float = Field(
+        default=88, ge=0, le=100, description="Similarity 0..100 that counts as a repeat."
+    )
     min_chars: int = Field(default=20, ge=1, description="Shorter user turns ('yes', 'ok') are ignored.")
     window: int = Field(default=6, ge=1, description="Compare with this many earlier user turns.")
+    scorer: Literal["ratio", "token_sort_ratio", "token_set_ratio"] = Field(
+        default="token_sort_ratio",
+        description="rapidfuzz scorer; token_set_ratio scores a turn containing an earlier one as 100.",
+    )
 
 
 @rule_type("user_repetition", UserRepetitionArgs)
 def user_repetition(view: ConversationView, args: UserRepetitionArgs) -> Iterator[Hit]:
     """The user had to repeat themselves: a user turn nearly equal to an earlier one."""
-    turns = [(i, t.lower()) for i, t in view.user_turns if len(t) >= args.min_chars]
+    score_fn = _SCORERS[args.scorer]
+    turns = [(i, t.lower(), len(t)) for i, t in view.user_turns if len(t) >= args.min_chars]
     for k in range(1, len(turns)):
-        i, text = turns[k]
-        for j, earlier in turns[max(0, k - args.window) : k]:
-            score = fuzz.token_set_ratio(text, earlier, score_cutoff=args.threshold)
+        i, text, n = turns[k]
+        for j, earlier, n_earlier in turns[max(0, k - args.window) : k]:
+            score = score_fn(text, earlier, score_cutoff=args.threshold)
             if score:
                 yield Hit(
                     f"user repeated message {j} (similarity {score:.0f})",
-                    [Evidence(j, 0, len(earlier)), Evidence(i, 0, len(text))],
+                    [Evidence(j, 0, n_earlier), Evidence(i, 0, n)],
                     {"similarity": round(score, 1)},
                 )
                 break
 
 
+# A phone number needs a separator, parentheses or a leading "+": bare digit runs are order,
+# item and tracking numbers far more often than phone numbers.
 _PII_PATTERNS: dict[str, re.Pattern[str]] = {
     "email": re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
-    "phone": re.compile(r"(?<![\w-])(?:\+?\d{1,3}[ .-]?)?(?:\(\d{3}\)|\d{3})[ .-]?\d{3}[ .-]?\d{4}(?![\w-])"),
+    "phone": re.compile(
+        r"(?<![\w+-])(?:\+\d{1,3}[ .-]?\d{3}[ .-]?\d{3}[ .-]?\d{4}"
+        r"|(?:\+?\d{1,3}[ .-])?(?:\(\d{3}\)[ .-]?|\d{3}[ .-])\d{3}[ .-]\d{4})(?![\w-])"
+    ),
     "card": re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)"),
 }
+_NON_DIGIT = re.compile(r"\D")
 
 
 def luhn_ok(digits: str) -> bool:
@@ -56,11 +75,15 @@ def luhn_ok(digits: str) -> bool:
     return total % 10 == 0
 
 
+def _normal(kind: str, value: str) -> str:
+    return value.lower() if kind == "email" else _NON_DIGIT.sub("", value)
+
+
 def find_pii(text: str, kinds: list[str]) -> Iterator[tuple[str, re.Match[str]]]:
     for kind in kinds:
         for m in _PII_PATTERNS[kind].finditer(text):
             if kind == "card":
-                digits = re.sub(r"\D", "", m.group(0))
+                digits = _NON_DIGIT.sub("", m.group(0))
                 if not (13 <= len(digits) <= 19 and luhn_ok(digits)):
                     continue
             yield kind, m
@@ -76,14 +99,18 @@ class PiiLeakArgs(RuleArgs):
 @rule_type("pii_leak", PiiLeakArgs)
 def pii_leak(view: ConversationView, args: PiiLeakArgs) -> Iterator[Hit]:
     """Emails, phone numbers or card numbers (Luhn-checked) in the assistant's text."""
-    user_text = " ".join(t for _, t in view.user_turns) if args.except_user_provided else ""
+    user_values: set[str] | None = None
     for i, text in view.assistant_texts:
         if "@" not in text and not any(c.isdigit() for c in text):
             continue
         for kind, m in find_pii(text, list(args.kinds)):
-            value = m.group(0)
-            if user_text and value in user_text:
-                continue
+            if args.except_user_provided:
+                if user_values is None:
+                    user_text = "\n".join(t for _, t in view.user_turns)
+                    user_values = {_normal(k, u.group(0)) for k, u in find_pii(user_text, list(args.kinds))}
+                if _normal(kind, m.group(0)) in user_values:
+                    continue
+            # The quote is left out so that findings do not copy the personal data they report.
             yield Hit(f"{kind} in assistant text", [Evidence(i, m.start(), m.end(), None)], {"kind": kind})
 
 
@@ -117,17 +144,28 @@ def regex(view: ConversationView, args: RegexArgs) -> Iterator[Hit]:
                     f"matched forbidden pattern {args.pattern!r}",
                     [Evidence(i, found.start(), found.end(), found.group(0)[:200])],
                 )
+            else:
+                return
     if args.mode == "must_match" and not matched:
-        yield Hit(f"no {'/'.join(args.roles)} message matched {args.pattern!r}", [Evidence(len(view.messages) - 1)])
+        yield Hit(
+            f"no {'/'.join(args.roles)} message matched {args.pattern!r}", [Evidence(len(view.messages) - 1)]
+        )
 
 
 _AMOUNT = re.compile(r"\$\s?(\d{1,3}(?:,\d{3})+|\d+)(\.\d{1,2})?")
 _DATE = re.compile(
-    r"\b(\d{4}-\d{2}-\d{2}|(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? \d{1,2}(?:, \d{4})?)\b"
+    r"\b(\d{4}-\d{2}-\d{2}|(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? "
+    r"\d{1,2}(?:st|nd|rd|th)?(?:, \d{4})?)\b"
 )
-_IDENT = re.compile(r"(?<![\w#])#?(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{6,}\b")
+_IDENTS = (
+    re.compile(r"(?<![\w#])#?(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{6,}\b"),  # #W5565470, HAT030X
+    re.compile(r"(?<![\w$.,-])\d{8,}\b(?![.,]\d)"),  # item, product and tracking numbers
+    re.compile(r"\b[a-z]+(?:_[a-z]+)*_\d{2,}\b"),  # gift_card_1712795, sara_doe_496
+)
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
-_MONTHS = {m: i for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split(), 1)}
+_ORDINAL = re.compile(r"(?<=\d)(st|nd|rd|th)\b")
+_MONTH_NAMES = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+_MONTHS = {m: i for i, m in enumerate(_MONTH_NAMES, 1)}
 
 
 def _money(value: str) -> str:
@@ -137,12 +175,12 @@ def _money(value: str) -> str:
 def _date_forms(text: str) -> set[str]:
     if text[:1].isdigit():
         return {text}
-    parts = text.replace(",", "").replace(".", "").split()
+    parts = _ORDINAL.sub("", text.replace(",", "").replace(".", "")).split()
     month = _MONTHS.get(parts[0][:3].lower())
     day = int(parts[1])
     forms = {f"-{month:02d}-{day:02d}"}
     if len(parts) > 2:
-        forms.add(f"{parts[2]}-{month:02d}-{day:02d}")
+        forms = {f"{parts[2]}-{month:02d}-{day:02d}"}
     return forms
 
 
@@ -157,26 +195,34 @@ class GroundednessArgs(RuleArgs):
 def groundedness(view: ConversationView, args: GroundednessArgs) -> Iterator[Hit]:
     """Amounts, dates and identifiers the assistant states must appear in tool results or user turns."""
     roles = ("tool", "user", "system") if args.include_system else ("tool", "user")
-    source = "\n".join(m.text for m in view.messages if m.role in roles)
+    source: str | None = None
     numbers: set[str] | None = None
     for i, text in view.assistant_texts:
+        if source is None:
+            source = "\n".join(m.text for m in view.messages if m.role in roles)
         if "amounts" in args.check and "$" in text:
             if numbers is None:
                 numbers = {_money(n) for n in _NUMBER.findall(source.replace(",", ""))}
             for m in _AMOUNT.finditer(text):
                 if _money(m.group(0)) not in numbers:
-                    yield Hit(f"amount {m.group(0)} not found in any tool result or user turn",
-                              [Evidence(i, m.start(), m.end(), m.group(0))], {"kind": "amount"})
+                    yield _ungrounded("amount", i, m)
         if "dates" in args.check:
             for m in _DATE.finditer(text):
-                if not any(f in source for f in _date_forms(m.group(0))) and m.group(0) not in source:
-                    yield Hit(f"date {m.group(0)} not found in any tool result or user turn",
-                              [Evidence(i, m.start(), m.end(), m.group(0))], {"kind": "date"})
+                if m.group(0) not in source and not any(f in source for f in _date_forms(m.group(0))):
+                    yield _ungrounded("date", i, m)
         if "identifiers" in args.check:
-            for m in _IDENT.finditer(text):
-                if m.group(0).lstrip("#") not in source:
-                    yield Hit(f"identifier {m.group(0)} not found in any tool result or user turn",
-                              [Evidence(i, m.start(), m.end(), m.group(0))], {"kind": "identifier"})
+            for rx in _IDENTS:
+                for m in rx.finditer(text):
+                    if m.group(0).lstrip("#") not in source:
+                        yield _ungrounded("identifier", i, m)
+
+
+def _ungrounded(kind: str, i: int, m: re.Match[str]) -> Hit:
+    return Hit(
+        f"{kind} {m.group(0)} not found in any tool result or user turn",
+        [Evidence(i, m.start(), m.end(), m.group(0))],
+        {"kind": kind},
+    )
 
 
 class EmptyOrTruncatedArgs(RuleArgs):
@@ -184,14 +230,29 @@ class EmptyOrTruncatedArgs(RuleArgs):
     terminal: str = Field(default=".!?)\"'`*:]}>", description="Characters a complete reply ends with.")
 
 
+_MID_SENTENCE = ",;-–—(/&"
+
+
 @rule_type("empty_or_truncated_response", EmptyOrTruncatedArgs)
 def empty_or_truncated_response(view: ConversationView, args: EmptyOrTruncatedArgs) -> Iterator[Hit]:
-    """An assistant reply that is empty, or stops mid-sentence."""
+    """An assistant reply that is empty, cut off by the token limit, or stops mid-sentence."""
     for i, m in enumerate(view.messages):
         if m.role != "assistant" or m.tool_calls:
             continue
         text = m.text.rstrip()
         if not text:
             yield Hit("empty assistant response", [Evidence(i)], {"kind": "empty"})
-        elif len(text) >= args.min_chars_for_truncation and text[-1] not in args.terminal and not text[-1].isdigit():
-            yield Hit("assistant response looks truncated", [Evidence(i, len(text) - 20, len(text))], {"kind": "truncated"})
+            continue
+        last = text[-1]
+        cut = (m.model_extra or {}).get("finish_reason") == "length" or (
+            len(text) >= args.min_chars_for_truncation
+            and last not in args.terminal
+            and (last.isalpha() or last in _MID_SENTENCE)
+        )
+        if cut:
+            start = max(0, len(text) - 20)
+            yield Hit(
+                "assistant response looks truncated",
+                [Evidence(i, start, len(text), text[start:])],
+                {"kind": "truncated"},
+            )

@@ -6,81 +6,73 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from .conditions import (
+    MISSING,
+    ArgCondition,
+    ResultCondition,
+    arg_condition_met,
+    field_value,
+    result_condition_met,
+)
 from .registry import Evidence, Hit, RuleArgs, rule_type
-from .view import CallSite, ConversationView
+from .view import ConversationView
 
-_MISSING = object()
+__all__ = ["ResultCondition", "ArgCondition", "compiled", "field_value"]
 
-
-def field_value(obj: Any, path: str) -> Any:
-    """Value at a dotted path of parsed JSON (``a.b.0.c``); a missing key gives ``_MISSING``."""
-    for part in path.split("."):
-        if isinstance(obj, dict):
-            obj = obj.get(part, _MISSING)
-        elif isinstance(obj, list) and part.isdigit() and int(part) < len(obj):
-            obj = obj[int(part)]
-        else:
-            return _MISSING
-        if obj is _MISSING:
-            return obj
-    return obj
+_COMPILED: dict[str, re.Pattern[str]] = {}
 
 
-class ResultCondition(RuleArgs):
-    """An earlier tool result whose ``field`` has one of ``values``."""
+def compiled(pattern: str, flags: int = re.IGNORECASE) -> re.Pattern[str]:
+    """A compiled pattern, cached across calls so rules never recompile per conversation."""
+    key = f"{flags}:{pattern}"
+    rx = _COMPILED.get(key)
+    if rx is None:
+        rx = _COMPILED[key] = re.compile(pattern, flags)
+    return rx
 
-    field: str
-    values: list[Any] = Field(min_length=1)
-    result_of: list[str] = Field(default_factory=list, description="Only results of these tools.")
-    join_on: str | None = Field(
-        default=None,
-        description="Call argument that must equal the result's field of the same name (e.g. order_id).",
-    )
+
+def _as_list(v: Any) -> Any:
+    if v is None:
+        return []
+    return [v] if isinstance(v, dict) else v
 
 
 class ForbiddenToolArgs(RuleArgs):
     tools: list[str] = Field(min_length=1)
-    when: ResultCondition | None = None
+    when: list[ResultCondition] = Field(
+        default_factory=list, description="All must hold: states shown by earlier tool results."
+    )
+    when_args: list[ArgCondition] = Field(
+        default_factory=list, description="All must hold: the call's own arguments."
+    )
 
-
-def _condition_met(view: ConversationView, site: CallSite, cond: ResultCondition) -> Evidence | None:
-    wanted = cond.values
-    join_value = site.args.get(cond.join_on, _MISSING) if cond.join_on else _MISSING
-    for earlier in view.tool_calls:
-        if earlier.message_index >= site.message_index:
-            break
-        if cond.result_of and earlier.name not in cond.result_of:
-            continue
-        result = view.result_for(earlier)
-        if result is None:
-            continue
-        data = result.parsed()
-        if data is None:
-            continue
-        if cond.join_on and field_value(data, cond.join_on) != join_value:
-            continue
-        if field_value(data, cond.field) in wanted:
-            return Evidence(result.message_index)
-    return None
+    _as_list_when = field_validator("when", "when_args", mode="before")(lambda cls, v: _as_list(v))
 
 
 @rule_type("forbidden_tool", ForbiddenToolArgs)
 def forbidden_tool(view: ConversationView, args: ForbiddenToolArgs) -> Iterator[Hit]:
-    """The agent must never call these tools (optionally: when an earlier result shows a state)."""
+    """The agent must never call these tools (optionally: only when earlier results or its args say so)."""
     for site in view.tool_calls:
         if site.name not in args.tools:
             continue
-        if args.when is None:
-            yield Hit(f"called forbidden tool {site.name}", [Evidence(site.message_index)], {"tool": site.name})
+        if not all(arg_condition_met(site, c) for c in args.when_args):
             continue
-        cause = _condition_met(view, site, args.when)
-        if cause is not None:
+        evidence = [Evidence(site.message_index)]
+        for cond in args.when:
+            cause = result_condition_met(view, site, cond)
+            if cause is None:
+                break
+            if all(e.message_index != cause for e in evidence):
+                evidence.append(Evidence(cause))
+        else:
+            reasons = [c.describe(c.field) for c in args.when] + [c.describe(c.arg) for c in args.when_args]
             yield Hit(
-                f"called {site.name} although {args.when.field} was one of {args.when.values}",
-                [Evidence(site.message_index), cause],
-                {"tool": site.name, "field": args.when.field},
+                f"called {site.name}"
+                + (f" although {' and '.join(reasons)}" if reasons else ", a forbidden tool"),
+                evidence,
+                {"tool": site.name},
             )
 
 
@@ -88,6 +80,9 @@ class ToolOrderArgs(RuleArgs):
     before: list[str] = Field(min_length=1, description="One of these must be called first...")
     after: list[str] = Field(min_length=1, description="...before any of these.")
     same_arg: str | None = Field(default=None, description="Match calls on this argument's value.")
+    before_must_succeed: bool = Field(
+        default=True, description="A 'before' call whose result is an error does not count."
+    )
 
 
 @rule_type("tool_order", ToolOrderArgs)
@@ -96,25 +91,35 @@ def tool_order(view: ConversationView, args: ToolOrderArgs) -> Iterator[Hit]:
     seen_any = False
     seen_values: set[str] = set()
     for site in view.tool_calls:
-        if site.name in args.before:
-            seen_any = True
-            if args.same_arg:
-                seen_values.add(str(site.args.get(args.same_arg)))
-        elif site.name in args.after:
-            ok = str(site.args.get(args.same_arg)) in seen_values if args.same_arg else seen_any
+        if site.name in args.after:
+            value = site.args.get(args.same_arg, MISSING) if args.same_arg else MISSING
+            ok = str(value) in seen_values if value is not MISSING else seen_any
             if not ok:
+                what = f" for {args.same_arg}={value}" if value is not MISSING else ""
                 yield Hit(
-                    f"{site.name} called before any of {', '.join(args.before)}",
+                    f"{site.name} called before any of {', '.join(args.before)}{what}",
                     [Evidence(site.message_index)],
                     {"tool": site.name},
                 )
+        if site.name in args.before:
+            if args.before_must_succeed:
+                result = view.result_for(site)
+                if result is not None and result.is_error:
+                    continue
+            seen_any = True
+            if args.same_arg and (v := site.args.get(args.same_arg, MISSING)) is not MISSING:
+                seen_values.add(str(v))
 
 
 DEFAULT_YES = (
-    r"\b(yes|yeah|yep|yup|sure|confirm(ed)?|correct|go ahead|proceed|please do|do it|that'?s right|"
+    r"\b(yes|yeah|yep|yup|sure|confirm(ed)?|correct|go ahead|proceed|please do|do it|that['’]?s right|"
     r"ok(ay)?|absolutely|affirmative|sounds good|i agree|agreed)\b"
 )
-DEFAULT_NO = r"\b(no|nope|don'?t|do not|cancel that|stop|wait|hold on)\b"
+DEFAULT_NO = (
+    r"\b(no\b(?![ -](longer|problem|worries|rush|need|other|more))|nope|don['’]?t|do not|cancel that|"
+    r"stop|wait|hold on)\b"
+)
+_NEGATED = re.compile(r"(\bnot|n['’]t|\bno|\bnever)\s+(\w+\s+)?$", re.IGNORECASE)
 
 
 class RequireConfirmationArgs(RuleArgs):
@@ -124,6 +129,9 @@ class RequireConfirmationArgs(RuleArgs):
     one_write_per_confirmation: bool = Field(
         default=False, description="Each confirmation authorises a single write call."
     )
+    only_with_user: bool = Field(
+        default=True, description="Skip conversations without any user turn (autonomous runs)."
+    )
 
     @model_validator(mode="after")
     def _compile(self) -> RequireConfirmationArgs:
@@ -132,33 +140,38 @@ class RequireConfirmationArgs(RuleArgs):
         return self
 
 
-_COMPILED: dict[str, re.Pattern[str]] = {}
-
-
-def compiled(pattern: str, flags: int = re.IGNORECASE) -> re.Pattern[str]:
-    key = f"{flags}:{pattern}"
-    rx = _COMPILED.get(key)
-    if rx is None:
-        rx = _COMPILED[key] = re.compile(pattern, flags)
-    return rx
+def affirmed(text: str, yes: re.Pattern[str], no: re.Pattern[str]) -> bool:
+    """A yes that is not negated ("not correct") and comes before any no ("wait", "don't")."""
+    first_no = no.search(text)
+    for m in yes.finditer(text):
+        if first_no is not None and first_no.start() < m.start():
+            return False
+        if _NEGATED.search(text[max(0, m.start() - 16) : m.start()]):
+            continue
+        return True
+    return False
 
 
 @rule_type("require_confirmation", RequireConfirmationArgs)
 def require_confirmation(view: ConversationView, args: RequireConfirmationArgs) -> Iterator[Hit]:
-    """An explicit user "yes" must come between the agent's last question and a write tool call."""
+    """The last user turn before a write tool call must be an explicit "yes"."""
+    if args.only_with_user and not view.user_turns:
+        return
     yes, no = compiled(args.yes_pattern), compiled(args.no_pattern)
     messages = view.messages
     used: set[int] = set()
     for site in view.tool_calls:
         if site.name not in args.tools:
             continue
-        last_user = next((i for i in range(site.message_index - 1, -1, -1) if messages[i].role == "user"), None)
+        last_user = next(
+            (i for i in range(site.message_index - 1, -1, -1) if messages[i].role == "user"), None
+        )
         text = messages[last_user].text if last_user is not None else ""
-        affirmed = bool(yes.search(text)) and not (no.search(text) and not yes.match(text.strip()))
-        if affirmed and args.one_write_per_confirmation and last_user in used:
-            affirmed = False
-        if affirmed and last_user is not None:
-            used.add(last_user)
+        ok = last_user is not None and affirmed(text, yes, no)
+        if ok and args.one_write_per_confirmation and last_user in used:
+            ok = False
+        if ok:
+            used.add(last_user)  # type: ignore[arg-type]
             continue
         evidence = [Evidence(site.message_index)]
         if last_user is not None:
@@ -178,18 +191,33 @@ class BudgetArgs(RuleArgs):
 def budget(view: ConversationView, args: BudgetArgs) -> Iterator[Hit]:
     """Stay under budgets of turns, tool calls, tokens, cost and latency."""
     usage = view.conversation.usage
-    measured: dict[str, float | None] = {
-        "turns": sum(1 for m in view.messages if m.role in ("user", "assistant")),
-        "tool_calls": len(view.tool_calls),
-        "tokens": usage.tokens if usage else None,
-        "cost_usd": usage.cost_usd if usage else None,
-        "latency_ms": usage.latency_ms if usage else None,
-    }
     last = len(view.messages) - 1
-    for name, value in measured.items():
-        limit = getattr(args, f"max_{name}")
+    if args.max_turns is not None:
+        turns = [i for i, m in enumerate(view.messages) if m.role in ("user", "assistant")]
+        if len(turns) > args.max_turns:
+            yield Hit(
+                f"turns {len(turns)} over budget {args.max_turns}",
+                [Evidence(turns[args.max_turns])],
+                {"budget": "turns", "value": len(turns)},
+            )
+    if args.max_tool_calls is not None and len(view.tool_calls) > args.max_tool_calls:
+        first_over = view.tool_calls[args.max_tool_calls].message_index
+        yield Hit(
+            f"tool_calls {len(view.tool_calls)} over budget {args.max_tool_calls}",
+            [Evidence(first_over)],
+            {"budget": "tool_calls", "value": len(view.tool_calls)},
+        )
+    if usage is None:
+        return
+    for name, value, limit in (
+        ("tokens", usage.tokens, args.max_tokens),
+        ("cost_usd", usage.cost_usd, args.max_cost_usd),
+        ("latency_ms", usage.latency_ms, args.max_latency_ms),
+    ):
         if limit is not None and value is not None and value > limit:
-            yield Hit(f"{name} {value:g} over budget {limit:g}", [Evidence(last)], {"budget": name})
+            yield Hit(
+                f"{name} {value:g} over budget {limit:g}", [Evidence(last)], {"budget": name, "value": value}
+            )
 
 
 class ToolErrorRateArgs(RuleArgs):
@@ -202,15 +230,17 @@ class ToolErrorRateArgs(RuleArgs):
 
 @rule_type("tool_error_rate", ToolErrorRateArgs)
 def tool_error_rate(view: ConversationView, args: ToolErrorRateArgs) -> Iterator[Hit]:
-    """Too large a share of tool calls failed."""
-    rx = compiled(args.error_pattern) if args.error_pattern else None
-    errors = [
-        r.message_index
-        for r in view.results.values()
-        if r.is_error or (rx is not None and rx.search(r.message.text[:200]))
-    ]
+    """Too large a share of the agent's tool calls failed."""
     total = len(view.tool_calls)
-    if total >= args.min_calls and len(errors) / total > args.max_rate:
+    if total < args.min_calls:
+        return
+    rx = compiled(args.error_pattern) if args.error_pattern else None
+    errors = []
+    for site in view.tool_calls:
+        r = view.result_for(site)
+        if r is not None and (r.is_error or (rx is not None and rx.search(r.message.text[:200]))):
+            errors.append(r.message_index)
+    if len(errors) / total > args.max_rate:
         yield Hit(
             f"{len(errors)} of {total} tool calls failed",
             [Evidence(i) for i in errors[:10]],
@@ -218,21 +248,64 @@ def tool_error_rate(view: ConversationView, args: ToolErrorRateArgs) -> Iterator
         )
 
 
+class ToolCallsPerMessageArgs(RuleArgs):
+    max_calls: int = Field(default=1, ge=1, description="Tool calls allowed in one assistant message.")
+    allow_text: bool = Field(
+        default=False, description="May a message with tool calls also talk to the user?"
+    )
+
+
+@rule_type("tool_calls_per_message", ToolCallsPerMessageArgs)
+def tool_calls_per_message(view: ConversationView, args: ToolCallsPerMessageArgs) -> Iterator[Hit]:
+    """One action at a time: at most ``max_calls`` tool calls per assistant message, no text beside them."""
+    for i, m in enumerate(view.messages):
+        calls = m.tool_calls
+        if m.role != "assistant" or not calls:
+            continue
+        if len(calls) > args.max_calls:
+            yield Hit(
+                f"{len(calls)} tool calls in one message (at most {args.max_calls})",
+                [Evidence(i)],
+                {"calls": len(calls)},
+            )
+        elif not args.allow_text and m.text.strip():
+            yield Hit(
+                "replied to the user and called a tool in the same message",
+                [Evidence(i)],
+                {"calls": len(calls)},
+            )
+
+
 class EscalationArgs(RuleArgs):
     tools: list[str] = Field(default_factory=lambda: ["transfer_to_human_agents"])
-    phrases: str = r"\b(transfer(ring)? you to a (human|live) agent|connect you with a (human|live) agent)\b"
+    phrases: str = (
+        r"\b(transferr?(ed|ing)? you to (a|an|our) (human|live|real)( support)? "
+        r"(agent|representative|person)|"
+        r"connect(ing)? you (with|to) (a|an) (human|live|real) (agent|representative|person)|"
+        r"you are being transferred to a human agent)\b"
+    )
+
+    @field_validator("phrases")
+    @classmethod
+    def _valid(cls, v: str) -> str:
+        re.compile(v)
+        return v
 
 
 @rule_type("escalation", EscalationArgs)
 def escalation(view: ConversationView, args: EscalationArgs) -> Iterator[Hit]:
-    """The conversation was handed off to a human."""
+    """The conversation was handed off to a human (a hand-off tool call, or the agent saying so)."""
     for site in view.tool_calls:
         if site.name in args.tools:
-            yield Hit(f"handed off to a human via {site.name}", [Evidence(site.message_index)], {"tool": site.name})
+            yield Hit(
+                f"handed off to a human via {site.name}", [Evidence(site.message_index)], {"tool": site.name}
+            )
             return
     rx = compiled(args.phrases)
     for i, text in view.assistant_texts:
         m = rx.search(text)
         if m:
-            yield Hit("handed off to a human", [Evidence(i, m.start(), m.end(), m.group(0))])
+            yield Hit(
+                "handed off to a human", [Evidence(i, m.start(), m.end(), m.group(0))], {"phrase": True}
+            )
             return
