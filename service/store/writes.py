@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import delete, func, insert, select
+import orjson
+
+from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -39,6 +42,44 @@ class DeadLetter:
 def _dialect_insert(session: Session, table):  # type: ignore[no-untyped-def]
     name = session.get_bind().dialect.name
     return (postgresql.insert if name == "postgresql" else sqlite.insert)(table)
+
+
+def _pg_copy(session: Session, table: Table, rows: list[dict[str, Any]], into: str | None = None) -> None:
+    """COPY rows into ``into`` (default: the table itself).
+
+    Multi-row VALUES with thousands of placeholders spends most of its time in the driver's query
+    parser, and text arrays in escaping; COPY streams rows through the driver's C encoder.
+    """
+    cols = [c for c in table.columns if c.name in rows[0]]
+    json_cols = {c.name for c in cols if c.type.compile(dialect=session.get_bind().dialect) in ("JSON", "JSONB")}
+    names = ", ".join(f'"{c.name}"' for c in cols)
+    conn = session.connection().connection.driver_connection
+    with conn.cursor() as cur, cur.copy(f"COPY {into or table.name} ({names}) FROM STDIN") as copy:  # type: ignore[union-attr]
+        for r in rows:
+            copy.write_row([
+                (None if r[c.name] is None else orjson.dumps(r[c.name]).decode()) if c.name in json_cols else r[c.name]
+                for c in cols
+            ])
+
+
+def _upsert_conversations_pg(session: Session, rows: list[dict[str, Any]]) -> tuple[set[str], set[str]]:
+    """Returns (applied ids, ids that replaced an older revision); xmax = 0 marks a fresh insert."""
+    table = ConversationRow.__table__
+    conn = session.connection()
+    conn.exec_driver_sql(
+        "CREATE TEMP TABLE IF NOT EXISTS vigil_conversations_stage "
+        "(LIKE conversations INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+    )
+    _pg_copy(session, table, rows, into="vigil_conversations_stage")  # type: ignore[arg-type]
+    names = ", ".join(f'"{k}"' for k in rows[0])
+    updates = ", ".join(f'"{k}" = excluded."{k}"' for k in rows[0] if k != "conversation_id")
+    result = conn.exec_driver_sql(
+        f"INSERT INTO conversations ({names}) SELECT {names} FROM vigil_conversations_stage "
+        f"ON CONFLICT (conversation_id) DO UPDATE SET {updates} "
+        "WHERE conversations.revision < excluded.revision RETURNING conversation_id, xmax = 0"
+    ).all()
+    conn.exec_driver_sql("TRUNCATE vigil_conversations_stage")
+    return {r[0] for r in result}, {r[0] for r in result if not r[1]}
 
 
 def _row(item: Checked, now: datetime) -> dict[str, object]:
@@ -85,18 +126,17 @@ def store_conversations(session: Session, items: Sequence[Checked]) -> list[Chec
         return []
     items = newest_per_conversation(items)
     now = datetime.now(UTC)
-    stmt = _dialect_insert(session, ConversationRow)
-    cols = {k: stmt.excluded[k] for k in _row(items[0], now) if k != "conversation_id"}
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["conversation_id"],
-        set_=cols,
-        where=ConversationRow.revision < stmt.excluded.revision,
-    ).returning(ConversationRow.conversation_id)
-    applied_ids = set(session.scalars(stmt, [_row(i, now) for i in items]).all())
+    rows = [_row(i, now) for i in items]
+    postgres = session.get_bind().dialect.name == "postgresql"
+    if postgres:
+        applied_ids, replaced_ids = _upsert_conversations_pg(session, rows)
+    else:
+        applied_ids = replaced_ids = _upsert_conversations_generic(session, rows)
     applied = [i for i in items if i.conversation.conversation_id in applied_ids]
     if not applied:
         return []
-    session.execute(delete(FindingRow).where(FindingRow.conversation_id.in_(applied_ids)))
+    if replaced_ids:
+        session.execute(delete(FindingRow).where(FindingRow.conversation_id.in_(replaced_ids)))
     finding_rows = [
         {
             "conversation_id": i.conversation.conversation_id,
@@ -115,7 +155,26 @@ def store_conversations(session: Session, items: Sequence[Checked]) -> list[Chec
         for f in i.findings
     ]
     if finding_rows:
-        session.execute(insert(FindingRow), finding_rows)
+        if postgres:
+            _pg_copy(session, FindingRow.__table__, finding_rows)  # type: ignore[arg-type]
+        else:
+            session.execute(insert(FindingRow.__table__), finding_rows)
+    _store_inline_outcomes(session, applied, now)
+    return applied
+
+
+def _upsert_conversations_generic(session: Session, rows: list[dict[str, Any]]) -> set[str]:
+    stmt = _dialect_insert(session, ConversationRow.__table__)
+    cols = {k: stmt.excluded[k] for k in rows[0] if k != "conversation_id"}
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["conversation_id"],
+        set_=cols,
+        where=ConversationRow.__table__.c.revision < stmt.excluded.revision,
+    ).returning(ConversationRow.__table__.c.conversation_id)
+    return set(session.scalars(stmt, rows).all())
+
+
+def _store_inline_outcomes(session: Session, applied: list[Checked], now: datetime) -> None:
     outcome_rows = [
         {
             "idempotency_key": o.idempotency_key or f"{i.conversation.conversation_id}:{o.type}",
@@ -130,9 +189,8 @@ def store_conversations(session: Session, items: Sequence[Checked]) -> list[Chec
         for o in i.conversation.outcomes
     ]
     if outcome_rows:
-        ins = _dialect_insert(session, OutcomeRow)
+        ins = _dialect_insert(session, OutcomeRow.__table__)
         session.execute(ins.on_conflict_do_nothing(index_elements=["idempotency_key"]), outcome_rows)
-    return applied
 
 
 def store_dead_letters(session: Session, letters: Sequence[DeadLetter], keep_bytes: int) -> None:
@@ -153,7 +211,7 @@ def store_dead_letters(session: Session, letters: Sequence[DeadLetter], keep_byt
         }
         for d in letters
     ]
-    ins = _dialect_insert(session, DeadLetterRow)
+    ins = _dialect_insert(session, DeadLetterRow.__table__)
     session.execute(ins.on_conflict_do_nothing(index_elements=["source", "topic", "partition", "offset"]), rows)
 
 
