@@ -89,3 +89,12 @@ class Metrics:
 
         # --- calibration metrics ---
         # --- end calibration metrics ---
+
+        # --- tracing metrics ---
+        self.otlp_spans = Counter(
+            "otlp_spans_total", "Spans received at POST /v1/traces, by what became of them.", ["outcome"],
+            namespace=NS, registry=r)
+        self.otlp_conversations = Counter(
+            "otlp_conversation_revisions_total", "Conversation revisions assembled from OTLP spans.",
+            namespace=NS, registry=r)
+        # --- end tracing metrics ---

@@ -21,6 +21,7 @@ from .rules import RuleEngine
 from .schema import Conversation
 from .settings import Settings
 from .store.writes import Checked, DeadLetter, store_conversations, store_dead_letters
+from .tracing.spans import span
 
 log = logging.getLogger(__name__)
 
@@ -88,28 +89,36 @@ class Pipeline:
         return checked, dead
 
     def process_raw(self, envelopes: Sequence[Envelope]) -> BatchResult:
-        t0 = time.perf_counter()
-        checked, dead = self.decode_and_check(envelopes)
-        t1 = time.perf_counter()
-        result = self.store(checked, dead, source=envelopes[0].source if envelopes else "unknown")
+        source = envelopes[0].source if envelopes else "unknown"
+        with span("vigil.batch", **{"vigil.source": source, "vigil.batch.size": len(envelopes)}):
+            t0 = time.perf_counter()
+            with span("vigil.decode_rules"):
+                checked, dead = self.decode_and_check(envelopes)
+            t1 = time.perf_counter()
+            result = self.store(checked, dead, source=source)
         self._observe(len(envelopes), t0, t1, time.perf_counter())
         return result
 
     def process(self, conversations: Sequence[Conversation], source: str) -> BatchResult:
-        t0 = time.perf_counter()
-        checked = [self.check(c) for c in conversations]
-        t1 = time.perf_counter()
-        result = self.store(checked, [], source)
+        with span("vigil.batch", **{"vigil.source": source, "vigil.batch.size": len(conversations)}):
+            t0 = time.perf_counter()
+            with span("vigil.rules"):
+                checked = [self.check(c) for c in conversations]
+            t1 = time.perf_counter()
+            result = self.store(checked, [], source)
         self._observe(len(conversations), t0, t1, time.perf_counter())
         return result
 
     def store(self, checked: list[Checked], dead: list[DeadLetter], source: str) -> BatchResult:
         """Write one batch in one transaction; raises on database errors (the caller retries)."""
-        with self.sessions.begin() as session:
+        with span("vigil.store", **{"vigil.conversations": len(checked)}) as store_span, \
+                self.sessions.begin() as session:
             stored = store_conversations(session, checked)
             store_dead_letters(session, dead, self.settings.dead_letter_raw_bytes)
+            store_span.set_attribute("vigil.stored", len(stored))
             for stage in self.downstream:
-                stage.on_stored(session, stored)
+                with span(f"vigil.stage.{type(stage).__name__}"):
+                    stage.on_stored(session, stored)
         result = BatchResult(len(checked) + len(dead), stored, len(checked) - len(stored), dead)
         self._count(result, source)
         return result

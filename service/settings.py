@@ -92,6 +92,27 @@ class Settings(BaseSettings):
     # --- end calibration ---
 
     # --- tracing and OTLP ingest ---
+    tracing_enabled: bool = Field(
+        default=False,
+        description="Trace Vigil's own pipeline with OpenTelemetry (also on when OTEL_EXPORTER_OTLP_ENDPOINT "
+        "or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set); exported by the standard OTEL_* variables.",
+    )
+    otlp_ingest_enabled: bool = Field(
+        default=True, description="Accept agent traces at POST /v1/traces (OTLP/HTTP, protobuf or JSON)."
+    )
+    otlp_max_body_bytes: int = Field(
+        default=16_000_000, ge=1024, description="Largest accepted OTLP request body (after decompression)."
+    )
+    otlp_max_spans_per_conversation: int = Field(
+        default=5000, ge=1, description="Spans kept per assembled conversation; later spans are dropped."
+    )
+    otlp_span_retention_hours: float = Field(
+        default=72.0, gt=0, description="Buffered OTLP spans older than this are deleted."
+    )
+    otlp_default_agent_version: str = Field(
+        default="unknown",
+        description="Agent version of a traced conversation without gen_ai.agent.version or service.version.",
+    )
     # --- end tracing ---
 
     @field_validator("log_level")

@@ -19,6 +19,7 @@ from .runtime import Runtime
 
 STAGES: list[str] = [
     # module paths with a ``wire(rt)`` function, in data-flow order
+    "service.tracing.wiring",
 ]
 
 

@@ -1,0 +1,90 @@
+"""Vigil's own tracing: off by default, a span per batch and per stage when on, the LLM call as a child."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from conftest import make_settings
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+
+from service.pipeline import Envelope
+from service.runtime import build_runtime
+from service.simulate import Simulator, parse_versions
+from service.tracing import spans
+from service.wiring import wire
+
+
+@pytest.fixture
+def memory() -> Iterator[InMemorySpanExporter]:
+    spans.shutdown()
+    exporter = InMemorySpanExporter()
+    yield exporter
+    spans.shutdown()
+
+
+def test_off_by_default_and_on_by_standard_variables(sqlite_url: str) -> None:
+    settings = make_settings(sqlite_url)
+    assert not spans.wanted(settings, environ={})
+    assert spans.wanted(settings, environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
+    assert spans.wanted(settings, environ={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"})
+    assert spans.wanted(make_settings(sqlite_url, tracing_enabled=True), environ={})
+    assert spans.configure(settings, environ={}) is False
+    assert spans.span("vigil.batch") is spans.NOOP
+    assert spans.llm_call("gpt-4o") is spans.NOOP
+
+
+def test_endpoint_variable_switches_on_the_otlp_exporter(
+    sqlite_url: str, memory: InMemorySpanExporter
+) -> None:
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_SERVICE_NAME": "vigil-eu"}
+    assert spans.configure(make_settings(sqlite_url), environ=env) is True
+    assert spans.enabled()
+    assert spans.span("x") is not spans.NOOP
+    spans.shutdown()
+    assert not spans.enabled()
+
+
+def test_batch_and_stage_spans(sqlite_url: str, memory: InMemorySpanExporter) -> None:
+    rt = wire(build_runtime(make_settings(sqlite_url), registry=CollectorRegistry()), {"replay"})
+    spans.shutdown()  # whatever the environment asked for, this test exports to memory
+    assert spans.configure(rt.settings, exporter=memory)
+    sim = Simulator(parse_versions("v1:0.5"), seed=3)
+    import orjson
+
+    envelopes = [
+        Envelope(orjson.dumps(c), "kafka", "conversations", 0, i) for i, c in enumerate(sim.stream(20))
+    ]
+    envelopes.append(Envelope(b"{broken", "kafka", "conversations", 0, 99))
+    rt.pipeline.process_raw(envelopes)
+    with (
+        spans.span("vigil.judge", judge="helpfulness"),
+        spans.llm_call("gpt-4o-mini", judge="helpfulness") as call,
+    ):
+        call.usage(812, 64)
+    spans.force_flush()
+    finished = {s.name: s for s in memory.get_finished_spans()}
+    batch = finished["vigil.batch"]
+    assert batch.attributes["vigil.source"] == "kafka" and batch.attributes["vigil.batch.size"] == 21
+    for child in ("vigil.decode_rules", "vigil.store"):
+        assert finished[child].parent.span_id == batch.context.span_id
+        assert finished[child].context.trace_id == batch.context.trace_id
+    assert finished["vigil.store"].attributes["vigil.stored"] == 20
+    llm = finished["chat gpt-4o-mini"]
+    assert llm.parent.span_id == finished["vigil.judge"].context.span_id
+    assert llm.attributes["gen_ai.request.model"] == "gpt-4o-mini"
+    assert llm.attributes["gen_ai.usage.input_tokens"] == 812
+    assert llm.attributes["gen_ai.usage.output_tokens"] == 64
+    assert llm.attributes["vigil.judge"] == "helpfulness"
+    rt.close()
+
+
+def test_failed_stage_span_records_the_error(sqlite_url: str, memory: InMemorySpanExporter) -> None:
+    spans.configure(make_settings(sqlite_url), exporter=memory)
+    with pytest.raises(RuntimeError), spans.span("vigil.store"):
+        raise RuntimeError("database went away")
+    spans.force_flush()
+    (failed,) = memory.get_finished_spans()
+    assert failed.status.status_code.name == "ERROR"
+    assert failed.events[0].name == "exception"
