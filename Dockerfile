@@ -1,0 +1,40 @@
+# One image for every Vigil role; the command picks the role:
+#   vigil serve | vigil consume | vigil judge-worker | vigil detector
+# Rule packs, judge definitions and dashboards are baked in under /app and can be replaced by mounts
+# (the Helm chart mounts its ConfigMaps over /app/rules and /app/judges).
+
+ARG PYTHON_VERSION=3.11
+
+FROM python:${PYTHON_VERSION}-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/vigil
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY service ./service
+RUN /opt/vigil/bin/pip install .
+
+FROM python:${PYTHON_VERSION}-slim
+ARG VIGIL_UID=10001
+RUN groupadd --system --gid ${VIGIL_UID} vigil \
+    && useradd --system --uid ${VIGIL_UID} --gid vigil --home-dir /app --shell /usr/sbin/nologin vigil
+COPY --from=build /opt/vigil /opt/vigil
+WORKDIR /app
+# The source tree sits beside rules/, judges/ and dashboards/ so that Vigil's defaults
+# (paths relative to the project root) point at the baked-in copies.
+COPY service ./service
+COPY rules ./rules
+COPY judges ./judges
+COPY dashboards ./dashboards
+ENV PATH=/opt/vigil/bin:$PATH \
+    PYTHONPATH=/app \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    VIGIL_HOST=0.0.0.0 \
+    VIGIL_PORT=8000 \
+    VIGIL_METRICS_PORT=9108
+LABEL org.opencontainers.image.title="vigil" \
+      dev.vigil.roles="serve consume judge-worker detector"
+USER ${VIGIL_UID}:${VIGIL_UID}
+EXPOSE 8000 9108
+ENTRYPOINT ["vigil"]
+CMD ["serve"]
