@@ -44,6 +44,26 @@ def db_upgrade(revision: str = "head") -> None:
     console.print(f"database at {revision}")
 
 
+@app.command("settings")
+def show_settings(
+    markdown: Annotated[bool, typer.Option(help="Print the README's settings table instead.")] = False,
+) -> None:
+    """Print the effective settings (secrets masked), or every setting as a Markdown table."""
+    from pydantic import SecretStr
+
+    if markdown:
+        print("| variable | default | description |\n|---|---|---|")
+        for name, field in Settings.model_fields.items():
+            default = field.default.get_secret_value() if isinstance(field.default, SecretStr) else field.default
+            shown = str(default).replace(str(Settings.model_fields["judges_dir"].default).rsplit("/", 1)[0], ".")
+            print(f"| `VIGIL_{name.upper()}` | `{shown}` | {field.description} |")
+        return
+    s = _settings()
+    for name in Settings.model_fields:
+        value = getattr(s, name)
+        print(f"VIGIL_{name.upper()}={'********' if isinstance(value, SecretStr) and value.get_secret_value() else value}")
+
+
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (VIGIL_HOST).")] = None,

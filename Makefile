@@ -1,0 +1,23 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+$(BIN)/vigil: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+.PHONY: demo test lint bench
+demo: $(BIN)/vigil
+	$(BIN)/vigil serve --demo
+
+test: $(BIN)/vigil
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: $(BIN)/vigil
+	$(BIN)/ruff check service tests bench
+
+bench: $(BIN)/vigil
+	$(BIN)/python bench/bench_pipeline.py
