@@ -259,8 +259,11 @@ def _make_sink(out: Path | None, url: str | None, api_key: str | None, to_kafka:
 
     rt = wire(build_runtime(s), {"replay"})
 
-    def to_pipeline(convs: list[dict[str, Any]], _outs: list[dict[str, Any]]) -> None:
+    def to_pipeline(convs: list[dict[str, Any]], outs: list[dict[str, Any]]) -> None:
         rt.pipeline.process([Conversation.model_validate(c) for c in convs], "simulate")
+        sink = rt.extras.get("outcome_sink")
+        if sink and outs:
+            sink(outs)
 
     return to_pipeline
 
@@ -273,7 +276,11 @@ def _register_stage_commands() -> None:
         importlib.import_module(path).register(app)
 
 
-STAGE_COMMANDS: list[str] = []
+STAGE_COMMANDS: list[str] = [
+    "service.judge.commands",
+    "service.compare.commands",
+    "service.detector.commands",
+]
 _register_stage_commands()
 
 

@@ -85,6 +85,49 @@ class Metrics:
         # --- end review metrics ---
 
         # --- outcomes and detector metrics ---
+        self.outcomes_received = Counter(
+            "outcomes_received_total", "Outcome signals stored (new idempotency keys).", ["type", "source"],
+            namespace=NS, registry=r)
+        self.outcomes_duplicate = Counter(
+            "outcomes_duplicate_total", "Outcome signals whose idempotency key was already stored.", ["source"],
+            namespace=NS, registry=r)
+        self.outcomes_outside_window = Counter(
+            "outcomes_outside_window_total", "Outcomes joined to a conversation but outside the attribution window.",
+            ["type"], namespace=NS, registry=r)
+        quality = ["signal", "agent", "agent_version"]
+        self.quality_rate = Gauge(
+            "quality_rate", "Rate of a quality signal per agent version (failures per conversation).", quality,
+            namespace=NS, registry=r)
+        self.quality_rate_lower = Gauge(
+            "quality_rate_lower", "Lower bound of the 95% Wilson interval of vigil_quality_rate.", quality,
+            namespace=NS, registry=r)
+        self.quality_rate_upper = Gauge(
+            "quality_rate_upper", "Upper bound of the 95% Wilson interval of vigil_quality_rate.", quality,
+            namespace=NS, registry=r)
+        self.quality_observations = Gauge(
+            "quality_observations", "Conversations (or scored verdicts) behind vigil_quality_rate.", quality,
+            namespace=NS, registry=r)
+        self.quality_baseline_rate = Gauge(
+            "quality_baseline_rate", "Baseline rate the detector compares a version against.", quality,
+            namespace=NS, registry=r)
+        self.regression_detected = Gauge(
+            "regression_detected", "1 while the detector holds a signal of a version to have regressed.", quality,
+            namespace=NS, registry=r)
+        self.detector_statistic = Gauge(
+            "detector_statistic", "CUSUM log-likelihood-ratio statistic; alarms at vigil_detector_threshold.",
+            quality, namespace=NS, registry=r)
+        self.detector_threshold = Gauge(
+            "detector_threshold", "CUSUM alarm threshold log(ARL0 x number of CUSUMs).", namespace=NS, registry=r)
+        self.detector_leader = Gauge(
+            "detector_leader", "1 if this process holds the detector lease.", namespace=NS, registry=r)
+        self.detector_ticks = Counter(
+            "detector_ticks_total", "Detector passes over newly stored data.", ["result"], namespace=NS, registry=r)
+        self.detector_last_run = Gauge(
+            "detector_last_run_timestamp_seconds", "When the detector state was last refreshed.",
+            namespace=NS, registry=r)
+        self.detections = Counter(
+            "detections_total", "Regressions the detector started.", ["signal", "agent", "agent_version"],
+            namespace=NS, registry=r)
         # --- end outcomes and detector metrics ---
 
         # --- calibration metrics ---

@@ -86,6 +86,59 @@ class Settings(BaseSettings):
     # --- end review ---
 
     # --- outcomes, compare, detector (issue: outcomes and alerting) ---
+    outcome_types: str = Field(
+        default="",
+        description="Custom outcome types as name:kind,... where kind is bad (higher is worse), good or score.",
+    )
+    outcome_attribution_window_hours: float = Field(
+        default=168.0, gt=0,
+        description="An outcome counts toward its conversation's version only if it occurs within this many "
+        "hours after the conversation ended.",
+    )
+    compare_max_sample: int = Field(
+        default=20_000, ge=100, description="Most recent conversations per version used for bootstrap intervals."
+    )
+    compare_bootstrap_resamples: int = Field(
+        default=1000, ge=100, description="Bootstrap resamples for intervals of means and p95 latency."
+    )
+    detector_interval_seconds: float = Field(
+        default=15.0, gt=0, description="How often the detector folds newly stored conversations into its state."
+    )
+    detector_settle_seconds: float = Field(
+        default=30.0, ge=0,
+        description="The detector reads conversations received at least this long ago (lets outcomes and "
+        "in-flight transactions land first).",
+    )
+    detector_lease_seconds: float = Field(
+        default=60.0, gt=0, description="Lease that elects the one active detector; renewed every tick."
+    )
+    detector_arl0: float = Field(
+        default=200_000.0, gt=10,
+        description="Target conversations between false alarms per signal; sets the CUSUM threshold log(ARL0).",
+    )
+    detector_shifts: str = Field(
+        default="1.5,2.0",
+        description="Relative rises of a failure rate the CUSUMs are tuned to detect (comma-separated ratios).",
+    )
+    detector_min_abs_shift: float = Field(
+        default=0.005, gt=0, description="Smallest absolute rise of a rate the detector is tuned to (rare signals)."
+    )
+    detector_min_baseline: int = Field(
+        default=500, ge=10, description="Conversations the baseline needs before a version is monitored."
+    )
+    detector_baseline_confidence: float = Field(
+        default=0.9, ge=0.5, lt=1.0,
+        description="The baseline rate used is the upper bound of its one-sided interval at this confidence, "
+        "so a noisy baseline does not cause false alarms.",
+    )
+    detector_self_baseline_hours: float = Field(
+        default=24.0, gt=0,
+        description="A version without a previous version is compared with its own traffic older than this.",
+    )
+    detector_retire_hours: float = Field(
+        default=24.0, gt=0,
+        description="A version without traffic for this long is no longer exported and its detections close.",
+    )
     # --- end outcomes ---
 
     # --- calibration and export ---

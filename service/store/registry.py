@@ -9,6 +9,7 @@ MODEL_MODULES = [
     "service.judge.models",
     "service.review.models",
     "service.outcomes.models",
+    "service.detector.models",
     "service.calibration.models",
     "service.tracing.models",
 ]

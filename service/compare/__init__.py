@@ -1,0 +1,1 @@
+"""compare stage: quality signals per agent version with intervals, and version comparison."""

@@ -1,0 +1,181 @@
+"""Interval estimates and pass@k: the statistics behind the compare table, free of I/O.
+
+Rates use Wilson score intervals and their differences Newcombe's hybrid score interval
+(statsmodels); means and the 95th percentile use percentile bootstrap intervals (scipy) with a
+fixed seed so the same data always gives the same table.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import bootstrap
+from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint
+
+ALPHA = 0.05
+SEED = 20240611
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    value: float | None
+    low: float | None
+    high: float | None
+    n: int
+    x: int | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"value": self.value, "low": self.low, "high": self.high, "n": self.n}
+        if self.x is not None:
+            out["x"] = self.x
+        return out
+
+
+def rate(x: int, n: int) -> Estimate:
+    """A proportion with its 95% Wilson interval."""
+    if n <= 0:
+        return Estimate(None, None, None, 0, 0)
+    low, high = proportion_confint(x, n, alpha=ALPHA, method="wilson")
+    return Estimate(x / n, float(low), float(high), n, x)
+
+
+def rate_difference(candidate: Estimate, baseline: Estimate) -> Estimate:
+    """Candidate minus baseline with Newcombe's hybrid score (Wilson) interval."""
+    if not candidate.n or not baseline.n:
+        return Estimate(None, None, None, 0)
+    assert candidate.x is not None and baseline.x is not None
+    low, high = confint_proportions_2indep(
+        candidate.x, candidate.n, baseline.x, baseline.n, method="newcomb", compare="diff", alpha=ALPHA
+    )
+    return Estimate(
+        candidate.x / candidate.n - baseline.x / baseline.n, float(low), float(high), candidate.n + baseline.n
+    )
+
+
+def p95(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.percentile(values, 95, axis=axis)
+
+
+def mean(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(values, axis=axis)
+
+
+Statistic = Callable[..., np.ndarray]
+
+# scipy renamed ``random_state`` to ``rng`` in 1.15; accept either release.
+_RNG_ARG = "rng" if "rng" in inspect.signature(bootstrap).parameters else "random_state"
+
+
+def _seeded() -> dict[str, object]:
+    return {_RNG_ARG: np.random.default_rng(SEED)}
+
+
+def _as_array(values: Iterable[float]) -> np.ndarray:
+    return np.asarray(list(values), dtype=float)
+
+
+def estimate(values: Iterable[float], stat: Statistic, resamples: int) -> Estimate:
+    """A statistic of one sample with a 95% percentile-bootstrap interval."""
+    data = _as_array(values)
+    if data.size == 0:
+        return Estimate(None, None, None, 0)
+    point = float(stat(data))
+    if data.size < 2 or np.all(data == data[0]):
+        return Estimate(point, point, point, int(data.size))
+    res = bootstrap(
+        (data,),
+        stat,
+        n_resamples=resamples,
+        confidence_level=1 - ALPHA,
+        method="percentile",
+        vectorized=True,
+        **_seeded(),
+    )
+    return Estimate(
+        point, float(res.confidence_interval.low), float(res.confidence_interval.high), int(data.size)
+    )
+
+
+def difference(
+    candidate: Iterable[float], baseline: Iterable[float], stat: Statistic, resamples: int
+) -> Estimate:
+    """``stat(candidate) - stat(baseline)`` with a 95% percentile-bootstrap interval (independent samples)."""
+    c, b = _as_array(candidate), _as_array(baseline)
+    if c.size == 0 or b.size == 0:
+        return Estimate(None, None, None, 0)
+    point = float(stat(c) - stat(b))
+    if c.size < 2 or b.size < 2:
+        return Estimate(point, None, None, int(c.size + b.size))
+
+    def diff(cs: np.ndarray, bs: np.ndarray, axis: int = -1) -> np.ndarray:
+        return stat(cs, axis=axis) - stat(bs, axis=axis)
+
+    res = bootstrap(
+        (c, b),
+        diff,
+        n_resamples=resamples,
+        confidence_level=1 - ALPHA,
+        method="percentile",
+        vectorized=True,
+        paired=False,
+        **_seeded(),
+    )
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if math.isnan(low) or math.isnan(high):  # every resample equal: the difference is exact
+        low = high = point
+    return Estimate(point, low, high, int(c.size + b.size))
+
+
+# --- pass@k and pass^k ------------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Chance that at least one of ``k`` trials drawn without replacement from ``n`` (``c`` correct) passes.
+
+    The unbiased estimator ``1 - C(n-c, k) / C(n, k)`` (Chen et al., 2021).
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """Chance that all ``k`` trials pass: ``C(c, k) / C(n, k)`` (pass^k, Yao et al., 2024)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    return math.comb(c, k) / math.comb(n, k)
+
+
+def pass_k_table(tasks: Mapping[str, tuple[int, int]], ks: Sequence[int] | None = None) -> dict[str, object]:
+    """Per task and averaged pass@k and pass^k from ``{task: (trials n, successes c)}``.
+
+    Averages over ``k`` use the tasks with at least ``k`` trials; ``k`` runs to the largest trial count
+    that every task reaches unless ``ks`` is given.
+    """
+    usable = {t: nc for t, nc in tasks.items() if nc[0] >= 1}
+    if not usable:
+        return {"tasks": 0, "ks": [], "pass_at_k": {}, "pass_hat_k": {}, "per_task": []}
+    if ks is None:
+        ks = list(range(1, min(n for n, _ in usable.values()) + 1))
+    at: dict[int, float] = {}
+    hat: dict[int, float] = {}
+    for k in ks:
+        eligible = [(n, c) for n, c in usable.values() if n >= k]
+        if eligible:
+            at[k] = sum(pass_at_k(n, c, k) for n, c in eligible) / len(eligible)
+            hat[k] = sum(pass_hat_k(n, c, k) for n, c in eligible) / len(eligible)
+    per_task = [
+        {
+            "task_id": t,
+            "trials": n,
+            "successes": c,
+            "pass_at_k": {k: pass_at_k(n, c, k) for k in ks if k <= n},
+            "pass_hat_k": {k: pass_hat_k(n, c, k) for k in ks if k <= n},
+        }
+        for t, (n, c) in sorted(usable.items())
+    ]
+    return {"tasks": len(usable), "ks": list(ks), "pass_at_k": at, "pass_hat_k": hat, "per_task": per_task}

@@ -1,0 +1,1 @@
+"""detector stage: sequential regression detection per signal, agent and version."""
