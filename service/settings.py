@@ -41,8 +41,8 @@ class Settings(BaseSettings):
         description="Comma-separated name:role:key entries; roles are ingest, reviewer, admin.",
     )
     rule_packs: str = Field(
-        default=_default_dir("rules") + "/default.yaml",
-        description="Comma-separated paths or globs of rule pack YAML files.",
+        default=_default_dir("rules") + "/*.yaml",
+        description="Comma-separated paths or globs of rule pack YAML files (each pack scopes itself by agent).",
     )
     rule_plugins: str = Field(
         default="", description="Comma-separated Python modules imported at start-up to register rule types."
@@ -80,9 +80,65 @@ class Settings(BaseSettings):
     migrate_on_start: bool = Field(default=True, description="Run Alembic migrations when a role starts.")
 
     # --- judge (issue: LLM judge) ---
+    judge_enabled: bool = Field(
+        default=True, description="Load judges from VIGIL_JUDGES_DIR; false turns sampling and the worker off."
+    )
+    judge_mode: Literal["auto", "live", "offline"] = Field(
+        default="auto",
+        description="live calls the model; offline uses the deterministic offline judge; auto is offline for "
+        "a judge whose model has no provider key in the environment.",
+    )
+    judge_concurrency: int = Field(
+        default=64, ge=1, description="Model calls in flight per judge worker process (all judges together)."
+    )
+    judge_poll_interval_seconds: float = Field(
+        default=0.5, gt=0, description="How often an idle judge worker looks for due requests."
+    )
+    judge_lease_seconds: float = Field(
+        default=300.0, ge=5, description="A claimed request returns to the queue if not finished by then."
+    )
+    judge_max_attempts: int = Field(
+        default=6, ge=1, description="Attempts of a request on retryable errors before it is marked failed."
+    )
+    judge_retry_base_seconds: float = Field(
+        default=2.0, gt=0, description="First retry delay; doubles per attempt, with full jitter."
+    )
+    judge_retry_max_seconds: float = Field(default=300.0, gt=0, description="Longest retry delay.")
+    judge_circuit_failures: int = Field(
+        default=8, ge=1, description="Consecutive retryable failures of a judge's model that open its circuit."
+    )
+    judge_circuit_cooldown_seconds: float = Field(
+        default=30.0, gt=0, description="How long an open circuit waits before one probe call."
+    )
+    judge_default_daily_budget_usd: float = Field(
+        default=5.0, ge=0, description="Daily spend cap (UTC day) of a judge whose judge.yaml sets none."
+    )
+    judge_context_files: str = Field(
+        default="",
+        description="name=path,... files a judge's prompt can include as {{context.NAME}} (e.g. a policy).",
+    )
     # --- end judge ---
 
     # --- review (issue: review queue and UI) ---
+    review_policy: str = Field(
+        default="",
+        description="Flagging policy YAML (what enters the review queue, priorities, sampling, taxonomy); "
+        "empty = the built-in service/review/flagging.yaml.",
+    )
+    review_lease_seconds: int = Field(
+        default=600, ge=10, description="How long a claimed review item stays with its reviewer unless extended."
+    )
+    review_session_secret: SecretStr = Field(
+        default=SecretStr(""),
+        description="Key that signs reviewer UI session cookies; empty = random per process "
+        "(set it when several API replicas serve the UI).",
+    )
+    review_session_max_age_seconds: int = Field(
+        default=43_200, ge=60, description="Reviewer UI sessions expire after this many seconds."
+    )
+    review_cookie_secure: bool = Field(
+        default=False, description="Mark the UI session cookie Secure (set true behind HTTPS)."
+    )
     # --- end review ---
 
     # --- outcomes, compare, detector (issue: outcomes and alerting) ---
