@@ -79,6 +79,44 @@ class Metrics:
         self.build_info = Gauge("build_info", "Vigil version.", ["version"], namespace=NS, registry=r)
 
         # --- judge metrics ---
+        per_version = ["judge", "judge_version", "agent", "agent_version"]
+        self.judge_eligible = Counter(
+            "judge_eligible_total", "Stored conversations a judge applies to.", per_version,
+            namespace=NS, registry=r)
+        self.judge_sampled = Counter(
+            "judge_sampled_total", "Judge requests enqueued, by reason (sampled, flagged, outcome, min_per_hour, "
+            "manual).", [*per_version, "reason"], namespace=NS, registry=r)
+        self.judge_judged = Counter(
+            "judge_judged_total", "Conversations judged (any verdict).", per_version, namespace=NS, registry=r)
+        self.judge_verdicts = Counter(
+            "judge_verdicts_total", "Verdicts by judge, verdict and agent version.",
+            ["judge", "judge_version", "verdict", "agent", "agent_version", "offline"], namespace=NS, registry=r)
+        self.judge_score = Histogram(
+            "judge_score", "Scores (0..1) of scored verdicts.", ["judge", "judge_version"], namespace=NS, registry=r,
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0))
+        self.judge_latency_seconds = Histogram(
+            "judge_latency_seconds", "Model call latency of one judgement attempt.", ["judge"], namespace=NS,
+            registry=r, buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120))
+        self.judge_cost_usd = Counter(
+            "judge_cost_usd_total", "Spend on judge model calls (litellm's cost figures).", ["judge", "model"],
+            namespace=NS, registry=r)
+        self.judge_tokens = Counter(
+            "judge_tokens_total", "Tokens used by judge model calls.", ["judge", "kind"], namespace=NS, registry=r)
+        self.judge_errors = Counter(
+            "judge_errors_total", "Judge model call errors by class (retryable, config, rejected, parse, "
+            "gave_up).", ["judge", "class"], namespace=NS, registry=r)
+        self.judge_queue_depth = Gauge(
+            "judge_queue_depth", "Judge requests pending or running.", ["judge"], namespace=NS, registry=r)
+        self.judge_state = Gauge(
+            "judge_state", "1 for the judge's current state (running, paused_budget, stopped_config_error, "
+            "circuit_open).", ["judge", "state"], namespace=NS, registry=r)
+        self.judge_budget_used_usd = Gauge(
+            "judge_budget_used_usd", "Spend of the current UTC day.", ["judge"], namespace=NS, registry=r)
+        self.judge_budget_usd = Gauge(
+            "judge_budget_usd", "Daily spend cap.", ["judge"], namespace=NS, registry=r)
+        self.judge_pairwise = Counter(
+            "judge_pairwise_total", "Pairwise comparisons by result (a, b, tie, position_bias, unscored).",
+            ["judge", "result"], namespace=NS, registry=r)
         # --- end judge metrics ---
 
         # --- review metrics ---

@@ -20,6 +20,7 @@ from .runtime import Runtime
 STAGES: list[str] = [
     # module paths with a ``wire(rt)`` function, in data-flow order
     "service.tracing.wiring",
+    "service.judge.wiring",
     "service.outcomes.wiring",
     "service.compare.wiring",
     "service.detector.wiring",

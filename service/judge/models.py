@@ -30,6 +30,7 @@ class JudgeRequestRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
     lease_until: Mapped[datetime | None]
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -68,3 +69,48 @@ class VerdictRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (Index("ix_verdicts_judge_agent", "judge", "agent_id", "agent_version", "created_at"),)
+
+
+class JudgeStatusRow(Base):
+    """Each judge's worker state, so an API process shows the state a separate worker process holds."""
+
+    __tablename__ = "judge_status"
+
+    judge: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[str] = mapped_column(
+        String(32)
+    )  # running | paused_budget | stopped_config_error | circuit_open
+    detail: Mapped[str | None] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(String(128))
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    resume_requested_at: Mapped[datetime | None]
+
+
+class PairwiseRow(Base):
+    """One pairwise comparison, asked in both orders. ``position_bias`` is set when the orders disagree."""
+
+    __tablename__ = "pairwise_comparisons"
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    judge: Mapped[str] = mapped_column(String(64))
+    judge_version: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(256))
+    offline: Mapped[bool] = mapped_column(Boolean, default=False)
+    prompt_hash: Mapped[str] = mapped_column(String(64))
+    input_hash: Mapped[str] = mapped_column(String(64))
+    label_a: Mapped[str | None] = mapped_column(String(256))
+    label_b: Mapped[str | None] = mapped_column(String(256))
+    winner: Mapped[str | None] = mapped_column(String(8))  # a | b | tie; null when biased or unscored
+    position_bias: Mapped[bool] = mapped_column(Boolean, default=False)
+    first_choice: Mapped[str | None] = mapped_column(String(8))  # choice when A is shown first (a|b|tie)
+    second_choice: Mapped[str | None] = mapped_column(String(8))  # choice when B is shown first, mapped back
+    unscored_reason: Mapped[str | None] = mapped_column(String(64))
+    rationales: Mapped[list[Any]]
+    raw_replies: Mapped[list[Any]]
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_pairwise_judge_created", "judge", "created_at"),)

@@ -1,0 +1,221 @@
+"""Judge endpoints: judges and their state, verdicts, manual requests, resume, pairwise comparisons."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from pydantic import BaseModel, Field
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from ..api.auth import require
+from . import store
+from .engine import JudgeEngine, JudgeUnavailable
+from .errors import ProviderError
+from .models import PairwiseRow, VerdictRow
+from .pairwise import compare, pairwise_dict
+from .stage import JudgeStage
+
+router = APIRouter(tags=["judge"])
+
+
+def _stage(request: Request) -> JudgeStage:
+    return request.app.state.runtime.extras["judge"]
+
+
+def _engine(request: Request, name: str) -> JudgeEngine:
+    engine = _stage(request).engine
+    if name not in engine.lanes:
+        raise HTTPException(404, f"no judge {name!r}; judges: {sorted(engine.lanes)}")
+    return engine
+
+
+def judge_info(stage: JudgeStage, session: Session, names: list[str]) -> list[dict[str, Any]]:
+    eng = stage.engine
+    depth = store.queue_depth(session)
+    spent = store.spend_since(session, eng.day_start())
+    statuses = store.load_status(session, names)
+    out = []
+    for name in names:
+        lane = eng.lanes[name]
+        j, sp = lane.judge, lane.judge.spec
+        if stage.worker is not None:
+            state, detail, since, worker = lane.state, lane.detail, lane.changed_at, stage.worker.owner
+        elif name in statuses and statuses[name].state != "resume_requested":
+            row = statuses[name]
+            state, detail, since, worker = row.state, row.detail, row.updated_at, row.worker
+        else:
+            state, detail, since, worker = "no_worker", "no judge worker has reported yet", None, None
+        out.append(
+            {
+                "name": name,
+                "version": j.version,
+                "description": sp.description,
+                "model": sp.model,
+                "mode": "offline" if lane.offline else "live",
+                "judge_label": "offline judge" if lane.offline else sp.model,
+                "state": state,
+                "state_detail": detail,
+                "state_since": since,
+                "worker": worker,
+                "sample_rate": sp.sampling.rate,
+                "salt": j.salt,
+                "always_judge_severity": sp.sampling.always_judge_severity,
+                "negative_outcomes": sp.sampling.negative_outcomes.model_dump()
+                if sp.sampling.negative_outcomes
+                else None,
+                "min_per_agent_version_per_hour": sp.sampling.min_per_agent_version_per_hour,
+                "applies_to": sp.applies_to.model_dump(),
+                "categories": sp.categories,
+                "rpm": sp.limits.rpm,
+                "concurrency": sp.limits.concurrency,
+                "budget_usd": j.daily_budget_usd,
+                "spent_today_usd": round(spent.get(name, 0.0), 6),
+                "queue_depth": depth.get(name, 0),
+                "prompt_hash": j.prompt_hash,
+            }
+        )
+    return out
+
+
+def verdict_dict(v: VerdictRow) -> dict[str, Any]:
+    return {
+        "id": v.id,
+        "judge": v.judge,
+        "judge_version": v.judge_version,
+        "conversation_id": v.conversation_id,
+        "revision": v.revision,
+        "agent_id": v.agent_id,
+        "agent_version": v.agent_version,
+        "verdict": v.verdict,
+        "score": v.score,
+        "categories": v.categories,
+        "rationale": v.rationale,
+        "unscored_reason": v.unscored_reason,
+        "model": v.model,
+        "offline": v.offline,
+        "judge_label": "offline judge" if v.offline else v.model,
+        "prompt_hash": v.prompt_hash,
+        "raw_reply": v.raw_reply,
+        "prompt_tokens": v.prompt_tokens,
+        "completion_tokens": v.completion_tokens,
+        "cost_usd": v.cost_usd,
+        "latency_ms": v.latency_ms,
+        "attempts": v.attempts,
+        "reason": v.reason,
+        "created_at": v.created_at,
+    }
+
+
+@router.get("/v1/judges", dependencies=[require("reviewer")])
+def list_judges(request: Request) -> list[dict[str, Any]]:
+    """Judges with sample rate, budget and spend today, queue depth and state."""
+    stage = _stage(request)
+    with request.app.state.runtime.sessions() as s:
+        return judge_info(stage, s, sorted(stage.engine.lanes))
+
+
+@router.get("/v1/judges/{name}", dependencies=[require("reviewer")])
+def get_judge(request: Request, name: str) -> dict[str, Any]:
+    _engine(request, name)
+    with request.app.state.runtime.sessions() as s:
+        return judge_info(_stage(request), s, [name])[0]
+
+
+@router.post("/v1/judges/{name}/resume", dependencies=[require("admin")])
+def resume_judge(request: Request, name: str) -> dict[str, Any]:
+    """Resume a judge stopped by a configuration error (after fixing the key or model)."""
+    eng = _engine(request, name)
+    with request.app.state.runtime.sessions.begin() as s:
+        store.request_resume(s, name, eng.clock())
+    stage = _stage(request)
+    if stage.worker is not None and eng.lanes[name].state == "stopped_config_error":
+        eng.resume(eng.lanes[name])
+    return {"judge": name, "resume_requested": True}
+
+
+class ManualRequest(BaseModel):
+    conversation_id: str = Field(min_length=1, max_length=256)
+
+
+@router.post("/v1/judges/{name}/requests", status_code=202, dependencies=[require("admin")])
+def request_judgement(request: Request, name: str, body: ManualRequest) -> dict[str, Any]:
+    """Queue a judgement of a stored conversation now (outside the sample)."""
+    eng = _engine(request, name)
+    stage = _stage(request)
+    with request.app.state.runtime.sessions.begin() as s:
+        try:
+            row = stage.sampler.enqueue_manual(s, eng.judges[name], body.conversation_id)
+        except LookupError:
+            raise HTTPException(404, f"no conversation {body.conversation_id!r}") from None
+    return {
+        "judge": name,
+        "conversation_id": body.conversation_id,
+        "queued": row is not None,
+        "detail": None if row else "this revision is already queued or judged by this judge",
+    }
+
+
+class PairwiseBody(BaseModel):
+    input: str = Field(min_length=1, max_length=200_000, description="The shared input (question, context).")
+    answer_a: str = Field(max_length=200_000)
+    answer_b: str = Field(max_length=200_000)
+    label_a: str | None = Field(default=None, max_length=256, description="e.g. the agent version of A.")
+    label_b: str | None = Field(default=None, max_length=256)
+
+
+@router.post("/v1/judges/{name}/pairwise", dependencies=[require("reviewer")])
+async def pairwise(request: Request, name: str, body: PairwiseBody) -> dict[str, Any]:
+    """Compare two answers in both orders; disagreement between orders is reported as position bias."""
+    eng = _engine(request, name)
+    try:
+        return await compare(eng, name, body.input, body.answer_a, body.answer_b, body.label_a, body.label_b)
+    except JudgeUnavailable as exc:
+        raise HTTPException(503 if exc.state == "paused_budget" else 409, str(exc)) from None
+    except ProviderError as exc:
+        raise HTTPException(502 if exc.kind == "retryable" else 409, str(exc)) from None
+
+
+@router.get("/v1/judges/{name}/pairwise", dependencies=[require("reviewer")])
+def list_pairwise(request: Request, name: str, limit: int = Query(50, ge=1, le=500)) -> dict[str, Any]:
+    _engine(request, name)
+    with request.app.state.runtime.sessions() as s:
+        rows = s.scalars(
+            select(PairwiseRow).where(PairwiseRow.judge == name).order_by(PairwiseRow.id.desc()).limit(limit)
+        ).all()
+        total = s.scalar(select(func.count()).select_from(PairwiseRow).where(PairwiseRow.judge == name)) or 0
+        biased = (
+            s.scalar(
+                select(func.count())
+                .select_from(PairwiseRow)
+                .where(PairwiseRow.judge == name, PairwiseRow.position_bias.is_(True))
+            )
+            or 0
+        )
+        return {"total": total, "position_bias": biased, "items": [pairwise_dict(r) for r in rows]}
+
+
+@router.get("/v1/verdicts", dependencies=[require("reviewer")])
+def list_verdicts(
+    request: Request,
+    judge: str | None = None,
+    verdict: Literal["pass", "fail", "unscored"] | None = None,
+    agent: str | None = None,
+    version: str | None = None,
+    limit: int = Query(50, ge=1, le=500),
+    offset: int = Query(0, ge=0),
+) -> dict[str, Any]:
+    q = select(VerdictRow)
+    for col, value in (
+        (VerdictRow.judge, judge),
+        (VerdictRow.verdict, verdict),
+        (VerdictRow.agent_id, agent),
+        (VerdictRow.agent_version, version),
+    ):
+        if value is not None:
+            q = q.where(col == value)
+    with request.app.state.runtime.sessions() as s:
+        total = s.scalar(select(func.count()).select_from(q.subquery())) or 0
+        rows = s.scalars(q.order_by(VerdictRow.id.desc()).limit(limit).offset(offset)).all()
+        return {"total": total, "items": [verdict_dict(v) for v in rows], "limit": limit, "offset": offset}

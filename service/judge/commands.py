@@ -1,0 +1,158 @@
+"""``vigil judge-worker`` and ``vigil judge list|validate|run|resume``."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Annotated
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=True)
+judge_app = typer.Typer(no_args_is_help=True, help="LLM judges: list, validate, run one, resume.")
+
+
+def _runtime(roles: set[str]):  # type: ignore[no-untyped-def]
+    from ..cli import _settings
+    from ..runtime import build_runtime
+    from ..wiring import wire
+
+    return wire(build_runtime(_settings()), roles)
+
+
+def judge_worker(
+    once: Annotated[bool, typer.Option(help="Judge what is due, then exit.")] = False,
+) -> None:
+    """Judge worker: claims due judge requests, calls the judge models, stores verdicts."""
+    from ..errors import VigilError
+    from ..server import start_metrics_server
+
+    try:
+        rt = _runtime({"judge-worker"})
+    except VigilError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    stage = rt.extras["judge"]
+    if stage.worker is None:
+        console.print("[yellow]no judges defined in VIGIL_JUDGES_DIR (or VIGIL_JUDGE_ENABLED=false)[/yellow]")
+        raise typer.Exit(1)
+    worker = stage.worker
+    for lane in stage.engine.lanes.values():
+        console.print(
+            f"judge {lane.name} v{lane.judge.version}: {'offline judge' if lane.offline else lane.model}"
+        )
+    if once:
+        n = asyncio.run(worker.run_until_idle(timeout=3600))
+        console.print(f"{n} verdicts stored")
+        return
+    start_metrics_server(rt)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, done.set)
+        await worker.start()
+        await done.wait()
+        console.print("stopping: finishing calls in flight")
+        await worker.stop()
+
+    asyncio.run(main())
+
+
+@judge_app.command("list")
+def list_judges() -> None:
+    """Judges with model, mode, sample rate, budget, spend today, queue depth and state."""
+    from .api import judge_info
+
+    rt = _runtime({"api"})
+    stage = rt.extras["judge"]
+    with rt.sessions() as s:
+        infos = judge_info(stage, s, sorted(stage.engine.lanes))
+    table = Table("judge", "version", "model", "rate", "budget/day", "spent today", "queue", "state")
+    for i in infos:
+        table.add_row(
+            i["name"],
+            i["version"],
+            i["judge_label"],
+            f"{i['sample_rate']:.2%}",
+            f"${i['budget_usd']:.2f}",
+            f"${i['spent_today_usd']:.4f}",
+            str(i["queue_depth"]),
+            i["state"],
+        )
+    Console().print(table)
+
+
+@judge_app.command("validate")
+def validate() -> None:
+    """Load and check every judge definition; exit 2 with the file and field on the first error."""
+    from ..cli import _settings
+    from ..errors import VigilError
+    from .definitions import load_judges
+
+    try:
+        judges = load_judges(_settings())
+    except VigilError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    for j in judges.values():
+        console.print(f"ok: {j.name} v{j.version} ({j.spec.model}), prompt {j.prompt_hash[:12]}")
+
+
+@judge_app.command("run")
+def run(
+    judge: Annotated[str, typer.Argument(help="Judge name.")],
+    conversation_id: Annotated[str, typer.Argument(help="A stored conversation.")],
+) -> None:
+    """Judge one stored conversation now (queued as a manual request, judged in this process)."""
+    from .api import verdict_dict
+    from .worker import JudgeWorker
+
+    rt = _runtime({"api"})
+    stage = rt.extras["judge"]
+    if judge not in stage.engine.lanes:
+        console.print(f"[red]error:[/red] no judge {judge!r}; judges: {sorted(stage.engine.lanes)}")
+        raise typer.Exit(2)
+    with rt.sessions.begin() as s:
+        try:
+            stage.sampler.enqueue_manual(s, stage.engine.judges[judge], conversation_id)
+        except LookupError:
+            console.print(f"[red]error:[/red] no conversation {conversation_id!r}")
+            raise typer.Exit(2) from None
+    only = {judge: stage.engine.lanes[judge]}
+    stage.engine.lanes, others = only, stage.engine.lanes
+    try:
+        asyncio.run(JudgeWorker(stage.engine, rt.extras["verdict_listeners"]).run_until_idle(timeout=600))
+    finally:
+        stage.engine.lanes = others
+    from .store import verdicts_for
+
+    with rt.sessions() as s:
+        mine = [verdict_dict(v) for v in verdicts_for(s, conversation_id) if v.judge == judge]
+    if not mine:
+        console.print("[yellow]no verdict yet (retrying later, or the judge is paused or stopped)[/yellow]")
+        raise typer.Exit(1)
+    typer.echo(orjson.dumps(mine[-1], option=orjson.OPT_INDENT_2).decode())
+
+
+@judge_app.command("resume")
+def resume(judge: Annotated[str, typer.Argument(help="Judge name.")]) -> None:
+    """Resume a judge stopped by a configuration error (workers pick it up within seconds)."""
+    from .store import request_resume
+
+    rt = _runtime({"api"})
+    if judge not in rt.extras["judge"].engine.lanes:
+        console.print(f"[red]error:[/red] no judge {judge!r}")
+        raise typer.Exit(2)
+    with rt.sessions.begin() as s:
+        request_resume(s, judge, rt.extras["judge"].engine.clock())
+    console.print(f"resume requested for {judge}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("judge-worker")(judge_worker)
+    app.add_typer(judge_app, name="judge")

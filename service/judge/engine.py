@@ -1,0 +1,249 @@
+"""Per-judge run state (mode, limits, state machine) shared by the worker, pairwise mode and the API."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..metrics import Metrics
+from ..settings import Settings
+from .client import LLMClient, Reply, classify, has_credentials
+from .definitions import Judge
+from .errors import JudgeError, ProviderError
+from .limits import Budget, CircuitBreaker, Decision, RateLimiter, decide, utc_day
+from .offline import OFFLINE_MODEL
+
+log = logging.getLogger(__name__)
+
+STATES = ("running", "paused_budget", "stopped_config_error", "circuit_open")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class JudgeUnavailable(JudgeError):
+    """The judge cannot take a call now (stopped by a configuration error, or paused by its budget)."""
+
+    def __init__(self, judge: str, state: str, detail: str | None) -> None:
+        super().__init__(f"judge {judge!r} is {state}" + (f": {detail}" if detail else ""))
+        self.state = state
+
+
+@dataclass
+class Lane:
+    """One judge's live state in this process."""
+
+    judge: Judge
+    offline: bool
+    limiter: RateLimiter
+    breaker: CircuitBreaker
+    budget: Budget
+    state: str = "running"
+    detail: str | None = None
+    changed_at: datetime = field(default_factory=utcnow)
+    in_flight: int = 0
+    dirty: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.judge.name
+
+    @property
+    def model(self) -> str:
+        return OFFLINE_MODEL if self.offline else self.judge.spec.model
+
+    @property
+    def free(self) -> int:
+        return self.judge.spec.limits.concurrency - self.in_flight
+
+
+class JudgeEngine:
+    """Holds the judges, the model client and each judge's :class:`Lane`; one per process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        judges: dict[str, Judge],
+        metrics: Metrics,
+        sessions: sessionmaker[Session],
+        client: LLMClient | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.settings = settings
+        self.judges = judges
+        self.metrics = metrics
+        self.sessions = sessions
+        self.clock = clock
+        self._client = client
+        self.lanes: dict[str, Lane] = {}
+        for name, judge in judges.items():
+            lane = Lane(
+                judge,
+                self._offline(judge),
+                RateLimiter(judge.spec.limits.rpm),
+                CircuitBreaker(settings.judge_circuit_failures, settings.judge_circuit_cooldown_seconds),
+                Budget(judge.daily_budget_usd),
+            )
+            lane.changed_at = clock()
+            self.lanes[name] = lane
+            metrics.judge_budget_usd.labels(name).set(judge.daily_budget_usd)
+            self._publish(lane)
+
+    @property
+    def client(self) -> LLMClient:
+        if self._client is None:
+            from .client import LiteLLMClient
+
+            self._client = LiteLLMClient()
+        return self._client
+
+    def _offline(self, judge: Judge) -> bool:
+        mode = self.settings.judge_mode
+        if mode != "auto":
+            return mode == "offline"
+        live = has_credentials(judge.spec.model)
+        if not live:
+            log.warning(
+                "judge %s: no provider key for %s; using the offline judge", judge.name, judge.spec.model
+            )
+        return not live
+
+    # --- state machine -------------------------------------------------------------------------
+
+    def set_state(self, lane: Lane, state: str, detail: str | None = None) -> None:
+        if lane.state == state and lane.detail == detail:
+            return
+        if state != lane.state:
+            log.warning(
+                "judge %s: %s -> %s%s", lane.name, lane.state, state, f" ({detail})" if detail else ""
+            )
+        lane.state, lane.detail, lane.changed_at, lane.dirty = state, detail, self.clock(), True
+        self._publish(lane)
+
+    def _publish(self, lane: Lane) -> None:
+        for s in STATES:
+            self.metrics.judge_state.labels(lane.name, s).set(1 if s == lane.state else 0)
+
+    def refresh(self, lane: Lane) -> None:
+        """Time-driven transitions: a new UTC day ends a budget pause; a cooled circuit allows a probe."""
+        today = utc_day(self.clock())
+        lane.budget.roll(today)
+        self.metrics.judge_budget_used_usd.labels(lane.name).set(lane.budget.spent)
+        if lane.state == "paused_budget" and not lane.budget.exhausted:
+            self.set_state(lane, "running")
+        elif lane.state == "running" and not lane.offline and lane.budget.exhausted:
+            self.set_state(
+                lane, "paused_budget", f"spent ${lane.budget.spent:.4f} of ${lane.budget.cap:.2f} today"
+            )
+
+    def may_claim(self, lane: Lane) -> bool:
+        self.refresh(lane)
+        if lane.state == "running":
+            return True
+        if lane.state == "circuit_open":
+            return lane.in_flight == 0 and lane.breaker.allow()
+        return False
+
+    def resume(self, lane: Lane) -> None:
+        lane.breaker.success()
+        self.set_state(lane, "running")
+
+    def day_start(self) -> datetime:
+        now = self.clock().astimezone(UTC)
+        return now.replace(hour=0, minute=0, second=0, microsecond=0)
+
+    def observe_spend(self, stored: dict[str, float]) -> None:
+        today = utc_day(self.clock())
+        for name, lane in self.lanes.items():
+            lane.budget.observe(today, stored.get(name, 0.0))
+
+    # --- one model call, under the judge's limits -----------------------------------------------
+
+    async def call(self, lane: Lane, messages: list[dict[str, str]]) -> tuple[Reply, float]:
+        """One attempt: budget, rate limit, timeout. Raises :class:`ProviderError` (classified)."""
+        reserved = lane.budget.reserve()
+        if reserved is None:  # the cap, or calls in flight that may reach it
+            self.refresh(lane)
+            raise JudgeUnavailable(
+                lane.name, "paused_budget", lane.detail or "in-flight calls may reach the cap"
+            )
+        spec = lane.judge.spec
+        await lane.limiter.acquire()
+        t0 = time.perf_counter()
+        try:
+            params: dict[str, Any] = {
+                "temperature": spec.temperature,
+                "max_tokens": spec.max_tokens,
+                "timeout": spec.timeout_seconds,
+                **spec.extra_params,
+            }
+            # the outer bound guards against a client that ignores its own timeout
+            reply = await asyncio.wait_for(
+                self.client.complete(spec.model, messages, **params), spec.timeout_seconds + 1.0
+            )
+        except Exception as exc:
+            lane.budget.release(reserved)
+            err = classify(exc)
+            self.metrics.judge_errors.labels(lane.name, err.kind).inc()
+            if err.kind == "retryable":
+                lane.breaker.failure()
+                if lane.breaker.is_open:
+                    self.set_state(
+                        lane, "circuit_open", f"{lane.breaker.failures} failures in a row: {err.reason}"
+                    )
+            elif err.kind == "config":
+                self.set_state(lane, "stopped_config_error", f"{err.reason}: {err.detail}")
+            raise err from exc
+        finally:
+            elapsed = time.perf_counter() - t0
+            self.metrics.judge_latency_seconds.labels(lane.name).observe(elapsed)
+        lane.breaker.success()
+        if lane.state == "circuit_open":
+            self.set_state(lane, "running")
+        lane.budget.settle(reserved, reply.cost_usd)
+        self._account(lane, reply)
+        self.refresh(lane)
+        return reply, elapsed * 1000
+
+    def _account(self, lane: Lane, reply: Reply) -> None:
+        m = self.metrics
+        if reply.cost_usd:
+            m.judge_cost_usd.labels(lane.name, m.label(lane.judge.spec.model)).inc(reply.cost_usd)
+        if reply.prompt_tokens:
+            m.judge_tokens.labels(lane.name, "prompt").inc(reply.prompt_tokens)
+        if reply.completion_tokens:
+            m.judge_tokens.labels(lane.name, "completion").inc(reply.completion_tokens)
+        m.judge_budget_used_usd.labels(lane.name).set(lane.budget.spent)
+
+    def policy(self, err: ProviderError, attempts: int) -> Decision:
+        s = self.settings
+        return decide(
+            err, attempts, s.judge_max_attempts, s.judge_retry_base_seconds, s.judge_retry_max_seconds
+        )
+
+    async def call_with_retries(self, lane: Lane, messages: list[dict[str, str]]) -> tuple[Reply, float, int]:
+        """For interactive calls (pairwise, ``vigil judge run``): retries inline under the same policy."""
+        attempts = 0
+        while True:
+            attempts += 1
+            if lane.state == "stopped_config_error":
+                raise JudgeUnavailable(lane.name, lane.state, lane.detail)
+            try:
+                reply, ms = await self.call(lane, messages)
+                return reply, ms, attempts
+            except ProviderError as err:
+                d = self.policy(err, attempts)
+                if d.action != "retry":
+                    raise
+                await asyncio.sleep(d.delay)
+
+    def next_attempt(self, delay: float) -> datetime:
+        return self.clock() + timedelta(seconds=delay)

@@ -1,0 +1,109 @@
+"""Strict parsing of a judge's reply. Anything but the one expected JSON object is ``unscored`` with a reason.
+
+The reply is never searched for a JSON object inside other text: a verdict-shaped string quoted from
+the transcript cannot become the verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+VERDICT_KEYS = {"verdict", "score", "categories", "rationale"}
+PAIRWISE_KEYS = {"winner", "rationale"}
+MAX_RATIONALE = 2000
+
+
+@dataclass(slots=True)
+class Parsed:
+    verdict: str  # pass | fail | unscored
+    score: float | None = None
+    categories: list[str] = field(default_factory=list)
+    rationale: str | None = None
+    unscored_reason: str | None = None
+
+    @staticmethod
+    def unscored(reason: str, rationale: str | None = None) -> Parsed:
+        return Parsed("unscored", None, [], rationale, reason)
+
+
+def _object(text: str | None) -> dict[str, Any] | str:
+    """The reply as a JSON object, or the unscored reason. One optional ```json fence is tolerated."""
+    if text is None or not text.strip():
+        return "empty_reply"
+    body = text.strip()
+    if body.startswith("```"):
+        first_nl = body.find("\n")
+        if first_nl < 0 or not body.endswith("```") or body[3:first_nl].strip() not in ("", "json"):
+            return "invalid_json"
+        body = body[first_nl + 1 : -3].strip()
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return "invalid_json"
+    if not isinstance(value, dict):
+        return "not_an_object"
+    return value
+
+
+def _rationale(value: Any) -> str | None | bool:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return False
+    return value.strip()[:MAX_RATIONALE]
+
+
+def parse_verdict(text: str | None, categories: list[str]) -> Parsed:
+    obj = _object(text)
+    if isinstance(obj, str):
+        return Parsed.unscored(obj)
+    if set(obj) - VERDICT_KEYS:
+        return Parsed.unscored("unknown_fields")
+    verdict = obj.get("verdict")
+    if verdict not in ("pass", "fail", "unscored"):
+        return Parsed.unscored("bad_verdict")
+    rationale = _rationale(obj.get("rationale"))
+    if rationale is False:
+        return Parsed.unscored("bad_rationale")
+    if verdict == "unscored":
+        return Parsed.unscored("judge_abstained", rationale or None)  # type: ignore[arg-type]
+    score = obj.get("score")
+    if (
+        isinstance(score, bool)
+        or not isinstance(score, int | float)
+        or not math.isfinite(score)
+        or not 0 <= score <= 1
+    ):
+        return Parsed.unscored("bad_score")
+    cats = obj.get("categories", [])
+    if not isinstance(cats, list) or not all(isinstance(c, str) and c in categories for c in cats):
+        return Parsed.unscored("bad_categories")
+    return Parsed(verdict, float(score), list(dict.fromkeys(cats)), rationale or None)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class PairChoice:
+    choice: str | None  # "1" | "2" | "tie", or None when unscored
+    rationale: str | None = None
+    unscored_reason: str | None = None
+
+
+def parse_pairwise(text: str | None) -> PairChoice:
+    obj = _object(text)
+    if isinstance(obj, str):
+        return PairChoice(None, None, obj)
+    if set(obj) - PAIRWISE_KEYS:
+        return PairChoice(None, None, "unknown_fields")
+    winner = obj.get("winner")
+    if isinstance(winner, int) and not isinstance(winner, bool):
+        winner = str(winner)
+    if winner not in ("1", "2", "tie"):
+        return PairChoice(None, None, "bad_winner")
+    rationale = _rationale(obj.get("rationale"))
+    if rationale is False:
+        return PairChoice(None, None, "bad_rationale")
+    return PairChoice(winner, rationale or None)  # type: ignore[arg-type]

@@ -1,0 +1,228 @@
+"""The judge queue in the database: enqueue (idempotent), claim with a lease, finish exactly once.
+
+Claims use ``FOR UPDATE SKIP LOCKED`` on Postgres so workers never wait on each other; SQLite runs one
+writer at a time, so the same single ``UPDATE ... RETURNING`` is atomic there as well. A request whose
+lease ran out (its worker died) is claimed again; a verdict is written only by the lease's owner, and
+``verdicts.request_id`` is unique, so each request gets exactly one verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, bindparam, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from ..store.models import ConversationRow
+from .models import JudgeRequestRow, JudgeStatusRow, PairwiseRow, VerdictRow
+
+ACTIVE = ("pending", "running")
+
+
+def _insert(session: Session, table: Any) -> Any:
+    name = session.get_bind().dialect.name
+    return (postgresql.insert if name == "postgresql" else sqlite.insert)(table)
+
+
+def enqueue(session: Session, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Insert judge requests; ones already present (same judge, conversation, revision) are left alone.
+
+    Returns the rows actually inserted. Older pending revisions of the same conversation are superseded.
+    """
+    if not rows:
+        return []
+    stmt = (
+        _insert(session, JudgeRequestRow)
+        .values(list(rows))
+        .on_conflict_do_nothing(index_elements=["judge", "conversation_id", "revision"])
+        .returning(JudgeRequestRow.judge, JudgeRequestRow.conversation_id)
+    )
+    inserted = {(j, c) for j, c in session.execute(stmt).all()}
+    fresh = [r for r in rows if (r["judge"], r["conversation_id"]) in inserted]
+    if fresh:
+        t = JudgeRequestRow.__table__
+        session.execute(
+            t.update()
+            .where(
+                t.c.judge == bindparam("b_judge"),
+                t.c.conversation_id == bindparam("b_cid"),
+                t.c.revision < bindparam("b_rev"),
+                t.c.status == "pending",
+            )
+            .values(status="superseded"),
+            [{"b_judge": r["judge"], "b_cid": r["conversation_id"], "b_rev": r["revision"]} for r in fresh],
+        )
+    return fresh
+
+
+@dataclass(slots=True)
+class Claimed:
+    id: int
+    judge: str
+    conversation_id: str
+    revision: int
+    agent_id: str
+    agent_version: str
+    reason: str
+    attempts: int
+    document: str | None = None
+    stored_revision: int | None = None
+
+
+def claim(session: Session, judge: str, limit: int, owner: str, now: datetime, lease: float) -> list[Claimed]:
+    """Take up to ``limit`` due requests of ``judge`` (pending and due, or running with an expired lease)."""
+    R = JudgeRequestRow
+    due = (
+        select(R.id)
+        .where(
+            R.judge == judge,
+            or_(
+                and_(R.status == "pending", R.next_attempt_at <= now),
+                and_(R.status == "running", R.lease_until < now),
+            ),
+        )
+        .order_by(R.next_attempt_at, R.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    stmt = (
+        update(R)
+        .where(R.id.in_(due.scalar_subquery()))
+        .values(
+            status="running",
+            lease_owner=owner,
+            lease_until=now + timedelta(seconds=lease),
+            attempts=R.attempts + 1,
+        )
+        .returning(
+            R.id, R.judge, R.conversation_id, R.revision, R.agent_id, R.agent_version, R.reason, R.attempts
+        )
+        .execution_options(synchronize_session=False)
+    )
+    claimed = [Claimed(*row) for row in session.execute(stmt).all()]
+    if claimed:
+        docs = {
+            cid: (rev, doc)
+            for cid, rev, doc in session.execute(
+                select(
+                    ConversationRow.conversation_id, ConversationRow.revision, ConversationRow.document
+                ).where(ConversationRow.conversation_id.in_({c.conversation_id for c in claimed}))
+            ).all()
+        }
+        for c in claimed:
+            found = docs.get(c.conversation_id)
+            if found:
+                c.stored_revision, c.document = found
+    return claimed
+
+
+def _owned(request_id: int, owner: str) -> Any:
+    R = JudgeRequestRow
+    return and_(R.id == request_id, R.lease_owner == owner, R.status == "running")
+
+
+def complete(session: Session, request_id: int, owner: str) -> bool:
+    """Mark done if this worker still holds the lease; False means another worker owns it now."""
+    res = session.execute(
+        update(JudgeRequestRow)
+        .where(_owned(request_id, owner))
+        .values(status="done", lease_until=None, last_error=None)
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount == 1  # type: ignore[attr-defined]
+
+
+def reschedule(
+    session: Session,
+    request_id: int,
+    owner: str,
+    next_at: datetime,
+    error: str | None,
+    refund_attempt: bool = False,
+) -> None:
+    R = JudgeRequestRow
+    values: dict[str, Any] = {
+        "status": "pending",
+        "next_attempt_at": next_at,
+        "lease_until": None,
+        "lease_owner": None,
+    }
+    if error is not None:
+        values["last_error"] = error[:2000]
+    if refund_attempt:
+        values["attempts"] = R.attempts - 1
+    session.execute(
+        update(R)
+        .where(_owned(request_id, owner))
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def fail(session: Session, request_id: int, owner: str, error: str) -> None:
+    session.execute(
+        update(JudgeRequestRow)
+        .where(_owned(request_id, owner))
+        .values(status="failed", lease_until=None, last_error=error[:2000])
+        .execution_options(synchronize_session=False)
+    )
+
+
+def queue_depth(session: Session) -> dict[str, int]:
+    R = JudgeRequestRow
+    rows = session.execute(select(R.judge, func.count()).where(R.status.in_(ACTIVE)).group_by(R.judge)).all()
+    return {j: int(n) for j, n in rows}
+
+
+def spend_since(session: Session, since: datetime) -> dict[str, float]:
+    """Stored spend per judge since ``since`` (verdicts and pairwise comparisons)."""
+    out: dict[str, float] = {}
+    for table in (VerdictRow, PairwiseRow):
+        q = (
+            select(table.judge, func.coalesce(func.sum(table.cost_usd), 0.0))
+            .where(table.created_at >= since)
+            .group_by(table.judge)
+        )
+        for judge, total in session.execute(q).all():
+            out[judge] = out.get(judge, 0.0) + float(total)
+    return out
+
+
+def save_status(
+    session: Session, judge: str, state: str, detail: str | None, worker: str, now: datetime
+) -> None:
+    stmt = _insert(session, JudgeStatusRow).values(
+        judge=judge, state=state, detail=detail, worker=worker, updated_at=now
+    )
+    session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["judge"],
+            set_={"state": state, "detail": detail, "worker": worker, "updated_at": now},
+        )
+    )
+
+
+def load_status(session: Session, judges: Iterable[str] | None = None) -> dict[str, JudgeStatusRow]:
+    q = select(JudgeStatusRow)
+    if judges is not None:
+        q = q.where(JudgeStatusRow.judge.in_(list(judges)))
+    return {r.judge: r for r in session.scalars(q).all()}
+
+
+def request_resume(session: Session, judge: str, now: datetime) -> None:
+    stmt = _insert(session, JudgeStatusRow).values(
+        judge=judge, state="resume_requested", updated_at=now, resume_requested_at=now
+    )
+    session.execute(stmt.on_conflict_do_update(index_elements=["judge"], set_={"resume_requested_at": now}))
+
+
+def verdicts_for(session: Session, conversation_id: str) -> list[VerdictRow]:
+    return list(
+        session.scalars(
+            select(VerdictRow).where(VerdictRow.conversation_id == conversation_id).order_by(VerdictRow.id)
+        ).all()
+    )
