@@ -74,10 +74,13 @@ def test_mounted_rules_and_judges_load_like_the_repository(tmp_path: Path) -> No
     values = load_values(CHART / "ci" / "everything-values.yaml")
     docs = render(values)
     rules_dir, judges_dir = tmp_path / "rules", tmp_path / "judges"
+    extra_dir = tmp_path / "rules-extra"
     mount(docs, "-rules", "rules", rules_dir)
+    mount(docs, "-rules-extra", "rules-extra", extra_dir)
     mount(docs, "-judges", "judges", judges_dir)
     env = one(docs, "ConfigMap", "-env")["data"]
-    packs = env["VIGIL_RULE_PACKS"].replace("/app/rules", str(rules_dir))
+    packs = env["VIGIL_RULE_PACKS"].replace("/app/rules-extra", str(extra_dir))
+    packs = packs.replace("/app/rules", str(rules_dir))
     engine = RuleEngine.from_paths(make_settings("sqlite://", rule_packs=packs).rule_pack_paths())
     (tmp_path / "local.yaml").write_text(values["rules"]["extra"]["local.yaml"])
     reference = RuleEngine.from_paths([PROJECT_ROOT / "rules" / p for p in values["rules"]["packs"]]

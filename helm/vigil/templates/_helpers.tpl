@@ -196,6 +196,11 @@ spec:
             - name: rules
               mountPath: /app/rules
               readOnly: true
+            {{- if $v.rules.extra }}
+            - name: rules-extra
+              mountPath: /app/rules-extra
+              readOnly: true
+            {{- end }}
             {{- if $v.judges.enabled }}
             - name: judges
               mountPath: /app/judges
@@ -208,6 +213,11 @@ spec:
         - name: rules
           configMap:
             name: {{ include "vigil.fullname" $root }}-rules
+        {{- if $v.rules.extra }}
+        - name: rules-extra
+          configMap:
+            name: {{ include "vigil.fullname" $root }}-rules-extra
+        {{- end }}
         {{- if $v.judges.enabled }}
         - name: judges
           configMap:
