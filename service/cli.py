@@ -277,6 +277,7 @@ def _register_stage_commands() -> None:
 
 
 STAGE_COMMANDS: list[str] = [
+    "service.review.commands",
     "service.judge.commands",
     "service.compare.commands",
     "service.detector.commands",

@@ -120,6 +120,24 @@ class Metrics:
         # --- end judge metrics ---
 
         # --- review metrics ---
+        self.review_enqueued = Counter(
+            "review_enqueued_total", "Conversations that entered the review queue, by first reason kind.",
+            ["reason"], namespace=NS, registry=r)
+        self.review_reasons = Counter(
+            "review_reasons_total", "Reasons added to review items (first or later signals).", ["reason"],
+            namespace=NS, registry=r)
+        self.review_claims = Counter(
+            "review_claims_total", "Claim attempts by result (claimed, empty, conflict).", ["result"],
+            namespace=NS, registry=r)
+        self.review_labels = Counter(
+            "review_labels_total", "Labels saved by reviewers (including changed labels).", ["label"],
+            namespace=NS, registry=r)
+        self.review_queue_open_items = Gauge(
+            "review_queue_open_items", "Review items waiting for a reviewer (read from the database at scrape).",
+            namespace=NS, registry=r)
+        self.review_label_seconds = Histogram(
+            "review_label_seconds", "Time from claim to label.", namespace=NS, registry=r,
+            buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 3600))
         # --- end review metrics ---
 
         # --- outcomes and detector metrics ---

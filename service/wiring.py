@@ -21,6 +21,7 @@ STAGES: list[str] = [
     # module paths with a ``wire(rt)`` function, in data-flow order
     "service.tracing.wiring",
     "service.judge.wiring",
+    "service.review.wiring",
     "service.outcomes.wiring",
     "service.compare.wiring",
     "service.detector.wiring",

@@ -1,0 +1,358 @@
+"""Read side of the review stage: the queue list with counts, one item, history, progress, clusters."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, func, select
+from sqlalchemy.orm import Session
+
+from ..store.models import ConversationRow, FindingRow, utcnow
+from .models import ReviewAuditRow, ReviewItemRow, ReviewLabelRow, ReviewReasonRow
+from .queue import QueueFilter, aware, claimable
+
+STATUSES = ("open", "available", "claimed", "done", "waiting", "all")
+
+
+def _status_clause(status: str, now: datetime) -> ColumnElement[bool] | None:
+    item = ReviewItemRow
+    ready = and_(item.status == "open", item.agent_id.is_not(None))
+    return {
+        "open": ready,
+        "available": claimable(now),
+        "claimed": and_(ready, item.claimed_by.is_not(None), item.lease_until >= now),
+        "done": item.status == "done",
+        "waiting": and_(item.status == "open", item.agent_id.is_(None)),
+        "all": None,
+    }[status]
+
+
+def item_state(item: ReviewItemRow, now: datetime) -> str:
+    if item.status == "done":
+        return "done"
+    if item.agent_id is None:
+        return "waiting"
+    lease = aware(item.lease_until)
+    if item.claimed_by and lease is not None and lease >= now:
+        return "claimed"
+    return "available"
+
+
+def item_dict(item: ReviewItemRow, now: datetime) -> dict[str, Any]:
+    state = item_state(item, now)
+    return {
+        "conversation_id": item.conversation_id,
+        "agent_id": item.agent_id,
+        "agent_version": item.agent_version,
+        "priority": item.priority,
+        "state": state,
+        "required_reviews": item.required_reviews,
+        "review_count": item.review_count,
+        "sampled": item.sampled,
+        "claimed_by": item.claimed_by if state == "claimed" else None,
+        "lease_until": aware(item.lease_until) if state == "claimed" else None,
+        "created_at": aware(item.created_at),
+        "updated_at": aware(item.updated_at),
+    }
+
+
+def reasons_of(session: Session, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    if ids:
+        rows = session.scalars(
+            select(ReviewReasonRow)
+            .where(ReviewReasonRow.conversation_id.in_(ids))
+            .order_by(ReviewReasonRow.weight.desc(), ReviewReasonRow.id)
+        ).all()
+        for r in rows:
+            out[r.conversation_id].append(
+                {
+                    "kind": r.kind,
+                    "key": r.key,
+                    "weight": r.weight,
+                    "detail": r.detail,
+                    "created_at": aware(r.created_at),
+                }
+            )
+    return out
+
+
+def label_dict(r: ReviewLabelRow) -> dict[str, Any]:
+    return {
+        "conversation_id": r.conversation_id,
+        "revision": r.revision,
+        "reviewer": r.reviewer,
+        "label": r.label,
+        "category": r.category,
+        "severity": r.severity,
+        "notes": r.notes,
+        "expected_behavior": r.expected_behavior,
+        "version": r.version,
+        "is_current": r.is_current,
+        "created_at": aware(r.created_at),
+    }
+
+
+def current_labels(session: Session, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    if ids:
+        rows = session.scalars(
+            select(ReviewLabelRow)
+            .where(ReviewLabelRow.conversation_id.in_(ids), ReviewLabelRow.is_current.is_(True))
+            .order_by(ReviewLabelRow.created_at)
+        ).all()
+        for r in rows:
+            out[r.conversation_id].append(label_dict(r))
+    return out
+
+
+def list_queue(
+    session: Session,
+    filters: QueueFilter,
+    status: str = "open",
+    limit: int = 50,
+    offset: int = 0,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Items matching ``filters`` in ``status``, with counts per state and per reason kind."""
+    now = now or utcnow()
+    clauses = filters.clauses()
+    counts = {
+        s: session.scalar(
+            select(func.count())
+            .select_from(ReviewItemRow)
+            .where(*clauses, *([c] if (c := _status_clause(s, now)) is not None else []))
+        )
+        or 0
+        for s in ("available", "claimed", "done", "waiting")
+    }
+    counts["open"] = counts["available"] + counts["claimed"]
+    counts["all"] = counts["open"] + counts["done"] + counts["waiting"]
+    open_clause = _status_clause("open", now)
+    by_reason = dict(
+        session.execute(
+            select(ReviewReasonRow.kind, func.count(func.distinct(ReviewReasonRow.conversation_id)))
+            .join(ReviewItemRow, ReviewItemRow.conversation_id == ReviewReasonRow.conversation_id)
+            .where(*clauses, open_clause)
+            .group_by(ReviewReasonRow.kind)
+        ).all()
+    )
+    q = (
+        select(ReviewItemRow, ConversationRow)
+        .outerjoin(ConversationRow, ConversationRow.conversation_id == ReviewItemRow.conversation_id)
+        .where(*clauses)
+    )
+    sc = _status_clause(status, now)
+    if sc is not None:
+        q = q.where(sc)
+    if status == "done":
+        q = q.order_by(ReviewItemRow.updated_at.desc(), ReviewItemRow.id.desc())
+    else:
+        q = q.order_by(ReviewItemRow.priority.desc(), ReviewItemRow.created_at, ReviewItemRow.id)
+    rows = session.execute(q.limit(limit).offset(offset)).all()
+    ids = [item.conversation_id for item, _ in rows]
+    reasons, labels = reasons_of(session, ids), current_labels(session, ids)
+    items = []
+    for item, conv in rows:
+        d = item_dict(item, now)
+        d["reasons"] = reasons.get(item.conversation_id, [])
+        d["labels"] = labels.get(item.conversation_id, [])
+        d["max_severity"] = conv.max_severity if conv else None
+        d["finding_count"] = conv.finding_count if conv else 0
+        d["message_count"] = conv.message_count if conv else 0
+        items.append(d)
+    return {
+        "status": status,
+        "counts": counts,
+        "reasons": by_reason,
+        "items": items,
+        "limit": limit,
+        "offset": offset,
+        "total": counts.get(status, counts["all"]),
+    }
+
+
+def item_detail(session: Session, conversation_id: str, now: datetime | None = None) -> dict[str, Any] | None:
+    now = now or utcnow()
+    item = session.scalar(select(ReviewItemRow).where(ReviewItemRow.conversation_id == conversation_id))
+    if item is None:
+        return None
+    d = item_dict(item, now)
+    d["reasons"] = reasons_of(session, [conversation_id]).get(conversation_id, [])
+    d["labels"] = current_labels(session, [conversation_id]).get(conversation_id, [])
+    return d
+
+
+def history(session: Session, conversation_id: str) -> dict[str, Any]:
+    """Every label version and every audit event of one conversation, oldest first."""
+    labels = session.scalars(
+        select(ReviewLabelRow)
+        .where(ReviewLabelRow.conversation_id == conversation_id)
+        .order_by(ReviewLabelRow.created_at, ReviewLabelRow.id)
+    ).all()
+    events = session.scalars(
+        select(ReviewAuditRow)
+        .where(ReviewAuditRow.conversation_id == conversation_id)
+        .order_by(ReviewAuditRow.at, ReviewAuditRow.id)
+    ).all()
+    return {
+        "conversation_id": conversation_id,
+        "labels": [label_dict(r) for r in labels],
+        "audit": [audit_dict(e) for e in events],
+    }
+
+
+def audit_dict(e: ReviewAuditRow) -> dict[str, Any]:
+    return {
+        "at": aware(e.at),
+        "actor": e.actor,
+        "action": e.action,
+        "conversation_id": e.conversation_id,
+        "detail": e.detail,
+    }
+
+
+def audit_log(
+    session: Session,
+    actor: str | None = None,
+    conversation_id: str | None = None,
+    action: str | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    q = select(ReviewAuditRow).order_by(ReviewAuditRow.id.desc()).limit(limit)
+    if actor:
+        q = q.where(ReviewAuditRow.actor == actor)
+    if conversation_id:
+        q = q.where(ReviewAuditRow.conversation_id == conversation_id)
+    if action:
+        q = q.where(ReviewAuditRow.action == action)
+    return [audit_dict(e) for e in session.scalars(q).all()]
+
+
+def progress(session: Session, now: datetime | None = None) -> dict[str, Any]:
+    """Per reviewer: current labels by kind, labels in the last day and week, items held; agreement."""
+    now = now or utcnow()
+    people: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"labels": 0, "by_label": Counter(), "last_24h": 0, "last_7d": 0, "changed": 0, "holding": 0}
+    )
+    day, week = now - timedelta(days=1), now - timedelta(days=7)
+    for r in session.scalars(select(ReviewLabelRow)).all():
+        p = people[r.reviewer]
+        at = aware(r.created_at)
+        if at is not None and at >= day:
+            p["last_24h"] += 1
+        if at is not None and at >= week:
+            p["last_7d"] += 1
+        if r.is_current:
+            p["labels"] += 1
+            p["by_label"][r.label] += 1
+        else:
+            p["changed"] += 1
+    for reviewer, n in session.execute(
+        select(ReviewItemRow.claimed_by, func.count())
+        .where(ReviewItemRow.claimed_by.is_not(None), ReviewItemRow.lease_until >= now)
+        .group_by(ReviewItemRow.claimed_by)
+    ).all():
+        people[reviewer]["holding"] = n
+    reviewers = [
+        {"reviewer": name, **{k: dict(v) if isinstance(v, Counter) else v for k, v in p.items()}}
+        for name, p in sorted(people.items(), key=lambda kv: (-kv[1]["labels"], kv[0]))
+    ]
+    return {"reviewers": reviewers, "agreement": agreement(session)}
+
+
+def agreement(session: Session) -> dict[str, Any]:
+    """On items labelled by two or more reviewers: the share where every current label is the same."""
+    by_item: dict[str, list[str]] = defaultdict(list)
+    for cid, lab in session.execute(
+        select(ReviewLabelRow.conversation_id, ReviewLabelRow.label).where(
+            ReviewLabelRow.is_current.is_(True)
+        )
+    ).all():
+        by_item[cid].append(lab)
+    multi = [labs for labs in by_item.values() if len(labs) >= 2]
+    agreed = sum(1 for labs in multi if len(set(labs)) == 1)
+    return {"items": len(multi), "agreed": agreed, "rate": agreed / len(multi) if multi else None}
+
+
+def confirmed_failures(session: Session) -> dict[str, str]:
+    """Conversation id → category, for conversations whose current labels lean to confirmed_failure."""
+    votes: dict[str, list[ReviewLabelRow]] = defaultdict(list)
+    for r in session.scalars(select(ReviewLabelRow).where(ReviewLabelRow.is_current.is_(True))).all():
+        votes[r.conversation_id].append(r)
+    out: dict[str, str] = {}
+    for cid, rows in votes.items():
+        yes = [r for r in rows if r.label == "confirmed_failure"]
+        no = sum(1 for r in rows if r.label == "not_a_failure")
+        if yes and len(yes) >= no:
+            out[cid] = Counter(r.category or "other" for r in yes).most_common(1)[0][0]
+    return out
+
+
+def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) -> dict[str, Any]:
+    """Confirmed failures grouped by (category, rule, tool), largest first."""
+    confirmed = confirmed_failures(session)
+    total = len(confirmed)
+    groups: dict[tuple[str, str | None, str | None], set[str]] = defaultdict(set)
+    messages: dict[tuple[str, str | None, str | None], Counter[str]] = defaultdict(Counter)
+    seen: set[str] = set()
+    ids = sorted(confirmed)
+    for i in range(0, len(ids), 500):
+        for f in session.scalars(
+            select(FindingRow).where(FindingRow.conversation_id.in_(ids[i : i + 500]))
+        ).all():
+            if (f.details or {}).get("rule_error"):
+                continue
+            key = (confirmed[f.conversation_id], f.rule_id, (f.details or {}).get("tool"))
+            groups[key].add(f.conversation_id)
+            messages[key][f.message] += 1
+            seen.add(f.conversation_id)
+    for cid in ids:
+        if cid not in seen:
+            groups[(confirmed[cid], None, None)].add(cid)
+    descriptions = rule_descriptions or {}
+    out = []
+    for key, members in groups.items():
+        category, rule, tool = key
+        if rule is None:
+            text = "no rule fired (found by the judge, an outcome or a reviewer)"
+        else:
+            text = messages[key].most_common(1)[0][0] if messages[key] else descriptions.get(rule, rule)
+        out.append(
+            {
+                "category": category,
+                "rule_id": rule,
+                "tool": tool,
+                "count": len(members),
+                "total": total,
+                "share": len(members) / total if total else 0.0,
+                "description": text,
+                "rule_description": descriptions.get(rule or "", ""),
+                "summary": f"{len(members)} of {total} failures: {text}",
+                "examples": sorted(members)[:5],
+            }
+        )
+    out.sort(key=lambda c: (-c["count"], c["category"], c["rule_id"] or "~", c["tool"] or ""))
+    by_category = Counter(confirmed.values())
+    return {
+        "total": total,
+        "clusters": out,
+        "by_category": [{"category": c, "count": n} for c, n in by_category.most_common()],
+    }
+
+
+def labels_export(
+    session: Session,
+    since: datetime | None = None,
+    current_only: bool = True,
+    limit: int = 1000,
+    offset: int = 0,
+) -> list[dict[str, Any]]:
+    q = select(ReviewLabelRow).order_by(ReviewLabelRow.id).limit(limit).offset(offset)
+    if current_only:
+        q = q.where(ReviewLabelRow.is_current.is_(True))
+    if since:
+        q = q.where(ReviewLabelRow.created_at >= since)
+    return [label_dict(r) for r in session.scalars(q).all()]

@@ -1,0 +1,327 @@
+"""The reviewer UI: server-rendered pages and their form posts under ``/ui``.
+
+Every form carries the session's CSRF token; a post without it is refused. Each action calls the
+same queue functions as the JSON API, and redirects back (post/redirect/get).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import FileResponse, RedirectResponse, Response
+from sqlalchemy.orm import Session
+
+from ..api.auth import Principal
+from ..review import insights, queue
+from ..review.errors import Conflict, Invalid, NotFound
+from ..review.policy import LABELS, SEVERITIES
+from ..review.stage import ReviewStage
+from ..store import reads
+from . import transcript
+from .render import STATIC, render_page, sessions_of, ui_user
+from .session import UI_ROLES, session_hook_dependency, session_lifespan
+
+router = APIRouter(
+    prefix="/ui",
+    include_in_schema=False,
+    dependencies=[Depends(session_hook_dependency)],
+    lifespan=session_lifespan,
+)
+
+NOTICES = {
+    "empty": "Nothing left to claim with these filters.",
+    "labelled": "Label saved.",
+    "released": "Released back to the queue.",
+    "skipped": "Skipped; you will not be offered this item again.",
+    "extended": "Lease extended.",
+    "claimed": "Claimed: it is yours until the lease runs out.",
+    "conflict": "Someone else holds this item.",
+    "queued": "Added to the review queue.",
+}
+FILTERS = ("agent", "version", "rule", "verdict", "outcome", "reason")
+STATIC_FILES = {p.name for p in STATIC.iterdir() if p.is_file()}
+
+
+def _stage(request: Request) -> ReviewStage:
+    return request.app.state.runtime.extras["review"]  # type: ignore[no-any-return]
+
+
+def _go(url: str) -> RedirectResponse:
+    return RedirectResponse(url, status_code=303)
+
+
+def _safe_next(target: str | None) -> str:
+    # only same-site paths: "//host" or "/\\host" would leave the site
+    if target and target.startswith("/") and not target.startswith(("//", "/\\")):
+        return target
+    return "/ui/queue"
+
+
+async def _form_user(request: Request) -> tuple[Principal, dict[str, Any]]:
+    form = dict(await request.form())
+    sessions = sessions_of(request)
+    if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
+        raise HTTPException(403, "missing or stale form token: reload the page and try again")
+    p = sessions.principal(request)
+    if p is None:
+        raise HTTPException(303, "log in first", headers={"Location": "/ui/login"})
+    return p, form
+
+
+def _review_url(cid: str, notice: str | None = None) -> str:
+    return f"/ui/review/{quote(cid, safe='')}" + (f"?notice={notice}" if notice else "")
+
+
+@router.get("/static/{name}")
+def static(name: str) -> Response:
+    if name not in STATIC_FILES:
+        raise HTTPException(404, "no such file")
+    return FileResponse(
+        STATIC / name, headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"}
+    )
+
+
+@router.get("")
+@router.get("/")
+def home() -> RedirectResponse:
+    return _go("/ui/queue")
+
+
+@router.get("/login")
+def login_page(request: Request, next: str | None = None, error: str | None = None) -> Response:
+    return render_page(request, "login.html", title="Log in", next=_safe_next(next), error=error)
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    form = dict(await request.form())
+    sessions = sessions_of(request)
+    target = _safe_next(str(form.get("next", "")))
+    if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
+        return render_page(
+            request,
+            "login.html",
+            403,
+            title="Log in",
+            next=target,
+            error="The form expired; please try again.",
+        )
+    key = str(form.get("api_key", "")).strip()
+    p = request.app.state.keyring.lookup(key) if key else None
+    if p is None or p.role not in UI_ROLES:
+        msg = "That key is not a reviewer or admin key." if p else "Unknown API key."
+        return render_page(request, "login.html", 401, title="Log in", next=target, error=msg)
+    response = _go(target)
+    sessions.login(request, response, p, key)
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    await _form_user(request)
+    response = _go("/ui/login")
+    sessions_of(request).logout(response)
+    return response
+
+
+@router.get("/queue")
+def queue_page(
+    request: Request,
+    status: str = "open",
+    page: int = 1,
+    notice: str | None = None,
+    user: Principal = Depends(ui_user),
+) -> Response:
+    if status not in insights.STATUSES:
+        status = "open"
+    picked = {k: request.query_params.get(k) or None for k in FILTERS}
+    f = queue.QueueFilter(**picked)
+    per_page = 50
+    page = max(1, page)
+    with _stage(request).sessions() as s:
+        data = insights.list_queue(s, f, status, per_page, (page - 1) * per_page)
+    base = {k: v for k, v in picked.items() if v}
+    return render_page(
+        request,
+        "queue.html",
+        title="Review queue",
+        data=data,
+        status=status,
+        filters=picked,
+        page=page,
+        pages=max(1, -(-data["total"] // per_page)),
+        notice=NOTICES.get(notice or ""),
+        qs=lambda **kw: urlencode({**base, "status": status, **kw}),
+    )
+
+
+@router.post("/queue/claim")
+async def claim_next(request: Request) -> Response:
+    p, form = await _form_user(request)
+    f = queue.QueueFilter(**{k: str(form.get(k) or "") or None for k in FILTERS})
+    st = _stage(request)
+    with st.sessions.begin() as s:
+        cid = queue.claim_next(s, p.name, st.lease_seconds, f)
+    st.metrics.review_claims.labels("claimed" if cid else "empty").inc()
+    if cid is None:
+        return _go(
+            "/ui/queue?" + urlencode({**{k: v for k in FILTERS if (v := form.get(k))}, "notice": "empty"})
+        )
+    return _go(_review_url(cid))
+
+
+@router.get("/review/{conversation_id:path}")
+def review_page(
+    request: Request, conversation_id: str, notice: str | None = None, user: Principal = Depends(ui_user)
+) -> Response:
+    st = _stage(request)
+    rt = request.app.state.runtime
+    with st.sessions() as s:
+        conv = reads.get_conversation(s, conversation_id)
+        if conv is None:
+            return render_page(
+                request, "error.html", 404, title="Not found", message=f"No conversation {conversation_id}"
+            )
+        for enrich in rt.extras.get("conversation_enrichers", []):
+            enrich(s, conv)
+        item = insights.item_detail(s, conversation_id)
+        hist = insights.history(s, conversation_id)
+    mine = next((lab for lab in (item or {}).get("labels", []) if lab["reviewer"] == user.name), None)
+    return render_page(
+        request,
+        "conversation.html",
+        title=f"Conversation {conversation_id}",
+        conv=conv,
+        item=item,
+        messages=transcript.build(conv["conversation"], conv["findings"]),
+        findings=conv["findings"],
+        verdicts=conv.get("verdicts") or [],
+        history=hist,
+        mine=mine,
+        taxonomy=st.policy.taxonomy,
+        labels=LABELS,
+        severities=SEVERITIES,
+        notice=NOTICES.get(notice or ""),
+        me=user.name,
+        lease_seconds=st.lease_seconds,
+    )
+
+
+def _act(request: Request, cid: str, fn: Callable[[Session, ReviewStage], Any], notice: str) -> Response:
+    st = _stage(request)
+    try:
+        with st.sessions.begin() as s:
+            fn(s, st)
+    except Conflict:
+        return _go(_review_url(cid, "conflict"))
+    except NotFound as exc:
+        return render_page(request, "error.html", 404, title="Not found", message=str(exc))
+    return _go(_review_url(cid, notice))
+
+
+@router.post("/review/{conversation_id:path}/claim")
+async def claim_item(request: Request, conversation_id: str) -> Response:
+    p, _ = await _form_user(request)
+    return _act(
+        request,
+        conversation_id,
+        lambda s, st: queue.claim(s, conversation_id, p.name, st.lease_seconds),
+        "claimed",
+    )
+
+
+@router.post("/review/{conversation_id:path}/extend")
+async def extend(request: Request, conversation_id: str) -> Response:
+    p, _ = await _form_user(request)
+    return _act(
+        request,
+        conversation_id,
+        lambda s, st: queue.extend(s, conversation_id, p.name, st.lease_seconds),
+        "extended",
+    )
+
+
+@router.post("/review/{conversation_id:path}/release")
+async def release(request: Request, conversation_id: str) -> Response:
+    p, _ = await _form_user(request)
+    return _act(
+        request, conversation_id, lambda s, _st: queue.release(s, conversation_id, p.name), "released"
+    )
+
+
+@router.post("/review/{conversation_id:path}/skip")
+async def skip(request: Request, conversation_id: str) -> Response:
+    p, form = await _form_user(request)
+    st = _stage(request)
+    try:
+        with st.sessions.begin() as s:
+            queue.skip(s, conversation_id, p.name)
+            nxt = queue.claim_next(s, p.name, st.lease_seconds) if form.get("next") else None
+    except Conflict:
+        return _go(_review_url(conversation_id, "conflict"))
+    return _go(
+        _review_url(nxt) if nxt else "/ui/queue?notice=" + ("empty" if form.get("next") else "skipped")
+    )
+
+
+@router.post("/review/{conversation_id:path}/label")
+async def label(request: Request, conversation_id: str) -> Response:
+    p, form = await _form_user(request)
+    st = _stage(request)
+    data = queue.LabelIn(
+        str(form.get("label", "")),
+        str(form.get("category") or "") or None,
+        str(form.get("severity") or "") or None,
+        str(form.get("notes", "")),
+        str(form.get("expected_behavior", "")),
+    )
+    try:
+        with st.sessions.begin() as s:
+            queue.label(s, conversation_id, p.name, data, st.policy, metrics=st.metrics)
+            nxt = queue.claim_next(s, p.name, st.lease_seconds) if form.get("next") else None
+    except Invalid as exc:
+        return render_page(
+            request,
+            "error.html",
+            422,
+            title="Label not saved",
+            message=str(exc),
+            back=_review_url(conversation_id),
+        )
+    except Conflict as exc:
+        return render_page(
+            request,
+            "error.html",
+            409,
+            title="Label not saved",
+            message=str(exc),
+            back=_review_url(conversation_id),
+        )
+    except NotFound as exc:
+        return render_page(request, "error.html", 404, title="Not found", message=str(exc))
+    if form.get("next"):
+        return _go(_review_url(nxt) if nxt else "/ui/queue?notice=empty")
+    return _go(_review_url(conversation_id, "labelled"))
+
+
+@router.get("/progress")
+def progress_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
+    with _stage(request).sessions() as s:
+        data = insights.progress(s)
+        counts = insights.list_queue(s, queue.QueueFilter(), "open", 1, 0)["counts"]
+    return render_page(
+        request, "progress.html", title="Reviewer progress", data=data, counts=counts, labels=LABELS
+    )
+
+
+@router.get("/clusters")
+def clusters_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
+    st = _stage(request)
+    with st.sessions() as s:
+        data = insights.clusters(s, st.rule_descriptions)
+    return render_page(
+        request, "clusters.html", title="Failure clusters", data=data, taxonomy=st.policy.taxonomy
+    )
