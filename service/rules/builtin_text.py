@@ -9,7 +9,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from rapidfuzz import fuzz
 
-from .builtin_tools import compiled
+from .builtin_tools import valid_pattern
+from .patterns import pattern
 from .registry import Evidence, Hit, RuleArgs, rule_type
 from .view import ConversationView
 
@@ -61,6 +62,7 @@ _PII_PATTERNS: dict[str, re.Pattern[str]] = {
     "card": re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)"),
 }
 _NON_DIGIT = re.compile(r"\D")
+_DIGIT_RUN = re.compile(r"\d[\d ().+-]{7,}\d")  # every phone or card number contains one
 
 
 def luhn_ok(digits: str) -> bool:
@@ -101,9 +103,11 @@ def pii_leak(view: ConversationView, args: PiiLeakArgs) -> Iterator[Hit]:
     """Emails, phone numbers or card numbers (Luhn-checked) in the assistant's text."""
     user_values: set[str] | None = None
     for i, text in view.assistant_texts:
-        if "@" not in text and not any(c.isdigit() for c in text):
+        has_at, has_digits = "@" in text, _DIGIT_RUN.search(text) is not None
+        if not (has_at or has_digits):
             continue
-        for kind, m in find_pii(text, list(args.kinds)):
+        kinds = [k for k in args.kinds if (has_at if k == "email" else has_digits)]
+        for kind, m in find_pii(text, kinds):
             if args.except_user_provided:
                 if user_values is None:
                     user_text = "\n".join(t for _, t in view.user_turns)
@@ -120,17 +124,13 @@ class RegexArgs(RuleArgs):
     roles: list[Literal["system", "user", "assistant", "tool"]] = Field(default_factory=lambda: ["assistant"])
     ignore_case: bool = True
 
-    @field_validator("pattern")
-    @classmethod
-    def _valid(cls, v: str) -> str:
-        re.compile(v)
-        return v
+    _pattern = field_validator("pattern")(lambda cls, v: valid_pattern(v))
 
 
 @rule_type("regex", RegexArgs)
 def regex(view: ConversationView, args: RegexArgs) -> Iterator[Hit]:
     """Messages of the given roles must (or must not) match a pattern."""
-    rx = compiled(args.pattern, re.IGNORECASE if args.ignore_case else 0)
+    rx = pattern(args.pattern, args.ignore_case)
     matched = False
     for i, m in enumerate(view.messages):
         if m.role not in args.roles:
@@ -140,9 +140,10 @@ def regex(view: ConversationView, args: RegexArgs) -> Iterator[Hit]:
         if found:
             matched = True
             if args.mode == "must_not_match":
+                start, end = found
                 yield Hit(
                     f"matched forbidden pattern {args.pattern!r}",
-                    [Evidence(i, found.start(), found.end(), found.group(0)[:200])],
+                    [Evidence(i, start, end, text[start:end][:200])],
                 )
             else:
                 return
@@ -153,23 +154,39 @@ def regex(view: ConversationView, args: RegexArgs) -> Iterator[Hit]:
 
 
 _AMOUNT = re.compile(r"\$\s?(\d{1,3}(?:,\d{3})+|\d+)(\.\d{1,2})?")
-_DATE = re.compile(
-    r"\b(\d{4}-\d{2}-\d{2}|(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? "
-    r"\d{1,2}(?:st|nd|rd|th)?(?:, \d{4})?)\b"
+# Each pattern opens with literals so the regex engine can skip ahead cheaply; the word boundary
+# before a date is checked by hand.
+_DATES = (
+    re.compile(r"(?:19|20)\d\d-\d\d-\d\d\b"),
+    re.compile(
+        r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? \d{1,2}(?:st|nd|rd|th)?(?:, \d{4})?\b"
+    ),
 )
-_IDENTS = (
-    re.compile(r"(?<![\w#])#?(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{6,}\b"),  # #W5565470, HAT030X
-    re.compile(r"(?<![\w$.,-])\d{8,}\b(?![.,]\d)"),  # item, product and tracking numbers
-    re.compile(r"\b[a-z]+(?:_[a-z]+)*_\d{2,}\b"),  # gift_card_1712795, sara_doe_496
-)
+_DIGIT = re.compile(r"\d")
+_TOKEN_TAIL = re.compile(r"[\w#]*")
+_UPPER_ID = re.compile(r"#?(?=[A-Z0-9]*[A-Z])[A-Z0-9]{6,}")  # #W5565470, HAT030X
+_SNAKE_ID = re.compile(r"[a-z]+(?:_[a-z]+)*_\d{2,}")  # gift_card_1712795, sara_doe_496
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _ORDINAL = re.compile(r"(?<=\d)(st|nd|rd|th)\b")
 _MONTH_NAMES = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
 _MONTHS = {m: i for i, m in enumerate(_MONTH_NAMES, 1)}
 
 
-def _money(value: str) -> str:
-    return f"{float(value.replace(',', '').replace('$', '').strip()):.2f}"
+def _amount_forms(value: str) -> tuple[str, ...]:
+    """How an amount may be written in a source: 50 as 50, 50.0 or 50.00; 1,234.5 as 1234.5 or 1234.50."""
+    whole, _, frac = value.replace(",", "").replace("$", "").strip().partition(".")
+    whole, frac = whole.lstrip("0") or "0", frac.rstrip("0")
+    if not frac:
+        return whole, f"{whole}.0", f"{whole}.00"
+    return (f"{whole}.{frac}", f"{whole}.{frac}0") if len(frac) == 1 else (f"{whole}.{frac}",)
+
+
+def _source_numbers(source: str) -> set[str]:
+    """Numbers as written, plus float noise rounded to cents (30.180000000000007 is $30.18)."""
+    found = _NUMBER.findall(source.replace(",", ""))
+    numbers = set(found)
+    numbers.update(f"{float(n):.2f}" for n in found if "." in n and len(n) - n.index(".") > 3)
+    return numbers
 
 
 def _date_forms(text: str) -> set[str]:
@@ -178,10 +195,34 @@ def _date_forms(text: str) -> set[str]:
     parts = _ORDINAL.sub("", text.replace(",", "").replace(".", "")).split()
     month = _MONTHS.get(parts[0][:3].lower())
     day = int(parts[1])
-    forms = {f"-{month:02d}-{day:02d}"}
     if len(parts) > 2:
-        forms = {f"{parts[2]}-{month:02d}-{day:02d}"}
-    return forms
+        return {f"{parts[2]}-{month:02d}-{day:02d}"}
+    return {f"-{month:02d}-{day:02d}"}
+
+
+def _digit_tokens(text: str) -> Iterator[tuple[int, int]]:
+    """Spans of the words (letters, digits, ``_``, ``#``) that contain a digit."""
+    pos = 0
+    while (m := _DIGIT.search(text, pos)) is not None:
+        start = m.start()
+        while start and (text[start - 1].isalnum() or text[start - 1] in "_#"):
+            start -= 1
+        end = _TOKEN_TAIL.match(text, m.end()).end()  # type: ignore[union-attr]
+        yield start, end
+        pos = end
+
+
+def _identifier(text: str, start: int, end: int) -> bool:
+    token = text[start:end]
+    if _UPPER_ID.fullmatch(token) or _SNAKE_ID.fullmatch(token):
+        return True
+    # Long digit runs are item, product and tracking numbers, unless part of an amount or a decimal.
+    return (
+        len(token) >= 8
+        and token.isdigit()
+        and (start == 0 or text[start - 1] not in "$.,-")
+        and not (text[end : end + 1] in (".", ",") and text[end + 1 : end + 2].isdigit())
+    )
 
 
 class GroundednessArgs(RuleArgs):
@@ -198,29 +239,35 @@ def groundedness(view: ConversationView, args: GroundednessArgs) -> Iterator[Hit
     source: str | None = None
     numbers: set[str] | None = None
     for i, text in view.assistant_texts:
+        if not _DIGIT.search(text):
+            continue
         if source is None:
             source = "\n".join(m.text for m in view.messages if m.role in roles)
         if "amounts" in args.check and "$" in text:
             if numbers is None:
-                numbers = {_money(n) for n in _NUMBER.findall(source.replace(",", ""))}
+                numbers = _source_numbers(source)
             for m in _AMOUNT.finditer(text):
-                if _money(m.group(0)) not in numbers:
-                    yield _ungrounded("amount", i, m)
+                if numbers.isdisjoint(_amount_forms(m.group(0))):
+                    yield _ungrounded("amount", i, text, m.start(), m.end())
         if "dates" in args.check:
-            for m in _DATE.finditer(text):
-                if m.group(0) not in source and not any(f in source for f in _date_forms(m.group(0))):
-                    yield _ungrounded("date", i, m)
-        if "identifiers" in args.check:
-            for rx in _IDENTS:
+            for rx in _DATES:
                 for m in rx.finditer(text):
-                    if m.group(0).lstrip("#") not in source:
-                        yield _ungrounded("identifier", i, m)
+                    start, value = m.start(), m.group(0)
+                    if start and text[start - 1].isalnum():
+                        continue
+                    if value not in source and not any(f in source for f in _date_forms(value)):
+                        yield _ungrounded("date", i, text, start, m.end())
+        if "identifiers" in args.check:
+            for start, end in _digit_tokens(text):
+                if _identifier(text, start, end) and text[start:end].lstrip("#") not in source:
+                    yield _ungrounded("identifier", i, text, start, end)
 
 
-def _ungrounded(kind: str, i: int, m: re.Match[str]) -> Hit:
+def _ungrounded(kind: str, i: int, text: str, start: int, end: int) -> Hit:
+    value = text[start:end]
     return Hit(
-        f"{kind} {m.group(0)} not found in any tool result or user turn",
-        [Evidence(i, m.start(), m.end(), m.group(0))],
+        f"{kind} {value} not found in any tool result or user turn",
+        [Evidence(i, start, end, value)],
         {"kind": kind},
     )
 

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from .conditions import (
     MISSING,
@@ -16,21 +16,32 @@ from .conditions import (
     field_value,
     result_condition_met,
 )
+from .patterns import Pattern, pattern
 from .registry import Evidence, Hit, RuleArgs, rule_type
 from .view import ConversationView
 
-__all__ = ["ResultCondition", "ArgCondition", "compiled", "field_value"]
+__all__ = ["ArgCondition", "ResultCondition", "compiled", "field_value", "valid_pattern"]
 
-_COMPILED: dict[str, re.Pattern[str]] = {}
+_COMPILED: dict[tuple[str, int], re.Pattern[str]] = {}
 
 
 def compiled(pattern: str, flags: int = re.IGNORECASE) -> re.Pattern[str]:
     """A compiled pattern, cached across calls so rules never recompile per conversation."""
-    key = f"{flags}:{pattern}"
+    key = (pattern, flags)
     rx = _COMPILED.get(key)
     if rx is None:
         rx = _COMPILED[key] = re.compile(pattern, flags)
     return rx
+
+
+def valid_pattern(v: str | None) -> str | None:
+    """Field validator: a pattern that compiles, else a clear validation error (not a bare re.error)."""
+    if v is not None:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+    return v
 
 
 def _as_list(v: Any) -> Any:
@@ -133,20 +144,16 @@ class RequireConfirmationArgs(RuleArgs):
         default=True, description="Skip conversations without any user turn (autonomous runs)."
     )
 
-    @model_validator(mode="after")
-    def _compile(self) -> RequireConfirmationArgs:
-        for p in (self.yes_pattern, self.no_pattern):
-            re.compile(p)
-        return self
+    _patterns = field_validator("yes_pattern", "no_pattern")(lambda cls, v: valid_pattern(v))
 
 
-def affirmed(text: str, yes: re.Pattern[str], no: re.Pattern[str]) -> bool:
+def affirmed(text: str, yes: Pattern, no: Pattern) -> bool:
     """A yes that is not negated ("not correct") and comes before any no ("wait", "don't")."""
     first_no = no.search(text)
-    for m in yes.finditer(text):
-        if first_no is not None and first_no.start() < m.start():
+    for start, _ in yes.spans(text):
+        if first_no is not None and first_no[0] < start:
             return False
-        if _NEGATED.search(text[max(0, m.start() - 16) : m.start()]):
+        if _NEGATED.search(text[max(0, start - 16) : start]):
             continue
         return True
     return False
@@ -157,7 +164,7 @@ def require_confirmation(view: ConversationView, args: RequireConfirmationArgs) 
     """The last user turn before a write tool call must be an explicit "yes"."""
     if args.only_with_user and not view.user_turns:
         return
-    yes, no = compiled(args.yes_pattern), compiled(args.no_pattern)
+    yes, no = pattern(args.yes_pattern), pattern(args.no_pattern)
     messages = view.messages
     used: set[int] = set()
     for site in view.tool_calls:
@@ -227,6 +234,8 @@ class ToolErrorRateArgs(RuleArgs):
         default=r"^\s*(\"?error\b|Error:|Exception|Traceback)", description="Also counts results like this."
     )
 
+    _pattern = field_validator("error_pattern")(lambda cls, v: valid_pattern(v))
+
 
 @rule_type("tool_error_rate", ToolErrorRateArgs)
 def tool_error_rate(view: ConversationView, args: ToolErrorRateArgs) -> Iterator[Hit]:
@@ -238,7 +247,7 @@ def tool_error_rate(view: ConversationView, args: ToolErrorRateArgs) -> Iterator
     errors = []
     for site in view.tool_calls:
         r = view.result_for(site)
-        if r is not None and (r.is_error or (rx is not None and rx.search(r.message.text[:200]))):
+        if r is not None and (r.is_error or (rx is not None and rx.search(r.message.text, 0, 200))):
             errors.append(r.message_index)
     if len(errors) / total > args.max_rate:
         yield Hit(
@@ -285,11 +294,7 @@ class EscalationArgs(RuleArgs):
         r"you are being transferred to a human agent)\b"
     )
 
-    @field_validator("phrases")
-    @classmethod
-    def _valid(cls, v: str) -> str:
-        re.compile(v)
-        return v
+    _pattern = field_validator("phrases")(lambda cls, v: valid_pattern(v))
 
 
 @rule_type("escalation", EscalationArgs)
@@ -301,11 +306,10 @@ def escalation(view: ConversationView, args: EscalationArgs) -> Iterator[Hit]:
                 f"handed off to a human via {site.name}", [Evidence(site.message_index)], {"tool": site.name}
             )
             return
-    rx = compiled(args.phrases)
+    rx = pattern(args.phrases)
     for i, text in view.assistant_texts:
-        m = rx.search(text)
-        if m:
-            yield Hit(
-                "handed off to a human", [Evidence(i, m.start(), m.end(), m.group(0))], {"phrase": True}
-            )
+        span = rx.search(text)
+        if span:
+            start, end = span
+            yield Hit("handed off to a human", [Evidence(i, start, end, text[start:end])], {"phrase": True})
             return

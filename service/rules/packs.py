@@ -13,8 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ConfigError
 from ..schema import Conversation
-from .registry import SEVERITY_RANK, Evidence, RuleArgs, RuleType, Severity, get_rule_type
-from .registry import RuleError
+from .registry import SEVERITY_RANK, Evidence, RuleArgs, RuleError, RuleType, Severity, get_rule_type
 from .view import ConversationView
 
 log = logging.getLogger(__name__)
@@ -79,11 +78,30 @@ class CompiledRule:
     args: RuleArgs
 
 
-def _fmt(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors())
+def _fmt(exc: ValidationError, prefix: str = "") -> str:
+    return "; ".join(
+        f"{prefix}{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+def _fmt_pack(data: Any, exc: ValidationError) -> str:
+    """Errors inside ``rules`` name the rule by its id (or position), then the field."""
+    parts = []
+    rules = data.get("rules") if isinstance(data, dict) else None
+    for e in exc.errors():
+        loc = e["loc"]
+        if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int) and isinstance(rules, list):
+            item = rules[loc[1]]
+            rid = item.get("id") if isinstance(item, dict) else None
+            who = f"rule {rid!r}" if isinstance(rid, str) else f"rules[{loc[1]}]"
+            parts.append(f"{who}: {'.'.join(str(p) for p in loc[2:]) or '(rule)'}: {e['msg']}")
+        else:
+            parts.append(f"{'.'.join(str(p) for p in loc) or '(root)'}: {e['msg']}")
+    return "; ".join(parts)
 
 
 def load_pack(path: Path) -> tuple[PackSpec, list[CompiledRule]]:
+    """Validate one pack file; every error names the file, the rule id and the field."""
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -91,18 +109,22 @@ def load_pack(path: Path) -> tuple[PackSpec, list[CompiledRule]]:
     try:
         pack = PackSpec.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {_fmt(exc)}") from None
+        raise ConfigError(f"{path}: {_fmt_pack(data, exc)}") from None
     compiled: list[CompiledRule] = []
+    seen: set[str] = set()
     for spec in pack.rules:
         where = f"{path}: rule {spec.id!r}"
+        if spec.id in seen:
+            raise ConfigError(f"{where}: id: duplicate rule id in this pack")
+        seen.add(spec.id)
         try:
             rtype = get_rule_type(spec.type)
         except RuleError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
+            raise ConfigError(f"{where}: type: {exc}") from None
         try:
             args = rtype.args_model.model_validate(spec.args)
         except ValidationError as exc:
-            raise ConfigError(f"{where}: args.{_fmt(exc)}") from None
+            raise ConfigError(f"{where}: {_fmt(exc, 'args.')}") from None
         if spec.enabled:
             compiled.append(CompiledRule(spec.id, pack.pack, spec, rtype, args))
     return pack, compiled
@@ -122,8 +144,13 @@ class RuleEngine:
     @classmethod
     def from_paths(cls, paths: list[Path]) -> RuleEngine:
         rules: list[CompiledRule] = []
+        origin: dict[str, Path] = {}
         for p in paths:
-            rules.extend(load_pack(p)[1])
+            for rule in load_pack(p)[1]:
+                if rule.id in origin:
+                    raise ConfigError(f"{p}: rule {rule.id!r}: id: already defined in {origin[rule.id]}")
+                origin[rule.id] = p
+                rules.append(rule)
         return cls(rules)
 
     def rules_for(self, agent: str, version: str) -> list[CompiledRule]:
@@ -145,12 +172,12 @@ class RuleEngine:
             except Exception as exc:  # a broken rule must not stop the stream
                 log.exception("rule %s failed on %s", rule.id, conversation.conversation_id)
                 hits = []
-                findings.append(
-                    Finding(rule.id, rule.type.name, "info", f"rule error: {type(exc).__name__}: {exc}", (), {"rule_error": True})
-                )
+                message = f"rule error: {type(exc).__name__}: {exc}"
+                findings.append(Finding(rule.id, rule.type.name, "info", message, (), {"rule_error": True}))
+            severity = rule.spec.severity
             for hit in hits:
                 findings.append(
-                    Finding(rule.id, rule.type.name, rule.spec.severity, hit.message, tuple(hit.evidence), hit.details)
+                    Finding(rule.id, rule.type.name, severity, hit.message, tuple(hit.evidence), hit.details)
                 )
         return findings
 
