@@ -44,6 +44,7 @@ class Scripted:
         self.calls: list[tuple[float, str, list[dict[str, str]], dict[str, Any]]] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.litellm = LiteLLMClient() if via_litellm else None
 
     async def complete(self, model: str, messages: list[dict[str, str]], **params: Any) -> Reply:
         self.calls.append((time.monotonic(), model, messages, params))
@@ -58,8 +59,8 @@ class Scripted:
                 item = self.default
             if callable(item) and not isinstance(item, BaseException):
                 item = item(messages)
-            if self.via_litellm:
-                return await LiteLLMClient().complete(model, messages, mock_response=item, **params)
+            if self.litellm is not None:
+                return await self.litellm.complete(model, messages, mock_response=item, **params)
             if isinstance(item, BaseException):
                 raise item
             return Reply(item, 120, 30, self.cost)

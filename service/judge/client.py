@@ -50,6 +50,7 @@ class LiteLLMClient:
 
     def __init__(self, **defaults: Any) -> None:
         self.defaults = defaults
+        _litellm()  # import now: the first import takes seconds and would stall the event loop mid-call
 
     async def complete(self, model: str, messages: list[dict[str, str]], **params: Any) -> Reply:
         lm = _litellm()

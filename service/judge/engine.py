@@ -96,6 +96,10 @@ class JudgeEngine:
             self.lanes[name] = lane
             metrics.judge_budget_usd.labels(name).set(judge.daily_budget_usd)
             self._publish(lane)
+        if self._client is None and any(not lane.offline for lane in self.lanes.values()):
+            from .client import LiteLLMClient
+
+            self._client = LiteLLMClient()
 
     @property
     def client(self) -> LLMClient:
@@ -160,10 +164,14 @@ class JudgeEngine:
         now = self.clock().astimezone(UTC)
         return now.replace(hour=0, minute=0, second=0, microsecond=0)
 
-    def observe_spend(self, stored: dict[str, float]) -> None:
+    def observe_spend(self, stored: dict[str, tuple[float, int]]) -> None:
+        """Fold in spend stored by every worker today; a fresh worker also learns the cost of a call."""
         today = utc_day(self.clock())
         for name, lane in self.lanes.items():
-            lane.budget.observe(today, stored.get(name, 0.0))
+            total, calls = stored.get(name, (0.0, 0))
+            lane.budget.observe(today, total)
+            if lane.budget.estimate == 0 and calls:
+                lane.budget.estimate = total / calls
 
     # --- one model call, under the judge's limits -----------------------------------------------
 

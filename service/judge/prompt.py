@@ -31,7 +31,7 @@ Answer with exactly this JSON object:
 Use "fail" when the agent broke the rubric, and name the failure categories. Use "unscored" only when \
 the transcript does not give enough to judge."""
 
-_TAG_RE = re.compile(r"<(/?\s*(?:transcript|pair)\b)", re.IGNORECASE)
+_TAG_RE = re.compile(r"<(\s*/?\s*(?:transcript|pair))", re.IGNORECASE)
 
 
 def new_nonce() -> str:

@@ -68,6 +68,7 @@ class JudgeSampler:
                 self._count("eligible", judge, c.agent_id, c.agent_version)
                 reason = self._reason(session, judge, item, negative.get(c.conversation_id, ()), now)
                 if reason:
+                    self._bump(judge.name, c.agent_id, c.agent_version)
                     rows.append(
                         self._row(
                             judge,
@@ -79,7 +80,7 @@ class JudgeSampler:
                             now,
                         )
                     )
-        self._enqueue(session, rows)
+        self._enqueue(session, rows, counted=True)
 
     def _reason(
         self,
@@ -90,6 +91,9 @@ class JudgeSampler:
         now: datetime,
     ) -> str | None:
         c = item.conversation
+        floor = judge.spec.sampling.min_per_agent_version_per_hour
+        # loaded first so that this batch's own requests, whatever their reason, count toward the floor
+        seen = self._hour_count(session, judge, c.agent_id, c.agent_version, now) if floor else 0
         if any(judge.severity_triggers(f.severity) for f in item.findings if not f.details.get("rule_error")):
             return "flagged"
         neg = judge.spec.sampling.negative_outcomes
@@ -99,8 +103,7 @@ class JudgeSampler:
                 return "outcome"
         if is_sampled(c.conversation_id, judge.salt, judge.spec.sampling.rate):
             return "sampled"
-        floor = judge.spec.sampling.min_per_agent_version_per_hour
-        if floor and self._hour_count(session, judge, c.agent_id, c.agent_version, now) < floor:
+        if floor and seen < floor:
             return "min_per_hour"
         return None
 
@@ -157,15 +160,21 @@ class JudgeSampler:
             "created_at": now,
         }
 
-    def _enqueue(self, session: Session, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _enqueue(
+        self, session: Session, rows: list[dict[str, Any]], counted: bool = False
+    ) -> list[dict[str, Any]]:
         fresh = store.enqueue(session, rows)
         for r in fresh:
             judge = self.judges[r["judge"]]
             self._count("sampled", judge, r["agent_id"], r["agent_version"], r["reason"])
-            key = (judge.name, r["agent_id"], r["agent_version"])
-            if key in self._per_hour:
-                self._per_hour[key] += 1
+            if not counted:
+                self._bump(judge.name, r["agent_id"], r["agent_version"])
         return fresh
+
+    def _bump(self, judge: str, agent: str, version: str) -> None:
+        key = (judge, agent, version)
+        if key in self._per_hour:
+            self._per_hour[key] += 1
 
     def _count(self, what: str, judge: Judge, agent: str, version: str, reason: str | None = None) -> None:
         m = self.metrics

@@ -178,17 +178,18 @@ def queue_depth(session: Session) -> dict[str, int]:
     return {j: int(n) for j, n in rows}
 
 
-def spend_since(session: Session, since: datetime) -> dict[str, float]:
-    """Stored spend per judge since ``since`` (verdicts and pairwise comparisons)."""
-    out: dict[str, float] = {}
+def spend_since(session: Session, since: datetime) -> dict[str, tuple[float, int]]:
+    """Stored spend and number of priced calls per judge since ``since`` (verdicts and pairwise)."""
+    out: dict[str, tuple[float, int]] = {}
     for table in (VerdictRow, PairwiseRow):
         q = (
-            select(table.judge, func.coalesce(func.sum(table.cost_usd), 0.0))
+            select(table.judge, func.coalesce(func.sum(table.cost_usd), 0.0), func.count(table.cost_usd))
             .where(table.created_at >= since)
             .group_by(table.judge)
         )
-        for judge, total in session.execute(q).all():
-            out[judge] = out.get(judge, 0.0) + float(total)
+        for judge, total, n in session.execute(q).all():
+            t, c = out.get(judge, (0.0, 0))
+            out[judge] = (t + float(total), c + int(n))
     return out
 
 

@@ -96,7 +96,11 @@ class JudgeWorker:
                     await asyncio.wait_for(self._wake.wait(), self.settings.judge_poll_interval_seconds)
 
     async def run_until_idle(self, timeout: float = 60.0) -> int:
-        """Judge until nothing is due and nothing is in flight (CLI ``--once``, tests). Returns verdicts."""
+        """Judge until no request of a running judge is pending or in flight (CLI ``--once``, tests).
+
+        Requests waiting for a retry are waited for; those of a paused or stopped judge are not.
+        Returns the number of verdicts stored.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         before = self.judged
@@ -110,8 +114,17 @@ class JudgeWorker:
                 )
             await self._flush()
             if not claimed and not self._tasks:
-                break
+                waiting = [
+                    n for n, lane in self.engine.lanes.items() if lane.state in ("running", "circuit_open")
+                ]
+                if not waiting or not await asyncio.to_thread(self._pending, waiting):
+                    break
+                await asyncio.sleep(self.settings.judge_poll_interval_seconds)
         return self.judged - before
+
+    def _pending(self, judges: list[str]) -> int:
+        with self.engine.sessions() as s:
+            return sum(n for j, n in store.queue_depth(s).items() if j in judges)
 
     # --- the loop ---------------------------------------------------------------------------------
 

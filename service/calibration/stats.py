@@ -1,0 +1,211 @@
+"""Agreement statistics between a judge and people, and between reviewers.
+
+Every figure comes with a 95% interval from a maintained library rather than a hand-written formula:
+
+- proportions (true-positive and true-negative rates, precision, percent agreement, position-bias rate):
+  Wilson score intervals, ``statsmodels.stats.proportion.proportion_confint(method="wilson")``;
+- Cohen's kappa and its asymptotic interval: ``statsmodels.stats.inter_rater.cohens_kappa``;
+- Fleiss' kappa: ``statsmodels.stats.inter_rater.fleiss_kappa``, with a percentile bootstrap over items
+  (``scipy.stats.bootstrap``) for its interval.
+
+The positive class is "fail": a true positive is a conversation both the judge and the human call a failure.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A point estimate with its 95% interval; ``value`` is None when the denominator is empty."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+    count: int | None = None
+    n: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+NONE = Estimate(None, None, None, 0, 0)
+
+
+def proportion(count: int, n: int) -> Estimate:
+    """``count / n`` with a Wilson score interval."""
+    if n <= 0:
+        return Estimate(None, None, None, count, 0)
+    from statsmodels.stats.proportion import proportion_confint
+
+    low, high = proportion_confint(count, n, alpha=1 - CONFIDENCE, method="wilson")
+    return Estimate(count / n, float(low), float(high), count, n)
+
+
+def cohens_kappa(table: np.ndarray) -> Estimate:
+    """Cohen's kappa of a square contingency table (rows: one rater, columns: the other)."""
+    n = int(table.sum())
+    if n == 0:
+        return Estimate(None, None, None, None, 0)
+    expected = float((table.sum(0) * table.sum(1)).sum()) / n**2
+    if expected >= 1.0:
+        # both raters used one and the same category throughout: agreement beyond chance is undefined
+        return Estimate(None, None, None, None, n)
+    from statsmodels.stats.inter_rater import cohens_kappa as sm_kappa
+
+    r = sm_kappa(table, return_results=True)
+    kappa = float(r["kappa"])
+    std = float(r["std_kappa"])
+    if not np.isfinite(std):
+        return Estimate(kappa, None, None, None, n)
+    return Estimate(kappa, float(r["kappa_low"]), float(r["kappa_upp"]), None, n)
+
+
+@dataclass(frozen=True, slots=True)
+class Agreement:
+    """Judge against human on the same conversations; "fail" is the positive class."""
+
+    tp: int
+    fn: int
+    fp: int
+    tn: int
+    tpr: Estimate  # sensitivity: judge says fail when the human does
+    tnr: Estimate  # specificity: judge says pass when the human does
+    precision: Estimate  # of the judge's fails, the share people confirm
+    percent_agreement: Estimate
+    kappa: Estimate
+
+    @property
+    def n(self) -> int:
+        return self.tp + self.fn + self.fp + self.tn
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "confusion": {"tp": self.tp, "fn": self.fn, "fp": self.fp, "tn": self.tn},
+            "tpr": self.tpr.as_dict(),
+            "tnr": self.tnr.as_dict(),
+            "precision": self.precision.as_dict(),
+            "percent_agreement": self.percent_agreement.as_dict(),
+            "kappa": self.kappa.as_dict(),
+        }
+
+
+def agreement_from_counts(tp: int, fn: int, fp: int, tn: int) -> Agreement:
+    table = np.array([[tp, fn], [fp, tn]], dtype=float)  # rows: human fail/pass; columns: judge fail/pass
+    return Agreement(
+        tp,
+        fn,
+        fp,
+        tn,
+        proportion(tp, tp + fn),
+        proportion(tn, tn + fp),
+        proportion(tp, tp + fp),
+        proportion(tp + tn, tp + fn + fp + tn),
+        cohens_kappa(table),
+    )
+
+
+def agreement(human_fail: Sequence[bool], judge_fail: Sequence[bool]) -> Agreement:
+    """Confusion matrix and agreement figures of paired binary verdicts."""
+    if len(human_fail) != len(judge_fail):
+        raise ValueError("human and judge verdicts must pair up")
+    h = np.asarray(human_fail, dtype=bool)
+    j = np.asarray(judge_fail, dtype=bool)
+    return agreement_from_counts(
+        int((h & j).sum()), int((h & ~j).sum()), int((~h & j).sum()), int((~h & ~j).sum())
+    )
+
+
+def fleiss(table: np.ndarray, resamples: int = 1000, seed: int = 0) -> Estimate:
+    """Fleiss' kappa of an items × categories count table (every row the same number of ratings)."""
+    from scipy.stats import bootstrap
+    from statsmodels.stats.inter_rater import fleiss_kappa
+
+    n = table.shape[0]
+    if n == 0:
+        return Estimate(None, None, None, None, 0)
+    totals = table.sum(0)
+    if (totals > 0).sum() < 2:
+        return Estimate(None, None, None, None, n)  # everyone always gave the same label
+    value = float(fleiss_kappa(table))
+    if n < 3:
+        return Estimate(value, None, None, None, n)
+
+    def stat(idx: np.ndarray) -> float:
+        sub = table[idx.astype(int)]
+        if (sub.sum(0) > 0).sum() < 2:
+            return 1.0  # a resample where every rating fell in one category agrees perfectly
+        return float(fleiss_kappa(sub))
+
+    res = bootstrap(
+        (np.arange(n),), stat, n_resamples=resamples, method="percentile", vectorized=False,
+        confidence_level=CONFIDENCE, rng=np.random.default_rng(seed),
+    )
+    ci = res.confidence_interval
+    return Estimate(value, float(ci.low), float(ci.high), None, n)
+
+
+def inter_rater(items: dict[str, list[tuple[str, str]]]) -> dict[str, Any]:
+    """Agreement between reviewers on items with two or more labels.
+
+    ``items`` maps an item to its ``(reviewer, label)`` pairs. With exactly two reviewers, who labelled
+    the same items, this is Cohen's kappa between them; otherwise Fleiss' kappa, on the first ``k`` labels
+    of every item, ``k`` the smallest number of labels any multi-labelled item has.
+    """
+    multi = {k: v for k, v in items.items() if len(v) >= 2}
+    if not multi:
+        return {"method": None, "items": 0, "reviewers": 0, "percent_agreement": NONE.as_dict(),
+                "kappa": NONE.as_dict()}
+    reviewers = sorted({r for v in multi.values() for r, _ in v})
+    categories = sorted({lab for v in multi.values() for _, lab in v})
+    agreed = sum(1 for v in multi.values() if len({lab for _, lab in v}) == 1)
+    out: dict[str, Any] = {"items": len(multi), "reviewers": len(reviewers), "categories": categories,
+                           "percent_agreement": proportion(agreed, len(multi)).as_dict()}
+    if len(reviewers) == 2 and all(len(v) == 2 and len({r for r, _ in v}) == 2 for v in multi.values()):
+        index = {c: i for i, c in enumerate(categories)}
+        table = np.zeros((len(categories), len(categories)))
+        for v in multi.values():
+            by = dict(v)
+            table[index[by[reviewers[0]]], index[by[reviewers[1]]]] += 1
+        out.update(method="cohen", kappa=cohens_kappa(table).as_dict())
+        return out
+    k = min(len(v) for v in multi.values())
+    index = {c: i for i, c in enumerate(categories)}
+    table = np.zeros((len(multi), len(categories)))
+    for row, v in enumerate(multi.values()):
+        for _, lab in v[:k]:
+            table[row, index[lab]] += 1
+    out.update(method="fleiss", raters_per_item=k, kappa=fleiss(table).as_dict())
+    return out
+
+
+def position_bias(first: Sequence[str | None], second: Sequence[str | None]) -> dict[str, Any]:
+    """How often swapping the order of two answers changes a pairwise judge's choice.
+
+    ``first`` and ``second`` are the choices (``a``, ``b`` or ``tie``, mapped back to the original
+    labels) with the answers in their original and in swapped order; pairs with a missing choice
+    (unscored) are left out.
+    """
+    pairs = [(a, b) for a, b in zip(first, second, strict=True) if a is not None and b is not None]
+    flips = sum(1 for a, b in pairs if a != b)
+    towards: Counter[str] = Counter()
+    for a, b in pairs:
+        if a != b:
+            # in swapped order the answer shown first is b: preferring it in both orders means "first"
+            towards["first" if (a, b) == ("a", "b") else "second" if (a, b) == ("b", "a") else "tie"] += 1
+    return {
+        "comparisons": len(pairs),
+        "unscored": len(first) - len(pairs),
+        "flips": flips,
+        "rate": proportion(flips, len(pairs)).as_dict(),
+        "favoured_position": dict(towards),
+    }
