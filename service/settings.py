@@ -198,6 +198,23 @@ class Settings(BaseSettings):
     # --- end outcomes ---
 
     # --- calibration and export ---
+    calibration_min_labels: int = Field(
+        default=50, ge=1, description="Scored human labels a judge version needs before it can count as calibrated."
+    )
+    calibration_min_kappa: float = Field(
+        default=0.6, ge=-1, le=1,
+        description="Cohen's kappa with human labels a judge version needs to count as calibrated.",
+    )
+    calibration_correction_labels: Literal["sampled", "all"] = Field(
+        default="sampled",
+        description="Which review-queue labels measure a judge's error rates for corrected failure rates: "
+        "sampled = only items the review policy drew at random (unbiased); all = every labelled item.",
+    )
+    export_redact_patterns: dict[str, str] = Field(
+        default_factory=dict,
+        description='Extra PII patterns redacted on export besides emails, phones and card numbers, as JSON '
+        '{"name": "regex", ...}; a match becomes [REDACTED:name].',
+    )
     # --- end calibration ---
 
     # --- tracing and OTLP ingest ---
