@@ -120,7 +120,9 @@ class Detector:
             for row in self._series(s, inc, a).values():
                 row.last_seen = max(aware(row.last_seen), b)
 
-    def _series(self, s: Session, inc: dict[Key, tuple[int, int]], start: datetime) -> dict[Key, DetectorSeriesRow]:
+    def _series(
+        self, s: Session, inc: dict[Key, tuple[int, int]], start: datetime
+    ) -> dict[Key, DetectorSeriesRow]:
         """The series rows of ``inc``'s keys, created (first seen at ``start``) where missing."""
         agents = {k[0] for k in inc}
         series = {
@@ -130,8 +132,13 @@ class Detector:
         for key in inc:
             if key not in series:
                 row = DetectorSeriesRow(
-                    agent_id=key[0], agent_version=key[1], signal=key[2], statistics=[], state="warming_up",
-                    first_seen=start, last_seen=start,
+                    agent_id=key[0],
+                    agent_version=key[1],
+                    signal=key[2],
+                    statistics=[],
+                    state="warming_up",
+                    first_seen=start,
+                    last_seen=start,
                 )
                 s.add(row)
                 series[key] = row
@@ -267,7 +274,9 @@ class Detector:
         for agent, version, signal, n, x, _ in s.execute(q):
             totals[(agent, version, signal)] = (int(n), int(x))
         seen = select(
-            DetectorSeriesRow.agent_id, DetectorSeriesRow.agent_version, func.min(DetectorSeriesRow.first_seen)
+            DetectorSeriesRow.agent_id,
+            DetectorSeriesRow.agent_version,
+            func.min(DetectorSeriesRow.first_seen),
         ).group_by(DetectorSeriesRow.agent_id, DetectorSeriesRow.agent_version)
         for agent, version, when in s.execute(seen):
             first[(agent, version)] = aware(when)

@@ -1,0 +1,161 @@
+"""The statistics behind `vigil compare`: published figures, exact counts, known intervals."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from service.compare import stats
+from service.compare.table import BETTER, UNSURE, WORSE, Row, mark_red_flags, verdict
+
+
+def brute_pass_hat(trials: list[bool], k: int) -> float:
+    """pass^k by enumerating every k-subset of the trials (independent of the closed form)."""
+    subsets = list(itertools.combinations(trials, k))
+    return sum(all(s) for s in subsets) / len(subsets)
+
+
+def brute_pass_at(trials: list[bool], k: int) -> float:
+    subsets = list(itertools.combinations(trials, k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+def test_issue_example_n8() -> None:
+    table = stats.pass_k_table({f"t{i}": (8, c) for i, c in enumerate([8, 7, 6, 4, 5])}, ks=[1, 4])
+    assert round(table["pass_at_k"][1], 2) == 0.75
+    assert round(table["pass_at_k"][4], 2) == 1.00
+    assert round(table["pass_hat_k"][4], 2) == 0.36
+    assert table["pass_hat_k"][4] == pytest.approx(1.8 / 5)
+
+
+def tau_bench_gpt4o_airline_counts() -> dict[str, tuple[int, int]]:
+    """Per-task successes of 50 tasks × 4 trials that reproduce the published pass^1..4.
+
+    With a_c tasks solved c of 4 times: pass^4 = a4/50 = 0.200, pass^3 = (a3 + 4 a4)/200 = 0.220,
+    pass^2 = (a2 + 3 a3 + 6 a4)/300 = 0.273, pass^1 = (a1 + 2 a2 + 3 a3 + 4 a4)/200 = 0.420 and
+    Σ a_c = 50 has exactly one non-negative integer solution, found below by search.
+    """
+    solutions = []
+    splits = (
+        (a4, a3, a2, a1)
+        for a4 in range(51)
+        for a3 in range(51 - a4)
+        for a2 in range(51 - a4 - a3)
+        for a1 in range(51 - a4 - a3 - a2)
+    )
+    for a4, a3, a2, a1 in splits:
+        a0 = 50 - a1 - a2 - a3 - a4
+        hat = [
+            (a1 + 2 * a2 + 3 * a3 + 4 * a4) / 200,
+            (a2 + 3 * a3 + 6 * a4) / 300,
+            (a3 + 4 * a4) / 200,
+            a4 / 50,
+        ]
+        if [round(h, 3) for h in hat] == [0.420, 0.273, 0.220, 0.200]:
+            solutions.append((a0, a1, a2, a3, a4))
+    assert solutions == [(14, 12, 10, 4, 10)]
+    counts = [c for c, a in enumerate(solutions[0]) for _ in range(a)]
+    return {f"airline:{i}": (4, c) for i, c in enumerate(counts)}
+
+
+def test_tau_bench_gpt4o_airline_published_pass_hat_k() -> None:
+    table = stats.pass_k_table(tau_bench_gpt4o_airline_counts())
+    assert table["tasks"] == 50 and table["ks"] == [1, 2, 3, 4]
+    assert [round(table["pass_hat_k"][k], 3) for k in (1, 2, 3, 4)] == [0.420, 0.273, 0.220, 0.200]
+
+
+@pytest.mark.parametrize("n", [1, 3, 5, 8])
+def test_closed_forms_match_enumeration(n: int) -> None:
+    for c in range(n + 1):
+        trials = [True] * c + [False] * (n - c)
+        for k in range(1, n + 1):
+            assert stats.pass_hat_k(n, c, k) == pytest.approx(brute_pass_hat(trials, k))
+            assert stats.pass_at_k(n, c, k) == pytest.approx(brute_pass_at(trials, k))
+
+
+def test_pass_k_rejects_impossible_counts() -> None:
+    with pytest.raises(ValueError):
+        stats.pass_at_k(4, 5, 1)
+    with pytest.raises(ValueError):
+        stats.pass_hat_k(4, 2, 5)
+
+
+def test_pass_k_uses_tasks_with_enough_trials() -> None:
+    table = stats.pass_k_table({"a": (2, 1), "b": (4, 4)}, ks=[1, 3])
+    assert table["pass_at_k"][1] == pytest.approx((0.5 + 1.0) / 2)
+    assert table["pass_hat_k"][3] == 1.0  # only task b has 3 trials
+    assert stats.pass_k_table({})["tasks"] == 0
+
+
+def test_wilson_and_newcombe_against_published_values() -> None:
+    # Newcombe (1998), Statistics in Medicine 17:873, table II example: 56/70 vs 48/80, method 10
+    diff = stats.rate_difference(stats.rate(56, 70), stats.rate(48, 80))
+    assert diff.value == pytest.approx(0.2)
+    assert (round(diff.low, 4), round(diff.high, 4)) == (0.0524, 0.3339)
+    # Wilson (1927) interval of 0/10: [0, 0.2775]
+    zero = stats.rate(0, 10)
+    assert zero.low == pytest.approx(0.0, abs=1e-12) and round(zero.high, 4) == 0.2775
+    assert stats.rate(0, 0).value is None
+
+
+def test_bootstrap_intervals_cover_and_are_reproducible() -> None:
+    rng = np.random.default_rng(1)
+    base = rng.exponential(1000, 3000)
+    cand = rng.exponential(1300, 3000)
+    d1 = stats.difference(cand, base, stats.p95, 500)
+    d2 = stats.difference(cand, base, stats.p95, 500)
+    assert d1 == d2
+    true_diff = 1300 * np.log(20) - 1000 * np.log(20)
+    assert d1.low < true_diff < d1.high and d1.low > 0
+    m = stats.estimate(base, stats.mean, 500)
+    assert m.low < 1000 < m.high
+    same = stats.estimate([3.0, 3.0, 3.0], stats.mean, 100)
+    assert (same.value, same.low, same.high) == (3.0, 3.0, 3.0)
+    assert stats.difference([], [1.0], stats.mean, 100).value is None
+
+
+def test_verdicts_and_red_flags() -> None:
+    e = stats.Estimate
+    assert verdict(e(0.01, 0.002, 0.02, 10), "lower_is_better") == WORSE
+    assert verdict(e(0.01, 0.002, 0.02, 10), "higher_is_better") == BETTER
+    assert verdict(e(0.01, -0.002, 0.02, 10), "lower_is_better") == UNSURE
+    rows = [
+        Row("steps", "steps", "mean", "lower_is_better", e(12, 0, 0, 1), e(10, 0, 0, 1), e(-2, -3, -1, 2)),
+        Row(
+            "cost_usd",
+            "cost",
+            "mean",
+            "lower_is_better",
+            e(1, 0, 0, 1),
+            e(0.8, 0, 0, 1),
+            e(-0.2, -0.3, -0.1, 2),
+        ),
+        Row(
+            "forbidden_tool",
+            "forbidden",
+            "rate",
+            "lower_is_better",
+            e(0, 0, 0, 1),
+            e(0.015, 0, 0, 1),
+            e(0.015, 0.008, 0.02, 2),
+        ),
+        Row(
+            "tool_error",
+            "tool errors",
+            "rate",
+            "lower_is_better",
+            e(0, 0, 0, 1),
+            e(0, 0, 0, 1),
+            e(0.0, -0.01, 0.01, 2),
+        ),
+    ]
+    for r in rows:
+        r.verdict = verdict(r.difference, r.direction)
+    flagged = [r.signal for r in mark_red_flags(rows) if r.red_flag]
+    assert flagged == ["forbidden_tool"]
+    only_worse = [
+        Row("x", "x", "rate", "lower_is_better", e(0, 0, 0, 1), e(0, 0, 0, 1), e(1, 0.5, 2, 1), WORSE)
+    ]
+    assert not any(r.red_flag for r in mark_red_flags(only_worse))

@@ -1,0 +1,286 @@
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import orjson
+import pytest
+from conftest import ADMIN, INGEST, REVIEWER, make_client, make_settings
+from prometheus_client import CollectorRegistry
+from sqlalchemy import select
+
+from service.outcomes.models import OutcomeLinkRow
+from service.runtime import build_runtime
+from service.schema import Conversation
+from service.simulate import Simulator, parse_versions
+from service.store.models import DeadLetterRow, OutcomeRow
+
+
+def convs(n: int, versions: str = "v1:0.0", seed: int = 1) -> list[dict]:
+    return list(Simulator(parse_versions(versions), seed).stream(n))
+
+
+def outcome(
+    cid: str, kind: str = "escalation", hours_after: float = 1.0, key: str | None = None, **kw
+) -> dict:
+    o = {
+        "conversation_id": cid,
+        "type": kind,
+        "occurred_at": (datetime.now(UTC) + timedelta(hours=hours_after)).isoformat(),
+    }
+    if key:
+        o["idempotency_key"] = key
+    o.update(kw)
+    return o
+
+
+@pytest.fixture
+def rt_client(db_url):  # type: ignore[no-untyped-def]
+    rt = build_runtime(
+        make_settings(db_url, outcome_attribution_window_hours=24), registry=CollectorRegistry()
+    )
+    with make_client(rt) as c:
+        yield rt, c
+    rt.close()
+
+
+def links(rt) -> dict[str, OutcomeLinkRow]:  # type: ignore[no-untyped-def]
+    with rt.sessions() as s:
+        return {r.conversation_id + ":" + r.type: r for r in s.scalars(select(OutcomeLinkRow))}
+
+
+def test_outcome_before_conversation_is_joined_when_it_arrives(rt_client) -> None:
+    rt, c = rt_client
+    conv = convs(1, "v7:0.0")[0]
+    cid = conv["conversation_id"]
+    r = c.post("/v1/outcomes", json=outcome(cid, key="k1"), headers=INGEST)
+    assert r.status_code == 202 and r.json()["stored"] == 1
+    assert links(rt) == {}
+    assert "vigil_outcomes_total{" not in c.get("/metrics").text.replace("# HELP vigil_outcomes_total", "")
+    c.post("/v1/conversations", json=conv, headers=INGEST)
+    link = links(rt)[f"{cid}:escalation"]
+    assert (link.agent_version, link.attributed, link.happened) == ("v7", True, True)
+    metrics = c.get("/metrics").text
+    assert 'vigil_outcomes_total{agent="support-bot",agent_version="v7",type="escalation"} 1.0' in metrics
+    assert 'vigil_outcomes_received_total{source="http",type="escalation"} 1.0' in metrics
+    detail = c.get(f"/v1/conversations/{cid}", headers=REVIEWER).json()
+    assert [o["type"] for o in detail["outcomes"]] == ["escalation"]
+
+
+def test_duplicates_change_nothing(rt_client) -> None:
+    rt, c = rt_client
+    conv = convs(1)[0]
+    c.post("/v1/conversations", json=conv, headers=INGEST)
+    keyed = outcome(conv["conversation_id"], "refund_reversal", key="refund-1")
+    unkeyed = outcome(conv["conversation_id"], "thumbs_down")
+    for _ in range(3):
+        r = c.post("/v1/outcomes", json=[keyed, unkeyed, keyed], headers=INGEST)
+        assert r.status_code == 202
+    assert r.json() == {"accepted": 3, "stored": 0, "duplicates": 3, "rejected": 0, "errors": []}
+    with rt.sessions() as s:
+        assert len(s.scalars(select(OutcomeRow)).all()) == 2
+    assert len(links(rt)) == 2
+    metrics = c.get("/metrics").text
+    assert (
+        'vigil_outcomes_total{agent="support-bot",agent_version="v1",type="refund_reversal"} 1.0' in metrics
+    )
+    assert 'vigil_outcomes_duplicate_total{source="http"} 7.0' in metrics
+
+
+def test_attribution_window(rt_client) -> None:
+    rt, c = rt_client
+    conv = convs(1)[0]
+    cid = conv["conversation_id"]
+    ended = datetime.fromisoformat(conv["ended_at"])
+    late = {
+        "conversation_id": cid,
+        "type": "escalation",
+        "occurred_at": (ended + timedelta(hours=30)).isoformat(),
+    }
+    inside = {
+        "conversation_id": cid,
+        "type": "reopened_ticket",
+        "occurred_at": (ended + timedelta(hours=23)).isoformat(),
+    }
+    c.post("/v1/outcomes", json=[late, inside], headers=INGEST)
+    c.post("/v1/conversations", json=conv, headers=INGEST)
+    got = links(rt)
+    assert got[f"{cid}:escalation"].attributed is False
+    assert got[f"{cid}:reopened_ticket"].attributed is True
+    metrics = c.get("/metrics").text
+    assert 'vigil_outcomes_outside_window_total{type="escalation"} 1.0' in metrics
+    assert 'type="escalation"} 1.0' not in metrics.split("vigil_outcomes_total")[-1].split("# HELP")[0]
+    # a newer revision that ends later moves the window: the late outcome now counts
+    conv2 = dict(conv, revision=2, ended_at=(ended + timedelta(hours=10)).isoformat())
+    c.post("/v1/conversations", json=conv2, headers=INGEST)
+    assert links(rt)[f"{cid}:escalation"].attributed is True
+
+
+def dead_count(rt) -> int:  # type: ignore[no-untyped-def]
+    with rt.sessions() as s:
+        return len(s.scalars(select(DeadLetterRow)).all())
+
+
+def test_invalid_items_are_named_dead_lettered_and_valid_ones_kept(rt_client) -> None:
+    _, c = rt_client
+    cid = convs(1)[0]["conversation_id"]
+    items = [
+        outcome(cid, "nps_detractor"),
+        {"type": "escalation"},
+        outcome(cid, "thumbs_up", value="high"),
+        outcome(cid, "thumbs_up"),
+    ]
+    r = c.post("/v1/outcomes", json=items, headers=INGEST)
+    assert r.status_code == 422
+    body = r.json()
+    assert (body["accepted"], body["stored"], body["rejected"]) == (1, 1, 3)
+    by_index = {e["index"]: e for e in body["errors"]}
+    assert (
+        by_index[0]["reason"] == "unknown_outcome_type"
+        and "VIGIL_OUTCOME_TYPES" in by_index[0]["errors"][0]["message"]
+    )
+    assert by_index[1]["errors"][0]["field"] == "conversation_id"
+    assert by_index[2]["errors"][0]["field"] == "value"
+    dead = c.get("/v1/dead-letters", headers=ADMIN).json()
+    assert len(dead) == 1 and "nps_detractor" in dead[0]["detail"] and "item 2: value" in dead[0]["detail"]
+    assert "nps_detractor" in dead[0]["raw_preview"]
+    r = c.post("/v1/outcomes", content=b"{not json", headers=INGEST)
+    assert r.status_code == 400
+    assert (
+        c.get("/v1/dead-letters", params={"reason": "malformed_json"}, headers=ADMIN).json()[0]["raw_size"]
+        == 9
+    )
+    assert c.post("/v1/outcomes", json=outcome(cid), headers=REVIEWER).status_code == 403
+
+
+def test_custom_outcome_types_from_settings(sqlite_url) -> None:
+    rt = build_runtime(
+        make_settings(sqlite_url, outcome_types="nps_detractor:bad,upsell:good,nps:score"),
+        registry=CollectorRegistry(),
+    )
+    with make_client(rt) as c:
+        types = c.get("/v1/outcome-types", headers=INGEST).json()["types"]
+        assert types["nps_detractor"] == "bad" and types["nps"] == "score" and types["escalation"] == "bad"
+        conv = convs(1)[0]
+        c.post("/v1/conversations", json=conv, headers=INGEST)
+        r = c.post(
+            "/v1/outcomes",
+            json=[
+                outcome(conv["conversation_id"], "nps_detractor"),
+                outcome(conv["conversation_id"], "nps", value=3),
+            ],
+            headers=INGEST,
+        )
+        assert r.status_code == 202 and r.json()["stored"] == 2
+    from service.errors import ConfigError
+    from service.outcomes.types import outcome_types
+
+    with pytest.raises(ConfigError, match="kind of 'x' must be bad, good or score"):
+        outcome_types("x:awful")
+
+
+def test_listeners_run_in_the_storing_transaction(sqlite_url) -> None:
+    rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
+    seen: list[list[str]] = []
+
+    def listener(session, rows):  # type: ignore[no-untyped-def]
+        seen.append([r.type for r in rows])
+        assert all(r.id for r in rows) and session.in_transaction()
+        if any(r.type == "thumbs_down" for r in rows):
+            raise RuntimeError("listener failed")
+
+    rt.extras["outcome_listeners"] = [listener]
+    with make_client(rt) as c:
+        cid = convs(1)[0]["conversation_id"]
+        same = outcome(cid, "escalation")
+        c.post("/v1/outcomes", json=[same, same], headers=INGEST)
+        assert seen == [["escalation"]]
+        with pytest.raises(RuntimeError):
+            c.post(
+                "/v1/outcomes", json=[outcome(cid, "thumbs_down"), outcome(cid, "thumbs_up")], headers=INGEST
+            )
+        with rt.sessions() as s:  # the failing listener rolled the whole batch back
+            assert sorted(s.scalars(select(OutcomeRow.type))) == ["escalation"]
+
+
+def test_inline_outcomes_are_joined_and_reach_listeners_once(sqlite_url) -> None:
+    rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
+    seen: list[tuple[str, str]] = []
+    rt.extras["outcome_listeners"] = [lambda s, rows: seen.extend((r.type, r.source) for r in rows)]
+    with make_client(rt) as c:
+        conv = dict(convs(1)[0], outcomes=[{"type": "task_success", "value": 1.0}])
+        for _ in range(2):
+            c.post("/v1/conversations", json=conv, headers=INGEST)
+        assert seen == [("task_success", "inline")]
+        link = links(rt)[f"{conv['conversation_id']}:task_success"]
+        assert link.happened and link.attributed
+        partial = dict(convs(1, seed=9)[0], outcomes=[{"type": "task_success", "value": 0.5}])
+        c.post("/v1/conversations", json=partial, headers=INGEST)
+        assert links(rt)[f"{partial['conversation_id']}:task_success"].happened is False
+
+
+def test_demo_sink_and_simulate_feed_outcomes(sqlite_url) -> None:
+    rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
+    with make_client(rt, {"serve"}):
+        sim = Simulator(parse_versions("v1:0.5"), 3)
+        batch = list(sim.stream(40))
+        rt.pipeline.process([Conversation.model_validate(b) for b in batch], "demo")
+        outs = [o for b in batch for o in sim.outcomes_for(b)]
+        rt.extras["outcome_sink"](outs)
+        assert len(links(rt)) == len({o["idempotency_key"] for o in outs}) > 0
+
+
+@pytest.mark.kafka
+def test_outcomes_topic_handler_on_a_real_broker(kafka, sqlite_url) -> None:
+    from services import create_topic
+
+    from service.consumer import ConsumerWorker, kafka_consumer, kafka_producer
+    from service.server import consumer_handlers
+    from service.wiring import wire
+
+    topic = f"outcomes-{uuid.uuid4().hex[:8]}"
+    settings = make_settings(
+        sqlite_url,
+        kafka_bootstrap_servers=kafka,
+        kafka_outcomes_topic=topic,
+        kafka_conversations_topic=topic + "-conv",
+        kafka_group_id=topic,
+        kafka_session_timeout_ms=3000,
+        kafka_max_poll_interval_ms=4000,
+        kafka_poll_timeout_ms=200,
+    )
+    rt = wire(build_runtime(settings, registry=CollectorRegistry()), {"consume"})
+    create_topic(kafka, topic, 2)
+    create_topic(kafka, topic + "-conv", 1)
+    conv = convs(1)[0]
+    rt.pipeline.process([Conversation.model_validate(conv)], "test")
+    cid = conv["conversation_id"]
+    producer = kafka_producer(kafka)
+    messages = [
+        outcome(cid, "escalation", key="e1"),
+        [outcome(cid, "thumbs_down", key="t1"), outcome(cid, "bogus")],
+        outcome(cid, "escalation", key="e1"),
+    ]
+    for m in messages:
+        producer.send(topic, key=cid.encode(), value=orjson.dumps(m))
+    producer.send(topic, key=b"x", value=b"\xff not json")
+    producer.flush(30)
+    producer.close()
+    handlers = consumer_handlers(rt)
+    assert topic in handlers
+    worker = ConsumerWorker(rt, kafka_consumer(rt, list(handlers)), handlers)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and dead_count(rt) < 2:
+        time.sleep(0.2)
+    worker.stop()
+    thread.join(15)
+    got = links(rt)
+    assert set(got) == {f"{cid}:escalation", f"{cid}:thumbs_down"}
+    with rt.sessions() as s:
+        reasons = sorted(d.reason for d in s.scalars(select(DeadLetterRow)))
+    assert reasons == ["malformed_json", "unknown_outcome_type"]
+    rt.close()
