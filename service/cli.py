@@ -281,6 +281,7 @@ STAGE_COMMANDS: list[str] = [
     "service.judge.commands",
     "service.compare.commands",
     "service.detector.commands",
+    "service.calibration.commands",
 ]
 _register_stage_commands()
 

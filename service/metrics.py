@@ -187,6 +187,18 @@ class Metrics:
         # --- end outcomes and detector metrics ---
 
         # --- calibration metrics ---
+        self.export_tasks = Counter(
+            "export_tasks_total", "Eval tasks exported from confirmed failures, by format.", ["format"],
+            namespace=NS, registry=r)
+        self.export_grouped = Counter(
+            "export_grouped_total", "Confirmed failures folded into an earlier task as near-duplicates, by format.",
+            ["format"], namespace=NS, registry=r)
+        self.export_redactions = Counter(
+            "export_redactions_total", "PII matches redacted from exported tasks, by kind.", ["kind"],
+            namespace=NS, registry=r)
+        self.calibration_runs = Counter(
+            "calibration_runs_total", "Calibration reports computed by `vigil calibrate` or the API, by result state.",
+            ["state"], namespace=NS, registry=r)
         # --- end calibration metrics ---
 
         # --- tracing metrics ---

@@ -25,6 +25,7 @@ STAGES: list[str] = [
     "service.outcomes.wiring",
     "service.compare.wiring",
     "service.detector.wiring",
+    "service.calibration.wiring",
 ]
 
 

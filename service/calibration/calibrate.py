@@ -38,8 +38,14 @@ def pairs_from_verdicts(
             missing.append(item.conversation_id)
             continue
         pairs.append(
-            Pair(item.conversation_id, item.human_fail, v.verdict, v.judge_version or default_version,
-                 item.category, v.categories)
+            Pair(
+                item.conversation_id,
+                item.human_fail,
+                v.verdict,
+                v.judge_version or default_version,
+                item.category,
+                v.categories,
+            )
         )
     return pairs, missing
 
@@ -66,8 +72,15 @@ def resolve_conversations(sessions: Any, items: list[LabelledItem]) -> list[str]
     with sessions() as s:
         for start in range(0, len(wanted), 500):
             chunk = wanted[start : start + 500]
-            docs.update(s.execute(select(ConversationRow.conversation_id, ConversationRow.document)
-                                  .where(ConversationRow.conversation_id.in_(chunk))).tuples().all())
+            docs.update(
+                s.execute(
+                    select(ConversationRow.conversation_id, ConversationRow.document).where(
+                        ConversationRow.conversation_id.in_(chunk)
+                    )
+                )
+                .tuples()
+                .all()
+            )
     missing = []
     for item in items:
         if item.conversation is None:
@@ -94,8 +107,14 @@ async def run_judge(
         assert item.conversation is not None
         async with gate:
             parsed = await judge_one(engine, rules, judge, item.conversation)
-        return Pair(item.conversation_id, item.human_fail, parsed.verdict, lane.judge.version,
-                    item.category, list(parsed.categories))
+        return Pair(
+            item.conversation_id,
+            item.human_fail,
+            parsed.verdict,
+            lane.judge.version,
+            item.category,
+            list(parsed.categories),
+        )
 
     try:
         pairs = await asyncio.gather(*(one(i) for i in todo))
@@ -104,3 +123,40 @@ async def run_judge(
     except ProviderError as exc:
         raise CalibrationError(f"judge {judge!r}: {exc}") from None
     return list(pairs), skipped
+
+
+async def calibrate(
+    rt: Any,
+    judge: str,
+    labels: LabelledSet,
+    verdicts: dict[str, FileVerdict] | None = None,
+    pairwise: tuple[list[str | None], list[str | None]] | None = None,
+) -> dict[str, Any]:
+    """The calibration report of ``judge`` on a labelled set: from ``verdicts`` if given, else by judging.
+
+    ``rt`` is a wired :class:`~service.runtime.Runtime` (its judge stage, rules, sessions and settings).
+    """
+    from .report import Thresholds, report
+    from .stats import position_bias
+
+    s = rt.settings
+    stage = rt.extras.get("judge")
+    engine: JudgeEngine | None = stage.engine if stage is not None else None
+    if verdicts is not None:
+        version = engine.judges[judge].version if engine and judge in engine.judges else "unknown"
+        pairs, missing = pairs_from_verdicts(labels, verdicts, version)
+        mode = "verdicts"
+    else:
+        if engine is None or judge not in engine.lanes:
+            known = sorted(engine.lanes) if engine else []
+            raise CalibrationError(
+                f"no judge {judge!r} to run (judges: {known}); pass a verdicts file to measure its verdicts"
+            )
+        missing = resolve_conversations(rt.sessions, labels.items)
+        pairs, _ = await run_judge(engine, rt.rules, judge, labels)
+        mode = "offline" if engine.lanes[judge].offline else "live"
+    result = report(judge, labels.path, pairs, Thresholds(s.calibration_min_labels, s.calibration_min_kappa))
+    result.update(mode=mode, unsure=labels.unsure, missing=missing)
+    if pairwise is not None:
+        result["position_bias"] = position_bias(*pairwise)
+    return result

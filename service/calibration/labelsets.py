@@ -60,6 +60,14 @@ class FileVerdict:
     categories: list[str] = field(default_factory=list)
 
 
+def numbered(items: list[Any]) -> list[tuple[int, dict[str, Any]]]:
+    """Items of a JSON array as numbered rows (1-based), each checked to be an object."""
+    for no, obj in enumerate(items, 1):
+        if not isinstance(obj, dict):
+            raise CalibrationError(f"item {no}: must be a JSON object")
+    return list(enumerate(items, 1))
+
+
 def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
     try:
         raw = path.read_bytes()
@@ -81,9 +89,14 @@ def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
 
 def load_labels(path: Path) -> LabelledSet:
     """Read a labelled set; raises :class:`CalibrationError` naming the line of the first problem."""
-    out = LabelledSet(str(path))
+    return parse_labels(_lines(path), str(path))
+
+
+def parse_labels(rows: list[tuple[int, dict[str, Any]]], path: str) -> LabelledSet:
+    """A labelled set from ``(line number, object)`` pairs (a file's lines, or an API request's items)."""
+    out = LabelledSet(path)
     seen: set[str] = set()
-    for no, obj in _lines(path):
+    for no, obj in rows:
         where = f"{path}:{no}"
         human = obj.get("human", obj.get("label"))
         if human in UNSURE:
@@ -118,8 +131,12 @@ def load_labels(path: Path) -> LabelledSet:
 
 def load_verdicts(path: Path) -> dict[str, FileVerdict]:
     """Read a verdicts file: conversation id → the judge's verdict."""
+    return parse_verdicts(_lines(path), str(path))
+
+
+def parse_verdicts(rows: list[tuple[int, dict[str, Any]]], path: str) -> dict[str, FileVerdict]:
     out: dict[str, FileVerdict] = {}
-    for no, obj in _lines(path):
+    for no, obj in rows:
         where = f"{path}:{no}"
         cid, verdict = obj.get("conversation_id"), obj.get("verdict")
         if not isinstance(cid, str) or not cid:

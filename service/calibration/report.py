@@ -81,10 +81,10 @@ def by_version(pairs: Iterable[Pair]) -> dict[str, list[Pair]]:
     out: dict[str, list[Pair]] = defaultdict(list)
     for p in pairs:
         out[p.judge_version].append(p)
-    return dict(sorted(out.items(), key=lambda kv: _version_key(kv[0])))
+    return dict(sorted(out.items(), key=lambda kv: version_key(kv[0])))
 
 
-def _version_key(v: str) -> tuple[Any, ...]:
+def version_key(v: str) -> tuple[Any, ...]:
     return tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in v.replace("-", ".").split("."))
 
 

@@ -147,8 +147,13 @@ def fleiss(table: np.ndarray, resamples: int = 1000, seed: int = 0) -> Estimate:
         return float(fleiss_kappa(sub))
 
     res = bootstrap(
-        (np.arange(n),), stat, n_resamples=resamples, method="percentile", vectorized=False,
-        confidence_level=CONFIDENCE, rng=np.random.default_rng(seed),
+        (np.arange(n),),
+        stat,
+        n_resamples=resamples,
+        method="percentile",
+        vectorized=False,
+        confidence_level=CONFIDENCE,
+        rng=np.random.default_rng(seed),
     )
     ci = res.confidence_interval
     return Estimate(value, float(ci.low), float(ci.high), None, n)
@@ -163,13 +168,22 @@ def inter_rater(items: dict[str, list[tuple[str, str]]]) -> dict[str, Any]:
     """
     multi = {k: v for k, v in items.items() if len(v) >= 2}
     if not multi:
-        return {"method": None, "items": 0, "reviewers": 0, "percent_agreement": NONE.as_dict(),
-                "kappa": NONE.as_dict()}
+        return {
+            "method": None,
+            "items": 0,
+            "reviewers": 0,
+            "percent_agreement": NONE.as_dict(),
+            "kappa": NONE.as_dict(),
+        }
     reviewers = sorted({r for v in multi.values() for r, _ in v})
     categories = sorted({lab for v in multi.values() for _, lab in v})
     agreed = sum(1 for v in multi.values() if len({lab for _, lab in v}) == 1)
-    out: dict[str, Any] = {"items": len(multi), "reviewers": len(reviewers), "categories": categories,
-                           "percent_agreement": proportion(agreed, len(multi)).as_dict()}
+    out: dict[str, Any] = {
+        "items": len(multi),
+        "reviewers": len(reviewers),
+        "categories": categories,
+        "percent_agreement": proportion(agreed, len(multi)).as_dict(),
+    }
     if len(reviewers) == 2 and all(len(v) == 2 and len({r for r, _ in v}) == 2 for v in multi.values()):
         index = {c: i for i, c in enumerate(categories)}
         table = np.zeros((len(categories), len(categories)))

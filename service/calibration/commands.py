@@ -1,0 +1,200 @@
+"""``vigil calibrate`` and ``vigil export``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=True)
+
+
+def _runtime(roles: set[str]):  # type: ignore[no-untyped-def]
+    from ..cli import _settings
+    from ..runtime import build_runtime
+    from ..wiring import wire
+
+    return wire(build_runtime(_settings()), roles)
+
+
+def _fail(message: str) -> None:
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(2)
+
+
+def _est(e: dict[str, Any], pct: bool = True) -> str:
+    if e.get("value") is None:
+        return "–"
+    f = (lambda x: f"{100 * x:.1f}%") if pct else (lambda x: f"{x:.3f}")
+    return f(e["value"]) + (f"  [{f(e['low'])}, {f(e['high'])}]" if e.get("low") is not None else "")
+
+
+def print_report(result: dict[str, Any]) -> None:
+    out = Console()
+    out.print(
+        f"[b]{result['judge']}[/b] on {result['source']} ({result['mode']})"
+        + (f", {result['unsure']} unsure left out" if result.get("unsure") else "")
+    )
+    if result.get("missing"):
+        out.print(
+            f"[yellow]{len(result['missing'])} labelled conversations had no verdict or document: "
+            f"{', '.join(result['missing'][:5])}{' …' if len(result['missing']) > 5 else ''}[/yellow]"
+        )
+    for v in result["versions"]:
+        a = v["agreement"]
+        c = a["confusion"]
+        colour = "green" if v["state"] == "calibrated" else "red"
+        out.print(
+            f"version {v['judge_version']}: [{colour}]{v['state']}[/{colour}] ({v['state_reason']}); "
+            f"{a['n']} scored, {v['unscored']} unscored"
+        )
+        table = Table("", "human fail", "human pass", title="confusion (rows: judge)")
+        table.add_row("judge fail", str(c["tp"]), str(c["fp"]))
+        table.add_row("judge pass", str(c["fn"]), str(c["tn"]))
+        out.print(table)
+        stats = Table("measure", "value [95% interval]")
+        for key, name in (
+            ("percent_agreement", "agreement"),
+            ("kappa", "Cohen's kappa"),
+            ("tpr", "TPR (sensitivity)"),
+            ("tnr", "TNR (specificity)"),
+            ("precision", "precision"),
+        ):
+            stats.add_row(name, _est(a[key], key != "kappa"))
+        cat = v["categories"]["rate"]
+        if cat["n"]:
+            stats.add_row("category match", _est(cat))
+        out.print(stats)
+    if result.get("position_bias"):
+        pb = result["position_bias"]
+        out.print(f"position bias: {_est(pb['rate'])} of {pb['comparisons']} comparisons flip when swapped")
+
+
+def calibrate(
+    judge: Annotated[str, typer.Argument(help="Judge name (as in judges/<name>/).")],
+    labels: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--labels",
+            help="Labelled set JSONL (repeatable); default: judges/<name>/calibration/*.jsonl.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    verdicts: Annotated[
+        Path | None,
+        typer.Option(
+            help="The judge's recorded verdicts (JSONL): measure them instead of running the judge.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    pairwise: Annotated[
+        Path | None,
+        typer.Option(
+            help="Pairwise choices in both orders (JSONL), for the position-bias rate.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    save: Annotated[
+        bool, typer.Option(help="Store the result as the version's latest labelled-set run.")
+    ] = True,
+) -> None:
+    """Compare a judge with human labels: agreement, kappa, TPR/TNR with intervals; calibrated or not."""
+    from ..errors import VigilError
+    from .calibrate import calibrate as run
+    from .errors import CalibrationError
+    from .labelsets import judge_sets, load_labels, load_pairwise, load_verdicts
+    from .overview import save_run
+
+    try:
+        rt = _runtime({"api"})
+    except VigilError as exc:
+        _fail(str(exc))
+    files = labels or judge_sets(rt.settings.judges_dir, judge)
+    if not files:
+        _fail(f"no --labels given and no {Path(rt.settings.judges_dir) / judge / 'calibration'}/*.jsonl")
+    results = []
+    try:
+        recorded = load_verdicts(verdicts) if verdicts else None
+        pairs = load_pairwise(pairwise) if pairwise else None
+        for f in files:
+            result = asyncio.run(run(rt, judge, load_labels(f), recorded, pairs))
+            if save:
+                with rt.sessions.begin() as s:
+                    result["run_ids"] = save_run(s, judge, str(f), result["mode"], result)
+            results.append(result)
+    except CalibrationError as exc:
+        _fail(str(exc))
+    if as_json:
+        sys.stdout.write(
+            orjson.dumps(results[0] if len(results) == 1 else results, option=orjson.OPT_INDENT_2).decode()
+            + "\n"
+        )
+    else:
+        for r in results:
+            print_report(r)
+    if any(v["state"] != "calibrated" for r in results for v in r["versions"]):
+        raise typer.Exit(1)
+
+
+def export(
+    format: Annotated[str, typer.Option("--format", help="native, inspect or verifiers.")] = "native",
+    since: Annotated[int | None, typer.Option(help="Only failures confirmed after this watermark.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the tasks here (default: standard output).")] = None,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Also failures exported before in this format.")
+    ] = False,
+) -> None:
+    """Export confirmed failures as eval tasks (PII redacted, near-duplicates grouped, incremental)."""
+    from ..errors import VigilError
+    from ..export.redact import Redactor
+    from ..export.run import export as run
+
+    try:
+        rt = _runtime({"api"})
+        with rt.sessions.begin() as s:
+            result = run(
+                s,
+                {r.id: r for r in rt.rules.rules},
+                Redactor(rt.settings.export_redact_patterns),
+                format,
+                since,
+                all_,
+                os.environ.get("USER") or "cli",
+                rt.metrics,
+            )
+            # write before the transaction commits: if writing fails, the next run exports these again
+            data = b"".join(result.lines)
+            if out is None:
+                sys.stdout.buffer.write(data)
+                sys.stdout.flush()
+            else:
+                tmp = out.with_name(out.name + ".partial")
+                with tmp.open("wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                tmp.replace(out)
+    except (VigilError, OSError) as exc:
+        _fail(str(exc))
+    for cid, why in result.skipped.items():
+        console.print(f"[yellow]skipped {cid}: {why}[/yellow]")
+    console.print(
+        f"{result.tasks} tasks ({result.grouped} near-duplicates grouped) in {format} format; "
+        f"watermark {result.watermark} (next: --since {result.watermark})"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate)
+    app.command("export")(export)

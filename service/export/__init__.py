@@ -1,0 +1,1 @@
+"""Export stage: confirmed failures become offline eval tasks (native JSONL, Inspect AI, verifiers)."""
