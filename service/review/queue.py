@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, exists, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..judge.models import VerdictRow
@@ -44,23 +44,30 @@ class QueueFilter:
     reason: str | None = None
 
     def clauses(self) -> list[ColumnElement[bool]]:
-        cid = ReviewItemRow.conversation_id
         out: list[ColumnElement[bool]] = []
         if self.agent:
             out.append(ReviewItemRow.agent_id == self.agent)
         if self.version:
             out.append(ReviewItemRow.agent_version == self.version)
         if self.rule:
-            out.append(exists().where(FindingRow.conversation_id == cid, FindingRow.rule_id == self.rule))
+            out.append(_has(FindingRow, FindingRow.rule_id == self.rule))
         if self.verdict:
-            out.append(exists().where(VerdictRow.conversation_id == cid, VerdictRow.verdict == self.verdict))
+            out.append(_has(VerdictRow, VerdictRow.verdict == self.verdict))
         if self.outcome:
-            out.append(exists().where(OutcomeRow.conversation_id == cid, OutcomeRow.type == self.outcome))
+            out.append(_has(OutcomeRow, OutcomeRow.type == self.outcome))
         if self.reason:
-            out.append(
-                exists().where(ReviewReasonRow.conversation_id == cid, ReviewReasonRow.kind == self.reason)
-            )
+            out.append(_has(ReviewReasonRow, ReviewReasonRow.kind == self.reason))
         return out
+
+
+def _has(model: Any, *conditions: ColumnElement[bool]) -> ColumnElement[bool]:
+    """EXISTS a ``model`` row of the item's conversation (correlated to review_items only)."""
+    return (
+        select(model.conversation_id)
+        .where(model.conversation_id == ReviewItemRow.conversation_id, *conditions)
+        .correlate(ReviewItemRow)
+        .exists()
+    )
 
 
 def claimable(now: datetime) -> ColumnElement[bool]:
@@ -72,14 +79,9 @@ def claimable(now: datetime) -> ColumnElement[bool]:
 
 
 def _not_done_by(reviewer: str) -> list[ColumnElement[bool]]:
-    cid = ReviewItemRow.conversation_id
     return [
-        ~exists().where(
-            ReviewLabelRow.conversation_id == cid,
-            ReviewLabelRow.reviewer == reviewer,
-            ReviewLabelRow.is_current.is_(True),
-        ),
-        ~exists().where(ReviewSkipRow.conversation_id == cid, ReviewSkipRow.reviewer == reviewer),
+        ~_has(ReviewLabelRow, ReviewLabelRow.reviewer == reviewer, ReviewLabelRow.is_current.is_(True)),
+        ~_has(ReviewSkipRow, ReviewSkipRow.reviewer == reviewer),
     ]
 
 
@@ -102,20 +104,22 @@ def claim_next(
     """Claim the highest-priority claimable item; returns its conversation id, or None if none is left.
 
     With ``release_others`` the reviewer's other unlabelled claims go back to the queue first
-    (a reviewer works one item at a time).
+    (a reviewer works one item at a time) and are not handed straight back to them.
     """
     now = now or utcnow()
+    held: list[str] = []
     if release_others:
-        held = session.scalars(
-            select(ReviewItemRow.conversation_id).where(
-                ReviewItemRow.claimed_by == reviewer, ReviewItemRow.lease_until >= now
-            )
-        ).all()
+        held = list(
+            session.scalars(select(ReviewItemRow.conversation_id).where(ReviewItemRow.claimed_by == reviewer))
+        )
         for cid in held:
             release(session, cid, reviewer, now=now)
+    conditions = [claimable(now), *_not_done_by(reviewer), *(filters or QueueFilter()).clauses()]
+    if held:
+        conditions.append(ReviewItemRow.conversation_id.not_in(held))
     pick = (
         select(ReviewItemRow.id)
-        .where(claimable(now), *_not_done_by(reviewer), *(filters or QueueFilter()).clauses())
+        .where(*conditions)
         .order_by(ReviewItemRow.priority.desc(), ReviewItemRow.created_at, ReviewItemRow.id)
         .limit(1)
     )

@@ -1,0 +1,202 @@
+"""Reviewer UI over HTTP: log-in, cookie sessions, CSRF, escaping, navigation (the browser tests cover JS)."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote
+
+import pytest
+from conftest import REVIEWER
+from fastapi import APIRouter, Depends, Request
+from review_support import XSS_PAYLOADS, review_client, review_runtime, simulated, store, xss_conversation
+
+from service.api.auth import Principal
+from service.web.render import render_page, ui_user
+from service.web.session import COOKIE
+
+
+@pytest.fixture
+def rt(sqlite_url: str):  # type: ignore[no-untyped-def]
+    runtime = review_runtime(sqlite_url)
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture
+def ui(rt):  # type: ignore[no-untyped-def]
+    with review_client(rt) as c:
+        yield c
+
+
+def _csrf(html: str) -> str:
+    m = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert m, "no CSRF token in the page"
+    return m.group(1)
+
+
+def _login(ui, key: str = "rita-key"):  # type: ignore[no-untyped-def]
+    page = ui.get("/ui/login")
+    return ui.post(
+        "/ui/login",
+        data={"csrf": _csrf(page.text), "api_key": key, "next": "/ui/queue"},
+        follow_redirects=False,
+    )
+
+
+def test_login_logout_and_key_checks(ui, rt) -> None:
+    r = ui.get("/ui/queue", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/ui/login?next=%2Fui%2Fqueue"
+    assert _login(ui, "nope").status_code == 401
+    bad = _login(ui, "ingest-key")
+    assert bad.status_code == 401 and "not a reviewer or admin key" in bad.text
+    ok = _login(ui)
+    assert ok.status_code == 303 and ok.headers["location"] == "/ui/queue"
+    cookie = ok.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=lax" in cookie and "rita-key" not in cookie
+    page = ui.get("/ui/queue")
+    assert page.status_code == 200 and ">rita<" in page.text
+    # log-out needs the form token
+    assert ui.post("/ui/logout", data={}, follow_redirects=False).status_code == 403
+    out = ui.post("/ui/logout", data={"csrf": _csrf(page.text)}, follow_redirects=False)
+    assert out.status_code == 303
+    ui.cookies.clear()
+    ui.cookies.set(COOKIE, out.cookies.get(COOKIE) or "")
+    assert ui.get("/ui/queue", follow_redirects=False).status_code == 303
+
+
+def test_login_form_needs_its_token_and_next_stays_on_site(ui) -> None:
+    ui.get("/ui/login")
+    assert ui.post("/ui/login", data={"api_key": "rita-key"}, follow_redirects=False).status_code == 403
+    for evil in ("//evil.example/x", "https://evil.example/", "/\\evil.example"):
+        page = ui.get("/ui/login", params={"next": evil})
+        r = ui.post(
+            "/ui/login",
+            data={"csrf": _csrf(page.text), "api_key": "rita-key", "next": evil},
+            follow_redirects=False,
+        )
+        assert r.headers["location"] == "/ui/queue"
+
+
+def test_session_ends_when_its_key_is_removed_or_the_cookie_is_forged(ui) -> None:
+    _login(ui)
+    assert ui.get("/ui/queue", follow_redirects=False).status_code == 200
+    value = ui.cookies.get(COOKIE)
+    ui.cookies.clear()
+    ui.cookies.set(COOKIE, value[:-3] + ("AAA" if not value.endswith("AAA") else "BBB"))
+    assert ui.get("/ui/queue", follow_redirects=False).status_code == 303
+    ui.cookies.clear()
+    ui.cookies.set(COOKIE, value)
+    assert ui.get("/ui/queue", follow_redirects=False).status_code == 200
+    ring = ui.app.state.keyring
+    ring.keys = [k for k in ring.keys if k.name != "rita"]
+    assert ui.get("/ui/queue", follow_redirects=False).status_code == 303
+
+
+def test_cookie_session_calls_the_api_with_a_csrf_header(ui, rt) -> None:
+    store(rt, simulated(30, "v1:0.6", seed=1))
+    page = _login(ui) and ui.get("/ui/queue")
+    token = _csrf(page.text)
+    assert ui.get("/v1/review/queue").status_code == 200
+    assert ui.post("/v1/review/claim").status_code == 401
+    assert ui.post("/v1/review/claim", headers={"X-CSRF-Token": "wrong"}).status_code == 401
+    r = ui.post("/v1/review/claim", headers={"X-CSRF-Token": token})
+    assert r.status_code == 200 and r.json()["item"]["claimed_by"] == "rita"
+
+
+def test_forms_claim_label_and_next(ui, rt) -> None:
+    store(rt, simulated(40, "v1:0.6", seed=1))
+    _login(ui)
+    token = _csrf(ui.get("/ui/queue").text)
+    assert ui.post("/ui/queue/claim", data={}, follow_redirects=False).status_code == 403
+    r = ui.post("/ui/queue/claim", data={"csrf": token}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/ui/review/")
+    url = r.headers["location"]
+    page = ui.get(url)
+    assert "Yours for" in page.text and 'id="label-form"' in page.text
+    bad = ui.post(url + "/label", data={"csrf": token, "label": "confirmed_failure"})
+    assert bad.status_code == 422 and "needs a category" in bad.text
+    nxt = ui.post(
+        url + "/label",
+        data={
+            "csrf": token,
+            "label": "confirmed_failure",
+            "category": "wrong_action",
+            "notes": "<b>bold</b>",
+            "next": "1",
+        },
+        follow_redirects=False,
+    )
+    assert nxt.status_code == 303 and nxt.headers["location"] != url
+    again = ui.get(url)
+    assert "&lt;b&gt;bold&lt;/b&gt;" in again.text and "<b>bold</b>" not in again.text
+    assert "You labelled this confirmed failure (version 1)" in again.text
+    for action in ("extend", "release", "skip"):
+        assert ui.post(nxt.headers["location"] + f"/{action}", data={}).status_code == 403
+    assert (
+        ui.post(nxt.headers["location"] + "/extend", data={"csrf": token}, follow_redirects=False)
+        .headers["location"]
+        .endswith("notice=extended")
+    )
+
+
+def test_hostile_transcript_is_escaped_and_pages_carry_a_csp(ui, rt) -> None:
+    conv = xss_conversation()
+    store(rt, [conv])
+    _login(ui)
+    for url in ("/ui/queue", f"/ui/review/{quote(conv['conversation_id'], safe='')}"):
+        page = ui.get(url)
+        assert page.status_code == 200
+        csp = page.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+        html = page.text
+        for tag in ("<script>window", "<img", "<iframe", "<svg", '<a href="javascript'):
+            assert tag not in html
+        assert (
+            re.findall(r"<[a-zA-Z][^>]*\son[a-z]+\s*=", html) == []
+        )  # no event handler attribute in any tag
+        assert len(re.findall(r"<script\b", html)) == 1  # the UI's own vigil.js
+    assert "&lt;script&gt;window.__xss = 1; alert(1)&lt;/script&gt;" in html
+    assert "{{ 7 * 7 }}" in html and ">49<" not in html
+    for payload in XSS_PAYLOADS[:2]:
+        assert payload not in html
+
+
+def test_nav_is_data_driven_and_other_stages_can_extend_the_layout(sqlite_url, tmp_path) -> None:
+    (tmp_path / "compare.html").write_text(
+        '{% extends "base.html" %}{% block content %}<h1>Compare {{ who }}</h1>{% endblock %}'
+    )
+    router = APIRouter()
+
+    @router.get("/ui/compare")
+    def compare(request: Request, user: Principal = Depends(ui_user)):  # type: ignore[no-untyped-def]
+        return render_page(request, "compare.html", title="Compare", who="<v1 vs v2>")
+
+    rt = review_runtime(sqlite_url)
+    rt.extras["ui_nav"].append(("Compare", "/ui/compare"))
+    rt.extras["ui_template_dirs"].append(tmp_path)
+    rt.extras["routers"].append(router)
+    try:
+        with review_client(rt) as ui:
+            _login(ui)
+            page = ui.get("/ui/compare")
+            assert "<h1>Compare &lt;v1 vs v2&gt;</h1>" in page.text
+            assert re.findall(r'<a href="(/ui/[a-z]+)"', page.text)[:4] == [
+                "/ui/queue",
+                "/ui/progress",
+                "/ui/clusters",
+                "/ui/compare",
+            ]
+            assert 'class="active" aria-current="page">Compare' in page.text
+    finally:
+        rt.close()
+
+
+def test_static_files_and_unknown_conversation(ui) -> None:
+    assert ui.get("/ui/static/vigil.css").status_code == 200
+    assert ui.get("/ui/static/..%2Fpages.py").status_code == 404
+    assert ui.get("/ui/static/nope.js").status_code == 404
+    _login(ui)
+    assert ui.get("/ui/review/does-not-exist").status_code == 404
+    assert ui.get("/ui/progress").status_code == 200
+    assert "No confirmed failures yet" in ui.get("/ui/clusters").text
+    assert ui.get("/v1/review/queue", headers=REVIEWER).status_code == 200
