@@ -70,8 +70,9 @@ async def calibrate_judge(request: Request, name: str, body: CalibrateBody) -> d
 
     rt = request.app.state.runtime
     try:
-        labels = parse_labels(numbered(body.labels), body.source)
-        verdicts = parse_verdicts(numbered(body.verdicts), body.source) if body.verdicts is not None else None
+        labels = parse_labels(numbered(body.labels), "labels")
+        labels.path = body.source
+        verdicts = parse_verdicts(numbered(body.verdicts), "verdicts") if body.verdicts is not None else None
         result = await calibrate(rt, name, labels, verdicts)
     except CalibrationError as exc:
         raise HTTPException(422, str(exc)) from None

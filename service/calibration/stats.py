@@ -61,7 +61,8 @@ def cohens_kappa(table: np.ndarray) -> Estimate:
         return Estimate(None, None, None, None, n)
     from statsmodels.stats.inter_rater import cohens_kappa as sm_kappa
 
-    r = sm_kappa(table, return_results=True)
+    with np.errstate(divide="ignore", invalid="ignore"):  # its z statistic divides by zero at the extremes
+        r = sm_kappa(table, return_results=True)
     kappa = float(r["kappa"])
     std = float(r["std_kappa"])
     if not np.isfinite(std):
