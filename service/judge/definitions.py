@@ -128,14 +128,20 @@ class Judge:
     daily_budget_usd: float
     salt: str
     prompt_hash: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    _applies: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
 
     @property
     def version(self) -> str:
         return self.spec.version
 
     def applies(self, agent_id: str, agent_version: str) -> bool:
-        return self.spec.applies_to.matches(agent_id, agent_version)
+        key = (agent_id, agent_version)
+        hit = self._applies.get(key)
+        if hit is None:
+            hit = self.spec.applies_to.matches(agent_id, agent_version)
+            if len(self._applies) < 10_000:  # bounded: agent ids come from traffic
+                self._applies[key] = hit
+        return hit
 
     def severity_triggers(self, severity: str | None) -> bool:
         floor = self.spec.sampling.always_judge_severity

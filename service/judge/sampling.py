@@ -58,6 +58,7 @@ class JudgeSampler:
         now = self.clock()
         negative = self._stored_outcomes(session, stored)
         rows: list[dict[str, Any]] = []
+        eligible: dict[tuple[str, str, str], int] = {}
         for item in stored:
             c = item.conversation
             for judge in self.judges.values():
@@ -65,7 +66,8 @@ class JudgeSampler:
                     continue
                 if c.status == "in_progress" and not judge.spec.sampling.judge_in_progress:
                     continue
-                self._count("eligible", judge, c.agent_id, c.agent_version)
+                key = (judge.name, c.agent_id, c.agent_version)
+                eligible[key] = eligible.get(key, 0) + 1
                 reason = self._reason(session, judge, item, negative.get(c.conversation_id, ()), now)
                 if reason:
                     self._bump(judge.name, c.agent_id, c.agent_version)
@@ -80,6 +82,8 @@ class JudgeSampler:
                             now,
                         )
                     )
+        for (name, agent, version), n in eligible.items():
+            self._count("eligible", self.judges[name], agent, version, n=n)
         self._enqueue(session, rows, counted=True)
 
     def _reason(
@@ -176,13 +180,15 @@ class JudgeSampler:
         if key in self._per_hour:
             self._per_hour[key] += 1
 
-    def _count(self, what: str, judge: Judge, agent: str, version: str, reason: str | None = None) -> None:
+    def _count(
+        self, what: str, judge: Judge, agent: str, version: str, reason: str | None = None, n: int = 1
+    ) -> None:
         m = self.metrics
         labels = [judge.name, judge.version, m.agent(agent), m.version(version)]
         if what == "eligible":
-            m.judge_eligible.labels(*labels).inc()
+            m.judge_eligible.labels(*labels).inc(n)
         else:
-            m.judge_sampled.labels(*labels, reason).inc()
+            m.judge_sampled.labels(*labels, reason).inc(n)
 
     def on_outcomes(self, session: Session, outcomes: Sequence[Any]) -> None:
         """``outcome_listeners`` entry: a negative outcome for a stored conversation enqueues a judgement."""

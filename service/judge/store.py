@@ -35,16 +35,16 @@ def enqueue(session: Session, rows: Sequence[dict[str, Any]]) -> list[dict[str, 
     """
     if not rows:
         return []
+    t = JudgeRequestRow.__table__
+    # one cached statement, executed for many rows (insertmanyvalues batches them, RETURNING included)
     stmt = (
-        _insert(session, JudgeRequestRow)
-        .values(list(rows))
+        _insert(session, t)
         .on_conflict_do_nothing(index_elements=["judge", "conversation_id", "revision"])
-        .returning(JudgeRequestRow.judge, JudgeRequestRow.conversation_id)
+        .returning(t.c.judge, t.c.conversation_id)
     )
-    inserted = {(j, c) for j, c in session.execute(stmt).all()}
+    inserted = {(j, c) for j, c in session.execute(stmt, list(rows)).all()}
     fresh = [r for r in rows if (r["judge"], r["conversation_id"]) in inserted]
     if fresh:
-        t = JudgeRequestRow.__table__
         session.execute(
             t.update()
             .where(

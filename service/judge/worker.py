@@ -31,6 +31,8 @@ from .prompt import build_messages
 log = logging.getLogger(__name__)
 HOUSEKEEPING_SECONDS = 2.0
 WRITE_BATCH = 200
+FLUSH_AT = 64
+FLUSH_SECONDS = 0.1
 
 
 @dataclass(slots=True)
@@ -61,6 +63,7 @@ class JudgeWorker:
         self._stopping = False
         self._main: asyncio.Task[None] | None = None
         self._last_housekeeping = 0.0
+        self._last_flush = 0.0
         self.judged = 0
 
     # --- lifecycle (the ``background`` protocol of ``vigil serve``) -------------------------------
@@ -133,12 +136,19 @@ class JudgeWorker:
         if force_housekeeping or loop.time() - self._last_housekeeping >= HOUSEKEEPING_SECONDS:
             self._last_housekeeping = loop.time()
             await asyncio.to_thread(self._housekeeping)
-        if self._outbox:
+        # Writes and claims are batched: each is a write transaction, and on SQLite the pipeline waits
+        # for the same lock, so a transaction per judgement would slow ingest down.
+        if self._outbox and (
+            len(self._outbox) >= FLUSH_AT
+            or not self._tasks
+            or loop.time() - self._last_flush >= FLUSH_SECONDS
+        ):
             await self._flush()
         total = 0
         for lane in self.engine.lanes.values():
+            limit = min(lane.judge.spec.limits.concurrency, self.settings.judge_concurrency)
             free = min(lane.free, self.settings.judge_concurrency - self.in_flight)
-            if free <= 0 or not self.engine.may_claim(lane):
+            if free <= 0 or (lane.in_flight and free < max(1, limit // 8)) or not self.engine.may_claim(lane):
                 continue
             if lane.state == "circuit_open":
                 free = 1
@@ -277,6 +287,7 @@ class JudgeWorker:
     # --- writes -----------------------------------------------------------------------------------
 
     async def _flush(self) -> None:
+        self._last_flush = asyncio.get_running_loop().time()
         while self._outbox:
             batch, self._outbox = self._outbox[:WRITE_BATCH], self._outbox[WRITE_BATCH:]
             try:
