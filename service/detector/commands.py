@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         worker.run(stop, once=once)
         if once:
             console.print(
-                "leader: folded new data" if worker.is_leader else "another detector holds the lease"
+                "leader: folded new data" if worker.led_last_pass else "another detector holds the lease"
             )
 
     @app.command()

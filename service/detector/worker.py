@@ -49,6 +49,10 @@ def _hours(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime]
         a = b
 
 
+def _floor(t: datetime) -> datetime:
+    return t.replace(minute=0, second=0, microsecond=0)
+
+
 def parse_ratios(spec: str) -> list[float]:
     ratios = sorted({float(r) for r in spec.split(",") if r.strip()})
     if not ratios or min(ratios) <= 1.0:
@@ -76,7 +80,7 @@ class Detector:
         self.holder = holder or lease.holder_id()
         self.ratios = parse_ratios(settings.detector_shifts)
         self.h = threshold(settings.detector_arl0, len(self.ratios))
-        self.is_leader = False
+        self.is_leader = self.led_last_pass = False
         self._exported: set[Key] = set()
         self._stopping = threading.Event()
         self._task: asyncio.Task[None] | None = None
@@ -97,9 +101,13 @@ class Detector:
                 elif until > cursor:
                     for a, b in _hours(cursor, until):
                         self._fold(s, a, b, now)
+                    hour = _floor(cursor)
+                    while hour + HOUR <= until:
+                        self._reconcile(s, hour, now)
+                        hour += HOUR
                     held.cursor = until
                 self._retire(s, now)
-        self.is_leader = held is not None
+        self.is_leader = self.led_last_pass = held is not None
         self.metrics.detector_leader.set(1 if self.is_leader else 0)
         self.metrics.detector_ticks.labels("leader" if self.is_leader else "follower").inc()
         self.refresh(now)
@@ -165,6 +173,42 @@ class Detector:
     def _fold(self, s: Session, a: datetime, b: datetime, now: datetime) -> None:
         inc = range_counts(s, a, b, self.rule_ids(), self.bad_outcomes)
         self._add_counts(s, a, inc)
+        self._apply(s, inc, a, b, now)
+
+    def _reconcile(self, s: Session, hour: datetime, now: datetime) -> None:
+        """Recount an hour once it has closed and store the exact counts.
+
+        A replica's transaction can commit rows stamped before the cursor had passed them; the
+        recount finds them and feeds them to the statistics as a late batch. Rows moved to a later
+        hour by a newer revision drop out of this one, so each conversation counts once.
+        """
+        recount = range_counts(s, hour, hour + HOUR, self.rule_ids(), self.bad_outcomes)
+        stored = {
+            (r.agent_id, r.agent_version, r.signal): r
+            for r in s.scalars(select(QualityCountRow).where(QualityCountRow.hour == hour))
+        }
+        late: dict[Key, tuple[int, int]] = {}
+        for key, (n, x) in recount.items():
+            row = stored.pop(key, None)
+            if row is None:
+                s.add(
+                    QualityCountRow(agent_id=key[0], agent_version=key[1], signal=key[2], hour=hour, n=n, x=x)
+                )
+                late[key] = (n, x)
+                continue
+            if n > row.n or x > row.x:
+                late[key] = (max(0, n - row.n), max(0, x - row.x))
+            row.n, row.x = n, x
+        for row in stored.values():
+            row.n, row.x = 0, 0
+        if late:
+            log.info("detector: %d series had rows committed after their hour was folded", len(late))
+            self._apply(s, late, hour, hour + HOUR, now)
+
+    def _apply(
+        self, s: Session, inc: dict[Key, tuple[int, int]], a: datetime, b: datetime, now: datetime
+    ) -> None:
+        """Fold a batch of counts into each series' CUSUMs; start and end detections."""
         if not inc:
             return
         series = self._series(s, inc, a)
@@ -172,7 +216,7 @@ class Detector:
         started: list[Key] = []
         for key, (n, x) in inc.items():
             row = series[key]
-            row.last_seen = b
+            row.last_seen = max(aware(row.last_seen), b) if row.last_seen else b
             base = baselines.get(key)
             if base is None:
                 row.statistics, row.baseline, row.baseline_rate = [], None, None
