@@ -1,0 +1,63 @@
+"""``vigil judge ...`` and ``vigil judge-worker --once`` against a real database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from judge_fakes import judge_dir
+from prometheus_client import CollectorRegistry
+from typer.testing import CliRunner
+
+from service.cli import app
+from service.runtime import build_runtime
+from service.schema import Conversation
+from service.settings import Settings
+from service.simulate import Simulator, parse_versions
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    jd = judge_dir(tmp_path / "judges", sampling={"rate": 0.0, "always_judge_severity": None})
+    values = {
+        "VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'v.db'}",
+        "VIGIL_JUDGES_DIR": str(jd),
+        "VIGIL_JUDGE_MODE": "offline",
+        "VIGIL_API_KEYS": "a:admin:k",
+        "VIGIL_METRICS_PORT": "0",
+        "VIGIL_LOG_LEVEL": "WARNING",
+        "COLUMNS": "200",  # rich tables wrap at 80 columns otherwise
+    }
+    for k, v in values.items():
+        monkeypatch.setenv(k, v)
+    return Settings()
+
+
+def test_validate_list_run_and_worker_once(env: Settings, tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = runner.invoke(app, ["judge", "validate"])
+    assert out.exit_code == 0 and "ok: tj v3" in out.output
+    rt = build_runtime(env, registry=CollectorRegistry())
+    convs = [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:1.0"), 4).stream(3)]
+    rt.pipeline.process(convs, "test")
+    rt.close()
+    ran = runner.invoke(app, ["judge", "run", "tj", convs[0].conversation_id])
+    assert ran.exit_code == 0, ran.output
+    verdict = orjson.loads(ran.stdout[ran.stdout.index("{") :])
+    assert (
+        verdict["conversation_id"] == convs[0].conversation_id and verdict["judge_label"] == "offline judge"
+    )
+    assert verdict["reason"] == "manual"
+    listed = runner.invoke(app, ["judge", "list"])
+    assert listed.exit_code == 0 and "offline judge" in listed.output and "tj" in listed.output
+    assert runner.invoke(app, ["judge", "run", "nope", "x"]).exit_code == 2
+    assert runner.invoke(app, ["judge", "run", "tj", "missing-id"]).exit_code == 2
+    worker = runner.invoke(app, ["judge-worker", "--once"])
+    assert worker.exit_code == 0 and "0 verdicts stored" in worker.output
+
+
+def test_invalid_definition_fails_with_file_and_field(env: Settings, tmp_path: Path) -> None:
+    judge_dir(tmp_path / "judges", name="broken", limits={"rpm": 0})
+    out = CliRunner().invoke(app, ["judge", "validate"])
+    assert out.exit_code == 2 and "broken/judge.yaml: limits.rpm" in out.output.replace("\n", "")
