@@ -72,15 +72,12 @@ def resolve_conversations(sessions: Any, items: list[LabelledItem]) -> list[str]
     with sessions() as s:
         for start in range(0, len(wanted), 500):
             chunk = wanted[start : start + 500]
-            docs.update(
-                s.execute(
-                    select(ConversationRow.conversation_id, ConversationRow.document).where(
-                        ConversationRow.conversation_id.in_(chunk)
-                    )
+            rows = s.execute(
+                select(ConversationRow.conversation_id, ConversationRow.document).where(
+                    ConversationRow.conversation_id.in_(chunk)
                 )
-                .tuples()
-                .all()
             )
+            docs.update((cid, doc) for cid, doc in rows)
     missing = []
     for item in items:
         if item.conversation is None:

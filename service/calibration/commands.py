@@ -154,12 +154,18 @@ def export(
     all_: Annotated[
         bool, typer.Option("--all", help="Also failures exported before in this format.")
     ] = False,
+    schema: Annotated[bool, typer.Option("--schema", help="Print the native task's JSON Schema.")] = False,
 ) -> None:
     """Export confirmed failures as eval tasks (PII redacted, near-duplicates grouped, incremental)."""
     from ..errors import VigilError
     from ..export.redact import Redactor
     from ..export.run import export as run
 
+    if schema:
+        from ..export.schema import json_schema
+
+        sys.stdout.write(orjson.dumps(json_schema(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
     try:
         rt = _runtime({"api"})
         with rt.sessions.begin() as s:

@@ -74,7 +74,7 @@ def _sources(
             select(ConversationRow.conversation_id, ConversationRow.document, ConversationRow.revision).where(
                 ConversationRow.conversation_id.in_(chunk)
             )
-        ).tuples():
+        ):
             docs[cid] = (doc, rev)
         for f in session.scalars(
             select(FindingRow).where(FindingRow.conversation_id.in_(chunk)).order_by(FindingRow.id)

@@ -1,8 +1,9 @@
 """One confirmed failure → one eval task in Vigil's native schema (``vigil.eval_task``, version 1).
 
-The task holds the conversation up to the failure point: the first message a fired rule points at (moved
-to the nearest assistant turn), or, when no rule fired (the judge, an outcome or a reviewer found it), the
-agent's last turn. The harness replays ``messages`` and grades the agent's next turn against ``grading``.
+The task holds the conversation up to the failure point: the message the most severe fired rule points at
+(the earliest among equals, moved to the nearest assistant turn), or, when no rule fired (the judge, an
+outcome or a reviewer found it), the agent's last turn. The harness replays ``messages`` and grades the
+agent's next turn against ``grading``.
 Near-duplicates share a ``group_key``: the rule at the failure point, its tool, and the user's intent.
 """
 
@@ -39,13 +40,14 @@ class Source:
 
 
 def _primary(findings: list[dict[str, Any]]) -> tuple[int, dict[str, Any]] | None:
+    """The most severe finding with evidence (the earliest among equals) and the message it points at."""
     best: tuple[tuple[int, int], int, dict[str, Any]] | None = None
     for f in findings:
         ev = f.get("evidence") or []
         if not ev or (f.get("details") or {}).get("rule_error"):
             continue
         idx = int(ev[0]["message_index"])
-        key = (idx, -SEVERITY_RANK.get(f["severity"], 0))
+        key = (-SEVERITY_RANK.get(f["severity"], 0), idx)
         if best is None or key < best[0]:
             best = (key, idx, f)
     return None if best is None else (best[1], best[2])
