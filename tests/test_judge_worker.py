@@ -290,7 +290,7 @@ def test_restart_and_crashed_worker_judge_each_request_exactly_once(db: str, tmp
 
     async def scenario(url: str) -> None:
         client = Scripted(delay=0.15)
-        settings = {"judge_lease_seconds": 5.0}
+        settings = {"judge_lease_seconds": 30.0}
         rt, stage = setup(url, tmp_path, client, n=40, settings=settings, limits={"concurrency": 8})
         # a worker that died holding 5 leases (of 0.3 s)
         with rt.sessions.begin() as s:
@@ -351,3 +351,16 @@ def test_offline_mode_judges_from_findings(tmp_path: Path) -> None:
         return sorted((v.conversation_id, v.verdict, v.score, v.categories) for v in rows)
 
     assert summary(verdicts(rt2)) == summary(vs)
+
+
+def test_a_timeout_longer_than_the_lease_is_refused_at_start(tmp_path: Path) -> None:
+    from service.judge.errors import JudgeDefinitionError
+
+    with pytest.raises(JudgeDefinitionError, match="must be well under VIGIL_JUDGE_LEASE_SECONDS"):
+        setup(
+            f"sqlite:///{tmp_path / 'v.db'}",
+            tmp_path,
+            Scripted(),
+            timeout_seconds=60,
+            settings={"judge_lease_seconds": 30.0},
+        )

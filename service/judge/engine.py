@@ -194,9 +194,8 @@ class JudgeEngine:
                 **spec.extra_params,
             }
             # the outer bound guards against a client that ignores its own timeout
-            reply = await asyncio.wait_for(
-                self.client.complete(spec.model, messages, **params), spec.timeout_seconds + 1.0
-            )
+            async with asyncio.timeout(spec.timeout_seconds + 1.0):
+                reply = await self.client.complete(spec.model, messages, **params)
         except Exception as exc:
             lane.budget.release(reserved)
             err = classify(exc)

@@ -6,6 +6,7 @@ from ..runtime import Runtime
 from .client import LLMClient
 from .definitions import load_judges
 from .engine import JudgeEngine
+from .errors import JudgeDefinitionError
 from .sampling import JudgeSampler
 from .stage import JudgeStage
 from .worker import JudgeWorker
@@ -22,6 +23,13 @@ def wire(rt: Runtime, client: LLMClient | None = None) -> JudgeStage:
     from .api import router
 
     judges = load_judges(rt.settings)
+    for judge in judges.values():
+        if judge.spec.timeout_seconds + 5 >= rt.settings.judge_lease_seconds:
+            raise JudgeDefinitionError(
+                f"{judge.path / 'judge.yaml'}: timeout_seconds {judge.spec.timeout_seconds} must be well "
+                f"under VIGIL_JUDGE_LEASE_SECONDS ({rt.settings.judge_lease_seconds}): a slow call would "
+                "lose its lease"
+            )
     client = client or rt.extras.get("judge_client")  # tests put a scripted client here
     engine = JudgeEngine(rt.settings, judges, rt.metrics, rt.sessions, client)
     sampler = JudgeSampler(judges, rt.metrics)
