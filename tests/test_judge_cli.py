@@ -42,6 +42,13 @@ def test_validate_list_run_and_worker_once(env: Settings, tmp_path: Path) -> Non
     convs = [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:1.0"), 4).stream(3)]
     rt.pipeline.process(convs, "test")
     rt.close()
+    rt = build_runtime(env, registry=CollectorRegistry())
+    from service.judge.wiring import wire
+
+    rt.extras["roles"] = {"api"}
+    with rt.sessions.begin() as s:
+        wire(rt).sampler.enqueue_manual(s, rt.extras["judge"].engine.judges["tj"], convs[1].conversation_id)
+    rt.close()
     ran = runner.invoke(app, ["judge", "run", "tj", convs[0].conversation_id])
     assert ran.exit_code == 0, ran.output
     verdict = orjson.loads(ran.stdout[ran.stdout.index("{") :])
@@ -53,8 +60,8 @@ def test_validate_list_run_and_worker_once(env: Settings, tmp_path: Path) -> Non
     assert listed.exit_code == 0 and "offline judge" in listed.output and "tj" in listed.output
     assert runner.invoke(app, ["judge", "run", "nope", "x"]).exit_code == 2
     assert runner.invoke(app, ["judge", "run", "tj", "missing-id"]).exit_code == 2
-    worker = runner.invoke(app, ["judge-worker", "--once"])
-    assert worker.exit_code == 0 and "0 verdicts stored" in worker.output
+    worker = runner.invoke(app, ["judge-worker", "--once"])  # the other queued conversation only
+    assert worker.exit_code == 0 and "1 verdicts stored" in worker.output
 
 
 def test_invalid_definition_fails_with_file_and_field(env: Settings, tmp_path: Path) -> None:

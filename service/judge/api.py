@@ -113,14 +113,21 @@ def list_judges(request: Request) -> list[dict[str, Any]]:
     """Judges with sample rate, budget and spend today, queue depth and state."""
     stage = _stage(request)
     with request.app.state.runtime.sessions() as s:
-        return judge_info(stage, s, sorted(stage.engine.lanes))
+        return _enriched(request, s, judge_info(stage, s, sorted(stage.engine.lanes)))
 
 
 @router.get("/v1/judges/{name}", dependencies=[require("reviewer")])
 def get_judge(request: Request, name: str) -> dict[str, Any]:
     _engine(request, name)
     with request.app.state.runtime.sessions() as s:
-        return judge_info(_stage(request), s, [name])[0]
+        return _enriched(request, s, judge_info(_stage(request), s, [name]))[0]
+
+
+def _enriched(request: Request, session: Session, infos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Other stages add to each judge's entry (calibration adds its calibrated state)."""
+    for enrich in request.app.state.runtime.extras.get("judge_info_enrichers", []):
+        enrich(session, infos)
+    return infos
 
 
 @router.post("/v1/judges/{name}/resume", dependencies=[require("admin")])

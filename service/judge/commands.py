@@ -108,7 +108,7 @@ def run(
     judge: Annotated[str, typer.Argument(help="Judge name.")],
     conversation_id: Annotated[str, typer.Argument(help="A stored conversation.")],
 ) -> None:
-    """Judge one stored conversation now (queued as a manual request, judged in this process)."""
+    """Judge one stored conversation now (a manual request, judged in this process), print the verdict."""
     from .api import verdict_dict
     from .worker import JudgeWorker
 
@@ -126,7 +126,8 @@ def run(
     only = {judge: stage.engine.lanes[judge]}
     stage.engine.lanes, others = only, stage.engine.lanes
     try:
-        asyncio.run(JudgeWorker(stage.engine, rt.extras["verdict_listeners"]).run_until_idle(timeout=600))
+        worker = JudgeWorker(stage.engine, rt.extras["verdict_listeners"], only_conversation=conversation_id)
+        asyncio.run(worker.run_until_idle(timeout=600))
     finally:
         stage.engine.lanes = others
     from .store import verdicts_for

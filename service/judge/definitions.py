@@ -33,10 +33,13 @@ class _Strict(BaseModel):
 class AppliesTo(_Strict):
     agents: list[str] = Field(default_factory=lambda: ["*"], description="Agent id globs.")
     agent_versions: list[str] = Field(default_factory=lambda: ["*"], description="Agent version globs.")
+    exclude_agents: list[str] = Field(default_factory=list, description="Agent id globs left out.")
 
     def matches(self, agent_id: str, agent_version: str) -> bool:
-        return any(fnmatch.fnmatchcase(agent_id, p) for p in self.agents) and any(
-            fnmatch.fnmatchcase(agent_version, p) for p in self.agent_versions
+        return (
+            any(fnmatch.fnmatchcase(agent_id, p) for p in self.agents)
+            and any(fnmatch.fnmatchcase(agent_version, p) for p in self.agent_versions)
+            and not any(fnmatch.fnmatchcase(agent_id, p) for p in self.exclude_agents)
         )
 
 

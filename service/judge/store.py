@@ -73,12 +73,22 @@ class Claimed:
     stored_revision: int | None = None
 
 
-def claim(session: Session, judge: str, limit: int, owner: str, now: datetime, lease: float) -> list[Claimed]:
+def claim(
+    session: Session,
+    judge: str,
+    limit: int,
+    owner: str,
+    now: datetime,
+    lease: float,
+    conversation_id: str | None = None,
+) -> list[Claimed]:
     """Take up to ``limit`` due requests of ``judge`` (pending and due, or running with an expired lease)."""
     R = JudgeRequestRow
+    due = select(R.id)
+    if conversation_id is not None:
+        due = due.where(R.conversation_id == conversation_id)
     due = (
-        select(R.id)
-        .where(
+        due.where(
             R.judge == judge,
             or_(
                 and_(R.status == "pending", R.next_attempt_at <= now),
@@ -172,9 +182,12 @@ def fail(session: Session, request_id: int, owner: str, error: str) -> None:
     )
 
 
-def queue_depth(session: Session) -> dict[str, int]:
+def queue_depth(session: Session, conversation_id: str | None = None) -> dict[str, int]:
     R = JudgeRequestRow
-    rows = session.execute(select(R.judge, func.count()).where(R.status.in_(ACTIVE)).group_by(R.judge)).all()
+    q = select(R.judge, func.count()).where(R.status.in_(ACTIVE))
+    if conversation_id is not None:
+        q = q.where(R.conversation_id == conversation_id)
+    rows = session.execute(q.group_by(R.judge)).all()
     return {j: int(n) for j, n in rows}
 
 

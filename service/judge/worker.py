@@ -49,7 +49,11 @@ class Outcome:
 
 class JudgeWorker:
     def __init__(
-        self, engine: JudgeEngine, verdict_listeners: list[Any] | None = None, owner: str | None = None
+        self,
+        engine: JudgeEngine,
+        verdict_listeners: list[Any] | None = None,
+        owner: str | None = None,
+        only_conversation: str | None = None,
     ) -> None:
         self.engine = engine
         self.settings = engine.settings
@@ -65,6 +69,7 @@ class JudgeWorker:
         self._last_housekeeping = 0.0
         self._last_flush = 0.0
         self.judged = 0
+        self.only_conversation = only_conversation  # ``vigil judge run``: claim nothing else
 
     # --- lifecycle (the ``background`` protocol of ``vigil serve``) -------------------------------
 
@@ -127,7 +132,8 @@ class JudgeWorker:
 
     def _pending(self, judges: list[str]) -> int:
         with self.engine.sessions() as s:
-            return sum(n for j, n in store.queue_depth(s).items() if j in judges)
+            depth = store.queue_depth(s, self.only_conversation)
+            return sum(n for j, n in depth.items() if j in judges)
 
     # --- the loop ---------------------------------------------------------------------------------
 
@@ -169,7 +175,13 @@ class JudgeWorker:
     def _claim(self, judge: str, limit: int) -> list[store.Claimed]:
         with self.engine.sessions.begin() as s:
             return store.claim(
-                s, judge, limit, self.owner, self.engine.clock(), self.settings.judge_lease_seconds
+                s,
+                judge,
+                limit,
+                self.owner,
+                self.engine.clock(),
+                self.settings.judge_lease_seconds,
+                self.only_conversation,
             )
 
     def _housekeeping(self) -> None:
