@@ -170,7 +170,8 @@ class Settings(BaseSettings):
     )
     detector_arl0: float = Field(
         default=200_000.0, gt=10,
-        description="Target conversations between false alarms per signal; sets the CUSUM threshold log(ARL0).",
+        description="Guaranteed minimum of conversations between false alarms per signal; the CUSUM threshold "
+        "is log(ARL0 x number of shifts).",
     )
     detector_shifts: str = Field(
         default="1.5,2.0",
