@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import yaml
 
@@ -73,6 +75,9 @@ def litellm_error(name: str, status: int | None = None) -> BaseException:
     lm = _litellm()
     cls = getattr(lm, name)
     kwargs: dict[str, Any] = {"message": f"scripted {name}", "llm_provider": "openai", "model": "gpt-4o-mini"}
+    if "response" in inspect.signature(cls.__init__).parameters:
+        request = httpx.Request("POST", "https://provider.invalid/v1/chat/completions")
+        kwargs["response"] = httpx.Response(status or 403, request=request)
     return cls(**kwargs)
 
 
