@@ -25,7 +25,7 @@ def _runtime(roles: set[str]):  # type: ignore[no-untyped-def]
 
 
 def _fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}")
+    console.print(f"[red]error:[/red] {message}", soft_wrap=True, markup=True, highlight=False)
     raise typer.Exit(2)
 
 

@@ -7,10 +7,12 @@ Adds the API router, the ``/ui/calibration`` and ``/ui/export`` pages and their 
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from ..export.redact import Redactor
 from ..runtime import Runtime
+from . import enrich
 from .overview import Calibration
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -24,6 +26,8 @@ def wire(rt: Runtime) -> Calibration:
     judges = stage.engine.judges if stage is not None else {}
     cal = Calibration(rt.settings, {name: j.version for name, j in judges.items()})
     rt.extras["calibration"] = cal
+    rt.extras.setdefault("judge_info_enrichers", []).append(partial(enrich.judge_infos, cal))
+    rt.extras.setdefault("compare_enrichers", []).append(partial(enrich.compare_rows, cal))
     rt.extras.setdefault("routers", []).extend([api.router, pages.router])
     nav = rt.extras.setdefault("ui_nav", [])
     for entry in (("Calibration", "/ui/calibration"), ("Export", "/ui/export")):

@@ -25,7 +25,7 @@ def run_compare(
 ) -> dict[str, Any]:
     s = rt.settings
     with rt.sessions() as session:
-        return compare(
+        result = compare(
             session,
             baseline,
             candidate,
@@ -37,6 +37,9 @@ def run_compare(
             since,
             until,
         )
+        for enrich in rt.extras.get("compare_enrichers", []):  # calibration adds corrected judge rates
+            enrich(session, result)
+        return result
 
 
 @router.get("/v1/compare", dependencies=[require("reviewer")])

@@ -1,0 +1,142 @@
+"""Calibration in other stages' answers (judges listing, compare table) and the UI pages."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import orjson
+from conftest import REVIEWER, make_settings
+from judge_fakes import judge_dir
+from prometheus_client import CollectorRegistry
+from test_compare_api import clean, with_defect
+
+from service.judge.models import VerdictRow
+from service.review.models import ReviewLabelRow
+from service.runtime import build_runtime
+from service.schema import Conversation
+from service.wiring import wire
+
+
+def _verdict(c: dict, verdict: str) -> VerdictRow:
+    return VerdictRow(
+        judge="tj",
+        judge_version="3",
+        conversation_id=c["conversation_id"],
+        revision=1,
+        agent_id=c["agent_id"],
+        agent_version=c["agent_version"],
+        verdict=verdict,
+        categories=[],
+        model="m",
+        offline=False,
+        prompt_hash="h",
+        reason="sampled",
+    )
+
+
+def _loaded(tmp: Path):  # type: ignore[no-untyped-def]
+    settings = make_settings(
+        f"sqlite:///{tmp / 'v.db'}",
+        judges_dir=str(judge_dir(tmp / "judges")),
+        compare_bootstrap_resamples=100,
+        calibration_min_labels=20,
+        calibration_correction_labels="all",
+    )
+    rt = wire(build_runtime(settings, registry=CollectorRegistry()), {"api"})
+    base = clean(60, "v1", 1)
+    cand = clean(40, "v2", 2) + with_defect(20, "v2", "cancel_delivered", 3)
+    rt.pipeline.process([Conversation.model_validate(c) for c in base + cand], "test")
+    with rt.sessions.begin() as s:
+        for i, c in enumerate(base + cand):
+            bad = c["metadata"].get("simulated_defect") == "cancel_delivered"
+            judged_fail = bad or i % 10 == 0  # catches every real failure, 10% false alarms
+            s.add(_verdict(c, "fail" if judged_fail else "pass"))
+            if i % 3 == 0 or bad:
+                s.add(
+                    ReviewLabelRow(
+                        conversation_id=c["conversation_id"],
+                        revision=1,
+                        reviewer="rita",
+                        label="confirmed_failure" if bad else "not_a_failure",
+                        version=1,
+                        is_current=True,
+                        category="wrong_action" if bad else None,
+                    )
+                )
+    return rt, base, cand
+
+
+def _login(ui, key: str) -> None:  # type: ignore[no-untyped-def]
+    page = ui.get("/ui/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+    ui.post("/ui/login", data={"csrf": token, "api_key": key})
+
+
+def test_judges_listing_and_compare_carry_calibration(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    rt, base, cand = _loaded(tmp_path)
+    with TestClient(create_app(rt)) as api:
+        (info,) = api.get("/v1/judges", headers=REVIEWER).json()
+        labelled = sum(
+            1
+            for i, c in enumerate(base + cand)
+            if i % 3 == 0 or c["metadata"].get("simulated_defect") == "cancel_delivered"
+        )
+        assert info["name"] == "tj" and info["calibration"]["labels"] == labelled
+        assert api.get("/v1/judges/tj", headers=REVIEWER).json()["calibration"] == info["calibration"]
+        assert info["calibration"]["state"] == "calibrated"
+        result = api.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER).json()
+    row = next(r for r in result["signals"] if r["signal"] == "judge:tj")
+    cal = row["calibration"]
+    assert cal["state"] == "calibrated" and cal["judge_version"] == "3"
+    assert cal["baseline"]["raw"]["n"] == 60 and cal["candidate"]["raw"]["n"] == 60
+    assert cal["candidate"]["raw"]["count"] == 20 + sum(
+        1
+        for i in range(60, 120)
+        if i % 10 == 0 and cand[i - 60]["metadata"].get("simulated_defect") != "cancel_delivered"
+    )
+    # the judge over-reports by its false alarms; the corrected rate is lower, near the true 20 of 60
+    assert cal["candidate"]["corrected"]["value"] < cal["candidate"]["raw"]["value"]
+    assert abs(cal["candidate"]["corrected"]["value"] - 20 / 60) < 0.05
+    rt.close()
+
+
+def test_calibration_and_export_pages(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    rt, _, cand = _loaded(tmp_path)
+    with TestClient(create_app(rt)) as ui:
+        r = ui.get("/ui/calibration", follow_redirects=False)
+        assert r.status_code == 303 and "/ui/login" in r.headers["location"]
+        _login(ui, "rita-key")
+        html = ui.get("/ui/calibration").text
+        assert 'href="/ui/calibration"' in html and 'href="/ui/export"' in html
+        assert 'id="judge-tj"' in html and 'data-state="calibrated"' in html
+        assert "Raw judge failure rate" in html and "Corrected failure rate" in html and "Cohen" in html
+        page = ui.get("/ui/export").text
+        assert "Exporting needs an admin key" in page
+        token = re.search(r'name="csrf" value="([^"]+)"', html).group(1)  # type: ignore[union-attr]
+        assert ui.post("/ui/export", data={"csrf": token, "format": "native"}).status_code == 403
+    with TestClient(create_app(rt)) as ui:
+        _login(ui, "admin-key")
+        page = ui.get("/ui/export").text
+        token = re.search(r'name="csrf" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+        assert ui.post("/ui/export", data={"format": "native"}).status_code == 403  # no form token
+        r = ui.post("/ui/export", data={"csrf": token, "format": "inspect"})
+        assert r.status_code == 200 and "attachment" in r.headers["content-disposition"]
+        rows = [orjson.loads(line) for line in r.content.splitlines()]
+        assert rows and all({"id", "input", "target", "metadata"} <= set(x) for x in rows)
+        assert "inspect" in ui.get("/ui/export").text  # the run is listed
+    # uncalibrated: a stricter threshold labels every rate as such
+    rt.settings.calibration_min_kappa = 0.99
+    with TestClient(create_app(rt)) as ui:
+        _login(ui, "rita-key")
+        html = ui.get("/ui/calibration").text
+        assert 'data-state="uncalibrated"' in html and html.count(">uncalibrated</span>") >= 4
+    rt.close()
