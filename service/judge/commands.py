@@ -59,6 +59,7 @@ def judge_worker(
         await done.wait()
         console.print("stopping: finishing calls in flight")
         await worker.stop()
+        console.print(f"stopped after {worker.judged} verdicts")
 
     asyncio.run(main())
 
