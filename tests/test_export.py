@@ -249,10 +249,11 @@ def test_verifiers_rows_are_openai_chat(world) -> None:  # type: ignore[no-untyp
             for c in m.get("tool_calls") or []:
                 assert isinstance(orjson.loads(c["function"]["arguments"]), dict)
         assert isinstance(row["answer"], str) and row["answer"]
-        assert row["info"]["schema"] == "vigil.eval_task"
+        info = orjson.loads(row["info"])  # a JSON string, as verifiers recommends for varied shapes
+        assert info["schema"] == "vigil.eval_task" and info["grading"]
     by_task = {t["task_id"]: t for t in native}
     for row in rows:
-        assert len(row["prompt"]) == len(by_task[row["info"]["task_id"]]["messages"])
+        assert len(row["prompt"]) == len(by_task[orjson.loads(row["info"])["task_id"]]["messages"])
 
 
 def test_cli_export_writes_file_and_rejects_bad_input(world, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -11,7 +11,9 @@ from sqlalchemy import select
 from ..api.auth import Principal
 from ..web.render import render_page, sessions_of, ui_user
 from .errors import ExportError
+from .live import reviewer_labels
 from .models import ExportRunRow
+from .stats import inter_rater
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -31,7 +33,7 @@ def calibration_page(request: Request, user: Principal = Depends(ui_user)) -> Re
     with rt.sessions() as s:
         names = cal.judge_names(s)
         judges = [cal.judge(s, n) for n in names]
-        inter = cal.overview(s)["inter_reviewer"] if names else None
+        inter = inter_rater(reviewer_labels(s))
     return render_page(
         request, "calibration.html", title="Judge calibration", judges=judges, inter=inter, metrics=METRICS
     )

@@ -5,7 +5,7 @@
   ``target`` (the reviewer's expected behaviour, else the grading criteria as sentences) and ``metadata``
   (the native task's failure, grading and source), loadable with ``inspect_ai.dataset.json_dataset``.
 - ``verifiers``: the verifiers / prime-rl dataset row: ``prompt`` (OpenAI chat messages), ``answer``,
-  ``info`` and ``task``.
+  ``info`` (a JSON string, which verifiers parses into a dict) and ``task``.
 """
 
 from __future__ import annotations
@@ -133,7 +133,8 @@ def to_verifiers(task: dict[str, Any]) -> dict[str, Any]:
     return {
         "prompt": openai_messages(task["messages"]),
         "answer": target_text(task),
-        "info": info(task),
+        # a JSON string: rows differ in shape (grading criteria), which a columnar dataset cannot hold as dicts
+        "info": orjson.dumps(info(task)).decode(),
         "task": "vigil-regression",
     }
 
