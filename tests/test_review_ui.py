@@ -162,14 +162,14 @@ def test_hostile_transcript_is_escaped_and_pages_carry_a_csp(ui, rt) -> None:
 
 
 def test_nav_is_data_driven_and_other_stages_can_extend_the_layout(sqlite_url, tmp_path) -> None:
-    (tmp_path / "compare.html").write_text(
+    (tmp_path / "other_stage_page.html").write_text(
         '{% extends "base.html" %}{% block content %}<h1>Compare {{ who }}</h1>{% endblock %}'
     )
     router = APIRouter()
 
     @router.get("/ui/compare")
     def compare(request: Request, user: Principal = Depends(ui_user)):  # type: ignore[no-untyped-def]
-        return render_page(request, "compare.html", title="Compare", who="<v1 vs v2>")
+        return render_page(request, "other_stage_page.html", title="Compare", who="<v1 vs v2>")
 
     rt = review_runtime(sqlite_url)
     rt.extras["ui_nav"].append(("Compare", "/ui/compare"))
@@ -200,3 +200,29 @@ def test_static_files_and_unknown_conversation(ui) -> None:
     assert ui.get("/ui/progress").status_code == 200
     assert "No confirmed failures yet" in ui.get("/ui/clusters").text
     assert ui.get("/v1/review/queue", headers=REVIEWER).status_code == 200
+
+
+def test_double_review_is_blind_until_you_label(sqlite_url, tmp_path) -> None:
+    policy = tmp_path / "flagging.yaml"
+    policy.write_text("multi_review: {share: 1.0, reviewers: 2}\ntaxonomy: {wrong_action: x, other: y}\n")
+    rt = review_runtime(sqlite_url, review_policy=str(policy))
+    try:
+        store(rt, simulated(30, "v1:0.6", seed=1))
+        with review_client(rt) as ui:
+            cid = ui.post("/v1/review/claim", headers=REVIEWER).json()["conversation_id"]
+            ui.post(
+                f"/v1/review/items/{cid}/labels",
+                json={"label": "confirmed_failure", "category": "other", "notes": "rita's secret note"},
+                headers=REVIEWER,
+            )
+            _login(ui, "raj-key")
+            url = f"/ui/review/{quote(cid, safe='')}"
+            page = ui.get(url).text
+            assert "stay hidden until you save yours" in page and "rita&#39;s secret note" not in page
+            assert "(hidden until done)" in ui.get("/ui/queue").text
+            token = _csrf(page)
+            ui.post(url + "/label", data={"csrf": token, "label": "not_a_failure"})
+            page = ui.get(url).text
+            assert "rita&#39;s secret note" in page and "stay hidden" not in page
+    finally:
+        rt.close()

@@ -23,8 +23,6 @@ from .models import ReviewAuditRow, ReviewItemRow, ReviewReasonRow
 from .policy import FlaggingPolicy, Reason
 
 SYSTEM_ACTOR = "vigil"
-# rows per multi-row INSERT: keeps a statement's bound parameters under SQLite's limit of 32766
-_CHUNK = 1000
 
 
 def _insert(session: Session, model: Any) -> Any:
@@ -73,14 +71,15 @@ def enqueue(
         }
         for cid, reasons in sorted(flagged.items())
     ]
-    new_ids: list[str] = []
-    for i in range(0, len(items), _CHUNK):
-        new_ids += session.scalars(
-            _insert(session, ReviewItemRow)
-            .values(items[i : i + _CHUNK])
+    # executemany of one cached statement (SQLAlchemy batches it into multi-row INSERTs with RETURNING)
+    new_ids = list(
+        session.scalars(
+            _insert(session, ReviewItemRow.__table__)
             .on_conflict_do_nothing(index_elements=["conversation_id"])
-            .returning(ReviewItemRow.conversation_id)
-        ).all()
+            .returning(ReviewItemRow.__table__.c.conversation_id),
+            items,
+        )
+    )
     reason_rows = [
         {
             "conversation_id": cid,
@@ -93,14 +92,13 @@ def enqueue(
         for cid, reasons in sorted(flagged.items())
         for r in reasons
     ]
-    added = []
-    for i in range(0, len(reason_rows), _CHUNK):
-        added += session.execute(
-            _insert(session, ReviewReasonRow)
-            .values(reason_rows[i : i + _CHUNK])
-            .on_conflict_do_nothing(index_elements=["conversation_id", "kind", "key"])
-            .returning(ReviewReasonRow.conversation_id, ReviewReasonRow.kind, ReviewReasonRow.key)
-        ).all()
+    t = ReviewReasonRow.__table__
+    added = session.execute(
+        _insert(session, t)
+        .on_conflict_do_nothing(index_elements=["conversation_id", "kind", "key"])
+        .returning(t.c.conversation_id, t.c.kind, t.c.key),
+        reason_rows,
+    ).all()
     touched = sorted({a[0] for a in added})
     if touched:
         total = (

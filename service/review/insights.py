@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, select
+from sqlalchemy import ColumnElement, and_, case, func, select
 from sqlalchemy.orm import Session
 
 from ..store.models import ConversationRow, FindingRow, utcnow
@@ -159,9 +159,7 @@ def list_queue(
         d = item_dict(item, now)
         d["reasons"] = reasons.get(item.conversation_id, [])
         d["labels"] = labels.get(item.conversation_id, [])
-        d["max_severity"] = conv.max_severity if conv else None
-        d["finding_count"] = conv.finding_count if conv else 0
-        d["message_count"] = conv.message_count if conv else 0
+        _add_summary(d, conv)
         items.append(d)
     return {
         "status": status,
@@ -182,7 +180,14 @@ def item_detail(session: Session, conversation_id: str, now: datetime | None = N
     d = item_dict(item, now)
     d["reasons"] = reasons_of(session, [conversation_id]).get(conversation_id, [])
     d["labels"] = current_labels(session, [conversation_id]).get(conversation_id, [])
+    _add_summary(d, session.get(ConversationRow, conversation_id))
     return d
+
+
+def _add_summary(d: dict[str, Any], conv: ConversationRow | None) -> None:
+    d["max_severity"] = conv.max_severity if conv else None
+    d["finding_count"] = conv.finding_count if conv else 0
+    d["message_count"] = conv.message_count if conv else 0
 
 
 def history(session: Session, conversation_id: str) -> dict[str, Any]:
@@ -235,29 +240,34 @@ def progress(session: Session, now: datetime | None = None) -> dict[str, Any]:
     """Per reviewer: current labels by kind, labels in the last day and week, items held; agreement."""
     now = now or utcnow()
     people: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"labels": 0, "by_label": Counter(), "last_24h": 0, "last_7d": 0, "changed": 0, "holding": 0}
+        lambda: {"labels": 0, "by_label": {}, "last_24h": 0, "last_7d": 0, "changed": 0, "holding": 0}
     )
-    day, week = now - timedelta(days=1), now - timedelta(days=7)
-    for r in session.scalars(select(ReviewLabelRow)).all():
-        p = people[r.reviewer]
-        at = aware(r.created_at)
-        if at is not None and at >= day:
-            p["last_24h"] += 1
-        if at is not None and at >= week:
-            p["last_7d"] += 1
-        if r.is_current:
-            p["labels"] += 1
-            p["by_label"][r.label] += 1
-        else:
-            p["changed"] += 1
+    lab = ReviewLabelRow
+    for reviewer, label, n in session.execute(
+        select(lab.reviewer, lab.label, func.count())
+        .where(lab.is_current.is_(True))
+        .group_by(lab.reviewer, lab.label)
+    ):
+        people[reviewer]["by_label"][label] = n
+        people[reviewer]["labels"] += n
+    counts = {
+        "changed": lab.is_current.is_(False),
+        "last_24h": lab.created_at >= now - timedelta(days=1),
+        "last_7d": lab.created_at >= now - timedelta(days=7),
+    }
+    for key, cond in counts.items():
+        for reviewer, n in session.execute(
+            select(lab.reviewer, func.count()).where(cond).group_by(lab.reviewer)
+        ):
+            people[reviewer][key] = n
     for reviewer, n in session.execute(
         select(ReviewItemRow.claimed_by, func.count())
         .where(ReviewItemRow.claimed_by.is_not(None), ReviewItemRow.lease_until >= now)
         .group_by(ReviewItemRow.claimed_by)
-    ).all():
+    ):
         people[reviewer]["holding"] = n
     reviewers = [
-        {"reviewer": name, **{k: dict(v) if isinstance(v, Counter) else v for k, v in p.items()}}
+        {"reviewer": name, **p}
         for name, p in sorted(people.items(), key=lambda kv: (-kv[1]["labels"], kv[0]))
     ]
     return {"reviewers": reviewers, "agreement": agreement(session)}
@@ -265,16 +275,20 @@ def progress(session: Session, now: datetime | None = None) -> dict[str, Any]:
 
 def agreement(session: Session) -> dict[str, Any]:
     """On items labelled by two or more reviewers: the share where every current label is the same."""
-    by_item: dict[str, list[str]] = defaultdict(list)
-    for cid, lab in session.execute(
-        select(ReviewLabelRow.conversation_id, ReviewLabelRow.label).where(
-            ReviewLabelRow.is_current.is_(True)
-        )
-    ).all():
-        by_item[cid].append(lab)
-    multi = [labs for labs in by_item.values() if len(labs) >= 2]
-    agreed = sum(1 for labs in multi if len(set(labs)) == 1)
-    return {"items": len(multi), "agreed": agreed, "rate": agreed / len(multi) if multi else None}
+    lab = ReviewLabelRow
+    per_item = (
+        select(func.count().label("n"), func.count(func.distinct(lab.label)).label("kinds"))
+        .where(lab.is_current.is_(True))
+        .group_by(lab.conversation_id)
+        .having(func.count() >= 2)
+        .subquery()
+    )
+    items, agreed = session.execute(
+        select(
+            func.count(), func.coalesce(func.sum(case((per_item.c.kinds == 1, 1), else_=0)), 0)
+        ).select_from(per_item)
+    ).one()
+    return {"items": items, "agreed": agreed, "rate": agreed / items if items else None}
 
 
 def confirmed_failures(session: Session) -> dict[str, str]:

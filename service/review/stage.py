@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..metrics import Metrics
@@ -13,6 +15,8 @@ from ..runtime import Runtime
 from .flagger import Flagger
 from .models import ReviewItemRow
 from .policy import FlaggingPolicy
+
+log = logging.getLogger(__name__)
 
 # the open-items gauge runs a COUNT at scrape time; at most once per this many seconds
 GAUGE_TTL_SECONDS = 10.0
@@ -44,14 +48,17 @@ class ReviewStage:
     def open_items(self) -> float:
         at, value = self._gauge
         if time.monotonic() - at > GAUGE_TTL_SECONDS:
-            with self.sessions() as s:
-                value = float(
-                    s.scalar(
-                        select(func.count())
-                        .select_from(ReviewItemRow)
-                        .where(ReviewItemRow.status == "open", ReviewItemRow.agent_id.is_not(None))
+            try:
+                with self.sessions() as s:
+                    value = float(
+                        s.scalar(
+                            select(func.count())
+                            .select_from(ReviewItemRow)
+                            .where(ReviewItemRow.status == "open", ReviewItemRow.agent_id.is_not(None))
+                        )
+                        or 0
                     )
-                    or 0
-                )
+            except SQLAlchemyError:
+                log.warning("review queue gauge: database unavailable; keeping the last value")
             self._gauge = (time.monotonic(), value)
         return value

@@ -190,6 +190,10 @@ def review_page(
         item = insights.item_detail(s, conversation_id)
         hist = insights.history(s, conversation_id)
     mine = next((lab for lab in (item or {}).get("labels", []) if lab["reviewer"] == user.name), None)
+    # double review is blind: others' labels stay hidden until this reviewer has given theirs
+    blind = bool(item and item["required_reviews"] > 1 and item["state"] != "done" and mine is None)
+    if blind:
+        hist = {**hist, "labels": [lab for lab in hist["labels"] if lab["reviewer"] == user.name]}
     return render_page(
         request,
         "conversation.html",
@@ -207,6 +211,7 @@ def review_page(
         notice=NOTICES.get(notice or ""),
         me=user.name,
         lease_seconds=st.lease_seconds,
+        blind=blind,
     )
 
 
