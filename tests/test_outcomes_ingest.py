@@ -3,7 +3,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import orjson
 import pytest
@@ -104,11 +104,18 @@ def test_attribution_window(rt_client) -> None:
         "type": "reopened_ticket",
         "occurred_at": (ended + timedelta(hours=23)).isoformat(),
     }
-    c.post("/v1/outcomes", json=[late, inside], headers=INGEST)
+    east = timezone(timedelta(hours=5))  # 23 h after the end, written in another zone
+    inside_east = {
+        "conversation_id": cid,
+        "type": "thumbs_down",
+        "occurred_at": (ended + timedelta(hours=23)).astimezone(east).isoformat(),
+    }
+    c.post("/v1/outcomes", json=[late, inside, inside_east], headers=INGEST)
     c.post("/v1/conversations", json=conv, headers=INGEST)
     got = links(rt)
     assert got[f"{cid}:escalation"].attributed is False
     assert got[f"{cid}:reopened_ticket"].attributed is True
+    assert got[f"{cid}:thumbs_down"].attributed is True
     metrics = c.get("/metrics").text
     assert 'vigil_outcomes_outside_window_total{type="escalation"} 1.0' in metrics
     assert 'type="escalation"} 1.0' not in metrics.split("vigil_outcomes_total")[-1].split("# HELP")[0]

@@ -248,7 +248,8 @@ def quality(
 ) -> dict[str, Any]:
     """One version's signals with 95% intervals (``GET /v1/quality``)."""
     d = load_version(session, agent, version, types, max_sample)
-    rows = build_rows(d, d, types, rule_ids, resamples)
+    # against an empty baseline: only the version's own estimates are computed
+    rows = build_rows(VersionData(agent, version), d, types, rule_ids, resamples)
     return {
         "agent_id": agent,
         "version": version,

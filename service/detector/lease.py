@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from ..store.writes import _dialect_insert
+from ..outcomes.join import dialect_insert
 from .models import DetectorLeaseRow
 
 NAME = "detector"
@@ -27,7 +27,7 @@ def acquire(session: Session, holder: str, ttl_seconds: float, now: datetime) ->
     the same range even if a lease expires mid-pass.
     """
     until = now + timedelta(seconds=ttl_seconds)
-    ins = _dialect_insert(session, DetectorLeaseRow).values(
+    ins = dialect_insert(session, DetectorLeaseRow).values(
         name=NAME, holder=holder, lease_until=now, cursor=None
     )
     session.execute(ins.on_conflict_do_nothing(index_elements=["name"]))

@@ -20,11 +20,10 @@ from statsmodels.stats.proportion import proportion_confint
 
 from ..judge.models import VerdictRow
 from ..metrics import Metrics
-from ..outcomes.join import after_commit, aware
+from ..outcomes.join import after_commit, aware, dialect_insert
 from ..outcomes.models import OutcomeLinkRow
 from ..settings import Settings
 from ..store.models import ConversationRow
-from ..store.writes import _dialect_insert
 from . import lease
 from .counts import Key, range_counts
 from .cusum import Cusum, threshold, upper_bound
@@ -161,7 +160,7 @@ class Detector:
         ]
         if not rows:
             return
-        ins = _dialect_insert(s, QualityCountRow)
+        ins = dialect_insert(s, QualityCountRow)
         s.execute(
             ins.on_conflict_do_update(
                 index_elements=["agent_id", "agent_version", "signal", "hour"],

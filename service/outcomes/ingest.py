@@ -23,8 +23,8 @@ from ..metrics import Metrics
 from ..pipeline import Envelope
 from ..settings import Settings
 from ..store.models import OutcomeRow
-from ..store.writes import DeadLetter, _dialect_insert, store_dead_letters
-from .join import after_commit, link_outcomes
+from ..store.writes import DeadLetter, store_dead_letters
+from .join import after_commit, dialect_insert, link_outcomes
 from .types import OutcomeType, outcome_types
 
 Listener = Callable[[Session, list[OutcomeRow]], None]
@@ -56,7 +56,10 @@ class OutcomeIn(BaseModel):
     @field_validator("occurred_at")
     @classmethod
     def _aware(cls, v: datetime | None) -> datetime | None:
-        return v.replace(tzinfo=UTC) if v is not None and v.tzinfo is None else v
+        if v is None:
+            return None
+        # stored as UTC: SQLite keeps the wall time and drops the offset
+        return v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
 
     def key(self) -> str:
         if self.idempotency_key:
@@ -148,7 +151,7 @@ class OutcomeStore:
                     "source": source,
                 },
             )
-        ins = _dialect_insert(session, OutcomeRow)
+        ins = dialect_insert(session, OutcomeRow)
         stmt = ins.on_conflict_do_nothing(index_elements=["idempotency_key"]).returning(OutcomeRow.id)
         new_ids = list(session.scalars(stmt, list(rows.values())).all())
         new_rows = (

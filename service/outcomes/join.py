@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from ..metrics import Metrics
 from ..store.models import ConversationRow, OutcomeRow
-from ..store.writes import Checked, _dialect_insert
+from ..store.writes import Checked
 from .models import OutcomeLinkRow
 from .types import OutcomeType
 
@@ -22,6 +22,14 @@ CLOCK_SKEW = timedelta(hours=1)
 def aware(ts: datetime) -> datetime:
     """SQLite hands back naive datetimes; every stored time is UTC."""
     return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
+
+
+def dialect_insert(session: Session, model: Any) -> Any:
+    """An INSERT with ``on_conflict_do_*`` for the session's database (Postgres or SQLite)."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    name = session.get_bind().dialect.name
+    return (postgresql.insert if name == "postgresql" else sqlite.insert)(model)
 
 
 def after_commit(session: Session, fn: Callable[[], None]) -> None:
@@ -83,7 +91,7 @@ def link_outcomes(
     fresh = [r for r in rows if r["outcome_id"] not in existing]
     stale = [r for r in rows if r["outcome_id"] in existing]
     if fresh:
-        ins = _dialect_insert(session, OutcomeLinkRow)
+        ins = dialect_insert(session, OutcomeLinkRow)
         inserted = set(
             session.scalars(
                 ins.on_conflict_do_nothing(index_elements=["outcome_id"]).returning(
