@@ -84,21 +84,19 @@ def claim(
 ) -> list[Claimed]:
     """Take up to ``limit`` due requests of ``judge`` (pending and due, or running with an expired lease)."""
     R = JudgeRequestRow
-    due = select(R.id)
+    due = select(R.id).where(
+        R.judge == judge,
+        or_(
+            and_(R.status == "pending", R.next_attempt_at <= now),
+            and_(R.status == "running", R.lease_until < now),
+        ),
+    )
     if conversation_id is not None:
         due = due.where(R.conversation_id == conversation_id)
-    due = (
-        due.where(
-            R.judge == judge,
-            or_(
-                and_(R.status == "pending", R.next_attempt_at <= now),
-                and_(R.status == "running", R.lease_until < now),
-            ),
-        )
-        .order_by(R.next_attempt_at, R.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
+    # An idle worker polls often; a plain read first keeps it from taking SQLite's write lock for nothing.
+    if session.execute(due.limit(1)).first() is None:
+        return []
+    due = due.order_by(R.next_attempt_at, R.id).limit(limit).with_for_update(skip_locked=True)
     stmt = (
         update(R)
         .where(R.id.in_(due.scalar_subquery()))
