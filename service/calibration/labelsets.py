@@ -114,9 +114,10 @@ def parse_labels(rows: list[tuple[int, dict[str, Any]]], path: str) -> LabelledS
                 raise CalibrationError(f"{where}: conversation.{loc}: {first['msg']}") from None
             cid = conv.conversation_id
         else:
-            cid = obj.get("conversation_id")
-            if not isinstance(cid, str) or not cid:
+            raw_id = obj.get("conversation_id")
+            if not isinstance(raw_id, str) or not raw_id:
                 raise CalibrationError(f"{where}: needs a conversation or a conversation_id")
+            cid = raw_id
         if cid in seen:
             raise CalibrationError(f"{where}: conversation {cid!r} is labelled twice")
         seen.add(cid)

@@ -133,7 +133,7 @@ def to_verifiers(task: dict[str, Any]) -> dict[str, Any]:
     return {
         "prompt": openai_messages(task["messages"]),
         "answer": target_text(task),
-        # a JSON string: rows differ in shape (grading criteria), which a columnar dataset cannot hold as dicts
+        # a JSON string: rows differ in shape (grading), which a columnar dataset cannot hold as dicts
         "info": orjson.dumps(info(task)).decode(),
         "task": "vigil-regression",
     }

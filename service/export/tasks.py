@@ -13,7 +13,7 @@ import hashlib
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -22,8 +22,8 @@ from ..rules.packs import CompiledRule
 from ..schema import Conversation, Message
 from .grading import criteria
 
-SCHEMA = "vigil.eval_task"
-SCHEMA_VERSION = 1
+SCHEMA: Final = "vigil.eval_task"
+SCHEMA_VERSION: Final = 1
 _SPACE = re.compile(r"\s+")
 _DIGITS = re.compile(r"\d+")
 
