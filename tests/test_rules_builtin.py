@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any
 
 import orjson
 import pytest
 
 from service.rules import ConversationView, Hit, registered_rule_types
+from service.rules.builtin_tools import DEFAULT_NO, DEFAULT_YES, EscalationArgs
+from service.rules.patterns import needles, pattern
 from service.schema import Conversation
 
 _ids = itertools.count()
@@ -712,3 +715,49 @@ def test_groundedness_amounts_tolerate_float_noise() -> None:
         ),
     )
     assert hit.evidence[0].quote == "$30.17"
+
+
+# --- patterns: the shortcuts must not change what matches -------------------------------------
+
+PATTERNS = [
+    DEFAULT_YES,
+    DEFAULT_NO,
+    EscalationArgs().phrases,
+    r"Traceback \(most recent call last\)|Internal Server Error",
+    r"^\s*(\"?error\b|Error:|Exception|Traceback)",
+    r"\bREFUND\w*",
+    r"\D{3}\d",  # case-dependent escape: runs with IGNORECASE
+    r"(abc)?d|x[yz]",
+]
+TEXTS = [
+    "Yes, please go ahead.",
+    "No, wait. Don't do that.",
+    "YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON.",
+    "Error: order not found",
+    "Your Refunded amount is on its way",
+    "İstanbul office: refunds take 5 days",  # lowercasing changes the length: falls back
+    "nothing to see here",
+    "xz and ABCD",
+]
+
+
+@pytest.mark.parametrize("pat", PATTERNS)
+@pytest.mark.parametrize("ignore_case", [True, False])
+def test_pattern_shortcuts_match_like_re(pat: str, ignore_case: bool) -> None:
+    rx = re.compile(pat, re.IGNORECASE if ignore_case else 0)
+    compiled_pattern = pattern(pat, ignore_case)
+    for text in TEXTS:
+        expected = rx.search(text)
+        assert compiled_pattern.search(text) == (expected.span() if expected else None), text
+        assert list(compiled_pattern.spans(text)) == [m.span() for m in rx.finditer(text)], text
+
+
+def test_needles_are_required_literals() -> None:
+    assert needles(EscalationArgs().phrases.lower()) == (
+        "connect",
+        "transfer",
+        "you are being transferred to a human agent",
+    )
+    assert needles(r"(abc)?d|x[yz]") == ("d", "x")
+    assert needles(r"a(?!bcd)") == ("a",)
+    assert needles(r"\w+") is None

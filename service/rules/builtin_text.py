@@ -163,30 +163,32 @@ _DATES = (
     ),
 )
 _DIGIT = re.compile(r"\d")
-_TOKEN_TAIL = re.compile(r"[\w#]*")
-_UPPER_ID = re.compile(r"#?(?=[A-Z0-9]*[A-Z])[A-Z0-9]{6,}")  # #W5565470, HAT030X
+_DECIMAL_TAIL = re.compile(r"[.,]\d")
+_UPPER_ID = re.compile(r"#?(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{6,}")  # #W5565470, HAT030X
 _SNAKE_ID = re.compile(r"[a-z]+(?:_[a-z]+)*_\d{2,}")  # gift_card_1712795, sara_doe_496
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _ORDINAL = re.compile(r"(?<=\d)(st|nd|rd|th)\b")
 _MONTH_NAMES = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
 _MONTHS = {m: i for i, m in enumerate(_MONTH_NAMES, 1)}
+# Punctuation becomes a space, one character for one, so words split by str.split keep their offsets.
+_WORD_BREAKS = str.maketrans(
+    {c: " " for c in "!\"$%&'()*+,-./:;<=>?@[\\]^`{|}~\u00a0\u2018\u2019\u201c\u201d\u2013\u2014\u2026"}
+)
 
 
-def _amount_forms(value: str) -> tuple[str, ...]:
-    """How an amount may be written in a source: 50 as 50, 50.0 or 50.00; 1,234.5 as 1234.5 or 1234.50."""
-    whole, _, frac = value.replace(",", "").replace("$", "").strip().partition(".")
-    whole, frac = whole.lstrip("0") or "0", frac.rstrip("0")
-    if not frac:
-        return whole, f"{whole}.0", f"{whole}.00"
-    return (f"{whole}.{frac}", f"{whole}.{frac}0") if len(frac) == 1 else (f"{whole}.{frac}",)
-
-
-def _source_numbers(source: str) -> set[str]:
-    """Numbers as written, plus float noise rounded to cents (30.180000000000007 is $30.18)."""
-    found = _NUMBER.findall(source.replace(",", ""))
-    numbers = set(found)
-    numbers.update(f"{float(n):.2f}" for n in found if "." in n and len(n) - n.index(".") > 3)
-    return numbers
+def _amount_found(source: str, amount: str) -> bool:
+    """Whether ``source`` (commas removed) holds the amount as a number, float noise rounded to cents."""
+    digits = amount.replace(",", "").replace("$", "").strip()
+    value = round(float(digits), 2)
+    whole = digits.partition(".")[0].lstrip("0") or "0"
+    pos = source.find(whole)
+    while pos != -1:
+        if pos == 0 or not (source[pos - 1].isdigit() or source[pos - 1] == "."):
+            m = _NUMBER.match(source, pos)
+            if m is not None and round(float(m.group(0)), 2) == value:
+                return True
+        pos = source.find(whole, pos + 1)
+    return False
 
 
 def _date_forms(text: str) -> set[str]:
@@ -200,29 +202,33 @@ def _date_forms(text: str) -> set[str]:
     return {f"-{month:02d}-{day:02d}"}
 
 
-def _digit_tokens(text: str) -> Iterator[tuple[int, int]]:
-    """Spans of the words (letters, digits, ``_``, ``#``) that contain a digit."""
-    pos = 0
-    while (m := _DIGIT.search(text, pos)) is not None:
-        start = m.start()
-        while start and (text[start - 1].isalnum() or text[start - 1] in "_#"):
-            start -= 1
-        end = _TOKEN_TAIL.match(text, m.end()).end()  # type: ignore[union-attr]
+def _inside_word(spaced: str, start: int, end: int) -> bool:
+    before = start > 0 and not spaced[start - 1].isspace()
+    return before or (end < len(spaced) and not spaced[end].isspace())
+
+
+def _identifiers(text: str) -> Iterator[tuple[int, int]]:
+    """Spans of identifiers: upper-case codes with digits, snake_case names ending in digits, and runs
+    of 8+ digits (item, product, tracking numbers) that are not part of an amount or a decimal."""
+    spaced = text.translate(_WORD_BREAKS)
+    cursor = 0
+    for word in spaced.split():
+        if word.isalpha():
+            continue
+        if word.isdigit():
+            if len(word) < 8:
+                continue
+        elif not (_UPPER_ID.fullmatch(word) or _SNAKE_ID.fullmatch(word)):
+            continue
+        n = len(word)
+        start = spaced.find(word, cursor)
+        # A skipped word may contain this one: move on to the whole-word occurrence.
+        while _inside_word(spaced, start, start + n):
+            start = spaced.find(word, start + 1)
+        end = cursor = start + n
+        if word.isdigit() and ((start and text[start - 1] in "$.,-") or _DECIMAL_TAIL.match(text, end)):
+            continue
         yield start, end
-        pos = end
-
-
-def _identifier(text: str, start: int, end: int) -> bool:
-    token = text[start:end]
-    if _UPPER_ID.fullmatch(token) or _SNAKE_ID.fullmatch(token):
-        return True
-    # Long digit runs are item, product and tracking numbers, unless part of an amount or a decimal.
-    return (
-        len(token) >= 8
-        and token.isdigit()
-        and (start == 0 or text[start - 1] not in "$.,-")
-        and not (text[end : end + 1] in (".", ",") and text[end + 1 : end + 2].isdigit())
-    )
 
 
 class GroundednessArgs(RuleArgs):
@@ -237,17 +243,17 @@ def groundedness(view: ConversationView, args: GroundednessArgs) -> Iterator[Hit
     """Amounts, dates and identifiers the assistant states must appear in tool results or user turns."""
     roles = ("tool", "user", "system") if args.include_system else ("tool", "user")
     source: str | None = None
-    numbers: set[str] | None = None
+    plain_numbers: str | None = None
     for i, text in view.assistant_texts:
         if not _DIGIT.search(text):
             continue
         if source is None:
             source = "\n".join(m.text for m in view.messages if m.role in roles)
         if "amounts" in args.check and "$" in text:
-            if numbers is None:
-                numbers = _source_numbers(source)
+            if plain_numbers is None:
+                plain_numbers = source.replace(",", "")
             for m in _AMOUNT.finditer(text):
-                if numbers.isdisjoint(_amount_forms(m.group(0))):
+                if not _amount_found(plain_numbers, m.group(0)):
                     yield _ungrounded("amount", i, text, m.start(), m.end())
         if "dates" in args.check:
             for rx in _DATES:
@@ -258,8 +264,8 @@ def groundedness(view: ConversationView, args: GroundednessArgs) -> Iterator[Hit
                     if value not in source and not any(f in source for f in _date_forms(value)):
                         yield _ungrounded("date", i, text, start, m.end())
         if "identifiers" in args.check:
-            for start, end in _digit_tokens(text):
-                if _identifier(text, start, end) and text[start:end].lstrip("#") not in source:
+            for start, end in _identifiers(text):
+                if text[start:end].lstrip("#") not in source:
                     yield _ungrounded("identifier", i, text, start, end)
 
 
@@ -291,7 +297,8 @@ def empty_or_truncated_response(view: ConversationView, args: EmptyOrTruncatedAr
             yield Hit("empty assistant response", [Evidence(i)], {"kind": "empty"})
             continue
         last = text[-1]
-        cut = (m.model_extra or {}).get("finish_reason") == "length" or (
+        extra = m.__pydantic_extra__
+        cut = (extra is not None and extra.get("finish_reason") == "length") or (
             len(text) >= args.min_chars_for_truncation
             and last not in args.terminal
             and (last.isalpha() or last in _MID_SENTENCE)

@@ -243,11 +243,11 @@ def tool_error_rate(view: ConversationView, args: ToolErrorRateArgs) -> Iterator
     total = len(view.tool_calls)
     if total < args.min_calls:
         return
-    rx = compiled(args.error_pattern) if args.error_pattern else None
+    rx = pattern(args.error_pattern) if args.error_pattern else None
     errors = []
     for site in view.tool_calls:
         r = view.result_for(site)
-        if r is not None and (r.is_error or (rx is not None and rx.search(r.message.text, 0, 200))):
+        if r is not None and (r.is_error or (rx is not None and rx.search(r.message.text[:200]))):
             errors.append(r.message_index)
     if len(errors) / total > args.max_rate:
         yield Hit(
