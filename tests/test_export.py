@@ -276,3 +276,25 @@ def test_cli_export_writes_file_and_rejects_bad_input(world, tmp_path: Path, mon
     monkeypatch.setenv("VIGIL_EXPORT_REDACT_PATTERNS", '{"bad": "("}')
     r = CliRunner().invoke(app, ["export"])
     assert r.exit_code == 2 and "invalid regex" in r.output
+
+
+def test_concurrent_exports_never_export_a_conversation_twice(world) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    rt, client, _, _, _ = world
+    results: list[tuple[int, int]] = []
+    gate = threading.Barrier(3)
+
+    def run() -> None:
+        gate.wait()
+        r = client.post("/v1/exports", headers=ADMIN)
+        results.append((r.status_code, len(_lines(r.content)) if r.status_code == 200 else 0))
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(code in (200, 409) for code, _ in results), results
+    assert sum(n for _, n in results) == 3  # every task once, whoever got there first
+    assert _export(client)[0] == []

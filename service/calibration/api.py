@@ -15,6 +15,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from ..api.auth import Principal, require
 from .errors import CalibrationError, ExportError
@@ -22,6 +23,7 @@ from .models import ExportRunRow
 from .overview import Calibration, save_run
 
 router = APIRouter(tags=["calibration"])
+CONCURRENT = "another export of this format recorded the same conversations first; run it again"
 
 
 def calibration_of(request: Request) -> Calibration:
@@ -111,6 +113,8 @@ def export_tasks(
             )
     except ExportError as exc:
         raise HTTPException(422, str(exc)) from None
+    except IntegrityError:
+        raise HTTPException(409, CONCURRENT) from None
     return Response(
         b"".join(result.lines),
         media_type="application/x-ndjson",

@@ -12,6 +12,7 @@ import orjson
 import typer
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.exc import IntegrityError
 
 console = Console(stderr=True)
 
@@ -193,6 +194,10 @@ def export(
                 tmp.replace(out)
     except (VigilError, OSError) as exc:
         _fail(str(exc))
+    except IntegrityError:
+        from .api import CONCURRENT
+
+        _fail(CONCURRENT)
     for cid, why in result.skipped.items():
         console.print(f"[yellow]skipped {cid}: {why}[/yellow]")
     console.print(
