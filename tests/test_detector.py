@@ -246,3 +246,14 @@ def test_detector_command_runs_one_pass(sqlite_url, monkeypatch) -> None:
         )
     listed = CliRunner().invoke(app, ["alerts", "--json"])
     assert listed.exit_code == 0 and '"active": []' in listed.stdout.replace("\n", "").replace("  ", " ")
+
+
+def test_versions_seen_together_compare_in_name_order(rt) -> None:
+    """A canary that starts with the detector (as in `vigil serve --demo`): v1.10.0 is after v1.9.0."""
+    det = build_detector(rt)
+    for i in range(12):
+        store(rt, clean(40, "v1.9.0", 600 + i) + mixed(40, "v1.10.0", "cancel_delivered", 0.3, 700 + 10 * i))
+        det.tick()
+    got = active(rt)
+    assert got["v1.10.0/forbidden_tool"].baseline == "version:v1.9.0"
+    assert not [k for k in got if k.startswith("v1.9.0/")]

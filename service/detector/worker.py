@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -50,6 +51,11 @@ def _hours(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime]
 
 def _floor(t: datetime) -> datetime:
     return t.replace(minute=0, second=0, microsecond=0)
+
+
+def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
+    """Natural order of version names (v1.10 after v1.9): breaks ties of versions first seen together."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", version) if p)
 
 
 def parse_ratios(spec: str) -> list[float]:
@@ -302,7 +308,11 @@ class Detector:
     # --- baselines ------------------------------------------------------------------------------
 
     def baselines(self, s: Session, now: datetime) -> dict[Key, Baseline]:
-        """Each series' baseline: the agent's previous version, else the version's own older traffic."""
+        """Each series' baseline: the agent's previous version, else the version's own older traffic.
+
+        Versions are ordered by when the detector first saw them, then by name (versions that
+        appear together, as in a canary that starts with the detector, compare in name order).
+        """
         s_cfg = self.settings
         totals: dict[Key, tuple[int, int]] = {}
         first: dict[tuple[str, str], datetime] = {}
@@ -328,18 +338,18 @@ class Detector:
         q_old = q.where(QualityCountRow.hour < cutoff.replace(minute=0, second=0, microsecond=0))
         for agent, version, signal, n, x, _ in s.execute(q_old):
             own[(agent, version, signal)] = (int(n), int(x))
-        versions: dict[str, list[tuple[datetime, str]]] = {}
-        for (agent, version), t in first.items():
-            versions.setdefault(agent, []).append((t, version))
+        order: dict[str, list[str]] = {}
+        for agent, version in sorted(first, key=lambda av: (first[av], version_key(av[1]))):
+            order.setdefault(agent, []).append(version)
         out: dict[Key, Baseline] = {}
         minimum = s_cfg.detector_min_baseline
         for agent, version, signal in totals:
             if (agent, version) not in first:
                 continue
-            earlier = sorted((t, v) for t, v in versions[agent] if t < first[(agent, version)])
+            position = order[agent].index(version)
             base: Baseline | None = None
-            if earlier:
-                prev = earlier[-1][1]
+            if position > 0:
+                prev = order[agent][position - 1]
                 n, x = totals.get((agent, prev, signal), (0, 0))
                 if n >= minimum:
                     base = Baseline(
