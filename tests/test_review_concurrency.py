@@ -117,3 +117,39 @@ def test_an_expired_lease_goes_back_to_the_queue(sqlite_url) -> None:
         assert queue.claim_next(s, "bob", 60, now=t0 + timedelta(seconds=109)) is None
         assert queue.claim_next(s, "bob", 60, now=t0 + timedelta(seconds=111)) == a
     rt.close()
+
+
+def test_concurrent_signals_for_one_conversation_add_up(db_url) -> None:
+    from service.review.flagger import enqueue
+    from service.review.policy import Reason
+
+    rt = review_runtime(db_url)
+    policy = rt.extras["review"].policy
+    convs = simulated(10, "v1:0.0", seed=6)
+    store(rt, convs)
+    workers = 8
+    errors: list[BaseException] = []
+    for conv in convs[:3]:
+        cid = conv["conversation_id"]
+        barrier = threading.Barrier(workers)
+
+        def flag(i: int, cid: str = cid, barrier: threading.Barrier = barrier) -> None:
+            try:
+                barrier.wait()
+                with rt.sessions.begin() as s:
+                    enqueue(
+                        s, policy, {cid: [Reason("outcome", f"type-{i}", 10.0), Reason("sample", "s", 1.0)]}
+                    )
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=flag, args=(i,)) for i in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        with rt.sessions() as s:
+            item = s.scalar(select(ReviewItemRow).where(ReviewItemRow.conversation_id == cid))
+        assert item is not None and item.priority == 10.0 * workers + 1.0
+    rt.close()

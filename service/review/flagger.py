@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -96,21 +96,21 @@ def enqueue(
     added = session.execute(
         _insert(session, t)
         .on_conflict_do_nothing(index_elements=["conversation_id", "kind", "key"])
-        .returning(t.c.conversation_id, t.c.kind, t.c.key),
+        .returning(t.c.conversation_id, t.c.kind, t.c.key, t.c.weight),
         reason_rows,
     ).all()
-    touched = sorted({a[0] for a in added})
-    if touched:
-        total = (
-            select(func.coalesce(func.sum(ReviewReasonRow.weight), 0.0))
-            .where(ReviewReasonRow.conversation_id == ReviewItemRow.conversation_id)
-            .scalar_subquery()
-        )
+    # add only the weights this transaction inserted: an increment stays right when two transactions
+    # flag one conversation at once (Postgres re-reads the row's priority after waiting for its lock)
+    deltas: dict[str, float] = defaultdict(float)
+    for cid, _kind, _key, weight in added:
+        deltas[cid] += weight
+    if deltas:
+        items_t = ReviewItemRow.__table__
         session.execute(
-            update(ReviewItemRow)
-            .where(ReviewItemRow.conversation_id.in_(touched))
-            .values(priority=total, updated_at=now)
-            .execution_options(synchronize_session=False)
+            update(items_t)
+            .where(items_t.c.conversation_id == bindparam("cid"))
+            .values(priority=items_t.c.priority + bindparam("delta"), updated_at=now),
+            [{"cid": cid, "delta": d} for cid, d in sorted(deltas.items())],
         )
     fresh = set(new_ids)
     audit = [
@@ -124,7 +124,7 @@ def enqueue(
         for cid in sorted(fresh)
     ]
     by_cid: dict[str, list[list[str]]] = defaultdict(list)
-    for cid, kind, key in added:
+    for cid, kind, key, _weight in added:
         if cid not in fresh:
             by_cid[cid].append([kind, key])
     audit += [
@@ -142,7 +142,7 @@ def enqueue(
     if metrics is not None:
         for cid in fresh:
             metrics.review_enqueued.labels(_first_kind(flagged[cid])).inc()
-        for _cid, kind, _key in added:
+        for _cid, kind, _key, _weight in added:
             metrics.review_reasons.labels(kind).inc()
     return sorted(fresh)
 

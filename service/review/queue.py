@@ -274,7 +274,10 @@ def label(
     conv = session.get(ConversationRow, conversation_id)
     if conv is None:
         raise NotFound(f"no conversation {conversation_id!r}")
-    item = session.scalar(select(ReviewItemRow).where(ReviewItemRow.conversation_id == conversation_id))
+    # the item row is locked so concurrent labels count each other (review_count, status)
+    item = session.scalar(
+        select(ReviewItemRow).where(ReviewItemRow.conversation_id == conversation_id).with_for_update()
+    )
     if item is None:
         enqueue(
             session,
