@@ -1,0 +1,100 @@
+"""What Vigil's own tracing costs: nothing measurable when off, a little when on.
+
+(a) one ``span()`` call when tracing is off, in nanoseconds, against a bare ``nullcontext``;
+(b) the pipeline (decode, rules, store on SQLite, downstream stages) with tracing off and on
+    (spans batched to an in-memory exporter), rounds interleaved, best of each; the share of a
+    batch's time the off-path span calls take follows from (a).
+
+    python bench/bench_tracing.py [--conversations 4000] [--batch 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+from service.pipeline import Envelope  # noqa: E402
+from service.runtime import build_runtime  # noqa: E402
+from service.settings import Settings  # noqa: E402
+from service.simulate import Simulator, parse_versions  # noqa: E402
+from service.tracing import spans  # noqa: E402
+from service.wiring import wire  # noqa: E402
+
+SPANS_PER_BATCH = ("vigil.batch", "vigil.decode_rules", "vigil.store", "stage 1", "stage 2", "stage 3")
+
+
+def per_call_ns() -> tuple[float, float]:
+    n = 1_000_000
+    off = min(timeit.repeat(lambda: spans.span("vigil.batch", **{"vigil.source": "kafka"}).__enter__(),
+                            number=n, repeat=5)) / n * 1e9
+    floor = min(timeit.repeat(lambda: contextlib.nullcontext().__enter__(), number=n, repeat=5)) / n * 1e9
+    return off, floor
+
+
+def run_pipeline(raws: list[bytes], batch: int, rounds: int, tmp: Path, label: str) -> float:
+    """Best conversations/s over ``rounds`` fresh databases."""
+    rates = []
+    for i in range(rounds):
+        settings = Settings(database_url=f"sqlite:///{tmp / f'{label}-{i}.db'}", metrics_port=0)  # type: ignore[arg-type]
+        rt = wire(build_runtime(settings, registry=CollectorRegistry()), {"replay"})
+        envs = [Envelope(r, "kafka", "conversations", 0, j) for j, r in enumerate(raws)]
+        t0 = time.perf_counter()
+        for k in range(0, len(envs), batch):
+            rt.pipeline.process_raw(envs[k:k + batch])
+        rates.append(len(raws) / (time.perf_counter() - t0))
+        rt.close()
+    return max(rates)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--conversations", type=int, default=4000)
+    ap.add_argument("--batch", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    spans.shutdown()
+    off_ns, floor_ns = per_call_ns()
+    print(f"(a) span() with tracing off: {off_ns:.0f} ns per call (a bare nullcontext: {floor_ns:.0f} ns)")
+
+    sim = Simulator(parse_versions("v1:0.05,v2:0.15"), 3)
+    raws = [orjson.dumps(c) for c in sim.stream(args.conversations)]
+    results: dict[str, list[float]] = {"off": [], "on": []}
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # interleave the variants so drift in machine load hits each alike
+        for r in range(args.rounds):
+            spans.shutdown()
+            results["off"].append(run_pipeline(raws, args.batch, 1, Path(tmp), f"off{r}"))
+            spans.configure(Settings(), exporter=InMemorySpanExporter())
+            results["on"].append(run_pipeline(raws, args.batch, 1, Path(tmp), f"on{r}"))
+            spans.shutdown()
+    best = {k: max(v) for k, v in results.items()}
+    spread = {k: (statistics.pstdev(v) / statistics.mean(v) * 100) for k, v in results.items()}
+    calls = len(SPANS_PER_BATCH)
+    batch_ms = args.batch / best["off"] * 1000
+    print(f"(b) pipeline, {args.conversations:,} conversations in batches of {args.batch}, "
+          f"best of {args.rounds}:")
+    for k, label in (("off", "tracing off (default)"), ("on", "tracing on, in-memory export")):
+        print(f"    {label:<30} {best[k]:>8,.0f} conversations/s  (run-to-run spread {spread[k]:.1f}%)")
+    share = calls * off_ns / 1e6 / batch_ms * 100
+    print(f"    off: {calls} span calls per {batch_ms:.0f} ms batch = {share:.5f}% of its time; "
+          f"on costs {(best['off'] - best['on']) / best['off'] * 100:+.1f}% throughput")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
