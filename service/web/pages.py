@@ -12,6 +12,7 @@ from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ..api.auth import Principal
@@ -296,13 +297,13 @@ async def label(request: Request, conversation_id: str) -> Response:
             message=str(exc),
             back=_review_url(conversation_id),
         )
-    except Conflict as exc:
+    except (Conflict, IntegrityError) as exc:
         return render_page(
             request,
             "error.html",
             409,
             title="Label not saved",
-            message=str(exc),
+            message=str(exc) if isinstance(exc, Conflict) else "A concurrent change won; please try again.",
             back=_review_url(conversation_id),
         )
     except NotFound as exc:
