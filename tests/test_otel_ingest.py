@@ -33,8 +33,8 @@ from service.wiring import wire
 
 
 @pytest.fixture
-def server(pg_url: str) -> Iterator[tuple[str, Runtime]]:
-    rt = wire(build_runtime(make_settings(pg_url), registry=CollectorRegistry()), {"api"})
+def server(db_url: str) -> Iterator[tuple[str, Runtime]]:
+    rt = wire(build_runtime(make_settings(db_url), registry=CollectorRegistry()), {"api"})
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(rt), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
