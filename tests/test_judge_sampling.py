@@ -130,12 +130,26 @@ def test_sampler_enqueues_sampled_flagged_and_negative_outcomes_once(tmp_path: P
 
 
 def test_newer_revision_supersedes_a_pending_request(tmp_path: Path) -> None:
-    rt, _, _ = _runtime(tmp_path, sampling={"rate": 1.0})
+    import asyncio
+
+    from service.judge.models import VerdictRow
+    from service.judge.worker import JudgeWorker
+
+    rt, stage, _ = _runtime(tmp_path, sampling={"rate": 1.0})
     conv = _convs(1)[0]
     rt.pipeline.process([conv], "test")
     rt.pipeline.process([conv.model_copy(update={"revision": 7})], "test")
-    reqs = _requests(rt)
-    assert [(r.revision, r.status) for r in reqs] == [(conv.effective_revision, "superseded"), (7, "pending")]
+    assert [(r.revision, r.status) for r in _requests(rt)] == [
+        (conv.effective_revision, "pending"),
+        (7, "pending"),
+    ]
+    asyncio.run(JudgeWorker(stage.engine).run_until_idle(20))
+    assert [(r.revision, r.status) for r in _requests(rt)] == [
+        (conv.effective_revision, "superseded"),
+        (7, "done"),
+    ]
+    with rt.sessions() as s:
+        assert [v.revision for v in s.scalars(select(VerdictRow)).all()] == [7]
 
 
 def test_outcome_listener_enqueues_on_negative_outcome_and_early_outcomes_join(tmp_path: Path) -> None:

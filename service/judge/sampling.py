@@ -142,7 +142,7 @@ class JudgeSampler:
         ids = [i.conversation.conversation_id for i in stored]
         out: dict[str, list[tuple[str, float]]] = {}
         q = select(OutcomeRow.conversation_id, OutcomeRow.type, OutcomeRow.value).where(
-            OutcomeRow.conversation_id.in_(ids), OutcomeRow.source != "inline"
+            store.ids_in(OutcomeRow.conversation_id, ids, session), OutcomeRow.source != "inline"
         )
         for cid, type_, value in session.execute(q).all():
             out.setdefault(cid, []).append((type_, value))

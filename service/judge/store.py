@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, or_, select, update
+from sqlalchemy import ARRAY, String, and_, any_, bindparam, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -31,7 +31,8 @@ def _insert(session: Session, table: Any) -> Any:
 def enqueue(session: Session, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Insert judge requests; ones already present (same judge, conversation, revision) are left alone.
 
-    Returns the rows actually inserted. Older pending revisions of the same conversation are superseded.
+    Returns the rows actually inserted. One statement: this runs in the pipeline's transaction, so
+    superseding older revisions is left to :func:`claim`, off the ingest path.
     """
     if not rows:
         return []
@@ -43,20 +44,14 @@ def enqueue(session: Session, rows: Sequence[dict[str, Any]]) -> list[dict[str, 
         .returning(t.c.judge, t.c.conversation_id)
     )
     inserted = {(j, c) for j, c in session.execute(stmt, list(rows)).all()}
-    fresh = [r for r in rows if (r["judge"], r["conversation_id"]) in inserted]
-    if fresh:
-        session.execute(
-            t.update()
-            .where(
-                t.c.judge == bindparam("b_judge"),
-                t.c.conversation_id == bindparam("b_cid"),
-                t.c.revision < bindparam("b_rev"),
-                t.c.status == "pending",
-            )
-            .values(status="superseded"),
-            [{"b_judge": r["judge"], "b_cid": r["conversation_id"], "b_rev": r["revision"]} for r in fresh],
-        )
-    return fresh
+    return [r for r in rows if (r["judge"], r["conversation_id"]) in inserted]
+
+
+def ids_in(column: Any, ids: Sequence[str], session: Session) -> Any:
+    """``column IN ids``; on Postgres one array parameter instead of one parameter per id (cheaper)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return column == any_(bindparam("ids_array", value=list(ids), type_=ARRAY(String)))
+    return column.in_(ids)
 
 
 @dataclass(slots=True)
@@ -125,7 +120,35 @@ def claim(
             found = docs.get(c.conversation_id)
             if found:
                 c.stored_revision, c.document = found
+        claimed = _drop_superseded(session, claimed)
     return claimed
+
+
+def _drop_superseded(session: Session, claimed: list[Claimed]) -> list[Claimed]:
+    """A request for an older revision, when the stored revision has its own request, is superseded.
+
+    Otherwise it judges the stored (newest) document, and its verdict carries that revision.
+    """
+    R = JudgeRequestRow
+    stale = [c for c in claimed if c.stored_revision is not None and c.stored_revision > c.revision]
+    if not stale:
+        return claimed
+    newer = set(
+        session.execute(
+            select(R.judge, R.conversation_id, R.revision).where(
+                R.conversation_id.in_({c.conversation_id for c in stale})
+            )
+        ).all()
+    )
+    dropped = {c.id for c in stale if (c.judge, c.conversation_id, c.stored_revision) in newer}
+    if dropped:
+        session.execute(
+            update(R)
+            .where(R.id.in_(dropped))
+            .values(status="superseded", lease_until=None, lease_owner=None)
+            .execution_options(synchronize_session=False)
+        )
+    return [c for c in claimed if c.id not in dropped]
 
 
 def _owned(request_id: int, owner: str) -> Any:
