@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import orjson
 import pytest
 from conftest import make_settings
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -51,8 +52,6 @@ def test_batch_and_stage_spans(sqlite_url: str, memory: InMemorySpanExporter) ->
     spans.shutdown()  # whatever the environment asked for, this test exports to memory
     assert spans.configure(rt.settings, exporter=memory)
     sim = Simulator(parse_versions("v1:0.5"), seed=3)
-    import orjson
-
     envelopes = [
         Envelope(orjson.dumps(c), "kafka", "conversations", 0, i) for i, c in enumerate(sim.stream(20))
     ]
@@ -88,3 +87,58 @@ def test_failed_stage_span_records_the_error(sqlite_url: str, memory: InMemorySp
     (failed,) = memory.get_finished_spans()
     assert failed.status.status_code.name == "ERROR"
     assert failed.events[0].name == "exception"
+
+
+def test_replay_exports_its_spans_by_the_standard_variables(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A real `vigil replay` process, configured only by OTEL_* variables, exports over OTLP/HTTP."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from services import free_port
+
+    from service.tracing.otlp import parse, protobuf_response
+
+    received: list[tuple[str, dict[str, str], bytes]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers["content-length"]))
+            received.append((self.path, dict(self.headers), body))
+            reply = protobuf_response(0, "")
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    port = free_port()
+    server = ThreadingHTTPServer(("127.0.0.1", port), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sim = tmp_path / "sim.jsonl"
+        convs = Simulator(parse_versions("v1:0.2"), 1).stream(30)
+        sim.write_bytes(b"".join(orjson.dumps(c) + b"\n" for c in convs))
+        env = {**os.environ, "VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'v.db'}",
+               "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+               "OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=acme", "OTEL_SERVICE_NAME": "vigil-replay-test"}
+        env.pop("VIGIL_TRACING_ENABLED", None)
+        done = subprocess.run([sys.executable, "-m", "service.cli", "replay", str(sim), "--batch", "10"],
+                              env=env, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-2000:]
+    finally:
+        server.shutdown()
+    assert received, "no spans were exported"
+    assert {path for path, _, _ in received} == {"/v1/traces"}
+    assert all(h.get("x-tenant") == "acme" for _, h, _ in received)
+    exported = [s for _, _, body in received for s in parse(body, "application/x-protobuf")[0]]
+    batches = [s for s in exported if s["name"] == "vigil.batch"]
+    assert len(batches) == 3 and all(b["attributes"]["vigil.source"] == "replay" for b in batches)
+    assert exported[0]["resource"]["service.name"] == "vigil-replay-test"
+    stores = [s for s in exported if s["name"] == "vigil.store"]
+    assert {s["parent_span_id"] for s in stores} == {b["span_id"] for b in batches}
