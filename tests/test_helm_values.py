@@ -75,3 +75,11 @@ def test_template_checks_explain_themselves(patch: dict[str, Any], says: str) ->
 def test_good_values_pass() -> None:
     assert render(merged({}))
     assert render(load_values(CHART / "ci" / "minimal-values.yaml"))
+
+
+def test_judging_off_runs_no_judge_workers() -> None:
+    docs = render(merged({"judges": {"enabled": False}}))
+    names = [d["metadata"]["name"] for d in docs if d["kind"] in ("Deployment", "PodDisruptionBudget")]
+    assert not [n for n in names if "judge" in n]
+    env = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-env"))
+    assert env["data"]["VIGIL_JUDGE_ENABLED"] == "false"
