@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from itertools import filterfalse
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -164,23 +165,31 @@ _DATES = (
 )
 _DIGIT = re.compile(r"\d")
 _DECIMAL_TAIL = re.compile(r"[.,]\d")
+_IDENT_CHAR = re.compile(r"[#\w]")
 _UPPER_ID = re.compile(r"#?(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{6,}")  # #W5565470, HAT030X
 _SNAKE_ID = re.compile(r"[a-z]+(?:_[a-z]+)*_\d{2,}")  # gift_card_1712795, sara_doe_496
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _ORDINAL = re.compile(r"(?<=\d)(st|nd|rd|th)\b")
 _MONTH_NAMES = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
 _MONTHS = {m: i for i, m in enumerate(_MONTH_NAMES, 1)}
-# Punctuation becomes a space, one character for one, so words split by str.split keep their offsets.
-_WORD_BREAKS = str.maketrans(
-    {c: " " for c in "!\"$%&'()*+,-./:;<=>?@[\\]^`{|}~\u00a0\u2018\u2019\u201c\u201d\u2013\u2014\u2026"}
-)
+_EDGE_PUNCTUATION = "!\"$%&'()*+,-./:;<=>?@[\\]^`{|}~\u00a0\u2018\u2019\u201c\u201d\u2013\u2014\u2026"
+_NON_WORD = re.compile(r"[^#\w]+")
 
 
 def _amount_found(source: str, amount: str) -> bool:
-    """Whether ``source`` (commas removed) holds the amount as a number, float noise rounded to cents."""
+    """Whether ``source`` (commas removed) holds the amount as a number: written the same way (50 as
+    50, 50.0 or 50.00), or with float noise that rounds to the same cents (30.180000000000007)."""
     digits = amount.replace(",", "").replace("$", "").strip()
+    whole, _, frac = digits.partition(".")
+    whole, frac = whole.lstrip("0") or "0", frac.rstrip("0")
+    forms = (whole, f"{whole}.0", f"{whole}.00") if not frac else (f"{whole}.{frac}", f"{whole}.{frac}0")
+    for form in forms:
+        pos = source.find(form)
+        while pos != -1:
+            if _number_at(source, pos, pos + len(form)):
+                return True
+            pos = source.find(form, pos + 1)
     value = round(float(digits), 2)
-    whole = digits.partition(".")[0].lstrip("0") or "0"
     pos = source.find(whole)
     while pos != -1:
         if pos == 0 or not (source[pos - 1].isdigit() or source[pos - 1] == "."):
@@ -189,6 +198,13 @@ def _amount_found(source: str, amount: str) -> bool:
                 return True
         pos = source.find(whole, pos + 1)
     return False
+
+
+def _number_at(source: str, start: int, end: int) -> bool:
+    """``source[start:end]`` is a whole number, not part of a longer one."""
+    if start and (source[start - 1].isdigit() or source[start - 1] == "."):
+        return False
+    return not (source[end : end + 1].isdigit() or _DECIMAL_TAIL.match(source, end))
 
 
 def _date_forms(text: str) -> set[str]:
@@ -202,33 +218,43 @@ def _date_forms(text: str) -> set[str]:
     return {f"-{month:02d}-{day:02d}"}
 
 
-def _inside_word(spaced: str, start: int, end: int) -> bool:
-    before = start > 0 and not spaced[start - 1].isspace()
-    return before or (end < len(spaced) and not spaced[end].isspace())
-
-
-def _identifiers(text: str) -> Iterator[tuple[int, int]]:
-    """Spans of identifiers: upper-case codes with digits, snake_case names ending in digits, and runs
-    of 8+ digits (item, product, tracking numbers) that are not part of an amount or a decimal."""
-    spaced = text.translate(_WORD_BREAKS)
-    cursor = 0
-    for word in spaced.split():
-        if word.isalpha():
+def _identifier_words(text: str) -> Iterator[str]:
+    """Identifiers in ``text``: upper-case codes with digits, snake_case names ending in digits, runs of
+    8+ digits (item, product, tracking numbers). Cheap string tests settle most words; only words with
+    punctuation inside are split by a regex."""
+    for raw in filterfalse(str.isalpha, text.split()):
+        word = raw.strip(_EDGE_PUNCTUATION)
+        if not word or word.isalpha():
             continue
         if word.isdigit():
-            if len(word) < 8:
-                continue
-        elif not (_UPPER_ID.fullmatch(word) or _SNAKE_ID.fullmatch(word)):
-            continue
-        n = len(word)
-        start = spaced.find(word, cursor)
-        # A skipped word may contain this one: move on to the whole-word occurrence.
-        while _inside_word(spaced, start, start + n):
-            start = spaced.find(word, start + 1)
-        end = cursor = start + n
-        if word.isdigit() and ((start and text[start - 1] in "$.,-") or _DECIMAL_TAIL.match(text, end)):
-            continue
-        yield start, end
+            if len(word) >= 8:
+                yield word
+        elif _UPPER_ID.fullmatch(word) or _SNAKE_ID.fullmatch(word):
+            yield word
+        elif (word.upper() != word.lower() or len(word) >= 8) and not word.isalnum():
+            yield from filter(_is_identifier, _NON_WORD.split(word))
+
+
+def _is_identifier(word: str) -> bool:
+    if word.isdigit():
+        return len(word) >= 8
+    return bool(_UPPER_ID.fullmatch(word) or _SNAKE_ID.fullmatch(word))
+
+
+def _locate(text: str, word: str, cursor: int) -> tuple[int, int] | None:
+    """The first whole-word occurrence of ``word`` at or after ``cursor``; a digit run counts only
+    outside amounts and decimals ($12345678, 1234.5678)."""
+    n = len(word)
+    start = text.find(word, cursor)
+    while start != -1:
+        end = start + n
+        whole = not (start and _IDENT_CHAR.match(text, start - 1)) and not _IDENT_CHAR.match(text, end)
+        if whole and not (
+            word.isdigit() and ((start and text[start - 1] in "$.,-") or _DECIMAL_TAIL.match(text, end))
+        ):
+            return start, end
+        start = text.find(word, start + 1)
+    return None
 
 
 class GroundednessArgs(RuleArgs):
@@ -244,6 +270,7 @@ def groundedness(view: ConversationView, args: GroundednessArgs) -> Iterator[Hit
     roles = ("tool", "user", "system") if args.include_system else ("tool", "user")
     source: str | None = None
     plain_numbers: str | None = None
+    seen: dict[str, bool] = {}
     for i, text in view.assistant_texts:
         if not _DIGIT.search(text):
             continue
@@ -253,7 +280,11 @@ def groundedness(view: ConversationView, args: GroundednessArgs) -> Iterator[Hit
             if plain_numbers is None:
                 plain_numbers = source.replace(",", "")
             for m in _AMOUNT.finditer(text):
-                if not _amount_found(plain_numbers, m.group(0)):
+                amount = m.group(0)
+                found = seen.get(amount)
+                if found is None:
+                    found = seen[amount] = _amount_found(plain_numbers, amount)
+                if not found:
                     yield _ungrounded("amount", i, text, m.start(), m.end())
         if "dates" in args.check:
             for rx in _DATES:
@@ -264,9 +295,14 @@ def groundedness(view: ConversationView, args: GroundednessArgs) -> Iterator[Hit
                     if value not in source and not any(f in source for f in _date_forms(value)):
                         yield _ungrounded("date", i, text, start, m.end())
         if "identifiers" in args.check:
-            for start, end in _identifiers(text):
-                if text[start:end].lstrip("#") not in source:
-                    yield _ungrounded("identifier", i, text, start, end)
+            cursor = 0
+            for word in _identifier_words(text):
+                if word.lstrip("#") in source:
+                    continue
+                span = _locate(text, word, cursor)
+                if span is not None:
+                    cursor = span[1]
+                    yield _ungrounded("identifier", i, text, *span)
 
 
 def _ungrounded(kind: str, i: int, text: str, start: int, end: int) -> Hit:

@@ -94,7 +94,7 @@ class Pattern:
             rx, subject = self._lowered, low
         elif self.ignore_case:
             return rx, text
-        if self._needles is not None and not any(n in subject for n in self._needles):
+        if self._needles is not None and not any(map(subject.__contains__, self._needles)):
             return None
         return rx, subject
 
