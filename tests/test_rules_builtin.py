@@ -761,3 +761,12 @@ def test_needles_are_required_literals() -> None:
     assert needles(r"(abc)?d|x[yz]") == ("d", "x")
     assert needles(r"a(?!bcd)") == ("a",)
     assert needles(r"\w+") is None
+
+
+def test_user_repetition_ignores_word_order() -> None:
+    conv = convo(
+        u("please cancel order #W1234567 for me"), a("Which one?"), u("for me, cancel order #W1234567 please")
+    )
+    [hit] = run("user_repetition", conv, threshold=85)
+    assert hit.details["similarity"] >= 85
+    assert run("user_repetition", conv, threshold=85, scorer="ratio") == []

@@ -39,6 +39,10 @@ def user_repetition(view: ConversationView, args: UserRepetitionArgs) -> Iterato
     """The user had to repeat themselves: a user turn nearly equal to an earlier one."""
     score_fn = _SCORERS[args.scorer]
     turns = [(i, t.lower(), len(t)) for i, t in view.user_turns if len(t) >= args.min_chars]
+    if args.scorer == "token_sort_ratio":
+        # The same score, with each turn's words sorted once instead of in every comparison.
+        score_fn = fuzz.ratio
+        turns = [(i, " ".join(sorted(t.split())), n) for i, t, n in turns]
     for k in range(1, len(turns)):
         i, text, n = turns[k]
         for j, earlier, n_earlier in turns[max(0, k - args.window) : k]:
