@@ -55,6 +55,7 @@ class RateLimiter:
         self.clock = clock
         self.stamp = clock()
         self._lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _refill(self) -> None:
         now = self.clock()
@@ -62,6 +63,9 @@ class RateLimiter:
         self.stamp = now
 
     async def acquire(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a lock is bound to one event loop; CLI runs may start several
+            self._lock, self._loop = asyncio.Lock(), loop
         async with self._lock:
             while True:
                 self._refill()

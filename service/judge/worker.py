@@ -68,6 +68,9 @@ class JudgeWorker:
         self._main: asyncio.Task[None] | None = None
         self._last_housekeeping = 0.0
         self._last_flush = 0.0
+        self._gates: dict[str, asyncio.Semaphore] = {}
+        self._probes: set[int] = set()
+        self._gate_loop: asyncio.AbstractEventLoop | None = None
         self.judged = 0
         self.only_conversation = only_conversation  # ``vigil judge run``: claim nothing else
 
@@ -151,14 +154,16 @@ class JudgeWorker:
         ):
             await self._flush()
         total = 0
+        total_cap = _with_prefetch(self.settings.judge_concurrency)
         for lane in self.engine.lanes.values():
             limit = min(lane.judge.spec.limits.concurrency, self.settings.judge_concurrency)
-            free = min(lane.free, self.settings.judge_concurrency - self.in_flight)
+            free = min(_with_prefetch(limit) - lane.in_flight, total_cap - self.in_flight)
             if free <= 0 or (lane.in_flight and free < max(1, limit // 8)) or not self.engine.may_claim(lane):
                 continue
-            if lane.state == "circuit_open":
-                free = 1
-            claimed = await asyncio.to_thread(self._claim, lane.name, free)
+            probing = lane.state == "circuit_open"
+            claimed = await asyncio.to_thread(self._claim, lane.name, 1 if probing else free)
+            if probing:
+                self._probes.update(r.id for r in claimed)
             for req in claimed:
                 lane.in_flight += 1
                 self.in_flight += 1
@@ -223,6 +228,7 @@ class JudgeWorker:
         finally:
             lane.in_flight -= 1
             self.in_flight -= 1
+            self._probes.discard(req.id)
         self._outbox.append(outcome)
         if len(self._outbox) >= WRITE_BATCH:
             await self._flush()
@@ -253,7 +259,14 @@ class JudgeWorker:
             return Outcome(req, "verdict", parsed, fields)
         messages = build_messages(judge, conv)
         try:
-            reply, latency_ms = await self.engine.call(lane, messages)
+            async with (
+                self._gate(lane.name, judge.spec.limits.concurrency),
+                self._gate("", self.settings.judge_concurrency),
+            ):
+                # the judge may have stopped or paused while this request waited for a slot
+                if lane.state != "running" and req.id not in self._probes:
+                    raise JudgeUnavailable(lane.name, lane.state, lane.detail)
+                reply, latency_ms = await self.engine.call(lane, messages)
         except JudgeUnavailable as exc:
             return Outcome(req, "release", delay=self.settings.judge_poll_interval_seconds, error=str(exc))
         except ProviderError as err:
@@ -283,6 +296,17 @@ class JudgeWorker:
             latency_ms=latency_ms,
         )
         return Outcome(req, "verdict", parsed, fields)
+
+    def _gate(self, name: str, size: int) -> asyncio.Semaphore:
+        """Bounds model calls in flight (per judge, and "" for the process); claimed requests beyond it
+        wait here, so a freed slot starts the next call at once instead of after a claim round trip."""
+        loop = asyncio.get_running_loop()
+        if self._gate_loop is not loop:
+            self._gates, self._gate_loop = {}, loop
+        gate = self._gates.get(name)
+        if gate is None:
+            gate = self._gates[name] = asyncio.Semaphore(size)
+        return gate
 
     def _base(self, lane: Lane, prompt_hash: str) -> dict[str, Any]:
         return {
@@ -367,6 +391,11 @@ class JudgeWorker:
             if v.score is not None:
                 m.judge_score.labels(v.judge, v.judge_version).observe(v.score)
         self.judged += len(rows)
+
+
+def _with_prefetch(concurrency: int) -> int:
+    """Requests claimed at most: the calls allowed in flight plus a quarter more waiting for a slot."""
+    return concurrency + max(1, concurrency // 4)
 
 
 def _after(a: datetime, b: datetime) -> bool:
