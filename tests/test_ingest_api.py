@@ -112,3 +112,11 @@ def test_schema_endpoint_and_openapi(client) -> None:
     assert "v1" in schema["$id"]
     spec = client.get("/openapi.json").json()
     assert "/v1/conversations" in spec["paths"] and "Conversation" in spec["components"]["schemas"]
+
+
+def test_rules_endpoint_lists_rules_and_argument_schemas(client) -> None:
+    body = client.get("/v1/rules", headers=REVIEWER).json()
+    ids = {r["id"] for r in body["rules"]}
+    assert "pii-in-reply" in ids and "confirm-before-write" in ids
+    forbidden = body["rule_types"]["forbidden_tool"]
+    assert "tools" in forbidden["args"]["properties"] and forbidden["doc"]

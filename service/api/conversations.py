@@ -71,5 +71,8 @@ def rules(request: Request) -> dict[str, Any]:
              "args": r.args.model_dump()}
             for r in engine.rules
         ],
-        "rule_types": {name: t.doc for name, t in sorted(registered_rule_types().items())},
+        "rule_types": {
+            name: {"doc": t.doc, "args": t.args_model.model_json_schema()}
+            for name, t in sorted(registered_rule_types().items())
+        },
     }
