@@ -129,9 +129,9 @@ def bench_pipeline(urls: list[str], jdir: Path, n: int, batch: int, delay: float
     workers = [InProcessWorker(rts[2]), InProcessWorker(rts[3])]
     rates: list[list[float]] = [[] for _ in rts]
     cpu: list[list[float]] = [[] for _ in rts]
-    for r in range(rounds):  # interleaved so drift and other load hit every variant alike
-        for k, rt in enumerate(rts):
-            rate, us = pipeline_rate(rt, conversations(n, seed=r * 10 + k + 1), batch)
+    for r in range(rounds):  # interleaved in a rotating order: drift and other load hit every variant alike
+        for k in [(r + j) % len(rts) for j in range(len(rts))]:
+            rate, us = pipeline_rate(rts[k], conversations(n, seed=r * 10 + k + 1), batch)
             rates[k].append(rate)
             cpu[k].append(us)
     judged = [w.stop() for w in workers]

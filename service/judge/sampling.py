@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ..metrics import Metrics
-from ..store.models import ConversationRow, OutcomeRow
+from ..store.models import ConversationRow
 from ..store.writes import Checked
 from . import store
 from .definitions import Judge
@@ -139,12 +139,8 @@ class JudgeSampler:
         """Outcomes that arrived before their conversation (joined here, since the listener saw no row)."""
         if not self._needs_stored_outcomes:
             return {}
-        ids = [i.conversation.conversation_id for i in stored]
         out: dict[str, list[tuple[str, float]]] = {}
-        q = select(OutcomeRow.conversation_id, OutcomeRow.type, OutcomeRow.value).where(
-            store.ids_in(OutcomeRow.conversation_id, ids, session), OutcomeRow.source != "inline"
-        )
-        for cid, type_, value in session.execute(q).all():
+        for cid, type_, value in store.outcomes_of(session, [i.conversation.conversation_id for i in stored]):
             out.setdefault(cid, []).append((type_, value))
         return out
 

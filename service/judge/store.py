@@ -17,7 +17,7 @@ from sqlalchemy import ARRAY, String, and_, any_, bindparam, func, or_, select, 
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from ..store.models import ConversationRow
+from ..store.models import ConversationRow, OutcomeRow
 from .models import JudgeRequestRow, JudgeStatusRow, PairwiseRow, VerdictRow
 
 ACTIVE = ("pending", "running")
@@ -28,6 +28,19 @@ def _insert(session: Session, table: Any) -> Any:
     return (postgresql.insert if name == "postgresql" else sqlite.insert)(table)
 
 
+def _enqueue_stmt(insert: Any) -> Any:
+    t = JudgeRequestRow.__table__
+    return (
+        insert(t)
+        .on_conflict_do_nothing(index_elements=["judge", "conversation_id", "revision"])
+        .returning(t.c.judge, t.c.conversation_id)
+    )
+
+
+# Built once and executed for many rows (insertmanyvalues batches them, RETURNING included).
+_ENQUEUE = {"postgresql": _enqueue_stmt(postgresql.insert), "sqlite": _enqueue_stmt(sqlite.insert)}
+
+
 def enqueue(session: Session, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Insert judge requests; ones already present (same judge, conversation, revision) are left alone.
 
@@ -36,22 +49,28 @@ def enqueue(session: Session, rows: Sequence[dict[str, Any]]) -> list[dict[str, 
     """
     if not rows:
         return []
-    t = JudgeRequestRow.__table__
-    # one cached statement, executed for many rows (insertmanyvalues batches them, RETURNING included)
-    stmt = (
-        _insert(session, t)
-        .on_conflict_do_nothing(index_elements=["judge", "conversation_id", "revision"])
-        .returning(t.c.judge, t.c.conversation_id)
-    )
+    stmt = _ENQUEUE[session.get_bind().dialect.name]
     inserted = {(j, c) for j, c in session.execute(stmt, list(rows)).all()}
     return [r for r in rows if (r["judge"], r["conversation_id"]) in inserted]
 
 
-def ids_in(column: Any, ids: Sequence[str], session: Session) -> Any:
-    """``column IN ids``; on Postgres one array parameter instead of one parameter per id (cheaper)."""
-    if session.get_bind().dialect.name == "postgresql":
-        return column == any_(bindparam("ids_array", value=list(ids), type_=ARRAY(String)))
-    return column.in_(ids)
+_O = OutcomeRow.__table__.c
+# Built once: this lookup runs for every stored batch, and constructing a statement costs more client
+# CPU than the query. Postgres takes the ids as one array parameter instead of one parameter per id.
+_EARLY_OUTCOMES = {
+    "postgresql": select(_O.conversation_id, _O.type, _O.value).where(
+        _O.conversation_id == any_(bindparam("ids", type_=ARRAY(String))), _O.source != "inline"
+    ),
+    "sqlite": select(_O.conversation_id, _O.type, _O.value).where(
+        _O.conversation_id.in_(bindparam("ids", expanding=True)), _O.source != "inline"
+    ),
+}
+
+
+def outcomes_of(session: Session, ids: Sequence[str]) -> list[tuple[str, str, float]]:
+    """(conversation_id, type, value) of stored outcomes, except inline ones, for these conversations."""
+    stmt = _EARLY_OUTCOMES.get(session.get_bind().dialect.name, _EARLY_OUTCOMES["sqlite"])
+    return [tuple(r) for r in session.execute(stmt, {"ids": list(ids)}).all()]  # type: ignore[misc]
 
 
 @dataclass(slots=True)
