@@ -44,8 +44,17 @@ SCENARIOS = [  # true rate, sensitivity, specificity, judged sample, labelled se
 def coverage(runs: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     print(f"(a) corrected vs raw, {runs} simulated runs each")
-    cols = ["true rate", "Se", "Sp", "sample", "labels", "raw mean", "raw 95% covers", "corrected mean",
-            "corrected covers"]
+    cols = [
+        "true rate",
+        "Se",
+        "Sp",
+        "sample",
+        "labels",
+        "raw mean",
+        "raw 95% covers",
+        "corrected mean",
+        "corrected covers",
+    ]
     print("| " + " | ".join(cols) + " |")
     print("|---|---|---|---|---|---|---|---|---|")
     for p, se, sp, n, m in SCENARIOS:

@@ -79,9 +79,11 @@ def bench_worker(url: str, jdir: Path, n: int, delay: float) -> float:
     t0 = time.perf_counter()
     judged = asyncio.run(stage.worker.run_until_idle(timeout=600))
     took = time.perf_counter() - t0
-    print(f"(a) judge worker: {judged} judgements in {took:.1f} s = {judged / took:,.1f} judgements/s "
-          f"(provider latency {delay * 1000:.0f} ms, max in flight {client.max_in_flight}; "
-          f"ceiling {64 / delay:.0f}/s)")
+    print(
+        f"(a) judge worker: {judged} judgements in {took:.1f} s = {judged / took:,.1f} judgements/s "
+        f"(provider latency {delay * 1000:.0f} ms, max in flight {client.max_in_flight}; "
+        f"ceiling {64 / delay:.0f}/s)"
+    )
     rt.close()
     return judged / took
 
@@ -140,8 +142,10 @@ def bench_pipeline(urls: list[str], jdir: Path, n: int, batch: int, delay: float
     print(f"(b) rule pipeline, batches of {batch}, median of {rounds} rounds of {n} conversations:")
     for k, (label, rate) in enumerate(zip(VARIANTS, medians, strict=True)):
         extra = f", {judged[k - 2]} judgements during the run" if k >= 2 else ""
-        print(f"    {label:55s} {rate:7,.0f} conversations/s = {rate / medians[0]:6.1%}; pipeline thread "
-              f"{cpus[k]:5.0f} µs CPU/conversation = {cpus[k] / cpus[0]:6.1%}{extra}")
+        print(
+            f"    {label:55s} {rate:7,.0f} conversations/s = {rate / medians[0]:6.1%}; pipeline thread "
+            f"{cpus[k]:5.0f} µs CPU/conversation = {cpus[k] / cpus[0]:6.1%}{extra}"
+        )
     for rt in (*rts, backlog):
         rt.close()
     return medians
@@ -157,8 +161,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
     load = os.getloadavg()[0]
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, load {load:.1f}, "
-          f"Python {platform.python_version()}, db {args.db}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, load {load:.1f}, "
+        f"Python {platform.python_version()}, db {args.db}"
+    )
     with tempfile.TemporaryDirectory() as d:
         jdir = Path(d)
         unlimited = {"rpm": 1_000_000, "concurrency": 64, "daily_budget_usd": 1000.0}

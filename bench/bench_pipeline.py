@@ -57,8 +57,10 @@ def bench_rules(raws: list[bytes], packs: list[Path], label: str, repeat: int = 
             engine.evaluate(decode_conversation(raw, 10_000_000))
         best = max(best, len(raws) / (time.perf_counter() - t0))
     msgs = sum(raw.count(b'"role"') for raw in raws) / len(raws)
-    print(f"(a) decode + rules [{label}]: {best:,.0f} conversations/s on one core "
-          f"({len(raws)} conversations, {msgs:.1f} messages each, {len(engine.rules)} rules)")
+    print(
+        f"(a) decode + rules [{label}]: {best:,.0f} conversations/s on one core "
+        f"({len(raws)} conversations, {msgs:.1f} messages each, {len(engine.rules)} rules)"
+    )
     return best
 
 
@@ -75,10 +77,19 @@ def produce(bootstrap: str, topic: str, raws: list[bytes]) -> None:
 def bench_raw(bootstrap: str, topic: str, n: int) -> float:
     from kafka import KafkaConsumer
 
-    c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"raw-{uuid.uuid4().hex[:6]}",
-                      auto_offset_reset="earliest", enable_auto_commit=False, max_poll_records=2000,
-                      fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024,
-                      max_poll_interval_ms=4000, session_timeout_ms=3000, heartbeat_interval_ms=1000)
+    c = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"raw-{uuid.uuid4().hex[:6]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=2000,
+        fetch_max_bytes=64 * 1024 * 1024,
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+        max_poll_interval_ms=4000,
+        session_timeout_ms=3000,
+        heartbeat_interval_ms=1000,
+    )
     got = 0
     t0 = None
     while got < n:
@@ -100,12 +111,21 @@ def bench_e2e(bootstrap: str, pg_url: str, topic: str, n: int, rss_every: int) -
     from service.runtime import build_runtime
     from service.settings import Settings
 
-    s = Settings(database_url=pg_url, kafka_bootstrap_servers=bootstrap, kafka_conversations_topic=topic,  # type: ignore[arg-type]
-                 kafka_group_id=f"e2e-{uuid.uuid4().hex[:6]}", kafka_batch_size=1000, api_keys="a:admin:k",
-                 kafka_max_poll_interval_ms=30000, kafka_session_timeout_ms=10000, metrics_port=0)
+    s = Settings(
+        database_url=pg_url,
+        kafka_bootstrap_servers=bootstrap,
+        kafka_conversations_topic=topic,  # type: ignore[arg-type]
+        kafka_group_id=f"e2e-{uuid.uuid4().hex[:6]}",
+        kafka_batch_size=1000,
+        api_keys="a:admin:k",
+        kafka_max_poll_interval_ms=30000,
+        kafka_session_timeout_ms=10000,
+        metrics_port=0,
+    )
     rt = build_runtime(s, registry=CollectorRegistry())
-    consumer = kafka_consumer(rt, [topic], fetch_max_bytes=64 * 1024 * 1024,
-                              max_partition_fetch_bytes=16 * 1024 * 1024)
+    consumer = kafka_consumer(
+        rt, [topic], fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024
+    )
     worker = ConsumerWorker(rt, consumer)
     inner = worker.handlers[topic]
     state = {"n": 0, "t0": None, "t1": None, "next_rss": rss_every}
@@ -140,8 +160,10 @@ def main() -> None:
     args = ap.parse_args()
     import kafka.record.util as kru
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"kafka-python crc32c accelerator: {'native' if kru.crc32c_c else 'pure Python'}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"kafka-python crc32c accelerator: {'native' if kru.crc32c_c else 'pure Python'}"
+    )
     if args.only in (None, "rules"):
         sim = simulated(10000)
         default = [ROOT / "rules" / "default.yaml"]
@@ -154,8 +176,10 @@ def main() -> None:
         from services import create_topic, kafka_broker, postgres_database
 
         with kafka_broker() as bootstrap, postgres_database() as pg:
-            for label, raws in (("simulate", simulated(args.n, seed=99)),
-                                ("τ² files x" + str(max(1, args.n // 120)), None)):
+            for label, raws in (
+                ("simulate", simulated(args.n, seed=99)),
+                ("τ² files x" + str(max(1, args.n // 120)), None),
+            ):
                 if raws is None:
                     base = tau2_messages()
                     raws = []
@@ -169,19 +193,27 @@ def main() -> None:
                 produce(bootstrap, topic, raws)
                 raw_rate = bench_raw(bootstrap, topic, len(raws))
                 e2e, rss = bench_e2e(bootstrap, pg, topic, len(raws), max(1000, len(raws) // 10))
-                print(f"(b) Kafka → rules → Postgres [{label}, {len(raws)} conversations]: {e2e:,.0f} conversations/s")
-                print(f"(c) raw kafka-python consume + JSON decode [{label}]: {raw_rate:,.0f} messages/s "
-                      f"→ Vigil reaches {e2e / raw_rate:.0%} of the raw limit")
-                print(f"(d) RSS MB every {max(1000, len(raws) // 10)} conversations: "
-                      + ", ".join(f"{r:.0f}" for r in rss))
+                print(
+                    f"(b) Kafka → rules → Postgres [{label}, {len(raws)} conversations]: {e2e:,.0f} conversations/s"
+                )
+                print(
+                    f"(c) raw kafka-python consume + JSON decode [{label}]: {raw_rate:,.0f} messages/s "
+                    f"→ Vigil reaches {e2e / raw_rate:.0%} of the raw limit"
+                )
+                print(
+                    f"(d) RSS MB every {max(1000, len(raws) // 10)} conversations: "
+                    + ", ".join(f"{r:.0f}" for r in rss)
+                )
             if args.long:
                 topic = f"bench-long-{uuid.uuid4().hex[:6]}"
                 create_topic(bootstrap, topic, 6)
                 for start in range(0, args.long, 20000):
                     produce(bootstrap, topic, simulated(min(20000, args.long - start), seed=start + 1))
                 e2e, rss = bench_e2e(bootstrap, pg, topic, args.long, args.long // 20)
-                print(f"(d) long run, {args.long} conversations at {e2e:,.0f}/s; RSS MB: "
-                      + ", ".join(f"{r:.0f}" for r in rss))
+                print(
+                    f"(d) long run, {args.long} conversations at {e2e:,.0f}/s; RSS MB: "
+                    + ", ".join(f"{r:.0f}" for r in rss)
+                )
     print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
 

@@ -77,9 +77,26 @@ class RunResult:
 
 def simulate(n: int, seed: int, out: Path) -> list[tuple[str, bytes]]:
     """Run `vigil simulate` to a JSONL file; (conversation id, message) pairs in order."""
-    subprocess.run([sys.executable, "-m", "service.cli", "simulate", "--count", str(n), "--seed", str(seed),
-                    "--no-outcomes", "--batch", "1000", "--out", str(out)], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "simulate",
+            "--count",
+            str(n),
+            "--seed",
+            str(seed),
+            "--no-outcomes",
+            "--batch",
+            "1000",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
     items = []
     with out.open("rb") as fh:
         for line in fh:
@@ -124,7 +141,7 @@ def owned(port: int, topic: str) -> set[int] | None:
     except OSError:
         return None
     found = set()
-    for m in re.finditer(r'^vigil_consumer_lag_messages\{([^}]*)\}', text, re.M):
+    for m in re.finditer(r"^vigil_consumer_lag_messages\{([^}]*)\}", text, re.M):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
         if labels.get("topic") == topic:
             found.add(int(labels["partition"]))
@@ -172,7 +189,11 @@ def consumers(n: int, env: dict[str, str], idle_polls: int) -> Iterator[list[tup
             log = open(Path(logs.name) / f"consumer-{i}.log", "w+b")  # noqa: SIM115
             proc = subprocess.Popen(
                 [sys.executable, "-m", "service.cli", "consume", "--max-idle-polls", str(idle_polls)],
-                cwd=ROOT, env={**env, "VIGIL_METRICS_PORT": str(port)}, stdout=subprocess.DEVNULL, stderr=log)
+                cwd=ROOT,
+                env={**env, "VIGIL_METRICS_PORT": str(port)},
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
             proc.stderr = log  # type: ignore[assignment]
             procs.append((proc, port))
         yield procs
@@ -190,20 +211,40 @@ def consumers(n: int, env: dict[str, str], idle_polls: int) -> Iterator[list[tup
         logs.cleanup()
 
 
-def run_group(bootstrap: str, topic: str, items: list[tuple[str, bytes]], ends: dict[int, int],
-              n_consumers: int, kill: bool, batch_size: int = 500, timeout: float = 1800.0) -> RunResult:
+def run_group(
+    bootstrap: str,
+    topic: str,
+    items: list[tuple[str, bytes]],
+    ends: dict[int, int],
+    n_consumers: int,
+    kill: bool,
+    batch_size: int = 500,
+    timeout: float = 1800.0,
+) -> RunResult:
     """Consume the whole topic with ``n_consumers`` into a fresh database (one group per run)."""
     n = len(items)
     res = RunResult(n_consumers, n, killed=kill)
     group = f"scaleout-{uuid.uuid4().hex[:8]}"
     with postgres_database() as url:
-        env = {**os.environ, **FAST_GROUP, "VIGIL_DATABASE_URL": url,
-               "VIGIL_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "VIGIL_KAFKA_CONVERSATIONS_TOPIC": topic,
-               "VIGIL_KAFKA_GROUP_ID": group,
-               "VIGIL_KAFKA_BATCH_SIZE": str(batch_size), "VIGIL_MIGRATE_ON_START": "false",
-               "VIGIL_LOG_LEVEL": "WARNING"}
-        subprocess.run([sys.executable, "-m", "service.cli", "db", "upgrade"], cwd=ROOT, env=env, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = {
+            **os.environ,
+            **FAST_GROUP,
+            "VIGIL_DATABASE_URL": url,
+            "VIGIL_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "VIGIL_KAFKA_CONVERSATIONS_TOPIC": topic,
+            "VIGIL_KAFKA_GROUP_ID": group,
+            "VIGIL_KAFKA_BATCH_SIZE": str(batch_size),
+            "VIGIL_MIGRATE_ON_START": "false",
+            "VIGIL_LOG_LEVEL": "WARNING",
+        }
+        subprocess.run(
+            [sys.executable, "-m", "service.cli", "db", "upgrade"],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         with consumers(n_consumers, env, idle_polls=60) as procs:
             started = time.monotonic()
             # the clock starts once every consumer runs (its /metrics answers): interpreter start-up
@@ -250,8 +291,11 @@ def run_group(bootstrap: str, topic: str, items: list[tuple[str, bytes]], ends: 
                     if res.survivor_partitions == sorted(ends) and sum(map(len, held)) == len(ends):
                         break
                     time.sleep(0.5)
-            res.duplicates_redelivered = sum(scrape(port, "vigil_conversations_duplicate_total") or 0
-                                             for p, port in procs if p is not victim)
+            res.duplicates_redelivered = sum(
+                scrape(port, "vigil_conversations_duplicate_total") or 0
+                for p, port in procs
+                if p is not victim
+            )
             deadline = time.monotonic() + 30
             res.committed_to_end = committed_to_end(bootstrap, topic, group, ends)
             while not res.committed_to_end and time.monotonic() < deadline:
@@ -277,29 +321,43 @@ def _kill_one(procs: list[tuple[Proc, int]], res: RunResult, topic: str) -> Proc
 
 
 def report(results: list[RunResult]) -> None:
-    print(f"{'consumers':>9} {'killed':>6} {'conversations':>13} {'start-up s':>10} {'seconds':>8} "
-          f"{'conv/s':>8} {'steady/s':>9} {'stored once':>11} {'takeover':>9}")
+    print(
+        f"{'consumers':>9} {'killed':>6} {'conversations':>13} {'start-up s':>10} {'seconds':>8} "
+        f"{'conv/s':>8} {'steady/s':>9} {'stored once':>11} {'takeover':>9}"
+    )
     for r in results:
         takeover = f"{len(r.victim_partitions)}->{len(r.survivor_partitions)}" if r.killed else "-"
-        print(f"{r.consumers:>9} {'yes' if r.killed else 'no':>6} {r.conversations:>13,} "
-              f"{r.startup_seconds:>10.1f} {r.seconds:>8.1f} {r.rate:>8,.0f} {r.steady_rate:>9,.0f} "
-              f"{str(r.exactly_once):>11} {takeover:>9}")
+        print(
+            f"{r.consumers:>9} {'yes' if r.killed else 'no':>6} {r.conversations:>13,} "
+            f"{r.startup_seconds:>10.1f} {r.seconds:>8.1f} {r.rate:>8,.0f} {r.steady_rate:>9,.0f} "
+            f"{str(r.exactly_once):>11} {takeover:>9}"
+        )
     base = next((r for r in results if r.consumers == 1), None)
     scaled = next((r for r in results if r.consumers > 1 and not r.killed), None)
     if base and scaled:
-        print(f"speed-up with {scaled.consumers} consumers: {scaled.rate / base.rate:.2f}x end to end, "
-              f"{scaled.steady_rate / base.steady_rate:.2f}x steady")
+        print(
+            f"speed-up with {scaled.consumers} consumers: {scaled.rate / base.rate:.2f}x end to end, "
+            f"{scaled.steady_rate / base.steady_rate:.2f}x steady"
+        )
     for r in results:
         if r.killed:
             after = [c for t, c in r.timeline if t > r.killed_at[0]]
-            print(f"kill run: the killed consumer held partitions {r.victim_partitions}; afterwards the "
-                  f"survivors held {r.survivor_partitions}")
-            print(f"kill run: SIGKILL at {r.killed_at[0]:.1f}s with {r.killed_at[1]:,} stored; the rest "
-                  f"({r.conversations - r.killed_at[1]:,}) stored by the survivors in "
-                  f"{r.seconds - r.killed_at[0]:.1f}s" if after else "kill run:")
-            print(f"kill run: {r.duplicates_redelivered:.0f} conversations redelivered after the kill were "
-                  f"recognised as already stored; offsets committed to the end of every partition: "
-                  f"{r.committed_to_end}")
+            print(
+                f"kill run: the killed consumer held partitions {r.victim_partitions}; afterwards the "
+                f"survivors held {r.survivor_partitions}"
+            )
+            print(
+                f"kill run: SIGKILL at {r.killed_at[0]:.1f}s with {r.killed_at[1]:,} stored; the rest "
+                f"({r.conversations - r.killed_at[1]:,}) stored by the survivors in "
+                f"{r.seconds - r.killed_at[0]:.1f}s"
+                if after
+                else "kill run:"
+            )
+            print(
+                f"kill run: {r.duplicates_redelivered:.0f} conversations redelivered after the kill were "
+                f"recognised as already stored; offsets committed to the end of every partition: "
+                f"{r.committed_to_end}"
+            )
 
 
 def main() -> int:
@@ -309,8 +367,12 @@ def main() -> int:
     ap.add_argument("--consumers", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=500)
     ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--only", choices=["one", "many", "kill"], action="append",
-                    help="Runs to do (default: one, many and kill).")
+    ap.add_argument(
+        "--only",
+        choices=["one", "many", "kill"],
+        action="append",
+        help="Runs to do (default: one, many and kill).",
+    )
     ap.add_argument("--bootstrap", help="Use this broker instead of starting one.")
     args = ap.parse_args()
     runs = args.only or ["one", "many", "kill"]
@@ -320,13 +382,18 @@ def main() -> int:
         t0 = time.monotonic()
         items = simulate(args.conversations, args.seed, Path(tmp) / "conversations.jsonl")
         ends = produce(bootstrap, topic, items)
-        print(f"replayed {len(items):,} conversations from `vigil simulate` into {topic} "
-              f"({args.partitions} partitions) in {time.monotonic() - t0:.1f}s; cpus={os.cpu_count()}")
+        print(
+            f"replayed {len(items):,} conversations from `vigil simulate` into {topic} "
+            f"({args.partitions} partitions) in {time.monotonic() - t0:.1f}s; cpus={os.cpu_count()}"
+        )
         results = []
         for run in runs:
             n_consumers = 1 if run == "one" else args.consumers
-            results.append(run_group(bootstrap, topic, items, ends, n_consumers, kill=run == "kill",
-                                     batch_size=args.batch_size))
+            results.append(
+                run_group(
+                    bootstrap, topic, items, ends, n_consumers, kill=run == "kill", batch_size=args.batch_size
+                )
+            )
             print(f"  done: {run}", flush=True)
         report(results)
     return 0 if all(r.exactly_once and (not r.killed or r.committed_to_end) for r in results) else 1

@@ -38,8 +38,15 @@ SPANS_PER_BATCH = ("vigil.batch", "vigil.decode_rules", "vigil.store", "stage 1"
 
 def per_call_ns() -> tuple[float, float]:
     n = 1_000_000
-    off = min(timeit.repeat(lambda: spans.span("vigil.batch", **{"vigil.source": "kafka"}).__enter__(),
-                            number=n, repeat=5)) / n * 1e9
+    off = (
+        min(
+            timeit.repeat(
+                lambda: spans.span("vigil.batch", **{"vigil.source": "kafka"}).__enter__(), number=n, repeat=5
+            )
+        )
+        / n
+        * 1e9
+    )
     floor = min(timeit.repeat(lambda: contextlib.nullcontext().__enter__(), number=n, repeat=5)) / n * 1e9
     return off, floor
 
@@ -53,7 +60,7 @@ def run_pipeline(raws: list[bytes], batch: int, rounds: int, tmp: Path, label: s
         envs = [Envelope(r, "kafka", "conversations", 0, j) for j, r in enumerate(raws)]
         t0 = time.perf_counter()
         for k in range(0, len(envs), batch):
-            rt.pipeline.process_raw(envs[k:k + batch])
+            rt.pipeline.process_raw(envs[k : k + batch])
         rates.append(len(raws) / (time.perf_counter() - t0))
         rt.close()
     return max(rates)
@@ -86,13 +93,17 @@ def main() -> int:
     spread = {k: (statistics.pstdev(v) / statistics.mean(v) * 100) for k, v in results.items()}
     calls = len(SPANS_PER_BATCH)
     batch_ms = args.batch / best["off"] * 1000
-    print(f"(b) pipeline, {args.conversations:,} conversations in batches of {args.batch}, "
-          f"best of {args.rounds}:")
+    print(
+        f"(b) pipeline, {args.conversations:,} conversations in batches of {args.batch}, "
+        f"best of {args.rounds}:"
+    )
     for k, label in (("off", "tracing off (default)"), ("on", "tracing on, in-memory export")):
         print(f"    {label:<30} {best[k]:>8,.0f} conversations/s  (run-to-run spread {spread[k]:.1f}%)")
     share = calls * off_ns / 1e6 / batch_ms * 100
-    print(f"    off: {calls} span calls per {batch_ms:.0f} ms batch = {share:.5f}% of its time; "
-          f"on costs {(best['off'] - best['on']) / best['off'] * 100:+.1f}% throughput")
+    print(
+        f"    off: {calls} span calls per {batch_ms:.0f} ms batch = {share:.5f}% of its time; "
+        f"on costs {(best['off'] - best['on']) / best['off'] * 100:+.1f}% throughput"
+    )
     return 0
 
 

@@ -54,14 +54,20 @@ def show_settings(
     if markdown:
         print("| variable | default | description |\n|---|---|---|")
         for name, field in Settings.model_fields.items():
-            default = field.default.get_secret_value() if isinstance(field.default, SecretStr) else field.default
-            shown = str(default).replace(str(Settings.model_fields["judges_dir"].default).rsplit("/", 1)[0], ".")
+            default = (
+                field.default.get_secret_value() if isinstance(field.default, SecretStr) else field.default
+            )
+            shown = str(default).replace(
+                str(Settings.model_fields["judges_dir"].default).rsplit("/", 1)[0], "."
+            )
             print(f"| `VIGIL_{name.upper()}` | `{shown}` | {field.description} |")
         return
     s = _settings()
     for name in Settings.model_fields:
         value = getattr(s, name)
-        print(f"VIGIL_{name.upper()}={'********' if isinstance(value, SecretStr) and value.get_secret_value() else value}")
+        print(
+            f"VIGIL_{name.upper()}={'********' if isinstance(value, SecretStr) and value.get_secret_value() else value}"
+        )
 
 
 @app.command()
@@ -117,7 +123,9 @@ def consume(
 
 @app.command()
 def replay(
-    files: Annotated[list[Path], typer.Argument(help="Recorded conversation files.", exists=True, dir_okay=False)],
+    files: Annotated[
+        list[Path], typer.Argument(help="Recorded conversation files.", exists=True, dir_okay=False)
+    ],
     format: Annotated[str, typer.Option("--format", help="auto, openai, tau2 or tau-bench.")] = "auto",
     to_kafka: Annotated[bool, typer.Option("--to-kafka", help="Produce to the conversations topic.")] = False,
     agent_id: Annotated[str | None, typer.Option(help="Override the agent id.")] = None,
@@ -146,8 +154,11 @@ def replay(
                 _fail(VigilError("--to-kafka needs VIGIL_KAFKA_BOOTSTRAP_SERVERS"))
             producer = kafka_producer(s.kafka_bootstrap_servers)
             for c in convs:
-                producer.send(s.kafka_conversations_topic, key=c.conversation_id.encode(),
-                              value=c.model_dump_json(exclude_none=True).encode())
+                producer.send(
+                    s.kafka_conversations_topic,
+                    key=c.conversation_id.encode(),
+                    value=c.model_dump_json(exclude_none=True).encode(),
+                )
                 progress.advance(task)
             producer.flush(timeout=120)
             producer.close()
@@ -169,12 +180,16 @@ def replay(
 @app.command()
 def simulate(
     count: Annotated[int, typer.Option(help="Conversations to generate (0 = until stopped).")] = 1000,
-    versions: Annotated[str, typer.Option(help="version:failure_rate[:weight],...")] = "v1.4.0:0.04,v1.5.0:0.12",
+    versions: Annotated[
+        str, typer.Option(help="version:failure_rate[:weight],...")
+    ] = "v1.4.0:0.04,v1.5.0:0.12",
     agent_id: Annotated[str, typer.Option(help="Agent id.")] = "support-bot",
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     rate: Annotated[float, typer.Option(help="Conversations per second (0 = as fast as possible).")] = 0.0,
     out: Annotated[Path | None, typer.Option(help="Write JSONL here instead of sending.")] = None,
-    url: Annotated[str | None, typer.Option(help="POST to this Vigil base URL (e.g. http://127.0.0.1:8000).")] = None,
+    url: Annotated[
+        str | None, typer.Option(help="POST to this Vigil base URL (e.g. http://127.0.0.1:8000).")
+    ] = None,
     api_key: Annotated[str | None, typer.Option(envvar="VIGIL_API_KEY", help="Key for --url.")] = None,
     to_kafka: Annotated[bool, typer.Option("--to-kafka", help="Produce to the conversations topic.")] = False,
     outcomes: Annotated[bool, typer.Option(help="Also emit outcome signals.")] = True,
@@ -226,13 +241,16 @@ def _make_sink(out: Path | None, url: str | None, api_key: str | None, to_kafka:
         client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_key or ''}"}, timeout=60)
 
         def to_http(convs: list[dict[str, Any]], outs: list[dict[str, Any]]) -> None:
-            r = client.post("/v1/conversations", content=orjson.dumps(convs),
-                            headers={"content-type": "application/json"})
+            r = client.post(
+                "/v1/conversations", content=orjson.dumps(convs), headers={"content-type": "application/json"}
+            )
             if r.status_code >= 400:
                 console.print(f"[red]POST /v1/conversations: {r.status_code} {r.text[:300]}[/red]")
                 raise typer.Exit(1)
             if outs:
-                r = client.post("/v1/outcomes", content=orjson.dumps(outs), headers={"content-type": "application/json"})
+                r = client.post(
+                    "/v1/outcomes", content=orjson.dumps(outs), headers={"content-type": "application/json"}
+                )
                 if r.status_code >= 400 and r.status_code != 404:
                     console.print(f"[yellow]POST /v1/outcomes: {r.status_code} {r.text[:200]}[/yellow]")
 
@@ -247,9 +265,13 @@ def _make_sink(out: Path | None, url: str | None, api_key: str | None, to_kafka:
 
         def to_topic(convs: list[dict[str, Any]], outs: list[dict[str, Any]]) -> None:
             for c in convs:
-                producer.send(s.kafka_conversations_topic, key=c["conversation_id"].encode(), value=orjson.dumps(c))
+                producer.send(
+                    s.kafka_conversations_topic, key=c["conversation_id"].encode(), value=orjson.dumps(c)
+                )
             for o in outs:
-                producer.send(s.kafka_outcomes_topic, key=o["conversation_id"].encode(), value=orjson.dumps(o))
+                producer.send(
+                    s.kafka_outcomes_topic, key=o["conversation_id"].encode(), value=orjson.dumps(o)
+                )
             producer.flush(timeout=60)
 
         return to_topic

@@ -8,10 +8,10 @@ with backoff, and offsets stay where they were until it is stored.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -57,15 +57,25 @@ def kafka_consumer(runtime: Runtime, topics: list[str], client_id: str | None = 
 def kafka_producer(bootstrap: str, **overrides: Any):  # type: ignore[no-untyped-def]
     from kafka import KafkaProducer
 
-    params: dict[str, Any] = dict(bootstrap_servers=bootstrap.split(","), acks="all", linger_ms=5,
-                                  retries=5, max_request_size=8 * 1024 * 1024)
+    params: dict[str, Any] = dict(
+        bootstrap_servers=bootstrap.split(","),
+        acks="all",
+        linger_ms=5,
+        retries=5,
+        max_request_size=8 * 1024 * 1024,
+    )
     params.update(overrides)
     return KafkaProducer(**params)
 
 
 class ConsumerWorker:
-    def __init__(self, runtime: Runtime, consumer: Any, handlers: dict[str, Handler] | None = None,
-                 dead_letter_producer: Any = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        consumer: Any,
+        handlers: dict[str, Handler] | None = None,
+        dead_letter_producer: Any = None,
+    ) -> None:
         self.runtime = runtime
         self.consumer = consumer
         s = runtime.settings
@@ -80,10 +90,15 @@ class ConsumerWorker:
         if self.dlq_producer and result.dead_letters:
             topic = self.runtime.settings.kafka_dead_letter_topic
             for d in result.dead_letters:
-                headers = [("vigil-reason", d.reason.encode()), ("vigil-source-topic", (d.topic or "").encode()),
-                           ("vigil-source-partition", str(d.partition).encode()),
-                           ("vigil-source-offset", str(d.offset).encode())]
-                self.dlq_producer.send(topic, value=d.raw, key=(d.key or "").encode() or None, headers=headers)
+                headers = [
+                    ("vigil-reason", d.reason.encode()),
+                    ("vigil-source-topic", (d.topic or "").encode()),
+                    ("vigil-source-partition", str(d.partition).encode()),
+                    ("vigil-source-offset", str(d.offset).encode()),
+                ]
+                self.dlq_producer.send(
+                    topic, value=d.raw, key=(d.key or "").encode() or None, headers=headers
+                )
             self.dlq_producer.flush(timeout=30)
         return result
 
@@ -96,7 +111,9 @@ class ConsumerWorker:
         idle = 0
         try:
             while not self.stopping.is_set():
-                records = self.consumer.poll(timeout_ms=s.kafka_poll_timeout_ms, max_records=s.kafka_batch_size)
+                records = self.consumer.poll(
+                    timeout_ms=s.kafka_poll_timeout_ms, max_records=s.kafka_batch_size
+                )
                 self._update_lag()
                 if not records:
                     idle += 1
@@ -116,8 +133,16 @@ class ConsumerWorker:
             bucket = by_topic.setdefault(tp.topic, [])
             for m in msgs:
                 key = m.key.decode("utf-8", "replace") if isinstance(m.key, bytes) else m.key
-                bucket.append(Envelope(m.value if m.value is not None else b"", "kafka", tp.topic, tp.partition,
-                                       m.offset, key))
+                bucket.append(
+                    Envelope(
+                        m.value if m.value is not None else b"",
+                        "kafka",
+                        tp.topic,
+                        tp.partition,
+                        m.offset,
+                        key,
+                    )
+                )
         for topic, envelopes in by_topic.items():
             handler = self.handlers.get(topic)
             if handler is None:
@@ -163,7 +188,11 @@ class ConsumerWorker:
             if high is None:
                 continue
             try:
-                pos = self.consumer.position(tp, timeout_ms=1000) if hasattr(self.consumer, "position") else None
+                pos = (
+                    self.consumer.position(tp, timeout_ms=1000)
+                    if hasattr(self.consumer, "position")
+                    else None
+                )
             except Exception:  # position lookups can fail during a rebalance; lag is best effort
                 continue
             if pos is None:
@@ -171,10 +200,8 @@ class ConsumerWorker:
             current.add((tp.topic, tp.partition))
             m.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, high - pos))
         for gone in self._lag_partitions - current:
-            try:
+            with contextlib.suppress(KeyError):
                 m.consumer_lag.remove(gone[0], str(gone[1]))
-            except KeyError:
-                pass
         self._lag_partitions = current
 
     def _close(self) -> None:

@@ -43,169 +43,381 @@ class Metrics:
         self.label = LabelGuard(max_label_values)
 
         self.conversations_processed = Counter(
-            "conversations_processed_total", "Conversations (new or superseding revisions) checked and stored.",
-            ["agent", "agent_version", "source"], namespace=NS, registry=r)
+            "conversations_processed_total",
+            "Conversations (new or superseding revisions) checked and stored.",
+            ["agent", "agent_version", "source"],
+            namespace=NS,
+            registry=r,
+        )
         self.conversations_duplicate = Counter(
-            "conversations_duplicate_total", "Messages whose revision was already stored (redeliveries, replays).",
-            ["source"], namespace=NS, registry=r)
+            "conversations_duplicate_total",
+            "Messages whose revision was already stored (redeliveries, replays).",
+            ["source"],
+            namespace=NS,
+            registry=r,
+        )
         self.findings = Counter(
-            "findings_total", "Rule findings.", ["rule", "severity", "agent", "agent_version"], namespace=NS, registry=r)
+            "findings_total",
+            "Rule findings.",
+            ["rule", "severity", "agent", "agent_version"],
+            namespace=NS,
+            registry=r,
+        )
         self.conversations_flagged = Counter(
-            "conversations_flagged_total", "Conversations with at least one finding.",
-            ["agent", "agent_version", "severity"], namespace=NS, registry=r)
+            "conversations_flagged_total",
+            "Conversations with at least one finding.",
+            ["agent", "agent_version", "severity"],
+            namespace=NS,
+            registry=r,
+        )
         self.processing_seconds = Histogram(
-            "processing_seconds", "Time to decode, check and store one batch, per conversation.",
-            ["stage"], namespace=NS, registry=r,
-            buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0))
+            "processing_seconds",
+            "Time to decode, check and store one batch, per conversation.",
+            ["stage"],
+            namespace=NS,
+            registry=r,
+            buckets=(
+                0.00005,
+                0.0001,
+                0.00025,
+                0.0005,
+                0.001,
+                0.0025,
+                0.005,
+                0.01,
+                0.025,
+                0.05,
+                0.1,
+                0.5,
+                1.0,
+            ),
+        )
         self.batch_size = Histogram(
-            "batch_size_conversations", "Conversations per stored batch.", namespace=NS, registry=r,
-            buckets=(1, 5, 10, 50, 100, 250, 500, 1000, 5000))
+            "batch_size_conversations",
+            "Conversations per stored batch.",
+            namespace=NS,
+            registry=r,
+            buckets=(1, 5, 10, 50, 100, 250, 500, 1000, 5000),
+        )
         self.consumer_lag = Gauge(
-            "consumer_lag_messages", "Messages behind the partition's end, per assigned partition.",
-            ["topic", "partition"], namespace=NS, registry=r)
+            "consumer_lag_messages",
+            "Messages behind the partition's end, per assigned partition.",
+            ["topic", "partition"],
+            namespace=NS,
+            registry=r,
+        )
         self.consumer_assigned_partitions = Gauge(
-            "consumer_assigned_partitions", "Partitions assigned to this consumer.", namespace=NS, registry=r)
+            "consumer_assigned_partitions", "Partitions assigned to this consumer.", namespace=NS, registry=r
+        )
         self.dead_letters = Counter(
-            "dead_letters_total", "Messages set aside as dead letters.", ["reason", "source"], namespace=NS, registry=r)
+            "dead_letters_total",
+            "Messages set aside as dead letters.",
+            ["reason", "source"],
+            namespace=NS,
+            registry=r,
+        )
         self.ingest_errors = Counter(
-            "ingest_errors_total", "Ingest failures that were retried (database, broker).", ["stage"],
-            namespace=NS, registry=r)
+            "ingest_errors_total",
+            "Ingest failures that were retried (database, broker).",
+            ["stage"],
+            namespace=NS,
+            registry=r,
+        )
         self.rule_errors = Counter(
-            "rule_errors_total", "Rule functions that raised on a conversation.", ["rule"], namespace=NS, registry=r)
+            "rule_errors_total",
+            "Rule functions that raised on a conversation.",
+            ["rule"],
+            namespace=NS,
+            registry=r,
+        )
         self.rules_loaded = Gauge("rules_loaded", "Rules loaded from rule packs.", namespace=NS, registry=r)
         self.outcomes = Counter(
-            "outcomes_total", "Outcome signals received.", ["type", "agent", "agent_version"],
-            namespace=NS, registry=r)
+            "outcomes_total",
+            "Outcome signals received.",
+            ["type", "agent", "agent_version"],
+            namespace=NS,
+            registry=r,
+        )
         self.build_info = Gauge("build_info", "Vigil version.", ["version"], namespace=NS, registry=r)
 
         # --- judge metrics ---
         per_version = ["judge", "judge_version", "agent", "agent_version"]
         self.judge_eligible = Counter(
-            "judge_eligible_total", "Stored conversations a judge applies to.", per_version,
-            namespace=NS, registry=r)
+            "judge_eligible_total",
+            "Stored conversations a judge applies to.",
+            per_version,
+            namespace=NS,
+            registry=r,
+        )
         self.judge_sampled = Counter(
-            "judge_sampled_total", "Judge requests enqueued, by reason (sampled, flagged, outcome, min_per_hour, "
-            "manual).", [*per_version, "reason"], namespace=NS, registry=r)
+            "judge_sampled_total",
+            "Judge requests enqueued, by reason (sampled, flagged, outcome, min_per_hour, manual).",
+            [*per_version, "reason"],
+            namespace=NS,
+            registry=r,
+        )
         self.judge_judged = Counter(
-            "judge_judged_total", "Conversations judged (any verdict).", per_version, namespace=NS, registry=r)
+            "judge_judged_total", "Conversations judged (any verdict).", per_version, namespace=NS, registry=r
+        )
         self.judge_verdicts = Counter(
-            "judge_verdicts_total", "Verdicts by judge, verdict and agent version.",
-            ["judge", "judge_version", "verdict", "agent", "agent_version", "offline"], namespace=NS, registry=r)
+            "judge_verdicts_total",
+            "Verdicts by judge, verdict and agent version.",
+            ["judge", "judge_version", "verdict", "agent", "agent_version", "offline"],
+            namespace=NS,
+            registry=r,
+        )
         self.judge_score = Histogram(
-            "judge_score", "Scores (0..1) of scored verdicts.", ["judge", "judge_version"], namespace=NS, registry=r,
-            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0))
+            "judge_score",
+            "Scores (0..1) of scored verdicts.",
+            ["judge", "judge_version"],
+            namespace=NS,
+            registry=r,
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+        )
         self.judge_latency_seconds = Histogram(
-            "judge_latency_seconds", "Model call latency of one judgement attempt.", ["judge"], namespace=NS,
-            registry=r, buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120))
+            "judge_latency_seconds",
+            "Model call latency of one judgement attempt.",
+            ["judge"],
+            namespace=NS,
+            registry=r,
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120),
+        )
         self.judge_cost_usd = Counter(
-            "judge_cost_usd_total", "Spend on judge model calls (litellm's cost figures).", ["judge", "model"],
-            namespace=NS, registry=r)
+            "judge_cost_usd_total",
+            "Spend on judge model calls (litellm's cost figures).",
+            ["judge", "model"],
+            namespace=NS,
+            registry=r,
+        )
         self.judge_tokens = Counter(
-            "judge_tokens_total", "Tokens used by judge model calls.", ["judge", "kind"], namespace=NS, registry=r)
+            "judge_tokens_total",
+            "Tokens used by judge model calls.",
+            ["judge", "kind"],
+            namespace=NS,
+            registry=r,
+        )
         self.judge_errors = Counter(
-            "judge_errors_total", "Judge model call errors by class (retryable, config, rejected, parse, "
-            "gave_up).", ["judge", "class"], namespace=NS, registry=r)
+            "judge_errors_total",
+            "Judge model call errors by class (retryable, config, rejected, parse, gave_up).",
+            ["judge", "class"],
+            namespace=NS,
+            registry=r,
+        )
         self.judge_queue_depth = Gauge(
-            "judge_queue_depth", "Judge requests pending or running.", ["judge"], namespace=NS, registry=r)
+            "judge_queue_depth", "Judge requests pending or running.", ["judge"], namespace=NS, registry=r
+        )
         self.judge_state = Gauge(
-            "judge_state", "1 for the judge's current state (running, paused_budget, stopped_config_error, "
-            "circuit_open).", ["judge", "state"], namespace=NS, registry=r)
+            "judge_state",
+            "1 for the judge's current state (running, paused_budget, stopped_config_error, circuit_open).",
+            ["judge", "state"],
+            namespace=NS,
+            registry=r,
+        )
         self.judge_budget_used_usd = Gauge(
-            "judge_budget_used_usd", "Spend of the current UTC day.", ["judge"], namespace=NS, registry=r)
+            "judge_budget_used_usd", "Spend of the current UTC day.", ["judge"], namespace=NS, registry=r
+        )
         self.judge_budget_usd = Gauge(
-            "judge_budget_usd", "Daily spend cap.", ["judge"], namespace=NS, registry=r)
+            "judge_budget_usd", "Daily spend cap.", ["judge"], namespace=NS, registry=r
+        )
         self.judge_pairwise = Counter(
-            "judge_pairwise_total", "Pairwise comparisons by result (a, b, tie, position_bias, unscored).",
-            ["judge", "result"], namespace=NS, registry=r)
+            "judge_pairwise_total",
+            "Pairwise comparisons by result (a, b, tie, position_bias, unscored).",
+            ["judge", "result"],
+            namespace=NS,
+            registry=r,
+        )
         # --- end judge metrics ---
 
         # --- review metrics ---
         self.review_enqueued = Counter(
-            "review_enqueued_total", "Conversations that entered the review queue, by first reason kind.",
-            ["reason"], namespace=NS, registry=r)
+            "review_enqueued_total",
+            "Conversations that entered the review queue, by first reason kind.",
+            ["reason"],
+            namespace=NS,
+            registry=r,
+        )
         self.review_reasons = Counter(
-            "review_reasons_total", "Reasons added to review items (first or later signals).", ["reason"],
-            namespace=NS, registry=r)
+            "review_reasons_total",
+            "Reasons added to review items (first or later signals).",
+            ["reason"],
+            namespace=NS,
+            registry=r,
+        )
         self.review_claims = Counter(
-            "review_claims_total", "Claim attempts by result (claimed, empty, conflict).", ["result"],
-            namespace=NS, registry=r)
+            "review_claims_total",
+            "Claim attempts by result (claimed, empty, conflict).",
+            ["result"],
+            namespace=NS,
+            registry=r,
+        )
         self.review_labels = Counter(
-            "review_labels_total", "Labels saved by reviewers (including changed labels).", ["label"],
-            namespace=NS, registry=r)
+            "review_labels_total",
+            "Labels saved by reviewers (including changed labels).",
+            ["label"],
+            namespace=NS,
+            registry=r,
+        )
         self.review_queue_open_items = Gauge(
-            "review_queue_open_items", "Review items waiting for a reviewer (read from the database at scrape).",
-            namespace=NS, registry=r)
+            "review_queue_open_items",
+            "Review items waiting for a reviewer (read from the database at scrape).",
+            namespace=NS,
+            registry=r,
+        )
         self.review_label_seconds = Histogram(
-            "review_label_seconds", "Time from claim to label.", namespace=NS, registry=r,
-            buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 3600))
+            "review_label_seconds",
+            "Time from claim to label.",
+            namespace=NS,
+            registry=r,
+            buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 3600),
+        )
         # --- end review metrics ---
 
         # --- outcomes and detector metrics ---
         self.outcomes_received = Counter(
-            "outcomes_received_total", "Outcome signals stored (new idempotency keys).", ["type", "source"],
-            namespace=NS, registry=r)
+            "outcomes_received_total",
+            "Outcome signals stored (new idempotency keys).",
+            ["type", "source"],
+            namespace=NS,
+            registry=r,
+        )
         self.outcomes_duplicate = Counter(
-            "outcomes_duplicate_total", "Outcome signals whose idempotency key was already stored.", ["source"],
-            namespace=NS, registry=r)
+            "outcomes_duplicate_total",
+            "Outcome signals whose idempotency key was already stored.",
+            ["source"],
+            namespace=NS,
+            registry=r,
+        )
         self.outcomes_outside_window = Counter(
-            "outcomes_outside_window_total", "Outcomes joined to a conversation but outside the attribution window.",
-            ["type"], namespace=NS, registry=r)
+            "outcomes_outside_window_total",
+            "Outcomes joined to a conversation but outside the attribution window.",
+            ["type"],
+            namespace=NS,
+            registry=r,
+        )
         quality = ["signal", "agent", "agent_version"]
         self.quality_rate = Gauge(
-            "quality_rate", "Rate of a quality signal per agent version (failures per conversation).", quality,
-            namespace=NS, registry=r)
+            "quality_rate",
+            "Rate of a quality signal per agent version (failures per conversation).",
+            quality,
+            namespace=NS,
+            registry=r,
+        )
         self.quality_rate_lower = Gauge(
-            "quality_rate_lower", "Lower bound of the 95% Wilson interval of vigil_quality_rate.", quality,
-            namespace=NS, registry=r)
+            "quality_rate_lower",
+            "Lower bound of the 95% Wilson interval of vigil_quality_rate.",
+            quality,
+            namespace=NS,
+            registry=r,
+        )
         self.quality_rate_upper = Gauge(
-            "quality_rate_upper", "Upper bound of the 95% Wilson interval of vigil_quality_rate.", quality,
-            namespace=NS, registry=r)
+            "quality_rate_upper",
+            "Upper bound of the 95% Wilson interval of vigil_quality_rate.",
+            quality,
+            namespace=NS,
+            registry=r,
+        )
         self.quality_observations = Gauge(
-            "quality_observations", "Conversations (or scored verdicts) behind vigil_quality_rate.", quality,
-            namespace=NS, registry=r)
+            "quality_observations",
+            "Conversations (or scored verdicts) behind vigil_quality_rate.",
+            quality,
+            namespace=NS,
+            registry=r,
+        )
         self.quality_baseline_rate = Gauge(
-            "quality_baseline_rate", "Baseline rate the detector compares a version against.", quality,
-            namespace=NS, registry=r)
+            "quality_baseline_rate",
+            "Baseline rate the detector compares a version against.",
+            quality,
+            namespace=NS,
+            registry=r,
+        )
         self.regression_detected = Gauge(
-            "regression_detected", "1 while the detector holds a signal of a version to have regressed.", quality,
-            namespace=NS, registry=r)
+            "regression_detected",
+            "1 while the detector holds a signal of a version to have regressed.",
+            quality,
+            namespace=NS,
+            registry=r,
+        )
         self.detector_statistic = Gauge(
-            "detector_statistic", "CUSUM log-likelihood-ratio statistic; alarms at vigil_detector_threshold.",
-            quality, namespace=NS, registry=r)
+            "detector_statistic",
+            "CUSUM log-likelihood-ratio statistic; alarms at vigil_detector_threshold.",
+            quality,
+            namespace=NS,
+            registry=r,
+        )
         self.detector_threshold = Gauge(
-            "detector_threshold", "CUSUM alarm threshold log(ARL0 x number of CUSUMs).", namespace=NS, registry=r)
+            "detector_threshold",
+            "CUSUM alarm threshold log(ARL0 x number of CUSUMs).",
+            namespace=NS,
+            registry=r,
+        )
         self.detector_leader = Gauge(
-            "detector_leader", "1 if this process holds the detector lease.", namespace=NS, registry=r)
+            "detector_leader", "1 if this process holds the detector lease.", namespace=NS, registry=r
+        )
         self.detector_ticks = Counter(
-            "detector_ticks_total", "Detector passes over newly stored data.", ["result"], namespace=NS, registry=r)
+            "detector_ticks_total",
+            "Detector passes over newly stored data.",
+            ["result"],
+            namespace=NS,
+            registry=r,
+        )
         self.detector_last_run = Gauge(
-            "detector_last_run_timestamp_seconds", "When the detector state was last refreshed.",
-            namespace=NS, registry=r)
+            "detector_last_run_timestamp_seconds",
+            "When the detector state was last refreshed.",
+            namespace=NS,
+            registry=r,
+        )
         self.detections = Counter(
-            "detections_total", "Regressions the detector started.", ["signal", "agent", "agent_version"],
-            namespace=NS, registry=r)
+            "detections_total",
+            "Regressions the detector started.",
+            ["signal", "agent", "agent_version"],
+            namespace=NS,
+            registry=r,
+        )
         # --- end outcomes and detector metrics ---
 
         # --- calibration metrics ---
         self.export_tasks = Counter(
-            "export_tasks_total", "Eval tasks exported from confirmed failures, by format.", ["format"],
-            namespace=NS, registry=r)
+            "export_tasks_total",
+            "Eval tasks exported from confirmed failures, by format.",
+            ["format"],
+            namespace=NS,
+            registry=r,
+        )
         self.export_grouped = Counter(
-            "export_grouped_total", "Confirmed failures folded into an earlier task as near-duplicates, by format.",
-            ["format"], namespace=NS, registry=r)
+            "export_grouped_total",
+            "Confirmed failures folded into an earlier task as near-duplicates, by format.",
+            ["format"],
+            namespace=NS,
+            registry=r,
+        )
         self.export_redactions = Counter(
-            "export_redactions_total", "PII matches redacted from exported tasks, by kind.", ["kind"],
-            namespace=NS, registry=r)
+            "export_redactions_total",
+            "PII matches redacted from exported tasks, by kind.",
+            ["kind"],
+            namespace=NS,
+            registry=r,
+        )
         self.calibration_runs = Counter(
-            "calibration_runs_total", "Calibration reports computed by `vigil calibrate` or the API, by result state.",
-            ["state"], namespace=NS, registry=r)
+            "calibration_runs_total",
+            "Calibration reports computed by `vigil calibrate` or the API, by result state.",
+            ["state"],
+            namespace=NS,
+            registry=r,
+        )
         # --- end calibration metrics ---
 
         # --- tracing metrics ---
         self.otlp_spans = Counter(
-            "otlp_spans_total", "Spans received at POST /v1/traces, by what became of them.", ["outcome"],
-            namespace=NS, registry=r)
+            "otlp_spans_total",
+            "Spans received at POST /v1/traces, by what became of them.",
+            ["outcome"],
+            namespace=NS,
+            registry=r,
+        )
         self.otlp_conversations = Counter(
-            "otlp_conversation_revisions_total", "Conversation revisions assembled from OTLP spans.",
-            namespace=NS, registry=r)
+            "otlp_conversation_revisions_total",
+            "Conversation revisions assembled from OTLP spans.",
+            namespace=NS,
+            registry=r,
+        )
         # --- end tracing metrics ---

@@ -82,8 +82,18 @@ class Pipeline:
             try:
                 conv = decode_conversation(env.raw, limit)
             except DecodeError as exc:
-                dead.append(DeadLetter(env.source, exc.reason, exc.detail, env.raw, env.topic, env.partition,
-                                       env.offset, env.key))
+                dead.append(
+                    DeadLetter(
+                        env.source,
+                        exc.reason,
+                        exc.detail,
+                        env.raw,
+                        env.topic,
+                        env.partition,
+                        env.offset,
+                        env.key,
+                    )
+                )
                 continue
             checked.append(self.check(conv, env.raw.decode() if isinstance(env.raw, bytes) else env.raw))
         return checked, dead
@@ -111,8 +121,10 @@ class Pipeline:
 
     def store(self, checked: list[Checked], dead: list[DeadLetter], source: str) -> BatchResult:
         """Write one batch in one transaction; raises on database errors (the caller retries)."""
-        with span("vigil.store", **{"vigil.conversations": len(checked)}) as store_span, \
-                self.sessions.begin() as session:
+        with (
+            span("vigil.store", **{"vigil.conversations": len(checked)}) as store_span,
+            self.sessions.begin() as session,
+        ):
             stored = store_conversations(session, checked)
             store_dead_letters(session, dead, self.settings.dead_letter_raw_bytes)
             store_span.set_attribute("vigil.stored", len(stored))

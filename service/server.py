@@ -66,16 +66,20 @@ def start_metrics_server(rt: Runtime) -> None:
     from prometheus_client import start_http_server
 
     if rt.settings.metrics_port:
-        start_http_server(rt.settings.metrics_port, addr=rt.settings.metrics_host, registry=rt.metrics.registry)
+        start_http_server(
+            rt.settings.metrics_port, addr=rt.settings.metrics_host, registry=rt.metrics.registry
+        )
         log.info("metrics on %s:%d/metrics", rt.settings.metrics_host, rt.settings.metrics_port)
 
 
 def build_server_app(
-    settings: Settings, demo: bool = False, demo_rate: float = 20.0, demo_versions: str = "v1.4.0:0.04,v1.5.0:0.12",
+    settings: Settings,
+    demo: bool = False,
+    demo_rate: float = 20.0,
+    demo_versions: str = "v1.4.0:0.04,v1.5.0:0.12",
     runtime: Runtime | None = None,
 ) -> FastAPI:
     from .api.app import create_app
-
     from .wiring import wire
 
     rt = runtime or wire(build_runtime(settings), {"serve"})

@@ -81,7 +81,8 @@ class Settings(BaseSettings):
 
     # --- judge (issue: LLM judge) ---
     judge_enabled: bool = Field(
-        default=True, description="Load judges from VIGIL_JUDGES_DIR; false turns sampling and the worker off."
+        default=True,
+        description="Load judges from VIGIL_JUDGES_DIR; false turns sampling and the worker off.",
     )
     judge_mode: Literal["auto", "live", "offline"] = Field(
         default="auto",
@@ -105,7 +106,9 @@ class Settings(BaseSettings):
     )
     judge_retry_max_seconds: float = Field(default=300.0, gt=0, description="Longest retry delay.")
     judge_circuit_failures: int = Field(
-        default=8, ge=1, description="Consecutive retryable failures of a judge's model that open its circuit."
+        default=8,
+        ge=1,
+        description="Consecutive retryable failures of a judge's model that open its circuit.",
     )
     judge_circuit_cooldown_seconds: float = Field(
         default=30.0, gt=0, description="How long an open circuit waits before one probe call."
@@ -126,7 +129,9 @@ class Settings(BaseSettings):
         "empty = the built-in service/review/flagging.yaml.",
     )
     review_lease_seconds: int = Field(
-        default=600, ge=10, description="How long a claimed review item stays with its reviewer unless extended."
+        default=600,
+        ge=10,
+        description="How long a claimed review item stays with its reviewer unless extended.",
     )
     review_session_secret: SecretStr = Field(
         default=SecretStr(""),
@@ -147,21 +152,27 @@ class Settings(BaseSettings):
         description="Custom outcome types as name:kind,... where kind is bad (higher is worse), good or score.",
     )
     outcome_attribution_window_hours: float = Field(
-        default=168.0, gt=0,
+        default=168.0,
+        gt=0,
         description="An outcome counts toward its conversation's version only if it occurs within this many "
         "hours after the conversation ended.",
     )
     compare_max_sample: int = Field(
-        default=20_000, ge=100, description="Most recent conversations per version used for bootstrap intervals."
+        default=20_000,
+        ge=100,
+        description="Most recent conversations per version used for bootstrap intervals.",
     )
     compare_bootstrap_resamples: int = Field(
         default=1000, ge=100, description="Bootstrap resamples for intervals of means and p95 latency."
     )
     detector_interval_seconds: float = Field(
-        default=15.0, gt=0, description="How often the detector folds newly stored conversations into its state."
+        default=15.0,
+        gt=0,
+        description="How often the detector folds newly stored conversations into its state.",
     )
     detector_settle_seconds: float = Field(
-        default=30.0, ge=0,
+        default=30.0,
+        ge=0,
         description="The detector reads conversations received at least this long ago (lets outcomes and "
         "in-flight transactions land first).",
     )
@@ -169,7 +180,8 @@ class Settings(BaseSettings):
         default=60.0, gt=0, description="Lease that elects the one active detector; renewed every tick."
     )
     detector_arl0: float = Field(
-        default=200_000.0, gt=10,
+        default=200_000.0,
+        gt=10,
         description="Guaranteed minimum of conversations between false alarms per signal; the CUSUM threshold "
         "is log(ARL0 x number of shifts).",
     )
@@ -178,32 +190,42 @@ class Settings(BaseSettings):
         description="Relative rises of a failure rate the CUSUMs are tuned to detect (comma-separated ratios).",
     )
     detector_min_abs_shift: float = Field(
-        default=0.005, gt=0, description="Smallest absolute rise of a rate the detector is tuned to (rare signals)."
+        default=0.005,
+        gt=0,
+        description="Smallest absolute rise of a rate the detector is tuned to (rare signals).",
     )
     detector_min_baseline: int = Field(
         default=500, ge=10, description="Conversations the baseline needs before a version is monitored."
     )
     detector_baseline_confidence: float = Field(
-        default=0.9, ge=0.5, lt=1.0,
+        default=0.9,
+        ge=0.5,
+        lt=1.0,
         description="The baseline rate used is the upper bound of its one-sided interval at this confidence, "
         "so a noisy baseline does not cause false alarms.",
     )
     detector_self_baseline_hours: float = Field(
-        default=24.0, gt=0,
+        default=24.0,
+        gt=0,
         description="A version without a previous version is compared with its own traffic older than this.",
     )
     detector_retire_hours: float = Field(
-        default=24.0, gt=0,
+        default=24.0,
+        gt=0,
         description="A version without traffic for this long is no longer exported and its detections close.",
     )
     # --- end outcomes ---
 
     # --- calibration and export ---
     calibration_min_labels: int = Field(
-        default=50, ge=1, description="Scored human labels a judge version needs before it can count as calibrated."
+        default=50,
+        ge=1,
+        description="Scored human labels a judge version needs before it can count as calibrated.",
     )
     calibration_min_kappa: float = Field(
-        default=0.6, ge=-1, le=1,
+        default=0.6,
+        ge=-1,
+        le=1,
         description="Cohen's kappa with human labels a judge version needs to count as calibrated.",
     )
     calibration_correction_labels: Literal["sampled", "all"] = Field(
@@ -213,7 +235,7 @@ class Settings(BaseSettings):
     )
     export_redact_patterns: dict[str, str] = Field(
         default_factory=dict,
-        description='Extra PII patterns redacted on export besides emails, phones and card numbers, as JSON '
+        description="Extra PII patterns redacted on export besides emails, phones and card numbers, as JSON "
         '{"name": "regex", ...}; a match becomes [REDACTED:name].',
     )
     # --- end calibration ---

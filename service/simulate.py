@@ -49,11 +49,17 @@ def parse_versions(spec: str, agent_id: str = "support-bot") -> list[VersionProf
 
 
 def _call(cid: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {"id": cid, "type": "function", "function": {"name": name, "arguments": orjson.dumps(args).decode()}}
+    return {
+        "id": cid,
+        "type": "function",
+        "function": {"name": name, "arguments": orjson.dumps(args).decode()},
+    }
 
 
 class Simulator:
-    def __init__(self, profiles: list[VersionProfile], seed: int = 0, outcome_rate_scale: float = 1.0) -> None:
+    def __init__(
+        self, profiles: list[VersionProfile], seed: int = 0, outcome_rate_scale: float = 1.0
+    ) -> None:
         self.profiles = profiles
         self.rng = random.Random(seed)
         self.weights = [p.weight for p in profiles]
@@ -81,48 +87,121 @@ class Simulator:
         email = f"{user_id}@example.com"
         msgs: list[dict[str, Any]] = [
             {"role": "system", "content": "You are a retail support agent. Confirm before any write action."},
-            {"role": "user", "content": f"Hi, I want to cancel my order {order}, the {item}. My name is {name}."},
-            {"role": "assistant", "content": None, "tool_calls": [_call("c1", "find_user_id_by_name", {"name": name})]},
-            {"role": "tool", "tool_call_id": "c1", "content": orjson.dumps({"user_id": user_id, "email": email}).decode()},
-            {"role": "assistant", "content": None, "tool_calls": [_call("c1b", "get_user_details", {"user_id": user_id})]},
-            {"role": "tool", "tool_call_id": "c1b", "content": orjson.dumps(
-                {"user_id": user_id, "orders": [order], "payment_methods": ["credit_card_" + str(r.randint(100, 999))]}
-            ).decode()},
-            {"role": "assistant", "content": None, "tool_calls": [_call("c2", "get_order_details", {"order_id": order})]},
+            {
+                "role": "user",
+                "content": f"Hi, I want to cancel my order {order}, the {item}. My name is {name}.",
+            },
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [_call("c1", "find_user_id_by_name", {"name": name})],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "c1",
+                "content": orjson.dumps({"user_id": user_id, "email": email}).decode(),
+            },
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [_call("c1b", "get_user_details", {"user_id": user_id})],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "c1b",
+                "content": orjson.dumps(
+                    {
+                        "user_id": user_id,
+                        "orders": [order],
+                        "payment_methods": ["credit_card_" + str(r.randint(100, 999))],
+                    }
+                ).decode(),
+            },
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [_call("c2", "get_order_details", {"order_id": order})],
+            },
         ]
         if defect == "tool_errors":
-            msgs.append({"role": "tool", "tool_call_id": "c2", "content": "Error: upstream timeout", "is_error": True})
-            msgs.append({"role": "assistant", "content": None,
-                         "tool_calls": [_call("c2b", "get_order_details", {"order_id": order})]})
-            msgs.append({"role": "tool", "tool_call_id": "c2b", "content": "Error: upstream timeout", "is_error": True})
-        msgs.append({"role": "tool", "tool_call_id": "c2" if defect != "tool_errors" else "c2c",
-                     "content": orjson.dumps({"order_id": order, "status": status, "items": [{"name": item,
-                                              "price": price}]}).decode()})
+            msgs.append(
+                {"role": "tool", "tool_call_id": "c2", "content": "Error: upstream timeout", "is_error": True}
+            )
+            msgs.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [_call("c2b", "get_order_details", {"order_id": order})],
+                }
+            )
+            msgs.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": "c2b",
+                    "content": "Error: upstream timeout",
+                    "is_error": True,
+                }
+            )
+        msgs.append(
+            {
+                "role": "tool",
+                "tool_call_id": "c2" if defect != "tool_errors" else "c2c",
+                "content": orjson.dumps(
+                    {"order_id": order, "status": status, "items": [{"name": item, "price": price}]}
+                ).decode(),
+            }
+        )
         if defect == "tool_errors":
             msgs[-1]["tool_call_id"] = "c2c"
-            msgs.insert(-1, {"role": "assistant", "content": None,
-                             "tool_calls": [_call("c2c", "get_order_details", {"order_id": order})]})
+            msgs.insert(
+                -1,
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [_call("c2c", "get_order_details", {"order_id": order})],
+                },
+            )
         leak = f" I also see your email is {email}." if defect == "pii_leak" else ""
-        ask = (f"I found order {order} for the {item} (${price:.2f}), status {status}.{leak} "
-               f"Shall I cancel it and refund ${price:.2f} to your original payment method?")
+        ask = (
+            f"I found order {order} for the {item} (${price:.2f}), status {status}.{leak} "
+            f"Shall I cancel it and refund ${price:.2f} to your original payment method?"
+        )
         if defect == "pii_leak":
             msgs[1]["content"] = f"Hi, I want to cancel my order {order}, the {item}."
         msgs.append({"role": "assistant", "content": ask})
         if defect == "user_repeats":
-            msgs.append({"role": "user", "content": f"I said I want to cancel my order {order} for the {item}."})
+            msgs.append(
+                {"role": "user", "content": f"I said I want to cancel my order {order} for the {item}."}
+            )
             msgs.append({"role": "assistant", "content": f"Understood. Do you confirm cancelling {order}?"})
-            msgs.append({"role": "user", "content": f"I want to cancel my order {order}, the {item}, please!"})
+            msgs.append(
+                {"role": "user", "content": f"I want to cancel my order {order}, the {item}, please!"}
+            )
             msgs.append({"role": "assistant", "content": "Sorry about that. Please confirm with yes."})
         if defect == "no_confirmation":
             msgs.append({"role": "user", "content": "Hmm, what would the refund timeline be?"})
         else:
             msgs.append({"role": "user", "content": "Yes, please go ahead."})
-        msgs.append({"role": "assistant", "content": None,
-                     "tool_calls": [_call("c3", "cancel_pending_order", {"order_id": order, "reason": "no longer needed"})]})
-        msgs.append({"role": "tool", "tool_call_id": "c3",
-                     "content": orjson.dumps({"order_id": order, "status": "cancelled", "refund": price}).decode()})
-        final = (f"Your order {order} is cancelled and ${price:.2f} will be refunded within 5-7 business days. "
-                 "Is there anything else I can help with?")
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    _call("c3", "cancel_pending_order", {"order_id": order, "reason": "no longer needed"})
+                ],
+            }
+        )
+        msgs.append(
+            {
+                "role": "tool",
+                "tool_call_id": "c3",
+                "content": orjson.dumps({"order_id": order, "status": "cancelled", "refund": price}).decode(),
+            }
+        )
+        final = (
+            f"Your order {order} is cancelled and ${price:.2f} will be refunded within 5-7 business days. "
+            "Is there anything else I can help with?"
+        )
         if defect == "truncated":
             final = f"Your order {order} is cancelled and the refund of ${price:.2f} will be sent to your"
         msgs.append({"role": "assistant", "content": final})
@@ -139,9 +218,18 @@ class Simulator:
             "started_at": at.isoformat(),
             "ended_at": (at + timedelta(seconds=r.uniform(20, 120))).isoformat(),
             "messages": msgs,
-            "usage": {"prompt_tokens": tokens - 200, "completion_tokens": 200, "total_tokens": tokens,
-                      "cost_usd": round(tokens * 2.5e-6, 6), "latency_ms": round(r.uniform(800, 6000), 1)},
-            "metadata": {"tenant": "demo", "channel": r.choice(["chat", "email"]), "simulated_defect": defect},
+            "usage": {
+                "prompt_tokens": tokens - 200,
+                "completion_tokens": 200,
+                "total_tokens": tokens,
+                "cost_usd": round(tokens * 2.5e-6, 6),
+                "latency_ms": round(r.uniform(800, 6000), 1),
+            },
+            "metadata": {
+                "tenant": "demo",
+                "channel": r.choice(["chat", "email"]),
+                "simulated_defect": defect,
+            },
         }
 
     def outcomes_for(self, conv: dict[str, Any]) -> list[dict[str, Any]]:
@@ -152,16 +240,22 @@ class Simulator:
         out = []
         ended = datetime.fromisoformat(conv["ended_at"])
         for kind, p_bad, p_good, delay_h in (
-            ("escalation", 0.30, 0.03, 0.1), ("thumbs_down", 0.35, 0.04, 0.01),
-            ("refund_reversal", 0.10, 0.005, 48), ("reopened_ticket", 0.15, 0.02, 24),
+            ("escalation", 0.30, 0.03, 0.1),
+            ("thumbs_down", 0.35, 0.04, 0.01),
+            ("refund_reversal", 0.10, 0.005, 48),
+            ("reopened_ticket", 0.15, 0.02, 24),
             ("thumbs_up", 0.05, 0.40, 0.01),
         ):
             if r.random() < (p_bad if bad else p_good) * s:
-                out.append({
-                    "conversation_id": conv["conversation_id"], "type": kind, "value": 1.0,
-                    "occurred_at": (ended + timedelta(hours=delay_h * r.uniform(0.5, 1.5))).isoformat(),
-                    "idempotency_key": f"{conv['conversation_id']}:{kind}",
-                })
+                out.append(
+                    {
+                        "conversation_id": conv["conversation_id"],
+                        "type": kind,
+                        "value": 1.0,
+                        "occurred_at": (ended + timedelta(hours=delay_h * r.uniform(0.5, 1.5))).isoformat(),
+                        "idempotency_key": f"{conv['conversation_id']}:{kind}",
+                    }
+                )
         return out
 
     @staticmethod

@@ -68,8 +68,18 @@ def kafka_broker() -> Iterator[str]:
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [binary, "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            binary,
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         if not wait_port(port):

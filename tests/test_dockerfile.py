@@ -44,8 +44,11 @@ def stages() -> list[list[tuple[str, str]]]:
 
 
 def ignored(path: str) -> bool:
-    patterns = [p.strip() for p in (PROJECT_ROOT / ".dockerignore").read_text().splitlines()
-                if p.strip() and not p.startswith("#")]
+    patterns = [
+        p.strip()
+        for p in (PROJECT_ROOT / ".dockerignore").read_text().splitlines()
+        if p.strip() and not p.startswith("#")
+    ]
     return any(fnmatch.fnmatch(path, p) or fnmatch.fnmatch(path.split("/")[0], p) for p in patterns)
 
 

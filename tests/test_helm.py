@@ -28,8 +28,9 @@ def test_ci_values_files_exist() -> None:
 
 
 def test_lint_is_clean(values_file: Path) -> None:
-    report = helm().lint(CHART, load_values(values_file), strict=True, namespace="vigil",
-                         kube_version=f"v{KUBE_VERSION}")
+    report = helm().lint(
+        CHART, load_values(values_file), strict=True, namespace="vigil", kube_version=f"v{KUBE_VERSION}"
+    )
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert not report["errors"] and not problems, (report["errors"], problems)
 
@@ -45,8 +46,10 @@ def test_every_manifest_validates(values_file: Path) -> None:
         try:
             kubernetes_validate.validate(clean, KUBE_VERSION, strict=True)
         except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{doc['_template']} {doc['kind']}/{doc['metadata']['name']}: {exc.message} "
-                        f"at {'.'.join(str(p) for p in exc.path)}")
+            pytest.fail(
+                f"{doc['_template']} {doc['kind']}/{doc['metadata']['name']}: {exc.message} "
+                f"at {'.'.join(str(p) for p in exc.path)}"
+            )
     assert not by_kind(docs, "Secret"), "the chart must reference Secrets, never create them"
 
 
@@ -111,7 +114,10 @@ def test_replicas_detector_and_consumers() -> None:
     hpa = one(everything, "HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"]["name"] == consumer["metadata"]["name"]
     assert {p["metadata"]["name"].rsplit("-", 1)[-1] for p in by_kind(everything, "PodDisruptionBudget")} == {
-        "api", "consumer", "worker"}
+        "api",
+        "consumer",
+        "worker",
+    }
 
 
 def test_consumers_beyond_partitions_are_refused() -> None:
@@ -130,8 +136,7 @@ def test_service_monitor_scrapes_the_services_the_chart_makes() -> None:
     docs = render(load_values(CHART / "ci" / "production-values.yaml"))
     monitor = one(docs, "ServiceMonitor")
     selector = monitor["spec"]["selector"]["matchLabels"]
-    services = [s for s in by_kind(docs, "Service")
-                if selector.items() <= s["metadata"]["labels"].items()]
+    services = [s for s in by_kind(docs, "Service") if selector.items() <= s["metadata"]["labels"].items()]
     ports = {p["name"] for s in services for p in s["spec"]["ports"]}
     assert {e["port"] for e in monitor["spec"]["endpoints"]} == ports == {"http", "metrics"}
     workers = one(docs, "Service", "-workers")["spec"]["selector"]

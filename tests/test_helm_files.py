@@ -83,8 +83,9 @@ def test_mounted_rules_and_judges_load_like_the_repository(tmp_path: Path) -> No
     packs = packs.replace("/app/rules", str(rules_dir))
     engine = RuleEngine.from_paths(make_settings("sqlite://", rule_packs=packs).rule_pack_paths())
     (tmp_path / "local.yaml").write_text(values["rules"]["extra"]["local.yaml"])
-    reference = RuleEngine.from_paths([PROJECT_ROOT / "rules" / p for p in values["rules"]["packs"]]
-                                      + [tmp_path / "local.yaml"])
+    reference = RuleEngine.from_paths(
+        [PROJECT_ROOT / "rules" / p for p in values["rules"]["packs"]] + [tmp_path / "local.yaml"]
+    )
     assert sorted(r.id for r in engine.rules) == sorted(r.id for r in reference.rules)
     assert "no-internal-hostnames" in {r.id for r in engine.rules}
     for folder in (PROJECT_ROOT / "judges").iterdir():

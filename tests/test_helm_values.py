@@ -8,8 +8,11 @@ from typing import Any
 import pytest
 from helm_chart import CHART, helm, load_values, render
 
-BASE = {"database": {"existingSecret": "vigil-db"}, "api": {"replicas": 1},
-        "kafka": {"bootstrapServers": "kafka:9092"}}
+BASE = {
+    "database": {"existingSecret": "vigil-db"},
+    "api": {"replicas": 1},
+    "kafka": {"bootstrapServers": "kafka:9092"},
+}
 
 
 def merged(patch: dict[str, Any]) -> dict[str, Any]:
@@ -24,10 +27,16 @@ def merged(patch: dict[str, Any]) -> dict[str, Any]:
 
 BAD = [
     ({"database": {"existingSecret": ""}}, "/database/existingSecret", "minLength"),
-    ({"database": {"existingSecret": "vigil-db", "url": "postgresql://vigil:pw@db/vigil"}}, "/database",
-     "'url' not allowed"),
-    ({"config": {"VIGIL_DATABASE_URL": "postgresql://vigil:pw@db/vigil"}}, "/config/VIGIL_DATABASE_URL",
-     "never inline: use database.existingSecret"),
+    (
+        {"database": {"existingSecret": "vigil-db", "url": "postgresql://vigil:pw@db/vigil"}},
+        "/database",
+        "'url' not allowed",
+    ),
+    (
+        {"config": {"VIGIL_DATABASE_URL": "postgresql://vigil:pw@db/vigil"}},
+        "/config/VIGIL_DATABASE_URL",
+        "never inline: use database.existingSecret",
+    ),
     ({"config": {"VIGIL_API_KEYS": "ops:admin:k"}}, "/config/VIGIL_API_KEYS", "never inline"),
     ({"extraEnv": [{"name": "VIGIL_API_KEYS", "value": "ops:admin:k"}]}, "/extraEnv/0/value", "never inline"),
     ({"config": {"judge_concurrency": 4}}, "/config", "'judge_concurrency' not allowed"),
@@ -59,12 +68,15 @@ def test_lint_reports_schema_errors() -> None:
     assert "/consumer/replicas" in text
 
 
-@pytest.mark.parametrize(("patch", "says"), [
-    ({"consumer": {"replicas": 7}}, "consumer.replicas (7) exceeds kafka.partitions (6)"),
-    ({"kafka": {"bootstrapServers": ""}}, "kafka.bootstrapServers is required"),
-    ({"api": {"replicas": 2}}, "review.sessionSecret.existingSecret"),
-    ({"rules": {"packs": ["missing.yaml"]}}, '"missing.yaml" matches no rule pack of the chart'),
-])
+@pytest.mark.parametrize(
+    ("patch", "says"),
+    [
+        ({"consumer": {"replicas": 7}}, "consumer.replicas (7) exceeds kafka.partitions (6)"),
+        ({"kafka": {"bootstrapServers": ""}}, "kafka.bootstrapServers is required"),
+        ({"api": {"replicas": 2}}, "review.sessionSecret.existingSecret"),
+        ({"rules": {"packs": ["missing.yaml"]}}, '"missing.yaml" matches no rule pack of the chart'),
+    ],
+)
 def test_template_checks_explain_themselves(patch: dict[str, Any], says: str) -> None:
     h = helm()
     with pytest.raises(h.HelmRenderError) as caught:

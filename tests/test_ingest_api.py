@@ -3,10 +3,10 @@ from __future__ import annotations
 import orjson
 import pytest
 from conftest import ADMIN, INGEST, REVIEWER, make_client, make_settings
+from prometheus_client import CollectorRegistry
 
 from service.runtime import build_runtime
 from service.simulate import Simulator, parse_versions
-from prometheus_client import CollectorRegistry
 
 
 def sim(n: int, versions: str = "v1:0.0", seed: int = 1) -> list[dict]:
@@ -18,7 +18,9 @@ def test_batch_keeps_valid_items_and_names_invalid_fields(client) -> None:
     bad = dict(good[0], conversation_id="bad-1")
     del bad["agent_id"]
     bad2 = dict(good[1], conversation_id="bad-2", messages=[{"role": "robot", "content": "x"}])
-    r = client.post("/v1/conversations", content=orjson.dumps([good[0], bad, good[1], bad2, good[2]]), headers=INGEST)
+    r = client.post(
+        "/v1/conversations", content=orjson.dumps([good[0], bad, good[1], bad2, good[2]]), headers=INGEST
+    )
     assert r.status_code == 422
     body = r.json()
     assert body["accepted"] == 3 and body["stored"] == 3 and body["rejected"] == 2
@@ -39,7 +41,10 @@ def test_single_object_and_idempotent_redelivery(client) -> None:
         assert r.status_code == 202
     assert client.get("/v1/conversations", headers=REVIEWER).json()["total"] == 1
     metrics = client.get("/metrics").text
-    assert 'vigil_conversations_processed_total{agent="support-bot",agent_version="v1",source="http"} 1.0' in metrics
+    assert (
+        'vigil_conversations_processed_total{agent="support-bot",agent_version="v1",source="http"} 1.0'
+        in metrics
+    )
     assert 'vigil_conversations_duplicate_total{source="http"} 2.0' in metrics
 
 
@@ -49,7 +54,9 @@ def test_newer_revision_supersedes_and_replaces_findings(client) -> None:
     client.post("/v1/conversations", json=conv, headers=INGEST)
     first = client.get(f"/v1/conversations/{cid}", headers=REVIEWER).json()
     assert "pii-in-reply" in {f["rule_id"] for f in first["findings"]}
-    fixed = dict(conv, revision=2, messages=[m for m in conv["messages"] if "email is" not in (m.get("content") or "")])
+    fixed = dict(
+        conv, revision=2, messages=[m for m in conv["messages"] if "email is" not in (m.get("content") or "")]
+    )
     client.post("/v1/conversations", json=fixed, headers=INGEST)
     second = client.get(f"/v1/conversations/{cid}", headers=REVIEWER).json()
     assert second["revision"] == 2

@@ -32,8 +32,14 @@ FAST = {"kafka_max_poll_interval_ms": 4000, "kafka_session_timeout_ms": 3000, "k
 
 
 def topic_settings(bootstrap: str, db: str, topic: str, group: str, **extra: object):  # type: ignore[no-untyped-def]
-    return make_settings(db, kafka_bootstrap_servers=bootstrap, kafka_conversations_topic=topic,
-                         kafka_group_id=group, **FAST, **extra)
+    return make_settings(
+        db,
+        kafka_bootstrap_servers=bootstrap,
+        kafka_conversations_topic=topic,
+        kafka_group_id=group,
+        **FAST,
+        **extra,
+    )
 
 
 def produce(bootstrap: str, topic: str, convs: list[dict]) -> None:
@@ -64,7 +70,9 @@ def expected_findings(convs: list[dict]) -> int:
 
 
 def start_worker(rt):  # type: ignore[no-untyped-def]
-    consumer = kafka_consumer(rt, [rt.settings.kafka_conversations_topic], client_id=f"t-{uuid.uuid4().hex[:6]}")
+    consumer = kafka_consumer(
+        rt, [rt.settings.kafka_conversations_topic], client_id=f"t-{uuid.uuid4().hex[:6]}"
+    )
     worker = ConsumerWorker(rt, consumer)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
@@ -80,8 +88,10 @@ def test_two_consumers_in_one_group_split_the_partitions(kafka, pg_url) -> None:
     w1, t1, c1 = start_worker(rt1)
     w2, t2, c2 = start_worker(rt2)
     try:
-        assert wait_for(lambda: len(c1.assignment()) + len(c2.assignment()) == 4 and c1.assignment()
-                        and c2.assignment(), 60), "group never balanced over both consumers"
+        assert wait_for(
+            lambda: len(c1.assignment()) + len(c2.assignment()) == 4 and c1.assignment() and c2.assignment(),
+            60,
+        ), "group never balanced over both consumers"
         convs = list(Simulator(parse_versions("v1:0.3"), seed=11).stream(400))
         produce(kafka, topic, convs)
         assert wait_for(lambda: count(rt1) == 400, 60)
@@ -121,12 +131,17 @@ def test_poison_messages_become_dead_letters_and_the_stream_goes_on(kafka, pg_ur
     with rt.sessions() as sess:
         dead = sess.scalars(select(DeadLetterRow).order_by(DeadLetterRow.offset)).all()
     assert [(d.reason, d.topic, d.partition, d.offset) for d in dead] == [
-        ("malformed_json", topic, 0, 10), ("schema_invalid", topic, 0, 11), ("oversized", topic, 0, 12)]
+        ("malformed_json", topic, 0, 10),
+        ("schema_invalid", topic, 0, 11),
+        ("oversized", topic, 0, 12),
+    ]
     assert dead[0].raw.startswith(b"\x00\xffnot json") and dead[1].key == "invalid"
     assert "agent_id" in dead[1].detail and dead[2].raw_size > 20000
     from kafka import KafkaConsumer
 
-    reader = KafkaConsumer(dlq, bootstrap_servers=kafka, auto_offset_reset="earliest", consumer_timeout_ms=8000)
+    reader = KafkaConsumer(
+        dlq, bootstrap_servers=kafka, auto_offset_reset="earliest", consumer_timeout_ms=8000
+    )
     got = [(dict(m.headers)["vigil-reason"], m.value[:5]) for m in reader]
     reader.close()
     assert [g[0] for g in got] == [b"malformed_json", b"schema_invalid", b"oversized"]
@@ -167,14 +182,26 @@ def test_killing_a_consumer_mid_stream_loses_and_doubles_nothing(kafka, pg_url, 
     create_topic(kafka, topic, 4)
     s = topic_settings(kafka, pg_url, topic, group, kafka_batch_size=50)
     rt = build_runtime(s, registry=CollectorRegistry())
-    env = dict(os.environ, VIGIL_DATABASE_URL=pg_url, VIGIL_KAFKA_BOOTSTRAP_SERVERS=kafka,
-               VIGIL_KAFKA_CONVERSATIONS_TOPIC=topic, VIGIL_KAFKA_GROUP_ID=group, VIGIL_METRICS_PORT="0",
-               VIGIL_KAFKA_MAX_POLL_INTERVAL_MS="4000", VIGIL_KAFKA_SESSION_TIMEOUT_MS="3000",
-               VIGIL_KAFKA_BATCH_SIZE="50", VIGIL_API_KEYS="a:admin:k", VIGIL_LOG_LEVEL="WARNING",
-               VIGIL_RULE_PACKS=str(PROJECT_ROOT / "rules" / "default.yaml"))
+    env = dict(
+        os.environ,
+        VIGIL_DATABASE_URL=pg_url,
+        VIGIL_KAFKA_BOOTSTRAP_SERVERS=kafka,
+        VIGIL_KAFKA_CONVERSATIONS_TOPIC=topic,
+        VIGIL_KAFKA_GROUP_ID=group,
+        VIGIL_METRICS_PORT="0",
+        VIGIL_KAFKA_MAX_POLL_INTERVAL_MS="4000",
+        VIGIL_KAFKA_SESSION_TIMEOUT_MS="3000",
+        VIGIL_KAFKA_BATCH_SIZE="50",
+        VIGIL_API_KEYS="a:admin:k",
+        VIGIL_LOG_LEVEL="WARNING",
+        VIGIL_RULE_PACKS=str(PROJECT_ROOT / "rules" / "default.yaml"),
+    )
     cmd = [sys.executable, "-m", "service.cli", "consume"]
-    logs = [open(tmp_path / f"c{i}.log", "wb") for i in range(2)]
-    procs = [subprocess.Popen(cmd, env=env, stdout=logs[i], stderr=subprocess.STDOUT, cwd=PROJECT_ROOT) for i in range(2)]
+    logs = [open(tmp_path / f"c{i}.log", "wb") for i in range(2)]  # noqa: SIM115  (closed in finally)
+    procs = [
+        subprocess.Popen(cmd, env=env, stdout=logs[i], stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
+        for i in range(2)
+    ]
     try:
         convs = list(Simulator(parse_versions("v1:0.2,v2:0.4"), seed=21).stream(3000))
         produce(kafka, topic, convs[:1500])

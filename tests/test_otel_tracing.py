@@ -124,12 +124,21 @@ def test_replay_exports_its_spans_by_the_standard_variables(tmp_path) -> None:  
         sim = tmp_path / "sim.jsonl"
         convs = Simulator(parse_versions("v1:0.2"), 1).stream(30)
         sim.write_bytes(b"".join(orjson.dumps(c) + b"\n" for c in convs))
-        env = {**os.environ, "VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'v.db'}",
-               "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
-               "OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=acme", "OTEL_SERVICE_NAME": "vigil-replay-test"}
+        env = {
+            **os.environ,
+            "VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'v.db'}",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=acme",
+            "OTEL_SERVICE_NAME": "vigil-replay-test",
+        }
         env.pop("VIGIL_TRACING_ENABLED", None)
-        done = subprocess.run([sys.executable, "-m", "service.cli", "replay", str(sim), "--batch", "10"],
-                              env=env, capture_output=True, text=True, timeout=180)
+        done = subprocess.run(
+            [sys.executable, "-m", "service.cli", "replay", str(sim), "--batch", "10"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
     finally:
         server.shutdown()

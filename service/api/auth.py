@@ -73,10 +73,15 @@ def require(*roles: str):  # type: ignore[no-untyped-def]
     def check(request: Request) -> Principal:
         p = principal_from_request(request)
         if p is None:
-            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or unknown API key",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED,
+                "missing or unknown API key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         if not any(p.can(r) for r in roles):
-            raise HTTPException(status.HTTP_403_FORBIDDEN, f"role {p.role!r} may not do this; needs {' or '.join(roles)}")
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN, f"role {p.role!r} may not do this; needs {' or '.join(roles)}"
+            )
         return p
 
     return Depends(check)

@@ -37,7 +37,15 @@ def list_conversations(
 ) -> dict[str, Any]:
     with request.app.state.runtime.sessions() as s:
         return reads.list_conversations(
-            s, limit, offset, agent=agent, version=version, rule=rule, min_severity=severity, since=since, until=until
+            s,
+            limit,
+            offset,
+            agent=agent,
+            version=version,
+            rule=rule,
+            min_severity=severity,
+            since=since,
+            until=until,
         )
 
 
@@ -66,9 +74,15 @@ def rules(request: Request) -> dict[str, Any]:
     engine = request.app.state.runtime.rules
     return {
         "rules": [
-            {"id": r.id, "pack": r.pack, "type": r.type.name, "severity": r.spec.severity,
-             "description": r.spec.description, "applies_to": r.spec.applies_to.model_dump(),
-             "args": r.args.model_dump()}
+            {
+                "id": r.id,
+                "pack": r.pack,
+                "type": r.type.name,
+                "severity": r.spec.severity,
+                "description": r.spec.description,
+                "applies_to": r.spec.applies_to.model_dump(),
+                "args": r.args.model_dump(),
+            }
             for r in engine.rules
         ],
         "rule_types": {

@@ -21,16 +21,33 @@ MAX_BATCH = 1000
 
 
 def _errors(exc: ValidationError) -> list[dict[str, str]]:
-    return [{"field": ".".join(str(p) for p in e["loc"]) or "(root)", "message": e["msg"]} for e in exc.errors()[:20]]
+    return [
+        {"field": ".".join(str(p) for p in e["loc"]) or "(root)", "message": e["msg"]}
+        for e in exc.errors()[:20]
+    ]
 
 
 @router.post(
     "/v1/conversations",
     dependencies=[require("ingest")],
-    responses={202: {"description": "All items accepted"}, 422: {"description": "Some items invalid; valid ones kept"}},
-    openapi_extra={"requestBody": {"content": {"application/json": {"schema": {
-        "oneOf": [{"$ref": "#/components/schemas/Conversation"},
-                  {"type": "array", "items": {"$ref": "#/components/schemas/Conversation"}}]}}}}},
+    responses={
+        202: {"description": "All items accepted"},
+        422: {"description": "Some items invalid; valid ones kept"},
+    },
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "oneOf": [
+                            {"$ref": "#/components/schemas/Conversation"},
+                            {"type": "array", "items": {"$ref": "#/components/schemas/Conversation"}},
+                        ]
+                    }
+                }
+            }
+        }
+    },
 )
 async def ingest_conversations(request: Request) -> JSONResponse:
     rt = request.app.state.runtime

@@ -18,8 +18,10 @@ from .overview import Calibration
 
 def _current(full: dict[str, Any]) -> dict[str, Any] | None:
     versions = full["versions"]
-    return next((v for v in versions if v["judge_version"] == full["current_version"]),
-                versions[-1] if versions else None)
+    return next(
+        (v for v in versions if v["judge_version"] == full["current_version"]),
+        versions[-1] if versions else None,
+    )
 
 
 def _kappa(v: dict[str, Any] | None) -> tuple[float | None, int]:
@@ -36,8 +38,12 @@ def judge_infos(cal: Calibration, session: Session, infos: list[dict[str, Any]])
         full = cal.judge(session, info["name"])
         v = _current(full)
         kappa, labels = _kappa(v)
-        info["calibration"] = {"state": full["state"], "state_reason": full["state_reason"], "kappa": kappa,
-                               "labels": labels}
+        info["calibration"] = {
+            "state": full["state"],
+            "state_reason": full["state_reason"],
+            "kappa": kappa,
+            "labels": labels,
+        }
 
 
 def compare_rows(cal: Calibration, session: Session, result: dict[str, Any]) -> None:
@@ -52,8 +58,19 @@ def compare_rows(cal: Calibration, session: Session, result: dict[str, Any]) -> 
             "state": full["state"],
             "judge_version": v["judge_version"] if v else None,
             "measured_on": v["measured_on"] if v else None,
-            **{side: ({"raw": rates[ver]["raw"], "corrected": rates[ver]["corrected"],
-                       "reason": rates[ver]["reason"]} if ver in rates else None)
-               for side, ver in (("baseline", result["baseline"]["version"]),
-                                 ("candidate", result["candidate"]["version"]))},
+            **{
+                side: (
+                    {
+                        "raw": rates[ver]["raw"],
+                        "corrected": rates[ver]["corrected"],
+                        "reason": rates[ver]["reason"],
+                    }
+                    if ver in rates
+                    else None
+                )
+                for side, ver in (
+                    ("baseline", result["baseline"]["version"]),
+                    ("candidate", result["candidate"]["version"]),
+                )
+            },
         }

@@ -51,7 +51,11 @@ def _goal(task: dict[str, Any] | None) -> str | None:
 
 
 def convert(
-    data: dict[str, Any], path: Path, agent_id: str | None, agent_version: str | None, include_policy: bool = True
+    data: dict[str, Any],
+    path: Path,
+    agent_id: str | None,
+    agent_version: str | None,
+    include_policy: bool = True,
 ) -> Iterator[Conversation]:
     from . import ImportError_
 

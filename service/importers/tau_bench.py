@@ -22,7 +22,9 @@ def _message(m: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def convert(data: list[Any], path: Path, agent_id: str | None, agent_version: str | None) -> Iterator[Conversation]:
+def convert(
+    data: list[Any], path: Path, agent_id: str | None, agent_version: str | None
+) -> Iterator[Conversation]:
     from . import ImportError_
 
     stem = path.stem
@@ -44,8 +46,11 @@ def convert(data: list[Any], path: Path, agent_id: str | None, agent_version: st
                     "messages": messages,
                     "metadata": {"source": "tau-bench", "trial": trial, "domain": env},
                     "outcomes": [
-                        {"type": "task_success", "value": reward,
-                         "idempotency_key": f"tau-bench:{stem}:{task}:{trial}:task_success"}
+                        {
+                            "type": "task_success",
+                            "value": reward,
+                            "idempotency_key": f"tau-bench:{stem}:{task}:{trial}:task_success",
+                        }
                     ],
                 }
             )

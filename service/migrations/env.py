@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from alembic import context
+
 from service.store.db import make_engine
 from service.store.registry import metadata
 
@@ -9,8 +10,12 @@ target_metadata = metadata()
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata,
-                      literal_binds=True, render_as_batch=True)
+    context.configure(
+        url=config.get_main_option("sqlalchemy.url"),
+        target_metadata=target_metadata,
+        literal_binds=True,
+        render_as_batch=True,
+    )
     with context.begin_transaction():
         context.run_migrations()
 

@@ -40,7 +40,12 @@ class Evidence:
     quote: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"message_index": self.message_index, "start": self.start, "end": self.end, "quote": self.quote}
+        return {
+            "message_index": self.message_index,
+            "start": self.start,
+            "end": self.end,
+            "quote": self.quote,
+        }
 
 
 @dataclass(slots=True)

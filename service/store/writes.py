@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-
 from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
@@ -51,15 +50,21 @@ def _pg_copy(session: Session, table: Table, rows: list[dict[str, Any]], into: s
     parser, and text arrays in escaping; COPY streams rows through the driver's C encoder.
     """
     cols = [c for c in table.columns if c.name in rows[0]]
-    json_cols = {c.name for c in cols if c.type.compile(dialect=session.get_bind().dialect) in ("JSON", "JSONB")}
+    json_cols = {
+        c.name for c in cols if c.type.compile(dialect=session.get_bind().dialect) in ("JSON", "JSONB")
+    }
     names = ", ".join(f'"{c.name}"' for c in cols)
     conn = session.connection().connection.driver_connection
     with conn.cursor() as cur, cur.copy(f"COPY {into or table.name} ({names}) FROM STDIN") as copy:  # type: ignore[union-attr]
         for r in rows:
-            copy.write_row([
-                (None if r[c.name] is None else orjson.dumps(r[c.name]).decode()) if c.name in json_cols else r[c.name]
-                for c in cols
-            ])
+            copy.write_row(
+                [
+                    (None if r[c.name] is None else orjson.dumps(r[c.name]).decode())
+                    if c.name in json_cols
+                    else r[c.name]
+                    for c in cols
+                ]
+            )
 
 
 def _upsert_conversations_pg(session: Session, rows: list[dict[str, Any]]) -> tuple[set[str], set[str]]:
@@ -212,7 +217,9 @@ def store_dead_letters(session: Session, letters: Sequence[DeadLetter], keep_byt
         for d in letters
     ]
     ins = _dialect_insert(session, DeadLetterRow.__table__)
-    session.execute(ins.on_conflict_do_nothing(index_elements=["source", "topic", "partition", "offset"]), rows)
+    session.execute(
+        ins.on_conflict_do_nothing(index_elements=["source", "topic", "partition", "offset"]), rows
+    )
 
 
 def count_conversations(session: Session) -> int:

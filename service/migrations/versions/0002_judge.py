@@ -112,8 +112,16 @@ def upgrade() -> None:
         sa.Column("first_choice", sa.String(length=8), nullable=True),
         sa.Column("second_choice", sa.String(length=8), nullable=True),
         sa.Column("unscored_reason", sa.String(length=64), nullable=True),
-        sa.Column("rationales", sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"), nullable=False),
-        sa.Column("raw_replies", sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"), nullable=False),
+        sa.Column(
+            "rationales",
+            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            nullable=False,
+        ),
+        sa.Column(
+            "raw_replies",
+            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            nullable=False,
+        ),
         sa.Column("prompt_tokens", sa.Integer(), nullable=True),
         sa.Column("completion_tokens", sa.Integer(), nullable=True),
         sa.Column("cost_usd", sa.Float(), nullable=True),

@@ -19,7 +19,9 @@ depends_on = None
 def upgrade() -> None:
     op.create_table(
         "otel_spans",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
+        sa.Column(
+            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
+        ),
         sa.Column("conversation_key", sa.String(length=256), nullable=False),
         sa.Column("trace_id", sa.String(length=32), nullable=False),
         sa.Column("span_id", sa.String(length=16), nullable=False),
@@ -28,7 +30,9 @@ def upgrade() -> None:
         sa.Column("start_ns", sa.BigInteger(), nullable=False),
         sa.Column("end_ns", sa.BigInteger(), nullable=False),
         sa.Column(
-            "span", sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"), nullable=False
+            "span",
+            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            nullable=False,
         ),
         sa.Column("received_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id"),
