@@ -75,6 +75,9 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (VIGIL_HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (VIGIL_PORT).")] = None,
     demo: Annotated[bool, typer.Option(help="Feed simulated traffic into the pipeline in-process.")] = False,
+    workers: Annotated[
+        bool, typer.Option(help="Also run the judge worker and detector in-process (--no-workers: API and UI only).")
+    ] = True,
     demo_rate: Annotated[float, typer.Option(help="Demo conversations per second.")] = 20.0,
     demo_versions: Annotated[str, typer.Option(help="Demo versions as version:failure_rate,...")] = (
         "v1.4.0:0.04,v1.5.0:0.12"
@@ -87,7 +90,9 @@ def serve(
 
     s = _settings()
     try:
-        application = build_server_app(s, demo=demo, demo_rate=demo_rate, demo_versions=demo_versions)
+        application = build_server_app(
+            s, demo=demo, demo_rate=demo_rate, demo_versions=demo_versions, workers=workers
+        )
     except VigilError as exc:
         _fail(exc)
     uvicorn.run(application, host=host or s.host, port=port or s.port, log_level=s.log_level.lower())
@@ -138,7 +143,7 @@ def replay(
     if format not in ("auto", "openai", "tau2", "tau-bench"):
         _fail(VigilError(f"--format must be auto, openai, tau2 or tau-bench, not {format!r}"))
     s = _settings()
-    convs = []
+    convs: list[Any] = []
     try:
         for f in files:
             convs.extend(load_file(f, format, agent_id, agent_version))  # type: ignore[arg-type]

@@ -78,11 +78,13 @@ def build_server_app(
     demo_rate: float = 20.0,
     demo_versions: str = "v1.4.0:0.04,v1.5.0:0.12",
     runtime: Runtime | None = None,
+    workers: bool = True,
 ) -> FastAPI:
+    """``workers=False`` serves the API and UI only (role ``api``); judge worker and detector run elsewhere."""
     from .api.app import create_app
     from .wiring import wire
 
-    rt = runtime or wire(build_runtime(settings), {"serve"})
+    rt = runtime or wire(build_runtime(settings), {"serve"} if workers else {"api"})
     background: list[Any] = list(rt.extras.get("background", []))
     if demo:
         background.append(DemoTraffic(rt, demo_rate, demo_versions))
