@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 
 _ID = Field(min_length=1, max_length=256)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -40,6 +41,8 @@ def judge_info(stage: JudgeStage, session: Session, names: list[str]) -> list[di
     for name in names:
         lane = eng.lanes[name]
         j, sp = lane.judge, lane.judge.spec
+        since: datetime | None
+        worker: str | None
         if stage.worker is not None:
             state, detail, since, worker = lane.state, lane.detail, lane.changed_at, stage.worker.owner
         elif name in statuses and statuses[name].state != "resume_requested":

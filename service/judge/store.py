@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import ARRAY, String, and_, any_, bindparam, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -242,7 +242,7 @@ def spend_since(session: Session, since: datetime) -> dict[str, tuple[float, int
         )
         for judge, total, n in session.execute(q).all():
             t, c = out.get(judge, (0.0, 0))
-            out[judge] = (t + float(total), c + int(n))
+            out[judge] = (t + float(cast(float, total)), c + int(n))  # coalesced, so never NULL
     return out
 
 

@@ -177,8 +177,8 @@ class Flagger:
     def _fill_agents(session: Session, agents: dict[str, tuple[str, str]]) -> None:
         """Items flagged by an outcome before their conversation arrived become claimable now."""
         groups: dict[tuple[str, str], list[str]] = defaultdict(list)
-        for cid, agent in agents.items():
-            groups[agent].append(cid)
+        for cid, agent_version in agents.items():
+            groups[agent_version].append(cid)
         for (agent, version), cids in groups.items():
             session.execute(
                 update(ReviewItemRow)

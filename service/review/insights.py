@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import ColumnElement, and_, case, func, select
 from sqlalchemy.orm import Session
@@ -131,6 +131,7 @@ def list_queue(
     counts["open"] = counts["available"] + counts["claimed"]
     counts["all"] = counts["open"] + counts["done"] + counts["waiting"]
     open_clause = _status_clause("open", now)
+    assert open_clause is not None  # only "all" has no clause
     by_reason = dict(
         session.execute(
             select(ReviewReasonRow.kind, func.count(func.distinct(ReviewReasonRow.conversation_id)))
@@ -260,12 +261,12 @@ def progress(session: Session, now: datetime | None = None) -> dict[str, Any]:
             select(lab.reviewer, func.count()).where(cond).group_by(lab.reviewer)
         ):
             people[reviewer][key] = n
-    for reviewer, n in session.execute(
+    for holder, n in session.execute(
         select(ReviewItemRow.claimed_by, func.count())
         .where(ReviewItemRow.claimed_by.is_not(None), ReviewItemRow.lease_until >= now)
         .group_by(ReviewItemRow.claimed_by)
     ):
-        people[reviewer]["holding"] = n
+        people[cast(str, holder)]["holding"] = n  # the query keeps only claimed items
     reviewers = [
         {"reviewer": name, **p}
         for name, p in sorted(people.items(), key=lambda kv: (-kv[1]["labels"], kv[0]))
@@ -305,12 +306,16 @@ def confirmed_failures(session: Session) -> dict[str, str]:
     return out
 
 
+# (category, rule id, tool); rule and tool are None for failures no rule finding explains
+_ClusterKey = tuple[str, str | None, str | None]
+
+
 def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) -> dict[str, Any]:
     """Confirmed failures grouped by (category, rule, tool), largest first."""
     confirmed = confirmed_failures(session)
     total = len(confirmed)
-    groups: dict[tuple[str, str | None, str | None], set[str]] = defaultdict(set)
-    messages: dict[tuple[str, str | None, str | None], Counter[str]] = defaultdict(Counter)
+    groups: dict[_ClusterKey, set[str]] = defaultdict(set)
+    messages: dict[_ClusterKey, Counter[str]] = defaultdict(Counter)
     seen: set[str] = set()
     ids = sorted(confirmed)
     for i in range(0, len(ids), 500):
@@ -319,7 +324,7 @@ def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) 
         ).all():
             if (f.details or {}).get("rule_error"):
                 continue
-            key = (confirmed[f.conversation_id], f.rule_id, (f.details or {}).get("tool"))
+            key: _ClusterKey = (confirmed[f.conversation_id], f.rule_id, (f.details or {}).get("tool"))
             groups[key].add(f.conversation_id)
             messages[key][f.message] += 1
             seen.add(f.conversation_id)
@@ -327,7 +332,7 @@ def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) 
         if cid not in seen:
             groups[(confirmed[cid], None, None)].add(cid)
     descriptions = rule_descriptions or {}
-    out = []
+    out: list[dict[str, Any]] = []
     for key, members in groups.items():
         category, rule, tool = key
         if rule is None:

@@ -8,7 +8,9 @@ items hash the conversation id with a versioned salt, so every replica and repla
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,9 @@ class _Strict(BaseModel):
 
 
 class FindingsPolicy(_Strict):
-    severity: dict[str, float] = Field(default_factory=lambda: {"critical": 100, "high": 60, "medium": 30})
+    severity: dict[str, float] = Field(
+        default_factory=lambda: dict[str, float]({"critical": 100, "high": 60, "medium": 30})
+    )
     rules: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("severity")
@@ -126,7 +130,7 @@ class FlaggingPolicy(_Strict):
         """Reasons from rule findings (objects or dicts with rule_id, severity, message)."""
         out: dict[str, Reason] = {}
         for f in findings:
-            get = f.get if isinstance(f, dict) else lambda k, _f=f: getattr(_f, k)
+            get: Callable[[str], Any] = f.get if isinstance(f, dict) else partial(getattr, f)
             details = get("details") or {}
             if details.get("rule_error"):
                 continue

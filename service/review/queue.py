@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast, overload
 
-from sqlalchemy import ColumnElement, and_, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, CursorResult, Executable, and_, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..judge.models import VerdictRow
@@ -27,9 +27,18 @@ from .policy import LABELS, SEVERITIES, FlaggingPolicy, Reason
 MAX_TEXT = 20_000
 
 
+@overload
+def aware(dt: datetime) -> datetime: ...
+@overload
+def aware(dt: None) -> None: ...
 def aware(dt: datetime | None) -> datetime | None:
     """SQLite hands back naive datetimes; every stored time is UTC."""
     return dt.replace(tzinfo=UTC) if dt is not None and dt.tzinfo is None else dt
+
+
+def _changed(session: Session, stmt: Executable) -> int:
+    """Rows an UPDATE matched (executing DML yields a CursorResult; Result does not declare rowcount)."""
+    return cast(CursorResult[Any], session.execute(stmt)).rowcount
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +121,8 @@ def claim_next(
         held = list(
             session.scalars(select(ReviewItemRow.conversation_id).where(ReviewItemRow.claimed_by == reviewer))
         )
-        for cid in held:
-            release(session, cid, reviewer, now=now)
+        for held_id in held:
+            release(session, held_id, reviewer, now=now)
     conditions = [claimable(now), *_not_done_by(reviewer), *(filters or QueueFilter()).clauses()]
     if held:
         conditions.append(ReviewItemRow.conversation_id.not_in(held))
@@ -151,12 +160,13 @@ def claim(
         ReviewItemRow.claimed_by == reviewer,
         ReviewItemRow.lease_until < now,
     )
-    done = session.execute(
+    done = _changed(
+        session,
         update(ReviewItemRow)
         .where(ReviewItemRow.conversation_id == conversation_id, mine_or_free)
         .values(claimed_by=reviewer, claimed_at=now, lease_until=until)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .execution_options(synchronize_session=False),
+    )
     if not done:
         raise Conflict(f"{item.claimed_by} holds this item until {aware(item.lease_until):%H:%M:%S} UTC")
     audit(session, reviewer, "claim", conversation_id, lease_seconds=lease_seconds)
@@ -169,12 +179,13 @@ def extend(
     """Push the lease out again; works after expiry as long as nobody else claimed the item since."""
     now = now or utcnow()
     until = now + timedelta(seconds=lease_seconds)
-    done = session.execute(
+    done = _changed(
+        session,
         update(ReviewItemRow)
         .where(ReviewItemRow.conversation_id == conversation_id, ReviewItemRow.claimed_by == reviewer)
         .values(lease_until=until)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .execution_options(synchronize_session=False),
+    )
     if not done:
         _item(session, conversation_id)
         raise Conflict("you do not hold this item; claim it first")
@@ -195,12 +206,13 @@ def release(
     cond = [ReviewItemRow.conversation_id == conversation_id]
     if not force:
         cond.append(ReviewItemRow.claimed_by == reviewer)
-    done = session.execute(
+    done = _changed(
+        session,
         update(ReviewItemRow)
         .where(*cond)
         .values(claimed_by=None, claimed_at=None, lease_until=None)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .execution_options(synchronize_session=False),
+    )
     if not done:
         _item(session, conversation_id)
         raise Conflict("you do not hold this item")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import filterfalse
 from typing import Literal
 
@@ -14,6 +14,10 @@ from .builtin_tools import valid_pattern
 from .patterns import pattern
 from .registry import Evidence, Hit, RuleArgs, rule_type
 from .view import ConversationView
+
+PiiKind = Literal["email", "phone", "card"]
+Role = Literal["system", "user", "assistant", "tool"]
+FactKind = Literal["amounts", "dates", "identifiers"]
 
 _SCORERS = {
     "ratio": fuzz.ratio,
@@ -86,7 +90,7 @@ def _normal(kind: str, value: str) -> str:
     return value.lower() if kind == "email" else _NON_DIGIT.sub("", value)
 
 
-def find_pii(text: str, kinds: list[str]) -> Iterator[tuple[str, re.Match[str]]]:
+def find_pii(text: str, kinds: Sequence[str]) -> Iterator[tuple[str, re.Match[str]]]:
     for kind in kinds:
         for m in _PII_PATTERNS[kind].finditer(text):
             if kind == "card":
@@ -97,7 +101,7 @@ def find_pii(text: str, kinds: list[str]) -> Iterator[tuple[str, re.Match[str]]]
 
 
 class PiiLeakArgs(RuleArgs):
-    kinds: list[Literal["email", "phone", "card"]] = Field(default_factory=lambda: ["email", "phone", "card"])
+    kinds: list[PiiKind] = Field(default_factory=lambda: list[PiiKind](["email", "phone", "card"]))
     except_user_provided: bool = Field(
         default=True, description="Repeating back what the user said themselves is not a leak."
     )
@@ -126,7 +130,7 @@ def pii_leak(view: ConversationView, args: PiiLeakArgs) -> Iterator[Hit]:
 class RegexArgs(RuleArgs):
     pattern: str
     mode: Literal["must_match", "must_not_match"] = "must_not_match"
-    roles: list[Literal["system", "user", "assistant", "tool"]] = Field(default_factory=lambda: ["assistant"])
+    roles: list[Role] = Field(default_factory=lambda: list[Role](["assistant"]))
     ignore_case: bool = True
 
     _pattern = field_validator("pattern")(lambda cls, v: valid_pattern(v))
@@ -262,9 +266,7 @@ def _locate(text: str, word: str, cursor: int) -> tuple[int, int] | None:
 
 
 class GroundednessArgs(RuleArgs):
-    check: list[Literal["amounts", "dates", "identifiers"]] = Field(
-        default_factory=lambda: ["amounts", "dates", "identifiers"]
-    )
+    check: list[FactKind] = Field(default_factory=lambda: list[FactKind](["amounts", "dates", "identifiers"]))
     include_system: bool = True
 
 

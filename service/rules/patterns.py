@@ -16,6 +16,7 @@ keep that off the hot path without changing what matches:
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -26,12 +27,12 @@ _CASE_DEPENDENT = re.compile(r"\\[A-Zxu0-9]|\(\?[a-zA-Z-]|\(\?P")
 def needles(pattern: str) -> tuple[str, ...] | None:
     """Literal strings one of which every match of ``pattern`` contains, or None if none is known."""
     try:
-        from re import _constants as ops
-        from re import _parser
+        ops = importlib.import_module("re._constants")
+        parser = importlib.import_module("re._parser")
     except ImportError:  # the parser is internal; without it patterns simply run unfiltered
         return None
     try:
-        return _needles(_parser.parse(pattern), ops)
+        return _needles(parser.parse(pattern), ops)
     except Exception:
         return None
 

@@ -6,7 +6,7 @@ Later stages keep their tables beside their code, on the same :class:`Base`.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    Table,
     Text,
     UniqueConstraint,
 )
@@ -32,6 +33,10 @@ def utcnow() -> datetime:
 
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JsonType, list[Any]: JsonType, datetime: DateTime(timezone=True)}
+
+    if TYPE_CHECKING:
+        # every model declares __tablename__, so it maps to a Table (SQLAlchemy allows any FromClause)
+        __table__: ClassVar[Table]
 
 
 class ConversationRow(Base):

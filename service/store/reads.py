@@ -71,7 +71,7 @@ def list_query(
     min_severity: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
-) -> Select[tuple[ConversationRow]]:
+) -> Select[ConversationRow]:
     q = select(ConversationRow)
     if agent:
         q = q.where(ConversationRow.agent_id == agent)

@@ -161,7 +161,7 @@ def store_conversations(session: Session, items: Sequence[Checked]) -> list[Chec
     ]
     if finding_rows:
         if postgres:
-            _pg_copy(session, FindingRow.__table__, finding_rows)  # type: ignore[arg-type]
+            _pg_copy(session, FindingRow.__table__, finding_rows)
         else:
             session.execute(insert(FindingRow.__table__), finding_rows)
     _store_inline_outcomes(session, applied, now)

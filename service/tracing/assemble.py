@@ -77,8 +77,9 @@ def _text(value: Any) -> str:
         return value
     if isinstance(value, list):
         texts = [p.get("text") or p.get("content") for p in value if isinstance(p, dict)]
-        if texts and all(isinstance(t, str) for t in texts):
-            return "\n".join(texts)
+        strings = [t for t in texts if isinstance(t, str)]
+        if texts and len(strings) == len(texts):
+            return "\n".join(strings)
     return orjson.dumps(value).decode()
 
 
@@ -98,7 +99,8 @@ def _openai_calls(calls: Any) -> list[dict[str, Any]]:
     out = []
     for c in _json(calls) or []:
         if isinstance(c, dict):
-            fn = c.get("function") if isinstance(c.get("function"), dict) else c
+            function = c.get("function")
+            fn = function if isinstance(function, dict) else c
             out.append(_call(c.get("id"), fn.get("name"), fn.get("arguments")))
     return out
 

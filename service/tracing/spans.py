@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from ..settings import Settings
 
@@ -40,7 +40,7 @@ class _NoopSpan:
     def __enter__(self) -> _NoopSpan:
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         return False
 
     def set_attribute(self, key: str, value: Any) -> None:
