@@ -104,7 +104,9 @@ def bench_raw(bootstrap: str, topic: str, n: int) -> float:
     return rate
 
 
-def bench_e2e(bootstrap: str, pg_url: str, topic: str, n: int, rss_every: int) -> tuple[float, list[float]]:
+def bench_e2e(
+    bootstrap: str, pg_url: str, topic: str, n: int, rss_every: int, stages: bool = False
+) -> tuple[float, list[float]]:
     from prometheus_client import CollectorRegistry
 
     from service.consumer import ConsumerWorker, kafka_consumer
@@ -123,6 +125,10 @@ def bench_e2e(bootstrap: str, pg_url: str, topic: str, n: int, rss_every: int) -
         metrics_port=0,
     )
     rt = build_runtime(s, registry=CollectorRegistry())
+    if stages:
+        from service.wiring import wire
+
+        wire(rt, {"consume"})
     consumer = kafka_consumer(
         rt, [topic], fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024
     )
@@ -204,6 +210,13 @@ def main() -> None:
                     f"(d) RSS MB every {max(1000, len(raws) // 10)} conversations: "
                     + ", ".join(f"{r:.0f}" for r in rss)
                 )
+                if label == "simulate":
+                    with postgres_database() as pg2:
+                        full, _ = bench_e2e(bootstrap, pg2, topic, len(raws), len(raws), stages=True)
+                    print(
+                        f"(b+) the same through `vigil consume`'s full wiring (judge sampling, review flagging, "
+                        f"outcome join, detector counts): {full:,.0f} conversations/s"
+                    )
             if args.long:
                 topic = f"bench-long-{uuid.uuid4().hex[:6]}"
                 create_topic(bootstrap, topic, 6)
