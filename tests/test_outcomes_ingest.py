@@ -162,6 +162,73 @@ def test_invalid_items_are_named_dead_lettered_and_valid_ones_kept(rt_client) ->
     assert c.post("/v1/outcomes", json=outcome(cid), headers=REVIEWER).status_code == 403
 
 
+def test_reused_idempotency_key_for_a_different_outcome_is_a_named_conflict(rt_client) -> None:
+    rt, c = rt_client
+    cid, other = (cv["conversation_id"] for cv in convs(2))
+    first = outcome(cid, "escalation", key="k1")
+    assert c.post("/v1/outcomes", json=first, headers=INGEST).status_code == 202
+    items = [
+        dict(first, conversation_id=other),  # same key, other conversation
+        dict(first, occurred_at=None),  # identical redelivery (occurred_at is not part of the identity)
+        outcome(cid, "thumbs_down", key="k2"),
+        outcome(cid, "thumbs_up", key="k2"),  # conflicts with the item before it in this batch
+        dict(first, value=0.0),
+    ]
+    r = c.post("/v1/outcomes", json=items, headers=INGEST)
+    assert r.status_code == 422
+    body = r.json()
+    assert (body["accepted"], body["stored"], body["duplicates"], body["rejected"]) == (2, 1, 1, 3)
+    by_index = {e["index"]: e for e in body["errors"]}
+    assert set(by_index) == {0, 3, 4} and {e["reason"] for e in body["errors"]} == {"idempotency_conflict"}
+    assert [e["field"] for e in by_index[0]["errors"]] == ["conversation_id"]
+    assert "'k1'" in by_index[0]["errors"][0]["message"] and other in by_index[0]["errors"][0]["message"]
+    assert [e["field"] for e in by_index[3]["errors"]] == ["type"]
+    assert [e["field"] for e in by_index[4]["errors"]] == ["value"]
+    with rt.sessions() as s:
+        stored = {o.idempotency_key: (o.conversation_id, o.type) for o in s.scalars(select(OutcomeRow))}
+    assert stored == {"k1": (cid, "escalation"), "k2": (cid, "thumbs_down")}
+    dead = c.get("/v1/dead-letters", params={"reason": "idempotency_conflict"}, headers=ADMIN).json()
+    assert len(dead) == 1 and other in dead[0]["raw_preview"] and "thumbs_up" in dead[0]["raw_preview"]
+    assert "item 0: conversation_id" in dead[0]["detail"] and "item 4: value" in dead[0]["detail"]
+    metrics = c.get("/metrics").text
+    assert 'vigil_dead_letters_total{reason="idempotency_conflict",source="http"} 1.0' in metrics
+    assert 'vigil_outcomes_duplicate_total{source="http"} 1.0' in metrics
+    r = c.post("/v1/outcomes", json=[first, first], headers=INGEST)  # plain redelivery stays silent
+    assert r.status_code == 202 and r.json()["duplicates"] == 2
+
+
+def test_outcomes_handler_dead_letters_a_conflicting_key(sqlite_url) -> None:
+    from service.pipeline import Envelope
+    from service.wiring import wire
+
+    rt = wire(build_runtime(make_settings(sqlite_url), registry=CollectorRegistry()), {"consume"})
+    store = rt.extras["outcome_store"]
+    cid = convs(1)[0]["conversation_id"]
+
+    def env(payload: object, offset: int) -> Envelope:
+        return Envelope(orjson.dumps(payload), "kafka", "outcomes", 0, offset, cid)
+
+    first = outcome(cid, "escalation", key="e1")
+    batch = store.handle_envelopes(
+        [
+            env(first, 0),
+            env([outcome(cid, "thumbs_down", key="e1"), outcome(cid, "bogus")], 1),
+            env(first, 2),
+        ]
+    )
+    assert (batch.received, batch.stored, batch.duplicates) == (4, 1, 1)
+    assert sorted(e.reason for e in batch.errors) == ["idempotency_conflict", "unknown_outcome_type"]
+    with rt.sessions() as s:
+        dead = s.scalars(select(DeadLetterRow)).all()
+        assert [(d.offset, d.reason) for d in dead] == [(1, "idempotency_conflict")]
+        assert "item 0: type" in dead[0].detail and "item 1: type" in dead[0].detail
+    store.handle_envelopes([env(outcome(cid, "escalation", key="e1", value=0.5), 3)])
+    with rt.sessions() as s:
+        assert sorted(d.reason for d in s.scalars(select(DeadLetterRow))) == ["idempotency_conflict"] * 2
+        assert [o.value for o in s.scalars(select(OutcomeRow))] == [1.0]
+    rt.close()
+
+
 def test_custom_outcome_types_from_settings(sqlite_url) -> None:
     rt = build_runtime(
         make_settings(sqlite_url, outcome_types="nps_detractor:bad,upsell:good,nps:score"),
@@ -269,6 +336,7 @@ def test_outcomes_topic_handler_on_a_real_broker(kafka, sqlite_url) -> None:
         outcome(cid, "escalation", key="e1"),
         [outcome(cid, "thumbs_down", key="t1"), outcome(cid, "bogus")],
         outcome(cid, "escalation", key="e1"),
+        outcome(cid, "reopened_ticket", key="e1"),
     ]
     for m in messages:
         producer.send(topic, key=cid.encode(), value=orjson.dumps(m))
@@ -281,7 +349,7 @@ def test_outcomes_topic_handler_on_a_real_broker(kafka, sqlite_url) -> None:
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and dead_count(rt) < 2:
+    while time.monotonic() < deadline and dead_count(rt) < 3:
         time.sleep(0.2)
     worker.stop()
     thread.join(15)
@@ -289,5 +357,5 @@ def test_outcomes_topic_handler_on_a_real_broker(kafka, sqlite_url) -> None:
     assert set(got) == {f"{cid}:escalation", f"{cid}:thumbs_down"}
     with rt.sessions() as s:
         reasons = sorted(d.reason for d in s.scalars(select(DeadLetterRow)))
-    assert reasons == ["malformed_json", "unknown_outcome_type"]
+    assert reasons == ["idempotency_conflict", "malformed_json", "unknown_outcome_type"]
     rt.close()

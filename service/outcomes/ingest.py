@@ -1,5 +1,8 @@
 """Storing outcome signals: validate, deduplicate by idempotency key, join, tell listeners.
 
+An idempotency key names one outcome: resending it unchanged is a silent duplicate, reusing it for a
+different conversation_id, type or value is an ``idempotency_conflict`` (named error, dead letter).
+
 One transaction stores a batch's outcomes, their joins to already stored conversations, any dead
 letters, and whatever the outcome listeners (judge, review) write. Outcomes whose conversation has
 not arrived yet are kept and joined by :class:`~service.outcomes.join.OutcomeJoin` when it does.
@@ -28,6 +31,9 @@ from .join import after_commit, dialect_insert, link_outcomes
 from .types import OutcomeType, outcome_types
 
 Listener = Callable[[Session, list[OutcomeRow]], None]
+
+# What an idempotency key names; occurred_at is left out because it defaults to arrival time on redelivery.
+IDENTITY = ("conversation_id", "type", "value")
 
 
 class OutcomeIn(BaseModel):
@@ -77,6 +83,33 @@ class ItemError:
 
 
 @dataclass(slots=True)
+class Stored:
+    """What :meth:`OutcomeStore.store` did; ``conflicts`` maps positions in its input to field errors."""
+
+    new: list[OutcomeRow] = field(default_factory=list)
+    duplicates: int = 0
+    conflicts: dict[int, list[dict[str, str]]] = field(default_factory=dict)
+
+
+def _detail(errors: Sequence[ItemError]) -> str:
+    return "; ".join(
+        f"item {e.index}: " + ", ".join(f"{x['field']}: {x['message']}" for x in e.errors) for e in errors
+    )
+
+
+def _conflict(key: str, stored: tuple[Any, ...], sent: tuple[Any, ...]) -> list[dict[str, str]]:
+    return [
+        {
+            "field": name,
+            "message": f"idempotency key {key!r} is already stored with {name} {old!r}, this item has {new!r}; "
+            "a key names one outcome, so send a different outcome under a new key",
+        }
+        for name, old, new in zip(IDENTITY, stored, sent, strict=True)
+        if old != new
+    ]
+
+
+@dataclass(slots=True)
 class OutcomeBatch:
     received: int = 0
     stored: int = 0
@@ -100,8 +133,9 @@ class OutcomeStore:
         self.types: dict[str, OutcomeType] = outcome_types(settings.outcome_types)
         self.listeners: list[Listener] = listeners if listeners is not None else []
 
-    def parse(self, items: Sequence[Any]) -> tuple[list[OutcomeIn], list[ItemError]]:
-        valid: list[OutcomeIn] = []
+    def parse(self, items: Sequence[Any]) -> tuple[list[tuple[int, OutcomeIn]], list[ItemError]]:
+        """Valid outcomes with their index in ``items``, and the errors of the others."""
+        valid: list[tuple[int, OutcomeIn]] = []
         errors: list[ItemError] = []
         for index, item in enumerate(items):
             try:
@@ -129,13 +163,17 @@ class OutcomeStore:
                     )
                 )
                 continue
-            valid.append(outcome)
+            valid.append((index, outcome))
         return valid, errors
 
-    def store(self, session: Session, outcomes: Sequence[OutcomeIn], source: str) -> list[OutcomeRow]:
-        """Insert new outcomes, join them, call listeners; returns the rows that were new."""
+    def store(self, session: Session, outcomes: Sequence[OutcomeIn], source: str) -> Stored:
+        """Insert new outcomes, join them, call listeners.
+
+        A key seen again with the same conversation_id, type and value is a duplicate; with any of them
+        different it is a conflict, stored nowhere here (the callers dead-letter it).
+        """
         if not outcomes:
-            return []
+            return Stored()
         now = datetime.now(UTC)
         rows: dict[str, dict[str, Any]] = {}
         for o in outcomes:
@@ -159,6 +197,19 @@ class OutcomeStore:
             if new_ids
             else []
         )
+        identity: dict[str, tuple[Any, ...]] = {k: tuple(r[f] for f in IDENTITY) for k, r in rows.items()}
+        old_keys = set(rows) - {r.idempotency_key for r in new_rows}
+        if old_keys:
+            cols = [getattr(OutcomeRow, f) for f in IDENTITY]
+            for key, *stored in session.execute(
+                select(OutcomeRow.idempotency_key, *cols).where(OutcomeRow.idempotency_key.in_(old_keys))
+            ):
+                identity[key] = tuple(stored)
+        conflicts: dict[int, list[dict[str, str]]] = {}
+        for pos, o in enumerate(outcomes):
+            sent = tuple(getattr(o, f) for f in IDENTITY)
+            if sent != identity[o.key()]:
+                conflicts[pos] = _conflict(o.key(), identity[o.key()], sent)
         link_outcomes(
             session, new_rows, self.types, self.settings.outcome_attribution_window_hours, self.metrics
         )
@@ -167,7 +218,7 @@ class OutcomeStore:
                 listener(session, new_rows)
         m = self.metrics
         counts = [(r.type, source) for r in new_rows]
-        dupes = len(outcomes) - len(new_rows)
+        dupes = len(outcomes) - len(new_rows) - len(conflicts)
 
         def count() -> None:
             for t, src in counts:
@@ -176,31 +227,43 @@ class OutcomeStore:
                 m.outcomes_duplicate.labels(source).inc(dupes)
 
         after_commit(session, count)
-        return new_rows
+        return Stored(new_rows, dupes, conflicts)
 
     def ingest(self, items: Sequence[Any], source: str, raw: bytes | None = None) -> OutcomeBatch:
-        """Validate and store decoded items in one transaction; invalid ones become one dead letter."""
+        """Validate and store decoded items in one transaction.
+
+        Invalid items become one dead letter, items reusing a key for a different outcome another
+        (reason ``idempotency_conflict``); both are named in the returned errors.
+        """
         valid, errors = self.parse(items)
         dead = []
         if errors:
-            detail = "; ".join(
-                f"item {e.index}: " + ", ".join(f"{x['field']}: {x['message']}" for x in e.errors)
-                for e in errors
-            )
             body = raw if raw is not None else orjson.dumps([items[e.index] for e in errors])
-            dead.append(DeadLetter(source, errors[0].reason, detail, body))
+            dead.append(DeadLetter(source, errors[0].reason, _detail(errors), body))
         with self.sessions.begin() as session:
-            new = self.store(session, valid, source)
+            result = self.store(session, [o for _, o in valid], source)
+            conflicts = [
+                ItemError(valid[pos][0], "idempotency_conflict", errs) for pos, errs in result.conflicts.items()
+            ]
+            if conflicts:
+                body = raw if raw is not None else orjson.dumps([items[e.index] for e in conflicts])
+                dead.append(DeadLetter(source, "idempotency_conflict", _detail(conflicts), body))
             store_dead_letters(session, dead, self.settings.dead_letter_raw_bytes)
         self._count_dead(dead)
-        return OutcomeBatch(len(items), len(new), len(valid) - len(new), errors)
+        errors = sorted(errors + conflicts, key=lambda e: e.index)
+        return OutcomeBatch(len(items), len(result.new), result.duplicates, errors)
 
     def handle_envelopes(self, envelopes: Sequence[Envelope]) -> OutcomeBatch:
-        """Kafka handler of the outcomes topic: each message holds one outcome object or an array."""
+        """Kafka handler of the outcomes topic: each message holds one outcome object or an array.
+
+        A message with invalid or conflicting items becomes one dead letter (its offset is its identity).
+        """
         valid: list[OutcomeIn] = []
+        origin: list[tuple[int, int]] = []  # (envelope, item index) of each valid outcome
+        failed: dict[int, list[ItemError]] = {}
         dead: list[DeadLetter] = []
         total = OutcomeBatch()
-        for env in envelopes:
+        for n, env in enumerate(envelopes):
             try:
                 payload = orjson.loads(env.raw)
             except orjson.JSONDecodeError as exc:
@@ -220,18 +283,24 @@ class OutcomeStore:
             items = payload if isinstance(payload, list) else [payload]
             total.received += len(items)
             ok, errors = self.parse(items)
-            valid.extend(ok)
+            valid.extend(o for _, o in ok)
+            origin.extend((n, i) for i, _ in ok)
             if errors:
+                failed[n] = errors
+        with self.sessions.begin() as session:
+            result = self.store(session, valid, envelopes[0].source if envelopes else "kafka")
+            for pos, errs in result.conflicts.items():
+                n, index = origin[pos]
+                failed.setdefault(n, []).append(ItemError(index, "idempotency_conflict", errs))
+            for n, errors in sorted(failed.items()):
+                errors.sort(key=lambda e: e.index)
                 total.errors.extend(errors)
-                detail = "; ".join(
-                    f"item {e.index}: " + ", ".join(f"{x['field']}: {x['message']}" for x in e.errors)
-                    for e in errors
-                )
+                env = envelopes[n]
                 dead.append(
                     DeadLetter(
                         env.source,
                         errors[0].reason,
-                        detail,
+                        _detail(errors),
                         env.raw,
                         env.topic,
                         env.partition,
@@ -239,11 +308,9 @@ class OutcomeStore:
                         env.key,
                     )
                 )
-        with self.sessions.begin() as session:
-            new = self.store(session, valid, envelopes[0].source if envelopes else "kafka")
             store_dead_letters(session, dead, self.settings.dead_letter_raw_bytes)
         self._count_dead(dead)
-        total.stored, total.duplicates = len(new), len(valid) - len(new)
+        total.stored, total.duplicates = len(result.new), result.duplicates
         return total
 
     def sink(self, items: list[dict[str, Any]]) -> None:
