@@ -2,6 +2,8 @@
 #   vigil serve | vigil consume | vigil judge-worker | vigil detector
 # Rule packs, judge definitions and dashboards are baked in under /app and can be replaced by mounts
 # (the Helm chart mounts its ConfigMaps over /app/rules and /app/judges).
+# /app is root-owned and read-only to Vigil; the one writable place is /var/lib/vigil (the default
+# SQLite database, HOME), a VOLUME so that `docker run --read-only` works and data outlives the container.
 
 ARG PYTHON_VERSION=3.11
 
@@ -16,7 +18,8 @@ RUN /opt/vigil/bin/pip install .
 FROM python:${PYTHON_VERSION}-slim
 ARG VIGIL_UID=10001
 RUN groupadd --system --gid ${VIGIL_UID} vigil \
-    && useradd --system --uid ${VIGIL_UID} --gid vigil --home-dir /app --shell /usr/sbin/nologin vigil
+    && useradd --system --uid ${VIGIL_UID} --gid vigil --home-dir /var/lib/vigil --shell /usr/sbin/nologin vigil \
+    && install -d -o vigil -g vigil -m 0750 /var/lib/vigil
 COPY --from=build /opt/vigil /opt/vigil
 WORKDIR /app
 # The source tree sits beside rules/, judges/ and dashboards/ so that Vigil's defaults
@@ -31,9 +34,11 @@ ENV PATH=/opt/vigil/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     VIGIL_HOST=0.0.0.0 \
     VIGIL_PORT=8000 \
-    VIGIL_METRICS_PORT=9108
+    VIGIL_METRICS_PORT=9108 \
+    VIGIL_DATABASE_URL=sqlite:////var/lib/vigil/vigil.db
 LABEL org.opencontainers.image.title="vigil" \
       dev.vigil.roles="serve consume judge-worker detector"
+VOLUME /var/lib/vigil
 USER ${VIGIL_UID}:${VIGIL_UID}
 EXPOSE 8000 9108
 ENTRYPOINT ["vigil"]

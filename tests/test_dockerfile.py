@@ -100,3 +100,76 @@ def test_baked_in_defaults_resolve_inside_the_image() -> None:
     for folder in ("service", "rules", "judges", "dashboards"):
         assert f"COPY {folder} ./{folder}" in text
     assert Path(PROJECT_ROOT / "rules" / "default.yaml").exists()
+
+
+def final_env() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for op, args in stages()[-1]:
+        if op == "ENV":
+            env.update(part.split("=", 1) for part in shlex.split(args) if "=" in part)  # type: ignore[misc]
+    return env
+
+
+def expand(text: str) -> str:
+    """Substitute the final stage's ARG defaults (``${VIGIL_UID}``)."""
+    for op, args in stages()[-1]:
+        if op == "ARG" and "=" in args:
+            name, value = args.split("=", 1)
+            text = text.replace("${" + name + "}", value).replace("$" + name, value)
+    return text
+
+
+def owners() -> dict[str, str]:
+    """Directory -> owner set by the final stage's ``install -d -o``, ``chown`` or ``COPY --chown``."""
+    found: dict[str, str] = {}
+    for op, args in stages()[-1]:
+        if op == "COPY" and "--chown=" in args:
+            parts = shlex.split(expand(args))
+            owner = next(p for p in parts if p.startswith("--chown="))[len("--chown=") :]
+            found[parts[-1].rstrip("/")] = owner.split(":")[0]
+        if op != "RUN":
+            continue
+        for command in expand(args).replace(";", "&&").split("&&"):
+            words = shlex.split(command)
+            if words[:1] == ["install"] and "-d" in words and "-o" in words:
+                owner = words[words.index("-o") + 1]
+                skip = {i + 1 for i, w in enumerate(words) if w in ("-o", "-g", "-m")}
+                for i, w in enumerate(words[1:], 1):
+                    if i not in skip and not w.startswith("-"):
+                        found[w.rstrip("/")] = owner
+            elif words[:1] == ["chown"]:
+                rest = [w for w in words[1:] if not w.startswith("-")]
+                for path in rest[1:]:
+                    found[path.rstrip("/")] = rest[0].split(":")[0]
+    return found
+
+
+def runtime_user() -> set[str]:
+    """The final USER as every name it goes by (uid and, from useradd, the account name)."""
+    user = expand([a for op, a in stages()[-1] if op == "USER"][-1]).split(":")[0]
+    names = {user}
+    for op, args in stages()[-1]:
+        if op == "RUN" and "useradd" in args:
+            words = shlex.split(expand(args).split("useradd", 1)[1].split("&&")[0])
+            uid = words[words.index("--uid") + 1]
+            if user in (uid, words[-1]):
+                names |= {uid, words[-1]}
+    return names
+
+
+def test_default_database_lives_in_a_directory_the_runtime_user_owns() -> None:
+    """``docker run vigil`` (CMD serve, SQLite by default) must be able to create its database file."""
+    from service.settings import Settings
+
+    url = final_env().get("VIGIL_DATABASE_URL", Settings.model_fields["database_url"].default.get_secret_value())
+    assert url.startswith("sqlite:///"), f"the image's default database is no SQLite file: {url}"
+    path = url[len("sqlite:///") :]
+    workdir = [a for op, a in stages()[-1] if op == "WORKDIR"][-1]
+    directory = str((Path(workdir) / path).parent) if not path.startswith("/") else str(Path(path).parent)
+    owner = owners().get(directory)
+    assert owner in runtime_user(), (
+        f"the default database {url} sits in {directory}, owned by {owner or 'root'}, "
+        f"not by the runtime user {sorted(runtime_user())}"
+    )
+    volumes = [a for op, a in stages()[-1] if op == "VOLUME"]
+    assert any(directory in v for v in volumes), f"{directory} is no VOLUME: docker run --read-only cannot write it"
