@@ -84,6 +84,24 @@ def test_template_checks_explain_themselves(patch: dict[str, Any], says: str) ->
     assert says in str(caught.value)
 
 
+def test_several_api_replicas_need_shared_api_keys() -> None:
+    """Each pod would otherwise generate its own admin key, and a load-balanced client fails on the others."""
+    h = helm()
+    shared_ui = {"review": {"sessionSecret": {"existingSecret": "vigil-ui"}}}
+    with pytest.raises(h.HelmRenderError) as caught:
+        render(merged({"api": {"replicas": 2}, **shared_ui}))
+    message = str(caught.value)
+    assert "api.replicas > 1 needs apiKeys.existingSecret" in message and "own admin key" in message
+    with pytest.raises(h.HelmRenderError) as caught:
+        render(merged({"api": {"replicas": 3}}))
+    assert "apiKeys.existingSecret" in str(caught.value) and "review.sessionSecret" in str(caught.value)
+    assert render(merged({"api": {"replicas": 2}, "apiKeys": {"existingSecret": "vigil-api-keys"}, **shared_ui}))
+    from_extra = [{"name": "VIGIL_API_KEYS", "secretName": "keys", "key": "k"}]
+    assert render(merged({"api": {"replicas": 2}, "extraSecretEnv": from_extra, **shared_ui}))
+    assert render(merged({"api": {"replicas": 2, "enabled": False}}))
+    assert render(merged({"api": {"replicas": 1}}))
+
+
 def test_good_values_pass() -> None:
     assert render(merged({}))
     assert render(load_values(CHART / "ci" / "minimal-values.yaml"))
