@@ -103,6 +103,29 @@ def test_every_alert_has_severity_summary_and_a_runbook_section() -> None:
         assert r["alert"].lower() in headings, f"docs/runbook.md has no section for {r['alert']}"
 
 
+# Gauges each replica reads from the shared database: every worker exports the same value.
+DATABASE_WIDE_GAUGES = (
+    "vigil_judge_queue_depth",
+    "vigil_review_queue_open_items",
+    "vigil_judge_budget_used_usd",
+    "vigil_judge_budget_usd",
+    "vigil_detector_threshold",
+    "vigil_regression_detected",
+)
+
+
+def test_database_wide_gauges_are_not_summed_across_replicas() -> None:
+    """Summing a gauge that every replica reads from the database multiplies it by the replica count."""
+    texts = [r["expr"] for r in alert_rules()] + dashboard_queries(dashboard())
+    summed = [
+        (name, t)
+        for t in texts
+        for name in DATABASE_WIDE_GAUGES
+        if re.search(rf"\b(sum|count)\s*(by\s*\([^)]*\)\s*)?\(\s*{name}\b", t)
+    ]
+    assert not summed, summed
+
+
 def test_dashboard_is_provisionable_and_covers_the_topics() -> None:
     d = dashboard()
     assert d["uid"] == "vigil-overview" and d["schemaVersion"] >= 30 and "id" not in d
