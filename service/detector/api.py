@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..api.auth import require
+from ..store.reads import utc
 from .models import DetectionRow, DetectorSeriesRow
 
 router = APIRouter(tags=["alerts"])
@@ -21,8 +22,8 @@ def detection_dict(d: DetectionRow) -> dict[str, Any]:
         "agent_id": d.agent_id,
         "agent_version": d.agent_version,
         "active": d.ended_at is None,
-        "started_at": d.started_at,
-        "ended_at": d.ended_at,
+        "started_at": utc(d.started_at),
+        "ended_at": utc(d.ended_at),
         "end_reason": d.end_reason,
         "baseline": d.baseline,
         "baseline_rate": d.baseline_rate,

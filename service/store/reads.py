@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -11,6 +11,13 @@ from sqlalchemy.orm import Session
 
 from ..rules import SEVERITY_RANK
 from .models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow
+
+
+def utc(ts: datetime | None) -> datetime | None:
+    """Every stored time is UTC; SQLite hands it back naive, so name the zone before it leaves the API."""
+    if ts is None:
+        return None
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
 
 
 def finding_dict(f: FindingRow) -> dict[str, Any]:
@@ -120,7 +127,7 @@ def list_dead_letters(session: Session, limit: int = 50, reason: str | None = No
             "detail": d.detail,
             "raw_size": d.raw_size,
             "raw_preview": d.raw[:2000].decode("utf-8", "replace"),
-            "created_at": d.created_at,
+            "created_at": utc(d.created_at),
         }
         for d in session.scalars(q).all()
     ]
