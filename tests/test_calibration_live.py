@@ -63,7 +63,8 @@ def _kappa(tp: int, fn: int, fp: int, tn: int) -> float:
 @pytest.fixture
 def seeded(db_url: str):  # type: ignore[no-untyped-def]
     rt = build_runtime(
-        make_settings(db_url, calibration_min_labels=40, calibration_min_kappa=0.5),
+        # the seeded verdicts are the model's: its figures show while the judge runs live
+        make_settings(db_url, calibration_min_labels=40, calibration_min_kappa=0.5, judge_mode="live"),
         registry=CollectorRegistry(),
     )
     rng = random.Random(5)
@@ -203,7 +204,9 @@ def test_fleiss_for_three_reviewers(sqlite_url: str) -> None:
 
 
 def test_calibrate_endpoint_with_recorded_verdicts(sqlite_url: str) -> None:
-    rt = build_runtime(make_settings(sqlite_url, calibration_min_labels=4), registry=CollectorRegistry())
+    rt = build_runtime(
+        make_settings(sqlite_url, calibration_min_labels=4, judge_mode="live"), registry=CollectorRegistry()
+    )
     labels = [{"conversation_id": f"x{i}", "human": "fail" if i % 2 else "pass"} for i in range(8)]
     verdicts = [{"conversation_id": f"x{i}", "verdict": "fail" if i % 2 else "pass"} for i in range(8)]
     with make_client(rt) as client:

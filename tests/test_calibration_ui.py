@@ -46,6 +46,7 @@ def _loaded(tmp: Path):  # type: ignore[no-untyped-def]
         compare_bootstrap_resamples=100,
         calibration_min_labels=20,
         calibration_correction_labels="all",
+        judge_mode="live",  # the seeded verdicts are the model's
     )
     rt = wire(build_runtime(settings, registry=CollectorRegistry()), {"api"})
     base = clean(60, "v1", 1)

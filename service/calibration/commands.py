@@ -48,6 +48,11 @@ def print_report(result: dict[str, Any]) -> None:
             f"[yellow]{len(result['missing'])} labelled conversations had no verdict or document: "
             f"{', '.join(result['missing'][:5])}{' …' if len(result['missing']) > 5 else ''}[/yellow]"
         )
+    if result.get("mode") == "offline":
+        out.print(
+            "[yellow]no provider key: this measured the offline judge, and calibrates only the offline judge, "
+            "not the model[/yellow]"
+        )
     for v in result["versions"]:
         a = v["agreement"]
         c = a["confusion"]

@@ -4,7 +4,9 @@ Human side: reviewers' current labels (``review_labels.is_current``); ``confirme
 ``not_a_failure`` pass, ``unsure`` is left out; several reviewers on one conversation give its majority
 (a tie is left out as disputed). Judge side: each judge version's latest verdict on that conversation.
 Raw production rates come from verdicts the judge gave on its random sample (``reason = "sampled"``),
-never from flagged or outcome-driven requests, which over-represent failures.
+never from flagged or outcome-driven requests, which over-represent failures. ``offline`` keeps only the
+verdicts of the offline judge (True) or of the model (False): the two are different judges that share a
+name and version, and neither's errors say anything about the other's.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def sampled_items(session: Session, ids: list[str]) -> set[str]:
 
 
 def live_pairs(
-    session: Session, judge: str | None = None, only_sampled: bool = False
+    session: Session, judge: str | None = None, only_sampled: bool = False, offline: bool | None = None
 ) -> dict[str, list[Pair]]:
     """Judge name → human/judge pairs, one per (conversation, judge version)."""
     humans = {cid: c for cid, labs in current_labels(session).items() if (c := consensus(labs)) is not None}
@@ -71,6 +73,8 @@ def live_pairs(
         q = select(VerdictRow).where(VerdictRow.conversation_id.in_(ids[i : i + _CHUNK]))
         if judge is not None:
             q = q.where(VerdictRow.judge == judge)
+        if offline is not None:
+            q = q.where(VerdictRow.offline.is_(offline))
         for v in session.scalars(q).all():
             key = (v.judge, v.judge_version, v.conversation_id)
             old = latest.get(key)
@@ -83,7 +87,9 @@ def live_pairs(
     return dict(out)
 
 
-def sampled_rates(session: Session, judge: str | None = None) -> list[dict[str, Any]]:
+def sampled_rates(
+    session: Session, judge: str | None = None, offline: bool | None = None
+) -> list[dict[str, Any]]:
     """Per judge, judge version, agent and agent version: pass and fail verdicts on the random sample."""
     q = (
         select(
@@ -105,6 +111,8 @@ def sampled_rates(session: Session, judge: str | None = None) -> list[dict[str, 
     )
     if judge is not None:
         q = q.where(VerdictRow.judge == judge)
+    if offline is not None:
+        q = q.where(VerdictRow.offline.is_(offline))
     counts: dict[tuple[str, str, str, str], Counter[str]] = defaultdict(Counter)
     for name, version, agent, agent_version, verdict, n in session.execute(q).all():
         counts[(name, version, agent, agent_version)][verdict] += int(n)

@@ -5,12 +5,17 @@ live review queue, or the latest labelled-set run (``vigil calibrate``). Correct
 errors measured on review labels (random-sample items only, unless
 ``VIGIL_CALIBRATION_CORRECTION_LABELS=all``),
 else on the latest labelled-set run; rates of an uncalibrated version carry ``calibrated: false``.
+
+The offline judge (no provider key) shares its name and version with the model it stands in for, so every
+figure is of the judge's current *mode* only: with the model live, verdicts of the model and runs of
+``vigil calibrate`` that called it (or measured a verdicts file); with the offline judge, its own
+verdicts and runs. An offline run never makes the model's judge calibrated.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
@@ -34,13 +39,25 @@ from .report import (
 )
 from .stats import Agreement, agreement_from_counts, inter_rater, position_bias
 
+LIVE, OFFLINE = "live", "offline"
+# calibration_runs.mode values that measure each judge mode ("verdicts": a file of the model's verdicts)
+RUN_MODES = {LIVE: ("live", "verdicts"), OFFLINE: ("offline",)}
+
 
 @dataclass
 class Calibration:
-    """Per-process view over the stored labels, verdicts and runs. ``current`` maps judge → its version."""
+    """Per-process view over the stored labels, verdicts and runs.
+
+    ``current`` maps judge → its version, ``modes`` judge → ``live`` or ``offline`` (a judge this process
+    does not define counts as live).
+    """
 
     settings: Settings
     current: dict[str, str]
+    modes: dict[str, str] = field(default_factory=dict)
+
+    def mode_of(self, judge: str) -> str:
+        return self.modes.get(judge, LIVE)
 
     @property
     def thresholds(self) -> Thresholds:
@@ -54,21 +71,28 @@ class Calibration:
 
     def latest_runs(self, session: Session, judge: str) -> dict[str, CalibrationRunRow]:
         rows = session.scalars(
-            select(CalibrationRunRow).where(CalibrationRunRow.judge == judge).order_by(CalibrationRunRow.id)
+            select(CalibrationRunRow)
+            .where(
+                CalibrationRunRow.judge == judge,
+                CalibrationRunRow.mode.in_(RUN_MODES[self.mode_of(judge)]),
+            )
+            .order_by(CalibrationRunRow.id)
         ).all()
         return {r.judge_version: r for r in rows}  # the last run of each version wins
 
     def judge(self, session: Session, name: str) -> dict[str, Any]:
         """The full calibration report of one judge."""
         t = self.thresholds
-        queue = by_version(live.live_pairs(session, name).get(name, []))
+        mode = self.mode_of(name)
+        offline = mode == OFFLINE
+        queue = by_version(live.live_pairs(session, name, offline=offline).get(name, []))
         only_sampled = self.settings.calibration_correction_labels == "sampled"
-        measuring = by_version(live.live_pairs(session, name, only_sampled).get(name, []))
+        measuring = by_version(live.live_pairs(session, name, only_sampled, offline).get(name, []))
         runs = self.latest_runs(session, name)
         rates: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in live.sampled_rates(session, name):
+        for r in live.sampled_rates(session, name, offline):
             rates[r["judge_version"]].append(r)
-        bias = self.position_bias(session, name)
+        bias = self.position_bias(session, name, offline)
         versions = set(queue) | set(runs) | set(rates) | set(bias)
         if name in self.current:
             versions.add(self.current[name])
@@ -84,6 +108,7 @@ class Calibration:
             "judge": name,
             "current_version": cur,
             "defined": name in self.current,
+            "mode": mode,
             "state": head["state"] if head else UNCALIBRATED,
             "state_reason": head["state_reason"] if head else "no labels yet",
             "thresholds": {"min_labels": t.min_labels, "min_kappa": t.min_kappa},
@@ -162,10 +187,10 @@ class Calibration:
         return None, None
 
     @staticmethod
-    def position_bias(session: Session, judge: str) -> dict[str, dict[str, Any]]:
+    def position_bias(session: Session, judge: str, offline: bool = False) -> dict[str, dict[str, Any]]:
         rows = session.execute(
             select(PairwiseRow.judge_version, PairwiseRow.first_choice, PairwiseRow.second_choice).where(
-                PairwiseRow.judge == judge
+                PairwiseRow.judge == judge, PairwiseRow.offline.is_(offline)
             )
         ).all()
         grouped: dict[str, tuple[list[str | None], list[str | None]]] = defaultdict(lambda: ([], []))
@@ -184,7 +209,7 @@ class Calibration:
                 full["versions"][-1] if full["versions"] else None,
             )
             judges.append(
-                {k: full[k] for k in ("judge", "current_version", "defined", "state", "state_reason")}
+                {k: full[k] for k in ("judge", "current_version", "defined", "mode", "state", "state_reason")}
                 | {"version": head}
             )
         return {
@@ -195,7 +220,10 @@ class Calibration:
 
 
 def save_run(session: Session, judge: str, source: str, mode: str, result: dict[str, Any]) -> list[int]:
-    """Store each version's part of a ``vigil calibrate`` report; returns the run ids."""
+    """Store each version's part of a ``vigil calibrate`` report; returns the run ids.
+
+    ``mode`` is the report's: ``offline`` runs count only while the judge runs offline (see the module).
+    """
     ids = []
     for v in result["versions"]:
         row = CalibrationRunRow(

@@ -24,7 +24,12 @@ def wire(rt: Runtime) -> Calibration:
     Redactor(rt.settings.export_redact_patterns)  # a bad pattern stops start-up, not the first export
     stage = rt.extras.get("judge")
     judges = stage.engine.judges if stage is not None else {}
-    cal = Calibration(rt.settings, {name: j.version for name, j in judges.items()})
+    lanes = stage.engine.lanes if stage is not None else {}
+    cal = Calibration(
+        rt.settings,
+        {name: j.version for name, j in judges.items()},
+        {name: "offline" if lane.offline else "live" for name, lane in lanes.items()},
+    )
     rt.extras["calibration"] = cal
     rt.extras.setdefault("judge_info_enrichers", []).append(partial(enrich.judge_infos, cal))
     rt.extras.setdefault("compare_enrichers", []).append(partial(enrich.compare_rows, cal))
