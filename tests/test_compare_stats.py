@@ -30,40 +30,47 @@ def test_issue_example_n8() -> None:
     assert table["pass_hat_k"][4] == pytest.approx(1.8 / 5)
 
 
-def tau_bench_gpt4o_airline_counts() -> dict[str, tuple[int, int]]:
-    """Per-task successes of 50 tasks × 4 trials that reproduce the published pass^1..4.
-
-    With a_c tasks solved c of 4 times: pass^4 = a4/50 = 0.200, pass^3 = (a3 + 4 a4)/200 = 0.220,
-    pass^2 = (a2 + 3 a3 + 6 a4)/300 = 0.273, pass^1 = (a1 + 2 a2 + 3 a3 + 4 a4)/200 = 0.420 and
-    Σ a_c = 50 has exactly one non-negative integer solution, found below by search.
-    """
-    solutions = []
-    splits = (
-        (a4, a3, a2, a1)
-        for a4 in range(51)
-        for a3 in range(51 - a4)
-        for a2 in range(51 - a4 - a3)
-        for a1 in range(51 - a4 - a3 - a2)
-    )
-    for a4, a3, a2, a1 in splits:
-        a0 = 50 - a1 - a2 - a3 - a4
-        hat = [
-            (a1 + 2 * a2 + 3 * a3 + 4 * a4) / 200,
-            (a2 + 3 * a3 + 6 * a4) / 300,
-            (a3 + 4 * a4) / 200,
-            a4 / 50,
-        ]
-        if [round(h, 3) for h in hat] == [0.420, 0.273, 0.220, 0.200]:
-            solutions.append((a0, a1, a2, a3, a4))
-    assert solutions == [(14, 12, 10, 4, 10)]
-    counts = [c for c, a in enumerate(solutions[0]) for _ in range(a)]
-    return {f"airline:{i}": (4, c) for i, c in enumerate(counts)}
+# τ-bench (Yao et al., 2024), gpt-4o on airline, 50 tasks × 4 trials: published pass^1..4.
+TAU_BENCH_GPT4O_AIRLINE = [0.420, 0.273, 0.220, 0.200]
 
 
-def test_tau_bench_gpt4o_airline_published_pass_hat_k() -> None:
-    table = stats.pass_k_table(tau_bench_gpt4o_airline_counts())
+def histograms_matching(published: list[float], tasks: int, trials: int) -> list[tuple[int, ...]]:
+    """Every split of ``tasks`` into a_c tasks solved c of ``trials`` times whose pass^k, computed by
+    enumerating trial subsets (not the closed form under test), rounds to ``published``."""
+    per_task = {
+        c: [brute_pass_hat([True] * c + [False] * (trials - c), k) for k in range(1, trials + 1)]
+        for c in range(trials + 1)
+    }
+
+    found: list[tuple[int, ...]] = []
+
+    def choose(c: int, left: int, chosen: dict[int, int]) -> None:
+        # pass^k depends only on the tasks solved at least k times: fix a_trials first, then prune
+        if c == 0:
+            found.append(tuple([left] + [chosen[j] for j in range(1, trials + 1)]))
+            return
+        for a in range(left + 1):
+            now = {**chosen, c: a}
+            hat = sum(n * per_task[j][c - 1] for j, n in now.items()) / tasks
+            if round(hat, 3) == published[c - 1]:
+                choose(c - 1, left - a, now)
+
+    choose(trials, tasks, {})
+    return found
+
+
+def test_estimator_gives_tau_bench_published_figures_from_the_histogram_they_imply() -> None:
+    """Not a replay of τ-bench's trajectories (not in the shared data): the published pass^1..4 admit
+    exactly one histogram of per-task success counts, and the estimator, given those counts per
+    task, must give the published figures back. A biased estimator such as (c/n)^k does not."""
+    found = histograms_matching(TAU_BENCH_GPT4O_AIRLINE, tasks=50, trials=4)
+    assert found == [(14, 12, 10, 4, 10)]  # a_0..a_4: tasks solved 0..4 times of 4
+    tasks = {f"airline:{i}": (4, c) for i, c in enumerate(c for c, a in enumerate(found[0]) for _ in range(a))}
+    table = stats.pass_k_table(tasks)
     assert table["tasks"] == 50 and table["ks"] == [1, 2, 3, 4]
-    assert [round(table["pass_hat_k"][k], 3) for k in (1, 2, 3, 4)] == [0.420, 0.273, 0.220, 0.200]
+    assert [round(table["pass_hat_k"][k], 3) for k in (1, 2, 3, 4)] == TAU_BENCH_GPT4O_AIRLINE
+    biased = [sum((c / n) ** k for n, c in tasks.values()) / 50 for k in (1, 2, 3, 4)]
+    assert [round(b, 3) for b in biased] != TAU_BENCH_GPT4O_AIRLINE
 
 
 @pytest.mark.parametrize("n", [1, 3, 5, 8])
