@@ -64,6 +64,38 @@ def test_compare_page_over_http(sqlite_url) -> None:
     rt.close()
 
 
+def logged_in(ui):  # type: ignore[no-untyped-def]
+    page = ui.get("/ui/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+    ui.post("/ui/login", data={"csrf": token, "api_key": "rita-key", "next": "/ui/compare"})
+    return ui
+
+
+def test_versions_stored_together_order_by_name_and_an_agent_is_picked(sqlite_url) -> None:
+    """As in the demo: two versions first stored in one batch; and a second agent stored earlier."""
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    rt = wire(
+        build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=200), registry=CollectorRegistry()),
+        {"api"},
+    )
+    older = clean(30, "v1", 5) + clean(30, "v2", 6)
+    for c in older:
+        c["agent_id"] = "billing-bot"
+    rt.pipeline.process([Conversation.model_validate(c) for c in older], "test")
+    together = clean(40, "v1.5.0", 7) + clean(40, "v1.4.0", 8)
+    rt.pipeline.process([Conversation.model_validate(c) for c in together], "test")
+    with TestClient(create_app(rt)) as ui:
+        html = logged_in(ui).get("/ui/compare").text
+        assert '<option value="support-bot" selected>' in html
+        assert "baseline <b>v1.4.0</b>" in html and "candidate <b>v1.5.0</b>" in html
+        other = ui.get("/ui/compare", params={"agent": "billing-bot"}).text
+        assert "baseline <b>v1</b>" in other and "candidate <b>v2</b>" in other
+    rt.close()
+
+
 @pytest.mark.browser
 def test_compare_page_in_a_browser(sqlite_url) -> None:
     try:

@@ -10,6 +10,8 @@ from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
 from ..api.auth import Principal
+from ..detector.worker import version_key
+from ..outcomes.join import aware
 from ..store.models import ConversationRow
 from ..web.render import render_page, ui_user
 from ..web.session import session_hook_dependency
@@ -20,16 +22,21 @@ router = APIRouter(prefix="/ui", include_in_schema=False, dependencies=[Depends(
 
 
 def versions(rt: Any) -> dict[str, list[str]]:
-    """Agent → its versions, newest first (by first conversation stored)."""
-    q = (
-        select(ConversationRow.agent_id, ConversationRow.agent_version, func.min(ConversationRow.received_at))
-        .group_by(ConversationRow.agent_id, ConversationRow.agent_version)
-        .order_by(func.min(ConversationRow.received_at).desc())
-    )
-    out: dict[str, list[str]] = {}
+    """Agent → its versions, newest first: by first conversation stored, then by version order.
+
+    Versions first stored in the same batch (a canary starting with the demo or a replay) tie on
+    time; like the detector, ``v1.5.0`` then counts as newer than ``v1.4.0``. Agents come in the
+    order of their newest version.
+    """
+    q = select(
+        ConversationRow.agent_id, ConversationRow.agent_version, func.min(ConversationRow.received_at)
+    ).group_by(ConversationRow.agent_id, ConversationRow.agent_version)
     with rt.sessions() as s:
-        for agent, version, _ in s.execute(q):
-            out.setdefault(agent, []).append(version)
+        seen = [(agent, version, aware(first)) for agent, version, first in s.execute(q)]
+    seen.sort(key=lambda r: (r[2], version_key(r[1])), reverse=True)
+    out: dict[str, list[str]] = {}
+    for agent, version, _ in seen:
+        out.setdefault(agent, []).append(version)
     return out
 
 
@@ -59,7 +66,7 @@ async def compare_page(
 ) -> Response:
     rt = request.app.state.runtime
     known = await run_in_threadpool(versions, rt)
-    agent = agent or (next(iter(known)) if len(known) == 1 else None)
+    agent = agent or next(iter(known), None)  # the agent whose version is newest
     options = known.get(agent or "", [])
     if agent and not baseline and not candidate and len(options) >= 2:
         candidate, baseline = options[0], options[1]
