@@ -27,7 +27,7 @@ from sqlalchemy import func, select
 
 from service.api.app import create_app
 from service.runtime import Runtime, build_runtime
-from service.store.models import ConversationRow
+from service.store.models import ConversationRow, DeadLetterRow
 from service.tracing.models import OtelSpanRow
 from service.wiring import wire
 
@@ -346,6 +346,38 @@ def test_bad_requests_get_clear_answers(server: tuple[str, Runtime]) -> None:
     assert rt.metrics.registry.get_sample_value("vigil_otlp_spans_total", {"outcome": "ignored"}) == 1
     with rt.sessions() as s:
         assert s.scalar(select(func.count()).select_from(OtelSpanRow)) == 0
+
+
+def test_rejected_requests_are_kept_as_dead_letters(server: tuple[str, Runtime]) -> None:
+    base, rt = server
+    url = f"{base}/v1/traces"
+    garbage = b"\x0a\xff\xff\xff\xff\x0f" + bytes(range(256)) * 80  # a truncated length-delimited field
+    pb = {**INGEST, "content-type": "application/x-protobuf"}
+    assert httpx.post(url, content=garbage, headers=pb).status_code == 400
+    dead = httpx.get(f"{base}/v1/dead-letters", headers=ADMIN).json()
+    assert len(dead) == 1
+    letter = dead[0]
+    assert (letter["source"], letter["reason"], letter["raw_size"]) == ("otlp", "malformed_otlp", len(garbage))
+    assert "ExportTraceServiceRequest" in letter["detail"] and "application/x-protobuf" in letter["detail"]
+    with rt.sessions() as s:
+        kept = s.scalars(select(DeadLetterRow)).one().raw
+    assert kept == garbage[: rt.settings.dead_letter_raw_bytes] and len(kept) < len(garbage)
+    js = {**INGEST, "content-type": "application/json"}
+    assert httpx.post(url, content=b"{not json", headers=js).status_code == 400
+    zipped = {**js, "content-encoding": "gzip"}
+    assert httpx.post(url, content=b"not gzip at all", headers=zipped).status_code == 400
+    assert httpx.post(url, content=b"{}", headers={**js, "content-encoding": "br"}).status_code == 415
+    dead = httpx.get(f"{base}/v1/dead-letters", headers=ADMIN).json()
+    assert [(d["reason"], d["raw_preview"]) for d in dead[:3]] == [
+        ("unsupported_media", "{}"),
+        ("malformed_otlp", "not gzip at all"),
+        ("malformed_otlp", "{not json"),
+    ]
+    assert "gzip" in dead[1]["detail"]
+    sample = rt.metrics.registry.get_sample_value
+    assert sample("vigil_dead_letters_total", {"reason": "malformed_otlp", "source": "otlp"}) == 3
+    assert httpx.post(url, content=b"{}", headers=js).status_code == 200
+    assert len(httpx.get(f"{base}/v1/dead-letters", headers=ADMIN).json()) == 4
 
 
 def test_exporter_without_key_is_refused(server: tuple[str, Runtime]) -> None:

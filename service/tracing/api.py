@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from ..api.auth import require
+from ..store.writes import DeadLetter
 from .ingest import TraceIngest
 from .otlp import JSON, PROTOBUF, OtlpError, decompress, parse, protobuf_response
 
@@ -35,19 +36,38 @@ def _error(media: str, status: int, message: str) -> Response:
     return Response(orjson.dumps({"code": 3, "message": message}), status, media_type=JSON)
 
 
+_REASONS = {400: "malformed_otlp", 413: "oversized", 415: "unsupported_media"}
+
+
+async def _reject(request: Request, media: str, status: int, message: str, body: bytes) -> Response:
+    """Answer a request that cannot be read, keeping its body as a dead letter (source ``otlp``)."""
+    rt = request.app.state.runtime
+    h = request.headers
+    detail = f"{message} (content-type {h.get('content-type')!r}, content-encoding {h.get('content-encoding')!r})"
+    letter = DeadLetter("otlp", _REASONS.get(status, "malformed_otlp"), detail, body)
+    try:
+        await run_in_threadpool(rt.pipeline.store, [], [letter], "otlp")
+    except Exception:  # answering 4xx now would lose the body: the exporter retries on 503
+        log.exception("keeping a rejected OTLP request as a dead letter failed")
+        rt.metrics.ingest_errors.labels("otlp").inc()
+        return _error(media, 503, "storage unavailable; retry later")
+    return _error(media, status, message)
+
+
 @router.post(
     "/v1/traces",
     dependencies=[require("ingest")],
     summary="OTLP/HTTP trace export (GenAI semantic conventions)",
     responses={
         200: {"description": "Spans accepted (partialSuccess names rejected ones)"},
-        400: {"description": "Not an OTLP trace request"},
+        400: {"description": "Not an OTLP trace request (kept as a dead letter)"},
         413: {"description": "Body too large"},
         415: {"description": "Unsupported content type"},
         503: {"description": "Storage unavailable; retry"},
     },
 )
 async def export_traces(request: Request) -> Response:
+    """Store spans; a request that cannot be read is answered 4xx and kept as a dead letter."""
     rt = request.app.state.runtime
     s = rt.settings
     ctype = request.headers.get("content-type")
@@ -56,13 +76,14 @@ async def export_traces(request: Request) -> Response:
         return _error(media, 404, "OTLP ingest is disabled (VIGIL_OTLP_INGEST_ENABLED=false)")
     body = await request.body()
     if len(body) > s.otlp_max_body_bytes:
-        return _error(media, 413, f"request body of {len(body)} bytes exceeds {s.otlp_max_body_bytes} bytes")
+        message = f"request body of {len(body)} bytes exceeds {s.otlp_max_body_bytes} bytes"
+        return await _reject(request, media, 413, message, body)
     try:
         data = decompress(body, request.headers.get("content-encoding"), s.otlp_max_body_bytes)
         spans, media = parse(data, ctype)
     except OtlpError as exc:
         rt.metrics.otlp_spans.labels("malformed_request").inc()
-        return _error(media, exc.status, str(exc))
+        return await _reject(request, media, exc.status, str(exc), body)
     ingest: TraceIngest = rt.extras["trace_ingest"]
     try:
         result = await run_in_threadpool(ingest.ingest, spans)
