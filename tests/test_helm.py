@@ -93,6 +93,35 @@ def test_every_role_runs_a_vigil_command() -> None:
     assert not missing_commands, f"not vigil commands: {missing_commands} (have {sorted(commands)})"
 
 
+def secret_refs(doc: dict[str, Any]) -> set[str]:
+    return {e["secretRef"]["name"] for c in containers(doc) for e in c.get("envFrom", []) if "secretRef" in e}
+
+
+def test_llm_key_reaches_only_roles_that_call_a_provider() -> None:
+    """Judge workers judge; the API runs pairwise comparisons and calibration (POST /v1/judges/...) itself."""
+    values = load_values(CHART / "ci" / "production-values.yaml")
+    llm = values["llm"]["existingSecret"]
+    docs = render(values)
+    api = one(docs, "Deployment", "-api")
+    assert containers(api)[0]["args"] == ["serve", "--no-workers"]
+    pods = by_kind(docs, "Deployment")
+    holders = {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in pods if llm in secret_refs(d)}
+    assert len(pods) == 4
+    assert holders == {"api", "judge-worker"}
+    assert not [d["metadata"]["name"] for d in by_kind(docs, "Job") if llm in secret_refs(d)]
+    off = render({**values, "judges": {"enabled": False}})
+    assert not [d["metadata"]["name"] for d in by_kind(off, "Deployment") if llm in secret_refs(d)]
+
+
+def test_readme_role_table_matches_the_chart() -> None:
+    from service.settings import PROJECT_ROOT
+
+    values = load_values(CHART / "values.yaml")
+    section = (PROJECT_ROOT / "README.md").read_text().split("<!-- section:kubernetes -->", 1)[1]
+    api_row = next(line for line in section.splitlines() if line.startswith("| API"))
+    assert f"`{' '.join(['vigil', *values['api']['args']])}`" in api_row, api_row
+
+
 def test_env_config_map_holds_only_real_settings(values_file: Path) -> None:
     docs = render(load_values(values_file))
     env = one(docs, "ConfigMap", "-env")["data"]
