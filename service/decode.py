@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pydantic import ValidationError
 
 from .errors import VigilError
@@ -28,10 +30,23 @@ def describe_validation_error(exc: ValidationError, limit: int = 5) -> str:
     return "; ".join(parts)
 
 
+# A JSON-escaped NUL (not one preceded by an escaping backslash). Postgres text cannot hold NUL, so it
+# becomes U+FFFD rather than making the whole conversation unstorable.
+_ESCAPED_NUL = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def strip_nul(raw: bytes) -> bytes:
+    return _ESCAPED_NUL.sub(rb"\1\\ufffd", raw) if b"\\u0000" in raw else raw
+
+
 def decode_conversation(raw: bytes | str, max_bytes: int) -> Conversation:
+    """Validate one JSON conversation; raises DecodeError with a bounded ``reason``."""
     size = len(raw)
     if size > max_bytes:
         raise DecodeError("oversized", f"{size} bytes exceeds the limit of {max_bytes}")
+    if isinstance(raw, str):
+        raw = raw.encode()
+    raw = strip_nul(raw)
     try:
         return Conversation.model_validate_json(raw)
     except ValidationError as exc:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 SCHEMA_VERSION: Final = 1
 
 _ID = Field(min_length=1, max_length=256)
+MAX_INT = 2**63 - 1  # what a database BIGINT holds
 
 
 class FunctionCall(BaseModel):
@@ -81,9 +82,9 @@ class Message(BaseModel):
 class Usage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    prompt_tokens: int | None = Field(default=None, ge=0)
-    completion_tokens: int | None = Field(default=None, ge=0)
-    total_tokens: int | None = Field(default=None, ge=0)
+    prompt_tokens: int | None = Field(default=None, ge=0, le=MAX_INT)
+    completion_tokens: int | None = Field(default=None, ge=0, le=MAX_INT)
+    total_tokens: int | None = Field(default=None, ge=0, le=MAX_INT)
     cost_usd: float | None = Field(default=None, ge=0)
     latency_ms: float | None = Field(default=None, ge=0)
 
@@ -111,7 +112,7 @@ class Conversation(BaseModel):
     schema_version: Literal[1] = SCHEMA_VERSION
     conversation_id: str = _ID
     revision: int | None = Field(
-        default=None, ge=0, description="Increases as the conversation grows; newest supersedes."
+        default=None, ge=0, le=MAX_INT, description="Increases as the conversation grows; newest supersedes."
     )
     updated_at: datetime | None = Field(
         default=None, description="Used as the revision when `revision` is absent."

@@ -49,7 +49,7 @@ def list_conversations(
         )
 
 
-@router.get("/v1/conversations/{conversation_id}", dependencies=[require("reviewer")])
+@router.get("/v1/conversations/{conversation_id:path}", dependencies=[require("reviewer")])
 def get_conversation(request: Request, conversation_id: str) -> dict[str, Any]:
     rt = request.app.state.runtime
     with rt.sessions() as s:

@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from ..decode import DecodeError, decode_conversation
+from ..decode import strip_nul
+from ..pipeline import Envelope
 from ..schema import Conversation
 from ..store.writes import DeadLetter
 from .auth import require
@@ -51,6 +52,7 @@ def _errors(exc: ValidationError) -> list[dict[str, str]]:
 )
 async def ingest_conversations(request: Request) -> JSONResponse:
     rt = request.app.state.runtime
+    pipeline = rt.pipeline
     limit = rt.settings.max_message_bytes
     body = await request.body()
     if not body:
@@ -58,45 +60,48 @@ async def ingest_conversations(request: Request) -> JSONResponse:
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        rt.pipeline.store([], [DeadLetter("http", "malformed_json", str(exc), body)], "http")
+        await run_in_threadpool(pipeline.store, [], [DeadLetter("http", "malformed_json", str(exc), body)], "http")
         return JSONResponse({"detail": f"body is not JSON: {exc}"}, 400)
-    items: list[Any] = payload if isinstance(payload, list) else [payload]
+    single = not isinstance(payload, list)
+    items: list[Any] = [payload] if single else payload
     if len(items) > MAX_BATCH:
-        return JSONResponse({"detail": f"batch of {len(items)} exceeds {MAX_BATCH} items"}, 413)
-    valid: list[Conversation] = []
-    docs: list[str] = []
+        detail = f"batch of {len(items)} exceeds {MAX_BATCH} items; split it"
+        await run_in_threadpool(pipeline.store, [], [DeadLetter("http", "batch_too_large", detail, body)], "http")
+        return JSONResponse({"detail": detail}, 413)
+    valid: list[tuple[Conversation, str, Envelope]] = []
+    index_of: dict[str, int] = {}
     errors: list[dict[str, Any]] = []
     dead: list[DeadLetter] = []
     for index, item in enumerate(items):
-        raw = orjson.dumps(item)
-        try:
-            if len(raw) > limit:
-                decode_conversation(raw, limit)
-            conv = Conversation.model_validate(item)
-        except DecodeError as exc:
-            errors.append({"index": index, "errors": [{"field": "(root)", "message": exc.detail}]})
-            dead.append(DeadLetter("http", exc.reason, exc.detail, raw))
+        # a single object keeps the exact bytes received; batch items are re-encoded one by one
+        raw = strip_nul(body if single else orjson.dumps(item))
+        if len(raw) > limit:
+            detail = f"{len(raw)} bytes exceeds the limit of {limit}"
+            errors.append({"index": index, "errors": [{"field": "(root)", "message": detail}]})
+            dead.append(DeadLetter("http", "oversized", detail, raw))
             continue
+        try:
+            conv = Conversation.model_validate_json(raw)
         except ValidationError as exc:
             errs = _errors(exc)
             errors.append({"index": index, "errors": errs})
             detail = "; ".join(f"{e['field']}: {e['message']}" for e in errs)
             dead.append(DeadLetter("http", "schema_invalid", detail, raw))
             continue
-        valid.append(conv)
-        docs.append(raw.decode())
-
-    def check_and_store():  # type: ignore[no-untyped-def]
-        checked = [rt.pipeline.check(c, d) for c, d in zip(valid, docs, strict=True)]
-        return rt.pipeline.store(checked, dead, "http")
-
-    result = await run_in_threadpool(check_and_store)
+        valid.append((conv, raw.decode(), Envelope(raw, "http", key=conv.conversation_id)))
+        index_of[conv.conversation_id] = index
+    result = await run_in_threadpool(pipeline.process_documents, valid, dead, "http")
+    rejected_ids = {d.key for d in result.dead_letters if d.reason == "store_rejected"}
+    for cid in sorted(rejected_ids, key=lambda c: index_of.get(c or "", -1)):
+        message = "the database refused this conversation; it is kept as a dead letter"
+        errors.append({"index": index_of.get(cid or "", -1), "errors": [{"field": "(root)", "message": message}]})
+    accepted = [c.conversation_id for c, _, _ in valid if c.conversation_id not in rejected_ids]
     body_out = {
-        "accepted": len(valid),
+        "accepted": len(accepted),
         "stored": len(result.stored),
         "duplicates": result.duplicates,
         "rejected": len(errors),
         "errors": errors,
-        "conversation_ids": [c.conversation_id for c in valid],
+        "conversation_ids": accepted,
     }
     return JSONResponse(body_out, status_code=422 if errors else 202)

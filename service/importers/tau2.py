@@ -69,7 +69,7 @@ def convert(
             messages = [_message(m) for m in sim["messages"]]
             if include_policy and policy:
                 messages.insert(0, {"role": "system", "content": policy})
-            reward = float((sim.get("reward_info") or {}).get("reward") or 0.0)
+            raw_reward = (sim.get("reward_info") or {}).get("reward")
             end = sim.get("end_time")
             cost = sim.get("agent_cost")
             duration = sim.get("duration")
@@ -95,10 +95,13 @@ def convert(
                         "termination_reason": sim.get("termination_reason"),
                         "goal": _goal(tasks.get(str(sim["task_id"]))),
                     },
-                    "outcomes": [
+                    # no reward recorded means unknown, not failed: then there is no outcome at all
+                    "outcomes": []
+                    if raw_reward is None
+                    else [
                         {
                             "type": "task_success",
-                            "value": reward,
+                            "value": float(raw_reward),
                             "occurred_at": end or datetime.now().isoformat(),
                             "idempotency_key": f"tau2:{domain}:{sim['id']}:task_success",
                         }

@@ -34,7 +34,7 @@ def convert(
             trial = run.get("trial", 0)
             task = run["task_id"]
             messages = [_message(m) for m in run["traj"]]
-            reward = float(run.get("reward") or 0.0)
+            raw_reward = run.get("reward")
             yield Conversation.model_validate(
                 {
                     "conversation_id": f"tau-bench:{stem}:{task}:{trial}",
@@ -45,10 +45,12 @@ def convert(
                     "task_id": f"{env}:{task}",
                     "messages": messages,
                     "metadata": {"source": "tau-bench", "trial": trial, "domain": env},
-                    "outcomes": [
+                    "outcomes": []
+                    if raw_reward is None
+                    else [
                         {
                             "type": "task_success",
-                            "value": reward,
+                            "value": float(raw_reward),
                             "idempotency_key": f"tau-bench:{stem}:{task}:{trial}:task_success",
                         }
                     ],

@@ -40,7 +40,7 @@ def summary_dict(c: ConversationRow) -> dict[str, Any]:
         "agent_version": c.agent_version,
         "task_id": c.task_id,
         "status": c.status,
-        "received_at": c.received_at,
+        "received_at": utc(c.received_at),
         "message_count": c.message_count,
         "tool_call_count": c.tool_call_count,
         "tool_error_count": c.tool_error_count,
@@ -66,7 +66,7 @@ def get_conversation(session: Session, conversation_id: str) -> dict[str, Any] |
     out["conversation"] = orjson.loads(row.document)
     out["findings"] = [finding_dict(f) for f in findings]
     out["outcomes"] = [
-        {"type": o.type, "value": o.value, "occurred_at": o.occurred_at, "source": o.source} for o in outcomes
+        {"type": o.type, "value": o.value, "occurred_at": utc(o.occurred_at), "source": o.source} for o in outcomes
     ]
     return out
 
@@ -84,10 +84,11 @@ def list_query(
         q = q.where(ConversationRow.agent_id == agent)
     if version:
         q = q.where(ConversationRow.agent_version == version)
+    # compare in UTC: SQLite stores UTC wall time and would otherwise ignore a given offset
     if since:
-        q = q.where(ConversationRow.received_at >= since)
+        q = q.where(ConversationRow.received_at >= utc(since))
     if until:
-        q = q.where(ConversationRow.received_at < until)
+        q = q.where(ConversationRow.received_at < utc(until))
     if rule:
         q = q.where(
             ConversationRow.conversation_id.in_(

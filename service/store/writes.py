@@ -24,6 +24,9 @@ class Checked:
     conversation: Conversation
     findings: list[Finding]
     document: str
+    origin: Any = None  # the Envelope it came from, for dead-lettering it if the database rejects it
+    replaced: bool = False  # set by the store: it superseded an older stored revision
+    previous_findings: frozenset[tuple[str, str]] = frozenset()  # (rule_id, message) of that revision
 
 
 @dataclass(slots=True)
@@ -125,6 +128,10 @@ def newest_per_conversation(items: Sequence[Checked]) -> list[Checked]:
     return list(best.values())
 
 
+def best_ids(items: Sequence[Checked]) -> set[str]:
+    return {i.conversation.conversation_id for i in items}
+
+
 def store_conversations(session: Session, items: Sequence[Checked]) -> list[Checked]:
     """Upsert conversations and replace their findings. Returns the items actually applied."""
     if not items:
@@ -136,11 +143,27 @@ def store_conversations(session: Session, items: Sequence[Checked]) -> list[Chec
     if postgres:
         applied_ids, replaced_ids = _upsert_conversations_pg(session, rows)
     else:
-        applied_ids = replaced_ids = _upsert_conversations_generic(session, rows)
+        table = ConversationRow.__table__
+        existing = set(
+            session.scalars(select(table.c.conversation_id).where(table.c.conversation_id.in_(list(best_ids(items)))))
+        )
+        applied_ids = _upsert_conversations_generic(session, rows)
+        replaced_ids = applied_ids & existing
     applied = [i for i in items if i.conversation.conversation_id in applied_ids]
     if not applied:
         return []
     if replaced_ids:
+        previous: dict[str, set[tuple[str, str]]] = {}
+        old = select(FindingRow.conversation_id, FindingRow.rule_id, FindingRow.message).where(
+            FindingRow.conversation_id.in_(replaced_ids)
+        )
+        for cid, rule_id, message in session.execute(old):
+            previous.setdefault(cid, set()).add((rule_id, message))
+        for i in applied:
+            cid = i.conversation.conversation_id
+            if cid in replaced_ids:
+                i.replaced = True
+                i.previous_findings = frozenset(previous.get(cid, ()))
         session.execute(delete(FindingRow).where(FindingRow.conversation_id.in_(replaced_ids)))
     finding_rows = [
         {
@@ -198,16 +221,17 @@ def _store_inline_outcomes(session: Session, applied: list[Checked], now: dateti
         session.execute(ins.on_conflict_do_nothing(index_elements=["idempotency_key"]), outcome_rows)
 
 
-def store_dead_letters(session: Session, letters: Sequence[DeadLetter], keep_bytes: int) -> None:
+def store_dead_letters(session: Session, letters: Sequence[DeadLetter], keep_bytes: int) -> list[tuple[str, str]]:
+    """Insert dead letters (a redelivered Kafka position is kept once); returns (reason, source) of new rows."""
     if not letters:
-        return
+        return []
     rows = [
         {
             "source": d.source,
             "topic": d.topic,
             "partition": d.partition,
             "offset": d.offset,
-            "key": d.key,
+            "key": d.key[:512] if d.key else d.key,
             "reason": d.reason,
             "detail": d.detail[:4000],
             "raw": d.raw[:keep_bytes],
@@ -216,10 +240,11 @@ def store_dead_letters(session: Session, letters: Sequence[DeadLetter], keep_byt
         }
         for d in letters
     ]
-    ins = _dialect_insert(session, DeadLetterRow.__table__)
-    session.execute(
-        ins.on_conflict_do_nothing(index_elements=["source", "topic", "partition", "offset"]), rows
+    table = DeadLetterRow.__table__
+    ins = _dialect_insert(session, table).on_conflict_do_nothing(
+        index_elements=["source", "topic", "partition", "offset"]
     )
+    return [(r.reason, r.source) for r in session.execute(ins.returning(table.c.reason, table.c.source), rows)]
 
 
 def count_conversations(session: Session) -> int:
