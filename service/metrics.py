@@ -2,11 +2,15 @@
 
 Label values that come from traffic (agent ids, versions) pass through :class:`LabelGuard`, which
 folds values past a fixed budget into ``other`` so a misbehaving client cannot explode cardinality.
+Names bounded by configuration (rule ids, outcome types, judge names and models, the detector's
+signals) have guards of their own: the configured names are admitted up front and never fold, and
+only names outside the configuration (a rule since removed) draw on a budget.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -15,17 +19,23 @@ OTHER = "other"
 
 
 class LabelGuard:
-    """Admits at most ``limit`` distinct values; later newcomers become ``other``."""
+    """Admits at most ``limit`` distinct values beyond those :meth:`admit`-ted; later newcomers become ``other``."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        self._known: frozenset[str] = frozenset()
         self._seen: set[str] = set()
         self._lock = threading.Lock()
+
+    def admit(self, values: Iterable[str]) -> None:
+        """Values from configuration: always kept, and they use none of the budget."""
+        with self._lock:
+            self._known = self._known | {v for v in values if v}
 
     def __call__(self, value: str | None) -> str:
         if not value:
             return "unknown"
-        if value in self._seen:
+        if value in self._known or value in self._seen:
             return value
         with self._lock:
             if len(self._seen) < self.limit:
@@ -40,11 +50,20 @@ class Metrics:
         r = self.registry
         self.agent = LabelGuard(max_label_values)
         self.version = LabelGuard(max_label_values)
+        # configured names (rule ids, outcome types, judge models) and detector signals: see admit()
         self.label = LabelGuard(max_label_values)
+        self.signal = LabelGuard(max_label_values)
 
         self.conversations_processed = Counter(
             "conversations_processed_total",
-            "Conversations (new or superseding revisions) checked and stored.",
+            "Conversations checked and stored for the first time (later revisions: conversations_updated_total).",
+            ["agent", "agent_version", "source"],
+            namespace=NS,
+            registry=r,
+        )
+        self.conversations_updated = Counter(
+            "conversations_updated_total",
+            "Newer revisions that superseded a stored conversation (a growing conversation).",
             ["agent", "agent_version", "source"],
             namespace=NS,
             registry=r,

@@ -8,7 +8,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import REVIEWER, make_client, make_settings
+from conftest import INGEST, REVIEWER, make_client, make_settings
 from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select, update
 from typer.testing import CliRunner
@@ -18,6 +18,7 @@ from service.detector.models import DetectionRow, DetectorSeriesRow, QualityCoun
 from service.detector.wiring import build_detector
 from service.runtime import build_runtime
 from service.schema import Conversation
+from service.settings import PROJECT_ROOT
 from service.simulate import Simulator, parse_versions
 from service.store.models import ConversationRow
 
@@ -257,3 +258,26 @@ def test_versions_seen_together_compare_in_name_order(rt) -> None:
     got = active(rt)
     assert got["v1.10.0/forbidden_tool"].baseline == "version:v1.9.0"
     assert not [k for k in got if k.startswith("v1.9.0/")]
+
+
+def test_all_shipped_rule_packs_export_every_signal_under_its_own_name(sqlite_url) -> None:
+    """Rule ids and signals are bounded by the loaded packs, not by the traffic label budget."""
+    settings = make_settings(sqlite_url, rule_packs=str(PROJECT_ROOT / "rules" / "*.yaml"), **FAST)
+    rt = build_runtime(settings, registry=CollectorRegistry())
+    assert len(rt.rules.rules) > settings.max_label_values / 2
+    with make_client(rt) as c:
+        sim = Simulator(parse_versions("v1:0.5"), 9)
+        convs = list(sim.stream(200))
+        assert c.post("/v1/conversations", json=convs, headers=INGEST).status_code == 202
+        outcomes = [o for conv in convs for o in sim.outcomes_for(conv)]
+        assert c.post("/v1/outcomes", json=outcomes, headers=INGEST).status_code in (200, 202)
+        build_detector(rt).tick(datetime.now(UTC) + timedelta(hours=2))
+        text = c.get("/metrics").text
+    assert 'signal="other"' not in text and 'rule="other"' not in text
+    base = 'agent="support-bot",agent_version="v1"'
+    for signal in ("outcome:escalation", "outcome:refund_reversal", "forbidden_tool", "rule:pii-in-reply"):
+        assert f'vigil_quality_rate{{{base},signal="{signal}"}}' in text, signal
+    findings = [line for line in text.splitlines() if line.startswith("vigil_findings_total{")]
+    fired = {line.split('rule="')[1].split('"')[0] for line in findings}
+    assert "pii-in-reply" in fired and fired <= {r.id for r in rt.rules.rules}
+    rt.close()

@@ -4,17 +4,40 @@ from __future__ import annotations
 
 from ..runtime import Runtime
 from .api import router
+from .counts import conversation_signals
 from .worker import Detector
 
 
-def build_detector(rt: Runtime) -> Detector:
+def bad_outcomes(rt: Runtime) -> list[str]:
     from ..outcomes.types import outcome_types
 
-    bad = sorted(n for n, t in outcome_types(rt.settings.outcome_types).items() if t.kind == "bad")
-    return Detector(rt.settings, rt.sessions, rt.metrics, lambda: [r.id for r in rt.rules.rules], bad)
+    return sorted(n for n, t in outcome_types(rt.settings.outcome_types).items() if t.kind == "bad")
+
+
+def admit_labels(rt: Runtime) -> None:
+    """Admit the configured names as metric labels, so none of them folds into ``other``.
+
+    Rule ids, outcome types, judge names and models, and the signals made of them are bounded by
+    configuration rather than traffic; with many rule packs they exceed the traffic guard's budget.
+    """
+    from ..outcomes.types import outcome_types
+
+    rules = [r.id for r in rt.rules.rules]
+    judge = rt.extras.get("judge")
+    judges = list(judge.engine.judges) if judge is not None else []
+    models = [lane.model for lane in judge.engine.lanes.values()] if judge is not None else []
+    m = rt.metrics
+    m.label.admit([*rules, *outcome_types(rt.settings.outcome_types), *models])
+    m.signal.admit([*conversation_signals(rules, bad_outcomes(rt)), *(f"judge:{j}" for j in judges)])
+
+
+def build_detector(rt: Runtime) -> Detector:
+    admit_labels(rt)
+    return Detector(rt.settings, rt.sessions, rt.metrics, lambda: [r.id for r in rt.rules.rules], bad_outcomes(rt))
 
 
 def wire(rt: Runtime) -> None:
+    admit_labels(rt)
     rt.extras.setdefault("routers", []).append(router)
     roles = rt.extras.get("roles", set())
     if roles & {"serve", "detector"}:

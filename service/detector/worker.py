@@ -245,7 +245,7 @@ class Detector:
 
         def count() -> None:
             for agent, version, signal in started:
-                m.detections.labels(m.label(signal), m.agent(agent), m.version(version)).inc()
+                m.detections.labels(m.signal(signal), m.agent(agent), m.version(version)).inc()
 
         after_commit(s, count)
 
@@ -390,21 +390,30 @@ class Detector:
                     )
                 )
             }
+        # series whose labels fold into "other" share one set of gauges: their summed counts, the
+        # largest statistic, and detected if any of them is (never one overwriting another)
+        groups: dict[Key, list[Key]] = {}
+        for key in live:
+            groups.setdefault((m.signal(key[2]), m.agent(key[0]), m.version(key[1])), []).append(key)
         exported: set[Key] = set()
-        for key, row in live.items():
-            n, x = totals.get(key, (0, 0))
-            labels = (m.label(key[2]), m.agent(key[0]), m.version(key[1]))
+        for labels, keys in groups.items():
             exported.add(labels)
+            counts = [totals.get(k, (0, 0)) for k in keys]
+            n, x = sum(c[0] for c in counts), sum(min(c[1], c[0]) for c in counts)
+            rows = [live[k] for k in keys]
             if n:
-                low, high = proportion_confint(min(x, n), n, alpha=0.05, method="wilson")
-                m.quality_rate.labels(*labels).set(min(x, n) / n)
+                low, high = proportion_confint(x, n, alpha=0.05, method="wilson")
+                m.quality_rate.labels(*labels).set(x / n)
                 m.quality_rate_lower.labels(*labels).set(float(low))
                 m.quality_rate_upper.labels(*labels).set(float(high))
             m.quality_observations.labels(*labels).set(n)
-            if row.baseline_rate is not None:
-                m.quality_baseline_rate.labels(*labels).set(row.baseline_rate)
-            m.regression_detected.labels(*labels).set(1 if row.detection_id is not None else 0)
-            m.detector_statistic.labels(*labels).set(max(row.statistics or [0.0]))
+            if len(rows) == 1 and rows[0].baseline_rate is not None:
+                m.quality_baseline_rate.labels(*labels).set(rows[0].baseline_rate)
+            else:
+                with contextlib.suppress(KeyError):
+                    m.quality_baseline_rate.remove(*labels)
+            m.regression_detected.labels(*labels).set(1 if any(r.detection_id is not None for r in rows) else 0)
+            m.detector_statistic.labels(*labels).set(max(max(r.statistics or [0.0]) for r in rows))
         for gone in self._exported - exported:
             for gauge in (
                 m.quality_rate,
