@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from review_support import review_runtime, simulated, store
@@ -31,8 +31,7 @@ def _item(rt, cid: str) -> ReviewItemRow | None:  # type: ignore[no-untyped-def]
 def _reasons(rt, cid: str) -> set[tuple[str, str]]:  # type: ignore[no-untyped-def]
     with rt.sessions() as s:
         return {
-            (r.kind, r.key)
-            for r in s.scalars(select(ReviewReasonRow).where(ReviewReasonRow.conversation_id == cid))
+            (r.kind, r.key) for r in s.scalars(select(ReviewReasonRow).where(ReviewReasonRow.conversation_id == cid))
         }
 
 
@@ -64,13 +63,13 @@ def _verdict(
     )
 
 
-def _outcome(cid: str, type_: str, value: float = 1.0) -> OutcomeRow:
+def _outcome(cid: str, type_: str, value: float = 1.0, at: datetime | None = None) -> OutcomeRow:
     return OutcomeRow(
         idempotency_key=f"{cid}:{type_}",
         conversation_id=cid,
         type=type_,
         value=value,
-        occurred_at=datetime.now(UTC),
+        occurred_at=at or datetime.now(UTC),
         source="test",
     )
 
@@ -81,9 +80,7 @@ def _stored_rows(rt, rows):  # type: ignore[no-untyped-def]
         s.add_all(rows)
         s.flush()
         listeners = (
-            rt.extras["verdict_listeners"]
-            if isinstance(rows[0], VerdictRow)
-            else rt.extras["outcome_listeners"]
+            rt.extras["verdict_listeners"] if isinstance(rows[0], VerdictRow) else rt.extras["outcome_listeners"]
         )
         for fn in listeners:
             fn(s, rows)
@@ -94,9 +91,7 @@ def test_findings_enter_once_and_later_signals_raise_priority(rt) -> None:
     store(rt, convs)
     cancel = next(c for c in convs if c["metadata"]["simulated_defect"] == "cancel_delivered")
     clean = next(
-        c
-        for c in convs
-        if c["metadata"]["simulated_defect"] is None and _item(rt, c["conversation_id"]) is None
+        c for c in convs if c["metadata"]["simulated_defect"] is None and _item(rt, c["conversation_id"]) is None
     )
     cid = cancel["conversation_id"]
     item = _item(rt, cid)
@@ -124,16 +119,12 @@ def test_findings_enter_once_and_later_signals_raise_priority(rt) -> None:
 
     _stored_rows(rt, [_outcome(cid, "escalation"), _outcome(cid, "thumbs_up")])
     assert _item(rt, cid).priority == 60 + 70 + 50
-    assert ("outcome", "escalation") in _reasons(rt, cid) and ("outcome", "thumbs_up") not in _reasons(
-        rt, cid
-    )
+    assert ("outcome", "escalation") in _reasons(rt, cid) and ("outcome", "thumbs_up") not in _reasons(rt, cid)
     with rt.sessions() as s:
         actions = [
             a.action
             for a in s.scalars(
-                select(ReviewAuditRow)
-                .where(ReviewAuditRow.conversation_id == cid)
-                .order_by(ReviewAuditRow.id)
+                select(ReviewAuditRow).where(ReviewAuditRow.conversation_id == cid).order_by(ReviewAuditRow.id)
             )
         ]
     assert actions == ["enqueued", "reason_added", "reason_added"]
@@ -175,9 +166,7 @@ def test_sampling_is_deterministic_and_near_its_rate() -> None:
     again = FlaggingPolicy.load(DEFAULT_POLICY)
     assert picked == [i for i in ids if again.sampled(i)]
     assert 0.015 < len(picked) / len(ids) < 0.025
-    resalted = policy.model_copy(
-        update={"sample": policy.sample.model_copy(update={"salt": "review-sample-v2"})}
-    )
+    resalted = policy.model_copy(update={"sample": policy.sample.model_copy(update={"salt": "review-sample-v2"})})
     assert [i for i in ids if resalted.sampled(i)] != picked
     multi = sum(policy.reviewers_for(i) == 2 for i in ids) / len(ids)
     assert 0.08 < multi < 0.12
@@ -191,10 +180,95 @@ def test_unflagged_conversations_are_sampled(sqlite_url) -> None:
         policy = rt.extras["review"].policy
         expected = {c["conversation_id"] for c in convs if policy.sampled(c["conversation_id"])}
         with rt.sessions() as s:
-            sampled = set(
-                s.scalars(select(ReviewItemRow.conversation_id).where(ReviewItemRow.sampled.is_(True)))
-            )
+            sampled = set(s.scalars(select(ReviewItemRow.conversation_id).where(ReviewItemRow.sampled.is_(True))))
         assert sampled == expected and sampled
+    finally:
+        rt.close()
+
+
+def test_sample_is_drawn_from_flagged_and_unflagged_alike(db_url, tmp_path) -> None:
+    """The sampled items are a uniform sample of traffic, so labels on them measure a judge without bias."""
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text("sample: {rate: 0.3}\nmulti_review: {share: 0}\n")
+    rt = review_runtime(db_url, review_policy=str(policy_file))
+    try:
+        convs = simulated(300, "v1:0.6", seed=12)
+        store(rt, convs)
+        policy = rt.extras["review"].policy
+        with rt.sessions() as s:
+            items = {i.conversation_id: i for i in s.scalars(select(ReviewItemRow))}
+            reasons: dict[str, set[str]] = {}
+            for r in s.scalars(select(ReviewReasonRow)):
+                reasons.setdefault(r.conversation_id, set()).add(r.kind)
+        flagged = {cid for cid, kinds in reasons.items() if "finding" in kinds}
+        ids = [c["conversation_id"] for c in convs]
+        unflagged = [cid for cid in ids if cid not in flagged]
+        assert len(flagged) > 80 and len(unflagged) > 80
+        drawn = {cid for cid in ids if policy.sampled(cid)}
+        assert {cid for cid, i in items.items() if i.sampled} == drawn
+        for group in (flagged, unflagged):
+            share = sum(cid in drawn for cid in group) / len(group)
+            assert 0.15 < share < 0.45, share  # 0.3 give or take 3.5 standard errors
+        both = sorted(flagged & drawn)
+        assert both and all(reasons[cid] == {"finding", "sample"} for cid in both)
+    finally:
+        rt.close()
+
+
+def test_an_item_flagged_first_becomes_sampled_when_its_conversation_is_drawn(db_url, tmp_path) -> None:
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text("sample: {rate: 1.0}\noutcomes: {escalation: 50}\n")
+    rt = review_runtime(db_url, review_policy=str(policy_file))
+    try:
+        conv = simulated(1, "v1:0.0", seed=13)[0]
+        cid = conv["conversation_id"]
+        _stored_rows(rt, [_outcome(cid, "escalation")])
+        assert _item(rt, cid).sampled is False
+        store(rt, [conv])
+        item = _item(rt, cid)
+        assert item.sampled is True and item.priority == 50 + 5
+        assert _reasons(rt, cid) == {("outcome", "escalation"), ("sample", "review-sample-v1")}
+    finally:
+        rt.close()
+
+
+def test_outcomes_outside_the_attribution_window_do_not_flag(db_url, tmp_path) -> None:
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text("sample: {rate: 0}\noutcomes: {escalation: 50, thumbs_down: 30, refund_reversal: 60}\n")
+    rt = review_runtime(db_url, review_policy=str(policy_file), outcome_attribution_window_hours=24)
+    try:
+        convs = simulated(40, "v1:0.0", seed=14)
+        stored, late_first, late_with_verdict, early_first = convs[0], convs[1], convs[2], convs[3]
+        store(rt, [stored])
+        end = datetime.fromisoformat(stored["ended_at"])
+        _stored_rows(rt, [_outcome(stored["conversation_id"], "escalation", at=end + timedelta(hours=30))])
+        assert _item(rt, stored["conversation_id"]) is None
+        _stored_rows(rt, [_outcome(stored["conversation_id"], "thumbs_down", at=end + timedelta(hours=2))])
+        assert _reasons(rt, stored["conversation_id"]) == {("outcome", "thumbs_down")}
+
+        # outcomes before their conversation: the item waits, then the window decides
+        for c, hours in ((late_first, 30), (late_with_verdict, 30), (early_first, 1)):
+            when = datetime.fromisoformat(c["ended_at"]) + timedelta(hours=hours)
+            _stored_rows(rt, [_outcome(c["conversation_id"], "refund_reversal", at=when)])
+            assert _item(rt, c["conversation_id"]).agent_id is None
+        _stored_rows(rt, [_verdict(late_with_verdict, "fail")])  # a second reason that stays
+        store(rt, [late_first, late_with_verdict, early_first])
+        assert _item(rt, late_first["conversation_id"]) is None
+        kept = _item(rt, late_with_verdict["conversation_id"])
+        assert kept is not None and kept.priority == 70
+        assert _reasons(rt, late_with_verdict["conversation_id"]) == {("judge_fail", "support-generic")}
+        assert _item(rt, early_first["conversation_id"]).priority == 60
+        with rt.sessions() as s:
+            actions = {
+                (a.conversation_id, a.action)
+                for a in s.scalars(
+                    select(ReviewAuditRow).where(ReviewAuditRow.action.in_(["dropped", "reason_dropped"]))
+                )
+            }
+        assert actions == {
+            (late_first["conversation_id"], "dropped"),
+            (late_with_verdict["conversation_id"], "reason_dropped"),
+        }
     finally:
         rt.close()
 
@@ -228,11 +302,7 @@ def test_policy_weights() -> None:
         {"rule_id": "broken", "severity": "high", "message": "boom", "details": {"rule_error": True}},
         {"rule_id": "budget", "severity": "low", "message": "over", "details": {}},
     ]
-    assert [(r.kind, r.key, r.weight) for r in policy.finding_reasons(findings)] == [
-        ("finding", "pii-in-reply", 100)
-    ]
-    assert (
-        policy.outcome_reasons("reward", 1.0) == [] and policy.outcome_reasons("reward", 0.5)[0].weight == 40
-    )
+    assert [(r.kind, r.key, r.weight) for r in policy.finding_reasons(findings)] == [("finding", "pii-in-reply", 100)]
+    assert policy.outcome_reasons("reward", 1.0) == [] and policy.outcome_reasons("reward", 0.5)[0].weight == 40
     assert policy.outcome_reasons("thumbs_down", 0) == [] and policy.outcome_reasons("unknown", 1) == []
     assert policy.verdict_reasons("j", "unscored", None, False) == []

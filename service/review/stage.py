@@ -38,7 +38,7 @@ class ReviewStage:
         descriptions = {r.id: r.spec.description or "" for r in rt.rules.rules}
         return cls(
             policy,
-            Flagger(policy, rt.metrics),
+            Flagger(policy, rt.metrics, rt.settings.outcome_attribution_window_hours),
             rt.sessions,
             rt.metrics,
             rt.settings.review_lease_seconds,
