@@ -54,9 +54,9 @@ def show_settings(
     if markdown:
         print("| variable | default | description |\n|---|---|---|")
         for name, field in Settings.model_fields.items():
-            default = (
-                field.default.get_secret_value() if isinstance(field.default, SecretStr) else field.default
-            )
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, SecretStr):
+                default = default.get_secret_value()
             shown = str(default).replace(
                 str(Settings.model_fields["judges_dir"].default).rsplit("/", 1)[0], "."
             )
@@ -209,6 +209,18 @@ def simulate(
         _fail(exc)
     sim = Simulator(profiles, seed)
     sink = _make_sink(out, url, api_key, to_kafka)
+    try:
+        _run_simulation(sim, sink, count, rate, batch, outcomes)
+    except Exception as exc:  # the sink's own failure (unreachable URL, broker) ends the run with a message
+        import httpx
+        from kafka.errors import KafkaError
+
+        if isinstance(exc, httpx.HTTPError | KafkaError | OSError):
+            _fail(VigilError(f"sending simulated traffic failed: {exc}"))
+        raise
+
+
+def _run_simulation(sim: Any, sink: Any, count: int, rate: float, batch: int, outcomes: bool) -> None:
     sent = 0
     t0 = time.monotonic()
     buf: list[dict[str, Any]] = []
@@ -243,6 +255,8 @@ def _make_sink(out: Path | None, url: str | None, api_key: str | None, to_kafka:
     if url is not None:
         import httpx
 
+        if not api_key:
+            _fail(VigilError("--url needs an ingest key: --api-key KEY or VIGIL_API_KEY"))
         client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_key or ''}"}, timeout=60)
 
         def to_http(convs: list[dict[str, Any]], outs: list[dict[str, Any]]) -> None:

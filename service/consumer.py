@@ -49,7 +49,12 @@ def kafka_consumer(runtime: Runtime, topics: list[str], client_id: str | None = 
         request_timeout_ms=max(30_000, s.kafka_session_timeout_ms + 5000),
     )
     params.update(overrides)
-    consumer = KafkaConsumer(**params)
+    from kafka.errors import KafkaError
+
+    try:
+        consumer = KafkaConsumer(**params)
+    except KafkaError as exc:
+        raise ConsumerError(f"cannot reach Kafka at {s.kafka_bootstrap_servers}: {exc}") from None
     consumer.subscribe(topics)
     return consumer
 

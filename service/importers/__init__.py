@@ -52,6 +52,10 @@ def load_file(
     except OSError as exc:
         raise ImportError_(f"{path}: {exc}") from None
     kind = detect(data) if fmt == "auto" else fmt
+    if kind == "tau2" and not (isinstance(data, dict) and isinstance(data.get("simulations"), list)):
+        raise ImportError_(f"{path}: not a τ²-bench results file (expected an object with 'simulations')")
+    if kind == "tau-bench" and not (isinstance(data, list) and all(isinstance(x, dict) for x in data)):
+        raise ImportError_(f"{path}: not a τ-bench trajectory file (expected a list of runs with 'traj')")
     if kind == "tau2":
         yield from tau2.convert(data, path, agent_id, agent_version)
     elif kind == "tau-bench":
