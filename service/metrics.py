@@ -10,7 +10,8 @@ only names outside the configuration (a rule since removed) draw on a budget.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -19,13 +20,21 @@ OTHER = "other"
 
 
 class LabelGuard:
-    """Admits at most ``limit`` distinct values beyond those :meth:`admit`-ted; later newcomers become ``other``."""
+    """Admits at most ``limit`` distinct values beyond those :meth:`admit`-ted; later newcomers become ``other``.
 
-    def __init__(self, limit: int) -> None:
+    A value unseen for ``idle_seconds`` gives its place up to a newcomer, and ``on_evict`` drops its
+    series, so a long-lived process still labels this week's canary by name after many old versions.
+    """
+
+    def __init__(self, limit: int, idle_seconds: float = 0.0, name: str = "") -> None:
         self.limit = limit
+        self.idle_seconds = idle_seconds
+        self.name = name
         self._known: frozenset[str] = frozenset()
-        self._seen: set[str] = set()
+        self._seen: dict[str, float] = {}
         self._lock = threading.Lock()
+        self.on_evict: list[Callable[[str], None]] = []
+        self.on_fold: list[Callable[[], None]] = []
 
     def admit(self, values: Iterable[str]) -> None:
         """Values from configuration: always kept, and they use none of the budget."""
@@ -35,21 +44,38 @@ class LabelGuard:
     def __call__(self, value: str | None) -> str:
         if not value:
             return "unknown"
-        if value in self._known or value in self._seen:
+        if value in self._known:
+            return value
+        now = time.monotonic()
+        if value in self._seen:
+            self._seen[value] = now
             return value
         with self._lock:
+            if len(self._seen) >= self.limit and self.idle_seconds:
+                self._evict_idle(now)
             if len(self._seen) < self.limit:
-                self._seen.add(value)
+                self._seen[value] = now
                 return value
+        for hook in self.on_fold:
+            hook()
         return OTHER
+
+    def _evict_idle(self, now: float) -> None:
+        idle = [v for v, seen in self._seen.items() if now - seen > self.idle_seconds]
+        for v in idle:
+            del self._seen[v]
+            for hook in self.on_evict:
+                hook(v)
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None, max_label_values: int = 50) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, max_label_values: int = 50, label_idle_seconds: float = 0.0
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.agent = LabelGuard(max_label_values)
-        self.version = LabelGuard(max_label_values)
+        self.agent = LabelGuard(max_label_values, label_idle_seconds, "agent")
+        self.version = LabelGuard(max_label_values, label_idle_seconds, "agent_version")
         # configured names (rule ids, outcome types, judge models) and detector signals: see admit()
         self.label = LabelGuard(max_label_values)
         self.signal = LabelGuard(max_label_values)
@@ -440,3 +466,26 @@ class Metrics:
             registry=r,
         )
         # --- end tracing metrics ---
+
+        self.label_values_folded = Counter(
+            "label_values_folded_total",
+            "Label values counted as 'other' because the label's budget of distinct values was full.",
+            ["label"],
+            namespace=NS,
+            registry=r,
+        )
+        for guard in (self.agent, self.version):
+            guard.on_evict.append(lambda value, g=guard: self._drop_series(g.name, value))
+            guard.on_fold.append(self.label_values_folded.labels(guard.name).inc)
+
+    def _drop_series(self, label: str, value: str) -> None:
+        """Remove every series whose ``label`` is ``value`` (an idle agent or version gave its place up)."""
+        for metric in list(vars(self).values()):
+            names = getattr(metric, "_labelnames", ())
+            if label not in names:
+                continue
+            at = names.index(label)
+            # prometheus_client keeps child series in ``_metrics`` keyed by label-value tuples
+            for key in [k for k in list(getattr(metric, "_metrics", {})) if k[at] == value]:
+                metric.remove(*key)
+

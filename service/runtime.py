@@ -54,7 +54,7 @@ def build_runtime(
         db.upgrade(url)
     engine = db.make_engine(url)
     sessions = db.make_sessionmaker(engine)
-    metrics = Metrics(registry, settings.max_label_values)
+    metrics = Metrics(registry, settings.max_label_values, settings.label_idle_hours * 3600)
     metrics.build_info.labels(__version__).set(1)
     pipeline = Pipeline(settings, sessions, rules, metrics, downstream or [])
     log.info("loaded %d rules from %s", len(rules.rules), settings.rule_packs)

@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     max_label_values: int = Field(
         default=50, ge=1, description="Distinct agents/versions per metric label before folding to 'other'."
     )
+    label_idle_hours: float = Field(
+        default=24.0,
+        ge=0,
+        description="An agent or version unseen this long frees its place in the label budget (0 = never).",
+    )
     host: str = Field(default="127.0.0.1", description="Bind address of `vigil serve`.")
     port: int = Field(default=8000, description="Port of `vigil serve`.")
     metrics_host: str = Field(default="0.0.0.0", description="Bind address of a worker's /metrics server.")
