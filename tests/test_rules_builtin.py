@@ -329,6 +329,14 @@ def confirm_flow(reply: str) -> Conversation:
         "Confirm.",
         "The reason is no longer needed. Yes, please cancel it.",
         "Sure, no problem.",
+        # a negation of a detail, not of the action (as real τ² users confirm)
+        "Yes, please book it, and make sure my free bag is included. I don’t want insurance.",
+        "Yes, please book it with my free checked bag, and no insurance.",
+        "Yes, that’s correct. Please go ahead. No other changes needed.",
+        "Yes, go ahead, I can't wait to get it!",
+        # a weak yes before a question is carried by a later, explicit yes
+        "Okay, yes please go ahead. How long will the refund take?",
+        "Sure, go ahead. When will it arrive?",
     ],
 )
 def test_require_confirmation_yes(reply: str) -> None:
@@ -344,6 +352,17 @@ def test_require_confirmation_yes(reply: str) -> None:
         "Don’t do it yet.",
         "What would the refund be?",
         "Hmm, let me think about it.",
+        # a yes taken back after it is given
+        "Yes. Actually no, wait, don't cancel it",
+        "Yes. No, wait.",
+        "Yes, go ahead. Hold on, what is the fee?",
+        "Yes, please. Never mind, keep the order.",
+        "Yes, that's right. On second thought, let me check with my wife.",
+        "Sure, but not yet",
+        "OK — wait.",
+        # a bare ok / sure that only leads into a question
+        "ok what is the refund amount first?",
+        "Sure, and how much will I get back?",
     ],
 )
 def test_require_confirmation_no(reply: str) -> None:

@@ -130,6 +130,16 @@ DEFAULT_NO = (
     r"\b(no\b(?![ -](longer|problem|worries|rush|need|other|more))|nope|don['’]?t|do not|cancel that|"
     r"stop|wait|hold on)\b"
 )
+# Words that take back a yes given earlier in the same turn. "no", "wait", "stop" and "hold on" count
+# only at the start of a clause ("Yes. No, wait"), so "no insurance" or "I can't wait" stay details.
+_LEAD = r"(?:^|[.!?;,:—–-]\s*|\b(?:but|actually|oh|um+|uh+|hmm+|sorry)\s*,?\s*)"
+DEFAULT_RETRACT = (
+    _LEAD + r"(?:no(?=\s*(?:[,.!;:—–-]|$))|nope\b|wait\b|stop\b|hold on\b|hang on\b|not (?:yet|now|so fast)\b)"
+    r"|\b(?:never ?mind|scratch that|on second thought|cancel that)\b"
+    r"|\b(?:don['’]?t|do not) (?:do (?:it|that|anything)|go ahead|proceed|continue|cancel it)\b"
+)
+# A weak yes ("ok", "sure") that leads into a question acknowledges the agent; it does not confirm.
+_WEAK_YES = frozenset(("ok", "okay", "sure"))
 _NEGATED = re.compile(r"(\bnot|n['’]t|\bno|\bnever)\s+(\w+\s+)?$", re.IGNORECASE)
 
 
@@ -137,6 +147,9 @@ class RequireConfirmationArgs(RuleArgs):
     tools: list[str] = Field(min_length=1, description="Consequential write tools.")
     yes_pattern: str = DEFAULT_YES
     no_pattern: str = DEFAULT_NO
+    retract_pattern: str = Field(
+        default=DEFAULT_RETRACT, description='After the yes, takes it back ("Yes. Actually no, wait").'
+    )
     one_write_per_confirmation: bool = Field(
         default=False, description="Each confirmation authorises a single write call."
     )
@@ -144,18 +157,23 @@ class RequireConfirmationArgs(RuleArgs):
         default=True, description="Skip conversations without any user turn (autonomous runs)."
     )
 
-    _patterns = field_validator("yes_pattern", "no_pattern")(lambda cls, v: valid_pattern(v))
+    _patterns = field_validator("yes_pattern", "no_pattern", "retract_pattern")(
+        lambda cls, v: valid_pattern(v)
+    )
 
 
-def affirmed(text: str, yes: Pattern, no: Pattern) -> bool:
-    """A yes that is not negated ("not correct") and comes before any no ("wait", "don't")."""
+def affirmed(text: str, yes: Pattern, no: Pattern, retract: Pattern | None = None) -> bool:
+    """A yes that is not negated ("not correct"), comes before any no ("wait", "don't"), is not a bare
+    "ok"/"sure" leading into a question, and is not taken back after it ("Yes. Actually no, wait")."""
     first_no = no.search(text)
-    for start, _ in yes.spans(text):
+    for start, end in yes.spans(text):
         if first_no is not None and first_no[0] < start:
             return False
         if _NEGATED.search(text[max(0, start - 16) : start]):
             continue
-        return True
+        if text[start:end].lower() in _WEAK_YES and "?" in text[end:]:
+            continue
+        return retract is None or retract.search(text, end) is None
     return False
 
 
@@ -164,7 +182,7 @@ def require_confirmation(view: ConversationView, args: RequireConfirmationArgs) 
     """The last user turn before a write tool call must be an explicit "yes"."""
     if args.only_with_user and not view.user_turns:
         return
-    yes, no = pattern(args.yes_pattern), pattern(args.no_pattern)
+    yes, no, retract = pattern(args.yes_pattern), pattern(args.no_pattern), pattern(args.retract_pattern)
     messages = view.messages
     used: set[int] = set()
     for site in view.tool_calls:
@@ -174,7 +192,7 @@ def require_confirmation(view: ConversationView, args: RequireConfirmationArgs) 
             (i for i in range(site.message_index - 1, -1, -1) if messages[i].role == "user"), None
         )
         text = messages[last_user].text if last_user is not None else ""
-        ok = last_user is not None and affirmed(text, yes, no)
+        ok = last_user is not None and affirmed(text, yes, no, retract)
         if ok and args.one_write_per_confirmation and last_user in used:
             ok = False
         if ok:
