@@ -137,6 +137,26 @@ def test_ambiguous_agent_must_be_named(sqlite_url) -> None:
         assert r.status_code == 200 and r.json()["agent_id"] == "b"
 
 
+def test_only_rules_that_apply_to_the_agent_are_rows(sqlite_url) -> None:
+    """With every shipped pack loaded, support-bot's table has no airline, retail or telecom rules."""
+    from service.settings import PROJECT_ROOT
+
+    settings = make_settings(
+        sqlite_url, rule_packs=str(PROJECT_ROOT / "rules" / "*.yaml"), compare_bootstrap_resamples=100
+    )
+    rt = build_runtime(settings, registry=CollectorRegistry())
+    with make_client(rt) as c:
+        for v, seed in (("v1", 1), ("v2", 2)):
+            c.post("/v1/conversations", json=clean(20, v, seed), headers=INGEST)
+        body = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER).json()
+        quality = c.get("/v1/quality", params={"agent": "support-bot", "version": "v1"}, headers=REVIEWER).json()
+    applicable = {f"rule:{r.id}" for r in rt.rules.rules_for("support-bot", "v1")}
+    assert len(rt.rules.rules) > len(applicable) > 0
+    for signals in (body["signals"], quality["signals"]):
+        assert {s["signal"] for s in signals if s["signal"].startswith("rule:")} == applicable
+    rt.close()
+
+
 def test_cli_compare_json_and_table(loaded, monkeypatch) -> None:
     rt, _ = loaded
     from service.cli import app

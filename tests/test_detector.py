@@ -280,4 +280,9 @@ def test_all_shipped_rule_packs_export_every_signal_under_its_own_name(sqlite_ur
     findings = [line for line in text.splitlines() if line.startswith("vigil_findings_total{")]
     fired = {line.split('rule="')[1].split('"')[0] for line in findings}
     assert "pii-in-reply" in fired and fired <= {r.id for r in rt.rules.rules}
+    # only the rules that apply to support-bot have series; the tau2 packs name their own agents
+    applicable = {f"rule:{r.id}" for r in rt.rules.rules_for("support-bot", "v1")}
+    with rt.sessions() as s:
+        series = set(s.scalars(select(DetectorSeriesRow.signal).where(DetectorSeriesRow.signal.like("rule:%"))))
+    assert series == applicable and len(applicable) < len(rt.rules.rules)
     rt.close()

@@ -10,9 +10,14 @@ from starlette.concurrency import run_in_threadpool
 
 from ..api.auth import require
 from ..runtime import Runtime
-from .table import CompareError, compare, quality
+from .table import CompareError, RulesFor, compare, quality
 
 router = APIRouter(tags=["compare"])
+
+
+def applicable_rules(rt: Runtime) -> RulesFor:
+    """Ids of the loaded rules whose ``applies_to`` matches an agent and version."""
+    return lambda agent, version: [r.id for r in rt.rules.rules_for(agent, version)]
 
 
 def run_compare(
@@ -30,7 +35,7 @@ def run_compare(
             baseline,
             candidate,
             rt.extras["outcome_store"].types,
-            [r.id for r in rt.rules.rules],
+            applicable_rules(rt),
             agent,
             s.compare_max_sample,
             s.compare_bootstrap_resamples,
@@ -74,7 +79,7 @@ async def get_quality(request: Request, agent: str, version: str) -> dict[str, A
                 agent,
                 version,
                 rt.extras["outcome_store"].types,
-                [r.id for r in rt.rules.rules],
+                applicable_rules(rt),
                 rt.settings.compare_max_sample,
                 rt.settings.compare_bootstrap_resamples,
             )

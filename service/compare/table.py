@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
+from ..detector.counts import RulesFor
 from ..errors import VigilError
 from ..outcomes.types import OutcomeType
 from . import stats
@@ -211,20 +212,24 @@ def compare(
     baseline: str,
     candidate: str,
     types: dict[str, OutcomeType],
-    rule_ids: Iterable[str],
+    rules_for: RulesFor,
     agent: str | None = None,
     max_sample: int = 20_000,
     resamples: int = 1000,
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> dict[str, Any]:
-    """The full comparison as a JSON-ready dict (``vigil compare --json`` and ``GET /v1/compare``)."""
+    """The full comparison as a JSON-ready dict (``vigil compare --json`` and ``GET /v1/compare``).
+
+    Rule rows are the rules that apply to the agent at either version (and any rule with findings).
+    """
     agent = resolve_agent(session, baseline, candidate, agent)
     base = load_version(session, agent, baseline, types, max_sample, since, until)
     cand = load_version(session, agent, candidate, types, max_sample, since, until)
     for d in (base, cand):
         if not d.conversations:
             raise CompareError(f"agent {agent!r} has no finished conversations of version {d.version!r}")
+    rule_ids = {*rules_for(agent, baseline), *rules_for(agent, candidate)}
     rows = build_rows(base, cand, types, rule_ids, resamples)
     return {
         "agent_id": agent,
@@ -242,14 +247,14 @@ def quality(
     agent: str,
     version: str,
     types: dict[str, OutcomeType],
-    rule_ids: Iterable[str],
+    rules_for: RulesFor,
     max_sample: int = 20_000,
     resamples: int = 1000,
 ) -> dict[str, Any]:
-    """One version's signals with 95% intervals (``GET /v1/quality``)."""
+    """One version's signals with 95% intervals (``GET /v1/quality``); rules as in :func:`compare`."""
     d = load_version(session, agent, version, types, max_sample)
     # against an empty baseline: only the version's own estimates are computed
-    rows = build_rows(VersionData(agent, version), d, types, rule_ids, resamples)
+    rows = build_rows(VersionData(agent, version), d, types, rules_for(agent, version), resamples)
     return {
         "agent_id": agent,
         "version": version,

@@ -10,7 +10,7 @@ they were written, so every replica's writes are counted once, whichever replica
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from sqlalchemy import and_, case, func, not_, or_, select
@@ -21,6 +21,7 @@ from ..outcomes.models import OutcomeLinkRow
 from ..store.models import ConversationRow, FindingRow
 
 Key = tuple[str, str, str]  # agent, version, signal
+RulesFor = Callable[[str, str], Iterable[str]]  # (agent, version) -> ids of the rules that apply to it
 
 FORBIDDEN = "forbidden_tool"
 TOOL_ERROR = "tool_error"
@@ -44,14 +45,16 @@ def range_counts(
     session: Session,
     start: datetime | None,
     end: datetime,
-    rule_ids: Iterable[str],
+    rules_for: RulesFor,
     bad_outcomes: Iterable[str],
 ) -> dict[Key, tuple[int, int]]:
-    """``(n, x)`` per (agent, version, signal) for data stored in ``[start, end)``."""
+    """``(n, x)`` per (agent, version, signal) for data stored in ``[start, end)``.
+
+    A version's ``rule:<id>`` signals are those of the rules whose ``applies_to`` matches it.
+    """
     out: dict[Key, tuple[int, int]] = {}
     failures: dict[Key, int] = defaultdict(int)
     bad = list(bad_outcomes)
-    signals = conversation_signals(rule_ids, bad)
 
     def in_range(col):  # type: ignore[no-untyped-def]
         return and_(col >= start, col < end) if start is not None else col < end
@@ -116,7 +119,7 @@ def range_counts(
             failures[(agent, version, f"outcome:{kind}")] = int(x)
             totals.setdefault((agent, version), 0)
     for (agent, version), n in totals.items():
-        for signal in signals:
+        for signal in conversation_signals(rules_for(agent, version), bad):
             out[(agent, version, signal)] = (n, failures.get((agent, version, signal), 0))
     judge_q = (
         select(

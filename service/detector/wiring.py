@@ -33,7 +33,10 @@ def admit_labels(rt: Runtime) -> None:
 
 def build_detector(rt: Runtime) -> Detector:
     admit_labels(rt)
-    return Detector(rt.settings, rt.sessions, rt.metrics, lambda: [r.id for r in rt.rules.rules], bad_outcomes(rt))
+    def rules_for(agent: str, version: str) -> list[str]:
+        return [r.id for r in rt.rules.rules_for(agent, version)]
+
+    return Detector(rt.settings, rt.sessions, rt.metrics, rules_for, bad_outcomes(rt))
 
 
 def wire(rt: Runtime) -> None:

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -26,7 +26,7 @@ from ..outcomes.models import OutcomeLinkRow
 from ..settings import Settings
 from ..store.models import ConversationRow
 from . import lease
-from .counts import Key, range_counts
+from .counts import Key, RulesFor, range_counts
 from .cusum import Cusum, threshold, upper_bound
 from .models import DetectionRow, DetectorSeriesRow, QualityCountRow
 
@@ -73,14 +73,14 @@ class Detector:
         settings: Settings,
         sessions: sessionmaker[Session],
         metrics: Metrics,
-        rule_ids: Callable[[], list[str]],
+        rules_for: RulesFor,
         bad_outcomes: list[str],
         holder: str | None = None,
     ) -> None:
         self.settings = settings
         self.sessions = sessions
         self.metrics = metrics
-        self.rule_ids = rule_ids
+        self.rules_for = rules_for
         self.bad_outcomes = bad_outcomes
         self.holder = holder or lease.holder_id()
         self.ratios = parse_ratios(settings.detector_shifts)
@@ -128,7 +128,7 @@ class Detector:
         if not known:
             return
         for a, b in _hours(min(known), until):
-            inc = range_counts(s, a, b, self.rule_ids(), self.bad_outcomes)
+            inc = range_counts(s, a, b, self.rules_for, self.bad_outcomes)
             self._add_counts(s, a, inc)
             for row in self._series(s, inc, a).values():
                 row.last_seen = max(aware(row.last_seen), b)
@@ -176,7 +176,7 @@ class Detector:
         )
 
     def _fold(self, s: Session, a: datetime, b: datetime, now: datetime) -> None:
-        inc = range_counts(s, a, b, self.rule_ids(), self.bad_outcomes)
+        inc = range_counts(s, a, b, self.rules_for, self.bad_outcomes)
         self._add_counts(s, a, inc)
         self._apply(s, inc, a, b, now)
 
@@ -187,7 +187,7 @@ class Detector:
         recount finds them and feeds them to the statistics as a late batch. Rows moved to a later
         hour by a newer revision drop out of this one, so each conversation counts once.
         """
-        recount = range_counts(s, hour, hour + HOUR, self.rule_ids(), self.bad_outcomes)
+        recount = range_counts(s, hour, hour + HOUR, self.rules_for, self.bad_outcomes)
         stored = {
             (r.agent_id, r.agent_version, r.signal): r
             for r in s.scalars(select(QualityCountRow).where(QualityCountRow.hour == hour))
