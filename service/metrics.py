@@ -9,6 +9,7 @@ only names outside the configuration (a rule since removed) draw on a budget.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -271,6 +272,14 @@ class Metrics:
             namespace=NS,
             registry=r,
         )
+        self.judge_sampled_verdicts = Counter(
+            "judge_sampled_verdicts_total",
+            "Scored verdicts of randomly sampled requests, the first per conversation and judge version: "
+            "the unbiased base of a judge's failure rate (flagged and outcome-driven requests left out).",
+            ["judge", "judge_version", "verdict", "agent", "agent_version", "offline"],
+            namespace=NS,
+            registry=r,
+        )
         # --- end judge metrics ---
 
         # --- review metrics ---
@@ -475,7 +484,7 @@ class Metrics:
             registry=r,
         )
         for guard in (self.agent, self.version):
-            guard.on_evict.append(lambda value, g=guard: self._drop_series(g.name, value))
+            guard.on_evict.append(functools.partial(self._drop_series, guard.name))
             guard.on_fold.append(self.label_values_folded.labels(guard.name).inc)
 
     def _drop_series(self, label: str, value: str) -> None:
