@@ -41,7 +41,11 @@ def test_consume_without_a_reachable_broker(tmp_path) -> None:
     db = f"sqlite:///{tmp_path / 'v.db'}"
     result = run(["consume"], {"VIGIL_DATABASE_URL": db, "VIGIL_METRICS_PORT": "0"})
     assert result.exit_code == 2 and "VIGIL_KAFKA_BOOTSTRAP_SERVERS is not set" in result.output
-    env = {"VIGIL_DATABASE_URL": db, "VIGIL_METRICS_PORT": "0", "VIGIL_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}"}
+    env = {
+        "VIGIL_DATABASE_URL": db,
+        "VIGIL_METRICS_PORT": "0",
+        "VIGIL_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+    }
     result = run(["consume"], env)
     assert result.exit_code == 2 and "cannot reach Kafka" in result.output
 
