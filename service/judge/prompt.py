@@ -3,7 +3,9 @@
 Each request gets a fresh random nonce in its tag names (``<transcript-3f9a...>``), announced in the
 system message. Text inside the block cannot guess it, and any ``<transcript``-like tag in the text is
 escaped as well. Message bodies are indented with ``| `` so a line of text can never look like a
-message header.
+message header, and every value from the transcript that goes into a header or meta line (ids, names,
+agent, intent) is written bare only when it is a plain identifier, else as a JSON string, so it cannot
+break the line. A transcript cut to size is cut at line ends.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ Use "fail" when the agent broke the rubric, and name the failure categories. Use
 the transcript does not give enough to judge."""
 
 _TAG_RE = re.compile(r"<(\s*/?\s*(?:transcript|pair))", re.IGNORECASE)
+_PLAIN = re.compile(r"[A-Za-z0-9_.:@/+#=-]{1,256}")
+# JSON leaves these unescaped, yet str.splitlines() and many tokenizers treat them as line breaks
+_UNICODE_BREAKS = re.compile("[\x7f-\x9f\u2028\u2029]")
 
 
 def new_nonce() -> str:
@@ -41,6 +46,17 @@ def new_nonce() -> str:
 def escape(text: str) -> str:
     """Neutralise anything that looks like one of our tags; the nonce does the rest."""
     return _TAG_RE.sub(r"&lt;\1", text)
+
+
+def quoted(value: str) -> str:
+    """``value`` as a JSON string on one line: no character of it can end the line."""
+    text = orjson.dumps(escape(value)).decode()
+    return _UNICODE_BREAKS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def field(value: str) -> str:
+    """A transcript value for a header or meta line: bare if a plain identifier, else quoted."""
+    return value if _PLAIN.fullmatch(value) else quoted(value)
 
 
 def _clip(text: str, limit: int) -> str:
@@ -61,8 +77,8 @@ def render_message(i: int, m: Message, per_message: int) -> str:
     if m.role == "tool":
         flag = ", ERROR" if m.is_error else ""
         head = (
-            f"[#{i} tool result{' for ' + m.tool_call_id if m.tool_call_id else ''}"
-            f"{' (' + m.name + ')' if m.name else ''}{flag}]"
+            f"[#{i} tool result{' for ' + field(m.tool_call_id) if m.tool_call_id else ''}"
+            f"{' (' + field(m.name) + ')' if m.name else ''}{flag}]"
         )
     else:
         head = f"[#{i} {m.role}]"
@@ -71,24 +87,28 @@ def render_message(i: int, m: Message, per_message: int) -> str:
         lines.append(_body(_clip(escape(m.text), per_message)))
     for call in m.tool_calls or []:
         args = _clip(escape(_args(call.function.arguments)), per_message)
-        lines.append(f"[#{i} tool call {call.id or ''} {escape(call.name)}]")
+        lines.append(f"[#{i} tool call {field(call.id) if call.id else ''} {field(call.name)}]")
         lines.append(_body(args))
     return "\n".join(lines)
 
 
 def render_transcript(conv: Conversation, judge: Judge) -> str:
     limits = judge.spec.transcript
-    meta = f"agent: {escape(conv.agent_id)} {escape(conv.agent_version)}"
+    meta = f"agent: {field(conv.agent_id)} {field(conv.agent_version)}"
     if conv.intent:
-        meta += f"\nintent: {escape(conv.intent)}"
+        meta += f"\nintent: {quoted(conv.intent)}"
     parts = [meta]
     for i, m in enumerate(conv.messages, 1):
         parts.append(render_message(i, m, limits.max_chars_per_message))
     text = "\n\n".join(parts)
     if len(text) > limits.max_chars:
-        # keep the start (the request) and the end (what the agent finally did)
+        # keep the start (the request) and the end (what the agent finally did), each cut at a line end
+        # so the end part cannot open with the middle of a message line posing as a header
         half = limits.max_chars // 2
-        text = text[:half] + f"\n\n[... {len(text) - 2 * half} characters cut ...]\n\n" + text[-half:]
+        head = text[: text.rfind("\n", 0, half) + 1 or half]
+        tail_at = text.find("\n", len(text) - half)
+        tail = text[tail_at + 1 :] if tail_at >= 0 else ""
+        text = head + f"\n[... {len(text) - len(head) - len(tail)} characters cut ...]\n\n" + tail
     return text
 
 
