@@ -174,6 +174,39 @@ def test_native_export_schema_grading_redaction_and_dedupe(world) -> None:  # ty
     assert emails and not any(e in raw for e in emails)
 
 
+def test_grouped_duplicates_keep_every_reviewers_notes(world) -> None:  # type: ignore[no-untyped-def]
+    rt, client, ids, _, _ = world
+    with rt.sessions.begin() as s:
+        s.query(ReviewLabelRow).filter_by(conversation_id=ids["twin"]).update({"is_current": False})
+        relabel = _label(
+            ids["twin"],
+            "confirmed_failure",
+            notes="Same mistake on the retry.",
+            expected_behavior="Offer to cancel the pending order instead.",
+        )
+        relabel.version = 2
+        s.add(relabel)
+        s.add(
+            _label(
+                ids["forbidden"],
+                "confirmed_failure",
+                reviewer="raj",
+                notes="Returned a pending order.",  # the same words as rita's: kept once
+                expected_behavior="Explain that only delivered orders can be returned; call nothing.",
+            )
+        )
+    tasks, headers = _export(client)
+    assert headers["x-vigil-grouped"] == "1"
+    (t,) = [t for t in tasks if ids["twin"] in [t["source"]["conversation_id"], *t["duplicates"]]]
+    assert {t["source"]["conversation_id"], *t["duplicates"]} == {ids["forbidden"], ids["twin"]}
+    assert sorted(t["review"]["notes"]) == ["Returned a pending order.", "Same mistake on the retry."]
+    expected = t["review"]["expected_behavior"]
+    assert expected.count("only delivered orders") == 1 and "Offer to cancel the pending order" in expected
+    rubric = [g["text"] for g in t["grading"] if g["type"] == "rubric"]
+    assert rubric == [expected]
+    EvalTask.model_validate(t)
+
+
 def test_incremental_export_with_watermark(world) -> None:  # type: ignore[no-untyped-def]
     rt, client, ids, _, rest = world
     first, h1 = _export(client)

@@ -1,5 +1,8 @@
 """An export run: confirmed failures not yet exported (in this format) become tasks, near-duplicates fold.
 
+A folded group's task keeps the first member's conversation and every member's reviewer notes and
+expected behaviour (each distinct text once).
+
 "Confirmed" is the review stage's own rule (:func:`service.review.insights.confirmed_failures`: current
 labels lean to ``confirmed_failure``). Each run records which conversations it covered in
 ``exported_tasks`` (unique per format and conversation), so the next run skips them; ``all_`` ignores that
@@ -133,6 +136,16 @@ def _sources(
     return out
 
 
+def _merged(group: list[Source], rules: dict[str, CompiledRule], duplicates: list[str]) -> dict[str, Any]:
+    """The group's task: the first member's conversation, with every member's reviewer notes and expected
+    behaviour (each text once), so folding a near-duplicate loses nothing reviewers wrote."""
+    first = group[0]
+    labels = [lab for src in group for lab in src.labels]
+    task = build(Source(first.conversation, first.category, first.findings, labels, first.verdicts), rules)
+    task["duplicates"] = duplicates
+    return task
+
+
 def export(
     session: Session,
     rules: dict[str, CompiledRule],
@@ -178,19 +191,24 @@ def export(
         key=lambda s: newest.get(s.conversation.conversation_id, 0),
     )
     emitted: dict[str, dict[str, Any]] = {}
+    members: dict[str, list[Source]] = defaultdict(list)
     records = []
     for src in sources:
         task = build(src, rules)
         key, cid = task["group_key"], src.conversation.conversation_id
         if key in emitted:
             emitted[key]["duplicates"].append(cid)
+            members[key].append(src)
         if key in emitted or key in known_groups:
             result.grouped += 1
             records.append((cid, known_groups.get(key) or emitted[key]["task_id"], key, False))
             continue
         emitted[key] = task
+        members[key].append(src)
         records.append((cid, task["task_id"], key, True))
-    for task in emitted.values():
+    for key, task in emitted.items():
+        if len(members[key]) > 1:
+            task = _merged(members[key], rules, task["duplicates"])
         result.lines.append(dumps(render(redactor.value(task), fmt)))
     for cid, task_id, key, is_task in records:
         if cid not in done:

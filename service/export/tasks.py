@@ -95,13 +95,15 @@ def _message(m: Message) -> dict[str, Any]:
     return m.model_dump(mode="json", exclude_none=True, exclude={"timestamp"}, exclude_defaults=False)
 
 
+def _distinct(texts: list[str]) -> list[str]:
+    return list(dict.fromkeys(t.strip() for t in texts if t and t.strip()))
+
+
 def build(src: Source, rules: dict[str, CompiledRule]) -> dict[str, Any]:
-    """The native task (not yet redacted)."""
+    """The native task (not yet redacted). ``src.labels`` may hold a whole near-duplicate group's labels."""
     conv = src.conversation
     idx, finding = failure_index(conv.messages, src.findings)
-    expected = "\n\n".join(
-        x["expected_behavior"].strip() for x in src.labels if x.get("expected_behavior", "").strip()
-    )
+    expected = "\n\n".join(_distinct([x.get("expected_behavior", "") for x in src.labels]))
     severities = Counter(x["severity"] for x in src.labels if x.get("severity"))
     key = group_key(src.category, finding, intent_of(conv))
     goal = conv.metadata.get("goal")
@@ -137,7 +139,7 @@ def build(src: Source, rules: dict[str, CompiledRule]) -> dict[str, Any]:
             ],
         },
         "review": {
-            "notes": [x["notes"].strip() for x in src.labels if x.get("notes", "").strip()],
+            "notes": _distinct([x.get("notes", "") for x in src.labels]),
             "expected_behavior": expected or None,
         },
         "grading": criteria(
