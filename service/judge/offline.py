@@ -6,7 +6,10 @@ It reads what Vigil already knows about the conversation and never calls a model
   the category ``offline.category_map`` gives the finding's rule id or rule type (else
   ``offline.default_category``);
 - a conversation whose last message is not a non-empty assistant reply fails as ``default_category``
-  (the agent never answered);
+  (the agent never answered). A closing user turn that only ends the session is not counted as the
+  last message: one carrying a benchmark stop marker (``###STOP###``, ``###TRANSFER###``,
+  ``###OUT-OF-SCOPE###``, as τ²-bench's simulated users end), or the final user turn when
+  ``metadata.termination_reason`` is ``user_stop``;
 - a tool error rate above one half fails as ``default_category``.
 
 The score starts at 1 and loses 0.1 / 0.25 / 0.5 / 0.8 / 0 per finding of severity low / medium / high /
@@ -24,11 +27,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..rules import SEVERITY_RANK
-from ..schema import Conversation
+from ..schema import Conversation, Message
 from ..store.models import FindingRow
 from .definitions import Judge
 from .parse import Parsed
 
+STOP_MARKERS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
 OFFLINE_MODEL = "offline-judge"
 OFFLINE_VERSION = "1"
 OFFLINE_LABEL = "offline judge"
@@ -50,6 +54,17 @@ def findings_of(session: Session, conversation_id: str) -> list[tuple[str, str, 
     return [tuple(r) for r in rows]  # type: ignore[misc]
 
 
+def final_message(conv: Conversation) -> Message:
+    """The last message, skipping closing user turns that only end the session (see the module doc)."""
+    msgs = conv.messages
+    end = len(msgs)
+    if end > 1 and msgs[-1].role == "user" and conv.metadata.get("termination_reason") == "user_stop":
+        end -= 1
+    while end > 1 and msgs[end - 1].role == "user" and any(s in msgs[end - 1].text for s in STOP_MARKERS):
+        end -= 1
+    return msgs[end - 1]
+
+
 def offline_verdict(judge: Judge, conv: Conversation, findings: list[tuple[str, str, str, str]]) -> Parsed:
     """Deterministic verdict from rule findings and two transcript heuristics (see the module doc)."""
     o = judge.spec.offline
@@ -64,7 +79,7 @@ def offline_verdict(judge: Judge, conv: Conversation, findings: list[tuple[str, 
             categories.append(
                 o.category_map.get(rule_id) or o.category_map.get(rule_type) or o.default_category
             )
-    last = conv.messages[-1]
+    last = final_message(conv)
     if conv.status != "in_progress" and (last.role != "assistant" or not last.text.strip()):
         score -= 0.3
         failing.append("no final assistant reply")
