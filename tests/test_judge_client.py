@@ -9,7 +9,14 @@ import httpx
 import pytest
 from judge_fakes import litellm_error
 
-from service.judge.client import LiteLLMClient, classify, has_credentials, supports_json_mode
+from service.judge.client import (
+    LiteLLMClient,
+    _litellm,
+    classify,
+    has_credentials,
+    missing_credentials,
+    supports_json_mode,
+)
 from service.judge.errors import ProviderError
 from service.judge.limits import Budget, CircuitBreaker, decide
 
@@ -46,6 +53,45 @@ def test_unknown_model_through_litellm_is_a_configuration_error() -> None:
     with pytest.raises(Exception) as info:
         asyncio.run(LiteLLMClient().complete("nosuchprovider/model", [{"role": "user", "content": "hi"}]))
     assert (classify(info.value).kind, classify(info.value).reason) == ("config", "unknown_model")
+
+
+@pytest.mark.parametrize(
+    ("model", "env"),
+    [
+        ("openai/gpt-4o-mini", ["OPENAI_API_KEY", "OPENAI_ADMIN_KEY"]),  # litellm raises InternalServerError
+        ("gemini/gemini-1.5-pro", ["GEMINI_API_KEY", "GOOGLE_API_KEY"]),  # ... APIConnectionError
+        ("anthropic/claude-3-5-sonnet-20240620", ["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"]),
+    ],
+)
+def test_a_missing_provider_key_through_litellm_is_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch, model: str, env: list[str]
+) -> None:
+    for name in env:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(Exception) as info:
+        asyncio.run(LiteLLMClient().complete(model, [{"role": "user", "content": "hi"}], timeout=5))
+    err = classify(info.value)
+    assert (err.kind, err.reason) == ("config", "missing_credentials"), err
+    assert missing_credentials(model) is not None and env[0] in (missing_credentials(model) or "")
+
+
+def test_credential_words_do_not_turn_rate_limits_or_timeouts_into_config_errors() -> None:
+    lm = _litellm()
+    limited = lm.RateLimitError(message="Rate limit reached for api key sk-...", llm_provider="openai", model="m")
+    assert classify(limited).kind == "retryable"
+    assert classify(lm.Timeout(message="api_key check timed out", llm_provider="openai", model="m")).kind == (
+        "retryable"
+    )
+
+
+def test_start_up_credential_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert "OPENAI_API_KEY" in (missing_credentials("openai/gpt-4o-mini") or "")
+    assert missing_credentials("openai/gpt-4o-mini", {"api_key": "sk-test"}) is None  # from extra_params
+    assert missing_credentials("hosted_vllm/llama", {"api_base": "http://vllm:8000/v1"}) is None
+    assert missing_credentials("ollama/llama3") is None  # only a base URL, which has a default: not a key
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert missing_credentials("openai/gpt-4o-mini") is None
 
 
 def test_json_mode_and_credentials_detection(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -172,6 +172,48 @@ def test_auth_error_stops_the_judge_until_resumed(tmp_path: Path) -> None:
     assert lane.state == "running" and len(verdicts(rt)) == 5
 
 
+def test_live_mode_without_a_provider_key_stops_the_judge_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.judge.client import LiteLLMClient
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_ADMIN_KEY", raising=False)
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, LiteLLMClient(), n=3)
+    lane = stage.engine.lanes["tj"]
+    assert lane.state == "stopped_config_error" and "OPENAI_API_KEY" in lane.detail
+    assert lane.detail.startswith("missing_credentials")
+    assert asyncio.run(stage.worker.run_until_idle(20)) == 0
+    assert [(r.status, r.attempts) for r in requests(rt)] == [("pending", 0)] * 3  # none was tried
+    assert metric(rt, "vigil_judge_state", judge="tj", state="stopped_config_error") == 1
+    with rt.sessions() as s:
+        row = s.get(JudgeStatusRow, "tj")
+        assert row.state == "stopped_config_error" and "OPENAI_API_KEY" in row.detail
+
+
+def test_a_missing_key_found_by_the_call_stops_the_judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The provider's own "Missing credentials" error (litellm raises it as a 500) is not retried."""
+    from service.judge.client import LiteLLMClient
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_ADMIN_KEY", raising=False)
+
+    class NoStartupCheck:  # the real litellm call, without the start-up check
+        def __init__(self) -> None:
+            self.inner, self.calls = LiteLLMClient(), 0
+
+        async def complete(self, model: str, messages: list[dict[str, str]], **params: Any) -> Any:
+            self.calls += 1
+            return await self.inner.complete(model, messages, **params)
+
+    client = NoStartupCheck()
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=3, limits={"concurrency": 1})
+    asyncio.run(stage.worker.run_until_idle(20))
+    lane = stage.engine.lanes["tj"]
+    assert lane.state == "stopped_config_error" and lane.detail.startswith("missing_credentials")
+    assert client.calls == 1 and verdicts(rt) == []
+
+
 def test_unknown_model_is_a_configuration_error(tmp_path: Path) -> None:
     from service.judge.client import LiteLLMClient
 

@@ -10,6 +10,7 @@ import asyncio
 import functools
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -51,6 +52,10 @@ class LiteLLMClient:
     def __init__(self, **defaults: Any) -> None:
         self.defaults = defaults
         _litellm()  # import now: the first import takes seconds and would stall the event loop mid-call
+
+    def missing_credentials(self, model: str, params: dict[str, Any] | None = None) -> str | None:
+        """Checked at start-up in live mode (see :func:`missing_credentials`); scripted clients have none."""
+        return missing_credentials(model, {**self.defaults, **(params or {})})
 
     async def complete(self, model: str, messages: list[dict[str, str]], **params: Any) -> Reply:
         lm = _litellm()
@@ -97,7 +102,32 @@ def has_credentials(model: str) -> bool:
     return bool(env.get("keys_in_environment"))
 
 
+_SECRET_RE = re.compile(r"KEY|TOKEN|SECRET|CREDENTIAL", re.IGNORECASE)
+
+
+def missing_credentials(model: str, params: dict[str, Any] | None = None) -> str | None:
+    """Which secrets ``model``'s provider lacks (environment, or ``api_key`` in ``params``), or None.
+
+    Only missing keys, tokens and secrets count: a missing base URL often has a default (a local
+    Ollama), and an unknown provider is reported by the first call as ``unknown_model``.
+    """
+    p = params or {}
+    try:
+        env = _litellm().validate_environment(
+            model=model, api_key=p.get("api_key"), api_base=p.get("api_base"), api_version=p.get("api_version")
+        )
+    except Exception:
+        return None
+    secrets = [k for k in env.get("missing_keys") or [] if _SECRET_RE.search(k)]
+    if env.get("keys_in_environment") or not secrets:
+        return None
+    return f"no provider key for {model}: set {' or '.join(secrets)} in the environment (or api_key in extra_params)"
+
+
 _CONFIG_STATUS = {400: "bad_request", 401: "auth", 403: "auth", 404: "unknown_model", 422: "bad_request"}
+# Providers report a missing key in different shapes (litellm raises OpenAI's as a 500 and Gemini's as
+# a connection error); retrying cannot fix any of them.
+_CREDENTIALS_RE = re.compile(r"missing credentials|unable to locate credentials|api[ _-]?key", re.IGNORECASE)
 
 
 def classify(exc: BaseException) -> ProviderError:
@@ -110,11 +140,19 @@ def classify(exc: BaseException) -> ProviderError:
     lm = _litellm() if "litellm" in type(exc).__module__ else None
     status = getattr(exc, "status_code", None)
     if lm is not None:
-        checks: list[tuple[type, str, str]] = [
+        first: list[tuple[type, str, str]] = [
             (lm.ContextWindowExceededError, "rejected", "context_window_exceeded"),
             (lm.ContentPolicyViolationError, "rejected", "content_filtered"),
             (lm.RateLimitError, "retryable", "rate_limited"),
             (lm.Timeout, "retryable", "timeout"),
+        ]
+        for cls, kind, reason in first:
+            if isinstance(exc, cls):
+                return ProviderError(kind, reason, detail, status)  # type: ignore[arg-type]
+    if _CREDENTIALS_RE.search(str(exc)):
+        return ProviderError("config", "missing_credentials", detail, status)
+    if lm is not None:
+        checks: list[tuple[type, str, str]] = [
             (lm.AuthenticationError, "config", "auth"),
             (lm.PermissionDeniedError, "config", "auth"),
             (lm.NotFoundError, "config", "unknown_model"),

@@ -100,6 +100,8 @@ class JudgeEngine:
             from .client import LiteLLMClient
 
             self._client = LiteLLMClient()
+        for lane in self.lanes.values():
+            self._check_credentials(lane)
 
     @property
     def client(self) -> LLMClient:
@@ -119,6 +121,14 @@ class JudgeEngine:
                 "judge %s: no provider key for %s; using the offline judge", judge.name, judge.spec.model
             )
         return not live
+
+    def _check_credentials(self, lane: Lane) -> bool:
+        """A live judge whose provider key is missing stops at once, instead of failing call after call."""
+        check = getattr(self._client, "missing_credentials", None)
+        problem = check(lane.judge.spec.model, lane.judge.spec.extra_params) if check and not lane.offline else None
+        if problem:
+            self.set_state(lane, "stopped_config_error", f"missing_credentials: {problem}")
+        return problem is None
 
     # --- state machine -------------------------------------------------------------------------
 
@@ -158,7 +168,8 @@ class JudgeEngine:
 
     def resume(self, lane: Lane) -> None:
         lane.breaker.success()
-        self.set_state(lane, "running")
+        if self._check_credentials(lane):
+            self.set_state(lane, "running")
 
     def day_start(self) -> datetime:
         now = self.clock().astimezone(UTC)
