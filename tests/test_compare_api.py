@@ -33,19 +33,19 @@ def with_defect(n: int, version: str, defect: str, seed: int) -> list[dict]:
     return out
 
 
-def verdict_row(cid: str, version: str, verdict: str) -> VerdictRow:
+def verdict_row(cid: str, version: str, verdict: str, reason: str = "sampled", revision: int = 1) -> VerdictRow:
     return VerdictRow(
         judge="helpful",
         judge_version="1",
         conversation_id=cid,
-        revision=1,
+        revision=revision,
         agent_id="support-bot",
         agent_version=version,
         verdict=verdict,
         categories=[],
         model="m",
         prompt_hash="h",
-        reason="sampled",
+        reason=reason,
         created_at=datetime.now(UTC),
     )
 
@@ -81,6 +81,9 @@ def loaded(db_url):  # type: ignore[no-untyped-def]
                 ]
             )
             s.add(verdict_row(cand[41]["conversation_id"], "v2", "unscored"))
+            # not part of the judge's failure rate: flagged conversations, and a re-judged revision
+            s.add_all([verdict_row(x["conversation_id"], "v1", "fail", reason="flagged") for x in base[40:60]])
+            s.add_all([verdict_row(x["conversation_id"], "v1", "fail", revision=2) for x in base[:10]])
         yield rt, c
     rt.close()
 

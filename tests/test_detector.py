@@ -13,14 +13,17 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select, update
 from typer.testing import CliRunner
 
+from service.detector.counts import range_counts
 from service.detector.cusum import Cusum, kl_bernoulli, threshold, upper_bound
 from service.detector.models import DetectionRow, DetectorSeriesRow, QualityCountRow
 from service.detector.wiring import build_detector
+from service.judge.models import VerdictRow
 from service.runtime import build_runtime
 from service.schema import Conversation
 from service.settings import PROJECT_ROOT
 from service.simulate import Simulator, parse_versions
 from service.store.models import ConversationRow
+from service.wiring import wire
 
 FAST = {"detector_min_baseline": 200, "detector_settle_seconds": 0.0}
 
@@ -285,4 +288,49 @@ def test_all_shipped_rule_packs_export_every_signal_under_its_own_name(sqlite_ur
     with rt.sessions() as s:
         series = set(s.scalars(select(DetectorSeriesRow.signal).where(DetectorSeriesRow.signal.like("rule:%"))))
     assert series == applicable and len(applicable) < len(rt.rules.rules)
+    rt.close()
+
+
+def verdict(cid: str, verdict: str, reason: str = "sampled", revision: int = 1, judge_version: str = "1") -> VerdictRow:
+    return VerdictRow(
+        judge="helpful",
+        judge_version=judge_version,
+        conversation_id=cid,
+        revision=revision,
+        agent_id="support-bot",
+        agent_version="v1",
+        verdict=verdict,
+        categories=[],
+        model="m",
+        prompt_hash="h",
+        reason=reason,
+        created_at=datetime.now(UTC),
+    )
+
+
+def test_judge_rate_counts_sampled_verdicts_once_per_conversation_and_judge_version(db_url) -> None:
+    """Flagged requests pick likely failures and a re-judged revision would count twice: neither counts."""
+    rt = wire(build_runtime(make_settings(db_url, **FAST), registry=CollectorRegistry()), {"api"})
+    convs = clean(40, "v1", 3)
+    ids = [c["conversation_id"] for c in convs]
+    store(rt, convs)
+    rows = [verdict(cid, "fail" if i < 5 else "pass") for i, cid in enumerate(ids[:20])]
+    rows += [verdict(cid, "fail", reason="flagged") for cid in ids[20:30]]
+    rows += [verdict(cid, "fail", revision=2) for cid in ids[5:10]]  # a newer revision judged again
+    rows += [verdict(cid, "unscored") for cid in ids[30:33]]
+    rows += [verdict(cid, "pass", judge_version="2") for cid in ids[:4]]  # a new judge version: its own rate
+    with rt.sessions.begin() as s:
+        for batch in (rows[:20], rows[20:]):  # as the judge worker stores and announces them
+            s.add_all(batch)
+            s.flush()
+            for listener in rt.extras["verdict_listeners"]:
+                listener(s, batch)
+    with rt.sessions() as s:
+        counts = range_counts(s, None, datetime.now(UTC) + timedelta(hours=1), lambda a, v: [], [])
+    assert counts[("support-bot", "v1", "judge:helpful")] == (24, 5)
+    sample = rt.metrics.registry.get_sample_value
+    labels = {"judge": "helpful", "agent": "support-bot", "agent_version": "v1", "offline": "false"}
+    assert sample("vigil_judge_sampled_verdicts_total", {**labels, "judge_version": "1", "verdict": "fail"}) == 5
+    assert sample("vigil_judge_sampled_verdicts_total", {**labels, "judge_version": "1", "verdict": "pass"}) == 15
+    assert sample("vigil_judge_sampled_verdicts_total", {**labels, "judge_version": "2", "verdict": "pass"}) == 4
     rt.close()

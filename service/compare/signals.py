@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from ..detector.counts import finished, real_finding
+from ..detector.counts import finished, real_finding, sampled_verdict
 from ..judge.models import VerdictRow
 from ..outcomes.models import OutcomeLinkRow
 from ..outcomes.types import OutcomeType
@@ -29,7 +29,7 @@ class VersionData:
     forbidden_conversations: int = 0
     outcome_conversations: dict[str, int] = field(default_factory=dict)
     outcome_scores: dict[str, list[float]] = field(default_factory=dict)
-    judge: dict[str, tuple[int, int]] = field(default_factory=dict)  # judge -> (scored, failed)
+    judge: dict[str, tuple[int, int]] = field(default_factory=dict)  # judge -> (sampled scored, failed)
     steps: list[float] = field(default_factory=list)
     cost: list[float] = field(default_factory=list)
     latency: list[float] = field(default_factory=list)
@@ -111,7 +111,7 @@ def load_version(
     V = VerdictRow
     judge_q = (
         select(V.judge, func.count(), func.sum(case((V.verdict == "fail", 1), else_=0)))
-        .where(V.agent_id == agent, V.agent_version == version, V.verdict.in_(("pass", "fail")))
+        .where(V.agent_id == agent, V.agent_version == version, sampled_verdict())
         .group_by(V.judge)
     )
     for judge, n, x in session.execute(_window(judge_q, V.created_at, since, until)):

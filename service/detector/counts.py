@@ -2,7 +2,8 @@
 
 Signals: ``rule:<id>`` (the conversation has a finding of that rule), ``forbidden_tool`` (any
 forbidden-tool finding), ``tool_error`` (a tool call failed), ``outcome:<type>`` (a bad outcome
-within the attribution window) over conversations; ``judge:<name>`` (fail) over scored verdicts.
+within the attribution window) over conversations; ``judge:<name>`` (fail) over the scored verdicts
+of randomly sampled requests, one per conversation and judge version (:func:`sampled_verdict`).
 Conversations count by when they were stored, outcomes by when they were joined, verdicts by when
 they were written, so every replica's writes are counted once, whichever replica wrote them.
 """
@@ -13,8 +14,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
-from sqlalchemy import and_, case, func, not_, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, case, exists, func, not_, or_, select
+from sqlalchemy.orm import Session, aliased
 
 from ..judge.models import VerdictRow
 from ..outcomes.models import OutcomeLinkRow
@@ -35,6 +36,32 @@ def finished():  # type: ignore[no-untyped-def]
 def real_finding():  # type: ignore[no-untyped-def]
     """A rule that raised leaves an info finding 'rule error: ...'; it is not a failure of the agent."""
     return not_(and_(FindingRow.severity == "info", FindingRow.message.like("rule error:%")))
+
+
+SCORED = ("pass", "fail")
+
+
+def sampled_verdict():  # type: ignore[no-untyped-def]
+    """The verdicts behind a judge's failure rate: scored, of a randomly sampled request, and the first
+    such verdict of its conversation and judge version.
+
+    Flagged, outcome-driven, minimum-per-hour and manual requests pick conversations that are likelier
+    to fail, and a conversation judged again (a newer revision) would count twice; either would bias
+    the rate. A later revision's verdict is therefore left out.
+    """
+    earlier = aliased(VerdictRow)
+    return and_(
+        VerdictRow.reason == "sampled",
+        VerdictRow.verdict.in_(SCORED),
+        ~exists().where(
+            earlier.conversation_id == VerdictRow.conversation_id,
+            earlier.judge == VerdictRow.judge,
+            earlier.judge_version == VerdictRow.judge_version,
+            earlier.reason == "sampled",
+            earlier.verdict.in_(SCORED),
+            earlier.id < VerdictRow.id,
+        ),
+    )
 
 
 def conversation_signals(rule_ids: Iterable[str], bad_outcomes: Iterable[str]) -> list[str]:
@@ -129,7 +156,7 @@ def range_counts(
             func.count(),
             func.sum(case((VerdictRow.verdict == "fail", 1), else_=0)),
         )
-        .where(in_range(VerdictRow.created_at), VerdictRow.verdict.in_(("pass", "fail")))
+        .where(in_range(VerdictRow.created_at), sampled_verdict())
         .group_by(VerdictRow.agent_id, VerdictRow.agent_version, VerdictRow.judge)
     )
     for agent, version, judge, n, x in session.execute(judge_q):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..runtime import Runtime
 from .api import router
 from .counts import conversation_signals
+from .sampled import sampled_verdict_counter
 from .worker import Detector
 
 
@@ -42,6 +43,7 @@ def build_detector(rt: Runtime) -> Detector:
 def wire(rt: Runtime) -> None:
     admit_labels(rt)
     rt.extras.setdefault("routers", []).append(router)
+    rt.extras.setdefault("verdict_listeners", []).append(sampled_verdict_counter(rt.metrics))
     roles = rt.extras.get("roles", set())
     if roles & {"serve", "detector"}:
         detector = build_detector(rt)
