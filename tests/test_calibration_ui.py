@@ -137,7 +137,17 @@ def test_calibration_and_export_pages(tmp_path: Path) -> None:
         assert r.status_code == 200 and "attachment" in r.headers["content-disposition"]
         rows = [orjson.loads(line) for line in r.content.splitlines()]
         assert rows and all({"id", "input", "target", "metadata"} <= set(x) for x in rows)
-        assert "inspect" in ui.get("/ui/export").text  # the run is listed
+        run = r.headers["x-vigil-export-run"]
+        page = ui.get("/ui/export").text
+        assert f'data-run="{run}" data-state="pending"' in page  # listed, not yet counted as exported
+        again = ui.post("/ui/export", data={"csrf": token, "format": "inspect"})
+        assert len(again.content.splitlines()) == len(rows)  # a lost download is exported again
+        r = ui.post(f"/ui/export/{run}/ack", data={"csrf": token}, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/ui/export"
+        assert f'data-run="{run}" data-state="done"' in ui.get("/ui/export").text
+        after = ui.post("/ui/export", data={"csrf": token, "format": "inspect"})
+        assert after.status_code == 200 and after.content == b""
+        assert ui.post("/ui/export/999999/ack", data={"csrf": token}).status_code == 404
     # uncalibrated: a stricter threshold labels every rate as such
     rt.settings.calibration_min_kappa = 0.99
     with TestClient(create_app(rt)) as ui:

@@ -65,8 +65,7 @@ def world(db_url: str):  # type: ignore[no-untyped-def]
     clean = next(
         c
         for c in convs
-        if not [f for f in rt.rules.evaluate(c) if f.severity != "info"]
-        and any("@" in m.text for m in c.messages)
+        if not [f for f in rt.rules.evaluate(c) if f.severity != "info"] and any("@" in m.text for m in c.messages)
     )
     twin = forbidden.model_copy(update={"conversation_id": forbidden.conversation_id + ":retry"})
     with make_client(rt) as client:
@@ -111,9 +110,14 @@ def _lines(body: bytes) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in body.splitlines() if line.strip()]
 
 
-def _export(client: Any, **params: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
+def _export(client: Any, ack: bool = True, **params: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """One API export; ``ack``: then acknowledge it, as a client does once the file is safely written."""
     r = client.post("/v1/exports", params=params, headers=ADMIN)
     assert r.status_code == 200, r.text
+    assert r.headers["x-vigil-export-state"] == "pending"
+    if ack:
+        a = client.post(r.headers["x-vigil-export-ack"], headers=ADMIN)
+        assert a.status_code == 200 and a.json()["state"] == "done", a.text
     return _lines(r.content), dict(r.headers)
 
 
@@ -142,9 +146,7 @@ def test_native_export_schema_grading_redaction_and_dedupe(world) -> None:  # ty
     assert any(g["type"] == "rubric" and "only delivered orders" in g["text"] for g in t["grading"])
     assert t["review"]["notes"] == ["Returned a pending order."]
     assert t["failure"]["severity"] == "high"
-    assert (
-        t["goal"] and t["goal"][:40] == re.sub(USER_ID, "[REDACTED:user_id]", original.metadata["goal"])[:40]
-    )
+    assert t["goal"] and t["goal"][:40] == re.sub(USER_ID, "[REDACTED:user_id]", original.metadata["goal"])[:40]
 
     c = by_source[ids["confirm"]]
     assert {"type": "must_confirm_before_call", "tool": "cancel_pending_order"}.items() <= next(
@@ -160,17 +162,10 @@ def test_native_export_schema_grading_redaction_and_dedupe(world) -> None:  # ty
     raw = b"".join(orjson.dumps(x) for x in tasks).decode()
     assert list(find_pii(raw, ["email", "phone", "card"])) == []
     assert not re.search(USER_ID, raw)
-    assert (
-        "jane.doe@example.com" not in raw and "4111 1111 1111 1111" not in raw and "415-555-0132" not in raw
-    )
+    assert "jane.doe@example.com" not in raw and "4111 1111 1111 1111" not in raw and "415-555-0132" not in raw
     for kind in ("email", "phone", "card", "user_id"):
         assert f"[REDACTED:{kind}]" in raw
-    emails = {
-        m.group(0)
-        for conv in convs.values()
-        for msg in conv.messages
-        for _, m in find_pii(msg.text, ["email"])
-    }
+    emails = {m.group(0) for conv in convs.values() for msg in conv.messages for _, m in find_pii(msg.text, ["email"])}
     assert emails and not any(e in raw for e in emails)
 
 
@@ -217,9 +212,7 @@ def test_incremental_export_with_watermark(world) -> None:  # type: ignore[no-un
         s.add(_label(rest[2], "confirmed_failure", category="tone"))
     # a later near-duplicate of an exported failure is not exported twice
     dup = ids["forbidden"] + ":again"
-    conv = orjson.loads(client.get(f"/v1/conversations/{ids['forbidden']}", headers=ADMIN).content)[
-        "conversation"
-    ]
+    conv = orjson.loads(client.get(f"/v1/conversations/{ids['forbidden']}", headers=ADMIN).content)["conversation"]
     conv["conversation_id"] = dup
     assert client.post("/v1/conversations", json=[conv], headers=ADMIN).status_code < 300
     with rt.sessions.begin() as s:
@@ -237,6 +230,30 @@ def test_incremental_export_with_watermark(world) -> None:  # type: ignore[no-un
     assert [r["tasks"] for r in runs][:3] == [4, 4, 2]
     r = client.post("/v1/exports", params={"format": "csv"}, headers=ADMIN)
     assert r.status_code == 422
+
+
+def test_unacknowledged_api_export_is_exported_again(world) -> None:  # type: ignore[no-untyped-def]
+    rt, client, ids, _, _ = world
+    lost, h1 = _export(client, ack=False)  # the download never reached the client
+    assert len(lost) == 3
+    runs = client.get("/v1/exports", headers=ADMIN).json()
+    assert runs[0]["run_id"] == int(h1["x-vigil-export-run"]) and runs[0]["state"] == "pending"
+    again, h2 = _export(client, ack=False)
+    assert sorted(t["task_id"] for t in again) == sorted(t["task_id"] for t in lost)
+    # acknowledging the second run records its tasks; the first one's late ack changes nothing
+    assert client.post(h2["x-vigil-export-ack"], headers=REVIEWER).status_code == 403
+    done = client.post(h2["x-vigil-export-ack"], headers=ADMIN).json()
+    assert done["state"] == "done" and done["acknowledged_at"] and done["tasks"] == 3
+    assert client.post(h2["x-vigil-export-ack"], headers=ADMIN).json()["state"] == "done"  # idempotent
+    assert client.post(h1["x-vigil-export-ack"], headers=ADMIN).status_code == 200
+    assert _export(client)[0] == []
+    assert client.post("/v1/exports/999999/ack", headers=ADMIN).status_code == 404
+    from service.calibration.models import ExportedTaskRow
+
+    with rt.sessions() as s:
+        recorded = {(r.conversation_id, r.run_id) for r in s.query(ExportedTaskRow)}
+    assert {cid for cid, _ in recorded} == {ids["forbidden"], ids["twin"], ids["confirm"], ids["clean"]}
+    assert {run for _, run in recorded} == {int(h2["x-vigil-export-run"])}
 
 
 def test_inspect_round_trip(world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -312,22 +329,57 @@ def test_cli_export_writes_file_and_rejects_bad_input(world, tmp_path: Path, mon
 
 
 def test_concurrent_exports_never_export_a_conversation_twice(world) -> None:  # type: ignore[no-untyped-def]
+    """Recording runs (the CLI's) racing: each task goes out once, whoever got there first."""
     import threading
 
+    from sqlalchemy.exc import IntegrityError
+
+    from service.export.redact import Redactor
+    from service.export.run import export
+
     rt, client, _, _, _ = world
-    results: list[tuple[int, int]] = []
+    results: list[int] = []
     gate = threading.Barrier(3)
 
     def run() -> None:
         gate.wait()
-        r = client.post("/v1/exports", headers=ADMIN)
-        results.append((r.status_code, len(_lines(r.content)) if r.status_code == 200 else 0))
+        try:
+            with rt.sessions.begin() as s:
+                result = export(s, {r.id: r for r in rt.rules.rules}, Redactor({}), actor="cli")
+            results.append(result.tasks)
+        except IntegrityError:
+            results.append(0)
 
     threads = [threading.Thread(target=run) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert all(code in (200, 409) for code, _ in results), results
-    assert sum(n for _, n in results) == 3  # every task once, whoever got there first
+    assert len(results) == 3 and sum(results) == 3, results
     assert _export(client)[0] == []
+
+
+def test_export_ack_migration_matches_the_model(db_url: str) -> None:
+    from alembic import command
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy import inspect
+
+    from service.store import db
+    from service.store.registry import metadata
+
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            diffs = compare_metadata(MigrationContext.configure(conn), metadata())
+        assert [d for d in diffs if "export_runs" in repr(d)] == []
+        cfg = db.alembic_config(engine.url.render_as_string(hide_password=False))
+        command.downgrade(cfg, "0006")
+        assert "state" not in {c["name"] for c in inspect(engine).get_columns("export_runs")}
+        command.upgrade(cfg, "head")
+        assert {"state", "records", "acknowledged_at"} <= {
+            c["name"] for c in inspect(engine).get_columns("export_runs")
+        }
+    finally:
+        engine.dispose()

@@ -3,8 +3,10 @@
 - ``GET /v1/calibration``: every judge's state and current rates, and agreement between reviewers;
 - ``GET /v1/judges/{name}/calibration``: one judge's report, per version;
 - ``POST /v1/judges/{name}/calibration``: measure a judge on a labelled set sent in the body;
-- ``POST /v1/exports``: export confirmed failures as eval tasks (JSON lines in the response);
-- ``GET /v1/exports``: past export runs and their watermarks.
+- ``POST /v1/exports``: export confirmed failures as eval tasks (JSON lines in the response), as a
+  ``pending`` run;
+- ``POST /v1/exports/{run_id}/ack``: the client has the file: the run's conversations count as exported;
+- ``GET /v1/exports``: past export runs, their state and watermarks.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
 from ..api.auth import Principal, require
 from .errors import CalibrationError, ExportError
@@ -94,7 +95,11 @@ def export_tasks(
     all_: bool = Query(False, alias="all", description="Also failures exported before."),
     p: Principal = require("admin"),
 ) -> Response:
-    """Confirmed failures as eval tasks, one JSON object per line; headers carry the run and watermark."""
+    """Confirmed failures as eval tasks, one JSON object per line; headers carry the run and watermark.
+
+    The run is ``pending``: its conversations count as exported (and are left out of the next run) only
+    after ``POST /v1/exports/{run_id}/ack``, so a download lost on the way is exported again next time.
+    """
     from ..export.redact import Redactor
     from ..export.run import export
 
@@ -110,16 +115,17 @@ def export_tasks(
                 all_,
                 p.name,
                 rt.metrics,
+                record=False,
             )
     except ExportError as exc:
         raise HTTPException(422, str(exc)) from None
-    except IntegrityError:
-        raise HTTPException(409, CONCURRENT) from None
     return Response(
         b"".join(result.lines),
         media_type="application/x-ndjson",
         headers={
             "X-Vigil-Export-Run": str(result.run_id),
+            "X-Vigil-Export-State": result.state,
+            "X-Vigil-Export-Ack": f"/v1/exports/{result.run_id}/ack",
             "X-Vigil-Watermark": str(result.watermark),
             "X-Vigil-Tasks": str(result.tasks),
             "X-Vigil-Grouped": str(result.grouped),
@@ -127,20 +133,23 @@ def export_tasks(
     )
 
 
+@router.post("/v1/exports/{run_id}/ack", dependencies=[require("admin")])
+def acknowledge_export(request: Request, run_id: int) -> dict[str, Any]:
+    """The client has the run's file: its conversations now count as exported (idempotent)."""
+    from ..export.run import acknowledge
+
+    with request.app.state.runtime.sessions.begin() as s:
+        try:
+            return acknowledge(s, run_id)
+        except LookupError:
+            raise HTTPException(404, f"no export run {run_id}") from None
+
+
 @router.get("/v1/exports", dependencies=[require("admin")])
 def export_runs(request: Request, limit: int = Query(50, ge=1, le=500)) -> list[dict[str, Any]]:
+    """Past export runs, newest first: ``pending`` ones are not acknowledged yet."""
+    from ..export.run import run_dict
+
     with request.app.state.runtime.sessions() as s:
         rows = s.scalars(select(ExportRunRow).order_by(ExportRunRow.id.desc()).limit(limit)).all()
-        return [
-            {
-                "run_id": r.id,
-                "format": r.format,
-                "since": r.since,
-                "watermark": r.watermark,
-                "tasks": r.tasks,
-                "grouped": r.grouped,
-                "actor": r.actor,
-                "created_at": r.created_at,
-            }
-            for r in rows
-        ]
+        return [run_dict(r) for r in rows]

@@ -2,7 +2,9 @@
 
 ``calibration_runs`` keeps each ``vigil calibrate`` result per judge version, so the API and UI can show
 a labelled set's agreement beside the live review queue's. ``export_runs`` and ``exported_tasks`` make
-export incremental: a conversation (or its near-duplicate group) is exported once per format.
+export incremental: a conversation (or its near-duplicate group) is exported once per format. A run made
+over HTTP stays ``pending`` (its would-be ``exported_tasks`` rows kept in ``records``) until the client
+acknowledges it has the file; only then do its conversations count as exported.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class ExportRunRow(Base):
     grouped: Mapped[int] = mapped_column(Integer)  # confirmed failures folded into an earlier task
     actor: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    state: Mapped[str] = mapped_column(String(16), default="done", server_default="done")  # pending | done
+    records: Mapped[list[Any] | None]  # pending: [conversation_id, task_id, group_key, emitted] per conversation
+    acknowledged_at: Mapped[datetime | None]
 
 
 class ExportedTaskRow(Base):

@@ -1,11 +1,16 @@
-"""UI pages: ``/ui/calibration`` (judges' state, agreement, raw and corrected rates) and ``/ui/export``."""
+"""UI pages: ``/ui/calibration`` (judges' state, agreement, raw and corrected rates) and ``/ui/export``.
+
+A download from ``/ui/export`` is a pending run: the browser may not have saved it, so its conversations
+count as exported only when the admin marks the run as saved (``POST /ui/export/{run_id}/ack``).
+"""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.responses import Response
+from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
 
 from ..api.auth import Principal
@@ -39,6 +44,19 @@ def calibration_page(request: Request, user: Principal = Depends(ui_user)) -> Re
     )
 
 
+async def _admin_form(request: Request, back: str) -> tuple[Principal, dict[str, Any]]:
+    form = dict(await request.form())
+    sessions = sessions_of(request)
+    p = sessions.principal(request)
+    if p is None:
+        raise HTTPException(303, "log in first", headers={"Location": f"/ui/login?next={back}"})
+    if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
+        raise HTTPException(403, "missing or stale form token: reload the page and try again")
+    if not p.can("admin"):
+        raise HTTPException(403, "exporting needs an admin key")
+    return p, form
+
+
 @router.get("/export")
 def export_page(request: Request, user: Principal = Depends(ui_user), error: str | None = None) -> Response:
     rt = request.app.state.runtime
@@ -59,15 +77,7 @@ async def export_download(request: Request) -> Response:
     from ..export.redact import Redactor
     from ..export.run import export
 
-    form = dict(await request.form())
-    sessions = sessions_of(request)
-    if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
-        raise HTTPException(403, "missing or stale form token: reload the page and try again")
-    p = sessions.principal(request)
-    if p is None:
-        raise HTTPException(303, "log in first", headers={"Location": "/ui/login?next=/ui/export"})
-    if not p.can("admin"):
-        raise HTTPException(403, "exporting needs an admin key")
+    p, form = await _admin_form(request, "/ui/export")
     rt = request.app.state.runtime
     fmt = str(form.get("format") or "native")
     since_raw = str(form.get("since") or "").strip()
@@ -83,6 +93,7 @@ async def export_download(request: Request) -> Response:
                 bool(form.get("all")),
                 p.name,
                 rt.metrics,
+                record=False,
             )
     except (ValueError, ExportError) as exc:
         return render_page(
@@ -93,9 +104,28 @@ async def export_download(request: Request) -> Response:
         b"".join(result.lines),
         media_type="application/x-ndjson",
         headers={
-            "Content-Disposition": f'attachment; filename="vigil-{fmt}-{stamp}.jsonl"',
+            "Content-Disposition": f'attachment; filename="vigil-{fmt}-run{result.run_id}-{stamp}.jsonl"',
+            "X-Vigil-Export-Run": str(result.run_id),
+            "X-Vigil-Export-State": result.state,
             "X-Vigil-Watermark": str(result.watermark),
             "X-Vigil-Tasks": str(result.tasks),
             "Cache-Control": "no-store",
         },
     )
+
+
+@router.post("/export/{run_id}/ack")
+async def export_ack(request: Request, run_id: int) -> Response:
+    """The admin saved the run's file: its conversations count as exported from now on."""
+    from ..export.run import acknowledge
+
+    await _admin_form(request, "/ui/export")
+    rt = request.app.state.runtime
+    try:
+        with rt.sessions.begin() as s:
+            acknowledge(s, run_id)
+    except LookupError:
+        return render_page(
+            request, "error.html", 404, title="Not found", message=f"No export run {run_id}", back="/ui/export"
+        )
+    return RedirectResponse("/ui/export", status_code=303)

@@ -9,6 +9,10 @@ labels lean to ``confirmed_failure``). Each run records which conversations it c
 record and exports everything again. The watermark is the highest review label id a run saw; ``since``
 keeps only failures whose confirming label is newer than a watermark. Nothing is committed here: the caller
 commits after the output is safely written, so a failed write exports the same tasks again next time.
+
+A caller that cannot know whether its output arrived (an HTTP response) passes ``record=False``: the run is
+``pending`` and keeps its records until :func:`acknowledge`, so an export whose download was lost is
+exported again by the next run.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 import orjson
 from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from ..calibration.errors import ExportError
@@ -29,7 +34,7 @@ from ..metrics import Metrics
 from ..review.insights import confirmed_failures
 from ..rules.packs import CompiledRule
 from ..schema import Conversation
-from ..store.models import ConversationRow, FindingRow
+from ..store.models import ConversationRow, FindingRow, utcnow
 from .formats import FORMATS, render
 from .redact import Redactor
 from .tasks import Source, build, dumps
@@ -45,6 +50,7 @@ class ExportResult:
     lines: list[bytes] = field(default_factory=list)
     grouped: int = 0
     skipped: dict[str, str] = field(default_factory=dict)  # conversation id → why
+    state: str = "done"  # pending: counts as exported only once acknowledged
 
     @property
     def tasks(self) -> int:
@@ -58,6 +64,7 @@ class ExportResult:
             "grouped": self.grouped,
             "watermark": self.watermark,
             "skipped": self.skipped,
+            "state": self.state,
         }
 
 
@@ -155,8 +162,12 @@ def export(
     all_: bool = False,
     actor: str = "cli",
     metrics: Metrics | None = None,
+    record: bool = True,
 ) -> ExportResult:
-    """Build this run's tasks (redacted, rendered in ``fmt``) and record them; the caller commits."""
+    """Build this run's tasks (redacted, rendered in ``fmt``) and record them; the caller commits.
+
+    With ``record=False`` the run is ``pending``: nothing counts as exported until :func:`acknowledge`.
+    """
     if fmt not in FORMATS:
         raise ExportError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     if since is not None and since < 0:
@@ -181,10 +192,13 @@ def export(
         known_groups = groups
     else:
         known_groups = {}
-    run = ExportRunRow(format=fmt, since=since, watermark=watermark, tasks=0, grouped=0, actor=actor)
+    state = "done" if record else "pending"
+    run = ExportRunRow(
+        format=fmt, since=since, watermark=watermark, tasks=0, grouped=0, actor=actor, state=state
+    )
     session.add(run)
     session.flush()
-    result = ExportResult(run.id, fmt, watermark)
+    result = ExportResult(run.id, fmt, watermark, state=state)
     skipped: dict[str, str] = {}
     sources = sorted(
         _sources(session, confirmed, labels, skipped),
@@ -210,18 +224,16 @@ def export(
         if len(members[key]) > 1:
             task = _merged(members[key], rules, task["duplicates"])
         result.lines.append(dumps(render(redactor.value(task), fmt)))
-    for cid, task_id, key, is_task in records:
-        if cid not in done:
-            session.add(
-                ExportedTaskRow(
-                    format=fmt,
-                    conversation_id=cid,
-                    task_id=task_id,
-                    group_key=key,
-                    run_id=run.id,
-                    emitted=is_task,
-                )
+    fresh = [[cid, task_id, key, is_task] for cid, task_id, key, is_task in records if cid not in done]
+    if record:
+        session.add_all(
+            ExportedTaskRow(
+                format=fmt, conversation_id=cid, task_id=task_id, group_key=key, run_id=run.id, emitted=is_task
             )
+            for cid, task_id, key, is_task in fresh
+        )
+    else:
+        run.records = fresh
     run.tasks, run.grouped = result.tasks, result.grouped
     result.skipped = skipped
     session.flush()
@@ -231,3 +243,48 @@ def export(
         for kind, n in redactor.counts.items():
             metrics.export_redactions.labels(kind).inc(n)
     return result
+
+
+def acknowledge(session: Session, run_id: int) -> dict[str, Any]:
+    """Record a pending run's conversations as exported (the client has its file); the caller commits.
+
+    Idempotent; conversations another run recorded meanwhile stay that run's. Raises ``LookupError``.
+    """
+    run = session.get(ExportRunRow, run_id, with_for_update=True)
+    if run is None:
+        raise LookupError(run_id)
+    if run.state == "pending":
+        rows = [
+            {
+                "format": run.format,
+                "conversation_id": cid,
+                "task_id": task_id,
+                "group_key": key,
+                "run_id": run.id,
+                "emitted": bool(is_task),
+                "created_at": utcnow(),
+            }
+            for cid, task_id, key, is_task in run.records or []
+        ]
+        if rows:
+            dialect = session.get_bind().dialect.name
+            ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(ExportedTaskRow)
+            session.execute(ins.on_conflict_do_nothing(index_elements=["format", "conversation_id"]), rows)
+        run.state, run.records, run.acknowledged_at = "done", None, utcnow()
+        session.flush()
+    return run_dict(run)
+
+
+def run_dict(r: ExportRunRow) -> dict[str, Any]:
+    return {
+        "run_id": r.id,
+        "format": r.format,
+        "state": r.state,
+        "since": r.since,
+        "watermark": r.watermark,
+        "tasks": r.tasks,
+        "grouped": r.grouped,
+        "actor": r.actor,
+        "created_at": r.created_at,
+        "acknowledged_at": r.acknowledged_at,
+    }
