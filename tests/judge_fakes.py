@@ -36,7 +36,7 @@ class Scripted:
         default: Item = PASS,
         delay: float = 0.0,
         via_litellm: bool = False,
-        cost: float = 0.001,
+        cost: float | None = 0.001,
     ) -> None:
         self.script = list(script or [])
         self.default = default

@@ -271,6 +271,71 @@ def test_daily_budget_pauses_and_resumes_the_next_day(tmp_path: Path) -> None:
     assert len(verdicts(rt)) == 6 and {r.status for r in requests(rt)} == {"done"}
 
 
+UNPRICED = "openai/acme-finetune-v3"  # a fine-tune litellm has no price for
+
+
+def test_a_judge_yaml_price_counts_toward_the_cap_when_litellm_has_none(tmp_path: Path) -> None:
+    from service.judge.api import judge_info
+
+    client = Scripted(via_litellm=True)  # litellm's own reply: tokens, but no cost for this model
+    rt, stage = setup(
+        f"sqlite:///{tmp_path / 'v.db'}",
+        tmp_path,
+        client,
+        n=5,
+        model=UNPRICED,
+        price={"input_per_1k_usd": 10.0, "output_per_1k_usd": 20.0},
+        limits={"concurrency": 1, "daily_budget_usd": 0.5},
+    )
+    asyncio.run(stage.worker.run_until_idle(20))
+    vs = verdicts(rt)
+    assert vs and all(v.cost_usd == pytest.approx(v.prompt_tokens / 100 + v.completion_tokens / 50) for v in vs)
+    lane = stage.engine.lanes["tj"]
+    assert lane.state == "paused_budget" and sum(v.cost_usd for v in vs) <= 0.5 and len(vs) < 5
+    with rt.sessions() as s:
+        [info] = judge_info(stage, s, ["tj"])
+    assert info["price_source"] == "judge.yaml"
+    assert info["spent_today_usd"] == pytest.approx(sum(v.cost_usd for v in vs))
+
+
+def test_no_price_anywhere_is_a_visible_budget_unknown_state(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from service.judge.api import judge_info
+
+    client = Scripted(via_litellm=True)
+    with caplog.at_level("WARNING", logger="service.judge.engine"):
+        rt, stage = setup(
+            f"sqlite:///{tmp_path / 'v.db'}",
+            tmp_path,
+            client,
+            n=4,
+            model=UNPRICED,
+            limits={"concurrency": 1, "daily_budget_usd": 0.01},
+        )
+    lane = stage.engine.lanes["tj"]
+    assert lane.state == "budget_unknown" and "no price for openai/acme-finetune-v3" in lane.detail
+    assert any("budget_unknown" in r.getMessage() for r in caplog.records)
+    asyncio.run(stage.worker.run_until_idle(20))
+    vs = verdicts(rt)
+    assert len(vs) == 4 and all(v.cost_usd is None for v in vs)  # judged, but the spend is unknown, not $0
+    assert lane.state == "budget_unknown"
+    assert metric(rt, "vigil_judge_state", judge="tj", state="budget_unknown") == 1
+    with rt.sessions() as s:
+        [info] = judge_info(stage, s, ["tj"])
+        assert info["state"] == "budget_unknown" and info["price_source"] == "unknown"
+        assert s.get(JudgeStatusRow, "tj").state == "budget_unknown"
+
+
+def test_a_reply_without_a_cost_makes_the_spend_unknown(tmp_path: Path) -> None:
+    client = Scripted(cost=None)  # litellm knows the model's price, but this reply came without a cost
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=2)
+    lane = stage.engine.lanes["tj"]
+    assert lane.state == "running"
+    asyncio.run(stage.worker.run_until_idle(20))
+    assert len(verdicts(rt)) == 2 and lane.state == "budget_unknown"
+
+
 def test_circuit_opens_on_repeated_failures_then_probes(tmp_path: Path) -> None:
     client = Scripted(["litellm.InternalServerError"] * 3, via_litellm=True)
     rt, stage = setup(

@@ -74,6 +74,7 @@ def judge_info(stage: JudgeStage, session: Session, names: list[str]) -> list[di
                 "rpm": sp.limits.rpm,
                 "concurrency": sp.limits.concurrency,
                 "budget_usd": j.daily_budget_usd,
+                "price_source": lane.price_source,
                 "spent_today_usd": round(spent.get(name, (0.0, 0))[0], 6),
                 "queue_depth": depth.get(name, 0),
                 "prompt_hash": j.prompt_hash,

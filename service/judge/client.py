@@ -93,6 +93,16 @@ def supports_json_mode(model: str) -> bool:
 
 
 @functools.cache
+def has_price(model: str) -> bool:
+    """True if litellm's price list knows ``model`` (a price of 0, as for a local Ollama, counts)."""
+    try:
+        info = _litellm().get_model_info(model=model)
+    except Exception:  # not in the price list: a fine-tune, a self-hosted model, an unknown provider
+        return False
+    return info.get("input_cost_per_token") is not None or info.get("output_cost_per_token") is not None
+
+
+@functools.cache
 def has_credentials(model: str) -> bool:
     """True if the environment holds the provider key(s) ``model`` needs (for ``VIGIL_JUDGE_MODE=auto``)."""
     try:

@@ -72,6 +72,18 @@ class Limits(_Strict):
     daily_budget_usd: float | None = Field(default=None, ge=0)
 
 
+class Price(_Strict):
+    """What the model costs, for models litellm has no price for (a fine-tune, a self-hosted model)."""
+
+    input_per_1k_usd: float = Field(ge=0, description="USD per 1,000 prompt tokens.")
+    output_per_1k_usd: float = Field(ge=0, description="USD per 1,000 completion tokens.")
+
+    def cost(self, prompt_tokens: int | None, completion_tokens: int | None) -> float | None:
+        if prompt_tokens is None and completion_tokens is None:
+            return None
+        return ((prompt_tokens or 0) * self.input_per_1k_usd + (completion_tokens or 0) * self.output_per_1k_usd) / 1000
+
+
 class Transcript(_Strict):
     max_chars_per_message: int = Field(default=4000, ge=100)
     max_chars: int = Field(default=60_000, ge=1000)
@@ -96,6 +108,7 @@ class JudgeYaml(_Strict):
     applies_to: AppliesTo = Field(default_factory=AppliesTo)
     sampling: Sampling = Field(default_factory=Sampling)
     limits: Limits = Field(default_factory=Limits)
+    price: Price | None = Field(default=None, description="Used when litellm has no price for the model.")
     transcript: Transcript = Field(default_factory=Transcript)
     context: list[str] = Field(
         default_factory=list, description="Names of VIGIL_JUDGE_CONTEXT_FILES entries."

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..metrics import Metrics
 from ..settings import Settings
-from .client import LLMClient, Reply, classify, has_credentials
+from .client import LLMClient, Reply, classify, has_credentials, has_price
 from .definitions import Judge
 from .errors import JudgeError, ProviderError
 from .limits import Budget, CircuitBreaker, Decision, RateLimiter, decide, utc_day
@@ -22,7 +22,10 @@ from .offline import OFFLINE_MODEL
 
 log = logging.getLogger(__name__)
 
-STATES = ("running", "paused_budget", "stopped_config_error", "circuit_open")
+STATES = ("running", "budget_unknown", "paused_budget", "stopped_config_error", "circuit_open")
+# States in which a judge takes requests. budget_unknown: judging goes on, but no price is known for the
+# model, so the spend (and the daily cap) cannot be counted.
+ACTIVE = ("running", "budget_unknown")
 
 
 def utcnow() -> datetime:
@@ -51,10 +54,16 @@ class Lane:
     changed_at: datetime = field(default_factory=utcnow)
     in_flight: int = 0
     dirty: bool = True
+    price_source: str | None = None  # litellm | judge.yaml | unknown (None: the offline judge costs nothing)
+    unpriced: bool = False
 
     @property
     def name(self) -> str:
         return self.judge.name
+
+    @property
+    def active_state(self) -> str:
+        return "budget_unknown" if self.unpriced else "running"
 
     @property
     def model(self) -> str:
@@ -93,6 +102,11 @@ class JudgeEngine:
                 Budget(judge.daily_budget_usd),
             )
             lane.changed_at = clock()
+            if not lane.offline:
+                lane.price_source = (
+                    "judge.yaml" if judge.spec.price else "litellm" if has_price(judge.spec.model) else "unknown"
+                )
+                lane.unpriced = lane.price_source == "unknown"
             self.lanes[name] = lane
             metrics.judge_budget_usd.labels(name).set(judge.daily_budget_usd)
             self._publish(lane)
@@ -101,7 +115,8 @@ class JudgeEngine:
 
             self._client = LiteLLMClient()
         for lane in self.lanes.values():
-            self._check_credentials(lane)
+            if self._check_credentials(lane):
+                self.refresh(lane)
 
     @property
     def client(self) -> LLMClient:
@@ -147,20 +162,36 @@ class JudgeEngine:
             self.metrics.judge_state.labels(lane.name, s).set(1 if s == lane.state else 0)
 
     def refresh(self, lane: Lane) -> None:
-        """Time-driven transitions: a new UTC day ends a budget pause; a cooled circuit allows a probe."""
+        """Time-driven transitions: a new UTC day ends a budget pause; a cooled circuit allows a probe.
+
+        Also moves an active judge between ``running`` and ``budget_unknown`` as its price becomes known.
+        """
         today = utc_day(self.clock())
         lane.budget.roll(today)
         self.metrics.judge_budget_used_usd.labels(lane.name).set(lane.budget.spent)
         if lane.state == "paused_budget" and not lane.budget.exhausted:
-            self.set_state(lane, "running")
-        elif lane.state == "running" and not lane.offline and lane.budget.exhausted:
+            self.set_state(lane, lane.active_state, self._active_detail(lane))
+        elif lane.state in ACTIVE and not lane.offline and lane.budget.exhausted:
             self.set_state(
                 lane, "paused_budget", f"spent ${lane.budget.spent:.4f} of ${lane.budget.cap:.2f} today"
             )
+        elif lane.state in ACTIVE and lane.state != lane.active_state:
+            self.set_state(lane, lane.active_state, self._active_detail(lane))
+
+    def _active_detail(self, lane: Lane) -> str | None:
+        if not lane.unpriced:
+            return None
+        return (
+            f"no price for {lane.judge.spec.model} (litellm has none, judge.yaml sets no price:), so the "
+            f"daily cap of ${lane.budget.cap:.2f} cannot be enforced; spend is unknown, not $0"
+        )
+
+    def accepting(self, lane: Lane) -> bool:
+        return lane.state in ACTIVE
 
     def may_claim(self, lane: Lane) -> bool:
         self.refresh(lane)
-        if lane.state == "running":
+        if lane.state in ACTIVE:
             return True
         if lane.state == "circuit_open":
             return lane.in_flight == 0 and lane.breaker.allow()
@@ -169,7 +200,7 @@ class JudgeEngine:
     def resume(self, lane: Lane) -> None:
         lane.breaker.success()
         if self._check_credentials(lane):
-            self.set_state(lane, "running")
+            self.set_state(lane, lane.active_state, self._active_detail(lane))
 
     def day_start(self) -> datetime:
         now = self.clock().astimezone(UTC)
@@ -224,8 +255,11 @@ class JudgeEngine:
             elapsed = time.perf_counter() - t0
             self.metrics.judge_latency_seconds.labels(lane.name).observe(elapsed)
         lane.breaker.success()
+        if reply.cost_usd is None and spec.price is not None:
+            reply.cost_usd = spec.price.cost(reply.prompt_tokens, reply.completion_tokens)
+        lane.unpriced = reply.cost_usd is None
         if lane.state == "circuit_open":
-            self.set_state(lane, "running")
+            self.set_state(lane, lane.active_state, self._active_detail(lane))
         lane.budget.settle(reserved, reply.cost_usd)
         self._account(lane, reply)
         self.refresh(lane)

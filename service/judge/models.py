@@ -79,7 +79,7 @@ class JudgeStatusRow(Base):
     judge: Mapped[str] = mapped_column(String(64), primary_key=True)
     state: Mapped[str] = mapped_column(
         String(32)
-    )  # running | paused_budget | stopped_config_error | circuit_open
+    )  # running | budget_unknown | paused_budget | stopped_config_error | circuit_open
     detail: Mapped[str | None] = mapped_column(Text)
     worker: Mapped[str | None] = mapped_column(String(128))
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -126,7 +126,9 @@ class JudgeWorker:
             await self._flush()
             if not claimed and not self._tasks:
                 waiting = [
-                    n for n, lane in self.engine.lanes.items() if lane.state in ("running", "circuit_open")
+                    n
+                    for n, lane in self.engine.lanes.items()
+                    if self.engine.accepting(lane) or lane.state == "circuit_open"
                 ]
                 if not waiting or not await asyncio.to_thread(self._pending, waiting):
                     break
@@ -264,7 +266,7 @@ class JudgeWorker:
                 self._gate("", self.settings.judge_concurrency),
             ):
                 # the judge may have stopped or paused while this request waited for a slot
-                if lane.state != "running" and req.id not in self._probes:
+                if not self.engine.accepting(lane) and req.id not in self._probes:
                     raise JudgeUnavailable(lane.name, lane.state, lane.detail)
                 reply, latency_ms = await self.engine.call(lane, messages)
         except JudgeUnavailable as exc:
