@@ -97,9 +97,7 @@ def test_claim_extend_release_skip(api, rt) -> None:
     # skip: rita is never offered it again, raj still is
     assert api.post(f"/v1/review/items/{nxt}/skip", headers=REVIEWER).status_code == 204
     offered = set()
-    while (
-        r := api.post("/v1/review/claim", json={"release_others": False}, headers=REVIEWER)
-    ).status_code == 200:
+    while (r := api.post("/v1/review/claim", json={"release_others": False}, headers=REVIEWER)).status_code == 200:
         offered.add(r.json()["conversation_id"])
     assert r.status_code == 204 and nxt not in offered
     api.post(f"/v1/review/items/{r2['conversation_id']}/release", headers=RAJ)
@@ -127,10 +125,7 @@ def test_lease_expiry_returns_the_item(api, rt) -> None:
     assert api.post("/v1/review/claim", headers=RAJ).json()["conversation_id"] == cid
     # rita's late extension fails: the item is raj's now
     assert api.post(f"/v1/review/items/{cid}/extend", headers=REVIEWER).status_code == 409
-    assert (
-        api.post(f"/v1/review/items/{cid}/labels", json={"label": "unsure"}, headers=REVIEWER).status_code
-        == 409
-    )
+    assert api.post(f"/v1/review/items/{cid}/labels", json={"label": "unsure"}, headers=REVIEWER).status_code == 409
 
 
 def test_labels_are_versioned_validated_and_release_the_claim(api) -> None:
@@ -183,9 +178,7 @@ def test_labelling_an_unqueued_conversation_enqueues_it(api) -> None:
     assert r.status_code == 201
     item = api.get(f"/v1/review/items/{clean}", headers=RAJ).json()
     assert item["state"] == "done" and item["reasons"][0]["kind"] == "manual"
-    assert (
-        api.post("/v1/review/items/missing/labels", json={"label": "unsure"}, headers=RAJ).status_code == 404
-    )
+    assert api.post("/v1/review/items/missing/labels", json={"label": "unsure"}, headers=RAJ).status_code == 404
     # enqueue by hand
     other = next(c["conversation_id"] for c in convs if c["conversation_id"] not in queued | {clean})
     added = api.post(
@@ -193,9 +186,7 @@ def test_labelling_an_unqueued_conversation_enqueues_it(api) -> None:
     )
     assert added.status_code == 201 and added.json()["reasons"][0]["detail"] == "customer complaint"
     assert added.json()["priority"] == 50
-    assert (
-        api.post("/v1/review/items", json={"conversation_id": "missing"}, headers=REVIEWER).status_code == 404
-    )
+    assert api.post("/v1/review/items", json={"conversation_id": "missing"}, headers=REVIEWER).status_code == 404
 
 
 def test_two_reviewers_per_item_and_agreement(db_url, tmp_path) -> None:
@@ -212,9 +203,7 @@ def test_two_reviewers_per_item_and_agreement(db_url, tmp_path) -> None:
                 headers=REVIEWER,
             )
             item = api.get(f"/v1/review/items/{cid}", headers=REVIEWER).json()
-            assert (
-                item["state"] == "available" and item["review_count"] == 1 and item["required_reviews"] == 2
-            )
+            assert item["state"] == "available" and item["review_count"] == 1 and item["required_reviews"] == 2
             # rita is not offered her own item again; raj is, first
             assert api.post("/v1/review/claim", headers=REVIEWER).json()["conversation_id"] != cid
             assert api.post("/v1/review/claim", headers=RAJ).json()["conversation_id"] == cid
@@ -229,6 +218,49 @@ def test_two_reviewers_per_item_and_agreement(db_url, tmp_path) -> None:
             assert {p["reviewer"] for p in prog["reviewers"]} == {"rita", "raj"}
             rita = next(p for p in prog["reviewers"] if p["reviewer"] == "rita")
             assert rita["holding"] == 1 and rita["by_label"] == {"confirmed_failure": 1}
+    finally:
+        rt.close()
+
+
+def test_double_review_is_blind_in_the_api(db_url, tmp_path) -> None:
+    policy = tmp_path / "flagging.yaml"
+    policy.write_text("multi_review: {share: 1.0, reviewers: 2}\ntaxonomy: {wrong_action: x, other: y}\n")
+    rt = review_runtime(db_url, review_policy=str(policy))
+    try:
+        with review_client(rt) as api:
+            _seed(api, 30)
+            cid = api.post("/v1/review/claim", headers=REVIEWER).json()["conversation_id"]
+            secret = {"label": "confirmed_failure", "category": "other", "notes": "rita's reasoning"}
+            assert api.post(f"/v1/review/items/{cid}/labels", json=secret, headers=REVIEWER).status_code == 201
+
+            def leaks(body: object) -> bool:
+                return "rita's reasoning" in str(body) or "'reviewer': 'rita'" in str(body)
+
+            # raj has not labelled: no way through the API to see rita's label
+            item = api.get(f"/v1/review/items/{cid}", headers=RAJ).json()
+            assert item["labels"] == [] and item["labels_hidden"] is True and item["review_count"] == 1
+            hist = api.get(f"/v1/review/items/{cid}/history", headers=RAJ).json()
+            assert not leaks(hist["labels"]) and not any(e["action"] == "label" for e in hist["audit"])
+            assert not leaks(api.get("/v1/review/labels", headers=RAJ).json())
+            assert not leaks(api.get("/v1/review/labels?current_only=false", headers=RAJ).json())
+            queue_items = api.get("/v1/review/queue", params={"status": "all"}, headers=RAJ).json()["items"]
+            assert not leaks([it["labels"] for it in queue_items])
+            claimed = api.post("/v1/review/claim", headers=RAJ).json()
+            assert claimed["conversation_id"] == cid and claimed["item"]["labels"] == []
+            assert not leaks(api.get(f"/v1/conversations/{cid}", headers=RAJ).json()["review"])
+            # rita sees her own label; admins see everything
+            assert [
+                lab["reviewer"] for lab in api.get(f"/v1/review/items/{cid}", headers=REVIEWER).json()["labels"]
+            ] == ["rita"]
+            assert leaks(api.get(f"/v1/review/items/{cid}", headers=ADMIN).json()["labels"])
+            assert leaks(api.get(f"/v1/review/items/{cid}/history", headers=ADMIN).json())
+            assert leaks(api.get("/v1/review/labels", headers=ADMIN).json())
+            # once raj has labelled, the review is open to him
+            api.post(f"/v1/review/items/{cid}/labels", json={"label": "not_a_failure"}, headers=RAJ)
+            item = api.get(f"/v1/review/items/{cid}", headers=RAJ).json()
+            assert {lab["reviewer"] for lab in item["labels"]} == {"rita", "raj"} and not item["labels_hidden"]
+            assert leaks(api.get(f"/v1/review/items/{cid}/history", headers=RAJ).json())
+            assert leaks(api.get("/v1/review/labels", headers=RAJ).json())
     finally:
         rt.close()
 
@@ -282,10 +314,7 @@ def test_roles_audit_and_openapi(api) -> None:
     log = api.get("/v1/review/audit", params={"actor": "admin"}, headers=ADMIN).json()
     assert [(e["action"], e["conversation_id"]) for e in log] == [("claim", cid)]
     tax = api.get("/v1/review/taxonomy", headers=REVIEWER).json()
-    assert (
-        tax["labels"] == ["confirmed_failure", "not_a_failure", "unsure"]
-        and "wrong_action" in tax["categories"]
-    )
+    assert tax["labels"] == ["confirmed_failure", "not_a_failure", "unsure"] and "wrong_action" in tax["categories"]
     paths = api.get("/openapi.json").json()["paths"]
     for p in (
         "/v1/review/queue",

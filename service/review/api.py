@@ -1,7 +1,9 @@
 """The review API: everything the reviewer UI does, as JSON endpoints under ``/v1/review``.
 
 Callers authenticate with ``Authorization: Bearer KEY`` (reviewer or admin), or with the UI's
-session cookie plus an ``X-CSRF-Token`` header on writes.
+session cookie plus an ``X-CSRF-Token`` header on writes. Double review is blind here as in the UI: a
+reviewer who has not labelled an open multi-reviewer item does not get others' labels on it (items, queue,
+history, labels); admins see everything.
 """
 
 from __future__ import annotations
@@ -71,11 +73,15 @@ def run(request: Request, fn: Callable[[Session, ReviewStage], T]) -> T:
         return fn(session, st)
 
 
-def _item(session: Session, cid: str) -> dict[str, Any]:
+def _item(session: Session, cid: str, p: Principal) -> dict[str, Any]:
     found = insights.item_detail(session, cid)
     if found is None:
         raise NotFound(f"conversation {cid!r} is not in the review queue")
-    return found
+    return _seen_by(found, p)
+
+
+def _seen_by(item: dict[str, Any], p: Principal) -> dict[str, Any]:
+    return item if p.can("admin") else insights.blind_view(item, p.name)
 
 
 @router.get("/queue", response_model=QueueOut)
@@ -92,11 +98,13 @@ def list_queue(
     reason: str | None = Query(None, description="Items flagged for this reason kind"),
     limit: int = Query(50, ge=1, le=500),
     offset: int = Query(0, ge=0),
-    _: Principal = require("reviewer"),
+    p: Principal = require("reviewer"),
 ) -> Any:
     """Queue items with counts per state and per reason kind, highest priority first."""
     f = queue.QueueFilter(agent, version, rule, verdict, outcome, reason)
-    return run(request, lambda s, _st: insights.list_queue(s, f, status, limit, offset))
+    out = run(request, lambda s, _st: insights.list_queue(s, f, status, limit, offset))
+    out["items"] = [_seen_by(item, p) for item in out["items"]]
+    return out
 
 
 @router.post("/claim", response_model=ClaimOut, responses={204: {"description": "Nothing left to claim"}})
@@ -110,7 +118,7 @@ def claim_next(request: Request, body: ClaimFilters | None = None, p: Principal 
         st.metrics.review_claims.labels("claimed" if cid else "empty").inc()
         if cid is None:
             return None
-        item = _item(s, cid)
+        item = _item(s, cid, p)
         return {"conversation_id": cid, "lease_until": item["lease_until"], "item": item}
 
     out = run(request, go)
@@ -118,9 +126,16 @@ def claim_next(request: Request, body: ClaimFilters | None = None, p: Principal 
 
 
 @router.get("/items/{conversation_id:path}/history", response_model=HistoryOut)
-def history(request: Request, conversation_id: str, _: Principal = require("reviewer")) -> Any:
-    """Every label version and audit event of one conversation."""
-    return run(request, lambda s, _st: insights.history(s, conversation_id))
+def history(request: Request, conversation_id: str, p: Principal = require("reviewer")) -> Any:
+    """Every label version and audit event of one conversation (others' labels hidden while blind to you)."""
+
+    def go(s: Session, _st: ReviewStage) -> Any:
+        hist = insights.history(s, conversation_id)
+        if p.can("admin"):
+            return hist
+        return insights.blind_history(hist, insights.item_detail(s, conversation_id), p.name)
+
+    return run(request, go)
 
 
 @router.post("/items/{conversation_id:path}/claim", response_model=LeaseOut)
@@ -185,9 +200,9 @@ def label(request: Request, conversation_id: str, body: LabelIn, p: Principal = 
 
 
 @router.get("/items/{conversation_id:path}", response_model=ItemOut)
-def get_item(request: Request, conversation_id: str, _: Principal = require("reviewer")) -> Any:
-    """One queue item with its reasons and current labels."""
-    return run(request, lambda s, _st: _item(s, conversation_id))
+def get_item(request: Request, conversation_id: str, p: Principal = require("reviewer")) -> Any:
+    """One queue item with its reasons and current labels (others' hidden while the review is blind to you)."""
+    return run(request, lambda s, _st: _item(s, conversation_id, p))
 
 
 @router.post("/items", response_model=ItemOut, status_code=201)
@@ -208,7 +223,7 @@ def add_item(request: Request, body: EnqueueIn, p: Principal = require("reviewer
             st.metrics,
             actor=p.name,
         )
-        return _item(s, conv.conversation_id)
+        return _item(s, conv.conversation_id, p)
 
     return run(request, go)
 
@@ -220,10 +235,13 @@ def labels(
     current_only: bool = True,
     limit: int = Query(1000, ge=1, le=10_000),
     offset: int = Query(0, ge=0),
-    _: Principal = require("reviewer"),
+    p: Principal = require("reviewer"),
 ) -> Any:
-    """Reviewers' labels (current versions by default), oldest first: input of calibration and export."""
-    return run(request, lambda s, _st: insights.labels_export(s, since, current_only, limit, offset))
+    """Reviewers' labels (current versions by default), oldest first: input of calibration and export.
+
+    A reviewer does not get others' labels on double reviews still blind to them; admins get all."""
+    viewer = None if p.can("admin") else p.name
+    return run(request, lambda s, _st: insights.labels_export(s, since, current_only, limit, offset, viewer))
 
 
 @router.get("/clusters", response_model=ClustersOut)

@@ -6,8 +6,8 @@ from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, and_, case, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, and_, case, func, or_, select
+from sqlalchemy.orm import Session, aliased
 
 from ..store.models import ConversationRow, FindingRow, utcnow
 from .models import ReviewAuditRow, ReviewItemRow, ReviewLabelRow, ReviewReasonRow
@@ -183,6 +183,44 @@ def item_detail(session: Session, conversation_id: str, now: datetime | None = N
     d["labels"] = current_labels(session, [conversation_id]).get(conversation_id, [])
     _add_summary(d, session.get(ConversationRow, conversation_id))
     return d
+
+
+def is_blind(item: dict[str, Any] | None, viewer: str | None) -> bool:
+    """Double review is blind: until ``viewer`` has labelled an open multi-reviewer item, others' labels
+    stay hidden from them (``viewer`` None: hidden from anyone without a name, e.g. another stage's view)."""
+    if item is None or item["required_reviews"] <= 1 or item["state"] == "done":
+        return False
+    return not any(lab["reviewer"] == viewer for lab in item["labels"])
+
+
+def blind_view(item: dict[str, Any], viewer: str | None) -> dict[str, Any]:
+    """``item`` as ``viewer`` may see it: others' labels left out while the review is blind to them."""
+    if not is_blind(item, viewer):
+        return item
+    return {**item, "labels": [lab for lab in item["labels"] if lab["reviewer"] == viewer], "labels_hidden": True}
+
+
+def blind_history(hist: dict[str, Any], item: dict[str, Any] | None, viewer: str) -> dict[str, Any]:
+    """A conversation's history without other reviewers' labels (and their label events) while blind."""
+    if not is_blind(item, viewer):
+        return hist
+    return {
+        **hist,
+        "labels": [lab for lab in hist["labels"] if lab["reviewer"] == viewer],
+        "audit": [e for e in hist["audit"] if e["action"] != "label" or e["actor"] == viewer],
+    }
+
+
+def blind_clause(viewer: str) -> ColumnElement[bool]:
+    """Labels ``viewer`` may see: their own, and any on a conversation whose review is not blind to them."""
+    mine = aliased(ReviewLabelRow)
+    theirs = select(mine.conversation_id).where(mine.reviewer == viewer, mine.is_current.is_(True))
+    blind = select(ReviewItemRow.conversation_id).where(
+        ReviewItemRow.required_reviews > 1,
+        ReviewItemRow.status != "done",
+        ReviewItemRow.conversation_id.not_in(theirs),
+    )
+    return or_(ReviewLabelRow.reviewer == viewer, ReviewLabelRow.conversation_id.not_in(blind))
 
 
 def _add_summary(d: dict[str, Any], conv: ConversationRow | None) -> None:
@@ -368,10 +406,14 @@ def labels_export(
     current_only: bool = True,
     limit: int = 1000,
     offset: int = 0,
+    viewer: str | None = None,
 ) -> list[dict[str, Any]]:
+    """Labels, oldest first; with ``viewer``, others' labels on reviews still blind to them are left out."""
     q = select(ReviewLabelRow).order_by(ReviewLabelRow.id).limit(limit).offset(offset)
     if current_only:
         q = q.where(ReviewLabelRow.is_current.is_(True))
     if since:
         q = q.where(ReviewLabelRow.created_at >= since)
+    if viewer is not None:
+        q = q.where(blind_clause(viewer))
     return [label_dict(r) for r in session.scalars(q).all()]

@@ -49,6 +49,9 @@ class ItemOut(BaseModel):
     updated_at: datetime | None
     reasons: list[ReasonOut] = []
     labels: list[LabelOut] = []
+    labels_hidden: bool = Field(
+        default=False, description="Other reviewers' labels are left out: a double review blind to you."
+    )
     max_severity: str | None = None
     finding_count: int = 0
     message_count: int = 0

@@ -192,7 +192,7 @@ def review_page(
         hist = insights.history(s, conversation_id)
     mine = next((lab for lab in (item or {}).get("labels", []) if lab["reviewer"] == user.name), None)
     # double review is blind: others' labels stay hidden until this reviewer has given theirs
-    blind = bool(item and item["required_reviews"] > 1 and item["state"] != "done" and mine is None)
+    blind = insights.is_blind(item, user.name)
     if blind:
         hist = {**hist, "labels": [lab for lab in hist["labels"] if lab["reviewer"] == user.name]}
     return render_page(
