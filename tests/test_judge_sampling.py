@@ -140,7 +140,7 @@ def test_newer_revision_supersedes_a_pending_request(tmp_path: Path) -> None:
     rt.pipeline.process([conv], "test")
     rt.pipeline.process([conv.model_copy(update={"revision": 7})], "test")
     assert [(r.revision, r.status) for r in _requests(rt)] == [
-        (conv.effective_revision, "pending"),
+        (conv.effective_revision, "superseded"),  # at once, not only when a worker claims it
         (7, "pending"),
     ]
     asyncio.run(JudgeWorker(stage.engine).run_until_idle(20))
@@ -207,3 +207,61 @@ def test_minimum_judged_per_agent_version_per_hour(tmp_path: Path) -> None:
     clock.now += timedelta(hours=1)
     rt.pipeline.process(_convs(10, "v1:0.0", seed=4), "test")
     assert len(_requests(rt)) == 9
+
+
+def _metric(rt, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]
+    base = {"judge": "tj", "judge_version": "3", "agent": "support-bot", "agent_version": "v1"}
+    return rt.metrics.registry.get_sample_value(name, {**base, **labels}) or 0.0
+
+
+def test_revisions_of_one_conversation_take_one_hourly_slot_and_count_once(tmp_path: Path) -> None:
+    import asyncio
+
+    from service.judge.worker import JudgeWorker
+
+    sampling = {"rate": 0.0, "min_per_agent_version_per_hour": 3, "always_judge_severity": None}
+    rt, stage, clock = _runtime(tmp_path, sampling={**sampling, "negative_outcomes": None})
+    first, *others = _convs(6)
+    for revision in (1, 2, 3):
+        rt.pipeline.process([first.model_copy(update={"revision": revision})], "test")
+    rt.pipeline.process(others, "test")
+    got = [(r.conversation_id, r.revision, r.status, r.reason) for r in _requests(rt)]
+    a, b, c = first.conversation_id, others[0].conversation_id, others[1].conversation_id
+    assert got == [
+        (a, 1, "superseded", "min_per_hour"),
+        (a, 2, "superseded", "min_per_hour"),
+        (a, 3, "pending", "min_per_hour"),
+        (b, others[0].effective_revision, "pending", "min_per_hour"),
+        (c, others[1].effective_revision, "pending", "min_per_hour"),
+    ]  # three conversations fill the three slots, the first one's revisions take one
+    assert _metric(rt, "vigil_judge_eligible_total") == 6
+    assert _metric(rt, "vigil_judge_sampled_total", reason="min_per_hour") == 3
+    # a restarted sampler counts this hour's conversations, not requests, from the database
+    rt2, stage2, clock2 = _runtime(tmp_path, sampling={**sampling, "negative_outcomes": None})
+    clock2.now = clock.now
+    rt2.pipeline.process([first.model_copy(update={"revision": 4}), *_convs(2, seed=8)], "test")
+    new = [(r.conversation_id, r.revision) for r in _requests(rt2)][5:]
+    assert new == [(a, 4)]
+    # judged counts the conversation once, however many of its revisions get a verdict
+    asyncio.run(JudgeWorker(stage2.engine).run_until_idle(20))
+    rt2.pipeline.process([first.model_copy(update={"revision": 5})], "test")
+    asyncio.run(JudgeWorker(stage2.engine).run_until_idle(20))
+    assert _metric(rt2, "vigil_judge_verdicts_total", verdict="pass", offline="true") + _metric(
+        rt2, "vigil_judge_verdicts_total", verdict="fail", offline="true"
+    ) == 4  # a (revision 4), b, c, then a again (revision 5)
+    assert _metric(rt2, "vigil_judge_judged_total") == 3
+
+
+def test_in_progress_revisions_then_the_finished_one_count_once(tmp_path: Path) -> None:
+    rt, _, _ = _runtime(tmp_path, sampling={"rate": 1.0})
+    conv = _convs(1)[0]
+    for revision, status in ((1, "in_progress"), (2, "in_progress"), (3, "finished")):
+        rt.pipeline.process([conv.model_copy(update={"revision": revision, "status": status})], "test")
+    assert [(r.revision, r.status) for r in _requests(rt)] == [(3, "pending")]
+    assert _metric(rt, "vigil_judge_eligible_total") == 1
+    assert _metric(rt, "vigil_judge_sampled_total", reason="sampled") == 1
+    # a later revision of the chosen conversation is judged too, without counting it again
+    rt.pipeline.process([conv.model_copy(update={"revision": 4, "status": "finished"})], "test")
+    assert [(r.revision, r.status) for r in _requests(rt)] == [(3, "superseded"), (4, "pending")]
+    assert _metric(rt, "vigil_judge_eligible_total") == 1
+    assert _metric(rt, "vigil_judge_sampled_total", reason="sampled") == 1

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from ..metrics import Metrics
 from ..store.models import ConversationRow
@@ -53,10 +53,19 @@ class JudgeSampler:
         self._needs_stored_outcomes = any(j.spec.sampling.negative_outcomes for j in judges.values())
 
     def on_stored(self, session: Session, stored: Sequence[Checked]) -> None:
+        """Enqueue the stored conversations each judge picks; count each conversation once per judge.
+
+        A newer revision of a conversation a judge already picked is judged too (its pending request for
+        an older revision is superseded), but takes no hourly slot and is not counted again.
+        """
         if not self.judges or not stored:
             return
         now = self.clock()
         negative = self._stored_outcomes(session, stored)
+        # only a conversation stored before can have requests; a first revision needs no lookup
+        prior = store.requests_for(
+            session, self.judges, [i.conversation.conversation_id for i in stored if i.replaced]
+        )
         rows: list[dict[str, Any]] = []
         eligible: dict[tuple[str, str, str], int] = {}
         for item in stored:
@@ -66,11 +75,21 @@ class JudgeSampler:
                     continue
                 if c.status == "in_progress" and not judge.spec.sampling.judge_in_progress:
                     continue
-                key = (judge.name, c.agent_id, c.agent_version)
-                eligible[key] = eligible.get(key, 0) + 1
-                reason = self._reason(session, judge, item, negative.get(c.conversation_id, ()), now)
-                if reason:
+                earlier = prior.get((judge.name, c.conversation_id), [])
+                picked = [p for p in earlier if p.reason != "manual"]
+                # a replaced revision was eligible before if in-progress ones are judged; otherwise the
+                # store keeps no earlier status, and the usual earlier revision is an in-progress one
+                if not picked and not (item.replaced and judge.spec.sampling.judge_in_progress):
+                    key = (judge.name, c.agent_id, c.agent_version)
+                    eligible[key] = eligible.get(key, 0) + 1
+                reason = self._reason(
+                    session, judge, item, negative.get(c.conversation_id, ()), now, floor=not earlier
+                )
+                if picked:
+                    reason = reason or picked[0].reason
+                elif reason and not earlier:
                     self._bump(judge.name, c.agent_id, c.agent_version)
+                if reason:
                     rows.append(
                         self._row(
                             judge,
@@ -84,7 +103,7 @@ class JudgeSampler:
                     )
         for (name, agent, version), n in eligible.items():
             self._count("eligible", self.judges[name], agent, version, n=n)
-        self._enqueue(session, rows, counted=True)
+        self._enqueue(session, rows, prior, bumped=True)
 
     def _reason(
         self,
@@ -93,11 +112,12 @@ class JudgeSampler:
         item: Checked,
         outcomes: Sequence[tuple[str, float]],
         now: datetime,
+        floor: bool = True,
     ) -> str | None:
         c = item.conversation
-        floor = judge.spec.sampling.min_per_agent_version_per_hour
+        minimum = judge.spec.sampling.min_per_agent_version_per_hour if floor else 0
         # loaded first so that this batch's own requests, whatever their reason, count toward the floor
-        seen = self._hour_count(session, judge, c.agent_id, c.agent_version, now) if floor else 0
+        seen = self._hour_count(session, judge, c.agent_id, c.agent_version, now) if minimum else 0
         if any(judge.severity_triggers(f.severity) for f in item.findings if not f.details.get("rule_error")):
             return "flagged"
         neg = judge.spec.sampling.negative_outcomes
@@ -107,26 +127,35 @@ class JudgeSampler:
                 return "outcome"
         if is_sampled(c.conversation_id, judge.salt, judge.spec.sampling.rate):
             return "sampled"
-        if floor and seen < floor:
+        if minimum and seen < minimum:
             return "min_per_hour"
         return None
 
     def _hour_count(self, session: Session, judge: Judge, agent: str, version: str, now: datetime) -> int:
+        """Conversations of this agent version first requested by ``judge`` this hour (not revisions)."""
         hour = now.replace(minute=0, second=0, microsecond=0)
         if hour != self._hour:
             self._hour, self._per_hour = hour, {}
         key = (judge.name, agent, version)
         if key not in self._per_hour:
-            R = JudgeRequestRow
+            R, older = JudgeRequestRow, aliased(JudgeRequestRow)
+            earlier = (
+                select(older.id)
+                .where(
+                    older.judge == R.judge,
+                    older.conversation_id == R.conversation_id,
+                    older.created_at < hour,
+                )
+                .exists()
+            )
             self._per_hour[key] = (
                 session.scalar(
-                    select(func.count())
-                    .select_from(R)
-                    .where(
+                    select(func.count(func.distinct(R.conversation_id))).where(
                         R.judge == judge.name,
                         R.agent_id == agent,
                         R.agent_version == version,
                         R.created_at >= hour,
+                        ~earlier,
                     )
                 )
                 or 0
@@ -161,14 +190,32 @@ class JudgeSampler:
         }
 
     def _enqueue(
-        self, session: Session, rows: list[dict[str, Any]], counted: bool = False
+        self,
+        session: Session,
+        rows: list[dict[str, Any]],
+        prior: dict[tuple[str, str], list[store.Prior]] | None = None,
+        bumped: bool = False,
     ) -> list[dict[str, Any]]:
+        """Insert ``rows``; supersede pending requests for older revisions of the same conversations.
+
+        Only a conversation the judge had no request for counts as sampled (and takes an hourly slot).
+        """
+        if not rows:
+            return []
+        if prior is None:
+            prior = store.requests_for(session, {r["judge"] for r in rows}, [r["conversation_id"] for r in rows])
         fresh = store.enqueue(session, rows)
+        older: list[int] = []
         for r in fresh:
+            earlier = prior.get((r["judge"], r["conversation_id"]))
+            if earlier:
+                older += [p.id for p in earlier if p.status == "pending" and p.revision < r["revision"]]
+                continue
             judge = self.judges[r["judge"]]
             self._count("sampled", judge, r["agent_id"], r["agent_version"], r["reason"])
-            if not counted:
+            if not bumped:
                 self._bump(judge.name, r["agent_id"], r["agent_version"])
+        store.supersede(session, older)
         return fresh
 
     def _bump(self, judge: str, agent: str, version: str) -> None:

@@ -74,6 +74,59 @@ def outcomes_of(session: Session, ids: Sequence[str]) -> list[tuple[str, str, fl
 
 
 @dataclass(slots=True)
+class Prior:
+    """An existing request for a conversation, as the sampler sees it when a newer revision arrives."""
+
+    id: int
+    revision: int
+    status: str
+    reason: str
+
+
+def requests_for(
+    session: Session, judges: Iterable[str], conversation_ids: Iterable[str]
+) -> dict[tuple[str, str], list[Prior]]:
+    """Existing requests per (judge, conversation), oldest first (uses the (judge, conversation) index)."""
+    ids = list(set(conversation_ids))
+    if not ids:
+        return {}
+    R = JudgeRequestRow
+    out: dict[tuple[str, str], list[Prior]] = {}
+    rows = session.execute(
+        select(R.judge, R.conversation_id, R.id, R.revision, R.status, R.reason)
+        .where(R.judge.in_(list(judges)), R.conversation_id.in_(ids))
+        .order_by(R.id)
+    ).all()
+    for judge, cid, id_, revision, status, reason in rows:
+        out.setdefault((judge, cid), []).append(Prior(id_, revision, status, reason))
+    return out
+
+
+def supersede(session: Session, request_ids: Sequence[int]) -> None:
+    """Pending requests for older revisions of conversations that just got a request for a newer one."""
+    if request_ids:
+        session.execute(
+            update(JudgeRequestRow)
+            .where(JudgeRequestRow.id.in_(list(request_ids)), JudgeRequestRow.status == "pending")
+            .values(status="superseded")
+            .execution_options(synchronize_session=False)
+        )
+
+
+def judged_before(session: Session, pairs: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The (judge, conversation) pairs among ``pairs`` that already have a verdict."""
+    if not pairs:
+        return set()
+    V = VerdictRow
+    rows = session.execute(
+        select(V.judge, V.conversation_id)
+        .where(V.judge.in_({j for j, _ in pairs}), V.conversation_id.in_({c for _, c in pairs}))
+        .distinct()
+    ).all()
+    return {(j, c) for j, c in rows} & pairs
+
+
+@dataclass(slots=True)
 class Claimed:
     id: int
     judge: str

@@ -329,15 +329,17 @@ class JudgeWorker:
         while self._outbox:
             batch, self._outbox = self._outbox[:WRITE_BATCH], self._outbox[WRITE_BATCH:]
             try:
-                rows = await asyncio.to_thread(self._write, batch)
+                rows, again = await asyncio.to_thread(self._write, batch)
             except Exception:  # keep the outcomes and try again next tick; leases cover a crash meanwhile
                 log.exception("writing %d judge outcomes failed; will retry", len(batch))
                 self._outbox = batch + self._outbox
                 await asyncio.sleep(1.0)
                 return
-            self._count(rows)
+            self._count(rows, again)
 
-    def _write(self, batch: list[Outcome]) -> list[VerdictRow]:
+    def _write(self, batch: list[Outcome]) -> tuple[list[VerdictRow], set[tuple[str, str]]]:
+        """Store the batch's outcomes; returns the new verdicts and the (judge, conversation) pairs among
+        them that had a verdict already (a newer revision judged again)."""
         eng = self.engine
         now = eng.clock()
         rows: list[VerdictRow] = []
@@ -375,18 +377,23 @@ class JudgeWorker:
                     )
                 elif o.kind == "fail":
                     store.fail(s, r.id, self.owner, o.error or "failed")
+            again: set[tuple[str, str]] = set()
             if rows:
+                again = store.judged_before(s, {(v.judge, v.conversation_id) for v in rows})
                 s.add_all(rows)
                 s.flush()
                 for listener in self.listeners:
                     listener(s, rows)
-        return rows
+        return rows, again
 
-    def _count(self, rows: list[VerdictRow]) -> None:
+    def _count(self, rows: list[VerdictRow], again: set[tuple[str, str]]) -> None:
+        """Verdicts count each; ``judged`` counts conversations, like eligible and sampled."""
         m = self.metrics
         for v in rows:
             agent, version = m.agent(v.agent_id), m.version(v.agent_version)
-            m.judge_judged.labels(v.judge, v.judge_version, agent, version).inc()
+            if (v.judge, v.conversation_id) not in again:
+                again.add((v.judge, v.conversation_id))
+                m.judge_judged.labels(v.judge, v.judge_version, agent, version).inc()
             m.judge_verdicts.labels(
                 v.judge, v.judge_version, v.verdict, agent, version, "true" if v.offline else "false"
             ).inc()
