@@ -156,6 +156,13 @@ def test_labels_are_versioned_validated_and_release_the_claim(api) -> None:
     assert cid not in {it["conversation_id"] for it in _queue(api)["items"]}
     assert cid in {it["conversation_id"] for it in _queue(api, status="done")["items"]}
 
+    # a done item cannot be claimed: it would show as held in progress with nothing left to do
+    for who in (REVIEWER, RAJ):
+        r = api.post(f"/v1/review/items/{cid}/claim", headers=who)
+        assert r.status_code == 409 and "done" in r.json()["detail"], r.text
+    assert api.get(f"/v1/review/items/{cid}", headers=REVIEWER).json()["claimed_by"] is None
+    assert all(p["holding"] == 0 for p in api.get("/v1/review/progress", headers=REVIEWER).json()["reviewers"])
+
     v2 = api.post(url, json={"label": "not_a_failure", "notes": "the user gave that email"}, headers=REVIEWER)
     assert v2.json()["version"] == 2
     hist = api.get(f"/v1/review/items/{cid}/history", headers=REVIEWER).json()

@@ -130,6 +130,9 @@ def test_forms_claim_label_and_next(ui, rt) -> None:
     again = ui.get(url)
     assert "&lt;b&gt;bold&lt;/b&gt;" in again.text and "<b>bold</b>" not in again.text
     assert "You labelled this confirmed failure (version 1)" in again.text
+    done = ui.post(url + "/claim", data={"csrf": token}, follow_redirects=False)
+    assert done.status_code == 303 and done.headers["location"].endswith("notice=done")
+    assert "This item is done" in ui.get(done.headers["location"]).text
     for action in ("extend", "release", "skip"):
         assert ui.post(nxt.headers["location"] + f"/{action}", data={}).status_code == 403
     assert (

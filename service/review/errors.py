@@ -17,5 +17,9 @@ class Conflict(ReviewError):
     """Another reviewer holds the item, or the caller does not hold it."""
 
 
+class Done(Conflict):
+    """The item has all the reviews it needs: there is nothing to claim (labels can still be changed)."""
+
+
 class Invalid(ReviewError):
     """A label, category or severity is not one the taxonomy allows."""

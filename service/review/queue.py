@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from ..judge.models import VerdictRow
 from ..metrics import Metrics
 from ..store.models import ConversationRow, FindingRow, OutcomeRow, utcnow
-from .errors import Conflict, Invalid, NotFound
+from .errors import Conflict, Done, Invalid, NotFound
 from .flagger import _insert, enqueue
 from .models import ReviewAuditRow, ReviewItemRow, ReviewLabelRow, ReviewReasonRow, ReviewSkipRow
 from .policy import LABELS, SEVERITIES, FlaggingPolicy, Reason
@@ -149,10 +149,16 @@ def claim_next(
 def claim(
     session: Session, conversation_id: str, reviewer: str, lease_seconds: int, now: datetime | None = None
 ) -> datetime:
-    """Claim one named item (or renew one's own claim); Conflict if another reviewer holds it."""
+    """Claim one named item (or renew one's own claim); Conflict if another reviewer holds it, Done if it
+    has every review it needs."""
     now = now or utcnow()
     until = now + timedelta(seconds=lease_seconds)
     item = _item(session, conversation_id)
+    if item.status == "done":
+        raise Done(
+            f"conversation {conversation_id!r} is done: it has all its reviews; "
+            "to change your label, label it again (no claim needed)"
+        )
     if item.agent_id is None:
         raise Conflict(f"conversation {conversation_id!r} has not been received yet")
     mine_or_free = or_(
@@ -163,11 +169,14 @@ def claim(
     done = _changed(
         session,
         update(ReviewItemRow)
-        .where(ReviewItemRow.conversation_id == conversation_id, mine_or_free)
+        .where(ReviewItemRow.conversation_id == conversation_id, ReviewItemRow.status == "open", mine_or_free)
         .values(claimed_by=reviewer, claimed_at=now, lease_until=until)
         .execution_options(synchronize_session=False),
     )
     if not done:
+        session.refresh(item)
+        if item.status == "done":
+            raise Done(f"conversation {conversation_id!r} was just finished by another reviewer")
         raise Conflict(f"{item.claimed_by} holds this item until {aware(item.lease_until):%H:%M:%S} UTC")
     audit(session, reviewer, "claim", conversation_id, lease_seconds=lease_seconds)
     return until

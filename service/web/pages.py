@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from ..api.auth import Principal
 from ..review import insights, queue
-from ..review.errors import Conflict, Invalid, NotFound
+from ..review.errors import Conflict, Done, Invalid, NotFound
 from ..review.policy import LABELS, SEVERITIES
 from ..review.stage import ReviewStage
 from ..store import reads
@@ -40,6 +40,7 @@ NOTICES = {
     "extended": "Lease extended.",
     "claimed": "Claimed: it is yours until the lease runs out.",
     "conflict": "Someone else holds this item.",
+    "done": "This item is done: it has all its reviews. You can still change your label below.",
     "queued": "Added to the review queue.",
 }
 FILTERS = ("agent", "version", "rule", "verdict", "outcome", "reason")
@@ -221,6 +222,8 @@ def _act(request: Request, cid: str, fn: Callable[[Session, ReviewStage], Any], 
     try:
         with st.sessions.begin() as s:
             fn(s, st)
+    except Done:
+        return _go(_review_url(cid, "done"))
     except Conflict:
         return _go(_review_url(cid, "conflict"))
     except NotFound as exc:
