@@ -98,6 +98,8 @@ def test_compare_table_verdicts_and_red_flag(loaded) -> None:
     forbidden = rows["forbidden_tool"]
     assert forbidden["baseline"]["value"] == 0.0 and forbidden["candidate"]["x"] == 24
     assert forbidden["difference"]["low"] > 0 and forbidden["verdict"] == "worse" and forbidden["red_flag"]
+    assert body["multiplicity"]["method"] == "holm" and body["multiplicity"]["signals"] == len(rows)
+    assert forbidden["p_value"] <= forbidden["p_adjusted"] < 0.05
     assert rows["rule:no-cancel-delivered-order"]["verdict"] == "worse"
     assert rows["cost_usd"]["verdict"] == "better" and rows["cost_usd"]["difference"]["high"] < 0
     assert rows["latency_p95_ms"]["verdict"] == "better" and not rows["latency_p95_ms"]["red_flag"]

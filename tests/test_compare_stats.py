@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from service.compare import stats
-from service.compare.table import BETTER, UNSURE, WORSE, Row, mark_red_flags, verdict
+from service.compare.signals import VersionData
+from service.compare.table import BETTER, UNSURE, WORSE, Row, build_rows, mark_red_flags, verdict
+from service.outcomes.types import outcome_types
 
 
 def brute_pass_hat(trials: list[bool], k: int) -> float:
@@ -166,3 +168,58 @@ def test_verdicts_and_red_flags() -> None:
         Row("x", "x", "rate", "lower_is_better", e(0, 0, 0, 1), e(0, 0, 0, 1), e(1, 0.5, 2, 1), WORSE)
     ]
     assert not any(r.red_flag for r in mark_red_flags(only_worse))
+
+
+RULE_RATES = [0.02, 0.04, 0.05, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3]
+
+
+def identical_version(rng: np.random.Generator, name: str, n: int = 400) -> VersionData:
+    """One draw of a version from fixed rates and distributions: two draws are the same agent quality."""
+    d = VersionData("bot", name, conversations=n)
+    d.rule_conversations = {f"r{i}": int(rng.binomial(n, p)) for i, p in enumerate(RULE_RATES)}
+    d.forbidden_conversations = int(rng.binomial(n, 0.03))
+    d.tool_error_conversations = int(rng.binomial(n, 0.1))
+    d.outcome_conversations = {
+        "escalation": int(rng.binomial(n, 0.06)),
+        "refund_reversal": int(rng.binomial(n, 0.02)),
+    }
+    d.judge = {"helpful": (200, int(rng.binomial(200, 0.15)))}
+    d.steps = list(rng.poisson(8, n).astype(float))
+    d.cost = list(rng.gamma(2.0, 0.01, n))
+    d.latency = list(rng.lognormal(7.5, 0.6, n))
+    return d
+
+
+def test_identical_versions_rarely_get_a_spurious_worse_verdict() -> None:
+    """18 signals tested at 5% each would call some signal of identical versions worse ~30% of the time."""
+    types = outcome_types("")
+    seeds, rules = 200, [f"r{i}" for i in range(len(RULE_RATES))]
+    spurious = raw_spurious = signals = 0
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        rows = build_rows(identical_version(rng, "a"), identical_version(rng, "b"), types, rules, 200)
+        signals = sum(1 for r in rows if r.p_adjusted is not None)
+        spurious += any(r.verdict == WORSE for r in rows)
+        raw_spurious += any(verdict(r.difference, r.direction) == WORSE for r in rows)
+    assert signals >= 15
+    assert raw_spurious / seeds > 0.15  # the uncorrected intervals alone: the problem is real here
+    assert spurious / seeds <= 0.06
+
+
+def test_a_clear_regression_survives_the_correction() -> None:
+    rng = np.random.default_rng(1)
+    base, cand = identical_version(rng, "a"), identical_version(rng, "b")
+    cand.forbidden_conversations = 40  # 3% -> 10%
+    rows = {r.signal: r for r in build_rows(base, cand, outcome_types(""), [f"r{i}" for i in range(10)], 200)}
+    assert rows["forbidden_tool"].verdict == WORSE and rows["forbidden_tool"].p_adjusted < 0.05
+    assert rows["forbidden_tool"].p_adjusted >= rows["forbidden_tool"].difference.p_value
+
+
+def test_holm_matches_statsmodels() -> None:
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(3)
+    for size in (1, 2, 5, 18):
+        p = list(rng.uniform(0, 0.2, size)) + [0.01, 0.01]  # ties included
+        assert stats.holm(p) == pytest.approx(list(multipletests(p, method="holm")[1]))
+    assert stats.holm([]) == []

@@ -57,6 +57,7 @@ def test_compare_page_over_http(sqlite_url) -> None:
         # one agent: the newest two versions are picked
         assert 'data-signal="forbidden_tool" data-verdict="worse" class="flagged"' in html
         assert "Red flags" in html and "0.0% → 10.0%" in html
+        assert "Holm" in html and "p<sub>adj</sub>" in html
         other = ui.get(
             "/ui/compare", params={"agent": "support-bot", "baseline": "v1", "candidate": "v9"}
         ).text

@@ -44,6 +44,12 @@ def render(result: dict[str, Any]) -> None:
             f"[{style}]{verdict}[/{style}]" if style else verdict,
         )
     out.print(table)
+    m = result.get("multiplicity")
+    if m:
+        out.print(
+            f"Verdicts are corrected for testing {m['signals']} signals at once ({m['method'].title()}); "
+            "the intervals shown are raw 95% intervals."
+        )
     for note in result["red_flags"]:
         out.print(f"[bold red]red flag:[/bold red] {note}")
     for side in ("baseline", "candidate"):

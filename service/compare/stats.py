@@ -2,19 +2,22 @@
 
 Rates use Wilson score intervals and their differences Newcombe's hybrid score interval
 (statsmodels); means and the 95th percentile use percentile bootstrap intervals (scipy) with a
-fixed seed so the same data always gives the same table.
+fixed seed so the same data always gives the same table. Each difference also carries a two-sided
+p-value (the score test for rates, a normal approximation with the bootstrap standard error
+otherwise) so the compare table can correct its verdicts for testing many signals at once.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import bootstrap
-from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint
+from scipy.stats import bootstrap, norm
+from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint, test_proportions_2indep
 
 ALPHA = 0.05
 SEED = 20240611
@@ -27,11 +30,14 @@ class Estimate:
     high: float | None
     n: int
     x: int | None = None
+    p_value: float | None = None  # of a difference: two-sided, against "no difference"
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {"value": self.value, "low": self.low, "high": self.high, "n": self.n}
         if self.x is not None:
             out["x"] = self.x
+        if self.p_value is not None:
+            out["p_value"] = self.p_value
         return out
 
 
@@ -52,8 +58,28 @@ def rate_difference(candidate: Estimate, baseline: Estimate) -> Estimate:
         candidate.x, candidate.n, baseline.x, baseline.n, method="newcomb", compare="diff", alpha=ALPHA
     )
     return Estimate(
-        candidate.x / candidate.n - baseline.x / baseline.n, float(low), float(high), candidate.n + baseline.n
+        candidate.x / candidate.n - baseline.x / baseline.n,
+        float(low),
+        float(high),
+        candidate.n + baseline.n,
+        p_value=_rate_p_value(candidate.x, candidate.n, baseline.x, baseline.n),
     )
+
+
+def _rate_p_value(x1: int, n1: int, x0: int, n0: int) -> float:
+    """Two-sided score test of equal proportions (statsmodels)."""
+    if x1 * n0 == x0 * n1 and x1 in (0, n1):  # both none or both all: no evidence of a difference
+        return 1.0
+    with warnings.catch_warnings():  # ratio and odds ratio of a zero rate, which the test does not use
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(test_proportions_2indep(x1, n1, x0, n0, method="score", compare="diff").pvalue)
+    return 1.0 if math.isnan(p) else p
+
+
+def _normal_p_value(point: float, standard_error: float) -> float:
+    if not standard_error or math.isnan(standard_error):
+        return 1.0 if point == 0 else 0.0
+    return float(2 * norm.sf(abs(point) / standard_error))
 
 
 def p95(values: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -127,7 +153,24 @@ def difference(
     low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
     if math.isnan(low) or math.isnan(high):  # every resample equal: the difference is exact
         low = high = point
-    return Estimate(point, low, high, int(c.size + b.size))
+    p_value = _normal_p_value(point, float(res.standard_error))
+    return Estimate(point, low, high, int(c.size + b.size), p_value=p_value)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's (1979) step-down adjusted p-values: valid for any dependence between the tests.
+
+    The same figures as statsmodels' ``multipletests(method="holm")`` (a test checks), which also
+    runs a full ``gc.collect()`` on every call: tens of milliseconds of a server's time per table.
+    """
+    p = np.asarray(p_values, dtype=float)
+    if p.size == 0:
+        return []
+    order = np.argsort(p, kind="stable")
+    steps = np.maximum.accumulate((p.size - np.arange(p.size)) * p[order])
+    adjusted = np.empty_like(p)
+    adjusted[order] = np.minimum(1.0, steps)
+    return [float(a) for a in adjusted]
 
 
 # --- pass@k and pass^k ------------------------------------------------------------------------------

@@ -1,5 +1,12 @@
 """The compare table: each signal for a baseline and a candidate version, the difference with its
-95% interval, a verdict, and red flags (a signal that got worse while others improved)."""
+95% interval, a verdict, and red flags (a signal that got worse while others improved).
+
+A table tests a dozen or more signals at once; at 5% each, identical versions would show some
+signal "worse" about a third of the time. Verdicts therefore need both the raw 95% interval to
+exclude zero and the Holm-adjusted p-value across the table's signals to stay below 5%, which
+keeps the chance of any spurious verdict on identical versions at 5%. The intervals shown stay
+the raw (unadjusted) 95% ones.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from .signals import VersionData, load_version, versions_of
 Direction = Literal["lower_is_better", "higher_is_better"]
 
 BETTER, WORSE, UNSURE, NO_DATA = "better", "worse", "not yet distinguishable", "no data"
+MULTIPLICITY = "holm"
 
 
 class CompareError(VigilError):
@@ -36,6 +44,7 @@ class Row:
     difference: stats.Estimate
     verdict: str = UNSURE
     red_flag: bool = False
+    p_adjusted: float | None = None  # Holm-adjusted across the signals of one comparison
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -46,12 +55,15 @@ class Row:
             "baseline": self.baseline.as_dict(),
             "candidate": self.candidate.as_dict(),
             "difference": self.difference.as_dict(),
+            "p_value": self.difference.p_value,
+            "p_adjusted": self.p_adjusted,
             "verdict": self.verdict,
             "red_flag": self.red_flag,
         }
 
 
 def verdict(diff: stats.Estimate, direction: Direction) -> str:
+    """The verdict from the raw 95% interval alone; :func:`adjust_for_multiplicity` then tempers it."""
     if diff.value is None:
         return NO_DATA
     if diff.low is None or diff.high is None or diff.low <= 0 <= diff.high:
@@ -165,7 +177,22 @@ def build_rows(
     rows.append(
         _sample_row("latency_p95_ms", "p95 latency (ms)", "p95", base.latency, cand.latency, resamples)
     )
+    adjust_for_multiplicity(rows)
     mark_red_flags(rows)
+    return rows
+
+
+def adjust_for_multiplicity(rows: list[Row]) -> list[Row]:
+    """Holm's step-down adjustment over the rows' p-values; a better/worse verdict whose adjusted
+    p-value is not below 5% becomes "not yet distinguishable"."""
+    tested = [r for r in rows if r.difference.p_value is not None]
+    if not tested:
+        return rows
+    adjusted = stats.holm([r.difference.p_value for r in tested if r.difference.p_value is not None])
+    for r, p in zip(tested, adjusted, strict=True):
+        r.p_adjusted = float(p)
+        if r.verdict in (BETTER, WORSE) and r.p_adjusted >= stats.ALPHA:
+            r.verdict = UNSURE
     return rows
 
 
@@ -236,6 +263,12 @@ def compare(
         "baseline": {"version": baseline, "conversations": base.conversations},
         "candidate": {"version": candidate, "conversations": cand.conversations},
         "confidence": 1 - stats.ALPHA,
+        "multiplicity": {
+            "method": MULTIPLICITY,
+            "signals": sum(1 for r in rows if r.p_adjusted is not None),
+            "note": "verdicts need the raw 95% interval to exclude zero and the Holm-adjusted p-value "
+            "across these signals to be below 0.05; intervals are unadjusted",
+        },
         "signals": [r.as_dict() for r in rows],
         "red_flags": red_flag_notes(rows),
         "pass_k": {"baseline": stats.pass_k_table(base.tasks), "candidate": stats.pass_k_table(cand.tasks)},
