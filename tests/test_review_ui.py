@@ -142,6 +142,22 @@ def test_forms_claim_label_and_next(ui, rt) -> None:
     )
 
 
+def test_skipping_a_conversation_outside_the_queue_is_a_404_page(ui, rt) -> None:
+    convs = simulated(30, "v1:0.0", seed=5)
+    store(rt, convs)
+    with rt.sessions() as s:
+        from service.review.models import ReviewItemRow
+
+        queued = set(s.scalars(ReviewItemRow.__table__.select().with_only_columns(ReviewItemRow.conversation_id)))
+    outside = next(c["conversation_id"] for c in convs if c["conversation_id"] not in queued)
+    _login(ui)
+    url = f"/ui/review/{quote(outside, safe='')}"
+    token = _csrf(ui.get(url).text)
+    r = ui.post(url + "/skip", data={"csrf": token, "next": "1"}, follow_redirects=False)
+    assert r.status_code == 404 and "is not in the review queue" in r.text
+    assert "text/html" in r.headers["content-type"] and f'href="{url}"' in r.text
+
+
 def test_hostile_transcript_is_escaped_and_pages_carry_a_csp(ui, rt) -> None:
     conv = xss_conversation()
     store(rt, [conv])
@@ -154,9 +170,7 @@ def test_hostile_transcript_is_escaped_and_pages_carry_a_csp(ui, rt) -> None:
         html = page.text
         for tag in ("<script>window", "<img", "<iframe", "<svg", '<a href="javascript'):
             assert tag not in html
-        assert (
-            re.findall(r"<[a-zA-Z][^>]*\son[a-z]+\s*=", html) == []
-        )  # no event handler attribute in any tag
+        assert re.findall(r"<[a-zA-Z][^>]*\son[a-z]+\s*=", html) == []  # no event handler attribute in any tag
         assert len(re.findall(r"<script\b", html)) == 1  # the UI's own vigil.js
     assert "&lt;script&gt;window.__xss = 1; alert(1)&lt;/script&gt;" in html
     assert "{{ 7 * 7 }}" in html and ">49<" not in html

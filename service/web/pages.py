@@ -271,6 +271,10 @@ async def skip(request: Request, conversation_id: str) -> Response:
             nxt = queue.claim_next(s, p.name, st.lease_seconds) if form.get("next") else None
     except Conflict:
         return _go(_review_url(conversation_id, "conflict"))
+    except NotFound as exc:
+        return render_page(
+            request, "error.html", 404, title="Not skipped", message=str(exc), back=_review_url(conversation_id)
+        )
     return _go(
         _review_url(nxt) if nxt else "/ui/queue?notice=" + ("empty" if form.get("next") else "skipped")
     )
