@@ -107,7 +107,9 @@ class Settings(BaseSettings):
         default=6, ge=1, description="Attempts of a request on retryable errors before it is marked failed."
     )
     judge_retry_base_seconds: float = Field(
-        default=2.0, gt=0, description="First retry delay; doubles per attempt, with full jitter."
+        default=2.0,
+        gt=0,
+        description="First retry delay; doubles per attempt, with equal jitter (half fixed, half random).",
     )
     judge_retry_max_seconds: float = Field(default=300.0, gt=0, description="Longest retry delay.")
     judge_circuit_failures: int = Field(

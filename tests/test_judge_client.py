@@ -142,3 +142,18 @@ def test_circuit_breaker_and_budget() -> None:
     assert b.reserve() is None  # 0.004 spent + 0.004 held + 0.004 more would pass the cap
     b.settle(second, 0.004)
     assert b.exhausted and b.reserve() is None
+
+
+def test_retry_and_limit_docs_match_the_code() -> None:
+    from service.settings import PROJECT_ROOT, Settings
+
+    described = Settings.model_fields["judge_retry_base_seconds"].description or ""
+    assert "equal jitter" in described and "full jitter" not in described
+    retry = ProviderError("retryable", "rate_limited", "x")
+    rng = random.Random(3)
+    delays = [decide(retry, 3, 6, 1.0, 10.0, rng).delay for _ in range(500)]
+    assert min(delays) >= 2.0 and max(delays) <= 4.0  # equal jitter: half of the 4 s step is fixed
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    assert f"| `VIGIL_JUDGE_RETRY_BASE_SECONDS` | `2.0` | {described} |" in readme
+    judge_section = readme.split("<!-- section:judge -->")[1].split("<!-- section:")[0]
+    assert "*Limits are per process.*" in judge_section and "N × `rpm`" in judge_section
