@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlencode
 
 import pytest
 from conftest import REVIEWER
@@ -97,10 +97,103 @@ def test_cookie_session_calls_the_api_with_a_csrf_header(ui, rt) -> None:
     page = _login(ui) and ui.get("/ui/queue")
     token = _csrf(page.text)
     assert ui.get("/v1/review/queue").status_code == 200
-    assert ui.post("/v1/review/claim").status_code == 401
-    assert ui.post("/v1/review/claim", headers={"X-CSRF-Token": "wrong"}).status_code == 401
+    missing_token = ui.post("/v1/review/claim")
+    assert missing_token.status_code == 403 and "missing CSRF token" in missing_token.json()["detail"]
+    stale = ui.post("/v1/review/claim", headers={"X-CSRF-Token": "wrong"})
+    assert stale.status_code == 403 and "stale CSRF token" in stale.json()["detail"]
     r = ui.post("/v1/review/claim", headers={"X-CSRF-Token": token})
     assert r.status_code == 200 and r.json()["item"]["claimed_by"] == "rita"
+
+
+def _expire_session(ui, rt, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Replace the session cookie by the same session signed longer ago than its maximum age."""
+    import time
+
+    from itsdangerous import TimestampSigner
+
+    sessions = rt.extras["ui_sessions"]
+    data = sessions._signer.loads(ui.cookies.get(COOKIE))
+    with monkeypatch.context() as m:
+        m.setattr(TimestampSigner, "get_timestamp", lambda self: int(time.time()) - sessions.max_age - 60)
+        old = sessions._signer.dumps(data)
+    ui.cookies.clear()
+    ui.cookies.set(COOKIE, old)
+
+
+def test_an_expired_session_keeps_the_typed_label(ui, rt, monkeypatch) -> None:
+    store(rt, simulated(30, "v1:0.6", seed=1))
+    _login(ui)
+    r = ui.post("/ui/queue/claim", data={"csrf": _csrf(ui.get("/ui/queue").text)}, follow_redirects=False)
+    url = r.headers["location"]
+    cid = url.rsplit("/", 1)[1]
+    token = _csrf(ui.get(url).text)
+    typed = {
+        "csrf": token,
+        "label": "confirmed_failure",
+        "category": "wrong_action",
+        "severity": "high",
+        "notes": "Cancelled a <b>delivered</b> order",
+        "expected_behavior": "Refuse and explain the policy.",
+    }
+    _expire_session(ui, rt, monkeypatch)  # the session expired while the reviewer typed
+    r = ui.post(url + "/label", data=typed, follow_redirects=False)
+    assert r.status_code == 401 and "text/html" in r.headers["content-type"]
+    assert "your label was not saved" in r.text and f'name="next" value="{url}"' in r.text
+    assert "Cancelled a &lt;b&gt;delivered&lt;/b&gt; order</textarea>" in r.text
+    assert "Refuse and explain the policy.</textarea>" in r.text
+    assert api_labels(ui, cid) == []
+    # logging in again from that page: back to the conversation with everything filled in
+    hidden = dict(re.findall(r'<input type="hidden" name="(draft_\w+)" value="([^"]*)"', r.text))
+    assert hidden == {"draft_label": "confirmed_failure", "draft_category": "wrong_action", "draft_severity": "high"}
+    back = ui.post(
+        "/ui/login",
+        data={
+            "csrf": _csrf(r.text),
+            "api_key": "rita-key",
+            "next": url,
+            **hidden,
+            "draft_notes": typed["notes"],
+            "draft_expected_behavior": typed["expected_behavior"],
+        },
+        follow_redirects=False,
+    )
+    assert back.status_code == 200 and 'id="draft-notice"' in back.text and "Logged in again" in back.text
+    assert 'value="confirmed_failure" data-key="c" required checked' in back.text
+    assert 'value="wrong_action" title=' in back.text and "selected>1 · wrong action" in back.text
+    assert "Cancelled a &lt;b&gt;delivered&lt;/b&gt; order</textarea>" in back.text
+    saved = ui.post(url + "/label", data={**typed, "csrf": _csrf(back.text)}, follow_redirects=False)
+    assert saved.status_code == 303 and saved.headers["location"].endswith("notice=labelled")
+    assert [lab["notes"] for lab in api_labels(ui, cid)] == [typed["notes"]]
+
+
+def test_a_stale_form_token_keeps_the_label_and_other_forms_say_why(ui, rt, monkeypatch) -> None:
+    store(rt, simulated(30, "v1:0.6", seed=1))
+    _login(ui)
+    r = ui.post("/ui/queue/claim", data={"csrf": _csrf(ui.get("/ui/queue").text)}, follow_redirects=False)
+    url = r.headers["location"]
+    cid = url.rsplit("/", 1)[1]
+    typed = {"csrf": "from-an-old-tab", "label": "unsure", "notes": "could not tell"}
+    stale = ui.post(url + "/label", data=typed)
+    assert stale.status_code == 403 and "text/html" in stale.headers["content-type"]
+    assert "your label was not saved" in stale.text and "could not tell</textarea>" in stale.text
+    assert 'value="unsure" data-key="u" required checked' in stale.text and api_labels(ui, cid) == []
+    ok = ui.post(url + "/label", data={**typed, "csrf": _csrf(stale.text)}, follow_redirects=False)
+    assert ok.status_code == 303 and [lab["label"] for lab in api_labels(ui, cid)] == ["unsure"]
+    # other forms: a page that says what happened, or the log-in page and back
+    page = ui.post(url + "/claim", data={"csrf": "from-an-old-tab"})
+    assert page.status_code == 403 and "This form had expired" in page.text and f'href="{url}"' in page.text
+    _expire_session(ui, rt, monkeypatch)
+    gone = ui.post(url + "/extend", data={"csrf": "x"}, follow_redirects=False)
+    assert gone.status_code == 303
+    assert gone.headers["location"] == "/ui/login?" + urlencode({"next": url, "expired": "1"})
+    assert "Your session expired" in ui.get(gone.headers["location"]).text
+
+
+def api_labels(ui, cid: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    from conftest import ADMIN
+
+    r = ui.get(f"/v1/review/items/{quote(unquote(cid), safe='')}", headers=ADMIN)
+    return r.json()["labels"] if r.status_code == 200 else []
 
 
 def test_forms_claim_label_and_next(ui, rt) -> None:

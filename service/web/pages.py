@@ -1,14 +1,16 @@
 """The reviewer UI: server-rendered pages and their form posts under ``/ui``.
 
 Every form carries the session's CSRF token; a post without it is refused. Each action calls the
-same queue functions as the JSON API, and redirects back (post/redirect/get).
+same queue functions as the JSON API, and redirects back (post/redirect/get). A post whose session has
+expired goes to the log-in page (and back afterwards); a label posted then is not lost: the log-in page
+carries it, and after log-in the conversation page shows it filled in again, unsaved, to check and save.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, unquote, urlencode
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
@@ -43,6 +45,12 @@ NOTICES = {
     "done": "This item is done: it has all its reviews. You can still change your label below.",
     "queued": "Added to the review queue.",
 }
+EXPIRED = "Your session expired; please log in again."
+EXPIRED_LABEL = "Your session expired, so your label was not saved. Log in again and it is filled in for you to save."
+STALE_FORM = "This form had expired (the page was open across a log-in or a restart), so nothing was done."
+STALE_LABEL = "The form had expired, so your label was not saved."
+RELOGGED_LABEL = "Logged in again. Your label was not saved yet."
+DRAFT_FIELDS = ("label", "category", "severity", "notes", "expected_behavior")
 FILTERS = ("agent", "version", "rule", "verdict", "outcome", "reason")
 STATIC_FILES = {p.name for p in STATIC.iterdir() if p.is_file()}
 
@@ -62,14 +70,22 @@ def _safe_next(target: str | None) -> str:
     return "/ui/queue"
 
 
-async def _form_user(request: Request) -> tuple[Principal, dict[str, Any]]:
+class _Refused(Exception):
+    """A form post the session cannot make: ``response`` says why (log in again, or reload)."""
+
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+async def _form_user(request: Request, back: str = "/ui/queue") -> tuple[Principal, dict[str, Any]]:
+    """The poster and the form; raises _Refused (a log-in redirect, or a 403 page) when they cannot post."""
     form = dict(await request.form())
     sessions = sessions_of(request)
-    if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
-        raise HTTPException(403, "missing or stale form token: reload the page and try again")
     p = sessions.principal(request)
     if p is None:
-        raise HTTPException(303, "log in first", headers={"Location": "/ui/login"})
+        raise _Refused(_go("/ui/login?" + urlencode({"next": _safe_next(back), "expired": "1"})))
+    if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
+        raise _Refused(render_page(request, "error.html", 403, title="Form expired", message=STALE_FORM, back=back))
     return p, form
 
 
@@ -77,13 +93,19 @@ def _review_url(cid: str, notice: str | None = None) -> str:
     return f"/ui/review/{quote(cid, safe='')}" + (f"?notice={notice}" if notice else "")
 
 
+def _draft(form: dict[str, Any], prefix: str = "") -> dict[str, str | None] | None:
+    """The label a form carried (``prefix`` draft_ on the log-in form), or None if it carried none."""
+    draft = {k: str(form.get(prefix + k) or "") or None for k in DRAFT_FIELDS}
+    if not any(draft.values()):
+        return None
+    return {**draft, "notes": draft["notes"] or "", "expected_behavior": draft["expected_behavior"] or ""}
+
+
 @router.get("/static/{name}")
 def static(name: str) -> Response:
     if name not in STATIC_FILES:
         raise HTTPException(404, "no such file")
-    return FileResponse(
-        STATIC / name, headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"}
-    )
+    return FileResponse(STATIC / name, headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"})
 
 
 @router.get("")
@@ -93,8 +115,9 @@ def home() -> RedirectResponse:
 
 
 @router.get("/login")
-def login_page(request: Request, next: str | None = None, error: str | None = None) -> Response:
-    return render_page(request, "login.html", title="Log in", next=_safe_next(next), error=error)
+def login_page(request: Request, next: str | None = None, error: str | None = None, expired: bool = False) -> Response:
+    message = error or (EXPIRED if expired else None)
+    return render_page(request, "login.html", title="Log in", next=_safe_next(next), error=message)
 
 
 @router.post("/login")
@@ -102,6 +125,7 @@ async def login(request: Request) -> Response:
     form = dict(await request.form())
     sessions = sessions_of(request)
     target = _safe_next(str(form.get("next", "")))
+    draft = _draft(form, "draft_")
     if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
         return render_page(
             request,
@@ -110,12 +134,18 @@ async def login(request: Request) -> Response:
             title="Log in",
             next=target,
             error="The form expired; please try again.",
+            draft=draft,
         )
     key = str(form.get("api_key", "")).strip()
     p = request.app.state.keyring.lookup(key) if key else None
     if p is None or p.role not in UI_ROLES:
         msg = "That key is not a reviewer or admin key." if p else "Unknown API key."
-        return render_page(request, "login.html", 401, title="Log in", next=target, error=msg)
+        return render_page(request, "login.html", 401, title="Log in", next=target, error=msg, draft=draft)
+    prefix = "/ui/review/"
+    if draft is not None and target.startswith(prefix) and "?" not in target:
+        # back to the conversation with the unsaved label filled in (a redirect could not carry it)
+        sessions.start(request, p, key)
+        return _conversation_page(request, unquote(target[len(prefix) :]), p, notice=RELOGGED_LABEL, draft=draft)
     response = _go(target)
     sessions.login(request, response, p, key)
     return response
@@ -123,7 +153,10 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    await _form_user(request)
+    try:
+        await _form_user(request)
+    except _Refused as refused:
+        return refused.response
     response = _go("/ui/login")
     sessions_of(request).logout(response)
     return response
@@ -162,16 +195,17 @@ def queue_page(
 
 @router.post("/queue/claim")
 async def claim_next(request: Request) -> Response:
-    p, form = await _form_user(request)
+    try:
+        p, form = await _form_user(request)
+    except _Refused as refused:
+        return refused.response
     f = queue.QueueFilter(**{k: str(form.get(k) or "") or None for k in FILTERS})
     st = _stage(request)
     with st.sessions.begin() as s:
         cid = queue.claim_next(s, p.name, st.lease_seconds, f)
     st.metrics.review_claims.labels("claimed" if cid else "empty").inc()
     if cid is None:
-        return _go(
-            "/ui/queue?" + urlencode({**{k: v for k in FILTERS if (v := form.get(k))}, "notice": "empty"})
-        )
+        return _go("/ui/queue?" + urlencode({**{k: v for k in FILTERS if (v := form.get(k))}, "notice": "empty"}))
     return _go(_review_url(cid))
 
 
@@ -179,6 +213,18 @@ async def claim_next(request: Request) -> Response:
 def review_page(
     request: Request, conversation_id: str, notice: str | None = None, user: Principal = Depends(ui_user)
 ) -> Response:
+    return _conversation_page(request, conversation_id, user, notice=NOTICES.get(notice or ""))
+
+
+def _conversation_page(
+    request: Request,
+    conversation_id: str,
+    user: Principal,
+    status_code: int = 200,
+    notice: str | None = None,
+    draft: dict[str, str | None] | None = None,
+) -> Response:
+    """The conversation with its review box; ``draft``: an unsaved label to fill the form with."""
     st = _stage(request)
     rt = request.app.state.runtime
     with st.sessions() as s:
@@ -199,6 +245,7 @@ def review_page(
     return render_page(
         request,
         "conversation.html",
+        status_code,
         title=f"Conversation {conversation_id}",
         conv=conv,
         item=item,
@@ -210,10 +257,11 @@ def review_page(
         taxonomy=st.policy.taxonomy,
         labels=LABELS,
         severities=SEVERITIES,
-        notice=NOTICES.get(notice or ""),
+        notice=notice,
         me=user.name,
         lease_seconds=st.lease_seconds,
         blind=blind,
+        draft=draft,
     )
 
 
@@ -233,7 +281,10 @@ def _act(request: Request, cid: str, fn: Callable[[Session, ReviewStage], Any], 
 
 @router.post("/review/{conversation_id:path}/claim")
 async def claim_item(request: Request, conversation_id: str) -> Response:
-    p, _ = await _form_user(request)
+    try:
+        p, _ = await _form_user(request, _review_url(conversation_id))
+    except _Refused as refused:
+        return refused.response
     return _act(
         request,
         conversation_id,
@@ -244,7 +295,10 @@ async def claim_item(request: Request, conversation_id: str) -> Response:
 
 @router.post("/review/{conversation_id:path}/extend")
 async def extend(request: Request, conversation_id: str) -> Response:
-    p, _ = await _form_user(request)
+    try:
+        p, _ = await _form_user(request, _review_url(conversation_id))
+    except _Refused as refused:
+        return refused.response
     return _act(
         request,
         conversation_id,
@@ -255,15 +309,19 @@ async def extend(request: Request, conversation_id: str) -> Response:
 
 @router.post("/review/{conversation_id:path}/release")
 async def release(request: Request, conversation_id: str) -> Response:
-    p, _ = await _form_user(request)
-    return _act(
-        request, conversation_id, lambda s, _st: queue.release(s, conversation_id, p.name), "released"
-    )
+    try:
+        p, _ = await _form_user(request, _review_url(conversation_id))
+    except _Refused as refused:
+        return refused.response
+    return _act(request, conversation_id, lambda s, _st: queue.release(s, conversation_id, p.name), "released")
 
 
 @router.post("/review/{conversation_id:path}/skip")
 async def skip(request: Request, conversation_id: str) -> Response:
-    p, form = await _form_user(request)
+    try:
+        p, form = await _form_user(request, _review_url(conversation_id))
+    except _Refused as refused:
+        return refused.response
     st = _stage(request)
     try:
         with st.sessions.begin() as s:
@@ -275,14 +333,26 @@ async def skip(request: Request, conversation_id: str) -> Response:
         return render_page(
             request, "error.html", 404, title="Not skipped", message=str(exc), back=_review_url(conversation_id)
         )
-    return _go(
-        _review_url(nxt) if nxt else "/ui/queue?notice=" + ("empty" if form.get("next") else "skipped")
-    )
+    return _go(_review_url(nxt) if nxt else "/ui/queue?notice=" + ("empty" if form.get("next") else "skipped"))
 
 
 @router.post("/review/{conversation_id:path}/label")
 async def label(request: Request, conversation_id: str) -> Response:
-    p, form = await _form_user(request)
+    form = dict(await request.form())
+    sessions = sessions_of(request)
+    p = sessions.principal(request)
+    if p is None:
+        return render_page(
+            request,
+            "login.html",
+            401,
+            title="Log in",
+            next=_review_url(conversation_id),
+            error=EXPIRED_LABEL,
+            draft=_draft(form),
+        )
+    if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
+        return _conversation_page(request, conversation_id, p, 403, notice=STALE_LABEL, draft=_draft(form))
     st = _stage(request)
     data = queue.LabelIn(
         str(form.get("label", "")),
@@ -295,23 +365,16 @@ async def label(request: Request, conversation_id: str) -> Response:
         with st.sessions.begin() as s:
             queue.label(s, conversation_id, p.name, data, st.policy, metrics=st.metrics)
             nxt = queue.claim_next(s, p.name, st.lease_seconds) if form.get("next") else None
-    except Invalid as exc:
-        return render_page(
+    except (Invalid, Conflict, IntegrityError) as exc:
+        # the page again, with what the reviewer typed, so fixing the label loses nothing
+        why = "A concurrent change won; please try again." if isinstance(exc, IntegrityError) else str(exc)
+        return _conversation_page(
             request,
-            "error.html",
-            422,
-            title="Label not saved",
-            message=str(exc),
-            back=_review_url(conversation_id),
-        )
-    except (Conflict, IntegrityError) as exc:
-        return render_page(
-            request,
-            "error.html",
-            409,
-            title="Label not saved",
-            message=str(exc) if isinstance(exc, Conflict) else "A concurrent change won; please try again.",
-            back=_review_url(conversation_id),
+            conversation_id,
+            p,
+            422 if isinstance(exc, Invalid) else 409,
+            notice=f"Label not saved: {why}",
+            draft=_draft(form),
         )
     except NotFound as exc:
         return render_page(request, "error.html", 404, title="Not found", message=str(exc))
@@ -325,9 +388,7 @@ def progress_page(request: Request, user: Principal = Depends(ui_user)) -> Respo
     with _stage(request).sessions() as s:
         data = insights.progress(s)
         counts = insights.list_queue(s, queue.QueueFilter(), "open", 1, 0)["counts"]
-    return render_page(
-        request, "progress.html", title="Reviewer progress", data=data, counts=counts, labels=LABELS
-    )
+    return render_page(request, "progress.html", title="Reviewer progress", data=data, counts=counts, labels=LABELS)
 
 
 @router.get("/clusters")
@@ -335,6 +396,4 @@ def clusters_page(request: Request, user: Principal = Depends(ui_user)) -> Respo
     st = _stage(request)
     with st.sessions() as s:
         data = insights.clusters(s, st.rule_descriptions)
-    return render_page(
-        request, "clusters.html", title="Failure clusters", data=data, taxonomy=st.policy.taxonomy
-    )
+    return render_page(request, "clusters.html", title="Failure clusters", data=data, taxonomy=st.policy.taxonomy)

@@ -3,7 +3,8 @@
 The cookie is signed (itsdangerous) with ``VIGIL_REVIEW_SESSION_SECRET`` and holds the key's name and
 a keyed fingerprint of the key, never the key: removing a key from ``VIGIL_API_KEYS`` ends its
 sessions. Every session, even before log-in, carries a random CSRF token that each form posts back;
-API calls made with the cookie (not a Bearer key) must send it as ``X-CSRF-Token``.
+API calls made with the cookie (not a Bearer key) must send it as ``X-CSRF-Token`` (without it: 403
+"missing CSRF token", not 401, since the caller is logged in).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Request, Response
+from fastapi import HTTPException, Request, Response
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from ..api.auth import KeyRing, Principal
@@ -73,7 +74,15 @@ class SessionManager:
         p = self.principal(request)
         if p is None or request.method in SAFE_METHODS:
             return p
-        return p if self.csrf_ok(request, request.headers.get(CSRF_HEADER)) else None
+        token = request.headers.get(CSRF_HEADER)
+        if self.csrf_ok(request, token):
+            return p
+        what = "stale CSRF token" if token else "missing CSRF token"
+        raise HTTPException(
+            403,
+            f"{what}: a call with the session cookie must send the page's token as X-CSRF-Token "
+            "(or authenticate with a Bearer key)",
+        )
 
     def csrf_token(self, request: Request) -> str:
         data = self.read(request)
@@ -92,14 +101,18 @@ class SessionManager:
             self._write(response, self.read(request))
 
     def login(self, request: Request, response: Response, principal: Principal, key: str) -> None:
-        data = {
+        self.start(request, principal, key)
+        self._write(response, self.read(request))
+
+    def start(self, request: Request, principal: Principal, key: str) -> None:
+        """A new logged-in session for this request; :meth:`save` writes its cookie with the response."""
+        request.state.vigil_session = {
             "name": principal.name,
             "role": principal.role,
             "fp": self.fingerprint(key),
             "csrf": secrets.token_urlsafe(24),
         }
-        request.state.vigil_session = data
-        self._write(response, data)
+        request.state.vigil_session_dirty = True
 
     def logout(self, response: Response) -> None:
         response.delete_cookie(COOKIE, path="/", secure=self.secure, httponly=True, samesite="lax")
