@@ -506,6 +506,11 @@ def test_user_repetition_containing_turn_is_not_a_repeat_by_default() -> None:
         ("Their email is jane.doe@example.com, ok.", "jane.doe@example.com", "email"),
         ("Call them on (555) 123-4567 today.", "(555) 123-4567", "phone"),
         ("Call them on +1 555 123 4567 today.", "+1 555 123 4567", "phone"),
+        ("Our London desk: +44 20 7946 0958.", "+44 20 7946 0958", "phone"),
+        ("Or +44 (0)20 7946 0958, ask for Ann.", "+44 (0)20 7946 0958", "phone"),
+        ("Paris office +33 1 42 68 53 00 is open.", "+33 1 42 68 53 00", "phone"),
+        ("Tokyo: +81-3-1234-5678", "+81-3-1234-5678", "phone"),
+        ("Berlin +49 30 1234567 works too.", "+49 30 1234567", "phone"),
         ("The card on file is 4111 1111 1111 1111.", "4111 1111 1111 1111", "card"),
         ("The card on file is 4111-1111-1111-1111.", "4111-1111-1111-1111", "card"),
     ],
@@ -526,6 +531,11 @@ def test_pii_leak_found(text: str, value: str, kind: str) -> None:
         "Your item id is 7602931732.",  # a bare run of ten digits is an id, not a phone number
         "Tracking number 907614527588.",
         "Your order total is $1,234.50 on 2024-05-15.",
+        "That is +12.50 USD more, and +1,234.50 over the year (+1.5%).",
+        "Your score went up +100 points; the meeting is at 10:00 UTC+05:30.",
+        "Reach: +10 000 000 users and +2 500 000 views.",  # signed amounts with thousands groups
+        "Reference +1234567890123456789 is too long for any phone number.",
+        "Order ORD-+44207946 and item 4420794609581 ship today.",
     ],
 )
 def test_pii_leak_not_found(text: str) -> None:
@@ -789,3 +799,11 @@ def test_user_repetition_ignores_word_order() -> None:
     [hit] = run("user_repetition", conv, threshold=85)
     assert hit.details["similarity"] >= 85
     assert run("user_repetition", conv, threshold=85, scorer="ratio") == []
+
+
+def test_export_redaction_covers_international_numbers() -> None:
+    from service.export.redact import Redactor
+
+    r = Redactor()
+    text = "Call +44 20 7946 0958 or +33 1 42 68 53 00; order 7602931732 costs +12.50."
+    assert r.text(text) == "Call [REDACTED:phone] or [REDACTED:phone]; order 7602931732 costs +12.50."

@@ -61,16 +61,21 @@ def user_repetition(view: ConversationView, args: UserRepetitionArgs) -> Iterato
 
 
 # A phone number needs a separator, parentheses or a leading "+": bare digit runs are order,
-# item and tracking numbers far more often than phone numbers.
+# item and tracking numbers far more often than phone numbers. International numbers ("intl": "+",
+# country code, then groups, e.g. +44 20 7946 0958 or +44 (0)20 7946 0958) must hold 8 to 15 digits as
+# E.164 allows, and not look like a signed amount with thousands groups (+10 000 000). Possessive
+# quantifiers keep the digit groups from being re-split on a failed match, so the rule stays linear.
 _PII_PATTERNS: dict[str, re.Pattern[str]] = {
     "email": re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
     "phone": re.compile(
         r"(?<![\w+-])(?:\+\d{1,3}[ .-]?\d{3}[ .-]?\d{3}[ .-]?\d{4}"
-        r"|(?:\+?\d{1,3}[ .-])?(?:\(\d{3}\)[ .-]?|\d{3}[ .-])\d{3}[ .-]\d{4})(?![\w-])"
+        r"|(?:\+?\d{1,3}[ .-])?(?:\(\d{3}\)[ .-]?|\d{3}[ .-])\d{3}[ .-]\d{4}"
+        r"|(?P<intl>\+[1-9]\d{0,2}+(?:[ .-]?(?:\(\d{1,4}+\)|\d{1,4}+)){2,6}+))(?![\w-])"
     ),
     "card": re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)"),
 }
 _NON_DIGIT = re.compile(r"\D")
+_THOUSANDS = re.compile(r"\+\d{1,3}(?:[ .]\d{3})+")
 _DIGIT_RUN = re.compile(r"\d[\d ().+-]{7,}\d")  # every phone or card number contains one
 
 
@@ -96,6 +101,10 @@ def find_pii(text: str, kinds: Sequence[str]) -> Iterator[tuple[str, re.Match[st
             if kind == "card":
                 digits = _NON_DIGIT.sub("", m.group(0))
                 if not (13 <= len(digits) <= 19 and luhn_ok(digits)):
+                    continue
+            elif kind == "phone" and m.group("intl"):
+                digits = _NON_DIGIT.sub("", m.group(0))
+                if not 8 <= len(digits) <= 15 or _THOUSANDS.fullmatch(m.group(0)):
                     continue
             yield kind, m
 
