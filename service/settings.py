@@ -180,8 +180,14 @@ class Settings(BaseSettings):
     detector_settle_seconds: float = Field(
         default=30.0,
         ge=0,
-        description="The detector reads conversations received at least this long ago (lets outcomes and "
-        "in-flight transactions land first).",
+        description="The detector reads conversations received at least this long ago (lets in-flight "
+        "transactions land first).",
+    )
+    detector_outcome_settle_hours: float = Field(
+        default=6.0,
+        ge=0,
+        description="Outcome signals of an hour's conversations reach the detector this many hours after the "
+        "hour, counting the outcomes joined by then; later ones show in `vigil compare` only.",
     )
     detector_lease_seconds: float = Field(
         default=60.0, gt=0, description="Lease that elects the one active detector; renewed every tick."

@@ -25,7 +25,7 @@ from service.simulate import Simulator, parse_versions
 from service.store.models import ConversationRow
 from service.wiring import wire
 
-FAST = {"detector_min_baseline": 200, "detector_settle_seconds": 0.0}
+FAST = {"detector_min_baseline": 200, "detector_settle_seconds": 0.0, "detector_outcome_settle_hours": 1.0}
 
 
 def clean(n: int, version: str, seed: int) -> list[dict]:
@@ -70,7 +70,8 @@ def test_cusum_batches_equal_sum_of_single_steps_without_resets() -> None:
     assert c.update([0.0, 0.0], 6, 5) == pytest.approx(one)
     assert c.update([3.0, 3.0], 1000, 0) == [0.0, 0.0]
     assert max(c.update([0.0, 0.0], 100, 100)) == pytest.approx(c.cap)
-    assert c.update([0.0, 0.0], 0, 2) == c.update([0.0, 0.0], 2, 2)  # late outcomes never count negatively
+    with pytest.raises(ValueError):  # failures without their observations: the late-outcome bug
+        c.update([0.0, 0.0], 0, 2)
 
 
 def test_cusum_delay_and_false_alarms_on_bernoulli_streams() -> None:
@@ -326,7 +327,7 @@ def test_judge_rate_counts_sampled_verdicts_once_per_conversation_and_judge_vers
             for listener in rt.extras["verdict_listeners"]:
                 listener(s, batch)
     with rt.sessions() as s:
-        counts = range_counts(s, None, datetime.now(UTC) + timedelta(hours=1), lambda a, v: [], [])
+        counts = range_counts(s, None, datetime.now(UTC) + timedelta(hours=1), lambda a, v: [])
     assert counts[("support-bot", "v1", "judge:helpful")] == (24, 5)
     sample = rt.metrics.registry.get_sample_value
     labels = {"judge": "helpful", "agent": "support-bot", "agent_version": "v1", "offline": "false"}
@@ -334,3 +335,60 @@ def test_judge_rate_counts_sampled_verdicts_once_per_conversation_and_judge_vers
     assert sample("vigil_judge_sampled_verdicts_total", {**labels, "judge_version": "1", "verdict": "pass"}) == 15
     assert sample("vigil_judge_sampled_verdicts_total", {**labels, "judge_version": "2", "verdict": "pass"}) == 4
     rt.close()
+
+
+def escalations(convs: list[dict], share: float, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [
+        {"conversation_id": c["conversation_id"], "type": "escalation", "idempotency_key": f"e:{c['conversation_id']}"}
+        for c in convs
+        if rng.random() < share
+    ]
+
+
+def run_late_outcomes(rt, v2_share: float, batches: int) -> tuple[dict[str, DetectionRow], list[str]]:  # type: ignore[no-untyped-def]
+    """v1 with its outcomes on time, then 600 conversations of v2 in ``batches`` detector passes, each
+    batch's escalations arriving one pass after it. Returns the active detections at the end and any
+    outcome detection seen while the outcomes were still arriving."""
+    det = build_detector(rt)
+    before_settled: list[str] = []
+    with make_client(rt) as c:
+        v1 = clean(600, "v1", 1)
+        c.post("/v1/conversations", json=v1, headers=INGEST)
+        c.post("/v1/outcomes", json=escalations(v1, 0.05, 2), headers=INGEST)
+        det.tick()
+        late: list[dict] = []
+        for i in range(batches + 1):
+            batch = clean(600 // batches, "v2", 100 + i) if i < batches else []
+            if batch:
+                c.post("/v1/conversations", json=batch, headers=INGEST)
+            if late:
+                c.post("/v1/outcomes", json=late, headers=INGEST)
+            det.tick()
+            before_settled += [k for k in active(rt) if k.startswith("v2/outcome:")]
+            late = escalations(batch, v2_share, 200 + i)
+        det.tick(datetime.now(UTC) + timedelta(hours=3))  # every hour of this traffic has settled
+    return active(rt), before_settled
+
+
+@pytest.mark.parametrize("batches", [1, 6])
+def test_late_outcomes_at_the_same_rate_raise_nothing(rt, batches: int) -> None:
+    """The reviewer's case: both versions escalate 5%, v2's outcomes arrive one pass after its conversations."""
+    got, _ = run_late_outcomes(rt, 0.05, batches)
+    assert not [k for k in got if k.startswith("v2/")], got
+    with rt.sessions() as s:
+        series = s.get(DetectorSeriesRow, ("support-bot", "v2", "outcome:escalation"))
+        assert series is not None and series.baseline == "version:v1" and series.state == "monitoring"
+        n, x = s.execute(
+            select(func.sum(QualityCountRow.n), func.sum(QualityCountRow.x)).where(
+                QualityCountRow.agent_version == "v2", QualityCountRow.signal == "outcome:escalation"
+            )
+        ).one()
+    assert n == 600 and 12 <= x <= 50  # every late escalation is credited to its conversation's hour
+
+
+def test_late_outcomes_at_a_higher_rate_are_detected_once_settled(rt) -> None:
+    got, before_settled = run_late_outcomes(rt, 0.25, 1)
+    assert "v2/outcome:escalation" in got
+    assert before_settled == []  # nothing is concluded from an hour whose outcomes may still arrive
+    assert got["v2/outcome:escalation"].baseline == "version:v1"

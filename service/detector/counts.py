@@ -4,8 +4,12 @@ Signals: ``rule:<id>`` (the conversation has a finding of that rule), ``forbidde
 forbidden-tool finding), ``tool_error`` (a tool call failed), ``outcome:<type>`` (a bad outcome
 within the attribution window) over conversations; ``judge:<name>`` (fail) over the scored verdicts
 of randomly sampled requests, one per conversation and judge version (:func:`sampled_verdict`).
-Conversations count by when they were stored, outcomes by when they were joined, verdicts by when
-they were written, so every replica's writes are counted once, whichever replica wrote them.
+
+Conversations count by when they were stored and verdicts by when they were written, so every
+replica's writes are counted once, whichever replica wrote them. Outcomes arrive later than their
+conversations: :func:`outcome_counts` credits each to the hour its conversation was stored, counting
+those joined before that hour's outcomes settle, so a rate is never a late numerator over a fresh
+denominator.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ RulesFor = Callable[[str, str], Iterable[str]]  # (agent, version) -> ids of the
 
 FORBIDDEN = "forbidden_tool"
 TOOL_ERROR = "tool_error"
+OUTCOME = "outcome:"
 
 
 def finished():  # type: ignore[no-untyped-def]
@@ -64,24 +69,29 @@ def sampled_verdict():  # type: ignore[no-untyped-def]
     )
 
 
-def conversation_signals(rule_ids: Iterable[str], bad_outcomes: Iterable[str]) -> list[str]:
-    return [f"rule:{r}" for r in rule_ids] + [FORBIDDEN, TOOL_ERROR] + [f"outcome:{t}" for t in bad_outcomes]
+def conversation_signals(rule_ids: Iterable[str]) -> list[str]:
+    """The signals whose failures are known when the conversation is stored."""
+    return [f"rule:{r}" for r in rule_ids] + [FORBIDDEN, TOOL_ERROR]
+
+
+def outcome_signals(bad_outcomes: Iterable[str]) -> list[str]:
+    return [f"{OUTCOME}{t}" for t in bad_outcomes]
+
+
+def is_outcome(signal: str) -> bool:
+    return signal.startswith(OUTCOME)
 
 
 def range_counts(
-    session: Session,
-    start: datetime | None,
-    end: datetime,
-    rules_for: RulesFor,
-    bad_outcomes: Iterable[str],
+    session: Session, start: datetime | None, end: datetime, rules_for: RulesFor
 ) -> dict[Key, tuple[int, int]]:
-    """``(n, x)`` per (agent, version, signal) for data stored in ``[start, end)``.
+    """``(n, x)`` per (agent, version, signal) for conversations and verdicts stored in ``[start, end)``.
 
-    A version's ``rule:<id>`` signals are those of the rules whose ``applies_to`` matches it.
+    Outcome signals are not among them (see :func:`outcome_counts`). A version's ``rule:<id>``
+    signals are those of the rules whose ``applies_to`` matches it.
     """
     out: dict[Key, tuple[int, int]] = {}
     failures: dict[Key, int] = defaultdict(int)
-    bad = list(bad_outcomes)
 
     def in_range(col):  # type: ignore[no-untyped-def]
         return and_(col >= start, col < end) if start is not None else col < end
@@ -126,27 +136,8 @@ def range_counts(
     )
     for agent, version, x in session.execute(forbidden_q):
         failures[(agent, version, FORBIDDEN)] = int(x)
-    if bad:
-        out_q = (
-            select(
-                OutcomeLinkRow.agent_id,
-                OutcomeLinkRow.agent_version,
-                OutcomeLinkRow.type,
-                func.count(func.distinct(OutcomeLinkRow.conversation_id)),
-            )
-            .where(
-                in_range(OutcomeLinkRow.linked_at),
-                OutcomeLinkRow.attributed,
-                OutcomeLinkRow.happened,
-                OutcomeLinkRow.type.in_(bad),
-            )
-            .group_by(OutcomeLinkRow.agent_id, OutcomeLinkRow.agent_version, OutcomeLinkRow.type)
-        )
-        for agent, version, kind, x in session.execute(out_q):
-            failures[(agent, version, f"outcome:{kind}")] = int(x)
-            totals.setdefault((agent, version), 0)
     for (agent, version), n in totals.items():
-        for signal in conversation_signals(rules_for(agent, version), bad):
+        for signal in conversation_signals(rules_for(agent, version)):
             out[(agent, version, signal)] = (n, failures.get((agent, version, signal), 0))
     judge_q = (
         select(
@@ -162,3 +153,35 @@ def range_counts(
     for agent, version, judge, n, x in session.execute(judge_q):
         out[(agent, version, f"judge:{judge}")] = (int(n), int(x or 0))
     return out
+
+
+def outcome_counts(
+    session: Session, start: datetime, end: datetime, bad_outcomes: Iterable[str], joined_before: datetime
+) -> dict[Key, tuple[int, int]]:
+    """``(n, x)`` per (agent, version, ``outcome:<type>``) for the conversations stored in ``[start, end)``:
+    ``n`` of them finished, ``x`` with that bad outcome (within the attribution window) joined before
+    ``joined_before``. Every agent version with conversations gets every bad type, so no failure is
+    ever counted without its conversation.
+    """
+    bad = list(bad_outcomes)
+    if not bad:
+        return {}
+    C, L = ConversationRow, OutcomeLinkRow
+    stored = and_(C.received_at >= start, C.received_at < end, finished())
+    totals = session.execute(
+        select(C.agent_id, C.agent_version, func.count()).where(stored).group_by(C.agent_id, C.agent_version)
+    ).all()
+    failures: dict[Key, int] = {}
+    q = (
+        select(C.agent_id, C.agent_version, L.type, func.count(func.distinct(C.conversation_id)))
+        .join(L, L.conversation_id == C.conversation_id)
+        .where(stored, L.attributed, L.happened, L.type.in_(bad), L.linked_at < joined_before)
+        .group_by(C.agent_id, C.agent_version, L.type)
+    )
+    for agent, version, kind, x in session.execute(q):
+        failures[(agent, version, f"{OUTCOME}{kind}")] = int(x)
+    return {
+        (agent, version, signal): (int(n), failures.get((agent, version, signal), 0))
+        for agent, version, n in totals
+        for signal in outcome_signals(bad)
+    }

@@ -69,12 +69,14 @@ class Cusum:
     def update(self, stats: Sequence[float], n: int, x: int) -> list[float]:
         """New statistics after ``n`` observations with ``x`` failures (one per tuned shift).
 
-        The cap bounds how long a fixed version takes to clear its alarm.
+        Failures always come with their observations: a batch of failures alone would read as a
+        run of certain failures (the detector credits late outcomes to their conversations' hour
+        instead). The cap bounds how long a fixed version takes to clear its alarm.
         """
+        if not 0 <= x <= n:
+            raise ValueError(f"a batch needs 0 <= failures <= observations, got {x} of {n}")
         if len(stats) != len(self.p1s):
             stats = [0.0] * len(self.p1s)
-        # late outcomes can land in a batch after their conversations; never count negative successes
-        n = max(n, x)
         return [
             min(self.cap, max(0.0, s + x * a + (n - x) * b))
             for s, (a, b) in zip(stats, self.weights(), strict=True)

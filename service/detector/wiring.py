@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..runtime import Runtime
 from .api import router
-from .counts import conversation_signals
+from .counts import conversation_signals, outcome_signals
 from .sampled import sampled_verdict_counter
 from .worker import Detector
 
@@ -29,7 +29,8 @@ def admit_labels(rt: Runtime) -> None:
     models = [lane.model for lane in judge.engine.lanes.values()] if judge is not None else []
     m = rt.metrics
     m.label.admit([*rules, *outcome_types(rt.settings.outcome_types), *models])
-    m.signal.admit([*conversation_signals(rules, bad_outcomes(rt)), *(f"judge:{j}" for j in judges)])
+    signals = [*conversation_signals(rules), *outcome_signals(bad_outcomes(rt)), *(f"judge:{j}" for j in judges)]
+    m.signal.admit(signals)
 
 
 def build_detector(rt: Runtime) -> Detector:

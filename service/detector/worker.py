@@ -2,6 +2,11 @@
 
 Every replica may run it; the lease lets one fold data at a time, and every replica refreshes its
 gauges from the shared tables, so any replica's ``/metrics`` shows the same state.
+
+Conversation and judge signals are folded as their rows are stored. Outcome signals wait: an hour's
+conversations are counted with their outcomes, once, when ``VIGIL_DETECTOR_OUTCOME_SETTLE_HOURS``
+have passed after the hour (:meth:`Detector._settle`). Feeding conversations first and their
+outcomes later would read as a run of successes and then a burst of failures: a false alarm.
 """
 
 from __future__ import annotations
@@ -22,11 +27,10 @@ from statsmodels.stats.proportion import proportion_confint
 from ..judge.models import VerdictRow
 from ..metrics import Metrics
 from ..outcomes.join import after_commit, aware, dialect_insert
-from ..outcomes.models import OutcomeLinkRow
 from ..settings import Settings
 from ..store.models import ConversationRow
 from . import lease
-from .counts import Key, RulesFor, range_counts
+from .counts import OUTCOME, Key, RulesFor, outcome_counts, range_counts
 from .cusum import Cusum, threshold, upper_bound
 from .models import DetectionRow, DetectorSeriesRow, QualityCountRow
 
@@ -84,6 +88,7 @@ class Detector:
         self.bad_outcomes = bad_outcomes
         self.holder = holder or lease.holder_id()
         self.ratios = parse_ratios(settings.detector_shifts)
+        self.outcome_settle = timedelta(hours=settings.detector_outcome_settle_hours)
         self.h = threshold(settings.detector_arl0, len(self.ratios))
         self.is_leader = self.led_last_pass = False
         self._exported: set[Key] = set()
@@ -101,7 +106,7 @@ class Detector:
                 until = now - timedelta(seconds=self.settings.detector_settle_seconds)
                 cursor = aware(held.cursor) if held.cursor else None
                 if cursor is None:
-                    self._backfill(s, until)
+                    self._backfill(s, until, now)
                     held.cursor = until
                 elif until > cursor:
                     for a, b in _hours(cursor, until):
@@ -110,6 +115,7 @@ class Detector:
                     while hour + HOUR <= until:
                         self._reconcile(s, hour, now)
                         hour += HOUR
+                    self._settle(s, cursor, until, now)
                     held.cursor = until
                 self._retire(s, now)
         self.is_leader = self.led_last_pass = held is not None
@@ -118,20 +124,59 @@ class Detector:
         self.refresh(now)
         return self.is_leader
 
-    def _backfill(self, s: Session, until: datetime) -> None:
+    def _backfill(self, s: Session, until: datetime, now: datetime) -> None:
         """First run: count the history into hourly buckets; statistics start from zero."""
-        firsts = [
-            s.scalar(select(func.min(c)))
-            for c in (ConversationRow.received_at, OutcomeLinkRow.linked_at, VerdictRow.created_at)
-        ]
+        firsts = [s.scalar(select(func.min(c))) for c in (ConversationRow.received_at, VerdictRow.created_at)]
         known = [aware(f) for f in firsts if f is not None]
         if not known:
             return
         for a, b in _hours(min(known), until):
-            inc = range_counts(s, a, b, self.rules_for, self.bad_outcomes)
+            inc = range_counts(s, a, b, self.rules_for)
             self._add_counts(s, a, inc)
             for row in self._series(s, inc, a).values():
                 row.last_seen = max(aware(row.last_seen), b)
+        self._settle(s, None, until, now, since=min(known))
+
+    def _settle(
+        self, s: Session, after: datetime | None, until: datetime, now: datetime, since: datetime | None = None
+    ) -> None:
+        """Count the outcome signals of each hour whose outcomes settled in ``(after, until]`` and feed them
+        to the statistics, once: an outcome counts toward the hour its conversation was stored in, if it
+        was joined before that hour's settle time. ``after=None`` (the backfill) counts from ``since``
+        without feeding the statistics, as for the other signals.
+        """
+        if not self.bad_outcomes:
+            return
+        settle = self.outcome_settle
+        hour = _floor(after - settle - HOUR) if after is not None else _floor(since or until)
+        while hour + HOUR + settle <= until:
+            settled_at = hour + HOUR + settle
+            if after is None or settled_at > after:
+                inc = outcome_counts(s, hour, hour + HOUR, self.bad_outcomes, settled_at)
+                self._set_outcome_counts(s, hour, inc)
+                if after is None:
+                    for row in self._series(s, inc, until).values():
+                        row.last_seen = max(aware(row.last_seen), hour + HOUR)
+                else:
+                    self._apply(s, inc, hour, hour + HOUR, now, at=until)
+            hour += HOUR
+
+    @staticmethod
+    def _set_outcome_counts(s: Session, hour: datetime, inc: dict[Key, tuple[int, int]]) -> None:
+        stored = {
+            (r.agent_id, r.agent_version, r.signal): r
+            for r in s.scalars(
+                select(QualityCountRow).where(QualityCountRow.hour == hour, QualityCountRow.signal.like(f"{OUTCOME}%"))
+            )
+        }
+        for key, (n, x) in inc.items():
+            row = stored.pop(key, None)
+            if row is None:
+                s.add(QualityCountRow(agent_id=key[0], agent_version=key[1], signal=key[2], hour=hour, n=n, x=x))
+            else:
+                row.n, row.x = n, x
+        for row in stored.values():
+            row.n, row.x = 0, 0
 
     def _series(
         self, s: Session, inc: dict[Key, tuple[int, int]], start: datetime
@@ -176,7 +221,7 @@ class Detector:
         )
 
     def _fold(self, s: Session, a: datetime, b: datetime, now: datetime) -> None:
-        inc = range_counts(s, a, b, self.rules_for, self.bad_outcomes)
+        inc = range_counts(s, a, b, self.rules_for)
         self._add_counts(s, a, inc)
         self._apply(s, inc, a, b, now)
 
@@ -187,10 +232,14 @@ class Detector:
         recount finds them and feeds them to the statistics as a late batch. Rows moved to a later
         hour by a newer revision drop out of this one, so each conversation counts once.
         """
-        recount = range_counts(s, hour, hour + HOUR, self.rules_for, self.bad_outcomes)
+        recount = range_counts(s, hour, hour + HOUR, self.rules_for)
         stored = {
             (r.agent_id, r.agent_version, r.signal): r
-            for r in s.scalars(select(QualityCountRow).where(QualityCountRow.hour == hour))
+            for r in s.scalars(
+                select(QualityCountRow).where(
+                    QualityCountRow.hour == hour, QualityCountRow.signal.not_like(f"{OUTCOME}%")
+                )
+            )
         }
         late: dict[Key, tuple[int, int]] = {}
         for key, (n, x) in recount.items():
@@ -202,7 +251,10 @@ class Detector:
                 late[key] = (n, x)
                 continue
             if n > row.n or x > row.x:
-                late[key] = (max(0, n - row.n), max(0, x - row.x))
+                # a newer revision can turn a conversation already fed as a success into a failure;
+                # the statistics only take the new conversations' failures (the stored count is exact)
+                more = max(0, n - row.n)
+                late[key] = (more, min(more, max(0, x - row.x)))
             row.n, row.x = n, x
         for row in stored.values():
             row.n, row.x = 0, 0
@@ -211,17 +263,28 @@ class Detector:
             self._apply(s, late, hour, hour + HOUR, now)
 
     def _apply(
-        self, s: Session, inc: dict[Key, tuple[int, int]], a: datetime, b: datetime, now: datetime
+        self,
+        s: Session,
+        inc: dict[Key, tuple[int, int]],
+        a: datetime,
+        b: datetime,
+        now: datetime,
+        at: datetime | None = None,
     ) -> None:
-        """Fold a batch of counts into each series' CUSUMs; start and end detections."""
+        """Fold a batch of counts of ``[a, b)`` into each series' CUSUMs; start and end detections.
+
+        ``at`` is when the batch became known (default ``b``): outcome signals are fed after their
+        hour settled, and their series must not look older than the version's other series.
+        """
         if not inc:
             return
-        series = self._series(s, inc, a)
+        series = self._series(s, inc, a if at is None else at)
+        at = at or b
         baselines = self.baselines(s, now)
         started: list[Key] = []
         for key, (n, x) in inc.items():
             row = series[key]
-            row.last_seen = max(aware(row.last_seen), b) if row.last_seen else b
+            row.last_seen = max(aware(row.last_seen), at) if row.last_seen else at
             base = baselines.get(key)
             if base is None:
                 row.statistics, row.baseline, row.baseline_rate = [], None, None
@@ -235,10 +298,10 @@ class Detector:
             stats = cusum.update(previous, n, x)
             row.statistics, row.baseline, row.baseline_rate = stats, base.label, base.rate
             if cusum.alarmed(stats) and row.detection_id is None:
-                row.detection_id = self._start(s, row, max(stats), b)
+                row.detection_id = self._start(s, row, max(stats), at)
                 started.append(key)
             elif row.detection_id is not None and max(stats) == 0.0:
-                self._end(s, row.detection_id, b, "recovered")
+                self._end(s, row.detection_id, at, "recovered")
                 row.detection_id = None
             row.state = "regressed" if row.detection_id is not None else "monitoring"
         m = self.metrics
