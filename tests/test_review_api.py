@@ -311,6 +311,48 @@ def test_clusters_group_confirmed_failures(api) -> None:
     assert {"category": "privacy_leak", "count": 1} in data["by_category"]
 
 
+def test_clusters_count_each_conversation_once(api, rt) -> None:
+    from service.store.models import FindingRow
+
+    convs = _seed(api, 80, seed=3)
+    cancels = [c for c in convs if c["metadata"]["simulated_defect"] == "cancel_delivered"][:3]
+    for c in cancels:
+        api.post(
+            f"/v1/review/items/{c['conversation_id']}/labels",
+            json={"label": "confirmed_failure", "category": "wrong_action"},
+            headers=REVIEWER,
+        )
+    # a second, more severe rule fired on one of them, and a minor one on another
+    extra = [(cancels[0], "extra-critical", "critical"), (cancels[1], "extra-low", "low")]
+    with rt.sessions.begin() as s:
+        for c, rule, severity in extra:
+            s.add(
+                FindingRow(
+                    conversation_id=c["conversation_id"],
+                    revision=1,
+                    agent_id=c["agent_id"],
+                    agent_version=c["agent_version"],
+                    rule_id=rule,
+                    rule_type="regex",
+                    severity=severity,
+                    message=f"{rule} fired",
+                    evidence=[],
+                    details={},
+                )
+            )
+    data = api.get("/v1/review/clusters", headers=REVIEWER).json()
+    assert data["total"] == 3
+    assert sum(c["count"] for c in data["clusters"]) == 3
+    assert sum(c["share"] for c in data["clusters"]) == pytest.approx(1.0)
+    by_rule = {c["rule_id"]: c for c in data["clusters"]}
+    assert set(by_rule) == {"extra-critical", "no-cancel-delivered-order"}
+    assert by_rule["extra-critical"]["examples"] == [cancels[0]["conversation_id"]]
+    assert by_rule["extra-critical"]["also"] == [{"rule_id": "no-cancel-delivered-order", "count": 1}]
+    cancel = by_rule["no-cancel-delivered-order"]
+    assert cancel["count"] == 2 and cancel["summary"].startswith("2 of 3 failures")
+    assert {"rule_id": "extra-low", "count": 1} in cancel["also"]
+
+
 def test_roles_audit_and_openapi(api) -> None:
     _seed(api, 20)
     assert api.get("/v1/review/queue", headers=INGEST).status_code == 403

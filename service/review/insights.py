@@ -9,6 +9,7 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, and_, case, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
+from ..rules import SEVERITY_RANK
 from ..store.models import ConversationRow, FindingRow, utcnow
 from .models import ReviewAuditRow, ReviewItemRow, ReviewLabelRow, ReviewReasonRow
 from .queue import QueueFilter, aware, claimable
@@ -349,12 +350,16 @@ _ClusterKey = tuple[str, str | None, str | None]
 
 
 def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) -> dict[str, Any]:
-    """Confirmed failures grouped by (category, rule, tool), largest first."""
+    """Confirmed failures grouped by (category, rule, tool), largest first.
+
+    Each conversation counts once, in the cluster of its most severe finding (the earliest among equals),
+    so the counts add up to the total and the shares to 100%; ``also`` names the other rules that fired
+    on a cluster's conversations.
+    """
     confirmed = confirmed_failures(session)
     total = len(confirmed)
-    groups: dict[_ClusterKey, set[str]] = defaultdict(set)
-    messages: dict[_ClusterKey, Counter[str]] = defaultdict(Counter)
-    seen: set[str] = set()
+    primary: dict[str, tuple[tuple[int, int], FindingRow]] = {}
+    fired: dict[str, set[str]] = defaultdict(set)
     ids = sorted(confirmed)
     for i in range(0, len(ids), 500):
         for f in session.scalars(
@@ -362,13 +367,24 @@ def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) 
         ).all():
             if (f.details or {}).get("rule_error"):
                 continue
-            key: _ClusterKey = (confirmed[f.conversation_id], f.rule_id, (f.details or {}).get("tool"))
-            groups[key].add(f.conversation_id)
-            messages[key][f.message] += 1
-            seen.add(f.conversation_id)
+            fired[f.conversation_id].add(f.rule_id)
+            rank = (-SEVERITY_RANK.get(f.severity, 0), f.id)
+            best = primary.get(f.conversation_id)
+            if best is None or rank < best[0]:
+                primary[f.conversation_id] = (rank, f)
+    groups: dict[_ClusterKey, set[str]] = defaultdict(set)
+    messages: dict[_ClusterKey, Counter[str]] = defaultdict(Counter)
+    also: dict[_ClusterKey, Counter[str]] = defaultdict(Counter)
     for cid in ids:
-        if cid not in seen:
+        found = primary.get(cid)
+        if found is None:
             groups[(confirmed[cid], None, None)].add(cid)
+            continue
+        f = found[1]
+        key: _ClusterKey = (confirmed[cid], f.rule_id, (f.details or {}).get("tool"))
+        groups[key].add(cid)
+        messages[key][f.message] += 1
+        also[key].update(fired[cid] - {f.rule_id})
     descriptions = rule_descriptions or {}
     out: list[dict[str, Any]] = []
     for key, members in groups.items():
@@ -389,6 +405,9 @@ def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) 
                 "rule_description": descriptions.get(rule or "", ""),
                 "summary": f"{len(members)} of {total} failures: {text}",
                 "examples": sorted(members)[:5],
+                "also": [
+                    {"rule_id": r, "count": n} for r, n in sorted(also[key].items(), key=lambda x: (-x[1], x[0]))
+                ],
             }
         )
     out.sort(key=lambda c: (-c["count"], c["category"], c["rule_id"] or "~", c["tool"] or ""))

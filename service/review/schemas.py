@@ -133,6 +133,11 @@ class ClusterOut(BaseModel):
     rule_description: str
     summary: str = Field(description='e.g. "12 of 19 failures: called cancel_order on a delivered order"')
     examples: list[str]
+    also: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Other rules that fired on this cluster's conversations (each conversation is counted "
+        "once, in the cluster of its most severe finding)",
+    )
 
 
 class ClustersOut(BaseModel):
