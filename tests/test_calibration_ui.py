@@ -110,6 +110,44 @@ def test_judges_listing_and_compare_carry_calibration(tmp_path: Path) -> None:
     rt.close()
 
 
+def test_compare_page_and_cli_table_show_corrected_rates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+    from service.compare.api import run_compare
+    from service.compare.commands import render
+
+    rt, _, _ = _loaded(tmp_path)
+    result = run_compare(rt, "v1", "v2")
+    cal = next(r for r in result["signals"] if r["signal"] == "judge:tj")["calibration"]
+    corrected = f"{100 * cal['candidate']['corrected']['value']:.2f}%"
+    raw = f"{100 * cal['candidate']['raw']['value']:.2f}%"
+    with TestClient(create_app(rt)) as ui:
+        _login(ui, "rita-key")
+        html = ui.get("/ui/compare", params={"agent": "support-bot", "baseline": "v1", "candidate": "v2"}).text
+        row = html[html.index('data-signal="judge:tj"') :].split("</tr>", 1)[0]
+        assert 'data-calibration="calibrated"' in row
+        cell = row[row.index('data-side="candidate"') :].split("</div>", 1)[0]
+        assert f"raw on sample {raw}" in cell and f"<b>{corrected}</b>" in cell and "uncalibrated" not in cell
+    monkeypatch.setenv("COLUMNS", "250")
+    render(result)
+    line = next(x for x in capsys.readouterr().out.splitlines() if "corrected, calibrated" in x)
+    assert corrected in line and f"raw on sample {raw}" in line
+    # a stricter threshold: the same rates, labelled uncalibrated in both places
+    rt.settings.calibration_min_kappa = 0.99
+    result = run_compare(rt, "v1", "v2")
+    with TestClient(create_app(rt)) as ui:
+        _login(ui, "rita-key")
+        html = ui.get("/ui/compare", params={"agent": "support-bot", "baseline": "v1", "candidate": "v2"}).text
+        row = html[html.index('data-signal="judge:tj"') :].split("</tr>", 1)[0]
+        assert 'data-calibration="uncalibrated"' in row and row.count(">uncalibrated</span>") == 3
+    render(result)
+    assert "corrected, UNCALIBRATED" in capsys.readouterr().out
+    rt.close()
+
+
 def test_calibration_and_export_pages(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 

@@ -20,6 +20,19 @@ def _pct(e: dict[str, Any], kind: str) -> str:
     return f"{v:.4g}{inner}"
 
 
+def _corrected_row(cal: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """A judge row's corrected rates (calibration stage), beside the raw rate on the judge's sample."""
+
+    def side(c: dict[str, Any] | None) -> str:
+        if c is None:
+            return "-"
+        corrected = _pct(c["corrected"], "rate") if c.get("corrected") else f"- ({c['reason']})"
+        return f"{corrected} (raw on sample {_pct(c['raw'], 'rate')})"
+
+    state = cal["state"] if cal["state"] == "calibrated" else "[red]UNCALIBRATED[/red]"
+    return (f"  corrected, {state}", side(cal.get("baseline")), side(cal.get("candidate")), "", "")
+
+
 def render(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -43,6 +56,8 @@ def render(result: dict[str, Any]) -> None:
             _pct(r["difference"], r["kind"]),
             f"[{style}]{verdict}[/{style}]" if style else verdict,
         )
+        if r.get("calibration"):
+            table.add_row(*_corrected_row(r["calibration"]))
     out.print(table)
     m = result.get("multiplicity")
     if m:
