@@ -104,7 +104,9 @@ class Settings(BaseSettings):
         default=300.0, ge=5, description="A claimed request returns to the queue if not finished by then."
     )
     judge_max_attempts: int = Field(
-        default=6, ge=1, description="Attempts of a request on retryable errors before it is marked failed."
+        default=6,
+        ge=1,
+        description="Attempts of a request on retryable errors before it gets an unscored verdict (gave_up).",
     )
     judge_retry_base_seconds: float = Field(
         default=2.0,

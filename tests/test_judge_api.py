@@ -184,3 +184,35 @@ def test_pairwise_offline_is_order_independent(tmp_path: Path) -> None:
     with make_client(rt, {"api"}) as c:
         got = c.post("/v1/judges/tj/pairwise", json=body, headers=REVIEWER).json()
     assert got["result"] == "a" and got["offline"] and got["judge_label"] == "offline judge"
+
+
+def test_pairwise_is_bounded_and_respects_the_circuit_and_concurrency(tmp_path: Path) -> None:
+    from service.judge.client import _litellm
+
+    jd = judge_dir(tmp_path / "judges", limits={"concurrency": 1})
+    s = make_settings(
+        f"sqlite:///{tmp_path / 'v.db'}",
+        judges_dir=str(jd),
+        judge_mode="live",
+        judge_retry_base_seconds=30.0,  # the worker's backoff; an HTTP caller must not wait for it
+        judge_circuit_failures=4,
+        judge_circuit_cooldown_seconds=600,
+    )
+    rt = build_runtime(s, registry=CollectorRegistry())
+    _litellm()
+    client = Scripted(default="litellm.InternalServerError", via_litellm=True, delay=0.05)
+    rt.extras["judge_client"] = client
+    body = {"input": "q", "answer_a": "a", "answer_b": "b"}
+    with make_client(rt, {"api"}) as c:
+        t0 = time.monotonic()
+        r = c.post("/v1/judges/tj/pairwise", json=body, headers=REVIEWER)
+        assert r.status_code == 502 and "server_error" in r.json()["detail"]
+        assert time.monotonic() - t0 < 10
+        assert len(client.calls) == 4  # each order: one call and one retry
+        assert client.max_in_flight == 1  # under the judge's concurrency limit, like the worker
+        # four failures in a row opened the circuit: the next request is refused at once, with no call
+        r = c.post("/v1/judges/tj/pairwise", json=body, headers=REVIEWER)
+        assert r.status_code == 503 and "circuit_open" in r.json()["detail"]
+        assert 0 < int(r.headers["Retry-After"]) <= 600
+        assert len(client.calls) == 4
+    rt.close()

@@ -68,3 +68,40 @@ def test_invalid_definition_fails_with_file_and_field(env: Settings, tmp_path: P
     judge_dir(tmp_path / "judges", name="broken", limits={"rpm": 0})
     out = CliRunner().invoke(app, ["judge", "validate"])
     assert out.exit_code == 2 and "broken/judge.yaml: limits.rpm" in out.output.replace("\n", "")
+
+
+def test_worker_once_does_not_wait_for_an_open_circuit(
+    env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live judge whose self-hosted model refuses connections (the real litellm call): ``--once`` stops
+    when the circuit opens instead of waiting out its cooldown."""
+    import time
+
+    from services import free_port
+
+    model = {"model": "hosted_vllm/llama", "extra_params": {"api_base": f"http://127.0.0.1:{free_port()}/v1"}}
+    jd = judge_dir(tmp_path / "live", sampling={"rate": 1.0}, **model)
+    for k, v in {
+        "VIGIL_JUDGES_DIR": str(jd),
+        "VIGIL_JUDGE_MODE": "live",
+        "VIGIL_JUDGE_CIRCUIT_FAILURES": "2",
+        "VIGIL_JUDGE_CIRCUIT_COOLDOWN_SECONDS": "3600",
+        "VIGIL_JUDGE_RETRY_BASE_SECONDS": "0.01",
+        "VIGIL_JUDGE_MAX_ATTEMPTS": "50",
+        "VIGIL_JUDGE_POLL_INTERVAL_SECONDS": "0.05",
+    }.items():
+        monkeypatch.setenv(k, v)
+    rt = build_runtime(Settings(), registry=CollectorRegistry())
+    from service.judge.wiring import wire
+
+    rt.extras["roles"] = {"api"}
+    wire(rt)
+    rt.pipeline.process(
+        [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:0.0"), 4).stream(2)], "test"
+    )
+    rt.close()
+    t0 = time.monotonic()
+    out = CliRunner().invoke(app, ["judge-worker", "--once"])
+    assert out.exit_code == 0, out.output
+    assert time.monotonic() - t0 < 60  # not the hour-long cooldown
+    assert "0 verdicts stored" in out.output and "judge tj is circuit_open" in out.output

@@ -135,7 +135,7 @@ def test_retry_with_growing_backoff_on_429_500_and_timeout(tmp_path: Path) -> No
     assert stage.engine.lanes["tj"].state == "running"
 
 
-def test_retries_are_bounded_then_the_request_fails(tmp_path: Path) -> None:
+def test_retries_are_bounded_then_the_request_is_unscored_gave_up(tmp_path: Path) -> None:
     client = Scripted(default="litellm.InternalServerError", via_litellm=True)
     rt, stage = setup(
         f"sqlite:///{tmp_path / 'v.db'}",
@@ -146,9 +146,72 @@ def test_retries_are_bounded_then_the_request_fails(tmp_path: Path) -> None:
     )
     asyncio.run(stage.worker.run_until_idle(30))
     [r] = requests(rt)
-    assert (r.status, r.attempts) == ("failed", 3) and "gave up after 3 attempts" in (r.last_error or "")
-    assert verdicts(rt) == [] and len(client.calls) == 3
+    assert (r.status, r.attempts) == ("done", 3) and len(client.calls) == 3
+    [v] = verdicts(rt)
+    assert (v.verdict, v.unscored_reason, v.attempts, v.request_id) == ("unscored", "gave_up", 3, r.id)
+    assert "gave up after 3 attempts" in (v.rationale or "") and "InternalServerError" in (v.rationale or "")
+    assert v.raw_reply is None and v.cost_usd is None and v.model == "openai/gpt-4o-mini"
+    assert stage.listened == [v] or [x.id for x in stage.listened] == [v.id]  # listeners see it too
     assert metric(rt, "vigil_judge_errors_total", judge="tj", **{"class": "gave_up"}) == 1
+    assert metric(
+        rt,
+        "vigil_judge_verdicts_total",
+        judge="tj",
+        judge_version="3",
+        verdict="unscored",
+        agent="support-bot",
+        agent_version="v1",
+        offline="false",
+    ) == 1
+
+
+def test_run_until_idle_does_not_wait_for_an_open_circuit(tmp_path: Path) -> None:
+    import time
+
+    client = Scripted(default="litellm.InternalServerError", via_litellm=True)
+    rt, stage = setup(
+        f"sqlite:///{tmp_path / 'v.db'}",
+        tmp_path,
+        client,
+        n=3,
+        settings={"judge_circuit_failures": 2, "judge_circuit_cooldown_seconds": 3600, "judge_max_attempts": 50},
+        limits={"concurrency": 1},
+    )
+    t0 = time.monotonic()
+    asyncio.run(stage.worker.run_until_idle(60))
+    assert time.monotonic() - t0 < 10  # it waited out the 60 s timeout while the circuit was open
+    assert stage.engine.lanes["tj"].state == "circuit_open" and len(client.calls) == 2
+    assert {r.status for r in requests(rt)} == {"pending"}  # left queued for a later run
+
+
+def test_a_probe_that_finds_nothing_due_does_not_wedge_the_circuit(tmp_path: Path) -> None:
+    client = Scripted(["litellm.InternalServerError"] * 2, via_litellm=True)
+    rt, stage = setup(
+        f"sqlite:///{tmp_path / 'v.db'}",
+        tmp_path,
+        client,
+        n=1,
+        settings={"judge_circuit_failures": 2, "judge_circuit_cooldown_seconds": 0.2, "judge_max_attempts": 50},
+    )
+    lane = stage.engine.lanes["tj"]
+
+    async def go() -> None:
+        await stage.worker.run_until_idle(10)
+        assert lane.state == "circuit_open"
+        with rt.sessions.begin() as s:  # nothing is due while the cooldown runs out
+            s.query(JudgeRequestRow).update({"next_attempt_at": datetime.now(UTC) + timedelta(seconds=1)})
+        await asyncio.sleep(0.3)
+        assert await stage.worker.tick(force_housekeeping=True) == 0  # the probe slot found nothing
+        await asyncio.sleep(1.0)
+        for _ in range(50):
+            await stage.worker.tick()
+            await asyncio.sleep(0.02)
+            await stage.worker._flush()
+            if verdicts(rt):
+                break
+
+    asyncio.run(go())
+    assert lane.state == "running" and [v.verdict for v in verdicts(rt)] == ["pass"]
 
 
 def test_auth_error_stops_the_judge_until_resumed(tmp_path: Path) -> None:

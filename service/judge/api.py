@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any, Literal
 
@@ -183,7 +184,10 @@ async def pairwise(request: Request, name: str, body: PairwiseBody) -> dict[str,
     try:
         return await compare(eng, name, body.input, body.answer_a, body.answer_b, body.label_a, body.label_b)
     except JudgeUnavailable as exc:
-        raise HTTPException(503 if exc.state == "paused_budget" else 409, str(exc)) from None
+        if exc.state not in ("paused_budget", "circuit_open"):  # stopped: an operator must act first
+            raise HTTPException(409, str(exc)) from None
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))} if exc.retry_after else None
+        raise HTTPException(503, f"{exc}; try again later", headers=headers) from None
     except ProviderError as exc:
         raise HTTPException(502 if exc.kind == "retryable" else 409, str(exc)) from None
 

@@ -185,5 +185,5 @@ def classify(exc: BaseException) -> ProviderError:
             return ProviderError("config", _CONFIG_STATUS[status], detail, status)
     if isinstance(exc, ConnectionError | OSError):
         return ProviderError("retryable", "connection", detail, status)
-    # An unknown failure may be transient; it gets the bounded retries, then the request is failed.
+    # An unknown failure may be transient; it gets the bounded retries, then an unscored verdict (gave_up).
     return ProviderError("retryable", "unknown", detail, status)

@@ -47,6 +47,9 @@ def judge_worker(
     if once:
         n = asyncio.run(worker.run_until_idle(timeout=3600))
         console.print(f"{n} verdicts stored")
+        for lane in stage.engine.lanes.values():
+            if not stage.engine.accepting(lane):  # its requests stay queued for a later run
+                console.print(f"[yellow]judge {lane.name} is {lane.state}[/yellow]: {lane.detail or ''}")
         return
     start_metrics_server(rt)
 

@@ -32,12 +32,20 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class JudgeUnavailable(JudgeError):
-    """The judge cannot take a call now (stopped by a configuration error, or paused by its budget)."""
+# Interactive calls (pairwise over HTTP) hold a request open: one retry after a short wait, then the error.
+INTERACTIVE_ATTEMPTS = 2
+INTERACTIVE_MAX_DELAY_SECONDS = 2.0
+INTERACTIVE_TIMEOUT_SECONDS = 30.0
 
-    def __init__(self, judge: str, state: str, detail: str | None) -> None:
+
+class JudgeUnavailable(JudgeError):
+    """The judge cannot take a call now (stopped by a configuration error, paused by its budget, or its
+    circuit is open); ``retry_after`` is the seconds until it may, when known."""
+
+    def __init__(self, judge: str, state: str, detail: str | None, retry_after: float | None = None) -> None:
         super().__init__(f"judge {judge!r} is {state}" + (f": {detail}" if detail else ""))
         self.state = state
+        self.retry_after = retry_after
 
 
 @dataclass
@@ -92,6 +100,8 @@ class JudgeEngine:
         self.sessions = sessions
         self.clock = clock
         self._client = client
+        self._gates: dict[str, asyncio.Semaphore] = {}
+        self._gate_loop: asyncio.AbstractEventLoop | None = None
         self.lanes: dict[str, Lane] = {}
         for name, judge in judges.items():
             lane = Lane(
@@ -189,6 +199,29 @@ class JudgeEngine:
     def accepting(self, lane: Lane) -> bool:
         return lane.state in ACTIVE
 
+    def check_available(self, lane: Lane) -> None:
+        """Raise :class:`JudgeUnavailable` unless a call may start now (an open circuit past its cooldown
+        lets this call through as its probe)."""
+        self.refresh(lane)
+        if lane.state in ACTIVE or (lane.state == "circuit_open" and lane.breaker.allow()):
+            return
+        wait = lane.breaker.remaining() if lane.state == "circuit_open" else None
+        raise JudgeUnavailable(lane.name, lane.state, lane.detail, wait)
+
+    def gate(self, name: str, size: int) -> asyncio.Semaphore:
+        """Bounds model calls in flight in this process: per judge (its name), and "" for all judges.
+
+        The worker and interactive calls (pairwise, calibration) share these, so together they stay
+        within the judge's ``concurrency`` and ``VIGIL_JUDGE_CONCURRENCY``.
+        """
+        loop = asyncio.get_running_loop()
+        if self._gate_loop is not loop:  # a semaphore is bound to one event loop; CLI runs may start several
+            self._gates, self._gate_loop = {}, loop
+        gate = self._gates.get(name)
+        if gate is None:
+            gate = self._gates[name] = asyncio.Semaphore(size)
+        return gate
+
     def may_claim(self, lane: Lane) -> bool:
         self.refresh(lane)
         if lane.state in ACTIVE:
@@ -217,27 +250,35 @@ class JudgeEngine:
 
     # --- one model call, under the judge's limits -----------------------------------------------
 
-    async def call(self, lane: Lane, messages: list[dict[str, str]]) -> tuple[Reply, float]:
+    async def call(
+        self, lane: Lane, messages: list[dict[str, str]], timeout: float | None = None
+    ) -> tuple[Reply, float]:
         """One attempt: budget, rate limit, timeout. Raises :class:`ProviderError` (classified)."""
         reserved = lane.budget.reserve()
         if reserved is None:  # the cap, or calls in flight that may reach it
+            lane.breaker.cancel_probe()
             self.refresh(lane)
             raise JudgeUnavailable(
                 lane.name, "paused_budget", lane.detail or "in-flight calls may reach the cap"
             )
         spec = lane.judge.spec
+        timeout = timeout or spec.timeout_seconds
         await lane.limiter.acquire()
         t0 = time.perf_counter()
         try:
             params: dict[str, Any] = {
                 "temperature": spec.temperature,
                 "max_tokens": spec.max_tokens,
-                "timeout": spec.timeout_seconds,
+                "timeout": timeout,
                 **spec.extra_params,
             }
             # the outer bound guards against a client that ignores its own timeout
-            async with asyncio.timeout(spec.timeout_seconds + 1.0):
+            async with asyncio.timeout(timeout + 1.0):
                 reply = await self.client.complete(spec.model, messages, **params)
+        except asyncio.CancelledError:  # the caller went away (an HTTP client hung up): no verdict on the model
+            lane.budget.release(reserved)
+            lane.breaker.cancel_probe()
+            raise
         except Exception as exc:
             lane.budget.release(reserved)
             err = classify(exc)
@@ -275,27 +316,45 @@ class JudgeEngine:
             m.judge_tokens.labels(lane.name, "completion").inc(reply.completion_tokens)
         m.judge_budget_used_usd.labels(lane.name).set(lane.budget.spent)
 
-    def policy(self, err: ProviderError, attempts: int) -> Decision:
+    def policy(self, err: ProviderError, attempts: int, max_attempts: int | None = None) -> Decision:
         s = self.settings
         return decide(
-            err, attempts, s.judge_max_attempts, s.judge_retry_base_seconds, s.judge_retry_max_seconds
+            err,
+            attempts,
+            max_attempts or s.judge_max_attempts,
+            s.judge_retry_base_seconds,
+            s.judge_retry_max_seconds,
         )
 
-    async def call_with_retries(self, lane: Lane, messages: list[dict[str, str]]) -> tuple[Reply, float, int]:
-        """For interactive calls (pairwise, ``vigil judge run``): retries inline under the same policy."""
+    async def call_with_retries(
+        self,
+        lane: Lane,
+        messages: list[dict[str, str]],
+        max_attempts: int | None = None,
+        max_delay: float | None = None,
+        timeout: float | None = None,
+    ) -> tuple[Reply, float, int]:
+        """A call outside the worker (pairwise, calibration), retried inline under the same policy,
+        bounded by ``max_attempts`` / ``max_delay`` / ``timeout`` when given. It takes a slot of the
+        judge's concurrency like the worker's calls, and an open circuit refuses it
+        (:class:`JudgeUnavailable`) instead of calling the provider."""
         attempts = 0
+        spec = lane.judge.spec
         while True:
             attempts += 1
-            if lane.state == "stopped_config_error":
-                raise JudgeUnavailable(lane.name, lane.state, lane.detail)
-            try:
-                reply, ms = await self.call(lane, messages)
-                return reply, ms, attempts
-            except ProviderError as err:
-                d = self.policy(err, attempts)
-                if d.action != "retry":
-                    raise
-                await asyncio.sleep(d.delay)
+            async with (
+                self.gate(lane.name, spec.limits.concurrency),
+                self.gate("", self.settings.judge_concurrency),
+            ):
+                self.check_available(lane)  # after the wait for a slot: the state may have changed
+                try:
+                    reply, ms = await self.call(lane, messages, timeout)
+                    return reply, ms, attempts
+                except ProviderError as err:
+                    d = self.policy(err, attempts, max_attempts)
+                    if d.action != "retry":
+                        raise
+            await asyncio.sleep(min(d.delay, max_delay) if max_delay is not None else d.delay)
 
     def next_attempt(self, delay: float) -> datetime:
         return self.clock() + timedelta(seconds=delay)

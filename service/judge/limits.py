@@ -99,6 +99,16 @@ class CircuitBreaker:
         self.probing = True
         return True
 
+    def remaining(self) -> float:
+        """Seconds until the open circuit lets a probe through (0 when it may now)."""
+        if self.opened_at is None:
+            return 0.0
+        return max(0.0, self.cooldown - (self.clock() - self.opened_at))
+
+    def cancel_probe(self) -> None:
+        """The probe allowed by :meth:`allow` made no call (nothing was due): let the next one through."""
+        self.probing = False
+
     def success(self) -> None:
         self.failures = 0
         self.opened_at = None

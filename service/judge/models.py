@@ -26,7 +26,7 @@ class JudgeRequestRow(Base):
     agent_id: Mapped[str] = mapped_column(String(256))
     agent_version: Mapped[str] = mapped_column(String(128))
     reason: Mapped[str] = mapped_column(String(32))  # sampled | flagged | outcome | min_per_hour | manual
-    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | running | done | failed
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | running | done | superseded
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
     lease_until: Mapped[datetime | None]

@@ -13,7 +13,13 @@ import time
 from datetime import datetime
 from typing import Any
 
-from .engine import JudgeEngine, Lane
+from .engine import (
+    INTERACTIVE_ATTEMPTS,
+    INTERACTIVE_MAX_DELAY_SECONDS,
+    INTERACTIVE_TIMEOUT_SECONDS,
+    JudgeEngine,
+    Lane,
+)
 from .errors import ProviderError
 from .models import PairwiseRow
 from .offline import offline_pairwise, offline_prompt_hash
@@ -40,7 +46,13 @@ async def _ask(engine: JudgeEngine, lane: Lane, input_text: str, first: str, sec
         }
     messages = build_pairwise_messages(lane.judge, input_text, first, second)
     try:
-        reply, _ms, _attempts = await engine.call_with_retries(lane, messages)
+        reply, _ms, _attempts = await engine.call_with_retries(
+            lane,
+            messages,
+            max_attempts=INTERACTIVE_ATTEMPTS,
+            max_delay=INTERACTIVE_MAX_DELAY_SECONDS,
+            timeout=min(lane.judge.spec.timeout_seconds, INTERACTIVE_TIMEOUT_SECONDS),
+        )
     except ProviderError as err:
         if err.kind != "rejected":
             raise

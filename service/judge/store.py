@@ -266,15 +266,6 @@ def reschedule(
     )
 
 
-def fail(session: Session, request_id: int, owner: str, error: str) -> None:
-    session.execute(
-        update(JudgeRequestRow)
-        .where(_owned(request_id, owner))
-        .values(status="failed", lease_until=None, last_error=error[:2000])
-        .execution_options(synchronize_session=False)
-    )
-
-
 def queue_depth(session: Session, conversation_id: str | None = None) -> dict[str, int]:
     R = JudgeRequestRow
     q = select(R.judge, func.count()).where(R.status.in_(ACTIVE))

@@ -37,10 +37,10 @@ FLUSH_SECONDS = 0.1
 
 @dataclass(slots=True)
 class Outcome:
-    """What to write for one claimed request: a verdict, a retry, a release or a failure."""
+    """What to write for one claimed request: a verdict, a retry or a release."""
 
     req: store.Claimed
-    kind: str  # verdict | retry | release | fail
+    kind: str  # verdict | retry | release
     parsed: Parsed | None = None
     fields: dict[str, Any] = field(default_factory=dict)
     delay: float = 0.0
@@ -68,9 +68,7 @@ class JudgeWorker:
         self._main: asyncio.Task[None] | None = None
         self._last_housekeeping = 0.0
         self._last_flush = 0.0
-        self._gates: dict[str, asyncio.Semaphore] = {}
         self._probes: set[int] = set()
-        self._gate_loop: asyncio.AbstractEventLoop | None = None
         self.judged = 0
         self.only_conversation = only_conversation  # ``vigil judge run``: claim nothing else
 
@@ -109,7 +107,8 @@ class JudgeWorker:
     async def run_until_idle(self, timeout: float = 60.0) -> int:
         """Judge until no request of a running judge is pending or in flight (CLI ``--once``, tests).
 
-        Requests waiting for a retry are waited for; those of a paused or stopped judge are not.
+        Requests waiting for a retry are waited for; those of a paused or stopped judge, or of one whose
+        circuit is open (its cooldown may be long), are not: they stay queued for a later run.
         Returns the number of verdicts stored.
         """
         loop = asyncio.get_running_loop()
@@ -125,11 +124,7 @@ class JudgeWorker:
                 )
             await self._flush()
             if not claimed and not self._tasks:
-                waiting = [
-                    n
-                    for n, lane in self.engine.lanes.items()
-                    if self.engine.accepting(lane) or lane.state == "circuit_open"
-                ]
+                waiting = [n for n, lane in self.engine.lanes.items() if self.engine.accepting(lane)]
                 if not waiting or not await asyncio.to_thread(self._pending, waiting):
                     break
                 await asyncio.sleep(self.settings.judge_poll_interval_seconds)
@@ -166,6 +161,8 @@ class JudgeWorker:
             claimed = await asyncio.to_thread(self._claim, lane.name, 1 if probing else free)
             if probing:
                 self._probes.update(r.id for r in claimed)
+                if not claimed:
+                    lane.breaker.cancel_probe()
             for req in claimed:
                 lane.in_flight += 1
                 self.in_flight += 1
@@ -230,7 +227,9 @@ class JudgeWorker:
         finally:
             lane.in_flight -= 1
             self.in_flight -= 1
-            self._probes.discard(req.id)
+            if req.id in self._probes:  # a call settled the breaker; a request that made none must not wedge it
+                self._probes.discard(req.id)
+                lane.breaker.cancel_probe()
         self._outbox.append(outcome)
         if len(self._outbox) >= WRITE_BATCH:
             await self._flush()
@@ -261,9 +260,10 @@ class JudgeWorker:
             return Outcome(req, "verdict", parsed, fields)
         messages = build_messages(judge, conv)
         try:
+            # claimed requests beyond the limits wait here, so a freed slot starts the next call at once
             async with (
-                self._gate(lane.name, judge.spec.limits.concurrency),
-                self._gate("", self.settings.judge_concurrency),
+                self.engine.gate(lane.name, judge.spec.limits.concurrency),
+                self.engine.gate("", self.settings.judge_concurrency),
             ):
                 # the judge may have stopped or paused while this request waited for a slot
                 if not self.engine.accepting(lane) and req.id not in self._probes:
@@ -276,8 +276,10 @@ class JudgeWorker:
             if decision.action == "retry":
                 return Outcome(req, "retry", delay=decision.delay, error=str(err))
             if decision.action == "give_up":
+                # a verdict, not a silent failure: the request is done and every verdict reader sees why
                 self.metrics.judge_errors.labels(lane.name, "gave_up").inc()
-                return Outcome(req, "fail", error=f"gave up after {req.attempts} attempts: {err}")
+                why = f"gave up after {req.attempts} attempts: {err}"[:2000]
+                return Outcome(req, "verdict", Parsed.unscored("gave_up", why), self._base(lane, judge.prompt_hash))
             if decision.action == "stop_judge":
                 return Outcome(req, "release", error=str(err))
             return Outcome(
@@ -298,17 +300,6 @@ class JudgeWorker:
             latency_ms=latency_ms,
         )
         return Outcome(req, "verdict", parsed, fields)
-
-    def _gate(self, name: str, size: int) -> asyncio.Semaphore:
-        """Bounds model calls in flight (per judge, and "" for the process); claimed requests beyond it
-        wait here, so a freed slot starts the next call at once instead of after a claim round trip."""
-        loop = asyncio.get_running_loop()
-        if self._gate_loop is not loop:
-            self._gates, self._gate_loop = {}, loop
-        gate = self._gates.get(name)
-        if gate is None:
-            gate = self._gates[name] = asyncio.Semaphore(size)
-        return gate
 
     def _base(self, lane: Lane, prompt_hash: str) -> dict[str, Any]:
         return {
@@ -375,8 +366,6 @@ class JudgeWorker:
                     store.reschedule(
                         s, r.id, self.owner, eng.next_attempt(o.delay), o.error, refund_attempt=True
                     )
-                elif o.kind == "fail":
-                    store.fail(s, r.id, self.owner, o.error or "failed")
             again: set[tuple[str, str]] = set()
             if rows:
                 again = store.judged_before(s, {(v.judge, v.conversation_id) for v in rows})
