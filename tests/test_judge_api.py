@@ -216,3 +216,32 @@ def test_pairwise_is_bounded_and_respects_the_circuit_and_concurrency(tmp_path: 
         assert 0 < int(r.headers["Retry-After"]) <= 600
         assert len(client.calls) == 4
     rt.close()
+
+
+def test_offline_verdicts_are_labelled_everywhere_even_by_a_live_api_process(tmp_path: Path) -> None:
+    """The worker judged offline; an API process configured live must still say "offline judge"."""
+    worker_rt = runtime(tmp_path)  # offline
+    worker_rt.extras["roles"] = {"judge-worker"}
+    from service.judge.wiring import wire
+
+    stage = wire(worker_rt)
+    convs = sim(3)
+    from service.schema import Conversation
+
+    worker_rt.pipeline.process([Conversation.model_validate(c) for c in convs], "test")
+    import asyncio
+
+    asyncio.run(stage.worker.run_until_idle(20))
+    assert stage.engine.lanes["tj"].detail.startswith("offline judge")
+    worker_rt.close()
+    api_rt = runtime(tmp_path, Scripted(), mode="live")
+    with make_client(api_rt, {"api"}) as c:
+        [info] = c.get("/v1/judges", headers=REVIEWER).json()
+        assert (info["mode"], info["judge_label"], info["state"]) == ("offline", "offline judge", "running")
+        assert info["state_detail"].startswith("offline judge")
+        listed = c.get("/v1/verdicts", params={"offline": "true"}, headers=REVIEWER).json()
+        assert listed["total"] == 3 and {i["judge_label"] for i in listed["items"]} == {"offline judge"}
+        assert c.get("/v1/verdicts", params={"offline": "false"}, headers=REVIEWER).json()["total"] == 0
+        body = c.get(f"/v1/conversations/{convs[0]['conversation_id']}", headers=REVIEWER).json()
+        assert [v["judge_label"] for v in body["verdicts"]] == ["offline judge"]
+    api_rt.close()

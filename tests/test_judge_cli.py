@@ -56,6 +56,7 @@ def test_validate_list_run_and_worker_once(env: Settings, tmp_path: Path) -> Non
         verdict["conversation_id"] == convs[0].conversation_id and verdict["judge_label"] == "offline judge"
     )
     assert verdict["reason"] == "manual"
+    assert f"tj v3 (offline judge): {verdict['verdict']}" in ran.output  # said in words, not only in the JSON
     listed = runner.invoke(app, ["judge", "list"])
     assert listed.exit_code == 0 and "offline judge" in listed.output and "tj" in listed.output
     assert runner.invoke(app, ["judge", "run", "nope", "x"]).exit_code == 2

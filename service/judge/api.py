@@ -13,9 +13,10 @@ from sqlalchemy.orm import Session
 
 from ..api.auth import require
 from . import store
-from .engine import JudgeEngine, JudgeUnavailable
+from .engine import JudgeEngine, JudgeUnavailable, is_offline_detail
 from .errors import ProviderError
 from .models import PairwiseRow, VerdictRow
+from .offline import OFFLINE_LABEL
 from .pairwise import compare, pairwise_dict
 from .stage import JudgeStage
 
@@ -44,11 +45,13 @@ def judge_info(stage: JudgeStage, session: Session, names: list[str]) -> list[di
         j, sp = lane.judge, lane.judge.spec
         since: datetime | None
         worker: str | None
+        offline = lane.offline
         if stage.worker is not None:
             state, detail, since, worker = lane.state, lane.detail, lane.changed_at, stage.worker.owner
         elif name in statuses and statuses[name].state != "resume_requested":
             row = statuses[name]
             state, detail, since, worker = row.state, row.detail, row.updated_at, row.worker
+            offline = is_offline_detail(detail)  # the worker's mode, which may differ from this process's
         else:
             state, detail, since, worker = "no_worker", "no judge worker has reported yet", None, None
         out.append(
@@ -57,8 +60,8 @@ def judge_info(stage: JudgeStage, session: Session, names: list[str]) -> list[di
                 "version": j.version,
                 "description": sp.description,
                 "model": sp.model,
-                "mode": "offline" if lane.offline else "live",
-                "judge_label": "offline judge" if lane.offline else sp.model,
+                "mode": "offline" if offline else "live",
+                "judge_label": OFFLINE_LABEL if offline else sp.model,
                 "state": state,
                 "state_detail": detail,
                 "state_since": since,
@@ -75,7 +78,7 @@ def judge_info(stage: JudgeStage, session: Session, names: list[str]) -> list[di
                 "rpm": sp.limits.rpm,
                 "concurrency": sp.limits.concurrency,
                 "budget_usd": j.daily_budget_usd,
-                "price_source": lane.price_source,
+                "price_source": None if offline else lane.price_source,
                 "spent_today_usd": round(spent.get(name, (0.0, 0))[0], 6),
                 "queue_depth": depth.get(name, 0),
                 "prompt_hash": j.prompt_hash,
@@ -100,7 +103,7 @@ def verdict_dict(v: VerdictRow) -> dict[str, Any]:
         "unscored_reason": v.unscored_reason,
         "model": v.model,
         "offline": v.offline,
-        "judge_label": "offline judge" if v.offline else v.model,
+        "judge_label": OFFLINE_LABEL if v.offline else v.model,
         "prompt_hash": v.prompt_hash,
         "raw_reply": v.raw_reply,
         "prompt_tokens": v.prompt_tokens,
@@ -218,6 +221,7 @@ def list_verdicts(
     verdict: Literal["pass", "fail", "unscored"] | None = None,
     agent: str | None = None,
     version: str | None = None,
+    offline: bool | None = Query(None, description="true: only the offline judge's; false: only a model's."),
     limit: int = Query(50, ge=1, le=500),
     offset: int = Query(0, ge=0),
 ) -> dict[str, Any]:
@@ -227,6 +231,7 @@ def list_verdicts(
         (VerdictRow.verdict, verdict),
         (VerdictRow.agent_id, agent),
         (VerdictRow.agent_version, version),
+        (VerdictRow.offline, offline),
     ):
         if value is not None:
             q = q.where(col == value)

@@ -76,12 +76,13 @@ def list_judges() -> None:
     stage = rt.extras["judge"]
     with rt.sessions() as s:
         infos = judge_info(stage, s, sorted(stage.engine.lanes))
-    table = Table("judge", "version", "model", "rate", "budget/day", "spent today", "queue", "state")
+    table = Table("judge", "version", "model", "mode", "rate", "budget/day", "spent today", "queue", "state")
     for i in infos:
         table.add_row(
             i["name"],
             i["version"],
             i["judge_label"],
+            i["mode"],
             f"{i['sample_rate']:.2%}",
             f"${i['budget_usd']:.2f}",
             f"${i['spent_today_usd']:.4f}",
@@ -141,7 +142,9 @@ def run(
     if not mine:
         console.print("[yellow]no verdict yet (retrying later, or the judge is paused or stopped)[/yellow]")
         raise typer.Exit(1)
-    typer.echo(orjson.dumps(mine[-1], option=orjson.OPT_INDENT_2).decode())
+    v = mine[-1]
+    console.print(f"{judge} v{v['judge_version']} ({v['judge_label']}): {v['verdict']}", highlight=False)
+    typer.echo(orjson.dumps(v, option=orjson.OPT_INDENT_2).decode())
 
 
 @judge_app.command("resume")

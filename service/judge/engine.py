@@ -18,7 +18,7 @@ from .client import LLMClient, Reply, classify, has_credentials, has_price
 from .definitions import Judge
 from .errors import JudgeError, ProviderError
 from .limits import Budget, CircuitBreaker, Decision, RateLimiter, decide, utc_day
-from .offline import OFFLINE_MODEL
+from .offline import OFFLINE_LABEL, OFFLINE_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,9 @@ class JudgeEngine:
                 Budget(judge.daily_budget_usd),
             )
             lane.changed_at = clock()
-            if not lane.offline:
+            if lane.offline:
+                lane.detail = self._offline_detail(lane)
+            else:
                 lane.price_source = (
                     "judge.yaml" if judge.spec.price else "litellm" if has_price(judge.spec.model) else "unknown"
                 )
@@ -146,6 +148,16 @@ class JudgeEngine:
                 "judge %s: no provider key for %s; using the offline judge", judge.name, judge.spec.model
             )
         return not live
+
+    def _offline_detail(self, lane: Lane) -> str:
+        """The state detail of an offline judge: stored with its state, so an API process configured
+        differently from the worker still labels it "offline judge" (see :func:`is_offline_detail`)."""
+        why = (
+            "VIGIL_JUDGE_MODE=offline"
+            if self.settings.judge_mode == "offline"
+            else f"no provider key for {lane.judge.spec.model}"
+        )
+        return f"{OFFLINE_LABEL}: {why}; deterministic verdicts from rule findings, no model calls"
 
     def _check_credentials(self, lane: Lane) -> bool:
         """A live judge whose provider key is missing stops at once, instead of failing call after call."""
@@ -189,6 +201,8 @@ class JudgeEngine:
             self.set_state(lane, lane.active_state, self._active_detail(lane))
 
     def _active_detail(self, lane: Lane) -> str | None:
+        if lane.offline:
+            return self._offline_detail(lane)
         if not lane.unpriced:
             return None
         return (
@@ -358,3 +372,8 @@ class JudgeEngine:
 
     def next_attempt(self, delay: float) -> datetime:
         return self.clock() + timedelta(seconds=delay)
+
+
+def is_offline_detail(detail: str | None) -> bool:
+    """Whether a stored state detail is an offline judge's (written by ``JudgeEngine._offline_detail``)."""
+    return detail is not None and detail.startswith(f"{OFFLINE_LABEL}: ")

@@ -22,7 +22,7 @@ from .engine import (
 )
 from .errors import ProviderError
 from .models import PairwiseRow
-from .offline import offline_pairwise, offline_prompt_hash
+from .offline import OFFLINE_LABEL, offline_pairwise, offline_prompt_hash
 from .parse import PairChoice, parse_pairwise
 from .prompt import build_pairwise_messages
 
@@ -38,7 +38,7 @@ async def _ask(engine: JudgeEngine, lane: Lane, input_text: str, first: str, sec
     if lane.offline:
         choice = offline_pairwise(input_text, first, second)
         return {
-            "choice": PairChoice(choice, "offline judge: word overlap with the input, then length"),
+            "choice": PairChoice(choice, f"{OFFLINE_LABEL}: word overlap with the input, then length"),
             "raw": choice,
             "pt": 0,
             "ct": 0,
@@ -141,7 +141,7 @@ def pairwise_dict(row: PairwiseRow) -> dict[str, Any]:
         "judge_version": row.judge_version,
         "model": row.model,
         "offline": row.offline,
-        "judge_label": "offline judge" if row.offline else row.model,
+        "judge_label": OFFLINE_LABEL if row.offline else row.model,
         "label_a": row.label_a,
         "label_b": row.label_b,
         "result": result,
