@@ -254,7 +254,8 @@ class Metrics:
         )
         self.judge_state = Gauge(
             "judge_state",
-            "1 for the judge's current state (running, paused_budget, stopped_config_error, circuit_open).",
+            "1 for the judge's current state (running, paused_budget, budget_unknown, stopped_config_error, "
+            "circuit_open).",
             ["judge", "state"],
             namespace=NS,
             registry=r,

@@ -33,8 +33,11 @@ def with_defect(n: int, version: str, defect: str, seed: int) -> list[dict]:
     return out
 
 
-def verdict_row(cid: str, version: str, verdict: str, reason: str = "sampled", revision: int = 1) -> VerdictRow:
+def verdict_row(
+    cid: str, version: str, verdict: str, reason: str = "sampled", revision: int = 1, offline: bool = False
+) -> VerdictRow:
     return VerdictRow(
+        offline=offline,
         judge="helpful",
         judge_version="1",
         conversation_id=cid,
@@ -84,6 +87,8 @@ def loaded(db_url):  # type: ignore[no-untyped-def]
             # not part of the judge's failure rate: flagged conversations, and a re-judged revision
             s.add_all([verdict_row(x["conversation_id"], "v1", "fail", reason="flagged") for x in base[40:60]])
             s.add_all([verdict_row(x["conversation_id"], "v1", "fail", revision=2) for x in base[:10]])
+            # the offline judge is another instrument: its own row, never pooled with the model's
+            s.add_all([verdict_row(x["conversation_id"], "v2", "fail", offline=True) for x in cand[50:55]])
         yield rt, c
     rt.close()
 
@@ -98,7 +103,8 @@ def test_compare_table_verdicts_and_red_flag(loaded) -> None:
     forbidden = rows["forbidden_tool"]
     assert forbidden["baseline"]["value"] == 0.0 and forbidden["candidate"]["x"] == 24
     assert forbidden["difference"]["low"] > 0 and forbidden["verdict"] == "worse" and forbidden["red_flag"]
-    assert body["multiplicity"]["method"] == "holm" and body["multiplicity"]["signals"] == len(rows)
+    tested = sum(1 for row in rows.values() if row["p_value"] is not None)
+    assert body["multiplicity"]["method"] == "holm" and body["multiplicity"]["signals"] == tested
     assert forbidden["p_value"] <= forbidden["p_adjusted"] < 0.05
     assert rows["rule:no-cancel-delivered-order"]["verdict"] == "worse"
     assert rows["cost_usd"]["verdict"] == "better" and rows["cost_usd"]["difference"]["high"] < 0
@@ -109,6 +115,8 @@ def test_compare_table_verdicts_and_red_flag(loaded) -> None:
     )
     judge = rows["judge:helpful"]
     assert (judge["baseline"]["n"], judge["candidate"]["n"], judge["candidate"]["x"]) == (40, 40, 10)
+    offline = rows["judge:helpful:offline"]
+    assert offline["candidate"]["x"] == 5 and "offline judge" in offline["label"]
     assert rows["tool_error"]["verdict"] == "not yet distinguishable"
     lo, hi = rows["rule:pii-in-reply"]["difference"]["low"], rows["rule:pii-in-reply"]["difference"]["high"]
     assert lo < 0 < hi

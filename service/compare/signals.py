@@ -16,6 +16,8 @@ from ..outcomes.models import OutcomeLinkRow
 from ..outcomes.types import OutcomeType
 from ..store.models import ConversationRow, FindingRow
 
+OFFLINE_SUFFIX = ":offline"
+
 
 @dataclass(slots=True)
 class VersionData:
@@ -110,12 +112,13 @@ def load_version(
             d.outcome_scores.setdefault(kind, []).append(float(value))
     V = VerdictRow
     judge_q = (
-        select(V.judge, func.count(), func.sum(case((V.verdict == "fail", 1), else_=0)))
+        select(V.judge, V.offline, func.count(), func.sum(case((V.verdict == "fail", 1), else_=0)))
         .where(V.agent_id == agent, V.agent_version == version, sampled_verdict())
-        .group_by(V.judge)
+        .group_by(V.judge, V.offline)
     )
-    for judge, n, x in session.execute(_window(judge_q, V.created_at, since, until)):
-        d.judge[judge] = (int(n), int(x or 0))
+    for judge, offline, n, x in session.execute(_window(judge_q, V.created_at, since, until)):
+        # the offline judge's verdicts are a different instrument: never pooled with the model's
+        d.judge[f"{judge}{OFFLINE_SUFFIX if offline else ''}"] = (int(n), int(x or 0))
     sample_q = (
         select(C.message_count, C.cost_usd, C.latency_ms)
         .where(*mine)

@@ -21,7 +21,7 @@ from ..detector.counts import RulesFor
 from ..errors import VigilError
 from ..outcomes.types import OutcomeType
 from . import stats
-from .signals import VersionData, load_version, versions_of
+from .signals import OFFLINE_SUFFIX, VersionData, load_version, versions_of
 
 Direction = Literal["lower_is_better", "higher_is_better"]
 
@@ -129,7 +129,9 @@ def build_rows(
     )
     for judge in sorted(set(base.judge) | set(cand.judge)):
         (bn, bx), (cn, cx) = base.judge.get(judge, (0, 0)), cand.judge.get(judge, (0, 0))
-        rows.append(_rate_row(f"judge:{judge}", f"judge {judge} failure rate", bx, bn, cx, cn))
+        name = judge.removesuffix(OFFLINE_SUFFIX)
+        label = f"offline judge {name} failure rate" if judge != name else f"judge {name} failure rate"
+        rows.append(_rate_row(f"judge:{judge}", label, bx, bn, cx, cn))
     seen = set(base.outcome_conversations) | set(cand.outcome_conversations)
     for name, t in sorted(types.items()):
         if t.kind == "score":
