@@ -111,9 +111,15 @@ class ConsumerWorker:
         self.stopping.set()
 
     def run(self, max_idle_polls: int | None = None) -> None:
-        """Poll, process, commit until :meth:`stop` (or ``max_idle_polls`` empty polls in a row)."""
+        """Poll, process, commit until :meth:`stop` (or ``max_idle_polls`` empty polls in a row).
+
+        Polls made while the group is still assigning partitions do not count as idle: joining can
+        take up to the rebalance timeout, and a batch job must not give up before it has begun.
+        """
         s = self.runtime.settings
         idle = 0
+        # but never wait for an assignment longer than the rebalance timeout allows, several times over
+        unassigned_budget = 4 * s.kafka_max_poll_interval_ms // max(1, s.kafka_poll_timeout_ms) + 10
         try:
             while not self.stopping.is_set():
                 records = self.consumer.poll(
@@ -121,7 +127,10 @@ class ConsumerWorker:
                 )
                 self._update_lag()
                 if not records:
-                    idle += 1
+                    if self.consumer.assignment() or unassigned_budget <= 0:
+                        idle += 1
+                    else:
+                        unassigned_budget -= 1
                     if max_idle_polls is not None and idle >= max_idle_polls:
                         return
                     continue
