@@ -233,6 +233,9 @@ def test_forms_claim_label_and_next(ui, rt) -> None:
         .headers["location"]
         .endswith("notice=extended")
     )
+    released = ui.post(nxt.headers["location"] + "/release", data={"csrf": token}, follow_redirects=False)
+    assert released.headers["location"].endswith("notice=released")
+    assert "Claim this item" in ui.get(nxt.headers["location"]).text
 
 
 def test_skipping_a_conversation_outside_the_queue_is_a_404_page(ui, rt) -> None:

@@ -279,41 +279,24 @@ def _act(request: Request, cid: str, fn: Callable[[Session, ReviewStage], Any], 
     return _go(_review_url(cid, notice))
 
 
+_LEASE_ACTIONS: dict[str, tuple[Callable[[Session, ReviewStage, str, str], Any], str]] = {
+    "claim": (lambda s, st, cid, who: queue.claim(s, cid, who, st.lease_seconds), "claimed"),
+    "extend": (lambda s, st, cid, who: queue.extend(s, cid, who, st.lease_seconds), "extended"),
+    "release": (lambda s, _st, cid, who: queue.release(s, cid, who), "released"),
+}
+
+
 @router.post("/review/{conversation_id:path}/claim")
-async def claim_item(request: Request, conversation_id: str) -> Response:
-    try:
-        p, _ = await _form_user(request, _review_url(conversation_id))
-    except _Refused as refused:
-        return refused.response
-    return _act(
-        request,
-        conversation_id,
-        lambda s, st: queue.claim(s, conversation_id, p.name, st.lease_seconds),
-        "claimed",
-    )
-
-
 @router.post("/review/{conversation_id:path}/extend")
-async def extend(request: Request, conversation_id: str) -> Response:
-    try:
-        p, _ = await _form_user(request, _review_url(conversation_id))
-    except _Refused as refused:
-        return refused.response
-    return _act(
-        request,
-        conversation_id,
-        lambda s, st: queue.extend(s, conversation_id, p.name, st.lease_seconds),
-        "extended",
-    )
-
-
 @router.post("/review/{conversation_id:path}/release")
-async def release(request: Request, conversation_id: str) -> Response:
+async def lease_action(request: Request, conversation_id: str) -> Response:
+    """Claim, extend or release the reviewer's lease on an item (the path's last word), then back to it."""
     try:
         p, _ = await _form_user(request, _review_url(conversation_id))
     except _Refused as refused:
         return refused.response
-    return _act(request, conversation_id, lambda s, _st: queue.release(s, conversation_id, p.name), "released")
+    fn, notice = _LEASE_ACTIONS[request.url.path.rsplit("/", 1)[1]]
+    return _act(request, conversation_id, lambda s, st: fn(s, st, conversation_id, p.name), notice)
 
 
 @router.post("/review/{conversation_id:path}/skip")
