@@ -142,7 +142,10 @@ class Pipeline:
             result = self._store_once(checked, dead)
         except PERMANENT_DB_ERRORS as exc:
             if len(checked) <= 1:
-                rejected = [_letter(c.origin, "store_rejected", _db_detail(exc), c.document) for c in checked]
+                rejected = [
+                    _letter(c.origin, "store_rejected", _db_detail(exc), c.document, source, c.conversation)
+                    for c in checked
+                ]
                 if len(rejected) + len(dead) == 0:
                     raise
                 log.warning("database refused a conversation: %s", _db_detail(exc))
@@ -224,10 +227,19 @@ def _db_detail(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0][:500] if str(exc) else ''}"
 
 
-def _letter(origin: Envelope | None, reason: str, detail: str, fallback: str | bytes = b"") -> DeadLetter:
+def _letter(
+    origin: Envelope | None,
+    reason: str,
+    detail: str,
+    fallback: str | bytes = b"",
+    source: str = "unknown",
+    conversation: Conversation | None = None,
+) -> DeadLetter:
+    """A dead letter at the message's source position, or (no envelope: replay, OTLP) keyed by conversation id."""
     if origin is None:
         raw = fallback.encode() if isinstance(fallback, str) else fallback
-        return DeadLetter("http", reason, detail, raw)
+        key = conversation.conversation_id if conversation else None
+        return DeadLetter(source, reason, detail, raw, key=key)
     raw = origin.raw if isinstance(origin.raw, bytes) else origin.raw.encode()
     return DeadLetter(origin.source, reason, detail, raw, origin.topic, origin.partition, origin.offset, origin.key)
 

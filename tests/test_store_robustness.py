@@ -156,3 +156,18 @@ def test_ids_with_slashes_are_reachable(client) -> None:
     client.post("/v1/conversations", json=conv, headers=INGEST)
     assert client.get("/v1/conversations/tenant%2Fa%2F42", headers=REVIEWER).json()["conversation_id"] == "tenant/a/42"
     assert client.get("/v1/conversations/tenant/a/42", headers=REVIEWER).status_code == 200
+
+
+def test_a_refused_replayed_conversation_is_kept_under_its_own_source(sqlite_url) -> None:
+    from service.schema import Conversation
+
+    rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
+    refuse_agent(rt, "evil")
+    convs = sim(3)
+    convs[1]["agent_id"] = "evil"
+    result = rt.pipeline.process([Conversation.model_validate(c) for c in convs], "replay")
+    assert len(result.stored) == 2
+    with rt.sessions() as s:
+        dead = s.scalars(select(DeadLetterRow)).all()
+    assert [(d.source, d.reason, d.key) for d in dead] == [("replay", "store_rejected", convs[1]["conversation_id"])]
+    assert b'"evil"' in dead[0].raw
