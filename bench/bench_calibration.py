@@ -20,17 +20,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
-
-from service.calibration.corrected import rogan_gladen  # noqa: E402
-from service.calibration.overview import Calibration  # noqa: E402
-from service.export.redact import Redactor  # noqa: E402
-from service.export.run import export  # noqa: E402
-from service.judge.models import VerdictRow  # noqa: E402
-from service.review.models import ReviewLabelRow  # noqa: E402
-from service.runtime import build_runtime  # noqa: E402
-from service.schema import Conversation  # noqa: E402
-from service.settings import Settings  # noqa: E402
-from service.simulate import Simulator, parse_versions  # noqa: E402
+from vigil.app.runtime import build_runtime  # noqa: E402
+from vigil.calibration.corrected import rogan_gladen  # noqa: E402
+from vigil.calibration.overview import Calibration  # noqa: E402
+from vigil.export.redact import Redactor  # noqa: E402
+from vigil.export.run import export  # noqa: E402
+from vigil.ingest.simulate import Simulator, parse_versions  # noqa: E402
+from vigil.judge.models import VerdictRow  # noqa: E402
+from vigil.review.models import ReviewLabelRow  # noqa: E402
+from vigil.schema import Conversation  # noqa: E402
+from vigil.settings import Settings  # noqa: E402
 
 SCENARIOS = [  # true rate, sensitivity, specificity, judged sample, labelled set
     (0.02, 0.90, 0.97, 5000, 500),

@@ -2,7 +2,7 @@
 
 Reports, per shift, the mean detection delay in conversations and false alarms per 100,000
 conversations for
-  (a) Vigil's detector: the Bernoulli CUSUMs of ``service.detector.cusum`` with the default settings
+  (a) Vigil's detector: the Bernoulli CUSUMs of ``vigil.detector.cusum`` with the default settings
       (shifts 1.5x and 2x, ARL0 200,000), fed one conversation at a time and in batches of 50 (one
       detector pass), with the baseline known and estimated from 20,000 baseline conversations
       (the cautious upper bound the detector uses);
@@ -31,8 +31,8 @@ from scipy.stats import binom
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from service.detector.cusum import Cusum, kl_bernoulli, upper_bound  # noqa: E402
-from service.settings import Settings  # noqa: E402
+from vigil.detector.cusum import Cusum, kl_bernoulli, upper_bound  # noqa: E402
+from vigil.settings import Settings  # noqa: E402
 
 P0 = 0.05
 SHIFTS = (0.075, 0.10)

@@ -27,12 +27,14 @@ sys.path.insert(0, str(ROOT))
 
 from judge_fakes import Scripted, judge_dir  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
-
-from service.judge.wiring import wire  # noqa: E402
-from service.runtime import Runtime, build_runtime  # noqa: E402
-from service.schema import Conversation  # noqa: E402
-from service.settings import Settings  # noqa: E402
-from service.simulate import Simulator, parse_versions  # noqa: E402
+from vigil.app.runtime import build_runtime
+from vigil.ingest.simulate import Simulator, parse_versions  # noqa: E402
+from vigil.judge.client import ClientOverride
+from vigil.judge.stage import JudgeStage
+from vigil.judge.wiring import wire  # noqa: E402
+from vigil.runtime import Runtime  # noqa: E402
+from vigil.schema import Conversation  # noqa: E402
+from vigil.settings import Settings  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -58,8 +60,8 @@ def make_runtime(url: str, judges: Path | None, client: Scripted | None, concurr
         judge_concurrency=concurrency,
     )
     rt = build_runtime(s, registry=CollectorRegistry())
-    rt.extras["roles"] = {"judge-worker"}
-    rt.extras["judge_client"] = client
+    rt.roles = frozenset({"judge-worker"})
+    rt.provide(ClientOverride(client))
     wire(rt)
     return rt
 
@@ -75,7 +77,7 @@ def bench_worker(url: str, jdir: Path, n: int, delay: float) -> float:
     rt = make_runtime(url, jdir / "all", client)
     for i in range(0, n, 500):
         rt.pipeline.process(conversations(min(500, n - i), seed=100 + i), "bench")
-    stage = rt.extras["judge"]
+    stage = rt.get(JudgeStage)
     t0 = time.perf_counter()
     judged = asyncio.run(stage.worker.run_until_idle(timeout=600))
     took = time.perf_counter() - t0
@@ -102,7 +104,7 @@ class InProcessWorker:
     """The judge worker on its own event loop thread, as ``vigil serve`` runs it beside the API."""
 
     def __init__(self, rt: Runtime) -> None:
-        self.worker = rt.extras["judge"].worker
+        self.worker = rt.get(JudgeStage).worker
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         asyncio.run_coroutine_threadsafe(self.worker.start(), self.loop).result()

@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from service.decode import decode_conversation  # noqa: E402
-from service.rules import RuleEngine  # noqa: E402
-from service.simulate import Simulator, parse_versions  # noqa: E402
+from vigil.ingest.decode import decode_conversation  # noqa: E402
+from vigil.ingest.simulate import Simulator, parse_versions  # noqa: E402
+from vigil.rules import RuleEngine  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -42,7 +42,7 @@ def simulated(n: int, seed: int = 7) -> list[bytes]:
 
 
 def tau2_messages() -> list[bytes]:
-    from service.importers import load_file
+    from vigil.ingest.importers import load_file
 
     files = sorted(glob.glob(str(ROOT.parent / "shared" / "data" / "tau2" / "trajectories" / "*.json")))
     return [c.model_dump_json(exclude_none=True).encode() for f in files for c in load_file(Path(f))]
@@ -65,7 +65,7 @@ def bench_rules(raws: list[bytes], packs: list[Path], label: str, repeat: int = 
 
 
 def produce(bootstrap: str, topic: str, raws: list[bytes]) -> None:
-    from service.consumer import kafka_producer
+    from vigil.ingest.kafka import kafka_producer
 
     p = kafka_producer(bootstrap, linger_ms=20, batch_size=512 * 1024)
     for i, raw in enumerate(raws):
@@ -108,10 +108,9 @@ def bench_e2e(
     bootstrap: str, pg_url: str, topic: str, n: int, rss_every: int, stages: bool = False
 ) -> tuple[float, list[float]]:
     from prometheus_client import CollectorRegistry
-
-    from service.consumer import ConsumerWorker, kafka_consumer
-    from service.runtime import build_runtime
-    from service.settings import Settings
+    from vigil.app.runtime import build_runtime
+    from vigil.ingest.kafka import ConsumerWorker, kafka_consumer
+    from vigil.settings import Settings
 
     s = Settings(
         database_url=pg_url,
@@ -126,7 +125,7 @@ def bench_e2e(
     )
     rt = build_runtime(s, registry=CollectorRegistry())
     if stages:
-        from service.wiring import wire
+        from vigil.app.wiring import wire
 
         wire(rt, {"consume"})
     consumer = kafka_consumer(

@@ -22,23 +22,21 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
-
-from service.review import insights, queue  # noqa: E402
-from service.review.models import ReviewItemRow  # noqa: E402
-from service.runtime import build_runtime  # noqa: E402
-from service.schema import Conversation  # noqa: E402
-from service.settings import Settings  # noqa: E402
-from service.simulate import Simulator, parse_versions  # noqa: E402
+from vigil.app.runtime import build_runtime  # noqa: E402
+from vigil.ingest.simulate import Simulator, parse_versions  # noqa: E402
+from vigil.review import insights, queue  # noqa: E402
+from vigil.review.models import ReviewItemRow  # noqa: E402
+from vigil.review.stage import ReviewStage
+from vigil.schema import Conversation  # noqa: E402
+from vigil.settings import Settings  # noqa: E402
 
 
 def runtime(url: str, review: bool):  # type: ignore[no-untyped-def]
-    from review_support import EXTRA_KEYS
-
-    import service.review.wiring as review_wiring
+    import vigil.ingest.wiring as ingest_wiring
+    import vigil.review.wiring as review_wiring
 
     rt = build_runtime(Settings(database_url=url, api_keys="a:admin:k"), registry=CollectorRegistry())  # type: ignore[arg-type]
-    for k in EXTRA_KEYS:
-        rt.extras.setdefault(k, {} if k == "topic_handlers" else [])
+    ingest_wiring.wire(rt)
     if review:
         review_wiring.wire(rt)
     return rt
@@ -69,7 +67,7 @@ def claim_label(url_factory, n: int, reviewers: int) -> dict[str, float]:  # typ
         rt = runtime(url, True)
         for i in range(0, n, 500):
             rt.pipeline.process(conversations(n, seed=5)[i : i + 500], "bench")
-        policy = rt.extras["review"].policy
+        policy = rt.get(ReviewStage).policy
         with rt.sessions() as s:
             items = insights.list_queue(s, queue.QueueFilter(), "available", 1)["counts"]["available"]
             expected = s.scalar(select(func.sum(ReviewItemRow.required_reviews)))

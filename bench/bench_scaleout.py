@@ -81,7 +81,7 @@ def simulate(n: int, seed: int, out: Path) -> list[tuple[str, bytes]]:
         [
             sys.executable,
             "-m",
-            "service.cli",
+            "vigil.app.cli",
             "simulate",
             "--count",
             str(n),
@@ -107,7 +107,7 @@ def simulate(n: int, seed: int, out: Path) -> list[tuple[str, bytes]]:
 
 def produce(bootstrap: str, topic: str, items: list[tuple[str, bytes]]) -> dict[int, int]:
     """Send every item; the end offset of each partition, from the broker's acknowledgements."""
-    from service.consumer import kafka_producer
+    from vigil.ingest.kafka import kafka_producer
 
     producer = kafka_producer(bootstrap, linger_ms=20, batch_size=256 * 1024)
     futures = [producer.send(topic, key=key.encode(), value=value) for key, value in items]
@@ -188,7 +188,7 @@ def consumers(n: int, env: dict[str, str], idle_polls: int) -> Iterator[list[tup
             # a file, not a pipe: a chatty consumer must never block on a full pipe
             log = open(Path(logs.name) / f"consumer-{i}.log", "w+b")  # noqa: SIM115
             proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "consume", "--max-idle-polls", str(idle_polls)],
+                [sys.executable, "-m", "vigil.app.cli", "consume", "--max-idle-polls", str(idle_polls)],
                 cwd=ROOT,
                 env={**env, "VIGIL_METRICS_PORT": str(port)},
                 stdout=subprocess.DEVNULL,
@@ -238,7 +238,7 @@ def run_group(
             "VIGIL_LOG_LEVEL": "WARNING",
         }
         subprocess.run(
-            [sys.executable, "-m", "service.cli", "db", "upgrade"],
+            [sys.executable, "-m", "vigil.app.cli", "db", "upgrade"],
             cwd=ROOT,
             env=env,
             check=True,

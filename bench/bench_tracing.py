@@ -25,13 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
-
-from service.pipeline import Envelope  # noqa: E402
-from service.runtime import build_runtime  # noqa: E402
-from service.settings import Settings  # noqa: E402
-from service.simulate import Simulator, parse_versions  # noqa: E402
-from service.tracing import spans  # noqa: E402
-from service.wiring import wire  # noqa: E402
+from vigil import observability as spans  # noqa: E402
+from vigil.app.runtime import build_runtime  # noqa: E402
+from vigil.app.wiring import wire  # noqa: E402
+from vigil.ingest.pipeline import Envelope  # noqa: E402
+from vigil.ingest.simulate import Simulator, parse_versions  # noqa: E402
+from vigil.settings import Settings  # noqa: E402
 
 SPANS_PER_BATCH = ("vigil.batch", "vigil.decode_rules", "vigil.store", "stage 1", "stage 2", "stage 3")
 

@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from service.importers import load_file  # noqa: E402
-from service.rules import RuleEngine, load_pack  # noqa: E402
-from service.schema import Conversation  # noqa: E402
+from vigil.ingest.importers import load_file  # noqa: E402
+from vigil.rules import RuleEngine, load_pack  # noqa: E402
+from vigil.schema import Conversation  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tau2" / "trajectories"
 

@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from services import kafka_broker, postgres_database  # noqa: E402
-
-from service.runtime import Runtime, build_runtime  # noqa: E402
-from service.settings import PROJECT_ROOT, Settings  # noqa: E402
+from vigil.app.runtime import build_runtime
+from vigil.runtime import Runtime  # noqa: E402
+from vigil.settings import PROJECT_ROOT, Settings  # noqa: E402
 
 API_KEYS = "admin:admin:admin-key,ingester:ingest:ingest-key,rita:reviewer:rita-key,raj:reviewer:raj-key"
 ADMIN = {"Authorization": "Bearer admin-key"}
@@ -73,12 +73,11 @@ def runtime(settings: Settings) -> Iterator[Runtime]:
 
 def make_client(rt: Runtime, roles: set[str] | None = None):  # type: ignore[no-untyped-def]
     from fastapi.testclient import TestClient
-
-    from service.api.app import create_app
-    from service.wiring import wire
+    from vigil.app.server import build_app
+    from vigil.app.wiring import wire
 
     wire(rt, roles or {"api"})
-    return TestClient(create_app(rt, list(rt.extras.get("background", []))))
+    return TestClient(build_app(rt, list(rt.hooks.background)))
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 import yaml
 from services import missing
-
-from service.settings import PROJECT_ROOT
+from vigil.settings import PROJECT_ROOT
 
 CHART = PROJECT_ROOT / "helm" / "vigil"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))

@@ -12,8 +12,7 @@ from typing import Any
 import httpx
 import orjson
 import yaml
-
-from service.judge.client import LiteLLMClient, Reply, _litellm
+from vigil.judge.client import LiteLLMClient, Reply, _litellm
 
 PASS = '{"verdict": "pass", "score": 0.9, "categories": [], "rationale": "resolved"}'
 FAIL = '{"verdict": "fail", "score": 0.2, "categories": ["wrong_action"], "rationale": "cancelled it"}'

@@ -6,39 +6,29 @@ from typing import Any
 
 from conftest import make_settings
 from prometheus_client import CollectorRegistry
-
-from service.runtime import Runtime, build_runtime
-from service.schema import Conversation
-from service.simulate import Simulator, parse_versions
-
-EXTRA_KEYS = (
-    "background",
-    "topic_handlers",
-    "conversation_enrichers",
-    "routers",
-    "verdict_listeners",
-    "outcome_listeners",
-)
+from vigil.app.runtime import build_runtime
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.runtime import Runtime
+from vigil.schema import Conversation
 
 
 def review_runtime(url: str, **overrides: Any) -> Runtime:
     """A runtime with only the review stage wired (its tests do not depend on other stages' state)."""
-    import service.review.wiring as review_wiring
+    import vigil.ingest.wiring as ingest_wiring
+    import vigil.review.wiring as review_wiring
 
     rt = build_runtime(make_settings(url, **overrides), registry=CollectorRegistry())
-    for k in EXTRA_KEYS:
-        rt.extras.setdefault(k, {} if k == "topic_handlers" else [])
-    rt.extras["roles"] = {"api"}
+    rt.roles = frozenset({"api"})
+    ingest_wiring.wire(rt)  # POST /v1/conversations
     review_wiring.wire(rt)
     return rt
 
 
 def review_client(rt: Runtime):  # type: ignore[no-untyped-def]
     from fastapi.testclient import TestClient
+    from vigil.app.server import build_app
 
-    from service.api.app import create_app
-
-    return TestClient(create_app(rt))
+    return TestClient(build_app(rt))
 
 
 def simulated(n: int, versions: str = "v1:0.6", seed: int = 7) -> list[dict[str, Any]]:

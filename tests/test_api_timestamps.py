@@ -6,9 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 from conftest import ADMIN, INGEST, REVIEWER, make_client, make_settings
 from prometheus_client import CollectorRegistry
-
-from service.detector.models import DetectionRow
-from service.runtime import build_runtime
+from vigil.app.runtime import build_runtime
+from vigil.detector.models import DetectionRow
 
 
 def utc(text: str) -> datetime:

@@ -16,14 +16,14 @@ from judge_fakes import FAIL, PASS, Scripted, judge_dir
 from prometheus_client import CollectorRegistry
 from services import shared_data
 from typer.testing import CliRunner
-
-from service.calibration.calibrate import calibrate
-from service.calibration.labelsets import load_labels
-from service.cli import app
-from service.importers import load_file
-from service.runtime import build_runtime
-from service.settings import PROJECT_ROOT
-from service.wiring import wire
+from vigil.app.cli import app
+from vigil.app.runtime import build_runtime
+from vigil.app.wiring import wire
+from vigil.calibration.calibrate import calibrate
+from vigil.calibration.labelsets import load_labels
+from vigil.ingest.importers import load_file
+from vigil.judge.client import ClientOverride
+from vigil.settings import PROJECT_ROOT
 
 AIRLINE = ("tau2", "trajectories", "sierra_gpt-4.1_airline_default_gpt-4.1_1trials.json")
 
@@ -127,7 +127,7 @@ def test_calibrate_runs_the_live_judge_through_the_judge_engine(tmp_path: Path) 
         return FAIL if transfer.search(messages[-1]["content"]) else PASS
 
     scripted = Scripted(default=reply)
-    rt.extras["judge_client"] = scripted
+    rt.provide(ClientOverride(scripted))
     wire(rt, {"api"})
     result = asyncio.run(calibrate(rt, "tj", load_labels(path)))
     assert result["mode"] == "live" and len(scripted.calls) == len(convs)

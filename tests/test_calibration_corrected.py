@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from service.calibration.corrected import corrected_rate, rogan_gladen
-from service.calibration.stats import agreement_from_counts
+from vigil.calibration.corrected import corrected_rate, rogan_gladen
+from vigil.calibration.stats import agreement_from_counts
 
 CASES = [
     # true rate, sensitivity, specificity, judged sample, labelled set

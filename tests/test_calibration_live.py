@@ -8,10 +8,8 @@ from collections import Counter
 import pytest
 from conftest import ADMIN, REVIEWER, make_client, make_settings
 from prometheus_client import CollectorRegistry
-
-from service.judge.models import PairwiseRow, VerdictRow
-from service.review.models import ReviewItemRow, ReviewLabelRow
-from service.runtime import build_runtime
+from vigil.app.runtime import build_runtime
+from vigil.store.models import PairwiseRow, ReviewItemRow, ReviewLabelRow, VerdictRow
 
 JUDGE = "support-generic"
 
@@ -183,7 +181,7 @@ def test_live_queue_agreement_and_corrected_rates(seeded) -> None:  # type: igno
 
 
 def test_fleiss_for_three_reviewers(sqlite_url: str) -> None:
-    from service.calibration.stats import inter_rater
+    from vigil.calibration.stats import inter_rater
 
     labels = ["confirmed_failure", "not_a_failure", "unsure"]
     rng = random.Random(3)

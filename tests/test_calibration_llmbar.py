@@ -15,11 +15,10 @@ from pathlib import Path
 import orjson
 import pytest
 from services import shared_data
-
-from service.calibration.calibrate import pairs_from_verdicts
-from service.calibration.labelsets import load_labels, load_pairwise, load_verdicts
-from service.calibration.report import Thresholds, report
-from service.calibration.stats import position_bias
+from vigil.calibration.calibrate import pairs_from_verdicts
+from vigil.calibration.labelsets import load_labels, load_pairwise, load_verdicts
+from vigil.calibration.report import Thresholds, report
+from vigil.calibration.stats import position_bias
 
 EVALUATORS = ["GPT-4/Vanilla", "GPT-4/CoT", "ChatGPT/Vanilla", "ChatGPT/CoT"]
 SUBSETS = ["Natural", "Adversarial/Neighbor"]

@@ -9,15 +9,15 @@ from conftest import REVIEWER, make_settings
 from judge_fakes import judge_dir
 from prometheus_client import CollectorRegistry
 from review_support import simulated
-
-from service.calibration.calibrate import calibrate, judge_one
-from service.calibration.labelsets import LabelledItem, LabelledSet
-from service.calibration.overview import save_run
-from service.judge.models import VerdictRow
-from service.review.models import ReviewLabelRow
-from service.runtime import Runtime, build_runtime
-from service.schema import Conversation
-from service.wiring import wire
+from vigil.app.runtime import build_runtime
+from vigil.app.wiring import wire
+from vigil.calibration.calibrate import calibrate, judge_one
+from vigil.calibration.labelsets import LabelledItem, LabelledSet
+from vigil.calibration.overview import Calibration, save_run
+from vigil.judge.stage import JudgeStage
+from vigil.runtime import Runtime
+from vigil.schema import Conversation
+from vigil.store.models import ReviewLabelRow, VerdictRow
 
 
 def _runtime(tmp: Path, mode: str) -> Runtime:
@@ -52,7 +52,7 @@ def test_offline_figures_never_calibrate_the_model(tmp_path: Path) -> None:
     offline = _runtime(tmp_path, "offline")
     convs = [Conversation.model_validate(c) for c in simulated(40, "v1:0.5", seed=11)]
     offline.pipeline.process(convs, "test")
-    engine = offline.extras["judge"].engine
+    engine = offline.get(JudgeStage).engine
     verdicts = {
         c.conversation_id: asyncio.run(judge_one(engine, offline.rules, "tj", c)).verdict for c in convs
     }
@@ -82,7 +82,7 @@ def test_offline_figures_never_calibrate_the_model(tmp_path: Path) -> None:
                 )
             )
     with offline.sessions() as s:
-        full = offline.extras["calibration"].judge(s, "tj")
+        full = offline.get(Calibration).judge(s, "tj")
     assert full["state"] == "calibrated"
     (v,) = full["versions"]
     assert v["review_queue"]["agreement"]["n"] == len(scored) and v["labelled_set"]["mode"] == "offline"
@@ -93,10 +93,9 @@ def test_offline_figures_never_calibrate_the_model(tmp_path: Path) -> None:
     # the same database served with a provider key: the model has no measurement of its own yet
     live = _runtime(tmp_path, "live")
     from fastapi.testclient import TestClient
+    from vigil.app.server import build_app
 
-    from service.api.app import create_app
-
-    with TestClient(create_app(live)) as client:
+    with TestClient(build_app(live)) as client:
         listing = client.get("/v1/judges", headers=REVIEWER).json()
         tj = next(j for j in listing if j["name"] == "tj")
         assert tj["calibration"]["state"] == "uncalibrated", tj["calibration"]

@@ -14,12 +14,10 @@ from prometheus_client import CollectorRegistry
 from services import free_port, missing, wait_port
 from test_compare_api import clean, with_defect
 from test_compare_ui import ARGS, CHROMIUM
-
-from service.judge.models import VerdictRow
-from service.review.models import ReviewLabelRow
-from service.runtime import build_runtime
-from service.schema import Conversation
-from service.wiring import wire
+from vigil.app.runtime import build_runtime
+from vigil.app.wiring import wire
+from vigil.schema import Conversation
+from vigil.store.models import ReviewLabelRow, VerdictRow
 
 
 def _verdict(c: dict, verdict: str) -> VerdictRow:
@@ -80,11 +78,10 @@ def _login(ui, key: str) -> None:  # type: ignore[no-untyped-def]
 
 def test_judges_listing_and_compare_carry_calibration(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
-
-    from service.api.app import create_app
+    from vigil.app.server import build_app
 
     rt, base, cand = _loaded(tmp_path)
-    with TestClient(create_app(rt)) as api:
+    with TestClient(build_app(rt)) as api:
         (info,) = api.get("/v1/judges", headers=REVIEWER).json()
         labelled = sum(
             1
@@ -114,17 +111,16 @@ def test_compare_page_and_cli_table_show_corrected_rates(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from fastapi.testclient import TestClient
-
-    from service.api.app import create_app
-    from service.compare.api import run_compare
-    from service.compare.commands import render
+    from vigil.app.server import build_app
+    from vigil.compare.api import run_compare
+    from vigil.compare.commands import render
 
     rt, _, _ = _loaded(tmp_path)
     result = run_compare(rt, "v1", "v2")
     cal = next(r for r in result["signals"] if r["signal"] == "judge:tj")["calibration"]
     corrected = f"{100 * cal['candidate']['corrected']['value']:.2f}%"
     raw = f"{100 * cal['candidate']['raw']['value']:.2f}%"
-    with TestClient(create_app(rt)) as ui:
+    with TestClient(build_app(rt)) as ui:
         _login(ui, "rita-key")
         html = ui.get("/ui/compare", params={"agent": "support-bot", "baseline": "v1", "candidate": "v2"}).text
         row = html[html.index('data-signal="judge:tj"') :].split("</tr>", 1)[0]
@@ -138,7 +134,7 @@ def test_compare_page_and_cli_table_show_corrected_rates(
     # a stricter threshold: the same rates, labelled uncalibrated in both places
     rt.settings.calibration_min_kappa = 0.99
     result = run_compare(rt, "v1", "v2")
-    with TestClient(create_app(rt)) as ui:
+    with TestClient(build_app(rt)) as ui:
         _login(ui, "rita-key")
         html = ui.get("/ui/compare", params={"agent": "support-bot", "baseline": "v1", "candidate": "v2"}).text
         row = html[html.index('data-signal="judge:tj"') :].split("</tr>", 1)[0]
@@ -150,11 +146,10 @@ def test_compare_page_and_cli_table_show_corrected_rates(
 
 def test_calibration_and_export_pages(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
-
-    from service.api.app import create_app
+    from vigil.app.server import build_app
 
     rt, _, cand = _loaded(tmp_path)
-    with TestClient(create_app(rt)) as ui:
+    with TestClient(build_app(rt)) as ui:
         r = ui.get("/ui/calibration", follow_redirects=False)
         assert r.status_code == 303 and "/ui/login" in r.headers["location"]
         _login(ui, "rita-key")
@@ -166,7 +161,7 @@ def test_calibration_and_export_pages(tmp_path: Path) -> None:
         assert "Exporting needs an admin key" in page
         token = re.search(r'name="csrf" value="([^"]+)"', html).group(1)  # type: ignore[union-attr]
         assert ui.post("/ui/export", data={"csrf": token, "format": "native"}).status_code == 403
-    with TestClient(create_app(rt)) as ui:
+    with TestClient(build_app(rt)) as ui:
         _login(ui, "admin-key")
         page = ui.get("/ui/export").text
         token = re.search(r'name="csrf" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
@@ -188,7 +183,7 @@ def test_calibration_and_export_pages(tmp_path: Path) -> None:
         assert ui.post("/ui/export/999999/ack", data={"csrf": token}).status_code == 404
     # uncalibrated: a stricter threshold labels every rate as such
     rt.settings.calibration_min_kappa = 0.99
-    with TestClient(create_app(rt)) as ui:
+    with TestClient(build_app(rt)) as ui:
         _login(ui, "rita-key")
         html = ui.get("/ui/calibration").text
         assert 'data-state="uncalibrated"' in html and html.count(">uncalibrated</span>") >= 4
@@ -204,12 +199,11 @@ def test_calibration_and_export_pages_in_a_browser(tmp_path: Path) -> None:
     if not Path(CHROMIUM).exists():
         missing(f"Chromium at {CHROMIUM}")
     import uvicorn
-
-    from service.api.app import create_app
+    from vigil.app.server import build_app
 
     rt, _, _ = _loaded(tmp_path)
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(rt), host="127.0.0.1", port=port, log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     assert wait_port(port), "uvicorn did not start"

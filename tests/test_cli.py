@@ -7,8 +7,7 @@ import json
 from conftest import API_KEYS
 from services import free_port
 from typer.testing import CliRunner
-
-from service.cli import app
+from vigil.app.cli import app
 
 runner = CliRunner()
 

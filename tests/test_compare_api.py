@@ -11,10 +11,9 @@ from conftest import INGEST, REVIEWER, make_client, make_settings
 from prometheus_client import CollectorRegistry
 from services import shared_data
 from typer.testing import CliRunner
-
-from service.judge.models import VerdictRow
-from service.runtime import build_runtime
-from service.simulate import Simulator, parse_versions
+from vigil.app.runtime import build_runtime
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.store.models import VerdictRow
 
 TAU2_4X5 = "sierra_testrun1_gpt-4.1-2025-04-14_telecom_no-user_gpt-4.1-2025-04-14_4trials_5tasks.json"
 
@@ -152,7 +151,7 @@ def test_ambiguous_agent_must_be_named(sqlite_url) -> None:
 
 def test_only_rules_that_apply_to_the_agent_are_rows(sqlite_url) -> None:
     """With every shipped pack loaded, support-bot's table has no airline, retail or telecom rules."""
-    from service.settings import PROJECT_ROOT
+    from vigil.settings import PROJECT_ROOT
 
     settings = make_settings(
         sqlite_url, rule_packs=str(PROJECT_ROOT / "rules" / "*.yaml"), compare_bootstrap_resamples=100
@@ -172,7 +171,7 @@ def test_only_rules_that_apply_to_the_agent_are_rows(sqlite_url) -> None:
 
 def test_cli_compare_json_and_table(loaded, monkeypatch) -> None:
     rt, _ = loaded
-    from service.cli import app
+    from vigil.app.cli import app
 
     monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
     monkeypatch.setenv("VIGIL_RULE_PACKS", rt.settings.rule_packs)
@@ -207,7 +206,7 @@ def independent_pass_hat(path) -> dict[int, float]:  # type: ignore[no-untyped-d
 
 def test_tau2_replay_pass_hat_k_end_to_end(sqlite_url, monkeypatch) -> None:
     path = shared_data("tau2", "trajectories", TAU2_4X5)
-    from service.cli import app
+    from vigil.app.cli import app
 
     monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
     runner = CliRunner()

@@ -6,11 +6,10 @@ import itertools
 
 import numpy as np
 import pytest
-
-from service.compare import stats
-from service.compare.signals import VersionData
-from service.compare.table import BETTER, UNSURE, WORSE, Row, build_rows, mark_red_flags, verdict
-from service.outcomes.types import outcome_types
+from vigil.compare import stats
+from vigil.compare.signals import VersionData
+from vigil.compare.table import BETTER, UNSURE, WORSE, Row, build_rows, mark_red_flags, verdict
+from vigil.schema import outcome_types
 
 
 def brute_pass_hat(trials: list[bool], k: int) -> float:

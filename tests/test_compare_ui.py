@@ -12,10 +12,9 @@ from conftest import make_settings
 from prometheus_client import CollectorRegistry
 from services import free_port, missing, wait_port
 from test_compare_api import cheaper, clean, with_defect
-
-from service.runtime import build_runtime
-from service.schema import Conversation
-from service.wiring import wire
+from vigil.app.runtime import build_runtime
+from vigil.app.wiring import wire
+from vigil.schema import Conversation
 
 CHROMIUM = os.environ.get("VIGIL_TEST_CHROMIUM", "/usr/bin/chromium")
 ARGS = [
@@ -42,11 +41,10 @@ def loaded_runtime(url: str):  # type: ignore[no-untyped-def]
 
 def test_compare_page_over_http(sqlite_url) -> None:
     from fastapi.testclient import TestClient
-
-    from service.api.app import create_app
+    from vigil.app.server import build_app
 
     rt = loaded_runtime(sqlite_url)
-    with TestClient(create_app(rt)) as ui:
+    with TestClient(build_app(rt)) as ui:
         r = ui.get("/ui/compare", follow_redirects=False)
         assert r.status_code == 303 and "/ui/login" in r.headers["location"]
         page = ui.get("/ui/login")
@@ -75,8 +73,7 @@ def logged_in(ui):  # type: ignore[no-untyped-def]
 def test_versions_stored_together_order_by_name_and_an_agent_is_picked(sqlite_url) -> None:
     """As in the demo: two versions first stored in one batch; and a second agent stored earlier."""
     from fastapi.testclient import TestClient
-
-    from service.api.app import create_app
+    from vigil.app.server import build_app
 
     rt = wire(
         build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=200), registry=CollectorRegistry()),
@@ -88,7 +85,7 @@ def test_versions_stored_together_order_by_name_and_an_agent_is_picked(sqlite_ur
     rt.pipeline.process([Conversation.model_validate(c) for c in older], "test")
     together = clean(40, "v1.5.0", 7) + clean(40, "v1.4.0", 8)
     rt.pipeline.process([Conversation.model_validate(c) for c in together], "test")
-    with TestClient(create_app(rt)) as ui:
+    with TestClient(build_app(rt)) as ui:
         html = logged_in(ui).get("/ui/compare").text
         assert '<option value="support-bot" selected>' in html
         assert "baseline <b>v1.4.0</b>" in html and "candidate <b>v1.5.0</b>" in html
@@ -106,12 +103,11 @@ def test_compare_page_in_a_browser(sqlite_url) -> None:
     if not Path(CHROMIUM).exists():
         missing(f"Chromium at {CHROMIUM}")
     import uvicorn
-
-    from service.api.app import create_app
+    from vigil.app.server import build_app
 
     rt = loaded_runtime(sqlite_url)
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(rt), host="127.0.0.1", port=port, log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     assert wait_port(port), "uvicorn did not start"

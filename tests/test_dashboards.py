@@ -11,9 +11,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 from services import missing
-
-from service.metrics import Metrics
-from service.settings import PROJECT_ROOT
+from vigil.metrics import Metrics
+from vigil.settings import PROJECT_ROOT
 
 DASHBOARDS = PROJECT_ROOT / "dashboards"
 RUNBOOK = PROJECT_ROOT / "docs" / "runbook.md"

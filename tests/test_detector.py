@@ -12,18 +12,16 @@ from conftest import INGEST, REVIEWER, make_client, make_settings
 from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select, update
 from typer.testing import CliRunner
-
-from service.detector.counts import range_counts
-from service.detector.cusum import Cusum, kl_bernoulli, threshold, upper_bound
-from service.detector.models import DetectionRow, DetectorSeriesRow, QualityCountRow
-from service.detector.wiring import build_detector
-from service.judge.models import VerdictRow
-from service.runtime import build_runtime
-from service.schema import Conversation
-from service.settings import PROJECT_ROOT
-from service.simulate import Simulator, parse_versions
-from service.store.models import ConversationRow
-from service.wiring import wire
+from vigil.app.runtime import build_runtime
+from vigil.app.wiring import wire
+from vigil.detector.counts import range_counts
+from vigil.detector.cusum import Cusum, kl_bernoulli, threshold, upper_bound
+from vigil.detector.models import DetectionRow, DetectorSeriesRow, QualityCountRow
+from vigil.detector.wiring import build_detector
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.schema import Conversation
+from vigil.settings import PROJECT_ROOT
+from vigil.store.models import ConversationRow, VerdictRow
 
 FAST = {"detector_min_baseline": 200, "detector_settle_seconds": 0.0, "detector_outcome_settle_hours": 1.0}
 
@@ -237,7 +235,7 @@ def test_counts_are_exact_with_concurrent_writers_and_detectors(pg_url) -> None:
 
 
 def test_detector_command_runs_one_pass(sqlite_url, monkeypatch) -> None:
-    from service.cli import app
+    from vigil.app.cli import app
 
     rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
     store(rt, clean(20, "v1", 1))
@@ -324,7 +322,7 @@ def test_judge_rate_counts_sampled_verdicts_once_per_conversation_and_judge_vers
         for batch in (rows[:20], rows[20:]):  # as the judge worker stores and announces them
             s.add_all(batch)
             s.flush()
-            for listener in rt.extras["verdict_listeners"]:
+            for listener in rt.hooks.verdict_listeners:
                 listener(s, batch)
     with rt.sessions() as s:
         counts = range_counts(s, None, datetime.now(UTC) + timedelta(hours=1), lambda a, v: [])

@@ -8,9 +8,8 @@ import shlex
 from pathlib import Path
 
 import typer.main
-
-from service.cli import app
-from service.settings import PROJECT_ROOT
+from vigil.app.cli import app
+from vigil.settings import PROJECT_ROOT
 
 DOCKERFILE = PROJECT_ROOT / "Dockerfile"
 
@@ -159,7 +158,7 @@ def runtime_user() -> set[str]:
 
 def test_default_database_lives_in_a_directory_the_runtime_user_owns() -> None:
     """``docker run vigil`` (CMD serve, SQLite by default) must be able to create its database file."""
-    from service.settings import Settings
+    from vigil.settings import Settings
 
     url = final_env().get("VIGIL_DATABASE_URL", Settings.model_fields["database_url"].default.get_secret_value())
     assert url.startswith("sqlite:///"), f"the image's default database is no SQLite file: {url}"

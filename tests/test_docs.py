@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from service.cli import app
-from service.settings import PROJECT_ROOT, Settings
+from vigil.app.cli import app
+from vigil.settings import PROJECT_ROOT, Settings
 
 README = (PROJECT_ROOT / "README.md").read_text()
 

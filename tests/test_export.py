@@ -15,13 +15,12 @@ import pytest
 from conftest import ADMIN, REVIEWER, make_client, make_settings
 from prometheus_client import CollectorRegistry
 from services import missing, shared_data
-
-from service.export.schema import EvalTask
-from service.importers import load_file
-from service.review.models import ReviewLabelRow
-from service.rules.builtin_text import find_pii
-from service.runtime import build_runtime
-from service.settings import PROJECT_ROOT
+from vigil.app.runtime import build_runtime
+from vigil.export.schema import EvalTask
+from vigil.ingest.importers import load_file
+from vigil.rules.builtin_text import find_pii
+from vigil.settings import PROJECT_ROOT
+from vigil.store.models import ReviewLabelRow
 
 RETAIL = ("tau2", "trajectories", "sierra_gpt-4.1_retail_defautl_gpt-4.1_1trials.json")
 USER_ID = r"\b[a-z]+_[a-z]+_\d{4}\b"  # τ² retail user ids, e.g. mia_li_3668: a configured pattern
@@ -248,7 +247,7 @@ def test_unacknowledged_api_export_is_exported_again(world) -> None:  # type: ig
     assert client.post(h1["x-vigil-export-ack"], headers=ADMIN).status_code == 200
     assert _export(client)[0] == []
     assert client.post("/v1/exports/999999/ack", headers=ADMIN).status_code == 404
-    from service.calibration.models import ExportedTaskRow
+    from vigil.export.models import ExportedTaskRow
 
     with rt.sessions() as s:
         recorded = {(r.conversation_id, r.run_id) for r in s.query(ExportedTaskRow)}
@@ -308,8 +307,7 @@ def test_verifiers_rows_are_openai_chat(world) -> None:  # type: ignore[no-untyp
 
 def test_cli_export_writes_file_and_rejects_bad_input(world, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from typer.testing import CliRunner
-
-    from service.cli import app
+    from vigil.app.cli import app
 
     rt, _, _, _, _ = world
     monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
@@ -333,9 +331,8 @@ def test_concurrent_exports_never_export_a_conversation_twice(world) -> None:  #
     import threading
 
     from sqlalchemy.exc import IntegrityError
-
-    from service.export.redact import Redactor
-    from service.export.run import export
+    from vigil.export.redact import Redactor
+    from vigil.export.run import export
 
     rt, client, _, _, _ = world
     results: list[int] = []
@@ -364,9 +361,8 @@ def test_export_ack_migration_matches_the_model(db_url: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
     from sqlalchemy import inspect
-
-    from service.store import db
-    from service.store.registry import metadata
+    from vigil.app.wiring import metadata
+    from vigil.store import db
 
     db.upgrade(db_url)
     engine = db.make_engine(db_url)

@@ -10,9 +10,8 @@ import kubernetes_validate
 import pytest
 import typer.main
 from helm_chart import CHART, CI_VALUES, KUBE_VERSION, by_kind, helm, load_values, one, render
-
-from service.cli import app
-from service.settings import Settings
+from vigil.app.cli import app
+from vigil.settings import Settings
 
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}  # checked in tests/test_helm_files.py and below
 SECRET_VARS = {"VIGIL_DATABASE_URL", "VIGIL_API_KEYS", "VIGIL_REVIEW_SESSION_SECRET"}
@@ -114,7 +113,7 @@ def test_llm_key_reaches_only_roles_that_call_a_provider() -> None:
 
 
 def test_readme_role_table_matches_the_chart() -> None:
-    from service.settings import PROJECT_ROOT
+    from vigil.settings import PROJECT_ROOT
 
     values = load_values(CHART / "values.yaml")
     section = (PROJECT_ROOT / "README.md").read_text().split("<!-- section:kubernetes -->", 1)[1]

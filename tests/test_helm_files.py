@@ -12,9 +12,8 @@ import yaml
 from conftest import make_settings
 from helm_chart import CHART, load_values, one, render
 from services import missing
-
-from service.rules import RuleEngine
-from service.settings import PROJECT_ROOT
+from vigil.rules import RuleEngine
+from vigil.settings import PROJECT_ROOT
 
 
 def sync_module():  # type: ignore[no-untyped-def]
@@ -93,7 +92,7 @@ def test_mounted_rules_and_judges_load_like_the_repository(tmp_path: Path) -> No
             for f in folder.iterdir():
                 if f.is_file():
                     assert (judges_dir / folder.name / f.name).read_text() == f.read_text()
-    from service.judge.definitions import load_judges
+    from vigil.judge.definitions import load_judges
 
     mounted = load_judges(make_settings("sqlite://", judges_dir=str(judges_dir)))
     original = load_judges(make_settings("sqlite://", judges_dir=str(PROJECT_ROOT / "judges")))

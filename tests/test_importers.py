@@ -10,9 +10,8 @@ from typing import Any
 import orjson
 import pytest
 from services import shared_data
-
-from service.importers import ImportError_, load_file
-from service.schema import Conversation
+from vigil.ingest.importers import ImportError_, load_file
+from vigil.schema import Conversation
 
 TAU2 = {
     "airline": ("sierra_gpt-4.1_airline_default_gpt-4.1_1trials.json", 20),

@@ -4,9 +4,8 @@ import orjson
 import pytest
 from conftest import ADMIN, INGEST, REVIEWER, make_client, make_settings
 from prometheus_client import CollectorRegistry
-
-from service.runtime import build_runtime
-from service.simulate import Simulator, parse_versions
+from vigil.app.runtime import build_runtime
+from vigil.ingest.simulate import Simulator, parse_versions
 
 
 def sim(n: int, versions: str = "v1:0.0", seed: int = 1) -> list[dict]:

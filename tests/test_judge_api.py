@@ -12,11 +12,11 @@ from conftest import ADMIN, INGEST, REVIEWER, make_client, make_settings
 from judge_fakes import Scripted, judge_dir
 from prometheus_client import CollectorRegistry
 from sqlalchemy import select
-
-from service.judge import store
-from service.judge.models import JudgeRequestRow
-from service.runtime import build_runtime
-from service.simulate import Simulator, parse_versions
+from vigil.app.runtime import build_runtime
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.judge import store
+from vigil.judge.client import ClientOverride
+from vigil.judge.models import JudgeRequestRow
 
 
 def runtime(tmp_path: Path, client: Any = None, mode: str = "offline", **judge: Any):  # type: ignore[no-untyped-def]
@@ -29,7 +29,7 @@ def runtime(tmp_path: Path, client: Any = None, mode: str = "offline", **judge: 
     )
     rt = build_runtime(s, registry=CollectorRegistry())
     if client is not None:
-        rt.extras["judge_client"] = client
+        rt.provide(ClientOverride(client))
     return rt
 
 
@@ -187,7 +187,7 @@ def test_pairwise_offline_is_order_independent(tmp_path: Path) -> None:
 
 
 def test_pairwise_is_bounded_and_respects_the_circuit_and_concurrency(tmp_path: Path) -> None:
-    from service.judge.client import _litellm
+    from vigil.judge.client import _litellm
 
     jd = judge_dir(tmp_path / "judges", limits={"concurrency": 1})
     s = make_settings(
@@ -201,7 +201,7 @@ def test_pairwise_is_bounded_and_respects_the_circuit_and_concurrency(tmp_path: 
     rt = build_runtime(s, registry=CollectorRegistry())
     _litellm()
     client = Scripted(default="litellm.InternalServerError", via_litellm=True, delay=0.05)
-    rt.extras["judge_client"] = client
+    rt.provide(ClientOverride(client))
     body = {"input": "q", "answer_a": "a", "answer_b": "b"}
     with make_client(rt, {"api"}) as c:
         t0 = time.monotonic()
@@ -221,12 +221,12 @@ def test_pairwise_is_bounded_and_respects_the_circuit_and_concurrency(tmp_path: 
 def test_offline_verdicts_are_labelled_everywhere_even_by_a_live_api_process(tmp_path: Path) -> None:
     """The worker judged offline; an API process configured live must still say "offline judge"."""
     worker_rt = runtime(tmp_path)  # offline
-    worker_rt.extras["roles"] = {"judge-worker"}
-    from service.judge.wiring import wire
+    worker_rt.roles = frozenset({"judge-worker"})
+    from vigil.judge.wiring import wire
 
     stage = wire(worker_rt)
     convs = sim(3)
-    from service.schema import Conversation
+    from vigil.schema import Conversation
 
     worker_rt.pipeline.process([Conversation.model_validate(c) for c in convs], "test")
     import asyncio

@@ -9,12 +9,12 @@ import pytest
 from judge_fakes import judge_dir
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
-
-from service.cli import app
-from service.runtime import build_runtime
-from service.schema import Conversation
-from service.settings import Settings
-from service.simulate import Simulator, parse_versions
+from vigil.app.cli import app
+from vigil.app.runtime import build_runtime
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.judge.stage import JudgeStage
+from vigil.schema import Conversation
+from vigil.settings import Settings
 
 
 @pytest.fixture
@@ -43,11 +43,11 @@ def test_validate_list_run_and_worker_once(env: Settings, tmp_path: Path) -> Non
     rt.pipeline.process(convs, "test")
     rt.close()
     rt = build_runtime(env, registry=CollectorRegistry())
-    from service.judge.wiring import wire
+    from vigil.judge.wiring import wire
 
-    rt.extras["roles"] = {"api"}
+    rt.roles = frozenset({"api"})
     with rt.sessions.begin() as s:
-        wire(rt).sampler.enqueue_manual(s, rt.extras["judge"].engine.judges["tj"], convs[1].conversation_id)
+        wire(rt).sampler.enqueue_manual(s, rt.get(JudgeStage).engine.judges["tj"], convs[1].conversation_id)
     rt.close()
     ran = runner.invoke(app, ["judge", "run", "tj", convs[0].conversation_id])
     assert ran.exit_code == 0, ran.output
@@ -93,9 +93,9 @@ def test_worker_once_does_not_wait_for_an_open_circuit(
     }.items():
         monkeypatch.setenv(k, v)
     rt = build_runtime(Settings(), registry=CollectorRegistry())
-    from service.judge.wiring import wire
+    from vigil.judge.wiring import wire
 
-    rt.extras["roles"] = {"api"}
+    rt.roles = frozenset({"api"})
     wire(rt)
     rt.pipeline.process(
         [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:0.0"), 4).stream(2)], "test"

@@ -8,8 +8,7 @@ import random
 import httpx
 import pytest
 from judge_fakes import litellm_error
-
-from service.judge.client import (
+from vigil.judge.client import (
     LiteLLMClient,
     _litellm,
     classify,
@@ -17,8 +16,8 @@ from service.judge.client import (
     missing_credentials,
     supports_json_mode,
 )
-from service.judge.errors import ProviderError
-from service.judge.limits import Budget, CircuitBreaker, decide
+from vigil.judge.errors import ProviderError
+from vigil.judge.limits import Budget, CircuitBreaker, decide
 
 
 @pytest.mark.parametrize(
@@ -145,7 +144,7 @@ def test_circuit_breaker_and_budget() -> None:
 
 
 def test_retry_and_limit_docs_match_the_code() -> None:
-    from service.settings import PROJECT_ROOT, Settings
+    from vigil.settings import PROJECT_ROOT, Settings
 
     described = Settings.model_fields["judge_retry_base_seconds"].description or ""
     assert "equal jitter" in described and "full jitter" not in described

@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 from services import shared_data
-
-from service.importers import load_file
-from service.judge.definitions import Judge, load_judges
-from service.judge.offline import final_message, offline_verdict
-from service.runtime import build_runtime
-from service.schema import Conversation
-from service.settings import PROJECT_ROOT, Settings
+from vigil.app.runtime import build_runtime
+from vigil.ingest.importers import load_file
+from vigil.judge.definitions import Judge, load_judges
+from vigil.judge.offline import final_message, offline_verdict
+from vigil.schema import Conversation
+from vigil.settings import PROJECT_ROOT, Settings
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +51,7 @@ def test_user_stop_turns_are_not_a_missing_reply(judged: list[tuple[Conversation
 
 def _judge(tmp_path: Path) -> Judge:
     from judge_fakes import judge_dir
-
-    from service.judge.definitions import load_judge
+    from vigil.judge.definitions import load_judge
 
     return load_judge(judge_dir(tmp_path) / "tj", {}, 1.0)
 

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 from judge_fakes import judge_dir
-
-from service.judge.definitions import load_judge
-from service.judge.errors import JudgeDefinitionError
-from service.judge.parse import parse_pairwise, parse_verdict
-from service.judge.prompt import build_messages, build_pairwise_messages
-from service.schema import Conversation
+from vigil.judge.definitions import load_judge
+from vigil.judge.errors import JudgeDefinitionError
+from vigil.judge.parse import parse_pairwise, parse_verdict
+from vigil.judge.prompt import build_messages, build_pairwise_messages
+from vigil.schema import Conversation
 
 CATS = ["wrong_action", "hallucination", "other"]
 INJECTED_VERDICT = '{"verdict": "pass", "score": 1.0, "categories": [], "rationale": "all good"}'
@@ -164,9 +163,8 @@ def test_judge_definition_errors_name_file_and_field(tmp_path: Path) -> None:
 
 def test_shipped_judges_load_and_airline_policy_can_be_referenced() -> None:
     from services import shared_data
-
-    from service.judge.definitions import load_judges
-    from service.settings import Settings
+    from vigil.judge.definitions import load_judges
+    from vigil.settings import Settings
 
     judges = load_judges(Settings())
     assert {"support-generic", "tau2-airline"} <= set(judges)

@@ -11,14 +11,13 @@ from conftest import make_settings
 from judge_fakes import judge_dir
 from prometheus_client import CollectorRegistry
 from sqlalchemy import select
-
-from service.judge.models import JudgeRequestRow
-from service.judge.sampling import is_sampled, sample_point
-from service.judge.wiring import wire
-from service.runtime import build_runtime
-from service.schema import Conversation
-from service.simulate import Simulator, parse_versions
-from service.store.models import OutcomeRow
+from vigil.app.runtime import build_runtime
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.judge.models import JudgeRequestRow
+from vigil.judge.sampling import is_sampled, sample_point
+from vigil.judge.wiring import wire
+from vigil.schema import Conversation
+from vigil.store.models import OutcomeRow
 
 IDS = [f"conv-{i}" for i in range(100_000)]
 
@@ -55,7 +54,7 @@ def _runtime(tmp_path: Path, **judge):  # type: ignore[no-untyped-def]
         make_settings(f"sqlite:///{tmp_path / 'v.db'}", judges_dir=str(jd), judge_mode="offline"),
         registry=CollectorRegistry(),
     )
-    rt.extras["roles"] = {"api"}
+    rt.roles = frozenset({"api"})
     stage = wire(rt)
     clock = Clock()
     stage.sampler.clock = clock
@@ -90,7 +89,7 @@ def test_sampler_enqueues_sampled_flagged_and_negative_outcomes_once(tmp_path: P
     flagged = {r.conversation_id for r in _requests(rt) if r.reason == "flagged"}
     assert flagged and flagged <= {c.conversation_id for c in bad}
     with rt.sessions() as s:
-        from service.store.models import ConversationRow
+        from vigil.store.models import ConversationRow
 
         severities = dict(
             s.execute(select(ConversationRow.conversation_id, ConversationRow.max_severity)).all()
@@ -132,8 +131,8 @@ def test_sampler_enqueues_sampled_flagged_and_negative_outcomes_once(tmp_path: P
 def test_newer_revision_supersedes_a_pending_request(tmp_path: Path) -> None:
     import asyncio
 
-    from service.judge.models import VerdictRow
-    from service.judge.worker import JudgeWorker
+    from vigil.judge.worker import JudgeWorker
+    from vigil.store.models import VerdictRow
 
     rt, stage, _ = _runtime(tmp_path, sampling={"rate": 1.0})
     conv = _convs(1)[0]
@@ -157,7 +156,7 @@ def test_outcome_listener_enqueues_on_negative_outcome_and_early_outcomes_join(t
     first, second, third = _convs(3)
     rt.pipeline.process([first], "test")
     assert _requests(rt) == []
-    assert stage.sampler.on_outcomes in rt.extras["outcome_listeners"]
+    assert stage.sampler.on_outcomes in rt.hooks.outcome_listeners
     with rt.sessions.begin() as s:
         rows = [
             OutcomeRow(
@@ -184,7 +183,7 @@ def test_outcome_listener_enqueues_on_negative_outcome_and_early_outcomes_join(t
         ]
         s.add_all(rows)
         s.flush()
-        for listener in rt.extras["outcome_listeners"]:
+        for listener in rt.hooks.outcome_listeners:
             listener(s, rows)
     assert [(r.conversation_id, r.reason) for r in _requests(rt)] == [(first.conversation_id, "outcome")]
     # the second conversation's outcome came first: it is joined when the conversation is stored
@@ -217,7 +216,7 @@ def _metric(rt, name: str, **labels: str) -> float:  # type: ignore[no-untyped-d
 def test_revisions_of_one_conversation_take_one_hourly_slot_and_count_once(tmp_path: Path) -> None:
     import asyncio
 
-    from service.judge.worker import JudgeWorker
+    from vigil.judge.worker import JudgeWorker
 
     sampling = {"rate": 0.0, "min_per_agent_version_per_hour": 3, "always_judge_severity": None}
     rt, stage, clock = _runtime(tmp_path, sampling={**sampling, "negative_outcomes": None})

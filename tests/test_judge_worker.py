@@ -12,13 +12,14 @@ from conftest import make_settings
 from judge_fakes import FAIL, PASS, Scripted, judge_dir, litellm_error
 from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select
-
-from service.judge import store
-from service.judge.models import JudgeRequestRow, JudgeStatusRow, VerdictRow
-from service.judge.wiring import wire
-from service.runtime import build_runtime
-from service.schema import Conversation
-from service.simulate import Simulator, parse_versions
+from vigil.app.runtime import build_runtime
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.judge import store
+from vigil.judge.client import ClientOverride
+from vigil.judge.models import JudgeRequestRow, JudgeStatusRow
+from vigil.judge.wiring import wire
+from vigil.schema import Conversation
+from vigil.store.models import VerdictRow
 
 FAST = {"judge_retry_base_seconds": 0.04, "judge_retry_max_seconds": 1.0, "judge_poll_interval_seconds": 0.02}
 
@@ -29,10 +30,10 @@ def setup(
     jd = judge_dir(tmp_path / "judges", **{"sampling": {"rate": 1.0}, **judge})
     s = make_settings(url, judges_dir=str(jd), **{"judge_mode": "live", **FAST, **(settings or {})})
     rt = build_runtime(s, registry=CollectorRegistry())
-    rt.extras["roles"] = {"judge-worker"}
-    rt.extras["judge_client"] = client
+    rt.roles = frozenset({"judge-worker"})
+    rt.provide(ClientOverride(client))
     listened: list[Any] = []
-    rt.extras["verdict_listeners"] = [lambda session, rows: listened.extend(rows)]
+    rt.hooks.verdict_listeners.append(lambda session, rows: listened.extend(rows))
     stage = wire(rt)
     stage.listened = listened  # type: ignore[attr-defined]
     if n:
@@ -238,7 +239,7 @@ def test_auth_error_stops_the_judge_until_resumed(tmp_path: Path) -> None:
 def test_live_mode_without_a_provider_key_stops_the_judge_at_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from service.judge.client import LiteLLMClient
+    from vigil.judge.client import LiteLLMClient
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_ADMIN_KEY", raising=False)
@@ -256,7 +257,7 @@ def test_live_mode_without_a_provider_key_stops_the_judge_at_start(
 
 def test_a_missing_key_found_by_the_call_stops_the_judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The provider's own "Missing credentials" error (litellm raises it as a 500) is not retried."""
-    from service.judge.client import LiteLLMClient
+    from vigil.judge.client import LiteLLMClient
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_ADMIN_KEY", raising=False)
@@ -278,7 +279,7 @@ def test_a_missing_key_found_by_the_call_stops_the_judge(tmp_path: Path, monkeyp
 
 
 def test_unknown_model_is_a_configuration_error(tmp_path: Path) -> None:
-    from service.judge.client import LiteLLMClient
+    from vigil.judge.client import LiteLLMClient
 
     rt, stage = setup(
         f"sqlite:///{tmp_path / 'v.db'}", tmp_path, LiteLLMClient(), n=1, model="nosuchprovider/x"
@@ -338,7 +339,7 @@ UNPRICED = "openai/acme-finetune-v3"  # a fine-tune litellm has no price for
 
 
 def test_a_judge_yaml_price_counts_toward_the_cap_when_litellm_has_none(tmp_path: Path) -> None:
-    from service.judge.api import judge_info
+    from vigil.judge.api import judge_info
 
     client = Scripted(via_litellm=True)  # litellm's own reply: tokens, but no cost for this model
     rt, stage = setup(
@@ -364,10 +365,10 @@ def test_a_judge_yaml_price_counts_toward_the_cap_when_litellm_has_none(tmp_path
 def test_no_price_anywhere_is_a_visible_budget_unknown_state(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from service.judge.api import judge_info
+    from vigil.judge.api import judge_info
 
     client = Scripted(via_litellm=True)
-    with caplog.at_level("WARNING", logger="service.judge.engine"):
+    with caplog.at_level("WARNING", logger="vigil.judge.engine"):
         rt, stage = setup(
             f"sqlite:///{tmp_path / 'v.db'}",
             tmp_path,
@@ -524,7 +525,7 @@ def test_offline_mode_judges_from_findings(tmp_path: Path) -> None:
 
 
 def test_a_timeout_longer_than_the_lease_is_refused_at_start(tmp_path: Path) -> None:
-    from service.judge.errors import JudgeDefinitionError
+    from vigil.judge.errors import JudgeDefinitionError
 
     with pytest.raises(JudgeDefinitionError, match="must be well under VIGIL_JUDGE_LEASE_SECONDS"):
         setup(

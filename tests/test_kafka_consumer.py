@@ -17,14 +17,13 @@ from conftest import make_settings
 from prometheus_client import CollectorRegistry
 from services import create_topic
 from sqlalchemy import func, select
-
-from service.consumer import ConsumerWorker, kafka_consumer, kafka_producer
-from service.rules import RuleEngine
-from service.runtime import build_runtime
-from service.schema import Conversation
-from service.settings import PROJECT_ROOT
-from service.simulate import Simulator, parse_versions
-from service.store.models import ConversationRow, DeadLetterRow, FindingRow
+from vigil.app.runtime import build_runtime
+from vigil.ingest.kafka import ConsumerWorker, kafka_consumer, kafka_producer
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.rules import RuleEngine
+from vigil.schema import Conversation
+from vigil.settings import PROJECT_ROOT
+from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres]
 
@@ -196,7 +195,7 @@ def test_killing_a_consumer_mid_stream_loses_and_doubles_nothing(kafka, pg_url, 
         VIGIL_LOG_LEVEL="WARNING",
         VIGIL_RULE_PACKS=str(PROJECT_ROOT / "rules" / "default.yaml"),
     )
-    cmd = [sys.executable, "-m", "service.cli", "consume"]
+    cmd = [sys.executable, "-m", "vigil.app.cli", "consume"]
     logs = [open(tmp_path / f"c{i}.log", "wb") for i in range(2)]  # noqa: SIM115  (closed in finally)
     procs = [
         subprocess.Popen(cmd, env=env, stdout=logs[i], stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)

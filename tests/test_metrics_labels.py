@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry
-
-from service.metrics import Metrics
+from vigil.metrics import Metrics
 
 
 def series(m: Metrics, version: str) -> float | None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-
-from service.schema import Conversation
-from service.tracing.assemble import assemble, merge, to_messages
+from vigil.ingest.otlp.assemble import assemble, merge, to_messages
+from vigil.schema import Conversation
 
 
 def span(

@@ -24,19 +24,19 @@ from opentelemetry.trace import Status, StatusCode
 from prometheus_client import CollectorRegistry
 from services import free_port, wait_port
 from sqlalchemy import func, select
-
-from service.api.app import create_app
-from service.runtime import Runtime, build_runtime
-from service.store.models import ConversationRow, DeadLetterRow
-from service.tracing.models import OtelSpanRow
-from service.wiring import wire
+from vigil.app.runtime import build_runtime
+from vigil.app.server import build_app
+from vigil.app.wiring import wire
+from vigil.ingest.otlp.models import OtelSpanRow
+from vigil.runtime import Runtime
+from vigil.store.models import ConversationRow, DeadLetterRow
 
 
 @pytest.fixture
 def server(db_url: str) -> Iterator[tuple[str, Runtime]]:
     rt = wire(build_runtime(make_settings(db_url), registry=CollectorRegistry()), {"api"})
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(rt), host="127.0.0.1", port=port, log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     assert wait_port(port)

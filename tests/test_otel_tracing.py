@@ -9,12 +9,11 @@ import pytest
 from conftest import make_settings
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
-
-from service.pipeline import Envelope
-from service.runtime import build_runtime
-from service.simulate import Simulator, parse_versions
-from service.tracing import spans
-from service.wiring import wire
+from vigil import observability as spans
+from vigil.app.runtime import build_runtime
+from vigil.app.wiring import wire
+from vigil.ingest.pipeline import Envelope
+from vigil.ingest.simulate import Simulator, parse_versions
 
 
 @pytest.fixture
@@ -98,8 +97,7 @@ def test_replay_exports_its_spans_by_the_standard_variables(tmp_path) -> None:  
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from services import free_port
-
-    from service.tracing.otlp import parse, protobuf_response
+    from vigil.ingest.otlp.otlp import parse, protobuf_response
 
     received: list[tuple[str, dict[str, str], bytes]] = []
 
@@ -133,7 +131,7 @@ def test_replay_exports_its_spans_by_the_standard_variables(tmp_path) -> None:  
         }
         env.pop("VIGIL_TRACING_ENABLED", None)
         done = subprocess.run(
-            [sys.executable, "-m", "service.cli", "replay", str(sim), "--batch", "10"],
+            [sys.executable, "-m", "vigil.app.cli", "replay", str(sim), "--batch", "10"],
             env=env,
             capture_output=True,
             text=True,

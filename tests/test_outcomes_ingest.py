@@ -10,12 +10,11 @@ import pytest
 from conftest import ADMIN, INGEST, REVIEWER, make_client, make_settings
 from prometheus_client import CollectorRegistry
 from sqlalchemy import select
-
-from service.outcomes.models import OutcomeLinkRow
-from service.runtime import build_runtime
-from service.schema import Conversation
-from service.simulate import Simulator, parse_versions
-from service.store.models import DeadLetterRow, OutcomeRow
+from vigil.app.runtime import build_runtime
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.outcomes.ingest import OutcomeStore
+from vigil.schema import Conversation
+from vigil.store.models import DeadLetterRow, OutcomeLinkRow, OutcomeRow
 
 
 def convs(n: int, versions: str = "v1:0.0", seed: int = 1) -> list[dict]:
@@ -198,11 +197,11 @@ def test_reused_idempotency_key_for_a_different_outcome_is_a_named_conflict(rt_c
 
 
 def test_outcomes_handler_dead_letters_a_conflicting_key(sqlite_url) -> None:
-    from service.pipeline import Envelope
-    from service.wiring import wire
+    from vigil.app.wiring import wire
+    from vigil.ingest.pipeline import Envelope
 
     rt = wire(build_runtime(make_settings(sqlite_url), registry=CollectorRegistry()), {"consume"})
-    store = rt.extras["outcome_store"]
+    store = rt.get(OutcomeStore)
     cid = convs(1)[0]["conversation_id"]
 
     def env(payload: object, offset: int) -> Envelope:
@@ -248,8 +247,8 @@ def test_custom_outcome_types_from_settings(sqlite_url) -> None:
             headers=INGEST,
         )
         assert r.status_code == 202 and r.json()["stored"] == 2
-    from service.errors import ConfigError
-    from service.outcomes.types import outcome_types
+    from vigil.errors import ConfigError
+    from vigil.schema import outcome_types
 
     with pytest.raises(ConfigError, match="kind of 'x' must be bad, good or score"):
         outcome_types("x:awful")
@@ -265,7 +264,7 @@ def test_listeners_run_in_the_storing_transaction(sqlite_url) -> None:
         if any(r.type == "thumbs_down" for r in rows):
             raise RuntimeError("listener failed")
 
-    rt.extras["outcome_listeners"] = [listener]
+    rt.hooks.outcome_listeners.append(listener)
     with make_client(rt) as c:
         cid = convs(1)[0]["conversation_id"]
         same = outcome(cid, "escalation")
@@ -282,7 +281,7 @@ def test_listeners_run_in_the_storing_transaction(sqlite_url) -> None:
 def test_inline_outcomes_are_joined_and_reach_listeners_once(sqlite_url) -> None:
     rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
     seen: list[tuple[str, str]] = []
-    rt.extras["outcome_listeners"] = [lambda s, rows: seen.extend((r.type, r.source) for r in rows)]
+    rt.hooks.outcome_listeners.append(lambda s, rows: seen.extend((r.type, r.source) for r in rows))
     with make_client(rt) as c:
         conv = dict(convs(1)[0], outcomes=[{"type": "task_success", "value": 1.0}])
         for _ in range(2):
@@ -302,17 +301,15 @@ def test_demo_sink_and_simulate_feed_outcomes(sqlite_url) -> None:
         batch = list(sim.stream(40))
         rt.pipeline.process([Conversation.model_validate(b) for b in batch], "demo")
         outs = [o for b in batch for o in sim.outcomes_for(b)]
-        rt.extras["outcome_sink"](outs)
+        rt.hooks.outcome_sink(outs)
         assert len(links(rt)) == len({o["idempotency_key"] for o in outs}) > 0
 
 
 @pytest.mark.kafka
 def test_outcomes_topic_handler_on_a_real_broker(kafka, sqlite_url) -> None:
     from services import create_topic
-
-    from service.consumer import ConsumerWorker, kafka_consumer, kafka_producer
-    from service.server import consumer_handlers
-    from service.wiring import wire
+    from vigil.app.wiring import wire
+    from vigil.ingest.kafka import ConsumerWorker, kafka_consumer, kafka_producer
 
     topic = f"outcomes-{uuid.uuid4().hex[:8]}"
     settings = make_settings(
@@ -343,7 +340,7 @@ def test_outcomes_topic_handler_on_a_real_broker(kafka, sqlite_url) -> None:
     producer.send(topic, key=b"x", value=b"\xff not json")
     producer.flush(30)
     producer.close()
-    handlers = consumer_handlers(rt)
+    handlers = ConsumerWorker(rt, None).handlers
     assert topic in handlers
     worker = ConsumerWorker(rt, kafka_consumer(rt, list(handlers)), handlers)
     thread = threading.Thread(target=worker.run, daemon=True)

@@ -12,8 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from services import free_port, missing, wait_port
-
-from service.settings import PROJECT_ROOT
+from vigil.settings import PROJECT_ROOT
 
 pytestmark = pytest.mark.prometheus
 
@@ -33,7 +32,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def simulate(env: dict[str, str], url: str, versions: str, count: int, seed: int) -> None:
-    vigil = [sys.executable, "-m", "service.cli"]
+    vigil = [sys.executable, "-m", "vigil.app.cli"]
     result = subprocess.run(
         [
             *vigil,
@@ -95,7 +94,7 @@ def test_regression_reaches_firing_in_prometheus(tmp_path: Path) -> None:
         "scrape_configs:\n"
         f"  - job_name: vigil\n    static_configs: [{{targets: ['127.0.0.1:{vigil_port}']}}]\n"
     )
-    serve = start([sys.executable, "-m", "service.cli", "serve"], env, tmp_path / "serve.log")
+    serve = start([sys.executable, "-m", "vigil.app.cli", "serve"], env, tmp_path / "serve.log")
     prom = start(
         [
             prometheus,

@@ -8,9 +8,7 @@ import pytest
 from conftest import ADMIN, INGEST, REVIEWER
 from review_support import review_client, review_runtime, simulated
 from sqlalchemy import update
-
-from service.review.models import ReviewItemRow
-from service.store.models import utcnow
+from vigil.store.models import ReviewItemRow, utcnow
 
 RAJ = {"Authorization": "Bearer raj-key"}
 
@@ -312,7 +310,7 @@ def test_clusters_group_confirmed_failures(api) -> None:
 
 
 def test_clusters_count_each_conversation_once(api, rt) -> None:
-    from service.store.models import FindingRow
+    from vigil.store.models import FindingRow
 
     convs = _seed(api, 80, seed=3)
     cancels = [c for c in convs if c["metadata"]["simulated_defect"] == "cancel_delivered"][:3]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 from review_support import review_runtime, simulated, store
 from typer.testing import CliRunner
-
-from service.cli import app
+from vigil.app.cli import app
+from vigil.review.stage import ReviewStage
 
 
 def test_review_commands(sqlite_url, tmp_path, monkeypatch) -> None:
@@ -25,11 +25,11 @@ def test_review_commands(sqlite_url, tmp_path, monkeypatch) -> None:
     assert again.exit_code == 0 and "0 added" in again.output
 
     rt = review_runtime(sqlite_url)
-    from service.review import queue
+    from vigil.review import queue
 
     with rt.sessions.begin() as s:
         queue.label(
-            s, ids[0], "rita", queue.LabelIn("confirmed_failure", "wrong_action"), rt.extras["review"].policy
+            s, ids[0], "rita", queue.LabelIn("confirmed_failure", "wrong_action"), rt.get(ReviewStage).policy
         )
     rt.close()
     out = tmp_path / "labels.jsonl"

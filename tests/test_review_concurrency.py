@@ -11,10 +11,9 @@ import pytest
 from review_support import review_runtime, simulated, store
 from services import free_port, wait_port
 from sqlalchemy import select
-
-from service.review import queue
-from service.review.models import ReviewItemRow
-from service.store.models import utcnow
+from vigil.review import queue
+from vigil.review.stage import ReviewStage
+from vigil.store.models import ReviewItemRow, utcnow
 
 CLIENTS = 20
 KEYS = ",".join(f"r{i}:reviewer:key-{i}" for i in range(CLIENTS)) + ",admin:admin:admin-key"
@@ -37,12 +36,11 @@ def _flagged_runtime(url: str, items: int):  # type: ignore[no-untyped-def]
 @pytest.mark.postgres
 def test_twenty_clients_claim_at_once_over_http_and_get_twenty_items(pg_url) -> None:
     import uvicorn
-
-    from service.api.app import create_app
+    from vigil.app.server import build_app
 
     rt = _flagged_runtime(pg_url, CLIENTS)
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(rt), host="127.0.0.1", port=port, log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     assert wait_port(port)
@@ -120,11 +118,11 @@ def test_an_expired_lease_goes_back_to_the_queue(sqlite_url) -> None:
 
 
 def test_concurrent_signals_for_one_conversation_add_up(db_url) -> None:
-    from service.review.flagger import enqueue
-    from service.review.policy import Reason
+    from vigil.review.flagger import enqueue
+    from vigil.review.policy import Reason
 
     rt = review_runtime(db_url)
-    policy = rt.extras["review"].policy
+    policy = rt.get(ReviewStage).policy
     convs = simulated(10, "v1:0.0", seed=6)
     store(rt, convs)
     workers = 8

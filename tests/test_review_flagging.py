@@ -7,13 +7,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from review_support import review_runtime, simulated, store
 from sqlalchemy import select
-
-from service.errors import ConfigError
-from service.judge.models import VerdictRow
-from service.review import queue
-from service.review.models import ReviewAuditRow, ReviewItemRow, ReviewReasonRow
-from service.review.policy import DEFAULT_POLICY, FlaggingPolicy
-from service.store.models import OutcomeRow
+from vigil.errors import ConfigError
+from vigil.review import queue
+from vigil.review.models import ReviewAuditRow, ReviewReasonRow
+from vigil.review.policy import DEFAULT_POLICY, FlaggingPolicy
+from vigil.review.stage import ReviewStage
+from vigil.store.models import OutcomeRow, ReviewItemRow, VerdictRow
 
 
 @pytest.fixture
@@ -80,7 +79,7 @@ def _stored_rows(rt, rows):  # type: ignore[no-untyped-def]
         s.add_all(rows)
         s.flush()
         listeners = (
-            rt.extras["verdict_listeners"] if isinstance(rows[0], VerdictRow) else rt.extras["outcome_listeners"]
+            rt.hooks.verdict_listeners if isinstance(rows[0], VerdictRow) else rt.hooks.outcome_listeners
         )
         for fn in listeners:
             fn(s, rows)
@@ -177,7 +176,7 @@ def test_unflagged_conversations_are_sampled(sqlite_url) -> None:
     try:
         convs = simulated(300, "v1:0.0", seed=8)
         store(rt, convs)
-        policy = rt.extras["review"].policy
+        policy = rt.get(ReviewStage).policy
         expected = {c["conversation_id"] for c in convs if policy.sampled(c["conversation_id"])}
         with rt.sessions() as s:
             sampled = set(s.scalars(select(ReviewItemRow.conversation_id).where(ReviewItemRow.sampled.is_(True))))
@@ -194,7 +193,7 @@ def test_sample_is_drawn_from_flagged_and_unflagged_alike(db_url, tmp_path) -> N
     try:
         convs = simulated(300, "v1:0.6", seed=12)
         store(rt, convs)
-        policy = rt.extras["review"].policy
+        policy = rt.get(ReviewStage).policy
         with rt.sessions() as s:
             items = {i.conversation_id: i for i in s.scalars(select(ReviewItemRow))}
             reasons: dict[str, set[str]] = {}

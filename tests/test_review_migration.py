@@ -6,9 +6,8 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
-
-from service.store import db
-from service.store.registry import metadata
+from vigil.app.wiring import metadata
+from vigil.store import db
 
 REVIEW_TABLES = {"review_items", "review_reasons", "review_labels", "review_skips", "review_audit"}
 

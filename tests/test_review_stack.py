@@ -9,13 +9,13 @@ from urllib.parse import quote
 from conftest import INGEST, REVIEWER, make_client, make_settings
 from prometheus_client import CollectorRegistry
 from review_support import simulated
-
-from service.runtime import build_runtime
-from service.wiring import STAGES
+from vigil.app.runtime import build_runtime
+from vigil.app.wiring import STAGES
+from vigil.judge.stage import JudgeStage
 
 
 def test_outcomes_and_offline_judge_verdicts_reach_the_queue_and_the_page(sqlite_url) -> None:
-    assert "service.review.wiring" in STAGES
+    assert "review" in [stage.name for stage in STAGES]
     rt = build_runtime(
         make_settings(sqlite_url, judge_poll_interval_seconds=0.05), registry=CollectorRegistry()
     )
@@ -37,10 +37,10 @@ def test_outcomes_and_offline_judge_verdicts_reach_the_queue_and_the_page(sqlite
         assert [(x["kind"], x["key"]) for x in item["reasons"]] == [("outcome", "escalation")]
 
         # the judge stage (offline: no provider key) judges what its sampler queued; fails flag for review
-        from service.judge.worker import JudgeWorker
+        from vigil.judge.worker import JudgeWorker
 
-        stage = rt.extras["judge"]
-        asyncio.run(JudgeWorker(stage.engine, rt.extras["verdict_listeners"]).run_until_idle(timeout=120))
+        stage = rt.get(JudgeStage)
+        asyncio.run(JudgeWorker(stage.engine, rt.hooks.verdict_listeners).run_until_idle(timeout=120))
         verdicts = {
             v["conversation_id"]: v
             for c in convs

@@ -9,10 +9,9 @@ import pytest
 from conftest import REVIEWER
 from fastapi import APIRouter, Depends, Request
 from review_support import XSS_PAYLOADS, review_client, review_runtime, simulated, store, xss_conversation
-
-from service.api.auth import Principal
-from service.web.render import render_page, ui_user
-from service.web.session import COOKIE
+from vigil.http.auth import Principal
+from vigil.ui.render import render_page, ui_user
+from vigil.ui.session import COOKIE
 
 
 @pytest.fixture
@@ -111,7 +110,7 @@ def _expire_session(ui, rt, monkeypatch) -> None:  # type: ignore[no-untyped-def
 
     from itsdangerous import TimestampSigner
 
-    sessions = rt.extras["ui_sessions"]
+    sessions = ui.app.state.ui_sessions
     data = sessions._signer.loads(ui.cookies.get(COOKIE))
     with monkeypatch.context() as m:
         m.setattr(TimestampSigner, "get_timestamp", lambda self: int(time.time()) - sessions.max_age - 60)
@@ -242,7 +241,7 @@ def test_skipping_a_conversation_outside_the_queue_is_a_404_page(ui, rt) -> None
     convs = simulated(30, "v1:0.0", seed=5)
     store(rt, convs)
     with rt.sessions() as s:
-        from service.review.models import ReviewItemRow
+        from vigil.store.models import ReviewItemRow
 
         queued = set(s.scalars(ReviewItemRow.__table__.select().with_only_columns(ReviewItemRow.conversation_id)))
     outside = next(c["conversation_id"] for c in convs if c["conversation_id"] not in queued)
@@ -285,9 +284,9 @@ def test_nav_is_data_driven_and_other_stages_can_extend_the_layout(sqlite_url, t
         return render_page(request, "other_stage_page.html", title="Compare", who="<v1 vs v2>")
 
     rt = review_runtime(sqlite_url)
-    rt.extras["ui_nav"].append(("Compare", "/ui/compare"))
-    rt.extras["ui_template_dirs"].append(tmp_path)
-    rt.extras["routers"].append(router)
+    rt.hooks.nav.append(("Compare", "/ui/compare"))
+    rt.hooks.templates.append(tmp_path)
+    rt.hooks.routers.append(router)
     try:
         with review_client(rt) as ui:
             _login(ui)

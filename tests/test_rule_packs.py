@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 from conftest import make_settings
 from prometheus_client import CollectorRegistry
-
-from service.errors import ConfigError
-from service.rules import RuleEngine, load_pack, registered_rule_types
-from service.runtime import build_runtime
-from service.schema import Conversation
-from service.settings import PROJECT_ROOT, Settings
+from vigil.app.runtime import build_runtime
+from vigil.errors import ConfigError
+from vigil.rules import RuleEngine, load_pack, registered_rule_types
+from vigil.schema import Conversation
+from vigil.settings import PROJECT_ROOT, Settings
 
 SHIPPED = sorted((PROJECT_ROOT / "rules").glob("*.yaml"))
 
@@ -222,7 +221,7 @@ from collections.abc import Iterator
 
 from pydantic import Field
 
-from service.rules import ConversationView, Evidence, Hit, RuleArgs, rule_type
+from vigil.rules import ConversationView, Evidence, Hit, RuleArgs, rule_type
 
 
 class ShoutingArgs(RuleArgs):

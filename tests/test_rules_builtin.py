@@ -8,11 +8,10 @@ from typing import Any
 
 import orjson
 import pytest
-
-from service.rules import ConversationView, Hit, registered_rule_types
-from service.rules.builtin_tools import DEFAULT_NO, DEFAULT_YES, EscalationArgs
-from service.rules.patterns import needles, pattern
-from service.schema import Conversation
+from vigil.rules import ConversationView, Hit, registered_rule_types
+from vigil.rules.builtin_tools import DEFAULT_NO, DEFAULT_YES, EscalationArgs
+from vigil.rules.patterns import needles, pattern
+from vigil.schema import Conversation
 
 _ids = itertools.count()
 
@@ -802,7 +801,7 @@ def test_user_repetition_ignores_word_order() -> None:
 
 
 def test_export_redaction_covers_international_numbers() -> None:
-    from service.export.redact import Redactor
+    from vigil.export.redact import Redactor
 
     r = Redactor()
     text = "Call +44 20 7946 0958 or +33 1 42 68 53 00; order 7602931732 costs +12.50."

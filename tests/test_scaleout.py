@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from service.settings import PROJECT_ROOT
+from vigil.settings import PROJECT_ROOT
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres]
 

@@ -9,11 +9,10 @@ import pytest
 from conftest import ADMIN, INGEST, REVIEWER, make_client, make_settings
 from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select, text
-
-from service.pipeline import Envelope
-from service.runtime import build_runtime
-from service.simulate import Simulator, parse_versions
-from service.store.models import ConversationRow, DeadLetterRow
+from vigil.app.runtime import build_runtime
+from vigil.ingest.pipeline import Envelope
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.store.models import ConversationRow, DeadLetterRow
 
 
 def sim(n: int, versions: str = "v1:0.0", seed: int = 4) -> list[dict]:
@@ -159,7 +158,7 @@ def test_ids_with_slashes_are_reachable(client) -> None:
 
 
 def test_a_refused_replayed_conversation_is_kept_under_its_own_source(sqlite_url) -> None:
-    from service.schema import Conversation
+    from vigil.schema import Conversation
 
     rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
     refuse_agent(rt, "evil")

@@ -14,8 +14,8 @@ from urllib.parse import quote
 import pytest
 from review_support import review_runtime, simulated, store, xss_conversation
 from services import free_port, missing, wait_port
-
-from service.review.models import ReviewItemRow, ReviewLabelRow
+from vigil.review.stage import ReviewStage
+from vigil.store.models import ReviewItemRow, ReviewLabelRow
 
 pytestmark = pytest.mark.browser
 
@@ -50,12 +50,11 @@ def browser():  # type: ignore[no-untyped-def]
 @pytest.fixture
 def server(sqlite_url: str) -> Iterator[tuple[str, object]]:
     import uvicorn
-
-    from service.api.app import create_app
+    from vigil.app.server import build_app
 
     rt = review_runtime(sqlite_url)
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(rt), host="127.0.0.1", port=port, log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     if not wait_port(port):
@@ -117,7 +116,7 @@ def test_login_claim_label_with_keyboard(browser, server) -> None:
     with rt.sessions() as s:
         labels = {r.conversation_id: r for r in s.query(ReviewLabelRow).all()}
     assert labels[first].label == "confirmed_failure" and labels[first].reviewer == "rita"
-    assert labels[first].category == next(iter(rt.extras["review"].policy.taxonomy))
+    assert labels[first].category == next(iter(rt.get(ReviewStage).policy.taxonomy))
     assert labels[second].label == "not_a_failure"
 
     page.goto(f"{base}/ui/queue")

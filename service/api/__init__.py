@@ -1,1 +1,0 @@
-"""HTTP API and web UI (FastAPI)."""

@@ -1,1 +1,0 @@
-"""calibration stage."""

@@ -1,1 +1,0 @@
-"""compare stage: quality signals per agent version with intervals, and version comparison."""

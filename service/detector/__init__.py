@@ -1,1 +1,0 @@
-"""detector stage: sequential regression detection per signal, agent and version."""

@@ -1,1 +1,0 @@
-"""Export stage: confirmed failures become offline eval tasks (native JSONL, Inspect AI, verifiers)."""

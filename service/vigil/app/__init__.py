@@ -1,0 +1,1 @@
+"""Vigil's processes and command line, assembled from the stages."""

@@ -1,0 +1,3 @@
+from vigil.app.cli import main
+
+main()

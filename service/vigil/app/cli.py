@@ -1,0 +1,129 @@
+"""The ``vigil`` command line (Typer): its own commands, then every stage's, from the one list of stages."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from vigil import __version__
+from vigil.app.console import console, fail, load_settings
+from vigil.app.wiring import STAGES
+from vigil.errors import VigilError
+from vigil.runtime import Launcher, Runtime
+from vigil.settings import Settings
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Vigil: watches LLM agents in production.")
+db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
+app.add_typer(db_app, name="db")
+
+
+def _build(settings: Settings, roles: frozenset[str] | None) -> Runtime:
+    from vigil.app.runtime import build_runtime
+    from vigil.app.wiring import wire
+
+    rt = build_runtime(settings, roles=roles or ("replay",))
+    return wire(rt) if roles is not None else rt
+
+
+def _serve_metrics(rt: Runtime) -> None:
+    from vigil.app.server import start_metrics_server
+
+    start_metrics_server(rt)
+
+
+def launcher() -> Launcher:
+    return Launcher(console, load_settings, _build, _serve_metrics)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"vigil {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    ctx: typer.Context,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print Vigil's version and exit.")
+    ] = False,
+) -> None:
+    ctx.obj = launcher()
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = "head") -> None:
+    """Apply Alembic migrations to VIGIL_DATABASE_URL."""
+    from vigil.store import db
+
+    s = load_settings()
+    db.upgrade(s.database_url_str, revision)
+    console.print(f"database at {revision}")
+
+
+@app.command("settings")
+def show_settings(
+    markdown: Annotated[bool, typer.Option(help="Print the settings table of the docs instead.")] = False,
+) -> None:
+    """Print the effective settings (secrets masked), or every setting as a Markdown table."""
+    from pydantic import SecretStr
+
+    if markdown:
+        print("| variable | default | description |\n|---|---|---|")
+        for name, field in Settings.model_fields.items():
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, SecretStr):
+                default = default.get_secret_value()
+            shown = str(default).replace(str(Settings.model_fields["judges_dir"].default).rsplit("/", 1)[0], ".")
+            print(f"| `VIGIL_{name.upper()}` | `{shown}` | {field.description} |")
+        return
+    s = load_settings()
+    for name in Settings.model_fields:
+        value = getattr(s, name)
+        masked = isinstance(value, SecretStr) and value.get_secret_value()
+        print(f"VIGIL_{name.upper()}={'********' if masked else value}")
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (VIGIL_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (VIGIL_PORT).")] = None,
+    demo: Annotated[bool, typer.Option(help="Feed simulated traffic into the pipeline in-process.")] = False,
+    workers: Annotated[
+        bool, typer.Option(help="Also run the judge worker and detector in-process (--no-workers: API and UI only).")
+    ] = True,
+    demo_rate: Annotated[float, typer.Option(help="Demo conversations per second.")] = 20.0,
+    demo_versions: Annotated[str, typer.Option(help="Demo versions as version:failure_rate,...")] = (
+        "v1.4.0:0.04,v1.5.0:0.12"
+    ),
+) -> None:
+    """Run the API, /metrics, the reviewer UI and the in-process workers (embedded defaults: SQLite, HTTP)."""
+    import uvicorn
+
+    from vigil.app.server import build_server_app
+
+    s = load_settings()
+    try:
+        application = build_server_app(s, demo=demo, demo_rate=demo_rate, demo_versions=demo_versions, workers=workers)
+    except VigilError as exc:
+        fail(exc)
+    uvicorn.run(application, host=host or s.host, port=port or s.port, log_level=s.log_level.lower())
+
+
+for _stage in STAGES:
+    if _stage.commands is not None:
+        _stage.commands(app)
+
+
+def main() -> None:
+    try:
+        app()
+    except VigilError as exc:
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

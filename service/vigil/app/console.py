@@ -1,0 +1,25 @@
+"""The command line's console, settings and error exit, shared by every stage's commands."""
+
+from __future__ import annotations
+
+import logging
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+from vigil.settings import Settings
+
+console = Console(stderr=True)
+
+
+def load_settings() -> Settings:
+    s = Settings()
+    logging.basicConfig(level=s.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return s
+
+
+def fail(exc: Exception | str, code: int = 2) -> NoReturn:
+    # soft_wrap: an error is one line however narrow the terminal (logs and tests read it whole)
+    console.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+    raise typer.Exit(code)

@@ -1,0 +1,51 @@
+"""Builds the parts every role shares from one :class:`Settings`: database, rules, metrics, pipeline."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry
+
+from vigil import __version__, observability
+from vigil.ingest.pipeline import Pipeline
+from vigil.metrics import Metrics
+from vigil.rules import RuleEngine
+from vigil.runtime import ROLES, Hooks, Runtime
+from vigil.settings import Settings
+from vigil.store import db
+
+log = logging.getLogger(__name__)
+
+
+def load_plugins(settings: Settings) -> None:
+    for name in (n.strip() for n in settings.rule_plugins.split(",")):
+        if name:
+            importlib.import_module(name)
+
+
+def build_runtime(
+    settings: Settings,
+    registry: CollectorRegistry | None = None,
+    migrate: bool | None = None,
+    roles: Iterable[str] = ("serve",),
+) -> Runtime:
+    """The shared core of a process, no stage wired yet (:func:`vigil.app.wiring.wire` does that)."""
+    load_plugins(settings)
+    rules = RuleEngine.from_paths(settings.rule_pack_paths())
+    url = settings.database_url_str
+    if settings.migrate_on_start if migrate is None else migrate:
+        db.upgrade(url)
+    engine = db.make_engine(url)
+    sessions = db.make_sessionmaker(engine)
+    metrics = Metrics(registry, settings.max_label_values, settings.label_idle_hours * 3600)
+    metrics.build_info.labels(__version__).set(1)
+    hooks = Hooks()
+    pipeline = Pipeline(settings, sessions, rules, metrics, hooks.downstream)
+    observability.configure(settings)
+    log.info("loaded %d rules from %s", len(rules.rules), settings.rule_packs)
+    unknown = set(roles) - ROLES
+    if unknown:
+        raise ValueError(f"unknown roles {sorted(unknown)}")
+    return Runtime(settings, engine, sessions, rules, metrics, hooks, pipeline, frozenset(roles))

@@ -1,0 +1,90 @@
+"""Assembles each role's process: the API server with its in-process workers, and the consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from vigil.app.runtime import build_runtime
+from vigil.runtime import Background, Runtime
+from vigil.schema import Conversation
+from vigil.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class DemoTraffic:
+    """Feeds simulated conversations through the pipeline while the server runs (``--demo``)."""
+
+    def __init__(self, runtime: Runtime, rate: float, versions: str, batch: int = 10) -> None:
+        from vigil.ingest.simulate import Simulator, parse_versions
+
+        self.runtime = runtime
+        self.sim = Simulator(parse_versions(versions), seed=None or 0)
+        self.rate = rate
+        self.batch = batch
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+
+    def _feed(self) -> None:
+        convs = list(self.sim.stream(self.batch))
+        self.runtime.pipeline.process([Conversation.model_validate(c) for c in convs], "demo")
+        feed_outcomes = self.runtime.hooks.outcome_sink
+        if feed_outcomes:
+            feed_outcomes([o for c in convs for o in self.sim.outcomes_for(c)])
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await run_in_threadpool(self._feed)
+            except Exception:  # the demo must keep going whatever one batch does
+                log.exception("demo batch failed")
+            await asyncio.sleep(self.batch / self.rate)
+
+
+def start_metrics_server(rt: Runtime) -> None:
+    from prometheus_client import start_http_server
+
+    if rt.settings.metrics_port:
+        start_http_server(
+            rt.settings.metrics_port, addr=rt.settings.metrics_host, registry=rt.metrics.registry
+        )
+        log.info("metrics on %s:%d/metrics", rt.settings.metrics_host, rt.settings.metrics_port)
+
+
+def build_server_app(
+    settings: Settings,
+    demo: bool = False,
+    demo_rate: float = 20.0,
+    demo_versions: str = "v1.4.0:0.04,v1.5.0:0.12",
+    runtime: Runtime | None = None,
+    workers: bool = True,
+) -> FastAPI:
+    """``workers=False`` serves the API and UI only (role ``api``); judge worker and detector run elsewhere."""
+    from vigil.app.wiring import wire
+
+    rt = runtime or wire(build_runtime(settings, roles={"serve"} if workers else {"api"}))
+    background: list[Background] = list(rt.hooks.background)
+    if demo:
+        background.append(DemoTraffic(rt, demo_rate, demo_versions))
+    return build_app(rt, background)
+
+
+def build_app(rt: Runtime, background: list[Background] | None = None) -> FastAPI:
+    """The API with every wired stage's routers, and the web UI (its sessions, log-in and static files)."""
+    from vigil.http.app import create_app
+    from vigil.ui import pages, session
+
+    app = create_app(rt, background)
+    session.install(app, rt.settings, announce=rt.has_role("serve", "api"))
+    app.include_router(pages.router)
+    return app

@@ -1,0 +1,45 @@
+"""The one list of Vigil's stages, in data-flow order, and how a process wires them.
+
+Adding a stage means adding it here: its tables join the metadata Alembic sees, its ``wire`` runs for
+every process, and its commands join the command line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sqlalchemy import MetaData
+
+from vigil import calibration, compare, detector, export, ingest, judge, outcomes, review
+from vigil.runtime import Runtime, Stage
+from vigil.store.models import Base
+
+STAGES: tuple[Stage, ...] = (
+    ingest.STAGE,
+    judge.STAGE,
+    review.STAGE,
+    outcomes.STAGE,
+    compare.STAGE,
+    detector.STAGE,
+    calibration.STAGE,
+    export.STAGE,
+)
+
+
+def wire(rt: Runtime, roles: Iterable[str] | None = None) -> Runtime:
+    """Wire every stage into ``rt``.
+
+    ``roles`` says which process this is and so which background workers a stage may add:
+    ``serve`` (API with every in-process worker: the embedded default), ``api`` (API only),
+    ``consume``, ``judge-worker``, ``detector``, ``replay`` (downstream stages only, no workers).
+    """
+    if roles is not None:
+        rt.roles = frozenset(roles)
+    for stage in STAGES:
+        stage.wire(rt)
+    return rt
+
+
+def metadata() -> MetaData:
+    """Every stage's tables (importing the stages above registered them on the shared Base)."""
+    return Base.metadata

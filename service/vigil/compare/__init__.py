@@ -1,0 +1,25 @@
+"""Compare stage: quality signals per agent version with intervals, and version comparison."""
+
+from __future__ import annotations
+
+import typing
+
+from vigil.runtime import Runtime, Stage
+
+if typing.TYPE_CHECKING:
+    import typer
+
+
+def _wire(rt: Runtime) -> None:
+    from vigil.compare.wiring import wire
+
+    wire(rt)
+
+
+def _commands(app: typer.Typer) -> None:
+    from vigil.compare.commands import register
+
+    register(app)
+
+
+STAGE = Stage("compare", _wire, None, _commands)

@@ -1,0 +1,92 @@
+"""``GET /v1/compare`` (baseline vs candidate) and ``GET /v1/quality`` (one version's signals)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from starlette.concurrency import run_in_threadpool
+
+from vigil.compare.table import CompareError, RulesFor, compare, quality
+from vigil.http import runtime_of
+from vigil.http.auth import require
+from vigil.runtime import Runtime
+from vigil.schema import outcome_types
+
+router = APIRouter(tags=["compare"])
+
+
+def applicable_rules(rt: Runtime) -> RulesFor:
+    """Ids of the loaded rules whose ``applies_to`` matches an agent and version."""
+    return lambda agent, version: [r.id for r in rt.rules.rules_for(agent, version)]
+
+
+def run_compare(
+    rt: Runtime,
+    baseline: str,
+    candidate: str,
+    agent: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> dict[str, Any]:
+    s = rt.settings
+    with rt.sessions() as session:
+        result = compare(
+            session,
+            baseline,
+            candidate,
+            outcome_types(rt.settings.outcome_types),
+            applicable_rules(rt),
+            agent,
+            s.compare_max_sample,
+            s.compare_bootstrap_resamples,
+            since,
+            until,
+        )
+        for enrich in rt.hooks.compare_enrichers:  # calibration adds corrected judge rates
+            enrich(session, result)
+        return result
+
+
+@router.get("/v1/compare", dependencies=[require("reviewer")])
+async def get_compare(
+    request: Request,
+    baseline: str = Query(..., description="Baseline agent version."),
+    candidate: str = Query(..., description="Candidate agent version."),
+    agent: str | None = Query(
+        None, description="Agent id; needed when both versions exist for several agents."
+    ),
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> dict[str, Any]:
+    """Each signal for both versions with 95% intervals, the difference, a verdict and red flags."""
+    try:
+        return await run_in_threadpool(
+            run_compare, runtime_of(request), baseline, candidate, agent, since, until
+        )
+    except CompareError as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+@router.get("/v1/quality", dependencies=[require("reviewer")])
+async def get_quality(request: Request, agent: str, version: str) -> dict[str, Any]:
+    """Quality signals of one agent version with 95% intervals."""
+    rt = runtime_of(request)
+
+    def run() -> dict[str, Any]:
+        with rt.sessions() as session:
+            return quality(
+                session,
+                agent,
+                version,
+                outcome_types(rt.settings.outcome_types),
+                applicable_rules(rt),
+                rt.settings.compare_max_sample,
+                rt.settings.compare_bootstrap_resamples,
+            )
+
+    found = await run_in_threadpool(run)
+    if not found["conversations"]:
+        raise HTTPException(404, f"agent {agent!r} has no finished conversations of version {version!r}")
+    return found

@@ -1,0 +1,106 @@
+"""``vigil compare``: the table teams look at before a rollout."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from vigil.runtime import Launcher
+
+
+def _pct(e: dict[str, Any], kind: str) -> str:
+    v = e.get("value")
+    if v is None:
+        return "-"
+    if kind == "rate":
+        lo, hi = e.get("low"), e.get("high")
+        inner = f" [{100 * lo:.1f}, {100 * hi:.1f}]" if lo is not None and hi is not None else ""
+        return f"{100 * v:.2f}%{inner}"
+    lo, hi = e.get("low"), e.get("high")
+    inner = f" [{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None else ""
+    return f"{v:.4g}{inner}"
+
+
+def _corrected_row(cal: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """A judge row's corrected rates (calibration stage), beside the raw rate on the judge's sample."""
+
+    def side(c: dict[str, Any] | None) -> str:
+        if c is None:
+            return "-"
+        corrected = _pct(c["corrected"], "rate") if c.get("corrected") else f"- ({c['reason']})"
+        return f"{corrected} (raw on sample {_pct(c['raw'], 'rate')})"
+
+    state = cal["state"] if cal["state"] == "calibrated" else "[red]UNCALIBRATED[/red]"
+    return (f"  corrected, {state}", side(cal.get("baseline")), side(cal.get("candidate")), "", "")
+
+
+def render(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Console()
+    b, c = result["baseline"], result["candidate"]
+    table = Table(
+        title=f"{result['agent_id']}: {b['version']} ({b['conversations']} conv.) → "
+        f"{c['version']} ({c['conversations']} conv.), 95% intervals"
+    )
+    for col in ("signal", "baseline", "candidate", "difference", "verdict"):
+        table.add_column(col, overflow="fold")
+    colour = {"better": "green", "worse": "red"}
+    for r in result["signals"]:
+        verdict = r["verdict"] + (" (red flag)" if r["red_flag"] else "")
+        style = colour.get(r["verdict"], "")
+        table.add_row(
+            r["signal"],
+            _pct(r["baseline"], r["kind"]),
+            _pct(r["candidate"], r["kind"]),
+            _pct(r["difference"], r["kind"]),
+            f"[{style}]{verdict}[/{style}]" if style else verdict,
+        )
+        if r.get("calibration"):
+            table.add_row(*_corrected_row(r["calibration"]))
+    out.print(table)
+    m = result.get("multiplicity")
+    if m:
+        out.print(
+            f"Verdicts are corrected for testing {m['signals']} signals at once ({m['method'].title()}); "
+            "the intervals shown are raw 95% intervals."
+        )
+    for note in result["red_flags"]:
+        out.print(f"[bold red]red flag:[/bold red] {note}")
+    for side in ("baseline", "candidate"):
+        pk = result["pass_k"][side]
+        if pk["tasks"]:
+            at = ", ".join(f"pass@{k} {v:.3f}" for k, v in pk["pass_at_k"].items())
+            hat = ", ".join(f"pass^{k} {v:.3f}" for k, v in pk["pass_hat_k"].items())
+            out.print(f"{side} ({pk['tasks']} repeated tasks): {at}; {hat}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def compare(
+        ctx: typer.Context,
+        baseline: Annotated[str, typer.Option("--baseline", help="Baseline agent version.")],
+        candidate: Annotated[str, typer.Option("--candidate", help="Candidate agent version.")],
+        agent: Annotated[
+            str | None, typer.Option("--agent", help="Agent id (when versions are shared).")
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    ) -> None:
+        """Compare two agent versions: every signal with 95% intervals, a verdict and red flags."""
+        import orjson
+
+        from vigil.compare.api import run_compare
+        from vigil.errors import VigilError
+
+        launch = Launcher.of(ctx)
+        rt = launch.runtime({"replay"})
+        try:
+            result = run_compare(rt, baseline, candidate, agent)
+        except VigilError as exc:
+            launch.fail(exc)
+        if as_json:
+            typer.echo(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
+        else:
+            render(result)

@@ -1,0 +1,308 @@
+"""The compare table: each signal for a baseline and a candidate version, the difference with its
+95% interval, a verdict, and red flags (a signal that got worse while others improved).
+
+A table tests a dozen or more signals at once; at 5% each, identical versions would show some
+signal "worse" about a third of the time. Verdicts therefore need both the raw 95% interval to
+exclude zero and the Holm-adjusted p-value across the table's signals to stay below 5%, which
+keeps the chance of any spurious verdict on identical versions at 5%. The intervals shown stay
+the raw (unadjusted) 95% ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy.orm import Session
+
+from vigil.compare import stats
+from vigil.compare.signals import OFFLINE_SUFFIX, VersionData, load_version, versions_of
+from vigil.errors import VigilError
+from vigil.schema import OutcomeType
+from vigil.store.signals import RulesFor
+
+Direction = Literal["lower_is_better", "higher_is_better"]
+
+BETTER, WORSE, UNSURE, NO_DATA = "better", "worse", "not yet distinguishable", "no data"
+MULTIPLICITY = "holm"
+
+
+class CompareError(VigilError):
+    """The versions to compare are unknown or ambiguous."""
+
+
+@dataclass(slots=True)
+class Row:
+    signal: str
+    label: str
+    kind: str  # rate | mean | p95
+    direction: Direction
+    baseline: stats.Estimate
+    candidate: stats.Estimate
+    difference: stats.Estimate
+    verdict: str = UNSURE
+    red_flag: bool = False
+    p_adjusted: float | None = None  # Holm-adjusted across the signals of one comparison
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "signal": self.signal,
+            "label": self.label,
+            "kind": self.kind,
+            "direction": self.direction,
+            "baseline": self.baseline.as_dict(),
+            "candidate": self.candidate.as_dict(),
+            "difference": self.difference.as_dict(),
+            "p_value": self.difference.p_value,
+            "p_adjusted": self.p_adjusted,
+            "verdict": self.verdict,
+            "red_flag": self.red_flag,
+        }
+
+
+def verdict(diff: stats.Estimate, direction: Direction) -> str:
+    """The verdict from the raw 95% interval alone; :func:`adjust_for_multiplicity` then tempers it."""
+    if diff.value is None:
+        return NO_DATA
+    if diff.low is None or diff.high is None or diff.low <= 0 <= diff.high:
+        return UNSURE
+    rose = diff.low > 0
+    return WORSE if rose == (direction == "lower_is_better") else BETTER
+
+
+def _rate_row(
+    signal: str, label: str, x0: int, n0: int, x1: int, n1: int, direction: Direction = "lower_is_better"
+) -> Row:
+    b, c = stats.rate(x0, n0), stats.rate(x1, n1)
+    diff = stats.rate_difference(c, b)
+    return Row(signal, label, "rate", direction, b, c, diff, verdict(diff, direction))
+
+
+def _sample_row(
+    signal: str,
+    label: str,
+    kind: str,
+    base: Iterable[float],
+    cand: Iterable[float],
+    resamples: int,
+    direction: Direction = "lower_is_better",
+) -> Row:
+    stat = stats.p95 if kind == "p95" else stats.mean
+    base, cand = list(base), list(cand)
+    b, c = stats.estimate(base, stat, resamples), stats.estimate(cand, stat, resamples)
+    diff = stats.difference(cand, base, stat, resamples)
+    return Row(signal, label, kind, direction, b, c, diff, verdict(diff, direction))
+
+
+def build_rows(
+    base: VersionData,
+    cand: VersionData,
+    types: dict[str, OutcomeType],
+    rule_ids: Iterable[str],
+    resamples: int,
+) -> list[Row]:
+    n0, n1 = base.conversations, cand.conversations
+    rows: list[Row] = []
+    rules = sorted(set(rule_ids) | set(base.rule_conversations) | set(cand.rule_conversations))
+    for rule in rules:
+        rows.append(
+            _rate_row(
+                f"rule:{rule}",
+                f"rule {rule} failure rate",
+                base.rule_conversations.get(rule, 0),
+                n0,
+                cand.rule_conversations.get(rule, 0),
+                n1,
+            )
+        )
+    rows.append(
+        _rate_row(
+            "forbidden_tool",
+            "forbidden tool call rate",
+            base.forbidden_conversations,
+            n0,
+            cand.forbidden_conversations,
+            n1,
+        )
+    )
+    for judge in sorted(set(base.judge) | set(cand.judge)):
+        (bn, bx), (cn, cx) = base.judge.get(judge, (0, 0)), cand.judge.get(judge, (0, 0))
+        name = judge.removesuffix(OFFLINE_SUFFIX)
+        label = f"offline judge {name} failure rate" if judge != name else f"judge {name} failure rate"
+        rows.append(_rate_row(f"judge:{judge}", label, bx, bn, cx, cn))
+    seen = set(base.outcome_conversations) | set(cand.outcome_conversations)
+    for name, t in sorted(types.items()):
+        if t.kind == "score":
+            if base.outcome_scores.get(name) or cand.outcome_scores.get(name):
+                rows.append(
+                    _sample_row(
+                        f"outcome:{name}",
+                        f"mean {name}",
+                        "mean",
+                        base.outcome_scores.get(name, []),
+                        cand.outcome_scores.get(name, []),
+                        resamples,
+                        "higher_is_better",
+                    )
+                )
+            continue
+        if name not in seen and name not in ("escalation", "refund_reversal"):
+            continue
+        direction: Direction = "lower_is_better" if t.kind == "bad" else "higher_is_better"
+        rows.append(
+            _rate_row(
+                f"outcome:{name}",
+                f"{name} rate",
+                base.outcome_conversations.get(name, 0),
+                n0,
+                cand.outcome_conversations.get(name, 0),
+                n1,
+                direction,
+            )
+        )
+    rows.append(
+        _rate_row(
+            "tool_error",
+            "conversations with a failed tool call",
+            base.tool_error_conversations,
+            n0,
+            cand.tool_error_conversations,
+            n1,
+        )
+    )
+    rows.append(_sample_row("steps", "messages per conversation", "mean", base.steps, cand.steps, resamples))
+    rows.append(
+        _sample_row("cost_usd", "cost per conversation (USD)", "mean", base.cost, cand.cost, resamples)
+    )
+    rows.append(
+        _sample_row("latency_p95_ms", "p95 latency (ms)", "p95", base.latency, cand.latency, resamples)
+    )
+    adjust_for_multiplicity(rows)
+    mark_red_flags(rows)
+    return rows
+
+
+def adjust_for_multiplicity(rows: list[Row]) -> list[Row]:
+    """Holm's step-down adjustment over the rows' p-values; a better/worse verdict whose adjusted
+    p-value is not below 5% becomes "not yet distinguishable"."""
+    tested = [r for r in rows if r.difference.p_value is not None]
+    if not tested:
+        return rows
+    adjusted = stats.holm([r.difference.p_value for r in tested if r.difference.p_value is not None])
+    for r, p in zip(tested, adjusted, strict=True):
+        r.p_adjusted = float(p)
+        if r.verdict in (BETTER, WORSE) and r.p_adjusted >= stats.ALPHA:
+            r.verdict = UNSURE
+    return rows
+
+
+def mark_red_flags(rows: list[Row]) -> list[Row]:
+    """A signal that got worse while another got better is a red flag: an improvement may hide it."""
+    improved = [r for r in rows if r.verdict == BETTER]
+    for r in rows:
+        r.red_flag = r.verdict == WORSE and bool(improved)
+    return rows
+
+
+def _fmt(r: Row, e: stats.Estimate) -> str:
+    if e.value is None:
+        return "-"
+    return f"{100 * e.value:.1f}%" if r.kind == "rate" else f"{e.value:.4g}"
+
+
+def red_flag_notes(rows: list[Row]) -> list[str]:
+    better = [r.signal for r in rows if r.verdict == BETTER]
+    return [
+        f"{r.label} got worse ({_fmt(r, r.baseline)} → {_fmt(r, r.candidate)}) while "
+        f"{', '.join(better)} improved"
+        for r in rows
+        if r.red_flag
+    ]
+
+
+def resolve_agent(session: Session, baseline: str, candidate: str, agent: str | None) -> str:
+    if agent:
+        return agent
+    both = sorted(set(versions_of(session, baseline)) & set(versions_of(session, candidate)))
+    if len(both) == 1:
+        return both[0]
+    if not both:
+        raise CompareError(f"no agent has conversations of both {baseline!r} and {candidate!r}")
+    raise CompareError(
+        f"versions {baseline!r} and {candidate!r} exist for several agents ({', '.join(both)}); "
+        "say which with --agent / ?agent="
+    )
+
+
+def compare(
+    session: Session,
+    baseline: str,
+    candidate: str,
+    types: dict[str, OutcomeType],
+    rules_for: RulesFor,
+    agent: str | None = None,
+    max_sample: int = 20_000,
+    resamples: int = 1000,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> dict[str, Any]:
+    """The full comparison as a JSON-ready dict (``vigil compare --json`` and ``GET /v1/compare``).
+
+    Rule rows are the rules that apply to the agent at either version (and any rule with findings).
+    """
+    agent = resolve_agent(session, baseline, candidate, agent)
+    base = load_version(session, agent, baseline, types, max_sample, since, until)
+    cand = load_version(session, agent, candidate, types, max_sample, since, until)
+    for d in (base, cand):
+        if not d.conversations:
+            raise CompareError(f"agent {agent!r} has no finished conversations of version {d.version!r}")
+    rule_ids = {*rules_for(agent, baseline), *rules_for(agent, candidate)}
+    rows = build_rows(base, cand, types, rule_ids, resamples)
+    return {
+        "agent_id": agent,
+        "baseline": {"version": baseline, "conversations": base.conversations},
+        "candidate": {"version": candidate, "conversations": cand.conversations},
+        "confidence": 1 - stats.ALPHA,
+        "multiplicity": {
+            "method": MULTIPLICITY,
+            "signals": sum(1 for r in rows if r.p_adjusted is not None),
+            "note": "verdicts need the raw 95% interval to exclude zero and the Holm-adjusted p-value "
+            "across these signals to be below 0.05; intervals are unadjusted",
+        },
+        "signals": [r.as_dict() for r in rows],
+        "red_flags": red_flag_notes(rows),
+        "pass_k": {"baseline": stats.pass_k_table(base.tasks), "candidate": stats.pass_k_table(cand.tasks)},
+    }
+
+
+def quality(
+    session: Session,
+    agent: str,
+    version: str,
+    types: dict[str, OutcomeType],
+    rules_for: RulesFor,
+    max_sample: int = 20_000,
+    resamples: int = 1000,
+) -> dict[str, Any]:
+    """One version's signals with 95% intervals (``GET /v1/quality``); rules as in :func:`compare`."""
+    d = load_version(session, agent, version, types, max_sample)
+    # against an empty baseline: only the version's own estimates are computed
+    rows = build_rows(VersionData(agent, version), d, types, rules_for(agent, version), resamples)
+    return {
+        "agent_id": agent,
+        "version": version,
+        "conversations": d.conversations,
+        "signals": [
+            {
+                "signal": r.signal,
+                "label": r.label,
+                "kind": r.kind,
+                "direction": r.direction,
+                **r.candidate.as_dict(),
+            }
+            for r in rows
+        ],
+        "pass_k": stats.pass_k_table(d.tasks),
+    }

@@ -1,0 +1,77 @@
+"""``vigil export``: confirmed failures as eval tasks."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from sqlalchemy.exc import IntegrityError
+
+from vigil.runtime import Launcher
+
+
+def export(
+    ctx: typer.Context,
+    format: Annotated[str, typer.Option("--format", help="native, inspect or verifiers.")] = "native",
+    since: Annotated[int | None, typer.Option(help="Only failures confirmed after this watermark.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the tasks here (default: standard output).")] = None,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Also failures exported before in this format.")
+    ] = False,
+    schema: Annotated[bool, typer.Option("--schema", help="Print the native task's JSON Schema.")] = False,
+) -> None:
+    """Export confirmed failures as eval tasks (PII redacted, near-duplicates grouped, incremental)."""
+    from vigil.errors import VigilError
+    from vigil.export.redact import Redactor
+    from vigil.export.run import export as run
+
+    if schema:
+        from vigil.export.schema import json_schema
+
+        sys.stdout.write(orjson.dumps(json_schema(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    try:
+        rt = Launcher.of(ctx).runtime({"api"})
+        with rt.sessions.begin() as s:
+            result = run(
+                s,
+                {r.id: r for r in rt.rules.rules},
+                Redactor(rt.settings.export_redact_patterns),
+                format,
+                since,
+                all_,
+                os.environ.get("USER") or "cli",
+                rt.metrics,
+            )
+            # write before the transaction commits: if writing fails, the next run exports these again
+            data = b"".join(result.lines)
+            if out is None:
+                sys.stdout.buffer.write(data)
+                sys.stdout.flush()
+            else:
+                tmp = out.with_name(out.name + ".partial")
+                with tmp.open("wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                tmp.replace(out)
+    except (VigilError, OSError) as exc:
+        Launcher.of(ctx).fail(str(exc))
+    except IntegrityError:
+        from vigil.export.api import CONCURRENT
+
+        Launcher.of(ctx).fail(CONCURRENT)
+    for cid, why in result.skipped.items():
+        Launcher.of(ctx).console.print(f"[yellow]skipped {cid}: {why}[/yellow]")
+    Launcher.of(ctx).console.print(
+        f"{result.tasks} tasks ({result.grouped} near-duplicates grouped) in {format} format; "
+        f"watermark {result.watermark} (next: --since {result.watermark})"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export)

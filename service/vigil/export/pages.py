@@ -1,0 +1,109 @@
+"""UI page ``/ui/export``: download confirmed failures as eval tasks, mark a download as saved.
+
+A download from ``/ui/export`` is a pending run: the browser may not have saved it, so its conversations
+count as exported only when the admin marks the run as saved (``POST /ui/export/{run_id}/ack``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import RedirectResponse, Response
+from sqlalchemy import select
+
+from vigil.export.errors import ExportError
+from vigil.export.models import ExportRunRow
+from vigil.http import runtime_of
+from vigil.http.auth import Principal
+from vigil.ui.render import render_page, sessions_of, ui_user
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+
+async def _admin_form(request: Request, back: str) -> tuple[Principal, dict[str, Any]]:
+    form = dict(await request.form())
+    sessions = sessions_of(request)
+    p = sessions.principal(request)
+    if p is None:
+        raise HTTPException(303, "log in first", headers={"Location": f"/ui/login?next={back}"})
+    if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
+        raise HTTPException(403, "missing or stale form token: reload the page and try again")
+    if not p.can("admin"):
+        raise HTTPException(403, "exporting needs an admin key")
+    return p, form
+
+
+@router.get("/export")
+def export_page(request: Request, user: Principal = Depends(ui_user), error: str | None = None) -> Response:
+    rt = runtime_of(request)
+    with rt.sessions() as s:
+        runs = s.scalars(select(ExportRunRow).order_by(ExportRunRow.id.desc()).limit(50)).all()
+    return render_page(
+        request,
+        "export.html",
+        title="Export eval tasks",
+        runs=runs,
+        can_export=user.can("admin"),
+        error=error,
+    )
+
+
+@router.post("/export")
+async def export_download(request: Request) -> Response:
+    from vigil.export.redact import Redactor
+    from vigil.export.run import export
+
+    p, form = await _admin_form(request, "/ui/export")
+    rt = runtime_of(request)
+    fmt = str(form.get("format") or "native")
+    since_raw = str(form.get("since") or "").strip()
+    try:
+        since = int(since_raw) if since_raw else None
+        with rt.sessions.begin() as s:
+            result = export(
+                s,
+                {r.id: r for r in rt.rules.rules},
+                Redactor(rt.settings.export_redact_patterns),
+                fmt,
+                since,
+                bool(form.get("all")),
+                p.name,
+                rt.metrics,
+                record=False,
+            )
+    except (ValueError, ExportError) as exc:
+        return render_page(
+            request, "error.html", 422, title="Export failed", message=str(exc), back="/ui/export"
+        )
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return Response(
+        b"".join(result.lines),
+        media_type="application/x-ndjson",
+        headers={
+            "Content-Disposition": f'attachment; filename="vigil-{fmt}-run{result.run_id}-{stamp}.jsonl"',
+            "X-Vigil-Export-Run": str(result.run_id),
+            "X-Vigil-Export-State": result.state,
+            "X-Vigil-Watermark": str(result.watermark),
+            "X-Vigil-Tasks": str(result.tasks),
+            "Cache-Control": "no-store",
+        },
+    )
+
+
+@router.post("/export/{run_id}/ack")
+async def export_ack(request: Request, run_id: int) -> Response:
+    """The admin saved the run's file: its conversations count as exported from now on."""
+    from vigil.export.run import acknowledge
+
+    await _admin_form(request, "/ui/export")
+    rt = runtime_of(request)
+    try:
+        with rt.sessions.begin() as s:
+            acknowledge(s, run_id)
+    except LookupError:
+        return render_page(
+            request, "error.html", 404, title="Not found", message=f"No export run {run_id}", back="/ui/export"
+        )
+    return RedirectResponse("/ui/export", status_code=303)

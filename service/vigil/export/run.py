@@ -1,0 +1,287 @@
+"""An export run: confirmed failures not yet exported (in this format) become tasks, near-duplicates fold.
+
+A folded group's task keeps the first member's conversation and every member's reviewer notes and
+expected behaviour (each distinct text once).
+
+"Confirmed" is the review stage's own rule (:func:`vigil.store.reads.confirmed_failures`: current
+labels lean to ``confirmed_failure``). Each run records which conversations it covered in
+``exported_tasks`` (unique per format and conversation), so the next run skips them; ``all_`` ignores that
+record and exports everything again. The watermark is the highest review label id a run saw; ``since``
+keeps only failures whose confirming label is newer than a watermark. Nothing is committed here: the caller
+commits after the output is safely written, so a failed write exports the same tasks again next time.
+
+A caller that cannot know whether its output arrived (an HTTP response) passes ``record=False``: the run is
+``pending`` and keeps its records until :func:`acknowledge`, so an export whose download was lost is
+exported again by the next run.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from vigil.export.errors import ExportError
+from vigil.export.formats import FORMATS, render
+from vigil.export.models import ExportedTaskRow, ExportRunRow
+from vigil.export.redact import Redactor
+from vigil.export.tasks import Source, build, dumps
+from vigil.metrics import Metrics
+from vigil.rules.packs import CompiledRule
+from vigil.schema import Conversation
+from vigil.store import reads
+from vigil.store.db import upsert, utcnow
+from vigil.store.models import ConversationRow, FindingRow, VerdictRow
+
+_CHUNK = 500
+
+
+@dataclass
+class ExportResult:
+    run_id: int
+    format: str
+    watermark: int
+    lines: list[bytes] = field(default_factory=list)
+    grouped: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)  # conversation id → why
+    state: str = "done"  # pending: counts as exported only once acknowledged
+
+    @property
+    def tasks(self) -> int:
+        return len(self.lines)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "format": self.format,
+            "tasks": self.tasks,
+            "grouped": self.grouped,
+            "watermark": self.watermark,
+            "skipped": self.skipped,
+            "state": self.state,
+        }
+
+
+def _chunks(ids: list[str]) -> list[list[str]]:
+    return [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
+
+
+def _sources(
+    session: Session, confirmed: dict[str, str], labels: dict[str, list[Any]], skipped: dict[str, str]
+) -> list[Source]:
+    ids = sorted(confirmed)
+    docs: dict[str, tuple[str, int]] = {}
+    findings: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    verdicts: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for chunk in _chunks(ids):
+        for cid, doc, rev in session.execute(
+            select(ConversationRow.conversation_id, ConversationRow.document, ConversationRow.revision).where(
+                ConversationRow.conversation_id.in_(chunk)
+            )
+        ):
+            docs[cid] = (doc, rev)
+        for f in session.scalars(
+            select(FindingRow).where(FindingRow.conversation_id.in_(chunk)).order_by(FindingRow.id)
+        ):
+            findings[f.conversation_id].append(
+                {
+                    "rule_id": f.rule_id,
+                    "rule_type": f.rule_type,
+                    "revision": f.revision,
+                    "severity": f.severity,
+                    "message": f.message,
+                    "evidence": f.evidence or [],
+                    "details": f.details or {},
+                }
+            )
+        for v in session.scalars(
+            select(VerdictRow)
+            .where(VerdictRow.conversation_id.in_(chunk), VerdictRow.verdict == "fail")
+            .order_by(VerdictRow.id)
+        ):
+            verdicts[v.conversation_id].append(
+                {
+                    "judge": v.judge,
+                    "judge_version": v.judge_version,
+                    "verdict": v.verdict,
+                    "categories": v.categories,
+                    "rationale": v.rationale,
+                }
+            )
+    out = []
+    for cid in ids:
+        if cid not in docs:
+            skipped[cid] = "conversation not stored"
+            continue
+        doc, rev = docs[cid]
+        conv = Conversation.model_validate(orjson.loads(doc))
+        confirming = [
+            {
+                "label": r.label,
+                "severity": r.severity,
+                "notes": r.notes or "",
+                "expected_behavior": r.expected_behavior or "",
+            }
+            for r in labels.get(cid, [])
+            if r.label == "confirmed_failure"
+        ]
+        out.append(
+            Source(
+                conv,
+                confirmed[cid],
+                [f for f in findings[cid] if f["revision"] == rev],
+                confirming,
+                verdicts[cid],
+            )
+        )
+    return out
+
+
+def _merged(group: list[Source], rules: dict[str, CompiledRule], duplicates: list[str]) -> dict[str, Any]:
+    """The group's task: the first member's conversation, with every member's reviewer notes and expected
+    behaviour (each text once), so folding a near-duplicate loses nothing reviewers wrote."""
+    first = group[0]
+    labels = [lab for src in group for lab in src.labels]
+    task = build(Source(first.conversation, first.category, first.findings, labels, first.verdicts), rules)
+    task["duplicates"] = duplicates
+    return task
+
+
+def export(
+    session: Session,
+    rules: dict[str, CompiledRule],
+    redactor: Redactor,
+    fmt: str = "native",
+    since: int | None = None,
+    all_: bool = False,
+    actor: str = "cli",
+    metrics: Metrics | None = None,
+    record: bool = True,
+) -> ExportResult:
+    """Build this run's tasks (redacted, rendered in ``fmt``) and record them; the caller commits.
+
+    With ``record=False`` the run is ``pending``: nothing counts as exported until :func:`acknowledge`.
+    """
+    if fmt not in FORMATS:
+        raise ExportError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if since is not None and since < 0:
+        raise ExportError("the watermark must be a non-negative integer")
+    labels = reads.current_labels(session)
+    confirmed = reads.confirmed_failures(session)
+    newest = {cid: max(r.id for r in labels[cid]) for cid in confirmed if labels.get(cid)}
+    watermark = max([*newest.values(), since or 0])
+    if since is not None:
+        confirmed = {cid: cat for cid, cat in confirmed.items() if newest.get(cid, 0) > since}
+    done: set[str] = set()
+    groups: dict[str, str] = {}
+    for cid, key, task_id in session.execute(
+        select(ExportedTaskRow.conversation_id, ExportedTaskRow.group_key, ExportedTaskRow.task_id).where(
+            ExportedTaskRow.format == fmt
+        )
+    ):
+        done.add(cid)
+        groups.setdefault(key, task_id)
+    if not all_:
+        confirmed = {cid: cat for cid, cat in confirmed.items() if cid not in done}
+        known_groups = groups
+    else:
+        known_groups = {}
+    state = "done" if record else "pending"
+    run = ExportRunRow(
+        format=fmt, since=since, watermark=watermark, tasks=0, grouped=0, actor=actor, state=state
+    )
+    session.add(run)
+    session.flush()
+    result = ExportResult(run.id, fmt, watermark, state=state)
+    skipped: dict[str, str] = {}
+    sources = sorted(
+        _sources(session, confirmed, labels, skipped),
+        key=lambda s: newest.get(s.conversation.conversation_id, 0),
+    )
+    emitted: dict[str, dict[str, Any]] = {}
+    members: dict[str, list[Source]] = defaultdict(list)
+    records = []
+    for src in sources:
+        task = build(src, rules)
+        key, cid = task["group_key"], src.conversation.conversation_id
+        if key in emitted:
+            emitted[key]["duplicates"].append(cid)
+            members[key].append(src)
+        if key in emitted or key in known_groups:
+            result.grouped += 1
+            records.append((cid, known_groups.get(key) or emitted[key]["task_id"], key, False))
+            continue
+        emitted[key] = task
+        members[key].append(src)
+        records.append((cid, task["task_id"], key, True))
+    for key, task in emitted.items():
+        if len(members[key]) > 1:
+            task = _merged(members[key], rules, task["duplicates"])
+        result.lines.append(dumps(render(redactor.value(task), fmt)))
+    fresh = [[cid, task_id, key, is_task] for cid, task_id, key, is_task in records if cid not in done]
+    if record:
+        session.add_all(
+            ExportedTaskRow(
+                format=fmt, conversation_id=cid, task_id=task_id, group_key=key, run_id=run.id, emitted=is_task
+            )
+            for cid, task_id, key, is_task in fresh
+        )
+    else:
+        run.records = fresh
+    run.tasks, run.grouped = result.tasks, result.grouped
+    result.skipped = skipped
+    session.flush()
+    if metrics is not None:
+        metrics.export_tasks.labels(fmt).inc(result.tasks)
+        metrics.export_grouped.labels(fmt).inc(result.grouped)
+        for kind, n in redactor.counts.items():
+            metrics.export_redactions.labels(kind).inc(n)
+    return result
+
+
+def acknowledge(session: Session, run_id: int) -> dict[str, Any]:
+    """Record a pending run's conversations as exported (the client has its file); the caller commits.
+
+    Idempotent; conversations another run recorded meanwhile stay that run's. Raises ``LookupError``.
+    """
+    run = session.get(ExportRunRow, run_id, with_for_update=True)
+    if run is None:
+        raise LookupError(run_id)
+    if run.state == "pending":
+        rows = [
+            {
+                "format": run.format,
+                "conversation_id": cid,
+                "task_id": task_id,
+                "group_key": key,
+                "run_id": run.id,
+                "emitted": bool(is_task),
+                "created_at": utcnow(),
+            }
+            for cid, task_id, key, is_task in run.records or []
+        ]
+        if rows:
+            ins = upsert(session, ExportedTaskRow)
+            session.execute(ins.on_conflict_do_nothing(index_elements=["format", "conversation_id"]), rows)
+        run.state, run.records, run.acknowledged_at = "done", None, utcnow()
+        session.flush()
+    return run_dict(run)
+
+
+def run_dict(r: ExportRunRow) -> dict[str, Any]:
+    return {
+        "run_id": r.id,
+        "format": r.format,
+        "state": r.state,
+        "since": r.since,
+        "watermark": r.watermark,
+        "tasks": r.tasks,
+        "grouped": r.grouped,
+        "actor": r.actor,
+        "created_at": r.created_at,
+        "acknowledged_at": r.acknowledged_at,
+    }

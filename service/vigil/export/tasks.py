@@ -1,0 +1,153 @@
+"""One confirmed failure → one eval task in Vigil's native schema (``vigil.eval_task``, version 1).
+
+The task holds the conversation up to the failure point: the message the most severe fired rule points at
+(the earliest among equals, moved to the nearest assistant turn), or, when no rule fired (the judge, an
+outcome or a reviewer found it), the agent's last turn. The harness replays ``messages`` and grades the
+agent's next turn against ``grading``.
+Near-duplicates share a ``group_key``: the rule at the failure point, its tool, and the user's intent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from vigil.export.grading import criteria
+from vigil.rules import SEVERITY_RANK
+from vigil.rules.packs import CompiledRule
+from vigil.schema import Conversation, Message
+
+SCHEMA: Final = "vigil.eval_task"
+SCHEMA_VERSION: Final = 1
+_SPACE = re.compile(r"\s+")
+_DIGITS = re.compile(r"\d+")
+
+
+@dataclass(slots=True)
+class Source:
+    """What the export stage reads about one confirmed failure."""
+
+    conversation: Conversation
+    category: str
+    findings: list[dict[str, Any]]  # rule_id, rule_type, severity, message, evidence, details
+    labels: list[dict[str, Any]]  # the confirming reviewers' label, severity, notes, expected_behavior
+    verdicts: list[dict[str, Any]]  # the judges' fail verdicts
+
+
+def _primary(findings: list[dict[str, Any]]) -> tuple[int, dict[str, Any]] | None:
+    """The most severe finding with evidence (the earliest among equals) and the message it points at."""
+    best: tuple[tuple[int, int], int, dict[str, Any]] | None = None
+    for f in findings:
+        ev = f.get("evidence") or []
+        if not ev or (f.get("details") or {}).get("rule_error"):
+            continue
+        idx = int(ev[0]["message_index"])
+        key = (-SEVERITY_RANK.get(f["severity"], 0), idx)
+        if best is None or key < best[0]:
+            best = (key, idx, f)
+    return None if best is None else (best[1], best[2])
+
+
+def failure_index(
+    messages: list[Message], findings: list[dict[str, Any]]
+) -> tuple[int, dict[str, Any] | None]:
+    """Index of the failing assistant turn, and the finding that marks it (None: no rule pointed at one)."""
+    assistants = [i for i, m in enumerate(messages) if m.role == "assistant"]
+    primary = _primary(findings)
+    if primary is not None:
+        idx, finding = primary
+        if idx < len(messages) and messages[idx].role == "assistant":
+            return idx, finding
+        before = [i for i in assistants if i <= idx]
+        after = [i for i in assistants if i > idx]
+        if before or after:
+            return (before[-1] if before else after[0]), finding
+    return (assistants[-1] if assistants else len(messages)), None
+
+
+def intent_of(conv: Conversation) -> str:
+    """The user's intent: the conversation's own, else its goal, else its first user message (normalised)."""
+    if conv.intent:
+        return conv.intent.strip().lower()
+    goal = conv.metadata.get("goal")
+    text = (
+        goal
+        if isinstance(goal, str) and goal.strip()
+        else next((m.text for m in conv.messages if m.role == "user" and m.text.strip()), "")
+    )
+    return _DIGITS.sub("#", _SPACE.sub(" ", text.strip().lower()))[:300]
+
+
+def group_key(category: str, finding: dict[str, Any] | None, intent: str) -> str:
+    if finding is not None:
+        parts = ["rule", finding["rule_id"], (finding.get("details") or {}).get("tool") or "", intent]
+    else:
+        parts = ["category", category, "", intent]
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+
+
+def _message(m: Message) -> dict[str, Any]:
+    return m.model_dump(mode="json", exclude_none=True, exclude={"timestamp"}, exclude_defaults=False)
+
+
+def _distinct(texts: list[str]) -> list[str]:
+    return list(dict.fromkeys(t.strip() for t in texts if t and t.strip()))
+
+
+def build(src: Source, rules: dict[str, CompiledRule]) -> dict[str, Any]:
+    """The native task (not yet redacted). ``src.labels`` may hold a whole near-duplicate group's labels."""
+    conv = src.conversation
+    idx, finding = failure_index(conv.messages, src.findings)
+    expected = "\n\n".join(_distinct([x.get("expected_behavior", "") for x in src.labels]))
+    severities = Counter(x["severity"] for x in src.labels if x.get("severity"))
+    key = group_key(src.category, finding, intent_of(conv))
+    goal = conv.metadata.get("goal")
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "task_id": f"vigil-{key[:20]}",
+        "group_key": key,
+        "source": {
+            "conversation_id": conv.conversation_id,
+            "revision": conv.effective_revision,
+            "agent_id": conv.agent_id,
+            "agent_version": conv.agent_version,
+            "task_id": conv.task_id,
+        },
+        "goal": goal if isinstance(goal, str) else None,
+        "intent": conv.intent,
+        "messages": [_message(m) for m in conv.messages[:idx]],
+        "failure": {
+            "message_index": idx,
+            "failed_turn": _message(conv.messages[idx]) if idx < len(conv.messages) else None,
+            "located_by": finding["rule_id"] if finding else None,
+            "category": src.category,
+            "severity": severities.most_common(1)[0][0] if severities else None,
+            "rules": [
+                {k: f[k] for k in ("rule_id", "rule_type", "severity", "message")}
+                for f in src.findings
+                if not (f.get("details") or {}).get("rule_error")
+            ],
+            "judges": [
+                {k: v.get(k) for k in ("judge", "judge_version", "verdict", "categories", "rationale")}
+                for v in src.verdicts
+            ],
+        },
+        "review": {
+            "notes": _distinct([x.get("notes", "") for x in src.labels]),
+            "expected_behavior": expected or None,
+        },
+        "grading": criteria(
+            [f for f in src.findings if not (f.get("details") or {}).get("rule_error")], rules, expected
+        ),
+        "duplicates": [],
+    }
+
+
+def dumps(task: dict[str, Any]) -> bytes:
+    return orjson.dumps(task, option=orjson.OPT_SORT_KEYS) + b"\n"

@@ -1,0 +1,88 @@
+"""The FastAPI application: API, ``/metrics``, health, OpenAPI, and (later stages) the reviewer UI."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from vigil import __version__
+from vigil.http import conversations
+from vigil.http.auth import KeyRing
+from vigil.runtime import Runtime
+from vigil.schema import Conversation
+
+log = logging.getLogger(__name__)
+
+
+def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # type: ignore[type-arg]
+    """``background``: objects with async ``start()``/``stop()`` run for the app's lifetime (workers)."""
+    tasks = background or []
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        for t in tasks:
+            await t.start()
+        try:
+            yield
+        finally:
+            for t in reversed(tasks):
+                await t.stop()
+
+    app = FastAPI(
+        title="Vigil",
+        version=__version__,
+        description="Watches LLM agents in production: rule checks, calibrated judge, outcomes, alerts, review.",
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    app.state.keyring = KeyRing.from_settings(runtime.settings)
+    app.include_router(conversations.router)
+    for router in runtime.hooks.routers:
+        app.include_router(router)
+
+    @app.get("/healthz", tags=["ops"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"])
+    def readyz() -> Response:
+        try:
+            with runtime.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as exc:  # readiness reports any failure to reach the database
+            return JSONResponse({"status": "unavailable", "database": str(exc)[:200]}, 503)
+        return JSONResponse({"status": "ready", "rules": len(runtime.rules.rules)})
+
+    @app.get("/metrics", tags=["ops"])
+    def metrics() -> Response:
+        return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(Exception)
+    async def unhandled(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, 500)
+
+    _register_schema(app)
+    return app
+
+
+def _register_schema(app: FastAPI) -> None:
+    original = app.openapi
+
+    def openapi():  # type: ignore[no-untyped-def]
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = original()
+        defs = Conversation.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(defs.pop("$defs", {}))
+        components["Conversation"] = defs
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

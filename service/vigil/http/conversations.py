@@ -1,0 +1,92 @@
+"""Read endpoints: conversations with findings, dead letters, rules, the schema."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+
+from vigil.http import runtime_of
+from vigil.http.auth import require
+from vigil.rules import registered_rule_types
+from vigil.schema import Severity, conversation_json_schema
+from vigil.store import reads
+
+router = APIRouter(tags=["conversations"])
+
+
+
+@router.get("/v1/schema/conversation", dependencies=[require("ingest", "reviewer")])
+def conversation_schema() -> dict[str, Any]:
+    """JSON Schema of the conversation format Vigil ingests (versioned)."""
+    return conversation_json_schema()
+
+
+@router.get("/v1/conversations", dependencies=[require("reviewer")])
+def list_conversations(
+    request: Request,
+    agent: str | None = None,
+    version: str | None = None,
+    rule: str | None = None,
+    severity: Severity | None = Query(None, description="Minimum severity of any finding."),
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = Query(50, ge=1, le=500),
+    offset: int = Query(0, ge=0),
+) -> dict[str, Any]:
+    with runtime_of(request).sessions() as s:
+        return reads.list_conversations(
+            s,
+            limit,
+            offset,
+            agent=agent,
+            version=version,
+            rule=rule,
+            min_severity=severity,
+            since=since,
+            until=until,
+        )
+
+
+@router.get("/v1/conversations/{conversation_id:path}", dependencies=[require("reviewer")])
+def get_conversation(request: Request, conversation_id: str) -> dict[str, Any]:
+    rt = runtime_of(request)
+    with rt.sessions() as s:
+        found = reads.get_conversation(s, conversation_id)
+        if found is None:
+            raise HTTPException(404, f"no conversation {conversation_id!r}")
+        for enrich in rt.hooks.conversation_enrichers:
+            enrich(s, found)
+        return found
+
+
+@router.get("/v1/dead-letters", dependencies=[require("admin")])
+def dead_letters(
+    request: Request, reason: str | None = None, limit: int = Query(50, ge=1, le=500)
+) -> list[dict[str, Any]]:
+    with runtime_of(request).sessions() as s:
+        return reads.list_dead_letters(s, limit, reason)
+
+
+@router.get("/v1/rules", dependencies=[require("reviewer", "ingest")])
+def rules(request: Request) -> dict[str, Any]:
+    engine = runtime_of(request).rules
+    return {
+        "rules": [
+            {
+                "id": r.id,
+                "pack": r.pack,
+                "type": r.type.name,
+                "severity": r.spec.severity,
+                "description": r.spec.description,
+                "applies_to": r.spec.applies_to.model_dump(),
+                "args": r.args.model_dump(),
+            }
+            for r in engine.rules
+        ],
+        "rule_types": {
+            name: {"doc": t.doc, "args": t.args_model.model_json_schema()}
+            for name, t in sorted(registered_rule_types().items())
+        },
+    }

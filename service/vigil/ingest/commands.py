@@ -1,0 +1,230 @@
+"""``vigil consume``, ``vigil replay`` and ``vigil simulate``: the command-line ways in."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.progress import Progress
+
+from vigil.errors import VigilError
+from vigil.runtime import Launcher
+
+
+def consume(
+    ctx: typer.Context,
+    max_idle_polls: Annotated[int | None, typer.Option(help="Exit after this many empty polls.")] = None,
+) -> None:
+    """Kafka consumer worker: one member of the VIGIL_KAFKA_GROUP_ID consumer group."""
+    from vigil.ingest.kafka import ConsumerWorker, kafka_consumer, kafka_producer
+
+    launch = Launcher.of(ctx)
+    s = launch.settings()
+    rt = launch.runtime({"consume"}, s)
+    dlq = kafka_producer(s.kafka_bootstrap_servers) if s.kafka_dead_letter_topic else None
+    worker = ConsumerWorker(rt, None, None, dlq)
+    handlers = worker.handlers
+    try:
+        worker.consumer = kafka_consumer(rt, list(handlers))
+    except VigilError as exc:
+        launch.fail(exc)
+    launch.serve_metrics(rt)
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    signal.signal(signal.SIGINT, lambda *_: worker.stop())
+    launch.console.print(f"consuming {', '.join(handlers)} as group {s.kafka_group_id}")
+    worker.run(max_idle_polls=max_idle_polls)
+
+
+def replay(
+    ctx: typer.Context,
+    files: Annotated[
+        list[Path], typer.Argument(help="Recorded conversation files.", exists=True, dir_okay=False)
+    ],
+    format: Annotated[str, typer.Option("--format", help="auto, openai, tau2 or tau-bench.")] = "auto",
+    to_kafka: Annotated[bool, typer.Option("--to-kafka", help="Produce to the conversations topic.")] = False,
+    agent_id: Annotated[str | None, typer.Option(help="Override the agent id.")] = None,
+    agent_version: Annotated[str | None, typer.Option(help="Override the agent version.")] = None,
+    batch: Annotated[int, typer.Option(help="Conversations per stored batch.")] = 200,
+) -> None:
+    """Push recorded conversations through the pipeline (or onto the Kafka topic)."""
+    launch = Launcher.of(ctx)
+    console = launch.console
+    from vigil.ingest.importers import ImportError_, load_file
+
+    if format not in ("auto", "openai", "tau2", "tau-bench"):
+        launch.fail(VigilError(f"--format must be auto, openai, tau2 or tau-bench, not {format!r}"))
+    s = launch.settings()
+    convs: list[Any] = []
+    try:
+        for f in files:
+            convs.extend(load_file(f, format, agent_id, agent_version))  # type: ignore[arg-type]
+    except ImportError_ as exc:
+        launch.fail(exc)
+    stored = dupes = 0
+    with Progress(console=console) as progress:
+        task = progress.add_task("replaying", total=len(convs))
+        if to_kafka:
+            from vigil.ingest.kafka import kafka_producer
+
+            if not s.kafka_bootstrap_servers:
+                launch.fail(VigilError("--to-kafka needs VIGIL_KAFKA_BOOTSTRAP_SERVERS"))
+            producer = kafka_producer(s.kafka_bootstrap_servers)
+            for c in convs:
+                producer.send(
+                    s.kafka_conversations_topic,
+                    key=c.conversation_id.encode(),
+                    value=c.model_dump_json(exclude_none=True).encode(),
+                )
+                progress.advance(task)
+            producer.flush(timeout=120)
+            producer.close()
+            console.print(f"produced {len(convs)} conversations to {s.kafka_conversations_topic}")
+            return
+        
+        rt = launch.runtime({"replay"}, s)
+        for i in range(0, len(convs), batch):
+            chunk = convs[i : i + batch]
+            result = rt.pipeline.process(chunk, "replay")
+            stored += len(result.stored)
+            dupes += result.duplicates
+            progress.advance(task, len(chunk))
+    console.print(f"{len(convs)} conversations: {stored} stored, {dupes} already stored")
+
+
+def simulate(
+    ctx: typer.Context,
+    count: Annotated[int, typer.Option(help="Conversations to generate (0 = until stopped).")] = 1000,
+    versions: Annotated[
+        str, typer.Option(help="version:failure_rate[:weight],...")
+    ] = "v1.4.0:0.04,v1.5.0:0.12",
+    agent_id: Annotated[str, typer.Option(help="Agent id.")] = "support-bot",
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    rate: Annotated[float, typer.Option(help="Conversations per second (0 = as fast as possible).")] = 0.0,
+    out: Annotated[Path | None, typer.Option(help="Write JSONL here instead of sending.")] = None,
+    url: Annotated[
+        str | None, typer.Option(help="POST to this Vigil base URL (e.g. http://127.0.0.1:8000).")
+    ] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="VIGIL_API_KEY", help="Key for --url.")] = None,
+    to_kafka: Annotated[bool, typer.Option("--to-kafka", help="Produce to the conversations topic.")] = False,
+    outcomes: Annotated[bool, typer.Option(help="Also emit outcome signals.")] = True,
+    batch: Annotated[int, typer.Option(help="Conversations per request/batch.")] = 50,
+) -> None:
+    """Generate realistic synthetic traffic: several versions, failure rates, tool calls, outcomes."""
+    launch = Launcher.of(ctx)
+    from vigil.ingest.simulate import Simulator, parse_versions
+
+    try:
+        profiles = parse_versions(versions, agent_id)
+    except ValueError as exc:
+        launch.fail(exc)
+    sim = Simulator(profiles, seed)
+    sink = _make_sink(launch, out, url, api_key, to_kafka)
+    try:
+        _run_simulation(launch, sim, sink, count, rate, batch, outcomes)
+    except Exception as exc:  # the sink's own failure (unreachable URL, broker) ends the run with a message
+        import httpx
+        from kafka.errors import KafkaError
+
+        if isinstance(exc, httpx.HTTPError | KafkaError | OSError):
+            launch.fail(VigilError(f"sending simulated traffic failed: {exc}"))
+        raise
+
+
+def _run_simulation(launch: Launcher, sim: Any, sink: Any, count: int, rate: float, batch: int, outcomes: bool) -> None:
+    sent = 0
+    t0 = time.monotonic()
+    buf: list[dict[str, Any]] = []
+    outs: list[dict[str, Any]] = []
+    for conv in sim.stream(count or None):
+        buf.append(conv)
+        if outcomes:
+            outs.extend(sim.outcomes_for(conv))
+        if len(buf) >= batch:
+            sink(buf, outs)
+            sent += len(buf)
+            buf, outs = [], []
+            if rate:
+                ahead = sent / rate - (time.monotonic() - t0)
+                if ahead > 0:
+                    time.sleep(ahead)
+    if buf:
+        sink(buf, outs)
+        sent += len(buf)
+    launch.console.print(f"simulated {sent} conversations")
+
+
+def _make_sink(  # type: ignore[no-untyped-def]
+    launch: Launcher, out: Path | None, url: str | None, api_key: str | None, to_kafka: bool
+):
+    console = launch.console
+    if out is not None:
+        fh = out.open("ab")
+
+        def to_file(convs: list[dict[str, Any]], _outs: list[dict[str, Any]]) -> None:
+            fh.write(b"".join(orjson.dumps(c) + b"\n" for c in convs))
+            fh.flush()
+
+        return to_file
+    if url is not None:
+        import httpx
+
+        if not api_key:
+            launch.fail(VigilError("--url needs an ingest key: --api-key KEY or VIGIL_API_KEY"))
+        client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_key or ''}"}, timeout=60)
+
+        def to_http(convs: list[dict[str, Any]], outs: list[dict[str, Any]]) -> None:
+            r = client.post(
+                "/v1/conversations", content=orjson.dumps(convs), headers={"content-type": "application/json"}
+            )
+            if r.status_code >= 400:
+                console.print(f"[red]POST /v1/conversations: {r.status_code} {r.text[:300]}[/red]")
+                raise typer.Exit(1)
+            if outs:
+                r = client.post(
+                    "/v1/outcomes", content=orjson.dumps(outs), headers={"content-type": "application/json"}
+                )
+                if r.status_code >= 400 and r.status_code != 404:
+                    console.print(f"[yellow]POST /v1/outcomes: {r.status_code} {r.text[:200]}[/yellow]")
+
+        return to_http
+    s = launch.settings()
+    if to_kafka:
+        from vigil.ingest.kafka import kafka_producer
+
+        if not s.kafka_bootstrap_servers:
+            launch.fail(VigilError("--to-kafka needs VIGIL_KAFKA_BOOTSTRAP_SERVERS"))
+        producer = kafka_producer(s.kafka_bootstrap_servers)
+
+        def to_topic(convs: list[dict[str, Any]], outs: list[dict[str, Any]]) -> None:
+            for c in convs:
+                producer.send(
+                    s.kafka_conversations_topic, key=c["conversation_id"].encode(), value=orjson.dumps(c)
+                )
+            for o in outs:
+                producer.send(
+                    s.kafka_outcomes_topic, key=o["conversation_id"].encode(), value=orjson.dumps(o)
+                )
+            producer.flush(timeout=60)
+
+        return to_topic
+    from vigil.schema import Conversation
+
+    rt = launch.runtime({"replay"}, s)
+
+    def to_pipeline(convs: list[dict[str, Any]], outs: list[dict[str, Any]]) -> None:
+        rt.pipeline.process([Conversation.model_validate(c) for c in convs], "simulate")
+        sink = rt.hooks.outcome_sink
+        if sink and outs:
+            sink(outs)
+
+    return to_pipeline
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(consume)
+    app.command()(replay)
+    app.command()(simulate)

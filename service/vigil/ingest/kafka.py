@@ -1,0 +1,239 @@
+"""Kafka source: a consumer-group worker that stores each batch before committing its offsets.
+
+Delivery is at-least-once; idempotent writes make a redelivered message change nothing. A message
+that cannot be decoded becomes a dead letter (and optionally goes to a dead-letter topic): it never
+stops the consumer. A database error stops progress, not the process: the same batch is retried
+with backoff, and offsets stay where they were until it is stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+
+from vigil.errors import VigilError
+from vigil.ingest.pipeline import Envelope
+from vigil.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Sequence[Envelope]], Any]
+
+
+class ConsumerError(VigilError):
+    """The consumer could not be set up (no bootstrap servers, unreachable broker)."""
+
+
+def kafka_consumer(runtime: Runtime, topics: list[str], client_id: str | None = None, **overrides: Any):  # type: ignore[no-untyped-def]
+    from kafka import KafkaConsumer
+
+    s = runtime.settings
+    if not s.kafka_bootstrap_servers:
+        raise ConsumerError("VIGIL_KAFKA_BOOTSTRAP_SERVERS is not set")
+    params: dict[str, Any] = dict(
+        bootstrap_servers=s.kafka_bootstrap_servers.split(","),
+        group_id=s.kafka_group_id,
+        client_id=client_id or f"vigil-{s.kafka_group_id}",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=s.kafka_batch_size,
+        max_poll_interval_ms=s.kafka_max_poll_interval_ms,
+        session_timeout_ms=s.kafka_session_timeout_ms,
+        heartbeat_interval_ms=max(1000, s.kafka_session_timeout_ms // 3),
+        request_timeout_ms=max(30_000, s.kafka_session_timeout_ms + 5000),
+    )
+    params.update(overrides)
+    from kafka.errors import KafkaError
+
+    try:
+        consumer = KafkaConsumer(**params)
+    except KafkaError as exc:
+        raise ConsumerError(f"cannot reach Kafka at {s.kafka_bootstrap_servers}: {exc}") from None
+    consumer.subscribe(topics)
+    return consumer
+
+
+def kafka_producer(bootstrap: str, **overrides: Any):  # type: ignore[no-untyped-def]
+    from kafka import KafkaProducer
+
+    params: dict[str, Any] = dict(
+        bootstrap_servers=bootstrap.split(","),
+        acks="all",
+        linger_ms=5,
+        retries=5,
+        max_request_size=8 * 1024 * 1024,
+    )
+    params.update(overrides)
+    return KafkaProducer(**params)
+
+
+class ConsumerWorker:
+    def __init__(
+        self,
+        runtime: Runtime,
+        consumer: Any,
+        handlers: dict[str, Handler] | None = None,
+        dead_letter_producer: Any = None,
+    ) -> None:
+        self.runtime = runtime
+        self.consumer = consumer
+        s = runtime.settings
+        # conversations stay with this worker (dead letters go to the topic too); other stages add theirs
+        self.handlers: dict[str, Handler] = handlers or {
+            s.kafka_conversations_topic: self._conversations,
+            **runtime.hooks.topic_handlers,
+        }
+        self.dlq_producer = dead_letter_producer
+        self.stopping = threading.Event()
+        self.stored_batches = 0
+        self._lag_partitions: set[tuple[str, int]] = set()
+
+    def _conversations(self, envelopes: Sequence[Envelope]) -> Any:
+        result = self.runtime.pipeline.process_raw(envelopes)
+        if self.dlq_producer and result.dead_letters:
+            topic = self.runtime.settings.kafka_dead_letter_topic
+            for d in result.dead_letters:
+                headers = [
+                    ("vigil-reason", d.reason.encode()),
+                    ("vigil-source-topic", (d.topic or "").encode()),
+                    ("vigil-source-partition", str(d.partition).encode()),
+                    ("vigil-source-offset", str(d.offset).encode()),
+                ]
+                self.dlq_producer.send(
+                    topic, value=d.raw, key=(d.key or "").encode() or None, headers=headers
+                )
+            self.dlq_producer.flush(timeout=30)
+        return result
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def run(self, max_idle_polls: int | None = None) -> None:
+        """Poll, process, commit until :meth:`stop` (or ``max_idle_polls`` empty polls in a row).
+
+        Polls made while the group is still assigning partitions do not count as idle: joining can
+        take up to the rebalance timeout, and a batch job must not give up before it has begun.
+        """
+        s = self.runtime.settings
+        idle = 0
+        # but never wait for an assignment longer than the rebalance timeout allows, several times over
+        unassigned_budget = 4 * s.kafka_max_poll_interval_ms // max(1, s.kafka_poll_timeout_ms) + 10
+        try:
+            while not self.stopping.is_set():
+                records = self.consumer.poll(
+                    timeout_ms=s.kafka_poll_timeout_ms, max_records=s.kafka_batch_size
+                )
+                self._update_lag()
+                if not records:
+                    if self.consumer.assignment() or unassigned_budget <= 0:
+                        idle += 1
+                    else:
+                        unassigned_budget -= 1
+                    if max_idle_polls is not None and idle >= max_idle_polls:
+                        return
+                    continue
+                idle = 0
+                if not self._handle(records):
+                    return
+                self._commit()
+        finally:
+            self._close()
+
+    def _handle(self, records: dict[Any, list[Any]]) -> bool:
+        by_topic: dict[str, list[Envelope]] = {}
+        for tp, msgs in records.items():
+            bucket = by_topic.setdefault(tp.topic, [])
+            for m in msgs:
+                key = m.key.decode("utf-8", "replace") if isinstance(m.key, bytes) else m.key
+                bucket.append(
+                    Envelope(
+                        m.value if m.value is not None else b"",
+                        "kafka",
+                        tp.topic,
+                        tp.partition,
+                        m.offset,
+                        key,
+                    )
+                )
+        for topic, envelopes in by_topic.items():
+            handler = self.handlers.get(topic)
+            if handler is None:
+                log.warning("no handler for topic %s; %d messages skipped", topic, len(envelopes))
+                continue
+            if not self._with_retry(handler, envelopes):
+                return False
+        self.stored_batches += 1
+        return True
+
+    def _with_retry(self, handler: Handler, envelopes: list[Envelope]) -> bool:
+        delay = 0.5
+        while True:
+            try:
+                handler(envelopes)
+                return True
+            except Exception:  # storage or broker trouble: retry the same batch, never skip it
+                self.runtime.metrics.ingest_errors.labels("store").inc()
+                log.exception("storing a batch of %d failed; retrying in %.1fs", len(envelopes), delay)
+                if self.stopping.wait(delay * (0.5 + random.random())):
+                    return False
+                delay = min(delay * 2, 30.0)
+
+    def _commit(self) -> None:
+        from kafka.errors import CommitFailedError, KafkaError
+
+        try:
+            self.consumer.commit()
+        except CommitFailedError:
+            # The group rebalanced while we processed; the new owner re-reads these (idempotently).
+            log.warning("offset commit failed after a rebalance; the batch will be redelivered")
+        except KafkaError:
+            self.runtime.metrics.ingest_errors.labels("commit").inc()
+            log.exception("offset commit failed")
+
+    def _update_lag(self) -> None:
+        m = self.runtime.metrics
+        assigned = self.consumer.assignment()
+        m.consumer_assigned_partitions.set(len(assigned))
+        current: set[tuple[str, int]] = set()
+        for tp in assigned:
+            high = self.consumer.highwater(tp)
+            if high is None:
+                continue
+            try:
+                pos = (
+                    self.consumer.position(tp, timeout_ms=1000)
+                    if hasattr(self.consumer, "position")
+                    else None
+                )
+            except Exception:  # position lookups can fail during a rebalance; lag is best effort
+                continue
+            if pos is None:
+                continue
+            current.add((tp.topic, tp.partition))
+            m.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, high - pos))
+        for gone in self._lag_partitions - current:
+            with contextlib.suppress(KeyError):
+                m.consumer_lag.remove(gone[0], str(gone[1]))
+        self._lag_partitions = current
+
+    def _close(self) -> None:
+        try:
+            self.consumer.close(autocommit=False)
+        except Exception:  # closing a consumer whose broker is gone must not mask the real error
+            log.debug("consumer close failed", exc_info=True)
+
+
+def produce_conversations(producer: Any, topic: str, items: Sequence[tuple[str, bytes]]) -> None:
+    for key, value in items:
+        producer.send(topic, key=key.encode(), value=value)
+    producer.flush(timeout=60)
+
+
+def encode(obj: Any) -> bytes:
+    return orjson.dumps(obj)

@@ -1,0 +1,95 @@
+"""``POST /v1/traces``: OTLP/HTTP trace export (protobuf or JSON) from agents traced with OpenTelemetry."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from vigil.http import runtime_of
+from vigil.http.auth import require
+from vigil.ingest.otlp.ingest import TraceIngest
+from vigil.ingest.otlp.otlp import JSON, PROTOBUF, OtlpError, decompress, parse, protobuf_response
+from vigil.store.writes import DeadLetter
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(tags=["ingest"])
+
+
+def _answer(media: str, rejected: int = 0, message: str = "", status: int = 200) -> Response:
+    if media == PROTOBUF:
+        return Response(protobuf_response(rejected, message), status, media_type=PROTOBUF)
+    body: dict[str, object] = {}
+    if rejected or message:
+        body["partialSuccess"] = {"rejectedSpans": rejected, "errorMessage": message}
+    return Response(orjson.dumps(body), status, media_type=JSON)
+
+
+def _error(media: str, status: int, message: str) -> Response:
+    if media == PROTOBUF:
+        from google.rpc.status_pb2 import Status
+
+        return Response(Status(code=3, message=message).SerializeToString(), status, media_type=PROTOBUF)
+    return Response(orjson.dumps({"code": 3, "message": message}), status, media_type=JSON)
+
+
+_REASONS = {400: "malformed_otlp", 413: "oversized", 415: "unsupported_media"}
+
+
+async def _reject(request: Request, media: str, status: int, message: str, body: bytes) -> Response:
+    """Answer a request that cannot be read, keeping its body as a dead letter (source ``otlp``)."""
+    rt = runtime_of(request)
+    h = request.headers
+    detail = f"{message} (content-type {h.get('content-type')!r}, content-encoding {h.get('content-encoding')!r})"
+    letter = DeadLetter("otlp", _REASONS.get(status, "malformed_otlp"), detail, body)
+    try:
+        await run_in_threadpool(rt.pipeline.store, [], [letter], "otlp")
+    except Exception:  # answering 4xx now would lose the body: the exporter retries on 503
+        log.exception("keeping a rejected OTLP request as a dead letter failed")
+        rt.metrics.ingest_errors.labels("otlp").inc()
+        return _error(media, 503, "storage unavailable; retry later")
+    return _error(media, status, message)
+
+
+@router.post(
+    "/v1/traces",
+    dependencies=[require("ingest")],
+    summary="OTLP/HTTP trace export (GenAI semantic conventions)",
+    responses={
+        200: {"description": "Spans accepted (partialSuccess names rejected ones)"},
+        400: {"description": "Not an OTLP trace request (kept as a dead letter)"},
+        413: {"description": "Body too large"},
+        415: {"description": "Unsupported content type"},
+        503: {"description": "Storage unavailable; retry"},
+    },
+)
+async def export_traces(request: Request) -> Response:
+    """Store spans; a request that cannot be read is answered 4xx and kept as a dead letter."""
+    rt = runtime_of(request)
+    s = rt.settings
+    ctype = request.headers.get("content-type")
+    media = PROTOBUF if (ctype or "").lower().startswith(PROTOBUF) else JSON
+    if not s.otlp_ingest_enabled:
+        return _error(media, 404, "OTLP ingest is disabled (VIGIL_OTLP_INGEST_ENABLED=false)")
+    body = await request.body()
+    if len(body) > s.otlp_max_body_bytes:
+        message = f"request body of {len(body)} bytes exceeds {s.otlp_max_body_bytes} bytes"
+        return await _reject(request, media, 413, message, body)
+    try:
+        data = decompress(body, request.headers.get("content-encoding"), s.otlp_max_body_bytes)
+        spans, media = parse(data, ctype)
+    except OtlpError as exc:
+        rt.metrics.otlp_spans.labels("malformed_request").inc()
+        return await _reject(request, media, exc.status, str(exc), body)
+    ingest = rt.get(TraceIngest)
+    try:
+        result = await run_in_threadpool(ingest.ingest, spans)
+    except Exception:  # the database is unavailable: the exporter retries on 503
+        log.exception("storing %d OTLP spans failed", len(spans))
+        rt.metrics.ingest_errors.labels("otlp").inc()
+        return _error(media, 503, "storage unavailable; retry later")
+    return _answer(media, result.rejected, result.message())

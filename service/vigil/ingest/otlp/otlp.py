@@ -1,0 +1,253 @@
+"""Decodes OTLP/HTTP trace requests (protobuf or JSON) into plain span dicts.
+
+A normalised span is ``{"trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns",
+"end_ns", "attributes", "events", "status", "resource"}`` with hex ids, attribute values as plain
+Python values (lists and dicts for arrays and key-value lists) and only the ``service.*`` and
+``deployment.*`` resource attributes.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import re
+import zlib
+from typing import Any
+
+import orjson
+
+from vigil.errors import VigilError
+
+HEX_TRACE = re.compile(r"^[0-9a-f]{32}$")
+HEX_SPAN = re.compile(r"^[0-9a-f]{16}$")
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+
+class OtlpError(VigilError):
+    """An OTLP request that cannot be read at all; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
+    enc = (encoding or "identity").strip().lower()
+    if enc in ("", "identity"):
+        data = body
+    elif enc == "gzip":
+        try:
+            data = _bounded(zlib.decompressobj(16 + zlib.MAX_WBITS), body, limit)
+        except (zlib.error, gzip.BadGzipFile) as exc:
+            raise OtlpError(f"body is not valid gzip: {exc}") from exc
+    elif enc == "deflate":
+        try:
+            data = _bounded(zlib.decompressobj(), body, limit)
+        except zlib.error as exc:
+            raise OtlpError(f"body is not valid deflate: {exc}") from exc
+    else:
+        raise OtlpError(f"Content-Encoding {encoding!r} is not supported (gzip, deflate or none)", 415)
+    if len(data) > limit:
+        raise OtlpError(f"request body of {len(data)} bytes exceeds {limit} bytes", 413)
+    return data
+
+
+def _bounded(decomp: Any, body: bytes, limit: int) -> bytes:
+    out = decomp.decompress(body, limit + 1)
+    if len(out) > limit:
+        raise OtlpError(f"decompressed body exceeds {limit} bytes", 413)
+    return bytes(out)
+
+
+# --- protobuf ---------------------------------------------------------------
+
+
+def parse_protobuf(data: bytes) -> list[dict[str, Any]]:
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    req = ExportTraceServiceRequest()
+    try:
+        req.ParseFromString(data)
+    except DecodeError as exc:
+        raise OtlpError(f"body is not an OTLP ExportTraceServiceRequest: {exc}") from exc
+    spans: list[dict[str, Any]] = []
+    for rs in req.resource_spans:
+        resource = _resource({kv.key: _pb_value(kv.value) for kv in rs.resource.attributes})
+        for ss in rs.scope_spans:
+            for sp in ss.spans:
+                spans.append(
+                    {
+                        "trace_id": sp.trace_id.hex(),
+                        "span_id": sp.span_id.hex(),
+                        "parent_span_id": sp.parent_span_id.hex() or None,
+                        "name": sp.name,
+                        "kind": int(sp.kind),
+                        "start_ns": int(sp.start_time_unix_nano),
+                        "end_ns": int(sp.end_time_unix_nano),
+                        "attributes": {kv.key: _pb_value(kv.value) for kv in sp.attributes},
+                        "events": [
+                            {
+                                "name": ev.name,
+                                "time_ns": int(ev.time_unix_nano),
+                                "attributes": {kv.key: _pb_value(kv.value) for kv in ev.attributes},
+                            }
+                            for ev in sp.events
+                        ],
+                        "status": {"code": int(sp.status.code), "message": sp.status.message},
+                        "resource": resource,
+                    }
+                )
+    return spans
+
+
+def _pb_value(v: Any) -> Any:
+    kind = v.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [_pb_value(x) for x in v.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _pb_value(kv.value) for kv in v.kvlist_value.values}
+    if kind == "bytes_value":
+        return v.bytes_value.hex()
+    return getattr(v, kind)
+
+
+def protobuf_response(rejected: int, message: str) -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+    resp = ExportTraceServiceResponse()
+    if rejected or message:
+        resp.partial_success.rejected_spans = rejected
+        resp.partial_success.error_message = message
+    return bytes(resp.SerializeToString())
+
+
+# --- JSON (OTLP/JSON: hex ids, lowerCamelCase or snake_case field names) -----
+
+
+def _get(d: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
+    if camel in d:
+        return d[camel]
+    return d.get(snake, default)
+
+
+def parse_json(data: bytes) -> list[dict[str, Any]]:
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise OtlpError(f"body is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise OtlpError("body must be an OTLP ExportTraceServiceRequest object with resourceSpans")
+    spans: list[dict[str, Any]] = []
+    try:
+        for rs in _get(doc, "resourceSpans", "resource_spans", []) or []:
+            resource = _resource(_json_attrs((rs.get("resource") or {}).get("attributes")))
+            for ss in _get(rs, "scopeSpans", "scope_spans", []) or []:
+                for sp in ss.get("spans") or []:
+                    status = sp.get("status") or {}
+                    spans.append(
+                        {
+                            "trace_id": _json_id(_get(sp, "traceId", "trace_id", "")),
+                            "span_id": _json_id(_get(sp, "spanId", "span_id", "")),
+                            "parent_span_id": _json_id(_get(sp, "parentSpanId", "parent_span_id", ""))
+                            or None,
+                            "name": str(sp.get("name") or ""),
+                            "kind": _enum(sp.get("kind", 0)),
+                            "start_ns": int(_get(sp, "startTimeUnixNano", "start_time_unix_nano", 0) or 0),
+                            "end_ns": int(_get(sp, "endTimeUnixNano", "end_time_unix_nano", 0) or 0),
+                            "attributes": _json_attrs(sp.get("attributes")),
+                            "events": [
+                                {
+                                    "name": str(ev.get("name") or ""),
+                                    "time_ns": int(_get(ev, "timeUnixNano", "time_unix_nano", 0) or 0),
+                                    "attributes": _json_attrs(ev.get("attributes")),
+                                }
+                                for ev in sp.get("events") or []
+                            ],
+                            "status": {
+                                "code": _enum(status.get("code", 0)),
+                                "message": str(status.get("message") or ""),
+                            },
+                            "resource": resource,
+                        }
+                    )
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise OtlpError(f"body does not follow the OTLP JSON encoding: {exc}") from exc
+    return spans
+
+
+_ENUMS = {
+    "STATUS_CODE_UNSET": 0,
+    "STATUS_CODE_OK": 1,
+    "STATUS_CODE_ERROR": 2,
+    "SPAN_KIND_UNSPECIFIED": 0,
+    "SPAN_KIND_INTERNAL": 1,
+    "SPAN_KIND_SERVER": 2,
+    "SPAN_KIND_CLIENT": 3,
+    "SPAN_KIND_PRODUCER": 4,
+    "SPAN_KIND_CONSUMER": 5,
+}
+
+
+def _enum(v: Any) -> int:
+    return _ENUMS.get(v, 0) if isinstance(v, str) and not v.isdigit() else int(v)
+
+
+def _json_id(v: Any) -> str:
+    s = str(v or "").strip()
+    if s and not re.fullmatch(r"[0-9a-fA-F]+", s):
+        # Some producers send the proto3-JSON form (base64) rather than OTLP's hex.
+        try:
+            return base64.b64decode(s, validate=True).hex()
+        except ValueError:
+            return s
+    return s.lower()
+
+
+def _json_attrs(items: Any) -> dict[str, Any]:
+    return {kv["key"]: _json_value(kv.get("value") or {}) for kv in items or []}
+
+
+def _json_value(v: dict[str, Any]) -> Any:
+    if "stringValue" in v or "string_value" in v:
+        return _get(v, "stringValue", "string_value")
+    if "boolValue" in v or "bool_value" in v:
+        return bool(_get(v, "boolValue", "bool_value"))
+    if "intValue" in v or "int_value" in v:
+        return int(_get(v, "intValue", "int_value"))
+    if "doubleValue" in v or "double_value" in v:
+        return float(_get(v, "doubleValue", "double_value"))
+    if "arrayValue" in v or "array_value" in v:
+        return [_json_value(x) for x in (_get(v, "arrayValue", "array_value") or {}).get("values") or []]
+    if "kvlistValue" in v or "kvlist_value" in v:
+        return _json_attrs((_get(v, "kvlistValue", "kvlist_value") or {}).get("values"))
+    if "bytesValue" in v or "bytes_value" in v:
+        return base64.b64decode(_get(v, "bytesValue", "bytes_value")).hex()
+    return None
+
+
+def _resource(attrs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in attrs.items() if k.startswith(("service.", "deployment."))}
+
+
+def valid_ids(span: dict[str, Any]) -> bool:
+    parent = span.get("parent_span_id")
+    return bool(
+        HEX_TRACE.match(span["trace_id"])
+        and HEX_SPAN.match(span["span_id"])
+        and span["trace_id"] != "0" * 32
+        and (parent is None or HEX_SPAN.match(parent))
+    )
+
+
+def parse(body: bytes, content_type: str | None) -> tuple[list[dict[str, Any]], str]:
+    """Spans of a request and the media type to answer in; raises :class:`OtlpError`."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media == PROTOBUF:
+        return parse_protobuf(body), PROTOBUF
+    if media in (JSON, ""):
+        return parse_json(body), JSON
+    raise OtlpError(f"Content-Type {content_type!r} is not supported: send {PROTOBUF} or {JSON}", 415)

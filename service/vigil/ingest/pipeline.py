@@ -1,0 +1,222 @@
+"""The pipeline: decode, rules, store, metrics, then hand the stored batch to downstream stages.
+
+Every source (Kafka, HTTP, replay, OTLP) calls :meth:`Pipeline.process_raw` or
+:meth:`Pipeline.process`. One database transaction covers a batch's conversations, findings,
+dead letters and whatever downstream stages enqueue, so a batch is stored whole or not at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import psycopg
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session, sessionmaker
+
+from vigil.ingest.decode import DecodeError, decode_conversation, strip_nul
+from vigil.metrics import Metrics
+from vigil.observability import span
+from vigil.rules import RuleEngine
+from vigil.runtime import DownstreamStage, Envelope
+from vigil.schema import Conversation
+from vigil.settings import Settings
+from vigil.store.writes import BatchResult, Checked, DeadLetter, store_conversations, store_dead_letters
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        rules: RuleEngine,
+        metrics: Metrics,
+        downstream: Sequence[DownstreamStage] = (),
+    ) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.rules = rules
+        self.metrics = metrics
+        self.downstream = downstream if isinstance(downstream, list) else list(downstream)  # the runtime's hooks list
+        metrics.rules_loaded.set(len(rules.rules))
+
+    def check(self, conversation: Conversation, document: str | None = None) -> Checked:
+        findings = self.rules.evaluate(conversation)
+        if document is None:
+            document = conversation.model_dump_json(exclude_none=True)
+        return Checked(conversation, findings, document)
+
+    def decode_and_check(self, envelopes: Sequence[Envelope]) -> tuple[list[Checked], list[DeadLetter]]:
+        checked: list[Checked] = []
+        dead: list[DeadLetter] = []
+        limit = self.settings.max_message_bytes
+        for env in envelopes:
+            raw = env.raw if isinstance(env.raw, bytes) else env.raw.encode()
+            try:
+                conv = decode_conversation(raw, limit)
+            except DecodeError as exc:
+                dead.append(_letter(env, exc.reason, exc.detail))
+                continue
+            item = self.check(conv, strip_nul(raw).decode())
+            item.origin = env
+            checked.append(item)
+        return checked, dead
+
+    def process_raw(self, envelopes: Sequence[Envelope]) -> BatchResult:
+        source = envelopes[0].source if envelopes else "unknown"
+        with span("vigil.batch", **{"vigil.source": source, "vigil.batch.size": len(envelopes)}):
+            t0 = time.perf_counter()
+            with span("vigil.decode_rules"):
+                checked, dead = self.decode_and_check(envelopes)
+            t1 = time.perf_counter()
+            result = self.store(checked, dead, source=source)
+        self._observe(len(envelopes), t0, t1, time.perf_counter())
+        return result
+
+    def process(self, conversations: Sequence[Conversation], source: str) -> BatchResult:
+        with span("vigil.batch", **{"vigil.source": source, "vigil.batch.size": len(conversations)}):
+            t0 = time.perf_counter()
+            with span("vigil.rules"):
+                checked = [self.check(c) for c in conversations]
+            t1 = time.perf_counter()
+            result = self.store(checked, [], source)
+        self._observe(len(conversations), t0, t1, time.perf_counter())
+        return result
+
+    def process_documents(
+        self, items: Sequence[tuple[Conversation, str, Envelope | None]], dead: list[DeadLetter], source: str
+    ) -> BatchResult:
+        """Check and store conversations already validated elsewhere (HTTP ingest), with their raw JSON."""
+        with span("vigil.batch", **{"vigil.source": source, "vigil.batch.size": len(items)}):
+            t0 = time.perf_counter()
+            checked = []
+            for conv, document, origin in items:
+                item = self.check(conv, document)
+                item.origin = origin
+                checked.append(item)
+            t1 = time.perf_counter()
+            result = self.store(checked, dead, source)
+        self._observe(len(items), t0, t1, time.perf_counter())
+        return result
+
+    def store(self, checked: list[Checked], dead: list[DeadLetter], source: str) -> BatchResult:
+        """Write one batch in one transaction.
+
+        Transient database errors (connection lost, lock timeout) propagate: the caller retries the
+        same batch. An item the database itself refuses (a value out of range, bad encoding) is
+        found by splitting the batch and becomes a ``store_rejected`` dead letter, so one bad
+        message can never block the good ones around it.
+        """
+        try:
+            result = self._store_once(checked, dead)
+        except PERMANENT_DB_ERRORS as exc:
+            if len(checked) <= 1:
+                rejected = [
+                    _letter(c.origin, "store_rejected", _db_detail(exc), c.document, source, c.conversation)
+                    for c in checked
+                ]
+                if len(rejected) + len(dead) == 0:
+                    raise
+                log.warning("database refused a conversation: %s", _db_detail(exc))
+                result = self._store_once([], dead + rejected)
+            else:
+                half = len(checked) // 2
+                first = self.store(checked[:half], dead, source)
+                second = self.store(checked[half:], [], source)
+                return BatchResult(
+                    first.received + second.received,
+                    first.stored + second.stored,
+                    first.duplicates + second.duplicates,
+                    first.dead_letters + second.dead_letters,
+                    first.new_dead_letters + second.new_dead_letters,
+                )
+        self._count(result, source)
+        return result
+
+    def _store_once(self, checked: list[Checked], dead: list[DeadLetter]) -> BatchResult:
+        with (
+            span("vigil.store", **{"vigil.conversations": len(checked)}) as store_span,
+            self.sessions.begin() as session,
+        ):
+            stored = store_conversations(session, checked)
+            new_dead = store_dead_letters(session, dead, self.settings.dead_letter_raw_bytes)
+            store_span.set_attribute("vigil.stored", len(stored))
+            for stage in self.downstream:
+                with span(f"vigil.stage.{type(stage).__name__}"):
+                    stage.on_stored(session, stored)
+        result = BatchResult(len(checked) + len(dead), stored, len(checked) - len(stored), dead)
+        result.new_dead_letters = new_dead
+        return result
+
+    def _observe(self, n: int, t0: float, t1: float, t2: float) -> None:
+        if n:
+            h = self.metrics.processing_seconds
+            h.labels("rules").observe((t1 - t0) / n)
+            h.labels("store").observe((t2 - t1) / n)
+            self.metrics.batch_size.observe(n)
+
+    def _count(self, result: BatchResult, source: str) -> None:
+        """Count what is new: a first revision, a finding not in the revision it replaced, a new flag."""
+        m = self.metrics
+        for item in result.stored:
+            c = item.conversation
+            agent, version = m.agent(c.agent_id), m.version(c.agent_version)
+            if item.replaced:
+                m.conversations_updated.labels(agent, version, source).inc()
+            else:
+                m.conversations_processed.labels(agent, version, source).inc()
+            worst = None
+            for f in item.findings:
+                if f.details.get("rule_error"):
+                    m.rule_errors.labels(m.label(f.rule_id)).inc()
+                    continue
+                if (f.rule_id, f.message) in item.previous_findings:
+                    continue
+                m.findings.labels(m.label(f.rule_id), f.severity, agent, version).inc()
+                worst = f.severity if worst is None or _rank(f.severity) > _rank(worst) else worst
+            if worst is not None and not item.previous_findings:
+                m.conversations_flagged.labels(agent, version, worst).inc()
+        if result.duplicates:
+            m.conversations_duplicate.labels(source).inc(result.duplicates)
+        for reason, letter_source in result.new_dead_letters:
+            m.dead_letters.labels(reason, letter_source).inc()
+
+
+PERMANENT_DB_ERRORS: tuple[type[BaseException], ...] = (
+    sa_exc.DataError,
+    sa_exc.IntegrityError,
+    psycopg.DataError,
+    psycopg.IntegrityError,
+    OverflowError,
+    ValueError,
+)
+
+
+def _db_detail(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:500] if str(exc) else ''}"
+
+
+def _letter(
+    origin: Envelope | None,
+    reason: str,
+    detail: str,
+    fallback: str | bytes = b"",
+    source: str = "unknown",
+    conversation: Conversation | None = None,
+) -> DeadLetter:
+    """A dead letter at the message's source position, or (no envelope: replay, OTLP) keyed by conversation id."""
+    if origin is None:
+        raw = fallback.encode() if isinstance(fallback, str) else fallback
+        key = conversation.conversation_id if conversation else None
+        return DeadLetter(source, reason, detail, raw, key=key)
+    raw = origin.raw if isinstance(origin.raw, bytes) else origin.raw.encode()
+    return DeadLetter(origin.source, reason, detail, raw, origin.topic, origin.partition, origin.offset, origin.key)
+
+
+def _rank(severity: str) -> int:
+    from vigil.rules import SEVERITY_RANK
+
+    return SEVERITY_RANK[severity]

@@ -1,0 +1,196 @@
+"""The one module that talks to litellm: a narrow async ``complete`` and the one error classifier.
+
+Tests replace :class:`LiteLLMClient` with a scripted client of the same shape, or pass litellm's own
+``mock_response`` through ``extra_params``; nothing else in Vigil imports litellm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from vigil.judge.errors import ProviderError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Reply:
+    text: str | None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost_usd: float | None = None
+    latency_ms: float | None = None
+
+
+class LLMClient(Protocol):
+    """Sends chat messages to ``model``; raises any exception on failure (the caller classifies it)."""
+
+    async def complete(self, model: str, messages: list[dict[str, str]], **params: Any) -> Reply: ...
+
+
+@dataclass(frozen=True)
+class ClientOverride:
+    """A client to use instead of litellm, provided on the runtime before wiring (tests, benchmarks)."""
+
+    client: LLMClient
+
+
+@functools.cache
+def _litellm() -> Any:
+    # The bundled price list is enough for cost figures; never fetch one over the network at start-up.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    litellm.suppress_debug_info = True
+    litellm.telemetry = False
+    return litellm
+
+
+class LiteLLMClient:
+    """Calls ``litellm.acompletion``; asks for a JSON object where the model supports ``response_format``."""
+
+    def __init__(self, **defaults: Any) -> None:
+        self.defaults = defaults
+        _litellm()  # import now: the first import takes seconds and would stall the event loop mid-call
+
+    def missing_credentials(self, model: str, params: dict[str, Any] | None = None) -> str | None:
+        """Checked at start-up in live mode (see :func:`missing_credentials`); scripted clients have none."""
+        return missing_credentials(model, {**self.defaults, **(params or {})})
+
+    async def complete(self, model: str, messages: list[dict[str, str]], **params: Any) -> Reply:
+        lm = _litellm()
+        kwargs = {**self.defaults, **params}
+        if supports_json_mode(model):
+            kwargs.setdefault("response_format", {"type": "json_object"})
+        kwargs.setdefault("num_retries", 0)  # Vigil's worker owns retries and their backoff
+        t0 = time.perf_counter()
+        resp = await lm.acompletion(model=model, messages=messages, **kwargs)
+        latency = (time.perf_counter() - t0) * 1000
+        usage = getattr(resp, "usage", None)
+        cost = (getattr(resp, "_hidden_params", None) or {}).get("response_cost")
+        if cost is None:
+            try:
+                cost = lm.completion_cost(completion_response=resp)
+            except Exception:  # no price known for this model: spend is unknown, not zero
+                cost = None
+        choice = resp.choices[0] if resp.choices else None
+        text = choice.message.content if choice is not None else None
+        return Reply(
+            text,
+            getattr(usage, "prompt_tokens", None),
+            getattr(usage, "completion_tokens", None),
+            float(cost) if cost is not None else None,
+            latency,
+        )
+
+
+@functools.cache
+def supports_json_mode(model: str) -> bool:
+    try:
+        return "response_format" in (_litellm().get_supported_openai_params(model=model) or [])
+    except Exception:  # unknown provider: send no response_format and rely on the strict parser
+        return False
+
+
+@functools.cache
+def has_price(model: str) -> bool:
+    """True if litellm's price list knows ``model`` (a price of 0, as for a local Ollama, counts)."""
+    try:
+        info = _litellm().get_model_info(model=model)
+    except Exception:  # not in the price list: a fine-tune, a self-hosted model, an unknown provider
+        return False
+    return info.get("input_cost_per_token") is not None or info.get("output_cost_per_token") is not None
+
+
+@functools.cache
+def has_credentials(model: str) -> bool:
+    """True if the environment holds the provider key(s) ``model`` needs (for ``VIGIL_JUDGE_MODE=auto``)."""
+    try:
+        env = _litellm().validate_environment(model=model)
+    except Exception:  # unknown provider: no key can be configured for it
+        return False
+    return bool(env.get("keys_in_environment"))
+
+
+_SECRET_RE = re.compile(r"KEY|TOKEN|SECRET|CREDENTIAL", re.IGNORECASE)
+
+
+def missing_credentials(model: str, params: dict[str, Any] | None = None) -> str | None:
+    """Which secrets ``model``'s provider lacks (environment, or ``api_key`` in ``params``), or None.
+
+    Only missing keys, tokens and secrets count: a missing base URL often has a default (a local
+    Ollama), and an unknown provider is reported by the first call as ``unknown_model``.
+    """
+    p = params or {}
+    try:
+        env = _litellm().validate_environment(
+            model=model, api_key=p.get("api_key"), api_base=p.get("api_base"), api_version=p.get("api_version")
+        )
+    except Exception:
+        return None
+    secrets = [k for k in env.get("missing_keys") or [] if _SECRET_RE.search(k)]
+    if env.get("keys_in_environment") or not secrets:
+        return None
+    return f"no provider key for {model}: set {' or '.join(secrets)} in the environment (or api_key in extra_params)"
+
+
+_CONFIG_STATUS = {400: "bad_request", 401: "auth", 403: "auth", 404: "unknown_model", 422: "bad_request"}
+# Providers report a missing key in different shapes (litellm raises OpenAI's as a 500 and Gemini's as
+# a connection error); retrying cannot fix any of them.
+_CREDENTIALS_RE = re.compile(r"missing credentials|unable to locate credentials|api[ _-]?key", re.IGNORECASE)
+
+
+def classify(exc: BaseException) -> ProviderError:
+    """Sort any failure of a model call into retryable / config / rejected, once, here."""
+    if isinstance(exc, ProviderError):
+        return exc
+    detail = f"{type(exc).__name__}: {str(exc)[:500]}"
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+        return ProviderError("retryable", "timeout", detail, 408)
+    lm = _litellm() if "litellm" in type(exc).__module__ else None
+    status = getattr(exc, "status_code", None)
+    if lm is not None:
+        first: list[tuple[type, str, str]] = [
+            (lm.ContextWindowExceededError, "rejected", "context_window_exceeded"),
+            (lm.ContentPolicyViolationError, "rejected", "content_filtered"),
+            (lm.RateLimitError, "retryable", "rate_limited"),
+            (lm.Timeout, "retryable", "timeout"),
+        ]
+        for cls, kind, reason in first:
+            if isinstance(exc, cls):
+                return ProviderError(kind, reason, detail, status)  # type: ignore[arg-type]
+    if _CREDENTIALS_RE.search(str(exc)):
+        return ProviderError("config", "missing_credentials", detail, status)
+    if lm is not None:
+        checks: list[tuple[type, str, str]] = [
+            (lm.AuthenticationError, "config", "auth"),
+            (lm.PermissionDeniedError, "config", "auth"),
+            (lm.NotFoundError, "config", "unknown_model"),
+            (lm.InternalServerError, "retryable", "server_error"),
+            (lm.ServiceUnavailableError, "retryable", "server_error"),
+            (lm.BadGatewayError, "retryable", "server_error"),
+            (lm.APIConnectionError, "retryable", "connection"),
+        ]
+        for cls, kind, reason in checks:
+            if isinstance(exc, cls):
+                return ProviderError(kind, reason, detail, status)  # type: ignore[arg-type]
+        if isinstance(exc, lm.BadRequestError) and "LLM Provider NOT provided" in str(exc):
+            return ProviderError("config", "unknown_model", detail, status)
+    if isinstance(status, int):
+        if status == 429 or status == 408 or status >= 500:
+            return ProviderError(
+                "retryable", "rate_limited" if status == 429 else "server_error", detail, status
+            )
+        if status in _CONFIG_STATUS:
+            return ProviderError("config", _CONFIG_STATUS[status], detail, status)
+    if isinstance(exc, ConnectionError | OSError):
+        return ProviderError("retryable", "connection", detail, status)
+    # An unknown failure may be transient; it gets the bounded retries, then an unscored verdict (gave_up).
+    return ProviderError("retryable", "unknown", detail, status)

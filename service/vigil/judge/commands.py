@@ -1,0 +1,155 @@
+"""``vigil judge-worker`` and ``vigil judge list|validate|run|resume``."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Annotated
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from vigil.judge.stage import JudgeStage
+from vigil.runtime import Launcher
+
+console = Console(stderr=True)
+judge_app = typer.Typer(no_args_is_help=True, help="LLM judges: list, validate, run one, resume.")
+
+
+def judge_worker(
+    ctx: typer.Context,
+    once: Annotated[bool, typer.Option(help="Judge what is due, then exit.")] = False,
+) -> None:
+    """Judge worker: claims due judge requests, calls the judge models, stores verdicts."""
+    rt = Launcher.of(ctx).runtime({"judge-worker"})
+    stage = rt.get(JudgeStage)
+    if stage.worker is None:
+        console.print("[yellow]no judges defined in VIGIL_JUDGES_DIR (or VIGIL_JUDGE_ENABLED=false)[/yellow]")
+        raise typer.Exit(1)
+    worker = stage.worker
+    for lane in stage.engine.lanes.values():
+        console.print(
+            f"judge {lane.name} v{lane.judge.version}: {'offline judge' if lane.offline else lane.model}"
+        )
+    if once:
+        n = asyncio.run(worker.run_until_idle(timeout=3600))
+        console.print(f"{n} verdicts stored")
+        for lane in stage.engine.lanes.values():
+            if not stage.engine.accepting(lane):  # its requests stay queued for a later run
+                console.print(f"[yellow]judge {lane.name} is {lane.state}[/yellow]: {lane.detail or ''}")
+        return
+    Launcher.of(ctx).serve_metrics(rt)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, done.set)
+        await worker.start()
+        await done.wait()
+        console.print("stopping: finishing calls in flight")
+        await worker.stop()
+        console.print(f"stopped after {worker.judged} verdicts")
+
+    asyncio.run(main())
+
+
+@judge_app.command("list")
+def list_judges(ctx: typer.Context) -> None:
+    """Judges with model, mode, sample rate, budget, spend today, queue depth and state."""
+    from vigil.judge.api import judge_info
+
+    rt = Launcher.of(ctx).runtime({"api"})
+    stage = rt.get(JudgeStage)
+    with rt.sessions() as s:
+        infos = judge_info(stage, s, sorted(stage.engine.lanes))
+    table = Table("judge", "version", "model", "mode", "rate", "budget/day", "spent today", "queue", "state")
+    for i in infos:
+        table.add_row(
+            i["name"],
+            i["version"],
+            i["judge_label"],
+            i["mode"],
+            f"{i['sample_rate']:.2%}",
+            f"${i['budget_usd']:.2f}",
+            f"${i['spent_today_usd']:.4f}",
+            str(i["queue_depth"]),
+            i["state"],
+        )
+    Console().print(table)
+
+
+@judge_app.command("validate")
+def validate(ctx: typer.Context) -> None:
+    """Load and check every judge definition; exit 2 with the file and field on the first error."""
+    from vigil.errors import VigilError
+    from vigil.judge.definitions import load_judges
+
+    try:
+        judges = load_judges(Launcher.of(ctx).settings())
+    except VigilError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    for j in judges.values():
+        console.print(f"ok: {j.name} v{j.version} ({j.spec.model}), prompt {j.prompt_hash[:12]}")
+
+
+@judge_app.command("run")
+def run(
+    ctx: typer.Context,
+    judge: Annotated[str, typer.Argument(help="Judge name.")],
+    conversation_id: Annotated[str, typer.Argument(help="A stored conversation.")],
+) -> None:
+    """Judge one stored conversation now (a manual request, judged in this process), print the verdict."""
+    from vigil.judge.stage import verdict_dict
+    from vigil.judge.worker import JudgeWorker
+
+    rt = Launcher.of(ctx).runtime({"api"})
+    stage = rt.get(JudgeStage)
+    if judge not in stage.engine.lanes:
+        console.print(f"[red]error:[/red] no judge {judge!r}; judges: {sorted(stage.engine.lanes)}")
+        raise typer.Exit(2)
+    with rt.sessions.begin() as s:
+        try:
+            stage.sampler.enqueue_manual(s, stage.engine.judges[judge], conversation_id)
+        except LookupError:
+            console.print(f"[red]error:[/red] no conversation {conversation_id!r}")
+            raise typer.Exit(2) from None
+    only = {judge: stage.engine.lanes[judge]}
+    stage.engine.lanes, others = only, stage.engine.lanes
+    try:
+        worker = JudgeWorker(stage.engine, rt.hooks.verdict_listeners, only_conversation=conversation_id)
+        asyncio.run(worker.run_until_idle(timeout=600))
+    finally:
+        stage.engine.lanes = others
+    from vigil.judge.store import verdicts_for
+
+    with rt.sessions() as s:
+        mine = [verdict_dict(v) for v in verdicts_for(s, conversation_id) if v.judge == judge]
+    if not mine:
+        console.print("[yellow]no verdict yet (retrying later, or the judge is paused or stopped)[/yellow]")
+        raise typer.Exit(1)
+    v = mine[-1]
+    console.print(f"{judge} v{v['judge_version']} ({v['judge_label']}): {v['verdict']}", highlight=False)
+    typer.echo(orjson.dumps(v, option=orjson.OPT_INDENT_2).decode())
+
+
+@judge_app.command("resume")
+def resume(ctx: typer.Context, judge: Annotated[str, typer.Argument(help="Judge name.")]) -> None:
+    """Resume a judge stopped by a configuration error (workers pick it up within seconds)."""
+    from vigil.judge.store import request_resume
+
+    rt = Launcher.of(ctx).runtime({"api"})
+    if judge not in rt.get(JudgeStage).engine.lanes:
+        console.print(f"[red]error:[/red] no judge {judge!r}")
+        raise typer.Exit(2)
+    with rt.sessions.begin() as s:
+        request_resume(s, judge, rt.get(JudgeStage).engine.clock())
+    console.print(f"resume requested for {judge}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("judge-worker")(judge_worker)
+    app.add_typer(judge_app, name="judge")

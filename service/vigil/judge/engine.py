@@ -1,0 +1,376 @@
+"""Per-judge run state (mode, limits, state machine) shared by the worker, pairwise mode and the API."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from vigil.judge.client import LLMClient, Reply, classify, has_credentials, has_price
+from vigil.judge.definitions import Judge
+from vigil.judge.errors import JudgeError, ProviderError
+from vigil.judge.limits import Budget, CircuitBreaker, Decision, RateLimiter, decide, utc_day
+from vigil.judge.offline import OFFLINE_LABEL, OFFLINE_MODEL
+from vigil.metrics import Metrics
+from vigil.settings import Settings
+from vigil.store.db import utcnow
+
+log = logging.getLogger(__name__)
+
+STATES = ("running", "budget_unknown", "paused_budget", "stopped_config_error", "circuit_open")
+# States in which a judge takes requests. budget_unknown: judging goes on, but no price is known for the
+# model, so the spend (and the daily cap) cannot be counted.
+ACTIVE = ("running", "budget_unknown")
+
+
+# Interactive calls (pairwise over HTTP) hold a request open: one retry after a short wait, then the error.
+INTERACTIVE_ATTEMPTS = 2
+INTERACTIVE_MAX_DELAY_SECONDS = 2.0
+INTERACTIVE_TIMEOUT_SECONDS = 30.0
+
+
+class JudgeUnavailable(JudgeError):
+    """The judge cannot take a call now (stopped by a configuration error, paused by its budget, or its
+    circuit is open); ``retry_after`` is the seconds until it may, when known."""
+
+    def __init__(self, judge: str, state: str, detail: str | None, retry_after: float | None = None) -> None:
+        super().__init__(f"judge {judge!r} is {state}" + (f": {detail}" if detail else ""))
+        self.state = state
+        self.retry_after = retry_after
+
+
+@dataclass
+class Lane:
+    """One judge's live state in this process."""
+
+    judge: Judge
+    offline: bool
+    limiter: RateLimiter
+    breaker: CircuitBreaker
+    budget: Budget
+    state: str = "running"
+    detail: str | None = None
+    changed_at: datetime = field(default_factory=utcnow)
+    in_flight: int = 0
+    dirty: bool = True
+    price_source: str | None = None  # litellm | judge.yaml | unknown (None: the offline judge costs nothing)
+    unpriced: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.judge.name
+
+    @property
+    def active_state(self) -> str:
+        return "budget_unknown" if self.unpriced else "running"
+
+    @property
+    def model(self) -> str:
+        return OFFLINE_MODEL if self.offline else self.judge.spec.model
+
+    @property
+    def free(self) -> int:
+        return self.judge.spec.limits.concurrency - self.in_flight
+
+
+class JudgeEngine:
+    """Holds the judges, the model client and each judge's :class:`Lane`; one per process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        judges: dict[str, Judge],
+        metrics: Metrics,
+        sessions: sessionmaker[Session],
+        client: LLMClient | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.settings = settings
+        self.judges = judges
+        self.metrics = metrics
+        self.sessions = sessions
+        self.clock = clock
+        self._client = client
+        self._gates: dict[str, asyncio.Semaphore] = {}
+        self._gate_loop: asyncio.AbstractEventLoop | None = None
+        self.lanes: dict[str, Lane] = {}
+        for name, judge in judges.items():
+            lane = Lane(
+                judge,
+                self._offline(judge),
+                RateLimiter(judge.spec.limits.rpm),
+                CircuitBreaker(settings.judge_circuit_failures, settings.judge_circuit_cooldown_seconds),
+                Budget(judge.daily_budget_usd),
+            )
+            lane.changed_at = clock()
+            if lane.offline:
+                lane.detail = self._offline_detail(lane)
+            else:
+                lane.price_source = (
+                    "judge.yaml" if judge.spec.price else "litellm" if has_price(judge.spec.model) else "unknown"
+                )
+                lane.unpriced = lane.price_source == "unknown"
+            self.lanes[name] = lane
+            metrics.judge_budget_usd.labels(name).set(judge.daily_budget_usd)
+            self._publish(lane)
+        if self._client is None and any(not lane.offline for lane in self.lanes.values()):
+            from vigil.judge.client import LiteLLMClient
+
+            self._client = LiteLLMClient()
+        for lane in self.lanes.values():
+            if self._check_credentials(lane):
+                self.refresh(lane)
+
+    @property
+    def client(self) -> LLMClient:
+        if self._client is None:
+            from vigil.judge.client import LiteLLMClient
+
+            self._client = LiteLLMClient()
+        return self._client
+
+    def _offline(self, judge: Judge) -> bool:
+        mode = self.settings.judge_mode
+        if mode != "auto":
+            return mode == "offline"
+        live = has_credentials(judge.spec.model)
+        if not live:
+            log.warning(
+                "judge %s: no provider key for %s; using the offline judge", judge.name, judge.spec.model
+            )
+        return not live
+
+    def _offline_detail(self, lane: Lane) -> str:
+        """The state detail of an offline judge: stored with its state, so an API process configured
+        differently from the worker still labels it "offline judge" (see :func:`is_offline_detail`)."""
+        why = (
+            "VIGIL_JUDGE_MODE=offline"
+            if self.settings.judge_mode == "offline"
+            else f"no provider key for {lane.judge.spec.model}"
+        )
+        return f"{OFFLINE_LABEL}: {why}; deterministic verdicts from rule findings, no model calls"
+
+    def _check_credentials(self, lane: Lane) -> bool:
+        """A live judge whose provider key is missing stops at once, instead of failing call after call."""
+        check = getattr(self._client, "missing_credentials", None)
+        problem = check(lane.judge.spec.model, lane.judge.spec.extra_params) if check and not lane.offline else None
+        if problem:
+            self.set_state(lane, "stopped_config_error", f"missing_credentials: {problem}")
+        return problem is None
+
+    # --- state machine -------------------------------------------------------------------------
+
+    def set_state(self, lane: Lane, state: str, detail: str | None = None) -> None:
+        if lane.state == state and lane.detail == detail:
+            return
+        if state != lane.state:
+            log.warning(
+                "judge %s: %s -> %s%s", lane.name, lane.state, state, f" ({detail})" if detail else ""
+            )
+        lane.state, lane.detail, lane.changed_at, lane.dirty = state, detail, self.clock(), True
+        self._publish(lane)
+
+    def _publish(self, lane: Lane) -> None:
+        for s in STATES:
+            self.metrics.judge_state.labels(lane.name, s).set(1 if s == lane.state else 0)
+
+    def refresh(self, lane: Lane) -> None:
+        """Time-driven transitions: a new UTC day ends a budget pause; a cooled circuit allows a probe.
+
+        Also moves an active judge between ``running`` and ``budget_unknown`` as its price becomes known.
+        """
+        today = utc_day(self.clock())
+        lane.budget.roll(today)
+        self.metrics.judge_budget_used_usd.labels(lane.name).set(lane.budget.spent)
+        if lane.state == "paused_budget" and not lane.budget.exhausted:
+            self.set_state(lane, lane.active_state, self._active_detail(lane))
+        elif lane.state in ACTIVE and not lane.offline and lane.budget.exhausted:
+            self.set_state(
+                lane, "paused_budget", f"spent ${lane.budget.spent:.4f} of ${lane.budget.cap:.2f} today"
+            )
+        elif lane.state in ACTIVE and lane.state != lane.active_state:
+            self.set_state(lane, lane.active_state, self._active_detail(lane))
+
+    def _active_detail(self, lane: Lane) -> str | None:
+        if lane.offline:
+            return self._offline_detail(lane)
+        if not lane.unpriced:
+            return None
+        return (
+            f"no price for {lane.judge.spec.model} (litellm has none, judge.yaml sets no price:), so the "
+            f"daily cap of ${lane.budget.cap:.2f} cannot be enforced; spend is unknown, not $0"
+        )
+
+    def accepting(self, lane: Lane) -> bool:
+        return lane.state in ACTIVE
+
+    def check_available(self, lane: Lane) -> None:
+        """Raise :class:`JudgeUnavailable` unless a call may start now (an open circuit past its cooldown
+        lets this call through as its probe)."""
+        self.refresh(lane)
+        if lane.state in ACTIVE or (lane.state == "circuit_open" and lane.breaker.allow()):
+            return
+        wait = lane.breaker.remaining() if lane.state == "circuit_open" else None
+        raise JudgeUnavailable(lane.name, lane.state, lane.detail, wait)
+
+    def gate(self, name: str, size: int) -> asyncio.Semaphore:
+        """Bounds model calls in flight in this process: per judge (its name), and "" for all judges.
+
+        The worker and interactive calls (pairwise, calibration) share these, so together they stay
+        within the judge's ``concurrency`` and ``VIGIL_JUDGE_CONCURRENCY``.
+        """
+        loop = asyncio.get_running_loop()
+        if self._gate_loop is not loop:  # a semaphore is bound to one event loop; CLI runs may start several
+            self._gates, self._gate_loop = {}, loop
+        gate = self._gates.get(name)
+        if gate is None:
+            gate = self._gates[name] = asyncio.Semaphore(size)
+        return gate
+
+    def may_claim(self, lane: Lane) -> bool:
+        self.refresh(lane)
+        if lane.state in ACTIVE:
+            return True
+        if lane.state == "circuit_open":
+            return lane.in_flight == 0 and lane.breaker.allow()
+        return False
+
+    def resume(self, lane: Lane) -> None:
+        lane.breaker.success()
+        if self._check_credentials(lane):
+            self.set_state(lane, lane.active_state, self._active_detail(lane))
+
+    def day_start(self) -> datetime:
+        now = self.clock().astimezone(UTC)
+        return now.replace(hour=0, minute=0, second=0, microsecond=0)
+
+    def observe_spend(self, stored: dict[str, tuple[float, int]]) -> None:
+        """Fold in spend stored by every worker today; a fresh worker also learns the cost of a call."""
+        today = utc_day(self.clock())
+        for name, lane in self.lanes.items():
+            total, calls = stored.get(name, (0.0, 0))
+            lane.budget.observe(today, total)
+            if lane.budget.estimate == 0 and calls:
+                lane.budget.estimate = total / calls
+
+    # --- one model call, under the judge's limits -----------------------------------------------
+
+    async def call(
+        self, lane: Lane, messages: list[dict[str, str]], timeout: float | None = None
+    ) -> tuple[Reply, float]:
+        """One attempt: budget, rate limit, timeout. Raises :class:`ProviderError` (classified)."""
+        reserved = lane.budget.reserve()
+        if reserved is None:  # the cap, or calls in flight that may reach it
+            lane.breaker.cancel_probe()
+            self.refresh(lane)
+            raise JudgeUnavailable(
+                lane.name, "paused_budget", lane.detail or "in-flight calls may reach the cap"
+            )
+        spec = lane.judge.spec
+        timeout = timeout or spec.timeout_seconds
+        await lane.limiter.acquire()
+        t0 = time.perf_counter()
+        try:
+            params: dict[str, Any] = {
+                "temperature": spec.temperature,
+                "max_tokens": spec.max_tokens,
+                "timeout": timeout,
+                **spec.extra_params,
+            }
+            # the outer bound guards against a client that ignores its own timeout
+            async with asyncio.timeout(timeout + 1.0):
+                reply = await self.client.complete(spec.model, messages, **params)
+        except asyncio.CancelledError:  # the caller went away (an HTTP client hung up): no verdict on the model
+            lane.budget.release(reserved)
+            lane.breaker.cancel_probe()
+            raise
+        except Exception as exc:
+            lane.budget.release(reserved)
+            err = classify(exc)
+            self.metrics.judge_errors.labels(lane.name, err.kind).inc()
+            if err.kind == "retryable":
+                lane.breaker.failure()
+                if lane.breaker.is_open:
+                    self.set_state(
+                        lane, "circuit_open", f"{lane.breaker.failures} failures in a row: {err.reason}"
+                    )
+            elif err.kind == "config":
+                self.set_state(lane, "stopped_config_error", f"{err.reason}: {err.detail}")
+            raise err from exc
+        finally:
+            elapsed = time.perf_counter() - t0
+            self.metrics.judge_latency_seconds.labels(lane.name).observe(elapsed)
+        lane.breaker.success()
+        if reply.cost_usd is None and spec.price is not None:
+            reply.cost_usd = spec.price.cost(reply.prompt_tokens, reply.completion_tokens)
+        lane.unpriced = reply.cost_usd is None
+        if lane.state == "circuit_open":
+            self.set_state(lane, lane.active_state, self._active_detail(lane))
+        lane.budget.settle(reserved, reply.cost_usd)
+        self._account(lane, reply)
+        self.refresh(lane)
+        return reply, elapsed * 1000
+
+    def _account(self, lane: Lane, reply: Reply) -> None:
+        m = self.metrics
+        if reply.cost_usd:
+            m.judge_cost_usd.labels(lane.name, m.label(lane.judge.spec.model)).inc(reply.cost_usd)
+        if reply.prompt_tokens:
+            m.judge_tokens.labels(lane.name, "prompt").inc(reply.prompt_tokens)
+        if reply.completion_tokens:
+            m.judge_tokens.labels(lane.name, "completion").inc(reply.completion_tokens)
+        m.judge_budget_used_usd.labels(lane.name).set(lane.budget.spent)
+
+    def policy(self, err: ProviderError, attempts: int, max_attempts: int | None = None) -> Decision:
+        s = self.settings
+        return decide(
+            err,
+            attempts,
+            max_attempts or s.judge_max_attempts,
+            s.judge_retry_base_seconds,
+            s.judge_retry_max_seconds,
+        )
+
+    async def call_with_retries(
+        self,
+        lane: Lane,
+        messages: list[dict[str, str]],
+        max_attempts: int | None = None,
+        max_delay: float | None = None,
+        timeout: float | None = None,
+    ) -> tuple[Reply, float, int]:
+        """A call outside the worker (pairwise, calibration), retried inline under the same policy,
+        bounded by ``max_attempts`` / ``max_delay`` / ``timeout`` when given. It takes a slot of the
+        judge's concurrency like the worker's calls, and an open circuit refuses it
+        (:class:`JudgeUnavailable`) instead of calling the provider."""
+        attempts = 0
+        spec = lane.judge.spec
+        while True:
+            attempts += 1
+            async with (
+                self.gate(lane.name, spec.limits.concurrency),
+                self.gate("", self.settings.judge_concurrency),
+            ):
+                self.check_available(lane)  # after the wait for a slot: the state may have changed
+                try:
+                    reply, ms = await self.call(lane, messages, timeout)
+                    return reply, ms, attempts
+                except ProviderError as err:
+                    d = self.policy(err, attempts, max_attempts)
+                    if d.action != "retry":
+                        raise
+            await asyncio.sleep(min(d.delay, max_delay) if max_delay is not None else d.delay)
+
+    def next_attempt(self, delay: float) -> datetime:
+        return self.clock() + timedelta(seconds=delay)
+
+
+def is_offline_detail(detail: str | None) -> bool:
+    """Whether a stored state detail is an offline judge's (written by ``JudgeEngine._offline_detail``)."""
+    return detail is not None and detail.startswith(f"{OFFLINE_LABEL}: ")

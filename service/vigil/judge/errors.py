@@ -1,0 +1,33 @@
+"""Errors of the judge stage."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from vigil.errors import ConfigError, VigilError
+
+ErrorClass = Literal["retryable", "config", "rejected"]
+
+
+class JudgeError(VigilError):
+    """Base class of the judge stage's errors."""
+
+
+class JudgeDefinitionError(JudgeError, ConfigError):
+    """A judge definition (``judges/<name>/``) is invalid; the message names the file and field."""
+
+
+class ProviderError(JudgeError):
+    """A model call failed, classified once (see :func:`vigil.judge.client.classify`).
+
+    ``retryable``: 429, 5xx, timeouts, connection errors. ``config``: bad key, unknown model, bad
+    request shape: the judge stops until an operator acts. ``rejected``: the provider refused this
+    one request (context too long, content filter): the verdict is ``unscored`` with that reason.
+    """
+
+    def __init__(self, kind: ErrorClass, reason: str, detail: str, status: int | None = None) -> None:
+        super().__init__(f"{kind} ({reason}): {detail}")
+        self.kind: ErrorClass = kind
+        self.reason = reason
+        self.detail = detail
+        self.status = status

@@ -1,0 +1,278 @@
+"""Which conversations a judge grades: a deterministic sample plus targeted always-judge rules.
+
+The sampler runs inside the pipeline's batch transaction and only inserts judge requests; the worker
+does the judging later, so the rule pipeline never waits on a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, aliased
+
+from vigil.judge import store
+from vigil.judge.definitions import Judge
+from vigil.judge.models import JudgeRequestRow
+from vigil.metrics import Metrics
+from vigil.store.db import utcnow
+from vigil.store.models import ConversationRow
+from vigil.store.writes import Checked
+
+_SCALE = float(1 << 64)
+
+
+def sample_point(conversation_id: str, salt: str) -> float:
+    """A uniform point in [0, 1) fixed by the id and salt: the same on every replica and every replay."""
+    digest = hashlib.sha256(f"{salt}\x1f{conversation_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / _SCALE
+
+
+def is_sampled(conversation_id: str, salt: str, rate: float) -> bool:
+    return sample_point(conversation_id, salt) < rate
+
+
+class JudgeSampler:
+    """The pipeline's downstream stage that enqueues judge requests (``on_stored``), and the outcome
+    listener that enqueues one when a negative outcome arrives for a stored conversation."""
+
+    def __init__(
+        self, judges: dict[str, Judge], metrics: Metrics, clock: Callable[[], datetime] = utcnow
+    ) -> None:
+        self.judges = judges
+        self.metrics = metrics
+        self.clock = clock
+        self._hour: datetime | None = None
+        self._per_hour: dict[tuple[str, str, str], int] = {}
+        self._needs_stored_outcomes = any(j.spec.sampling.negative_outcomes for j in judges.values())
+
+    def on_stored(self, session: Session, stored: Sequence[Checked]) -> None:
+        """Enqueue the stored conversations each judge picks; count each conversation once per judge.
+
+        A newer revision of a conversation a judge already picked is judged too (its pending request for
+        an older revision is superseded), but takes no hourly slot and is not counted again.
+        """
+        if not self.judges or not stored:
+            return
+        now = self.clock()
+        negative = self._stored_outcomes(session, stored)
+        # only a conversation stored before can have requests; a first revision needs no lookup
+        prior = store.requests_for(
+            session, self.judges, [i.conversation.conversation_id for i in stored if i.replaced]
+        )
+        rows: list[dict[str, Any]] = []
+        eligible: dict[tuple[str, str, str], int] = {}
+        for item in stored:
+            c = item.conversation
+            for judge in self.judges.values():
+                if not judge.applies(c.agent_id, c.agent_version):
+                    continue
+                if c.status == "in_progress" and not judge.spec.sampling.judge_in_progress:
+                    continue
+                earlier = prior.get((judge.name, c.conversation_id), [])
+                picked = [p for p in earlier if p.reason != "manual"]
+                # a replaced revision was eligible before if in-progress ones are judged; otherwise the
+                # store keeps no earlier status, and the usual earlier revision is an in-progress one
+                if not picked and not (item.replaced and judge.spec.sampling.judge_in_progress):
+                    key = (judge.name, c.agent_id, c.agent_version)
+                    eligible[key] = eligible.get(key, 0) + 1
+                reason = self._reason(
+                    session, judge, item, negative.get(c.conversation_id, ()), now, floor=not earlier
+                )
+                if picked:
+                    reason = reason or picked[0].reason
+                elif reason and not earlier:
+                    self._bump(judge.name, c.agent_id, c.agent_version)
+                if reason:
+                    rows.append(
+                        self._row(
+                            judge,
+                            c.conversation_id,
+                            c.effective_revision,
+                            c.agent_id,
+                            c.agent_version,
+                            reason,
+                            now,
+                        )
+                    )
+        for (name, agent, version), n in eligible.items():
+            self._count("eligible", self.judges[name], agent, version, n=n)
+        self._enqueue(session, rows, prior, bumped=True)
+
+    def _reason(
+        self,
+        session: Session,
+        judge: Judge,
+        item: Checked,
+        outcomes: Sequence[tuple[str, float]],
+        now: datetime,
+        floor: bool = True,
+    ) -> str | None:
+        c = item.conversation
+        minimum = judge.spec.sampling.min_per_agent_version_per_hour if floor else 0
+        # loaded first so that this batch's own requests, whatever their reason, count toward the floor
+        seen = self._hour_count(session, judge, c.agent_id, c.agent_version, now) if minimum else 0
+        if any(judge.severity_triggers(f.severity) for f in item.findings if not f.details.get("rule_error")):
+            return "flagged"
+        neg = judge.spec.sampling.negative_outcomes
+        if neg is not None:
+            inline = [(o.type, o.value) for o in c.outcomes]
+            if any(neg.is_negative(t, v) for t, v in [*inline, *outcomes]):
+                return "outcome"
+        if is_sampled(c.conversation_id, judge.salt, judge.spec.sampling.rate):
+            return "sampled"
+        if minimum and seen < minimum:
+            return "min_per_hour"
+        return None
+
+    def _hour_count(self, session: Session, judge: Judge, agent: str, version: str, now: datetime) -> int:
+        """Conversations of this agent version first requested by ``judge`` this hour (not revisions)."""
+        hour = now.replace(minute=0, second=0, microsecond=0)
+        if hour != self._hour:
+            self._hour, self._per_hour = hour, {}
+        key = (judge.name, agent, version)
+        if key not in self._per_hour:
+            R, older = JudgeRequestRow, aliased(JudgeRequestRow)
+            earlier = (
+                select(older.id)
+                .where(
+                    older.judge == R.judge,
+                    older.conversation_id == R.conversation_id,
+                    older.created_at < hour,
+                )
+                .exists()
+            )
+            self._per_hour[key] = (
+                session.scalar(
+                    select(func.count(func.distinct(R.conversation_id))).where(
+                        R.judge == judge.name,
+                        R.agent_id == agent,
+                        R.agent_version == version,
+                        R.created_at >= hour,
+                        ~earlier,
+                    )
+                )
+                or 0
+            )
+        return self._per_hour[key]
+
+    def _stored_outcomes(
+        self, session: Session, stored: Sequence[Checked]
+    ) -> dict[str, list[tuple[str, float]]]:
+        """Outcomes that arrived before their conversation (joined here, since the listener saw no row)."""
+        if not self._needs_stored_outcomes:
+            return {}
+        out: dict[str, list[tuple[str, float]]] = {}
+        for cid, type_, value in store.outcomes_of(session, [i.conversation.conversation_id for i in stored]):
+            out.setdefault(cid, []).append((type_, value))
+        return out
+
+    def _row(
+        self, judge: Judge, cid: str, revision: int, agent: str, version: str, reason: str, now: datetime
+    ) -> dict[str, Any]:
+        return {
+            "judge": judge.name,
+            "conversation_id": cid,
+            "revision": revision,
+            "agent_id": agent,
+            "agent_version": version,
+            "reason": reason,
+            "status": "pending",
+            "attempts": 0,
+            "next_attempt_at": now,
+            "created_at": now,
+        }
+
+    def _enqueue(
+        self,
+        session: Session,
+        rows: list[dict[str, Any]],
+        prior: dict[tuple[str, str], list[store.Prior]] | None = None,
+        bumped: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Insert ``rows``; supersede pending requests for older revisions of the same conversations.
+
+        Only a conversation the judge had no request for counts as sampled (and takes an hourly slot).
+        """
+        if not rows:
+            return []
+        if prior is None:
+            prior = store.requests_for(session, {r["judge"] for r in rows}, [r["conversation_id"] for r in rows])
+        fresh = store.enqueue(session, rows)
+        older: list[int] = []
+        for r in fresh:
+            earlier = prior.get((r["judge"], r["conversation_id"]))
+            if earlier:
+                older += [p.id for p in earlier if p.status == "pending" and p.revision < r["revision"]]
+                continue
+            judge = self.judges[r["judge"]]
+            self._count("sampled", judge, r["agent_id"], r["agent_version"], r["reason"])
+            if not bumped:
+                self._bump(judge.name, r["agent_id"], r["agent_version"])
+        store.supersede(session, older)
+        return fresh
+
+    def _bump(self, judge: str, agent: str, version: str) -> None:
+        key = (judge, agent, version)
+        if key in self._per_hour:
+            self._per_hour[key] += 1
+
+    def _count(
+        self, what: str, judge: Judge, agent: str, version: str, reason: str | None = None, n: int = 1
+    ) -> None:
+        m = self.metrics
+        labels = [judge.name, judge.version, m.agent(agent), m.version(version)]
+        if what == "eligible":
+            m.judge_eligible.labels(*labels).inc(n)
+        else:
+            m.judge_sampled.labels(*labels, reason).inc(n)
+
+    def on_outcomes(self, session: Session, outcomes: Sequence[Any]) -> None:
+        """``outcome_listeners`` entry: a negative outcome for a stored conversation enqueues a judgement."""
+        if not self.judges or not outcomes:
+            return
+        now = self.clock()
+        ids = {o.conversation_id for o in outcomes}
+        convs = {
+            c.conversation_id: c
+            for c in session.scalars(
+                select(ConversationRow).where(ConversationRow.conversation_id.in_(ids))
+            ).all()
+        }
+        rows: list[dict[str, Any]] = []
+        for o in outcomes:
+            c = convs.get(o.conversation_id)
+            if c is None:  # not stored yet: on_stored joins it when the conversation arrives
+                continue
+            for judge in self.judges.values():
+                neg = judge.spec.sampling.negative_outcomes
+                if neg is None or not judge.applies(c.agent_id, c.agent_version):
+                    continue
+                if c.status == "in_progress" and not judge.spec.sampling.judge_in_progress:
+                    continue
+                if neg.is_negative(o.type, o.value):
+                    rows.append(
+                        self._row(
+                            judge, c.conversation_id, c.revision, c.agent_id, c.agent_version, "outcome", now
+                        )
+                    )
+        unique = {(r["judge"], r["conversation_id"]): r for r in rows}
+        self._enqueue(session, list(unique.values()))
+
+    def enqueue_manual(self, session: Session, judge: Judge, conversation_id: str) -> dict[str, Any] | None:
+        """Ask for a judgement of the stored conversation now (CLI/API). None if it is queued or judged."""
+        c = session.get(ConversationRow, conversation_id)
+        if c is None:
+            raise LookupError(conversation_id)
+        fresh = self._enqueue(
+            session,
+            [
+                self._row(
+                    judge, c.conversation_id, c.revision, c.agent_id, c.agent_version, "manual", self.clock()
+                )
+            ],
+        )
+        return fresh[0] if fresh else None

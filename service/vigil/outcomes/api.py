@@ -1,0 +1,75 @@
+"""``POST /v1/outcomes`` (one outcome or a batch) and ``GET /v1/outcome-types``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from vigil.http import runtime_of
+from vigil.http.auth import require
+from vigil.outcomes.ingest import OutcomeIn, OutcomeStore
+from vigil.store.writes import DeadLetter
+
+router = APIRouter(tags=["outcomes"])
+
+_ONE = OutcomeIn.model_json_schema()
+
+MAX_BATCH = 5000
+
+
+def _store(request: Request) -> OutcomeStore:
+    return runtime_of(request).get(OutcomeStore)
+
+
+@router.post(
+    "/v1/outcomes",
+    dependencies=[require("ingest")],
+    responses={
+        202: {"description": "All items accepted"},
+        422: {"description": "Some items invalid; valid ones kept"},
+    },
+    openapi_extra={
+        "requestBody": {
+            "content": {"application/json": {"schema": {"oneOf": [_ONE, {"type": "array", "items": _ONE}]}}}
+        }
+    },
+)
+async def post_outcomes(request: Request) -> JSONResponse:
+    """Store outcome signals. Duplicate idempotency keys change nothing; outcomes for conversations
+    not yet stored are kept and joined when the conversation arrives."""
+    store = _store(request)
+    body = await request.body()
+    if not body:
+        return JSONResponse({"detail": "empty body; send an outcome object or an array of them"}, 400)
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        await run_in_threadpool(store.ingest_dead, DeadLetter("http", "malformed_json", str(exc), body))
+        return JSONResponse({"detail": f"body is not JSON: {exc}"}, 400)
+    items: list[Any] = payload if isinstance(payload, list) else [payload]
+    if len(items) > MAX_BATCH:
+        return JSONResponse({"detail": f"batch of {len(items)} exceeds {MAX_BATCH} items"}, 413)
+    result = await run_in_threadpool(store.ingest, items, "http")
+    out = {
+        "accepted": result.received - len(result.errors),
+        "stored": result.stored,
+        "duplicates": result.duplicates,
+        "rejected": len(result.errors),
+        "errors": [{"index": e.index, "reason": e.reason, "errors": e.errors} for e in result.errors],
+    }
+    return JSONResponse(out, status_code=422 if result.errors else 202)
+
+
+@router.get("/v1/outcome-types", dependencies=[require("ingest", "reviewer")])
+def outcome_types(request: Request) -> dict[str, Any]:
+    """Outcome types Vigil accepts, with their kind (bad, good, score) and the attribution window."""
+    store = _store(request)
+    return {
+        "types": {name: t.kind for name, t in sorted(store.types.items())},
+        "attribution_window_hours": store.settings.outcome_attribution_window_hours,
+        "schema": OutcomeIn.model_json_schema(),
+    }

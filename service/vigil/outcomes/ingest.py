@@ -1,0 +1,330 @@
+"""Storing outcome signals: validate, deduplicate by idempotency key, join, tell listeners.
+
+An idempotency key names one outcome: resending it unchanged is a silent duplicate, reusing it for a
+different conversation_id, type or value is an ``idempotency_conflict`` (named error, dead letter).
+
+One transaction stores a batch's outcomes, their joins to already stored conversations, any dead
+letters, and whatever the outcome listeners (judge, review) write. Outcomes whose conversation has
+not arrived yet are kept and joined by :class:`~vigil.outcomes.join.OutcomeJoin` when it does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from vigil.metrics import Metrics
+from vigil.outcomes.join import link_outcomes
+from vigil.runtime import Envelope
+from vigil.schema import OutcomeType, outcome_types
+from vigil.settings import Settings
+from vigil.store.db import after_commit, upsert
+from vigil.store.models import OutcomeRow
+from vigil.store.writes import DeadLetter, store_dead_letters
+
+Listener = Callable[[Session, Sequence[OutcomeRow]], None]
+
+# What an idempotency key names; occurred_at is left out because it defaults to arrival time on redelivery.
+IDENTITY = ("conversation_id", "type", "value")
+
+
+class OutcomeIn(BaseModel):
+    """One outcome signal as clients send it (``POST /v1/outcomes``, the outcomes topic)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id: str = Field(min_length=1, max_length=256)
+    type: str = Field(min_length=1, max_length=64, description="A built-in or declared outcome type.")
+    value: float = Field(default=1.0, description="1 for events; the score for score types (csat).")
+    occurred_at: datetime | None = Field(default=None, description="When it happened; defaults to arrival.")
+    idempotency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="Resending the same key changes nothing; derived from the content when absent.",
+    )
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("value must be a finite number")
+        return v
+
+    @field_validator("occurred_at")
+    @classmethod
+    def _aware(cls, v: datetime | None) -> datetime | None:
+        if v is None:
+            return None
+        # stored as UTC: SQLite keeps the wall time and drops the offset
+        return v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
+
+    def key(self) -> str:
+        if self.idempotency_key:
+            return self.idempotency_key
+        when = self.occurred_at.isoformat() if self.occurred_at else ""
+        digest = hashlib.sha256(f"{self.conversation_id}\x1f{self.type}\x1f{self.value!r}\x1f{when}".encode())
+        return "auto:" + digest.hexdigest()[:40]
+
+
+@dataclass(slots=True)
+class ItemError:
+    index: int
+    reason: str
+    errors: list[dict[str, str]]
+
+
+@dataclass(slots=True)
+class Stored:
+    """What :meth:`OutcomeStore.store` did; ``conflicts`` maps positions in its input to field errors."""
+
+    new: list[OutcomeRow] = field(default_factory=list)
+    duplicates: int = 0
+    conflicts: dict[int, list[dict[str, str]]] = field(default_factory=dict)
+
+
+def _detail(errors: Sequence[ItemError]) -> str:
+    return "; ".join(
+        f"item {e.index}: " + ", ".join(f"{x['field']}: {x['message']}" for x in e.errors) for e in errors
+    )
+
+
+def _conflict(key: str, stored: tuple[Any, ...], sent: tuple[Any, ...]) -> list[dict[str, str]]:
+    return [
+        {
+            "field": name,
+            "message": f"idempotency key {key!r} is already stored with {name} {old!r}, this item has {new!r}; "
+            "a key names one outcome, so send a different outcome under a new key",
+        }
+        for name, old, new in zip(IDENTITY, stored, sent, strict=True)
+        if old != new
+    ]
+
+
+@dataclass(slots=True)
+class OutcomeBatch:
+    received: int = 0
+    stored: int = 0
+    duplicates: int = 0
+    errors: list[ItemError] = field(default_factory=list)
+
+
+class OutcomeStore:
+    """The outcomes stage's write path, shared by the API, the Kafka handler and the demo sink."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        metrics: Metrics,
+        listeners: list[Listener] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.metrics = metrics
+        self.types: dict[str, OutcomeType] = outcome_types(settings.outcome_types)
+        self.listeners: list[Listener] = listeners if listeners is not None else []
+
+    def parse(self, items: Sequence[Any]) -> tuple[list[tuple[int, OutcomeIn]], list[ItemError]]:
+        """Valid outcomes with their index in ``items``, and the errors of the others."""
+        valid: list[tuple[int, OutcomeIn]] = []
+        errors: list[ItemError] = []
+        for index, item in enumerate(items):
+            try:
+                outcome = OutcomeIn.model_validate(item)
+            except ValidationError as exc:
+                errs = [
+                    {"field": ".".join(str(p) for p in e["loc"]) or "(root)", "message": e["msg"]}
+                    for e in exc.errors()[:20]
+                ]
+                errors.append(ItemError(index, "schema_invalid", errs))
+                continue
+            if outcome.type not in self.types:
+                known = ", ".join(sorted(self.types))
+                errors.append(
+                    ItemError(
+                        index,
+                        "unknown_outcome_type",
+                        [
+                            {
+                                "field": "type",
+                                "message": f"unknown outcome type {outcome.type!r}; known: {known} "
+                                "(declare custom ones in VIGIL_OUTCOME_TYPES)",
+                            }
+                        ],
+                    )
+                )
+                continue
+            valid.append((index, outcome))
+        return valid, errors
+
+    def store(self, session: Session, outcomes: Sequence[OutcomeIn], source: str) -> Stored:
+        """Insert new outcomes, join them, call listeners.
+
+        A key seen again with the same conversation_id, type and value is a duplicate; with any of them
+        different it is a conflict, stored nowhere here (the callers dead-letter it).
+        """
+        if not outcomes:
+            return Stored()
+        now = datetime.now(UTC)
+        rows: dict[str, dict[str, Any]] = {}
+        for o in outcomes:
+            rows.setdefault(
+                o.key(),
+                {
+                    "idempotency_key": o.key(),
+                    "conversation_id": o.conversation_id,
+                    "type": o.type,
+                    "value": o.value,
+                    "occurred_at": o.occurred_at or now,
+                    "received_at": now,
+                    "source": source,
+                },
+            )
+        ins = upsert(session, OutcomeRow)
+        stmt = ins.on_conflict_do_nothing(index_elements=["idempotency_key"]).returning(OutcomeRow.id)
+        new_ids = list(session.scalars(stmt, list(rows.values())).all())
+        new_rows = (
+            list(session.scalars(select(OutcomeRow).where(OutcomeRow.id.in_(new_ids))).all())
+            if new_ids
+            else []
+        )
+        identity: dict[str, tuple[Any, ...]] = {k: tuple(r[f] for f in IDENTITY) for k, r in rows.items()}
+        old_keys = set(rows) - {r.idempotency_key for r in new_rows}
+        if old_keys:
+            cols = [getattr(OutcomeRow, f) for f in IDENTITY]
+            for key, *stored in session.execute(
+                select(OutcomeRow.idempotency_key, *cols).where(OutcomeRow.idempotency_key.in_(old_keys))
+            ):
+                identity[key] = tuple(stored)
+        conflicts: dict[int, list[dict[str, str]]] = {}
+        for pos, o in enumerate(outcomes):
+            sent = tuple(getattr(o, f) for f in IDENTITY)
+            if sent != identity[o.key()]:
+                conflicts[pos] = _conflict(o.key(), identity[o.key()], sent)
+        link_outcomes(
+            session, new_rows, self.types, self.settings.outcome_attribution_window_hours, self.metrics
+        )
+        if new_rows:
+            for listener in self.listeners:
+                listener(session, new_rows)
+        m = self.metrics
+        counts = [(r.type, source) for r in new_rows]
+        dupes = len(outcomes) - len(new_rows) - len(conflicts)
+
+        def count() -> None:
+            for t, src in counts:
+                m.outcomes_received.labels(m.label(t), src).inc()
+            if dupes:
+                m.outcomes_duplicate.labels(source).inc(dupes)
+
+        after_commit(session, count)
+        return Stored(new_rows, dupes, conflicts)
+
+    def ingest(self, items: Sequence[Any], source: str, raw: bytes | None = None) -> OutcomeBatch:
+        """Validate and store decoded items in one transaction.
+
+        Invalid items become one dead letter, items reusing a key for a different outcome another
+        (reason ``idempotency_conflict``); both are named in the returned errors.
+        """
+        valid, errors = self.parse(items)
+        dead = []
+        if errors:
+            body = raw if raw is not None else orjson.dumps([items[e.index] for e in errors])
+            dead.append(DeadLetter(source, errors[0].reason, _detail(errors), body))
+        with self.sessions.begin() as session:
+            result = self.store(session, [o for _, o in valid], source)
+            conflicts = [
+                ItemError(valid[pos][0], "idempotency_conflict", errs) for pos, errs in result.conflicts.items()
+            ]
+            if conflicts:
+                body = raw if raw is not None else orjson.dumps([items[e.index] for e in conflicts])
+                dead.append(DeadLetter(source, "idempotency_conflict", _detail(conflicts), body))
+            store_dead_letters(session, dead, self.settings.dead_letter_raw_bytes)
+        self._count_dead(dead)
+        errors = sorted(errors + conflicts, key=lambda e: e.index)
+        return OutcomeBatch(len(items), len(result.new), result.duplicates, errors)
+
+    def handle_envelopes(self, envelopes: Sequence[Envelope]) -> OutcomeBatch:
+        """Kafka handler of the outcomes topic: each message holds one outcome object or an array.
+
+        A message with invalid or conflicting items becomes one dead letter (its offset is its identity).
+        """
+        valid: list[OutcomeIn] = []
+        origin: list[tuple[int, int]] = []  # (envelope, item index) of each valid outcome
+        failed: dict[int, list[ItemError]] = {}
+        dead: list[DeadLetter] = []
+        total = OutcomeBatch()
+        for n, env in enumerate(envelopes):
+            try:
+                payload = orjson.loads(env.raw)
+            except orjson.JSONDecodeError as exc:
+                dead.append(
+                    DeadLetter(
+                        env.source,
+                        "malformed_json",
+                        str(exc),
+                        env.raw,
+                        env.topic,
+                        env.partition,
+                        env.offset,
+                        env.key,
+                    )
+                )
+                continue
+            items = payload if isinstance(payload, list) else [payload]
+            total.received += len(items)
+            ok, errors = self.parse(items)
+            valid.extend(o for _, o in ok)
+            origin.extend((n, i) for i, _ in ok)
+            if errors:
+                failed[n] = errors
+        with self.sessions.begin() as session:
+            result = self.store(session, valid, envelopes[0].source if envelopes else "kafka")
+            for pos, errs in result.conflicts.items():
+                n, index = origin[pos]
+                failed.setdefault(n, []).append(ItemError(index, "idempotency_conflict", errs))
+            for n, errors in sorted(failed.items()):
+                errors.sort(key=lambda e: e.index)
+                total.errors.extend(errors)
+                env = envelopes[n]
+                dead.append(
+                    DeadLetter(
+                        env.source,
+                        errors[0].reason,
+                        _detail(errors),
+                        env.raw,
+                        env.topic,
+                        env.partition,
+                        env.offset,
+                        env.key,
+                    )
+                )
+            store_dead_letters(session, dead, self.settings.dead_letter_raw_bytes)
+        self._count_dead(dead)
+        total.stored, total.duplicates = len(result.new), result.duplicates
+        return total
+
+    def sink(self, items: list[dict[str, Any]]) -> None:
+        """``rt.hooks.outcome_sink``: the demo traffic's outcomes."""
+        if items:
+            self.ingest(items, "demo")
+
+    def ingest_dead(self, letter: DeadLetter) -> None:
+        """Keep a body that could not be read at all."""
+        with self.sessions.begin() as session:
+            store_dead_letters(session, [letter], self.settings.dead_letter_raw_bytes)
+        self._count_dead([letter])
+
+    def _count_dead(self, dead: list[DeadLetter]) -> None:
+        for d in dead:
+            self.metrics.dead_letters.labels(d.reason, d.source).inc()

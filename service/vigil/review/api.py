@@ -1,0 +1,282 @@
+"""The review API: everything the reviewer UI does, as JSON endpoints under ``/v1/review``.
+
+Callers authenticate with ``Authorization: Bearer KEY`` (reviewer or admin), or with the UI's
+session cookie plus an ``X-CSRF-Token`` header on writes. Double review is blind here as in the UI: a
+reviewer who has not labelled an open multi-reviewer item does not get others' labels on it (items, queue,
+history, labels); admins see everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from vigil.http import runtime_of
+from vigil.http.auth import Principal, require
+from vigil.review import insights, queue
+from vigil.review.errors import Conflict, Invalid, NotFound, ReviewError
+from vigil.review.flagger import enqueue
+from vigil.review.policy import LABELS, SEVERITIES, Reason
+from vigil.review.schemas import (
+    ClaimFilters,
+    ClaimOut,
+    ClustersOut,
+    EnqueueIn,
+    HistoryOut,
+    ItemOut,
+    LabelIn,
+    LabelOut,
+    LeaseOut,
+    QueueOut,
+    TaxonomyOut,
+)
+from vigil.review.stage import ReviewStage
+
+router = APIRouter(
+    prefix="/v1/review",
+    tags=["review"],
+)
+T = TypeVar("T")
+Status = Literal["open", "available", "claimed", "done", "waiting", "all"]
+
+
+def stage_of(request: Request) -> ReviewStage:
+    return runtime_of(request).get(ReviewStage)
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    try:
+        yield
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from exc
+    except Conflict as exc:
+        raise HTTPException(409, str(exc)) from exc
+    except Invalid as exc:
+        raise HTTPException(422, str(exc)) from exc
+    except IntegrityError as exc:
+        raise HTTPException(409, "a concurrent change won; try again") from exc
+
+
+def run(request: Request, fn: Callable[[Session, ReviewStage], T]) -> T:
+    """Run ``fn`` in one transaction, mapping review errors to HTTP errors."""
+    st = stage_of(request)
+    with _errors(), st.sessions.begin() as session:
+        return fn(session, st)
+
+
+def _item(session: Session, cid: str, p: Principal) -> dict[str, Any]:
+    found = insights.item_detail(session, cid)
+    if found is None:
+        raise NotFound(f"conversation {cid!r} is not in the review queue")
+    return _seen_by(found, p)
+
+
+def _seen_by(item: dict[str, Any], p: Principal) -> dict[str, Any]:
+    return item if p.can("admin") else insights.blind_view(item, p.name)
+
+
+@router.get("/queue", response_model=QueueOut)
+def list_queue(
+    request: Request,
+    status: Status = "open",
+    agent: str | None = None,
+    version: str | None = None,
+    rule: str | None = Query(None, description="Conversations with a finding of this rule"),
+    verdict: Literal["pass", "fail", "unscored"] | None = Query(
+        None, description="Any judge verdict of this kind"
+    ),
+    outcome: str | None = Query(None, description="Conversations with an outcome of this type"),
+    reason: str | None = Query(None, description="Items flagged for this reason kind"),
+    limit: int = Query(50, ge=1, le=500),
+    offset: int = Query(0, ge=0),
+    p: Principal = require("reviewer"),
+) -> Any:
+    """Queue items with counts per state and per reason kind, highest priority first."""
+    f = queue.QueueFilter(agent, version, rule, verdict, outcome, reason)
+    out = run(request, lambda s, _st: insights.list_queue(s, f, status, limit, offset))
+    out["items"] = [_seen_by(item, p) for item in out["items"]]
+    return out
+
+
+@router.post("/claim", response_model=ClaimOut, responses={204: {"description": "Nothing left to claim"}})
+def claim_next(request: Request, body: ClaimFilters | None = None, p: Principal = require("reviewer")) -> Any:
+    """Claim the highest-priority available item (optionally filtered) with a lease."""
+    b = body or ClaimFilters()
+    f = queue.QueueFilter(b.agent, b.version, b.rule, b.verdict, b.outcome, b.reason)
+
+    def go(s: Session, st: ReviewStage) -> Any:
+        cid = queue.claim_next(s, p.name, st.lease_seconds, f, release_others=b.release_others)
+        st.metrics.review_claims.labels("claimed" if cid else "empty").inc()
+        if cid is None:
+            return None
+        item = _item(s, cid, p)
+        return {"conversation_id": cid, "lease_until": item["lease_until"], "item": item}
+
+    out = run(request, go)
+    return Response(status_code=204) if out is None else out
+
+
+@router.get("/items/{conversation_id:path}/history", response_model=HistoryOut)
+def history(request: Request, conversation_id: str, p: Principal = require("reviewer")) -> Any:
+    """Every label version and audit event of one conversation (others' labels hidden while blind to you)."""
+
+    def go(s: Session, _st: ReviewStage) -> Any:
+        hist = insights.history(s, conversation_id)
+        if p.can("admin"):
+            return hist
+        return insights.blind_history(hist, insights.item_detail(s, conversation_id), p.name)
+
+    return run(request, go)
+
+
+@router.post("/items/{conversation_id:path}/claim", response_model=LeaseOut)
+def claim_item(request: Request, conversation_id: str, p: Principal = require("reviewer")) -> Any:
+    """Claim this item (409 if another reviewer holds it)."""
+
+    def go(s: Session, st: ReviewStage) -> Any:
+        try:
+            until = queue.claim(s, conversation_id, p.name, st.lease_seconds)
+        except Conflict:
+            st.metrics.review_claims.labels("conflict").inc()
+            raise
+        st.metrics.review_claims.labels("claimed").inc()
+        return {"conversation_id": conversation_id, "lease_until": until}
+
+    return run(request, go)
+
+
+@router.post("/items/{conversation_id:path}/extend", response_model=LeaseOut)
+def extend(request: Request, conversation_id: str, p: Principal = require("reviewer")) -> Any:
+    """Extend your lease on this item by the configured lease time from now."""
+    return run(
+        request,
+        lambda s, st: {
+            "conversation_id": conversation_id,
+            "lease_until": queue.extend(s, conversation_id, p.name, st.lease_seconds),
+        },
+    )
+
+
+@router.post("/items/{conversation_id:path}/release", status_code=204)
+def release(
+    request: Request,
+    conversation_id: str,
+    force: bool = Query(False, description="Admins only"),
+    p: Principal = require("reviewer"),
+) -> Response:
+    """Give your claim back to the queue (admins may force another reviewer's)."""
+    if force and not p.can("admin"):
+        raise HTTPException(403, "only admins may release another reviewer's claim")
+    run(request, lambda s, _st: queue.release(s, conversation_id, p.name, force=force))
+    return Response(status_code=204)
+
+
+@router.post("/items/{conversation_id:path}/skip", status_code=204)
+def skip(request: Request, conversation_id: str, p: Principal = require("reviewer")) -> Response:
+    """Release the item and do not offer it to you again."""
+    run(request, lambda s, _st: queue.skip(s, conversation_id, p.name))
+    return Response(status_code=204)
+
+
+@router.post("/items/{conversation_id:path}/labels", response_model=LabelOut, status_code=201)
+def label(request: Request, conversation_id: str, body: LabelIn, p: Principal = require("reviewer")) -> Any:
+    """Save your label (a new version if you labelled before). Releases your claim."""
+    data = queue.LabelIn(body.label, body.category, body.severity, body.notes, body.expected_behavior)
+    return run(
+        request,
+        lambda s, st: insights.label_dict(
+            queue.label(s, conversation_id, p.name, data, st.policy, metrics=st.metrics)
+        ),
+    )
+
+
+@router.get("/items/{conversation_id:path}", response_model=ItemOut)
+def get_item(request: Request, conversation_id: str, p: Principal = require("reviewer")) -> Any:
+    """One queue item with its reasons and current labels (others' hidden while the review is blind to you)."""
+    return run(request, lambda s, _st: _item(s, conversation_id, p))
+
+
+@router.post("/items", response_model=ItemOut, status_code=201)
+def add_item(request: Request, body: EnqueueIn, p: Principal = require("reviewer")) -> Any:
+    """Put a stored conversation in the queue by hand (or add a manual reason to its item)."""
+
+    def go(s: Session, st: ReviewStage) -> Any:
+        from vigil.store.models import ConversationRow
+
+        conv = s.get(ConversationRow, body.conversation_id)
+        if conv is None:
+            raise NotFound(f"no conversation {body.conversation_id!r}")
+        enqueue(
+            s,
+            st.policy,
+            {conv.conversation_id: [Reason("manual", p.name, body.weight, body.note)]},
+            {conv.conversation_id: (conv.agent_id, conv.agent_version)},
+            st.metrics,
+            actor=p.name,
+        )
+        return _item(s, conv.conversation_id, p)
+
+    return run(request, go)
+
+
+@router.get("/labels", response_model=list[LabelOut])
+def labels(
+    request: Request,
+    since: datetime | None = None,
+    current_only: bool = True,
+    limit: int = Query(1000, ge=1, le=10_000),
+    offset: int = Query(0, ge=0),
+    p: Principal = require("reviewer"),
+) -> Any:
+    """Reviewers' labels (current versions by default), oldest first: input of calibration and export.
+
+    A reviewer does not get others' labels on double reviews still blind to them; admins get all."""
+    viewer = None if p.can("admin") else p.name
+    return run(request, lambda s, _st: insights.labels_export(s, since, current_only, limit, offset, viewer))
+
+
+@router.get("/clusters", response_model=ClustersOut)
+def clusters(request: Request, _: Principal = require("reviewer")) -> Any:
+    """Confirmed failures grouped by category, rule and tool."""
+    return run(request, lambda s, st: insights.clusters(s, st.rule_descriptions))
+
+
+@router.get("/progress")
+def progress(request: Request, _: Principal = require("reviewer")) -> dict[str, Any]:
+    """Per-reviewer counts and inter-reviewer agreement."""
+    return run(request, lambda s, _st: insights.progress(s))
+
+
+@router.get("/audit")
+def audit(
+    request: Request,
+    actor: str | None = None,
+    conversation_id: str | None = None,
+    action: str | None = None,
+    limit: int = Query(100, ge=1, le=1000),
+    _: Principal = require("admin"),
+) -> list[dict[str, Any]]:
+    """The review audit log, newest first (admins)."""
+    return run(request, lambda s, _st: insights.audit_log(s, actor, conversation_id, action, limit))
+
+
+@router.get("/taxonomy", response_model=TaxonomyOut)
+def taxonomy(request: Request, _: Principal = require("reviewer")) -> Any:
+    """Labels, failure categories and severities a label may use."""
+    st = stage_of(request)
+    return {
+        "labels": list(LABELS),
+        "categories": st.policy.taxonomy,
+        "severities": list(SEVERITIES),
+        "lease_seconds": st.lease_seconds,
+    }
+
+
+__all__ = ["router", "ReviewError"]

@@ -1,0 +1,198 @@
+"""``vigil review queue|enqueue|labels|clusters|progress|policy``."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from vigil.review.stage import ReviewStage
+from vigil.runtime import Launcher
+
+console = Console(stderr=True)
+review_app = typer.Typer(no_args_is_help=True, help="Human review queue: inspect, enqueue, export labels.")
+
+
+def _stage(ctx: typer.Context) -> ReviewStage:
+    from vigil.errors import VigilError
+
+    launch = Launcher.of(ctx)
+    try:
+        return ReviewStage.from_runtime(launch.core())
+    except VigilError as exc:
+        launch.fail(exc)
+
+
+@review_app.command("queue")
+def queue_cmd(
+    ctx: typer.Context,
+    status: Annotated[str, typer.Option(help="open, available, claimed, done, waiting or all.")] = "open",
+    agent: Annotated[str | None, typer.Option(help="Only this agent.")] = None,
+    version: Annotated[str | None, typer.Option(help="Only this agent version.")] = None,
+    reason: Annotated[str | None, typer.Option(help="Only items flagged for this reason kind.")] = None,
+    limit: Annotated[int, typer.Option(help="Items to show.")] = 20,
+) -> None:
+    """Show queue counts and the highest-priority items."""
+    from vigil.review.insights import STATUSES, list_queue
+    from vigil.review.queue import QueueFilter
+
+    if status not in STATUSES:
+        console.print(f"[red]error:[/red] --status must be one of {', '.join(STATUSES)}")
+        raise typer.Exit(2)
+    st = _stage(ctx)
+    with st.sessions() as s:
+        data = list_queue(s, QueueFilter(agent, version, reason=reason), status, limit)
+    c = data["counts"]
+    console.print(
+        f"available {c['available']} · claimed {c['claimed']} · done {c['done']} · waiting {c['waiting']}"
+    )
+    table = Table("priority", "conversation", "agent", "state", "reasons")
+    for it in data["items"]:
+        reasons = ", ".join(f"{r['kind']}:{r['key']}" for r in it["reasons"][:3])
+        table.add_row(
+            f"{it['priority']:.0f}",
+            it["conversation_id"],
+            f"{it['agent_id']} {it['agent_version']}",
+            it["state"] + (f" ({it['claimed_by']})" if it["claimed_by"] else ""),
+            reasons,
+        )
+    Console().print(table)
+
+
+@review_app.command("enqueue")
+def enqueue_cmd(
+    ctx: typer.Context,
+    conversation_ids: Annotated[list[str], typer.Argument(help="Stored conversation ids.")],
+    note: Annotated[str, typer.Option(help="Why (shown to reviewers).")] = "",
+    weight: Annotated[float, typer.Option(help="Priority this reason adds.")] = 50.0,
+    actor: Annotated[str, typer.Option(help="Name recorded in the audit log.")] = "cli",
+) -> None:
+    """Put stored conversations in the review queue by hand."""
+    from sqlalchemy import select
+
+    from vigil.review.flagger import enqueue
+    from vigil.review.policy import Reason
+    from vigil.store.models import ConversationRow
+
+    st = _stage(ctx)
+    with st.sessions.begin() as s:
+        rows = s.execute(
+            select(
+                ConversationRow.conversation_id, ConversationRow.agent_id, ConversationRow.agent_version
+            ).where(ConversationRow.conversation_id.in_(conversation_ids))
+        ).all()
+        known = {r[0]: (r[1], r[2]) for r in rows}
+        unknown = [c for c in conversation_ids if c not in known]
+        new = enqueue(
+            s, st.policy, {c: [Reason("manual", actor, weight, note)] for c in known}, known, actor=actor
+        )
+    console.print(f"{len(new)} added to the queue, {len(known) - len(new)} already there")
+    if unknown:
+        console.print(f"[yellow]not stored, skipped:[/yellow] {', '.join(unknown)}")
+        raise typer.Exit(1)
+
+
+@review_app.command("labels")
+def labels_cmd(
+    ctx: typer.Context,
+    out: Annotated[Path | None, typer.Option(help="Write JSONL here (default: stdout).")] = None,
+    since: Annotated[datetime | None, typer.Option(help="Only labels saved at or after this time.")] = None,
+    all_versions: Annotated[
+        bool, typer.Option("--all-versions", help="Include superseded versions.")
+    ] = False,
+) -> None:
+    """Export reviewers' labels as JSON lines."""
+    from vigil.review.insights import labels_export
+
+    st = _stage(ctx)
+    n, offset, page = 0, 0, 5000
+    fh = out.open("wb") if out else sys.stdout.buffer
+    try:
+        with st.sessions() as s:
+            while batch := labels_export(s, since, not all_versions, page, offset):
+                fh.write(b"".join(orjson.dumps(r) + b"\n" for r in batch))
+                n += len(batch)
+                offset += page
+    finally:
+        if out:
+            fh.close()
+    console.print(f"{n} labels")
+
+
+@review_app.command("clusters")
+def clusters_cmd(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Confirmed failures grouped by category, rule and tool."""
+    from vigil.review.insights import clusters
+
+    st = _stage(ctx)
+    with st.sessions() as s:
+        data = clusters(s, st.rule_descriptions)
+    if as_json:
+        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    for c in data["clusters"]:
+        where = " · ".join(x for x in (c["category"], c["rule_id"], c["tool"]) if x)
+        Console().print(f"{c['summary']}  [dim]({where})[/dim]")
+    if not data["clusters"]:
+        console.print("no confirmed failures yet")
+
+
+@review_app.command("progress")
+def progress_cmd(ctx: typer.Context) -> None:
+    """Per-reviewer counts and inter-reviewer agreement."""
+    from vigil.review.insights import progress
+
+    st = _stage(ctx)
+    with st.sessions() as s:
+        data = progress(s)
+    table = Table("reviewer", "labels", "confirmed", "not a failure", "unsure", "last 24h", "holding")
+    for p in data["reviewers"]:
+        b = p["by_label"]
+        table.add_row(
+            p["reviewer"],
+            str(p["labels"]),
+            str(b.get("confirmed_failure", 0)),
+            str(b.get("not_a_failure", 0)),
+            str(b.get("unsure", 0)),
+            str(p["last_24h"]),
+            str(p["holding"]),
+        )
+    Console().print(table)
+    a = data["agreement"]
+    rate = "–" if a["rate"] is None else f"{a['rate']:.0%}"
+    console.print(f"agreement: {rate} on {a['items']} items labelled by two or more reviewers")
+
+
+@review_app.command("policy")
+def policy_cmd(
+    ctx: typer.Context,
+    path: Annotated[Path | None, typer.Argument(help="Policy file (default: VIGIL_REVIEW_POLICY).")] = None,
+) -> None:
+    """Validate a flagging policy and print it as the flagger reads it."""
+    from vigil.errors import VigilError
+    from vigil.review.policy import FlaggingPolicy
+
+    try:
+        if path is None:
+
+            path_str = Launcher.of(ctx).settings().review_policy or None
+            policy = FlaggingPolicy.load(path_str)
+        else:
+            policy = FlaggingPolicy.load(path)
+    except VigilError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    sys.stdout.write(orjson.dumps(policy.model_dump(), option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(review_app, name="review")

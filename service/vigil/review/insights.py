@@ -1,0 +1,419 @@
+"""Read side of the review stage: the queue list with counts, one item, history, progress, clusters."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import ColumnElement, and_, case, func, or_, select
+from sqlalchemy.orm import Session, aliased
+
+from vigil.review.models import ReviewAuditRow, ReviewReasonRow
+from vigil.review.queue import QueueFilter, aware, claimable
+from vigil.rules import SEVERITY_RANK
+from vigil.store import reads
+from vigil.store.db import utcnow
+from vigil.store.models import ConversationRow, FindingRow, ReviewItemRow, ReviewLabelRow
+
+STATUSES = ("open", "available", "claimed", "done", "waiting", "all")
+
+
+def _status_clause(status: str, now: datetime) -> ColumnElement[bool] | None:
+    item = ReviewItemRow
+    ready = and_(item.status == "open", item.agent_id.is_not(None))
+    return {
+        "open": ready,
+        "available": claimable(now),
+        "claimed": and_(ready, item.claimed_by.is_not(None), item.lease_until >= now),
+        "done": item.status == "done",
+        "waiting": and_(item.status == "open", item.agent_id.is_(None)),
+        "all": None,
+    }[status]
+
+
+def item_state(item: ReviewItemRow, now: datetime) -> str:
+    if item.status == "done":
+        return "done"
+    if item.agent_id is None:
+        return "waiting"
+    lease = aware(item.lease_until)
+    if item.claimed_by and lease is not None and lease >= now:
+        return "claimed"
+    return "available"
+
+
+def item_dict(item: ReviewItemRow, now: datetime) -> dict[str, Any]:
+    state = item_state(item, now)
+    return {
+        "conversation_id": item.conversation_id,
+        "agent_id": item.agent_id,
+        "agent_version": item.agent_version,
+        "priority": item.priority,
+        "state": state,
+        "required_reviews": item.required_reviews,
+        "review_count": item.review_count,
+        "sampled": item.sampled,
+        "claimed_by": item.claimed_by if state == "claimed" else None,
+        "lease_until": aware(item.lease_until) if state == "claimed" else None,
+        "created_at": aware(item.created_at),
+        "updated_at": aware(item.updated_at),
+    }
+
+
+def reasons_of(session: Session, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    if ids:
+        rows = session.scalars(
+            select(ReviewReasonRow)
+            .where(ReviewReasonRow.conversation_id.in_(ids))
+            .order_by(ReviewReasonRow.weight.desc(), ReviewReasonRow.id)
+        ).all()
+        for r in rows:
+            out[r.conversation_id].append(
+                {
+                    "kind": r.kind,
+                    "key": r.key,
+                    "weight": r.weight,
+                    "detail": r.detail,
+                    "created_at": aware(r.created_at),
+                }
+            )
+    return out
+
+
+def label_dict(r: ReviewLabelRow) -> dict[str, Any]:
+    return {
+        "conversation_id": r.conversation_id,
+        "revision": r.revision,
+        "reviewer": r.reviewer,
+        "label": r.label,
+        "category": r.category,
+        "severity": r.severity,
+        "notes": r.notes,
+        "expected_behavior": r.expected_behavior,
+        "version": r.version,
+        "is_current": r.is_current,
+        "created_at": aware(r.created_at),
+    }
+
+
+def current_label_dicts(session: Session, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    if not ids:
+        return {}
+    return {cid: [label_dict(r) for r in rows] for cid, rows in reads.current_labels(session, ids).items()}
+
+
+def list_queue(
+    session: Session,
+    filters: QueueFilter,
+    status: str = "open",
+    limit: int = 50,
+    offset: int = 0,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Items matching ``filters`` in ``status``, with counts per state and per reason kind."""
+    now = now or utcnow()
+    clauses = filters.clauses()
+    counts = {
+        s: session.scalar(
+            select(func.count())
+            .select_from(ReviewItemRow)
+            .where(*clauses, *([c] if (c := _status_clause(s, now)) is not None else []))
+        )
+        or 0
+        for s in ("available", "claimed", "done", "waiting")
+    }
+    counts["open"] = counts["available"] + counts["claimed"]
+    counts["all"] = counts["open"] + counts["done"] + counts["waiting"]
+    open_clause = _status_clause("open", now)
+    assert open_clause is not None  # only "all" has no clause
+    by_reason = dict(
+        session.execute(
+            select(ReviewReasonRow.kind, func.count(func.distinct(ReviewReasonRow.conversation_id)))
+            .join(ReviewItemRow, ReviewItemRow.conversation_id == ReviewReasonRow.conversation_id)
+            .where(*clauses, open_clause)
+            .group_by(ReviewReasonRow.kind)
+        ).all()
+    )
+    q = (
+        select(ReviewItemRow, ConversationRow)
+        .outerjoin(ConversationRow, ConversationRow.conversation_id == ReviewItemRow.conversation_id)
+        .where(*clauses)
+    )
+    sc = _status_clause(status, now)
+    if sc is not None:
+        q = q.where(sc)
+    if status == "done":
+        q = q.order_by(ReviewItemRow.updated_at.desc(), ReviewItemRow.id.desc())
+    else:
+        q = q.order_by(ReviewItemRow.priority.desc(), ReviewItemRow.created_at, ReviewItemRow.id)
+    rows = session.execute(q.limit(limit).offset(offset)).all()
+    ids = [item.conversation_id for item, _ in rows]
+    reasons, labels = reasons_of(session, ids), current_label_dicts(session, ids)
+    items = []
+    for item, conv in rows:
+        d = item_dict(item, now)
+        d["reasons"] = reasons.get(item.conversation_id, [])
+        d["labels"] = labels.get(item.conversation_id, [])
+        _add_summary(d, conv)
+        items.append(d)
+    return {
+        "status": status,
+        "counts": counts,
+        "reasons": by_reason,
+        "items": items,
+        "limit": limit,
+        "offset": offset,
+        "total": counts.get(status, counts["all"]),
+    }
+
+
+def item_detail(session: Session, conversation_id: str, now: datetime | None = None) -> dict[str, Any] | None:
+    now = now or utcnow()
+    item = session.scalar(select(ReviewItemRow).where(ReviewItemRow.conversation_id == conversation_id))
+    if item is None:
+        return None
+    d = item_dict(item, now)
+    d["reasons"] = reasons_of(session, [conversation_id]).get(conversation_id, [])
+    d["labels"] = current_label_dicts(session, [conversation_id]).get(conversation_id, [])
+    _add_summary(d, session.get(ConversationRow, conversation_id))
+    return d
+
+
+def is_blind(item: dict[str, Any] | None, viewer: str | None) -> bool:
+    """Double review is blind: until ``viewer`` has labelled an open multi-reviewer item, others' labels
+    stay hidden from them (``viewer`` None: hidden from anyone without a name, e.g. another stage's view)."""
+    if item is None or item["required_reviews"] <= 1 or item["state"] == "done":
+        return False
+    return not any(lab["reviewer"] == viewer for lab in item["labels"])
+
+
+def blind_view(item: dict[str, Any], viewer: str | None) -> dict[str, Any]:
+    """``item`` as ``viewer`` may see it: others' labels left out while the review is blind to them."""
+    if not is_blind(item, viewer):
+        return item
+    return {**item, "labels": [lab for lab in item["labels"] if lab["reviewer"] == viewer], "labels_hidden": True}
+
+
+def blind_history(hist: dict[str, Any], item: dict[str, Any] | None, viewer: str) -> dict[str, Any]:
+    """A conversation's history without other reviewers' labels (and their label events) while blind."""
+    if not is_blind(item, viewer):
+        return hist
+    return {
+        **hist,
+        "labels": [lab for lab in hist["labels"] if lab["reviewer"] == viewer],
+        "audit": [e for e in hist["audit"] if e["action"] != "label" or e["actor"] == viewer],
+    }
+
+
+def blind_clause(viewer: str) -> ColumnElement[bool]:
+    """Labels ``viewer`` may see: their own, and any on a conversation whose review is not blind to them."""
+    mine = aliased(ReviewLabelRow)
+    theirs = select(mine.conversation_id).where(mine.reviewer == viewer, mine.is_current.is_(True))
+    blind = select(ReviewItemRow.conversation_id).where(
+        ReviewItemRow.required_reviews > 1,
+        ReviewItemRow.status != "done",
+        ReviewItemRow.conversation_id.not_in(theirs),
+    )
+    return or_(ReviewLabelRow.reviewer == viewer, ReviewLabelRow.conversation_id.not_in(blind))
+
+
+def _add_summary(d: dict[str, Any], conv: ConversationRow | None) -> None:
+    d["max_severity"] = conv.max_severity if conv else None
+    d["finding_count"] = conv.finding_count if conv else 0
+    d["message_count"] = conv.message_count if conv else 0
+
+
+def history(session: Session, conversation_id: str) -> dict[str, Any]:
+    """Every label version and every audit event of one conversation, oldest first."""
+    labels = session.scalars(
+        select(ReviewLabelRow)
+        .where(ReviewLabelRow.conversation_id == conversation_id)
+        .order_by(ReviewLabelRow.created_at, ReviewLabelRow.id)
+    ).all()
+    events = session.scalars(
+        select(ReviewAuditRow)
+        .where(ReviewAuditRow.conversation_id == conversation_id)
+        .order_by(ReviewAuditRow.at, ReviewAuditRow.id)
+    ).all()
+    return {
+        "conversation_id": conversation_id,
+        "labels": [label_dict(r) for r in labels],
+        "audit": [audit_dict(e) for e in events],
+    }
+
+
+def audit_dict(e: ReviewAuditRow) -> dict[str, Any]:
+    return {
+        "at": aware(e.at),
+        "actor": e.actor,
+        "action": e.action,
+        "conversation_id": e.conversation_id,
+        "detail": e.detail,
+    }
+
+
+def audit_log(
+    session: Session,
+    actor: str | None = None,
+    conversation_id: str | None = None,
+    action: str | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    q = select(ReviewAuditRow).order_by(ReviewAuditRow.id.desc()).limit(limit)
+    if actor:
+        q = q.where(ReviewAuditRow.actor == actor)
+    if conversation_id:
+        q = q.where(ReviewAuditRow.conversation_id == conversation_id)
+    if action:
+        q = q.where(ReviewAuditRow.action == action)
+    return [audit_dict(e) for e in session.scalars(q).all()]
+
+
+def progress(session: Session, now: datetime | None = None) -> dict[str, Any]:
+    """Per reviewer: current labels by kind, labels in the last day and week, items held; agreement."""
+    now = now or utcnow()
+    people: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"labels": 0, "by_label": {}, "last_24h": 0, "last_7d": 0, "changed": 0, "holding": 0}
+    )
+    lab = ReviewLabelRow
+    for reviewer, label, n in session.execute(
+        select(lab.reviewer, lab.label, func.count())
+        .where(lab.is_current.is_(True))
+        .group_by(lab.reviewer, lab.label)
+    ):
+        people[reviewer]["by_label"][label] = n
+        people[reviewer]["labels"] += n
+    counts = {
+        "changed": lab.is_current.is_(False),
+        "last_24h": lab.created_at >= now - timedelta(days=1),
+        "last_7d": lab.created_at >= now - timedelta(days=7),
+    }
+    for key, cond in counts.items():
+        for reviewer, n in session.execute(
+            select(lab.reviewer, func.count()).where(cond).group_by(lab.reviewer)
+        ):
+            people[reviewer][key] = n
+    for holder, n in session.execute(
+        select(ReviewItemRow.claimed_by, func.count())
+        .where(ReviewItemRow.claimed_by.is_not(None), ReviewItemRow.lease_until >= now)
+        .group_by(ReviewItemRow.claimed_by)
+    ):
+        people[cast(str, holder)]["holding"] = n  # the query keeps only claimed items
+    reviewers = [
+        {"reviewer": name, **p}
+        for name, p in sorted(people.items(), key=lambda kv: (-kv[1]["labels"], kv[0]))
+    ]
+    return {"reviewers": reviewers, "agreement": agreement(session)}
+
+
+def agreement(session: Session) -> dict[str, Any]:
+    """On items labelled by two or more reviewers: the share where every current label is the same."""
+    lab = ReviewLabelRow
+    per_item = (
+        select(func.count().label("n"), func.count(func.distinct(lab.label)).label("kinds"))
+        .where(lab.is_current.is_(True))
+        .group_by(lab.conversation_id)
+        .having(func.count() >= 2)
+        .subquery()
+    )
+    items, agreed = session.execute(
+        select(
+            func.count(), func.coalesce(func.sum(case((per_item.c.kinds == 1, 1), else_=0)), 0)
+        ).select_from(per_item)
+    ).one()
+    return {"items": items, "agreed": agreed, "rate": agreed / items if items else None}
+
+
+# (category, rule id, tool); rule and tool are None for failures no rule finding explains
+_ClusterKey = tuple[str, str | None, str | None]
+
+
+def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) -> dict[str, Any]:
+    """Confirmed failures grouped by (category, rule, tool), largest first.
+
+    Each conversation counts once, in the cluster of its most severe finding (the earliest among equals),
+    so the counts add up to the total and the shares to 100%; ``also`` names the other rules that fired
+    on a cluster's conversations.
+    """
+    confirmed = reads.confirmed_failures(session)
+    total = len(confirmed)
+    primary: dict[str, tuple[tuple[int, int], FindingRow]] = {}
+    fired: dict[str, set[str]] = defaultdict(set)
+    ids = sorted(confirmed)
+    for i in range(0, len(ids), 500):
+        for f in session.scalars(
+            select(FindingRow).where(FindingRow.conversation_id.in_(ids[i : i + 500]))
+        ).all():
+            if (f.details or {}).get("rule_error"):
+                continue
+            fired[f.conversation_id].add(f.rule_id)
+            rank = (-SEVERITY_RANK.get(f.severity, 0), f.id)
+            best = primary.get(f.conversation_id)
+            if best is None or rank < best[0]:
+                primary[f.conversation_id] = (rank, f)
+    groups: dict[_ClusterKey, set[str]] = defaultdict(set)
+    messages: dict[_ClusterKey, Counter[str]] = defaultdict(Counter)
+    also: dict[_ClusterKey, Counter[str]] = defaultdict(Counter)
+    for cid in ids:
+        found = primary.get(cid)
+        if found is None:
+            groups[(confirmed[cid], None, None)].add(cid)
+            continue
+        f = found[1]
+        key: _ClusterKey = (confirmed[cid], f.rule_id, (f.details or {}).get("tool"))
+        groups[key].add(cid)
+        messages[key][f.message] += 1
+        also[key].update(fired[cid] - {f.rule_id})
+    descriptions = rule_descriptions or {}
+    out: list[dict[str, Any]] = []
+    for key, members in groups.items():
+        category, rule, tool = key
+        if rule is None:
+            text = "no rule fired (found by the judge, an outcome or a reviewer)"
+        else:
+            text = messages[key].most_common(1)[0][0] if messages[key] else descriptions.get(rule, rule)
+        out.append(
+            {
+                "category": category,
+                "rule_id": rule,
+                "tool": tool,
+                "count": len(members),
+                "total": total,
+                "share": len(members) / total if total else 0.0,
+                "description": text,
+                "rule_description": descriptions.get(rule or "", ""),
+                "summary": f"{len(members)} of {total} failures: {text}",
+                "examples": sorted(members)[:5],
+                "also": [
+                    {"rule_id": r, "count": n} for r, n in sorted(also[key].items(), key=lambda x: (-x[1], x[0]))
+                ],
+            }
+        )
+    out.sort(key=lambda c: (-c["count"], c["category"], c["rule_id"] or "~", c["tool"] or ""))
+    by_category = Counter(confirmed.values())
+    return {
+        "total": total,
+        "clusters": out,
+        "by_category": [{"category": c, "count": n} for c, n in by_category.most_common()],
+    }
+
+
+def labels_export(
+    session: Session,
+    since: datetime | None = None,
+    current_only: bool = True,
+    limit: int = 1000,
+    offset: int = 0,
+    viewer: str | None = None,
+) -> list[dict[str, Any]]:
+    """Labels, oldest first; with ``viewer``, others' labels on reviews still blind to them are left out."""
+    q = select(ReviewLabelRow).order_by(ReviewLabelRow.id).limit(limit).offset(offset)
+    if current_only:
+        q = q.where(ReviewLabelRow.is_current.is_(True))
+    if since:
+        q = q.where(ReviewLabelRow.created_at >= since)
+    if viewer is not None:
+        q = q.where(blind_clause(viewer))
+    return [label_dict(r) for r in session.scalars(q).all()]

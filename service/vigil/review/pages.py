@@ -1,0 +1,292 @@
+"""The reviewer UI: server-rendered pages and their form posts under ``/ui``.
+
+Every form carries the session's CSRF token; a post without it is refused. Each action calls the
+same queue functions as the JSON API, and redirects back (post/redirect/get). A post whose session has
+expired goes to the log-in page (and back afterwards); a label posted then is not lost: the log-in page
+carries it, and after log-in the conversation page shows it filled in again, unsaved, to check and save.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote, unquote, urlencode
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from vigil.http import runtime_of
+from vigil.http.auth import Principal
+from vigil.review import insights, queue
+from vigil.review.errors import Conflict, Done, Invalid, NotFound
+from vigil.review.policy import LABELS, SEVERITIES
+from vigil.review.stage import ReviewStage
+from vigil.store import reads
+from vigil.ui import transcript
+from vigil.ui.forms import Refused, draft_of, form_user, go
+from vigil.ui.render import render_page, sessions_of, ui_user
+
+router = APIRouter(
+    prefix="/ui",
+    include_in_schema=False,
+)
+
+NOTICES = {
+    "empty": "Nothing left to claim with these filters.",
+    "labelled": "Label saved.",
+    "released": "Released back to the queue.",
+    "skipped": "Skipped; you will not be offered this item again.",
+    "extended": "Lease extended.",
+    "claimed": "Claimed: it is yours until the lease runs out.",
+    "conflict": "Someone else holds this item.",
+    "done": "This item is done: it has all its reviews. You can still change your label below.",
+    "queued": "Added to the review queue.",
+}
+EXPIRED_LABEL = "Your session expired, so your label was not saved. Log in again and it is filled in for you to save."
+STALE_LABEL = "The form had expired, so your label was not saved."
+RELOGGED_LABEL = "Logged in again. Your label was not saved yet."
+FILTERS = ("agent", "version", "rule", "verdict", "outcome", "reason")
+
+
+def _stage(request: Request) -> ReviewStage:
+    return runtime_of(request).get(ReviewStage)
+
+
+def _review_url(cid: str, notice: str | None = None) -> str:
+    return f"/ui/review/{quote(cid, safe='')}" + (f"?notice={notice}" if notice else "")
+
+
+@router.get("/queue")
+def queue_page(
+    request: Request,
+    status: str = "open",
+    page: int = 1,
+    notice: str | None = None,
+    user: Principal = Depends(ui_user),
+) -> Response:
+    if status not in insights.STATUSES:
+        status = "open"
+    picked = {k: request.query_params.get(k) or None for k in FILTERS}
+    f = queue.QueueFilter(**picked)
+    per_page = 50
+    page = max(1, page)
+    with _stage(request).sessions() as s:
+        data = insights.list_queue(s, f, status, per_page, (page - 1) * per_page)
+    base = {k: v for k, v in picked.items() if v}
+    return render_page(
+        request,
+        "queue.html",
+        title="Review queue",
+        data=data,
+        status=status,
+        filters=picked,
+        page=page,
+        pages=max(1, -(-data["total"] // per_page)),
+        notice=NOTICES.get(notice or ""),
+        qs=lambda **kw: urlencode({**base, "status": status, **kw}),
+    )
+
+
+@router.post("/queue/claim")
+async def claim_next(request: Request) -> Response:
+    try:
+        p, form = await form_user(request)
+    except Refused as refused:
+        return refused.response
+    f = queue.QueueFilter(**{k: str(form.get(k) or "") or None for k in FILTERS})
+    st = _stage(request)
+    with st.sessions.begin() as s:
+        cid = queue.claim_next(s, p.name, st.lease_seconds, f)
+    st.metrics.review_claims.labels("claimed" if cid else "empty").inc()
+    if cid is None:
+        return go("/ui/queue?" + urlencode({**{k: v for k in FILTERS if (v := form.get(k))}, "notice": "empty"}))
+    return go(_review_url(cid))
+
+
+@router.get("/review/{conversation_id:path}")
+def review_page(
+    request: Request, conversation_id: str, notice: str | None = None, user: Principal = Depends(ui_user)
+) -> Response:
+    return _conversation_page(request, conversation_id, user, notice=NOTICES.get(notice or ""))
+
+
+def _conversation_page(
+    request: Request,
+    conversation_id: str,
+    user: Principal,
+    status_code: int = 200,
+    notice: str | None = None,
+    draft: dict[str, str | None] | None = None,
+) -> Response:
+    """The conversation with its review box; ``draft``: an unsaved label to fill the form with."""
+    st = _stage(request)
+    rt = runtime_of(request)
+    with st.sessions() as s:
+        conv = reads.get_conversation(s, conversation_id)
+        if conv is None:
+            return render_page(
+                request, "error.html", 404, title="Not found", message=f"No conversation {conversation_id}"
+            )
+        for enrich in rt.hooks.conversation_enrichers:
+            enrich(s, conv)
+        item = insights.item_detail(s, conversation_id)
+        hist = insights.history(s, conversation_id)
+    mine = next((lab for lab in (item or {}).get("labels", []) if lab["reviewer"] == user.name), None)
+    # double review is blind: others' labels stay hidden until this reviewer has given theirs
+    blind = insights.is_blind(item, user.name)
+    if blind:
+        hist = {**hist, "labels": [lab for lab in hist["labels"] if lab["reviewer"] == user.name]}
+    return render_page(
+        request,
+        "conversation.html",
+        status_code,
+        title=f"Conversation {conversation_id}",
+        conv=conv,
+        item=item,
+        messages=transcript.build(conv["conversation"], conv["findings"]),
+        findings=conv["findings"],
+        verdicts=conv.get("verdicts") or [],
+        history=hist,
+        mine=mine,
+        taxonomy=st.policy.taxonomy,
+        labels=LABELS,
+        severities=SEVERITIES,
+        notice=notice,
+        me=user.name,
+        lease_seconds=st.lease_seconds,
+        blind=blind,
+        draft=draft,
+    )
+
+
+def _act(request: Request, cid: str, fn: Callable[[Session, ReviewStage], Any], notice: str) -> Response:
+    st = _stage(request)
+    try:
+        with st.sessions.begin() as s:
+            fn(s, st)
+    except Done:
+        return go(_review_url(cid, "done"))
+    except Conflict:
+        return go(_review_url(cid, "conflict"))
+    except NotFound as exc:
+        return render_page(request, "error.html", 404, title="Not found", message=str(exc))
+    return go(_review_url(cid, notice))
+
+
+_LEASE_ACTIONS: dict[str, tuple[Callable[[Session, ReviewStage, str, str], Any], str]] = {
+    "claim": (lambda s, st, cid, who: queue.claim(s, cid, who, st.lease_seconds), "claimed"),
+    "extend": (lambda s, st, cid, who: queue.extend(s, cid, who, st.lease_seconds), "extended"),
+    "release": (lambda s, _st, cid, who: queue.release(s, cid, who), "released"),
+}
+
+
+@router.post("/review/{conversation_id:path}/claim")
+@router.post("/review/{conversation_id:path}/extend")
+@router.post("/review/{conversation_id:path}/release")
+async def lease_action(request: Request, conversation_id: str) -> Response:
+    """Claim, extend or release the reviewer's lease on an item (the path's last word), then back to it."""
+    try:
+        p, _ = await form_user(request, _review_url(conversation_id))
+    except Refused as refused:
+        return refused.response
+    fn, notice = _LEASE_ACTIONS[request.url.path.rsplit("/", 1)[1]]
+    return _act(request, conversation_id, lambda s, st: fn(s, st, conversation_id, p.name), notice)
+
+
+@router.post("/review/{conversation_id:path}/skip")
+async def skip(request: Request, conversation_id: str) -> Response:
+    try:
+        p, form = await form_user(request, _review_url(conversation_id))
+    except Refused as refused:
+        return refused.response
+    st = _stage(request)
+    try:
+        with st.sessions.begin() as s:
+            queue.skip(s, conversation_id, p.name)
+            nxt = queue.claim_next(s, p.name, st.lease_seconds) if form.get("next") else None
+    except Conflict:
+        return go(_review_url(conversation_id, "conflict"))
+    except NotFound as exc:
+        return render_page(
+            request, "error.html", 404, title="Not skipped", message=str(exc), back=_review_url(conversation_id)
+        )
+    return go(_review_url(nxt) if nxt else "/ui/queue?notice=" + ("empty" if form.get("next") else "skipped"))
+
+
+@router.post("/review/{conversation_id:path}/label")
+async def label(request: Request, conversation_id: str) -> Response:
+    form = dict(await request.form())
+    sessions = sessions_of(request)
+    p = sessions.principal(request)
+    if p is None:
+        return render_page(
+            request,
+            "login.html",
+            401,
+            title="Log in",
+            next=_review_url(conversation_id),
+            error=EXPIRED_LABEL,
+            draft=draft_of(form),
+        )
+    if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
+        return _conversation_page(request, conversation_id, p, 403, notice=STALE_LABEL, draft=draft_of(form))
+    st = _stage(request)
+    data = queue.LabelIn(
+        str(form.get("label", "")),
+        str(form.get("category") or "") or None,
+        str(form.get("severity") or "") or None,
+        str(form.get("notes", "")),
+        str(form.get("expected_behavior", "")),
+    )
+    try:
+        with st.sessions.begin() as s:
+            queue.label(s, conversation_id, p.name, data, st.policy, metrics=st.metrics)
+            nxt = queue.claim_next(s, p.name, st.lease_seconds) if form.get("next") else None
+    except (Invalid, Conflict, IntegrityError) as exc:
+        # the page again, with what the reviewer typed, so fixing the label loses nothing
+        why = "A concurrent change won; please try again." if isinstance(exc, IntegrityError) else str(exc)
+        return _conversation_page(
+            request,
+            conversation_id,
+            p,
+            422 if isinstance(exc, Invalid) else 409,
+            notice=f"Label not saved: {why}",
+            draft=draft_of(form),
+        )
+    except NotFound as exc:
+        return render_page(request, "error.html", 404, title="Not found", message=str(exc))
+    if form.get("next"):
+        return go(_review_url(nxt) if nxt else "/ui/queue?notice=empty")
+    return go(_review_url(conversation_id, "labelled"))
+
+
+@router.get("/progress")
+def progress_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
+    with _stage(request).sessions() as s:
+        data = insights.progress(s)
+        counts = insights.list_queue(s, queue.QueueFilter(), "open", 1, 0)["counts"]
+    return render_page(request, "progress.html", title="Reviewer progress", data=data, counts=counts, labels=LABELS)
+
+
+@router.get("/clusters")
+def clusters_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
+    st = _stage(request)
+    with st.sessions() as s:
+        data = insights.clusters(s, st.rule_descriptions)
+    return render_page(request, "clusters.html", title="Failure clusters", data=data, taxonomy=st.policy.taxonomy)
+
+
+RELOGGED_PREFIX = "/ui/review/"
+
+
+def resume_after_login(request: Request, target: str, draft: dict[str, Any]) -> Response | None:
+    """``login_resumers`` entry: back to the conversation with the unsaved label filled in."""
+    if not target.startswith(RELOGGED_PREFIX):
+        return None
+    user = sessions_of(request).principal(request)
+    if user is None:
+        return None
+    cid = unquote(target[len(RELOGGED_PREFIX) :])
+    return _conversation_page(request, cid, user, notice=RELOGGED_LABEL, draft=draft)

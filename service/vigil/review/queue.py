@@ -1,0 +1,380 @@
+"""Queue operations: claim (with an expiring lease), extend, release, skip, label.
+
+A claim is one ``UPDATE ... WHERE id = (SELECT ... LIMIT 1) RETURNING``: on Postgres the inner
+select takes ``FOR UPDATE SKIP LOCKED``, so concurrent reviewers each get a different row without
+waiting; on SQLite the single statement runs under the database's write lock. Either way the outer
+``WHERE`` re-checks that the row is still claimable, so two reviewers never hold one item.
+Every function runs in the caller's transaction and writes an audit row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import ColumnElement, CursorResult, Executable, and_, func, insert, or_, select, update
+from sqlalchemy.orm import Session
+
+from vigil.metrics import Metrics
+from vigil.review.errors import Conflict, Done, Invalid, NotFound
+from vigil.review.flagger import enqueue
+from vigil.review.models import ReviewAuditRow, ReviewReasonRow, ReviewSkipRow
+from vigil.review.policy import LABELS, SEVERITIES, FlaggingPolicy, Reason
+from vigil.store.db import aware, upsert, utcnow
+from vigil.store.models import ConversationRow, FindingRow, OutcomeRow, ReviewItemRow, ReviewLabelRow, VerdictRow
+
+MAX_TEXT = 20_000
+
+
+def _changed(session: Session, stmt: Executable) -> int:
+    """Rows an UPDATE matched (executing DML yields a CursorResult; Result does not declare rowcount)."""
+    return cast(CursorResult[Any], session.execute(stmt)).rowcount
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFilter:
+    """Filters of the queue list and of claim-next. Empty fields do not filter."""
+
+    agent: str | None = None
+    version: str | None = None
+    rule: str | None = None
+    verdict: str | None = None
+    outcome: str | None = None
+    reason: str | None = None
+
+    def clauses(self) -> list[ColumnElement[bool]]:
+        out: list[ColumnElement[bool]] = []
+        if self.agent:
+            out.append(ReviewItemRow.agent_id == self.agent)
+        if self.version:
+            out.append(ReviewItemRow.agent_version == self.version)
+        if self.rule:
+            out.append(_has(FindingRow, FindingRow.rule_id == self.rule))
+        if self.verdict:
+            out.append(_has(VerdictRow, VerdictRow.verdict == self.verdict))
+        if self.outcome:
+            out.append(_has(OutcomeRow, OutcomeRow.type == self.outcome))
+        if self.reason:
+            out.append(_has(ReviewReasonRow, ReviewReasonRow.kind == self.reason))
+        return out
+
+
+def _has(model: Any, *conditions: ColumnElement[bool]) -> ColumnElement[bool]:
+    """EXISTS a ``model`` row of the item's conversation (correlated to review_items only)."""
+    return (
+        select(model.conversation_id)
+        .where(model.conversation_id == ReviewItemRow.conversation_id, *conditions)
+        .correlate(ReviewItemRow)
+        .exists()
+    )
+
+
+def claimable(now: datetime) -> ColumnElement[bool]:
+    return and_(
+        ReviewItemRow.status == "open",
+        ReviewItemRow.agent_id.is_not(None),
+        or_(ReviewItemRow.claimed_by.is_(None), ReviewItemRow.lease_until < now),
+    )
+
+
+def _not_done_by(reviewer: str) -> list[ColumnElement[bool]]:
+    return [
+        ~_has(ReviewLabelRow, ReviewLabelRow.reviewer == reviewer, ReviewLabelRow.is_current.is_(True)),
+        ~_has(ReviewSkipRow, ReviewSkipRow.reviewer == reviewer),
+    ]
+
+
+def audit(session: Session, actor: str, action: str, conversation_id: str | None, **detail: Any) -> None:
+    session.execute(
+        insert(ReviewAuditRow).values(
+            at=utcnow(), actor=actor, action=action, conversation_id=conversation_id, detail=detail
+        )
+    )
+
+
+def claim_next(
+    session: Session,
+    reviewer: str,
+    lease_seconds: int,
+    filters: QueueFilter | None = None,
+    now: datetime | None = None,
+    release_others: bool = True,
+) -> str | None:
+    """Claim the highest-priority claimable item; returns its conversation id, or None if none is left.
+
+    With ``release_others`` the reviewer's other unlabelled claims go back to the queue first
+    (a reviewer works one item at a time) and are not handed straight back to them.
+    """
+    now = now or utcnow()
+    held: list[str] = []
+    if release_others:
+        held = list(
+            session.scalars(select(ReviewItemRow.conversation_id).where(ReviewItemRow.claimed_by == reviewer))
+        )
+        for held_id in held:
+            release(session, held_id, reviewer, now=now)
+    conditions = [claimable(now), *_not_done_by(reviewer), *(filters or QueueFilter()).clauses()]
+    if held:
+        conditions.append(ReviewItemRow.conversation_id.not_in(held))
+    pick = (
+        select(ReviewItemRow.id)
+        .where(*conditions)
+        .order_by(ReviewItemRow.priority.desc(), ReviewItemRow.created_at, ReviewItemRow.id)
+        .limit(1)
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        pick = pick.with_for_update(skip_locked=True)
+    cid = session.scalar(
+        update(ReviewItemRow)
+        .where(ReviewItemRow.id == pick.scalar_subquery(), claimable(now))
+        .values(claimed_by=reviewer, claimed_at=now, lease_until=now + timedelta(seconds=lease_seconds))
+        .returning(ReviewItemRow.conversation_id)
+        .execution_options(synchronize_session=False)
+    )
+    if cid is not None:
+        audit(session, reviewer, "claim", cid, lease_seconds=lease_seconds)
+    return cid
+
+
+def claim(
+    session: Session, conversation_id: str, reviewer: str, lease_seconds: int, now: datetime | None = None
+) -> datetime:
+    """Claim one named item (or renew one's own claim); Conflict if another reviewer holds it, Done if it
+    has every review it needs."""
+    now = now or utcnow()
+    until = now + timedelta(seconds=lease_seconds)
+    item = _item(session, conversation_id)
+    if item.status == "done":
+        raise Done(
+            f"conversation {conversation_id!r} is done: it has all its reviews; "
+            "to change your label, label it again (no claim needed)"
+        )
+    if item.agent_id is None:
+        raise Conflict(f"conversation {conversation_id!r} has not been received yet")
+    mine_or_free = or_(
+        ReviewItemRow.claimed_by.is_(None),
+        ReviewItemRow.claimed_by == reviewer,
+        ReviewItemRow.lease_until < now,
+    )
+    done = _changed(
+        session,
+        update(ReviewItemRow)
+        .where(ReviewItemRow.conversation_id == conversation_id, ReviewItemRow.status == "open", mine_or_free)
+        .values(claimed_by=reviewer, claimed_at=now, lease_until=until)
+        .execution_options(synchronize_session=False),
+    )
+    if not done:
+        session.refresh(item)
+        if item.status == "done":
+            raise Done(f"conversation {conversation_id!r} was just finished by another reviewer")
+        raise Conflict(f"{item.claimed_by} holds this item until {aware(item.lease_until):%H:%M:%S} UTC")
+    audit(session, reviewer, "claim", conversation_id, lease_seconds=lease_seconds)
+    return until
+
+
+def extend(
+    session: Session, conversation_id: str, reviewer: str, lease_seconds: int, now: datetime | None = None
+) -> datetime:
+    """Push the lease out again; works after expiry as long as nobody else claimed the item since."""
+    now = now or utcnow()
+    until = now + timedelta(seconds=lease_seconds)
+    done = _changed(
+        session,
+        update(ReviewItemRow)
+        .where(ReviewItemRow.conversation_id == conversation_id, ReviewItemRow.claimed_by == reviewer)
+        .values(lease_until=until)
+        .execution_options(synchronize_session=False),
+    )
+    if not done:
+        _item(session, conversation_id)
+        raise Conflict("you do not hold this item; claim it first")
+    audit(session, reviewer, "extend", conversation_id, lease_until=until.isoformat())
+    return until
+
+
+def release(
+    session: Session,
+    conversation_id: str,
+    reviewer: str,
+    *,
+    force: bool = False,
+    now: datetime | None = None,
+    action: str = "release",
+) -> None:
+    """Give the item back. ``force`` (admins) releases another reviewer's claim."""
+    cond = [ReviewItemRow.conversation_id == conversation_id]
+    if not force:
+        cond.append(ReviewItemRow.claimed_by == reviewer)
+    done = _changed(
+        session,
+        update(ReviewItemRow)
+        .where(*cond)
+        .values(claimed_by=None, claimed_at=None, lease_until=None)
+        .execution_options(synchronize_session=False),
+    )
+    if not done:
+        _item(session, conversation_id)
+        raise Conflict("you do not hold this item")
+    audit(session, reviewer, action, conversation_id)
+
+
+def skip(session: Session, conversation_id: str, reviewer: str, now: datetime | None = None) -> None:
+    """Release the item and never offer it to this reviewer again through claim-next."""
+    item = _item(session, conversation_id)
+    now = now or utcnow()
+    lease = aware(item.lease_until)
+    if item.claimed_by and item.claimed_by != reviewer and lease is not None and lease >= now:
+        raise Conflict(f"{item.claimed_by} holds this item")
+    if item.claimed_by == reviewer:
+        session.execute(
+            update(ReviewItemRow)
+            .where(ReviewItemRow.id == item.id)
+            .values(claimed_by=None, claimed_at=None, lease_until=None)
+            .execution_options(synchronize_session=False)
+        )
+    session.execute(
+        upsert(session, ReviewSkipRow)
+        .values(conversation_id=conversation_id, reviewer=reviewer, created_at=now)
+        .on_conflict_do_nothing()
+    )
+    audit(session, reviewer, "skip", conversation_id)
+
+
+@dataclass(frozen=True, slots=True)
+class LabelIn:
+    label: str
+    category: str | None = None
+    severity: str | None = None
+    notes: str = ""
+    expected_behavior: str = ""
+
+
+def validate_label(data: LabelIn, policy: FlaggingPolicy) -> LabelIn:
+    if data.label not in LABELS:
+        raise Invalid(f"label must be one of {', '.join(LABELS)}, not {data.label!r}")
+    category = data.category or None
+    if category is not None and category not in policy.taxonomy:
+        raise Invalid(f"category {category!r} is not in the taxonomy ({', '.join(policy.taxonomy)})")
+    if data.label == "confirmed_failure" and category is None:
+        raise Invalid("a confirmed failure needs a category")
+    severity = data.severity or None
+    if severity is not None and severity not in SEVERITIES:
+        raise Invalid(f"severity must be one of {', '.join(SEVERITIES)}, not {severity!r}")
+    for name in ("notes", "expected_behavior"):
+        if len(getattr(data, name)) > MAX_TEXT:
+            raise Invalid(f"{name} is longer than {MAX_TEXT} characters")
+    return LabelIn(data.label, category, severity, data.notes.strip(), data.expected_behavior.strip())
+
+
+def label(
+    session: Session,
+    conversation_id: str,
+    reviewer: str,
+    data: LabelIn,
+    policy: FlaggingPolicy,
+    now: datetime | None = None,
+    metrics: Metrics | None = None,
+) -> ReviewLabelRow:
+    """Save a new version of ``reviewer``'s label; the previous version stays as history.
+
+    A conversation that is not in the queue enters it (reason ``manual``). Conflict if another
+    reviewer holds the item. Labelling releases the reviewer's own claim.
+    """
+    data = validate_label(data, policy)
+    now = now or utcnow()
+    conv = session.get(ConversationRow, conversation_id)
+    if conv is None:
+        raise NotFound(f"no conversation {conversation_id!r}")
+    # the item row is locked so concurrent labels count each other (review_count, status)
+    item = session.scalar(
+        select(ReviewItemRow).where(ReviewItemRow.conversation_id == conversation_id).with_for_update()
+    )
+    if item is None:
+        enqueue(
+            session,
+            policy,
+            {conversation_id: [Reason("manual", reviewer, 0.0, "labelled without a flag")]},
+            {conversation_id: (conv.agent_id, conv.agent_version)},
+            actor=reviewer,
+        )
+        item = _item(session, conversation_id)
+    lease = aware(item.lease_until)
+    if item.claimed_by not in (None, reviewer) and lease is not None and lease >= now:
+        raise Conflict(f"{item.claimed_by} holds this item; wait until they finish")
+    last = (
+        session.scalar(
+            select(func.max(ReviewLabelRow.version)).where(
+                ReviewLabelRow.conversation_id == conversation_id, ReviewLabelRow.reviewer == reviewer
+            )
+        )
+        or 0
+    )
+    session.execute(
+        update(ReviewLabelRow)
+        .where(
+            ReviewLabelRow.conversation_id == conversation_id,
+            ReviewLabelRow.reviewer == reviewer,
+            ReviewLabelRow.is_current.is_(True),
+        )
+        .values(is_current=False)
+        .execution_options(synchronize_session=False)
+    )
+    row = ReviewLabelRow(
+        conversation_id=conversation_id,
+        revision=conv.revision,
+        reviewer=reviewer,
+        label=data.label,
+        category=data.category,
+        severity=data.severity,
+        notes=data.notes,
+        expected_behavior=data.expected_behavior,
+        version=last + 1,
+        is_current=True,
+        created_at=now,
+    )
+    session.add(row)
+    session.flush()
+    reviewers = (
+        session.scalar(
+            select(func.count()).where(
+                ReviewLabelRow.conversation_id == conversation_id, ReviewLabelRow.is_current.is_(True)
+            )
+        )
+        or 0
+    )
+    values: dict[str, Any] = {
+        "review_count": reviewers,
+        "updated_at": now,
+        "status": "done" if reviewers >= item.required_reviews else "open",
+    }
+    if item.claimed_by == reviewer:
+        values.update(claimed_by=None, claimed_at=None, lease_until=None)
+        if metrics is not None and item.claimed_at is not None:
+            metrics.review_label_seconds.observe(max(0.0, (now - aware(item.claimed_at)).total_seconds()))
+    if metrics is not None:
+        metrics.review_labels.labels(data.label).inc()
+    session.execute(
+        update(ReviewItemRow)
+        .where(ReviewItemRow.id == item.id)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    audit(
+        session,
+        reviewer,
+        "label",
+        conversation_id,
+        version=row.version,
+        label=data.label,
+        category=data.category,
+        severity=data.severity,
+    )
+    return row
+
+
+def _item(session: Session, conversation_id: str) -> ReviewItemRow:
+    item = session.scalar(select(ReviewItemRow).where(ReviewItemRow.conversation_id == conversation_id))
+    if item is None:
+        raise NotFound(f"conversation {conversation_id!r} is not in the review queue")
+    return item

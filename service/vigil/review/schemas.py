@@ -1,0 +1,154 @@
+"""Request and response models of the review API (they document it in OpenAPI)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from vigil.schema import Severity
+
+LabelName = Literal["confirmed_failure", "not_a_failure", "unsure"]
+State = Literal["available", "claimed", "done", "waiting"]
+
+
+class ReasonOut(BaseModel):
+    kind: str = Field(description="finding, judge_fail, judge_low_score, outcome, sample or manual")
+    key: str = Field(description="Rule id, judge name, outcome type, sample salt or reviewer")
+    weight: float
+    detail: str
+    created_at: datetime | None = None
+
+
+class LabelOut(BaseModel):
+    conversation_id: str
+    revision: int | None
+    reviewer: str
+    label: LabelName
+    category: str | None
+    severity: str | None
+    notes: str
+    expected_behavior: str
+    version: int
+    is_current: bool
+    created_at: datetime | None
+
+
+class ItemOut(BaseModel):
+    conversation_id: str
+    agent_id: str | None
+    agent_version: str | None
+    priority: float
+    state: State
+    required_reviews: int
+    review_count: int
+    sampled: bool
+    claimed_by: str | None
+    lease_until: datetime | None
+    created_at: datetime | None
+    updated_at: datetime | None
+    reasons: list[ReasonOut] = []
+    labels: list[LabelOut] = []
+    labels_hidden: bool = Field(
+        default=False, description="Other reviewers' labels are left out: a double review blind to you."
+    )
+    max_severity: str | None = None
+    finding_count: int = 0
+    message_count: int = 0
+
+
+class QueueOut(BaseModel):
+    status: str
+    counts: dict[str, int] = Field(
+        description="Items per state under the filters: available, claimed, open, done, waiting, all"
+    )
+    reasons: dict[str, int] = Field(description="Open items per reason kind")
+    items: list[ItemOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class ClaimFilters(BaseModel):
+    agent: str | None = None
+    version: str | None = None
+    rule: str | None = None
+    verdict: Literal["pass", "fail", "unscored"] | None = None
+    outcome: str | None = None
+    reason: str | None = None
+    release_others: bool = Field(default=True, description="Give back your other unlabelled claims first.")
+
+
+class ClaimOut(BaseModel):
+    conversation_id: str
+    lease_until: datetime
+    item: ItemOut
+
+
+class LeaseOut(BaseModel):
+    conversation_id: str
+    lease_until: datetime
+
+
+class LabelIn(BaseModel):
+    label: LabelName
+    category: str | None = Field(
+        default=None, description="From the taxonomy; required for confirmed_failure"
+    )
+    severity: Severity | None = None
+    notes: str = Field(default="", max_length=20_000)
+    expected_behavior: str = Field(
+        default="", max_length=20_000, description="What the agent should have done (used by eval export)"
+    )
+
+
+class EnqueueIn(BaseModel):
+    conversation_id: str = Field(min_length=1, max_length=256)
+    note: str = Field(default="", max_length=500)
+    weight: float = Field(default=50.0, ge=0, le=1000)
+
+
+class AuditOut(BaseModel):
+    at: datetime | None
+    actor: str
+    action: str
+    conversation_id: str | None
+    detail: dict[str, Any]
+
+
+class HistoryOut(BaseModel):
+    conversation_id: str
+    labels: list[LabelOut]
+    audit: list[AuditOut]
+
+
+class ClusterOut(BaseModel):
+    category: str
+    rule_id: str | None
+    tool: str | None
+    count: int
+    total: int
+    share: float
+    description: str
+    rule_description: str
+    summary: str = Field(description='e.g. "12 of 19 failures: called cancel_order on a delivered order"')
+    examples: list[str]
+    also: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Other rules that fired on this cluster's conversations (each conversation is counted "
+        "once, in the cluster of its most severe finding)",
+    )
+
+
+class ClustersOut(BaseModel):
+    total: int = Field(description="Confirmed failures")
+    clusters: list[ClusterOut]
+    by_category: list[dict[str, Any]]
+
+
+class TaxonomyOut(BaseModel):
+    labels: list[str]
+    categories: dict[str, str]
+    severities: list[str]
+    lease_seconds: int

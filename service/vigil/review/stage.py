@@ -1,0 +1,64 @@
+"""What the review stage's API, UI and commands share: policy, flagger, lease time, metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from vigil.metrics import Metrics
+from vigil.review.flagger import Flagger
+from vigil.review.policy import FlaggingPolicy
+from vigil.runtime import Runtime
+from vigil.store.models import ReviewItemRow
+
+log = logging.getLogger(__name__)
+
+# the open-items gauge runs a COUNT at scrape time; at most once per this many seconds
+GAUGE_TTL_SECONDS = 10.0
+
+
+@dataclass
+class ReviewStage:
+    policy: FlaggingPolicy
+    flagger: Flagger
+    sessions: sessionmaker[Session]
+    metrics: Metrics
+    lease_seconds: int
+    rule_descriptions: dict[str, str] = field(default_factory=dict)
+    _gauge: tuple[float, float] = (0.0, 0.0)
+
+    @classmethod
+    def from_runtime(cls, rt: Runtime) -> ReviewStage:
+        policy = FlaggingPolicy.load(rt.settings.review_policy or None)
+        descriptions = {r.id: r.spec.description or "" for r in rt.rules.rules}
+        return cls(
+            policy,
+            Flagger(policy, rt.metrics, rt.settings.outcome_attribution_window_hours),
+            rt.sessions,
+            rt.metrics,
+            rt.settings.review_lease_seconds,
+            descriptions,
+        )
+
+    def open_items(self) -> float:
+        at, value = self._gauge
+        if time.monotonic() - at > GAUGE_TTL_SECONDS:
+            try:
+                with self.sessions() as s:
+                    value = float(
+                        s.scalar(
+                            select(func.count())
+                            .select_from(ReviewItemRow)
+                            .where(ReviewItemRow.status == "open", ReviewItemRow.agent_id.is_not(None))
+                        )
+                        or 0
+                    )
+            except SQLAlchemyError:
+                log.warning("review queue gauge: database unavailable; keeping the last value")
+            self._gauge = (time.monotonic(), value)
+        return value

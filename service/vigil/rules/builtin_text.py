@@ -1,0 +1,363 @@
+"""Built-in rule types about what was said: repetition, PII, patterns, groundedness, truncation."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from itertools import filterfalse
+from typing import Literal
+
+from pydantic import Field, field_validator
+from rapidfuzz import fuzz
+
+from vigil.rules.builtin_tools import valid_pattern
+from vigil.rules.patterns import pattern
+from vigil.rules.registry import Evidence, Hit, RuleArgs, rule_type
+from vigil.rules.view import ConversationView
+
+PiiKind = Literal["email", "phone", "card"]
+Role = Literal["system", "user", "assistant", "tool"]
+FactKind = Literal["amounts", "dates", "identifiers"]
+
+_SCORERS = {
+    "ratio": fuzz.ratio,
+    "token_sort_ratio": fuzz.token_sort_ratio,
+    "token_set_ratio": fuzz.token_set_ratio,
+}
+
+
+class UserRepetitionArgs(RuleArgs):
+    threshold: float = Field(
+        default=88, ge=0, le=100, description="Similarity 0..100 that counts as a repeat."
+    )
+    min_chars: int = Field(default=20, ge=1, description="Shorter user turns ('yes', 'ok') are ignored.")
+    window: int = Field(default=6, ge=1, description="Compare with this many earlier user turns.")
+    scorer: Literal["ratio", "token_sort_ratio", "token_set_ratio"] = Field(
+        default="token_sort_ratio",
+        description="rapidfuzz scorer; token_set_ratio scores a turn containing an earlier one as 100.",
+    )
+
+
+@rule_type("user_repetition", UserRepetitionArgs)
+def user_repetition(view: ConversationView, args: UserRepetitionArgs) -> Iterator[Hit]:
+    """The user had to repeat themselves: a user turn nearly equal to an earlier one."""
+    score_fn = _SCORERS[args.scorer]
+    turns = [(i, t.lower(), len(t)) for i, t in view.user_turns if len(t) >= args.min_chars]
+    if args.scorer == "token_sort_ratio":
+        # The same score, with each turn's words sorted once instead of in every comparison.
+        score_fn = fuzz.ratio
+        turns = [(i, " ".join(sorted(t.split())), n) for i, t, n in turns]
+    for k in range(1, len(turns)):
+        i, text, n = turns[k]
+        for j, earlier, n_earlier in turns[max(0, k - args.window) : k]:
+            score = score_fn(text, earlier, score_cutoff=args.threshold)
+            if score:
+                yield Hit(
+                    f"user repeated message {j} (similarity {score:.0f})",
+                    [Evidence(j, 0, n_earlier), Evidence(i, 0, n)],
+                    {"similarity": round(score, 1)},
+                )
+                break
+
+
+# A phone number needs a separator, parentheses or a leading "+": bare digit runs are order,
+# item and tracking numbers far more often than phone numbers. International numbers ("intl": "+",
+# country code, then groups, e.g. +44 20 7946 0958 or +44 (0)20 7946 0958) must hold 8 to 15 digits as
+# E.164 allows, and not look like a signed amount with thousands groups (+10 000 000). Possessive
+# quantifiers keep the digit groups from being re-split on a failed match, so the rule stays linear.
+_PII_PATTERNS: dict[str, re.Pattern[str]] = {
+    "email": re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
+    "phone": re.compile(
+        r"(?<![\w+-])(?:\+\d{1,3}[ .-]?\d{3}[ .-]?\d{3}[ .-]?\d{4}"
+        r"|(?:\+?\d{1,3}[ .-])?(?:\(\d{3}\)[ .-]?|\d{3}[ .-])\d{3}[ .-]\d{4}"
+        r"|(?P<intl>\+[1-9]\d{0,2}+(?:[ .-]?(?:\(\d{1,4}+\)|\d{1,4}+)){2,6}+))(?![\w-])"
+    ),
+    "card": re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)"),
+}
+_NON_DIGIT = re.compile(r"\D")
+_THOUSANDS = re.compile(r"\+\d{1,3}(?:[ .]\d{3})+")
+_DIGIT_RUN = re.compile(r"\d[\d ().+-]{7,}\d")  # every phone or card number contains one
+
+
+def luhn_ok(digits: str) -> bool:
+    total, parity = 0, len(digits) % 2
+    for pos, ch in enumerate(digits):
+        d = ord(ch) - 48
+        if pos % 2 == parity:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+def _normal(kind: str, value: str) -> str:
+    return value.lower() if kind == "email" else _NON_DIGIT.sub("", value)
+
+
+def find_pii(text: str, kinds: Sequence[str]) -> Iterator[tuple[str, re.Match[str]]]:
+    for kind in kinds:
+        for m in _PII_PATTERNS[kind].finditer(text):
+            if kind == "card":
+                digits = _NON_DIGIT.sub("", m.group(0))
+                if not (13 <= len(digits) <= 19 and luhn_ok(digits)):
+                    continue
+            elif kind == "phone" and m.group("intl"):
+                digits = _NON_DIGIT.sub("", m.group(0))
+                if not 8 <= len(digits) <= 15 or _THOUSANDS.fullmatch(m.group(0)):
+                    continue
+            yield kind, m
+
+
+class PiiLeakArgs(RuleArgs):
+    kinds: list[PiiKind] = Field(default_factory=lambda: list[PiiKind](["email", "phone", "card"]))
+    except_user_provided: bool = Field(
+        default=True, description="Repeating back what the user said themselves is not a leak."
+    )
+
+
+@rule_type("pii_leak", PiiLeakArgs)
+def pii_leak(view: ConversationView, args: PiiLeakArgs) -> Iterator[Hit]:
+    """Emails, phone numbers or card numbers (Luhn-checked) in the assistant's text."""
+    user_values: set[str] | None = None
+    for i, text in view.assistant_texts:
+        has_at, has_digits = "@" in text, _DIGIT_RUN.search(text) is not None
+        if not (has_at or has_digits):
+            continue
+        kinds = [k for k in args.kinds if (has_at if k == "email" else has_digits)]
+        for kind, m in find_pii(text, kinds):
+            if args.except_user_provided:
+                if user_values is None:
+                    user_text = "\n".join(t for _, t in view.user_turns)
+                    user_values = {_normal(k, u.group(0)) for k, u in find_pii(user_text, list(args.kinds))}
+                if _normal(kind, m.group(0)) in user_values:
+                    continue
+            # The quote is left out so that findings do not copy the personal data they report.
+            yield Hit(f"{kind} in assistant text", [Evidence(i, m.start(), m.end(), None)], {"kind": kind})
+
+
+class RegexArgs(RuleArgs):
+    pattern: str
+    mode: Literal["must_match", "must_not_match"] = "must_not_match"
+    roles: list[Role] = Field(default_factory=lambda: list[Role](["assistant"]))
+    ignore_case: bool = True
+
+    _pattern = field_validator("pattern")(lambda cls, v: valid_pattern(v))
+
+
+@rule_type("regex", RegexArgs)
+def regex(view: ConversationView, args: RegexArgs) -> Iterator[Hit]:
+    """Messages of the given roles must (or must not) match a pattern."""
+    rx = pattern(args.pattern, args.ignore_case)
+    matched = False
+    for i, m in enumerate(view.messages):
+        if m.role not in args.roles:
+            continue
+        text = m.text
+        found = rx.search(text) if text else None
+        if found:
+            matched = True
+            if args.mode == "must_not_match":
+                start, end = found
+                yield Hit(
+                    f"matched forbidden pattern {args.pattern!r}",
+                    [Evidence(i, start, end, text[start:end][:200])],
+                )
+            else:
+                return
+    if args.mode == "must_match" and not matched:
+        yield Hit(
+            f"no {'/'.join(args.roles)} message matched {args.pattern!r}", [Evidence(len(view.messages) - 1)]
+        )
+
+
+_AMOUNT = re.compile(r"\$\s?(\d{1,3}(?:,\d{3})+|\d+)(\.\d{1,2})?")
+# Each pattern opens with literals so the regex engine can skip ahead cheaply; the word boundary
+# before a date is checked by hand.
+_DATES = (
+    re.compile(r"(?:19|20)\d\d-\d\d-\d\d\b"),
+    re.compile(
+        r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? \d{1,2}(?:st|nd|rd|th)?(?:, \d{4})?\b"
+    ),
+)
+_DIGIT = re.compile(r"\d")
+_DECIMAL_TAIL = re.compile(r"[.,]\d")
+_IDENT_CHAR = re.compile(r"[#\w]")
+_UPPER_ID = re.compile(r"#?(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{6,}")  # #W5565470, HAT030X
+_SNAKE_ID = re.compile(r"[a-z]+(?:_[a-z]+)*_\d{2,}")  # gift_card_1712795, sara_doe_496
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_ORDINAL = re.compile(r"(?<=\d)(st|nd|rd|th)\b")
+_MONTH_NAMES = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+_MONTHS = {m: i for i, m in enumerate(_MONTH_NAMES, 1)}
+_EDGE_PUNCTUATION = "!\"$%&'()*+,-./:;<=>?@[\\]^`{|}~\u00a0\u2018\u2019\u201c\u201d\u2013\u2014\u2026"
+_NON_WORD = re.compile(r"[^#\w]+")
+
+
+def _amount_found(source: str, amount: str) -> bool:
+    """Whether ``source`` (commas removed) holds the amount as a number: written the same way (50 as
+    50, 50.0 or 50.00), or with float noise that rounds to the same cents (30.180000000000007)."""
+    digits = amount.replace(",", "").replace("$", "").strip()
+    whole, _, frac = digits.partition(".")
+    whole, frac = whole.lstrip("0") or "0", frac.rstrip("0")
+    forms = (whole, f"{whole}.0", f"{whole}.00") if not frac else (f"{whole}.{frac}", f"{whole}.{frac}0")
+    for form in forms:
+        pos = source.find(form)
+        while pos != -1:
+            if _number_at(source, pos, pos + len(form)):
+                return True
+            pos = source.find(form, pos + 1)
+    value = round(float(digits), 2)
+    pos = source.find(whole)
+    while pos != -1:
+        if pos == 0 or not (source[pos - 1].isdigit() or source[pos - 1] == "."):
+            m = _NUMBER.match(source, pos)
+            if m is not None and round(float(m.group(0)), 2) == value:
+                return True
+        pos = source.find(whole, pos + 1)
+    return False
+
+
+def _number_at(source: str, start: int, end: int) -> bool:
+    """``source[start:end]`` is a whole number, not part of a longer one."""
+    if start and (source[start - 1].isdigit() or source[start - 1] == "."):
+        return False
+    return not (source[end : end + 1].isdigit() or _DECIMAL_TAIL.match(source, end))
+
+
+def _date_forms(text: str) -> set[str]:
+    if text[:1].isdigit():
+        return {text}
+    parts = _ORDINAL.sub("", text.replace(",", "").replace(".", "")).split()
+    month = _MONTHS.get(parts[0][:3].lower())
+    day = int(parts[1])
+    if len(parts) > 2:
+        return {f"{parts[2]}-{month:02d}-{day:02d}"}
+    return {f"-{month:02d}-{day:02d}"}
+
+
+def _identifier_words(text: str) -> Iterator[str]:
+    """Identifiers in ``text``: upper-case codes with digits, snake_case names ending in digits, runs of
+    8+ digits (item, product, tracking numbers). Cheap string tests settle most words; only words with
+    punctuation inside are split by a regex."""
+    for raw in filterfalse(str.isalpha, text.split()):
+        word = raw.strip(_EDGE_PUNCTUATION)
+        if not word or word.isalpha():
+            continue
+        if word.isdigit():
+            if len(word) >= 8:
+                yield word
+        elif _UPPER_ID.fullmatch(word) or _SNAKE_ID.fullmatch(word):
+            yield word
+        elif (word.upper() != word.lower() or len(word) >= 8) and not word.isalnum():
+            yield from filter(_is_identifier, _NON_WORD.split(word))
+
+
+def _is_identifier(word: str) -> bool:
+    if word.isdigit():
+        return len(word) >= 8
+    return bool(_UPPER_ID.fullmatch(word) or _SNAKE_ID.fullmatch(word))
+
+
+def _locate(text: str, word: str, cursor: int) -> tuple[int, int] | None:
+    """The first whole-word occurrence of ``word`` at or after ``cursor``; a digit run counts only
+    outside amounts and decimals ($12345678, 1234.5678)."""
+    n = len(word)
+    start = text.find(word, cursor)
+    while start != -1:
+        end = start + n
+        whole = not (start and _IDENT_CHAR.match(text, start - 1)) and not _IDENT_CHAR.match(text, end)
+        if whole and not (
+            word.isdigit() and ((start and text[start - 1] in "$.,-") or _DECIMAL_TAIL.match(text, end))
+        ):
+            return start, end
+        start = text.find(word, start + 1)
+    return None
+
+
+class GroundednessArgs(RuleArgs):
+    check: list[FactKind] = Field(default_factory=lambda: list[FactKind](["amounts", "dates", "identifiers"]))
+    include_system: bool = True
+
+
+@rule_type("groundedness", GroundednessArgs)
+def groundedness(view: ConversationView, args: GroundednessArgs) -> Iterator[Hit]:
+    """Amounts, dates and identifiers the assistant states must appear in tool results or user turns."""
+    roles = ("tool", "user", "system") if args.include_system else ("tool", "user")
+    source: str | None = None
+    plain_numbers: str | None = None
+    seen: dict[str, bool] = {}
+    for i, text in view.assistant_texts:
+        if not _DIGIT.search(text):
+            continue
+        if source is None:
+            source = "\n".join(m.text for m in view.messages if m.role in roles)
+        if "amounts" in args.check and "$" in text:
+            if plain_numbers is None:
+                plain_numbers = source.replace(",", "")
+            for m in _AMOUNT.finditer(text):
+                amount = m.group(0)
+                found = seen.get(amount)
+                if found is None:
+                    found = seen[amount] = _amount_found(plain_numbers, amount)
+                if not found:
+                    yield _ungrounded("amount", i, text, m.start(), m.end())
+        if "dates" in args.check:
+            for rx in _DATES:
+                for m in rx.finditer(text):
+                    start, value = m.start(), m.group(0)
+                    if start and text[start - 1].isalnum():
+                        continue
+                    if value not in source and not any(f in source for f in _date_forms(value)):
+                        yield _ungrounded("date", i, text, start, m.end())
+        if "identifiers" in args.check:
+            cursor = 0
+            for word in _identifier_words(text):
+                if word.lstrip("#") in source:
+                    continue
+                span = _locate(text, word, cursor)
+                if span is not None:
+                    cursor = span[1]
+                    yield _ungrounded("identifier", i, text, *span)
+
+
+def _ungrounded(kind: str, i: int, text: str, start: int, end: int) -> Hit:
+    value = text[start:end]
+    return Hit(
+        f"{kind} {value} not found in any tool result or user turn",
+        [Evidence(i, start, end, value)],
+        {"kind": kind},
+    )
+
+
+class EmptyOrTruncatedArgs(RuleArgs):
+    min_chars_for_truncation: int = Field(default=40, ge=1)
+    terminal: str = Field(default=".!?)\"'`*:]}>", description="Characters a complete reply ends with.")
+
+
+_MID_SENTENCE = ",;-–—(/&"
+
+
+@rule_type("empty_or_truncated_response", EmptyOrTruncatedArgs)
+def empty_or_truncated_response(view: ConversationView, args: EmptyOrTruncatedArgs) -> Iterator[Hit]:
+    """An assistant reply that is empty, cut off by the token limit, or stops mid-sentence."""
+    for i, m in enumerate(view.messages):
+        if m.role != "assistant" or m.tool_calls:
+            continue
+        text = m.text.rstrip()
+        if not text:
+            yield Hit("empty assistant response", [Evidence(i)], {"kind": "empty"})
+            continue
+        last = text[-1]
+        extra = m.__pydantic_extra__
+        cut = (extra is not None and extra.get("finish_reason") == "length") or (
+            len(text) >= args.min_chars_for_truncation
+            and last not in args.terminal
+            and (last.isalpha() or last in _MID_SENTENCE)
+        )
+        if cut:
+            start = max(0, len(text) - 20)
+            yield Hit(
+                "assistant response looks truncated",
+                [Evidence(i, start, len(text), text[start:])],
+                {"kind": "truncated"},
+            )

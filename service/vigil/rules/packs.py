@@ -1,0 +1,187 @@
+"""Rule packs: operator-edited YAML that selects registered rule types and gives their arguments."""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from vigil.errors import ConfigError
+from vigil.rules.registry import Evidence, RuleArgs, RuleError, RuleType, get_rule_type
+from vigil.rules.view import ConversationView
+from vigil.schema import SEVERITY_RANK, Conversation, Severity
+
+log = logging.getLogger(__name__)
+
+
+class AppliesTo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    agents: list[str] = Field(default_factory=lambda: ["*"], description="Glob patterns of agent ids.")
+    versions: list[str] = Field(default_factory=lambda: ["*"], description="Glob patterns of versions.")
+
+    def matches(self, agent: str, version: str) -> bool:
+        return any(fnmatch.fnmatchcase(agent, p) for p in self.agents) and any(
+            fnmatch.fnmatchcase(version, p) for p in self.versions
+        )
+
+
+class RuleSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+    type: str
+    severity: Severity = "medium"
+    description: str = ""
+    enabled: bool = True
+    applies_to: AppliesTo = Field(default_factory=AppliesTo)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class PackSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pack: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+    version: int = 1
+    description: str = ""
+    rules: list[RuleSpec] = Field(min_length=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    rule_id: str
+    rule_type: str
+    severity: str
+    message: str
+    evidence: tuple[Evidence, ...]
+    details: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rule_id": self.rule_id,
+            "rule_type": self.rule_type,
+            "severity": self.severity,
+            "message": self.message,
+            "evidence": [e.as_dict() for e in self.evidence],
+            "details": self.details,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRule:
+    id: str
+    pack: str
+    spec: RuleSpec
+    type: RuleType
+    args: RuleArgs
+
+
+def _fmt(exc: ValidationError, prefix: str = "") -> str:
+    return "; ".join(
+        f"{prefix}{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+def _fmt_pack(data: Any, exc: ValidationError) -> str:
+    """Errors inside ``rules`` name the rule by its id (or position), then the field."""
+    parts = []
+    rules = data.get("rules") if isinstance(data, dict) else None
+    for e in exc.errors():
+        loc = e["loc"]
+        if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int) and isinstance(rules, list):
+            item = rules[loc[1]]
+            rid = item.get("id") if isinstance(item, dict) else None
+            who = f"rule {rid!r}" if isinstance(rid, str) else f"rules[{loc[1]}]"
+            parts.append(f"{who}: {'.'.join(str(p) for p in loc[2:]) or '(rule)'}: {e['msg']}")
+        else:
+            parts.append(f"{'.'.join(str(p) for p in loc) or '(root)'}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def load_pack(path: Path) -> tuple[PackSpec, list[CompiledRule]]:
+    """Validate one pack file; every error names the file, the rule id and the field."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read rule pack: {exc}") from None
+    try:
+        pack = PackSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_fmt_pack(data, exc)}") from None
+    compiled: list[CompiledRule] = []
+    seen: set[str] = set()
+    for spec in pack.rules:
+        where = f"{path}: rule {spec.id!r}"
+        if spec.id in seen:
+            raise ConfigError(f"{where}: id: duplicate rule id in this pack")
+        seen.add(spec.id)
+        try:
+            rtype = get_rule_type(spec.type)
+        except RuleError as exc:
+            raise ConfigError(f"{where}: type: {exc}") from None
+        try:
+            args = rtype.args_model.model_validate(spec.args)
+        except ValidationError as exc:
+            raise ConfigError(f"{where}: {_fmt(exc, 'args.')}") from None
+        if spec.enabled:
+            compiled.append(CompiledRule(spec.id, pack.pack, spec, rtype, args))
+    return pack, compiled
+
+
+class RuleEngine:
+    """Runs every applicable rule of the loaded packs on a conversation."""
+
+    def __init__(self, rules: list[CompiledRule]) -> None:
+        ids = [r.id for r in rules]
+        dupes = {i for i in ids if ids.count(i) > 1}
+        if dupes:
+            raise ConfigError(f"rule ids must be unique across packs; repeated: {', '.join(sorted(dupes))}")
+        self.rules = rules
+        self._applicable: dict[tuple[str, str], list[CompiledRule]] = {}
+
+    @classmethod
+    def from_paths(cls, paths: list[Path]) -> RuleEngine:
+        rules: list[CompiledRule] = []
+        origin: dict[str, Path] = {}
+        for p in paths:
+            for rule in load_pack(p)[1]:
+                if rule.id in origin:
+                    raise ConfigError(f"{p}: rule {rule.id!r}: id: already defined in {origin[rule.id]}")
+                origin[rule.id] = p
+                rules.append(rule)
+        return cls(rules)
+
+    def rules_for(self, agent: str, version: str) -> list[CompiledRule]:
+        key = (agent, version)
+        found = self._applicable.get(key)
+        if found is None:
+            found = [r for r in self.rules if r.spec.applies_to.matches(agent, version)]
+            if len(self._applicable) > 10_000:
+                self._applicable.clear()
+            self._applicable[key] = found
+        return found
+
+    def evaluate(self, conversation: Conversation) -> list[Finding]:
+        view = ConversationView(conversation)
+        findings: list[Finding] = []
+        for rule in self.rules_for(conversation.agent_id, conversation.agent_version):
+            try:
+                hits = list(rule.type.fn(view, rule.args))
+            except Exception as exc:  # a broken rule must not stop the stream
+                log.exception("rule %s failed on %s", rule.id, conversation.conversation_id)
+                hits = []
+                message = f"rule error: {type(exc).__name__}: {exc}"
+                findings.append(Finding(rule.id, rule.type.name, "info", message, (), {"rule_error": True}))
+            severity = rule.spec.severity
+            for hit in hits:
+                findings.append(
+                    Finding(rule.id, rule.type.name, severity, hit.message, tuple(hit.evidence), hit.details)
+                )
+        return findings
+
+
+def max_severity(findings: list[Finding]) -> str | None:
+    real = [f for f in findings if not f.details.get("rule_error")]
+    return max((f.severity for f in real), key=SEVERITY_RANK.__getitem__, default=None)

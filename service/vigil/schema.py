@@ -1,0 +1,204 @@
+"""The conversation schema Vigil ingests (version 1): OpenAI chat messages plus agent metadata.
+
+Served as JSON Schema at ``GET /v1/schema/conversation``. A conversation may be sent again as it
+grows; the copy with the highest effective revision supersedes earlier ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cached_property
+from typing import Any, Final, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from vigil.errors import ConfigError
+
+SCHEMA_VERSION: Final = 1
+
+Severity = Literal["info", "low", "medium", "high", "critical"]
+SEVERITY_RANK: dict[str, int] = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
+
+_ID = Field(min_length=1, max_length=256)
+MAX_INT = 2**63 - 1  # what a database BIGINT holds
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, max_length=256)
+    arguments: str | dict[str, Any] = Field(
+        default="{}", description="JSON-encoded string (as OpenAI sends it) or an object."
+    )
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    @property
+    def name(self) -> str:
+        return self.function.name
+
+    @cached_property
+    def args(self) -> dict[str, Any]:
+        raw = self.function.arguments
+        if isinstance(raw, dict):
+            return raw
+        try:
+            value = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError:
+            return {"_raw": raw}
+        return value if isinstance(value, dict) else {"_value": value}
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = Field(default=None, description="On tool results: the call answered.")
+    name: str | None = None
+    is_error: bool = Field(default=False, description="On tool results: the tool call failed.")
+    timestamp: datetime | None = None
+
+    @property
+    def text(self) -> str:
+        c = self.content
+        if c is None:
+            return ""
+        if isinstance(c, str):
+            return c
+        return "\n".join(p.text for p in c if p.text)
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    prompt_tokens: int | None = Field(default=None, ge=0, le=MAX_INT)
+    completion_tokens: int | None = Field(default=None, ge=0, le=MAX_INT)
+    total_tokens: int | None = Field(default=None, ge=0, le=MAX_INT)
+    cost_usd: float | None = Field(default=None, ge=0)
+    latency_ms: float | None = Field(default=None, ge=0)
+
+    @property
+    def tokens(self) -> int | None:
+        if self.total_tokens is not None:
+            return self.total_tokens
+        if self.prompt_tokens is None and self.completion_tokens is None:
+            return None
+        return (self.prompt_tokens or 0) + (self.completion_tokens or 0)
+
+
+class InlineOutcome(BaseModel):
+    """An outcome signal carried with the conversation (e.g. a benchmark's reward)."""
+
+    type: str = Field(min_length=1, max_length=64)
+    value: float = 1.0
+    occurred_at: datetime | None = None
+    idempotency_key: str | None = None
+
+
+class Conversation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    conversation_id: str = _ID
+    revision: int | None = Field(
+        default=None, ge=0, le=MAX_INT, description="Increases as the conversation grows; newest supersedes."
+    )
+    updated_at: datetime | None = Field(
+        default=None, description="Used as the revision when `revision` is absent."
+    )
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    status: Literal["in_progress", "finished"] | None = None
+    agent_id: str = _ID
+    agent_version: str = Field(min_length=1, max_length=128)
+    task_id: str | None = Field(default=None, max_length=256)
+    intent: str | None = Field(default=None, max_length=256)
+    messages: list[Message] = Field(min_length=1)
+    usage: Usage | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    outcomes: list[InlineOutcome] = Field(default_factory=list)
+
+    @property
+    def effective_revision(self) -> int:
+        if self.revision is not None:
+            return self.revision
+        if self.updated_at is not None:
+            return int(self.updated_at.timestamp() * 1_000_000)
+        return len(self.messages)
+
+
+def conversation_json_schema() -> dict[str, Any]:
+    schema = Conversation.model_json_schema()
+    schema["$id"] = f"https://vigil.dev/schema/conversation/v{SCHEMA_VERSION}.json"
+    schema["title"] = f"Vigil conversation, schema version {SCHEMA_VERSION}"
+    return schema
+
+
+# Outcome types: the built-in ones and custom ones declared in ``VIGIL_OUTCOME_TYPES``.
+#
+# A type's kind says how it reads: ``bad`` events (escalation) are worse when more frequent, ``good``
+# events (thumbs_up, task_success) are better when more frequent, and ``score`` types (csat) carry a
+# value whose mean is reported.
+
+Kind = Literal["bad", "good", "score"]
+KINDS: tuple[Kind, ...] = ("bad", "good", "score")
+
+BUILTIN_OUTCOMES: dict[str, Kind] = {
+    "refund_reversal": "bad",
+    "escalation": "bad",
+    "reopened_ticket": "bad",
+    "thumbs_down": "bad",
+    "thumbs_up": "good",
+    "csat": "score",
+    "task_success": "good",
+}
+
+# τ-bench counts a trial as solved only at full reward; partial rewards are failures.
+SUCCESS_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeType:
+    name: str
+    kind: Kind
+
+    def happened(self, value: float) -> bool:
+        """Whether an outcome of this type with ``value`` counts as the event occurring."""
+        if self.name == "task_success":
+            return value >= 1.0 - SUCCESS_TOLERANCE
+        return value > 0
+
+
+def outcome_types(spec: str) -> dict[str, OutcomeType]:
+    """Built-in types plus ``name:kind,...`` from settings; raises ConfigError on a bad entry."""
+    types = {name: OutcomeType(name, kind) for name, kind in BUILTIN_OUTCOMES.items()}
+    for entry in (e.strip() for e in spec.split(",")):
+        if not entry:
+            continue
+        name, _, kind = entry.partition(":")
+        name, kind = name.strip(), (kind.strip() or "bad")
+        if not name or len(name) > 64 or not name.replace("_", "").replace("-", "").isalnum():
+            raise ConfigError(f"VIGIL_OUTCOME_TYPES: {name!r} must be 1-64 letters, digits, _ or -")
+        if kind not in KINDS:
+            raise ConfigError(
+                f"VIGIL_OUTCOME_TYPES: kind of {name!r} must be bad, good or score, not {kind!r}"
+            )
+        types[name] = OutcomeType(name, kind)  # type: ignore[arg-type]
+    return types

@@ -1,0 +1,331 @@
+"""One settings object, read from ``VIGIL_*`` environment variables, built once at start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _project_root() -> Path:
+    """The checkout Vigil runs from; installed elsewhere (the image's /app), the working directory."""
+    checkout = Path(__file__).resolve().parents[2]
+    return checkout if (checkout / "pyproject.toml").is_file() and (checkout / "rules").is_dir() else Path.cwd()
+
+
+PROJECT_ROOT = _project_root()
+
+Role = Literal["ingest", "reviewer", "admin"]
+
+
+class ApiKey:
+    __slots__ = ("name", "role", "key")
+
+    def __init__(self, name: str, role: str, key: SecretStr) -> None:
+        self.name, self.role, self.key = name, role, key
+
+    def __repr__(self) -> str:
+        return f"ApiKey(name={self.name!r}, role={self.role!r})"
+
+
+def _default_dir(name: str) -> str:
+    return str(PROJECT_ROOT / name)
+
+
+class Settings(BaseSettings):
+    """All of Vigil's configuration. Each field is documented in the README (a test checks)."""
+
+    model_config = SettingsConfigDict(env_prefix="VIGIL_", extra="ignore")
+
+    database_url: SecretStr = Field(
+        default=SecretStr("sqlite:///vigil.db"),
+        description="SQLAlchemy URL. SQLite file by default; postgresql+psycopg://... for Postgres.",
+    )
+    api_keys: SecretStr = Field(
+        default=SecretStr(""),
+        description="Comma-separated name:role:key entries; roles are ingest, reviewer, admin.",
+    )
+    rule_packs: str = Field(
+        default=_default_dir("rules") + "/*.yaml",
+        description="Comma-separated paths or globs of rule pack YAML files (each pack scopes itself by agent).",
+    )
+    rule_plugins: str = Field(
+        default="", description="Comma-separated Python modules imported at start-up to register rule types."
+    )
+    judges_dir: str = Field(default=_default_dir("judges"), description="Folder of judge definitions.")
+    kafka_bootstrap_servers: str = Field(default="", description="Kafka bootstrap servers, host:port,...")
+    kafka_conversations_topic: str = Field(default="conversations", description="Topic of conversations.")
+    kafka_outcomes_topic: str = Field(default="outcomes", description="Topic of outcome signals.")
+    kafka_group_id: str = Field(default="vigil", description="Consumer group id of `vigil consume`.")
+    kafka_dead_letter_topic: str = Field(
+        default="", description="If set, bad messages are also produced to this topic."
+    )
+    kafka_batch_size: int = Field(default=500, ge=1, description="Max records per poll/commit batch.")
+    kafka_poll_timeout_ms: int = Field(default=500, ge=1, description="Poll timeout of the consumer.")
+    kafka_max_poll_interval_ms: int = Field(
+        default=300_000, ge=1000, description="Consumer max_poll_interval_ms (rebalance timeout)."
+    )
+    kafka_session_timeout_ms: int = Field(default=10_000, ge=1000, description="Consumer session timeout.")
+    max_message_bytes: int = Field(
+        default=1_000_000, ge=1024, description="Conversations larger than this are dead-lettered."
+    )
+    dead_letter_raw_bytes: int = Field(
+        default=16_384, ge=0, description="How much of a bad message's raw bytes is kept."
+    )
+    max_label_values: int = Field(
+        default=50, ge=1, description="Distinct agents/versions per metric label before folding to 'other'."
+    )
+    label_idle_hours: float = Field(
+        default=24.0,
+        ge=0,
+        description="An agent or version unseen this long frees its place in the label budget (0 = never).",
+    )
+    host: str = Field(default="127.0.0.1", description="Bind address of `vigil serve`.")
+    port: int = Field(default=8000, description="Port of `vigil serve`.")
+    metrics_host: str = Field(default="0.0.0.0", description="Bind address of a worker's /metrics server.")
+    metrics_port: int = Field(
+        default=9108, ge=0, description="Port of /metrics for `vigil consume` and workers (0 = off)."
+    )
+    log_level: str = Field(default="INFO", description="Log level.")
+    migrate_on_start: bool = Field(default=True, description="Run Alembic migrations when a role starts.")
+
+    # --- judge (issue: LLM judge) ---
+    judge_enabled: bool = Field(
+        default=True,
+        description="Load judges from VIGIL_JUDGES_DIR; false turns sampling and the worker off.",
+    )
+    judge_mode: Literal["auto", "live", "offline"] = Field(
+        default="auto",
+        description="live calls the model; offline uses the deterministic offline judge; auto is offline for "
+        "a judge whose model has no provider key in the environment.",
+    )
+    judge_concurrency: int = Field(
+        default=64, ge=1, description="Model calls in flight per judge worker process (all judges together)."
+    )
+    judge_poll_interval_seconds: float = Field(
+        default=0.5, gt=0, description="How often an idle judge worker looks for due requests."
+    )
+    judge_lease_seconds: float = Field(
+        default=300.0, ge=5, description="A claimed request returns to the queue if not finished by then."
+    )
+    judge_max_attempts: int = Field(
+        default=6,
+        ge=1,
+        description="Attempts of a request on retryable errors before it gets an unscored verdict (gave_up).",
+    )
+    judge_retry_base_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="First retry delay; doubles per attempt, with equal jitter (half fixed, half random).",
+    )
+    judge_retry_max_seconds: float = Field(default=300.0, gt=0, description="Longest retry delay.")
+    judge_circuit_failures: int = Field(
+        default=8,
+        ge=1,
+        description="Consecutive retryable failures of a judge's model that open its circuit.",
+    )
+    judge_circuit_cooldown_seconds: float = Field(
+        default=30.0, gt=0, description="How long an open circuit waits before one probe call."
+    )
+    judge_default_daily_budget_usd: float = Field(
+        default=5.0, ge=0, description="Daily spend cap (UTC day) of a judge whose judge.yaml sets none."
+    )
+    judge_context_files: str = Field(
+        default="",
+        description="name=path,... files a judge's prompt can include as {{context.NAME}} (e.g. a policy).",
+    )
+    # --- end judge ---
+
+    # --- review (issue: review queue and UI) ---
+    review_policy: str = Field(
+        default="",
+        description="Flagging policy YAML (what enters the review queue, priorities, sampling, taxonomy); "
+        "empty = the built-in service/review/flagging.yaml.",
+    )
+    review_lease_seconds: int = Field(
+        default=600,
+        ge=10,
+        description="How long a claimed review item stays with its reviewer unless extended.",
+    )
+    review_session_secret: SecretStr = Field(
+        default=SecretStr(""),
+        description="Key that signs reviewer UI session cookies; empty = random per process "
+        "(set it when several API replicas serve the UI).",
+    )
+    review_session_max_age_seconds: int = Field(
+        default=43_200, ge=60, description="Reviewer UI sessions expire after this many seconds."
+    )
+    review_cookie_secure: bool = Field(
+        default=False, description="Mark the UI session cookie Secure (set true behind HTTPS)."
+    )
+    # --- end review ---
+
+    # --- outcomes, compare, detector (issue: outcomes and alerting) ---
+    outcome_types: str = Field(
+        default="",
+        description="Custom outcome types as name:kind,... where kind is bad (higher is worse), good or score.",
+    )
+    outcome_attribution_window_hours: float = Field(
+        default=168.0,
+        gt=0,
+        description="An outcome counts toward its conversation's version only if it occurs within this many "
+        "hours after the conversation ended.",
+    )
+    compare_max_sample: int = Field(
+        default=20_000,
+        ge=100,
+        description="Most recent conversations per version used for bootstrap intervals.",
+    )
+    compare_bootstrap_resamples: int = Field(
+        default=1000, ge=100, description="Bootstrap resamples for intervals of means and p95 latency."
+    )
+    detector_interval_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description="How often the detector folds newly stored conversations into its state.",
+    )
+    detector_settle_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description="The detector reads conversations received at least this long ago (lets in-flight "
+        "transactions land first).",
+    )
+    detector_outcome_settle_hours: float = Field(
+        default=6.0,
+        ge=0,
+        description="Outcome signals of an hour's conversations reach the detector this many hours after the "
+        "hour, counting the outcomes joined by then; later ones show in `vigil compare` only.",
+    )
+    detector_lease_seconds: float = Field(
+        default=60.0, gt=0, description="Lease that elects the one active detector; renewed every tick."
+    )
+    detector_arl0: float = Field(
+        default=200_000.0,
+        gt=10,
+        description="Guaranteed minimum of conversations between false alarms per signal; the CUSUM threshold "
+        "is log(ARL0 x number of shifts).",
+    )
+    detector_shifts: str = Field(
+        default="1.5,2.0",
+        description="Relative rises of a failure rate the CUSUMs are tuned to detect (comma-separated ratios).",
+    )
+    detector_min_abs_shift: float = Field(
+        default=0.005,
+        gt=0,
+        description="Smallest absolute rise of a rate the detector is tuned to (rare signals).",
+    )
+    detector_min_baseline: int = Field(
+        default=500, ge=10, description="Conversations the baseline needs before a version is monitored."
+    )
+    detector_baseline_confidence: float = Field(
+        default=0.9,
+        ge=0.5,
+        lt=1.0,
+        description="The baseline rate used is the upper bound of its one-sided interval at this confidence, "
+        "so a noisy baseline does not cause false alarms.",
+    )
+    detector_self_baseline_hours: float = Field(
+        default=24.0,
+        gt=0,
+        description="A version without a previous version is compared with its own traffic older than this.",
+    )
+    detector_retire_hours: float = Field(
+        default=24.0,
+        gt=0,
+        description="A version without traffic for this long is no longer exported and its detections close.",
+    )
+    # --- end outcomes ---
+
+    # --- calibration and export ---
+    calibration_min_labels: int = Field(
+        default=50,
+        ge=1,
+        description="Scored human labels a judge version needs before it can count as calibrated.",
+    )
+    calibration_min_kappa: float = Field(
+        default=0.6,
+        ge=-1,
+        le=1,
+        description="Cohen's kappa with human labels a judge version needs to count as calibrated.",
+    )
+    calibration_correction_labels: Literal["sampled", "all"] = Field(
+        default="sampled",
+        description="Which review-queue labels measure a judge's error rates for corrected failure rates: "
+        "sampled = only items the review policy drew at random (unbiased); all = every labelled item.",
+    )
+    export_redact_patterns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra PII patterns redacted on export besides emails, phones and card numbers, as JSON "
+        '{"name": "regex", ...}; a match becomes [REDACTED:name].',
+    )
+    # --- end calibration ---
+
+    # --- tracing and OTLP ingest ---
+    tracing_enabled: bool = Field(
+        default=False,
+        description="Trace Vigil's own pipeline with OpenTelemetry (also on when OTEL_EXPORTER_OTLP_ENDPOINT "
+        "or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set); exported by the standard OTEL_* variables.",
+    )
+    otlp_ingest_enabled: bool = Field(
+        default=True, description="Accept agent traces at POST /v1/traces (OTLP/HTTP, protobuf or JSON)."
+    )
+    otlp_max_body_bytes: int = Field(
+        default=16_000_000, ge=1024, description="Largest accepted OTLP request body (after decompression)."
+    )
+    otlp_max_spans_per_conversation: int = Field(
+        default=5000, ge=1, description="Spans kept per assembled conversation; later spans are dropped."
+    )
+    otlp_span_retention_hours: float = Field(
+        default=72.0, gt=0, description="Buffered OTLP spans older than this are deleted."
+    )
+    otlp_default_agent_version: str = Field(
+        default="unknown",
+        description="Agent version of a traced conversation without gen_ai.agent.version or service.version.",
+    )
+    # --- end tracing ---
+
+    @field_validator("log_level")
+    @classmethod
+    def _upper(cls, v: str) -> str:
+        return v.upper()
+
+    def parsed_api_keys(self) -> list[ApiKey]:
+        """Parse ``VIGIL_API_KEYS``; raises ConfigError on a malformed entry."""
+        from vigil.errors import ConfigError
+
+        keys: list[ApiKey] = []
+        raw = self.api_keys.get_secret_value().strip()
+        if not raw:
+            return keys
+        for i, entry in enumerate(raw.split(",")):
+            parts = entry.strip().split(":", 2)
+            if len(parts) != 3 or not all(parts):
+                raise ConfigError(f"VIGIL_API_KEYS entry {i + 1} must be name:role:key")
+            name, role, key = parts
+            if role not in ("ingest", "reviewer", "admin"):
+                raise ConfigError(
+                    f"VIGIL_API_KEYS entry {i + 1} ({name}): role {role!r} is not ingest, reviewer or admin"
+                )
+            keys.append(ApiKey(name, role, SecretStr(key)))
+        return keys
+
+    def rule_pack_paths(self) -> list[Path]:
+        import glob
+
+        from vigil.errors import ConfigError
+
+        paths: list[Path] = []
+        for pattern in (p.strip() for p in self.rule_packs.split(",")):
+            if not pattern:
+                continue
+            matches = sorted(glob.glob(pattern))
+            if not matches:
+                raise ConfigError(f"VIGIL_RULE_PACKS: {pattern!r} matches no file")
+            paths.extend(Path(m) for m in matches)
+        return paths
+
+    @property
+    def database_url_str(self) -> str:
+        return self.database_url.get_secret_value()

@@ -1,0 +1,270 @@
+"""The record: every table more than one stage reads.
+
+Conversations, findings, outcomes and dead letters (written by ingest and the outcome join), judge
+verdicts and pairwise comparisons (written by the judge), reviewers' queue items and labels (written by
+review), and outcomes joined to their versions. A stage's own working tables (queues, leases, state)
+stay beside its code, on the same :class:`Base`. Keep these columns stable: other stages read them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from vigil.store.db import utcnow
+
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+ID = BigInteger().with_variant(Integer, "sqlite")  # SQLite autoincrements only INTEGER PRIMARY KEY
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JsonType, list[Any]: JsonType, datetime: DateTime(timezone=True)}
+
+    if TYPE_CHECKING:
+        # every model declares __tablename__, so it maps to a Table (SQLAlchemy allows any FromClause)
+        __table__: ClassVar[Table]
+
+
+class ConversationRow(Base):
+    __tablename__ = "conversations"
+
+    conversation_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    revision: Mapped[int] = mapped_column(BigInteger)
+    schema_version: Mapped[int] = mapped_column(Integer, default=1)
+    agent_id: Mapped[str] = mapped_column(String(256))
+    agent_version: Mapped[str] = mapped_column(String(128))
+    task_id: Mapped[str | None] = mapped_column(String(256))
+    intent: Mapped[str | None] = mapped_column(String(256))
+    status: Mapped[str | None] = mapped_column(String(16))
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    received_at: Mapped[datetime] = mapped_column(default=utcnow)
+    message_count: Mapped[int] = mapped_column(Integer)
+    tool_call_count: Mapped[int] = mapped_column(Integer)
+    tool_error_count: Mapped[int] = mapped_column(Integer)
+    tokens: Mapped[int | None] = mapped_column(BigInteger)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    finding_count: Mapped[int] = mapped_column(Integer, default=0)
+    max_severity: Mapped[str | None] = mapped_column(String(16))
+    document: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (
+        Index("ix_conversations_agent", "agent_id", "agent_version", "received_at"),
+        Index("ix_conversations_received", "received_at"),
+        Index("ix_conversations_task", "task_id"),
+    )
+
+
+class FindingRow(Base):
+    __tablename__ = "findings"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    conversation_id: Mapped[str] = mapped_column(String(256), index=True)
+    revision: Mapped[int] = mapped_column(BigInteger)
+    agent_id: Mapped[str] = mapped_column(String(256))
+    agent_version: Mapped[str] = mapped_column(String(128))
+    rule_id: Mapped[str] = mapped_column(String(64))
+    rule_type: Mapped[str] = mapped_column(String(64))
+    severity: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[list[Any]]
+    details: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_findings_rule", "rule_id", "agent_id", "agent_version"),)
+
+
+class OutcomeRow(Base):
+    __tablename__ = "outcomes"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    idempotency_key: Mapped[str] = mapped_column(String(512), unique=True)
+    conversation_id: Mapped[str] = mapped_column(String(256), index=True)
+    type: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column(Float, default=1.0)
+    occurred_at: Mapped[datetime]
+    received_at: Mapped[datetime] = mapped_column(default=utcnow)
+    source: Mapped[str] = mapped_column(String(32), default="api")
+
+
+class DeadLetterRow(Base):
+    __tablename__ = "dead_letters"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    source: Mapped[str] = mapped_column(String(32))
+    topic: Mapped[str | None] = mapped_column(String(256))
+    partition: Mapped[int | None] = mapped_column(Integer)
+    offset: Mapped[int | None] = mapped_column(BigInteger)
+    key: Mapped[str | None] = mapped_column(String(512))
+    reason: Mapped[str] = mapped_column(String(64))
+    detail: Mapped[str] = mapped_column(Text)
+    raw: Mapped[bytes] = mapped_column(LargeBinary)
+    raw_size: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("source", "topic", "partition", "offset", name="uq_dead_letters_position"),
+    )
+
+
+# The record other stages read: judge verdicts, reviewers' labels, outcomes joined to their versions.
+
+
+class VerdictRow(Base):
+    __tablename__ = "verdicts"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    request_id: Mapped[int | None] = mapped_column(ID, unique=True)
+    judge: Mapped[str] = mapped_column(String(64))
+    judge_version: Mapped[str] = mapped_column(String(64))
+    conversation_id: Mapped[str] = mapped_column(String(256), index=True)
+    revision: Mapped[int] = mapped_column(BigInteger)
+    agent_id: Mapped[str] = mapped_column(String(256))
+    agent_version: Mapped[str] = mapped_column(String(128))
+    verdict: Mapped[str] = mapped_column(String(16))  # pass | fail | unscored
+    score: Mapped[float | None] = mapped_column(Float)
+    categories: Mapped[list[Any]]
+    rationale: Mapped[str | None] = mapped_column(Text)
+    unscored_reason: Mapped[str | None] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(256))
+    offline: Mapped[bool] = mapped_column(Boolean, default=False)
+    prompt_hash: Mapped[str] = mapped_column(String(64))
+    raw_reply: Mapped[str | None] = mapped_column(Text)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    reason: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_verdicts_judge_agent", "judge", "agent_id", "agent_version", "created_at"),)
+
+
+class PairwiseRow(Base):
+    """One pairwise comparison, asked in both orders. ``position_bias`` is set when the orders disagree."""
+
+    __tablename__ = "pairwise_comparisons"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    judge: Mapped[str] = mapped_column(String(64))
+    judge_version: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(256))
+    offline: Mapped[bool] = mapped_column(Boolean, default=False)
+    prompt_hash: Mapped[str] = mapped_column(String(64))
+    input_hash: Mapped[str] = mapped_column(String(64))
+    label_a: Mapped[str | None] = mapped_column(String(256))
+    label_b: Mapped[str | None] = mapped_column(String(256))
+    winner: Mapped[str | None] = mapped_column(String(8))  # a | b | tie; null when biased or unscored
+    position_bias: Mapped[bool] = mapped_column(Boolean, default=False)
+    first_choice: Mapped[str | None] = mapped_column(String(8))  # choice when A is shown first (a|b|tie)
+    second_choice: Mapped[str | None] = mapped_column(String(8))  # choice when B is shown first, mapped back
+    unscored_reason: Mapped[str | None] = mapped_column(String(64))
+    rationales: Mapped[list[Any]]
+    raw_replies: Mapped[list[Any]]
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_pairwise_judge_created", "judge", "created_at"),)
+
+
+class ReviewItemRow(Base):
+    """One conversation in the queue (a conversation enters once)."""
+
+    __tablename__ = "review_items"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    conversation_id: Mapped[str] = mapped_column(String(256), unique=True)
+    # null until the conversation itself is stored (an outcome may arrive first); such items wait
+    agent_id: Mapped[str | None] = mapped_column(String(256))
+    agent_version: Mapped[str | None] = mapped_column(String(128))
+    priority: Mapped[float] = mapped_column(Float, default=0.0)
+    status: Mapped[str] = mapped_column(String(16), default="open")  # open | done
+    required_reviews: Mapped[int] = mapped_column(Integer, default=1)
+    review_count: Mapped[int] = mapped_column(Integer, default=0)
+    sampled: Mapped[bool] = mapped_column(Boolean, default=False)
+    claimed_by: Mapped[str | None] = mapped_column(String(128))
+    claimed_at: Mapped[datetime | None]
+    lease_until: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_review_items_claimable", "status", "priority", "created_at"),)
+
+
+class ReviewLabelRow(Base):
+    """A reviewer's label on a conversation. Changing a label adds a version; older versions stay."""
+
+    __tablename__ = "review_labels"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    conversation_id: Mapped[str] = mapped_column(String(256), index=True)
+    revision: Mapped[int | None] = mapped_column(BigInteger)  # conversation revision the reviewer saw
+    reviewer: Mapped[str] = mapped_column(String(128))
+    label: Mapped[str] = mapped_column(String(32))  # confirmed_failure | not_a_failure | unsure
+    category: Mapped[str | None] = mapped_column(String(64))
+    severity: Mapped[str | None] = mapped_column(String(16))
+    notes: Mapped[str] = mapped_column(Text, default="")
+    expected_behavior: Mapped[str] = mapped_column(Text, default="")
+    version: Mapped[int] = mapped_column(Integer)
+    is_current: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("conversation_id", "reviewer", "version", name="uq_review_labels_version"),
+        Index("ix_review_labels_current", "is_current", "label", "created_at"),
+        Index("ix_review_labels_reviewer", "reviewer", "created_at"),
+    )
+
+
+class OutcomeLinkRow(Base):
+    """An outcome joined to its (stored) conversation; ``attributed`` says it fell within the window.
+
+    Written when an outcome arrives for a stored conversation, or when the conversation arrives after
+    its outcomes; rewritten when a newer revision of the conversation moves its end.
+    """
+
+    __tablename__ = "outcome_links"
+
+    outcome_id: Mapped[int] = mapped_column(ID, primary_key=True)
+    conversation_id: Mapped[str] = mapped_column(String(256), index=True)
+    agent_id: Mapped[str] = mapped_column(String(256))
+    agent_version: Mapped[str] = mapped_column(String(128))
+    type: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column(Float)
+    happened: Mapped[bool] = mapped_column(Boolean)
+    attributed: Mapped[bool] = mapped_column(Boolean)
+    conversation_received_at: Mapped[datetime]
+    linked_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        Index("ix_outcome_links_version", "agent_id", "agent_version", "type"),
+        Index("ix_outcome_links_linked", "linked_at"),
+    )

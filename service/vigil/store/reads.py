@@ -1,0 +1,153 @@
+"""Read queries behind the API and UI."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from datetime import datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import Session
+
+from vigil.rules import SEVERITY_RANK
+from vigil.store.db import aware
+from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow, ReviewLabelRow
+
+
+def finding_dict(f: FindingRow) -> dict[str, Any]:
+    return {
+        "rule_id": f.rule_id,
+        "rule_type": f.rule_type,
+        "severity": f.severity,
+        "message": f.message,
+        "evidence": f.evidence,
+        "details": f.details,
+        "revision": f.revision,
+    }
+
+
+def summary_dict(c: ConversationRow) -> dict[str, Any]:
+    return {
+        "conversation_id": c.conversation_id,
+        "revision": c.revision,
+        "agent_id": c.agent_id,
+        "agent_version": c.agent_version,
+        "task_id": c.task_id,
+        "status": c.status,
+        "received_at": aware(c.received_at),
+        "message_count": c.message_count,
+        "tool_call_count": c.tool_call_count,
+        "tool_error_count": c.tool_error_count,
+        "finding_count": c.finding_count,
+        "max_severity": c.max_severity,
+        "cost_usd": c.cost_usd,
+    }
+
+
+def get_conversation(session: Session, conversation_id: str) -> dict[str, Any] | None:
+    row = session.get(ConversationRow, conversation_id)
+    if row is None:
+        return None
+    findings = session.scalars(
+        select(FindingRow).where(FindingRow.conversation_id == conversation_id).order_by(FindingRow.id)
+    ).all()
+    outcomes = session.scalars(
+        select(OutcomeRow)
+        .where(OutcomeRow.conversation_id == conversation_id)
+        .order_by(OutcomeRow.occurred_at)
+    ).all()
+    out = summary_dict(row)
+    out["conversation"] = orjson.loads(row.document)
+    out["findings"] = [finding_dict(f) for f in findings]
+    out["outcomes"] = [
+        {"type": o.type, "value": o.value, "occurred_at": aware(o.occurred_at), "source": o.source} for o in outcomes
+    ]
+    return out
+
+
+def list_query(
+    agent: str | None = None,
+    version: str | None = None,
+    rule: str | None = None,
+    min_severity: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> Select[ConversationRow]:
+    q = select(ConversationRow)
+    if agent:
+        q = q.where(ConversationRow.agent_id == agent)
+    if version:
+        q = q.where(ConversationRow.agent_version == version)
+    # compare in UTC: SQLite stores UTC wall time and would otherwise ignore a given offset
+    if since:
+        q = q.where(ConversationRow.received_at >= aware(since))
+    if until:
+        q = q.where(ConversationRow.received_at < aware(until))
+    if rule:
+        q = q.where(
+            ConversationRow.conversation_id.in_(
+                select(FindingRow.conversation_id).where(FindingRow.rule_id == rule)
+            )
+        )
+    if min_severity:
+        allowed = [s for s, r in SEVERITY_RANK.items() if r >= SEVERITY_RANK[min_severity]]
+        q = q.where(ConversationRow.max_severity.in_(allowed))
+    return q
+
+
+def list_conversations(session: Session, limit: int = 50, offset: int = 0, **filters: Any) -> dict[str, Any]:
+    q = list_query(**filters)
+    total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
+    rows = session.scalars(
+        q.order_by(ConversationRow.received_at.desc(), ConversationRow.conversation_id)
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return {"total": total, "items": [summary_dict(r) for r in rows], "limit": limit, "offset": offset}
+
+
+def list_dead_letters(session: Session, limit: int = 50, reason: str | None = None) -> list[dict[str, Any]]:
+    q = select(DeadLetterRow).order_by(DeadLetterRow.id.desc()).limit(limit)
+    if reason:
+        q = q.where(DeadLetterRow.reason == reason)
+    return [
+        {
+            "id": d.id,
+            "source": d.source,
+            "topic": d.topic,
+            "partition": d.partition,
+            "offset": d.offset,
+            "key": d.key,
+            "reason": d.reason,
+            "detail": d.detail,
+            "raw_size": d.raw_size,
+            "raw_preview": d.raw[:2000].decode("utf-8", "replace"),
+            "created_at": aware(d.created_at),
+        }
+        for d in session.scalars(q).all()
+    ]
+
+
+def current_labels(session: Session, ids: list[str] | None = None) -> dict[str, list[ReviewLabelRow]]:
+    """Reviewers' present labels (``is_current``) per conversation, oldest first; of ``ids`` if given."""
+    q = select(ReviewLabelRow).where(ReviewLabelRow.is_current.is_(True)).order_by(ReviewLabelRow.id)
+    out: dict[str, list[ReviewLabelRow]] = defaultdict(list)
+    chunks = [None] if ids is None else [ids[i : i + 500] for i in range(0, len(ids), 500)]
+    for chunk in chunks:
+        rows = session.scalars(q if chunk is None else q.where(ReviewLabelRow.conversation_id.in_(chunk))).all()
+        for row in rows:
+            out[row.conversation_id].append(row)
+    return out
+
+
+def confirmed_failures(session: Session) -> dict[str, str]:
+    """Conversation id → category, for conversations whose current labels lean to confirmed_failure."""
+    votes = current_labels(session)
+    out: dict[str, str] = {}
+    for cid, rows in votes.items():
+        yes = [r for r in rows if r.label == "confirmed_failure"]
+        no = sum(1 for r in rows if r.label == "not_a_failure")
+        if yes and len(yes) >= no:
+            out[cid] = Counter(r.category or "other" for r in yes).most_common(1)[0][0]
+    return out

@@ -1,0 +1,93 @@
+"""What Vigil's quality signals count, shared by the detector, compare and every read of rates.
+
+Signals: ``rule:<id>`` (the conversation has a finding of that rule), ``forbidden_tool`` (any
+forbidden-tool finding), ``tool_error`` (a tool call failed), ``outcome:<type>`` (a bad outcome
+within the attribution window) over conversations; ``judge:<name>`` (fail) over the scored verdicts
+of randomly sampled requests, one per conversation and judge version (:func:`sampled_verdict`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+
+from sqlalchemy import and_, exists, not_, or_
+from sqlalchemy.orm import aliased
+
+from vigil.store.db import aware
+from vigil.store.models import ConversationRow, FindingRow, OutcomeRow, VerdictRow
+
+Key = tuple[str, str, str]  # agent, version, signal
+RulesFor = Callable[[str, str], Iterable[str]]  # (agent, version) -> ids of the rules that apply to it
+
+FORBIDDEN = "forbidden_tool"
+TOOL_ERROR = "tool_error"
+OUTCOME = "outcome:"
+
+
+def finished():  # type: ignore[no-untyped-def]
+    """Growing conversations are counted once finished (or when they never say)."""
+    return or_(ConversationRow.status.is_(None), ConversationRow.status != "in_progress")
+
+
+def real_finding():  # type: ignore[no-untyped-def]
+    """A rule that raised leaves an info finding 'rule error: ...'; it is not a failure of the agent."""
+    return not_(and_(FindingRow.severity == "info", FindingRow.message.like("rule error:%")))
+
+
+SCORED = ("pass", "fail")
+
+
+def sampled_verdict():  # type: ignore[no-untyped-def]
+    """The verdicts behind a judge's failure rate: scored, of a randomly sampled request, and the first
+    such verdict of its conversation and judge version.
+
+    Flagged, outcome-driven, minimum-per-hour and manual requests pick conversations that are likelier
+    to fail, and a conversation judged again (a newer revision) would count twice; either would bias
+    the rate. A later revision's verdict is therefore left out.
+    """
+    earlier = aliased(VerdictRow)
+    return and_(
+        VerdictRow.reason == "sampled",
+        VerdictRow.verdict.in_(SCORED),
+        ~exists().where(
+            earlier.conversation_id == VerdictRow.conversation_id,
+            earlier.judge == VerdictRow.judge,
+            earlier.judge_version == VerdictRow.judge_version,
+            earlier.reason == "sampled",
+            earlier.verdict.in_(SCORED),
+            earlier.id < VerdictRow.id,
+        ),
+    )
+
+
+def conversation_signals(rule_ids: Iterable[str]) -> list[str]:
+    """The signals whose failures are known when the conversation is stored."""
+    return [f"rule:{r}" for r in rule_ids] + [FORBIDDEN, TOOL_ERROR]
+
+
+def outcome_signals(bad_outcomes: Iterable[str]) -> list[str]:
+    return [f"{OUTCOME}{t}" for t in bad_outcomes]
+
+
+def is_outcome(signal: str) -> bool:
+    return signal.startswith(OUTCOME)
+
+
+
+
+def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
+    """Natural order of version names (v1.10 after v1.9): breaks ties of versions first seen together."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", version) if p)
+
+
+# Clients' clocks drift; an outcome stamped slightly before its conversation started still belongs to it.
+CLOCK_SKEW = timedelta(hours=1)
+
+
+def attributed(outcome: OutcomeRow, conv: ConversationRow, window_hours: float) -> bool:
+    end = aware(conv.ended_at or conv.started_at or conv.received_at)
+    start = aware(conv.started_at) if conv.started_at else end
+    when = aware(outcome.occurred_at)
+    return start - CLOCK_SKEW <= when <= end + timedelta(hours=window_hours)

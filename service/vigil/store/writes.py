@@ -1,0 +1,255 @@
+"""Idempotent batch writes. A redelivered revision changes nothing; a newer revision supersedes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import Table, delete, func, insert, select
+from sqlalchemy.orm import Session
+
+from vigil.rules import Finding, max_severity
+from vigil.schema import Conversation
+from vigil.store.db import upsert
+from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow
+
+
+@dataclass(slots=True)
+class Checked:
+    """A decoded conversation with its rule findings, ready to store."""
+
+    conversation: Conversation
+    findings: list[Finding]
+    document: str
+    origin: Any = None  # the Envelope it came from, for dead-lettering it if the database rejects it
+    replaced: bool = False  # set by the store: it superseded an older stored revision
+    previous_findings: frozenset[tuple[str, str]] = frozenset()  # (rule_id, message) of that revision
+
+
+@dataclass(slots=True)
+class DeadLetter:
+    source: str
+    reason: str
+    detail: str
+    raw: bytes
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+    key: str | None = None
+
+
+def _pg_copy(session: Session, table: Table, rows: list[dict[str, Any]], into: str | None = None) -> None:
+    """COPY rows into ``into`` (default: the table itself).
+
+    Multi-row VALUES with thousands of placeholders spends most of its time in the driver's query
+    parser, and text arrays in escaping; COPY streams rows through the driver's C encoder.
+    """
+    cols = [c for c in table.columns if c.name in rows[0]]
+    json_cols = {
+        c.name for c in cols if c.type.compile(dialect=session.get_bind().dialect) in ("JSON", "JSONB")
+    }
+    names = ", ".join(f'"{c.name}"' for c in cols)
+    conn = session.connection().connection.driver_connection
+    with conn.cursor() as cur, cur.copy(f"COPY {into or table.name} ({names}) FROM STDIN") as copy:  # type: ignore[union-attr]
+        for r in rows:
+            copy.write_row(
+                [
+                    (None if r[c.name] is None else orjson.dumps(r[c.name]).decode())
+                    if c.name in json_cols
+                    else r[c.name]
+                    for c in cols
+                ]
+            )
+
+
+def _upsert_conversations_pg(session: Session, rows: list[dict[str, Any]]) -> tuple[set[str], set[str]]:
+    """Returns (applied ids, ids that replaced an older revision); xmax = 0 marks a fresh insert."""
+    table = ConversationRow.__table__
+    conn = session.connection()
+    conn.exec_driver_sql(
+        "CREATE TEMP TABLE IF NOT EXISTS vigil_conversations_stage "
+        "(LIKE conversations INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+    )
+    _pg_copy(session, table, rows, into="vigil_conversations_stage")  # type: ignore[arg-type]
+    names = ", ".join(f'"{k}"' for k in rows[0])
+    updates = ", ".join(f'"{k}" = excluded."{k}"' for k in rows[0] if k != "conversation_id")
+    result = conn.exec_driver_sql(
+        f"INSERT INTO conversations ({names}) SELECT {names} FROM vigil_conversations_stage "
+        f"ON CONFLICT (conversation_id) DO UPDATE SET {updates} "
+        "WHERE conversations.revision < excluded.revision RETURNING conversation_id, xmax = 0"
+    ).all()
+    conn.exec_driver_sql("TRUNCATE vigil_conversations_stage")
+    return {r[0] for r in result}, {r[0] for r in result if not r[1]}
+
+
+def _row(item: Checked, now: datetime) -> dict[str, object]:
+    c = item.conversation
+    errors = sum(1 for m in c.messages if m.role == "tool" and m.is_error)
+    calls = sum(len(m.tool_calls) for m in c.messages if m.tool_calls)
+    return {
+        "conversation_id": c.conversation_id,
+        "revision": c.effective_revision,
+        "schema_version": c.schema_version,
+        "agent_id": c.agent_id,
+        "agent_version": c.agent_version,
+        "task_id": c.task_id,
+        "intent": c.intent,
+        "status": c.status,
+        "started_at": c.started_at,
+        "ended_at": c.ended_at,
+        "received_at": now,
+        "message_count": len(c.messages),
+        "tool_call_count": calls,
+        "tool_error_count": errors,
+        "tokens": c.usage.tokens if c.usage else None,
+        "cost_usd": c.usage.cost_usd if c.usage else None,
+        "latency_ms": c.usage.latency_ms if c.usage else None,
+        "finding_count": len(item.findings),
+        "max_severity": max_severity(item.findings),
+        "document": item.document,
+    }
+
+
+def newest_per_conversation(items: Sequence[Checked]) -> list[Checked]:
+    best: dict[str, Checked] = {}
+    for item in items:
+        cid = item.conversation.conversation_id
+        cur = best.get(cid)
+        if cur is None or item.conversation.effective_revision > cur.conversation.effective_revision:
+            best[cid] = item
+    return list(best.values())
+
+
+def best_ids(items: Sequence[Checked]) -> set[str]:
+    return {i.conversation.conversation_id for i in items}
+
+
+def store_conversations(session: Session, items: Sequence[Checked]) -> list[Checked]:
+    """Upsert conversations and replace their findings. Returns the items actually applied."""
+    if not items:
+        return []
+    items = newest_per_conversation(items)
+    now = datetime.now(UTC)
+    rows = [_row(i, now) for i in items]
+    postgres = session.get_bind().dialect.name == "postgresql"
+    if postgres:
+        applied_ids, replaced_ids = _upsert_conversations_pg(session, rows)
+    else:
+        table = ConversationRow.__table__
+        existing = set(
+            session.scalars(select(table.c.conversation_id).where(table.c.conversation_id.in_(list(best_ids(items)))))
+        )
+        applied_ids = _upsert_conversations_generic(session, rows)
+        replaced_ids = applied_ids & existing
+    applied = [i for i in items if i.conversation.conversation_id in applied_ids]
+    if not applied:
+        return []
+    if replaced_ids:
+        previous: dict[str, set[tuple[str, str]]] = {}
+        old = select(FindingRow.conversation_id, FindingRow.rule_id, FindingRow.message).where(
+            FindingRow.conversation_id.in_(replaced_ids)
+        )
+        for cid, rule_id, message in session.execute(old):
+            previous.setdefault(cid, set()).add((rule_id, message))
+        for i in applied:
+            cid = i.conversation.conversation_id
+            if cid in replaced_ids:
+                i.replaced = True
+                i.previous_findings = frozenset(previous.get(cid, ()))
+        session.execute(delete(FindingRow).where(FindingRow.conversation_id.in_(replaced_ids)))
+    finding_rows = [
+        {
+            "conversation_id": i.conversation.conversation_id,
+            "revision": i.conversation.effective_revision,
+            "agent_id": i.conversation.agent_id,
+            "agent_version": i.conversation.agent_version,
+            "rule_id": f.rule_id,
+            "rule_type": f.rule_type,
+            "severity": f.severity,
+            "message": f.message,
+            "evidence": [e.as_dict() for e in f.evidence],
+            "details": f.details,
+            "created_at": now,
+        }
+        for i in applied
+        for f in i.findings
+    ]
+    if finding_rows:
+        if postgres:
+            _pg_copy(session, FindingRow.__table__, finding_rows)
+        else:
+            session.execute(insert(FindingRow.__table__), finding_rows)
+    _store_inline_outcomes(session, applied, now)
+    return applied
+
+
+def _upsert_conversations_generic(session: Session, rows: list[dict[str, Any]]) -> set[str]:
+    stmt = upsert(session, ConversationRow.__table__)
+    cols = {k: stmt.excluded[k] for k in rows[0] if k != "conversation_id"}
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["conversation_id"],
+        set_=cols,
+        where=ConversationRow.__table__.c.revision < stmt.excluded.revision,
+    ).returning(ConversationRow.__table__.c.conversation_id)
+    return set(session.scalars(stmt, rows).all())
+
+
+def _store_inline_outcomes(session: Session, applied: list[Checked], now: datetime) -> None:
+    outcome_rows = [
+        {
+            "idempotency_key": o.idempotency_key or f"{i.conversation.conversation_id}:{o.type}",
+            "conversation_id": i.conversation.conversation_id,
+            "type": o.type,
+            "value": o.value,
+            "occurred_at": o.occurred_at or i.conversation.ended_at or now,
+            "received_at": now,
+            "source": "inline",
+        }
+        for i in applied
+        for o in i.conversation.outcomes
+    ]
+    if outcome_rows:
+        ins = upsert(session, OutcomeRow.__table__)
+        session.execute(ins.on_conflict_do_nothing(index_elements=["idempotency_key"]), outcome_rows)
+
+
+def store_dead_letters(session: Session, letters: Sequence[DeadLetter], keep_bytes: int) -> list[tuple[str, str]]:
+    """Insert dead letters (a redelivered Kafka position is kept once); returns (reason, source) of new rows."""
+    if not letters:
+        return []
+    rows = [
+        {
+            "source": d.source,
+            "topic": d.topic,
+            "partition": d.partition,
+            "offset": d.offset,
+            "key": d.key[:512] if d.key else d.key,
+            "reason": d.reason,
+            "detail": d.detail[:4000],
+            "raw": d.raw[:keep_bytes],
+            "raw_size": len(d.raw),
+            "created_at": datetime.now(UTC),
+        }
+        for d in letters
+    ]
+    table = DeadLetterRow.__table__
+    ins = upsert(session, table).on_conflict_do_nothing(
+        index_elements=["source", "topic", "partition", "offset"]
+    )
+    return [(r.reason, r.source) for r in session.execute(ins.returning(table.c.reason, table.c.source), rows)]
+
+
+def count_conversations(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(ConversationRow)) or 0
+
+
+@dataclass(slots=True)
+class BatchResult:
+    received: int = 0
+    stored: list[Checked] = field(default_factory=list)
+    duplicates: int = 0
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    new_dead_letters: list[tuple[str, str]] = field(default_factory=list)  # (reason, source) first stored now

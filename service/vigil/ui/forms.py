@@ -1,0 +1,53 @@
+"""Form posts of the UI: who posts (session and CSRF checked), where to go next, a label carried across log-in."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import Request
+from fastapi.responses import RedirectResponse, Response
+
+from vigil.http.auth import Principal
+from vigil.ui.render import render_page, sessions_of
+
+STALE_FORM = "This form had expired (the page was open across a log-in or a restart), so nothing was done."
+DRAFT_FIELDS = ("label", "category", "severity", "notes", "expected_behavior")
+
+
+def go(url: str) -> RedirectResponse:
+    return RedirectResponse(url, status_code=303)
+
+
+def safe_next(target: str | None) -> str:
+    # only same-site paths: "//host" or "/\\host" would leave the site
+    if target and target.startswith("/") and not target.startswith(("//", "/\\")):
+        return target
+    return "/ui/queue"
+
+
+class Refused(Exception):
+    """A form post the session cannot make: ``response`` says why (log in again, or reload)."""
+
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+async def form_user(request: Request, back: str = "/ui/queue") -> tuple[Principal, dict[str, Any]]:
+    """The poster and the form; raises Refused (a log-in redirect, or a 403 page) when they cannot post."""
+    form = dict(await request.form())
+    sessions = sessions_of(request)
+    p = sessions.principal(request)
+    if p is None:
+        raise Refused(go("/ui/login?" + urlencode({"next": safe_next(back), "expired": "1"})))
+    if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
+        raise Refused(render_page(request, "error.html", 403, title="Form expired", message=STALE_FORM, back=back))
+    return p, form
+
+
+def draft_of(form: dict[str, Any], prefix: str = "") -> dict[str, str | None] | None:
+    """The label a form carried (``prefix`` draft_ on the log-in form), or None if it carried none."""
+    draft = {k: str(form.get(prefix + k) or "") or None for k in DRAFT_FIELDS}
+    if not any(draft.values()):
+        return None
+    return {**draft, "notes": draft["notes"] or "", "expected_behavior": draft["expected_behavior"] or ""}

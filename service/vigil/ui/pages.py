@@ -1,0 +1,79 @@
+"""The UI's own pages: static files, log in, log out, and ``/ui`` itself."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import FileResponse, RedirectResponse, Response
+
+from vigil.http import runtime_of
+from vigil.ui.forms import Refused, draft_of, form_user, go, safe_next
+from vigil.ui.render import STATIC, render_page, sessions_of
+from vigil.ui.session import UI_ROLES
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+EXPIRED = "Your session expired; please log in again."
+STATIC_FILES = {p.name for p in STATIC.iterdir() if p.is_file()}
+
+
+@router.get("/static/{name}")
+def static(name: str) -> Response:
+    if name not in STATIC_FILES:
+        raise HTTPException(404, "no such file")
+    return FileResponse(STATIC / name, headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"})
+
+
+@router.get("")
+@router.get("/")
+def home() -> RedirectResponse:
+    return go("/ui/queue")
+
+
+@router.get("/login")
+def login_page(request: Request, next: str | None = None, error: str | None = None, expired: bool = False) -> Response:
+    message = error or (EXPIRED if expired else None)
+    return render_page(request, "login.html", title="Log in", next=safe_next(next), error=message)
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    form = dict(await request.form())
+    sessions = sessions_of(request)
+    target = safe_next(str(form.get("next", "")))
+    draft = draft_of(form, "draft_")
+    if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
+        return render_page(
+            request,
+            "login.html",
+            403,
+            title="Log in",
+            next=target,
+            error="The form expired; please try again.",
+            draft=draft,
+        )
+    key = str(form.get("api_key", "")).strip()
+    p = request.app.state.keyring.lookup(key) if key else None
+    if p is None or p.role not in UI_ROLES:
+        msg = "That key is not a reviewer or admin key." if p else "Unknown API key."
+        return render_page(request, "login.html", 401, title="Log in", next=target, error=msg, draft=draft)
+    if draft is not None and "?" not in target:
+        # a page that can show the unsaved label again gets it now (a redirect could not carry it)
+        sessions.start(request, p, key)
+        for resume in runtime_of(request).hooks.login_resumers:
+            page = resume(request, target, draft)
+            if page is not None:
+                return page
+    response = go(target)
+    sessions.login(request, response, p, key)
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    try:
+        await form_user(request)
+    except Refused as refused:
+        return refused.response
+    response = go("/ui/login")
+    sessions_of(request).logout(response)
+    return response

@@ -1,0 +1,144 @@
+"""Turns a stored conversation and its findings into plain data for the conversation page.
+
+Nothing here produces HTML: the template escapes every string. Evidence spans (character offsets
+into a message's text, as rules report them) split the text into segments, each tagged with the
+findings that cover it, so the page can highlight them in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from vigil.rules import SEVERITY_RANK
+from vigil.schema import Conversation, Message
+
+
+@dataclass
+class Segment:
+    text: str
+    findings: list[int] = field(default_factory=list)
+    severity: str | None = None
+
+
+@dataclass
+class CallView:
+    id: str | None
+    name: str
+    arguments: str
+    result_index: int | None = None
+
+
+@dataclass
+class MessageView:
+    index: int
+    role: str
+    name: str | None
+    is_error: bool
+    timestamp: str | None
+    segments: list[Segment]
+    calls: list[CallView]
+    tool_call_id: str | None
+    answers: str | None  # the tool name whose call this message answers
+    findings: list[int]  # findings pointing at the whole message
+    severity: str | None  # worst severity among findings touching this message
+
+
+def _pretty(value: Any) -> str:
+    if isinstance(value, str):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+    try:
+        return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        return str(value)
+
+
+def _worst(severities: list[str]) -> str | None:
+    return max(severities, key=lambda s: SEVERITY_RANK.get(s, 0)) if severities else None
+
+
+def _segments(text: str, spans: list[tuple[int, int, int, str]]) -> list[Segment]:
+    """Split ``text`` at span boundaries; spans are (start, end, finding index, severity)."""
+    if not spans:
+        return [Segment(text)] if text else []
+    cuts = sorted({0, len(text), *(s for s, _, _, _ in spans), *(e for _, e, _, _ in spans)})
+    out = []
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        covering = [(k, sev) for s, e, k, sev in spans if s <= a and b <= e]
+        out.append(Segment(text[a:b], sorted({k for k, _ in covering}), _worst([sev for _, sev in covering])))
+    return out
+
+
+def _spans_for(
+    findings: list[dict[str, Any]], index: int, length: int
+) -> tuple[list[tuple[int, int, int, str]], list[int]]:
+    spans: list[tuple[int, int, int, str]] = []
+    whole: list[int] = []
+    for k, f in enumerate(findings):
+        for ev in f.get("evidence") or []:
+            if not isinstance(ev, dict) or ev.get("message_index") != index:
+                continue
+            start, end = ev.get("start"), ev.get("end")
+            if isinstance(start, int) and isinstance(end, int) and 0 <= start < end:
+                spans.append((min(start, length), min(end, length), k, f.get("severity", "info")))
+            elif k not in whole:
+                whole.append(k)
+    return [s for s in spans if s[0] < s[1]], whole
+
+
+def build(document: dict[str, Any], findings: list[dict[str, Any]]) -> list[MessageView]:
+    """Message views of a stored conversation document, with findings' evidence placed."""
+    try:
+        messages = Conversation.model_validate(document).messages
+    except ValidationError:
+        messages = []
+        for raw in document.get("messages") or []:
+            try:
+                messages.append(Message.model_validate(raw))
+            except ValidationError:
+                messages.append(Message(role="system", content=f"(unreadable message: {str(raw)[:2000]})"))
+    call_names: dict[str, str] = {}
+    result_at: dict[str, int] = {}
+    for i, m in enumerate(messages):
+        for c in m.tool_calls or []:
+            if c.id:
+                call_names[c.id] = c.function.name
+        if m.role == "tool" and m.tool_call_id:
+            result_at.setdefault(m.tool_call_id, i)
+    out = []
+    for i, m in enumerate(messages):
+        text = m.text
+        spans, whole = _spans_for(findings, i, len(text))
+        if m.role == "tool" and not spans:
+            text = _pretty(text) if text[:1] in ("{", "[") else text
+        touching = sorted({k for *_, k, _ in spans} | set(whole))
+        out.append(
+            MessageView(
+                index=i,
+                role=m.role,
+                name=m.name,
+                is_error=m.is_error,
+                timestamp=m.timestamp.isoformat() if m.timestamp else None,
+                segments=_segments(text, spans),
+                calls=[
+                    CallView(
+                        c.id,
+                        c.function.name,
+                        _pretty(c.function.arguments),
+                        result_at.get(c.id) if c.id else None,
+                    )
+                    for c in m.tool_calls or []
+                ],
+                tool_call_id=m.tool_call_id,
+                answers=call_names.get(m.tool_call_id or ""),
+                findings=whole,
+                severity=_worst([findings[k].get("severity", "info") for k in touching]),
+            )
+        )
+    return out
