@@ -22,14 +22,12 @@ RUN groupadd --system --gid ${VIGIL_UID} vigil \
     && install -d -o vigil -g vigil -m 0750 /var/lib/vigil
 COPY --from=build /opt/vigil /opt/vigil
 WORKDIR /app
-# The source tree sits beside rules/, judges/ and dashboards/ so that Vigil's defaults
-# (paths relative to the project root) point at the baked-in copies.
-COPY service ./service
+# Installed outside a checkout, Vigil resolves its default rules/, judges/ and dashboards/ against the
+# working directory: the baked-in copies here.
 COPY rules ./rules
 COPY judges ./judges
 COPY dashboards ./dashboards
 ENV PATH=/opt/vigil/bin:$PATH \
-    PYTHONPATH=/app \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     VIGIL_HOST=0.0.0.0 \

@@ -18,6 +18,9 @@ test: $(BIN)/vigil
 
 lint: $(BIN)/vigil
 	$(BIN)/ruff check service tests bench
+	$(BIN)/ruff format --check service tests bench
+	$(BIN)/mypy service
+	$(BIN)/lint-imports
 
 bench: $(BIN)/vigil
 	$(BIN)/python bench/bench_pipeline.py

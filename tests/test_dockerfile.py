@@ -93,10 +93,13 @@ def test_entrypoint_and_every_role_are_vigil_commands() -> None:
 
 
 def test_baked_in_defaults_resolve_inside_the_image() -> None:
-    """PYTHONPATH=/app makes Vigil's project root /app, where rules/, judges/ and dashboards/ are copied."""
+    """The package is installed once (build stage); rules/, judges/ and dashboards/ sit in WORKDIR /app,
+    where an installed Vigil resolves its defaults (see test_installed_package_resolves_defaults_from_cwd)."""
     text = DOCKERFILE.read_text()
-    assert "PYTHONPATH=/app" in text and "WORKDIR /app" in text
-    for folder in ("service", "rules", "judges", "dashboards"):
+    assert "WORKDIR /app" in text and "PYTHONPATH" not in text
+    assert "COPY service" in text.split("FROM", 2)[1], "the build stage installs the package from source"
+    assert "COPY service" not in text.split("FROM", 2)[2], "the final image copies the source a second time"
+    for folder in ("rules", "judges", "dashboards"):
         assert f"COPY {folder} ./{folder}" in text
     assert Path(PROJECT_ROOT / "rules" / "default.yaml").exists()
 

@@ -112,11 +112,12 @@ def test_llm_key_reaches_only_roles_that_call_a_provider() -> None:
     assert not [d["metadata"]["name"] for d in by_kind(off, "Deployment") if llm in secret_refs(d)]
 
 
-def test_readme_role_table_matches_the_chart() -> None:
+def test_docs_role_table_matches_the_chart() -> None:
     from vigil.settings import PROJECT_ROOT
 
     values = load_values(CHART / "values.yaml")
-    section = (PROJECT_ROOT / "README.md").read_text().split("<!-- section:kubernetes -->", 1)[1]
+    page = (PROJECT_ROOT / "docs" / "kubernetes.md").read_text()
+    section = page.split("<!-- section:kubernetes -->", 1)[1]
     api_row = next(line for line in section.splitlines() if line.startswith("| API"))
     assert f"`{' '.join(['vigil', *values['api']['args']])}`" in api_row, api_row
 

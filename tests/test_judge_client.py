@@ -152,7 +152,8 @@ def test_retry_and_limit_docs_match_the_code() -> None:
     rng = random.Random(3)
     delays = [decide(retry, 3, 6, 1.0, 10.0, rng).delay for _ in range(500)]
     assert min(delays) >= 2.0 and max(delays) <= 4.0  # equal jitter: half of the 4 s step is fixed
-    readme = (PROJECT_ROOT / "README.md").read_text()
-    assert f"| `VIGIL_JUDGE_RETRY_BASE_SECONDS` | `2.0` | {described} |" in readme
-    judge_section = readme.split("<!-- section:judge -->")[1].split("<!-- section:")[0]
+    configuration = (PROJECT_ROOT / "docs" / "configuration.md").read_text()
+    assert f"| `VIGIL_JUDGE_RETRY_BASE_SECONDS` | `2.0` | {described} |" in configuration
+    judge_page = (PROJECT_ROOT / "docs" / "judge.md").read_text()
+    judge_section = judge_page.split("<!-- section:judge -->")[1].split("<!-- section:")[0]
     assert "*Limits are per process.*" in judge_section and "N × `rpm`" in judge_section

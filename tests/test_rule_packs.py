@@ -55,11 +55,11 @@ def test_tau2_packs_require_confirmation_of_every_write_tool() -> None:
         assert all(r.spec.applies_to.agents == [f"tau2-{domain}"] for r in rules)
 
 
-def test_readme_documents_every_rule_type() -> None:
-    readme = (PROJECT_ROOT / "README.md").read_text()
-    section = readme[readme.index("<!-- section:rules -->") :]
+def test_docs_document_every_rule_type() -> None:
+    page = (PROJECT_ROOT / "docs" / "rules.md").read_text()
+    section = page[page.index("<!-- section:rules -->") :]
     for name, rtype in registered_rule_types().items():
-        if rtype.fn.__module__.startswith("service."):
+        if rtype.fn.__module__.startswith("vigil."):
             assert f"`{name}`" in section, name
 
 

@@ -1,5 +1,7 @@
 """Every Prometheus metric Vigil exposes, namespace ``vigil``. Each test builds its own registry.
 
+Kept whole on purpose: all metrics live in one module (STYLE.md, principle 9), so one file lists every name.
+
 Label values that come from traffic (agent ids, versions) pass through :class:`LabelGuard`, which
 folds values past a fixed budget into ``other`` so a misbehaving client cannot explode cardinality.
 Names bounded by configuration (rule ids, outcome types, judge names and models, the detector's

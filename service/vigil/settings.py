@@ -142,7 +142,7 @@ class Settings(BaseSettings):
     review_policy: str = Field(
         default="",
         description="Flagging policy YAML (what enters the review queue, priorities, sampling, taxonomy); "
-        "empty = the built-in service/review/flagging.yaml.",
+        "empty = the built-in service/vigil/review/flagging.yaml.",
     )
     review_lease_seconds: int = Field(
         default=600,

@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
         import signal
         import threading
 
-        from vigil.detector.worker import Detector
+        from vigil.detector.loop import Detector
 
         launch = Launcher.of(ctx)
         s = launch.settings()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from vigil.detector.api import router
+from vigil.detector.loop import Detector
 from vigil.detector.sampled import sampled_verdict_counter
-from vigil.detector.worker import Detector
 from vigil.runtime import Runtime
 from vigil.store.signals import conversation_signals, outcome_signals
 

@@ -2,7 +2,8 @@
 
 Runs in-process in ``vigil serve`` and alone as ``vigil judge-worker``. Every state it needs is in the
 database, so any number of workers can run and a restart loses nothing: a request is done only when its
-verdict is stored, in the same transaction.
+verdict is stored, in the same transaction. One request's attempt is :mod:`vigil.judge.attempt`; what it
+writes, :mod:`vigil.judge.verdicts`.
 """
 
 from __future__ import annotations
@@ -13,39 +14,21 @@ import logging
 import os
 import socket
 import uuid
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationError
-
-from vigil.judge import store
-from vigil.judge.engine import JudgeEngine, JudgeUnavailable, Lane
-from vigil.judge.errors import ProviderError
-from vigil.judge.offline import OFFLINE_MODEL, findings_of, offline_prompt_hash, offline_raw, offline_verdict
-from vigil.judge.parse import Parsed, parse_verdict
-from vigil.judge.prompt import build_messages
-from vigil.schema import Conversation
+from vigil.judge import store, verdicts
+from vigil.judge.attempt import attempt
+from vigil.judge.engine import JudgeEngine, Lane
+from vigil.judge.offline import OFFLINE_MODEL
+from vigil.judge.verdicts import Outcome
 from vigil.store.db import aware
-from vigil.store.models import VerdictRow
 
 log = logging.getLogger(__name__)
 HOUSEKEEPING_SECONDS = 2.0
 WRITE_BATCH = 200
 FLUSH_AT = 64
 FLUSH_SECONDS = 0.1
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What to write for one claimed request: a verdict, a retry or a release."""
-
-    req: store.Claimed
-    kind: str  # verdict | retry | release
-    parsed: Parsed | None = None
-    fields: dict[str, Any] = field(default_factory=dict)
-    delay: float = 0.0
-    error: str | None = None
 
 
 class JudgeWorker:
@@ -215,7 +198,7 @@ class JudgeWorker:
 
     async def _judge(self, lane: Lane, req: store.Claimed) -> None:
         try:
-            outcome = await self._attempt(lane, req)
+            outcome = await attempt(self.engine, lane, req, self._probes)
         except asyncio.CancelledError:
             outcome = Outcome(req, "release", error="worker stopped")
             self._outbox.append(outcome)
@@ -235,85 +218,6 @@ class JudgeWorker:
         if len(self._outbox) >= WRITE_BATCH:
             await self._flush()
 
-    async def _attempt(self, lane: Lane, req: store.Claimed) -> Outcome:
-        judge = lane.judge
-        if req.document is None:
-            return Outcome(
-                req, "verdict", Parsed.unscored("conversation_missing"), self._base(lane, judge.prompt_hash)
-            )
-        try:
-            conv = Conversation.model_validate_json(req.document)
-        except ValidationError:
-            return Outcome(
-                req, "verdict", Parsed.unscored("bad_document"), self._base(lane, judge.prompt_hash)
-            )
-        if lane.offline:
-            findings = await asyncio.to_thread(self._findings, req.conversation_id)
-            parsed = offline_verdict(judge, conv, findings)
-            fields = self._base(lane, offline_prompt_hash(judge))
-            fields.update(
-                raw_reply=offline_raw(parsed),
-                prompt_tokens=0,
-                completion_tokens=0,
-                cost_usd=0.0,
-                latency_ms=0.0,
-            )
-            return Outcome(req, "verdict", parsed, fields)
-        messages = build_messages(judge, conv)
-        try:
-            # claimed requests beyond the limits wait here, so a freed slot starts the next call at once
-            async with (
-                self.engine.gate(lane.name, judge.spec.limits.concurrency),
-                self.engine.gate("", self.settings.judge_concurrency),
-            ):
-                # the judge may have stopped or paused while this request waited for a slot
-                if not self.engine.accepting(lane) and req.id not in self._probes:
-                    raise JudgeUnavailable(lane.name, lane.state, lane.detail)
-                reply, latency_ms = await self.engine.call(lane, messages)
-        except JudgeUnavailable as exc:
-            return Outcome(req, "release", delay=self.settings.judge_poll_interval_seconds, error=str(exc))
-        except ProviderError as err:
-            decision = self.engine.policy(err, req.attempts)
-            if decision.action == "retry":
-                return Outcome(req, "retry", delay=decision.delay, error=str(err))
-            if decision.action == "give_up":
-                # a verdict, not a silent failure: the request is done and every verdict reader sees why
-                self.metrics.judge_errors.labels(lane.name, "gave_up").inc()
-                why = f"gave up after {req.attempts} attempts: {err}"[:2000]
-                return Outcome(req, "verdict", Parsed.unscored("gave_up", why), self._base(lane, judge.prompt_hash))
-            if decision.action == "stop_judge":
-                return Outcome(req, "release", error=str(err))
-            return Outcome(
-                req,
-                "verdict",
-                Parsed.unscored(err.reason, err.detail[:500]),
-                self._base(lane, judge.prompt_hash),
-            )
-        parsed = parse_verdict(reply.text, judge.spec.categories)
-        if parsed.verdict == "unscored" and parsed.unscored_reason != "judge_abstained":
-            self.metrics.judge_errors.labels(lane.name, "parse").inc()
-        fields = self._base(lane, judge.prompt_hash)
-        fields.update(
-            raw_reply=reply.text,
-            prompt_tokens=reply.prompt_tokens,
-            completion_tokens=reply.completion_tokens,
-            cost_usd=reply.cost_usd,
-            latency_ms=latency_ms,
-        )
-        return Outcome(req, "verdict", parsed, fields)
-
-    def _base(self, lane: Lane, prompt_hash: str) -> dict[str, Any]:
-        return {
-            "model": lane.model,
-            "offline": lane.offline,
-            "prompt_hash": prompt_hash,
-            "judge_version": lane.judge.version,
-        }
-
-    def _findings(self, conversation_id: str) -> list[tuple[str, str, str, str]]:
-        with self.engine.sessions() as s:
-            return findings_of(s, conversation_id)
-
     # --- writes -----------------------------------------------------------------------------------
 
     async def _flush(self) -> None:
@@ -321,75 +225,14 @@ class JudgeWorker:
         while self._outbox:
             batch, self._outbox = self._outbox[:WRITE_BATCH], self._outbox[WRITE_BATCH:]
             try:
-                rows, again = await asyncio.to_thread(self._write, batch)
+                rows, again = await asyncio.to_thread(verdicts.write, self.engine, self.owner, self.listeners, batch)
             except Exception:  # keep the outcomes and try again next tick; leases cover a crash meanwhile
                 log.exception("writing %d judge outcomes failed; will retry", len(batch))
                 self._outbox = batch + self._outbox
                 await asyncio.sleep(1.0)
                 return
-            self._count(rows, again)
-
-    def _write(self, batch: list[Outcome]) -> tuple[list[VerdictRow], set[tuple[str, str]]]:
-        """Store the batch's outcomes; returns the new verdicts and the (judge, conversation) pairs among
-        them that had a verdict already (a newer revision judged again)."""
-        eng = self.engine
-        now = eng.clock()
-        rows: list[VerdictRow] = []
-        with eng.sessions.begin() as s:
-            for o in batch:
-                r = o.req
-                if o.kind == "verdict" and o.parsed is not None:
-                    if not store.complete(s, r.id, self.owner):
-                        continue  # our lease ran out and another worker has it: it writes the verdict
-                    p = o.parsed
-                    rows.append(
-                        VerdictRow(
-                            request_id=r.id,
-                            judge=r.judge,
-                            conversation_id=r.conversation_id,
-                            revision=r.stored_revision if r.stored_revision is not None else r.revision,
-                            agent_id=r.agent_id,
-                            agent_version=r.agent_version,
-                            verdict=p.verdict,
-                            score=p.score,
-                            categories=p.categories,
-                            rationale=p.rationale,
-                            unscored_reason=p.unscored_reason,
-                            attempts=r.attempts,
-                            reason=r.reason,
-                            created_at=now,
-                            **o.fields,
-                        )
-                    )
-                elif o.kind == "retry":
-                    store.reschedule(s, r.id, self.owner, eng.next_attempt(o.delay), o.error)
-                elif o.kind == "release":
-                    store.reschedule(
-                        s, r.id, self.owner, eng.next_attempt(o.delay), o.error, refund_attempt=True
-                    )
-            again: set[tuple[str, str]] = set()
-            if rows:
-                again = store.judged_before(s, {(v.judge, v.conversation_id) for v in rows})
-                s.add_all(rows)
-                s.flush()
-                for listener in self.listeners:
-                    listener(s, rows)
-        return rows, again
-
-    def _count(self, rows: list[VerdictRow], again: set[tuple[str, str]]) -> None:
-        """Verdicts count each; ``judged`` counts conversations, like eligible and sampled."""
-        m = self.metrics
-        for v in rows:
-            agent, version = m.agent(v.agent_id), m.version(v.agent_version)
-            if (v.judge, v.conversation_id) not in again:
-                again.add((v.judge, v.conversation_id))
-                m.judge_judged.labels(v.judge, v.judge_version, agent, version).inc()
-            m.judge_verdicts.labels(
-                v.judge, v.judge_version, v.verdict, agent, version, "true" if v.offline else "false"
-            ).inc()
-            if v.score is not None:
-                m.judge_score.labels(v.judge, v.judge_version).observe(v.score)
-        self.judged += len(rows)
+            verdicts.count(self.metrics, rows, again)
+            self.judged += len(rows)
 
 
 def _with_prefetch(concurrency: int) -> int:

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
-from vigil.review import insights, queue
+from vigil.review import failures, insights, queue, reviewers
 from vigil.review.errors import Conflict, Invalid, NotFound, ReviewError
 from vigil.review.flagger import enqueue
 from vigil.review.policy import LABELS, SEVERITIES, Reason
@@ -245,13 +245,13 @@ def labels(
 @router.get("/clusters", response_model=ClustersOut)
 def clusters(request: Request, _: Principal = require("reviewer")) -> Any:
     """Confirmed failures grouped by category, rule and tool."""
-    return run(request, lambda s, st: insights.clusters(s, st.rule_descriptions))
+    return run(request, lambda s, st: failures.clusters(s, st.rule_descriptions))
 
 
 @router.get("/progress")
 def progress(request: Request, _: Principal = require("reviewer")) -> dict[str, Any]:
     """Per-reviewer counts and inter-reviewer agreement."""
-    return run(request, lambda s, _st: insights.progress(s))
+    return run(request, lambda s, _st: reviewers.progress(s))
 
 
 @router.get("/audit")

@@ -131,7 +131,7 @@ def clusters_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Confirmed failures grouped by category, rule and tool."""
-    from vigil.review.insights import clusters
+    from vigil.review.failures import clusters
 
     st = _stage(ctx)
     with st.sessions() as s:
@@ -149,7 +149,7 @@ def clusters_cmd(
 @review_app.command("progress")
 def progress_cmd(ctx: typer.Context) -> None:
     """Per-reviewer counts and inter-reviewer agreement."""
-    from vigil.review.insights import progress
+    from vigil.review.reviewers import progress
 
     st = _stage(ctx)
     with st.sessions() as s:

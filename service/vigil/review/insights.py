@@ -1,20 +1,22 @@
-"""Read side of the review stage: the queue list with counts, one item, history, progress, clusters."""
+"""Read side of the review queue: the list with counts, one item, blind views, history and audit, labels.
+
+Reviewers' progress is in :mod:`vigil.review.reviewers`, failure clusters in :mod:`vigil.review.failures`.
+"""
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from datetime import datetime, timedelta
-from typing import Any, cast
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, func, or_, select
+from sqlalchemy import ColumnElement, and_, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from vigil.review.models import ReviewAuditRow, ReviewReasonRow
 from vigil.review.queue import QueueFilter, aware, claimable
-from vigil.rules import SEVERITY_RANK
 from vigil.store import reads
 from vigil.store.db import utcnow
-from vigil.store.models import ConversationRow, FindingRow, ReviewItemRow, ReviewLabelRow
+from vigil.store.models import ConversationRow, ReviewItemRow, ReviewLabelRow
 
 STATUSES = ("open", "available", "claimed", "done", "waiting", "all")
 
@@ -115,27 +117,8 @@ def list_queue(
     """Items matching ``filters`` in ``status``, with counts per state and per reason kind."""
     now = now or utcnow()
     clauses = filters.clauses()
-    counts = {
-        s: session.scalar(
-            select(func.count())
-            .select_from(ReviewItemRow)
-            .where(*clauses, *([c] if (c := _status_clause(s, now)) is not None else []))
-        )
-        or 0
-        for s in ("available", "claimed", "done", "waiting")
-    }
-    counts["open"] = counts["available"] + counts["claimed"]
-    counts["all"] = counts["open"] + counts["done"] + counts["waiting"]
-    open_clause = _status_clause("open", now)
-    assert open_clause is not None  # only "all" has no clause
-    by_reason = dict(
-        session.execute(
-            select(ReviewReasonRow.kind, func.count(func.distinct(ReviewReasonRow.conversation_id)))
-            .join(ReviewItemRow, ReviewItemRow.conversation_id == ReviewReasonRow.conversation_id)
-            .where(*clauses, open_clause)
-            .group_by(ReviewReasonRow.kind)
-        ).all()
-    )
+    counts = _state_counts(session, clauses, now)
+    by_reason = _open_by_reason(session, clauses, now)
     q = (
         select(ReviewItemRow, ConversationRow)
         .outerjoin(ConversationRow, ConversationRow.conversation_id == ReviewItemRow.conversation_id)
@@ -167,6 +150,36 @@ def list_queue(
         "offset": offset,
         "total": counts.get(status, counts["all"]),
     }
+
+
+def _state_counts(session: Session, clauses: list[ColumnElement[bool]], now: datetime) -> dict[str, int]:
+    """Items matching ``clauses`` in each state, and in the states made of them (open, all)."""
+    counts = {
+        s: session.scalar(
+            select(func.count())
+            .select_from(ReviewItemRow)
+            .where(*clauses, *([c] if (c := _status_clause(s, now)) is not None else []))
+        )
+        or 0
+        for s in ("available", "claimed", "done", "waiting")
+    }
+    counts["open"] = counts["available"] + counts["claimed"]
+    counts["all"] = counts["open"] + counts["done"] + counts["waiting"]
+    return counts
+
+
+def _open_by_reason(session: Session, clauses: list[ColumnElement[bool]], now: datetime) -> dict[str, int]:
+    """Open items matching ``clauses`` per reason kind (an item with several reasons counts in each)."""
+    open_clause = _status_clause("open", now)
+    assert open_clause is not None  # only "all" has no clause
+    return dict(
+        session.execute(
+            select(ReviewReasonRow.kind, func.count(func.distinct(ReviewReasonRow.conversation_id)))
+            .join(ReviewItemRow, ReviewItemRow.conversation_id == ReviewReasonRow.conversation_id)
+            .where(*clauses, open_clause)
+            .group_by(ReviewReasonRow.kind)
+        ).all()
+    )
 
 
 def item_detail(session: Session, conversation_id: str, now: datetime | None = None) -> dict[str, Any] | None:
@@ -269,135 +282,6 @@ def audit_log(
     if action:
         q = q.where(ReviewAuditRow.action == action)
     return [audit_dict(e) for e in session.scalars(q).all()]
-
-
-def progress(session: Session, now: datetime | None = None) -> dict[str, Any]:
-    """Per reviewer: current labels by kind, labels in the last day and week, items held; agreement."""
-    now = now or utcnow()
-    people: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"labels": 0, "by_label": {}, "last_24h": 0, "last_7d": 0, "changed": 0, "holding": 0}
-    )
-    lab = ReviewLabelRow
-    for reviewer, label, n in session.execute(
-        select(lab.reviewer, lab.label, func.count())
-        .where(lab.is_current.is_(True))
-        .group_by(lab.reviewer, lab.label)
-    ):
-        people[reviewer]["by_label"][label] = n
-        people[reviewer]["labels"] += n
-    counts = {
-        "changed": lab.is_current.is_(False),
-        "last_24h": lab.created_at >= now - timedelta(days=1),
-        "last_7d": lab.created_at >= now - timedelta(days=7),
-    }
-    for key, cond in counts.items():
-        for reviewer, n in session.execute(
-            select(lab.reviewer, func.count()).where(cond).group_by(lab.reviewer)
-        ):
-            people[reviewer][key] = n
-    for holder, n in session.execute(
-        select(ReviewItemRow.claimed_by, func.count())
-        .where(ReviewItemRow.claimed_by.is_not(None), ReviewItemRow.lease_until >= now)
-        .group_by(ReviewItemRow.claimed_by)
-    ):
-        people[cast(str, holder)]["holding"] = n  # the query keeps only claimed items
-    reviewers = [
-        {"reviewer": name, **p}
-        for name, p in sorted(people.items(), key=lambda kv: (-kv[1]["labels"], kv[0]))
-    ]
-    return {"reviewers": reviewers, "agreement": agreement(session)}
-
-
-def agreement(session: Session) -> dict[str, Any]:
-    """On items labelled by two or more reviewers: the share where every current label is the same."""
-    lab = ReviewLabelRow
-    per_item = (
-        select(func.count().label("n"), func.count(func.distinct(lab.label)).label("kinds"))
-        .where(lab.is_current.is_(True))
-        .group_by(lab.conversation_id)
-        .having(func.count() >= 2)
-        .subquery()
-    )
-    items, agreed = session.execute(
-        select(
-            func.count(), func.coalesce(func.sum(case((per_item.c.kinds == 1, 1), else_=0)), 0)
-        ).select_from(per_item)
-    ).one()
-    return {"items": items, "agreed": agreed, "rate": agreed / items if items else None}
-
-
-# (category, rule id, tool); rule and tool are None for failures no rule finding explains
-_ClusterKey = tuple[str, str | None, str | None]
-
-
-def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) -> dict[str, Any]:
-    """Confirmed failures grouped by (category, rule, tool), largest first.
-
-    Each conversation counts once, in the cluster of its most severe finding (the earliest among equals),
-    so the counts add up to the total and the shares to 100%; ``also`` names the other rules that fired
-    on a cluster's conversations.
-    """
-    confirmed = reads.confirmed_failures(session)
-    total = len(confirmed)
-    primary: dict[str, tuple[tuple[int, int], FindingRow]] = {}
-    fired: dict[str, set[str]] = defaultdict(set)
-    ids = sorted(confirmed)
-    for i in range(0, len(ids), 500):
-        for f in session.scalars(
-            select(FindingRow).where(FindingRow.conversation_id.in_(ids[i : i + 500]))
-        ).all():
-            if (f.details or {}).get("rule_error"):
-                continue
-            fired[f.conversation_id].add(f.rule_id)
-            rank = (-SEVERITY_RANK.get(f.severity, 0), f.id)
-            best = primary.get(f.conversation_id)
-            if best is None or rank < best[0]:
-                primary[f.conversation_id] = (rank, f)
-    groups: dict[_ClusterKey, set[str]] = defaultdict(set)
-    messages: dict[_ClusterKey, Counter[str]] = defaultdict(Counter)
-    also: dict[_ClusterKey, Counter[str]] = defaultdict(Counter)
-    for cid in ids:
-        found = primary.get(cid)
-        if found is None:
-            groups[(confirmed[cid], None, None)].add(cid)
-            continue
-        f = found[1]
-        key: _ClusterKey = (confirmed[cid], f.rule_id, (f.details or {}).get("tool"))
-        groups[key].add(cid)
-        messages[key][f.message] += 1
-        also[key].update(fired[cid] - {f.rule_id})
-    descriptions = rule_descriptions or {}
-    out: list[dict[str, Any]] = []
-    for key, members in groups.items():
-        category, rule, tool = key
-        if rule is None:
-            text = "no rule fired (found by the judge, an outcome or a reviewer)"
-        else:
-            text = messages[key].most_common(1)[0][0] if messages[key] else descriptions.get(rule, rule)
-        out.append(
-            {
-                "category": category,
-                "rule_id": rule,
-                "tool": tool,
-                "count": len(members),
-                "total": total,
-                "share": len(members) / total if total else 0.0,
-                "description": text,
-                "rule_description": descriptions.get(rule or "", ""),
-                "summary": f"{len(members)} of {total} failures: {text}",
-                "examples": sorted(members)[:5],
-                "also": [
-                    {"rule_id": r, "count": n} for r, n in sorted(also[key].items(), key=lambda x: (-x[1], x[0]))
-                ],
-            }
-        )
-    out.sort(key=lambda c: (-c["count"], c["category"], c["rule_id"] or "~", c["tool"] or ""))
-    by_category = Counter(confirmed.values())
-    return {
-        "total": total,
-        "clusters": out,
-        "by_category": [{"category": c, "count": n} for c, n in by_category.most_common()],
-    }
 
 
 def labels_export(

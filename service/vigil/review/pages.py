@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
-from vigil.review import insights, queue
+from vigil.review import failures, insights, queue, reviewers
 from vigil.review.errors import Conflict, Done, Invalid, NotFound
 from vigil.review.policy import LABELS, SEVERITIES
 from vigil.review.stage import ReviewStage
@@ -265,7 +265,7 @@ async def label(request: Request, conversation_id: str) -> Response:
 @router.get("/progress")
 def progress_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
     with _stage(request).sessions() as s:
-        data = insights.progress(s)
+        data = reviewers.progress(s)
         counts = insights.list_queue(s, queue.QueueFilter(), "open", 1, 0)["counts"]
     return render_page(request, "progress.html", title="Reviewer progress", data=data, counts=counts, labels=LABELS)
 
@@ -274,7 +274,7 @@ def progress_page(request: Request, user: Principal = Depends(ui_user)) -> Respo
 def clusters_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
     st = _stage(request)
     with st.sessions() as s:
-        data = insights.clusters(s, st.rule_descriptions)
+        data = failures.clusters(s, st.rule_descriptions)
     return render_page(request, "clusters.html", title="Failure clusters", data=data, taxonomy=st.policy.taxonomy)
 
 

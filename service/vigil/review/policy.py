@@ -1,6 +1,6 @@
 """The flagging policy: which signals put a conversation in the review queue, and with what weight.
 
-Loaded from YAML (``VIGIL_REVIEW_POLICY``, default ``service/review/flagging.yaml``). The policy only
+Loaded from YAML (``VIGIL_REVIEW_POLICY``, default ``service/vigil/review/flagging.yaml``). The policy only
 weighs signals; the flagger stores the resulting reasons. Sampling and the choice of multi-reviewer
 items hash the conversation id with a versioned salt, so every replica and replay decides alike.
 """

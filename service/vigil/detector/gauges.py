@@ -1,0 +1,94 @@
+"""The detector's Prometheus gauges, set from the shared tables so every replica exports the same state."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+from statsmodels.stats.proportion import proportion_confint
+
+from vigil.detector.hourly import Counts
+from vigil.detector.models import DetectorSeriesRow, QualityCountRow
+from vigil.metrics import Metrics
+from vigil.store.signals import Key
+
+
+class Gauges:
+    """Sets the quality and detector gauges of the live series; drops those of series gone quiet."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.exported: set[Key] = set()  # label sets (signal, agent, version) set by the last refresh
+
+    def refresh(self, sessions: sessionmaker[Session], threshold: float, live_since: datetime, now: datetime) -> None:
+        """Export the series seen since ``live_since``; ``now`` is the pass's time."""
+        m = self.metrics
+        m.detector_threshold.set(threshold)
+        with sessions() as s:
+            live = {
+                (r.agent_id, r.agent_version, r.signal): r
+                for r in s.scalars(select(DetectorSeriesRow).where(DetectorSeriesRow.last_seen >= live_since))
+            }
+            totals = _totals(s)
+        # series whose labels fold into "other" share one set of gauges: their summed counts, the
+        # largest statistic, and detected if any of them is (never one overwriting another)
+        groups: dict[Key, list[Key]] = {}
+        for key in live:
+            groups.setdefault((m.signal(key[2]), m.agent(key[0]), m.version(key[1])), []).append(key)
+        exported: set[Key] = set()
+        for labels, keys in groups.items():
+            exported.add(labels)
+            self._set(labels, [live[k] for k in keys], [totals.get(k, (0, 0)) for k in keys])
+        for gone in self.exported - exported:
+            self._remove(gone)
+        self.exported = exported
+        m.detector_last_run.set(now.timestamp())
+
+    def _set(self, labels: Key, rows: list[DetectorSeriesRow], counts: list[tuple[int, int]]) -> None:
+        m = self.metrics
+        n, x = sum(c[0] for c in counts), sum(min(c[1], c[0]) for c in counts)
+        if n:
+            low, high = proportion_confint(x, n, alpha=0.05, method="wilson")
+            m.quality_rate.labels(*labels).set(x / n)
+            m.quality_rate_lower.labels(*labels).set(float(low))
+            m.quality_rate_upper.labels(*labels).set(float(high))
+        m.quality_observations.labels(*labels).set(n)
+        if len(rows) == 1 and rows[0].baseline_rate is not None:
+            m.quality_baseline_rate.labels(*labels).set(rows[0].baseline_rate)
+        else:
+            with contextlib.suppress(KeyError):
+                m.quality_baseline_rate.remove(*labels)
+        m.regression_detected.labels(*labels).set(1 if any(r.detection_id is not None for r in rows) else 0)
+        m.detector_statistic.labels(*labels).set(max(max(r.statistics or [0.0]) for r in rows))
+
+    def _remove(self, labels: Key) -> None:
+        m = self.metrics
+        for gauge in (
+            m.quality_rate,
+            m.quality_rate_lower,
+            m.quality_rate_upper,
+            m.quality_observations,
+            m.quality_baseline_rate,
+            m.regression_detected,
+            m.detector_statistic,
+        ):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)
+
+
+def _totals(s: Session) -> Counts:
+    """Every series' stored counts over all hours."""
+    return {
+        (a, v, sig): (int(n), int(x))
+        for a, v, sig, n, x in s.execute(
+            select(
+                QualityCountRow.agent_id,
+                QualityCountRow.agent_version,
+                QualityCountRow.signal,
+                func.sum(QualityCountRow.n),
+                func.sum(QualityCountRow.x),
+            ).group_by(QualityCountRow.agent_id, QualityCountRow.agent_version, QualityCountRow.signal)
+        )
+    }

@@ -1,0 +1,112 @@
+"""One attempt at judging one claimed request: offline from its findings, or a model call through the engine.
+
+Every way it can end is an :class:`~vigil.judge.verdicts.Outcome`: a verdict (scored or unscored, with
+the reason), a retry after a delay, or a release back to the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import ValidationError
+
+from vigil.judge import store
+from vigil.judge.engine import JudgeEngine, JudgeUnavailable, Lane
+from vigil.judge.errors import ProviderError
+from vigil.judge.offline import findings_of, offline_prompt_hash, offline_raw, offline_verdict
+from vigil.judge.parse import Parsed, parse_verdict
+from vigil.judge.prompt import build_messages
+from vigil.judge.verdicts import Outcome
+from vigil.schema import Conversation
+
+
+async def attempt(engine: JudgeEngine, lane: Lane, req: store.Claimed, probes: set[int]) -> Outcome:
+    """Judge ``req`` with ``lane``'s judge; ``probes`` are the requests let through an open circuit."""
+    judge = lane.judge
+    if req.document is None:
+        return Outcome(req, "verdict", Parsed.unscored("conversation_missing"), base_fields(lane, judge.prompt_hash))
+    try:
+        conv = Conversation.model_validate_json(req.document)
+    except ValidationError:
+        return Outcome(req, "verdict", Parsed.unscored("bad_document"), base_fields(lane, judge.prompt_hash))
+    if lane.offline:
+        return await _offline(engine, lane, req, conv)
+    messages = build_messages(judge, conv)
+    settings = engine.settings
+    try:
+        # claimed requests beyond the limits wait here, so a freed slot starts the next call at once
+        async with (
+            engine.gate(lane.name, judge.spec.limits.concurrency),
+            engine.gate("", settings.judge_concurrency),
+        ):
+            # the judge may have stopped or paused while this request waited for a slot
+            if not engine.accepting(lane) and req.id not in probes:
+                raise JudgeUnavailable(lane.name, lane.state, lane.detail)
+            reply, latency_ms = await engine.call(lane, messages)
+    except JudgeUnavailable as exc:
+        return Outcome(req, "release", delay=settings.judge_poll_interval_seconds, error=str(exc))
+    except ProviderError as err:
+        return _failed(engine, lane, req, err)
+    parsed = parse_verdict(reply.text, judge.spec.categories)
+    if parsed.verdict == "unscored" and parsed.unscored_reason != "judge_abstained":
+        engine.metrics.judge_errors.labels(lane.name, "parse").inc()
+    fields = base_fields(lane, judge.prompt_hash)
+    fields.update(
+        raw_reply=reply.text,
+        prompt_tokens=reply.prompt_tokens,
+        completion_tokens=reply.completion_tokens,
+        cost_usd=reply.cost_usd,
+        latency_ms=latency_ms,
+    )
+    return Outcome(req, "verdict", parsed, fields)
+
+
+async def _offline(engine: JudgeEngine, lane: Lane, req: store.Claimed, conv: Conversation) -> Outcome:
+    findings = await asyncio.to_thread(_findings, engine, req.conversation_id)
+    parsed = offline_verdict(lane.judge, conv, findings)
+    fields = base_fields(lane, offline_prompt_hash(lane.judge))
+    fields.update(
+        raw_reply=offline_raw(parsed),
+        prompt_tokens=0,
+        completion_tokens=0,
+        cost_usd=0.0,
+        latency_ms=0.0,
+    )
+    return Outcome(req, "verdict", parsed, fields)
+
+
+def _failed(engine: JudgeEngine, lane: Lane, req: store.Claimed, err: ProviderError) -> Outcome:
+    """The outcome of a failed call, as the engine's retry policy decides."""
+    judge = lane.judge
+    decision = engine.policy(err, req.attempts)
+    if decision.action == "retry":
+        return Outcome(req, "retry", delay=decision.delay, error=str(err))
+    if decision.action == "give_up":
+        # a verdict, not a silent failure: the request is done and every verdict reader sees why
+        engine.metrics.judge_errors.labels(lane.name, "gave_up").inc()
+        why = f"gave up after {req.attempts} attempts: {err}"[:2000]
+        return Outcome(req, "verdict", Parsed.unscored("gave_up", why), base_fields(lane, judge.prompt_hash))
+    if decision.action == "stop_judge":
+        return Outcome(req, "release", error=str(err))
+    return Outcome(
+        req,
+        "verdict",
+        Parsed.unscored(err.reason, err.detail[:500]),
+        base_fields(lane, judge.prompt_hash),
+    )
+
+
+def base_fields(lane: Lane, prompt_hash: str) -> dict[str, Any]:
+    """The verdict fields every outcome of ``lane`` carries."""
+    return {
+        "model": lane.model,
+        "offline": lane.offline,
+        "prompt_hash": prompt_hash,
+        "judge_version": lane.judge.version,
+    }
+
+
+def _findings(engine: JudgeEngine, conversation_id: str) -> list[tuple[str, str, str, str]]:
+    with engine.sessions() as s:
+        return findings_of(s, conversation_id)

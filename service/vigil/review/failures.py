@@ -1,0 +1,98 @@
+"""Confirmed failures grouped into clusters by (category, rule, tool), for reviewers and agent owners."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from vigil.rules import SEVERITY_RANK
+from vigil.store import reads
+from vigil.store.models import FindingRow
+
+# (category, rule id, tool); rule and tool are None for failures no rule finding explains
+_ClusterKey = tuple[str, str | None, str | None]
+
+
+def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) -> dict[str, Any]:
+    """Confirmed failures grouped by (category, rule, tool), largest first.
+
+    Each conversation counts once, in the cluster of its most severe finding (the earliest among equals),
+    so the counts add up to the total and the shares to 100%; ``also`` names the other rules that fired
+    on a cluster's conversations.
+    """
+    confirmed = reads.confirmed_failures(session)
+    total = len(confirmed)
+    ids = sorted(confirmed)
+    primary, fired = _primary_findings(session, ids)
+    groups: dict[_ClusterKey, set[str]] = defaultdict(set)
+    messages: dict[_ClusterKey, Counter[str]] = defaultdict(Counter)
+    also: dict[_ClusterKey, Counter[str]] = defaultdict(Counter)
+    for cid in ids:
+        f = primary.get(cid)
+        if f is None:
+            groups[(confirmed[cid], None, None)].add(cid)
+            continue
+        key: _ClusterKey = (confirmed[cid], f.rule_id, (f.details or {}).get("tool"))
+        groups[key].add(cid)
+        messages[key][f.message] += 1
+        also[key].update(fired[cid] - {f.rule_id})
+    descriptions = rule_descriptions or {}
+    out = [
+        _cluster(key, members, total, messages[key], also[key], descriptions) for key, members in groups.items()
+    ]
+    out.sort(key=lambda c: (-c["count"], c["category"], c["rule_id"] or "~", c["tool"] or ""))
+    by_category = Counter(confirmed.values())
+    return {
+        "total": total,
+        "clusters": out,
+        "by_category": [{"category": c, "count": n} for c, n in by_category.most_common()],
+    }
+
+
+def _primary_findings(session: Session, ids: list[str]) -> tuple[dict[str, FindingRow], dict[str, set[str]]]:
+    """Each conversation's most severe finding (the earliest among equals), and the rules that fired on it."""
+    primary: dict[str, tuple[tuple[int, int], FindingRow]] = {}
+    fired: dict[str, set[str]] = defaultdict(set)
+    for i in range(0, len(ids), 500):
+        for f in session.scalars(
+            select(FindingRow).where(FindingRow.conversation_id.in_(ids[i : i + 500]))
+        ).all():
+            if (f.details or {}).get("rule_error"):
+                continue
+            fired[f.conversation_id].add(f.rule_id)
+            rank = (-SEVERITY_RANK.get(f.severity, 0), f.id)
+            best = primary.get(f.conversation_id)
+            if best is None or rank < best[0]:
+                primary[f.conversation_id] = (rank, f)
+    return {cid: f for cid, (_, f) in primary.items()}, fired
+
+
+def _cluster(
+    key: _ClusterKey,
+    members: set[str],
+    total: int,
+    messages: Counter[str],
+    also: Counter[str],
+    descriptions: dict[str, str],
+) -> dict[str, Any]:
+    category, rule, tool = key
+    if rule is None:
+        text = "no rule fired (found by the judge, an outcome or a reviewer)"
+    else:
+        text = messages.most_common(1)[0][0] if messages else descriptions.get(rule, rule)
+    return {
+        "category": category,
+        "rule_id": rule,
+        "tool": tool,
+        "count": len(members),
+        "total": total,
+        "share": len(members) / total if total else 0.0,
+        "description": text,
+        "rule_description": descriptions.get(rule or "", ""),
+        "summary": f"{len(members)} of {total} failures: {text}",
+        "examples": sorted(members)[:5],
+        "also": [{"rule_id": r, "count": n} for r, n in sorted(also.items(), key=lambda x: (-x[1], x[0]))],
+    }

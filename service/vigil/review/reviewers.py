@@ -1,0 +1,68 @@
+"""Reviewers' progress: each reviewer's labels and held items, and how often reviewers agree."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+from vigil.store.db import utcnow
+from vigil.store.models import ReviewItemRow, ReviewLabelRow
+
+
+def progress(session: Session, now: datetime | None = None) -> dict[str, Any]:
+    """Per reviewer: current labels by kind, labels in the last day and week, items held; agreement."""
+    now = now or utcnow()
+    people: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"labels": 0, "by_label": {}, "last_24h": 0, "last_7d": 0, "changed": 0, "holding": 0}
+    )
+    lab = ReviewLabelRow
+    for reviewer, label, n in session.execute(
+        select(lab.reviewer, lab.label, func.count())
+        .where(lab.is_current.is_(True))
+        .group_by(lab.reviewer, lab.label)
+    ):
+        people[reviewer]["by_label"][label] = n
+        people[reviewer]["labels"] += n
+    counts = {
+        "changed": lab.is_current.is_(False),
+        "last_24h": lab.created_at >= now - timedelta(days=1),
+        "last_7d": lab.created_at >= now - timedelta(days=7),
+    }
+    for key, cond in counts.items():
+        for reviewer, n in session.execute(
+            select(lab.reviewer, func.count()).where(cond).group_by(lab.reviewer)
+        ):
+            people[reviewer][key] = n
+    for holder, n in session.execute(
+        select(ReviewItemRow.claimed_by, func.count())
+        .where(ReviewItemRow.claimed_by.is_not(None), ReviewItemRow.lease_until >= now)
+        .group_by(ReviewItemRow.claimed_by)
+    ):
+        people[cast(str, holder)]["holding"] = n  # the query keeps only claimed items
+    reviewers = [
+        {"reviewer": name, **p}
+        for name, p in sorted(people.items(), key=lambda kv: (-kv[1]["labels"], kv[0]))
+    ]
+    return {"reviewers": reviewers, "agreement": agreement(session)}
+
+
+def agreement(session: Session) -> dict[str, Any]:
+    """On items labelled by two or more reviewers: the share where every current label is the same."""
+    lab = ReviewLabelRow
+    per_item = (
+        select(func.count().label("n"), func.count(func.distinct(lab.label)).label("kinds"))
+        .where(lab.is_current.is_(True))
+        .group_by(lab.conversation_id)
+        .having(func.count() >= 2)
+        .subquery()
+    )
+    items, agreed = session.execute(
+        select(
+            func.count(), func.coalesce(func.sum(case((per_item.c.kinds == 1, 1), else_=0)), 0)
+        ).select_from(per_item)
+    ).one()
+    return {"items": items, "agreed": agreed, "rate": agreed / items if items else None}
