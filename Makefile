@@ -23,4 +23,4 @@ lint: $(BIN)/vigil
 	$(BIN)/lint-imports
 
 bench: $(BIN)/vigil
-	$(BIN)/python bench/bench_pipeline.py
+	$(BIN)/python -m bench.bench_pipeline

@@ -2,34 +2,32 @@
 judge rate, simulated for judges of known sensitivity and specificity; (b) time to build a judge's
 calibration report and to export confirmed failures, with many labels and verdicts in the database.
 
-    python bench/bench_calibration.py                       # SQLite in a temporary folder
-    python bench/bench_calibration.py --db postgres --labels 20000
+    python -m bench.bench_calibration                       # SQLite in a temporary folder
+    python -m bench.bench_calibration --db postgres --labels 20000
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from prometheus_client import CollectorRegistry
+
+from vigil.app.runtime import build_runtime
+from vigil.calibration.corrected import rogan_gladen
+from vigil.calibration.overview import Calibration
+from vigil.export.redact import Redactor
+from vigil.export.run import export
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.judge.models import VerdictRow
+from vigil.review.models import ReviewLabelRow
+from vigil.schema import Conversation
+from vigil.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from prometheus_client import CollectorRegistry  # noqa: E402
-from vigil.app.runtime import build_runtime  # noqa: E402
-from vigil.calibration.corrected import rogan_gladen  # noqa: E402
-from vigil.calibration.overview import Calibration  # noqa: E402
-from vigil.export.redact import Redactor  # noqa: E402
-from vigil.export.run import export  # noqa: E402
-from vigil.ingest.simulate import Simulator, parse_versions  # noqa: E402
-from vigil.judge.models import VerdictRow  # noqa: E402
-from vigil.review.models import ReviewLabelRow  # noqa: E402
-from vigil.schema import Conversation  # noqa: E402
-from vigil.settings import Settings  # noqa: E402
 
 SCENARIOS = [  # true rate, sensitivity, specificity, judged sample, labelled set
     (0.02, 0.90, 0.97, 5000, 500),
@@ -64,9 +62,7 @@ def coverage(runs: int, seed: int) -> None:
         j = np.where(h, rng.random((runs, m)) < se, rng.random((runs, m)) < 1 - sp)
         n_pos, n_neg = h.sum(1), (~h).sum(1)
         with np.errstate(divide="ignore", invalid="ignore"):
-            est, low, high = rogan_gladen(
-                q, n, (h & j).sum(1) / n_pos, n_pos, (~h & ~j).sum(1) / n_neg, n_neg
-            )
+            est, low, high = rogan_gladen(q, n, (h & j).sum(1) / n_pos, n_pos, (~h & ~j).sum(1) / n_neg, n_neg)
         ok = np.isfinite(est)
         cov = ((low <= p) & (p <= high))[ok].mean()
         half = 1.96 * np.sqrt(q * (1 - q) / n)
@@ -152,8 +148,7 @@ def main() -> None:
     a = ap.parse_args()
     coverage(a.runs, a.seed)
     if a.db == "postgres":
-        sys.path.insert(0, str(ROOT / "tests"))
-        from services import postgres_database
+        from tests.support.services import postgres_database
 
         with postgres_database() as url:
             database(url, a.labels)

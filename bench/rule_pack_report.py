@@ -1,6 +1,6 @@
 """How often each shipped rule pack flags τ² conversations whose ground-truth reward is 0 versus 1.
 
-    python bench/rule_pack_report.py [--data DIR] [--packs 'rules/*.yaml']
+    python -m bench.rule_pack_report [--data DIR] [--packs 'rules/*.yaml']
 
 Prints one Markdown table per pack: for every rule, the conversations it flags among those with
 reward 0 and among those with reward 1 (count/total and rate). Only conversations a pack applies
@@ -17,12 +17,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from vigil.ingest.importers import load_file
+from vigil.rules import RuleEngine, load_pack
+from vigil.schema import Conversation
 
-from vigil.ingest.importers import load_file  # noqa: E402
-from vigil.rules import RuleEngine, load_pack  # noqa: E402
-from vigil.schema import Conversation  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tau2" / "trajectories"
 

@@ -1,23 +1,27 @@
+"""Fixtures every test folder shares; helpers live in ``tests.support``."""
+
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from services import kafka_broker, postgres_database  # noqa: E402
+from tests.support.app import make_client, make_settings
+from tests.support.services import kafka_broker, postgres_database
 from vigil.app.runtime import build_runtime
-from vigil.runtime import Runtime  # noqa: E402
-from vigil.settings import PROJECT_ROOT, Settings  # noqa: E402
+from vigil.runtime import Runtime
+from vigil.settings import Settings
 
-API_KEYS = "admin:admin:admin-key,ingester:ingest:ingest-key,rita:reviewer:rita-key,raj:reviewer:raj-key"
-ADMIN = {"Authorization": "Bearer admin-key"}
-INGEST = {"Authorization": "Bearer ingest-key"}
-REVIEWER = {"Authorization": "Bearer rita-key"}
+SLOW_SERVICES = ("kafka", "browser", "prometheus")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests of a broker, a browser or Prometheus are slow by nature: ``-m "not slow"`` leaves them out."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in SLOW_SERVICES):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -48,17 +52,6 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
             yield url
 
 
-def make_settings(database_url: str, **overrides: object) -> Settings:
-    values: dict[str, object] = {
-        "database_url": database_url,
-        "api_keys": API_KEYS,
-        "rule_packs": str(PROJECT_ROOT / "rules" / "default.yaml"),
-        "metrics_port": 0,
-    }
-    values.update(overrides)
-    return Settings(**values)  # type: ignore[arg-type]
-
-
 @pytest.fixture
 def settings(sqlite_url: str) -> Settings:
     return make_settings(sqlite_url)
@@ -69,15 +62,6 @@ def runtime(settings: Settings) -> Iterator[Runtime]:
     rt = build_runtime(settings, registry=CollectorRegistry())
     yield rt
     rt.close()
-
-
-def make_client(rt: Runtime, roles: set[str] | None = None):  # type: ignore[no-untyped-def]
-    from fastapi.testclient import TestClient
-    from vigil.app.server import build_app
-    from vigil.app.wiring import wire
-
-    wire(rt, roles or {"api"})
-    return TestClient(build_app(rt, list(rt.hooks.background)))
 
 
 @pytest.fixture

@@ -265,9 +265,7 @@ class Metrics:
         self.judge_budget_used_usd = Gauge(
             "judge_budget_used_usd", "Spend of the current UTC day.", ["judge"], namespace=NS, registry=r
         )
-        self.judge_budget_usd = Gauge(
-            "judge_budget_usd", "Daily spend cap.", ["judge"], namespace=NS, registry=r
-        )
+        self.judge_budget_usd = Gauge("judge_budget_usd", "Daily spend cap.", ["judge"], namespace=NS, registry=r)
         self.judge_pairwise = Counter(
             "judge_pairwise_total",
             "Pairwise comparisons by result (a, b, tie, position_bias, unscored).",
@@ -500,4 +498,3 @@ class Metrics:
             # prometheus_client keeps child series in ``_metrics`` keyed by label-value tuples
             for key in [k for k in list(getattr(metric, "_metrics", {})) if k[at] == value]:
                 metric.remove(*key)
-

@@ -120,9 +120,7 @@ class Conversation(BaseModel):
     revision: int | None = Field(
         default=None, ge=0, le=MAX_INT, description="Increases as the conversation grows; newest supersedes."
     )
-    updated_at: datetime | None = Field(
-        default=None, description="Used as the revision when `revision` is absent."
-    )
+    updated_at: datetime | None = Field(default=None, description="Used as the revision when `revision` is absent.")
     started_at: datetime | None = None
     ended_at: datetime | None = None
     status: Literal["in_progress", "finished"] | None = None
@@ -197,8 +195,6 @@ def outcome_types(spec: str) -> dict[str, OutcomeType]:
         if not name or len(name) > 64 or not name.replace("_", "").replace("-", "").isalnum():
             raise ConfigError(f"VIGIL_OUTCOME_TYPES: {name!r} must be 1-64 letters, digits, _ or -")
         if kind not in KINDS:
-            raise ConfigError(
-                f"VIGIL_OUTCOME_TYPES: kind of {name!r} must be bad, good or score, not {kind!r}"
-            )
+            raise ConfigError(f"VIGIL_OUTCOME_TYPES: kind of {name!r} must be bad, good or score, not {kind!r}")
         types[name] = OutcomeType(name, kind)  # type: ignore[arg-type]
     return types

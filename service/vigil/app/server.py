@@ -55,9 +55,7 @@ def start_metrics_server(rt: Runtime) -> None:
     from prometheus_client import start_http_server
 
     if rt.settings.metrics_port:
-        start_http_server(
-            rt.settings.metrics_port, addr=rt.settings.metrics_host, registry=rt.metrics.registry
-        )
+        start_http_server(rt.settings.metrics_port, addr=rt.settings.metrics_host, registry=rt.metrics.registry)
         log.info("metrics on %s:%d/metrics", rt.settings.metrics_host, rt.settings.metrics_port)
 
 

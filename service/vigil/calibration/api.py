@@ -57,9 +57,7 @@ class CalibrateBody(BaseModel):
         description="The judge's recorded verdicts; without them the judge is run on the conversations.",
     )
     source: str = Field(default="api", max_length=500, description="Name of the set, kept with the run.")
-    save: bool = Field(
-        default=True, description="Store the result as the judge version's latest labelled-set run."
-    )
+    save: bool = Field(default=True, description="Store the result as the judge version's latest labelled-set run.")
 
 
 @router.post("/v1/judges/{name}/calibration", dependencies=[require("admin")])
@@ -82,5 +80,3 @@ async def calibrate_judge(request: Request, name: str, body: CalibrateBody) -> d
     for v in result["versions"]:
         rt.metrics.calibration_runs.labels(v["state"]).inc()
     return result
-
-

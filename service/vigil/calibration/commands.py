@@ -99,9 +99,7 @@ def calibrate(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    save: Annotated[
-        bool, typer.Option(help="Store the result as the version's latest labelled-set run.")
-    ] = True,
+    save: Annotated[bool, typer.Option(help="Store the result as the version's latest labelled-set run.")] = True,
 ) -> None:
     """Compare a judge with human labels: agreement, kappa, TPR/TNR with intervals; calibrated or not."""
     from vigil.calibration.calibrate import calibrate as run
@@ -132,8 +130,7 @@ def calibrate(
         Launcher.of(ctx).fail(str(exc))
     if as_json:
         sys.stdout.write(
-            orjson.dumps(results[0] if len(results) == 1 else results, option=orjson.OPT_INDENT_2).decode()
-            + "\n"
+            orjson.dumps(results[0] if len(results) == 1 else results, option=orjson.OPT_INDENT_2).decode() + "\n"
         )
     else:
         for r in results:

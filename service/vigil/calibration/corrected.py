@@ -10,7 +10,7 @@ one, which accounts for the sampling error of all three estimates:
 
 clipped to [0, 1]. It needs a judge better than chance (``Se + Sp > 1``); otherwise no correction is
 possible and the report says so. The functions take NumPy arrays as well as scalars, so a simulation can
-check the interval's coverage over many repetitions at once (tests/test_calibration_corrected.py).
+check the interval's coverage over many repetitions at once (tests/calibration/test_calibration_corrected.py).
 """
 
 from __future__ import annotations

@@ -7,5 +7,3 @@ from vigil.errors import VigilError
 
 class CalibrationError(VigilError):
     """A labelled set, verdicts file or calibration request is invalid."""
-
-

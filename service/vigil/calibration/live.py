@@ -77,9 +77,7 @@ def live_pairs(
     return dict(out)
 
 
-def sampled_rates(
-    session: Session, judge: str | None = None, offline: bool | None = None
-) -> list[dict[str, Any]]:
+def sampled_rates(session: Session, judge: str | None = None, offline: bool | None = None) -> list[dict[str, Any]]:
     """Per judge, judge version, agent and agent version: pass and fail verdicts on the random sample."""
     q = (
         select(

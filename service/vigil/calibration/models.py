@@ -34,5 +34,3 @@ class CalibrationRunRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (Index("ix_calibration_runs_judge", "judge", "judge_version", "created_at"),)
-
-

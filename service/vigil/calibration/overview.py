@@ -97,9 +97,7 @@ class Calibration:
         if name in self.current:
             versions.add(self.current[name])
         out = [
-            self._version(
-                v, queue.get(v, []), measuring.get(v, []), runs.get(v), rates.get(v, []), bias.get(v)
-            )
+            self._version(v, queue.get(v, []), measuring.get(v, []), runs.get(v), rates.get(v, []), bias.get(v))
             for v in sorted(versions, key=version_key)
         ]
         cur = self.current.get(name)
@@ -147,8 +145,7 @@ class Calibration:
             state, reason = (
                 UNCALIBRATED,
                 "; ".join(
-                    f"{'review queue' if r is from_queue else 'labelled set'}: {r['state_reason']}"
-                    for r in states
+                    f"{'review queue' if r is from_queue else 'labelled set'}: {r['state_reason']}" for r in states
                 ),
             )
         else:
@@ -173,9 +170,7 @@ class Calibration:
             ],
         }
 
-    def _measurement(
-        self, measuring: list[Pair], run: CalibrationRunRow | None
-    ) -> tuple[Agreement | None, str | None]:
+    def _measurement(self, measuring: list[Pair], run: CalibrationRunRow | None) -> tuple[Agreement | None, str | None]:
         if measuring:
             m = measure(measuring)
             if m.tp + m.fn > 0 and m.tn + m.fp > 0:

@@ -34,5 +34,3 @@ def calibration_page(request: Request, user: Principal = Depends(ui_user)) -> Re
     return render_page(
         request, "calibration.html", title="Judge calibration", judges=judges, inter=inter, metrics=METRICS
     )
-
-

@@ -121,9 +121,7 @@ def agreement(human_fail: Sequence[bool], judge_fail: Sequence[bool]) -> Agreeme
         raise ValueError("human and judge verdicts must pair up")
     h = np.asarray(human_fail, dtype=bool)
     j = np.asarray(judge_fail, dtype=bool)
-    return agreement_from_counts(
-        int((h & j).sum()), int((h & ~j).sum()), int((~h & j).sum()), int((~h & ~j).sum())
-    )
+    return agreement_from_counts(int((h & j).sum()), int((h & ~j).sum()), int((~h & j).sum()), int((~h & ~j).sum()))
 
 
 def fleiss(table: np.ndarray, resamples: int = 1000, seed: int = 0) -> Estimate:

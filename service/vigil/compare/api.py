@@ -54,17 +54,13 @@ async def get_compare(
     request: Request,
     baseline: str = Query(..., description="Baseline agent version."),
     candidate: str = Query(..., description="Candidate agent version."),
-    agent: str | None = Query(
-        None, description="Agent id; needed when both versions exist for several agents."
-    ),
+    agent: str | None = Query(None, description="Agent id; needed when both versions exist for several agents."),
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> dict[str, Any]:
     """Each signal for both versions with 95% intervals, the difference, a verdict and red flags."""
     try:
-        return await run_in_threadpool(
-            run_compare, runtime_of(request), baseline, candidate, agent, since, until
-        )
+        return await run_in_threadpool(run_compare, runtime_of(request), baseline, candidate, agent, since, until)
     except CompareError as exc:
         raise HTTPException(404, str(exc)) from None
 

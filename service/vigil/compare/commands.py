@@ -83,9 +83,7 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         baseline: Annotated[str, typer.Option("--baseline", help="Baseline agent version.")],
         candidate: Annotated[str, typer.Option("--candidate", help="Candidate agent version.")],
-        agent: Annotated[
-            str | None, typer.Option("--agent", help="Agent id (when versions are shared).")
-        ] = None,
+        agent: Annotated[str | None, typer.Option("--agent", help="Agent id (when versions are shared).")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     ) -> None:
         """Compare two agent versions: every signal with 95% intervals, a verdict and red flags."""

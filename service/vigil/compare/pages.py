@@ -28,9 +28,9 @@ def versions(rt: Any) -> dict[str, list[str]]:
     time; like the detector, ``v1.5.0`` then counts as newer than ``v1.4.0``. Agents come in the
     order of their newest version.
     """
-    q = select(
-        ConversationRow.agent_id, ConversationRow.agent_version, func.min(ConversationRow.received_at)
-    ).group_by(ConversationRow.agent_id, ConversationRow.agent_version)
+    q = select(ConversationRow.agent_id, ConversationRow.agent_version, func.min(ConversationRow.received_at)).group_by(
+        ConversationRow.agent_id, ConversationRow.agent_version
+    )
     with rt.sessions() as s:
         seen = [(agent, version, aware(first)) for agent, version, first in s.execute(q)]
     seen.sort(key=lambda r: (r[2], version_key(r[1])), reverse=True)

@@ -118,10 +118,7 @@ def load_version(
         # the offline judge's verdicts are a different instrument: never pooled with the model's
         d.judge[f"{judge}{OFFLINE_SUFFIX if offline else ''}"] = (int(n), int(x or 0))
     sample_q = (
-        select(C.message_count, C.cost_usd, C.latency_ms)
-        .where(*mine)
-        .order_by(C.received_at.desc())
-        .limit(max_sample)
+        select(C.message_count, C.cost_usd, C.latency_ms).where(*mine).order_by(C.received_at.desc()).limit(max_sample)
     )
     for steps, cost, latency in session.execute(_window(sample_q, C.received_at, since, until)):
         d.steps.append(float(steps))

@@ -121,14 +121,10 @@ def estimate(values: Iterable[float], stat: Statistic, resamples: int) -> Estima
         vectorized=True,
         **_seeded(),
     )
-    return Estimate(
-        point, float(res.confidence_interval.low), float(res.confidence_interval.high), int(data.size)
-    )
+    return Estimate(point, float(res.confidence_interval.low), float(res.confidence_interval.high), int(data.size))
 
 
-def difference(
-    candidate: Iterable[float], baseline: Iterable[float], stat: Statistic, resamples: int
-) -> Estimate:
+def difference(candidate: Iterable[float], baseline: Iterable[float], stat: Statistic, resamples: int) -> Estimate:
     """``stat(candidate) - stat(baseline)`` with a 95% percentile-bootstrap interval (independent samples)."""
     c, b = _as_array(candidate), _as_array(baseline)
     if c.size == 0 or b.size == 0:

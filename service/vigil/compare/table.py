@@ -173,12 +173,8 @@ def build_rows(
         )
     )
     rows.append(_sample_row("steps", "messages per conversation", "mean", base.steps, cand.steps, resamples))
-    rows.append(
-        _sample_row("cost_usd", "cost per conversation (USD)", "mean", base.cost, cand.cost, resamples)
-    )
-    rows.append(
-        _sample_row("latency_p95_ms", "p95 latency (ms)", "p95", base.latency, cand.latency, resamples)
-    )
+    rows.append(_sample_row("cost_usd", "cost per conversation (USD)", "mean", base.cost, cand.cost, resamples))
+    rows.append(_sample_row("latency_p95_ms", "p95 latency (ms)", "p95", base.latency, cand.latency, resamples))
     adjust_for_multiplicity(rows)
     mark_red_flags(rows)
     return rows
@@ -215,8 +211,7 @@ def _fmt(r: Row, e: stats.Estimate) -> str:
 def red_flag_notes(rows: list[Row]) -> list[str]:
     better = [r.signal for r in rows if r.verdict == BETTER]
     return [
-        f"{r.label} got worse ({_fmt(r, r.baseline)} → {_fmt(r, r.candidate)}) while "
-        f"{', '.join(better)} improved"
+        f"{r.label} got worse ({_fmt(r, r.baseline)} → {_fmt(r, r.candidate)}) while {', '.join(better)} improved"
         for r in rows
         if r.red_flag
     ]

@@ -57,9 +57,7 @@ class Cusum:
     cap: float
 
     @classmethod
-    def design(
-        cls, p0: float, ratios: Sequence[float], min_abs: float, arl0: float, cap_factor: float = 1.5
-    ) -> Cusum:
+    def design(cls, p0: float, ratios: Sequence[float], min_abs: float, arl0: float, cap_factor: float = 1.5) -> Cusum:
         h = threshold(arl0, len(ratios))
         return cls(p0, tuple(shifted(p0, r, min_abs) for r in ratios), h, cap_factor * h)
 
@@ -78,8 +76,7 @@ class Cusum:
         if len(stats) != len(self.p1s):
             stats = [0.0] * len(self.p1s)
         return [
-            min(self.cap, max(0.0, s + x * a + (n - x) * b))
-            for s, (a, b) in zip(stats, self.weights(), strict=True)
+            min(self.cap, max(0.0, s + x * a + (n - x) * b)) for s, (a, b) in zip(stats, self.weights(), strict=True)
         ]
 
     def alarmed(self, stats: Sequence[float]) -> bool:

@@ -149,9 +149,7 @@ class Folder:
                 opened.append(key)
         alerts.count_opened(s, self.metrics, opened)
 
-    def _step(
-        self, s: Session, row: DetectorSeriesRow, base: Baseline | None, n: int, x: int, at: datetime
-    ) -> bool:
+    def _step(self, s: Session, row: DetectorSeriesRow, base: Baseline | None, n: int, x: int, at: datetime) -> bool:
         """Feed one series ``x`` failures in ``n`` observations; returns whether that opened a detection."""
         row.last_seen = max(aware(row.last_seen), at) if row.last_seen else at
         if base is None:

@@ -76,18 +76,14 @@ def store_recount(s: Session, hour: datetime, recount: Counts) -> Counts:
     stored = {
         (r.agent_id, r.agent_version, r.signal): r
         for r in s.scalars(
-            select(QualityCountRow).where(
-                QualityCountRow.hour == hour, QualityCountRow.signal.not_like(f"{OUTCOME}%")
-            )
+            select(QualityCountRow).where(QualityCountRow.hour == hour, QualityCountRow.signal.not_like(f"{OUTCOME}%"))
         )
     }
     late: Counts = {}
     for key, (n, x) in recount.items():
         row = stored.pop(key, None)
         if row is None:
-            s.add(
-                QualityCountRow(agent_id=key[0], agent_version=key[1], signal=key[2], hour=hour, n=n, x=x)
-            )
+            s.add(QualityCountRow(agent_id=key[0], agent_version=key[1], signal=key[2], hour=hour, n=n, x=x))
             late[key] = (n, x)
             continue
         if n > row.n or x > row.x:
@@ -127,9 +123,7 @@ def series_rows(s: Session, inc: Counts, start: datetime) -> dict[Key, DetectorS
 def series_totals(s: Session, agent: str, version: str, signal: str) -> tuple[int, int]:
     """One series' stored counts over all hours."""
     n, x = s.execute(
-        select(
-            func.coalesce(func.sum(QualityCountRow.n), 0), func.coalesce(func.sum(QualityCountRow.x), 0)
-        ).where(
+        select(func.coalesce(func.sum(QualityCountRow.n), 0), func.coalesce(func.sum(QualityCountRow.x), 0)).where(
             QualityCountRow.agent_id == agent,
             QualityCountRow.agent_version == version,
             QualityCountRow.signal == signal,

@@ -27,9 +27,7 @@ def acquire(session: Session, holder: str, ttl_seconds: float, now: datetime) ->
     the same range even if a lease expires mid-pass.
     """
     until = now + timedelta(seconds=ttl_seconds)
-    ins = upsert(session, DetectorLeaseRow).values(
-        name=NAME, holder=holder, lease_until=now, cursor=None
-    )
+    ins = upsert(session, DetectorLeaseRow).values(name=NAME, holder=holder, lease_until=now, cursor=None)
     session.execute(ins.on_conflict_do_nothing(index_elements=["name"]))
     result = session.execute(
         update(DetectorLeaseRow)
@@ -43,9 +41,7 @@ def acquire(session: Session, holder: str, ttl_seconds: float, now: datetime) ->
     if result.rowcount != 1:  # type: ignore[attr-defined]
         return None
     return session.scalars(
-        select(DetectorLeaseRow)
-        .where(DetectorLeaseRow.name == NAME)
-        .execution_options(populate_existing=True)
+        select(DetectorLeaseRow).where(DetectorLeaseRow.name == NAME).execution_options(populate_existing=True)
     ).one()
 
 

@@ -36,9 +36,7 @@ class DetectorSeriesRow(Base):
     statistics: Mapped[list[Any]]
     baseline: Mapped[str | None] = mapped_column(String(160))
     baseline_rate: Mapped[float | None] = mapped_column(Float)
-    state: Mapped[str] = mapped_column(
-        String(16), default="warming_up"
-    )  # warming_up | monitoring | regressed
+    state: Mapped[str] = mapped_column(String(16), default="warming_up")  # warming_up | monitoring | regressed
     detection_id: Mapped[int | None] = mapped_column(ID)
     first_seen: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(default=utcnow)

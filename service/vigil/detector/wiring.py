@@ -34,6 +34,7 @@ def admit_labels(rt: Runtime) -> None:
 
 def build_detector(rt: Runtime) -> Detector:
     admit_labels(rt)
+
     def rules_for(agent: str, version: str) -> list[str]:
         return [r.id for r in rt.rules.rules_for(agent, version)]
 

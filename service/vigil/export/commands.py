@@ -19,9 +19,7 @@ def export(
     format: Annotated[str, typer.Option("--format", help="native, inspect or verifiers.")] = "native",
     since: Annotated[int | None, typer.Option(help="Only failures confirmed after this watermark.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the tasks here (default: standard output).")] = None,
-    all_: Annotated[
-        bool, typer.Option("--all", help="Also failures exported before in this format.")
-    ] = False,
+    all_: Annotated[bool, typer.Option("--all", help="Also failures exported before in this format.")] = False,
     schema: Annotated[bool, typer.Option("--schema", help="Print the native task's JSON Schema.")] = False,
 ) -> None:
     """Export confirmed failures as eval tasks (PII redacted, near-duplicates grouped, incremental)."""

@@ -23,9 +23,7 @@ def target_text(task: dict[str, Any]) -> str:
     expected = task["review"]["expected_behavior"]
     if expected:
         return str(expected)
-    return (
-        " ".join(describe(c) for c in task["grading"]) or f"Avoid the failure: {task['failure']['category']}."
-    )
+    return " ".join(describe(c) for c in task["grading"]) or f"Avoid the failure: {task['failure']['category']}."
 
 
 def info(task: dict[str, Any]) -> dict[str, Any]:

@@ -17,9 +17,7 @@ def _args(rule: CompiledRule | None) -> dict[str, Any]:
     return rule.args.model_dump(mode="json", exclude_none=True) if rule is not None else {}
 
 
-def criterion(
-    rule_id: str, rule_type: str, details: dict[str, Any], rule: CompiledRule | None
-) -> dict[str, Any]:
+def criterion(rule_id: str, rule_type: str, details: dict[str, Any], rule: CompiledRule | None) -> dict[str, Any]:
     """The criterion a finding of ``rule_id`` implies for the agent's next attempt."""
     a = _args(rule)
     tool = details.get("tool")
@@ -79,11 +77,7 @@ def describe(c: dict[str, Any]) -> str:
     """One line a person (or a model grader) can read."""
     t = c["type"]
     if t == "must_not_call":
-        return (
-            f"Must not call {c['tool']}"
-            + (" under the conditions that forbid it" if c.get("when") else "")
-            + "."
-        )
+        return f"Must not call {c['tool']}" + (" under the conditions that forbid it" if c.get("when") else "") + "."
     if t == "must_call_before":
         return f"Must call one of {', '.join(c['before'] or [])} before {', '.join(c['after'] or [])}."
     if t == "must_confirm_before_call":
@@ -105,9 +99,7 @@ def describe(c: dict[str, Any]) -> str:
     }.get(t, f"Must not trigger rule {c.get('rule_id')}.")
 
 
-def criteria(
-    findings: list[dict[str, Any]], rules: dict[str, CompiledRule], expected: str
-) -> list[dict[str, Any]]:
+def criteria(findings: list[dict[str, Any]], rules: dict[str, CompiledRule], expected: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for f in findings:
         c = criterion(f["rule_id"], f["rule_type"], f.get("details") or {}, rules.get(f["rule_id"]))

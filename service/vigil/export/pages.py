@@ -74,9 +74,7 @@ async def export_download(request: Request) -> Response:
                 record=False,
             )
     except (ValueError, ExportError) as exc:
-        return render_page(
-            request, "error.html", 422, title="Export failed", message=str(exc), back="/ui/export"
-        )
+        return render_page(request, "error.html", 422, title="Export failed", message=str(exc), back="/ui/export")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     return Response(
         b"".join(result.lines),

@@ -34,9 +34,7 @@ class Redactor:
         self.counts: Counter[str] = Counter()
 
     def text(self, text: str) -> str:
-        spans: list[tuple[int, int, str]] = [
-            (m.start(), m.end(), kind) for kind, m in find_pii(text, BUILTIN)
-        ]
+        spans: list[tuple[int, int, str]] = [(m.start(), m.end(), kind) for kind, m in find_pii(text, BUILTIN)]
         for name, rx in self.patterns.items():
             spans.extend((m.start(), m.end(), name) for m in rx.finditer(text) if m.end() > m.start())
         if not spans:

@@ -191,9 +191,7 @@ def export(
     else:
         known_groups = {}
     state = "done" if record else "pending"
-    run = ExportRunRow(
-        format=fmt, since=since, watermark=watermark, tasks=0, grouped=0, actor=actor, state=state
-    )
+    run = ExportRunRow(format=fmt, since=since, watermark=watermark, tasks=0, grouped=0, actor=actor, state=state)
     session.add(run)
     session.flush()
     result = ExportResult(run.id, fmt, watermark, state=state)

@@ -53,9 +53,7 @@ def _primary(findings: list[dict[str, Any]]) -> tuple[int, dict[str, Any]] | Non
     return None if best is None else (best[1], best[2])
 
 
-def failure_index(
-    messages: list[Message], findings: list[dict[str, Any]]
-) -> tuple[int, dict[str, Any] | None]:
+def failure_index(messages: list[Message], findings: list[dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:
     """Index of the failing assistant turn, and the finding that marks it (None: no rule pointed at one)."""
     assistants = [i for i, m in enumerate(messages) if m.role == "assistant"]
     primary = _primary(findings)

@@ -44,9 +44,7 @@ class KeyRing:
         if not keys:
             generated = secrets.token_urlsafe(24)
             keys = [ApiKey("local-admin", "admin", SecretStr(generated))]
-            log.warning(
-                "VIGIL_API_KEYS is not set: generated an admin key for this process only: %s", generated
-            )
+            log.warning("VIGIL_API_KEYS is not set: generated an admin key for this process only: %s", generated)
         return cls(keys)
 
     def lookup(self, presented: str) -> Principal | None:

@@ -16,7 +16,6 @@ from vigil.store import reads
 router = APIRouter(tags=["conversations"])
 
 
-
 @router.get("/v1/schema/conversation", dependencies=[require("ingest", "reviewer")])
 def conversation_schema() -> dict[str, Any]:
     """JSON Schema of the conversation format Vigil ingests (versioned)."""

@@ -41,9 +41,7 @@ def consume(
 
 def replay(
     ctx: typer.Context,
-    files: Annotated[
-        list[Path], typer.Argument(help="Recorded conversation files.", exists=True, dir_okay=False)
-    ],
+    files: Annotated[list[Path], typer.Argument(help="Recorded conversation files.", exists=True, dir_okay=False)],
     format: Annotated[str, typer.Option("--format", help="auto, openai, tau2 or tau-bench.")] = "auto",
     to_kafka: Annotated[bool, typer.Option("--to-kafka", help="Produce to the conversations topic.")] = False,
     agent_id: Annotated[str | None, typer.Option(help="Override the agent id.")] = None,
@@ -84,7 +82,7 @@ def replay(
             producer.close()
             console.print(f"produced {len(convs)} conversations to {s.kafka_conversations_topic}")
             return
-        
+
         rt = launch.runtime({"replay"}, s)
         for i in range(0, len(convs), batch):
             chunk = convs[i : i + batch]
@@ -98,16 +96,12 @@ def replay(
 def simulate(
     ctx: typer.Context,
     count: Annotated[int, typer.Option(help="Conversations to generate (0 = until stopped).")] = 1000,
-    versions: Annotated[
-        str, typer.Option(help="version:failure_rate[:weight],...")
-    ] = "v1.4.0:0.04,v1.5.0:0.12",
+    versions: Annotated[str, typer.Option(help="version:failure_rate[:weight],...")] = "v1.4.0:0.04,v1.5.0:0.12",
     agent_id: Annotated[str, typer.Option(help="Agent id.")] = "support-bot",
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     rate: Annotated[float, typer.Option(help="Conversations per second (0 = as fast as possible).")] = 0.0,
     out: Annotated[Path | None, typer.Option(help="Write JSONL here instead of sending.")] = None,
-    url: Annotated[
-        str | None, typer.Option(help="POST to this Vigil base URL (e.g. http://127.0.0.1:8000).")
-    ] = None,
+    url: Annotated[str | None, typer.Option(help="POST to this Vigil base URL (e.g. http://127.0.0.1:8000).")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="VIGIL_API_KEY", help="Key for --url.")] = None,
     to_kafka: Annotated[bool, typer.Option("--to-kafka", help="Produce to the conversations topic.")] = False,
     outcomes: Annotated[bool, typer.Option(help="Also emit outcome signals.")] = True,
@@ -201,13 +195,9 @@ def _make_sink(  # type: ignore[no-untyped-def]
 
         def to_topic(convs: list[dict[str, Any]], outs: list[dict[str, Any]]) -> None:
             for c in convs:
-                producer.send(
-                    s.kafka_conversations_topic, key=c["conversation_id"].encode(), value=orjson.dumps(c)
-                )
+                producer.send(s.kafka_conversations_topic, key=c["conversation_id"].encode(), value=orjson.dumps(c))
             for o in outs:
-                producer.send(
-                    s.kafka_outcomes_topic, key=o["conversation_id"].encode(), value=orjson.dumps(o)
-                )
+                producer.send(s.kafka_outcomes_topic, key=o["conversation_id"].encode(), value=orjson.dumps(o))
             producer.flush(timeout=60)
 
         return to_topic

@@ -23,10 +23,7 @@ MAX_BATCH = 1000
 
 
 def _errors(exc: ValidationError) -> list[dict[str, str]]:
-    return [
-        {"field": ".".join(str(p) for p in e["loc"]) or "(root)", "message": e["msg"]}
-        for e in exc.errors()[:20]
-    ]
+    return [{"field": ".".join(str(p) for p in e["loc"]) or "(root)", "message": e["msg"]} for e in exc.errors()[:20]]
 
 
 @router.post(

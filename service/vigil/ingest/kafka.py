@@ -105,9 +105,7 @@ class ConsumerWorker:
                     ("vigil-source-partition", str(d.partition).encode()),
                     ("vigil-source-offset", str(d.offset).encode()),
                 ]
-                self.dlq_producer.send(
-                    topic, value=d.raw, key=(d.key or "").encode() or None, headers=headers
-                )
+                self.dlq_producer.send(topic, value=d.raw, key=(d.key or "").encode() or None, headers=headers)
             self.dlq_producer.flush(timeout=30)
         return result
 
@@ -126,9 +124,7 @@ class ConsumerWorker:
         unassigned_budget = 4 * s.kafka_max_poll_interval_ms // max(1, s.kafka_poll_timeout_ms) + 10
         try:
             while not self.stopping.is_set():
-                records = self.consumer.poll(
-                    timeout_ms=s.kafka_poll_timeout_ms, max_records=s.kafka_batch_size
-                )
+                records = self.consumer.poll(timeout_ms=s.kafka_poll_timeout_ms, max_records=s.kafka_batch_size)
                 self._update_lag()
                 if not records:
                     if self.consumer.assignment() or unassigned_budget <= 0:
@@ -206,11 +202,7 @@ class ConsumerWorker:
             if high is None:
                 continue
             try:
-                pos = (
-                    self.consumer.position(tp, timeout_ms=1000)
-                    if hasattr(self.consumer, "position")
-                    else None
-                )
+                pos = self.consumer.position(tp, timeout_ms=1000) if hasattr(self.consumer, "position") else None
             except Exception:  # position lookups can fail during a rebalance; lag is best effort
                 continue
             if pos is None:

@@ -57,9 +57,7 @@ def _call(cid: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
 
 
 class Simulator:
-    def __init__(
-        self, profiles: list[VersionProfile], seed: int = 0, outcome_rate_scale: float = 1.0
-    ) -> None:
+    def __init__(self, profiles: list[VersionProfile], seed: int = 0, outcome_rate_scale: float = 1.0) -> None:
         self.profiles = profiles
         self.rng = random.Random(seed)
         self.weights = [p.weight for p in profiles]
@@ -124,9 +122,7 @@ class Simulator:
             },
         ]
         if defect == "tool_errors":
-            msgs.append(
-                {"role": "tool", "tool_call_id": "c2", "content": "Error: upstream timeout", "is_error": True}
-            )
+            msgs.append({"role": "tool", "tool_call_id": "c2", "content": "Error: upstream timeout", "is_error": True})
             msgs.append(
                 {
                     "role": "assistant",
@@ -170,13 +166,9 @@ class Simulator:
             msgs[1]["content"] = f"Hi, I want to cancel my order {order}, the {item}."
         msgs.append({"role": "assistant", "content": ask})
         if defect == "user_repeats":
-            msgs.append(
-                {"role": "user", "content": f"I said I want to cancel my order {order} for the {item}."}
-            )
+            msgs.append({"role": "user", "content": f"I said I want to cancel my order {order} for the {item}."})
             msgs.append({"role": "assistant", "content": f"Understood. Do you confirm cancelling {order}?"})
-            msgs.append(
-                {"role": "user", "content": f"I want to cancel my order {order}, the {item}, please!"}
-            )
+            msgs.append({"role": "user", "content": f"I want to cancel my order {order}, the {item}, please!"})
             msgs.append({"role": "assistant", "content": "Sorry about that. Please confirm with yes."})
         if defect == "no_confirmation":
             msgs.append({"role": "user", "content": "Hmm, what would the refund timeline be?"})
@@ -186,9 +178,7 @@ class Simulator:
             {
                 "role": "assistant",
                 "content": None,
-                "tool_calls": [
-                    _call("c3", "cancel_pending_order", {"order_id": order, "reason": "no longer needed"})
-                ],
+                "tool_calls": [_call("c3", "cancel_pending_order", {"order_id": order, "reason": "no longer needed"})],
             }
         )
         msgs.append(

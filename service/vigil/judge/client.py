@@ -185,9 +185,7 @@ def classify(exc: BaseException) -> ProviderError:
             return ProviderError("config", "unknown_model", detail, status)
     if isinstance(status, int):
         if status == 429 or status == 408 or status >= 500:
-            return ProviderError(
-                "retryable", "rate_limited" if status == 429 else "server_error", detail, status
-            )
+            return ProviderError("retryable", "rate_limited" if status == 429 else "server_error", detail, status)
         if status in _CONFIG_STATUS:
             return ProviderError("config", _CONFIG_STATUS[status], detail, status)
     if isinstance(exc, ConnectionError | OSError):

@@ -30,9 +30,7 @@ def judge_worker(
         raise typer.Exit(1)
     worker = stage.worker
     for lane in stage.engine.lanes.values():
-        console.print(
-            f"judge {lane.name} v{lane.judge.version}: {'offline judge' if lane.offline else lane.model}"
-        )
+        console.print(f"judge {lane.name} v{lane.judge.version}: {'offline judge' if lane.offline else lane.model}")
     if once:
         n = asyncio.run(worker.run_until_idle(timeout=3600))
         console.print(f"{n} verdicts stored")

@@ -25,7 +25,6 @@ PLACEHOLDER_RE = re.compile(r"\{\{\s*([a-z_.A-Z0-9-]+)\s*\}\}")
 DEFAULT_NEGATIVE_TYPES = ["escalation", "thumbs_down", "refund_reversal", "reopened_ticket", "complaint"]
 
 
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -91,9 +90,7 @@ class Transcript(_Strict):
 
 class Offline(_Strict):
     fail_at_severity: Severity = "medium"
-    category_map: dict[str, str] = Field(
-        default_factory=dict, description="Rule id or rule type → failure category."
-    )
+    category_map: dict[str, str] = Field(default_factory=dict, description="Rule id or rule type → failure category.")
     default_category: str = "other"
 
 
@@ -110,9 +107,7 @@ class JudgeYaml(_Strict):
     limits: Limits = Field(default_factory=Limits)
     price: Price | None = Field(default=None, description="Used when litellm has no price for the model.")
     transcript: Transcript = Field(default_factory=Transcript)
-    context: list[str] = Field(
-        default_factory=list, description="Names of VIGIL_JUDGE_CONTEXT_FILES entries."
-    )
+    context: list[str] = Field(default_factory=list, description="Names of VIGIL_JUDGE_CONTEXT_FILES entries.")
     optional_context: list[str] = Field(default_factory=list)
     offline: Offline = Field(default_factory=Offline)
     extra_params: dict[str, Any] = Field(default_factory=dict, description="Passed to litellm as is.")
@@ -171,9 +166,7 @@ def parse_context_files(raw: str) -> dict[str, Path]:
             continue
         name, sep, path = entry.partition("=")
         if not sep or not name.strip() or not path.strip():
-            raise JudgeDefinitionError(
-                f"VIGIL_JUDGE_CONTEXT_FILES entry {i + 1} must be name=path, not {entry!r}"
-            )
+            raise JudgeDefinitionError(f"VIGIL_JUDGE_CONTEXT_FILES entry {i + 1} must be name=path, not {entry!r}")
         out[name.strip()] = Path(path.strip())
     return out
 

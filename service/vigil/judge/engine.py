@@ -141,9 +141,7 @@ class JudgeEngine:
             return mode == "offline"
         live = has_credentials(judge.spec.model)
         if not live:
-            log.warning(
-                "judge %s: no provider key for %s; using the offline judge", judge.name, judge.spec.model
-            )
+            log.warning("judge %s: no provider key for %s; using the offline judge", judge.name, judge.spec.model)
         return not live
 
     def _offline_detail(self, lane: Lane) -> str:
@@ -170,9 +168,7 @@ class JudgeEngine:
         if lane.state == state and lane.detail == detail:
             return
         if state != lane.state:
-            log.warning(
-                "judge %s: %s -> %s%s", lane.name, lane.state, state, f" ({detail})" if detail else ""
-            )
+            log.warning("judge %s: %s -> %s%s", lane.name, lane.state, state, f" ({detail})" if detail else "")
         lane.state, lane.detail, lane.changed_at, lane.dirty = state, detail, self.clock(), True
         self._publish(lane)
 
@@ -191,9 +187,7 @@ class JudgeEngine:
         if lane.state == "paused_budget" and not lane.budget.exhausted:
             self.set_state(lane, lane.active_state, self._active_detail(lane))
         elif lane.state in ACTIVE and not lane.offline and lane.budget.exhausted:
-            self.set_state(
-                lane, "paused_budget", f"spent ${lane.budget.spent:.4f} of ${lane.budget.cap:.2f} today"
-            )
+            self.set_state(lane, "paused_budget", f"spent ${lane.budget.spent:.4f} of ${lane.budget.cap:.2f} today")
         elif lane.state in ACTIVE and lane.state != lane.active_state:
             self.set_state(lane, lane.active_state, self._active_detail(lane))
 
@@ -269,9 +263,7 @@ class JudgeEngine:
         if reserved is None:  # the cap, or calls in flight that may reach it
             lane.breaker.cancel_probe()
             self.refresh(lane)
-            raise JudgeUnavailable(
-                lane.name, "paused_budget", lane.detail or "in-flight calls may reach the cap"
-            )
+            raise JudgeUnavailable(lane.name, "paused_budget", lane.detail or "in-flight calls may reach the cap")
         spec = lane.judge.spec
         timeout = timeout or spec.timeout_seconds
         await lane.limiter.acquire()
@@ -297,9 +289,7 @@ class JudgeEngine:
             if err.kind == "retryable":
                 lane.breaker.failure()
                 if lane.breaker.is_open:
-                    self.set_state(
-                        lane, "circuit_open", f"{lane.breaker.failures} failures in a row: {err.reason}"
-                    )
+                    self.set_state(lane, "circuit_open", f"{lane.breaker.failures} failures in a row: {err.reason}")
             elif err.kind == "config":
                 self.set_state(lane, "stopped_config_error", f"{err.reason}: {err.detail}")
             raise err from exc

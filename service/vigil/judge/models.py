@@ -51,5 +51,3 @@ class JudgeStatusRow(Base):
     worker: Mapped[str | None] = mapped_column(String(128))
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     resume_requested_at: Mapped[datetime | None]
-
-

@@ -76,9 +76,7 @@ def offline_verdict(judge: Judge, conv: Conversation, findings: list[tuple[str, 
         score -= _PENALTY.get(severity, 0.0)
         if SEVERITY_RANK.get(severity, 0) >= floor:
             failing.append(f"{rule_id} ({severity})")
-            categories.append(
-                o.category_map.get(rule_id) or o.category_map.get(rule_type) or o.default_category
-            )
+            categories.append(o.category_map.get(rule_id) or o.category_map.get(rule_type) or o.default_category)
     last = final_message(conv)
     if conv.status != "in_progress" and (last.role != "assistant" or not last.text.strip()):
         score -= 0.3

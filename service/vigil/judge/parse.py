@@ -72,12 +72,7 @@ def parse_verdict(text: str | None, categories: list[str]) -> Parsed:
     if verdict == "unscored":
         return Parsed.unscored("judge_abstained", rationale or None)  # type: ignore[arg-type]
     score = obj.get("score")
-    if (
-        isinstance(score, bool)
-        or not isinstance(score, int | float)
-        or not math.isfinite(score)
-        or not 0 <= score <= 1
-    ):
+    if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score) or not 0 <= score <= 1:
         return Parsed.unscored("bad_score")
     cats = obj.get("categories", [])
     if not isinstance(cats, list) or not all(isinstance(c, str) and c in categories for c in cats):

@@ -39,9 +39,7 @@ class JudgeSampler:
     """The pipeline's downstream stage that enqueues judge requests (``on_stored``), and the outcome
     listener that enqueues one when a negative outcome arrives for a stored conversation."""
 
-    def __init__(
-        self, judges: dict[str, Judge], metrics: Metrics, clock: Callable[[], datetime] = utcnow
-    ) -> None:
+    def __init__(self, judges: dict[str, Judge], metrics: Metrics, clock: Callable[[], datetime] = utcnow) -> None:
         self.judges = judges
         self.metrics = metrics
         self.clock = clock
@@ -60,9 +58,7 @@ class JudgeSampler:
         now = self.clock()
         negative = self._stored_outcomes(session, stored)
         # only a conversation stored before can have requests; a first revision needs no lookup
-        prior = store.requests_for(
-            session, self.judges, [i.conversation.conversation_id for i in stored if i.replaced]
-        )
+        prior = store.requests_for(session, self.judges, [i.conversation.conversation_id for i in stored if i.replaced])
         rows: list[dict[str, Any]] = []
         eligible: dict[tuple[str, str, str], int] = {}
         for item in stored:
@@ -79,9 +75,7 @@ class JudgeSampler:
                 if not picked and not (item.replaced and judge.spec.sampling.judge_in_progress):
                     key = (judge.name, c.agent_id, c.agent_version)
                     eligible[key] = eligible.get(key, 0) + 1
-                reason = self._reason(
-                    session, judge, item, negative.get(c.conversation_id, ()), now, floor=not earlier
-                )
+                reason = self._reason(session, judge, item, negative.get(c.conversation_id, ()), now, floor=not earlier)
                 if picked:
                     reason = reason or picked[0].reason
                 elif reason and not earlier:
@@ -159,9 +153,7 @@ class JudgeSampler:
             )
         return self._per_hour[key]
 
-    def _stored_outcomes(
-        self, session: Session, stored: Sequence[Checked]
-    ) -> dict[str, list[tuple[str, float]]]:
+    def _stored_outcomes(self, session: Session, stored: Sequence[Checked]) -> dict[str, list[tuple[str, float]]]:
         """Outcomes that arrived before their conversation (joined here, since the listener saw no row)."""
         if not self._needs_stored_outcomes:
             return {}
@@ -220,9 +212,7 @@ class JudgeSampler:
         if key in self._per_hour:
             self._per_hour[key] += 1
 
-    def _count(
-        self, what: str, judge: Judge, agent: str, version: str, reason: str | None = None, n: int = 1
-    ) -> None:
+    def _count(self, what: str, judge: Judge, agent: str, version: str, reason: str | None = None, n: int = 1) -> None:
         m = self.metrics
         labels = [judge.name, judge.version, m.agent(agent), m.version(version)]
         if what == "eligible":
@@ -238,9 +228,7 @@ class JudgeSampler:
         ids = {o.conversation_id for o in outcomes}
         convs = {
             c.conversation_id: c
-            for c in session.scalars(
-                select(ConversationRow).where(ConversationRow.conversation_id.in_(ids))
-            ).all()
+            for c in session.scalars(select(ConversationRow).where(ConversationRow.conversation_id.in_(ids))).all()
         }
         rows: list[dict[str, Any]] = []
         for o in outcomes:
@@ -255,9 +243,7 @@ class JudgeSampler:
                     continue
                 if neg.is_negative(o.type, o.value):
                     rows.append(
-                        self._row(
-                            judge, c.conversation_id, c.revision, c.agent_id, c.agent_version, "outcome", now
-                        )
+                        self._row(judge, c.conversation_id, c.revision, c.agent_id, c.agent_version, "outcome", now)
                     )
         unique = {(r["judge"], r["conversation_id"]): r for r in rows}
         self._enqueue(session, list(unique.values()))
@@ -269,10 +255,6 @@ class JudgeSampler:
             raise LookupError(conversation_id)
         fresh = self._enqueue(
             session,
-            [
-                self._row(
-                    judge, c.conversation_id, c.revision, c.agent_id, c.agent_version, "manual", self.clock()
-                )
-            ],
+            [self._row(judge, c.conversation_id, c.revision, c.agent_id, c.agent_version, "manual", self.clock())],
         )
         return fresh[0] if fresh else None

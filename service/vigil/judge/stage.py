@@ -23,9 +23,7 @@ class JudgeStage:
 
     def enrich(self, session: Session, conversation: dict[str, Any]) -> None:
         """``conversation_enrichers`` entry: adds ``verdicts`` to ``GET /v1/conversations/{id}``."""
-        conversation["verdicts"] = [
-            verdict_dict(v) for v in verdicts_for(session, conversation["conversation_id"])
-        ]
+        conversation["verdicts"] = [verdict_dict(v) for v in verdicts_for(session, conversation["conversation_id"])]
 
 
 def verdict_dict(v: VerdictRow) -> dict[str, Any]:

@@ -169,9 +169,7 @@ def claim(
             lease_until=now + timedelta(seconds=lease),
             attempts=R.attempts + 1,
         )
-        .returning(
-            R.id, R.judge, R.conversation_id, R.revision, R.agent_id, R.agent_version, R.reason, R.attempts
-        )
+        .returning(R.id, R.judge, R.conversation_id, R.revision, R.agent_id, R.agent_version, R.reason, R.attempts)
         .execution_options(synchronize_session=False)
     )
     claimed = [Claimed(*row) for row in session.execute(stmt).all()]
@@ -179,9 +177,9 @@ def claim(
         docs = {
             cid: (rev, doc)
             for cid, rev, doc in session.execute(
-                select(
-                    ConversationRow.conversation_id, ConversationRow.revision, ConversationRow.document
-                ).where(ConversationRow.conversation_id.in_({c.conversation_id for c in claimed}))
+                select(ConversationRow.conversation_id, ConversationRow.revision, ConversationRow.document).where(
+                    ConversationRow.conversation_id.in_({c.conversation_id for c in claimed})
+                )
             ).all()
         }
         for c in claimed:
@@ -255,10 +253,7 @@ def reschedule(
     if refund_attempt:
         values["attempts"] = R.attempts - 1
     session.execute(
-        update(R)
-        .where(_owned(request_id, owner))
-        .values(**values)
-        .execution_options(synchronize_session=False)
+        update(R).where(_owned(request_id, owner)).values(**values).execution_options(synchronize_session=False)
     )
 
 
@@ -286,9 +281,7 @@ def spend_since(session: Session, since: datetime) -> dict[str, tuple[float, int
     return out
 
 
-def save_status(
-    session: Session, judge: str, state: str, detail: str | None, worker: str, now: datetime
-) -> None:
+def save_status(session: Session, judge: str, state: str, detail: str | None, worker: str, now: datetime) -> None:
     stmt = upsert(session, JudgeStatusRow).values(
         judge=judge, state=state, detail=detail, worker=worker, updated_at=now
     )

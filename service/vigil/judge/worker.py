@@ -129,9 +129,7 @@ class JudgeWorker:
         # Writes and claims are batched: each is a write transaction, and on SQLite the pipeline waits
         # for the same lock, so a transaction per judgement would slow ingest down.
         if self._outbox and (
-            len(self._outbox) >= FLUSH_AT
-            or not self._tasks
-            or loop.time() - self._last_flush >= FLUSH_SECONDS
+            len(self._outbox) >= FLUSH_AT or not self._tasks or loop.time() - self._last_flush >= FLUSH_SECONDS
         ):
             await self._flush()
         total = 0
@@ -182,11 +180,7 @@ class JudgeWorker:
                 self.metrics.judge_queue_depth.labels(name).set(depth.get(name, 0))
                 row = statuses.get(name)
                 asked = row.resume_requested_at if row is not None else None
-                if (
-                    lane.state == "stopped_config_error"
-                    and asked is not None
-                    and _after(asked, lane.changed_at)
-                ):
+                if lane.state == "stopped_config_error" and asked is not None and _after(asked, lane.changed_at):
                     log.warning("judge %s: resume requested", name)
                     eng.resume(lane)
                 eng.refresh(lane)
@@ -205,9 +199,7 @@ class JudgeWorker:
             raise
         except Exception as exc:  # a bug in one request must not stop the others; it is retried later
             log.exception("judging %s with %s failed", req.conversation_id, lane.name)
-            outcome = Outcome(
-                req, "retry", delay=self.settings.judge_retry_base_seconds, error=repr(exc)[:500]
-            )
+            outcome = Outcome(req, "retry", delay=self.settings.judge_retry_base_seconds, error=repr(exc)[:500])
         finally:
             lane.in_flight -= 1
             self.in_flight -= 1

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from alembic import context
+
 from vigil.app.wiring import metadata
 from vigil.store.db import make_engine
 

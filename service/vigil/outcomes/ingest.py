@@ -93,9 +93,7 @@ class Stored:
 
 
 def _detail(errors: Sequence[ItemError]) -> str:
-    return "; ".join(
-        f"item {e.index}: " + ", ".join(f"{x['field']}: {x['message']}" for x in e.errors) for e in errors
-    )
+    return "; ".join(f"item {e.index}: " + ", ".join(f"{x['field']}: {x['message']}" for x in e.errors) for e in errors)
 
 
 def _conflict(key: str, stored: tuple[Any, ...], sent: tuple[Any, ...]) -> list[dict[str, str]]:
@@ -193,11 +191,7 @@ class OutcomeStore:
         ins = upsert(session, OutcomeRow)
         stmt = ins.on_conflict_do_nothing(index_elements=["idempotency_key"]).returning(OutcomeRow.id)
         new_ids = list(session.scalars(stmt, list(rows.values())).all())
-        new_rows = (
-            list(session.scalars(select(OutcomeRow).where(OutcomeRow.id.in_(new_ids))).all())
-            if new_ids
-            else []
-        )
+        new_rows = list(session.scalars(select(OutcomeRow).where(OutcomeRow.id.in_(new_ids))).all()) if new_ids else []
         identity: dict[str, tuple[Any, ...]] = {k: tuple(r[f] for f in IDENTITY) for k, r in rows.items()}
         old_keys = set(rows) - {r.idempotency_key for r in new_rows}
         if old_keys:
@@ -211,9 +205,7 @@ class OutcomeStore:
             sent = tuple(getattr(o, f) for f in IDENTITY)
             if sent != identity[o.key()]:
                 conflicts[pos] = _conflict(o.key(), identity[o.key()], sent)
-        link_outcomes(
-            session, new_rows, self.types, self.settings.outcome_attribution_window_hours, self.metrics
-        )
+        link_outcomes(session, new_rows, self.types, self.settings.outcome_attribution_window_hours, self.metrics)
         if new_rows:
             for listener in self.listeners:
                 listener(session, new_rows)

@@ -58,18 +58,14 @@ def link_outcomes(
         )
     if not rows:
         return []
-    existing = set(
-        session.scalars(select(OutcomeLinkRow.outcome_id).where(OutcomeLinkRow.outcome_id.in_(list(by_id))))
-    )
+    existing = set(session.scalars(select(OutcomeLinkRow.outcome_id).where(OutcomeLinkRow.outcome_id.in_(list(by_id)))))
     fresh = [r for r in rows if r["outcome_id"] not in existing]
     stale = [r for r in rows if r["outcome_id"] in existing]
     if fresh:
         ins = upsert(session, OutcomeLinkRow)
         inserted = set(
             session.scalars(
-                ins.on_conflict_do_nothing(index_elements=["outcome_id"]).returning(
-                    OutcomeLinkRow.outcome_id
-                ),
+                ins.on_conflict_do_nothing(index_elements=["outcome_id"]).returning(OutcomeLinkRow.outcome_id),
                 fresh,
             ).all()
         )
@@ -81,9 +77,7 @@ def link_outcomes(
     def count() -> None:
         for t, agent, version, inside in counts:
             if inside:
-                metrics.outcomes.labels(
-                    metrics.label(t), metrics.agent(agent), metrics.version(version)
-                ).inc()
+                metrics.outcomes.labels(metrics.label(t), metrics.agent(agent), metrics.version(version)).inc()
             else:
                 metrics.outcomes_outside_window.labels(metrics.label(t)).inc()
 

@@ -89,9 +89,7 @@ def list_queue(
     agent: str | None = None,
     version: str | None = None,
     rule: str | None = Query(None, description="Conversations with a finding of this rule"),
-    verdict: Literal["pass", "fail", "unscored"] | None = Query(
-        None, description="Any judge verdict of this kind"
-    ),
+    verdict: Literal["pass", "fail", "unscored"] | None = Query(None, description="Any judge verdict of this kind"),
     outcome: str | None = Query(None, description="Conversations with an outcome of this type"),
     reason: str | None = Query(None, description="Items flagged for this reason kind"),
     limit: int = Query(50, ge=1, le=500),
@@ -191,9 +189,7 @@ def label(request: Request, conversation_id: str, body: LabelIn, p: Principal = 
     data = queue.LabelIn(body.label, body.category, body.severity, body.notes, body.expected_behavior)
     return run(
         request,
-        lambda s, st: insights.label_dict(
-            queue.label(s, conversation_id, p.name, data, st.policy, metrics=st.metrics)
-        ),
+        lambda s, st: insights.label_dict(queue.label(s, conversation_id, p.name, data, st.policy, metrics=st.metrics)),
     )
 
 

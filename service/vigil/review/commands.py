@@ -49,9 +49,7 @@ def queue_cmd(
     with st.sessions() as s:
         data = list_queue(s, QueueFilter(agent, version, reason=reason), status, limit)
     c = data["counts"]
-    console.print(
-        f"available {c['available']} · claimed {c['claimed']} · done {c['done']} · waiting {c['waiting']}"
-    )
+    console.print(f"available {c['available']} · claimed {c['claimed']} · done {c['done']} · waiting {c['waiting']}")
     table = Table("priority", "conversation", "agent", "state", "reasons")
     for it in data["items"]:
         reasons = ", ".join(f"{r['kind']}:{r['key']}" for r in it["reasons"][:3])
@@ -83,15 +81,13 @@ def enqueue_cmd(
     st = _stage(ctx)
     with st.sessions.begin() as s:
         rows = s.execute(
-            select(
-                ConversationRow.conversation_id, ConversationRow.agent_id, ConversationRow.agent_version
-            ).where(ConversationRow.conversation_id.in_(conversation_ids))
+            select(ConversationRow.conversation_id, ConversationRow.agent_id, ConversationRow.agent_version).where(
+                ConversationRow.conversation_id.in_(conversation_ids)
+            )
         ).all()
         known = {r[0]: (r[1], r[2]) for r in rows}
         unknown = [c for c in conversation_ids if c not in known]
-        new = enqueue(
-            s, st.policy, {c: [Reason("manual", actor, weight, note)] for c in known}, known, actor=actor
-        )
+        new = enqueue(s, st.policy, {c: [Reason("manual", actor, weight, note)] for c in known}, known, actor=actor)
     console.print(f"{len(new)} added to the queue, {len(known) - len(new)} already there")
     if unknown:
         console.print(f"[yellow]not stored, skipped:[/yellow] {', '.join(unknown)}")
@@ -103,9 +99,7 @@ def labels_cmd(
     ctx: typer.Context,
     out: Annotated[Path | None, typer.Option(help="Write JSONL here (default: stdout).")] = None,
     since: Annotated[datetime | None, typer.Option(help="Only labels saved at or after this time.")] = None,
-    all_versions: Annotated[
-        bool, typer.Option("--all-versions", help="Include superseded versions.")
-    ] = False,
+    all_versions: Annotated[bool, typer.Option("--all-versions", help="Include superseded versions.")] = False,
 ) -> None:
     """Export reviewers' labels as JSON lines."""
     from vigil.review.insights import labels_export
@@ -183,7 +177,6 @@ def policy_cmd(
 
     try:
         if path is None:
-
             path_str = Launcher.of(ctx).settings().review_policy or None
             policy = FlaggingPolicy.load(path_str)
         else:

@@ -40,9 +40,7 @@ def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) 
         messages[key][f.message] += 1
         also[key].update(fired[cid] - {f.rule_id})
     descriptions = rule_descriptions or {}
-    out = [
-        _cluster(key, members, total, messages[key], also[key], descriptions) for key, members in groups.items()
-    ]
+    out = [_cluster(key, members, total, messages[key], also[key], descriptions) for key, members in groups.items()]
     out.sort(key=lambda c: (-c["count"], c["category"], c["rule_id"] or "~", c["tool"] or ""))
     by_category = Counter(confirmed.values())
     return {
@@ -57,9 +55,7 @@ def _primary_findings(session: Session, ids: list[str]) -> tuple[dict[str, Findi
     primary: dict[str, tuple[tuple[int, int], FindingRow]] = {}
     fired: dict[str, set[str]] = defaultdict(set)
     for i in range(0, len(ids), 500):
-        for f in session.scalars(
-            select(FindingRow).where(FindingRow.conversation_id.in_(ids[i : i + 500]))
-        ).all():
+        for f in session.scalars(select(FindingRow).where(FindingRow.conversation_id.in_(ids[i : i + 500]))).all():
             if (f.details or {}).get("rule_error"):
                 continue
             fired[f.conversation_id].add(f.rule_id)

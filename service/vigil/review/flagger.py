@@ -53,9 +53,9 @@ def enqueue(
     missing = [cid for cid in flagged if cid not in agents]
     if missing:
         rows = session.execute(
-            select(
-                ConversationRow.conversation_id, ConversationRow.agent_id, ConversationRow.agent_version
-            ).where(ConversationRow.conversation_id.in_(missing))
+            select(ConversationRow.conversation_id, ConversationRow.agent_id, ConversationRow.agent_version).where(
+                ConversationRow.conversation_id.in_(missing)
+            )
         ).all()
         agents = {**agents, **{r[0]: (r[1], r[2]) for r in rows}}
     now = utcnow()

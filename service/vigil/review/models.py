@@ -23,9 +23,7 @@ class ReviewReasonRow(Base):
 
     id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
     conversation_id: Mapped[str] = mapped_column(String(256), index=True)
-    kind: Mapped[str] = mapped_column(
-        String(32)
-    )  # finding | judge_fail | judge_low_score | outcome | sample | manual
+    kind: Mapped[str] = mapped_column(String(32))  # finding | judge_fail | judge_low_score | outcome | sample | manual
     key: Mapped[str] = mapped_column(String(128))  # rule id, judge name, outcome type, ...
     weight: Mapped[float] = mapped_column(Float)
     detail: Mapped[str] = mapped_column(Text, default="")

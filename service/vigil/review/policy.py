@@ -149,13 +149,7 @@ class FlaggingPolicy(_Strict):
         if verdict == "fail" and self.judge.fail > 0:
             return [Reason("judge_fail", judge, self.judge.fail, note)]
         below = self.judge.low_score_below
-        if (
-            verdict == "pass"
-            and score is not None
-            and below is not None
-            and score < below
-            and self.judge.low_score > 0
-        ):
+        if verdict == "pass" and score is not None and below is not None and score < below and self.judge.low_score > 0:
             return [Reason("judge_low_score", judge, self.judge.low_score, f"score {score:g}: {note}")]
         return []
 

@@ -109,9 +109,7 @@ def claim_next(
     now = now or utcnow()
     held: list[str] = []
     if release_others:
-        held = list(
-            session.scalars(select(ReviewItemRow.conversation_id).where(ReviewItemRow.claimed_by == reviewer))
-        )
+        held = list(session.scalars(select(ReviewItemRow.conversation_id).where(ReviewItemRow.claimed_by == reviewer)))
         for held_id in held:
             release(session, held_id, reviewer, now=now)
     conditions = [claimable(now), *_not_done_by(reviewer), *(filters or QueueFilter()).clauses()]

@@ -21,9 +21,7 @@ def progress(session: Session, now: datetime | None = None) -> dict[str, Any]:
     )
     lab = ReviewLabelRow
     for reviewer, label, n in session.execute(
-        select(lab.reviewer, lab.label, func.count())
-        .where(lab.is_current.is_(True))
-        .group_by(lab.reviewer, lab.label)
+        select(lab.reviewer, lab.label, func.count()).where(lab.is_current.is_(True)).group_by(lab.reviewer, lab.label)
     ):
         people[reviewer]["by_label"][label] = n
         people[reviewer]["labels"] += n
@@ -33,9 +31,7 @@ def progress(session: Session, now: datetime | None = None) -> dict[str, Any]:
         "last_7d": lab.created_at >= now - timedelta(days=7),
     }
     for key, cond in counts.items():
-        for reviewer, n in session.execute(
-            select(lab.reviewer, func.count()).where(cond).group_by(lab.reviewer)
-        ):
+        for reviewer, n in session.execute(select(lab.reviewer, func.count()).where(cond).group_by(lab.reviewer)):
             people[reviewer][key] = n
     for holder, n in session.execute(
         select(ReviewItemRow.claimed_by, func.count())
@@ -44,8 +40,7 @@ def progress(session: Session, now: datetime | None = None) -> dict[str, Any]:
     ):
         people[cast(str, holder)]["holding"] = n  # the query keeps only claimed items
     reviewers = [
-        {"reviewer": name, **p}
-        for name, p in sorted(people.items(), key=lambda kv: (-kv[1]["labels"], kv[0]))
+        {"reviewer": name, **p} for name, p in sorted(people.items(), key=lambda kv: (-kv[1]["labels"], kv[0]))
     ]
     return {"reviewers": reviewers, "agreement": agreement(session)}
 
@@ -61,8 +56,8 @@ def agreement(session: Session) -> dict[str, Any]:
         .subquery()
     )
     items, agreed = session.execute(
-        select(
-            func.count(), func.coalesce(func.sum(case((per_item.c.kinds == 1, 1), else_=0)), 0)
-        ).select_from(per_item)
+        select(func.count(), func.coalesce(func.sum(case((per_item.c.kinds == 1, 1), else_=0)), 0)).select_from(
+            per_item
+        )
     ).one()
     return {"items": items, "agreed": agreed, "rate": agreed / items if items else None}

@@ -93,9 +93,7 @@ class LeaseOut(BaseModel):
 
 class LabelIn(BaseModel):
     label: LabelName
-    category: str | None = Field(
-        default=None, description="From the taxonomy; required for confirmed_failure"
-    )
+    category: str | None = Field(default=None, description="From the taxonomy; required for confirmed_failure")
     severity: Severity | None = None
     notes: str = Field(default="", max_length=20_000)
     expected_behavior: str = Field(

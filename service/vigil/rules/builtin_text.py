@@ -27,9 +27,7 @@ _SCORERS = {
 
 
 class UserRepetitionArgs(RuleArgs):
-    threshold: float = Field(
-        default=88, ge=0, le=100, description="Similarity 0..100 that counts as a repeat."
-    )
+    threshold: float = Field(default=88, ge=0, le=100, description="Similarity 0..100 that counts as a repeat.")
     min_chars: int = Field(default=20, ge=1, description="Shorter user turns ('yes', 'ok') are ignored.")
     window: int = Field(default=6, ge=1, description="Compare with this many earlier user turns.")
     scorer: Literal["ratio", "token_sort_ratio", "token_set_ratio"] = Field(
@@ -166,9 +164,7 @@ def regex(view: ConversationView, args: RegexArgs) -> Iterator[Hit]:
             else:
                 return
     if args.mode == "must_match" and not matched:
-        yield Hit(
-            f"no {'/'.join(args.roles)} message matched {args.pattern!r}", [Evidence(len(view.messages) - 1)]
-        )
+        yield Hit(f"no {'/'.join(args.roles)} message matched {args.pattern!r}", [Evidence(len(view.messages) - 1)])
 
 
 _AMOUNT = re.compile(r"\$\s?(\d{1,3}(?:,\d{3})+|\d+)(\.\d{1,2})?")
@@ -176,9 +172,7 @@ _AMOUNT = re.compile(r"\$\s?(\d{1,3}(?:,\d{3})+|\d+)(\.\d{1,2})?")
 # before a date is checked by hand.
 _DATES = (
     re.compile(r"(?:19|20)\d\d-\d\d-\d\d\b"),
-    re.compile(
-        r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? \d{1,2}(?:st|nd|rd|th)?(?:, \d{4})?\b"
-    ),
+    re.compile(r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? \d{1,2}(?:st|nd|rd|th)?(?:, \d{4})?\b"),
 )
 _DIGIT = re.compile(r"\d")
 _DECIMAL_TAIL = re.compile(r"[.,]\d")
@@ -266,9 +260,7 @@ def _locate(text: str, word: str, cursor: int) -> tuple[int, int] | None:
     while start != -1:
         end = start + n
         whole = not (start and _IDENT_CHAR.match(text, start - 1)) and not _IDENT_CHAR.match(text, end)
-        if whole and not (
-            word.isdigit() and ((start and text[start - 1] in "$.,-") or _DECIMAL_TAIL.match(text, end))
-        ):
+        if whole and not (word.isdigit() and ((start and text[start - 1] in "$.,-") or _DECIMAL_TAIL.match(text, end))):
             return start, end
         start = text.find(word, start + 1)
     return None

@@ -55,9 +55,7 @@ class ForbiddenToolArgs(RuleArgs):
     when: list[ResultCondition] = Field(
         default_factory=list, description="All must hold: states shown by earlier tool results."
     )
-    when_args: list[ArgCondition] = Field(
-        default_factory=list, description="All must hold: the call's own arguments."
-    )
+    when_args: list[ArgCondition] = Field(default_factory=list, description="All must hold: the call's own arguments.")
 
     _as_list_when = field_validator("when", "when_args", mode="before")(lambda cls, v: _as_list(v))
 
@@ -80,8 +78,7 @@ def forbidden_tool(view: ConversationView, args: ForbiddenToolArgs) -> Iterator[
         else:
             reasons = [c.describe(c.field) for c in args.when] + [c.describe(c.arg) for c in args.when_args]
             yield Hit(
-                f"called {site.name}"
-                + (f" although {' and '.join(reasons)}" if reasons else ", a forbidden tool"),
+                f"called {site.name}" + (f" although {' and '.join(reasons)}" if reasons else ", a forbidden tool"),
                 evidence,
                 {"tool": site.name},
             )
@@ -157,9 +154,7 @@ class RequireConfirmationArgs(RuleArgs):
         default=True, description="Skip conversations without any user turn (autonomous runs)."
     )
 
-    _patterns = field_validator("yes_pattern", "no_pattern", "retract_pattern")(
-        lambda cls, v: valid_pattern(v)
-    )
+    _patterns = field_validator("yes_pattern", "no_pattern", "retract_pattern")(lambda cls, v: valid_pattern(v))
 
 
 def affirmed(text: str, yes: Pattern, no: Pattern, retract: Pattern | None = None) -> bool:
@@ -188,9 +183,7 @@ def require_confirmation(view: ConversationView, args: RequireConfirmationArgs) 
     for site in view.tool_calls:
         if site.name not in args.tools:
             continue
-        last_user = next(
-            (i for i in range(site.message_index - 1, -1, -1) if messages[i].role == "user"), None
-        )
+        last_user = next((i for i in range(site.message_index - 1, -1, -1) if messages[i].role == "user"), None)
         text = messages[last_user].text if last_user is not None else ""
         ok = last_user is not None and affirmed(text, yes, no, retract)
         if ok and args.one_write_per_confirmation and last_user in used:
@@ -240,9 +233,7 @@ def budget(view: ConversationView, args: BudgetArgs) -> Iterator[Hit]:
         ("latency_ms", usage.latency_ms, args.max_latency_ms),
     ):
         if limit is not None and value is not None and value > limit:
-            yield Hit(
-                f"{name} {value:g} over budget {limit:g}", [Evidence(last)], {"budget": name, "value": value}
-            )
+            yield Hit(f"{name} {value:g} over budget {limit:g}", [Evidence(last)], {"budget": name, "value": value})
 
 
 class ToolErrorRateArgs(RuleArgs):
@@ -277,9 +268,7 @@ def tool_error_rate(view: ConversationView, args: ToolErrorRateArgs) -> Iterator
 
 class ToolCallsPerMessageArgs(RuleArgs):
     max_calls: int = Field(default=1, ge=1, description="Tool calls allowed in one assistant message.")
-    allow_text: bool = Field(
-        default=False, description="May a message with tool calls also talk to the user?"
-    )
+    allow_text: bool = Field(default=False, description="May a message with tool calls also talk to the user?")
 
 
 @rule_type("tool_calls_per_message", ToolCallsPerMessageArgs)
@@ -320,9 +309,7 @@ def escalation(view: ConversationView, args: EscalationArgs) -> Iterator[Hit]:
     """The conversation was handed off to a human (a hand-off tool call, or the agent saying so)."""
     for site in view.tool_calls:
         if site.name in args.tools:
-            yield Hit(
-                f"handed off to a human via {site.name}", [Evidence(site.message_index)], {"tool": site.name}
-            )
+            yield Hit(f"handed off to a human via {site.name}", [Evidence(site.message_index)], {"tool": site.name})
             return
     rx = pattern(args.phrases)
     for i, text in view.assistant_texts:

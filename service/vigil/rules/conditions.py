@@ -68,12 +68,7 @@ class ValueTest(RuleArgs):
 
     @model_validator(mode="after")
     def _some_test(self) -> ValueTest:
-        if (
-            self.values is None
-            and self.not_values is None
-            and self.less_than is None
-            and self.greater_than is None
-        ):
+        if self.values is None and self.not_values is None and self.less_than is None and self.greater_than is None:
             raise ValueError("give at least one of values, not_values, less_than, greater_than")
         if self.values is not None and not self.values:
             raise ValueError("values must not be empty")

@@ -79,9 +79,7 @@ class CompiledRule:
 
 
 def _fmt(exc: ValidationError, prefix: str = "") -> str:
-    return "; ".join(
-        f"{prefix}{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
-    )
+    return "; ".join(f"{prefix}{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors())
 
 
 def _fmt_pack(data: Any, exc: ValidationError) -> str:

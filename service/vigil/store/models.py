@@ -76,9 +76,7 @@ class ConversationRow(Base):
 class FindingRow(Base):
     __tablename__ = "findings"
 
-    id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     conversation_id: Mapped[str] = mapped_column(String(256), index=True)
     revision: Mapped[int] = mapped_column(BigInteger)
     agent_id: Mapped[str] = mapped_column(String(256))
@@ -97,9 +95,7 @@ class FindingRow(Base):
 class OutcomeRow(Base):
     __tablename__ = "outcomes"
 
-    id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     idempotency_key: Mapped[str] = mapped_column(String(512), unique=True)
     conversation_id: Mapped[str] = mapped_column(String(256), index=True)
     type: Mapped[str] = mapped_column(String(64))
@@ -112,9 +108,7 @@ class OutcomeRow(Base):
 class DeadLetterRow(Base):
     __tablename__ = "dead_letters"
 
-    id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     source: Mapped[str] = mapped_column(String(32))
     topic: Mapped[str | None] = mapped_column(String(256))
     partition: Mapped[int | None] = mapped_column(Integer)
@@ -126,9 +120,7 @@ class DeadLetterRow(Base):
     raw_size: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (
-        UniqueConstraint("source", "topic", "partition", "offset", name="uq_dead_letters_position"),
-    )
+    __table_args__ = (UniqueConstraint("source", "topic", "partition", "offset", name="uq_dead_letters_position"),)
 
 
 # The record other stages read: judge verdicts, reviewers' labels, outcomes joined to their versions.

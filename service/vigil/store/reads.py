@@ -53,9 +53,7 @@ def get_conversation(session: Session, conversation_id: str) -> dict[str, Any] |
         select(FindingRow).where(FindingRow.conversation_id == conversation_id).order_by(FindingRow.id)
     ).all()
     outcomes = session.scalars(
-        select(OutcomeRow)
-        .where(OutcomeRow.conversation_id == conversation_id)
-        .order_by(OutcomeRow.occurred_at)
+        select(OutcomeRow).where(OutcomeRow.conversation_id == conversation_id).order_by(OutcomeRow.occurred_at)
     ).all()
     out = summary_dict(row)
     out["conversation"] = orjson.loads(row.document)
@@ -86,9 +84,7 @@ def list_query(
         q = q.where(ConversationRow.received_at < aware(until))
     if rule:
         q = q.where(
-            ConversationRow.conversation_id.in_(
-                select(FindingRow.conversation_id).where(FindingRow.rule_id == rule)
-            )
+            ConversationRow.conversation_id.in_(select(FindingRow.conversation_id).where(FindingRow.rule_id == rule))
         )
     if min_severity:
         allowed = [s for s, r in SEVERITY_RANK.items() if r >= SEVERITY_RANK[min_severity]]
@@ -100,9 +96,7 @@ def list_conversations(session: Session, limit: int = 50, offset: int = 0, **fil
     q = list_query(**filters)
     total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
     rows = session.scalars(
-        q.order_by(ConversationRow.received_at.desc(), ConversationRow.conversation_id)
-        .limit(limit)
-        .offset(offset)
+        q.order_by(ConversationRow.received_at.desc(), ConversationRow.conversation_id).limit(limit).offset(offset)
     ).all()
     return {"total": total, "items": [summary_dict(r) for r in rows], "limit": limit, "offset": offset}
 

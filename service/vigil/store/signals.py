@@ -75,8 +75,6 @@ def is_outcome(signal: str) -> bool:
     return signal.startswith(OUTCOME)
 
 
-
-
 def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
     """Natural order of version names (v1.10 after v1.9): breaks ties of versions first seen together."""
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", version) if p)

@@ -48,9 +48,7 @@ def _pg_copy(session: Session, table: Table, rows: list[dict[str, Any]], into: s
     parser, and text arrays in escaping; COPY streams rows through the driver's C encoder.
     """
     cols = [c for c in table.columns if c.name in rows[0]]
-    json_cols = {
-        c.name for c in cols if c.type.compile(dialect=session.get_bind().dialect) in ("JSON", "JSONB")
-    }
+    json_cols = {c.name for c in cols if c.type.compile(dialect=session.get_bind().dialect) in ("JSON", "JSONB")}
     names = ", ".join(f'"{c.name}"' for c in cols)
     conn = session.connection().connection.driver_connection
     with conn.cursor() as cur, cur.copy(f"COPY {into or table.name} ({names}) FROM STDIN") as copy:  # type: ignore[union-attr]
@@ -236,9 +234,7 @@ def store_dead_letters(session: Session, letters: Sequence[DeadLetter], keep_byt
         for d in letters
     ]
     table = DeadLetterRow.__table__
-    ins = upsert(session, table).on_conflict_do_nothing(
-        index_elements=["source", "topic", "partition", "offset"]
-    )
+    ins = upsert(session, table).on_conflict_do_nothing(index_elements=["source", "topic", "partition", "offset"])
     return [(r.reason, r.source) for r in session.execute(ins.returning(table.c.reason, table.c.source), rows)]
 
 

@@ -46,9 +46,7 @@ def ui_user(request: Request) -> Principal:
     p = sessions_of(request).principal(request)
     if p is None:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        raise HTTPException(
-            303, "log in first", headers={"Location": f"/ui/login?next={quote(target, safe='')}"}
-        )
+        raise HTTPException(303, "log in first", headers={"Location": f"/ui/login?next={quote(target, safe='')}"})
     return p
 
 
@@ -72,10 +70,7 @@ def environment(request: Request) -> Environment:
 def render_page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
     """Render ``template`` with the layout's context (user, nav, CSRF token) and the security headers."""
     sessions = sessions_of(request)
-    nav = [
-        (label, path, request.url.path.startswith(path))
-        for label, path in runtime_of(request).hooks.nav
-    ]
+    nav = [(label, path, request.url.path.startswith(path)) for label, path in runtime_of(request).hooks.nav]
     ctx = {
         "request": request,
         "user": sessions.principal(request),

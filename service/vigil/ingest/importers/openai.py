@@ -23,9 +23,7 @@ def convert(data: Any, path: Path, agent_id: str | None, agent_version: str | No
             raise ImportError_(f"{path}: item {n}: expected an object")
         item = dict(item)
         if "conversation_id" not in item:
-            digest = hashlib.sha256(
-                orjson.dumps(item.get("messages"), option=orjson.OPT_SORT_KEYS)
-            ).hexdigest()
+            digest = hashlib.sha256(orjson.dumps(item.get("messages"), option=orjson.OPT_SORT_KEYS)).hexdigest()
             item["conversation_id"] = f"{path.stem}:{digest[:16]}"
         if agent_id:
             item["agent_id"] = agent_id

@@ -22,9 +22,7 @@ def _message(m: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def convert(
-    data: list[Any], path: Path, agent_id: str | None, agent_version: str | None
-) -> Iterator[Conversation]:
+def convert(data: list[Any], path: Path, agent_id: str | None, agent_version: str | None) -> Iterator[Conversation]:
     from vigil.ingest.importers import ImportError_
 
     stem = path.stem

@@ -51,8 +51,7 @@ STATUS_ERROR = 2
 def is_genai(span: dict[str, Any]) -> bool:
     """Whether a span says anything in GenAI terms (so it is kept)."""
     return any(k.startswith("gen_ai.") for k in span["attributes"]) or any(
-        e["name"].startswith("gen_ai.") or any(k.startswith("gen_ai.") for k in e["attributes"])
-        for e in span["events"]
+        e["name"].startswith("gen_ai.") or any(k.startswith("gen_ai.") for k in e["attributes"]) for e in span["events"]
     )
 
 
@@ -332,9 +331,7 @@ def assemble(key: str, spans: list[dict[str, Any]], default_version: str) -> dic
         merge(acc, outputs)
         if op in INFERENCE_OPS or inputs or outputs:
             a = s["attributes"]
-            prompt_tokens += int(
-                a.get("gen_ai.usage.input_tokens") or a.get("gen_ai.usage.prompt_tokens") or 0
-            )
+            prompt_tokens += int(a.get("gen_ai.usage.input_tokens") or a.get("gen_ai.usage.prompt_tokens") or 0)
             completion_tokens += int(
                 a.get("gen_ai.usage.output_tokens") or a.get("gen_ai.usage.completion_tokens") or 0
             )
@@ -363,9 +360,9 @@ def assemble(key: str, spans: list[dict[str, Any]], default_version: str) -> dic
         "agent_id": str(
             _first(spans, "gen_ai.agent.name", "gen_ai.agent.id", "resource:service.name") or "unknown-agent"
         )[:256],
-        "agent_version": str(
-            _first(spans, "gen_ai.agent.version", "resource:service.version") or default_version
-        )[:128],
+        "agent_version": str(_first(spans, "gen_ai.agent.version", "resource:service.version") or default_version)[
+            :128
+        ],
         "started_at": _iso(start),
         "ended_at": _iso(end),
         "messages": messages,

@@ -17,9 +17,7 @@ class OtelSpanRow(Base):
 
     __tablename__ = "otel_spans"
 
-    id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     conversation_key: Mapped[str] = mapped_column(String(256))
     trace_id: Mapped[str] = mapped_column(String(32))
     span_id: Mapped[str] = mapped_column(String(16))

@@ -152,8 +152,7 @@ def parse_json(data: bytes) -> list[dict[str, Any]]:
                         {
                             "trace_id": _json_id(_get(sp, "traceId", "trace_id", "")),
                             "span_id": _json_id(_get(sp, "spanId", "span_id", "")),
-                            "parent_span_id": _json_id(_get(sp, "parentSpanId", "parent_span_id", ""))
-                            or None,
+                            "parent_span_id": _json_id(_get(sp, "parentSpanId", "parent_span_id", "")) or None,
                             "name": str(sp.get("name") or ""),
                             "kind": _enum(sp.get("kind", 0)),
                             "start_ns": int(_get(sp, "startTimeUnixNano", "start_time_unix_nano", 0) or 0),

@@ -44,17 +44,13 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("conversation_id"),
     )
     with op.batch_alter_table("conversations", schema=None) as batch_op:
-        batch_op.create_index(
-            "ix_conversations_agent", ["agent_id", "agent_version", "received_at"], unique=False
-        )
+        batch_op.create_index("ix_conversations_agent", ["agent_id", "agent_version", "received_at"], unique=False)
         batch_op.create_index("ix_conversations_received", ["received_at"], unique=False)
         batch_op.create_index("ix_conversations_task", ["task_id"], unique=False)
 
     op.create_table(
         "dead_letters",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
-        ),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("source", sa.String(length=32), nullable=False),
         sa.Column("topic", sa.String(length=256), nullable=True),
         sa.Column("partition", sa.Integer(), nullable=True),
@@ -70,9 +66,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "findings",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
-        ),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("conversation_id", sa.String(length=256), nullable=False),
         sa.Column("revision", sa.BigInteger(), nullable=False),
         sa.Column("agent_id", sa.String(length=256), nullable=False),
@@ -100,9 +94,7 @@ def upgrade() -> None:
 
     op.create_table(
         "outcomes",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
-        ),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("idempotency_key", sa.String(length=512), nullable=False),
         sa.Column("conversation_id", sa.String(length=256), nullable=False),
         sa.Column("type", sa.String(length=64), nullable=False),

@@ -55,9 +55,7 @@ def upgrade() -> None:
         sa.UniqueConstraint("conversation_id", "kind", "key", name="uq_review_reasons_once"),
     )
     with op.batch_alter_table("review_reasons", schema=None) as batch_op:
-        batch_op.create_index(
-            batch_op.f("ix_review_reasons_conversation_id"), ["conversation_id"], unique=False
-        )
+        batch_op.create_index(batch_op.f("ix_review_reasons_conversation_id"), ["conversation_id"], unique=False)
         batch_op.create_index("ix_review_reasons_kind", ["kind", "key"], unique=False)
 
     op.create_table(
@@ -78,9 +76,7 @@ def upgrade() -> None:
         sa.UniqueConstraint("conversation_id", "reviewer", "version", name="uq_review_labels_version"),
     )
     with op.batch_alter_table("review_labels", schema=None) as batch_op:
-        batch_op.create_index(
-            batch_op.f("ix_review_labels_conversation_id"), ["conversation_id"], unique=False
-        )
+        batch_op.create_index(batch_op.f("ix_review_labels_conversation_id"), ["conversation_id"], unique=False)
         batch_op.create_index("ix_review_labels_current", ["is_current", "label", "created_at"], unique=False)
         batch_op.create_index("ix_review_labels_reviewer", ["reviewer", "created_at"], unique=False)
 

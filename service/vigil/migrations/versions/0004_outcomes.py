@@ -36,9 +36,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_outcome_links_conversation_id", "outcome_links", ["conversation_id"], unique=False)
     op.create_index("ix_outcome_links_linked", "outcome_links", ["linked_at"], unique=False)
-    op.create_index(
-        "ix_outcome_links_version", "outcome_links", ["agent_id", "agent_version", "type"], unique=False
-    )
+    op.create_index("ix_outcome_links_version", "outcome_links", ["agent_id", "agent_version", "type"], unique=False)
 
     op.create_table(
         "quality_counts",

@@ -35,9 +35,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
     )
     with op.batch_alter_table("calibration_runs", schema=None) as batch_op:
-        batch_op.create_index(
-            "ix_calibration_runs_judge", ["judge", "judge_version", "created_at"], unique=False
-        )
+        batch_op.create_index("ix_calibration_runs_judge", ["judge", "judge_version", "created_at"], unique=False)
 
     op.create_table(
         "export_runs",

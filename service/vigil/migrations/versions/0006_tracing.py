@@ -19,9 +19,7 @@ depends_on = None
 def upgrade() -> None:
     op.create_table(
         "otel_spans",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
-        ),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("conversation_key", sa.String(length=256), nullable=False),
         sa.Column("trace_id", sa.String(length=32), nullable=False),
         sa.Column("span_id", sa.String(length=16), nullable=False),

@@ -1,0 +1,58 @@
+"""The CLI answers bad input and unreachable services with one clear line, not a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.support.app import API_KEYS
+from tests.support.services import free_port
+from vigil.app.cli import app
+
+runner = CliRunner()
+
+
+def run(args: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, args, env={"VIGIL_API_KEYS": API_KEYS, **(env or {})})
+
+
+def test_simulate_to_url_needs_a_key() -> None:
+    result = run(["simulate", "--count", "3", "--url", "http://127.0.0.1:9"])
+    assert result.exit_code == 2 and "--url needs an ingest key" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_simulate_to_an_unreachable_url_says_so() -> None:
+    result = run(["simulate", "--count", "3", "--url", f"http://127.0.0.1:{free_port()}", "--api-key", "k"])
+    assert result.exit_code == 2 and "sending simulated traffic failed" in result.output
+
+
+def test_replay_with_the_wrong_format_names_the_file(tmp_path) -> None:
+    f = tmp_path / "x.jsonl"
+    f.write_text(json.dumps({"a": 1}) + "\n")
+    result = run(["replay", "--format", "tau2", str(f)])
+    assert result.exit_code == 2 and "not a τ²-bench results file" in result.output
+    result = run(["replay", "--format", "nope", str(f)])
+    assert result.exit_code == 2 and "--format must be" in result.output
+
+
+@pytest.mark.slow
+def test_consume_without_a_reachable_broker(tmp_path) -> None:
+    db = f"sqlite:///{tmp_path / 'v.db'}"
+    result = run(["consume"], {"VIGIL_DATABASE_URL": db, "VIGIL_METRICS_PORT": "0"})
+    assert result.exit_code == 2 and "VIGIL_KAFKA_BOOTSTRAP_SERVERS is not set" in result.output
+    env = {
+        "VIGIL_DATABASE_URL": db,
+        "VIGIL_METRICS_PORT": "0",
+        "VIGIL_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+    }
+    result = run(["consume"], env)
+    assert result.exit_code == 2 and "cannot reach Kafka" in result.output
+
+
+def test_settings_markdown_has_every_default() -> None:
+    result = run(["settings", "--markdown"])
+    assert result.exit_code == 0 and "PydanticUndefined" not in result.output
+    assert "`VIGIL_DATABASE_URL`" in result.output

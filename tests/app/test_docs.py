@@ -1,0 +1,67 @@
+"""Every setting and every CLI command is documented, the README's quickstart stays two commands, and the
+docs site builds."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.services import missing
+from vigil.app.cli import app
+from vigil.settings import PROJECT_ROOT, Settings
+
+DOCS = PROJECT_ROOT / "docs"
+README = (PROJECT_ROOT / "README.md").read_text()
+CONFIGURATION = (DOCS / "configuration.md").read_text()
+CLI = (DOCS / "cli.md").read_text()
+
+
+def test_every_setting_is_in_the_settings_table() -> None:
+    table = CONFIGURATION.split("<!-- settings-table:start -->")[1].split("<!-- settings-table:end -->")[0]
+    documented = set(re.findall(r"`(VIGIL_[A-Z0-9_]+)`", table))
+    expected = {f"VIGIL_{name.upper()}" for name in Settings.model_fields}
+    assert not expected - documented, f"settings missing from docs/configuration.md: {sorted(expected - documented)}"
+    assert not documented - expected, (
+        f"docs/configuration.md documents unknown settings: {sorted(documented - expected)}"
+    )
+
+
+def test_every_setting_has_a_description() -> None:
+    missing_descriptions = [n for n, f in Settings.model_fields.items() if not f.description]
+    assert not missing_descriptions
+
+
+def test_every_command_is_in_the_cli_page() -> None:
+    import typer.main
+
+    group = typer.main.get_command(app)
+    names = set(group.commands)  # type: ignore[attr-defined]
+    absent = [n for n in names if f"vigil {n}" not in CLI]
+    assert not absent, f"commands missing from docs/cli.md: {absent}"
+
+
+def test_quickstart_is_two_commands() -> None:
+    quick = README.split("## Quickstart")[1].split("\n## ")[0]
+    block = quick.split("```sh")[1].split("```")[0]
+    commands = [ln for ln in block.strip().splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    assert [c.split("#")[0].strip() for c in commands] == ["make demo", "make test"]
+
+
+def test_docs_site_builds_strictly(tmp_path: Path) -> None:
+    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
+        missing("mkdocs-material (pip install -e '.[dev]')")
+    site = tmp_path / "site"
+    out = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(PROJECT_ROOT / "mkdocs.yml"), "-d", str(site)],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (site / "index.html").is_file()

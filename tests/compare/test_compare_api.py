@@ -1,0 +1,195 @@
+"""`GET /v1/compare`, `GET /v1/quality` and `vigil compare` on stored data (SQLite and Postgres)."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+from typer.testing import CliRunner
+
+from tests.support.app import INGEST, REVIEWER, make_client, make_settings
+from tests.support.services import shared_data
+from tests.support.traffic import cheaper, clean, with_defect
+from vigil.app.runtime import build_runtime
+from vigil.store.models import VerdictRow
+
+TAU2_4X5 = "sierra_testrun1_gpt-4.1-2025-04-14_telecom_no-user_gpt-4.1-2025-04-14_4trials_5tasks.json"
+
+
+def verdict_row(
+    cid: str, version: str, verdict: str, reason: str = "sampled", revision: int = 1, offline: bool = False
+) -> VerdictRow:
+    return VerdictRow(
+        offline=offline,
+        judge="helpful",
+        judge_version="1",
+        conversation_id=cid,
+        revision=revision,
+        agent_id="support-bot",
+        agent_version=version,
+        verdict=verdict,
+        categories=[],
+        model="m",
+        prompt_hash="h",
+        reason=reason,
+        created_at=datetime.now(UTC),
+    )
+
+
+@pytest.fixture
+def loaded(db_url):  # type: ignore[no-untyped-def]
+    """v1: 300 clean conversations; v2: cheaper and faster, but 8% cancel delivered orders (forbidden)."""
+    rt = build_runtime(make_settings(db_url, compare_bootstrap_resamples=300), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        base = clean(300, "v1", 1)
+        cand = cheaper(clean(276, "v2", 2) + with_defect(24, "v2", "cancel_delivered", 3))
+        for batch in (base, cand):
+            assert c.post("/v1/conversations", json=batch, headers=INGEST).status_code == 202
+        esc = [
+            {"conversation_id": x["conversation_id"], "type": "escalation", "idempotency_key": f"e{i}"}
+            for i, x in enumerate(cand[-24:])
+        ]
+        c.post("/v1/outcomes", json=esc, headers=INGEST)
+        with rt.sessions.begin() as s:
+            s.add_all([verdict_row(x["conversation_id"], "v1", "pass") for x in base[:40]])
+            s.add_all(
+                [
+                    verdict_row(x["conversation_id"], "v2", "fail" if i % 4 == 0 else "pass")
+                    for i, x in enumerate(cand[:40])
+                ]
+            )
+            s.add(verdict_row(cand[41]["conversation_id"], "v2", "unscored"))
+            # not part of the judge's failure rate: flagged conversations, and a re-judged revision
+            s.add_all([verdict_row(x["conversation_id"], "v1", "fail", reason="flagged") for x in base[40:60]])
+            s.add_all([verdict_row(x["conversation_id"], "v1", "fail", revision=2) for x in base[:10]])
+            # the offline judge is another instrument: its own row, never pooled with the model's
+            s.add_all([verdict_row(x["conversation_id"], "v2", "fail", offline=True) for x in cand[50:55]])
+        yield rt, c
+    rt.close()
+
+
+def test_compare_table_verdicts_and_red_flag(loaded) -> None:
+    rt, c = loaded
+    r = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["agent_id"] == "support-bot" and body["candidate"]["conversations"] == 300
+    rows = {s["signal"]: s for s in body["signals"]}
+    forbidden = rows["forbidden_tool"]
+    assert forbidden["baseline"]["value"] == 0.0 and forbidden["candidate"]["x"] == 24
+    assert forbidden["difference"]["low"] > 0 and forbidden["verdict"] == "worse" and forbidden["red_flag"]
+    tested = sum(1 for row in rows.values() if row["p_value"] is not None)
+    assert body["multiplicity"]["method"] == "holm" and body["multiplicity"]["signals"] == tested
+    assert forbidden["p_value"] <= forbidden["p_adjusted"] < 0.05
+    assert rows["rule:no-cancel-delivered-order"]["verdict"] == "worse"
+    assert rows["cost_usd"]["verdict"] == "better" and rows["cost_usd"]["difference"]["high"] < 0
+    assert rows["latency_p95_ms"]["verdict"] == "better" and not rows["latency_p95_ms"]["red_flag"]
+    assert rows["outcome:escalation"]["candidate"]["x"] == 24 and rows["outcome:escalation"]["verdict"] == "worse"
+    judge = rows["judge:helpful"]
+    assert (judge["baseline"]["n"], judge["candidate"]["n"], judge["candidate"]["x"]) == (40, 40, 10)
+    offline = rows["judge:helpful:offline"]
+    assert offline["candidate"]["x"] == 5 and "offline judge" in offline["label"]
+    assert rows["tool_error"]["verdict"] == "not yet distinguishable"
+    lo, hi = rows["rule:pii-in-reply"]["difference"]["low"], rows["rule:pii-in-reply"]["difference"]["high"]
+    assert lo < 0 < hi
+    assert any("forbidden tool call rate got worse (0.0% → 8.0%)" in f for f in body["red_flags"])
+
+
+def test_compare_errors_are_clear(loaded) -> None:
+    _, c = loaded
+    r = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v9"}, headers=REVIEWER)
+    assert r.status_code == 404 and "no agent has conversations of both 'v1' and 'v9'" in r.json()["detail"]
+    r = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2", "agent": "nobody"}, headers=REVIEWER)
+    assert r.status_code == 404 and "no finished conversations" in r.json()["detail"]
+    assert c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=INGEST).status_code == 403
+
+
+def test_ambiguous_agent_must_be_named(sqlite_url) -> None:
+    rt = build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=100), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        for seed, (agent, v) in enumerate(itertools.product(("a", "b"), ("v1", "v2"))):
+            batch = [dict(x, agent_id=agent) for x in clean(5, v, 100 + seed)]
+            c.post("/v1/conversations", json=batch, headers=INGEST)
+        r = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER)
+        assert r.status_code == 404 and "several agents (a, b)" in r.json()["detail"]
+        r = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2", "agent": "b"}, headers=REVIEWER)
+        assert r.status_code == 200 and r.json()["agent_id"] == "b"
+
+
+def test_only_rules_that_apply_to_the_agent_are_rows(sqlite_url) -> None:
+    """With every shipped pack loaded, support-bot's table has no airline, retail or telecom rules."""
+    from vigil.settings import PROJECT_ROOT
+
+    settings = make_settings(
+        sqlite_url, rule_packs=str(PROJECT_ROOT / "rules" / "*.yaml"), compare_bootstrap_resamples=100
+    )
+    rt = build_runtime(settings, registry=CollectorRegistry())
+    with make_client(rt) as c:
+        for v, seed in (("v1", 1), ("v2", 2)):
+            c.post("/v1/conversations", json=clean(20, v, seed), headers=INGEST)
+        body = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER).json()
+        quality = c.get("/v1/quality", params={"agent": "support-bot", "version": "v1"}, headers=REVIEWER).json()
+    applicable = {f"rule:{r.id}" for r in rt.rules.rules_for("support-bot", "v1")}
+    assert len(rt.rules.rules) > len(applicable) > 0
+    for signals in (body["signals"], quality["signals"]):
+        assert {s["signal"] for s in signals if s["signal"].startswith("rule:")} == applicable
+    rt.close()
+
+
+def test_cli_compare_json_and_table(loaded, monkeypatch) -> None:
+    rt, _ = loaded
+    from vigil.app.cli import app
+
+    monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
+    monkeypatch.setenv("VIGIL_RULE_PACKS", rt.settings.rule_packs)
+    monkeypatch.setenv("VIGIL_COMPARE_BOOTSTRAP_RESAMPLES", "200")
+    monkeypatch.setenv("COLUMNS", "200")
+    runner = CliRunner()
+    result = runner.invoke(app, ["compare", "--baseline", "v1", "--candidate", "v2", "--json"])
+    assert result.exit_code == 0, result.output
+    body = orjson.loads(result.stdout)
+    assert {s["signal"]: s["verdict"] for s in body["signals"]}["forbidden_tool"] == "worse"
+    table = runner.invoke(app, ["compare", "--baseline", "v1", "--candidate", "v2", "--agent", "support-bot"])
+    assert table.exit_code == 0 and "forbidden_tool" in table.stdout and "red flag" in table.stdout
+    missing = runner.invoke(app, ["compare", "--baseline", "v1", "--candidate", "nope"])
+    assert missing.exit_code == 2 and "no agent has conversations" in missing.output
+
+
+def independent_pass_hat(path) -> dict[int, float]:  # type: ignore[no-untyped-def]
+    """pass^k straight from the results file: enumerate every k-subset of each task's trials."""
+    data = orjson.loads(path.read_bytes())
+    trials: dict[str, list[bool]] = {}
+    for sim in data["simulations"]:
+        trials.setdefault(str(sim["task_id"]), []).append(sim["reward_info"]["reward"] == 1.0)
+    out = {}
+    for k in range(1, min(len(t) for t in trials.values()) + 1):
+        per_task = []
+        for t in trials.values():
+            subsets = list(itertools.combinations(t, k))
+            per_task.append(sum(all(s) for s in subsets) / len(subsets))
+        out[k] = sum(per_task) / len(per_task)
+    return out
+
+
+def test_tau2_replay_pass_hat_k_end_to_end(sqlite_url, monkeypatch) -> None:
+    path = shared_data("tau2", "trajectories", TAU2_4X5)
+    from vigil.app.cli import app
+
+    monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
+    runner = CliRunner()
+    result = runner.invoke(app, ["replay", str(path), "--agent-version", "run-a"])
+    assert result.exit_code == 0, result.output
+    expected = independent_pass_hat(path)
+    assert sorted(expected) == [1, 2, 3, 4]
+    rt = build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=100), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        q = c.get("/v1/quality", params={"agent": "tau2-telecom", "version": "run-a"}, headers=REVIEWER).json()
+        assert q["conversations"] == 20 and q["pass_k"]["tasks"] == 5
+        got = {int(k): v for k, v in q["pass_k"]["pass_hat_k"].items()}
+        assert got == pytest.approx(expected)
+        success = {s["signal"]: s for s in q["signals"]}["outcome:task_success"]
+        assert success["x"] == 16 and success["n"] == 20
+        assert c.get("/v1/quality", params={"agent": "x", "version": "y"}, headers=REVIEWER).status_code == 404

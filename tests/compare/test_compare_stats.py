@@ -1,0 +1,224 @@
+"""The statistics behind `vigil compare`: published figures, exact counts, known intervals."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from vigil.compare import stats
+from vigil.compare.signals import VersionData
+from vigil.compare.table import BETTER, UNSURE, WORSE, Row, build_rows, mark_red_flags, verdict
+from vigil.schema import outcome_types
+
+
+def brute_pass_hat(trials: list[bool], k: int) -> float:
+    """pass^k by enumerating every k-subset of the trials (independent of the closed form)."""
+    subsets = list(itertools.combinations(trials, k))
+    return sum(all(s) for s in subsets) / len(subsets)
+
+
+def brute_pass_at(trials: list[bool], k: int) -> float:
+    subsets = list(itertools.combinations(trials, k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+def test_issue_example_n8() -> None:
+    table = stats.pass_k_table({f"t{i}": (8, c) for i, c in enumerate([8, 7, 6, 4, 5])}, ks=[1, 4])
+    assert round(table["pass_at_k"][1], 2) == 0.75
+    assert round(table["pass_at_k"][4], 2) == 1.00
+    assert round(table["pass_hat_k"][4], 2) == 0.36
+    assert table["pass_hat_k"][4] == pytest.approx(1.8 / 5)
+
+
+# τ-bench (Yao et al., 2024), gpt-4o on airline, 50 tasks × 4 trials: published pass^1..4.
+TAU_BENCH_GPT4O_AIRLINE = [0.420, 0.273, 0.220, 0.200]
+
+
+def histograms_matching(published: list[float], tasks: int, trials: int) -> list[tuple[int, ...]]:
+    """Every split of ``tasks`` into a_c tasks solved c of ``trials`` times whose pass^k, computed by
+    enumerating trial subsets (not the closed form under test), rounds to ``published``."""
+    per_task = {
+        c: [brute_pass_hat([True] * c + [False] * (trials - c), k) for k in range(1, trials + 1)]
+        for c in range(trials + 1)
+    }
+
+    found: list[tuple[int, ...]] = []
+
+    def choose(c: int, left: int, chosen: dict[int, int]) -> None:
+        # pass^k depends only on the tasks solved at least k times: fix a_trials first, then prune
+        if c == 0:
+            found.append(tuple([left] + [chosen[j] for j in range(1, trials + 1)]))
+            return
+        for a in range(left + 1):
+            now = {**chosen, c: a}
+            hat = sum(n * per_task[j][c - 1] for j, n in now.items()) / tasks
+            if round(hat, 3) == published[c - 1]:
+                choose(c - 1, left - a, now)
+
+    choose(trials, tasks, {})
+    return found
+
+
+def test_estimator_gives_tau_bench_published_figures_from_the_histogram_they_imply() -> None:
+    """Not a replay of τ-bench's trajectories (not in the shared data): the published pass^1..4 admit
+    exactly one histogram of per-task success counts, and the estimator, given those counts per
+    task, must give the published figures back. A biased estimator such as (c/n)^k does not."""
+    found = histograms_matching(TAU_BENCH_GPT4O_AIRLINE, tasks=50, trials=4)
+    assert found == [(14, 12, 10, 4, 10)]  # a_0..a_4: tasks solved 0..4 times of 4
+    tasks = {f"airline:{i}": (4, c) for i, c in enumerate(c for c, a in enumerate(found[0]) for _ in range(a))}
+    table = stats.pass_k_table(tasks)
+    assert table["tasks"] == 50 and table["ks"] == [1, 2, 3, 4]
+    assert [round(table["pass_hat_k"][k], 3) for k in (1, 2, 3, 4)] == TAU_BENCH_GPT4O_AIRLINE
+    biased = [sum((c / n) ** k for n, c in tasks.values()) / 50 for k in (1, 2, 3, 4)]
+    assert [round(b, 3) for b in biased] != TAU_BENCH_GPT4O_AIRLINE
+
+
+@pytest.mark.parametrize("n", [1, 3, 5, 8])
+def test_closed_forms_match_enumeration(n: int) -> None:
+    for c in range(n + 1):
+        trials = [True] * c + [False] * (n - c)
+        for k in range(1, n + 1):
+            assert stats.pass_hat_k(n, c, k) == pytest.approx(brute_pass_hat(trials, k))
+            assert stats.pass_at_k(n, c, k) == pytest.approx(brute_pass_at(trials, k))
+
+
+def test_pass_k_rejects_impossible_counts() -> None:
+    with pytest.raises(ValueError):
+        stats.pass_at_k(4, 5, 1)
+    with pytest.raises(ValueError):
+        stats.pass_hat_k(4, 2, 5)
+
+
+def test_pass_k_uses_tasks_with_enough_trials() -> None:
+    table = stats.pass_k_table({"a": (2, 1), "b": (4, 4)}, ks=[1, 3])
+    assert table["pass_at_k"][1] == pytest.approx((0.5 + 1.0) / 2)
+    assert table["pass_hat_k"][3] == 1.0  # only task b has 3 trials
+    assert stats.pass_k_table({})["tasks"] == 0
+
+
+def test_wilson_and_newcombe_against_published_values() -> None:
+    # Newcombe (1998), Statistics in Medicine 17:873, table II example: 56/70 vs 48/80, method 10
+    diff = stats.rate_difference(stats.rate(56, 70), stats.rate(48, 80))
+    assert diff.value == pytest.approx(0.2)
+    assert (round(diff.low, 4), round(diff.high, 4)) == (0.0524, 0.3339)
+    # Wilson (1927) interval of 0/10: [0, 0.2775]
+    zero = stats.rate(0, 10)
+    assert zero.low == pytest.approx(0.0, abs=1e-12) and round(zero.high, 4) == 0.2775
+    assert stats.rate(0, 0).value is None
+
+
+def test_bootstrap_intervals_cover_and_are_reproducible() -> None:
+    rng = np.random.default_rng(1)
+    base = rng.exponential(1000, 3000)
+    cand = rng.exponential(1300, 3000)
+    d1 = stats.difference(cand, base, stats.p95, 500)
+    d2 = stats.difference(cand, base, stats.p95, 500)
+    assert d1 == d2
+    true_diff = 1300 * np.log(20) - 1000 * np.log(20)
+    assert d1.low < true_diff < d1.high and d1.low > 0
+    m = stats.estimate(base, stats.mean, 500)
+    assert m.low < 1000 < m.high
+    same = stats.estimate([3.0, 3.0, 3.0], stats.mean, 100)
+    assert (same.value, same.low, same.high) == (3.0, 3.0, 3.0)
+    assert stats.difference([], [1.0], stats.mean, 100).value is None
+
+
+def test_verdicts_and_red_flags() -> None:
+    e = stats.Estimate
+    assert verdict(e(0.01, 0.002, 0.02, 10), "lower_is_better") == WORSE
+    assert verdict(e(0.01, 0.002, 0.02, 10), "higher_is_better") == BETTER
+    assert verdict(e(0.01, -0.002, 0.02, 10), "lower_is_better") == UNSURE
+    rows = [
+        Row("steps", "steps", "mean", "lower_is_better", e(12, 0, 0, 1), e(10, 0, 0, 1), e(-2, -3, -1, 2)),
+        Row(
+            "cost_usd",
+            "cost",
+            "mean",
+            "lower_is_better",
+            e(1, 0, 0, 1),
+            e(0.8, 0, 0, 1),
+            e(-0.2, -0.3, -0.1, 2),
+        ),
+        Row(
+            "forbidden_tool",
+            "forbidden",
+            "rate",
+            "lower_is_better",
+            e(0, 0, 0, 1),
+            e(0.015, 0, 0, 1),
+            e(0.015, 0.008, 0.02, 2),
+        ),
+        Row(
+            "tool_error",
+            "tool errors",
+            "rate",
+            "lower_is_better",
+            e(0, 0, 0, 1),
+            e(0, 0, 0, 1),
+            e(0.0, -0.01, 0.01, 2),
+        ),
+    ]
+    for r in rows:
+        r.verdict = verdict(r.difference, r.direction)
+    flagged = [r.signal for r in mark_red_flags(rows) if r.red_flag]
+    assert flagged == ["forbidden_tool"]
+    only_worse = [Row("x", "x", "rate", "lower_is_better", e(0, 0, 0, 1), e(0, 0, 0, 1), e(1, 0.5, 2, 1), WORSE)]
+    assert not any(r.red_flag for r in mark_red_flags(only_worse))
+
+
+RULE_RATES = [0.02, 0.04, 0.05, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3]
+
+
+def identical_version(rng: np.random.Generator, name: str, n: int = 400) -> VersionData:
+    """One draw of a version from fixed rates and distributions: two draws are the same agent quality."""
+    d = VersionData("bot", name, conversations=n)
+    d.rule_conversations = {f"r{i}": int(rng.binomial(n, p)) for i, p in enumerate(RULE_RATES)}
+    d.forbidden_conversations = int(rng.binomial(n, 0.03))
+    d.tool_error_conversations = int(rng.binomial(n, 0.1))
+    d.outcome_conversations = {
+        "escalation": int(rng.binomial(n, 0.06)),
+        "refund_reversal": int(rng.binomial(n, 0.02)),
+    }
+    d.judge = {"helpful": (200, int(rng.binomial(200, 0.15)))}
+    d.steps = list(rng.poisson(8, n).astype(float))
+    d.cost = list(rng.gamma(2.0, 0.01, n))
+    d.latency = list(rng.lognormal(7.5, 0.6, n))
+    return d
+
+
+@pytest.mark.slow
+def test_identical_versions_rarely_get_a_spurious_worse_verdict() -> None:
+    """18 signals tested at 5% each would call some signal of identical versions worse ~30% of the time."""
+    types = outcome_types("")
+    seeds, rules = 200, [f"r{i}" for i in range(len(RULE_RATES))]
+    spurious = raw_spurious = signals = 0
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        rows = build_rows(identical_version(rng, "a"), identical_version(rng, "b"), types, rules, 200)
+        signals = sum(1 for r in rows if r.p_adjusted is not None)
+        spurious += any(r.verdict == WORSE for r in rows)
+        raw_spurious += any(verdict(r.difference, r.direction) == WORSE for r in rows)
+    assert signals >= 15
+    assert raw_spurious / seeds > 0.15  # the uncorrected intervals alone: the problem is real here
+    assert spurious / seeds <= 0.06
+
+
+def test_a_clear_regression_survives_the_correction() -> None:
+    rng = np.random.default_rng(1)
+    base, cand = identical_version(rng, "a"), identical_version(rng, "b")
+    cand.forbidden_conversations = 40  # 3% -> 10%
+    rows = {r.signal: r for r in build_rows(base, cand, outcome_types(""), [f"r{i}" for i in range(10)], 200)}
+    assert rows["forbidden_tool"].verdict == WORSE and rows["forbidden_tool"].p_adjusted < 0.05
+    assert rows["forbidden_tool"].p_adjusted >= rows["forbidden_tool"].difference.p_value
+
+
+def test_holm_matches_statsmodels() -> None:
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(3)
+    for size in (1, 2, 5, 18):
+        p = list(rng.uniform(0, 0.2, size)) + [0.01, 0.01]  # ties included
+        assert stats.holm(p) == pytest.approx(list(multipletests(p, method="holm")[1]))
+    assert stats.holm([]) == []

@@ -1,0 +1,128 @@
+"""The compare page in the reviewer UI: over HTTP, and in a real headless Chromium."""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.support.app import make_settings
+from tests.support.browser import ARGS, CHROMIUM
+from tests.support.services import free_port, missing, wait_port
+from tests.support.traffic import cheaper, clean, with_defect
+from vigil.app.runtime import build_runtime
+from vigil.app.wiring import wire
+from vigil.schema import Conversation
+
+
+def loaded_runtime(url: str):  # type: ignore[no-untyped-def]
+    rt = wire(
+        build_runtime(make_settings(url, compare_bootstrap_resamples=200), registry=CollectorRegistry()),
+        {"api"},
+    )
+    base = clean(200, "v1", 1)
+    cand = cheaper(clean(180, "v2", 2) + with_defect(20, "v2", "cancel_delivered", 3))
+    for batch in (base, cand):
+        rt.pipeline.process([Conversation.model_validate(c) for c in batch], "test")
+    return rt
+
+
+def test_compare_page_over_http(sqlite_url) -> None:
+    from fastapi.testclient import TestClient
+
+    from vigil.app.server import build_app
+
+    rt = loaded_runtime(sqlite_url)
+    with TestClient(build_app(rt)) as ui:
+        r = ui.get("/ui/compare", follow_redirects=False)
+        assert r.status_code == 303 and "/ui/login" in r.headers["location"]
+        page = ui.get("/ui/login")
+        token = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+        ui.post("/ui/login", data={"csrf": token, "api_key": "rita-key", "next": "/ui/compare"})
+        html = ui.get("/ui/compare").text
+        assert 'href="/ui/compare"' in html and "Compare" in html
+        # one agent: the newest two versions are picked
+        assert 'data-signal="forbidden_tool" data-verdict="worse" class="flagged"' in html
+        assert "Red flags" in html and "0.0% → 10.0%" in html
+        assert "Holm" in html and "p<sub>adj</sub>" in html
+        other = ui.get("/ui/compare", params={"agent": "support-bot", "baseline": "v1", "candidate": "v9"}).text
+        assert "no agent has conversations of both" not in other and "no finished conversations" in other
+    rt.close()
+
+
+def logged_in(ui):  # type: ignore[no-untyped-def]
+    page = ui.get("/ui/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+    ui.post("/ui/login", data={"csrf": token, "api_key": "rita-key", "next": "/ui/compare"})
+    return ui
+
+
+def test_versions_stored_together_order_by_name_and_an_agent_is_picked(sqlite_url) -> None:
+    """As in the demo: two versions first stored in one batch; and a second agent stored earlier."""
+    from fastapi.testclient import TestClient
+
+    from vigil.app.server import build_app
+
+    rt = wire(
+        build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=200), registry=CollectorRegistry()),
+        {"api"},
+    )
+    older = clean(30, "v1", 5) + clean(30, "v2", 6)
+    for c in older:
+        c["agent_id"] = "billing-bot"
+    rt.pipeline.process([Conversation.model_validate(c) for c in older], "test")
+    together = clean(40, "v1.5.0", 7) + clean(40, "v1.4.0", 8)
+    rt.pipeline.process([Conversation.model_validate(c) for c in together], "test")
+    with TestClient(build_app(rt)) as ui:
+        html = logged_in(ui).get("/ui/compare").text
+        assert '<option value="support-bot" selected>' in html
+        assert "baseline <b>v1.4.0</b>" in html and "candidate <b>v1.5.0</b>" in html
+        other = ui.get("/ui/compare", params={"agent": "billing-bot"}).text
+        assert "baseline <b>v1</b>" in other and "candidate <b>v2</b>" in other
+    rt.close()
+
+
+@pytest.mark.browser
+def test_compare_page_in_a_browser(sqlite_url) -> None:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("python playwright")
+    if not Path(CHROMIUM).exists():
+        missing(f"Chromium at {CHROMIUM}")
+    import uvicorn
+
+    from vigil.app.server import build_app
+
+    rt = loaded_runtime(sqlite_url)
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    assert wait_port(port), "uvicorn did not start"
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page()
+            page.goto(f"{base}/ui/compare")
+            page.fill("#api_key", "rita-key")
+            page.click("button[type=submit]")
+            page.wait_for_url(f"{base}/ui/compare")
+            page.select_option("select[name=baseline]", "v2")
+            page.select_option("select[name=candidate]", "v1")
+            page.click("#compare-form button[type=submit]")
+            page.wait_for_url(re.compile(r".*baseline=v2.*candidate=v1.*"))
+            row = page.locator('tr[data-signal="forbidden_tool"]')
+            assert row.get_attribute("data-verdict") == "better"
+            assert page.locator('tr[data-signal="cost_usd"]').get_attribute("data-verdict") == "worse"
+            assert page.locator("#red-flags").count() == 1  # cost got worse while forbidden tools improved
+            assert page.locator("nav.nav a", has_text="Compare").get_attribute("aria-current") == "page"
+            browser.close()
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+        rt.close()

@@ -1,0 +1,187 @@
+"""The Helm chart lints and renders with every CI values file; every manifest is valid Kubernetes."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import typer.main
+
+from tests.support.helm_chart import CHART, CI_VALUES, KUBE_VERSION, by_kind, helm, load_values, one, render
+from vigil.app.cli import app
+from vigil.settings import Settings
+
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}  # checked in tests/test_helm_files.py and below
+SECRET_VARS = {"VIGIL_DATABASE_URL", "VIGIL_API_KEYS", "VIGIL_REVIEW_SESSION_SECRET"}
+
+
+@pytest.fixture(params=CI_VALUES, ids=[p.stem for p in CI_VALUES])
+def values_file(request: pytest.FixtureRequest) -> Path:
+    return request.param
+
+
+def test_ci_values_files_exist() -> None:
+    assert {p.stem for p in CI_VALUES} >= {"minimal-values", "production-values", "everything-values"}
+
+
+def test_lint_is_clean(values_file: Path) -> None:
+    report = helm().lint(
+        CHART, load_values(values_file), strict=True, namespace="vigil", kube_version=f"v{KUBE_VERSION}"
+    )
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not report["errors"] and not problems, (report["errors"], problems)
+
+
+def test_every_manifest_validates(values_file: Path) -> None:
+    docs = render(load_values(values_file))
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "Service", "ConfigMap", "ServiceAccount"} <= kinds
+    for doc in docs:
+        if doc["kind"] in CRD_KINDS:
+            continue
+        clean = {k: v for k, v in doc.items() if k != "_template"}
+        try:
+            kubernetes_validate.validate(clean, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(
+                f"{doc['_template']} {doc['kind']}/{doc['metadata']['name']}: {exc.message} "
+                f"at {'.'.join(str(p) for p in exc.path)}"
+            )
+    assert not by_kind(docs, "Secret"), "the chart must reference Secrets, never create them"
+
+
+def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return doc["spec"]["template"]["spec"]["containers"]
+
+
+def test_pods_are_locked_down_and_probed(values_file: Path) -> None:
+    for doc in render(load_values(values_file)):
+        if doc["kind"] not in ("Deployment", "Job"):
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["automountServiceAccountToken"] is False
+        tmp = [v for v in pod["volumes"] if v["name"] == "tmp"]
+        assert tmp and "emptyDir" in tmp[0]
+        for c in containers(doc):
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            assert {"mountPath": "/tmp", "name": "tmp"} in c["volumeMounts"]
+            assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+            for env in c.get("env", []):
+                if env["name"] in SECRET_VARS:
+                    assert "secretKeyRef" in env.get("valueFrom", {}), f"{env['name']}: not from a Secret"
+            if doc["kind"] == "Deployment":
+                assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+                if doc["metadata"]["labels"]["app.kubernetes.io/component"] == "api":
+                    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_every_role_runs_a_vigil_command() -> None:
+    commands = set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+    docs = render(load_values(CHART / "ci" / "production-values.yaml"))
+    roles = {}
+    for doc in by_kind(docs, "Deployment") + by_kind(docs, "Job"):
+        args = containers(doc)[0]["args"]
+        roles[doc["metadata"]["name"]] = args[0]
+    assert set(roles.values()) == {"serve", "consume", "judge-worker", "detector", "db"}
+    missing_commands = {name: cmd for name, cmd in roles.items() if cmd not in commands}
+    assert not missing_commands, f"not vigil commands: {missing_commands} (have {sorted(commands)})"
+
+
+def secret_refs(doc: dict[str, Any]) -> set[str]:
+    return {e["secretRef"]["name"] for c in containers(doc) for e in c.get("envFrom", []) if "secretRef" in e}
+
+
+def test_llm_key_reaches_only_roles_that_call_a_provider() -> None:
+    """Judge workers judge; the API runs pairwise comparisons and calibration (POST /v1/judges/...) itself."""
+    values = load_values(CHART / "ci" / "production-values.yaml")
+    llm = values["llm"]["existingSecret"]
+    docs = render(values)
+    api = one(docs, "Deployment", "-api")
+    assert containers(api)[0]["args"] == ["serve", "--no-workers"]
+    pods = by_kind(docs, "Deployment")
+    holders = {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in pods if llm in secret_refs(d)}
+    assert len(pods) == 4
+    assert holders == {"api", "judge-worker"}
+    assert not [d["metadata"]["name"] for d in by_kind(docs, "Job") if llm in secret_refs(d)]
+    off = render({**values, "judges": {"enabled": False}})
+    assert not [d["metadata"]["name"] for d in by_kind(off, "Deployment") if llm in secret_refs(d)]
+
+
+def test_docs_role_table_matches_the_chart() -> None:
+    from vigil.settings import PROJECT_ROOT
+
+    values = load_values(CHART / "values.yaml")
+    page = (PROJECT_ROOT / "docs" / "kubernetes.md").read_text()
+    section = page.split("<!-- section:kubernetes -->", 1)[1]
+    api_row = next(line for line in section.splitlines() if line.startswith("| API"))
+    assert f"`{' '.join(['vigil', *values['api']['args']])}`" in api_row, api_row
+
+
+def test_env_config_map_holds_only_real_settings(values_file: Path) -> None:
+    docs = render(load_values(values_file))
+    env = one(docs, "ConfigMap", "-env")["data"]
+    fields = {f"VIGIL_{name.upper()}" for name in Settings.model_fields}
+    unknown = sorted(k for k in env if k.startswith("VIGIL_") and k not in fields)
+    assert not unknown, f"VIGIL_ variables that are no setting: {unknown}"
+    assert not SECRET_VARS & set(env)
+
+
+def test_replicas_detector_and_consumers() -> None:
+    values = load_values(CHART / "ci" / "production-values.yaml")
+    docs = render(values)
+    assert one(docs, "Deployment", "-detector")["spec"]["replicas"] == 1
+    assert one(docs, "Deployment", "-consumer")["spec"]["replicas"] == values["consumer"]["replicas"]
+    assert one(docs, "Deployment", "-api")["spec"]["replicas"] == 3
+    everything = render(load_values(CHART / "ci" / "everything-values.yaml"))
+    consumer = one(everything, "Deployment", "-consumer")
+    assert "replicas" not in consumer["spec"], "the HPA owns the replica count"
+    hpa = one(everything, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == consumer["metadata"]["name"]
+    assert {p["metadata"]["name"].rsplit("-", 1)[-1] for p in by_kind(everything, "PodDisruptionBudget")} == {
+        "api",
+        "consumer",
+        "worker",
+    }
+
+
+def test_consumers_beyond_partitions_are_refused() -> None:
+    h = helm()
+    values = copy.deepcopy(load_values(CHART / "ci" / "production-values.yaml"))
+    values["consumer"]["replicas"] = 13
+    with pytest.raises(h.HelmRenderError, match=r"consumer.replicas \(13\) exceeds kafka.partitions \(12\)"):
+        render(values)
+    values["consumer"]["replicas"] = 2
+    values["consumer"]["autoscaling"] = {"enabled": True, "maxReplicas": 20}
+    with pytest.raises(h.HelmRenderError, match=r"maxReplicas \(20\) exceeds kafka.partitions \(12\)"):
+        render(values)
+
+
+def test_service_monitor_scrapes_the_services_the_chart_makes() -> None:
+    docs = render(load_values(CHART / "ci" / "production-values.yaml"))
+    monitor = one(docs, "ServiceMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    services = [s for s in by_kind(docs, "Service") if selector.items() <= s["metadata"]["labels"].items()]
+    ports = {p["name"] for s in services for p in s["spec"]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} == ports == {"http", "metrics"}
+    workers = one(docs, "Service", "-workers")["spec"]["selector"]
+    for d in by_kind(docs, "Deployment"):
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        is_worker = d["metadata"]["labels"]["app.kubernetes.io/component"] != "api"
+        assert (workers.items() <= labels.items()) == is_worker
+        if is_worker:
+            assert containers(d)[0]["ports"][0]["name"] == "metrics"
+
+
+def test_ingress_routes_to_the_api_service() -> None:
+    docs = render(load_values(CHART / "ci" / "everything-values.yaml"))
+    ingress = one(docs, "Ingress")
+    api = one(docs, "Service", "watch")
+    backends = {p["backend"]["service"]["name"] for r in ingress["spec"]["rules"] for p in r["http"]["paths"]}
+    assert backends == {api["metadata"]["name"]}
+    assert ingress["spec"]["tls"][0]["secretName"] == "vigil-tls"

@@ -1,0 +1,100 @@
+"""The chart's copies of rules, judges, alert rules and the dashboard cannot drift from the repository's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tests.support.app import make_settings
+from tests.support.helm_chart import CHART, load_values, one, render
+from tests.support.services import missing
+from vigil.rules import RuleEngine
+from vigil.settings import PROJECT_ROOT
+
+
+def sync_module():  # type: ignore[no-untyped-def]
+    path = PROJECT_ROOT / "helm" / "sync_chart_files.py"
+    spec = importlib.util.spec_from_file_location("sync_chart_files", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_chart_copies_match_the_repository() -> None:
+    problems = sync_module().drift()
+    assert not problems, "run `python helm/sync_chart_files.py`:\n" + "\n".join(problems)
+
+
+def test_prometheus_rule_is_dashboards_alerts(tmp_path: Path) -> None:
+    source = PROJECT_ROOT / "dashboards" / "alerts.yaml"
+    assert source.exists(), "dashboards/alerts.yaml is missing"
+    docs = render(load_values(CHART / "ci" / "production-values.yaml"))
+    rule = one(docs, "PrometheusRule")
+    assert rule["spec"]["groups"] == yaml.safe_load(source.read_text())["groups"]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    promtool = shutil.which("promtool")
+    if not promtool:
+        missing("promtool")
+    rendered = tmp_path / "rules.yaml"
+    rendered.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    check = subprocess.run([promtool, "check", "rules", str(rendered)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_grafana_dashboard_config_map() -> None:
+    source = PROJECT_ROOT / "dashboards" / "vigil.json"
+    assert source.exists(), "dashboards/vigil.json is missing"
+    docs = render(load_values(CHART / "ci" / "everything-values.yaml"))
+    cm = one(docs, "ConfigMap", "-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert json.loads(cm["data"]["vigil.json"]) == json.loads(source.read_text())
+
+
+def mount(docs: list[dict], name_suffix: str, volume: str, target: Path) -> None:  # type: ignore[type-arg]
+    """Write a ConfigMap's keys where the pod spec's volume puts them."""
+    cm = one(docs, "ConfigMap", name_suffix)
+    api = one(docs, "Deployment", "-api")
+    vol = next(v for v in api["spec"]["template"]["spec"]["volumes"] if v["name"] == volume)
+    items = vol["configMap"].get("items") or [{"key": k, "path": k} for k in cm["data"]]
+    assert {i["key"] for i in items} == set(cm["data"]), "every key of the ConfigMap is mounted"
+    for item in items:
+        path = target / item["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(cm["data"][item["key"]])
+
+
+def test_mounted_rules_and_judges_load_like_the_repository(tmp_path: Path) -> None:
+    values = load_values(CHART / "ci" / "everything-values.yaml")
+    docs = render(values)
+    rules_dir, judges_dir = tmp_path / "rules", tmp_path / "judges"
+    extra_dir = tmp_path / "rules-extra"
+    mount(docs, "-rules", "rules", rules_dir)
+    mount(docs, "-rules-extra", "rules-extra", extra_dir)
+    mount(docs, "-judges", "judges", judges_dir)
+    env = one(docs, "ConfigMap", "-env")["data"]
+    packs = env["VIGIL_RULE_PACKS"].replace("/app/rules-extra", str(extra_dir))
+    packs = packs.replace("/app/rules", str(rules_dir))
+    engine = RuleEngine.from_paths(make_settings("sqlite://", rule_packs=packs).rule_pack_paths())
+    (tmp_path / "local.yaml").write_text(values["rules"]["extra"]["local.yaml"])
+    reference = RuleEngine.from_paths(
+        [PROJECT_ROOT / "rules" / p for p in values["rules"]["packs"]] + [tmp_path / "local.yaml"]
+    )
+    assert sorted(r.id for r in engine.rules) == sorted(r.id for r in reference.rules)
+    assert "no-internal-hostnames" in {r.id for r in engine.rules}
+    for folder in (PROJECT_ROOT / "judges").iterdir():
+        if folder.is_dir() and not folder.name.startswith((".", "_")):
+            for f in folder.iterdir():
+                if f.is_file():
+                    assert (judges_dir / folder.name / f.name).read_text() == f.read_text()
+    from vigil.judge.definitions import load_judges
+
+    mounted = load_judges(make_settings("sqlite://", judges_dir=str(judges_dir)))
+    original = load_judges(make_settings("sqlite://", judges_dir=str(PROJECT_ROOT / "judges")))
+    assert mounted.keys() == original.keys() and mounted

@@ -1,0 +1,129 @@
+"""End to end: a real Prometheus scrapes `vigil serve`, a new version regresses, the alert fires."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.services import free_port, missing, wait_port
+from vigil.settings import PROJECT_ROOT
+
+pytestmark = pytest.mark.prometheus
+
+KEY = "e2e-admin-key"
+
+
+def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(args, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def simulate(env: dict[str, str], url: str, versions: str, count: int, seed: int) -> None:
+    vigil = [sys.executable, "-m", "vigil.app.cli"]
+    result = subprocess.run(
+        [
+            *vigil,
+            "simulate",
+            "--url",
+            url,
+            "--api-key",
+            KEY,
+            "--versions",
+            versions,
+            "--count",
+            str(count),
+            "--seed",
+            str(seed),
+            "--batch",
+            "100",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def firing(prom: str) -> dict[str, list[dict]]:
+    alerts = httpx.get(f"{prom}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+    out: dict[str, list[dict]] = {}
+    for a in alerts:
+        if a["state"] == "firing":
+            out.setdefault(a["labels"]["alertname"], []).append(a["labels"])
+    return out
+
+
+def test_regression_reaches_firing_in_prometheus(tmp_path: Path) -> None:
+    prometheus = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
+    if not prometheus:
+        missing("prometheus (Debian package prometheus)")
+    vigil_port, prom_port = free_port(), free_port()
+    env = dict(os.environ)
+    env.update(
+        {
+            "VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'vigil.db'}",
+            "VIGIL_API_KEYS": f"admin:admin:{KEY}",
+            "VIGIL_PORT": str(vigil_port),
+            "VIGIL_RULE_PACKS": str(PROJECT_ROOT / "rules" / "default.yaml"),
+            "VIGIL_DETECTOR_INTERVAL_SECONDS": "1",
+            "VIGIL_DETECTOR_SETTLE_SECONDS": "0",
+            "VIGIL_DETECTOR_MIN_BASELINE": "300",
+            "VIGIL_LOG_LEVEL": "WARNING",
+        }
+    )
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: ['{PROJECT_ROOT / 'dashboards' / 'alerts.yaml'}']\n"
+        "scrape_configs:\n"
+        f"  - job_name: vigil\n    static_configs: [{{targets: ['127.0.0.1:{vigil_port}']}}]\n"
+    )
+    serve = start([sys.executable, "-m", "vigil.app.cli", "serve"], env, tmp_path / "serve.log")
+    prom = start(
+        [
+            prometheus,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        env,
+        tmp_path / "prometheus.log",
+    )
+    url, prom_url = f"http://127.0.0.1:{vigil_port}", f"http://127.0.0.1:{prom_port}"
+    try:
+        assert wait_port(vigil_port, 60), (tmp_path / "serve.log").read_text()[-3000:]
+        assert wait_port(prom_port, 30), (tmp_path / "prometheus.log").read_text()[-3000:]
+        simulate(env, url, "v1.4.0:0.0", 400, seed=1)
+        time.sleep(2)  # the detector folds v1.4.0 first: it becomes v1.5.0's baseline
+        simulate(env, url, "v1.5.0:0.6", 600, seed=2)
+        deadline = time.monotonic() + 90
+        got: dict[str, list[dict]] = {}
+        while time.monotonic() < deadline:
+            got = firing(prom_url)
+            if "ForbiddenToolCallsRising" in got and "RegressionDetected" in got:
+                break
+            time.sleep(1)
+        assert "ForbiddenToolCallsRising" in got, (got, httpx.get(f"{url}/metrics").text[-2000:])
+        assert got["ForbiddenToolCallsRising"][0]["agent_version"] == "v1.5.0"
+        assert all(a["agent_version"] == "v1.5.0" for alerts in got.values() for a in alerts)
+        alerts = httpx.get(f"{url}/v1/alerts", headers={"Authorization": f"Bearer {KEY}"}).json()
+        assert {a["agent_version"] for a in alerts["active"]} == {"v1.5.0"}
+        assert "forbidden_tool" in {a["signal"] for a in alerts["active"]}
+    finally:
+        stop(prom)
+        stop(serve)

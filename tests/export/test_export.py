@@ -1,0 +1,385 @@
+"""Export of confirmed failures: real τ² retail conversations through the pipeline, labels in review_labels.
+
+Covers the native schema, Inspect AI (loaded with ``inspect_ai``'s own reader), verifiers (checked against
+OpenAI's chat message types), PII redaction, near-duplicate grouping and incremental export.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.support.app import ADMIN, REVIEWER, make_client, make_settings
+from tests.support.services import missing, shared_data
+from vigil.app.runtime import build_runtime
+from vigil.export.schema import EvalTask
+from vigil.ingest.importers import load_file
+from vigil.rules.builtin_text import find_pii
+from vigil.settings import PROJECT_ROOT
+from vigil.store.models import ReviewLabelRow
+
+RETAIL = ("tau2", "trajectories", "sierra_gpt-4.1_retail_defautl_gpt-4.1_1trials.json")
+USER_ID = r"\b[a-z]+_[a-z]+_\d{4}\b"  # τ² retail user ids, e.g. mia_li_3668: a configured pattern
+
+
+def _label(cid: str, label: str, reviewer: str = "rita", **kw: Any) -> ReviewLabelRow:
+    return ReviewLabelRow(
+        conversation_id=cid,
+        revision=1,
+        reviewer=reviewer,
+        label=label,
+        version=1,
+        is_current=True,
+        category=kw.pop("category", "policy_violation" if label == "confirmed_failure" else None),
+        **kw,
+    )
+
+
+@pytest.fixture
+def world(db_url: str):  # type: ignore[no-untyped-def]
+    settings = make_settings(
+        db_url,
+        rule_packs=str(PROJECT_ROOT / "rules" / "*.yaml"),
+        export_redact_patterns={"user_id": USER_ID},
+    )
+    rt = build_runtime(settings, registry=CollectorRegistry())
+    convs = list(load_file(shared_data(*RETAIL), "auto", None, None))
+    by_rule: dict[str, Any] = {}
+    for c in convs:
+        for f in rt.rules.evaluate(c):
+            by_rule.setdefault(f.rule_id, c)
+    forbidden = by_rule["retail-return-exchange-only-delivered"]
+    confirm = next(
+        c
+        for c in convs
+        if any(
+            f.rule_id == "retail-confirm-before-write" and f.details.get("tool") == "cancel_pending_order"
+            for f in rt.rules.evaluate(c)
+        )
+    )
+    clean = next(
+        c
+        for c in convs
+        if not [f for f in rt.rules.evaluate(c) if f.severity != "info"] and any("@" in m.text for m in c.messages)
+    )
+    twin = forbidden.model_copy(update={"conversation_id": forbidden.conversation_id + ":retry"})
+    with make_client(rt) as client:
+        rt.pipeline.process([*convs, twin], "test")
+        ids = {
+            "forbidden": forbidden.conversation_id,
+            "twin": twin.conversation_id,
+            "confirm": confirm.conversation_id,
+            "clean": clean.conversation_id,
+        }
+        rest = [c.conversation_id for c in convs if c.conversation_id not in ids.values()]
+        with rt.sessions.begin() as s:
+            s.add(
+                _label(
+                    ids["forbidden"],
+                    "confirmed_failure",
+                    severity="high",
+                    notes="Returned a pending order.",
+                    expected_behavior="Explain that only delivered orders can be returned; call nothing.",
+                )
+            )
+            s.add(_label(ids["twin"], "confirmed_failure"))
+            s.add(_label(ids["confirm"], "confirmed_failure", category="unconfirmed_write"))
+            s.add(
+                _label(
+                    ids["clean"],
+                    "confirmed_failure",
+                    category="unresolved",
+                    notes="User called back from 415-555-0132; card 4111 1111 1111 1111 was on file.",
+                    expected_behavior="Write to the user at jane.doe@example.com with the balance.",
+                )
+            )
+            s.add(_label(rest[0], "not_a_failure"))
+            s.add(_label(rest[1], "confirmed_failure"))  # outvoted by two reviewers: not confirmed
+            s.add(_label(rest[1], "not_a_failure", reviewer="raj"))
+            s.add(_label(rest[1], "not_a_failure", reviewer="ann"))
+        yield rt, client, ids, {c.conversation_id: c for c in [*convs, twin]}, rest
+    rt.close()
+
+
+def _lines(body: bytes) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in body.splitlines() if line.strip()]
+
+
+def _export(client: Any, ack: bool = True, **params: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """One API export; ``ack``: then acknowledge it, as a client does once the file is safely written."""
+    r = client.post("/v1/exports", params=params, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-vigil-export-state"] == "pending"
+    if ack:
+        a = client.post(r.headers["x-vigil-export-ack"], headers=ADMIN)
+        assert a.status_code == 200 and a.json()["state"] == "done", a.text
+    return _lines(r.content), dict(r.headers)
+
+
+def test_native_export_schema_grading_redaction_and_dedupe(world) -> None:  # type: ignore[no-untyped-def]
+    rt, client, ids, convs, _ = world
+    assert client.post("/v1/exports", headers=REVIEWER).status_code == 403
+    tasks, headers = _export(client)
+    assert headers["x-vigil-tasks"] == "3" and headers["x-vigil-grouped"] == "1"
+    for t in tasks:
+        EvalTask.model_validate(t)
+    by_source = {t["source"]["conversation_id"]: t for t in tasks}
+    assert set(by_source) == {ids["forbidden"], ids["confirm"], ids["clean"]}  # the twin folds into its group
+
+    t = by_source[ids["forbidden"]]
+    original = convs[ids["forbidden"]]
+    assert t["duplicates"] == [ids["twin"]]
+    assert t["source"]["agent_id"] == "tau2-retail" and t["source"]["agent_version"] == original.agent_version
+    idx = t["failure"]["message_index"]
+    failed = original.messages[idx]
+    assert failed.role == "assistant"
+    assert [c.name for c in failed.tool_calls or []] == ["return_delivered_order_items"]
+    assert len(t["messages"]) == idx and t["messages"][-1]["role"] != "assistant"
+    assert {"type": "must_not_call", "tool": "return_delivered_order_items"}.items() <= next(
+        g for g in t["grading"] if g["type"] == "must_not_call"
+    ).items()
+    assert any(g["type"] == "rubric" and "only delivered orders" in g["text"] for g in t["grading"])
+    assert t["review"]["notes"] == ["Returned a pending order."]
+    assert t["failure"]["severity"] == "high"
+    assert t["goal"] and t["goal"][:40] == re.sub(USER_ID, "[REDACTED:user_id]", original.metadata["goal"])[:40]
+
+    c = by_source[ids["confirm"]]
+    assert {"type": "must_confirm_before_call", "tool": "cancel_pending_order"}.items() <= next(
+        g for g in c["grading"] if g["type"] == "must_confirm_before_call"
+    ).items()
+    assert c["failure"]["category"] == "unconfirmed_write"
+
+    clean = by_source[ids["clean"]]
+    assert clean["failure"]["located_by"] is None  # no rule fired: the agent's last turn
+    last_assistant = max(i for i, m in enumerate(convs[ids["clean"]].messages) if m.role == "assistant")
+    assert clean["failure"]["message_index"] == last_assistant
+
+    raw = b"".join(orjson.dumps(x) for x in tasks).decode()
+    assert list(find_pii(raw, ["email", "phone", "card"])) == []
+    assert not re.search(USER_ID, raw)
+    assert "jane.doe@example.com" not in raw and "4111 1111 1111 1111" not in raw and "415-555-0132" not in raw
+    for kind in ("email", "phone", "card", "user_id"):
+        assert f"[REDACTED:{kind}]" in raw
+    emails = {m.group(0) for conv in convs.values() for msg in conv.messages for _, m in find_pii(msg.text, ["email"])}
+    assert emails and not any(e in raw for e in emails)
+
+
+def test_grouped_duplicates_keep_every_reviewers_notes(world) -> None:  # type: ignore[no-untyped-def]
+    rt, client, ids, _, _ = world
+    with rt.sessions.begin() as s:
+        s.query(ReviewLabelRow).filter_by(conversation_id=ids["twin"]).update({"is_current": False})
+        relabel = _label(
+            ids["twin"],
+            "confirmed_failure",
+            notes="Same mistake on the retry.",
+            expected_behavior="Offer to cancel the pending order instead.",
+        )
+        relabel.version = 2
+        s.add(relabel)
+        s.add(
+            _label(
+                ids["forbidden"],
+                "confirmed_failure",
+                reviewer="raj",
+                notes="Returned a pending order.",  # the same words as rita's: kept once
+                expected_behavior="Explain that only delivered orders can be returned; call nothing.",
+            )
+        )
+    tasks, headers = _export(client)
+    assert headers["x-vigil-grouped"] == "1"
+    (t,) = [t for t in tasks if ids["twin"] in [t["source"]["conversation_id"], *t["duplicates"]]]
+    assert {t["source"]["conversation_id"], *t["duplicates"]} == {ids["forbidden"], ids["twin"]}
+    assert sorted(t["review"]["notes"]) == ["Returned a pending order.", "Same mistake on the retry."]
+    expected = t["review"]["expected_behavior"]
+    assert expected.count("only delivered orders") == 1 and "Offer to cancel the pending order" in expected
+    rubric = [g["text"] for g in t["grading"] if g["type"] == "rubric"]
+    assert rubric == [expected]
+    EvalTask.model_validate(t)
+
+
+def test_incremental_export_with_watermark(world) -> None:  # type: ignore[no-untyped-def]
+    rt, client, ids, _, rest = world
+    first, h1 = _export(client)
+    assert len(first) == 3
+    again, h2 = _export(client)
+    assert again == [] and h2["x-vigil-watermark"] == h1["x-vigil-watermark"]
+    with rt.sessions.begin() as s:
+        s.add(_label(rest[2], "confirmed_failure", category="tone"))
+    # a later near-duplicate of an exported failure is not exported twice
+    dup = ids["forbidden"] + ":again"
+    conv = orjson.loads(client.get(f"/v1/conversations/{ids['forbidden']}", headers=ADMIN).content)["conversation"]
+    conv["conversation_id"] = dup
+    assert client.post("/v1/conversations", json=[conv], headers=ADMIN).status_code < 300
+    with rt.sessions.begin() as s:
+        s.add(_label(dup, "confirmed_failure"))
+    new, h3 = _export(client)
+    assert [t["source"]["conversation_id"] for t in new] == [rest[2]]
+    assert h3["x-vigil-grouped"] == "1" and int(h3["x-vigil-watermark"]) > int(h1["x-vigil-watermark"])
+    since, _ = _export(client, since=h1["x-vigil-watermark"], all="true")
+    assert {t["source"]["conversation_id"] for t in since} == {rest[2], dup}  # dup: its own group when alone
+    everything, _ = _export(client, all="true")
+    assert len(everything) == 4
+    # another format keeps its own record
+    assert len(_export(client, format="inspect")[0]) == 4
+    runs = client.get("/v1/exports", headers=ADMIN).json()
+    assert [r["tasks"] for r in runs][:3] == [4, 4, 2]
+    r = client.post("/v1/exports", params={"format": "csv"}, headers=ADMIN)
+    assert r.status_code == 422
+
+
+def test_unacknowledged_api_export_is_exported_again(world) -> None:  # type: ignore[no-untyped-def]
+    rt, client, ids, _, _ = world
+    lost, h1 = _export(client, ack=False)  # the download never reached the client
+    assert len(lost) == 3
+    runs = client.get("/v1/exports", headers=ADMIN).json()
+    assert runs[0]["run_id"] == int(h1["x-vigil-export-run"]) and runs[0]["state"] == "pending"
+    again, h2 = _export(client, ack=False)
+    assert sorted(t["task_id"] for t in again) == sorted(t["task_id"] for t in lost)
+    # acknowledging the second run records its tasks; the first one's late ack changes nothing
+    assert client.post(h2["x-vigil-export-ack"], headers=REVIEWER).status_code == 403
+    done = client.post(h2["x-vigil-export-ack"], headers=ADMIN).json()
+    assert done["state"] == "done" and done["acknowledged_at"] and done["tasks"] == 3
+    assert client.post(h2["x-vigil-export-ack"], headers=ADMIN).json()["state"] == "done"  # idempotent
+    assert client.post(h1["x-vigil-export-ack"], headers=ADMIN).status_code == 200
+    assert _export(client)[0] == []
+    assert client.post("/v1/exports/999999/ack", headers=ADMIN).status_code == 404
+    from vigil.export.models import ExportedTaskRow
+
+    with rt.sessions() as s:
+        recorded = {(r.conversation_id, r.run_id) for r in s.query(ExportedTaskRow)}
+    assert {cid for cid, _ in recorded} == {ids["forbidden"], ids["twin"], ids["confirm"], ids["clean"]}
+    assert {run for _, run in recorded} == {int(h2["x-vigil-export-run"])}
+
+
+def test_inspect_round_trip(world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    try:
+        import inspect_ai.dataset as dataset_mod
+    except ImportError:
+        missing("inspect_ai (pip install -e '.[dev]')")
+    _, client, ids, convs, _ = world
+    native, _ = _export(client)
+    body, _ = _export(client, format="inspect")
+    path = tmp_path / "tasks.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in body))
+    samples = list(dataset_mod.json_dataset(str(path)))
+    assert len(samples) == len(native) == 3
+    by_id = {t["task_id"]: t for t in native}
+    for sample in samples:
+        t = by_id[sample.id]
+        assert sample.metadata["source"] == t["source"] and sample.metadata["grading"] == t["grading"]
+        assert [m.role for m in sample.input] == [m["role"] for m in t["messages"]]
+        calls = [c.function for m in sample.input if m.role == "assistant" for c in (m.tool_calls or [])]
+        assert calls == [c["function"]["name"] for m in t["messages"] for c in m.get("tool_calls") or []]
+        results = [m for m in sample.input if m.role == "tool"]
+        assert all(m.function for m in results)
+        assert sample.target == (t["review"]["expected_behavior"] or sample.target)
+    forbidden = by_id[next(k for k, t in by_id.items() if t["source"]["conversation_id"] == ids["forbidden"])]
+    s = next(x for x in samples if x.id == forbidden["task_id"])
+    assert s.target.startswith("Explain that only delivered orders can be returned")
+
+
+def test_verifiers_rows_are_openai_chat(world) -> None:  # type: ignore[no-untyped-def]
+    from openai.types.chat import ChatCompletionMessageParam
+    from pydantic import TypeAdapter
+
+    _, client, ids, _, _ = world
+    rows, _ = _export(client, format="verifiers")
+    native, _ = _export(client, all="true")
+    assert len(rows) == 3
+    adapter = TypeAdapter(list[ChatCompletionMessageParam])
+    for row in rows:
+        assert set(row) == {"prompt", "answer", "info", "task"}
+        adapter.validate_python(row["prompt"])
+        for m in row["prompt"]:
+            for c in m.get("tool_calls") or []:
+                assert isinstance(orjson.loads(c["function"]["arguments"]), dict)
+        assert isinstance(row["answer"], str) and row["answer"]
+        info = orjson.loads(row["info"])  # a JSON string, as verifiers recommends for varied shapes
+        assert info["schema"] == "vigil.eval_task" and info["grading"]
+    by_task = {t["task_id"]: t for t in native}
+    for row in rows:
+        assert len(row["prompt"]) == len(by_task[orjson.loads(row["info"])["task_id"]]["messages"])
+
+
+def test_cli_export_writes_file_and_rejects_bad_input(world, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from vigil.app.cli import app
+
+    rt, _, _, _, _ = world
+    monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
+    monkeypatch.setenv("VIGIL_RULE_PACKS", rt.settings.rule_packs)
+    monkeypatch.setenv("VIGIL_EXPORT_REDACT_PATTERNS", '{"user_id": "' + USER_ID.replace("\\", "\\\\") + '"}')
+    out = tmp_path / "tasks.jsonl"
+    r = CliRunner().invoke(app, ["export", "--format", "native", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert len(_lines(out.read_bytes())) == 3 and "watermark" in r.output
+    r = CliRunner().invoke(app, ["export", "--out", str(out)])
+    assert r.exit_code == 0 and _lines(out.read_bytes()) == []
+    r = CliRunner().invoke(app, ["export", "--format", "yaml"])
+    assert r.exit_code == 2 and "format must be one of" in r.output
+    monkeypatch.setenv("VIGIL_EXPORT_REDACT_PATTERNS", '{"bad": "("}')
+    r = CliRunner().invoke(app, ["export"])
+    assert r.exit_code == 2 and "invalid regex" in r.output
+
+
+def test_concurrent_exports_never_export_a_conversation_twice(world) -> None:  # type: ignore[no-untyped-def]
+    """Recording runs (the CLI's) racing: each task goes out once, whoever got there first."""
+    import threading
+
+    from sqlalchemy.exc import IntegrityError
+
+    from vigil.export.redact import Redactor
+    from vigil.export.run import export
+
+    rt, client, _, _, _ = world
+    results: list[int] = []
+    gate = threading.Barrier(3)
+
+    def run() -> None:
+        gate.wait()
+        try:
+            with rt.sessions.begin() as s:
+                result = export(s, {r.id: r for r in rt.rules.rules}, Redactor({}), actor="cli")
+            results.append(result.tasks)
+        except IntegrityError:
+            results.append(0)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 3 and sum(results) == 3, results
+    assert _export(client)[0] == []
+
+
+def test_export_ack_migration_matches_the_model(db_url: str) -> None:
+    from alembic import command
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy import inspect
+
+    from vigil.app.wiring import metadata
+    from vigil.store import db
+
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            diffs = compare_metadata(MigrationContext.configure(conn), metadata())
+        assert [d for d in diffs if "export_runs" in repr(d)] == []
+        cfg = db.alembic_config(engine.url.render_as_string(hide_password=False))
+        command.downgrade(cfg, "0006")
+        assert "state" not in {c["name"] for c in inspect(engine).get_columns("export_runs")}
+        command.upgrade(cfg, "head")
+        assert {"state", "records", "acknowledged_at"} <= {
+            c["name"] for c in inspect(engine).get_columns("export_runs")
+        }
+    finally:
+        engine.dispose()

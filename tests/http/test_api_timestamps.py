@@ -1,0 +1,52 @@
+"""Timestamps in API answers name their zone (UTC) on SQLite, whose driver hands back naive datetimes, and Postgres."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client import CollectorRegistry
+
+from tests.support.app import ADMIN, INGEST, REVIEWER, make_client, make_settings
+from vigil.app.runtime import build_runtime
+from vigil.detector.models import DetectionRow
+
+
+def utc(text: str) -> datetime:
+    """Parses an ISO timestamp and insists it carries a UTC offset."""
+    assert text.endswith(("Z", "+00:00")), text
+    parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    assert parsed.utcoffset() == timedelta(0), text
+    return parsed
+
+
+def test_alerts_and_dead_letters_carry_utc(db_url) -> None:
+    rt = build_runtime(make_settings(db_url), registry=CollectorRegistry())
+    started = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=2)
+    with rt.sessions.begin() as s:
+        for ended in (None, started + timedelta(hours=1)):
+            s.add(
+                DetectionRow(
+                    agent_id="support-bot",
+                    agent_version="v2",
+                    signal="forbidden_tool",
+                    baseline="version:v1",
+                    baseline_rate=0.01,
+                    rate=0.1,
+                    observations=100,
+                    statistic=13.0,
+                    threshold=12.9,
+                    started_at=started,
+                    ended_at=ended,
+                    end_reason="recovered" if ended else None,
+                )
+            )
+    with make_client(rt) as c:
+        assert c.post("/v1/conversations", content=b"{not json", headers=INGEST).status_code == 400
+        dead = c.get("/v1/dead-letters", headers=ADMIN).json()
+        assert abs(utc(dead[0]["created_at"]) - datetime.now(UTC)) < timedelta(minutes=5)
+        alerts = c.get("/v1/alerts", params={"active": "false"}, headers=REVIEWER).json()
+        assert utc(alerts["past"][0]["started_at"]) == started
+        assert utc(alerts["past"][0]["ended_at"]) == started + timedelta(hours=1)
+        active = c.get("/v1/alerts", headers=REVIEWER).json()["active"]
+        assert utc(active[0]["started_at"]) == started and active[0]["ended_at"] is None
+    rt.close()

@@ -1,0 +1,136 @@
+"""Assembling conversations from GenAI spans in the forms agents emit them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from vigil.ingest.otlp.assemble import assemble, merge, to_messages
+from vigil.schema import Conversation
+
+
+def span(
+    start: int,
+    attrs: dict[str, Any],
+    events: list[dict[str, Any]] | None = None,
+    parent: str | None = "p",
+    trace: str = "a" * 32,
+    status: int = 0,
+) -> dict[str, Any]:
+    return {
+        "trace_id": trace,
+        "span_id": f"{start:016x}",
+        "parent_span_id": parent,
+        "name": "s",
+        "kind": 1,
+        "start_ns": start,
+        "end_ns": start + 10,
+        "attributes": attrs,
+        "events": events or [],
+        "status": {"code": status, "message": "boom" if status == 2 else ""},
+        "resource": {"service.name": "svc"},
+    }
+
+
+def test_flattened_prompt_and_completion_attributes() -> None:
+    s = span(
+        1,
+        {
+            "gen_ai.system": "openai",
+            "gen_ai.prompt.0.role": "user",
+            "gen_ai.prompt.0.content": "Refund #1?",
+            "gen_ai.completion.0.role": "assistant",
+            "gen_ai.completion.0.tool_calls.0.id": "c9",
+            "gen_ai.completion.0.tool_calls.0.name": "refund",
+            "gen_ai.completion.0.tool_calls.0.arguments": '{"order": "#1"}',
+            "gen_ai.completion.1.content": "second choice is ignored",
+        },
+    )
+    doc = assemble("k", [s], "unknown")
+    assert doc is not None
+    conv = Conversation.model_validate(doc)
+    assert [m.role for m in conv.messages] == ["user", "assistant"]
+    assert conv.messages[1].tool_calls[0].args == {"order": "#1"}
+    assert conv.agent_id == "svc" and conv.agent_version == "unknown" and conv.status == "in_progress"
+
+
+def test_tool_results_sent_as_user_parts_and_openai_content_lists() -> None:
+    msgs = to_messages(
+        [
+            {
+                "role": "user",
+                "parts": [
+                    {"type": "tool_call_response", "id": "t1", "response": "42"},
+                    {"type": "tool_call_response", "id": "t2", "response": {"ok": True}},
+                ],
+            },
+            {"role": "developer", "content": [{"type": "text", "text": "Be kind."}]},
+            {"role": "narrator", "content": "dropped"},
+        ]
+    )
+    assert msgs == [
+        {"role": "tool", "tool_call_id": "t1", "content": "42"},
+        {"role": "tool", "tool_call_id": "t2", "content": '{"ok":true}'},
+        {"role": "system", "content": "Be kind."},
+    ]
+
+
+def test_merge_overlaps_history_and_appends_only_new_turns() -> None:
+    acc = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    merge(
+        acc,
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "bye"},
+        ],
+    )
+    assert [m["content"] for m in acc] == ["hi", "hello", "bye"]
+    merge(acc, [{"role": "user", "content": "new only"}])
+    assert [m["content"] for m in acc] == ["hi", "hello", "bye", "new only"]
+
+
+def test_tool_span_without_chat_content_still_gives_a_call_and_error() -> None:
+    tool = span(
+        5,
+        {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "lookup",
+            "gen_ai.tool.call.id": "x1",
+            "gen_ai.tool.call.arguments": '{"q": 1}',
+        },
+        status=2,
+    )
+    root = span(
+        0,
+        {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "bot", "gen_ai.agent.version": "3"},
+        parent=None,
+    )
+    doc = assemble("k", [tool, root], "unknown")
+    assert doc is not None
+    conv = Conversation.model_validate(doc)
+    assert conv.messages[0].tool_calls[0].name == "lookup"
+    assert conv.messages[1].is_error and conv.messages[1].content == "boom"
+    assert (conv.agent_id, conv.agent_version, conv.status, conv.revision) == ("bot", "3", "finished", 2)
+
+
+def test_spans_without_any_content_give_no_conversation() -> None:
+    assert assemble("k", [span(1, {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m"})], "u") is None
+
+
+def test_input_messages_on_an_event() -> None:
+    ev = {
+        "name": "gen_ai.client.inference.operation.details",
+        "time_ns": 2,
+        "attributes": {
+            "gen_ai.input.messages": orjson.dumps(
+                [{"role": "user", "parts": [{"type": "text", "content": "q"}]}]
+            ).decode(),
+            "gen_ai.output.messages": orjson.dumps(
+                [{"role": "assistant", "parts": [{"type": "text", "content": "a"}]}]
+            ).decode(),
+        },
+    }
+    doc = assemble("k", [span(1, {"gen_ai.operation.name": "chat"}, [ev])], "u")
+    assert doc is not None and [m["content"] for m in doc["messages"]] == ["q", "a"]

@@ -1,0 +1,370 @@
+"""OTLP/HTTP ingest: spans made by the opentelemetry-sdk, sent by its OTLP exporter to a real server."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import uvicorn
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
+from prometheus_client import CollectorRegistry
+from sqlalchemy import func, select
+
+from tests.support.app import ADMIN, INGEST, REVIEWER, make_settings
+from tests.support.services import free_port, wait_port
+from vigil.app.runtime import build_runtime
+from vigil.app.server import build_app
+from vigil.app.wiring import wire
+from vigil.ingest.otlp.models import OtelSpanRow
+from vigil.runtime import Runtime
+from vigil.store.models import ConversationRow, DeadLetterRow
+
+
+@pytest.fixture
+def server(db_url: str) -> Iterator[tuple[str, Runtime]]:
+    rt = wire(build_runtime(make_settings(db_url), registry=CollectorRegistry()), {"api"})
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    assert wait_port(port)
+    yield f"http://127.0.0.1:{port}", rt
+    srv.should_exit = True
+    thread.join(10)
+    rt.close()
+
+
+def agent_tracer(exporter: Any, service: str = "shop-agent", version: str = "2.1.0"):  # type: ignore[no-untyped-def]
+    provider = TracerProvider(resource=Resource.create({"service.name": service, "service.version": version}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, provider.get_tracer("agent")
+
+
+def otlp_exporter(base: str, key: dict[str, str] = INGEST, **kw: Any) -> OTLPSpanExporter:
+    return OTLPSpanExporter(endpoint=f"{base}/v1/traces", headers={"authorization": key["Authorization"]}, **kw)
+
+
+SYSTEM = [{"type": "text", "content": "You are a retail support agent. Confirm before any write action."}]
+USER = {"role": "user", "parts": [{"type": "text", "content": "Cancel order #W1234567 please."}]}
+CALL = {
+    "role": "assistant",
+    "parts": [
+        {
+            "type": "tool_call",
+            "id": "call_1",
+            "name": "get_order_details",
+            "arguments": {"order_id": "#W1234567"},
+        }
+    ],
+}
+RESULT = {
+    "role": "tool",
+    "parts": [{"type": "tool_call_response", "id": "call_1", "response": {"status": "pending"}}],
+}
+FINAL = {
+    "role": "assistant",
+    "parts": [{"type": "text", "content": "Order #W1234567 is pending. Shall I cancel it?"}],
+    "finish_reason": "stop",
+}
+
+
+def run_agent_turn(tracer: Any, conversation_id: str | None = "conv-otel-1", tool_fails: bool = False) -> str:
+    """One agent turn the way a GenAI-instrumented agent traces it; returns the trace id (hex)."""
+    root_attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "shop-agent"}
+    if conversation_id:
+        root_attrs["gen_ai.conversation.id"] = conversation_id
+    with tracer.start_as_current_span("invoke_agent shop-agent", attributes=root_attrs) as root:
+        with tracer.start_as_current_span(
+            "chat gpt-4o",
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": "gpt-4o",
+                "gen_ai.provider.name": "openai",
+                "gen_ai.usage.input_tokens": 120,
+                "gen_ai.usage.output_tokens": 20,
+                "gen_ai.system_instructions": orjson.dumps(SYSTEM).decode(),
+                "gen_ai.input.messages": orjson.dumps([USER]).decode(),
+                "gen_ai.output.messages": orjson.dumps([CALL]).decode(),
+            },
+        ):
+            pass
+        with tracer.start_as_current_span(
+            "execute_tool get_order_details",
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "get_order_details",
+                "gen_ai.tool.call.id": "call_1",
+            },
+        ) as tool:
+            if tool_fails:
+                tool.set_status(Status(StatusCode.ERROR, "upstream timeout"))
+        with tracer.start_as_current_span(
+            "chat gpt-4o",
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": "gpt-4o",
+                "gen_ai.usage.input_tokens": 200,
+                "gen_ai.usage.output_tokens": 30,
+                "gen_ai.input.messages": orjson.dumps([USER, CALL, RESULT]).decode(),
+                "gen_ai.output.messages": orjson.dumps([FINAL]).decode(),
+            },
+        ):
+            pass
+        return format(root.get_span_context().trace_id, "032x")
+
+
+def stored(rt: Runtime, conversation_id: str) -> tuple[ConversationRow, dict[str, Any]]:
+    with rt.sessions() as s:
+        row = s.get(ConversationRow, conversation_id)
+        assert row is not None, f"{conversation_id} was not stored"
+        s.expunge(row)
+    return row, orjson.loads(row.document)
+
+
+def test_sdk_exporter_spans_become_a_growing_conversation(server: tuple[str, Runtime]) -> None:
+    base, rt = server
+    provider, tracer = agent_tracer(otlp_exporter(base))
+    run_agent_turn(tracer)
+    provider.shutdown()
+
+    row, doc = stored(rt, "conv-otel-1")
+    assert row.revision == 4  # one revision per span: chat, tool, chat, invoke_agent
+    assert row.status == "finished"
+    assert (row.agent_id, row.agent_version) == ("shop-agent", "2.1.0")
+    roles = [m["role"] for m in doc["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant"]
+    assert doc["messages"][2]["tool_calls"][0]["function"]["name"] == "get_order_details"
+    assert doc["messages"][3]["tool_call_id"] == "call_1"
+    assert "pending" in doc["messages"][3]["content"]
+    assert doc["messages"][4]["content"].startswith("Order #W1234567 is pending")
+    assert doc["usage"]["prompt_tokens"] == 320 and doc["usage"]["completion_tokens"] == 50
+    assert doc["metadata"]["models"] == ["gpt-4o"] and doc["metadata"]["provider"] == "openai"
+    assert row.tool_call_count == 1
+    text = rt.metrics.registry.get_sample_value
+    assert text("vigil_otlp_spans_total", {"outcome": "stored"}) == 4
+    # a first revision counts as processed, later ones as updated; the spans before the one carrying
+    # gen_ai.conversation.id built a conversation keyed by the trace, hence two first revisions
+    labels = {"agent": "shop-agent", "agent_version": "2.1.0", "source": "otlp"}
+    assert text("vigil_conversations_processed_total", labels) == 2
+    assert text("vigil_conversations_updated_total", labels) == 2
+
+
+def test_gzip_and_failed_tool_marks_an_error(server: tuple[str, Runtime]) -> None:
+    base, rt = server
+    provider, tracer = agent_tracer(otlp_exporter(base, compression=Compression.Gzip))
+    run_agent_turn(tracer, "conv-otel-err", tool_fails=True)
+    provider.shutdown()
+    row, doc = stored(rt, "conv-otel-err")
+    tool = [m for m in doc["messages"] if m["role"] == "tool"]
+    assert tool[0]["is_error"] is True
+    assert row.tool_error_count == 1
+
+
+def test_trace_without_conversation_id_is_keyed_by_trace(server: tuple[str, Runtime]) -> None:
+    base, rt = server
+    provider, tracer = agent_tracer(otlp_exporter(base))
+    trace_id = run_agent_turn(tracer, conversation_id=None)
+    provider.shutdown()
+    row, _ = stored(rt, f"otel-{trace_id}")
+    assert row.message_count == 5
+
+
+def test_older_prompt_and_completion_events(server: tuple[str, Runtime]) -> None:
+    base, rt = server
+    provider, tracer = agent_tracer(otlp_exporter(base), service="legacy-bot", version="0.9")
+    with tracer.start_as_current_span(
+        "chat gpt-3.5",
+        attributes={
+            "gen_ai.system": "openai",
+            "gen_ai.request.model": "gpt-3.5-turbo",
+            "gen_ai.conversation.id": "legacy-1",
+            "gen_ai.usage.prompt_tokens": 12,
+            "gen_ai.usage.completion_tokens": 7,
+        },
+    ) as sp:
+        sp.add_event(
+            "gen_ai.content.prompt",
+            {
+                "gen_ai.prompt": orjson.dumps(
+                    [
+                        {"role": "system", "content": "Be brief."},
+                        {"role": "user", "content": "Where is my parcel?"},
+                    ]
+                ).decode()
+            },
+        )
+        sp.add_event(
+            "gen_ai.content.completion",
+            {"gen_ai.completion": orjson.dumps([{"role": "assistant", "content": "It ships tomorrow."}]).decode()},
+        )
+    with tracer.start_as_current_span(
+        "chat gpt-3.5", attributes={"gen_ai.system": "openai", "gen_ai.conversation.id": "legacy-1"}
+    ) as sp:
+        sp.add_event("gen_ai.user.message", {"content": "Thanks! And my refund?"})
+        sp.add_event(
+            "gen_ai.choice",
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": orjson.dumps({"content": "Refunded on Monday."}).decode(),
+            },
+        )
+    provider.shutdown()
+    row, doc = stored(rt, "legacy-1")
+    assert [(m["role"], m.get("content")) for m in doc["messages"]] == [
+        ("system", "Be brief."),
+        ("user", "Where is my parcel?"),
+        ("assistant", "It ships tomorrow."),
+        ("user", "Thanks! And my refund?"),
+        ("assistant", "Refunded on Monday."),
+    ]
+    assert (row.agent_id, row.agent_version, row.tokens) == ("legacy-bot", "0.9", 19)
+
+
+def otlp_json(spans: list[Any]) -> bytes:
+    """OTLP/JSON as the specification writes it: hex trace and span ids."""
+    doc = MessageToDict(encode_spans(spans))
+    for rs in doc["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for sp in ss["spans"]:
+                for k in ("traceId", "spanId", "parentSpanId"):
+                    if k in sp:
+                        sp[k] = __import__("base64").b64decode(sp[k]).hex()
+    return orjson.dumps(doc)
+
+
+def test_json_encoding_and_retries_are_idempotent(server: tuple[str, Runtime]) -> None:
+    base, rt = server
+    memory = InMemorySpanExporter()
+    provider, tracer = agent_tracer(memory)
+    run_agent_turn(tracer, "conv-json")
+    body = otlp_json(list(memory.get_finished_spans()))
+    headers = {**INGEST, "content-type": "application/json"}
+    for _ in range(2):
+        r = httpx.post(f"{base}/v1/traces", content=body, headers=headers)
+        assert r.status_code == 200, r.text
+        assert r.json() == {}
+    r = httpx.post(f"{base}/v1/traces", content=gzip.compress(body), headers={**headers, "content-encoding": "gzip"})
+    assert r.status_code == 200
+    row, _ = stored(rt, "conv-json")
+    assert row.revision == 4 and row.message_count == 5
+    with rt.sessions() as s:
+        assert s.scalar(select(func.count()).select_from(OtelSpanRow)) == 4
+    assert rt.metrics.registry.get_sample_value("vigil_otlp_spans_total", {"outcome": "duplicate"}) == 8
+
+
+def test_conversation_id_arriving_after_earlier_spans(server: tuple[str, Runtime]) -> None:
+    base, rt = server
+    memory = InMemorySpanExporter()
+    provider, tracer = agent_tracer(memory)
+    run_agent_turn(tracer, "conv-late")
+    spans = list(memory.get_finished_spans())
+    children, root = spans[:-1], spans[-1:]
+    headers = {**INGEST, "content-type": "application/json"}
+    assert httpx.post(f"{base}/v1/traces", content=otlp_json(children), headers=headers).status_code == 200
+    assert httpx.post(f"{base}/v1/traces", content=otlp_json(root), headers=headers).status_code == 200
+    row, _ = stored(rt, "conv-late")
+    assert row.revision == 4 and row.message_count == 5 and row.status == "finished"
+
+
+def test_bad_requests_get_clear_answers(server: tuple[str, Runtime]) -> None:
+    base, rt = server
+    url = f"{base}/v1/traces"
+    r = httpx.post(url, content=b"\xff\x00garbage", headers={**INGEST, "content-type": "application/x-protobuf"})
+    assert r.status_code == 400
+    r = httpx.post(url, content=b"{not json", headers={**INGEST, "content-type": "application/json"})
+    assert r.status_code == 400 and "not JSON" in r.json()["message"]
+    r = httpx.post(url, content=b"a", headers={**INGEST, "content-type": "text/plain"})
+    assert r.status_code == 415 and "not supported" in r.json()["message"]
+    r = httpx.post(url, content=b"{}", headers={**INGEST, "content-type": "application/json", "content-encoding": "br"})
+    assert r.status_code == 415
+    assert httpx.post(url, content=b"{}", headers={"content-type": "application/json"}).status_code == 401
+    assert httpx.post(url, content=b"{}", headers={**REVIEWER, "content-type": "application/json"}).status_code == 403
+    assert httpx.post(url, content=b"{}", headers={**ADMIN, "content-type": "application/json"}).status_code == 200
+    bad = {
+        "resourceSpans": [
+            {
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {
+                                "traceId": "zz",
+                                "spanId": "0102030405060708",
+                                "name": "chat",
+                                "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}}],
+                            },
+                            {
+                                "traceId": "0af7651916cd43dd8448eb211c80319c",
+                                "spanId": "b7ad6b7169203331",
+                                "name": "GET /",
+                                "attributes": [{"key": "http.method", "value": {"stringValue": "GET"}}],
+                            },
+                        ]
+                    }
+                ]
+            }
+        ]
+    }
+    r = httpx.post(url, content=orjson.dumps(bad), headers={**INGEST, "content-type": "application/json"})
+    assert r.status_code == 200
+    assert r.json()["partialSuccess"]["rejectedSpans"] == 1
+    assert "invalid ids" in r.json()["partialSuccess"]["errorMessage"]
+    assert rt.metrics.registry.get_sample_value("vigil_otlp_spans_total", {"outcome": "ignored"}) == 1
+    with rt.sessions() as s:
+        assert s.scalar(select(func.count()).select_from(OtelSpanRow)) == 0
+
+
+def test_rejected_requests_are_kept_as_dead_letters(server: tuple[str, Runtime]) -> None:
+    base, rt = server
+    url = f"{base}/v1/traces"
+    garbage = b"\x0a\xff\xff\xff\xff\x0f" + bytes(range(256)) * 80  # a truncated length-delimited field
+    pb = {**INGEST, "content-type": "application/x-protobuf"}
+    assert httpx.post(url, content=garbage, headers=pb).status_code == 400
+    dead = httpx.get(f"{base}/v1/dead-letters", headers=ADMIN).json()
+    assert len(dead) == 1
+    letter = dead[0]
+    assert (letter["source"], letter["reason"], letter["raw_size"]) == ("otlp", "malformed_otlp", len(garbage))
+    assert "ExportTraceServiceRequest" in letter["detail"] and "application/x-protobuf" in letter["detail"]
+    with rt.sessions() as s:
+        kept = s.scalars(select(DeadLetterRow)).one().raw
+    assert kept == garbage[: rt.settings.dead_letter_raw_bytes] and len(kept) < len(garbage)
+    js = {**INGEST, "content-type": "application/json"}
+    assert httpx.post(url, content=b"{not json", headers=js).status_code == 400
+    zipped = {**js, "content-encoding": "gzip"}
+    assert httpx.post(url, content=b"not gzip at all", headers=zipped).status_code == 400
+    assert httpx.post(url, content=b"{}", headers={**js, "content-encoding": "br"}).status_code == 415
+    dead = httpx.get(f"{base}/v1/dead-letters", headers=ADMIN).json()
+    assert [(d["reason"], d["raw_preview"]) for d in dead[:3]] == [
+        ("unsupported_media", "{}"),
+        ("malformed_otlp", "not gzip at all"),
+        ("malformed_otlp", "{not json"),
+    ]
+    assert "gzip" in dead[1]["detail"]
+    sample = rt.metrics.registry.get_sample_value
+    assert sample("vigil_dead_letters_total", {"reason": "malformed_otlp", "source": "otlp"}) == 3
+    assert httpx.post(url, content=b"{}", headers=js).status_code == 200
+    assert len(httpx.get(f"{base}/v1/dead-letters", headers=ADMIN).json()) == 4
+
+
+def test_exporter_without_key_is_refused(server: tuple[str, Runtime]) -> None:
+    base, rt = server
+    memory = InMemorySpanExporter()
+    _, tracer = agent_tracer(memory)
+    run_agent_turn(tracer, "conv-nokey")
+    exporter = OTLPSpanExporter(endpoint=f"{base}/v1/traces", headers={"authorization": "Bearer wrong"})
+    assert exporter.export(list(memory.get_finished_spans())) == SpanExportResult.FAILURE
+    with rt.sessions() as s:
+        assert s.get(ConversationRow, "conv-nokey") is None

@@ -1,0 +1,107 @@
+"""``vigil judge ...`` and ``vigil judge-worker --once`` against a real database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+from typer.testing import CliRunner
+
+from tests.support.judge_fakes import judge_dir
+from vigil.app.cli import app
+from vigil.app.runtime import build_runtime
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.judge.stage import JudgeStage
+from vigil.schema import Conversation
+from vigil.settings import Settings
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    jd = judge_dir(tmp_path / "judges", sampling={"rate": 0.0, "always_judge_severity": None})
+    values = {
+        "VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'v.db'}",
+        "VIGIL_JUDGES_DIR": str(jd),
+        "VIGIL_JUDGE_MODE": "offline",
+        "VIGIL_API_KEYS": "a:admin:k",
+        "VIGIL_METRICS_PORT": "0",
+        "VIGIL_LOG_LEVEL": "WARNING",
+        "COLUMNS": "200",  # rich tables wrap at 80 columns otherwise
+    }
+    for k, v in values.items():
+        monkeypatch.setenv(k, v)
+    return Settings()
+
+
+def test_validate_list_run_and_worker_once(env: Settings, tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = runner.invoke(app, ["judge", "validate"])
+    assert out.exit_code == 0 and "ok: tj v3" in out.output
+    rt = build_runtime(env, registry=CollectorRegistry())
+    convs = [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:1.0"), 4).stream(3)]
+    rt.pipeline.process(convs, "test")
+    rt.close()
+    rt = build_runtime(env, registry=CollectorRegistry())
+    from vigil.judge.wiring import wire
+
+    rt.roles = frozenset({"api"})
+    with rt.sessions.begin() as s:
+        wire(rt).sampler.enqueue_manual(s, rt.get(JudgeStage).engine.judges["tj"], convs[1].conversation_id)
+    rt.close()
+    ran = runner.invoke(app, ["judge", "run", "tj", convs[0].conversation_id])
+    assert ran.exit_code == 0, ran.output
+    verdict = orjson.loads(ran.stdout[ran.stdout.index("{") :])
+    assert verdict["conversation_id"] == convs[0].conversation_id and verdict["judge_label"] == "offline judge"
+    assert verdict["reason"] == "manual"
+    assert f"tj v3 (offline judge): {verdict['verdict']}" in ran.output  # said in words, not only in the JSON
+    listed = runner.invoke(app, ["judge", "list"])
+    assert listed.exit_code == 0 and "offline judge" in listed.output and "tj" in listed.output
+    assert runner.invoke(app, ["judge", "run", "nope", "x"]).exit_code == 2
+    assert runner.invoke(app, ["judge", "run", "tj", "missing-id"]).exit_code == 2
+    worker = runner.invoke(app, ["judge-worker", "--once"])  # the other queued conversation only
+    assert worker.exit_code == 0 and "1 verdicts stored" in worker.output
+
+
+def test_invalid_definition_fails_with_file_and_field(env: Settings, tmp_path: Path) -> None:
+    judge_dir(tmp_path / "judges", name="broken", limits={"rpm": 0})
+    out = CliRunner().invoke(app, ["judge", "validate"])
+    assert out.exit_code == 2 and "broken/judge.yaml: limits.rpm" in out.output.replace("\n", "")
+
+
+def test_worker_once_does_not_wait_for_an_open_circuit(
+    env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live judge whose self-hosted model refuses connections (the real litellm call): ``--once`` stops
+    when the circuit opens instead of waiting out its cooldown."""
+    import time
+
+    from tests.support.services import free_port
+
+    model = {"model": "hosted_vllm/llama", "extra_params": {"api_base": f"http://127.0.0.1:{free_port()}/v1"}}
+    jd = judge_dir(tmp_path / "live", sampling={"rate": 1.0}, **model)
+    for k, v in {
+        "VIGIL_JUDGES_DIR": str(jd),
+        "VIGIL_JUDGE_MODE": "live",
+        "VIGIL_JUDGE_CIRCUIT_FAILURES": "2",
+        "VIGIL_JUDGE_CIRCUIT_COOLDOWN_SECONDS": "3600",
+        "VIGIL_JUDGE_RETRY_BASE_SECONDS": "0.01",
+        "VIGIL_JUDGE_MAX_ATTEMPTS": "50",
+        "VIGIL_JUDGE_POLL_INTERVAL_SECONDS": "0.05",
+    }.items():
+        monkeypatch.setenv(k, v)
+    rt = build_runtime(Settings(), registry=CollectorRegistry())
+    from vigil.judge.wiring import wire
+
+    rt.roles = frozenset({"api"})
+    wire(rt)
+    rt.pipeline.process(
+        [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:0.0"), 4).stream(2)], "test"
+    )
+    rt.close()
+    t0 = time.monotonic()
+    out = CliRunner().invoke(app, ["judge-worker", "--once"])
+    assert out.exit_code == 0, out.output
+    assert time.monotonic() - t0 < 60  # not the hour-long cooldown
+    assert "0 verdicts stored" in out.output and "judge tj is circuit_open" in out.output

@@ -1,0 +1,160 @@
+"""The litellm boundary: the one error classifier and the retry policy, with litellm's own exceptions."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+import pytest
+
+from tests.support.judge_fakes import litellm_error
+from vigil.judge.client import (
+    LiteLLMClient,
+    _litellm,
+    classify,
+    has_credentials,
+    missing_credentials,
+    supports_json_mode,
+)
+from vigil.judge.errors import ProviderError
+from vigil.judge.limits import Budget, CircuitBreaker, decide
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "reason"),
+    [
+        ("RateLimitError", "retryable", "rate_limited"),
+        ("InternalServerError", "retryable", "server_error"),
+        ("ServiceUnavailableError", "retryable", "server_error"),
+        ("Timeout", "retryable", "timeout"),
+        ("AuthenticationError", "config", "auth"),
+        ("PermissionDeniedError", "config", "auth"),
+        ("NotFoundError", "config", "unknown_model"),
+        ("ContextWindowExceededError", "rejected", "context_window_exceeded"),
+        ("ContentPolicyViolationError", "rejected", "content_filtered"),
+    ],
+)
+def test_litellm_exceptions_are_classified_once(name: str, kind: str, reason: str) -> None:
+    err = classify(litellm_error(name))
+    assert (err.kind, err.reason) == (kind, reason)
+
+
+def test_other_failures_are_classified() -> None:
+    assert classify(TimeoutError()).kind == "retryable"
+    assert classify(ConnectionResetError()).reason == "connection"
+    assert classify(httpx.ConnectError("refused")).kind == "retryable"
+    assert classify(RuntimeError("surprise")).reason == "unknown"
+    already = ProviderError("config", "auth", "x")
+    assert classify(already) is already
+
+
+def test_unknown_model_through_litellm_is_a_configuration_error() -> None:
+    with pytest.raises(Exception) as info:
+        asyncio.run(LiteLLMClient().complete("nosuchprovider/model", [{"role": "user", "content": "hi"}]))
+    assert (classify(info.value).kind, classify(info.value).reason) == ("config", "unknown_model")
+
+
+@pytest.mark.parametrize(
+    ("model", "env"),
+    [
+        ("openai/gpt-4o-mini", ["OPENAI_API_KEY", "OPENAI_ADMIN_KEY"]),  # litellm raises InternalServerError
+        ("gemini/gemini-1.5-pro", ["GEMINI_API_KEY", "GOOGLE_API_KEY"]),  # ... APIConnectionError
+        ("anthropic/claude-3-5-sonnet-20240620", ["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"]),
+    ],
+)
+def test_a_missing_provider_key_through_litellm_is_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch, model: str, env: list[str]
+) -> None:
+    for name in env:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(Exception) as info:
+        asyncio.run(LiteLLMClient().complete(model, [{"role": "user", "content": "hi"}], timeout=5))
+    err = classify(info.value)
+    assert (err.kind, err.reason) == ("config", "missing_credentials"), err
+    assert missing_credentials(model) is not None and env[0] in (missing_credentials(model) or "")
+
+
+def test_credential_words_do_not_turn_rate_limits_or_timeouts_into_config_errors() -> None:
+    lm = _litellm()
+    limited = lm.RateLimitError(message="Rate limit reached for api key sk-...", llm_provider="openai", model="m")
+    assert classify(limited).kind == "retryable"
+    assert classify(lm.Timeout(message="api_key check timed out", llm_provider="openai", model="m")).kind == (
+        "retryable"
+    )
+
+
+def test_start_up_credential_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert "OPENAI_API_KEY" in (missing_credentials("openai/gpt-4o-mini") or "")
+    assert missing_credentials("openai/gpt-4o-mini", {"api_key": "sk-test"}) is None  # from extra_params
+    assert missing_credentials("hosted_vllm/llama", {"api_base": "http://vllm:8000/v1"}) is None
+    assert missing_credentials("ollama/llama3") is None  # only a base URL, which has a default: not a key
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert missing_credentials("openai/gpt-4o-mini") is None
+
+
+def test_json_mode_and_credentials_detection(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert supports_json_mode("openai/gpt-4o-mini") and not supports_json_mode("nosuchprovider/model")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    has_credentials.cache_clear()
+    assert not has_credentials("anthropic/claude-3-5-sonnet-20240620")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+    has_credentials.cache_clear()
+    assert has_credentials("anthropic/claude-3-5-sonnet-20240620")
+    has_credentials.cache_clear()
+
+
+def test_retry_policy_grows_with_jitter_and_is_bounded() -> None:
+    retry = ProviderError("retryable", "rate_limited", "x")
+    rng = random.Random(1)
+    delays = [decide(retry, n, 6, 1.0, 10.0, rng).delay for n in range(1, 6)]
+    for n, d in enumerate(delays, 1):
+        step = min(10.0, 2 ** (n - 1))
+        assert step / 2 <= d <= step
+    assert decide(retry, 6, 6, 1.0, 10.0).action == "give_up"
+    assert decide(ProviderError("config", "auth", "x"), 1, 6, 1.0, 10.0).action == "stop_judge"
+    assert decide(ProviderError("rejected", "content_filtered", "x"), 1, 6, 1.0, 10.0).action == "unscored"
+
+
+def test_circuit_breaker_and_budget() -> None:
+    now = [0.0]
+    cb = CircuitBreaker(2, 5.0, clock=lambda: now[0])
+    cb.failure()
+    assert cb.allow()
+    cb.failure()
+    assert cb.is_open and not cb.allow()
+    now[0] = 5.0
+    assert cb.allow() and not cb.allow()  # one probe at a time
+    cb.failure()
+    assert cb.is_open and not cb.allow()  # a failed probe reopens for a full cooldown
+    now[0] = 10.0
+    assert cb.allow()
+    cb.success()
+    assert not cb.is_open and cb.allow()
+
+    b = Budget(0.01)
+    first = b.reserve()
+    assert first == 0.0
+    b.settle(first, 0.004)
+    second = b.reserve()
+    assert second == pytest.approx(0.004)
+    assert b.reserve() is None  # 0.004 spent + 0.004 held + 0.004 more would pass the cap
+    b.settle(second, 0.004)
+    assert b.exhausted and b.reserve() is None
+
+
+def test_retry_and_limit_docs_match_the_code() -> None:
+    from vigil.settings import PROJECT_ROOT, Settings
+
+    described = Settings.model_fields["judge_retry_base_seconds"].description or ""
+    assert "equal jitter" in described and "full jitter" not in described
+    retry = ProviderError("retryable", "rate_limited", "x")
+    rng = random.Random(3)
+    delays = [decide(retry, 3, 6, 1.0, 10.0, rng).delay for _ in range(500)]
+    assert min(delays) >= 2.0 and max(delays) <= 4.0  # equal jitter: half of the 4 s step is fixed
+    configuration = (PROJECT_ROOT / "docs" / "configuration.md").read_text()
+    assert f"| `VIGIL_JUDGE_RETRY_BASE_SECONDS` | `2.0` | {described} |" in configuration
+    judge_page = (PROJECT_ROOT / "docs" / "judge.md").read_text()
+    judge_section = judge_page.split("<!-- section:judge -->")[1].split("<!-- section:")[0]
+    assert "*Limits are per process.*" in judge_section and "N × `rpm`" in judge_section

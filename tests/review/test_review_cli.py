@@ -1,0 +1,47 @@
+"""``vigil review ...`` against a real database."""
+
+from __future__ import annotations
+
+import orjson
+from typer.testing import CliRunner
+
+from tests.support.review import review_runtime, simulated, store
+from vigil.app.cli import app
+from vigil.review.stage import ReviewStage
+
+
+def test_review_commands(sqlite_url, tmp_path, monkeypatch) -> None:
+    rt = review_runtime(sqlite_url)
+    convs = simulated(30, "v1:0.0", seed=2)
+    store(rt, convs)
+    rt.close()
+    monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
+    runner = CliRunner()
+    ids = [c["conversation_id"] for c in convs[:2]]
+    r = runner.invoke(app, ["review", "enqueue", *ids, "missing-id", "--note", "from a ticket"])
+    assert r.exit_code == 1 and "missing-id" in r.output
+    r = runner.invoke(app, ["review", "queue", "--reason", "manual"])
+    assert r.exit_code == 0 and "manual:cli" in r.output
+    again = runner.invoke(app, ["review", "enqueue", ids[0]])
+    assert again.exit_code == 0 and "0 added" in again.output
+
+    rt = review_runtime(sqlite_url)
+    from vigil.review import queue
+
+    with rt.sessions.begin() as s:
+        queue.label(s, ids[0], "rita", queue.LabelIn("confirmed_failure", "wrong_action"), rt.get(ReviewStage).policy)
+    rt.close()
+    out = tmp_path / "labels.jsonl"
+    assert runner.invoke(app, ["review", "labels", "--out", str(out)]).exit_code == 0
+    rows = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert [(r["conversation_id"], r["label"], r["category"]) for r in rows] == [
+        (ids[0], "confirmed_failure", "wrong_action")
+    ]
+    r = runner.invoke(app, ["review", "clusters", "--json"])
+    assert r.exit_code == 0 and '"total": 1' in r.stdout
+    assert runner.invoke(app, ["review", "progress"]).exit_code == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sample: {rate: 5}")
+    r = runner.invoke(app, ["review", "policy", str(bad)])
+    assert r.exit_code == 2 and "sample.rate" in r.output
+    assert runner.invoke(app, ["review", "policy"]).exit_code == 0

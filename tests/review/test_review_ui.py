@@ -1,0 +1,341 @@
+"""Reviewer UI over HTTP: log-in, cookie sessions, CSRF, escaping, navigation (the browser tests cover JS)."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote, unquote, urlencode
+
+import pytest
+from fastapi import APIRouter, Depends, Request
+
+from tests.support.app import REVIEWER
+from tests.support.review import XSS_PAYLOADS, review_client, review_runtime, simulated, store, xss_conversation
+from vigil.http.auth import Principal
+from vigil.ui.render import render_page, ui_user
+from vigil.ui.session import COOKIE
+
+
+@pytest.fixture
+def rt(sqlite_url: str):  # type: ignore[no-untyped-def]
+    runtime = review_runtime(sqlite_url)
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture
+def ui(rt):  # type: ignore[no-untyped-def]
+    with review_client(rt) as c:
+        yield c
+
+
+def _csrf(html: str) -> str:
+    m = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert m, "no CSRF token in the page"
+    return m.group(1)
+
+
+def _login(ui, key: str = "rita-key"):  # type: ignore[no-untyped-def]
+    page = ui.get("/ui/login")
+    return ui.post(
+        "/ui/login",
+        data={"csrf": _csrf(page.text), "api_key": key, "next": "/ui/queue"},
+        follow_redirects=False,
+    )
+
+
+def test_login_logout_and_key_checks(ui, rt) -> None:
+    r = ui.get("/ui/queue", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/ui/login?next=%2Fui%2Fqueue"
+    assert _login(ui, "nope").status_code == 401
+    bad = _login(ui, "ingest-key")
+    assert bad.status_code == 401 and "not a reviewer or admin key" in bad.text
+    ok = _login(ui)
+    assert ok.status_code == 303 and ok.headers["location"] == "/ui/queue"
+    cookie = ok.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=lax" in cookie and "rita-key" not in cookie
+    page = ui.get("/ui/queue")
+    assert page.status_code == 200 and ">rita<" in page.text
+    # log-out needs the form token
+    assert ui.post("/ui/logout", data={}, follow_redirects=False).status_code == 403
+    out = ui.post("/ui/logout", data={"csrf": _csrf(page.text)}, follow_redirects=False)
+    assert out.status_code == 303
+    ui.cookies.clear()
+    ui.cookies.set(COOKIE, out.cookies.get(COOKIE) or "")
+    assert ui.get("/ui/queue", follow_redirects=False).status_code == 303
+
+
+def test_login_form_needs_its_token_and_next_stays_on_site(ui) -> None:
+    ui.get("/ui/login")
+    assert ui.post("/ui/login", data={"api_key": "rita-key"}, follow_redirects=False).status_code == 403
+    for evil in ("//evil.example/x", "https://evil.example/", "/\\evil.example"):
+        page = ui.get("/ui/login", params={"next": evil})
+        r = ui.post(
+            "/ui/login",
+            data={"csrf": _csrf(page.text), "api_key": "rita-key", "next": evil},
+            follow_redirects=False,
+        )
+        assert r.headers["location"] == "/ui/queue"
+
+
+def test_session_ends_when_its_key_is_removed_or_the_cookie_is_forged(ui) -> None:
+    _login(ui)
+    assert ui.get("/ui/queue", follow_redirects=False).status_code == 200
+    value = ui.cookies.get(COOKIE)
+    ui.cookies.clear()
+    ui.cookies.set(COOKIE, value[:-3] + ("AAA" if not value.endswith("AAA") else "BBB"))
+    assert ui.get("/ui/queue", follow_redirects=False).status_code == 303
+    ui.cookies.clear()
+    ui.cookies.set(COOKIE, value)
+    assert ui.get("/ui/queue", follow_redirects=False).status_code == 200
+    ring = ui.app.state.keyring
+    ring.keys = [k for k in ring.keys if k.name != "rita"]
+    assert ui.get("/ui/queue", follow_redirects=False).status_code == 303
+
+
+def test_cookie_session_calls_the_api_with_a_csrf_header(ui, rt) -> None:
+    store(rt, simulated(30, "v1:0.6", seed=1))
+    page = _login(ui) and ui.get("/ui/queue")
+    token = _csrf(page.text)
+    assert ui.get("/v1/review/queue").status_code == 200
+    missing_token = ui.post("/v1/review/claim")
+    assert missing_token.status_code == 403 and "missing CSRF token" in missing_token.json()["detail"]
+    stale = ui.post("/v1/review/claim", headers={"X-CSRF-Token": "wrong"})
+    assert stale.status_code == 403 and "stale CSRF token" in stale.json()["detail"]
+    r = ui.post("/v1/review/claim", headers={"X-CSRF-Token": token})
+    assert r.status_code == 200 and r.json()["item"]["claimed_by"] == "rita"
+
+
+def _expire_session(ui, rt, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Replace the session cookie by the same session signed longer ago than its maximum age."""
+    import time
+
+    from itsdangerous import TimestampSigner
+
+    sessions = ui.app.state.ui_sessions
+    data = sessions._signer.loads(ui.cookies.get(COOKIE))
+    with monkeypatch.context() as m:
+        m.setattr(TimestampSigner, "get_timestamp", lambda self: int(time.time()) - sessions.max_age - 60)
+        old = sessions._signer.dumps(data)
+    ui.cookies.clear()
+    ui.cookies.set(COOKIE, old)
+
+
+def test_an_expired_session_keeps_the_typed_label(ui, rt, monkeypatch) -> None:
+    store(rt, simulated(30, "v1:0.6", seed=1))
+    _login(ui)
+    r = ui.post("/ui/queue/claim", data={"csrf": _csrf(ui.get("/ui/queue").text)}, follow_redirects=False)
+    url = r.headers["location"]
+    cid = url.rsplit("/", 1)[1]
+    token = _csrf(ui.get(url).text)
+    typed = {
+        "csrf": token,
+        "label": "confirmed_failure",
+        "category": "wrong_action",
+        "severity": "high",
+        "notes": "Cancelled a <b>delivered</b> order",
+        "expected_behavior": "Refuse and explain the policy.",
+    }
+    _expire_session(ui, rt, monkeypatch)  # the session expired while the reviewer typed
+    r = ui.post(url + "/label", data=typed, follow_redirects=False)
+    assert r.status_code == 401 and "text/html" in r.headers["content-type"]
+    assert "your label was not saved" in r.text and f'name="next" value="{url}"' in r.text
+    assert "Cancelled a &lt;b&gt;delivered&lt;/b&gt; order</textarea>" in r.text
+    assert "Refuse and explain the policy.</textarea>" in r.text
+    assert api_labels(ui, cid) == []
+    # logging in again from that page: back to the conversation with everything filled in
+    hidden = dict(re.findall(r'<input type="hidden" name="(draft_\w+)" value="([^"]*)"', r.text))
+    assert hidden == {"draft_label": "confirmed_failure", "draft_category": "wrong_action", "draft_severity": "high"}
+    back = ui.post(
+        "/ui/login",
+        data={
+            "csrf": _csrf(r.text),
+            "api_key": "rita-key",
+            "next": url,
+            **hidden,
+            "draft_notes": typed["notes"],
+            "draft_expected_behavior": typed["expected_behavior"],
+        },
+        follow_redirects=False,
+    )
+    assert back.status_code == 200 and 'id="draft-notice"' in back.text and "Logged in again" in back.text
+    assert 'value="confirmed_failure" data-key="c" required checked' in back.text
+    assert 'value="wrong_action" title=' in back.text and "selected>1 · wrong action" in back.text
+    assert "Cancelled a &lt;b&gt;delivered&lt;/b&gt; order</textarea>" in back.text
+    saved = ui.post(url + "/label", data={**typed, "csrf": _csrf(back.text)}, follow_redirects=False)
+    assert saved.status_code == 303 and saved.headers["location"].endswith("notice=labelled")
+    assert [lab["notes"] for lab in api_labels(ui, cid)] == [typed["notes"]]
+
+
+def test_a_stale_form_token_keeps_the_label_and_other_forms_say_why(ui, rt, monkeypatch) -> None:
+    store(rt, simulated(30, "v1:0.6", seed=1))
+    _login(ui)
+    r = ui.post("/ui/queue/claim", data={"csrf": _csrf(ui.get("/ui/queue").text)}, follow_redirects=False)
+    url = r.headers["location"]
+    cid = url.rsplit("/", 1)[1]
+    typed = {"csrf": "from-an-old-tab", "label": "unsure", "notes": "could not tell"}
+    stale = ui.post(url + "/label", data=typed)
+    assert stale.status_code == 403 and "text/html" in stale.headers["content-type"]
+    assert "your label was not saved" in stale.text and "could not tell</textarea>" in stale.text
+    assert 'value="unsure" data-key="u" required checked' in stale.text and api_labels(ui, cid) == []
+    ok = ui.post(url + "/label", data={**typed, "csrf": _csrf(stale.text)}, follow_redirects=False)
+    assert ok.status_code == 303 and [lab["label"] for lab in api_labels(ui, cid)] == ["unsure"]
+    # other forms: a page that says what happened, or the log-in page and back
+    page = ui.post(url + "/claim", data={"csrf": "from-an-old-tab"})
+    assert page.status_code == 403 and "This form had expired" in page.text and f'href="{url}"' in page.text
+    _expire_session(ui, rt, monkeypatch)
+    gone = ui.post(url + "/extend", data={"csrf": "x"}, follow_redirects=False)
+    assert gone.status_code == 303
+    assert gone.headers["location"] == "/ui/login?" + urlencode({"next": url, "expired": "1"})
+    assert "Your session expired" in ui.get(gone.headers["location"]).text
+
+
+def api_labels(ui, cid: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    from tests.support.app import ADMIN
+
+    r = ui.get(f"/v1/review/items/{quote(unquote(cid), safe='')}", headers=ADMIN)
+    return r.json()["labels"] if r.status_code == 200 else []
+
+
+def test_forms_claim_label_and_next(ui, rt) -> None:
+    store(rt, simulated(40, "v1:0.6", seed=1))
+    _login(ui)
+    token = _csrf(ui.get("/ui/queue").text)
+    assert ui.post("/ui/queue/claim", data={}, follow_redirects=False).status_code == 403
+    r = ui.post("/ui/queue/claim", data={"csrf": token}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/ui/review/")
+    url = r.headers["location"]
+    page = ui.get(url)
+    assert "Yours for" in page.text and 'id="label-form"' in page.text
+    bad = ui.post(url + "/label", data={"csrf": token, "label": "confirmed_failure"})
+    assert bad.status_code == 422 and "needs a category" in bad.text
+    nxt = ui.post(
+        url + "/label",
+        data={
+            "csrf": token,
+            "label": "confirmed_failure",
+            "category": "wrong_action",
+            "notes": "<b>bold</b>",
+            "next": "1",
+        },
+        follow_redirects=False,
+    )
+    assert nxt.status_code == 303 and nxt.headers["location"] != url
+    again = ui.get(url)
+    assert "&lt;b&gt;bold&lt;/b&gt;" in again.text and "<b>bold</b>" not in again.text
+    assert "You labelled this confirmed failure (version 1)" in again.text
+    done = ui.post(url + "/claim", data={"csrf": token}, follow_redirects=False)
+    assert done.status_code == 303 and done.headers["location"].endswith("notice=done")
+    assert "This item is done" in ui.get(done.headers["location"]).text
+    for action in ("extend", "release", "skip"):
+        assert ui.post(nxt.headers["location"] + f"/{action}", data={}).status_code == 403
+    assert (
+        ui.post(nxt.headers["location"] + "/extend", data={"csrf": token}, follow_redirects=False)
+        .headers["location"]
+        .endswith("notice=extended")
+    )
+    released = ui.post(nxt.headers["location"] + "/release", data={"csrf": token}, follow_redirects=False)
+    assert released.headers["location"].endswith("notice=released")
+    assert "Claim this item" in ui.get(nxt.headers["location"]).text
+
+
+def test_skipping_a_conversation_outside_the_queue_is_a_404_page(ui, rt) -> None:
+    convs = simulated(30, "v1:0.0", seed=5)
+    store(rt, convs)
+    with rt.sessions() as s:
+        from vigil.store.models import ReviewItemRow
+
+        queued = set(s.scalars(ReviewItemRow.__table__.select().with_only_columns(ReviewItemRow.conversation_id)))
+    outside = next(c["conversation_id"] for c in convs if c["conversation_id"] not in queued)
+    _login(ui)
+    url = f"/ui/review/{quote(outside, safe='')}"
+    token = _csrf(ui.get(url).text)
+    r = ui.post(url + "/skip", data={"csrf": token, "next": "1"}, follow_redirects=False)
+    assert r.status_code == 404 and "is not in the review queue" in r.text
+    assert "text/html" in r.headers["content-type"] and f'href="{url}"' in r.text
+
+
+def test_hostile_transcript_is_escaped_and_pages_carry_a_csp(ui, rt) -> None:
+    conv = xss_conversation()
+    store(rt, [conv])
+    _login(ui)
+    for url in ("/ui/queue", f"/ui/review/{quote(conv['conversation_id'], safe='')}"):
+        page = ui.get(url)
+        assert page.status_code == 200
+        csp = page.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+        html = page.text
+        for tag in ("<script>window", "<img", "<iframe", "<svg", '<a href="javascript'):
+            assert tag not in html
+        assert re.findall(r"<[a-zA-Z][^>]*\son[a-z]+\s*=", html) == []  # no event handler attribute in any tag
+        assert len(re.findall(r"<script\b", html)) == 1  # the UI's own vigil.js
+    assert "&lt;script&gt;window.__xss = 1; alert(1)&lt;/script&gt;" in html
+    assert "{{ 7 * 7 }}" in html and ">49<" not in html
+    for payload in XSS_PAYLOADS[:2]:
+        assert payload not in html
+
+
+def test_nav_is_data_driven_and_other_stages_can_extend_the_layout(sqlite_url, tmp_path) -> None:
+    (tmp_path / "other_stage_page.html").write_text(
+        '{% extends "base.html" %}{% block content %}<h1>Compare {{ who }}</h1>{% endblock %}'
+    )
+    router = APIRouter()
+
+    @router.get("/ui/compare")
+    def compare(request: Request, user: Principal = Depends(ui_user)):  # type: ignore[no-untyped-def]
+        return render_page(request, "other_stage_page.html", title="Compare", who="<v1 vs v2>")
+
+    rt = review_runtime(sqlite_url)
+    rt.hooks.nav.append(("Compare", "/ui/compare"))
+    rt.hooks.templates.append(tmp_path)
+    rt.hooks.routers.append(router)
+    try:
+        with review_client(rt) as ui:
+            _login(ui)
+            page = ui.get("/ui/compare")
+            assert "<h1>Compare &lt;v1 vs v2&gt;</h1>" in page.text
+            assert re.findall(r'<a href="(/ui/[a-z]+)"', page.text)[:4] == [
+                "/ui/queue",
+                "/ui/progress",
+                "/ui/clusters",
+                "/ui/compare",
+            ]
+            assert 'class="active" aria-current="page">Compare' in page.text
+    finally:
+        rt.close()
+
+
+def test_static_files_and_unknown_conversation(ui) -> None:
+    assert ui.get("/ui/static/vigil.css").status_code == 200
+    assert ui.get("/ui/static/..%2Fpages.py").status_code == 404
+    assert ui.get("/ui/static/nope.js").status_code == 404
+    _login(ui)
+    assert ui.get("/ui/review/does-not-exist").status_code == 404
+    assert ui.get("/ui/progress").status_code == 200
+    assert "No confirmed failures yet" in ui.get("/ui/clusters").text
+    assert ui.get("/v1/review/queue", headers=REVIEWER).status_code == 200
+
+
+def test_double_review_is_blind_until_you_label(sqlite_url, tmp_path) -> None:
+    policy = tmp_path / "flagging.yaml"
+    policy.write_text("multi_review: {share: 1.0, reviewers: 2}\ntaxonomy: {wrong_action: x, other: y}\n")
+    rt = review_runtime(sqlite_url, review_policy=str(policy))
+    try:
+        store(rt, simulated(30, "v1:0.6", seed=1))
+        with review_client(rt) as ui:
+            cid = ui.post("/v1/review/claim", headers=REVIEWER).json()["conversation_id"]
+            ui.post(
+                f"/v1/review/items/{cid}/labels",
+                json={"label": "confirmed_failure", "category": "other", "notes": "rita's secret note"},
+                headers=REVIEWER,
+            )
+            _login(ui, "raj-key")
+            url = f"/ui/review/{quote(cid, safe='')}"
+            page = ui.get(url).text
+            assert "stay hidden until you save yours" in page and "rita&#39;s secret note" not in page
+            assert "(hidden until done)" in ui.get("/ui/queue").text
+            token = _csrf(page)
+            ui.post(url + "/label", data={"csrf": token, "label": "not_a_failure"})
+            page = ui.get(url).text
+            assert "rita&#39;s secret note" in page and "stay hidden" not in page
+    finally:
+        rt.close()

@@ -1,0 +1,167 @@
+"""The reviewer UI in a real headless Chromium against a real uvicorn server.
+
+Screenshots go to ``test-artifacts/`` (look at them when the UI changes).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from tests.support.browser import ARGS, ARTIFACTS, CHROMIUM
+from tests.support.review import review_runtime, simulated, store, xss_conversation
+from tests.support.services import free_port, missing, wait_port
+from vigil.review.stage import ReviewStage
+from vigil.store.models import ReviewItemRow, ReviewLabelRow
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture
+def browser():  # type: ignore[no-untyped-def]
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("python playwright")
+    if not Path(CHROMIUM).exists():
+        missing(f"Chromium at {CHROMIUM}")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def server(sqlite_url: str) -> Iterator[tuple[str, object]]:
+    import uvicorn
+
+    from vigil.app.server import build_app
+
+    rt = review_runtime(sqlite_url)
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    if not wait_port(port):
+        pytest.fail("uvicorn did not start")
+    try:
+        yield f"http://127.0.0.1:{port}", rt
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+        rt.close()
+
+
+def _login(page, base: str, key: str = "rita-key") -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{base}/ui/queue")
+    assert "/ui/login" in page.url
+    page.fill("#api_key", key)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}/ui/queue")
+
+
+def _shot(page, name: str) -> None:  # type: ignore[no-untyped-def]
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
+def test_login_claim_label_with_keyboard(browser, server) -> None:
+    base, rt = server
+    store(rt, simulated(40, "v1.4.0:0.3,v1.5.0:0.6", seed=11))
+    with rt.sessions() as s:
+        open_before = s.query(ReviewItemRow).filter_by(status="open").count()
+    assert open_before >= 3
+
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    _login(page, base)
+    assert page.locator("table.queue tbody tr").count() == open_before
+    _shot(page, "queue.png")
+
+    page.keyboard.press("n")  # claim next
+    page.wait_for_url(f"{base}/ui/review/**")
+    first = page.locator("h1.cid-title").inner_text()
+    assert page.locator("[data-lease-until]").count() == 1
+    assert page.locator("mark.hl").count() + page.locator(".msg.flagged").count() > 0
+    _shot(page, "conversation.png")
+
+    page.keyboard.press("c")
+    page.keyboard.press("1")
+    assert page.locator("input[value=confirmed_failure]").is_checked()
+    url = page.url
+    page.keyboard.press("Enter")  # save and go to the next item
+    page.wait_for_url(lambda u: u != url and "/ui/review/" in u)
+    second = page.locator("h1.cid-title").inner_text()
+    assert second != first
+
+    page.keyboard.press("r")
+    url = page.url
+    page.keyboard.press("Enter")
+    page.wait_for_url(lambda u: u != url)
+
+    with rt.sessions() as s:
+        labels = {r.conversation_id: r for r in s.query(ReviewLabelRow).all()}
+    assert labels[first].label == "confirmed_failure" and labels[first].reviewer == "rita"
+    assert labels[first].category == next(iter(rt.get(ReviewStage).policy.taxonomy))
+    assert labels[second].label == "not_a_failure"
+
+    page.goto(f"{base}/ui/queue")
+    listed = page.locator("a.cid").all_inner_texts()
+    assert first not in listed and second not in listed
+    assert page.locator("table.queue tbody tr").count() == open_before - 2
+    page.goto(f"{base}/ui/queue?status=done")
+    assert set(page.locator("a.cid").all_inner_texts()) == {first, second}
+
+    page.goto(f"{base}/ui/clusters")
+    assert "1 of 1 failures" in page.locator("ol.clusters").inner_text()
+    _shot(page, "clusters.png")
+    page.goto(f"{base}/ui/progress")
+    _shot(page, "progress.png")
+
+    # log out: the queue asks for a key again
+    page.click("text=Log out")
+    page.wait_for_url(f"{base}/ui/login")
+    page.goto(f"{base}/ui/queue")
+    assert "/ui/login" in page.url
+
+
+def test_hostile_transcript_renders_inert(browser, server) -> None:
+    base, rt = server
+    conv = xss_conversation()
+    store(rt, [conv])
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    _login(page, base)
+
+    for url in (f"{base}/ui/queue", f"{base}/ui/review/{quote(conv['conversation_id'], safe='')}"):
+        page.goto(url)
+        page.wait_for_load_state("load")
+        page.wait_for_timeout(300)
+        assert page.evaluate("typeof window.__xss") == "undefined"
+        assert page.evaluate("typeof window.parent.__xss") == "undefined"
+        handlers = page.evaluate(
+            "Array.from(document.querySelectorAll('*')).flatMap(e => Array.from(e.attributes)"
+            ".filter(a => a.name.toLowerCase().startsWith('on')).map(a => e.tagName + ' ' + a.name))"
+        )
+        assert handlers == []
+        assert page.locator("a[href^='javascript:' i]").count() == 0
+        assert page.locator("iframe, img, svg, object, embed").count() == 0
+        scripts = page.evaluate("Array.from(document.scripts).map(s => s.getAttribute('src'))")
+        assert scripts == ["/ui/static/vigil.js"]
+    assert dialogs == []
+
+    text = page.locator("section.transcript").inner_text()
+    assert "<script>window.__xss = 1; alert(1)</script>" in text
+    assert '<img src=x onerror="window.__xss = 2; alert(2)">' in text
+    assert "{{ 7 * 7 }}" in text and "49" not in text
+    assert "get_order_details<script>window.__xss=7</script>" in page.locator(".call-head code").inner_text()
+    assert page.locator(".msg.is-error").count() == 1
+    # the PII finding's evidence is highlighted inside the assistant's text
+    assert "eve@example.com" in page.locator("mark.hl").all_inner_texts()
+    _shot(page, "conversation-xss.png")

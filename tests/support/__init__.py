@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: real services, a scripted judge, runtimes and clients."""
