@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typing
 
+from vigil.compare import paired
 from vigil.runtime import Runtime, Stage
 
 if typing.TYPE_CHECKING:
@@ -23,3 +24,5 @@ def _commands(app: typer.Typer) -> None:
 
 
 STAGE = Stage("compare", _wire, None, _commands)
+
+__all__ = ["STAGE", "paired"]
