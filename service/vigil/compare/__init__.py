@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typing
 
-from vigil.compare import paired
+from vigil.compare import paired, stats
 from vigil.runtime import Runtime, Stage
 
 if typing.TYPE_CHECKING:
@@ -25,4 +25,4 @@ def _commands(app: typer.Typer) -> None:
 
 STAGE = Stage("compare", _wire, None, _commands)
 
-__all__ = ["STAGE", "paired"]
+__all__ = ["STAGE", "paired", "stats"]

@@ -66,10 +66,7 @@ def _t_interval(value: float, se: float, tasks: int, bounds: tuple[float, float]
     low, high = value - q * se, value + q * se
     if bounds is not None:
         low, high = max(bounds[0], low), min(bounds[1], high)
-    if se > 0:
-        p = float(2 * student_t.sf(abs(value) / se, tasks - 1))
-    else:
-        p = 1.0 if value == 0 else 0.0
+    p = float(2 * student_t.sf(abs(value) / se, tasks - 1)) if se > 0 else (1.0 if value == 0 else 0.0)
     return Interval(value, se, low, high, tasks, p)
 
 
@@ -116,7 +113,7 @@ def variance_components(rollouts: Rollouts) -> dict[str, float | None]:
 def paired_difference(candidate: Rollouts, baseline: Rollouts) -> Interval:
     """Mean over shared tasks of (candidate task mean - baseline task mean), with ``sqrt(Var(d)/M)``."""
     shared = sorted(set(candidate) & set(baseline))
-    d = np.array([np.mean(candidate[t]) - np.mean(baseline[t]) for t in shared if len(candidate[t]) and len(baseline[t])])
+    d = np.array([np.mean(candidate[t]) - np.mean(baseline[t]) for t in shared if len(candidate[t]) * len(baseline[t])])
     if not len(d):
         return EMPTY
     value = float(d.mean())
@@ -163,10 +160,9 @@ def powers_of_two(n: int) -> list[int]:
     return out
 
 
-def _per_task(rollouts: Rollouts, k: int, fn: Callable[[int, int, int], float]) -> dict[str, list[float]]:
-    return {
-        t: [fn(len(vs), sum(1 for v in vs if v >= 1), k)] for t, vs in rollouts.items() if len(vs) >= k
-    }
+def per_task(rollouts: Rollouts, k: int, fn: Callable[[int, int, int], float]) -> dict[str, list[float]]:
+    """Each task's unbiased pass@k or pass^k estimate (``fn`` of rollouts, passes, k), tasks with ``k`` rollouts."""
+    return {t: [fn(len(vs), sum(1 for v in vs if v >= 1), k)] for t, vs in rollouts.items() if len(vs) >= k}
 
 
 def pass_k(rollouts: Rollouts) -> dict[str, dict[int, Interval]]:
@@ -178,14 +174,14 @@ def pass_k(rollouts: Rollouts) -> dict[str, dict[int, Interval]]:
     sizes = [len(v) for v in rollouts.values() if len(v)]
     ks = powers_of_two(min(sizes)) if sizes else []
     return {
-        "pass_at_k": {k: clustered_mean(_per_task(rollouts, k, pass_at_k), (0, 1)) for k in ks},
-        "pass_hat_k": {k: clustered_mean(_per_task(rollouts, k, pass_hat_k), (0, 1)) for k in ks},
+        "pass_at_k": {k: clustered_mean(per_task(rollouts, k, pass_at_k), (0, 1)) for k in ks},
+        "pass_hat_k": {k: clustered_mean(per_task(rollouts, k, pass_hat_k), (0, 1)) for k in ks},
     }
 
 
 def pass_hat_k_difference(candidate: Rollouts, baseline: Rollouts, k: int) -> tuple[Interval, bool]:
     """Candidate minus baseline pass^k, paired over shared tasks where both sides have ``k`` rollouts."""
-    return difference(_per_task(candidate, k, pass_hat_k), _per_task(baseline, k, pass_hat_k))
+    return difference(per_task(candidate, k, pass_hat_k), per_task(baseline, k, pass_hat_k))
 
 
 def indicator_rate(flags: Mapping[str, Sequence[bool]]) -> Interval:
