@@ -17,7 +17,19 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from vigil.compare import paired, stats
+from vigil.compare import (
+    EMPTY,
+    Interval,
+    Rollouts,
+    clustered_mean,
+    difference,
+    holm,
+    pass_at_k,
+    pass_hat_k,
+    pass_k,
+    per_task,
+    powers_of_two,
+)
 from vigil.evaluation.runs import PROTOCOL_KEYS, Run
 
 SIGNIFICANCE = 0.05
@@ -33,9 +45,9 @@ class Row:
     unit: Literal["rate", "count", "usd", "seconds"]
     better: Better
     grader: str | None  # the protocol key that says how this signal is measured
-    baseline: paired.Interval
-    candidate: paired.Interval
-    difference: paired.Interval
+    baseline: Interval
+    candidate: Interval
+    difference: Interval
     paired: bool
     gating: bool = True
     verdict: str = "no significant change"
@@ -72,19 +84,19 @@ def _row(
     unit: Any,
     better: Better,
     grader: str | None,
-    base: paired.Rollouts,
-    cand: paired.Rollouts,
+    base: Rollouts,
+    cand: Rollouts,
     bounds: tuple[float, float] | None = None,
     gating: bool = True,
 ) -> Row:
-    diff, is_paired = paired.difference(cand, base)
+    diff, is_paired = difference(cand, base)
     return Row(
         signal,
         unit,
         better,
         grader,
-        paired.clustered_mean(base, bounds),
-        paired.clustered_mean(cand, bounds),
+        clustered_mean(base, bounds),
+        clustered_mean(cand, bounds),
         diff,
         is_paired,
         gating,
@@ -110,20 +122,20 @@ def _p95_row(base: dict[str, list[float]], cand: dict[str, list[float]]) -> Row:
     is_paired = len(shared) >= 2
     rng = np.random.default_rng(SEED)
 
-    def side(values: dict[str, list[float]]) -> paired.Interval:
+    def side(values: dict[str, list[float]]) -> Interval:
         groups = [np.asarray(v) for v in values.values() if v]
         if not groups:
-            return paired.EMPTY
+            return EMPTY
         point = _p95(groups)
         if len(groups) < 2:
-            return paired.Interval(point, None, None, None, len(groups))
+            return Interval(point, None, None, None, len(groups))
         boot = [_p95([groups[i] for i in rng.integers(0, len(groups), len(groups))]) for _ in range(RESAMPLES)]
         lo, hi = np.percentile(boot, [2.5, 97.5])
-        return paired.Interval(point, float(np.std(boot, ddof=1)), float(lo), float(hi), len(groups))
+        return Interval(point, float(np.std(boot, ddof=1)), float(lo), float(hi), len(groups))
 
     b, c = side(base), side(cand)
     if b.value is None or c.value is None:
-        return Row("p95 latency (s)", "seconds", "lower", "harness", b, c, paired.EMPTY, False)
+        return Row("p95 latency (s)", "seconds", "lower", "harness", b, c, EMPTY, False)
     point = c.value - b.value
     bg = [np.asarray(base[t]) for t in (shared if is_paired else base)]
     cg = [np.asarray(cand[t]) for t in (shared if is_paired else cand)]
@@ -138,7 +150,7 @@ def _p95_row(base: dict[str, list[float]], cand: dict[str, list[float]]) -> Row:
     se = float(np.std(boots, ddof=1))
     lo, hi = np.percentile(boots, [2.5, 97.5])
     p = 2 * (1 - _phi(abs(point) / se)) if se > 0 else (1.0 if point == 0 else 0.0)
-    diff = paired.Interval(point, se, float(lo), float(hi), len(shared) if is_paired else min(len(bg), len(cg)), p)
+    diff = Interval(point, se, float(lo), float(hi), len(shared) if is_paired else min(len(bg), len(cg)), p)
     return Row("p95 latency (s)", "seconds", "lower", "harness", b, c, diff, is_paired)
 
 
@@ -150,14 +162,14 @@ def build_rows(base: Run, cand: Run) -> list[Row]:
     bs, cs = base.by_task("success"), cand.by_task("success")
     sizes = [len(v) for v in (*bs.values(), *cs.values()) if v]
     rows: list[Row] = []
-    for k in paired.powers_of_two(min(sizes) if sizes else 0):
-        per_b = paired.pass_k(_at_least(bs, k))
-        per_c = paired.pass_k(_at_least(cs, k))
+    for k in powers_of_two(min(sizes) if sizes else 0):
+        per_b = pass_k(_at_least(bs, k))
+        per_c = pass_k(_at_least(cs, k))
         for key, name in (("pass_hat_k", f"pass^{k}"), ("pass_at_k", f"pass@{k}")):
             if k == 1 and key == "pass_at_k":
                 continue
-            fn = stats.pass_hat_k if key == "pass_hat_k" else stats.pass_at_k
-            diff, is_paired = paired.difference(paired.per_task(cs, k, fn), paired.per_task(bs, k, fn))
+            fn = pass_hat_k if key == "pass_hat_k" else pass_at_k
+            diff, is_paired = difference(per_task(cs, k, fn), per_task(bs, k, fn))
             label = "pass@1 (= pass^1)" if k == 1 else name
             rows.append(
                 Row(
@@ -206,9 +218,8 @@ def protocol_diff(base: Run, cand: Run) -> list[dict[str, Any]]:
 
 def judge_rows(rows: list[Row], changed: set[str]) -> list[Row]:
     gating = [r for r in rows if r.gating and r.grader not in changed and r.difference.p_value is not None]
-    adjusted = dict(
-        zip((id(r) for r in gating), stats.holm([r.difference.p_value or 1.0 for r in gating]), strict=True)
-    )
+    p_values = [r.difference.p_value for r in gating]
+    adjusted = dict(zip((id(r) for r in gating), holm([1.0 if p is None else p for p in p_values]), strict=True))
     for r in rows:
         if r.grader in changed:
             r.verdict = f"grader changed ({r.grader})"
