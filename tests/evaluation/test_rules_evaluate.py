@@ -100,7 +100,7 @@ def test_lift_and_intervals() -> None:
     assert lift["high"] == pytest.approx(3 * math.exp(1.959964 * se), rel=1e-4)
     # no firing at success: an infinite point, a finite interval from the corrected cells
     never = quality.lift(4, 10, 0, 10)
-    assert never["value"] == math.inf and 0 < never["low"] < 9 < never["high"] < math.inf
+    assert never["value"] is None and never["infinite"] and 0 < never["low"] < 9 < never["high"] < math.inf
     # Wilson at the edges stays inside [0, 1]
     w = quality.wilson(0, 10)
     assert w["value"] == 0 and w["low"] == 0 and 0.2 < w["high"] < 0.35

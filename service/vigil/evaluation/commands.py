@@ -25,9 +25,9 @@ def _pct(e: dict[str, Any]) -> str:
 
 
 def _ratio(e: dict[str, Any]) -> str:
-    if e.get("value") is None:
+    if e.get("value") is None and not e.get("infinite"):
         return "–"
-    value = "∞" if e["value"] == float("inf") else f"{e['value']:.2f}×"
+    value = "∞" if e.get("infinite") else f"{e['value']:.2f}×"
     return f"{value} [{e['low']:.2f}–{e['high']:.2f}]"
 
 
@@ -100,6 +100,10 @@ def evaluate(
     since: Annotated[datetime | None, typer.Option(help="Stored traffic received since (ISO time).")] = None,
     agent: Annotated[str | None, typer.Option(help="Stored traffic of this agent id only.")] = None,
     version: Annotated[str | None, typer.Option(help="Stored traffic of this agent version only.")] = None,
+    half: Annotated[
+        str | None,
+        typer.Option(help="Only tasks whose id hashes to this half (a or b): design checks on one, report the other."),
+    ] = None,
     no_rules: Annotated[bool, typer.Option("--no-rules", help="Per pack only, not per rule.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
@@ -111,6 +115,8 @@ def evaluate(
     launcher = Launcher.of(ctx)
     if polarity not in ("auto", "good", "bad"):
         launcher.fail(f"--polarity must be auto, good or bad, not {polarity!r}")
+    if half not in (None, "a", "b"):
+        launcher.fail(f"--half must be a or b, not {half!r}")
     if bool(files) == stored:
         launcher.fail("give result FILES or --stored (not both)")
     try:
@@ -126,7 +132,7 @@ def evaluate(
             with rt.sessions() as session:
                 obs, left_out = sources.from_store(session, engine, policy, judge, since, agent, version)
         else:
-            obs, left_out = sources.from_conversations(sources.conversations(files or []), engine, policy, judge)
+            obs, left_out = sources.from_conversations(sources.conversations(files or []), engine, policy, judge, half)
     except VigilError as exc:
         launcher.fail(exc)
     if not obs:

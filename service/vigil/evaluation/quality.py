@@ -65,11 +65,13 @@ def lift(a: int, fails: int, b: int, goods: int) -> dict[str, Any]:
         return {"value": None, "low": None, "high": None}
     if a == 0 and b == 0:
         return {"value": None, "low": None, "high": None}
-    value = math.inf if b == 0 else (a / fails) / (b / goods)
     ca, cb, cf, cg = (a, b, fails, goods) if a and b else (a + 0.5, b + 0.5, fails + 1, goods + 1)
     log_ratio = math.log((ca / cf) / (cb / cg))
     se = math.sqrt(1 / ca - 1 / cf + 1 / cb - 1 / cg)
-    return {"value": value, "low": math.exp(log_ratio - Z * se), "high": math.exp(log_ratio + Z * se)}
+    low, high = math.exp(log_ratio - Z * se), math.exp(log_ratio + Z * se)
+    if b == 0:  # never fired at success: the ratio is unbounded (JSON has no infinity, so say it)
+        return {"value": None, "infinite": True, "low": low, "high": high}
+    return {"value": (a / fails) / (b / goods), "low": low, "high": high}
 
 
 def measure(flagged: Sequence[bool], failed: Sequence[bool]) -> dict[str, Any]:

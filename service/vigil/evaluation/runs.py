@@ -32,7 +32,7 @@ from vigil.schema import Conversation
 
 RESULTS_FORMAT = "vigil.results"
 RESULTS_VERSION = 1
-FORBIDDEN_TYPES = frozenset({"forbidden_tool", "tool_arg_limit", "per_entity_limit", "tool_value_order"})
+FORBIDDEN_TYPES = frozenset({"forbidden_tool", "per_entity_limit", "arg_from_lookup", "single_entity"})
 PROTOCOL_KEYS = ("model", "sampling", "harness", "tools", "user", "grader", "judge", "rule_packs", "budgets")
 TAU2_ERRORS = frozenset({"too_many_errors", "agent_error", "user_error", "invalid_agent_message", "error"})
 TAU2_TRUNCATED = frozenset({"max_steps", "max_turns", "timeout"})

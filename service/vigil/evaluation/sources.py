@@ -8,6 +8,7 @@ counted: nobody knows whether it succeeded. Without a bad outcome, it did not ha
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
@@ -90,14 +91,26 @@ def conversations(paths: Sequence[Path]) -> Iterator[Conversation]:
             raise EvaluationError(str(exc)) from None
 
 
+def task_half(task_id: str | None) -> str:
+    """``a`` or ``b``: a fixed split of task ids (sha256), to design checks on one half and report the other."""
+    digest = hashlib.sha256((task_id or "").encode()).digest()
+    return "a" if digest[0] % 2 == 0 else "b"
+
+
 def from_conversations(
-    convs: Iterable[Conversation], engine: RuleEngine, policy: FlaggingPolicy, judge: Judge
+    convs: Iterable[Conversation],
+    engine: RuleEngine,
+    policy: FlaggingPolicy,
+    judge: Judge,
+    half: str | None = None,
 ) -> tuple[list[Observation], int]:
     """Run the packs on each conversation; failure from its own recorded outcomes."""
     pack_of = {r.id: r.pack for r in engine.rules}
     obs: list[Observation] = []
     left_out = 0
     for conv in convs:
+        if half is not None and task_half(conv.task_id) != half:
+            continue
         failed = judge.failed([o.value for o in conv.outcomes if o.type == judge.outcome])
         if failed is None:
             left_out += 1
