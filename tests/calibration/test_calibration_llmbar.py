@@ -138,3 +138,52 @@ def test_llmbar_gpt4_beats_chatgpt(tmp_path: Path) -> None:
         pairs, _ = pairs_from_verdicts(load_labels(labels), load_verdicts(verdicts), "x")
         kappas[ev] = report("j", "f", pairs, Thresholds(50, 0.6))["versions"][0]["agreement"]["kappa"]
     assert kappas["GPT-4/Vanilla"]["low"] > kappas["ChatGPT/Vanilla"]["high"]
+
+
+@pytest.mark.parametrize("evaluator", EVALUATORS[:2])
+def test_llmbar_three_way_agreement_with_ties(tmp_path: Path, evaluator: str) -> None:
+    """Human A/B on LLMBar against the judge's choice: in the first order, and from both orders (a choice
+    the two orders disagree on is a tie). Kappa checked against the formula on the same counts."""
+    from vigil.calibration.labelsets import load_pairwise_human
+    from vigil.calibration.stats import both_orders, three_way_agreement
+
+    rows, _ = _results("Natural", evaluator)
+    path = tmp_path / "pairwise.jsonl"
+    pick = {"1": "a", "2": "b", None: None}
+    with path.open("wb") as f:
+        for r in rows:
+            res = r["results"][0]
+            f.write(
+                orjson.dumps(
+                    {
+                        "first_choice": pick[res["swap = False"]["winner"]],
+                        "second_choice": pick[res["swap = True"]["winner"]],
+                        "human": pick[str(r["label"])],
+                    }
+                )
+                + b"\n"
+            )
+    first, second = load_pairwise(path)
+    human = load_pairwise_human(path)
+    for judge in (first, both_orders(first, second)):
+        tw = three_way_agreement(human, judge)
+        pairs = [(h, j) for h, j in zip(human, judge, strict=True) if h and j]
+        assert tw["n"] == len(pairs) and tw["ties"]["human"] == 0
+        agree = sum(1 for h, j in pairs if h == j)
+        assert tw["percent_agreement"]["value"] == pytest.approx(agree / len(pairs))
+        cats = ("a", "b", "tie")
+        n = len(pairs)
+        pe = sum((sum(1 for h, _ in pairs if h == c) / n) * (sum(1 for _, j in pairs if j == c) / n) for c in cats)
+        assert tw["kappa"]["value"] == pytest.approx((agree / n - pe) / (1 - pe))
+    consistent = three_way_agreement(human, both_orders(first, second))
+    flips = sum(1 for a, b in zip(first, second, strict=True) if a and b and a != b)
+    assert consistent["ties"]["judge"] == flips  # every order flip became a tie
+
+
+def test_three_way_with_human_ties() -> None:
+    from vigil.calibration.stats import three_way_agreement
+
+    tw = three_way_agreement(["a", "tie", "b", "tie", None], ["a", "tie", "a", "b", "a"])
+    assert tw["n"] == 4 and tw["left_out"] == 1
+    assert tw["confusion"]["tie"]["tie"] == 1 and tw["confusion"]["b"]["tie"] == 1 and tw["confusion"]["a"]["b"] == 1
+    assert tw["percent_agreement"]["value"] == pytest.approx(0.5)

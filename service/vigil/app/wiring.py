@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import MetaData
 
-from vigil import calibration, compare, detector, export, ingest, judge, outcomes, review
+from vigil import calibration, compare, detector, evaluation, export, ingest, judge, outcomes, review
 from vigil.runtime import Runtime, Stage
 from vigil.store.models import Base
 
@@ -23,6 +23,7 @@ STAGES: tuple[Stage, ...] = (
     detector.STAGE,
     calibration.STAGE,
     export.STAGE,
+    evaluation.STAGE,
 )
 
 

@@ -133,13 +133,14 @@ async def calibrate(
     labels: LabelledSet,
     verdicts: dict[str, FileVerdict] | None = None,
     pairwise: tuple[list[str | None], list[str | None]] | None = None,
+    pairwise_human: list[str | None] | None = None,
 ) -> dict[str, Any]:
     """The calibration report of ``judge`` on a labelled set: from ``verdicts`` if given, else by judging.
 
     ``rt`` is a wired :class:`~vigil.runtime.Runtime` (its judge stage, rules, sessions and settings).
     """
     from vigil.calibration.report import Thresholds, report
-    from vigil.calibration.stats import position_bias
+    from vigil.calibration.stats import both_orders, position_bias, three_way_agreement
 
     s = rt.settings
     stage = rt.find(JudgeStage)
@@ -161,4 +162,9 @@ async def calibrate(
     result.update(mode=mode, unsure=labels.unsure, missing=missing)
     if pairwise is not None:
         result["position_bias"] = position_bias(*pairwise)
+        if pairwise_human is not None and any(h is not None for h in pairwise_human):
+            result["three_way"] = {
+                "first_order": three_way_agreement(pairwise_human, pairwise[0]),
+                "both_orders": three_way_agreement(pairwise_human, both_orders(*pairwise)),
+            }
     return result

@@ -68,6 +68,12 @@ def print_report(result: dict[str, Any]) -> None:
     if result.get("position_bias"):
         pb = result["position_bias"]
         out.print(f"position bias: {_est(pb['rate'])} of {pb['comparisons']} comparisons flip when swapped")
+    for name, tw in (result.get("three_way") or {}).items():
+        out.print(
+            f"three-way (A / B / tie) agreement, {name.replace('_', ' ')}: {_est(tw['percent_agreement'])}, "
+            f"kappa {_est(tw['kappa'], False)} on {tw['n']} pairs (ties: human {tw['ties']['human']}, "
+            f"judge {tw['ties']['judge']})"
+        )
 
 
 def calibrate(
@@ -104,7 +110,13 @@ def calibrate(
     """Compare a judge with human labels: agreement, kappa, TPR/TNR with intervals; calibrated or not."""
     from vigil.calibration.calibrate import calibrate as run
     from vigil.calibration.errors import CalibrationError
-    from vigil.calibration.labelsets import judge_sets, load_labels, load_pairwise, load_verdicts
+    from vigil.calibration.labelsets import (
+        judge_sets,
+        load_labels,
+        load_pairwise,
+        load_pairwise_human,
+        load_verdicts,
+    )
     from vigil.calibration.overview import save_run
     from vigil.errors import VigilError
 
@@ -120,8 +132,9 @@ def calibrate(
     try:
         recorded = load_verdicts(verdicts) if verdicts else None
         pairs = load_pairwise(pairwise) if pairwise else None
+        humans = load_pairwise_human(pairwise) if pairwise else None
         for f in files:
-            result = asyncio.run(run(rt, judge, load_labels(f), recorded, pairs))
+            result = asyncio.run(run(rt, judge, load_labels(f), recorded, pairs, humans))
             if save:
                 with rt.sessions.begin() as s:
                     result["run_ids"] = save_run(s, judge, str(f), result["mode"], result)

@@ -15,7 +15,9 @@ A verdicts file holds a judge's existing answers, to measure it without calling 
 
 A pairwise file holds a pairwise judge's choices in both orders, to measure its position bias::
 
-    {"first_choice": "a", "second_choice": "b"}
+    {"first_choice": "a", "second_choice": "b", "human": "a"}
+
+(``human``, optional: the people's choice, ``a``, ``b`` or ``tie``, for the three-way agreement.)
 
 Every error names the file and the line.
 """
@@ -165,6 +167,17 @@ def load_pairwise(path: Path) -> tuple[list[str | None], list[str | None]]:
         first.append(a)
         second.append(b)
     return first, second
+
+
+def load_pairwise_human(path: Path) -> list[str | None]:
+    """The human choices of a pairwise file (None where a line has none)."""
+    out: list[str | None] = []
+    for no, obj in _lines(path):
+        h = obj.get("human")
+        if h not in CHOICES:
+            raise CalibrationError(f"{path}:{no}: human must be a, b, tie or null")
+        out.append(h)
+    return out
 
 
 def judge_sets(judges_dir: str | Path, judge: str) -> list[Path]:

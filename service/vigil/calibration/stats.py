@@ -222,3 +222,33 @@ def position_bias(first: Sequence[str | None], second: Sequence[str | None]) -> 
         "rate": proportion(flips, len(pairs)).as_dict(),
         "favoured_position": dict(towards),
     }
+
+
+THREE_WAY = ("a", "b", "tie")
+
+
+def both_orders(first: Sequence[str | None], second: Sequence[str | None]) -> list[str | None]:
+    """One choice from both orders: the answer chosen in both, a tie where the orders disagree."""
+    return [None if a is None or b is None else a if a == b else "tie" for a, b in zip(first, second, strict=True)]
+
+
+def three_way_agreement(human: Sequence[str | None], judge: Sequence[str | None]) -> dict[str, Any]:
+    """A pairwise judge against human choices with ties: A / B / tie agreement and Cohen's kappa.
+
+    Pairs where either side has no choice (unlabelled, unscored) are left out. The confusion table's rows
+    are the judge's choices, its columns the human's.
+    """
+    pairs = [(h, j) for h, j in zip(human, judge, strict=True) if h in THREE_WAY and j in THREE_WAY]
+    index = {c: i for i, c in enumerate(THREE_WAY)}
+    table = np.zeros((3, 3))
+    for h, j in pairs:
+        table[index[j], index[h]] += 1
+    n = len(pairs)
+    return {
+        "n": n,
+        "left_out": len(human) - n,
+        "confusion": {j: {h: int(table[index[j], index[h]]) for h in THREE_WAY} for j in THREE_WAY},
+        "percent_agreement": proportion(int(np.trace(table)), n).as_dict(),
+        "kappa": cohens_kappa(table).as_dict(),
+        "ties": {"human": sum(1 for h, _ in pairs if h == "tie"), "judge": sum(1 for _, j in pairs if j == "tie")},
+    }

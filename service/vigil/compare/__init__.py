@@ -4,6 +4,17 @@ from __future__ import annotations
 
 import typing
 
+from vigil.compare.paired import (
+    EMPTY,
+    Interval,
+    Rollouts,
+    clustered_mean,
+    difference,
+    pass_k,
+    per_task,
+    powers_of_two,
+)
+from vigil.compare.stats import holm, pass_at_k, pass_hat_k
 from vigil.runtime import Runtime, Stage
 
 if typing.TYPE_CHECKING:
@@ -23,3 +34,18 @@ def _commands(app: typer.Typer) -> None:
 
 
 STAGE = Stage("compare", _wire, None, _commands)
+
+__all__ = [
+    "EMPTY",
+    "STAGE",
+    "Interval",
+    "Rollouts",
+    "clustered_mean",
+    "difference",
+    "holm",
+    "pass_at_k",
+    "pass_hat_k",
+    "pass_k",
+    "per_task",
+    "powers_of_two",
+]

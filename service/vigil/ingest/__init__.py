@@ -8,7 +8,22 @@ from vigil.ingest.otlp import models
 from vigil.runtime import Runtime, Stage
 
 if typing.TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
     import typer
+
+    from vigil.schema import Conversation
+
+
+def load_file(path: Path, fmt: str = "auto") -> Iterator[Conversation]:
+    """The conversations of a recorded file in any format the importers read (``vigil replay``'s reader).
+
+    Bad input raises a ``VigilError`` naming the file and item.
+    """
+    from vigil.ingest.importers import load_file as load
+
+    return load(path, fmt)  # type: ignore[arg-type]
 
 
 def _wire(rt: Runtime) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typing
 
 from vigil.review import models
+from vigil.review.policy import FlaggingPolicy
 from vigil.runtime import Runtime, Stage
 
 if typing.TYPE_CHECKING:
@@ -24,3 +25,5 @@ def _commands(app: typer.Typer) -> None:
 
 
 STAGE = Stage("review", _wire, models, _commands)
+
+__all__ = ["STAGE", "FlaggingPolicy"]

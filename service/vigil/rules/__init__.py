@@ -1,6 +1,6 @@
 """Rule stage: cheap trajectory checks on every conversation."""
 
-from vigil.rules import builtin_text, builtin_tools  # noqa: F401  (registers the built-in rule types)
+from vigil.rules import builtin_policy, builtin_text, builtin_tools  # noqa: F401  (registers the built-in rule types)
 from vigil.rules.packs import Finding, RuleEngine, load_pack, max_severity
 from vigil.rules.registry import Evidence, Hit, RuleArgs, registered_rule_types, rule_type
 from vigil.rules.view import ConversationView

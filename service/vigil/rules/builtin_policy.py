@@ -1,0 +1,209 @@
+"""Built-in rule types for written business policies: limits per entity, one customer per conversation,
+arguments that must come from what a lookup showed, and an issue still unresolved when the talk ended.
+
+Literal markers, never regular expressions: each check is a substring test, linear in the text.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import Field
+
+from vigil.rules.registry import Evidence, Hit, RuleArgs, rule_type
+from vigil.rules.view import CallSite, ConversationView
+
+
+def _succeeded(view: ConversationView, site: CallSite) -> bool:
+    result = view.result_for(site)
+    return result is None or not result.is_error
+
+
+def _key(site: CallSite, arg: str) -> str | None:
+    value = site.args.get(arg)
+    return None if value is None or isinstance(value, dict | list) else str(value)
+
+
+class PerEntityLimitArgs(RuleArgs):
+    tools: list[str] = Field(min_length=1, description="Calls counted together (e.g. modify items, exchange).")
+    key: str = Field(description="The argument naming the entity (e.g. order_id).")
+    max_calls: int = Field(default=1, ge=1, description="Successful calls allowed per entity.")
+    then_forbidden: list[str] = Field(
+        default_factory=list, description="Tools not allowed on the entity once the limit is reached."
+    )
+
+
+@rule_type("per_entity_limit", PerEntityLimitArgs)
+def per_entity_limit(view: ConversationView, args: PerEntityLimitArgs) -> Iterator[Hit]:
+    """At most ``max_calls`` successful calls of ``tools`` per entity; after that, no ``then_forbidden`` call."""
+    counted: dict[str, int] = defaultdict(int)
+    for site in view.tool_calls:
+        key = _key(site, args.key)
+        if key is None:
+            continue
+        if counted[key] >= args.max_calls and (site.name in args.tools or site.name in args.then_forbidden):
+            yield Hit(
+                f"{site.name} on {args.key}={key} after {counted[key]} successful "
+                f"{'/'.join(args.tools)} call(s) (limit {args.max_calls})",
+                [Evidence(site.message_index)],
+                {"tool": site.name, args.key: key},
+            )
+        if site.name in args.tools and _succeeded(view, site):
+            counted[key] += 1
+
+
+class SingleEntityArgs(RuleArgs):
+    key: str = Field(description="The argument naming the customer (e.g. user_id).")
+    tools: list[str] = Field(default_factory=list, description="Only these tools' calls; empty: every call.")
+
+
+@rule_type("single_entity", SingleEntityArgs)
+def single_entity(view: ConversationView, args: SingleEntityArgs) -> Iterator[Hit]:
+    """Every successful call naming ``key`` names the same value ("one user per conversation")."""
+    first: str | None = None
+    for site in view.tool_calls:
+        if args.tools and site.name not in args.tools:
+            continue
+        key = _key(site, args.key)
+        if key is None or not _succeeded(view, site):
+            continue
+        if first is None:
+            first = key
+        elif key != first:
+            yield Hit(
+                f"{site.name} for {args.key}={key} in a conversation about {args.key}={first}",
+                [Evidence(site.message_index)],
+                {"first": first, "other": key},
+            )
+            return
+
+
+def _values_of(obj: Any, name: str) -> Iterator[str]:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k == name and not isinstance(v, dict | list):
+                yield str(v)
+            else:
+                yield from _values_of(v, name)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _values_of(v, name)
+
+
+class ArgFromLookupArgs(RuleArgs):
+    tools: list[str] = Field(min_length=1, description="The calls whose argument is checked.")
+    arg: str = Field(description="The argument that must be one the lookup showed.")
+    lookup: list[str] = Field(min_length=1, description="Tools whose results list the allowed values.")
+    join_on: str = Field(description="The argument both the call and the lookup name (e.g. order_id).")
+    field: str | None = Field(default=None, description="The result field holding allowed values; default: `arg`.")
+    also_allowed_prefixes: list[str] = Field(
+        default_factory=list, description="Values starting with one of these are allowed too (e.g. gift_card_)."
+    )
+
+
+@rule_type("arg_from_lookup", ArgFromLookupArgs)
+def arg_from_lookup(view: ConversationView, args: ArgFromLookupArgs) -> Iterator[Hit]:
+    """The call's ``arg`` is a value the lookup of the same entity showed ("refund to the original payment")."""
+    field = args.field or args.arg
+    shown: dict[str, set[str]] = defaultdict(set)
+    for site in view.tool_calls:
+        key = _key(site, args.join_on)
+        if site.name in args.lookup and key is not None:
+            result = view.result_for(site)
+            if result is not None and not result.is_error:
+                shown[key].update(_values_of(result.parsed(), field))
+            continue
+        if site.name not in args.tools or key is None or key not in shown:
+            continue  # nothing was looked up: other rules say the lookup is missing
+        value = _key(site, args.arg)
+        if value is None or value in shown[key] or value.startswith(tuple(args.also_allowed_prefixes)):
+            continue
+        yield Hit(
+            f"{site.name} with {args.arg}={value}, not among {sorted(shown[key])} shown for {args.join_on}={key}",
+            [Evidence(site.message_index)],
+            {args.arg: value, args.join_on: key},
+        )
+
+
+class UnresolvedAtEndArgs(RuleArgs):
+    tools: list[str] = Field(min_length=1, description="Checks that verify the issue (a speed test, a send test).")
+    unresolved: list[str] = Field(
+        min_length=1, description="Markers (case-insensitive substrings) of a result that says the issue remains."
+    )
+
+
+@rule_type("unresolved_at_end", UnresolvedAtEndArgs)
+def unresolved_at_end(view: ConversationView, args: UnresolvedAtEndArgs) -> Iterator[Hit]:
+    """The last verification the conversation ran (by agent or user) still shows the issue."""
+    names: dict[str, str] = {}
+    last: tuple[int, str] | None = None
+    markers = [m.lower() for m in args.unresolved]
+    for i, m in enumerate(view.messages):
+        for call in m.tool_calls or ():
+            if call.id:
+                names[call.id] = call.function.name
+        if m.role == "tool" and m.tool_call_id and names.get(m.tool_call_id) in args.tools:
+            last = (i, m.text)
+    if last is None:
+        return
+    text = last[1].lower()
+    found = next((mk for mk in markers if mk in text), None)
+    if found is not None:
+        yield Hit(
+            f"the last check still shows the issue ({found!r})",
+            [Evidence(last[0], quote=last[1][:200])],
+            {"marker": found},
+        )
+
+
+class SayBeforeArgs(RuleArgs):
+    tools: list[str] = Field(min_length=1, description="Calls the policy wants announced a certain way.")
+    phrases: list[str] = Field(
+        min_length=1, description="Case-insensitive substrings, one of which an assistant message must contain."
+    )
+    what: str = Field(default="the required reminder", description="What the phrases say, for the message.")
+
+
+@rule_type("say_before", SayBeforeArgs)
+def say_before(view: ConversationView, args: SayBeforeArgs) -> Iterator[Hit]:
+    """Before each call of ``tools``, an assistant message since the previous such call says one of ``phrases``."""
+    phrases = [p.lower() for p in args.phrases]
+    said = False
+    calls = {s.message_index: s for s in view.tool_calls if s.name in args.tools}
+    for i, m in enumerate(view.messages):
+        if m.role == "assistant" and any(p in m.text.lower() for p in phrases):
+            said = True
+        site = calls.get(i)
+        if site is not None:
+            if not said:
+                yield Hit(f"{site.name} without {args.what} first", [Evidence(i)], {"tool": site.name})
+            said = False
+
+
+class WriteRefusedArgs(RuleArgs):
+    tools: list[str] = Field(min_length=1, description="Consequential (write) tools.")
+    error_prefixes: list[str] = Field(
+        default_factory=lambda: ["error", '"error', '{"error'],
+        description="A result starting with one of these (case-insensitive) is a refusal too.",
+    )
+
+
+@rule_type("write_refused", WriteRefusedArgs)
+def write_refused(view: ConversationView, args: WriteRefusedArgs) -> Iterator[Hit]:
+    """A write call the tools refused: its arguments broke what the tool accepts."""
+    prefixes = tuple(p.lower() for p in args.error_prefixes)
+    for site in view.tool_calls:
+        if site.name not in args.tools:
+            continue
+        result = view.result_for(site)
+        if result is None:
+            continue
+        head = result.message.text[:200].lstrip().lower()
+        if result.is_error or head.startswith(prefixes):
+            yield Hit(
+                f"{site.name} refused: {result.message.text[:120]}",
+                [Evidence(site.message_index), Evidence(result.message_index)],
+                {"tool": site.name},
+            )

@@ -1,0 +1,99 @@
+"""Paired and task-clustered statistics: the issue's worked example and the multi-rollout cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from vigil.compare import paired
+
+
+def _runs(successes: set[int], tasks: int = 200) -> dict[str, list[float]]:
+    return {f"t{i}": [1.0 if i in successes else 0.0] for i in range(tasks)}
+
+
+def test_80_to_90_of_200_by_fixing_ten_and_breaking_none() -> None:
+    baseline = _runs(set(range(80)))
+    candidate = _runs(set(range(90)))
+    diff = paired.paired_difference(candidate, baseline)
+    assert diff.tasks == 200
+    assert diff.value == pytest.approx(0.05)
+    assert diff.se == pytest.approx(0.015, abs=0.001)
+    assert diff.low == pytest.approx(0.02, abs=0.002) and diff.high == pytest.approx(0.08, abs=0.002)
+    assert diff.significant
+    # each side's own interval is wider than the improvement, so an unpaired comparison cannot tell
+    for side in (baseline, candidate):
+        own = paired.clustered_mean(side)
+        assert own.high - own.low > 0.05
+    unpaired = paired.unpaired_difference(candidate, baseline)
+    assert unpaired.value == pytest.approx(0.05) and not unpaired.significant
+
+
+def test_paired_uses_only_shared_tasks() -> None:
+    baseline = {"a": [1.0], "b": [0.0], "c": [1.0], "only-base": [0.0]}
+    candidate = {"a": [1.0], "b": [1.0], "c": [0.0], "only-cand": [1.0]}
+    diff, is_paired = paired.difference(candidate, baseline)
+    assert is_paired and diff.tasks == 3 and diff.value == pytest.approx(0.0)
+    diff, is_paired = paired.difference({"x": [1.0], "y": [1.0]}, {"z": [0.0], "w": [1.0]})
+    assert not is_paired and diff.value == pytest.approx(0.5)
+
+
+def test_clustered_se_treats_tasks_not_rollouts_as_the_sample() -> None:
+    # 10 tasks, 8 rollouts each, every task either always passes or always fails: 10 independent draws
+    rollouts = {f"t{i}": [float(i < 5)] * 8 for i in range(10)}
+    clustered = paired.clustered_mean(rollouts)
+    naive_se = math.sqrt(0.5 * 0.5 / 80)
+    assert clustered.value == pytest.approx(0.5)
+    assert clustered.se == pytest.approx(np.std([float(i < 5) for i in range(10)], ddof=1) / math.sqrt(10))
+    assert clustered.se > 2.5 * naive_se
+    parts = paired.variance_components(rollouts)
+    assert parts["within"] == pytest.approx(0.0) and parts["between"] == pytest.approx(0.25 * 10 / 9)
+    # pure within-task noise: the between part vanishes
+    noisy = {f"t{i}": [1.0, 0.0, 1.0, 0.0] for i in range(10)}
+    parts = paired.variance_components(noisy)
+    assert parts["between"] == pytest.approx(0.0) and parts["within"] == pytest.approx(1 / 3)
+
+
+def test_clustered_mean_weights_rollouts_with_unequal_counts() -> None:
+    rollouts = {"a": [1.0, 1.0, 1.0], "b": [0.0], "c": [1.0, 0.0]}
+    est = paired.clustered_mean(rollouts)
+    assert est.value == pytest.approx(4 / 6)
+    scores = [3 - 3 * 4 / 6, 0 - 4 / 6, 1 - 2 * 4 / 6]
+    assert est.se == pytest.approx(math.sqrt(3 / 2 * sum(s * s for s in scores)) / 6)
+
+
+def test_all_pass_and_all_fail_fractions() -> None:
+    rollouts = {"a": [1.0, 1.0], "b": [0.0, 0.0], "c": [1.0, 0.0], "d": [1.0, 1.0]}
+    assert paired.all_pass_fraction(rollouts).value == pytest.approx(0.5)
+    assert paired.all_fail_fraction(rollouts).value == pytest.approx(0.25)
+
+
+def test_pass_k_at_powers_of_two_up_to_n() -> None:
+    rollouts = {"a": [1.0] * 5, "b": [1.0, 0.0, 1.0, 0.0, 1.0], "c": [0.0] * 5}
+    table = paired.pass_k(rollouts)
+    assert sorted(table["pass_hat_k"]) == [1, 2, 4]
+    assert table["pass_at_k"][1].value == pytest.approx(table["pass_hat_k"][1].value)
+    # task b: 3 of 5 pass. pass^2 = C(3,2)/C(5,2) = 0.3, pass@2 = 1 - C(2,2)/C(5,2) = 0.9
+    assert table["pass_hat_k"][2].value == pytest.approx((1 + 0.3 + 0) / 3)
+    assert table["pass_at_k"][2].value == pytest.approx((1 + 0.9 + 0) / 3)
+    assert table["pass_hat_k"][4].value == pytest.approx(1 / 3)
+    for k in (1, 2, 4):
+        est = table["pass_hat_k"][k]
+        assert 0 <= est.low <= est.value <= est.high <= 1
+    assert paired.powers_of_two(1) == [1] and paired.powers_of_two(9) == [1, 2, 4, 8]
+
+
+def test_pass_hat_k_difference_pairs_tasks() -> None:
+    base = {f"t{i}": [1.0, 1.0, 1.0, 1.0] for i in range(30)}
+    cand = {t: ([1.0, 0.0, 1.0, 1.0] if i < 10 else v) for i, (t, v) in enumerate(base.items())}
+    diff, is_paired = paired.pass_hat_k_difference(cand, base, 4)
+    assert is_paired and diff.value == pytest.approx(-10 / 30) and diff.significant and diff.high < 0
+
+
+def test_no_data_gives_no_estimate() -> None:
+    assert paired.clustered_mean({}).value is None
+    assert paired.paired_difference({"a": [1.0]}, {"b": [1.0]}).value is None
+    one = paired.paired_difference({"a": [1.0]}, {"a": [0.0]})
+    assert one.value == 1.0 and one.low is None
