@@ -193,7 +193,8 @@ class Pipeline:
             worst = None
             for f in item.findings:
                 if f.details.get("rule_error"):
-                    m.rule_errors.labels(m.label(f.rule_id)).inc()
+                    counter = m.rule_timeouts if f.details.get("rule_timeout") else m.rule_errors
+                    counter.labels(m.label(f.rule_id)).inc()
                     continue
                 if (f.rule_id, f.message) in item.previous_findings:
                     continue
