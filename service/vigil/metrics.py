@@ -178,6 +178,27 @@ class Metrics:
             namespace=NS,
             registry=r,
         )
+        self.rule_timeouts = Counter(
+            "rule_timeouts_total",
+            "Rules stopped for running over VIGIL_RULE_TIMEOUT_MS on one conversation.",
+            ["rule"],
+            namespace=NS,
+            registry=r,
+        )
+        self.store_retries = Counter(
+            "store_retries_total",
+            "Writes tried again after a transient database error (deadlock, serialization, connection).",
+            ["kind"],
+            namespace=NS,
+            registry=r,
+        )
+        self.unreadable_documents = Counter(
+            "unreadable_documents_total",
+            "Stored conversations a reader skipped because their document cannot be read back.",
+            ["reader"],
+            namespace=NS,
+            registry=r,
+        )
         self.rules_loaded = Gauge("rules_loaded", "Rules loaded from rule packs.", namespace=NS, registry=r)
         self.outcomes = Counter(
             "outcomes_total",

@@ -22,11 +22,12 @@ Severity = Literal["info", "low", "medium", "high", "critical"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 
 _ID = Field(min_length=1, max_length=256)
+# Every model writes NaN/Infinity as such (not as null), so the decoder refuses them by name.
 MAX_INT = 2**63 - 1  # what a database BIGINT holds
 
 
 class FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
 
     name: str = Field(min_length=1, max_length=256)
     arguments: str | dict[str, Any] = Field(
@@ -35,7 +36,7 @@ class FunctionCall(BaseModel):
 
 
 class ToolCall(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
 
     id: str | None = None
     type: Literal["function"] = "function"
@@ -58,14 +59,14 @@ class ToolCall(BaseModel):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
 
     type: str
     text: str | None = None
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
@@ -86,7 +87,7 @@ class Message(BaseModel):
 
 
 class Usage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
 
     prompt_tokens: int | None = Field(default=None, ge=0, le=MAX_INT)
     completion_tokens: int | None = Field(default=None, ge=0, le=MAX_INT)
@@ -106,6 +107,8 @@ class Usage(BaseModel):
 class InlineOutcome(BaseModel):
     """An outcome signal carried with the conversation (e.g. a benchmark's reward)."""
 
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
     type: str = Field(min_length=1, max_length=64)
     value: float = 1.0
     occurred_at: datetime | None = None
@@ -113,7 +116,7 @@ class InlineOutcome(BaseModel):
 
 
 class Conversation(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     schema_version: Literal[1] = SCHEMA_VERSION
     conversation_id: str = _ID

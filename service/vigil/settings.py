@@ -72,7 +72,40 @@ class Settings(BaseSettings):
         default=1_000_000, ge=1024, description="Conversations larger than this are dead-lettered."
     )
     dead_letter_raw_bytes: int = Field(
-        default=16_384, ge=0, description="How much of a bad message's raw bytes is kept."
+        default=16_384,
+        ge=0,
+        description="How much of a bad message's raw bytes is kept; an HTTP request's invalid items share one "
+        "dead letter per reason, so this also caps what one request can leave behind.",
+    )
+    max_request_bytes: int = Field(
+        default=33_554_432,
+        ge=1024,
+        description="Largest POST body (conversations, outcomes, OTLP traces) in bytes; refused with 413 while "
+        "reading, before it is buffered (default 32 MiB: a batch of 1,000 conversations of 32 KB).",
+    )
+    max_inflight_bytes: int = Field(
+        default=67_108_864,
+        ge=1024,
+        description="Request bytes an API process reads and decodes at once across all requests; further "
+        "requests wait their turn (bounds memory under concurrent large batches).",
+    )
+    store_retry_attempts: int = Field(
+        default=5,
+        ge=1,
+        description="Tries of a write that hits a deadlock, serialization failure or lost connection before "
+        "it fails (HTTP answers 503, Kafka keeps the batch uncommitted and tries again).",
+    )
+    store_retry_base_seconds: float = Field(
+        default=0.05, gt=0, description="First backoff of a retried write; doubles per try, with full jitter."
+    )
+    store_retry_after_seconds: float = Field(
+        default=2.0, gt=0, description="Retry-After of a 503 answered when a request could not be stored."
+    )
+    rule_timeout_ms: float = Field(
+        default=1000.0,
+        gt=0,
+        description="Time budget of one rule on one conversation; a rule over it yields an info rule_timeout "
+        "finding (not a failure of the agent) and counts in vigil_rule_timeouts_total.",
     )
     max_label_values: int = Field(
         default=50, ge=1, description="Distinct agents/versions per metric label before folding to 'other'."

@@ -28,8 +28,9 @@ def test_batch_keeps_valid_items_and_names_invalid_fields(client) -> None:
     listed = client.get("/v1/conversations", headers=REVIEWER).json()
     assert listed["total"] == 3
     dead = client.get("/v1/dead-letters", headers=ADMIN).json()
-    assert sorted(d["reason"] for d in dead) == ["schema_invalid", "schema_invalid"]
-    assert "agent_id" in dead[-1]["detail"] or "agent_id" in dead[0]["detail"]
+    # one letter per reason and request, naming every invalid item
+    assert [d["reason"] for d in dead] == ["schema_invalid"]
+    assert "item 1: agent_id" in dead[0]["detail"] and "item 3: messages.0.role" in dead[0]["detail"]
 
 
 def test_single_object_and_idempotent_redelivery(client) -> None:

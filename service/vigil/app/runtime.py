@@ -34,6 +34,7 @@ def build_runtime(
     """The shared core of a process, no stage wired yet (:func:`vigil.app.wiring.wire` does that)."""
     load_plugins(settings)
     rules = RuleEngine.from_paths(settings.rule_pack_paths())
+    rules.timeout_seconds = settings.rule_timeout_ms / 1000
     url = settings.database_url_str
     if settings.migrate_on_start if migrate is None else migrate:
         db.upgrade(url)

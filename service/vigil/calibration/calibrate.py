@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import orjson
+from pydantic import ValidationError
 from sqlalchemy import select
 
 from vigil.calibration.errors import CalibrationError
@@ -29,6 +29,7 @@ from vigil.judge import (
 )
 from vigil.rules import RuleEngine
 from vigil.schema import Conversation
+from vigil.store import reads
 from vigil.store.models import ConversationRow
 
 
@@ -87,10 +88,13 @@ def resolve_conversations(sessions: Any, items: list[LabelledItem]) -> list[str]
     for item in items:
         if item.conversation is None:
             doc = docs.get(item.conversation_id)
-            if doc is None:
+            data = None if doc is None else reads.read_document(doc)
+            try:
+                item.conversation = None if data is None else Conversation.model_validate(data)
+            except ValidationError:
+                item.conversation = None
+            if item.conversation is None:
                 missing.append(item.conversation_id)
-            else:
-                item.conversation = Conversation.model_validate(orjson.loads(doc))
     return missing
 
 

@@ -21,7 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -68,6 +68,17 @@ class ExportResult:
 
 def _chunks(ids: list[str]) -> list[list[str]]:
     return [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
+
+
+def _readable(document: str) -> Conversation | None:
+    """The stored conversation, or None when its document cannot be read (the run skips it, counted)."""
+    data = reads.read_document(document)
+    if data is None:
+        return None
+    try:
+        return Conversation.model_validate(data)
+    except ValidationError:
+        return None
 
 
 def _sources(
@@ -118,7 +129,10 @@ def _sources(
             skipped[cid] = "conversation not stored"
             continue
         doc, rev = docs[cid]
-        conv = Conversation.model_validate(orjson.loads(doc))
+        conv = _readable(doc)
+        if conv is None:
+            skipped[cid] = "stored document cannot be read"
+            continue
         confirming = [
             {
                 "label": r.label,
@@ -234,6 +248,9 @@ def export(
     result.skipped = skipped
     session.flush()
     if metrics is not None:
+        unreadable = sum(1 for why in skipped.values() if why == "stored document cannot be read")
+        if unreadable:
+            metrics.unreadable_documents.labels("export").inc(unreadable)
         metrics.export_tasks.labels(fmt).inc(result.tasks)
         metrics.export_grouped.labels(fmt).inc(result.grouped)
         for kind, n in redactor.counts.items():

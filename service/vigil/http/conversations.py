@@ -52,7 +52,9 @@ def list_conversations(
 def get_conversation(request: Request, conversation_id: str) -> dict[str, Any]:
     rt = runtime_of(request)
     with rt.sessions() as s:
-        found = reads.get_conversation(s, conversation_id)
+        found = reads.get_conversation(
+            s, conversation_id, lambda _cid: rt.metrics.unreadable_documents.labels("api").inc()
+        )
         if found is None:
             raise HTTPException(404, f"no conversation {conversation_id!r}")
         for enrich in rt.hooks.conversation_enrichers:

@@ -1,29 +1,116 @@
-"""``POST /v1/conversations``: one conversation or a batch; valid items are kept, invalid ones named."""
+"""``POST /v1/conversations``: one conversation or a batch; valid items are kept, invalid ones named.
+
+The handler only reads the body (under ``VIGIL_MAX_REQUEST_BYTES``); decoding, rules and storing run
+in a worker thread, so a hostile or huge request never holds up the event loop (``/healthz`` answers
+meanwhile). Invalid items of one request become one dead letter per reason, holding the invalid items
+(up to ``VIGIL_DEAD_LETTER_RAW_BYTES``) and every item's errors, never one row per item.
+"""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
-from vigil.ingest.decode import strip_nul
+from vigil.http.body import BodyTooLarge, limited_body
+from vigil.ingest.decode import DecodeError, Item, decode_batch
 from vigil.ingest.pipeline import Envelope
+from vigil.runtime import Runtime
 from vigil.schema import Conversation
+from vigil.store.db import StoreUnavailable
 from vigil.store.writes import DeadLetter
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["ingest"])
 
 MAX_BATCH = 1000
+_STATUS = {"empty": 400, "malformed_json": 400, "batch_too_large": 413, "oversized": 413}
 
 
-def _errors(exc: ValidationError) -> list[dict[str, str]]:
-    return [{"field": ".".join(str(p) for p in e["loc"]) or "(root)", "message": e["msg"]} for e in exc.errors()[:20]]
+@dataclass(slots=True)
+class Answer:
+    status: int
+    body: dict[str, Any]
+
+
+def grouped_letters(items: list[Item], source: str, detail_chars: int = 4000) -> list[DeadLetter]:
+    """One dead letter per reason: the invalid items as a JSON array, and each one's errors."""
+    by_reason: dict[str, list[Item]] = {}
+    for item in items:
+        assert item.error is not None
+        by_reason.setdefault(item.error.reason, []).append(item)
+    letters = []
+    for reason, group in by_reason.items():
+        lines = []
+        for item in group:
+            errs = "; ".join(f"{e['field']}: {e['message']}" for e in item.error.errors)  # type: ignore[union-attr]
+            lines.append(f"item {item.index}: {errs}")
+        detail = f"{len(group)} invalid item(s): " + " | ".join(lines)
+        raw = b"[" + b",".join(i.raw for i in group) + b"]" if len(group) > 1 else group[0].raw
+        letters.append(DeadLetter(source, reason, detail[:detail_chars], raw))
+    return letters
+
+
+def ingest_body(rt: Runtime, body: bytes) -> Answer:
+    """Decode, check and store one request body (runs in a worker thread)."""
+    pipeline = rt.pipeline
+    try:
+        batch = decode_batch(body, rt.settings.max_message_bytes, MAX_BATCH)
+    except DecodeError as exc:
+        pipeline.store([], [DeadLetter("http", exc.reason, exc.detail, body)], "http")
+        return Answer(_STATUS.get(exc.reason, 400), {"detail": exc.detail, "reason": exc.reason})
+    valid: list[tuple[Conversation, str, Envelope]] = []
+    index_of: dict[str, int] = {}
+    for item in batch.valid():
+        conv = item.conversation
+        assert conv is not None
+        valid.append((conv, item.raw.decode(), Envelope(item.raw, "http", key=conv.conversation_id)))
+        index_of[conv.conversation_id] = item.index
+    invalid = list(batch.invalid())
+    errors: list[dict[str, Any]] = [
+        {"index": i.index, "reason": i.error.reason, "errors": i.error.errors}  # type: ignore[union-attr]
+        for i in invalid
+    ]
+    result = pipeline.process_documents(valid, grouped_letters(invalid, "http") if invalid else [], "http")
+    rejected_ids = {d.key for d in result.dead_letters if d.reason == "store_rejected"}
+    for cid in sorted(rejected_ids, key=lambda c: index_of.get(c or "", -1)):
+        message = "the database refused this conversation; it is kept as a dead letter"
+        errors.append(
+            {
+                "index": index_of.get(cid or "", -1),
+                "reason": "store_rejected",
+                "errors": [{"field": "(root)", "message": message}],
+            }
+        )
+    accepted = [c.conversation_id for c, _, _ in valid if c.conversation_id not in rejected_ids]
+    out = {
+        "accepted": len(accepted),
+        "stored": len(result.stored),
+        "duplicates": result.duplicates,
+        "rejected": len(errors),
+        "errors": errors,
+        "conversation_ids": accepted,
+    }
+    return Answer(422 if errors else 202, out)
+
+
+def unavailable(rt: Runtime, exc: Exception) -> JSONResponse:
+    """Nothing of the request was stored or acknowledged: the client sends it again later."""
+    log.warning("storing a request failed; answered 503: %s", exc)
+    rt.metrics.ingest_errors.labels("store").inc()
+    retry = str(max(1, round(rt.settings.store_retry_after_seconds)))
+    return JSONResponse(
+        {"detail": "storage is busy or unavailable; nothing was stored, send the request again"},
+        503,
+        headers={"Retry-After": retry},
+    )
 
 
 @router.post(
@@ -31,7 +118,10 @@ def _errors(exc: ValidationError) -> list[dict[str, str]]:
     dependencies=[require("ingest")],
     responses={
         202: {"description": "All items accepted"},
+        400: {"description": "Empty body or not JSON (kept as a dead letter)"},
+        413: {"description": "Body over VIGIL_MAX_REQUEST_BYTES, or more than 1000 items"},
         422: {"description": "Some items invalid; valid ones kept"},
+        503: {"description": "Storage busy or unavailable; nothing stored, retry after Retry-After"},
     },
     openapi_extra={
         "requestBody": {
@@ -50,56 +140,17 @@ def _errors(exc: ValidationError) -> list[dict[str, str]]:
 )
 async def ingest_conversations(request: Request) -> JSONResponse:
     rt = runtime_of(request)
-    pipeline = rt.pipeline
-    limit = rt.settings.max_message_bytes
-    body = await request.body()
-    if not body:
-        return JSONResponse({"detail": "empty body; send a conversation object or an array of them"}, 400)
+    s = rt.settings
     try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        await run_in_threadpool(pipeline.store, [], [DeadLetter("http", "malformed_json", str(exc), body)], "http")
-        return JSONResponse({"detail": f"body is not JSON: {exc}"}, 400)
-    single = not isinstance(payload, list)
-    items: list[Any] = [payload] if single else payload
-    if len(items) > MAX_BATCH:
-        detail = f"batch of {len(items)} exceeds {MAX_BATCH} items; split it"
-        await run_in_threadpool(pipeline.store, [], [DeadLetter("http", "batch_too_large", detail, body)], "http")
-        return JSONResponse({"detail": detail}, 413)
-    valid: list[tuple[Conversation, str, Envelope]] = []
-    index_of: dict[str, int] = {}
-    errors: list[dict[str, Any]] = []
-    dead: list[DeadLetter] = []
-    for index, item in enumerate(items):
-        # a single object keeps the exact bytes received; batch items are re-encoded one by one
-        raw = strip_nul(body if single else orjson.dumps(item))
-        if len(raw) > limit:
-            detail = f"{len(raw)} bytes exceeds the limit of {limit}"
-            errors.append({"index": index, "errors": [{"field": "(root)", "message": detail}]})
-            dead.append(DeadLetter("http", "oversized", detail, raw))
-            continue
+        async with limited_body(request, s.max_request_bytes, s.max_inflight_bytes) as body:
+            answer = await run_in_threadpool(ingest_body, rt, body)
+    except BodyTooLarge as exc:
+        letter = DeadLetter("http", "oversized", str(exc), exc.prefix)
         try:
-            conv = Conversation.model_validate_json(raw)
-        except ValidationError as exc:
-            errs = _errors(exc)
-            errors.append({"index": index, "errors": errs})
-            detail = "; ".join(f"{e['field']}: {e['message']}" for e in errs)
-            dead.append(DeadLetter("http", "schema_invalid", detail, raw))
-            continue
-        valid.append((conv, raw.decode(), Envelope(raw, "http", key=conv.conversation_id)))
-        index_of[conv.conversation_id] = index
-    result = await run_in_threadpool(pipeline.process_documents, valid, dead, "http")
-    rejected_ids = {d.key for d in result.dead_letters if d.reason == "store_rejected"}
-    for cid in sorted(rejected_ids, key=lambda c: index_of.get(c or "", -1)):
-        message = "the database refused this conversation; it is kept as a dead letter"
-        errors.append({"index": index_of.get(cid or "", -1), "errors": [{"field": "(root)", "message": message}]})
-    accepted = [c.conversation_id for c, _, _ in valid if c.conversation_id not in rejected_ids]
-    body_out = {
-        "accepted": len(accepted),
-        "stored": len(result.stored),
-        "duplicates": result.duplicates,
-        "rejected": len(errors),
-        "errors": errors,
-        "conversation_ids": accepted,
-    }
-    return JSONResponse(body_out, status_code=422 if errors else 202)
+            await run_in_threadpool(rt.pipeline.store, [], [letter], "http")
+        except StoreUnavailable:
+            log.warning("keeping a note of an oversized request failed")
+        return JSONResponse({"detail": str(exc), "reason": "oversized"}, 413)
+    except StoreUnavailable as exc:
+        return unavailable(rt, exc)
+    return JSONResponse(answer.body, status_code=answer.status)

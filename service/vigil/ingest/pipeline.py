@@ -15,13 +15,14 @@ import psycopg
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
-from vigil.ingest.decode import DecodeError, decode_conversation, strip_nul
+from vigil.ingest.decode import DecodeError, decode_document, encode_conversation
 from vigil.metrics import Metrics
 from vigil.observability import span
 from vigil.rules import RuleEngine
 from vigil.runtime import DownstreamStage, Envelope
 from vigil.schema import Conversation
 from vigil.settings import Settings
+from vigil.store.db import retry_transient
 from vigil.store.writes import BatchResult, Checked, DeadLetter, store_conversations, store_dead_letters
 
 log = logging.getLogger(__name__)
@@ -54,13 +55,12 @@ class Pipeline:
         dead: list[DeadLetter] = []
         limit = self.settings.max_message_bytes
         for env in envelopes:
-            raw = env.raw if isinstance(env.raw, bytes) else env.raw.encode()
             try:
-                conv = decode_conversation(raw, limit)
+                conv, raw = decode_document(env.raw, limit)
             except DecodeError as exc:
                 dead.append(_letter(env, exc.reason, exc.detail))
                 continue
-            item = self.check(conv, strip_nul(raw).decode())
+            item = self.check(conv, raw.decode())
             item.origin = env
             checked.append(item)
         return checked, dead
@@ -77,12 +77,24 @@ class Pipeline:
         return result
 
     def process(self, conversations: Sequence[Conversation], source: str) -> BatchResult:
+        """Conversations built in code (replay, OTLP, simulate) pass the same decoder as raw messages."""
         with span("vigil.batch", **{"vigil.source": source, "vigil.batch.size": len(conversations)}):
             t0 = time.perf_counter()
-            with span("vigil.rules"):
-                checked = [self.check(c) for c in conversations]
+            checked: list[Checked] = []
+            dead: list[DeadLetter] = []
+            limit = self.settings.max_message_bytes
+            with span("vigil.decode_rules"):
+                for c in conversations:
+                    raw = b""
+                    try:
+                        raw = encode_conversation(c)
+                        conv, raw = decode_document(raw, limit)
+                    except DecodeError as exc:
+                        dead.append(_letter(None, exc.reason, exc.detail, raw, source, c))
+                        continue
+                    checked.append(self.check(conv, raw.decode()))
             t1 = time.perf_counter()
-            result = self.store(checked, [], source)
+            result = self.store(checked, dead, source)
         self._observe(len(conversations), t0, t1, time.perf_counter())
         return result
 
@@ -111,7 +123,7 @@ class Pipeline:
         message can never block the good ones around it.
         """
         try:
-            result = self._store_once(checked, dead)
+            result = self._store_retrying(checked, dead)
         except PERMANENT_DB_ERRORS as exc:
             if len(checked) <= 1:
                 rejected = [
@@ -121,7 +133,7 @@ class Pipeline:
                 if len(rejected) + len(dead) == 0:
                     raise
                 log.warning("database refused a conversation: %s", _db_detail(exc))
-                result = self._store_once([], dead + rejected)
+                result = self._store_retrying([], dead + rejected)
             else:
                 half = len(checked) // 2
                 first = self.store(checked[:half], dead, source)
@@ -135,6 +147,16 @@ class Pipeline:
                 )
         self._count(result, source)
         return result
+
+    def _store_retrying(self, checked: list[Checked], dead: list[DeadLetter]) -> BatchResult:
+        """One transaction, tried again on deadlocks and lost connections (raises StoreUnavailable at last)."""
+        s = self.settings
+        return retry_transient(
+            lambda: self._store_once(checked, dead),
+            s.store_retry_attempts,
+            s.store_retry_base_seconds,
+            on_retry=lambda exc: self.metrics.store_retries.labels(_retry_kind(exc)).inc(),
+        )
 
     def _store_once(self, checked: list[Checked], dead: list[DeadLetter]) -> BatchResult:
         with (
@@ -171,7 +193,8 @@ class Pipeline:
             worst = None
             for f in item.findings:
                 if f.details.get("rule_error"):
-                    m.rule_errors.labels(m.label(f.rule_id)).inc()
+                    counter = m.rule_timeouts if f.details.get("rule_timeout") else m.rule_errors
+                    counter.labels(m.label(f.rule_id)).inc()
                     continue
                 if (f.rule_id, f.message) in item.previous_findings:
                     continue
@@ -193,6 +216,11 @@ PERMANENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     OverflowError,
     ValueError,
 )
+
+
+def _retry_kind(exc: BaseException) -> str:
+    code = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    return {"40P01": "deadlock", "40001": "serialization"}.get(code or "", "other")
 
 
 def _db_detail(exc: BaseException) -> str:

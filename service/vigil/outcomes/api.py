@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
+from vigil.http.body import BodyTooLarge, limited_body
 from vigil.outcomes.ingest import OutcomeIn, OutcomeStore
 from vigil.store.writes import DeadLetter
 
@@ -42,11 +43,19 @@ async def post_outcomes(request: Request) -> JSONResponse:
     """Store outcome signals. Duplicate idempotency keys change nothing; outcomes for conversations
     not yet stored are kept and joined when the conversation arrives."""
     store = _store(request)
-    body = await request.body()
+    s = runtime_of(request).settings
+    try:
+        async with limited_body(request, s.max_request_bytes, s.max_inflight_bytes) as body:
+            return await _post_outcomes(store, body)
+    except BodyTooLarge as exc:
+        return JSONResponse({"detail": str(exc), "reason": "oversized"}, 413)
+
+
+async def _post_outcomes(store: Any, body: bytes) -> JSONResponse:
     if not body:
         return JSONResponse({"detail": "empty body; send an outcome object or an array of them"}, 400)
     try:
-        payload = orjson.loads(body)
+        payload = await run_in_threadpool(orjson.loads, body)
     except orjson.JSONDecodeError as exc:
         await run_in_threadpool(store.ingest_dead, DeadLetter("http", "malformed_json", str(exc), body))
         return JSONResponse({"detail": f"body is not JSON: {exc}"}, 400)

@@ -59,6 +59,7 @@ def link_outcomes(
     if not rows:
         return []
     existing = set(session.scalars(select(OutcomeLinkRow.outcome_id).where(OutcomeLinkRow.outcome_id.in_(list(by_id)))))
+    rows.sort(key=lambda r: r["outcome_id"])  # one lock order for every writer
     fresh = [r for r in rows if r["outcome_id"] not in existing]
     stale = [r for r in rows if r["outcome_id"] in existing]
     if fresh:

@@ -124,7 +124,9 @@ def _conversation_page(
     st = _stage(request)
     rt = runtime_of(request)
     with st.sessions() as s:
-        conv = reads.get_conversation(s, conversation_id)
+        conv = reads.get_conversation(
+            s, conversation_id, lambda _cid: rt.metrics.unreadable_documents.labels("ui").inc()
+        )
         if conv is None:
             return render_page(
                 request, "error.html", 404, title="Not found", message=f"No conversation {conversation_id}"
@@ -145,7 +147,7 @@ def _conversation_page(
         title=f"Conversation {conversation_id}",
         conv=conv,
         item=item,
-        messages=transcript.build(conv["conversation"], conv["findings"]),
+        messages=transcript.build(conv["conversation"] or {"messages": []}, conv["findings"]),
         findings=conv["findings"],
         verdicts=conv.get("verdicts") or [],
         history=hist,

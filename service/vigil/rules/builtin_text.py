@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import filterfalse
 from typing import Literal
 
@@ -29,6 +29,12 @@ _SCORERS = {
 class UserRepetitionArgs(RuleArgs):
     threshold: float = Field(default=88, ge=0, le=100, description="Similarity 0..100 that counts as a repeat.")
     min_chars: int = Field(default=20, ge=1, description="Shorter user turns ('yes', 'ok') are ignored.")
+    max_chars: int = Field(
+        default=2000,
+        ge=1,
+        description="Only this many leading characters of a turn are compared (similarity costs the product "
+        "of two turns' lengths; a turn this long that repeats an earlier one shows it here).",
+    )
     window: int = Field(default=6, ge=1, description="Compare with this many earlier user turns.")
     scorer: Literal["ratio", "token_sort_ratio", "token_set_ratio"] = Field(
         default="token_sort_ratio",
@@ -40,7 +46,7 @@ class UserRepetitionArgs(RuleArgs):
 def user_repetition(view: ConversationView, args: UserRepetitionArgs) -> Iterator[Hit]:
     """The user had to repeat themselves: a user turn nearly equal to an earlier one."""
     score_fn = _SCORERS[args.scorer]
-    turns = [(i, t.lower(), len(t)) for i, t in view.user_turns if len(t) >= args.min_chars]
+    turns = [(i, t[: args.max_chars].lower(), len(t)) for i, t in view.user_turns if len(t) >= args.min_chars]
     if args.scorer == "token_sort_ratio":
         # The same score, with each turn's words sorted once instead of in every comparison.
         score_fn = fuzz.ratio
@@ -275,23 +281,15 @@ class GroundednessArgs(RuleArgs):
 def groundedness(view: ConversationView, args: GroundednessArgs) -> Iterator[Hit]:
     """Amounts, dates and identifiers the assistant states must appear in tool results or user turns."""
     roles = ("tool", "user", "system") if args.include_system else ("tool", "user")
-    source: str | None = None
-    plain_numbers: str | None = None
-    seen: dict[str, bool] = {}
+    source: _Source | None = None
     for i, text in view.assistant_texts:
         if not _DIGIT.search(text):
             continue
         if source is None:
-            source = "\n".join(m.text for m in view.messages if m.role in roles)
+            source = _Source("\n".join(m.text for m in view.messages if m.role in roles))
         if "amounts" in args.check and "$" in text:
-            if plain_numbers is None:
-                plain_numbers = source.replace(",", "")
             for m in _AMOUNT.finditer(text):
-                amount = m.group(0)
-                found = seen.get(amount)
-                if found is None:
-                    found = seen[amount] = _amount_found(plain_numbers, amount)
-                if not found:
+                if source.amount(m.group(0)) is False:
                     yield _ungrounded("amount", i, text, m.start(), m.end())
         if "dates" in args.check:
             for rx in _DATES:
@@ -299,17 +297,66 @@ def groundedness(view: ConversationView, args: GroundednessArgs) -> Iterator[Hit
                     start, value = m.start(), m.group(0)
                     if start and text[start - 1].isalnum():
                         continue
-                    if value not in source and not any(f in source for f in _date_forms(value)):
+                    if source.date(value) is False:
                         yield _ungrounded("date", i, text, start, m.end())
         if "identifiers" in args.check:
             cursor = 0
             for word in _identifier_words(text):
-                if word.lstrip("#") in source:
+                if source.word(word.lstrip("#")) is not False:
                     continue
                 span = _locate(text, word, cursor)
                 if span is not None:
                     cursor = span[1]
                     yield _ungrounded("identifier", i, text, *span)
+
+
+# Distinct facts of one conversation looked up by scanning the whole source. Each scan costs the
+# source's length, so without a cap a hostile reply of many distinct numbers would cost its length
+# times the source's (quadratic). Past the cap, further facts are left unjudged (None), not reported.
+MAX_SCANS = 256
+
+
+class _Source:
+    """Where the assistant's facts may come from: tool results and user (and system) turns."""
+
+    __slots__ = ("text", "plain_numbers", "tokens", "seen", "scans")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.plain_numbers: str | None = None
+        self.tokens: set[str] | None = None
+        self.seen: dict[tuple[str, str], bool | None] = {}
+        self.scans = 0
+
+    def _scan(self, kind: str, value: str, find: Callable[[], bool]) -> bool | None:
+        key = (kind, value)
+        if key in self.seen:
+            return self.seen[key]
+        if self.scans >= MAX_SCANS:
+            return None
+        self.scans += 1
+        found = self.seen[key] = find()
+        return found
+
+    def amount(self, amount: str) -> bool | None:
+        if self.plain_numbers is None:
+            self.plain_numbers = self.text.replace(",", "")
+        plain = self.plain_numbers
+        return self._scan("amount", amount, lambda: _amount_found(plain, amount))
+
+    def date(self, value: str) -> bool | None:
+        src = self.text
+        return self._scan("date", value, lambda: value in src or any(f in src for f in _date_forms(value)))
+
+    def word(self, word: str) -> bool | None:
+        """Whether ``word`` occurs in the source; a whole token of it is found without a scan."""
+        if self.tokens is None:
+            self.tokens = set(_NON_WORD.split(self.text))
+            self.tokens |= {t.lstrip("#") for t in self.tokens if t.startswith("#")}
+        if word in self.tokens:
+            return True
+        src = self.text
+        return self._scan("word", word, lambda: word in src)
 
 
 def _ungrounded(kind: str, i: int, text: str, start: int, end: int) -> Hit:

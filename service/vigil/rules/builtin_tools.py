@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,31 +15,20 @@ from vigil.rules.conditions import (
     field_value,
     result_condition_met,
 )
-from vigil.rules.patterns import Pattern, pattern
+from vigil.rules.patterns import Pattern, UnsupportedPattern, compile_linear, pattern
 from vigil.rules.registry import Evidence, Hit, RuleArgs, rule_type
 from vigil.rules.view import ConversationView
 
-__all__ = ["ArgCondition", "ResultCondition", "compiled", "field_value", "valid_pattern"]
-
-_COMPILED: dict[tuple[str, int], re.Pattern[str]] = {}
-
-
-def compiled(pattern: str, flags: int = re.IGNORECASE) -> re.Pattern[str]:
-    """A compiled pattern, cached across calls so rules never recompile per conversation."""
-    key = (pattern, flags)
-    rx = _COMPILED.get(key)
-    if rx is None:
-        rx = _COMPILED[key] = re.compile(pattern, flags)
-    return rx
+__all__ = ["ArgCondition", "ResultCondition", "field_value", "valid_pattern"]
 
 
 def valid_pattern(v: str | None) -> str | None:
-    """Field validator: a pattern that compiles, else a clear validation error (not a bare re.error)."""
+    """Field validator: a pattern the linear-time engine runs, else a clear validation error."""
     if v is not None:
         try:
-            re.compile(v)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from None
+            compile_linear(v)
+        except UnsupportedPattern as exc:
+            raise ValueError(str(exc)) from None
     return v
 
 
@@ -123,21 +111,26 @@ DEFAULT_YES = (
     r"\b(yes|yeah|yep|yup|sure|confirm(ed)?|correct|go ahead|proceed|please do|do it|that['’]?s right|"
     r"ok(ay)?|absolutely|affirmative|sounds good|i agree|agreed)\b"
 )
+# "no longer", "no problem", ... are matched whole so that they can be told apart from a plain "no"
+# (RE2 has no lookahead): a match that is one of these phrases is not a no (see ``_NOT_A_NO``).
 DEFAULT_NO = (
-    r"\b(no\b(?![ -](longer|problem|worries|rush|need|other|more))|nope|don['’]?t|do not|cancel that|"
+    r"\b(no(?:[ -](?:longer|problem|worries|rush|need|other|more))?|nope|don['’]?t|do not|cancel that|"
     r"stop|wait|hold on)\b"
+)
+_NOT_A_NO = frozenset(
+    f"no{sep}{w}" for sep in " -" for w in ("longer", "problem", "worries", "rush", "need", "other", "more")
 )
 # Words that take back a yes given earlier in the same turn. "no", "wait", "stop" and "hold on" count
 # only at the start of a clause ("Yes. No, wait"), so "no insurance" or "I can't wait" stay details.
 _LEAD = r"(?:^|[.!?;,:—–-]\s*|\b(?:but|actually|oh|um+|uh+|hmm+|sorry)\s*,?\s*)"
 DEFAULT_RETRACT = (
-    _LEAD + r"(?:no(?=\s*(?:[,.!;:—–-]|$))|nope\b|wait\b|stop\b|hold on\b|hang on\b|not (?:yet|now|so fast)\b)"
+    _LEAD + r"(?:no\s*(?:[,.!;:—–-]|$)|nope\b|wait\b|stop\b|hold on\b|hang on\b|not (?:yet|now|so fast)\b)"
     r"|\b(?:never ?mind|scratch that|on second thought|cancel that)\b"
     r"|\b(?:don['’]?t|do not) (?:do (?:it|that|anything)|go ahead|proceed|continue|cancel it)\b"
 )
 # A weak yes ("ok", "sure") that leads into a question acknowledges the agent; it does not confirm.
 _WEAK_YES = frozenset(("ok", "okay", "sure"))
-_NEGATED = re.compile(r"(\bnot|n['’]t|\bno|\bnever)\s+(\w+\s+)?$", re.IGNORECASE)
+_NEGATED = compile_linear(r"(\bnot|n['’]t|\bno|\bnever)\s+(\w+\s+)?$", ignore_case=True)
 
 
 class RequireConfirmationArgs(RuleArgs):
@@ -160,7 +153,7 @@ class RequireConfirmationArgs(RuleArgs):
 def affirmed(text: str, yes: Pattern, no: Pattern, retract: Pattern | None = None) -> bool:
     """A yes that is not negated ("not correct"), comes before any no ("wait", "don't"), is not a bare
     "ok"/"sure" leading into a question, and is not taken back after it ("Yes. Actually no, wait")."""
-    first_no = no.search(text)
+    first_no = next((span for span in no.spans(text) if text[span[0] : span[1]].lower() not in _NOT_A_NO), None)
     for start, end in yes.spans(text):
         if first_no is not None and first_no[0] < start:
             return False

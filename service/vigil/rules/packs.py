@@ -12,7 +12,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vigil.errors import ConfigError
-from vigil.rules.registry import Evidence, RuleArgs, RuleError, RuleType, get_rule_type
+from vigil.rules.budget import WATCHDOG, Guard, RuleTimeout
+from vigil.rules.registry import Evidence, Hit, RuleArgs, RuleError, RuleType, get_rule_type
 from vigil.rules.view import ConversationView
 from vigil.schema import SEVERITY_RANK, Conversation, Severity
 
@@ -137,6 +138,7 @@ class RuleEngine:
         if dupes:
             raise ConfigError(f"rule ids must be unique across packs; repeated: {', '.join(sorted(dupes))}")
         self.rules = rules
+        self.timeout_seconds = 1.0  # each rule's budget per conversation (VIGIL_RULE_TIMEOUT_MS)
         self._applicable: dict[tuple[str, str], list[CompiledRule]] = {}
 
     @classmethod
@@ -164,20 +166,45 @@ class RuleEngine:
     def evaluate(self, conversation: Conversation) -> list[Finding]:
         view = ConversationView(conversation)
         findings: list[Finding] = []
-        for rule in self.rules_for(conversation.agent_id, conversation.agent_version):
+        budget = self.timeout_seconds
+        guard = WATCHDOG.guard()
+        try:
+            for rule in self.rules_for(conversation.agent_id, conversation.agent_version):
+                hits = self._run(rule, view, guard, budget, findings)
+                severity = rule.spec.severity
+                for hit in hits:
+                    findings.append(
+                        Finding(rule.id, rule.type.name, severity, hit.message, tuple(hit.evidence), hit.details)
+                    )
+        finally:
+            guard.close()
+        return findings
+
+    def _run(
+        self, rule: CompiledRule, view: ConversationView, guard: Guard, budget: float, findings: list[Finding]
+    ) -> list[Hit]:
+        """The rule's hits, or none and an error finding (it raised, or ran past its budget)."""
+        cid = view.conversation.conversation_id
+        try:
+            guard.start(budget)
             try:
                 hits = list(rule.type.fn(view, rule.args))
-            except Exception as exc:  # a broken rule must not stop the stream
-                log.exception("rule %s failed on %s", rule.id, conversation.conversation_id)
-                hits = []
-                message = f"rule error: {type(exc).__name__}: {exc}"
-                findings.append(Finding(rule.id, rule.type.name, "info", message, (), {"rule_error": True}))
-            severity = rule.spec.severity
-            for hit in hits:
-                findings.append(
-                    Finding(rule.id, rule.type.name, severity, hit.message, tuple(hit.evidence), hit.details)
-                )
-        return findings
+            finally:
+                timed_out = guard.stop()
+            if not timed_out:
+                return hits
+        except RuleTimeout:
+            guard.stop()
+        except Exception as exc:  # a broken rule must not stop the stream
+            log.exception("rule %s failed on %s", rule.id, cid)
+            message = f"rule error: {type(exc).__name__}: {exc}"
+            findings.append(Finding(rule.id, rule.type.name, "info", message, (), {"rule_error": True}))
+            return []
+        log.warning("rule %s ran past its budget of %.0f ms on %s", rule.id, budget * 1000, cid)
+        message = f"rule error: rule_timeout: stopped after its budget of {budget * 1000:.0f} ms"
+        details = {"rule_error": True, "rule_timeout": True}
+        findings.append(Finding(rule.id, rule.type.name, "info", message, (), details))
+        return []
 
 
 def max_severity(findings: list[Finding]) -> str | None:

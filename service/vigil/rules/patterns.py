@@ -1,4 +1,4 @@
-"""Regular expressions for rules, compiled once and searched cheaply.
+r"""Regular expressions for rules, compiled once and searched cheaply.
 
 Rules run on every message of every conversation, and Python's regex engine spends 100 to 200
 machine instructions per character on a pattern that does not open with a literal. Two shortcuts
@@ -8,10 +8,15 @@ keep that off the hot path without changing what matches:
   pattern (``transfer``/``connect`` for the hand-off phrases); when none occurs in the text (a
   C-speed substring test) the text cannot match and the engine is not run.
 * Lowering: ``re.IGNORECASE`` makes the engine three to five times slower, so a case-insensitive
-  pattern whose meaning does not depend on case (no ``\\D``/``\\S``/``\\W``/``\\B``, hex or octal
+  pattern whose meaning does not depend on case (no ``\D``/``\S``/``\W``/``\B``, hex or octal
   escapes, inline flags) is lowercased once and run on the lowercased text. Spans stay valid because
   this path is only taken when lowercasing keeps the text's length; otherwise the ``IGNORECASE``
   pattern runs. Callers quote matches from the original text, never from the match object.
+
+Every pattern runs on RE2 (``google-re2``), whose time is linear in the text whatever the pattern: a
+hostile message cannot make a rule backtrack for hours. RE2 has no lookarounds or backreferences; a
+pattern that uses them is refused when its pack loads (:func:`compile_linear`). Its ``\b``, ``\w`` and
+``\d`` are ASCII-only.
 """
 
 from __future__ import annotations
@@ -21,7 +26,35 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-_CASE_DEPENDENT = re.compile(r"\\[A-Zxu0-9]|\(\?[a-zA-Z-]|\(\?P")
+import re2
+
+_CASE_DEPENDENT = re.compile(r"\\[A-Zxu0-9]|\(\?[a-zA-Z-]|\(\?P")  # runs on pack patterns, not traffic
+
+
+class UnsupportedPattern(ValueError):
+    """A pattern the linear-time engine cannot run (a lookaround, a backreference) or not a pattern."""
+
+
+def _options(ignore_case: bool) -> Any:
+    options = re2.Options()
+    options.case_sensitive = not ignore_case
+    options.log_errors = False
+    options.max_mem = 64 << 20  # room for the large alternations of operator packs
+    return options
+
+
+def compile_linear(pattern: str, ignore_case: bool = False) -> Any:
+    """``pattern`` compiled for RE2; raises UnsupportedPattern with what RE2 objects to."""
+    try:
+        return re2.compile(pattern, _options(ignore_case))
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        if isinstance(reason, bytes):
+            reason = reason.decode(errors="replace")
+        raise UnsupportedPattern(
+            f"not a pattern the linear-time engine (RE2) runs: {reason} "
+            "(lookarounds and backreferences are not supported)"
+        ) from None
 
 
 def needles(pattern: str) -> tuple[str, ...] | None:
@@ -70,8 +103,8 @@ class Pattern:
     def __init__(self, pattern: str, ignore_case: bool = True) -> None:
         self.pattern = pattern
         self.ignore_case = ignore_case
-        self._rx = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
-        self._lowered: re.Pattern[str] | None = None
+        self._rx = compile_linear(pattern, ignore_case)
+        self._lowered: Any = None
         self._needles: tuple[str, ...] | None = None
         if pattern.startswith(("^", "\\A")):
             return  # anchored: the engine tries one position only, nothing to save
@@ -79,13 +112,13 @@ class Pattern:
             self._needles = needles(pattern)
         elif not _CASE_DEPENDENT.search(pattern):
             try:
-                self._lowered = re.compile(pattern.lower())
-            except re.error:
+                self._lowered = compile_linear(pattern.lower())
+            except UnsupportedPattern:
                 self._lowered = None
             else:
                 self._needles = needles(pattern.lower())
 
-    def _prepared(self, text: str) -> tuple[re.Pattern[str], str] | None:
+    def _prepared(self, text: str) -> tuple[Any, str] | None:
         """The pattern and subject to run, or None when the text cannot match."""
         rx, subject = self._rx, text
         if self._lowered is not None:

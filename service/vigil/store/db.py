@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import logging
+import random
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import orjson
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
+from vigil.errors import VigilError
+
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _json_dumps(value: object) -> str:
@@ -89,3 +97,49 @@ def aware(ts: datetime | None) -> datetime | None:
     if ts is None:
         return None
     return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+class StoreUnavailable(VigilError):
+    """A write still failed after its retries (deadlocks, serialization failures, a lost database).
+
+    Nothing of it was committed: the caller answers 503 (HTTP) or keeps the batch uncommitted (Kafka).
+    """
+
+
+def transient(exc: BaseException) -> bool:
+    """Errors that trying the same transaction again can cure: deadlocks, serialization failures,
+    lock timeouts, a database that is busy, restarting or unreachable. Bad data is never transient."""
+    if isinstance(exc, sa_exc.DBAPIError):
+        return isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError) or exc.connection_invalidated
+    return False
+
+
+def retry_transient(
+    fn: Callable[[], T],
+    attempts: int = 5,
+    base_seconds: float = 0.05,
+    max_seconds: float = 2.0,
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> T:
+    """Run the transaction ``fn``; on a transient error roll back (``fn`` does) and run it again.
+
+    The one retry policy of every write: exponential backoff from ``base_seconds`` with full jitter
+    (two writers that deadlocked must not collide again in step), capped at ``max_seconds``. After
+    ``attempts`` tries it raises :class:`StoreUnavailable` from the last error.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except sa_exc.DBAPIError as exc:
+            if not transient(exc):
+                raise
+            if on_retry is not None:
+                on_retry(exc)
+            if attempt == attempts:
+                raise StoreUnavailable(
+                    f"giving up after {attempts} attempts: {str(exc).splitlines()[0][:300]}"
+                ) from exc
+            delay = min(max_seconds, base_seconds * 2 ** (attempt - 1))
+            log.info("transient database error (attempt %d of %d), retrying: %s", attempt, attempts, exc.orig)
+            time.sleep(random.uniform(0, delay))
+    raise AssertionError("unreachable")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -13,6 +16,29 @@ from sqlalchemy.orm import Session
 from vigil.rules import SEVERITY_RANK
 from vigil.store.db import aware
 from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow, ReviewLabelRow
+
+log = logging.getLogger(__name__)
+Unreadable = Callable[[str], None]  # called with the conversation id of a document that cannot be read
+
+
+def read_document(text: str) -> dict[str, Any] | None:
+    """A stored conversation document as JSON, or None if it cannot be read at all.
+
+    Documents are stored as strict JSON; one stored by an older Vigil may hold NaN or Infinity (read as
+    null) or a lone surrogate (read as U+FFFD), so a reader never fails on it.
+    """
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        try:
+            doc = json.loads(
+                text.encode("utf-8", "surrogatepass").decode("utf-8", "replace"),
+                parse_constant=lambda _c: None,
+                parse_float=lambda f: v if (v := float(f)) - v == 0 else None,
+            )
+        except (ValueError, RecursionError):
+            return None
+    return doc if isinstance(doc, dict) else None
 
 
 def finding_dict(f: FindingRow) -> dict[str, Any]:
@@ -45,7 +71,11 @@ def summary_dict(c: ConversationRow) -> dict[str, Any]:
     }
 
 
-def get_conversation(session: Session, conversation_id: str) -> dict[str, Any] | None:
+def get_conversation(
+    session: Session, conversation_id: str, unreadable: Unreadable | None = None
+) -> dict[str, Any] | None:
+    """The stored conversation with findings and outcomes; ``conversation`` is None (and ``unreadable`` is
+    called) when its stored document cannot be read."""
     row = session.get(ConversationRow, conversation_id)
     if row is None:
         return None
@@ -56,7 +86,11 @@ def get_conversation(session: Session, conversation_id: str) -> dict[str, Any] |
         select(OutcomeRow).where(OutcomeRow.conversation_id == conversation_id).order_by(OutcomeRow.occurred_at)
     ).all()
     out = summary_dict(row)
-    out["conversation"] = orjson.loads(row.document)
+    out["conversation"] = read_document(row.document)
+    if out["conversation"] is None:
+        log.warning("stored document of %s cannot be read", conversation_id)
+        if unreadable is not None:
+            unreadable(conversation_id)
     out["findings"] = [finding_dict(f) for f in findings]
     out["outcomes"] = [
         {"type": o.type, "value": o.value, "occurred_at": aware(o.occurred_at), "source": o.source} for o in outcomes

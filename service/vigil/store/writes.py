@@ -131,7 +131,9 @@ def store_conversations(session: Session, items: Sequence[Checked]) -> list[Chec
         return []
     items = newest_per_conversation(items)
     now = datetime.now(UTC)
-    rows = [_row(i, now) for i in items]
+    # Every writer locks rows in one order (by key): two batches that overlap then queue, never deadlock.
+    # (Only the writes are ordered; downstream stages see the batch in its own order.)
+    rows = sorted((_row(i, now) for i in items), key=lambda r: str(r["conversation_id"]))
     postgres = session.get_bind().dialect.name == "postgresql"
     if postgres:
         applied_ids, replaced_ids = _upsert_conversations_pg(session, rows)
@@ -210,6 +212,7 @@ def _store_inline_outcomes(session: Session, applied: list[Checked], now: dateti
         for o in i.conversation.outcomes
     ]
     if outcome_rows:
+        outcome_rows.sort(key=lambda r: str(r["idempotency_key"]))
         ins = upsert(session, OutcomeRow.__table__)
         session.execute(ins.on_conflict_do_nothing(index_elements=["idempotency_key"]), outcome_rows)
 
@@ -233,6 +236,7 @@ def store_dead_letters(session: Session, letters: Sequence[DeadLetter], keep_byt
         }
         for d in letters
     ]
+    rows.sort(key=lambda r: (str(r["source"]), str(r["topic"] or ""), str(r["partition"]), str(r["offset"])))
     table = DeadLetterRow.__table__
     ins = upsert(session, table).on_conflict_do_nothing(index_elements=["source", "topic", "partition", "offset"])
     return [(r.reason, r.source) for r in session.execute(ins.returning(table.c.reason, table.c.source), rows)]

@@ -11,8 +11,10 @@ from starlette.concurrency import run_in_threadpool
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
+from vigil.http.body import BodyTooLarge, limited_body
 from vigil.ingest.otlp.ingest import TraceIngest
 from vigil.ingest.otlp.otlp import JSON, PROTOBUF, OtlpError, decompress, parse, protobuf_response
+from vigil.runtime import Runtime
 from vigil.store.writes import DeadLetter
 
 log = logging.getLogger(__name__)
@@ -75,13 +77,20 @@ async def export_traces(request: Request) -> Response:
     media = PROTOBUF if (ctype or "").lower().startswith(PROTOBUF) else JSON
     if not s.otlp_ingest_enabled:
         return _error(media, 404, "OTLP ingest is disabled (VIGIL_OTLP_INGEST_ENABLED=false)")
-    body = await request.body()
-    if len(body) > s.otlp_max_body_bytes:
-        message = f"request body of {len(body)} bytes exceeds {s.otlp_max_body_bytes} bytes"
-        return await _reject(request, media, 413, message, body)
+    limit = min(s.otlp_max_body_bytes, s.max_request_bytes)
     try:
-        data = decompress(body, request.headers.get("content-encoding"), s.otlp_max_body_bytes)
-        spans, media = parse(data, ctype)
+        async with limited_body(request, limit, s.max_inflight_bytes) as body:
+            return await _export(request, rt, body, media, ctype)
+    except BodyTooLarge as exc:
+        return await _reject(request, media, 413, str(exc), exc.prefix)
+
+
+async def _export(request: Request, rt: Runtime, body: bytes, media: str, ctype: str | None) -> Response:
+    s = rt.settings
+    try:
+        # decompressing and parsing protobuf is CPU work: off the event loop
+        data = await run_in_threadpool(decompress, body, request.headers.get("content-encoding"), s.otlp_max_body_bytes)
+        spans, media = await run_in_threadpool(parse, data, ctype)
     except OtlpError as exc:
         rt.metrics.otlp_spans.labels("malformed_request").inc()
         return await _reject(request, media, exc.status, str(exc), body)

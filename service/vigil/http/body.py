@@ -1,0 +1,79 @@
+"""Request bodies read under a size limit, and a budget on the bytes every request holds at once.
+
+A body is refused with 413 as soon as it is known to be too large (a ``Content-Length`` over the limit
+before anything is read, or a chunked body the moment it crosses the limit), so nothing larger than
+``VIGIL_MAX_REQUEST_BYTES`` is ever buffered. Every POST that takes a body also takes its size from a
+shared byte budget (``VIGIL_MAX_INFLIGHT_BYTES``) before reading and gives it back once answered, so
+concurrent large batches wait their turn instead of multiplying memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import Request
+
+from vigil.errors import VigilError
+
+
+class BodyTooLarge(VigilError):
+    """A request body over the limit; ``prefix`` holds what was read of it (for a dead letter)."""
+
+    def __init__(self, size: int | None, limit: int, prefix: bytes = b"") -> None:
+        told = f"{size} bytes" if size is not None else "more bytes"
+        super().__init__(f"request body of {told} exceeds the limit of {limit} bytes (VIGIL_MAX_REQUEST_BYTES)")
+        self.prefix = prefix
+
+
+class ByteBudget:
+    """An asyncio semaphore counted in bytes. A single request never waits for more than the whole budget."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.free = capacity
+        self._changed = asyncio.Condition()
+
+    @asynccontextmanager
+    async def hold(self, size: int) -> AsyncIterator[None]:
+        size = min(size, self.capacity)
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.free >= size)
+            self.free -= size
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self.free += size
+                self._changed.notify_all()
+
+
+def _budget(request: Request, capacity: int) -> ByteBudget:
+    state = request.app.state
+    budget = getattr(state, "body_budget", None)
+    if budget is None:
+        budget = state.body_budget = ByteBudget(capacity)
+    return budget  # type: ignore[no-any-return]
+
+
+def _declared(request: Request) -> int | None:
+    value = request.headers.get("content-length")
+    return int(value) if value is not None and value.isdigit() else None
+
+
+@asynccontextmanager
+async def limited_body(request: Request, limit: int, inflight: int) -> AsyncIterator[bytes]:
+    """The request body, read only up to ``limit`` bytes; holds its size from the shared budget meanwhile."""
+    declared = _declared(request)
+    if declared is not None and declared > limit:
+        raise BodyTooLarge(declared, limit)
+    async with _budget(request, inflight).hold(declared if declared is not None else limit):
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(declared, limit, b"".join(chunks)[:65536])
+            chunks.append(chunk)
+        yield b"".join(chunks)

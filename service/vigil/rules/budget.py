@@ -1,0 +1,93 @@
+"""A time budget per rule and conversation, enforced by one watchdog thread.
+
+Rules are pure Python over texts whose regular expressions run on RE2 (linear time), so a rule that
+runs long is a rule with a bug or an input far out of the ordinary. Either way it must not stall the
+stream: when a rule passes its deadline the watchdog raises :class:`RuleTimeout` inside the thread
+running it (``PyThreadState_SetAsyncExc``: delivered at the next Python bytecode, so a long call into C
+finishes first), and the engine records a ``rule_timeout`` error finding instead of its hits.
+
+Arming and disarming take one uncontended lock (well under a microsecond); the watchdog sleeps until
+the nearest deadline and not at all while no rule runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+_set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+_set_async_exc.restype = ctypes.c_int
+
+
+class RuleTimeout(Exception):  # noqa: N818  (raised into a rule, like TimeoutError; not a VigilError)
+    """A rule ran past its budget on one conversation."""
+
+
+class Guard:
+    """One thread's running rule: its deadline, and whether the watchdog already fired on it."""
+
+    __slots__ = ("tid", "deadline", "fired", "_watchdog")
+
+    def __init__(self, watchdog: Watchdog) -> None:
+        self.tid = threading.get_ident()
+        self.deadline: float | None = None
+        self.fired = False
+        self._watchdog = watchdog
+
+    def start(self, budget_seconds: float) -> None:
+        wd = self._watchdog
+        with wd.cond:
+            self.deadline = time.monotonic() + budget_seconds
+            self.fired = False
+            wd.guards[self.tid] = self
+            wd.cond.notify()
+
+    def stop(self) -> bool:
+        """Disarm; returns whether the budget ran out. No exception of this guard is left pending after."""
+        with self._watchdog.cond:
+            self.deadline = None
+            fired, self.fired = self.fired, False
+            if fired:
+                _set_async_exc(self.tid, ctypes.py_object())  # clears one not yet delivered
+            return fired
+
+    def close(self) -> None:
+        with self._watchdog.cond:
+            self._watchdog.guards.pop(self.tid, None)
+
+
+class Watchdog:
+    """Raises RuleTimeout in threads whose guard passed its deadline."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.guards: dict[int, Guard] = {}
+        self._thread: threading.Thread | None = None
+
+    def guard(self) -> Guard:
+        if self._thread is None:
+            with self.cond:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="vigil-rule-watchdog", daemon=True)
+                    self._thread.start()
+        return Guard(self)
+
+    def _run(self) -> None:
+        with self.cond:
+            while True:
+                now = time.monotonic()
+                nearest: float | None = None
+                for g in self.guards.values():
+                    if g.deadline is None or g.fired:
+                        continue
+                    if g.deadline <= now:
+                        g.fired = True
+                        _set_async_exc(g.tid, ctypes.py_object(RuleTimeout))
+                    elif nearest is None or g.deadline < nearest:
+                        nearest = g.deadline
+                self.cond.wait(None if nearest is None else nearest - now)
+
+
+WATCHDOG = Watchdog()

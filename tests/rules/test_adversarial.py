@@ -1,0 +1,190 @@
+"""Hostile texts up to VIGIL_MAX_MESSAGE_BYTES: every built-in rule type and the export redactor stay linear.
+
+Each case is timed at sizes growing 4× at a time (best of several runs, so a busy machine only adds
+noise upward and the minimum is kept); a linear check grows about 4×, a quadratic one 16×. The bound
+is a generous 10×, and sizes whose runs take under 5 ms are too short to judge and are skipped. A
+case that already takes over 3 s at some size stops growing there (and a quadratic one shows it by
+then); the rule time budget (VIGIL_RULE_TIMEOUT_MS) is what protects production from such a case.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from vigil.rules import ConversationView, registered_rule_types
+from vigil.schema import Conversation
+from vigil.settings import Settings
+
+MAX_BYTES = Settings().max_message_bytes
+SIZES = [MAX_BYTES // 64, MAX_BYTES // 16, MAX_BYTES // 4, MAX_BYTES - 4096]
+REPEATS = 3
+FLOOR_SECONDS = 0.005
+CAP_SECONDS = 3.0
+BOUND = 10.0
+
+# Hostile shapes of text, each a function of its size in characters.
+TEXTS: dict[str, Callable[[int], str]] = {
+    "dotted_email": lambda n: "a." * (n // 2 - 1) + " @",
+    "digits": lambda n: "1" * n,
+    "spaced_digits": lambda n: "1 " * (n // 2),
+    "separators": lambda n: "1-2." * (n // 4),
+    "phone_groups": lambda n: "+1 (2) " * (n // 7),
+    "amounts": lambda n: "$1,000" * (n // 6),
+    "brackets": lambda n: "(" * (n // 2) + ")" * (n // 2),
+    "spaces": lambda n: " " * (n - 1) + "x",
+    "identifiers": lambda n: " ".join(f"A{i}B" for i in range(n // 8)),
+    "snake": lambda n: "a_" * (n // 2 - 1) + "1",
+    "months": lambda n: "Jan 1st, " * (n // 9),
+    "no_no": lambda n: "no, " * (n // 4),
+}
+
+
+def conversation(text: str) -> Conversation:
+    """The text in every place a rule reads: user and assistant turns, tool calls and results."""
+    half = text[: len(text) // 2]
+    return Conversation.model_validate(
+        {
+            "conversation_id": "hostile",
+            "agent_id": "a",
+            "agent_version": "v",
+            "messages": [
+                {"role": "system", "content": half},
+                {"role": "user", "content": text},
+                {"role": "user", "content": text[::-1]},
+                {
+                    "role": "assistant",
+                    "content": half,
+                    "tool_calls": [
+                        {"id": "t1", "function": {"name": "write", "arguments": {"x": half}}},
+                        {"id": "t2", "function": {"name": "read", "arguments": half}},
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "t1", "content": half},
+                {"role": "tool", "tool_call_id": "t2", "content": '{"status": "' + half + '"}'},
+                {"role": "user", "content": half},
+                {"role": "assistant", "content": text},
+            ],
+        }
+    )
+
+
+ARGS: dict[str, dict[str, Any]] = {
+    "regex": {"pattern": r"(a+)+b|(\d+\s?)+x|(?:[a-z]+\.)+@"},
+    "forbidden_tool": {"tools": ["write"], "when": [{"field": "status", "values": ["x"]}]},
+    "tool_order": {"before": ["read"], "after": ["write"], "same_arg": "x"},
+    "require_confirmation": {"tools": ["write"]},
+    "budget": {"max_turns": 1, "max_tool_calls": 0},
+    "tool_error_rate": {"min_calls": 1},
+}
+
+
+def best_time(fn: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        if best > CAP_SECONDS:
+            break
+    return best
+
+
+def growth(run: Callable[[str], object], shape: Callable[[int], str]) -> tuple[float, list[tuple[int, float]]]:
+    """The worst time ratio between consecutive sizes (4× apart), and the timings."""
+    timings: list[tuple[int, float]] = []
+    for size in SIZES:
+        text = shape(size)
+        timings.append((size, best_time(lambda t=text: run(t))))  # type: ignore[misc]
+        if timings[-1][1] > CAP_SECONDS:
+            break
+    worst = 0.0
+    for (_n0, t0), (_n1, t1) in zip(timings, timings[1:], strict=False):
+        if t1 >= FLOOR_SECONDS:
+            worst = max(worst, t1 / max(t0, FLOOR_SECONDS / 4))
+    return worst, timings
+
+
+def rule_runner(name: str) -> Callable[[str], object]:
+    rtype = registered_rule_types()[name]
+    args = rtype.args_model.model_validate(ARGS.get(name, {}))
+
+    def run(text: str) -> object:
+        return list(rtype.fn(ConversationView(conversation(text)), args))
+
+    return run
+
+
+SUPERLINEAR_TODAY = {"pii_leak": "fixed by the PII rewrite"}
+CASES = [
+    pytest.param(
+        name,
+        marks=[pytest.mark.xfail(strict=True, reason=SUPERLINEAR_TODAY[name])] if name in SUPERLINEAR_TODAY else [],
+    )
+    for name in sorted(registered_rule_types())
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule_type", CASES)
+def test_every_built_in_rule_type_is_linear_on_hostile_text(rule_type: str) -> None:
+    run = rule_runner(rule_type)
+    report = {}
+    for shape_name, shape in TEXTS.items():
+        worst, timings = growth(run, shape)
+        report[shape_name] = (worst, timings)
+    bad = {k: v for k, v in report.items() if v[0] > BOUND}
+    assert not bad, f"{rule_type} grows superlinearly: " + "; ".join(
+        f"{k}: ×{w:.1f} per 4× size ({', '.join(f'{n}: {t * 1000:.1f} ms' for n, t in ts)})"
+        for k, (w, ts) in bad.items()
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="fixed by the PII rewrite (the redactor runs the same email pattern)")
+def test_the_export_redactor_is_linear_on_hostile_text() -> None:
+    from vigil.export.redact import Redactor
+
+    redactor = Redactor({})
+    worst, timings = growth(redactor.text, TEXTS["dotted_email"])
+    for shape in TEXTS.values():
+        w, _ = growth(redactor.text, shape)
+        worst = max(worst, w)
+    assert worst <= BOUND, f"redactor grows ×{worst:.1f} per 4× size: {timings}"
+
+
+def test_a_rule_over_its_budget_yields_a_rule_timeout_finding() -> None:
+    from vigil.rules import RuleArgs, rule_type
+    from vigil.rules.packs import CompiledRule, RuleEngine, RuleSpec
+    from vigil.rules.registry import get_rule_type
+
+    class SpinArgs(RuleArgs):
+        pass
+
+    @rule_type("test_spin", SpinArgs)
+    def spin(view: ConversationView, args: SpinArgs):  # type: ignore[no-untyped-def]
+        while True:  # a rule with a bug: never returns
+            pass
+        yield  # pragma: no cover
+
+    spec = RuleSpec(id="spin", type="test_spin", severity="high")
+    rt = get_rule_type("test_spin")
+    other = RuleSpec(id="budget", type="budget", args={"max_turns": 1})
+    engine = RuleEngine(
+        [
+            CompiledRule("spin", "p", spec, rt, SpinArgs()),
+            CompiledRule("budget", "p", other, get_rule_type("budget"), ARGS_BUDGET),
+        ]
+    )
+    engine.timeout_seconds = 0.05
+    findings = engine.evaluate(conversation("hello there"))
+    timeout = [f for f in findings if f.rule_id == "spin"]
+    assert len(timeout) == 1 and timeout[0].severity == "info"
+    assert timeout[0].details == {"rule_error": True, "rule_timeout": True}
+    assert [f.rule_id for f in findings if f.rule_id == "budget"] == ["budget"]  # the next rule still ran
+
+
+ARGS_BUDGET = registered_rule_types()["budget"].args_model.model_validate({"max_turns": 1})
