@@ -79,6 +79,12 @@ ARGS: dict[str, dict[str, Any]] = {
     "require_confirmation": {"tools": ["write"]},
     "budget": {"max_turns": 1, "max_tool_calls": 0},
     "tool_error_rate": {"min_calls": 1},
+    "per_entity_limit": {"tools": ["write"], "key": "x"},
+    "single_entity": {"key": "x"},
+    "arg_from_lookup": {"tools": ["write"], "arg": "x", "lookup": ["read"], "join_on": "x"},
+    "unresolved_at_end": {"tools": ["read"], "unresolved": ["a.", "1 "]},
+    "say_before": {"tools": ["write"], "phrases": ["no, ", "a.a"]},
+    "write_refused": {"tools": ["write"]},
 }
 
 
