@@ -475,6 +475,20 @@ class Metrics:
             namespace=NS,
             registry=r,
         )
+        self.otlp_log_records = Counter(
+            "otlp_log_records_total",
+            "Log records received at POST /v1/logs (or over gRPC), by what became of them.",
+            ["outcome"],
+            namespace=NS,
+            registry=r,
+        )
+        self.otlp_finished = Counter(
+            "otlp_conversations_finished_total",
+            "Traced conversations finished, by how: their root spans ended (root) or they went idle (idle).",
+            ["how"],
+            namespace=NS,
+            registry=r,
+        )
         # --- end tracing metrics ---
 
         self.label_values_folded = Counter(

@@ -284,6 +284,27 @@ class Settings(BaseSettings):
         default="unknown",
         description="Agent version of a traced conversation without gen_ai.agent.version or service.version.",
     )
+    otlp_trace_idle_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="A traced conversation nothing was added to for this long is finished (rules, sampling and "
+        "judgement run on it) even if its root span never arrived.",
+    )
+    otlp_finish_interval_seconds: float = Field(
+        default=5.0, gt=0, description="How often serve and consume look for idle traced conversations to finish."
+    )
+    otlp_finish_lease_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="How long a replica's claim on an idle conversation it is finishing lasts (another replica "
+        "takes over after a crash).",
+    )
+    otlp_grpc_port: int = Field(
+        default=4317,
+        ge=0,
+        description="Port of the OTLP/gRPC receiver (traces and logs) run by serve and api, bound to VIGIL_HOST; "
+        "0 turns it off.",
+    )
     # --- end tracing ---
 
     @field_validator("log_level")

@@ -309,6 +309,7 @@ def test_bad_requests_get_clear_answers(server: tuple[str, Runtime]) -> None:
                             {
                                 "traceId": "0af7651916cd43dd8448eb211c80319c",
                                 "spanId": "b7ad6b7169203331",
+                                "parentSpanId": "00f067aa0ba902b7",  # a root span would be kept as a container
                                 "name": "GET /",
                                 "attributes": [{"key": "http.method", "value": {"stringValue": "GET"}}],
                             },

@@ -42,6 +42,7 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
     )
     app.state.runtime = runtime
     app.state.keyring = KeyRing.from_settings(runtime.settings)
+    runtime.provide(app.state.keyring)  # the OTLP/gRPC receiver checks the same keys
     app.include_router(conversations.router)
     for router in runtime.hooks.routers:
         app.include_router(router)
