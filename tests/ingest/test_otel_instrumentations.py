@@ -110,7 +110,9 @@ def assert_judged_tool_conversation(rt: Runtime, row: ConversationRow) -> dict[s
     msgs = doc["messages"]
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
     assert msgs[0]["content"].startswith("You are a retail support agent")
-    calls = [(c["function"]["name"], m["tool_calls"].index(c)) for m in msgs if m.get("tool_calls") for c in m["tool_calls"]]
+    calls = [
+        (c["function"]["name"], m["tool_calls"].index(c)) for m in msgs if m.get("tool_calls") for c in m["tool_calls"]
+    ]
     assert [name for name, _ in calls] == ["get_order_details", "cancel_pending_order"]
     call_ids = [m["tool_calls"][0]["id"] for m in msgs if m.get("tool_calls")]
     assert [m["tool_call_id"] for m in msgs if m["role"] == "tool"] == call_ids

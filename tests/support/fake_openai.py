@@ -40,7 +40,11 @@ class Script:
                 "role": "assistant",
                 "content": None,
                 "tool_calls": [
-                    {"id": f"call_{done + 1}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                    {
+                        "id": f"call_{done + 1}",
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(args)},
+                    }
                 ],
             }
             finish = "tool_calls"
