@@ -290,6 +290,12 @@ class Settings(BaseSettings):
         description="A traced conversation nothing was added to for this long is finished (rules, sampling and "
         "judgement run on it) even if its root span never arrived.",
     )
+    otlp_progress_interval_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="An unfinished traced conversation goes through the pipeline (rules, store) at most once in "
+        "this many seconds as spans arrive; its finished revision always does. 0: on every request.",
+    )
     otlp_finish_interval_seconds: float = Field(
         default=5.0, gt=0, description="How often serve and consume look for idle traced conversations to finish."
     )

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from prometheus_client import CollectorRegistry
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from tests.support.app import INGEST, REVIEWER, make_settings
 from tests.support.services import free_port
@@ -24,6 +24,7 @@ from vigil.app.wiring import wire
 from vigil.ingest.otlp.finisher import TraceFinisher
 from vigil.ingest.otlp.grpc import GrpcReceiver
 from vigil.ingest.otlp.ingest import TraceIngest
+from vigil.ingest.otlp.models import OtelConversationRow
 from vigil.runtime import Runtime
 from vigil.store.models import ConversationRow
 
@@ -68,7 +69,8 @@ def test_idle_traces_are_finished_once_across_replicas(db_url: str) -> None:
         span = chat_span(t, "00000000000000a1", "00000000000000ff", 10**18)
         span["attributes"].update({"gen_ai.input.messages": msgs, "gen_ai.output.messages": out})
         a.get(TraceIngest).ingest([span])
-    assert stored(a, f"otel-{traces[0]}").status == "in_progress"  # type: ignore[union-attr]
+    # unfinished and begun less than VIGIL_OTLP_PROGRESS_INTERVAL_SECONDS ago: not through the pipeline yet
+    assert stored(a, f"otel-{traces[0]}") is None
     assert not a.get(TraceIngest).finish_idle("early")  # not idle yet
 
     later = datetime.now(UTC) + timedelta(seconds=31)
@@ -87,6 +89,11 @@ def test_idle_traces_are_finished_once_across_replicas(db_url: str) -> None:
     for t in traces:
         row = stored(a, f"otel-{t}")
         assert row is not None and row.status == "finished" and row.revision == 2  # one span, + the idle finish
+    idle = [
+        rt.metrics.registry.get_sample_value("vigil_otlp_conversations_finished_total", {"how": "idle"})
+        for rt in (a, b)
+    ]
+    assert sum(n or 0 for n in idle) == len(traces)
     assert not a.get(TraceIngest).finish_idle("again", now=later + timedelta(hours=1))
     # a late span still adds to a finished conversation, which stays finished
     late = chat_span(traces[0], "00000000000000a2", "00000000000000ff", 10**18 + 5000)
@@ -98,6 +105,34 @@ def test_idle_traces_are_finished_once_across_replicas(db_url: str) -> None:
     assert row is not None and row.status == "finished" and row.revision == 3 and row.message_count == 3
     for rt in (a, b):
         rt.close()
+
+
+def test_a_long_trace_shows_progress_once_per_interval(sqlite_url: str) -> None:
+    rt = replica(sqlite_url, {"api"}, otlp_progress_interval_seconds=5.0)
+    ingest = rt.get(TraceIngest)
+    key = f"otel-{TRACE}"
+
+    def turn(i: int, parent: str | None = "00000000000000ff") -> dict[str, Any]:
+        span = chat_span(TRACE, f"{i:016x}", parent, 10**18 + i * 1000)
+        span["attributes"]["gen_ai.output.messages"] = orjson.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": f"step {i}"}]}]
+        ).decode()
+        return span
+
+    ingest.ingest([turn(1)])
+    assert stored(rt, key) is None  # begun less than 5 s ago
+    with rt.sessions.begin() as s:  # as if the trace had begun a minute ago
+        s.execute(update(OtelConversationRow).values(first_seen_at=datetime.now(UTC) - timedelta(minutes=1)))
+    ingest.ingest([turn(2)])
+    row = stored(rt, key)
+    assert row is not None and (row.status, row.revision) == ("in_progress", 2)
+    ingest.ingest([turn(3)])
+    assert stored(rt, key).revision == 2  # type: ignore[union-attr]  # shown 0 s ago: waits
+    root = turn(4, parent=None)
+    ingest.ingest([root])
+    row = stored(rt, key)
+    assert row is not None and (row.status, row.revision, row.message_count) == ("finished", 4, 4)
+    rt.close()
 
 
 def test_the_finisher_thread_runs_in_consume_and_serve_roles(sqlite_url: str) -> None:

@@ -35,7 +35,9 @@ from vigil.store.models import ConversationRow, DeadLetterRow
 
 @pytest.fixture
 def server(db_url: str) -> Iterator[tuple[str, Runtime]]:
-    rt = wire(build_runtime(make_settings(db_url), registry=CollectorRegistry()), {"api"})
+    # every request makes a revision here (by default an unfinished one waits VIGIL_OTLP_PROGRESS_INTERVAL_SECONDS)
+    settings = make_settings(db_url, otlp_progress_interval_seconds=0)
+    rt = wire(build_runtime(settings, registry=CollectorRegistry()), {"api"})
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)

@@ -12,7 +12,7 @@ from vigil.ingest.otlp.api import router as otlp_router
 from vigil.ingest.otlp.assemble import ordered_tree
 from vigil.ingest.otlp.finisher import TraceFinisher
 from vigil.ingest.otlp.grpc import GrpcReceiver
-from vigil.ingest.otlp.ingest import TraceIngest
+from vigil.ingest.otlp.ingest import TraceIngest, TraceMarker
 from vigil.runtime import Runtime
 
 
@@ -21,6 +21,7 @@ def wire(rt: Runtime) -> None:
     rt.hooks.add_router(otlp_router)
     ingest = TraceIngest(rt)
     rt.provide(ingest)
+    rt.hooks.downstream.append(TraceMarker(rt.metrics))
 
     def trace_view(session: Session, conv: dict[str, Any]) -> None:
         """``conversation_enrichers``: a traced conversation's session, user and the others sharing them."""

@@ -16,6 +16,7 @@ from typing import Any
 from vigil.ingest.otlp.conventions import (
     SESSION_KEYS,
     USER_KEYS,
+    InputCache,
     SpanView,
     ToolRun,
     first_attr,
@@ -42,26 +43,44 @@ def _key(m: dict[str, Any]) -> tuple[Any, ...]:
     return (m["role"], (m.get("content") or "").strip(), calls)
 
 
-def merge(acc: list[dict[str, Any]], inputs: list[dict[str, Any]]) -> None:
-    """Append ``inputs`` to ``acc`` without repeating the history they share (largest overlap wins)."""
+def merge(
+    acc: list[dict[str, Any]],
+    inputs: list[dict[str, Any]],
+    keys_acc: list[tuple[Any, ...]] | None = None,
+    keys_in: list[tuple[Any, ...]] | None = None,
+) -> None:
+    """Append ``inputs`` to ``acc`` without repeating the history they share (largest overlap wins).
+
+    ``keys_acc`` (kept in step with ``acc``) and ``keys_in`` spare recomputing the keys of a long
+    history on every span.
+    """
     if not inputs:
         return
-    keys_acc = [_key(m) for m in acc]
-    keys_in = [_key(m) for m in inputs]
-    for k in range(min(len(acc), len(inputs)), 0, -1):
-        if keys_acc[len(acc) - k :] == keys_in[:k]:
+    if keys_acc is None:
+        keys_acc = [_key(m) for m in acc]
+    if keys_in is None:
+        keys_in = [_key(m) for m in inputs]
+    n = len(acc)
+    for k in range(min(n, len(inputs)), 0, -1):
+        if keys_acc[n - k :] == keys_in[:k]:
             for i in range(k):
-                mine = acc[len(acc) - k + i]
-                theirs = dict(inputs[i])
-                theirs["is_error"] = bool(mine.get("is_error") or theirs.get("is_error"))
-                if not theirs["is_error"]:
-                    theirs.pop("is_error")
-                if mine["role"] == "tool" and not theirs.get("content"):
-                    theirs["content"] = mine.get("content", "")
-                acc[len(acc) - k + i] = theirs
+                mine, theirs = acc[n - k + i], inputs[i]
+                if mine is theirs:
+                    continue
+                is_error = bool(mine.get("is_error") or theirs.get("is_error"))
+                fill = mine["role"] == "tool" and not theirs.get("content") and mine.get("content")
+                if is_error != bool(theirs.get("is_error")) or fill:
+                    theirs = dict(theirs)
+                    if is_error:
+                        theirs["is_error"] = True
+                    if fill:
+                        theirs["content"] = mine["content"]
+                acc[n - k + i] = theirs
             acc.extend(inputs[k:])
+            keys_acc.extend(keys_in[k:])
             return
     acc.extend(inputs)
+    keys_acc.extend(keys_in)
 
 
 def _pending_call(acc: list[dict[str, Any]], name: str) -> str | None:
@@ -78,8 +97,9 @@ def _tool_span(acc: list[dict[str, Any]], run: ToolRun, span_id: str) -> None:
     call_id = run.call_id or _pending_call(acc, run.name) or f"call_{span_id}"
     result = json_value(run.result) if isinstance(run.result, str | bytes) else run.result
     content = as_text(result) if run.result is not None else run.error
-    for m in acc:
+    for i, m in enumerate(acc):
         if m["role"] == "tool" and m.get("tool_call_id") == call_id:
+            m = acc[i] = dict(m)  # a copy: the message may be shared with an input cache
             if run.failed:
                 m["is_error"] = True
             if not m.get("content"):
@@ -193,18 +213,24 @@ def assemble(
     tools: dict[str, dict[str, Any]] = {}
     prompt_tokens = completion_tokens = 0
     models: list[str] = []
-    views = [view(s) for s in spans]
-    for s, v in zip(spans, views, strict=True):
+    cache = InputCache()
+    views: list[SpanView] = []
+    keys: list[tuple[Any, ...]] = []
+    for s in spans:
+        v = view(s, cache)  # in order: the cache holds the previous span's input messages
+        views.append(v)
         if v.tool is not None:
             _tool_span(acc, v.tool, s["span_id"])
+            keys = [_key(m) for m in acc]
             continue
         if v.role != "inference":
             continue
         for text in v.system + [m["content"] or "" for m in v.inputs if m["role"] == "system"]:
             if text and text not in system:
                 system.append(text)
-        merge(acc, [m for m in v.inputs if m["role"] != "system"])
-        merge(acc, v.outputs)
+        inputs, in_keys = cache.keyed(v.inputs, _key)
+        merge(acc, inputs, keys, in_keys)
+        merge(acc, v.outputs, keys)
         for t in v.tools:
             tools.setdefault(t["function"]["name"], t)
         prompt_tokens += v.prompt_tokens

@@ -68,6 +68,58 @@ class SpanView:
     convention: str = ""
 
 
+class InputCache:
+    """Spans of one conversation resend its history: the JSON of a span's input messages usually starts
+    with the previous span's. The messages (and merge keys) of that shared prefix are reused instead of
+    parsed and converted again, so assembling stays linear in the conversation's length."""
+
+    def __init__(self) -> None:
+        self.raw = ""
+        self.messages: list[dict[str, Any]] = []
+        self.filtered: list[dict[str, Any]] = []  # the messages but system ones
+        self.keys: list[tuple[Any, ...]] = []
+        self._keyed = 0  # how many of ``filtered`` have keys
+        self._system_raw: Any = None
+        self._system: list[str] = []
+
+    def messages_of(self, raw: Any) -> list[dict[str, Any]]:
+        if not isinstance(raw, str) or not raw.startswith("["):
+            return to_messages(raw)
+        prev = self.raw
+        if prev and raw.startswith(prev[:-1]):
+            rest = raw[len(prev) - 1 :]
+            if rest.rstrip() == "]":
+                return self.messages
+            if rest.startswith(","):
+                new = to_messages(json_value("[" + rest[1:]))
+                self._remember(raw, self.messages + new, new)
+                return self.messages
+        msgs = to_messages(raw)
+        self.filtered, self.keys, self._keyed = [], [], 0
+        self._remember(raw, msgs, msgs)
+        return msgs
+
+    def _remember(self, raw: str, messages: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
+        self.raw, self.messages = raw, messages
+        self.filtered = self.filtered + [m for m in new if m["role"] != "system"]
+
+    def system_texts(self, raw: Any) -> list[str]:
+        """System instructions (every span resends the same ones): converted once per distinct value."""
+        if raw is not self._system_raw and raw != self._system_raw:
+            self._system_raw, self._system = raw, [as_text(json_value(raw))]
+        return self._system
+
+    def keyed(self, msgs: list[dict[str, Any]], key: Any) -> tuple[list[dict[str, Any]], list[tuple[Any, ...]]]:
+        """``msgs`` without system messages, with their merge keys (cached for the last messages seen)."""
+        if msgs is not self.messages:
+            filtered = [m for m in msgs if m["role"] != "system"]
+            return filtered, [key(m) for m in filtered]
+        if self._keyed < len(self.filtered):
+            self.keys = self.keys[: self._keyed] + [key(m) for m in self.filtered[self._keyed :]]
+            self._keyed = len(self.filtered)
+        return self.filtered, self.keys
+
+
 def is_relevant(span: dict[str, Any]) -> bool:
     """Whether a span is kept: it speaks one of the conventions above, or it is a trace's root (container)."""
     if not span.get("parent_span_id"):
@@ -88,7 +140,7 @@ def first_attr(span: dict[str, Any], keys: tuple[str, ...]) -> str | None:
     return None
 
 
-def view(span: dict[str, Any]) -> SpanView:
+def view(span: dict[str, Any], cache: InputCache | None = None) -> SpanView:
     a = span["attributes"]
     if "openinference.span.kind" in a:
         return _openinference(span)
@@ -96,7 +148,7 @@ def view(span: dict[str, Any]) -> SpanView:
         return _langfuse(span)
     if a.get("traceloop.span.kind") in ("tool", "workflow", "task", "agent") and not _has_genai_messages(span):
         return _traceloop(span)
-    return _genai(span)
+    return _genai(span, cache or InputCache())
 
 
 def _int(v: Any) -> int:
@@ -178,7 +230,7 @@ def _flat_messages(span: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return to_messages(items)
 
 
-def _genai(span: dict[str, Any]) -> SpanView:
+def _genai(span: dict[str, Any], cache: InputCache) -> SpanView:
     a = span["attributes"]
     out = SpanView(convention="genai")
     op = a.get("gen_ai.operation.name")
@@ -195,11 +247,12 @@ def _genai(span: dict[str, Any]) -> SpanView:
         )
         return out
     system = _attr(span, "gen_ai.system_instructions")
-    out.system = [as_text(json_value(system))] if system not in (None, "", "[]") else []
+    if system not in (None, "", "[]"):
+        out.system = cache.system_texts(system)
     raw_in, raw_out = _attr(span, "gen_ai.input.messages"), _attr(span, "gen_ai.output.messages")
     if raw_in is None and raw_out is None:
         raw_in, raw_out = _attr(span, "gen_ai.prompt"), _attr(span, "gen_ai.completion")
-    out.inputs, out.outputs = to_messages(raw_in), to_messages(raw_out)
+    out.inputs, out.outputs = cache.messages_of(raw_in), to_messages(raw_out)
     if not out.inputs and not out.outputs:
         out.inputs, out.outputs = _event_messages(span)
     if not out.inputs and not out.outputs:

@@ -14,6 +14,7 @@ import hashlib
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -21,20 +22,24 @@ from typing import Any, cast
 
 import orjson
 from pydantic import ValidationError
-from sqlalchemy import CursorResult, delete, or_, select, update
+from sqlalchemy import CursorResult, bindparam, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from vigil.ingest.otlp.assemble import assemble, conversation_id_of, is_relevant
+from vigil.ingest.otlp.compact import Last, compact, expand
 from vigil.ingest.otlp.conventions import SESSION_KEYS, USER_KEYS, first_attr
 from vigil.ingest.otlp.models import OtelConversationRow, OtelEventRow, OtelSpanRow
 from vigil.ingest.otlp.otlp import valid_ids
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
+from vigil.store.db import aware
+from vigil.store.writes import Checked
 
 log = logging.getLogger(__name__)
 
 PURGE_EVERY_SECONDS = 60.0
+RECENT_SPANS = 20_000
 FINISH_BATCH = 100
 
 
@@ -74,7 +79,12 @@ class _Touched:
     stored: int = 0
     total: int = 0  # spans + events stored for it after this request
     fresh: bool = False  # everything stored for it came in this request
+    known: list[dict[str, Any]] | None = None  # every span stored for it, when this process has them all
+    last: Last = field(default_factory=dict)  # see :func:`compact`
     idle_finished: bool = False
+    has_root: bool = False  # a root span came in this request
+    finished: bool = False  # already finished (roots ended, or idle)
+    processed_at: datetime | None = None  # when a revision of it last went through the pipeline (or it began)
 
 
 class TraceIngest:
@@ -82,6 +92,8 @@ class TraceIngest:
         self.rt = runtime
         self._last_purge = 0.0
         self._lock = threading.Lock()
+        self._recent: OrderedDict[str, tuple[list[dict[str, Any]], Last]] = OrderedDict()
+        self._recent_spans = 0
 
     # --- spans -----------------------------------------------------------------------------------
 
@@ -102,6 +114,8 @@ class TraceIngest:
         if kept:
             with self.rt.sessions.begin() as session:
                 touched = self._store(session, kept, res)
+            for key, t in touched.items():  # stored for good: this process may now build on them
+                t.known = self._recall(key, t)
         self._process(touched, res)
         for outcome, n in (
             ("stored", res.stored),
@@ -118,16 +132,18 @@ class TraceIngest:
     def _keys(self, session: Session, trace_ids: set[str], by_trace: dict[str, str]) -> dict[str, str]:
         """The conversation key of each trace; spans and events stored under the trace's own key before its
         conversation id was known move to the conversation (and their counts with them)."""
-        known = session.execute(
-            select(OtelSpanRow.trace_id, OtelSpanRow.conversation_key)
-            .where(OtelSpanRow.trace_id.in_(trace_ids))
-            .distinct()
-        ).all()
-        for trace_id, key in known:
-            if key != trace_key(trace_id):
-                by_trace.setdefault(trace_id, key)
-        for trace_id, key in by_trace.items():
-            old = trace_key(trace_id)
+        waiting: set[str] = set()  # traces with rows stored under their own key
+        for model in (OtelSpanRow, OtelEventRow):
+            known = session.execute(
+                select(model.trace_id, model.conversation_key).where(model.trace_id.in_(trace_ids)).distinct()
+            ).all()
+            for trace_id, key in known:
+                if key != trace_key(trace_id):
+                    by_trace.setdefault(trace_id, key)
+                else:
+                    waiting.add(trace_id)
+        for trace_id in sorted(waiting & by_trace.keys()):
+            key, old = by_trace[trace_id], trace_key(trace_id)
             moved = _matched(
                 session,
                 update(OtelSpanRow)
@@ -140,9 +156,8 @@ class TraceIngest:
                 .where(OtelEventRow.trace_id == trace_id, OtelEventRow.conversation_key == old)
                 .values(conversation_key=key),
             )
-            if moved or moved_events:
-                session.execute(delete(OtelConversationRow).where(OtelConversationRow.conversation_key == old))
-                self._count(session, {key: (moved, moved_events)}, {})
+            session.execute(delete(OtelConversationRow).where(OtelConversationRow.conversation_key == old))
+            self._count(session, {key: (moved, moved_events)}, {})
         return by_trace
 
     def _store(self, session: Session, spans: list[dict[str, Any]], res: IngestResult) -> dict[str, _Touched]:
@@ -174,7 +189,11 @@ class TraceIngest:
                 t.spans = t.spans[:room]
             t.fresh = state is None or (state.span_count == 0 and state.event_count == 0)
             t.idle_finished = bool(state and state.idle_finished)
-            for s in t.spans:
+            t.has_root = any(not s.get("parent_span_id") for s in t.spans)
+            t.finished = bool(state and state.finished_at is not None)
+            t.processed_at = (state.processed_at or state.first_seen_at) if state else datetime.now(UTC)
+            compacted, t.last = compact(t.spans, self._last_of(key))
+            for s in compacted:
                 rows.append(
                     {
                         "conversation_key": key,
@@ -192,13 +211,14 @@ class TraceIngest:
             res.problems.append(f"{res.dropped} spans dropped: conversation already has {limit} spans")
         if not rows:
             return touched
+        table = OtelSpanRow.__table__
         stmt = (
             _dialect(session)
-            .insert(OtelSpanRow)
+            .insert(table)
             .on_conflict_do_nothing(index_elements=["trace_id", "span_id"])
-            .returning(OtelSpanRow.conversation_key)
+            .returning(table.c.conversation_key)
         )
-        inserted = session.scalars(stmt, rows).all()
+        inserted = session.execute(stmt, rows).scalars().all()  # Core executemany: no ORM bookkeeping
         res.stored = len(inserted)
         counts: dict[str, tuple[int, int]] = {}
         for key in inserted:
@@ -222,33 +242,33 @@ class TraceIngest:
         if not counts:
             return {}
         now = datetime.now(UTC)
-        dialect = _dialect(session)
-        totals: dict[str, int] = {}
-        for key, (n_spans, n_events) in counts.items():
-            session_id, user_id = labels.get(key, (None, None))
-            table = OtelConversationRow.__table__
-            stmt = dialect.insert(table).values(
-                conversation_key=key,
-                span_count=n_spans,
-                event_count=n_events,
-                first_seen_at=now,
-                last_seen_at=now,
-                idle_finished=False,
-                session_id=session_id,
-                user_id=user_id,
-            )
-            stmt = stmt.on_conflict_do_update(
-                index_elements=["conversation_key"],
-                set_={
-                    "span_count": table.c.span_count + n_spans,
-                    "event_count": table.c.event_count + n_events,
-                    "last_seen_at": now,
-                    "session_id": _coalesce(table.c.session_id, session_id),
-                    "user_id": _coalesce(table.c.user_id, user_id),
-                },
-            ).returning(table.c.span_count + table.c.event_count)
-            totals[key] = int(session.execute(stmt).scalar_one())
-        return totals
+        table = OtelConversationRow.__table__
+        stmt = _dialect(session).insert(table)
+        excluded = stmt.excluded
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["conversation_key"],
+            set_={
+                "span_count": table.c.span_count + excluded.span_count,
+                "event_count": table.c.event_count + excluded.event_count,
+                "last_seen_at": excluded.last_seen_at,
+                "session_id": func.coalesce(table.c.session_id, excluded.session_id),
+                "user_id": func.coalesce(table.c.user_id, excluded.user_id),
+            },
+        ).returning(table.c.conversation_key, table.c.span_count + table.c.event_count)
+        rows = [
+            {
+                "conversation_key": key,
+                "span_count": n_spans,
+                "event_count": n_events,
+                "first_seen_at": now,
+                "last_seen_at": now,
+                "idle_finished": False,
+                "session_id": labels.get(key, (None, None))[0],
+                "user_id": labels.get(key, (None, None))[1],
+            }
+            for key, (n_spans, n_events) in sorted(counts.items())  # one lock order for every replica
+        ]
+        return {key: int(total) for key, total in session.execute(stmt, rows).all()}
 
     # --- log records -------------------------------------------------------------------------------
 
@@ -292,13 +312,14 @@ class TraceIngest:
                     "received_at": now,
                 }
             )
+        table = OtelEventRow.__table__
         stmt = (
             _dialect(session)
-            .insert(OtelEventRow)
+            .insert(table)
             .on_conflict_do_nothing(index_elements=["digest"])
-            .returning(OtelEventRow.conversation_key)
+            .returning(table.c.conversation_key)
         )
-        inserted = session.scalars(stmt, rows).all()
+        inserted = session.execute(stmt, rows).scalars().all()
         res.stored = len(inserted)
         counts: dict[str, tuple[int, int]] = {}
         for key in inserted:
@@ -309,55 +330,96 @@ class TraceIngest:
                 OtelConversationRow.conversation_key.in_({r["conversation_key"] for r in rows})
             )
         )
-        return {s.conversation_key: _Touched(idle_finished=s.idle_finished) for s in states if s.span_count > 0}
+        return {
+            s.conversation_key: _Touched(
+                idle_finished=s.idle_finished,
+                finished=s.finished_at is not None,
+                processed_at=s.processed_at or s.first_seen_at,
+            )
+            for s in states
+            if s.span_count > 0
+        }
 
     # --- assembling and processing ------------------------------------------------------------------
 
-    def _process(self, touched: dict[str, _Touched], res: IngestResult, idle: bool = False) -> list[str]:
-        """Assemble and process the touched conversations; returns the keys now finished."""
+    def _process(self, touched: dict[str, _Touched], res: IngestResult, idle: bool = False) -> None:
+        """Assemble and process the touched conversations.
+
+        An unfinished conversation that began, or last went through the pipeline, less than
+        ``VIGIL_OTLP_PROGRESS_INTERVAL_SECONDS`` ago waits (its next revision, at the latest the one its
+        root or the idle timeout finishes, carries everything), so a trace sent in many requests costs
+        one pipeline pass, and a long one shows its progress every interval.
+        """
         s = self.rt.settings
-        convs: list[Conversation] = []
-        finished: list[str] = []
-        ids: dict[str, str] = {}
+        interval = timedelta(seconds=s.otlp_progress_interval_seconds)
+        now = datetime.now(UTC)
+        convs: list[tuple[Conversation, str, None]] = []
+        empty: list[str] = []
         for key in sorted(touched):
             t = touched[key]
-            if t.fresh:
-                spans, events = t.spans, list[dict[str, Any]]()
-            else:
-                spans, events = self._load(key)
+            recent = t.processed_at is not None and now - aware(t.processed_at) < interval
+            if not idle and recent and not t.has_root and not t.finished and not t.idle_finished:
+                res.pending.append(key)
+                continue
+            spans, events = (t.known, list[dict[str, Any]]()) if t.known is not None else self._load(key)
             doc = assemble(
                 key, spans, s.otlp_default_agent_version, events=events, idle_finished=idle or t.idle_finished
             )
             if doc is None:
                 res.pending.append(key)
-                if idle:
-                    finished.append(key)
+                empty.append(key)
                 continue
+            document = orjson.dumps(doc).decode()
             try:
-                convs.append(Conversation.model_validate(doc))
+                convs.append((Conversation.model_validate_json(document), document, None))
             except ValidationError as exc:
                 res.problems.append(f"conversation {key}: {exc.errors()[0]['msg']}")
                 log.warning("OTLP conversation %s does not validate: %s", key, exc)
                 continue
             res.conversations.append(doc["conversation_id"])
-            ids[key] = doc["conversation_id"]
-            if doc["status"] == "finished":
-                finished.append(key)
         if convs:
-            self.rt.pipeline.process(convs, "otlp")
+            self.rt.pipeline.process_documents(convs, [], "otlp")
             self.rt.metrics.otlp_conversations.inc(len(convs))
-        self._mark(touched, ids, finished, idle)
-        return finished
+        if idle and empty:  # idle with nothing to judge: finished all the same, so it is not claimed again
+            self._finish_empty(empty)
+
+    def _last_of(self, key: str) -> Last | None:
+        with self._lock:
+            recent = self._recent.get(key)
+            return recent[1] if recent else None
+
+    def _recall(self, key: str, t: _Touched) -> list[dict[str, Any]] | None:
+        """Every span of an unfinished conversation whose spans all came through this process (kept in memory,
+        at most ``RECENT_SPANS`` spans in all), so a trace sent in many requests is not read back each time."""
+        with self._lock:
+            before = self._recent.pop(key, None)
+            if before is not None:
+                self._recent_spans -= len(before[0])
+            if t.fresh:
+                spans = list(t.spans)
+            elif before is not None and t.stored == len(t.spans) and len(before[0]) + t.stored == t.total:
+                spans = before[0] + t.spans
+            else:
+                return None  # another replica, a resent span or a log record: read them from the database
+            if not t.has_root:  # a root usually ends it: keep only what may still grow
+                self._recent[key] = (spans, t.last)
+                self._recent_spans += len(spans)
+            while self._recent_spans > RECENT_SPANS and self._recent:
+                _, (dropped, _) = self._recent.popitem(last=False)
+                self._recent_spans -= len(dropped)
+            return spans
 
     def _load(self, key: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         limit = self.rt.settings.otlp_max_spans_per_conversation
         with self.rt.sessions() as session:
-            spans = list(
-                session.scalars(
-                    select(OtelSpanRow.span)
-                    .where(OtelSpanRow.conversation_key == key)
-                    .order_by(OtelSpanRow.start_ns, OtelSpanRow.id)
-                    .limit(limit)
+            spans = expand(
+                list(
+                    session.scalars(
+                        select(OtelSpanRow.span)
+                        .where(OtelSpanRow.conversation_key == key)
+                        .order_by(OtelSpanRow.start_ns, OtelSpanRow.id)
+                        .limit(limit)
+                    )
                 )
             )
             events = list(
@@ -370,28 +432,14 @@ class TraceIngest:
             )
         return spans, events
 
-    def _mark(self, touched: dict[str, _Touched], ids: dict[str, str], finished: list[str], idle: bool) -> None:
-        """Record which conversations are finished (the idle finisher skips them) and their conversation ids."""
-        if not ids and not finished:
-            return
-        now = datetime.now(UTC)
-        table = OtelConversationRow
+    def _finish_empty(self, keys: list[str]) -> None:
+        t = OtelConversationRow
         with self.rt.sessions.begin() as session:
-            for key in finished:
-                values: dict[str, Any] = {"finished_at": now, "claimed_by": None, "claim_until": None}
-                if idle:
-                    values["idle_finished"] = True
-                if key in ids:
-                    values["conversation_id"] = ids[key]
-                done = _matched(
-                    session,
-                    update(table).where(table.conversation_key == key, table.finished_at.is_(None)).values(**values),
-                )
-                if done:
-                    self.rt.metrics.otlp_finished.labels("idle" if idle else "root").inc()
-            for key, cid in ids.items():
-                if key not in finished and cid != key:
-                    session.execute(update(table).where(table.conversation_key == key).values(conversation_id=cid))
+            session.execute(
+                update(t)
+                .where(t.conversation_key.in_(keys), t.finished_at.is_(None))
+                .values(finished_at=datetime.now(UTC), claimed_by=None, claim_until=None)
+            )
 
     # --- idle conversations ------------------------------------------------------------------------
 
@@ -420,14 +468,18 @@ class TraceIngest:
                     session,
                     update(t)
                     .where(t.conversation_key == key, t.finished_at.is_(None), t.last_seen_at < cutoff, free)
-                    .values(claimed_by=owner[:64], claim_until=now + timedelta(seconds=s.otlp_finish_lease_seconds)),
+                    .values(
+                        claimed_by=owner[:64],
+                        claim_until=now + timedelta(seconds=s.otlp_finish_lease_seconds),
+                        idle_finished=True,
+                    ),
                 )
                 if won:
                     claimed.append(key)
         if not claimed:
             return []
         res = IngestResult()
-        self._process({k: _Touched() for k in claimed}, res, idle=True)
+        self._process({k: _Touched(idle_finished=True) for k in claimed}, res, idle=True)
         return res.conversations
 
     # --- housekeeping ------------------------------------------------------------------------------
@@ -440,10 +492,16 @@ class TraceIngest:
             self._last_purge = now
         cutoff = datetime.now(UTC) - timedelta(hours=self.rt.settings.otlp_span_retention_hours)
         try:
+            # a conversation's spans go together (a stored span may refer to an earlier one: see compact)
+            t = OtelConversationRow
+            old = select(t.conversation_key).where(t.last_seen_at < cutoff).scalar_subquery()
             with self.rt.sessions.begin() as session:
-                session.execute(delete(OtelSpanRow).where(OtelSpanRow.received_at < cutoff))
-                session.execute(delete(OtelEventRow).where(OtelEventRow.received_at < cutoff))
-                session.execute(delete(OtelConversationRow).where(OtelConversationRow.last_seen_at < cutoff))
+                session.execute(delete(OtelSpanRow).where(OtelSpanRow.conversation_key.in_(old)))
+                session.execute(delete(OtelEventRow).where(OtelEventRow.conversation_key.in_(old)))
+                session.execute(delete(t).where(t.last_seen_at < cutoff))
+                stray = cutoff - timedelta(hours=self.rt.settings.otlp_span_retention_hours)  # rows of no conversation
+                session.execute(delete(OtelSpanRow).where(OtelSpanRow.received_at < stray))
+                session.execute(delete(OtelEventRow).where(OtelEventRow.received_at < stray))
         except Exception:  # purging is housekeeping; the next request tries again
             log.warning("purging old OTLP spans failed", exc_info=True)
 
@@ -471,13 +529,51 @@ class TraceIngest:
         return out
 
 
+class TraceMarker:
+    """Downstream stage: in the transaction that stores a traced conversation's revision, records that it
+    went through the pipeline and, once it is ``finished``, that it is (so the idle finisher skips it)."""
+
+    def __init__(self, metrics: Any) -> None:
+        self.metrics = metrics
+
+    def on_stored(self, session: Session, stored: Sequence[Checked]) -> None:
+        traced = [c.conversation for c in stored if c.conversation.metadata.get("source") == "otlp"]
+        if not traced:
+            return
+        t = OtelConversationRow
+        rows = {
+            r.conversation_key: r
+            for r in session.execute(
+                select(t.conversation_key, t.finished_at, t.idle_finished).where(
+                    t.conversation_key.in_([c.conversation_id for c in traced])
+                )
+            )
+        }
+        now = datetime.now(UTC)
+        progress: list[dict[str, Any]] = []
+        done: list[dict[str, Any]] = []
+        for c in traced:
+            row = rows.get(c.conversation_id)
+            if row is None:
+                continue
+            values = {"k": c.conversation_id, "at": now, "cid": c.conversation_id}
+            if c.status == "finished" and row.finished_at is None:
+                done.append(values)
+                self.metrics.otlp_finished.labels("idle" if row.idle_finished else "root").inc()
+            else:
+                progress.append(values)
+        stmt = (
+            update(t.__table__)
+            .where(t.__table__.c.conversation_key == bindparam("k"))
+            .values(processed_at=bindparam("at"), conversation_id=bindparam("cid"))
+        )
+        if progress:
+            session.execute(stmt, progress)
+        if done:
+            session.execute(stmt.values(finished_at=bindparam("at"), claimed_by=None, claim_until=None), done)
+
+
 def _labels(spans: Sequence[dict[str, Any]]) -> tuple[str | None, str | None]:
     session = next((x for s in spans if (x := first_attr(s, SESSION_KEYS))), None)
     user = next((x for s in spans if (x := first_attr(s, USER_KEYS))), None)
     return session, user
-
-
-def _coalesce(column: Any, value: str | None) -> Any:
-    from sqlalchemy import func
-
-    return func.coalesce(column, value) if value is not None else column

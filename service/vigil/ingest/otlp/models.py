@@ -48,6 +48,7 @@ class OtelConversationRow(Base):
     first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
+    processed_at: Mapped[datetime | None]
     idle_finished: Mapped[bool] = mapped_column(Boolean, default=False)
     claimed_by: Mapped[str | None] = mapped_column(String(64))
     claim_until: Mapped[datetime | None]

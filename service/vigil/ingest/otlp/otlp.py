@@ -156,6 +156,8 @@ def logs_response(rejected: int, message: str) -> bytes:
 
 def _pb_value(v: Any) -> Any:
     kind = v.WhichOneof("value")
+    if kind == "string_value":  # by far the most common: checked first
+        return v.string_value
     if kind is None:
         return None
     if kind == "array_value":

@@ -29,6 +29,7 @@ def upgrade() -> None:
         sa.Column("first_seen_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("last_seen_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("processed_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("idle_finished", sa.Boolean(), nullable=False),
         sa.Column("claimed_by", sa.String(length=64), nullable=True),
         sa.Column("claim_until", sa.DateTime(timezone=True), nullable=True),
