@@ -122,9 +122,10 @@ class Settings(BaseSettings):
     )
     judge_retry_max_seconds: float = Field(default=300.0, gt=0, description="Longest retry delay.")
     judge_circuit_failures: int = Field(
-        default=8,
+        default=3,
         ge=1,
-        description="Consecutive retryable failures of a judge's model that open its circuit.",
+        description="Consecutive retryable failures of a judge's model that open its circuit (after the first, "
+        "calls go one at a time, so an outage costs about this many calls).",
     )
     judge_circuit_cooldown_seconds: float = Field(
         default=30.0, gt=0, description="How long an open circuit waits before one probe call."
