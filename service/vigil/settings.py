@@ -256,6 +256,11 @@ class Settings(BaseSettings):
         description="Which review-queue labels measure a judge's error rates for corrected failure rates: "
         "sampled = only items the review policy drew at random (unbiased); all = every labelled item.",
     )
+    export_min_criterion_severity: Literal["info", "low", "medium", "high", "critical"] = Field(
+        default="medium",
+        description="Only rule findings at or above this severity become an exported task's grading criteria "
+        "(an info-level hand-off to a human never becomes must_not_escalate).",
+    )
     export_redact_patterns: dict[str, str] = Field(
         default_factory=dict,
         description="Extra PII patterns redacted on export besides emails, phones and card numbers, as JSON "
