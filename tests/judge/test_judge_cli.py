@@ -139,3 +139,10 @@ def test_judge_list_shows_a_budget_under_a_cent(env: Settings, tmp_path: Path, m
     out = CliRunner().invoke(app, ["judge", "list"])
     assert out.exit_code == 0, out.output
     assert "$0.004" in out.output  # the cap; today's spend (none) is $0.00
+
+
+def test_judge_list_json(env: Settings) -> None:
+    out = CliRunner().invoke(app, ["judge", "list", "--json"])
+    assert out.exit_code == 0, out.output
+    [j] = orjson.loads(out.stdout)
+    assert j["name"] == "tj" and j["mode"] and "queue_depth" in j and "spent_today_usd" in j

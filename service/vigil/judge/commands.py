@@ -9,11 +9,11 @@ from typing import Annotated
 import orjson
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from vigil.judge.stage import JudgeStage
 from vigil.money import usd
 from vigil.runtime import Launcher
+from vigil.tables import print_json, print_table
 
 console = Console(stderr=True)
 judge_app = typer.Typer(no_args_is_help=True, help="LLM judges: list, validate, run one, resume.")
@@ -75,7 +75,10 @@ def judge_worker(
 
 
 @judge_app.command("list")
-def list_judges(ctx: typer.Context) -> None:
+def list_judges(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (every field of GET /v1/judges).")] = False,
+) -> None:
     """Judges with model, mode, sample rate, budget, spend today, queue depth and state."""
     from vigil.judge.api import judge_info
 
@@ -83,9 +86,11 @@ def list_judges(ctx: typer.Context) -> None:
     stage = rt.get(JudgeStage)
     with rt.sessions() as s:
         infos = judge_info(stage, s, sorted(stage.engine.lanes))
-    table = Table("judge", "version", "model", "mode", "rate", "budget/day", "spent today", "queue", "state")
-    for i in infos:
-        table.add_row(
+    if as_json:
+        print_json(infos)
+        return
+    rows = [
+        [
             i["name"],
             i["version"],
             i["judge_label"],
@@ -95,8 +100,10 @@ def list_judges(ctx: typer.Context) -> None:
             usd(i["spent_today_usd"]),
             str(i["queue_depth"]),
             i["state"],
-        )
-    Console().print(table)
+        ]
+        for i in infos
+    ]
+    print_table(["judge", "version", "model", "mode", "rate", "budget/day", "spent today", "queue", "state"], rows)
 
 
 @judge_app.command("validate")
