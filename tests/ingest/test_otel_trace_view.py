@@ -39,12 +39,14 @@ def trace(trace_id: str, user: str) -> list[dict[str, Any]]:
     call = orjson.dumps(
         [{"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {}}]}]
     ).decode()
+    chat = {"gen_ai.operation.name": "chat", "gen_ai.input.messages": msgs, "gen_ai.output.messages": call}
+    tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup", "gen_ai.tool.call.id": "c1"}
     return [
         span(trace_id, 1, None, "POST /chat", 0, 900, **{"session.id": "sess-9", "user.id": user}),
         span(trace_id, 2, 1, "invoke_agent shop", 5, 880, **{"gen_ai.operation.name": "invoke_agent"}),
-        span(trace_id, 3, 2, "chat gpt-4o", 10, 400, **{"gen_ai.operation.name": "chat", "gen_ai.input.messages": msgs, "gen_ai.output.messages": call}),
-        span(trace_id, 4, 2, "execute_tool lookup", 420, 300, **{"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup", "gen_ai.tool.call.id": "c1"}),
-    ]  # fmt: skip
+        span(trace_id, 3, 2, "chat gpt-4o", 10, 400, **chat),
+        span(trace_id, 4, 2, "execute_tool lookup", 420, 300, **tool),
+    ]
 
 
 def test_conversation_page_shows_the_span_tree_and_the_session(sqlite_url: str) -> None:
