@@ -29,10 +29,17 @@ class Script:
     )
     answer: str = "Order #W1 is cancelled."
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # count only tool results beyond those of the first request (a replayed history already holds some)
+    relative: bool = False
+    _baseline: int | None = None
 
     def reply(self, body: dict[str, Any]) -> dict[str, Any]:
         self.requests.append(body)
         done = sum(1 for m in body.get("messages", []) if m.get("role") == "tool")
+        if self.relative:
+            if self._baseline is None:
+                self._baseline = done
+            done -= self._baseline
         message: dict[str, Any]
         if done < len(self.calls):
             name, args = self.calls[done]
@@ -41,7 +48,7 @@ class Script:
                 "content": None,
                 "tool_calls": [
                     {
-                        "id": f"call_{done + 1}",
+                        "id": f"call_{done + 1}" if not self.relative else f"call_scripted_{done + 1}",
                         "type": "function",
                         "function": {"name": name, "arguments": json.dumps(args)},
                     }

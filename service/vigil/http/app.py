@@ -64,7 +64,7 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
     @app.get("/metrics", tags=["ops"])
     def metrics(request: Request) -> Response:
         """Prometheus text or OpenMetrics (by ``Accept``), gzip-compressed when the scraper accepts it."""
-        encoder, media_type = choose_encoder(request.headers.get("accept"))
+        encoder, media_type = choose_encoder(request.headers.get("accept", ""))
         body = encoder(runtime.metrics.registry)
         headers = {"vary": "Accept, Accept-Encoding"}
         if "gzip" in request.headers.get("accept-encoding", ""):
