@@ -38,6 +38,6 @@ LABEL org.opencontainers.image.title="vigil" \
       dev.vigil.roles="serve consume judge-worker detector"
 VOLUME /var/lib/vigil
 USER ${VIGIL_UID}:${VIGIL_UID}
-EXPOSE 8000 9108
+EXPOSE 8000 9108 4317
 ENTRYPOINT ["vigil"]
 CMD ["serve"]

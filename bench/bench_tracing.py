@@ -4,8 +4,14 @@
 (b) the pipeline (decode, rules, store on SQLite, downstream stages) with tracing off and on
     (spans batched to an in-memory exporter), rounds interleaved, best of each; the share of a
     batch's time the off-path span calls take follows from (a).
+(c) what an agent's traces cost to ingest: the same real conversations (the τ² trajectories, repeated
+    with fresh ids) sent as OTLP spans to ``POST /v1/traces`` (one chat span per model turn carrying
+    the history so far, as instrumentations send them, under one root span) against native ingest at
+    ``POST /v1/conversations``, in CPU-seconds per 1,000 conversations measured in the same run; the
+    OTLP variants are whole traces per request, and about 100 traces interleaved (a busy agent fleet
+    behind one exporter). Requests are 512 spans, the SDK's batch size.
 
-    python -m bench.bench_tracing [--conversations 4000] [--batch 200]
+    python -m bench.bench_tracing [--conversations 4000] [--batch 200] [--only otlp] [--copies 17]
 """
 
 from __future__ import annotations
@@ -69,7 +75,15 @@ def main() -> int:
     ap.add_argument("--conversations", type=int, default=4000)
     ap.add_argument("--batch", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", choices=["spans", "otlp"], help="run (a)+(b) or (c) only")
+    ap.add_argument("--copies", type=int, default=17, help="(c): copies of the 120 τ² conversations")
     args = ap.parse_args()
+    if args.only != "spans":
+        from bench.bench_otlp import compare_otlp_native
+
+        compare_otlp_native(args.copies, max(1, args.rounds // 2))
+        if args.only == "otlp":
+            return 0
     spans.shutdown()
     off_ns, floor_ns = per_call_ns()
     print(f"(a) span() with tracing off: {off_ns:.0f} ns per call (a bare nullcontext: {floor_ns:.0f} ns)")

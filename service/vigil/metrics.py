@@ -16,7 +16,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+# No ``*_created`` series: they double the series count and Prometheus reads the start time elsewhere.
+disable_created_metrics()
 
 NS = "vigil"
 OTHER = "other"
@@ -493,6 +496,20 @@ class Metrics:
         self.otlp_conversations = Counter(
             "otlp_conversation_revisions_total",
             "Conversation revisions assembled from OTLP spans.",
+            namespace=NS,
+            registry=r,
+        )
+        self.otlp_log_records = Counter(
+            "otlp_log_records_total",
+            "Log records received at POST /v1/logs (or over gRPC), by what became of them.",
+            ["outcome"],
+            namespace=NS,
+            registry=r,
+        )
+        self.otlp_finished = Counter(
+            "otlp_conversations_finished_total",
+            "Traced conversations finished, by how: their root spans ended (root) or they went idle (idle).",
+            ["how"],
             namespace=NS,
             registry=r,
         )

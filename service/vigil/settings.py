@@ -155,9 +155,10 @@ class Settings(BaseSettings):
     )
     judge_retry_max_seconds: float = Field(default=300.0, gt=0, description="Longest retry delay.")
     judge_circuit_failures: int = Field(
-        default=8,
+        default=3,
         ge=1,
-        description="Consecutive retryable failures of a judge's model that open its circuit.",
+        description="Consecutive retryable failures of a judge's model that open its circuit (after the first, "
+        "calls go one at a time, so an outage costs about this many calls).",
     )
     judge_circuit_cooldown_seconds: float = Field(
         default=30.0, gt=0, description="How long an open circuit waits before one probe call."
@@ -288,6 +289,11 @@ class Settings(BaseSettings):
         description="Which review-queue labels measure a judge's error rates for corrected failure rates: "
         "sampled = only items the review policy drew at random (unbiased); all = every labelled item.",
     )
+    export_min_criterion_severity: Literal["info", "low", "medium", "high", "critical"] = Field(
+        default="medium",
+        description="Only rule findings at or above this severity become an exported task's grading criteria "
+        "(an info-level hand-off to a human never becomes must_not_escalate).",
+    )
     export_redact_patterns: dict[str, str] = Field(
         default_factory=dict,
         description="Extra PII patterns redacted on export besides emails, phones and card numbers, as JSON "
@@ -316,6 +322,33 @@ class Settings(BaseSettings):
     otlp_default_agent_version: str = Field(
         default="unknown",
         description="Agent version of a traced conversation without gen_ai.agent.version or service.version.",
+    )
+    otlp_trace_idle_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="A traced conversation nothing was added to for this long is finished (rules, sampling and "
+        "judgement run on it) even if its root span never arrived.",
+    )
+    otlp_progress_interval_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="An unfinished traced conversation goes through the pipeline (rules, store) at most once in "
+        "this many seconds as spans arrive; its finished revision always does. 0: on every request.",
+    )
+    otlp_finish_interval_seconds: float = Field(
+        default=5.0, gt=0, description="How often serve and consume look for idle traced conversations to finish."
+    )
+    otlp_finish_lease_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="How long a replica's claim on an idle conversation it is finishing lasts (another replica "
+        "takes over after a crash).",
+    )
+    otlp_grpc_port: int = Field(
+        default=4317,
+        ge=0,
+        description="Port of the OTLP/gRPC receiver (traces and logs) run by serve and api, bound to VIGIL_HOST; "
+        "0 turns it off.",
     )
     # --- end tracing ---
 

@@ -167,7 +167,7 @@ def test_service_monitor_scrapes_the_services_the_chart_makes() -> None:
     monitor = one(docs, "ServiceMonitor")
     selector = monitor["spec"]["selector"]["matchLabels"]
     services = [s for s in by_kind(docs, "Service") if selector.items() <= s["metadata"]["labels"].items()]
-    ports = {p["name"] for s in services for p in s["spec"]["ports"]}
+    ports = {p["name"] for s in services for p in s["spec"]["ports"]} - {"otlp-grpc"}  # OTLP in, not metrics
     assert {e["port"] for e in monitor["spec"]["endpoints"]} == ports == {"http", "metrics"}
     workers = one(docs, "Service", "-workers")["spec"]["selector"]
     for d in by_kind(docs, "Deployment"):
@@ -185,3 +185,57 @@ def test_ingress_routes_to_the_api_service() -> None:
     backends = {p["backend"]["service"]["name"] for r in ingress["spec"]["rules"] for p in r["http"]["paths"]}
     assert backends == {api["metadata"]["name"]}
     assert ingress["spec"]["tls"][0]["secretName"] == "vigil-tls"
+
+
+def test_ingress_exposes_only_the_api_and_the_ui() -> None:
+    for name in ("production-values", "everything-values"):
+        ingress = one(render(load_values(CHART / "ci" / f"{name}.yaml")), "Ingress")
+        paths = [p["path"] for r in ingress["spec"]["rules"] for p in r["http"]["paths"]]
+        assert all(p == "/v1" or p == "/ui" or p.startswith(("/v1/", "/ui/")) for p in paths), paths
+    defaults = load_values(CHART / "values.yaml")
+    assert [p["path"] for p in defaults["ingress"]["hosts"][0]["paths"]] == ["/v1", "/ui"]
+    h = helm()
+    for path in ("/", "/metrics", "/docs", "/openapi.json", "/v10"):
+        values = {**load_values(CHART / "ci" / "minimal-values.yaml")}
+        values["ingress"] = {
+            "enabled": True,
+            "hosts": [{"host": "v.example.com", "paths": [{"path": path, "pathType": "Prefix"}]}],
+        }
+        with h.Chart.load(CHART) as chart, pytest.raises(Exception, match="pattern|does not match"):
+            chart.validate_schema(values)
+
+
+def test_network_policies_limit_who_reaches_the_pods() -> None:
+    docs = render(load_values(CHART / "ci" / "everything-values.yaml"))
+    policies = {d["metadata"]["name"]: d for d in by_kind(docs, "NetworkPolicy")}
+    assert sorted(n.rsplit("-", 1)[1] for n in policies) == ["api", "egress", "workers"]
+    api = next(p for n, p in policies.items() if n.endswith("-api"))
+    [rule] = api["spec"]["ingress"]
+    assert {p["port"] for p in rule["ports"]} == {"http", "otlp-grpc"}
+    assert rule["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "ingress-nginx"}
+    api_pods = one(docs, "Deployment", "-api")["spec"]["template"]["metadata"]["labels"]
+    assert api["spec"]["podSelector"]["matchLabels"].items() <= api_pods.items()
+    workers = next(p for n, p in policies.items() if n.endswith("-workers"))
+    assert [p["port"] for p in workers["spec"]["ingress"][0]["ports"]] == ["metrics"]
+    egress = next(p for n, p in policies.items() if n.endswith("-egress"))
+    assert egress["spec"]["policyTypes"] == ["Egress"] and egress["spec"]["egress"][0]["ports"]
+    for doc in policies.values():
+        clean = {k: v for k, v in doc.items() if k != "_template"}
+        kubernetes_validate.validate(clean, KUBE_VERSION, strict=True)
+    assert not by_kind(render(load_values(CHART / "ci" / "minimal-values.yaml")), "NetworkPolicy")  # off by default
+
+
+def test_the_api_serves_otlp_grpc_on_the_standard_port() -> None:
+    docs = render(load_values(CHART / "ci" / "production-values.yaml"))
+    service = one(docs, "Service", "vigil")
+    assert {
+        "name": "otlp-grpc",
+        "port": 4317,
+        "targetPort": "otlp-grpc",
+        "protocol": "TCP",
+        "appProtocol": "grpc",
+    } in service["spec"]["ports"]
+    ports = containers(one(docs, "Deployment", "-api"))[0]["ports"]
+    assert {"name": "otlp-grpc", "containerPort": 4317, "protocol": "TCP"} in ports
+    env = one(docs, "ConfigMap", "-env")["data"]
+    assert env["VIGIL_OTLP_GRPC_PORT"] == "4317"

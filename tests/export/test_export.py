@@ -283,27 +283,33 @@ def test_inspect_round_trip(world, tmp_path: Path) -> None:  # type: ignore[no-u
     assert s.target.startswith("Explain that only delivered orders can be returned")
 
 
-def test_verifiers_rows_are_openai_chat(world) -> None:  # type: ignore[no-untyped-def]
-    from openai.types.chat import ChatCompletionMessageParam
+def test_verifiers_rows_are_verifiers_task_data(world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Rows in the fields of the current verifiers release's TaskData, loaded by verifiers' own taskset loader."""
     from pydantic import TypeAdapter
+    from verifiers.v1.types import Messages
+    from verifiers.v1.utils.loaders import taskset_class
+
+    from vigil.export.harness.verifiers_env import VigilConfig
 
     _, client, ids, _, _ = world
     rows, _ = _export(client, format="verifiers")
     native, _ = _export(client, all="true")
     assert len(rows) == 3
-    adapter = TypeAdapter(list[ChatCompletionMessageParam])
-    for row in rows:
-        assert set(row) == {"prompt", "answer", "info", "task"}
-        adapter.validate_python(row["prompt"])
-        for m in row["prompt"]:
-            for c in m.get("tool_calls") or []:
-                assert isinstance(orjson.loads(c["function"]["arguments"]), dict)
-        assert isinstance(row["answer"], str) and row["answer"]
-        info = orjson.loads(row["info"])  # a JSON string, as verifiers recommends for varied shapes
-        assert info["schema"] == "vigil.eval_task" and info["grading"]
     by_task = {t["task_id"]: t for t in native}
     for row in rows:
-        assert len(row["prompt"]) == len(by_task[orjson.loads(row["info"])["task_id"]]["messages"])
+        assert set(row) == {"id", "name", "prompt", "system_prompt", "tools", "criteria", "answer", "info"}
+        TypeAdapter(Messages).validate_python(row["prompt"])  # verifiers' own message types (flat tool calls)
+        task = by_task[row["id"]]
+        assert len(row["prompt"]) + (1 if row["system_prompt"] else 0) == len(task["messages"])
+        assert row["criteria"] == task["grading"] and row["tools"] == task["tools"] and row["answer"]
+        assert row["info"]["schema"] == "vigil.eval_task"
+    path = tmp_path / "failures.verifiers.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    taskset = taskset_class("vigil_verifiers")(VigilConfig(id="vigil_verifiers", path=str(path)))
+    tasks = list(taskset)
+    assert [t.data.id for t in tasks] == [r["id"] for r in rows]
+    forbidden = next(t for t in tasks if t.data.info["source"]["conversation_id"] == ids["forbidden"])
+    assert {"return_delivered_order_items"} <= {t["function"]["name"] for t in forbidden.data.tools}
 
 
 def test_cli_export_writes_file_and_rejects_bad_input(world, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -134,3 +134,25 @@ def test_input_messages_on_an_event() -> None:
     }
     doc = assemble("k", [span(1, {"gen_ai.operation.name": "chat"}, [ev])], "u")
     assert doc is not None and [m["content"] for m in doc["messages"]] == ["q", "a"]
+
+
+def test_compacted_spans_expand_to_what_was_received() -> None:
+    from vigil.ingest.otlp.compact import compact, expand
+
+    history = [{"role": "user", "parts": [{"type": "text", "content": "x" * 300}]}]
+    spans = []
+    for i in range(1, 5):
+        history.append({"role": "assistant", "parts": [{"type": "text", "content": f"turn {i} " * 40}]})
+        spans.append(span(i * 100, {"gen_ai.input.messages": orjson.dumps(history).decode(), "same": "y" * 300}))
+    first, last = compact(spans[:2])
+    assert isinstance(first[1]["attributes"]["gen_ai.input.messages"], dict)  # an extension of span 1's
+    assert first[1]["attributes"]["same"] == {"$same": spans[0]["span_id"]}
+    later, _ = compact(spans[2:], last)  # a later request refers to spans stored before
+    stored = first + later
+    assert sum(len(orjson.dumps(s)) for s in stored) < sum(len(orjson.dumps(s)) for s in spans) / 2
+    assert expand(list(reversed(stored))) == spans
+    # a span that starts before the stored one it would extend is kept whole (bases come first)
+    early = span(50, {"gen_ai.input.messages": spans[3]["attributes"]["gen_ai.input.messages"] + " "})
+    assert compact([early], last)[0][0] == early
+    # a base gone (purged, or beyond the span limit) drops the value, not the span
+    assert "gen_ai.input.messages" not in expand(later)[0]["attributes"]

@@ -102,6 +102,47 @@ def test_worker_once_does_not_wait_for_an_open_circuit(
     rt.close()
     t0 = time.monotonic()
     out = CliRunner().invoke(app, ["judge-worker", "--once"])
-    assert out.exit_code == 0, out.output
+    assert out.exit_code == 3, out.output  # work is blocked: a scheduled run must not look successful
     assert time.monotonic() - t0 < 60  # not the hour-long cooldown
     assert "0 verdicts stored" in out.output and "judge tj is circuit_open" in out.output
+    assert "(2 requests wait)" in out.output
+
+
+def test_worker_once_exits_non_zero_when_a_configuration_error_blocks_work(
+    env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live judge without its provider key stops at start: ``--once`` says so and exits 3 while requests wait."""
+    jd = judge_dir(tmp_path / "live", sampling={"rate": 1.0})
+    monkeypatch.setenv("VIGIL_JUDGES_DIR", str(jd))
+    monkeypatch.setenv("VIGIL_JUDGE_MODE", "live")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    rt = build_runtime(Settings(), registry=CollectorRegistry())
+    from vigil.judge.wiring import wire
+
+    rt.roles = frozenset({"api"})
+    wire(rt)
+    rt.pipeline.process(
+        [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:0.0"), 4).stream(2)], "test"
+    )
+    rt.close()
+    out = CliRunner().invoke(app, ["judge-worker", "--once"])
+    assert out.exit_code == 3, out.output
+    assert "judge tj is stopped_config_error" in out.output and "(2 requests wait)" in out.output
+    monkeypatch.setenv("VIGIL_JUDGE_MODE", "offline")  # nothing blocks: the same queue is judged, exit 0
+    out = CliRunner().invoke(app, ["judge-worker", "--once"])
+    assert out.exit_code == 0 and "2 verdicts stored" in out.output, out.output
+
+
+def test_judge_list_shows_a_budget_under_a_cent(env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    jd = judge_dir(tmp_path / "cheap", limits={"rpm": 60, "concurrency": 2, "daily_budget_usd": 0.004})
+    monkeypatch.setenv("VIGIL_JUDGES_DIR", str(jd))
+    out = CliRunner().invoke(app, ["judge", "list"])
+    assert out.exit_code == 0, out.output
+    assert "$0.004" in out.output  # the cap; today's spend (none) is $0.00
+
+
+def test_judge_list_json(env: Settings) -> None:
+    out = CliRunner().invoke(app, ["judge", "list", "--json"])
+    assert out.exit_code == 0, out.output
+    [j] = orjson.loads(out.stdout)
+    assert j["name"] == "tj" and j["mode"] and "queue_depth" in j and "spent_today_usd" in j

@@ -120,7 +120,9 @@ def test_litellm_mock_response_cost_and_malformed_replies(tmp_path: Path) -> Non
 
 def test_retry_with_growing_backoff_on_429_500_and_timeout(tmp_path: Path) -> None:
     client = Scripted(["litellm.RateLimitError", "litellm.InternalServerError", 3.0, PASS], via_litellm=True)
-    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=1, timeout_seconds=0.3)
+    # three failures in a row would open the circuit at the default VIGIL_JUDGE_CIRCUIT_FAILURES (3)
+    more = {"judge_circuit_failures": 4}
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=1, settings=more, timeout_seconds=0.3)
     asyncio.run(stage.worker.run_until_idle(30))
     [v] = verdicts(rt)
     assert v.verdict == "pass" and v.attempts == 4
@@ -527,3 +529,50 @@ def test_a_timeout_longer_than_the_lease_is_refused_at_start(tmp_path: Path) -> 
             timeout_seconds=60,
             settings={"judge_lease_seconds": 30.0},
         )
+
+
+def test_a_burst_of_429s_costs_a_few_calls_even_at_concurrency_32(tmp_path: Path) -> None:
+    """A provider answering 429 to everything: the worker sends one call, then one at a time, and the
+    circuit opens after VIGIL_JUDGE_CIRCUIT_FAILURES (3) of them, however many requests are due."""
+    client = Scripted(default="litellm.RateLimitError", via_litellm=True, delay=0.05)
+    rt, stage = setup(
+        f"sqlite:///{tmp_path / 'v.db'}",
+        tmp_path,
+        client,
+        n=29,
+        settings={"judge_concurrency": 32, "judge_circuit_cooldown_seconds": 3600, "judge_max_attempts": 50},
+        limits={"concurrency": 32},
+    )
+    assert len(requests(rt)) == 29
+    asyncio.run(stage.worker.run_until_idle(30))
+    lane = stage.engine.lanes["tj"]
+    assert lane.state == "circuit_open"
+    assert len(client.calls) == 3 and client.max_in_flight == 1
+    assert not verdicts(rt) and all(r.status != "done" for r in requests(rt))
+
+
+def test_the_half_open_probe_is_one_call_and_success_ramps_back_up(tmp_path: Path) -> None:
+    client = Scripted(["litellm.RateLimitError"] * 4, via_litellm=True, delay=0.02)
+    rt, stage = setup(
+        f"sqlite:///{tmp_path / 'v.db'}",
+        tmp_path,
+        client,
+        n=29,
+        settings={"judge_concurrency": 32, "judge_circuit_cooldown_seconds": 0.3, "judge_max_attempts": 50},
+        limits={"concurrency": 32},
+    )
+
+    async def go() -> None:  # run_until_idle would not wait out an open circuit: run as in ``vigil serve``
+        await stage.worker.start()
+        for _ in range(600):
+            await asyncio.sleep(0.05)
+            if len(verdicts(rt)) == 29:
+                break
+        await stage.worker.stop()
+
+    asyncio.run(go())
+    assert len(verdicts(rt)) == 29
+    starts = [c[0] for c in client.calls]
+    assert len(starts) == 29 + 4  # three failures open the circuit; the first probe fails, the second passes
+    assert starts[3] - starts[2] >= 0.3 and starts[4] - starts[3] >= 0.3  # one probe per cooldown
+    assert 1 < client.max_in_flight <= 32  # after the probe, the window grew again

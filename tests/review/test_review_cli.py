@@ -45,3 +45,25 @@ def test_review_commands(sqlite_url, tmp_path, monkeypatch) -> None:
     r = runner.invoke(app, ["review", "policy", str(bad)])
     assert r.exit_code == 2 and "sample.rate" in r.output
     assert runner.invoke(app, ["review", "policy"]).exit_code == 0
+
+
+def test_listings_print_json_and_full_ids_when_piped(sqlite_url, monkeypatch) -> None:
+    rt = review_runtime(sqlite_url)
+    convs = simulated(3, "v1:0.0", seed=3)
+    long_id = "conversation-" + "x" * 120  # wider than any terminal
+    convs[0]["conversation_id"] = long_id
+    store(rt, convs)
+    rt.close()
+    monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
+    monkeypatch.setenv("COLUMNS", "80")
+    runner = CliRunner()
+    assert runner.invoke(app, ["review", "enqueue", long_id]).exit_code == 0
+    r = runner.invoke(app, ["review", "queue"])  # stdout is not a terminal: plain lines, nothing cut
+    assert r.exit_code == 0 and long_id in r.stdout.split("\t") and "…" not in r.stdout
+    r = runner.invoke(app, ["review", "queue", "--json"])
+    data = orjson.loads(r.stdout)
+    assert [it["conversation_id"] for it in data["items"]] == [long_id] and data["counts"]["available"] == 1
+    r = runner.invoke(app, ["review", "progress", "--json"])
+    assert r.exit_code == 0 and set(orjson.loads(r.stdout)) >= {"reviewers", "agreement"}
+    r = runner.invoke(app, ["alerts", "--json"])
+    assert r.exit_code == 0 and set(orjson.loads(r.stdout)) == {"active", "past"}

@@ -19,6 +19,7 @@ def make_settings(database_url: str, **overrides: object) -> Settings:
         "api_keys": API_KEYS,
         "rule_packs": str(PROJECT_ROOT / "rules" / "default.yaml"),
         "metrics_port": 0,
+        "otlp_grpc_port": 0,  # tests that want the gRPC receiver pick a free port
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]

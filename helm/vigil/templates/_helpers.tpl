@@ -159,6 +159,11 @@ spec:
             - name: http
               containerPort: 8000
               protocol: TCP
+            {{- if $v.api.otlpGrpcPort }}
+            - name: otlp-grpc
+              containerPort: {{ $v.api.otlpGrpcPort }}
+              protocol: TCP
+            {{- end }}
             {{- else }}
             - name: metrics
               containerPort: {{ $v.metrics.port }}

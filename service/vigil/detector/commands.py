@@ -47,10 +47,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List the detector's current and past detections."""
         import orjson
-        from rich.console import Console
-        from rich.table import Table
 
         from vigil.detector.api import list_alerts
+        from vigil.tables import print_table
 
         rt = Launcher.of(ctx).core()
         with rt.sessions() as session:
@@ -58,11 +57,8 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(orjson.dumps(found, option=orjson.OPT_INDENT_2).decode())
             return
-        table = Table(title="detections")
-        for col in ("state", "agent", "version", "signal", "rate", "baseline", "started", "ended"):
-            table.add_column(col)
-        for d in found["active"] + found["past"]:
-            table.add_row(
+        rows = [
+            [
                 "ACTIVE" if d["active"] else "past",
                 d["agent_id"],
                 d["agent_version"],
@@ -71,5 +67,7 @@ def register(app: typer.Typer) -> None:
                 f"{100 * d['baseline_rate']:.2f}% ({d['baseline']})",
                 str(d["started_at"])[:19],
                 str(d["ended_at"] or "")[:19],
-            )
-        Console().print(table)
+            ]
+            for d in found["active"] + found["past"]
+        ]
+        print_table(["state", "agent", "version", "signal", "rate", "baseline", "started", "ended"], rows)

@@ -54,6 +54,7 @@ def export_tasks(
                 p.name,
                 rt.metrics,
                 record=False,
+                min_severity=rt.settings.export_min_criterion_severity,
             )
     except ExportError as exc:
         raise HTTPException(422, str(exc)) from None

@@ -44,6 +44,7 @@ def export(
                 all_,
                 os.environ.get("USER") or "cli",
                 rt.metrics,
+                min_severity=rt.settings.export_min_criterion_severity,
             )
             # write before the transaction commits: if writing fails, the next run exports these again
             data = b"".join(result.lines)

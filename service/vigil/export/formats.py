@@ -3,9 +3,13 @@
 - ``inspect``: Inspect AI's JSON-lines dataset fields ``id``, ``input`` (a list of chat messages in
   Inspect's own shape: tool calls with parsed ``arguments``, tool results with ``function`` and ``error``),
   ``target`` (the reviewer's expected behaviour, else the grading criteria as sentences) and ``metadata``
-  (the native task's failure, grading and source), loadable with ``inspect_ai.dataset.json_dataset``.
-- ``verifiers``: the verifiers / prime-rl dataset row: ``prompt`` (OpenAI chat messages), ``answer``,
-  ``info`` (a JSON string, which verifiers parses into a dict) and ``task``.
+  (the native task's failure, grading, source and ``tools`` as Inspect tool definitions: name,
+  description, JSON Schema parameters), loadable with ``inspect_ai.dataset.json_dataset`` and run by the
+  task in :mod:`vigil.export.harness.inspect_task`, which offers the tools to the model under test.
+- ``verifiers``: one task per line in the fields of the verifiers (v1) ``TaskData`` the taskset in
+  :mod:`vigil.export.harness.verifiers_env` loads: ``id``, ``name``, ``prompt`` (verifiers messages:
+  tool calls flat, ``{id, type, name, arguments}``), ``system_prompt``, plus ``tools`` (OpenAI function
+  definitions), ``criteria`` (the grading), ``answer`` (the expected behaviour) and ``info``.
 """
 
 from __future__ import annotations
@@ -37,8 +41,26 @@ def info(task: dict[str, Any]) -> dict[str, Any]:
         "reviewer_notes": task["review"]["notes"],
         "expected_behavior": task["review"]["expected_behavior"],
         "grading": task["grading"],
+        "tools": inspect_tools(task["tools"]),
+        "tools_source": task["tools_source"],
         "duplicates": task["duplicates"],
     }
+
+
+def inspect_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI function definitions as Inspect's tool definitions (``ToolInfo``: name, description, parameters)."""
+    out = []
+    for t in tools:
+        fn = t["function"]
+        params = dict(fn.get("parameters") or {"type": "object", "properties": {}})
+        # Inspect requires a description of every parameter; tools seen only in calls have none
+        params["properties"] = {
+            k: {**v, "description": v.get("description") or k}
+            for k, v in (params.get("properties") or {}).items()
+            if isinstance(v, dict)
+        }
+        out.append({"name": fn["name"], "description": fn.get("description") or fn["name"], "parameters": params})
+    return out
 
 
 def _text(content: Any) -> str:
@@ -127,13 +149,39 @@ def openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def verifiers_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI chat messages in verifiers' own shape (tool calls flat: id, type, name, arguments as a string)."""
+    out = []
+    for m in openai_messages(messages):
+        if m.get("tool_calls"):
+            m = {
+                **m,
+                "tool_calls": [
+                    {
+                        "id": c["id"],
+                        "type": "function",
+                        "name": c["function"]["name"],
+                        "arguments": c["function"]["arguments"],
+                    }
+                    for c in m["tool_calls"]
+                ],
+            }
+        out.append(m)
+    return out
+
+
 def to_verifiers(task: dict[str, Any]) -> dict[str, Any]:
+    messages = verifiers_messages(task["messages"])
+    system = [m["content"] for m in messages if m["role"] == "system" and m["content"]]
     return {
-        "prompt": openai_messages(task["messages"]),
+        "id": task["task_id"],
+        "name": f"{task['failure']['category']}: {task['source']['conversation_id']}"[:200],
+        "prompt": [m for m in messages if m["role"] != "system"],
+        "system_prompt": "\n\n".join(system) or None,
+        "tools": task["tools"],
+        "criteria": task["grading"],
         "answer": target_text(task),
-        # a JSON string: rows differ in shape (grading), which a columnar dataset cannot hold as dicts
-        "info": orjson.dumps(info(task)).decode(),
-        "task": "vigil-regression",
+        "info": info(task),
     }
 
 

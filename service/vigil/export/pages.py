@@ -72,6 +72,7 @@ async def export_download(request: Request) -> Response:
                 p.name,
                 rt.metrics,
                 record=False,
+                min_severity=rt.settings.export_min_criterion_severity,
             )
     except (ValueError, ExportError) as exc:
         return render_page(request, "error.html", 422, title="Export failed", message=str(exc), back="/ui/export")

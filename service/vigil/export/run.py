@@ -155,12 +155,16 @@ def _sources(
     return out
 
 
-def _merged(group: list[Source], rules: dict[str, CompiledRule], duplicates: list[str]) -> dict[str, Any]:
+def _merged(
+    group: list[Source], rules: dict[str, CompiledRule], duplicates: list[str], min_severity: str
+) -> dict[str, Any]:
     """The group's task: the first member's conversation, with every member's reviewer notes and expected
     behaviour (each text once), so folding a near-duplicate loses nothing reviewers wrote."""
     first = group[0]
     labels = [lab for src in group for lab in src.labels]
-    task = build(Source(first.conversation, first.category, first.findings, labels, first.verdicts), rules)
+    task = build(
+        Source(first.conversation, first.category, first.findings, labels, first.verdicts), rules, min_severity
+    )
     task["duplicates"] = duplicates
     return task
 
@@ -175,6 +179,7 @@ def export(
     actor: str = "cli",
     metrics: Metrics | None = None,
     record: bool = True,
+    min_severity: str = "medium",
 ) -> ExportResult:
     """Build this run's tasks (redacted, rendered in ``fmt``) and record them; the caller commits.
 
@@ -218,7 +223,7 @@ def export(
     members: dict[str, list[Source]] = defaultdict(list)
     records = []
     for src in sources:
-        task = build(src, rules)
+        task = build(src, rules, min_severity)
         key, cid = task["group_key"], src.conversation.conversation_id
         if key in emitted:
             emitted[key]["duplicates"].append(cid)
@@ -232,7 +237,7 @@ def export(
         records.append((cid, task["task_id"], key, True))
     for key, task in emitted.items():
         if len(members[key]) > 1:
-            task = _merged(members[key], rules, task["duplicates"])
+            task = _merged(members[key], rules, task["duplicates"], min_severity)
         result.lines.append(dumps(render(redactor.value(task), fmt)))
     fresh = [[cid, task_id, key, is_task] for cid, task_id, key, is_task in records if cid not in done]
     if record:

@@ -1,4 +1,4 @@
-"""The native eval task schema (``vigil.eval_task``, version 1), as a model and as JSON Schema.
+"""The native eval task schema (``vigil.eval_task``, version 2), as a model and as JSON Schema.
 
 Exported lines follow this model; ``vigil export --schema`` prints its JSON Schema. A change of shape
 bumps ``schema_version``.
@@ -59,7 +59,7 @@ class EvalTask(_Strict):
     """One confirmed failure (or a group of near-duplicates) as an offline eval task."""
 
     schema_: Literal["vigil.eval_task"] = Field(alias="schema", default=SCHEMA)
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     task_id: str
     group_key: str = Field(description="Same rule, same tool, same user intent: near-duplicates share it.")
     source: TaskSource
@@ -70,8 +70,15 @@ class EvalTask(_Strict):
     )
     failure: Failure
     review: Review
+    tools: list[dict[str, Any]] = Field(
+        description="The tools the agent had (OpenAI function definitions), offered to the model under test."
+    )
+    tools_source: Literal["conversation", "calls_seen"] | None = Field(
+        description="conversation: its own tool definitions; calls_seen: names and arguments of the calls made."
+    )
     grading: list[dict[str, Any]] = Field(
-        description='Machine-checkable criteria, e.g. {"type": "must_not_call", "tool": "cancel_order"}.'
+        description='Machine-checkable criteria, e.g. {"type": "must_not_call", "tool": "cancel_order"}, from '
+        "findings at or above VIGIL_EXPORT_MIN_CRITERION_SEVERITY, and the reviewer's expected behaviour."
     )
     duplicates: list[str] = Field(description="Conversation ids of near-duplicates folded into this task.")
 

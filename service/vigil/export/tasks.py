@@ -23,7 +23,7 @@ from vigil.rules.packs import CompiledRule
 from vigil.schema import Conversation, Message
 
 SCHEMA: Final = "vigil.eval_task"
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2  # 2: ``tools`` and ``tools_source``; hard criteria only at or above a severity
 _SPACE = re.compile(r"\s+")
 _DIGITS = re.compile(r"\d+")
 
@@ -97,9 +97,74 @@ def _distinct(texts: list[str]) -> list[str]:
     return list(dict.fromkeys(t.strip() for t in texts if t and t.strip()))
 
 
-def build(src: Source, rules: dict[str, CompiledRule]) -> dict[str, Any]:
+def _schema_of(values: list[Any]) -> dict[str, Any]:
+    kinds = {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+    }
+    types = sorted({kinds[type(v)] for v in values if type(v) in kinds})
+    return {"type": types[0]} if len(types) == 1 else {}
+
+
+def tools_of(conv: Conversation) -> tuple[list[dict[str, Any]], str | None]:
+    """The tools the agent had, as OpenAI function definitions, and where they come from: the conversation's
+    own definitions (``metadata.tools``), else the calls seen in it (names, and argument names and types
+    from every call), else none."""
+    declared = conv.metadata.get("tools")
+    if isinstance(declared, list):
+        tools = [
+            t
+            for t in declared
+            if isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name")
+        ]
+        if tools:
+            return [{"type": "function", "function": t["function"]} for t in tools], "conversation"
+    seen: dict[str, dict[str, list[Any]]] = {}
+    always: dict[str, set[str]] = {}
+    for m in conv.messages:
+        for call in m.tool_calls or []:
+            args = call.args if isinstance(call.args, dict) else {}
+            seen.setdefault(call.name, {})
+            for k, v in args.items():
+                seen[call.name].setdefault(k, []).append(v)
+            keys = set(args)
+            always[call.name] = always[call.name] & keys if call.name in always else keys
+    out = [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "parameters": {
+                    "type": "object",
+                    "properties": {k: _schema_of(vs) for k, vs in sorted(params.items())},
+                    "required": sorted(always.get(name, set())),
+                },
+            },
+        }
+        for name, params in seen.items()
+    ]
+    return out, ("calls_seen" if out else None)
+
+
+def hard_findings(findings: list[dict[str, Any]], min_severity: str) -> list[dict[str, Any]]:
+    """The findings that become grading criteria: at or above ``min_severity``, and not rule errors (an
+    info-level finding, such as a hand-off to a human, is never a criterion)."""
+    floor = SEVERITY_RANK[min_severity]
+    return [
+        f
+        for f in findings
+        if not (f.get("details") or {}).get("rule_error") and SEVERITY_RANK.get(f["severity"], 0) >= floor
+    ]
+
+
+def build(src: Source, rules: dict[str, CompiledRule], min_severity: str = "medium") -> dict[str, Any]:
     """The native task (not yet redacted). ``src.labels`` may hold a whole near-duplicate group's labels."""
     conv = src.conversation
+    tools, tools_source = tools_of(conv)
     idx, finding = failure_index(conv.messages, src.findings)
     expected = "\n\n".join(_distinct([x.get("expected_behavior", "") for x in src.labels]))
     severities = Counter(x["severity"] for x in src.labels if x.get("severity"))
@@ -140,9 +205,9 @@ def build(src: Source, rules: dict[str, CompiledRule]) -> dict[str, Any]:
             "notes": _distinct([x.get("notes", "") for x in src.labels]),
             "expected_behavior": expected or None,
         },
-        "grading": criteria(
-            [f for f in src.findings if not (f.get("details") or {}).get("rule_error")], rules, expected
-        ),
+        "tools": tools,
+        "tools_source": tools_source,
+        "grading": criteria(hard_findings(src.findings, min_severity), rules, expected),
         "duplicates": [],
     }
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 from sqlalchemy import text
 
 from vigil import __version__
@@ -42,6 +43,7 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
     )
     app.state.runtime = runtime
     app.state.keyring = KeyRing.from_settings(runtime.settings)
+    runtime.provide(app.state.keyring)  # the OTLP/gRPC receiver checks the same keys
     app.include_router(conversations.router)
     for router in runtime.hooks.routers:
         app.include_router(router)
@@ -60,8 +62,15 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
         return JSONResponse({"status": "ready", "rules": len(runtime.rules.rules)})
 
     @app.get("/metrics", tags=["ops"])
-    def metrics() -> Response:
-        return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    def metrics(request: Request) -> Response:
+        """Prometheus text or OpenMetrics (by ``Accept``), gzip-compressed when the scraper accepts it."""
+        encoder, media_type = choose_encoder(request.headers.get("accept", ""))
+        body = encoder(runtime.metrics.registry)
+        headers = {"vary": "Accept, Accept-Encoding"}
+        if "gzip" in request.headers.get("accept-encoding", ""):
+            body = gzip.compress(body, compresslevel=5)
+            headers["content-encoding"] = "gzip"
+        return Response(body, headers=headers, media_type=media_type)
 
     @app.exception_handler(Exception)
     async def unhandled(request: Request, exc: Exception) -> JSONResponse:

@@ -36,7 +36,16 @@ def consume(
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     signal.signal(signal.SIGINT, lambda *_: worker.stop())
     launch.console.print(f"consuming {', '.join(handlers)} as group {s.kafka_group_id}")
-    worker.run(max_idle_polls=max_idle_polls)
+    from vigil.ingest.otlp.finisher import TraceFinisher
+
+    finisher = rt.find(TraceFinisher)  # traced conversations whose root never ends are finished here too
+    if finisher is not None:
+        finisher.start_thread()
+    try:
+        worker.run(max_idle_polls=max_idle_polls)
+    finally:
+        if finisher is not None:
+            finisher.stop_thread()
 
 
 def replay(

@@ -43,7 +43,7 @@ async def attempt(engine: JudgeEngine, lane: Lane, req: store.Claimed, probes: s
             # the judge may have stopped or paused while this request waited for a slot
             if not engine.accepting(lane) and req.id not in probes:
                 raise JudgeUnavailable(lane.name, lane.state, lane.detail)
-            reply, latency_ms = await engine.call(lane, messages)
+            reply, latency_ms = await engine.call(lane, messages, probe=req.id in probes)
     except JudgeUnavailable as exc:
         return Outcome(req, "release", delay=settings.judge_poll_interval_seconds, error=str(exc))
     except ProviderError as err:

@@ -9,10 +9,11 @@ from typing import Annotated
 import orjson
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from vigil.judge.stage import JudgeStage
+from vigil.money import usd
 from vigil.runtime import Launcher
+from vigil.tables import print_json, print_table
 
 console = Console(stderr=True)
 judge_app = typer.Typer(no_args_is_help=True, help="LLM judges: list, validate, run one, resume.")
@@ -20,7 +21,13 @@ judge_app = typer.Typer(no_args_is_help=True, help="LLM judges: list, validate, 
 
 def judge_worker(
     ctx: typer.Context,
-    once: Annotated[bool, typer.Option(help="Judge what is due, then exit.")] = False,
+    once: Annotated[
+        bool,
+        typer.Option(
+            help="Judge what is due, then exit: 0 when done, 3 when requests wait on a judge that cannot take "
+            "them (circuit open, budget paused, configuration error)."
+        ),
+    ] = False,
 ) -> None:
     """Judge worker: claims due judge requests, calls the judge models, stores verdicts."""
     rt = Launcher.of(ctx).runtime({"judge-worker"})
@@ -34,9 +41,22 @@ def judge_worker(
     if once:
         n = asyncio.run(worker.run_until_idle(timeout=3600))
         console.print(f"{n} verdicts stored")
+        from vigil.judge.store import queue_depth
+
+        with rt.sessions() as s:
+            waiting = queue_depth(s)
+        blocked = 0
         for lane in stage.engine.lanes.values():
             if not stage.engine.accepting(lane):  # its requests stay queued for a later run
-                console.print(f"[yellow]judge {lane.name} is {lane.state}[/yellow]: {lane.detail or ''}")
+                pending = waiting.get(lane.name, 0)
+                blocked += pending
+                console.print(
+                    f"[yellow]judge {lane.name} is {lane.state}[/yellow]: {lane.detail or ''}"
+                    + (f" ({pending} requests wait)" if pending else ""),
+                    soft_wrap=True,
+                )
+        if blocked:  # a scheduled run must not look successful while work cannot proceed
+            raise typer.Exit(3)
         return
     Launcher.of(ctx).serve_metrics(rt)
 
@@ -55,7 +75,10 @@ def judge_worker(
 
 
 @judge_app.command("list")
-def list_judges(ctx: typer.Context) -> None:
+def list_judges(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (every field of GET /v1/judges).")] = False,
+) -> None:
     """Judges with model, mode, sample rate, budget, spend today, queue depth and state."""
     from vigil.judge.api import judge_info
 
@@ -63,20 +86,24 @@ def list_judges(ctx: typer.Context) -> None:
     stage = rt.get(JudgeStage)
     with rt.sessions() as s:
         infos = judge_info(stage, s, sorted(stage.engine.lanes))
-    table = Table("judge", "version", "model", "mode", "rate", "budget/day", "spent today", "queue", "state")
-    for i in infos:
-        table.add_row(
+    if as_json:
+        print_json(infos)
+        return
+    rows = [
+        [
             i["name"],
             i["version"],
             i["judge_label"],
             i["mode"],
             f"{i['sample_rate']:.2%}",
-            f"${i['budget_usd']:.2f}",
-            f"${i['spent_today_usd']:.4f}",
+            usd(i["budget_usd"]),
+            usd(i["spent_today_usd"]),
             str(i["queue_depth"]),
             i["state"],
-        )
-    Console().print(table)
+        ]
+        for i in infos
+    ]
+    print_table(["judge", "version", "model", "mode", "rate", "budget/day", "spent today", "queue", "state"], rows)
 
 
 @judge_app.command("validate")

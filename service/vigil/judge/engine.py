@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,6 +19,7 @@ from vigil.judge.errors import JudgeError, ProviderError
 from vigil.judge.limits import Budget, CircuitBreaker, Decision, RateLimiter, decide, utc_day
 from vigil.judge.offline import OFFLINE_LABEL, OFFLINE_MODEL
 from vigil.metrics import Metrics
+from vigil.money import usd
 from vigil.settings import Settings
 from vigil.store.db import utcnow
 
@@ -58,6 +60,10 @@ class Lane:
     detail: str | None = None
     changed_at: datetime = field(default_factory=utcnow)
     in_flight: int = 0
+    # calls sent and not answered, and how many may be: 1 until calls succeed, doubled by each success up to
+    # the judge's concurrency, back to 1 on a retryable failure; so a provider's outage costs a few calls
+    calling: int = 0
+    window: int = 1
     dirty: bool = True
     price_source: str | None = None  # litellm | judge.yaml | unknown (None: the offline judge costs nothing)
     unpriced: bool = False
@@ -99,6 +105,7 @@ class JudgeEngine:
         self._client = client
         self._gates: dict[str, asyncio.Semaphore] = {}
         self._gate_loop: asyncio.AbstractEventLoop | None = None
+        self._windows: asyncio.Condition | None = None
         self.lanes: dict[str, Lane] = {}
         for name, judge in judges.items():
             lane = Lane(
@@ -187,7 +194,7 @@ class JudgeEngine:
         if lane.state == "paused_budget" and not lane.budget.exhausted:
             self.set_state(lane, lane.active_state, self._active_detail(lane))
         elif lane.state in ACTIVE and not lane.offline and lane.budget.exhausted:
-            self.set_state(lane, "paused_budget", f"spent ${lane.budget.spent:.4f} of ${lane.budget.cap:.2f} today")
+            self.set_state(lane, "paused_budget", f"spent {usd(lane.budget.spent)} of {usd(lane.budget.cap)} today")
         elif lane.state in ACTIVE and lane.state != lane.active_state:
             self.set_state(lane, lane.active_state, self._active_detail(lane))
 
@@ -198,7 +205,7 @@ class JudgeEngine:
             return None
         return (
             f"no price for {lane.judge.spec.model} (litellm has none, judge.yaml sets no price:), so the "
-            f"daily cap of ${lane.budget.cap:.2f} cannot be enforced; spend is unknown, not $0"
+            f"daily cap of {usd(lane.budget.cap)} cannot be enforced; spend is unknown, not $0"
         )
 
     def accepting(self, lane: Lane) -> bool:
@@ -221,11 +228,41 @@ class JudgeEngine:
         """
         loop = asyncio.get_running_loop()
         if self._gate_loop is not loop:  # a semaphore is bound to one event loop; CLI runs may start several
-            self._gates, self._gate_loop = {}, loop
+            self._gates, self._gate_loop, self._windows = {}, loop, None
         gate = self._gates.get(name)
         if gate is None:
             gate = self._gates[name] = asyncio.Semaphore(size)
         return gate
+
+    def _condition(self) -> asyncio.Condition:
+        self.gate("", self.settings.judge_concurrency)  # binds the gates (and this condition) to this loop
+        if self._windows is None:
+            self._windows = asyncio.Condition()
+        return self._windows
+
+    @contextlib.asynccontextmanager
+    async def calling(self, lane: Lane, probe: bool = False) -> AsyncIterator[None]:
+        """Hold one of the judge's call slots (:attr:`Lane.window`) for one call.
+
+        Waits while the window is full; a judge that stops taking calls meanwhile (circuit open, budget
+        paused, stopped) raises :class:`JudgeUnavailable` instead, so requests already claimed are not sent
+        into an outage. ``probe``: this call is the one let through an open circuit.
+        """
+        cond = self._condition()
+        async with cond:
+            while True:
+                if not (probe or lane.state in ACTIVE):
+                    raise JudgeUnavailable(lane.name, lane.state, lane.detail, lane.breaker.remaining() or None)
+                if lane.calling < lane.window:
+                    break
+                await cond.wait()
+            lane.calling += 1
+        try:
+            yield
+        finally:
+            async with cond:
+                lane.calling -= 1
+                cond.notify_all()
 
     def may_claim(self, lane: Lane) -> bool:
         self.refresh(lane)
@@ -237,6 +274,7 @@ class JudgeEngine:
 
     def resume(self, lane: Lane) -> None:
         lane.breaker.success()
+        lane.window = 1
         if self._check_credentials(lane):
             self.set_state(lane, lane.active_state, self._active_detail(lane))
 
@@ -256,9 +294,13 @@ class JudgeEngine:
     # --- one model call, under the judge's limits -----------------------------------------------
 
     async def call(
-        self, lane: Lane, messages: list[dict[str, str]], timeout: float | None = None
+        self, lane: Lane, messages: list[dict[str, str]], timeout: float | None = None, probe: bool = False
     ) -> tuple[Reply, float]:
-        """One attempt: budget, rate limit, timeout. Raises :class:`ProviderError` (classified)."""
+        """One attempt: call slot, budget, rate limit, timeout. Raises :class:`ProviderError` (classified)."""
+        async with self.calling(lane, probe):
+            return await self._call(lane, messages, timeout)
+
+    async def _call(self, lane: Lane, messages: list[dict[str, str]], timeout: float | None) -> tuple[Reply, float]:
         reserved = lane.budget.reserve()
         if reserved is None:  # the cap, or calls in flight that may reach it
             lane.breaker.cancel_probe()
@@ -287,6 +329,7 @@ class JudgeEngine:
             err = classify(exc)
             self.metrics.judge_errors.labels(lane.name, err.kind).inc()
             if err.kind == "retryable":
+                lane.window = 1
                 lane.breaker.failure()
                 if lane.breaker.is_open:
                     self.set_state(lane, "circuit_open", f"{lane.breaker.failures} failures in a row: {err.reason}")
@@ -297,6 +340,7 @@ class JudgeEngine:
             elapsed = time.perf_counter() - t0
             self.metrics.judge_latency_seconds.labels(lane.name).observe(elapsed)
         lane.breaker.success()
+        lane.window = min(max(1, spec.limits.concurrency), lane.window * 2)
         if reply.cost_usd is None and spec.price is not None:
             reply.cost_usd = spec.price.cost(reply.prompt_tokens, reply.completion_tokens)
         lane.unpriced = reply.cost_usd is None
@@ -347,9 +391,10 @@ class JudgeEngine:
                 self.gate(lane.name, spec.limits.concurrency),
                 self.gate("", self.settings.judge_concurrency),
             ):
+                probe = lane.state == "circuit_open"
                 self.check_available(lane)  # after the wait for a slot: the state may have changed
                 try:
-                    reply, ms = await self.call(lane, messages, timeout)
+                    reply, ms = await self.call(lane, messages, timeout, probe=probe)
                     return reply, ms, attempts
                 except ProviderError as err:
                     d = self.policy(err, attempts, max_attempts)

@@ -136,8 +136,13 @@ class JudgeWorker:
         total_cap = _with_prefetch(self.settings.judge_concurrency)
         for lane in self.engine.lanes.values():
             limit = min(lane.judge.spec.limits.concurrency, self.settings.judge_concurrency)
-            free = min(_with_prefetch(limit) - lane.in_flight, total_cap - self.in_flight)
-            if free <= 0 or (lane.in_flight and free < max(1, limit // 8)) or not self.engine.may_claim(lane):
+            # claim no more than the calls the judge may send now (its window grows as calls succeed)
+            free = min(_with_prefetch(min(limit, lane.window)) - lane.in_flight, total_cap - self.in_flight)
+            if (
+                free <= 0
+                or (lane.in_flight and free < max(1, min(limit, lane.window) // 8))
+                or not self.engine.may_claim(lane)
+            ):
                 continue
             probing = lane.state == "circuit_open"
             claimed = await asyncio.to_thread(self._claim, lane.name, 1 if probing else free)

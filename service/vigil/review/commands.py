@@ -10,10 +10,10 @@ from typing import Annotated
 import orjson
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from vigil.review.stage import ReviewStage
 from vigil.runtime import Launcher
+from vigil.tables import print_json, print_table
 
 console = Console(stderr=True)
 review_app = typer.Typer(no_args_is_help=True, help="Human review queue: inspect, enqueue, export labels.")
@@ -37,6 +37,7 @@ def queue_cmd(
     version: Annotated[str | None, typer.Option(help="Only this agent version.")] = None,
     reason: Annotated[str | None, typer.Option(help="Only items flagged for this reason kind.")] = None,
     limit: Annotated[int, typer.Option(help="Items to show.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (counts and items).")] = False,
 ) -> None:
     """Show queue counts and the highest-priority items."""
     from vigil.review.insights import STATUSES, list_queue
@@ -48,19 +49,22 @@ def queue_cmd(
     st = _stage(ctx)
     with st.sessions() as s:
         data = list_queue(s, QueueFilter(agent, version, reason=reason), status, limit)
+    if as_json:
+        print_json(data)
+        return
     c = data["counts"]
     console.print(f"available {c['available']} · claimed {c['claimed']} · done {c['done']} · waiting {c['waiting']}")
-    table = Table("priority", "conversation", "agent", "state", "reasons")
-    for it in data["items"]:
-        reasons = ", ".join(f"{r['kind']}:{r['key']}" for r in it["reasons"][:3])
-        table.add_row(
+    rows = [
+        [
             f"{it['priority']:.0f}",
             it["conversation_id"],
             f"{it['agent_id']} {it['agent_version']}",
             it["state"] + (f" ({it['claimed_by']})" if it["claimed_by"] else ""),
-            reasons,
-        )
-    Console().print(table)
+            ", ".join(f"{r['kind']}:{r['key']}" for r in it["reasons"][:3]),
+        ]
+        for it in data["items"]
+    ]
+    print_table(["priority", "conversation", "agent", "state", "reasons"], rows)
 
 
 @review_app.command("enqueue")
@@ -141,26 +145,32 @@ def clusters_cmd(
 
 
 @review_app.command("progress")
-def progress_cmd(ctx: typer.Context) -> None:
+def progress_cmd(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (reviewers and agreement).")] = False,
+) -> None:
     """Per-reviewer counts and inter-reviewer agreement."""
     from vigil.review.reviewers import progress
 
     st = _stage(ctx)
     with st.sessions() as s:
         data = progress(s)
-    table = Table("reviewer", "labels", "confirmed", "not a failure", "unsure", "last 24h", "holding")
-    for p in data["reviewers"]:
-        b = p["by_label"]
-        table.add_row(
+    if as_json:
+        print_json(data)
+        return
+    rows = [
+        [
             p["reviewer"],
             str(p["labels"]),
-            str(b.get("confirmed_failure", 0)),
-            str(b.get("not_a_failure", 0)),
-            str(b.get("unsure", 0)),
+            str(p["by_label"].get("confirmed_failure", 0)),
+            str(p["by_label"].get("not_a_failure", 0)),
+            str(p["by_label"].get("unsure", 0)),
             str(p["last_24h"]),
             str(p["holding"]),
-        )
-    Console().print(table)
+        ]
+        for p in data["reviewers"]
+    ]
+    print_table(["reviewer", "labels", "confirmed", "not a failure", "unsure", "last 24h", "holding"], rows)
     a = data["agreement"]
     rate = "–" if a["rate"] is None else f"{a['rate']:.0%}"
     console.print(f"agreement: {rate} on {a['items']} items labelled by two or more reviewers")

@@ -19,6 +19,7 @@ from jinja2 import ChoiceLoader, Environment, FileSystemLoader, select_autoescap
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
+from vigil.money import usd
 from vigil.ui.session import SessionManager
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -62,6 +63,7 @@ def environment(request: Request) -> Environment:
         )
         env.filters["q"] = lambda v: quote(str(v), safe="")
         env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.0f}%"
+        env.filters["usd"] = usd
         env.filters["when"] = lambda v: "" if v is None else f"{v:%Y-%m-%d %H:%M} UTC"
         request.app.state.ui_env = env
     return env

@@ -1,4 +1,4 @@
-"""``POST /v1/traces``: OTLP/HTTP trace export (protobuf or JSON) from agents traced with OpenTelemetry."""
+"""``POST /v1/traces`` and ``POST /v1/logs``: OTLP/HTTP export (protobuf or JSON) from traced agents."""
 
 from __future__ import annotations
 
@@ -13,7 +13,16 @@ from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.http.body import BodyTooLarge, limited_body
 from vigil.ingest.otlp.ingest import TraceIngest
-from vigil.ingest.otlp.otlp import JSON, PROTOBUF, OtlpError, decompress, parse, protobuf_response
+from vigil.ingest.otlp.otlp import (
+    JSON,
+    PROTOBUF,
+    OtlpError,
+    decompress,
+    logs_response,
+    parse,
+    parse_logs,
+    protobuf_response,
+)
 from vigil.runtime import Runtime
 from vigil.store.writes import DeadLetter
 
@@ -22,12 +31,13 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["ingest"])
 
 
-def _answer(media: str, rejected: int = 0, message: str = "", status: int = 200) -> Response:
+def _answer(media: str, rejected: int = 0, message: str = "", status: int = 200, logs: bool = False) -> Response:
     if media == PROTOBUF:
-        return Response(protobuf_response(rejected, message), status, media_type=PROTOBUF)
+        encode = logs_response if logs else protobuf_response
+        return Response(encode(rejected, message), status, media_type=PROTOBUF)
     body: dict[str, object] = {}
     if rejected or message:
-        body["partialSuccess"] = {"rejectedSpans": rejected, "errorMessage": message}
+        body["partialSuccess"] = {"rejectedLogRecords" if logs else "rejectedSpans": rejected, "errorMessage": message}
     return Response(orjson.dumps(body), status, media_type=JSON)
 
 
@@ -57,20 +67,37 @@ async def _reject(request: Request, media: str, status: int, message: str, body:
     return _error(media, status, message)
 
 
+_RESPONSES: dict[int | str, dict[str, object]] = {
+    400: {"description": "Not an OTLP request (kept as a dead letter)"},
+    413: {"description": "Body too large"},
+    415: {"description": "Unsupported content type"},
+    503: {"description": "Storage unavailable; retry"},
+}
+
+
 @router.post(
     "/v1/traces",
     dependencies=[require("ingest")],
-    summary="OTLP/HTTP trace export (GenAI semantic conventions)",
-    responses={
-        200: {"description": "Spans accepted (partialSuccess names rejected ones)"},
-        400: {"description": "Not an OTLP trace request (kept as a dead letter)"},
-        413: {"description": "Body too large"},
-        415: {"description": "Unsupported content type"},
-        503: {"description": "Storage unavailable; retry"},
-    },
+    summary="OTLP/HTTP trace export (GenAI, OpenInference, Langfuse and OpenLLMetry spans)",
+    responses={200: {"description": "Spans accepted (partialSuccess names rejected ones)"}, **_RESPONSES},
 )
 async def export_traces(request: Request) -> Response:
     """Store spans; a request that cannot be read is answered 4xx and kept as a dead letter."""
+    return await _export(request, logs=False)
+
+
+@router.post(
+    "/v1/logs",
+    dependencies=[require("ingest")],
+    summary="OTLP/HTTP log export: GenAI events (message content) joined to their spans",
+    responses={200: {"description": "Log records accepted"}, **_RESPONSES},
+)
+async def export_logs(request: Request) -> Response:
+    """Store GenAI log records (by trace and span id); a request that cannot be read is answered 4xx and kept."""
+    return await _export(request, logs=True)
+
+
+async def _export(request: Request, logs: bool) -> Response:
     rt = runtime_of(request)
     s = rt.settings
     ctype = request.headers.get("content-type")
@@ -80,25 +107,25 @@ async def export_traces(request: Request) -> Response:
     limit = min(s.otlp_max_body_bytes, s.max_request_bytes)
     try:
         async with limited_body(request, limit, s.max_inflight_bytes) as body:
-            return await _export(request, rt, body, media, ctype)
+            return await _store(request, rt, body, media, ctype, logs)
     except BodyTooLarge as exc:
         return await _reject(request, media, 413, str(exc), exc.prefix)
 
 
-async def _export(request: Request, rt: Runtime, body: bytes, media: str, ctype: str | None) -> Response:
+async def _store(request: Request, rt: Runtime, body: bytes, media: str, ctype: str | None, logs: bool) -> Response:
     s = rt.settings
     try:
         # decompressing and parsing protobuf is CPU work: off the event loop
         data = await run_in_threadpool(decompress, body, request.headers.get("content-encoding"), s.otlp_max_body_bytes)
-        spans, media = await run_in_threadpool(parse, data, ctype)
+        items, media = await run_in_threadpool(parse_logs if logs else parse, data, ctype)
     except OtlpError as exc:
-        rt.metrics.otlp_spans.labels("malformed_request").inc()
+        (rt.metrics.otlp_log_records if logs else rt.metrics.otlp_spans).labels("malformed_request").inc()
         return await _reject(request, media, exc.status, str(exc), body)
     ingest = rt.get(TraceIngest)
     try:
-        result = await run_in_threadpool(ingest.ingest, spans)
+        result = await run_in_threadpool(ingest.ingest_logs if logs else ingest.ingest, items)
     except Exception:  # the database is unavailable: the exporter retries on 503
-        log.exception("storing %d OTLP spans failed", len(spans))
+        log.exception("storing %d OTLP %s failed", len(items), "log records" if logs else "spans")
         rt.metrics.ingest_errors.labels("otlp").inc()
         return _error(media, 503, "storage unavailable; retry later")
-    return _answer(media, result.rejected, result.message())
+    return _answer(media, result.rejected, result.message(), logs=logs)

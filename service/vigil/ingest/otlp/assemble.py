@@ -1,242 +1,39 @@
-"""Builds a Vigil conversation from the GenAI spans of one conversation (OpenTelemetry GenAI conventions).
+"""Builds a Vigil conversation from the spans (and joined log events) of one conversation.
 
-Messages come, per inference span and in start-time order, from the first of these that is present:
-
-- ``gen_ai.input.messages`` / ``gen_ai.output.messages`` / ``gen_ai.system_instructions``
-  (span attributes, or attributes of a span event), in the ``parts`` form or OpenAI's message form;
-- the older events ``gen_ai.content.prompt`` / ``gen_ai.content.completion`` carrying
-  ``gen_ai.prompt`` / ``gen_ai.completion`` (JSON message lists);
-- the per-message events ``gen_ai.system.message``, ``gen_ai.user.message``,
-  ``gen_ai.assistant.message``, ``gen_ai.tool.message`` and ``gen_ai.choice``;
-- flattened ``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*`` attributes.
-
-Each inference span usually resends the whole history; its input is overlapped with what is already
-assembled so nothing is repeated. Tool execution spans (``gen_ai.operation.name=execute_tool``) add
-the call and its result (``gen_ai.tool.call.id``, ``gen_ai.tool.name``, ``gen_ai.tool.call.arguments``,
-``gen_ai.tool.call.result``) and mark the result an error when the span's status is ERROR.
+Each span is read in its own convention (:mod:`vigil.ingest.otlp.conventions`); inference spans give
+messages, tool spans give a call and its result, other spans (the root HTTP or application span, agent
+and chain spans) are the container. Spans are taken in start-time order. Each inference span usually
+resends the whole history; its input is overlapped with what is already assembled so nothing is
+repeated. A tool span without a call id answers the latest unanswered call of the same tool.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
+from vigil.ingest.otlp.conventions import (
+    SESSION_KEYS,
+    USER_KEYS,
+    InputCache,
+    SpanView,
+    ToolRun,
+    first_attr,
+    is_relevant,
+    tool_call_message,
+    view,
+)
+from vigil.ingest.otlp.messages import as_text, json_value, to_messages
 
-ROLES = {
-    "system": "system",
-    "developer": "system",
-    "user": "user",
-    "human": "user",
-    "assistant": "assistant",
-    "model": "assistant",
-    "ai": "assistant",
-    "tool": "tool",
-    "function": "tool",
-    "ipython": "tool",
-}
-INFERENCE_OPS = {"chat", "text_completion", "generate_content"}
-MESSAGE_EVENTS = {
-    "gen_ai.system.message": "system",
-    "gen_ai.user.message": "user",
-    "gen_ai.assistant.message": "assistant",
-    "gen_ai.tool.message": "tool",
-}
-_FLAT = re.compile(r"^gen_ai\.(prompt|completion)\.(\d+)\.(.+)$")
-STATUS_ERROR = 2
+__all__ = ["assemble", "conversation_id_of", "is_relevant", "merge", "to_messages"]
 
-
-def is_genai(span: dict[str, Any]) -> bool:
-    """Whether a span says anything in GenAI terms (so it is kept)."""
-    return any(k.startswith("gen_ai.") for k in span["attributes"]) or any(
-        e["name"].startswith("gen_ai.") or any(k.startswith("gen_ai.") for k in e["attributes"]) for e in span["events"]
-    )
+MAX_TREE_SPANS = 200
 
 
 def conversation_id_of(span: dict[str, Any]) -> str | None:
     value = span["attributes"].get("gen_ai.conversation.id")
     return str(value)[:256] if value not in (None, "") else None
-
-
-def _json(value: Any) -> Any:
-    if isinstance(value, str | bytes):
-        try:
-            return orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return value
-    return value
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        texts = [p.get("text") or p.get("content") for p in value if isinstance(p, dict)]
-        strings = [t for t in texts if isinstance(t, str)]
-        if texts and len(strings) == len(texts):
-            return "\n".join(strings)
-    return orjson.dumps(value).decode()
-
-
-def _call(cid: Any, name: Any, arguments: Any) -> dict[str, Any]:
-    if isinstance(arguments, dict):
-        args: Any = arguments
-    else:
-        args = str(arguments) if arguments not in (None, "") else "{}"
-    return {
-        "id": str(cid) if cid is not None else None,
-        "type": "function",
-        "function": {"name": str(name or "unknown_tool"), "arguments": args},
-    }
-
-
-def _openai_calls(calls: Any) -> list[dict[str, Any]]:
-    out = []
-    for c in _json(calls) or []:
-        if isinstance(c, dict):
-            function = c.get("function")
-            fn = function if isinstance(function, dict) else c
-            out.append(_call(c.get("id"), fn.get("name"), fn.get("arguments")))
-    return out
-
-
-def to_messages(items: Any) -> list[dict[str, Any]]:
-    """Messages in the ``parts`` form or OpenAI's form into Vigil (OpenAI) messages."""
-    items = _json(items)
-    if isinstance(items, dict):
-        items = [items]
-    out: list[dict[str, Any]] = []
-    for item in items if isinstance(items, list) else []:
-        if not isinstance(item, dict):
-            continue
-        if isinstance(item.get("message"), dict):  # a choice
-            item = {"role": "assistant", **item["message"]}
-        role = ROLES.get(str(item.get("role", "assistant")).lower())
-        if role is None:
-            continue
-        if isinstance(item.get("parts"), list):
-            out.extend(_from_parts(role, item["parts"]))
-            continue
-        msg: dict[str, Any] = {"role": role, "content": _text(item.get("content")) or None}
-        calls = _openai_calls(item.get("tool_calls")) if role == "assistant" else []
-        if calls:
-            msg["tool_calls"] = calls
-        if role == "tool":
-            msg["tool_call_id"] = str(item.get("tool_call_id") or item.get("id") or "") or None
-            msg["content"] = msg["content"] or ""
-        if msg["content"] is None and not calls:
-            continue
-        out.append(msg)
-    return out
-
-
-def _from_parts(role: str, parts: list[Any]) -> list[dict[str, Any]]:
-    texts: list[str] = []
-    calls: list[dict[str, Any]] = []
-    results: list[dict[str, Any]] = []
-    for p in parts:
-        if not isinstance(p, dict):
-            continue
-        kind = p.get("type")
-        if kind == "text" and p.get("content") is not None:
-            texts.append(str(p["content"]))
-        elif kind == "tool_call":
-            calls.append(_call(p.get("id"), p.get("name"), p.get("arguments")))
-        elif kind == "tool_call_response":
-            results.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": str(p.get("id") or "") or None,
-                    "content": _text(p.get("response")),
-                }
-            )
-    out: list[dict[str, Any]] = []
-    if texts or calls:
-        msg: dict[str, Any] = {
-            "role": role if role != "tool" else "assistant",
-            "content": "\n".join(texts) or None,
-        }
-        if calls:
-            msg["tool_calls"] = calls
-        out.append(msg)
-    return out + results
-
-
-def _attr(span: dict[str, Any], key: str) -> Any:
-    if key in span["attributes"]:
-        return span["attributes"][key]
-    for ev in span["events"]:
-        if key in ev["attributes"]:
-            return ev["attributes"][key]
-    return None
-
-
-def _event_messages(span: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    inputs: list[dict[str, Any]] = []
-    outputs: list[dict[str, Any]] = []
-    for ev in span["events"]:
-        a = ev["attributes"]
-        if ev["name"] in MESSAGE_EVENTS:
-            item = {
-                "role": a.get("role") or MESSAGE_EVENTS[ev["name"]],
-                "content": _json(a.get("content")),
-                "tool_calls": a.get("tool_calls"),
-                "tool_call_id": a.get("id") or a.get("tool_call_id"),
-            }
-            inputs.extend(to_messages([item]))
-        elif ev["name"] == "gen_ai.choice" and int(a.get("index", 0) or 0) == 0:
-            message = _json(a.get("message"))
-            item = (
-                message
-                if isinstance(message, dict)
-                else {"content": a.get("content"), "tool_calls": a.get("tool_calls")}
-            )
-            outputs.extend(to_messages([{"role": "assistant", **item}]))
-    return inputs, outputs
-
-
-def _flat_messages(span: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    by_index: dict[int, dict[str, Any]] = {}
-    for key, value in span["attributes"].items():
-        m = _FLAT.match(key)
-        if not m or m.group(1) != kind:
-            continue
-        entry = by_index.setdefault(int(m.group(2)), {})
-        path = m.group(3).split(".")
-        if path[0] == "tool_calls" and len(path) == 3:
-            entry.setdefault("_calls", {}).setdefault(int(path[1]), {})[path[2]] = value
-        else:
-            entry[path[0]] = value
-    items = []
-    for i in sorted(by_index):
-        if kind == "completion" and i > 0:
-            break
-        e = by_index[i]
-        calls = [
-            {"id": c.get("id"), "function": {"name": c.get("name"), "arguments": c.get("arguments")}}
-            for _, c in sorted(e.pop("_calls", {}).items())
-        ]
-        items.append({**e, "tool_calls": calls or None})
-    return to_messages(items)
-
-
-def span_messages(span: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
-    """(input messages, output messages, system instructions) of one inference span."""
-    system = _attr(span, "gen_ai.system_instructions")
-    system_texts = [_text(_json(system))] if system not in (None, "", "[]") else []
-    raw_in, raw_out = _attr(span, "gen_ai.input.messages"), _attr(span, "gen_ai.output.messages")
-    if raw_in is None and raw_out is None:
-        raw_in, raw_out = _attr(span, "gen_ai.prompt"), _attr(span, "gen_ai.completion")
-    inputs, outputs = to_messages(raw_in), to_messages(raw_out)
-    if not inputs and not outputs:
-        inputs, outputs = _event_messages(span)
-    if not inputs and not outputs:
-        inputs, outputs = _flat_messages(span, "prompt"), _flat_messages(span, "completion")
-    return inputs, outputs, system_texts
 
 
 def _key(m: dict[str, Any]) -> tuple[Any, ...]:
@@ -246,50 +43,73 @@ def _key(m: dict[str, Any]) -> tuple[Any, ...]:
     return (m["role"], (m.get("content") or "").strip(), calls)
 
 
-def merge(acc: list[dict[str, Any]], inputs: list[dict[str, Any]]) -> None:
-    """Append ``inputs`` to ``acc`` without repeating the history they share (largest overlap wins)."""
+def merge(
+    acc: list[dict[str, Any]],
+    inputs: list[dict[str, Any]],
+    keys_acc: list[tuple[Any, ...]] | None = None,
+    keys_in: list[tuple[Any, ...]] | None = None,
+) -> None:
+    """Append ``inputs`` to ``acc`` without repeating the history they share (largest overlap wins).
+
+    ``keys_acc`` (kept in step with ``acc``) and ``keys_in`` spare recomputing the keys of a long
+    history on every span.
+    """
     if not inputs:
         return
-    keys_acc = [_key(m) for m in acc]
-    keys_in = [_key(m) for m in inputs]
-    for k in range(min(len(acc), len(inputs)), 0, -1):
-        if keys_acc[len(acc) - k :] == keys_in[:k]:
+    if keys_acc is None:
+        keys_acc = [_key(m) for m in acc]
+    if keys_in is None:
+        keys_in = [_key(m) for m in inputs]
+    n = len(acc)
+    for k in range(min(n, len(inputs)), 0, -1):
+        if keys_acc[n - k :] == keys_in[:k]:
             for i in range(k):
-                mine = acc[len(acc) - k + i]
-                theirs = dict(inputs[i])
-                theirs["is_error"] = bool(mine.get("is_error") or theirs.get("is_error"))
-                if not theirs["is_error"]:
-                    theirs.pop("is_error")
-                if mine["role"] == "tool" and not theirs.get("content"):
-                    theirs["content"] = mine.get("content", "")
-                acc[len(acc) - k + i] = theirs
+                mine, theirs = acc[n - k + i], inputs[i]
+                if mine is theirs:
+                    continue
+                is_error = bool(mine.get("is_error") or theirs.get("is_error"))
+                fill = mine["role"] == "tool" and not theirs.get("content") and mine.get("content")
+                if is_error != bool(theirs.get("is_error")) or fill:
+                    theirs = dict(theirs)
+                    if is_error:
+                        theirs["is_error"] = True
+                    if fill:
+                        theirs["content"] = mine["content"]
+                acc[n - k + i] = theirs
             acc.extend(inputs[k:])
+            keys_acc.extend(keys_in[k:])
             return
     acc.extend(inputs)
+    keys_acc.extend(keys_in)
 
 
-def _tool_span(acc: list[dict[str, Any]], span: dict[str, Any]) -> None:
-    a = span["attributes"]
-    call_id = a.get("gen_ai.tool.call.id")
-    call_id = str(call_id) if call_id not in (None, "") else f"call_{span['span_id']}"
-    failed = span["status"]["code"] == STATUS_ERROR or bool(a.get("error.type"))
-    result = a.get("gen_ai.tool.call.result")
-    content = _text(_json(result)) if result is not None else (span["status"]["message"] if failed else "")
-    for m in acc:
+def _pending_call(acc: list[dict[str, Any]], name: str) -> str | None:
+    """The id of the latest call of tool ``name`` that no tool message answers yet."""
+    answered = {m.get("tool_call_id") for m in acc if m["role"] == "tool"}
+    for m in reversed(acc):
+        for c in reversed(m.get("tool_calls") or []):
+            if c["function"]["name"] == name and c.get("id") and c["id"] not in answered:
+                return str(c["id"])
+    return None
+
+
+def _tool_span(acc: list[dict[str, Any]], run: ToolRun, span_id: str) -> None:
+    call_id = run.call_id or _pending_call(acc, run.name) or f"call_{span_id}"
+    result = json_value(run.result) if isinstance(run.result, str | bytes) else run.result
+    content = as_text(result) if run.result is not None else run.error
+    for i, m in enumerate(acc):
         if m["role"] == "tool" and m.get("tool_call_id") == call_id:
-            if failed:
+            m = acc[i] = dict(m)  # a copy: the message may be shared with an input cache
+            if run.failed:
                 m["is_error"] = True
             if not m.get("content"):
                 m["content"] = content
             return
     called = any(c.get("id") == call_id for m in acc for c in m.get("tool_calls") or [])
     if not called:
-        call = _call(call_id, a.get("gen_ai.tool.name"), a.get("gen_ai.tool.call.arguments"))
-        acc.append({"role": "assistant", "content": None, "tool_calls": [call]})
-    tool_msg: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": content}
-    if a.get("gen_ai.tool.name"):
-        tool_msg["name"] = str(a["gen_ai.tool.name"])
-    if failed:
+        acc.append(tool_call_message(run, call_id))
+    tool_msg: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": content, "name": run.name}
+    if run.failed:
         tool_msg["is_error"] = True
     acc.append(tool_msg)
 
@@ -302,47 +122,127 @@ def _first(spans: Iterable[dict[str, Any]], *keys: str) -> Any:
     for s in spans:
         for k in keys:
             v = s["attributes"].get(k) if not k.startswith("resource:") else s["resource"].get(k[9:])
-            if v not in (None, ""):
+            if v not in (None, "") and not (k == "resource:service.name" and str(v).startswith("unknown_service")):
                 return v
     return None
 
 
-def assemble(key: str, spans: list[dict[str, Any]], default_version: str) -> dict[str, Any] | None:
+def with_events(spans: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Spans with the log events joined to them (by span id); events of a span not received stand as one."""
+    if not events:
+        return spans
+    by_span: dict[str, list[dict[str, Any]]] = {}
+    for ev in events:
+        by_span.setdefault(ev.get("span_id") or "", []).append(ev)
+    out = []
+    for s in spans:
+        joined = by_span.pop(s["span_id"], None)
+        out.append({**s, "events": s["events"] + [_as_event(e) for e in joined]} if joined else s)
+    for span_id, evs in by_span.items():
+        if not span_id:
+            continue
+        t = min(e["time_ns"] for e in evs)
+        out.append(
+            {
+                "trace_id": evs[0]["trace_id"],
+                "span_id": span_id,
+                "parent_span_id": "?",  # a span not (yet) received: never taken for a root
+                "name": evs[0]["name"],
+                "kind": 0,
+                "start_ns": t,
+                "end_ns": max(e["time_ns"] for e in evs),
+                "attributes": {},
+                "events": [_as_event(e) for e in evs],
+                "status": {"code": 0, "message": ""},
+                "resource": evs[0].get("resource") or {},
+                "from_logs": True,
+            }
+        )
+    return out
+
+
+def _as_event(e: dict[str, Any]) -> dict[str, Any]:
+    """A log record as a span event: its body's fields (older GenAI events put content there) under its attributes."""
+    body = e.get("body")
+    attrs = {**body, **e["attributes"]} if isinstance(body, dict) else dict(e["attributes"])
+    if body is not None and not isinstance(body, dict):
+        attrs.setdefault("content", body)
+    return {"name": e["name"], "time_ns": e["time_ns"], "attributes": attrs}
+
+
+def _tree(spans: list[dict[str, Any]], views: list[SpanView], start: int) -> list[dict[str, Any]]:
+    out = []
+    for s, v in zip(spans[:MAX_TREE_SPANS], views, strict=False):
+        if s.get("from_logs"):
+            continue
+        failed = s["status"]["code"] == 2 or (v.tool is not None and v.tool.failed)
+        out.append(
+            {
+                "span_id": s["span_id"],
+                "parent_span_id": s.get("parent_span_id"),
+                "name": s["name"][:200],
+                "kind": v.role,
+                "start_ms": round(max(0, s["start_ns"] - start) / 1e6, 3),
+                "duration_ms": round(max(0, s["end_ns"] - s["start_ns"]) / 1e6, 3),
+                "error": (s["status"]["message"] or (v.tool.error if v.tool else "") or "error")[:300]
+                if failed
+                else None,
+            }
+        )
+    return out
+
+
+def assemble(
+    key: str,
+    spans: list[dict[str, Any]],
+    default_version: str,
+    *,
+    events: list[dict[str, Any]] | None = None,
+    idle_finished: bool = False,
+) -> dict[str, Any] | None:
     """A conversation document (schema v1) from the spans of one conversation, or None without messages.
 
-    ``revision`` is the number of distinct spans, so it grows as spans arrive and a resent span
-    changes nothing. ``status`` is ``finished`` once every trace's root span has arrived.
+    ``revision`` counts the distinct spans and log events (plus one once the idle timeout finished it),
+    so it grows as they arrive and a resent one changes nothing. ``status`` is ``finished`` once every
+    trace's root span has arrived, or when the idle timeout finished the conversation.
     """
-    spans = sorted(spans, key=lambda s: (s["start_ns"], s["end_ns"]))
+    received = len(spans) + len(events or [])
+    spans = sorted(with_events(spans, events or []), key=lambda s: (s["start_ns"], s["end_ns"]))
     acc: list[dict[str, Any]] = []
     system: list[str] = []
+    tools: dict[str, dict[str, Any]] = {}
     prompt_tokens = completion_tokens = 0
     models: list[str] = []
+    cache = InputCache()
+    views: list[SpanView] = []
+    keys: list[tuple[Any, ...]] = []
     for s in spans:
-        op = s["attributes"].get("gen_ai.operation.name")
-        if op == "execute_tool":
-            _tool_span(acc, s)
+        v = view(s, cache)  # in order: the cache holds the previous span's input messages
+        views.append(v)
+        if v.tool is not None:
+            _tool_span(acc, v.tool, s["span_id"])
+            keys = [_key(m) for m in acc]
             continue
-        inputs, outputs, sys_texts = span_messages(s)
-        for text in sys_texts + [m["content"] or "" for m in inputs if m["role"] == "system"]:
+        if v.role != "inference":
+            continue
+        for text in v.system + [m["content"] or "" for m in v.inputs if m["role"] == "system"]:
             if text and text not in system:
                 system.append(text)
-        merge(acc, [m for m in inputs if m["role"] != "system"])
-        merge(acc, outputs)
-        if op in INFERENCE_OPS or inputs or outputs:
-            a = s["attributes"]
-            prompt_tokens += int(a.get("gen_ai.usage.input_tokens") or a.get("gen_ai.usage.prompt_tokens") or 0)
-            completion_tokens += int(
-                a.get("gen_ai.usage.output_tokens") or a.get("gen_ai.usage.completion_tokens") or 0
-            )
-            model = a.get("gen_ai.response.model") or a.get("gen_ai.request.model")
-            if model and str(model) not in models:
-                models.append(str(model))
+        inputs, in_keys = cache.keyed(v.inputs, _key)
+        merge(acc, inputs, keys, in_keys)
+        merge(acc, v.outputs, keys)
+        for t in v.tools:
+            tools.setdefault(t["function"]["name"], t)
+        prompt_tokens += v.prompt_tokens
+        completion_tokens += v.completion_tokens
+        if v.model and v.model not in models:
+            models.append(v.model)
     messages = [{"role": "system", "content": t} for t in system] + acc
     if not messages:
         return None
+    real = [s for s in spans if not s.get("from_logs")] or spans
     traces = sorted({s["trace_id"] for s in spans})
-    rooted = {s["trace_id"] for s in spans if not s.get("parent_span_id")}
+    rooted = {s["trace_id"] for s in real if not s.get("parent_span_id")}
     start = min(s["start_ns"] for s in spans)
     end = max(s["end_ns"] for s in spans)
     conversation_id = _first(spans, "gen_ai.conversation.id") or key
@@ -353,25 +253,55 @@ def assemble(key: str, spans: list[dict[str, Any]], default_version: str) -> dic
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
         )
+    agent = _first(spans, "gen_ai.agent.name", "gen_ai.agent.id", "agent.name", "resource:service.name")
+    if agent is None:
+        agent = next((s["name"] for s in spans if s["attributes"].get("langfuse.observation.type") == "agent"), None)
+    metadata: dict[str, Any] = {
+        "source": "otlp",
+        "trace_ids": traces[:20],
+        "span_count": len(real),
+        "models": models[:10],
+        "provider": _first(spans, "gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system"),
+        "conventions": sorted({v.convention for v in views if v.role in ("inference", "tool")}),
+        "trace": {"spans": _tree(spans, views, start), "span_total": len(real)},
+    }
+    session = next((x for s in spans if (x := first_attr(s, SESSION_KEYS))), None)
+    user = next((x for s in spans if (x := first_attr(s, USER_KEYS))), None)
+    if session:
+        metadata["session_id"] = session
+    if user:
+        metadata["user_id"] = user
+    if tools:
+        metadata["tools"] = list(tools.values())
     return {
         "conversation_id": str(conversation_id)[:256],
-        "revision": len(spans),
-        "status": "finished" if rooted >= set(traces) else "in_progress",
-        "agent_id": str(
-            _first(spans, "gen_ai.agent.name", "gen_ai.agent.id", "resource:service.name") or "unknown-agent"
-        )[:256],
-        "agent_version": str(_first(spans, "gen_ai.agent.version", "resource:service.version") or default_version)[
-            :128
-        ],
+        "revision": received + (1 if idle_finished else 0),
+        "status": "finished" if idle_finished or rooted >= set(traces) else "in_progress",
+        "agent_id": str(agent or "unknown-agent")[:256],
+        "agent_version": str(
+            _first(spans, "gen_ai.agent.version", "resource:service.version", "langfuse.version", "langfuse.release")
+            or default_version
+        )[:128],
         "started_at": _iso(start),
         "ended_at": _iso(end),
         "messages": messages,
         "usage": usage,
-        "metadata": {
-            "source": "otlp",
-            "trace_ids": traces[:20],
-            "span_count": len(spans),
-            "models": models[:10],
-            "provider": _first(spans, "gen_ai.provider.name", "gen_ai.system"),
-        },
+        "metadata": metadata,
     }
+
+
+def ordered_tree(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stored span list in tree order (each span after its parent, children by start) with its ``depth``;
+    a span whose parent was not kept hangs under the root."""
+    ids = {s["span_id"] for s in spans}
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for s in spans:
+        parent = s.get("parent_span_id")
+        children.setdefault(parent if parent in ids else None, []).append(s)
+    out: list[dict[str, Any]] = []
+    stack = [(s, 0) for s in sorted(children.get(None, []), key=lambda s: -s["start_ms"])]
+    while stack:
+        s, depth = stack.pop()
+        out.append({**s, "depth": depth})
+        stack.extend((c, depth + 1) for c in sorted(children.get(s["span_id"], []), key=lambda c: -c["start_ms"]))
+    return out

@@ -1,34 +1,46 @@
-"""Stores received GenAI spans and turns each touched conversation into a new revision for the pipeline.
+"""Stores received spans and log records and turns each touched conversation into a new revision.
 
-Spans are keyed by ``gen_ai.conversation.id`` (from any span of the same trace) or else by their
-trace id. A span already stored (same trace and span id) is ignored, so an exporter's retry changes
-nothing; every conversation touched by a request is reassembled and processed, so a retry after a
-failed store still delivers it.
+Spans are keyed by ``gen_ai.conversation.id`` (from any span of the same trace) or else by their trace
+id. A span already stored (same trace and span id) or a log record already stored (same content) is
+ignored, so an exporter's retry changes nothing; every conversation touched by a request is reassembled
+and processed, so a retry after a failed store still delivers it. ``otel_conversations`` keeps one row
+per conversation: its counts, when it last grew and whether it is finished, so :meth:`finish_idle` can
+finish conversations whose root never ends (one replica each, by a compare-and-set claim).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
+import orjson
 from pydantic import ValidationError
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import CursorResult, bindparam, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from vigil.ingest.otlp.assemble import assemble, conversation_id_of, is_genai
-from vigil.ingest.otlp.models import OtelSpanRow
+from vigil.ingest.otlp.assemble import assemble, conversation_id_of, is_relevant
+from vigil.ingest.otlp.compact import Last, compact, expand
+from vigil.ingest.otlp.conventions import SESSION_KEYS, USER_KEYS, first_attr
+from vigil.ingest.otlp.models import OtelConversationRow, OtelEventRow, OtelSpanRow
 from vigil.ingest.otlp.otlp import valid_ids
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
+from vigil.store.db import aware
+from vigil.store.writes import Checked
 
 log = logging.getLogger(__name__)
 
 PURGE_EVERY_SECONDS = 60.0
+RECENT_SPANS = 20_000
+FINISH_BATCH = 100
 
 
 @dataclass
@@ -46,8 +58,33 @@ class IngestResult:
         return "; ".join(self.problems[:5])
 
 
+def _matched(session: Session, stmt: Any) -> int:
+    """Rows an UPDATE matched (executing DML yields a CursorResult; Result does not declare rowcount)."""
+    return cast(CursorResult[Any], session.execute(stmt)).rowcount
+
+
 def trace_key(trace_id: str) -> str:
     return f"otel-{trace_id}"
+
+
+def _dialect(session: Session) -> Any:
+    return postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+
+
+@dataclass
+class _Touched:
+    """One conversation a request added to: its spans in this request and what was stored before."""
+
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    stored: int = 0
+    total: int = 0  # spans + events stored for it after this request
+    fresh: bool = False  # everything stored for it came in this request
+    known: list[dict[str, Any]] | None = None  # every span stored for it, when this process has them all
+    last: Last = field(default_factory=dict)  # see :func:`compact`
+    idle_finished: bool = False
+    has_root: bool = False  # a root span came in this request
+    finished: bool = False  # already finished (roots ended, or idle)
+    processed_at: datetime | None = None  # when a revision of it last went through the pipeline (or it began)
 
 
 class TraceIngest:
@@ -55,6 +92,10 @@ class TraceIngest:
         self.rt = runtime
         self._last_purge = 0.0
         self._lock = threading.Lock()
+        self._recent: OrderedDict[str, tuple[list[dict[str, Any]], Last]] = OrderedDict()
+        self._recent_spans = 0
+
+    # --- spans -----------------------------------------------------------------------------------
 
     def ingest(self, spans: list[dict[str, Any]]) -> IngestResult:
         """Store spans, then process the conversations they belong to. Raises on database errors."""
@@ -65,18 +106,17 @@ class TraceIngest:
             if not valid_ids(s):
                 res.rejected += 1
                 res.problems.append(f"span {s.get('span_id')!r} of trace {s.get('trace_id')!r}: invalid ids")
-            elif not is_genai(s):
+            elif not is_relevant(s):
                 res.ignored += 1
             else:
                 kept.append(s)
-        keys: set[str] = set()
+        touched: dict[str, _Touched] = {}
         if kept:
             with self.rt.sessions.begin() as session:
-                keys = self._store(session, kept, res)
-        conversations = self._assemble(keys, res)
-        if conversations:
-            self.rt.pipeline.process(conversations, "otlp")
-            m.otlp_conversations.inc(len(conversations))
+                touched = self._store(session, kept, res)
+            for key, t in touched.items():  # stored for good: this process may now build on them
+                t.known = self._recall(key, t)
+        self._process(touched, res)
         for outcome, n in (
             ("stored", res.stored),
             ("duplicate", len(kept) - res.stored - res.dropped),
@@ -89,98 +129,360 @@ class TraceIngest:
         self._maybe_purge()
         return res
 
-    def _store(self, session: Session, spans: list[dict[str, Any]], res: IngestResult) -> set[str]:
+    def _keys(self, session: Session, trace_ids: set[str], by_trace: dict[str, str]) -> dict[str, str]:
+        """The conversation key of each trace; spans and events stored under the trace's own key before its
+        conversation id was known move to the conversation (and their counts with them)."""
+        waiting: set[str] = set()  # traces with rows stored under their own key
+        for model in (OtelSpanRow, OtelEventRow):
+            known = session.execute(
+                select(model.trace_id, model.conversation_key).where(model.trace_id.in_(trace_ids)).distinct()
+            ).all()
+            for trace_id, key in known:
+                if key != trace_key(trace_id):
+                    by_trace.setdefault(trace_id, key)
+                else:
+                    waiting.add(trace_id)
+        for trace_id in sorted(waiting & by_trace.keys()):
+            key, old = by_trace[trace_id], trace_key(trace_id)
+            moved = _matched(
+                session,
+                update(OtelSpanRow)
+                .where(OtelSpanRow.trace_id == trace_id, OtelSpanRow.conversation_key == old)
+                .values(conversation_key=key),
+            )
+            moved_events = _matched(
+                session,
+                update(OtelEventRow)
+                .where(OtelEventRow.trace_id == trace_id, OtelEventRow.conversation_key == old)
+                .values(conversation_key=key),
+            )
+            session.execute(delete(OtelConversationRow).where(OtelConversationRow.conversation_key == old))
+            self._count(session, {key: (moved, moved_events)}, {})
+        return by_trace
+
+    def _store(self, session: Session, spans: list[dict[str, Any]], res: IngestResult) -> dict[str, _Touched]:
         by_trace: dict[str, str] = {}
         for s in spans:
             cid = conversation_id_of(s)
             if cid:
                 by_trace.setdefault(s["trace_id"], cid)
-        traces = {s["trace_id"] for s in spans}
-        known = session.execute(
-            select(OtelSpanRow.trace_id, OtelSpanRow.conversation_key)
-            .where(OtelSpanRow.trace_id.in_(traces))
-            .distinct()
-        ).all()
-        for trace_id, key in known:
-            if key != trace_key(trace_id):
-                by_trace.setdefault(trace_id, key)
-        for trace_id, key in by_trace.items():
-            # spans of this trace that arrived before its conversation id was known join the conversation
-            session.execute(
-                update(OtelSpanRow)
-                .where(OtelSpanRow.trace_id == trace_id, OtelSpanRow.conversation_key == trace_key(trace_id))
-                .values(conversation_key=key)
-            )
+        by_trace = self._keys(session, {s["trace_id"] for s in spans}, by_trace)
+        touched: dict[str, _Touched] = {}
         rows: list[dict[str, Any]] = []
+        now = datetime.now(UTC)
         for s in spans:
             key = conversation_id_of(s) or by_trace.get(s["trace_id"]) or trace_key(s["trace_id"])
+            touched.setdefault(key, _Touched()).spans.append(s)
+        states = {
+            r.conversation_key: r
+            for r in session.scalars(
+                select(OtelConversationRow).where(OtelConversationRow.conversation_key.in_(touched))
+            )
+        }
+        limit = self.rt.settings.otlp_max_spans_per_conversation
+        for key, t in touched.items():
+            state = states.get(key)
+            before = state.span_count if state else 0
+            room = max(0, limit - before)
+            if len(t.spans) > room:
+                res.dropped += len(t.spans) - room
+                t.spans = t.spans[:room]
+            t.fresh = state is None or (state.span_count == 0 and state.event_count == 0)
+            t.idle_finished = bool(state and state.idle_finished)
+            t.has_root = any(not s.get("parent_span_id") for s in t.spans)
+            t.finished = bool(state and state.finished_at is not None)
+            t.processed_at = (state.processed_at or state.first_seen_at) if state else datetime.now(UTC)
+            compacted, t.last = compact(t.spans, self._last_of(key))
+            for s in compacted:
+                rows.append(
+                    {
+                        "conversation_key": key,
+                        "trace_id": s["trace_id"],
+                        "span_id": s["span_id"],
+                        "parent_span_id": s.get("parent_span_id"),
+                        "name": s["name"][:512],
+                        "start_ns": s["start_ns"],
+                        "end_ns": s["end_ns"],
+                        "span": s,
+                        "received_at": now,
+                    }
+                )
+        if res.dropped:
+            res.problems.append(f"{res.dropped} spans dropped: conversation already has {limit} spans")
+        if not rows:
+            return touched
+        table = OtelSpanRow.__table__
+        stmt = (
+            _dialect(session)
+            .insert(table)
+            .on_conflict_do_nothing(index_elements=["trace_id", "span_id"])
+            .returning(table.c.conversation_key)
+        )
+        inserted = session.execute(stmt, rows).scalars().all()  # Core executemany: no ORM bookkeeping
+        res.stored = len(inserted)
+        counts: dict[str, tuple[int, int]] = {}
+        for key in inserted:
+            counts[key] = (counts.get(key, (0, 0))[0] + 1, 0)
+        labels = {key: _labels(t.spans) for key, t in touched.items()}
+        totals = self._count(session, counts, labels)
+        for key, t in touched.items():
+            t.stored = counts.get(key, (0, 0))[0]
+            t.total = totals.get(key, 0)
+            # another replica stored spans of it meanwhile, or this request resent some: read them all
+            t.fresh = t.fresh and t.stored == len(t.spans) == t.total
+        return touched
+
+    def _count(
+        self,
+        session: Session,
+        counts: dict[str, tuple[int, int]],
+        labels: dict[str, tuple[str | None, str | None]],
+    ) -> dict[str, int]:
+        """Add (spans, events) to each conversation's row (created if new); returns spans + events stored."""
+        if not counts:
+            return {}
+        now = datetime.now(UTC)
+        table = OtelConversationRow.__table__
+        stmt = _dialect(session).insert(table)
+        excluded = stmt.excluded
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["conversation_key"],
+            set_={
+                "span_count": table.c.span_count + excluded.span_count,
+                "event_count": table.c.event_count + excluded.event_count,
+                "last_seen_at": excluded.last_seen_at,
+                "session_id": func.coalesce(table.c.session_id, excluded.session_id),
+                "user_id": func.coalesce(table.c.user_id, excluded.user_id),
+            },
+        ).returning(table.c.conversation_key, table.c.span_count + table.c.event_count)
+        rows = [
+            {
+                "conversation_key": key,
+                "span_count": n_spans,
+                "event_count": n_events,
+                "first_seen_at": now,
+                "last_seen_at": now,
+                "idle_finished": False,
+                "session_id": labels.get(key, (None, None))[0],
+                "user_id": labels.get(key, (None, None))[1],
+            }
+            for key, (n_spans, n_events) in sorted(counts.items())  # one lock order for every replica
+        ]
+        return {key: int(total) for key, total in session.execute(stmt, rows).all()}
+
+    # --- log records -------------------------------------------------------------------------------
+
+    def ingest_logs(self, records: list[dict[str, Any]]) -> IngestResult:
+        """Store GenAI log records (joined to their spans by trace and span id) and reprocess what they touch."""
+        res = IngestResult(received=len(records))
+        kept = []
+        for r in records:
+            if not r.get("trace_id") or len(r["trace_id"]) != 32 or r["trace_id"] == "0" * 32:
+                res.ignored += 1  # not tied to a trace: nothing to join it to
+            elif not (r["name"].startswith("gen_ai.") or any(k.startswith("gen_ai.") for k in r["attributes"])):
+                res.ignored += 1
+            else:
+                kept.append(r)
+        touched: dict[str, _Touched] = {}
+        if kept:
+            with self.rt.sessions.begin() as session:
+                touched = self._store_logs(session, kept, res)
+        self._process(touched, res)
+        m = self.rt.metrics
+        for outcome, n in (("stored", res.stored), ("duplicate", len(kept) - res.stored), ("ignored", res.ignored)):
+            if n:
+                m.otlp_log_records.labels(outcome).inc(n)
+        return res
+
+    def _store_logs(self, session: Session, records: list[dict[str, Any]], res: IngestResult) -> dict[str, _Touched]:
+        by_trace = self._keys(session, {r["trace_id"] for r in records}, {})
+        now = datetime.now(UTC)
+        rows = []
+        for r in records:
+            key = by_trace.get(r["trace_id"]) or trace_key(r["trace_id"])
+            digest = hashlib.blake2b(orjson.dumps(r, option=orjson.OPT_SORT_KEYS), digest_size=16).hexdigest()
             rows.append(
                 {
                     "conversation_key": key,
-                    "trace_id": s["trace_id"],
-                    "span_id": s["span_id"],
-                    "parent_span_id": s.get("parent_span_id"),
-                    "name": s["name"][:512],
-                    "start_ns": s["start_ns"],
-                    "end_ns": s["end_ns"],
-                    "span": s,
-                    "received_at": datetime.now(UTC),
+                    "trace_id": r["trace_id"],
+                    "span_id": r.get("span_id"),
+                    "digest": digest,
+                    "time_ns": r["time_ns"],
+                    "event": r,
+                    "received_at": now,
                 }
             )
-        keys = {r["conversation_key"] for r in rows}
-        limit = self.rt.settings.otlp_max_spans_per_conversation
-        counts = dict(
-            session.execute(
-                select(OtelSpanRow.conversation_key, func.count())
-                .where(OtelSpanRow.conversation_key.in_(keys))
-                .group_by(OtelSpanRow.conversation_key)
-            ).all()
+        table = OtelEventRow.__table__
+        stmt = (
+            _dialect(session)
+            .insert(table)
+            .on_conflict_do_nothing(index_elements=["digest"])
+            .returning(table.c.conversation_key)
         )
-        allowed: list[dict[str, Any]] = []
-        for r in rows:
-            n = counts.get(r["conversation_key"], 0)
-            if n >= limit:
-                res.dropped += 1
-                continue
-            counts[r["conversation_key"]] = n + 1
-            allowed.append(r)
-        if res.dropped:
-            res.problems.append(f"{res.dropped} spans dropped: conversation already has {limit} spans")
-        if allowed:
-            dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-            stmt = (
-                dialect.insert(OtelSpanRow)
-                .on_conflict_do_nothing(index_elements=["trace_id", "span_id"])
-                .returning(OtelSpanRow.id)
+        inserted = session.execute(stmt, rows).scalars().all()
+        res.stored = len(inserted)
+        counts: dict[str, tuple[int, int]] = {}
+        for key in inserted:
+            counts[key] = (0, counts.get(key, (0, 0))[1] + 1)
+        self._count(session, counts, {})
+        states = session.scalars(
+            select(OtelConversationRow).where(
+                OtelConversationRow.conversation_key.in_({r["conversation_key"] for r in rows})
             )
-            res.stored = len(session.scalars(stmt, allowed).all())
-        return keys
+        )
+        return {
+            s.conversation_key: _Touched(
+                idle_finished=s.idle_finished,
+                finished=s.finished_at is not None,
+                processed_at=s.processed_at or s.first_seen_at,
+            )
+            for s in states
+            if s.span_count > 0
+        }
 
-    def _assemble(self, keys: set[str], res: IngestResult) -> list[Conversation]:
-        out: list[Conversation] = []
+    # --- assembling and processing ------------------------------------------------------------------
+
+    def _process(self, touched: dict[str, _Touched], res: IngestResult, idle: bool = False) -> None:
+        """Assemble and process the touched conversations.
+
+        An unfinished conversation that began, or last went through the pipeline, less than
+        ``VIGIL_OTLP_PROGRESS_INTERVAL_SECONDS`` ago waits (its next revision, at the latest the one its
+        root or the idle timeout finishes, carries everything), so a trace sent in many requests costs
+        one pipeline pass, and a long one shows its progress every interval.
+        """
         s = self.rt.settings
-        for key in sorted(keys):
-            with self.rt.sessions() as session:
-                spans = list(
-                    session.scalars(
-                        select(OtelSpanRow.span)
-                        .where(OtelSpanRow.conversation_key == key)
-                        .order_by(OtelSpanRow.start_ns, OtelSpanRow.id)
-                        .limit(s.otlp_max_spans_per_conversation)
-                    )
-                )
-            doc = assemble(key, spans, s.otlp_default_agent_version)
-            if doc is None:
+        interval = timedelta(seconds=s.otlp_progress_interval_seconds)
+        now = datetime.now(UTC)
+        convs: list[tuple[Conversation, str, None]] = []
+        empty: list[str] = []
+        for key in sorted(touched):
+            t = touched[key]
+            recent = t.processed_at is not None and now - aware(t.processed_at) < interval
+            if not idle and recent and not t.has_root and not t.finished and not t.idle_finished:
                 res.pending.append(key)
                 continue
+            spans, events = (t.known, list[dict[str, Any]]()) if t.known is not None else self._load(key)
+            doc = assemble(
+                key, spans, s.otlp_default_agent_version, events=events, idle_finished=idle or t.idle_finished
+            )
+            if doc is None:
+                res.pending.append(key)
+                empty.append(key)
+                continue
+            document = orjson.dumps(doc).decode()
             try:
-                out.append(Conversation.model_validate(doc))
+                convs.append((Conversation.model_validate_json(document), document, None))
             except ValidationError as exc:
                 res.problems.append(f"conversation {key}: {exc.errors()[0]['msg']}")
                 log.warning("OTLP conversation %s does not validate: %s", key, exc)
                 continue
             res.conversations.append(doc["conversation_id"])
-        return out
+        if convs:
+            self.rt.pipeline.process_documents(convs, [], "otlp")
+            self.rt.metrics.otlp_conversations.inc(len(convs))
+        if idle and empty:  # idle with nothing to judge: finished all the same, so it is not claimed again
+            self._finish_empty(empty)
+
+    def _last_of(self, key: str) -> Last | None:
+        with self._lock:
+            recent = self._recent.get(key)
+            return recent[1] if recent else None
+
+    def _recall(self, key: str, t: _Touched) -> list[dict[str, Any]] | None:
+        """Every span of an unfinished conversation whose spans all came through this process (kept in memory,
+        at most ``RECENT_SPANS`` spans in all), so a trace sent in many requests is not read back each time."""
+        with self._lock:
+            before = self._recent.pop(key, None)
+            if before is not None:
+                self._recent_spans -= len(before[0])
+            if t.fresh:
+                spans = list(t.spans)
+            elif before is not None and t.stored == len(t.spans) and len(before[0]) + t.stored == t.total:
+                spans = before[0] + t.spans
+            else:
+                return None  # another replica, a resent span or a log record: read them from the database
+            if not t.has_root:  # a root usually ends it: keep only what may still grow
+                self._recent[key] = (spans, t.last)
+                self._recent_spans += len(spans)
+            while self._recent_spans > RECENT_SPANS and self._recent:
+                _, (dropped, _) = self._recent.popitem(last=False)
+                self._recent_spans -= len(dropped)
+            return spans
+
+    def _load(self, key: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        limit = self.rt.settings.otlp_max_spans_per_conversation
+        with self.rt.sessions() as session:
+            spans = expand(
+                list(
+                    session.scalars(
+                        select(OtelSpanRow.span)
+                        .where(OtelSpanRow.conversation_key == key)
+                        .order_by(OtelSpanRow.start_ns, OtelSpanRow.id)
+                        .limit(limit)
+                    )
+                )
+            )
+            events = list(
+                session.scalars(
+                    select(OtelEventRow.event)
+                    .where(OtelEventRow.conversation_key == key)
+                    .order_by(OtelEventRow.time_ns, OtelEventRow.id)
+                    .limit(limit)
+                )
+            )
+        return spans, events
+
+    def _finish_empty(self, keys: list[str]) -> None:
+        t = OtelConversationRow
+        with self.rt.sessions.begin() as session:
+            session.execute(
+                update(t)
+                .where(t.conversation_key.in_(keys), t.finished_at.is_(None))
+                .values(finished_at=datetime.now(UTC), claimed_by=None, claim_until=None)
+            )
+
+    # --- idle conversations ------------------------------------------------------------------------
+
+    def finish_idle(self, owner: str, now: datetime | None = None) -> list[str]:
+        """Finish the conversations nothing was added to for ``VIGIL_OTLP_TRACE_IDLE_SECONDS``.
+
+        Each is claimed by one compare-and-set update (unfinished, still idle, not claimed by a live
+        lease), so with several replicas each conversation is finished once; a claim that dies with its
+        replica expires after ``VIGIL_OTLP_FINISH_LEASE_SECONDS``. Returns the conversation ids processed.
+        """
+        s = self.rt.settings
+        now = now or datetime.now(UTC)
+        cutoff = now - timedelta(seconds=s.otlp_trace_idle_seconds)
+        t = OtelConversationRow
+        free = or_(t.claim_until.is_(None), t.claim_until < now)
+        claimed: list[str] = []
+        with self.rt.sessions.begin() as session:
+            keys = session.scalars(
+                select(t.conversation_key)
+                .where(t.finished_at.is_(None), t.last_seen_at < cutoff, free)
+                .order_by(t.last_seen_at)
+                .limit(FINISH_BATCH)
+            ).all()
+            for key in keys:
+                won = _matched(
+                    session,
+                    update(t)
+                    .where(t.conversation_key == key, t.finished_at.is_(None), t.last_seen_at < cutoff, free)
+                    .values(
+                        claimed_by=owner[:64],
+                        claim_until=now + timedelta(seconds=s.otlp_finish_lease_seconds),
+                        idle_finished=True,
+                    ),
+                )
+                if won:
+                    claimed.append(key)
+        if not claimed:
+            return []
+        res = IngestResult()
+        self._process({k: _Touched(idle_finished=True) for k in claimed}, res, idle=True)
+        return res.conversations
+
+    # --- housekeeping ------------------------------------------------------------------------------
 
     def _maybe_purge(self) -> None:
         now = time.monotonic()
@@ -190,7 +492,88 @@ class TraceIngest:
             self._last_purge = now
         cutoff = datetime.now(UTC) - timedelta(hours=self.rt.settings.otlp_span_retention_hours)
         try:
+            # a conversation's spans go together (a stored span may refer to an earlier one: see compact)
+            t = OtelConversationRow
+            old = select(t.conversation_key).where(t.last_seen_at < cutoff).scalar_subquery()
             with self.rt.sessions.begin() as session:
-                session.execute(delete(OtelSpanRow).where(OtelSpanRow.received_at < cutoff))
+                session.execute(delete(OtelSpanRow).where(OtelSpanRow.conversation_key.in_(old)))
+                session.execute(delete(OtelEventRow).where(OtelEventRow.conversation_key.in_(old)))
+                session.execute(delete(t).where(t.last_seen_at < cutoff))
+                stray = cutoff - timedelta(hours=self.rt.settings.otlp_span_retention_hours)  # rows of no conversation
+                session.execute(delete(OtelSpanRow).where(OtelSpanRow.received_at < stray))
+                session.execute(delete(OtelEventRow).where(OtelEventRow.received_at < stray))
         except Exception:  # purging is housekeeping; the next request tries again
             log.warning("purging old OTLP spans failed", exc_info=True)
+
+    def related(self, session: Session, conversation_id: str, limit: int = 20) -> dict[str, Any] | None:
+        """Session and user of a traced conversation and the other conversations sharing them (newest first)."""
+        t = OtelConversationRow
+        row = session.scalars(
+            select(t).where(or_(t.conversation_id == conversation_id, t.conversation_key == conversation_id)).limit(1)
+        ).first()
+        if row is None:
+            return None
+        out: dict[str, Any] = {"session_id": row.session_id, "user_id": row.user_id}
+        for field_name, column in (("session", t.session_id), ("user", t.user_id)):
+            value = getattr(row, f"{field_name}_id")
+            if not value:
+                out[field_name] = []
+                continue
+            others = session.execute(
+                select(t.conversation_id, t.conversation_key, t.first_seen_at)
+                .where(column == value, t.conversation_key != row.conversation_key)
+                .order_by(t.first_seen_at.desc())
+                .limit(limit)
+            ).all()
+            out[field_name] = [{"conversation_id": cid or key, "first_seen_at": at} for cid, key, at in others]
+        return out
+
+
+class TraceMarker:
+    """Downstream stage: in the transaction that stores a traced conversation's revision, records that it
+    went through the pipeline and, once it is ``finished``, that it is (so the idle finisher skips it)."""
+
+    def __init__(self, metrics: Any) -> None:
+        self.metrics = metrics
+
+    def on_stored(self, session: Session, stored: Sequence[Checked]) -> None:
+        traced = [c.conversation for c in stored if c.conversation.metadata.get("source") == "otlp"]
+        if not traced:
+            return
+        t = OtelConversationRow
+        rows = {
+            r.conversation_key: r
+            for r in session.execute(
+                select(t.conversation_key, t.finished_at, t.idle_finished).where(
+                    t.conversation_key.in_([c.conversation_id for c in traced])
+                )
+            )
+        }
+        now = datetime.now(UTC)
+        progress: list[dict[str, Any]] = []
+        done: list[dict[str, Any]] = []
+        for c in traced:
+            row = rows.get(c.conversation_id)
+            if row is None:
+                continue
+            values = {"k": c.conversation_id, "at": now, "cid": c.conversation_id}
+            if c.status == "finished" and row.finished_at is None:
+                done.append(values)
+                self.metrics.otlp_finished.labels("idle" if row.idle_finished else "root").inc()
+            else:
+                progress.append(values)
+        stmt = (
+            update(t.__table__)
+            .where(t.__table__.c.conversation_key == bindparam("k"))
+            .values(processed_at=bindparam("at"), conversation_id=bindparam("cid"))
+        )
+        if progress:
+            session.execute(stmt, progress)
+        if done:
+            session.execute(stmt.values(finished_at=bindparam("at"), claimed_by=None, claim_until=None), done)
+
+
+def _labels(spans: Sequence[dict[str, Any]]) -> tuple[str | None, str | None]:
+    session = next((x for s in spans if (x := first_attr(s, SESSION_KEYS))), None)
+    user = next((x for s in spans if (x := first_attr(s, USER_KEYS))), None)
+    return session, user

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Index, Integer, String, UniqueConstraint
+from sqlalchemy import BigInteger, Boolean, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from vigil.store.db import utcnow
@@ -32,4 +32,54 @@ class OtelSpanRow(Base):
         UniqueConstraint("trace_id", "span_id", name="uq_otel_spans_id"),
         Index("ix_otel_spans_conversation", "conversation_key", "start_ns"),
         Index("ix_otel_spans_received", "received_at"),
+    )
+
+
+class OtelConversationRow(Base):
+    """What is known of one conversation assembled from traces: counts, when it last grew, whether it is
+    finished (its roots ended, or it was idle for ``VIGIL_OTLP_TRACE_IDLE_SECONDS``), and the lease of
+    the replica finishing it."""
+
+    __tablename__ = "otel_conversations"
+
+    conversation_key: Mapped[str] = mapped_column(String(256), primary_key=True)
+    span_count: Mapped[int] = mapped_column(Integer, default=0)
+    event_count: Mapped[int] = mapped_column(Integer, default=0)
+    first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+    processed_at: Mapped[datetime | None]
+    idle_finished: Mapped[bool] = mapped_column(Boolean, default=False)
+    claimed_by: Mapped[str | None] = mapped_column(String(64))
+    claim_until: Mapped[datetime | None]
+    conversation_id: Mapped[str | None] = mapped_column(String(256))
+    session_id: Mapped[str | None] = mapped_column(String(256))
+    user_id: Mapped[str | None] = mapped_column(String(256))
+
+    __table_args__ = (
+        Index("ix_otel_conversations_open", "finished_at", "last_seen_at"),
+        Index("ix_otel_conversations_session", "session_id", "first_seen_at"),
+        Index("ix_otel_conversations_user", "user_id", "first_seen_at"),
+    )
+
+
+class OtelEventRow(Base):
+    """One GenAI log record (``POST /v1/logs``), joined to its span by trace and span id when assembling."""
+
+    __tablename__ = "otel_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    conversation_key: Mapped[str] = mapped_column(String(256))
+    trace_id: Mapped[str] = mapped_column(String(32))
+    span_id: Mapped[str | None] = mapped_column(String(16))
+    digest: Mapped[str] = mapped_column(String(32))
+    time_ns: Mapped[int] = mapped_column(BigInteger)
+    event: Mapped[dict[str, Any]]
+    received_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("digest", name="uq_otel_events_digest"),
+        Index("ix_otel_events_conversation", "conversation_key", "time_ns"),
+        Index("ix_otel_events_trace", "trace_id"),
+        Index("ix_otel_events_received", "received_at"),
     )

@@ -1,9 +1,11 @@
-"""Decodes OTLP/HTTP trace requests (protobuf or JSON) into plain span dicts.
+"""Decodes OTLP trace and log requests (protobuf or JSON) into plain span and log-record dicts.
 
 A normalised span is ``{"trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns",
 "end_ns", "attributes", "events", "status", "resource"}`` with hex ids, attribute values as plain
 Python values (lists and dicts for arrays and key-value lists) and only the ``service.*`` and
-``deployment.*`` resource attributes.
+``deployment.*`` resource attributes. A normalised log record is ``{"trace_id", "span_id", "name",
+"time_ns", "attributes", "body", "resource"}``; ``name`` is the record's event name (or its
+``event.name`` attribute).
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ def parse_protobuf(data: bytes) -> list[dict[str, Any]]:
         req.ParseFromString(data)
     except DecodeError as exc:
         raise OtlpError(f"body is not an OTLP ExportTraceServiceRequest: {exc}") from exc
+    return spans_of_request(req)
+
+
+def spans_of_request(req: Any) -> list[dict[str, Any]]:
+    """Spans of a parsed ``ExportTraceServiceRequest`` (the HTTP and gRPC receivers share this)."""
     spans: list[dict[str, Any]] = []
     for rs in req.resource_spans:
         resource = _resource({kv.key: _pb_value(kv.value) for kv in rs.resource.attributes})
@@ -102,8 +109,55 @@ def parse_protobuf(data: bytes) -> list[dict[str, Any]]:
     return spans
 
 
+def parse_logs_protobuf(data: bytes) -> list[dict[str, Any]]:
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+    req = ExportLogsServiceRequest()
+    try:
+        req.ParseFromString(data)
+    except DecodeError as exc:
+        raise OtlpError(f"body is not an OTLP ExportLogsServiceRequest: {exc}") from exc
+    return records_of_request(req)
+
+
+def records_of_request(req: Any) -> list[dict[str, Any]]:
+    """Log records of a parsed ``ExportLogsServiceRequest``."""
+    out: list[dict[str, Any]] = []
+    for rl in req.resource_logs:
+        resource = _resource({kv.key: _pb_value(kv.value) for kv in rl.resource.attributes})
+        for sl in rl.scope_logs:
+            for lr in sl.log_records:
+                attrs = {kv.key: _pb_value(kv.value) for kv in lr.attributes}
+                name = getattr(lr, "event_name", "") or str(attrs.get("event.name") or "")
+                out.append(
+                    {
+                        "trace_id": lr.trace_id.hex(),
+                        "span_id": lr.span_id.hex() or None,
+                        "name": name,
+                        "time_ns": int(lr.time_unix_nano or lr.observed_time_unix_nano),
+                        "attributes": attrs,
+                        "body": _pb_value(lr.body),
+                        "resource": resource,
+                    }
+                )
+    return out
+
+
+def logs_response(rejected: int, message: str) -> bytes:
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+
+    resp = ExportLogsServiceResponse()
+    if rejected or message:
+        resp.partial_success.rejected_log_records = rejected
+        resp.partial_success.error_message = message
+    return bytes(resp.SerializeToString())
+
+
 def _pb_value(v: Any) -> Any:
     kind = v.WhichOneof("value")
+    if kind == "string_value":  # by far the most common: checked first
+        return v.string_value
     if kind is None:
         return None
     if kind == "array_value":
@@ -176,6 +230,49 @@ def parse_json(data: bytes) -> list[dict[str, Any]]:
     except (AttributeError, TypeError, ValueError) as exc:
         raise OtlpError(f"body does not follow the OTLP JSON encoding: {exc}") from exc
     return spans
+
+
+def parse_logs_json(data: bytes) -> list[dict[str, Any]]:
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise OtlpError(f"body is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise OtlpError("body must be an OTLP ExportLogsServiceRequest object with resourceLogs")
+    out: list[dict[str, Any]] = []
+    try:
+        for rl in _get(doc, "resourceLogs", "resource_logs", []) or []:
+            resource = _resource(_json_attrs((rl.get("resource") or {}).get("attributes")))
+            for sl in _get(rl, "scopeLogs", "scope_logs", []) or []:
+                for lr in _get(sl, "logRecords", "log_records", []) or []:
+                    attrs = _json_attrs(lr.get("attributes"))
+                    time_ns = _get(lr, "timeUnixNano", "time_unix_nano", 0) or _get(
+                        lr, "observedTimeUnixNano", "observed_time_unix_nano", 0
+                    )
+                    out.append(
+                        {
+                            "trace_id": _json_id(_get(lr, "traceId", "trace_id", "")),
+                            "span_id": _json_id(_get(lr, "spanId", "span_id", "")) or None,
+                            "name": str(_get(lr, "eventName", "event_name", "") or attrs.get("event.name") or ""),
+                            "time_ns": int(time_ns or 0),
+                            "attributes": attrs,
+                            "body": _json_value(lr.get("body") or {}),
+                            "resource": resource,
+                        }
+                    )
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise OtlpError(f"body does not follow the OTLP JSON encoding: {exc}") from exc
+    return out
+
+
+def parse_logs(body: bytes, content_type: str | None) -> tuple[list[dict[str, Any]], str]:
+    """Log records of a request and the media type to answer in; raises :class:`OtlpError`."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media == PROTOBUF:
+        return parse_logs_protobuf(body), PROTOBUF
+    if media in (JSON, ""):
+        return parse_logs_json(body), JSON
+    raise OtlpError(f"Content-Type {content_type!r} is not supported: send {PROTOBUF} or {JSON}", 415)
 
 
 _ENUMS = {

@@ -1,0 +1,74 @@
+"""Stores what the spans of one conversation repeat only once.
+
+Each inference span usually resends the whole history: its ``gen_ai.input.messages`` (and the like)
+is the previous span's plus the new turns. Stored as is, a conversation's spans grow with the square of
+its length. Before a span is stored, a long string attribute equal to the same attribute of an earlier
+span of the same conversation (in the same request, or one this process stored before) becomes
+``{"$same": BASE}``, and one extending it (a JSON list with items appended)
+``{"$ext": BASE, "n": CHARS, "rest": TAIL}``, BASE being that span's id. :func:`expand` restores the
+values when the spans are read back (in start order, so a base comes first). A conversation's spans
+are deleted together, so a base outlives the spans referring to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MIN_CHARS = 256  # shorter values are not worth a reference
+
+
+def _key(span: dict[str, Any]) -> tuple[int, int, str]:
+    return (span["start_ns"], span["end_ns"], span["span_id"])
+
+
+# attribute -> (start key, span id, value) of the latest span carrying it
+Last = dict[str, tuple[tuple[int, int, str], str, str]]
+
+
+def compact(spans: list[dict[str, Any]], last: Last | None = None) -> tuple[list[dict[str, Any]], Last]:
+    """Spans of one conversation with repeated long attribute values replaced by references, to earlier
+    spans of the list or to the (stored) spans ``last`` describes; and ``last`` after these spans."""
+    out: list[dict[str, Any]] = []
+    last = dict(last or {})
+    for span in sorted(spans, key=_key):
+        attrs = span["attributes"]
+        refs: dict[str, Any] = {}
+        at = _key(span)
+        for k, v in attrs.items():
+            if not isinstance(v, str) or len(v) < MIN_CHARS:
+                continue
+            prev = last.get(k)
+            last[k] = (at, span["span_id"], v)
+            if prev is None or prev[0] > at:  # a base must come first in start order (see expand)
+                continue
+            _, base, pv = prev
+            if v == pv:
+                refs[k] = {"$same": base}
+            elif pv.endswith("]") and v.startswith(pv[:-1]) and v[len(pv) - 1] == ",":
+                refs[k] = {"$ext": base, "n": len(pv) - 1, "rest": v[len(pv) - 1 :]}
+        out.append({**span, "attributes": {**attrs, **refs}} if refs else span)
+    return out, last
+
+
+def expand(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The spans as received (stored with :func:`compact`); a value whose base span is gone is dropped."""
+    resolved: dict[str, dict[str, Any]] = {}
+    out: list[dict[str, Any]] = []
+    for span in sorted(spans, key=_key):
+        attrs = span["attributes"]
+        if any(isinstance(v, dict) and ("$same" in v or "$ext" in v) for v in attrs.values()):
+            full = dict(attrs)
+            for k, v in attrs.items():
+                if not isinstance(v, dict):
+                    continue
+                base = resolved.get(v.get("$same") or v.get("$ext") or "", {}).get(k)
+                if "$same" in v:
+                    full[k] = base
+                elif "$ext" in v:
+                    full[k] = base[: v["n"]] + v["rest"] if isinstance(base, str) else None
+                if full[k] is None:
+                    del full[k]
+            span = {**span, "attributes": full}
+        resolved[span["span_id"]] = span["attributes"]
+        out.append(span)
+    return out

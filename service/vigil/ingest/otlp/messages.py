@@ -1,0 +1,151 @@
+"""Messages as traces carry them (OpenTelemetry ``parts``, OpenAI's chat form) into Vigil (OpenAI) messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "model": "assistant",
+    "ai": "assistant",
+    "tool": "tool",
+    "function": "tool",
+    "ipython": "tool",
+}
+
+
+def json_value(value: Any) -> Any:
+    if isinstance(value, str | bytes):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+    return value
+
+
+def as_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = [p.get("text") or p.get("content") for p in value if isinstance(p, dict)]
+        strings = [t for t in texts if isinstance(t, str)]
+        if texts and len(strings) == len(texts):
+            return "\n".join(strings)
+    return orjson.dumps(value).decode()
+
+
+def call(cid: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    if isinstance(arguments, dict):
+        args: Any = arguments
+    else:
+        args = str(arguments) if arguments not in (None, "") else "{}"
+    return {
+        "id": str(cid) if cid is not None else None,
+        "type": "function",
+        "function": {"name": str(name or "unknown_tool"), "arguments": args},
+    }
+
+
+def openai_calls(calls: Any) -> list[dict[str, Any]]:
+    out = []
+    for c in json_value(calls) or []:
+        if isinstance(c, dict):
+            function = c.get("function")
+            fn = function if isinstance(function, dict) else c
+            out.append(call(c.get("id"), fn.get("name"), fn.get("arguments")))
+    return out
+
+
+def to_messages(items: Any) -> list[dict[str, Any]]:
+    """Messages in the ``parts`` form or OpenAI's form into Vigil (OpenAI) messages."""
+    items = json_value(items)
+    if isinstance(items, dict):
+        items = [items]
+    out: list[dict[str, Any]] = []
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        if isinstance(item.get("message"), dict):  # a choice
+            item = {"role": "assistant", **item["message"]}
+        role = ROLES.get(str(item.get("role", "assistant")).lower())
+        if role is None:
+            continue
+        if isinstance(item.get("parts"), list):
+            out.extend(_from_parts(role, item["parts"]))
+            continue
+        msg: dict[str, Any] = {"role": role, "content": as_text(item.get("content")) or None}
+        calls = openai_calls(item.get("tool_calls")) if role == "assistant" else []
+        if calls:
+            msg["tool_calls"] = calls
+        if role == "tool":
+            msg["tool_call_id"] = str(item.get("tool_call_id") or item.get("id") or "") or None
+            msg["content"] = msg["content"] or ""
+        if msg["content"] is None and not calls:
+            continue
+        out.append(msg)
+    return out
+
+
+def _from_parts(role: str, parts: list[Any]) -> list[dict[str, Any]]:
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    for p in parts:
+        if not isinstance(p, dict):
+            continue
+        kind = p.get("type")
+        if kind == "text" and p.get("content") is not None:
+            texts.append(str(p["content"]))
+        elif kind == "tool_call":
+            calls.append(call(p.get("id"), p.get("name"), p.get("arguments")))
+        elif kind == "tool_call_response":
+            results.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": str(p.get("id") or "") or None,
+                    "content": as_text(p.get("response")),
+                }
+            )
+    out: list[dict[str, Any]] = []
+    if texts or calls:
+        msg: dict[str, Any] = {
+            "role": role if role != "tool" else "assistant",
+            "content": "\n".join(texts) or None,
+        }
+        if calls:
+            msg["tool_calls"] = calls
+        out.append(msg)
+    return out + results
+
+
+def tool_definitions(value: Any) -> list[dict[str, Any]]:
+    """Tool definitions in OpenAI's function form, from that form or the flat ``{name, parameters}`` one."""
+    value = json_value(value)
+    if isinstance(value, dict):
+        value = [value]
+    out: list[dict[str, Any]] = []
+    for item in value if isinstance(value, list) else []:
+        item = json_value(item)
+        if not isinstance(item, dict):
+            continue
+        function = item.get("function")
+        fn: dict[str, Any] = function if isinstance(function, dict) else item
+        name = fn.get("name")
+        if not name:
+            continue
+        definition: dict[str, Any] = {"name": str(name)}
+        if fn.get("description"):
+            definition["description"] = str(fn["description"])
+        params = json_value(fn.get("parameters", fn.get("input_schema")))
+        if isinstance(params, dict):
+            definition["parameters"] = params
+        out.append({"type": "function", "function": definition})
+    return out

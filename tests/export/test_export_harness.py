@@ -1,0 +1,209 @@
+"""Exported tasks run by the real harnesses: a criterion can fail. A scripted model that calls the forbidden
+tool fails the task, one that does not passes; run by Inspect AI itself (``inspect eval`` and its Python
+``eval``, with Inspect's scripted ``mockllm`` model) and by verifiers itself (``vf-eval`` against a scripted
+OpenAI-compatible server)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.export.test_export import _export, world  # noqa: F401 (the fixture)
+from tests.support.fake_openai import Script, fake_openai
+from vigil.export.checks import Turn, grade
+from vigil.export.harness import INSPECT_TASK
+from vigil.export.tasks import Source, build
+from vigil.schema import Conversation
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def offline_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inspect counts tokens with tiktoken, which downloads its encodings; litellm ships them (o200k_base)."""
+    import litellm
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(Path(litellm.__file__).parent / "litellm_core_utils" / "tokenizers"))
+
+
+def _forbidden_sample(client: Any, ids: dict[str, str], tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    samples, _ = _export(client, format="inspect")
+    path = tmp_path / "failures.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(s) + b"\n" for s in samples))
+    sample = next(s for s in samples if s["metadata"]["source"]["conversation_id"] == ids["forbidden"])
+    return path, sample
+
+
+def _inspect_eval(path: Path, sample_id: str, output: Any, log_dir: Path) -> Any:
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.model import get_model
+
+    from vigil.export.harness.inspect_task import vigil_regression
+
+    model = get_model("mockllm/model", custom_outputs=[output])
+    [log] = inspect_eval(
+        vigil_regression(dataset=str(path)),
+        model=model,
+        sample_id=sample_id,
+        log_dir=str(log_dir),
+        display="none",
+    )
+    assert log.status == "success", log.error
+    [sample] = log.samples
+    return sample
+
+
+@pytest.mark.slow
+def test_inspect_runs_the_export_and_a_forbidden_call_fails_it(world, tmp_path: Path) -> None:  # noqa: F811
+    from inspect_ai.model import ModelOutput
+
+    _, client, ids, _, _ = world
+    path, sample = _forbidden_sample(client, ids, tmp_path)
+    tools = {t["name"] for t in sample["metadata"]["tools"]}
+    assert "return_delivered_order_items" in tools and sample["metadata"]["tools_source"] == "calls_seen"
+    assert any(g["type"] == "must_not_call" for g in sample["metadata"]["grading"])
+
+    bad = ModelOutput.for_tool_call(
+        "mockllm/model",
+        "return_delivered_order_items",
+        {"order_id": "#W1", "item_ids": ["1"], "payment_method_id": "x"},
+    )
+    judged = _inspect_eval(path, sample["id"], bad, tmp_path / "bad")
+    [score] = judged.scores.values()
+    assert score.value == "I" and "retail-return-exchange-only-delivered" in score.metadata["broken"]
+    # the model under test was offered the tools: Inspect recorded them on its model call
+    [call] = [e for e in judged.events if e.event == "model"]
+    assert "return_delivered_order_items" in {t.name for t in call.tools}
+
+    good = ModelOutput.from_content("mockllm/model", "Only delivered orders can be returned; this one is pending.")
+    judged = _inspect_eval(path, sample["id"], good, tmp_path / "good")
+    [score] = judged.scores.values()
+    assert score.value == "C", score.explanation
+
+
+@pytest.mark.slow
+def test_inspect_eval_command_loads_the_task_and_the_tools(world, tmp_path: Path) -> None:  # noqa: F811
+    _, client, ids, _, _ = world
+    path, sample = _forbidden_sample(client, ids, tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "service"), env_path()])}
+    # Inspect resolves a task file relative to the working directory
+    cmd = [sys.executable, "-m", "inspect_ai", "eval", INSPECT_TASK.name, "-T", f"dataset={path}"]
+    cmd += ["--model", "mockllm/model", "--sample-id", sample["id"], "--log-dir", str(tmp_path / "logs")]
+    cmd += ["--log-format", "json", "--display", "none"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=INSPECT_TASK.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [log_file] = (tmp_path / "logs").glob("*.json")
+    log = orjson.loads(log_file.read_bytes())
+    [s] = log["samples"]
+    # mockllm's default reply is text: no forbidden call, so the sample passes
+    assert list(s["scores"].values())[0]["value"] == "C"
+    model_events = [e for e in s["events"] if e["event"] == "model"]
+    assert {t["name"] for t in model_events[0]["tools"]} >= {"return_delivered_order_items"}
+
+
+def env_path() -> str:
+    return os.environ.get("PYTHONPATH", "")
+
+
+def test_only_criteria_at_or_above_the_severity_become_hard_criteria() -> None:
+    conv = Conversation.model_validate(
+        {
+            "conversation_id": "c1",
+            "agent_id": "a",
+            "agent_version": "1",
+            "messages": [
+                {"role": "user", "content": "Cancel #1"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "k1", "type": "function", "function": {"name": "cancel_order", "arguments": '{"id": 1}'}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "k1", "content": "ok"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "k2", "type": "function", "function": {"name": "transfer_to_human", "arguments": "{}"}}
+                    ],
+                },
+            ],
+        }
+    )
+    findings = [
+        {"rule_id": "no-cancel", "rule_type": "forbidden_tool", "severity": "high", "message": "m",
+         "evidence": [{"message_index": 1}], "details": {"tool": "cancel_order"}},
+        {"rule_id": "escalated", "rule_type": "escalation", "severity": "info", "message": "m",
+         "evidence": [{"message_index": 3}], "details": {}},
+    ]  # fmt: skip
+    task = build(Source(conv, "wrong_action", findings, [], []), {})
+    assert [g["type"] for g in task["grading"]] == ["must_not_call"]  # the hand-off is not a criterion
+    assert [r["rule_id"] for r in task["failure"]["rules"]] == ["no-cancel", "escalated"]  # still reported
+    assert build(Source(conv, "x", findings, [], []), {}, "info")["grading"][1]["type"] == "must_not_escalate"
+    assert build(Source(conv, "x", findings, [], []), {}, "critical")["grading"] == []
+    assert [t["function"]["name"] for t in task["tools"]] == ["cancel_order", "transfer_to_human"]
+    assert task["tools"][0]["function"]["parameters"]["properties"] == {"id": {"type": "integer"}}
+
+
+def test_checks_grade_the_next_turn() -> None:
+    must_not = {"type": "must_not_call", "tool": "cancel_order", "rule_id": "r1"}
+    order = {"type": "must_call_before", "before": ["lookup"], "after": ["cancel_order"], "rule_id": "r2"}
+    rubric = {"type": "rubric", "text": "Be kind."}
+    assert grade([must_not, rubric], Turn("", [("cancel_order", {})]), [])["broken"] == ["r1"]
+    assert grade([must_not, rubric], Turn("No.", []), []) == {"passed": True, "broken": [], "unchecked": ["rubric"]}
+    looked_up = [{"role": "assistant", "tool_calls": [{"function": {"name": "lookup"}}]}]
+    assert grade([order], Turn("", [("cancel_order", {})]), looked_up)["passed"]
+    assert not grade([order], Turn("", [("cancel_order", {})]), [])["passed"]
+    pii = {"type": "must_not_disclose", "kinds": ["email"], "rule_id": "p"}
+    assert not grade([pii], Turn("mail me at a.b@example.com", []), [])["passed"]
+
+
+def _vf_eval(rows_path: Path, script: Script, out: Path) -> dict[str, Any]:
+    """``vf-eval`` (verifiers' own eval command) on the exported file: the null harness's chat loop, in a
+    subprocess runtime, calling the scripted OpenAI-compatible server, with the toolset serving the tools."""
+    import shutil
+
+    with fake_openai(script) as (url, _):
+        bin_dir = Path(sys.executable).parent
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "service"), env_path()]),
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",  # uv, which the harness runs its loop with
+            "VIGIL_TEST_LLM_KEY": "scripted",
+        }
+        assert shutil.which("uv", path=env["PATH"]), "uv (dev extra) runs the verifiers harness's chat loop"
+        cmd = [str(bin_dir / "vf-eval"), "vigil_verifiers", "--env.taskset.path", str(rows_path)]
+        cmd += ["--env.agent.harness.id", "null", "--env.agent.runtime.type", "subprocess", "--model", "scripted"]
+        cmd += ["--client.base-url", url, "--client.api-key-var", "VIGIL_TEST_LLM_KEY", "--num-rollouts", "1"]
+        cmd += ["--push", "false", "--output-dir", str(out)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=out.parent)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        requests = list(script.requests)
+    [traces] = list(out.glob("*/traces.jsonl"))
+    [episode] = [orjson.loads(line) for line in traces.read_bytes().splitlines() if line.strip()]
+    assert episode["ok"], episode.get("errors")
+    [trace] = episode["traces"]
+    offered = {t["function"]["name"] for t in requests[0].get("tools") or []}
+    return {"reward": trace["rewards"]["criteria_met"]["score"], "info": trace["info"], "offered": offered}
+
+
+@pytest.mark.slow
+def test_verifiers_runs_the_export_and_a_forbidden_call_fails_it(world, tmp_path: Path) -> None:  # noqa: F811
+    _, client, ids, _, _ = world
+    rows, _ = _export(client, format="verifiers")
+    row = next(r for r in rows if r["info"]["source"]["conversation_id"] == ids["forbidden"])
+    path = tmp_path / "forbidden.verifiers.jsonl"
+    path.write_bytes(orjson.dumps(row) + b"\n")
+    args = {"order_id": "#W1", "item_ids": ["1"], "payment_method_id": "credit_card_1"}
+    bad = _vf_eval(path, Script([("return_delivered_order_items", args)], "Done.", relative=True), tmp_path / "bad")
+    assert "return_delivered_order_items" in bad["offered"]  # the model under test was given the agent's tools
+    assert bad["reward"] == 0.0 and "retail-return-exchange-only-delivered" in bad["info"]["vigil"]["broken"]
+    good = _vf_eval(path, Script([], "Only delivered orders can be returned.", relative=True), tmp_path / "good")
+    assert good["reward"] == 1.0 and good["info"]["vigil"] == {"passed": True, "broken": [], "turns": 1}

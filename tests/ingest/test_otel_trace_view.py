@@ -1,0 +1,78 @@
+"""The conversation page of a traced conversation shows its span tree (timings, errors) and links the other
+conversations of the same session and user; ``GET /v1/conversations/{id}`` carries the same view."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from tests.support.app import REVIEWER
+from tests.support.review import review_client, review_runtime
+from vigil.ingest.otlp.ingest import TraceIngest
+
+
+def span(
+    trace: str, sid: int, parent: int | None, name: str, start_ms: int, dur_ms: int, **attrs: Any
+) -> dict[str, Any]:
+    t0 = 1_700_000_000_000_000_000
+    return {
+        "trace_id": trace,
+        "span_id": f"{sid:016x}",
+        "parent_span_id": f"{parent:016x}" if parent else None,
+        "name": name,
+        "kind": 1,
+        "start_ns": t0 + start_ms * 1_000_000,
+        "end_ns": t0 + (start_ms + dur_ms) * 1_000_000,
+        "attributes": attrs,
+        "events": [],
+        "status": {"code": 2, "message": "upstream timeout"}
+        if name.startswith("execute_tool")
+        else {"code": 0, "message": ""},
+        "resource": {"service.name": "shop-agent"},
+    }
+
+
+def trace(trace_id: str, user: str) -> list[dict[str, Any]]:
+    msgs = orjson.dumps([{"role": "user", "parts": [{"type": "text", "content": f"hello from {user}"}]}]).decode()
+    call = orjson.dumps(
+        [{"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {}}]}]
+    ).decode()
+    chat = {"gen_ai.operation.name": "chat", "gen_ai.input.messages": msgs, "gen_ai.output.messages": call}
+    tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup", "gen_ai.tool.call.id": "c1"}
+    return [
+        span(trace_id, 1, None, "POST /chat", 0, 900, **{"session.id": "sess-9", "user.id": user}),
+        span(trace_id, 2, 1, "invoke_agent shop", 5, 880, **{"gen_ai.operation.name": "invoke_agent"}),
+        span(trace_id, 3, 2, "chat gpt-4o", 10, 400, **chat),
+        span(trace_id, 4, 2, "execute_tool lookup", 420, 300, **tool),
+    ]
+
+
+def test_conversation_page_shows_the_span_tree_and_the_session(sqlite_url: str) -> None:
+    rt = review_runtime(sqlite_url)
+    ingest = rt.get(TraceIngest)
+    a, b = "a" * 32, "b" * 32
+    ingest.ingest(trace(a, "u-1"))
+    ingest.ingest(trace(b, "u-2"))
+    with review_client(rt) as ui:
+        api = ui.get(f"/v1/conversations/otel-{a}", headers=REVIEWER).json()
+        view = api["trace"]
+        assert [(s["name"], s["depth"]) for s in view["spans"]] == [
+            ("POST /chat", 0),
+            ("invoke_agent shop", 1),
+            ("chat gpt-4o", 2),
+            ("execute_tool lookup", 2),
+        ]
+        assert view["spans"][3]["error"] == "upstream timeout" and view["spans"][3]["duration_ms"] == 300
+        assert view["session_id"] == "sess-9" and [o["conversation_id"] for o in view["session"]] == [f"otel-{b}"]
+        assert view["user_id"] == "u-1" and view["user"] == []
+
+        page = ui.get("/ui/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+        ui.post("/ui/login", data={"csrf": csrf, "api_key": "rita-key", "next": "/ui/queue"})
+        html = ui.get(f"/ui/review/otel-{a}").text
+        assert 'id="trace"' in html and "execute_tool lookup" in html and "error: upstream timeout" in html
+        assert "depth-2" in html and "+420.0 ms · 300.0 ms" in html
+        assert f'href="/ui/review/otel-{b}"' in html and "Same session <code>sess-9</code>" in html
+    rt.close()
