@@ -242,7 +242,8 @@ def test_calibration_and_export_pages_in_a_browser(tmp_path: Path) -> None:
                 page.click("form[action='/ui/export'] button[type=submit]")
             path = dl.value.path()
             rows = [orjson.loads(line) for line in Path(path).read_bytes().splitlines()]
-            assert rows and all(set(r) == {"prompt", "answer", "info", "task"} for r in rows)
+            expected = {"id", "name", "prompt", "system_prompt", "tools", "criteria", "answer", "info"}
+            assert rows and all(set(r) == expected for r in rows)  # verifiers TaskData rows
             page.goto(f"{base}/ui/export")
             assert page.locator("table.queue tbody tr").first.inner_text().split("\t")[2] == "verifiers"
             assert errors == []

@@ -194,3 +194,23 @@ def test_a_rule_over_its_budget_yields_a_rule_timeout_finding() -> None:
 
 
 ARGS_BUDGET = registered_rule_types()["budget"].args_model.model_validate({"max_turns": 1})
+
+
+def test_a_rule_that_waits_for_a_core_is_not_stopped() -> None:
+    """The budget is CPU time: a loaded host that keeps a rule off the CPU does not spend it."""
+    from vigil.rules import RuleArgs, rule_type
+    from vigil.rules.packs import CompiledRule, RuleEngine, RuleSpec
+    from vigil.rules.registry import get_rule_type
+
+    class NapArgs(RuleArgs):
+        pass
+
+    @rule_type("test_nap", NapArgs)
+    def nap(view: ConversationView, args: NapArgs):  # type: ignore[no-untyped-def]
+        time.sleep(0.3)  # off the CPU, as a thread descheduled on a busy machine is
+        return iter(())
+
+    spec = RuleSpec(id="nap", type="test_nap", severity="high")
+    engine = RuleEngine([CompiledRule("nap", "p", spec, get_rule_type("test_nap"), NapArgs())])
+    engine.timeout_seconds = 0.05
+    assert engine.evaluate(conversation("hello there")) == []

@@ -6,6 +6,11 @@ stream: when a rule passes its deadline the watchdog raises :class:`RuleTimeout`
 running it (``PyThreadState_SetAsyncExc``: delivered at the next Python bytecode, so a long call into C
 finishes first), and the engine records a ``rule_timeout`` error finding instead of its hits.
 
+The budget counts the CPU time of the thread running the rule, not the wall clock: on a busy machine a
+thread that waits for a core (or for the interpreter lock) has not spent its budget, and a cheap rule
+must never be stopped because the host was loaded. The watchdog wakes at the wall-clock deadline,
+reads the thread's CPU clock, and moves the deadline on by the budget not yet spent.
+
 Arming and disarming take one uncontended lock (well under a microsecond); the watchdog sleeps until
 the nearest deadline and not at all while no rule runs.
 """
@@ -28,18 +33,23 @@ class RuleTimeout(Exception):  # noqa: N818  (raised into a rule, like TimeoutEr
 class Guard:
     """One thread's running rule: its deadline, and whether the watchdog already fired on it."""
 
-    __slots__ = ("tid", "deadline", "fired", "_watchdog")
+    __slots__ = ("tid", "deadline", "fired", "budget", "cpu_start", "clock", "_watchdog")
 
     def __init__(self, watchdog: Watchdog) -> None:
         self.tid = threading.get_ident()
         self.deadline: float | None = None
         self.fired = False
+        self.budget = 0.0
+        self.cpu_start = 0.0
+        self.clock = _cpu_clock(self.tid)
         self._watchdog = watchdog
 
     def start(self, budget_seconds: float) -> None:
         wd = self._watchdog
         with wd.cond:
             self.deadline = time.monotonic() + budget_seconds
+            self.budget = budget_seconds
+            self.cpu_start = self.cpu()
             self.fired = False
             wd.guards[self.tid] = self
             wd.cond.notify()
@@ -52,6 +62,13 @@ class Guard:
             if fired:
                 _set_async_exc(self.tid, ctypes.py_object())  # clears one not yet delivered
             return fired
+
+    def cpu(self) -> float:
+        """CPU seconds this guard's thread has used (the wall clock where the platform has no thread clock)."""
+        return time.clock_gettime(self.clock) if self.clock is not None else time.monotonic()
+
+    def spent(self) -> float:
+        return self.cpu() - self.cpu_start
 
     def close(self) -> None:
         with self._watchdog.cond:
@@ -83,11 +100,23 @@ class Watchdog:
                     if g.deadline is None or g.fired:
                         continue
                     if g.deadline <= now:
-                        g.fired = True
-                        _set_async_exc(g.tid, ctypes.py_object(RuleTimeout))
-                    elif nearest is None or g.deadline < nearest:
+                        left = g.budget - g.spent()
+                        if left > 0:  # the thread waited for a core: its budget is not spent yet
+                            g.deadline = now + max(left, 0.001)
+                        else:
+                            g.fired = True
+                            _set_async_exc(g.tid, ctypes.py_object(RuleTimeout))
+                            continue
+                    if nearest is None or g.deadline < nearest:
                         nearest = g.deadline
                 self.cond.wait(None if nearest is None else nearest - now)
+
+
+def _cpu_clock(tid: int) -> int | None:
+    try:
+        return time.pthread_getcpuclockid(tid)
+    except (AttributeError, OSError):  # not every platform has per-thread CPU clocks
+        return None
 
 
 WATCHDOG = Watchdog()
