@@ -11,9 +11,9 @@ FROM python:${PYTHON_VERSION}-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/vigil
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY service ./service
-RUN /opt/vigil/bin/pip install .
+RUN /opt/vigil/bin/pip install -c constraints.txt .
 
 FROM python:${PYTHON_VERSION}-slim
 ARG VIGIL_UID=10001

@@ -3,13 +3,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-$(BIN)/vigil: pyproject.toml
+$(BIN)/vigil: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
-.PHONY: demo test lint bench
+.PHONY: demo test lint bench lock
 demo: $(BIN)/vigil
 	$(BIN)/vigil serve --demo
 
@@ -24,3 +24,12 @@ lint: $(BIN)/vigil
 
 bench: $(BIN)/vigil
 	$(BIN)/python -m bench.bench_pipeline
+
+# Re-pin constraints.txt after changing dependencies in pyproject.toml (uv resolves what pip cannot).
+lock: $(BIN)/vigil
+	$(BIN)/python -m pip install --quiet uv
+	$(BIN)/uv pip compile pyproject.toml --extra dev --python-version 3.11 --no-header --quiet -o constraints.txt.new \
+	  $$( [ -f /etc/xdg/pip/constraints.txt ] && echo -c /etc/xdg/pip/constraints.txt )
+	{ printf '%s\n' "# Pinned versions for a reproducible install: pip install -c constraints.txt -e '.[dev]' (make does this)." \
+	  "# pip alone cannot resolve the dev extras (resolution-too-deep); regenerate with: make lock"; \
+	  cat constraints.txt.new; } > constraints.txt && rm constraints.txt.new
