@@ -239,7 +239,7 @@ def run_vigil(bootstrap: str, topic: str, n: int, pg_url: str, admin: psycopg.Co
     from sqlalchemy import text
 
     import vigil.ingest.pipeline as pipeline_mod
-    from vigil.app.runtime import build_runtime
+    from vigil.app.runtime import build_runtime, settle_heap
     from vigil.app.wiring import wire
     from vigil.ingest.kafka import ConsumerWorker, kafka_consumer
     from vigil.settings import Settings
@@ -257,9 +257,7 @@ def run_vigil(bootstrap: str, topic: str, n: int, pg_url: str, admin: psycopg.Co
         otlp_grpc_port=0,
     )
     rt = wire(build_runtime(s, registry=CollectorRegistry(), roles=("consume",)), {"consume"})
-    startup = getattr(rt, "started", None)
-    if callable(startup):
-        startup()
+    settle_heap()  # as every vigil command does once built
     with rt.sessions() as session:  # the pool's connection exists before the clock starts
         session.execute(text("SELECT 1"))
     clock = Clock()

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from vigil.rules import Finding, max_severity
 from vigil.schema import Conversation
-from vigil.store.db import upsert
+from vigil.store.db import aware, upsert
 from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow
 
 
@@ -27,6 +27,27 @@ class Checked:
     origin: Any = None  # the Envelope it came from, for dead-lettering it if the database rejects it
     replaced: bool = False  # set by the store: it superseded an older stored revision
     previous_findings: frozenset[tuple[str, str]] = frozenset()  # (rule_id, message) of that revision
+    received_at: datetime | None = None  # set by the store: the stored row's received_at
+
+    @property
+    def conversation_id(self) -> str:
+        return self.conversation.conversation_id
+
+    @property
+    def agent_id(self) -> str:
+        return self.conversation.agent_id
+
+    @property
+    def agent_version(self) -> str:
+        return self.conversation.agent_version
+
+    @property
+    def started_at(self) -> datetime | None:
+        return aware(self.conversation.started_at)
+
+    @property
+    def ended_at(self) -> datetime | None:
+        return aware(self.conversation.ended_at)
 
 
 @dataclass(slots=True)
@@ -147,6 +168,8 @@ def store_conversations(session: Session, items: Sequence[Checked]) -> list[Chec
     applied = [i for i in items if i.conversation.conversation_id in applied_ids]
     if not applied:
         return []
+    for i in applied:
+        i.received_at = now
     if replaced_ids:
         previous: dict[str, set[tuple[str, str]]] = {}
         old = select(FindingRow.conversation_id, FindingRow.rule_id, FindingRow.message).where(
