@@ -90,7 +90,7 @@ def _upsert_conversations_pg(session: Session, rows: list[dict[str, Any]]) -> tu
     conn = session.connection()
     conn.exec_driver_sql(
         "CREATE TEMP TABLE IF NOT EXISTS vigil_conversations_stage "
-        "(LIKE conversations INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+        "(LIKE conversations INCLUDING DEFAULTS INCLUDING COMPRESSION) ON COMMIT DELETE ROWS"
     )
     _pg_copy(session, table, rows, into="vigil_conversations_stage")  # type: ignore[arg-type]
     names = ", ".join(f'"{k}"' for k in rows[0])
