@@ -24,7 +24,7 @@ def _postgres_with_lz4() -> bool:
     methods = bind.exec_driver_sql(
         "SELECT enumvals FROM pg_settings WHERE name = 'default_toast_compression'"
     ).scalar()  # absent before Postgres 14
-    return bool(methods) and "lz4" in methods
+    return "lz4" in (methods or [])
 
 
 def upgrade() -> None:
