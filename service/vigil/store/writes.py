@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+import psycopg
 from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.orm import Session
 
@@ -88,6 +89,9 @@ def _upsert_conversations_pg(session: Session, rows: list[dict[str, Any]]) -> tu
     """Returns (applied ids, ids that replaced an older revision); xmax = 0 marks a fresh insert."""
     table = ConversationRow.__table__
     conn = session.connection()
+    ids = [r["conversation_id"] for r in rows]
+    if _copy_new_conversations(session, rows, ids):
+        return set(ids), set()
     conn.exec_driver_sql(
         "CREATE TEMP TABLE IF NOT EXISTS vigil_conversations_stage "
         "(LIKE conversations INCLUDING DEFAULTS INCLUDING COMPRESSION) ON COMMIT DELETE ROWS"
@@ -102,6 +106,27 @@ def _upsert_conversations_pg(session: Session, rows: list[dict[str, Any]]) -> tu
     ).all()
     conn.exec_driver_sql("TRUNCATE vigil_conversations_stage")
     return {r[0] for r in result}, {r[0] for r in result if not r[1]}
+
+
+def _copy_new_conversations(session: Session, rows: list[dict[str, Any]], ids: list[str]) -> bool:
+    """The usual batch is all new conversations: COPY it straight into the table, without the staging
+    table and ``INSERT ... ON CONFLICT`` (which writes, and compresses, every document twice).
+
+    A row stored meanwhile by another writer (an HTTP ingest of the same id) fails the COPY on the
+    primary key; its savepoint is rolled back and the caller upserts instead. Returns whether it copied.
+    """
+    conn = session.connection()
+    taken = conn.exec_driver_sql(
+        "SELECT 1 FROM conversations WHERE conversation_id = ANY(%(ids)s) LIMIT 1", {"ids": ids}
+    ).first()
+    if taken is not None:
+        return False
+    try:
+        with session.begin_nested():
+            _pg_copy(session, ConversationRow.__table__, rows)  # type: ignore[arg-type]
+    except psycopg.errors.UniqueViolation:
+        return False
+    return True
 
 
 def _row(item: Checked, now: datetime) -> dict[str, object]:
