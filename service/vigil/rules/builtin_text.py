@@ -157,7 +157,7 @@ def regex(view: ConversationView, args: RegexArgs) -> Iterator[Hit]:
     for i, m in enumerate(view.messages):
         if m.role not in args.roles:
             continue
-        text = m.text
+        text = view.texts[i]
         found = rx.search(text) if text else None
         if found:
             matched = True
@@ -286,7 +286,11 @@ def groundedness(view: ConversationView, args: GroundednessArgs) -> Iterator[Hit
         if not _DIGIT.search(text):
             continue
         if source is None:
-            source = _Source("\n".join(m.text for m in view.messages if m.role in roles))
+            idx = [k for k, m in enumerate(view.messages) if m.role in roles]
+            joined = "\n".join(view.texts[k] for k in idx)
+            # system prompts' words first: they are shared across conversations, so looking there is free
+            idx.sort(key=lambda k: view.messages[k].role != "system")
+            source = _Source(joined, view.words_of(idx))
         if "amounts" in args.check and "$" in text:
             for m in _AMOUNT.finditer(text):
                 if source.amount(m.group(0)) is False:
@@ -319,12 +323,13 @@ MAX_SCANS = 256
 class _Source:
     """Where the assistant's facts may come from: tool results and user (and system) turns."""
 
-    __slots__ = ("text", "plain_numbers", "tokens", "seen", "scans")
+    __slots__ = ("text", "plain_numbers", "tokens", "seen", "scans", "_words")
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, words: Iterator[frozenset[str]]) -> None:
         self.text = text
         self.plain_numbers: str | None = None
-        self.tokens: set[str] | None = None
+        self.tokens: list[frozenset[str]] = []
+        self._words: Iterator[frozenset[str]] | None = words
         self.seen: dict[tuple[str, str], bool | None] = {}
         self.scans = 0
 
@@ -350,11 +355,16 @@ class _Source:
 
     def word(self, word: str) -> bool | None:
         """Whether ``word`` occurs in the source; a whole token of it is found without a scan."""
-        if self.tokens is None:
-            self.tokens = set(_NON_WORD.split(self.text))
-            self.tokens |= {t.lstrip("#") for t in self.tokens if t.startswith("#")}
-        if word in self.tokens:
+        if any(word in t for t in self.tokens):
             return True
+        while self._words is not None:  # the words of the next source message, from the shared text pass
+            words = next(self._words, None)
+            if words is None:
+                self._words = None
+                break
+            self.tokens.append(words)
+            if word in words:
+                return True
         src = self.text
         return self._scan("word", word, lambda: word in src)
 
@@ -382,7 +392,7 @@ def empty_or_truncated_response(view: ConversationView, args: EmptyOrTruncatedAr
     for i, m in enumerate(view.messages):
         if m.role != "assistant" or m.tool_calls:
             continue
-        text = m.text.rstrip()
+        text = view.texts[i].rstrip()
         if not text:
             yield Hit("empty assistant response", [Evidence(i)], {"kind": "empty"})
             continue

@@ -177,7 +177,7 @@ def require_confirmation(view: ConversationView, args: RequireConfirmationArgs) 
         if site.name not in args.tools:
             continue
         last_user = next((i for i in range(site.message_index - 1, -1, -1) if messages[i].role == "user"), None)
-        text = messages[last_user].text if last_user is not None else ""
+        text = view.texts[last_user] if last_user is not None else ""
         ok = last_user is not None and affirmed(text, yes, no, retract)
         if ok and args.one_write_per_confirmation and last_user in used:
             ok = False
