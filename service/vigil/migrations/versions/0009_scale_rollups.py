@@ -68,7 +68,28 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("name"),
     )
 
+    op.create_index("ix_findings_created", "findings", ["created_at"], postgresql_using="brin")
+    op.create_index("ix_dead_letters_created", "dead_letters", ["created_at"], postgresql_using="brin")
+    op.create_index("ix_verdicts_created", "verdicts", ["created_at"])
+    op.create_index("ix_review_items_done", "review_items", ["status", "updated_at"])
+    op.create_index("ix_review_items_claimed", "review_items", ["claimed_by"])
+    op.create_index(
+        "ix_review_items_waiting",
+        "review_items",
+        ["conversation_id"],
+        postgresql_where=sa.text("agent_id IS NULL"),
+        sqlite_where=sa.text("agent_id IS NULL"),
+    )
+    op.create_index("ix_exported_tasks_conversation", "exported_tasks", ["conversation_id"])
+
 
 def downgrade() -> None:
+    op.drop_index("ix_exported_tasks_conversation", "exported_tasks")
+    op.drop_index("ix_review_items_waiting", "review_items")
+    op.drop_index("ix_review_items_claimed", "review_items")
+    op.drop_index("ix_review_items_done", "review_items")
+    op.drop_index("ix_verdicts_created", "verdicts")
+    op.drop_index("ix_dead_letters_created", "dead_letters")
+    op.drop_index("ix_findings_created", "findings")
     for table in ("rollup_state", "rollup_members", "rollup_versions", "rollup_tasks", "rollup_hourly"):
         op.drop_table(table)
