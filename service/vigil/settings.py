@@ -208,9 +208,10 @@ class Settings(BaseSettings):
         "hours after the conversation ended.",
     )
     compare_max_sample: int = Field(
-        default=20_000,
+        default=5_000,
         ge=100,
-        description="Most recent conversations per version used for bootstrap intervals.",
+        description="Most recent conversations per version used for bootstrap intervals (the bootstrap's cost "
+        "grows with this times the resamples; rates come from the rollups and are not sampled).",
     )
     compare_bootstrap_resamples: int = Field(
         default=1000, ge=100, description="Bootstrap resamples for intervals of means and p95 latency."

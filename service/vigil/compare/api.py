@@ -26,7 +26,7 @@ def applicable_rules(rt: Runtime) -> RulesFor:
 
 def catch_up(rt: Runtime) -> None:
     """Bring the rollups up to date before an aggregate read (cheap: only rows since the last run)."""
-    refresh_rollups(rt.settings, rt.sessions)
+    refresh_rollups(rt.settings, rt.sessions, only_if_behind=True)
 
 
 def window(rt: Runtime, since: datetime | None, until: datetime | None) -> tuple[datetime | None, datetime | None]:

@@ -20,9 +20,16 @@ from vigil.store import retention, rollup_job
 log = logging.getLogger(__name__)
 
 
-def refresh_rollups(settings: Settings, sessions: sessionmaker[Session]) -> rollup_job.RefreshResult:
-    """The rollup job with this deployment's lag and retention."""
-    return rollup_job.refresh(sessions, settings.rollup_lag_seconds, frozen_before=retention.frozen_before(settings))
+def refresh_rollups(
+    settings: Settings, sessions: sessionmaker[Session], only_if_behind: bool = False
+) -> rollup_job.RefreshResult:
+    """The rollup job with this deployment's lag and retention (``only_if_behind``: the catch-up of a read)."""
+    return rollup_job.refresh(
+        sessions,
+        settings.rollup_lag_seconds,
+        frozen_before=retention.frozen_before(settings),
+        only_if_behind=only_if_behind,
+    )
 
 
 class Maintenance:

@@ -397,14 +397,34 @@ def refresh_in(
     return result
 
 
+def behind(session: Session) -> bool:
+    """Whether anything was written after the watermark (or the rollups were never built): a cheap look
+    along three time indexes, so a read catches up only when there is something to catch up on."""
+    state = session.get(RollupStateRow, STATE)
+    if state is None or state.watermark is None:
+        return True
+    wm = aware(state.watermark)
+    C, L, V = ConversationRow, OutcomeLinkRow, VerdictRow
+    return any(
+        session.scalar(select(col).where(col > wm).limit(1)) is not None
+        for col in (C.received_at, L.linked_at, V.created_at)
+    )
+
+
 def refresh(
     sessions: sessionmaker[Session],
     lag_seconds: float = 300.0,
     now: datetime | None = None,
     frozen_before: datetime | None = None,
+    only_if_behind: bool = False,
 ) -> RefreshResult:
     """Bring the rollups up to date in a transaction of their own; on Postgres on one snapshot, and
-    skipped (``ran`` False) while another replica's run holds the lock."""
+    skipped (``ran`` False) while another replica's run holds the lock, or with ``only_if_behind`` when
+    nothing was written since the last run (late commits inside the lag are left to the periodic job)."""
+    if only_if_behind:
+        with sessions() as session:
+            if not behind(session):
+                return RefreshResult(ran=False)
     with sessions.begin() as session:
         if _pg(session):
             session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
