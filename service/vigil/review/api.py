@@ -37,6 +37,7 @@ from vigil.review.schemas import (
     TaxonomyOut,
 )
 from vigil.review.stage import ReviewStage
+from vigil.store.reads import BadCursor
 
 router = APIRouter(
     prefix="/v1/review",
@@ -93,12 +94,24 @@ def list_queue(
     outcome: str | None = Query(None, description="Conversations with an outcome of this type"),
     reason: str | None = Query(None, description="Items flagged for this reason kind"),
     limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, description="Items to skip (bounded by list_max_offset; page deeper with cursor)."),
+    cursor: str | None = Query(None, description="next_cursor of the previous page (keyset pagination)."),
     p: Principal = require("reviewer"),
 ) -> Any:
     """Queue items with counts per state and per reason kind, highest priority first."""
     f = queue.QueueFilter(agent, version, rule, verdict, outcome, reason)
-    out = run(request, lambda s, _st: insights.list_queue(s, f, status, limit, offset))
+    settings = runtime_of(request).settings
+    if offset > settings.list_max_offset:
+        raise HTTPException(422, f"offset above {settings.list_max_offset}: page with cursor (next_cursor)")
+    try:
+        out = run(
+            request,
+            lambda s, _st: insights.list_queue(
+                s, f, status, limit, offset, cursor=cursor, count_cap=settings.list_count_cap
+            ),
+        )
+    except BadCursor as exc:
+        raise HTTPException(422, str(exc)) from None
     out["items"] = [_seen_by(item, p) for item in out["items"]]
     return out
 
