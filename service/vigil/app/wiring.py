@@ -42,5 +42,7 @@ def wire(rt: Runtime, roles: Iterable[str] | None = None) -> Runtime:
 
 
 def metadata() -> MetaData:
-    """Every stage's tables (importing the stages above registered them on the shared Base)."""
+    """Every stage's tables (importing the stages above registered them on the shared Base), and the UI's."""
+    import vigil.ui.models  # noqa: F401  (registers ui_sessions)
+
     return Base.metadata
