@@ -297,8 +297,8 @@ class Settings(BaseSettings):
     )
     export_redact_patterns: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra PII patterns redacted on export besides emails, phones and card numbers, as JSON "
-        '{"name": "regex", ...}; a match becomes [REDACTED:name].',
+        description="Extra patterns redacted on export besides the built-in PII and secret detector, as JSON "
+        '{"name": "regex", ...} (RE2 syntax); a match becomes [REDACTED:name].',
     )
     # --- end calibration ---
 

@@ -83,6 +83,6 @@ def build_app(rt: Runtime, background: list[Background] | None = None) -> FastAP
     from vigil.ui import pages, session
 
     app = create_app(rt, background)
-    session.install(app, rt.settings, announce=rt.has_role("serve", "api"))
+    session.install(app, rt.settings, announce=rt.has_role("serve", "api"), db=rt.sessions)
     app.include_router(pages.router)
     return app

@@ -49,6 +49,8 @@ def wire(rt: Runtime, roles: Iterable[str] | None = None) -> Runtime:
 
 
 def metadata() -> MetaData:
-    """Every stage's tables (importing the stages above registered them on the shared Base)."""
+    """Every stage's tables (importing the stages above registered them on the shared Base), and the UI's."""
+    import vigil.ui.models  # noqa: F401  (registers ui_sessions)
+
     assert rollups.RollupHourRow.__table__.metadata is Base.metadata  # the shared rollup tables, too
     return Base.metadata
