@@ -166,6 +166,19 @@ class Settings(BaseSettings):
     judge_default_daily_budget_usd: float = Field(
         default=5.0, ge=0, description="Daily spend cap (UTC day) of a judge whose judge.yaml sets none."
     )
+    judge_min_versions: int = Field(
+        default=50,
+        ge=0,
+        description="Agent versions per judge that get a judge.yaml's min_per_agent_version_per_hour each hour: "
+        "versions within the agent_version label budget (VIGIL_MAX_LABEL_VALUES), the first this many to "
+        "arrive in the hour; any other version is judged at the sample rate alone.",
+    )
+    judge_min_per_hour_cap: int = Field(
+        default=250,
+        ge=0,
+        description="At most this many requests per judge per hour come from the per-version minimum, "
+        "whatever the number of versions (the sample rate and always-judge rules are not capped by it).",
+    )
     judge_context_files: str = Field(
         default="",
         description="name=path,... files a judge's prompt can include as {{context.NAME}} (e.g. a policy).",
