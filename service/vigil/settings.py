@@ -75,7 +75,14 @@ class Settings(BaseSettings):
         default=16_384,
         ge=0,
         description="How much of a bad message's raw bytes is kept; an HTTP request's invalid items share one "
-        "dead letter per reason, so this also caps what one request can leave behind.",
+        "dead letter per reason, and so do a consumer batch's bad messages per partition and reason.",
+    )
+    dead_letter_batch_raw_bytes: int = Field(
+        default=65_536,
+        ge=0,
+        description="Raw bytes kept from one request or consumer batch across all its dead letters; past it a "
+        "letter keeps its reason, positions, size and errors but no raw bytes (a Kafka dead-letter topic, "
+        "if set, still receives every bad message whole).",
     )
     max_request_bytes: int = Field(
         default=33_554_432,
