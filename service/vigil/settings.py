@@ -75,7 +75,14 @@ class Settings(BaseSettings):
         default=16_384,
         ge=0,
         description="How much of a bad message's raw bytes is kept; an HTTP request's invalid items share one "
-        "dead letter per reason, so this also caps what one request can leave behind.",
+        "dead letter per reason, and so do a consumer batch's bad messages per partition and reason.",
+    )
+    dead_letter_batch_raw_bytes: int = Field(
+        default=65_536,
+        ge=0,
+        description="Raw bytes kept from one request or consumer batch across all its dead letters; past it a "
+        "letter keeps its reason, positions, size and errors but no raw bytes (a Kafka dead-letter topic, "
+        "if set, still receives every bad message whole).",
     )
     max_request_bytes: int = Field(
         default=33_554_432,
@@ -165,6 +172,19 @@ class Settings(BaseSettings):
     )
     judge_default_daily_budget_usd: float = Field(
         default=5.0, ge=0, description="Daily spend cap (UTC day) of a judge whose judge.yaml sets none."
+    )
+    judge_min_versions: int = Field(
+        default=50,
+        ge=0,
+        description="Agent versions per judge that get a judge.yaml's min_per_agent_version_per_hour each hour: "
+        "versions within the agent_version label budget (VIGIL_MAX_LABEL_VALUES), the first this many to "
+        "arrive in the hour; any other version is judged at the sample rate alone.",
+    )
+    judge_min_per_hour_cap: int = Field(
+        default=250,
+        ge=0,
+        description="At most this many requests per judge per hour come from the per-version minimum, "
+        "whatever the number of versions (the sample rate and always-judge rules are not capped by it).",
     )
     judge_context_files: str = Field(
         default="",

@@ -318,8 +318,7 @@ def test_verifiers_rows_are_verifiers_task_data(world, tmp_path: Path) -> None: 
 
 
 def test_cli_export_writes_file_and_rejects_bad_input(world, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from typer.testing import CliRunner
-
+    from tests.support.cli import cli_runner
     from vigil.app.cli import app
 
     rt, _, _, _, _ = world
@@ -327,15 +326,15 @@ def test_cli_export_writes_file_and_rejects_bad_input(world, tmp_path: Path, mon
     monkeypatch.setenv("VIGIL_RULE_PACKS", rt.settings.rule_packs)
     monkeypatch.setenv("VIGIL_EXPORT_REDACT_PATTERNS", '{"user_id": "' + USER_ID.replace("\\", "\\\\") + '"}')
     out = tmp_path / "tasks.jsonl"
-    r = CliRunner().invoke(app, ["export", "--format", "native", "--out", str(out)])
+    r = cli_runner().invoke(app, ["export", "--format", "native", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert len(_lines(out.read_bytes())) == 3 and "watermark" in r.output
-    r = CliRunner().invoke(app, ["export", "--out", str(out)])
+    r = cli_runner().invoke(app, ["export", "--out", str(out)])
     assert r.exit_code == 0 and _lines(out.read_bytes()) == []
-    r = CliRunner().invoke(app, ["export", "--format", "yaml"])
+    r = cli_runner().invoke(app, ["export", "--format", "yaml"])
     assert r.exit_code == 2 and "format must be one of" in r.output
     monkeypatch.setenv("VIGIL_EXPORT_REDACT_PATTERNS", '{"bad": "("}')
-    r = CliRunner().invoke(app, ["export"])
+    r = cli_runner().invoke(app, ["export"])
     assert r.exit_code == 2 and "invalid regex" in r.output
 
 
