@@ -57,7 +57,7 @@ def convert(
     agent_version: str | None,
     include_policy: bool = True,
 ) -> Iterator[Conversation]:
-    from vigil.ingest.importers import ImportError_
+    from vigil.ingest.importers.common import ImportError_
 
     info = data.get("info") or {}
     domain = _domain(info)
