@@ -76,7 +76,7 @@ def markers(records: list[dict[str, Any]]) -> list[str]:
                 found.add("tool_calls")
         if any(isinstance(t, dict) and isinstance(t.get("function"), dict) for t in r.get("tools") or []):
             found.add('tools as {"type": "function", "function": ...}')
-        if "choices" in r or "response" in r:
+        if "choices" in r or (isinstance(r.get("response"), dict) and "choices" in r["response"]):
             found.add("a ChatCompletion response")
     return sorted(found)
 

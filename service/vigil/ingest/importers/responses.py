@@ -79,9 +79,6 @@ REQUEST_KEYS = frozenset(
     }
 )
 OWN = frozenset({*ENVELOPE, "instructions", "input", "output", "tools", "metadata", "response"})
-RESPONSE_FIELDS = frozenset(
-    {"id", "object", "created_at", "status", "error", "incomplete_details", "output_text", "usage", "completed_at"}
-)
 
 
 def is_item(x: Any) -> bool:
@@ -283,17 +280,17 @@ def convert(data: Any, path: Path, agent_id: str | None, agent_version: str | No
         where = f"item {n}"
         if not isinstance(item, dict):
             raise ItemError(f"{where}: expected an object")
-        allowed = OWN | REQUEST_KEYS | (RESPONSE_FIELDS if item.get("object") == "response" else frozenset())
-        unknown = sorted(set(item) - allowed)
+        # a Response object is the API's own output: its other fields (settings, moderation) are no turns
+        unknown = [] if item.get("object") == "response" else sorted(set(item) - OWN - REQUEST_KEYS)
         if unknown:
             raise ItemError(f"{where}: {', '.join(unknown)}: not a field of Vigil's schema nor a Responses parameter")
         messages, extra = _record(item, where)
         request = {k: item[k] for k in sorted(REQUEST_KEYS) if k in item and k not in ("model",)}
         meta = {**extra["meta"], "model": extra["model"], "request": request or None}
-        record = {**item, "usage": item.get("usage") if item.get("object") != "response" else None}
-        record["usage"] = record["usage"] or extra["usage"]
-        if item.get("object") == "response":
-            record.pop("metadata", None)
+        if item.get("object") == "response":  # the API's output: none of its fields are Vigil's own
+            record = {"usage": extra["usage"], "metadata": item.get("metadata")}
+        else:
+            record = {**item, "usage": item.get("usage") or extra["usage"]}
         doc = envelope(
             record,
             path,
