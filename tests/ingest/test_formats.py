@@ -437,7 +437,6 @@ def test_plain_turns_read_the_same_in_every_format() -> None:
 def agents_sdk_trace() -> dict[str, Any]:
     """What the OpenAI Agents SDK's exporter sends for a tool-calling agent run: ``{"data": [trace, spans...]}``,
     recorded with a trace processor while the SDK runs against a scripted chat-completions server."""
-    pytest.importorskip("agents")
     from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_trace_processors, trace
     from agents.tracing import TracingProcessor
     from openai import AsyncOpenAI
@@ -554,7 +553,6 @@ def test_openai_agents_responses_model_trace_keeps_its_tool_calls() -> None:
 def langsmith_run_tree() -> dict[str, Any]:
     """A run tree as LangSmith stores it: LangChain's LangSmith tracer recording a tool-calling agent loop
     (a chat model with tools bound, tools, a failing tool), kept instead of posted."""
-    pytest.importorskip("langchain_core")
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
     from langchain_core.runnables import RunnableLambda
