@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Any, Final, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vigil.errors import ConfigError
 
@@ -58,11 +58,26 @@ class ToolCall(BaseModel):
         return value if isinstance(value, dict) else {"_value": value}
 
 
+# Content blocks of other formats that Vigil's schema would misread as parts without text (a tool call
+# read as an empty reply): refused, naming the format to send them in.
+FOREIGN_PARTS: Final = frozenset({"tool_use", "tool_result", "server_tool_use", "thinking", "redacted_thinking"})
+
+
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
 
     type: str
     text: str | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _not_foreign(cls, value: str) -> str:
+        if value in FOREIGN_PARTS:
+            raise ValueError(
+                f"a {value} block is Anthropic Messages, not Vigil's schema (tool calls go in tool_calls): "
+                "send it with ?format=anthropic (or vigil import)"
+            )
+        return value
 
 
 class Message(BaseModel):

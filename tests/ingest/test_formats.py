@@ -701,3 +701,24 @@ def test_http_ingest_reads_a_format_and_says_which(sqlite_url: str) -> None:
         letters = client.get("/v1/dead-letters", headers=ADMIN).json()
         assert any("unknown shape" in d.get("detail", "") for d in letters)  # refused, and kept
     rt.close()
+
+
+def test_anthropic_messages_sent_as_vigils_schema_are_refused_with_a_hint(sqlite_url: str) -> None:
+    """Not accepted with tool_use blocks read as empty replies: refused, naming the format to send it in."""
+    from tests.support.app import INGEST, make_client, make_settings
+    from vigil.app.runtime import build_runtime
+
+    record = anthropic_record()
+    del record["response"], record["model"], record["max_tokens"], record["tools"]
+    body = {"conversation_id": "claude-1", "agent_id": "refunds", "agent_version": "v1", **record}
+    rt = build_runtime(make_settings(sqlite_url))
+    with make_client(rt) as client:
+        r = client.post("/v1/conversations", json=body, headers=INGEST)
+        assert r.status_code == 422, r.text
+        [error] = r.json()["errors"]
+        assert "a thinking block is Anthropic Messages" in str(error["errors"])
+        assert error["hint"].startswith("this looks like anthropic (") and "?format=anthropic" in error["hint"]
+        r = client.post("/v1/conversations?format=auto", json=body, headers=INGEST)
+        assert r.status_code == 202 and r.json()["format"] == "anthropic", r.text
+        assert r.json()["conversation_ids"] == ["claude-1"]  # its own id and agent are kept
+    rt.close()

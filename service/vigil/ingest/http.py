@@ -60,6 +60,25 @@ def grouped_letters(items: list[Item], source: str, detail_chars: int = 4000) ->
     return letters
 
 
+def hint(item: Item) -> dict[str, str]:
+    """For an item refused by the schema that another format reads: which, and how to send it."""
+    if item.error is None or item.error.reason != "schema_invalid":
+        return {}
+    import orjson
+
+    from vigil.ingest.importers import matches
+
+    try:
+        found = matches(orjson.loads(item.raw))
+    except (orjson.JSONDecodeError, RecursionError):
+        return {}
+    other = {name: why for name, why in found.items() if name != "openai"}
+    if len(other) != 1:
+        return {}
+    [(name, why)] = other.items()
+    return {"hint": f"this looks like {name} ({why}): send it with ?format={name} (or ?format=auto)"}
+
+
 def ingest_body(rt: Runtime, body: bytes) -> Answer:
     """Decode, check and store one request body (runs in a worker thread)."""
     pipeline = rt.pipeline
@@ -77,7 +96,7 @@ def ingest_body(rt: Runtime, body: bytes) -> Answer:
         index_of[conv.conversation_id] = item.index
     invalid = list(batch.invalid())
     errors: list[dict[str, Any]] = [
-        {"index": i.index, "reason": i.error.reason, "errors": i.error.errors}  # type: ignore[union-attr]
+        {"index": i.index, "reason": i.error.reason, "errors": i.error.errors, **hint(i)}  # type: ignore[union-attr]
         for i in invalid
     ]
     result = pipeline.process_documents(valid, grouped_letters(invalid, "http") if invalid else [], "http")
