@@ -30,7 +30,7 @@ def conversation(cid: str, tools: list[dict[str, object]] | None) -> dict[str, o
             {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "tool_call_id": call_id, "content": "{}"},
         ]
-    messages.append({"role": "assistant", "content": "Refunded."})
+    messages.append({"role": "assistant", "content": "Refunded.", "reasoning": "The <i>user</i> asked twice."})
     doc: dict[str, object] = {"conversation_id": cid, "agent_id": "shop", "agent_version": "v1", "messages": messages}
     if tools is not None:
         doc["tools"] = tools
@@ -57,6 +57,7 @@ def test_conversation_page_lists_the_offered_tools_and_an_unoffered_call(sqlite_
         assert "Hand over &lt;b&gt;to a human&lt;/b&gt;." in section  # descriptions are text, never markup
         assert "<code>refund_order</code>" in section and "called 1× but not offered" in section
         assert "called-unoffered-tool" in html  # the rule's finding, on the refund call
+        assert "<summary>reasoning</summary>" in html and "The &lt;i&gt;user&lt;/i&gt; asked twice." in html
         # a conversation that does not carry its tools shows no tools section, and the rule stays quiet
         html = ui.get("/ui/review/without-tools").text
         assert 'id="tools"' not in html and "called-unoffered-tool" not in html

@@ -45,6 +45,7 @@ class MessageView:
     answers: str | None  # the tool name whose call this message answers
     findings: list[int]  # findings pointing at the whole message
     severity: str | None  # worst severity among findings touching this message
+    reasoning: str | None = None  # the model's reasoning summary (Responses, Anthropic thinking): not said to the user
 
 
 def _pretty(value: Any) -> str:
@@ -139,6 +140,7 @@ def build(document: dict[str, Any], findings: list[dict[str, Any]]) -> list[Mess
                 answers=call_names.get(m.tool_call_id or ""),
                 findings=whole,
                 severity=_worst([findings[k].get("severity", "info") for k in touching]),
+                reasoning=r if isinstance(r := (m.model_extra or {}).get("reasoning"), str) and r else None,
             )
         )
     return out
