@@ -159,6 +159,15 @@ def test_native_export_schema_grading_redaction_and_dedupe(world) -> None:  # ty
     last_assistant = max(i for i, m in enumerate(convs[ids["clean"]].messages) if m.role == "assistant")
     assert clean["failure"]["message_index"] == last_assistant
 
+    # only findings at or above VIGIL_EXPORT_MIN_CRITERION_SEVERITY (medium) became hard criteria
+    assert rt.settings.export_min_criterion_severity == "medium"
+    below = 0
+    for task in tasks:
+        severity = {r["rule_id"]: r["severity"] for r in task["failure"]["rules"]}
+        below += sum(s in ("info", "low") for s in severity.values())
+        assert all(severity[g["rule_id"]] not in ("info", "low") for g in task["grading"] if g.get("rule_id"))
+    assert below  # some findings were below the floor: reported in failure.rules, never criteria
+
     raw = b"".join(orjson.dumps(x) for x in tasks).decode()
     assert find_pii(raw, ["email", "phone", "card"]) == []
     assert not re.search(USER_ID, raw)

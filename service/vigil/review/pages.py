@@ -149,6 +149,7 @@ def _conversation_page(
         conv=conv,
         item=item,
         messages=transcript.build(conv["conversation"] or {"messages": []}, conv["findings"]),
+        tools=transcript.tools(conv["conversation"] or {}),
         findings=conv["findings"],
         verdicts=conv.get("verdicts") or [],
         history=hist,

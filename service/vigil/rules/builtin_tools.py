@@ -311,3 +311,26 @@ def escalation(view: ConversationView, args: EscalationArgs) -> Iterator[Hit]:
             start, end = span
             yield Hit("handed off to a human", [Evidence(i, start, end, text[start:end])], {"phrase": True})
             return
+
+
+class UnofferedToolArgs(RuleArgs):
+    allow: list[str] = Field(
+        default_factory=list, description="Tools the agent may call without their being offered (e.g. hosted ones)."
+    )
+
+
+@rule_type("unoffered_tool", UnofferedToolArgs)
+def unoffered_tool(view: ConversationView, args: UnofferedToolArgs) -> Iterator[Hit]:
+    """The agent called a tool it was not offered (needs the conversation's tool definitions; without
+    them nothing is known and nothing fires)."""
+    offered = view.conversation.offered_tools
+    if offered is None:
+        return
+    names = {t.name for t in offered} | set(args.allow)
+    for site in view.tool_calls:
+        if site.name not in names:
+            yield Hit(
+                f"called {site.name}, a tool it was not offered",
+                [Evidence(site.message_index)],
+                {"tool": site.name, "offered": sorted(t.name for t in offered)},
+            )
