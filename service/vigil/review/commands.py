@@ -184,13 +184,13 @@ def policy_cmd(
     """Validate a flagging policy and print it as the flagger reads it."""
     from vigil.errors import VigilError
     from vigil.review.policy import FlaggingPolicy
+    from vigil.schema import outcome_types
 
     try:
-        if path is None:
-            path_str = Launcher.of(ctx).settings().review_policy or None
-            policy = FlaggingPolicy.load(path_str)
-        else:
-            policy = FlaggingPolicy.load(path)
+        settings = Launcher.of(ctx).settings()
+        source = path or settings.review_policy or None
+        policy = FlaggingPolicy.load(source)
+        policy.check_outcome_types(outcome_types(settings.outcome_types), str(source or "flagging policy"))
     except VigilError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
