@@ -254,6 +254,20 @@ def test_skipping_a_conversation_outside_the_queue_is_a_404_page(ui, rt) -> None
     assert "text/html" in r.headers["content-type"] and f'href="{url}"' in r.text
 
 
+def _handler_attributes(html: str) -> list[str]:
+    """Attributes named on* of any tag, as a browser parses them (text inside a quoted value is no attribute)."""
+    from html.parser import HTMLParser
+
+    found: list[str] = []
+
+    class Attrs(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            found.extend(f"{tag} {name}" for name, _ in attrs if name.lower().startswith("on"))
+
+    Attrs().feed(html)
+    return found
+
+
 def test_hostile_transcript_is_escaped_and_pages_carry_a_csp(ui, rt) -> None:
     conv = xss_conversation()
     store(rt, [conv])
@@ -266,7 +280,7 @@ def test_hostile_transcript_is_escaped_and_pages_carry_a_csp(ui, rt) -> None:
         html = page.text
         for tag in ("<script>window", "<img", "<iframe", "<svg", '<a href="javascript'):
             assert tag not in html
-        assert re.findall(r"<[a-zA-Z][^>]*\son[a-z]+\s*=", html) == []  # no event handler attribute in any tag
+        assert _handler_attributes(html) == []  # no event handler attribute in any tag
         assert len(re.findall(r"<script\b", html)) == 1  # the UI's own vigil.js
     assert "&lt;script&gt;window.__xss = 1; alert(1)&lt;/script&gt;" in html
     assert "{{ 7 * 7 }}" in html and ">49<" not in html

@@ -92,22 +92,37 @@ def list_queue(
     verdict: Literal["pass", "fail", "unscored"] | None = Query(None, description="Any judge verdict of this kind"),
     outcome: str | None = Query(None, description="Conversations with an outcome of this type"),
     reason: str | None = Query(None, description="Items flagged for this reason kind"),
+    severity: str | None = Query(None, description="Conversations whose most severe finding has this severity"),
+    q: str | None = Query(
+        None, max_length=200, description="Search: part of the conversation id, task, user id or message text"
+    ),
+    sort: str | None = Query(None, description=f"Sort by one of: {', '.join(insights.SORTS)} (default priority)"),
+    order: Literal["asc", "desc"] | None = Query(None, description="Default: desc for priority and times"),
     limit: int = Query(50, ge=1, le=500),
     offset: int = Query(0, ge=0),
     p: Principal = require("reviewer"),
 ) -> Any:
-    """Queue items with counts per state and per reason kind, highest priority first."""
-    f = queue.QueueFilter(agent, version, rule, verdict, outcome, reason)
-    out = run(request, lambda s, _st: insights.list_queue(s, f, status, limit, offset))
+    """Queue items with counts per state and per reason kind, highest priority first.
+
+    Agent, version, rule, severity and outcome match regardless of case."""
+    f = queue.QueueFilter(agent, version, rule, verdict, outcome, reason, severity, q)
+    desc = None if order is None else order == "desc"
+    out = run(request, lambda s, _st: insights.list_queue(s, f, status, limit, offset, sort=sort, descending=desc))
     out["items"] = [_seen_by(item, p) for item in out["items"]]
     return out
+
+
+@router.get("/queue/filters")
+def queue_filters(request: Request, _: Principal = require("reviewer")) -> dict[str, list[str]]:
+    """Known values of the queue's filters (agents, versions, rules, severities, outcomes, ...)."""
+    return run(request, lambda s, st: insights.filter_options(s, list(st.rule_descriptions)))
 
 
 @router.post("/claim", response_model=ClaimOut, responses={204: {"description": "Nothing left to claim"}})
 def claim_next(request: Request, body: ClaimFilters | None = None, p: Principal = require("reviewer")) -> Any:
     """Claim the highest-priority available item (optionally filtered) with a lease."""
     b = body or ClaimFilters()
-    f = queue.QueueFilter(b.agent, b.version, b.rule, b.verdict, b.outcome, b.reason)
+    f = queue.QueueFilter(b.agent, b.version, b.rule, b.verdict, b.outcome, b.reason, b.severity, b.q)
 
     def go(s: Session, st: ReviewStage) -> Any:
         cid = queue.claim_next(s, p.name, st.lease_seconds, f, release_others=b.release_others)

@@ -47,7 +47,7 @@ NOTICES = {
 EXPIRED_LABEL = "Your session expired, so your label was not saved. Log in again and it is filled in for you to save."
 STALE_LABEL = "The form had expired, so your label was not saved."
 RELOGGED_LABEL = "Logged in again. Your label was not saved yet."
-FILTERS = ("agent", "version", "rule", "verdict", "outcome", "reason")
+FILTERS = ("agent", "version", "rule", "verdict", "outcome", "reason", "severity", "search")
 
 
 def _stage(request: Request) -> ReviewStage:
@@ -64,17 +64,35 @@ def queue_page(
     status: str = "open",
     page: int = 1,
     notice: str | None = None,
+    sort: str | None = None,
+    order: str | None = None,
     user: Principal = Depends(ui_user),
 ) -> Response:
     if status not in insights.STATUSES:
         status = "open"
-    picked = {k: request.query_params.get(k) or None for k in FILTERS}
+    if sort not in insights.SORTS:
+        sort = None
+    descending = None if order not in ("asc", "desc") else order == "desc"
+    picked = {k: (request.query_params.get(k) or "").strip() or None for k in FILTERS}
     f = queue.QueueFilter(**picked)
     per_page = 50
     page = max(1, page)
-    with _stage(request).sessions() as s:
-        data = insights.list_queue(s, f, status, per_page, (page - 1) * per_page)
+    st = _stage(request)
+    with st.sessions() as s:
+        data = insights.list_queue(s, f, status, per_page, (page - 1) * per_page, sort=sort, descending=descending)
+        options = insights.filter_options(s, list(st.rule_descriptions))
     base = {k: v for k, v in picked.items() if v}
+    sorting = {"sort": sort, "order": order} if sort else {}
+
+    def qs(**kw: Any) -> str:
+        return urlencode({k: v for k, v in {**base, "status": status, **sorting, **kw}.items() if v is not None})
+
+    def sort_qs(column: str) -> str:
+        """The link of a column header: sort by it, or flip the order when it is the current sort."""
+        if data["sort"] == column:
+            return qs(sort=column, order="asc" if data["descending"] else "desc", page=None)
+        return qs(sort=column, order=None, page=None)
+
     return render_page(
         request,
         "queue.html",
@@ -82,10 +100,12 @@ def queue_page(
         data=data,
         status=status,
         filters=picked,
+        options=options,
         page=page,
         pages=max(1, -(-data["total"] // per_page)),
         notice=NOTICES.get(notice or ""),
-        qs=lambda **kw: urlencode({**base, "status": status, **kw}),
+        qs=qs,
+        sort_qs=sort_qs,
     )
 
 

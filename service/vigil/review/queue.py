@@ -34,7 +34,12 @@ def _changed(session: Session, stmt: Executable) -> int:
 
 @dataclass(frozen=True, slots=True)
 class QueueFilter:
-    """Filters of the queue list and of claim-next. Empty fields do not filter."""
+    """Filters of the queue list and of claim-next. Empty fields do not filter.
+
+    Agent, version, rule, severity and outcome match whole values regardless of case ("Support-bot" finds
+    "support-bot"); ``search`` finds a part of the conversation id, the task, or the stored conversation
+    (its messages, user id and metadata), regardless of case.
+    """
 
     agent: str | None = None
     version: str | None = None
@@ -42,22 +47,52 @@ class QueueFilter:
     verdict: str | None = None
     outcome: str | None = None
     reason: str | None = None
+    severity: str | None = None
+    search: str | None = None
 
     def clauses(self) -> list[ColumnElement[bool]]:
         out: list[ColumnElement[bool]] = []
         if self.agent:
-            out.append(ReviewItemRow.agent_id == self.agent)
+            out.append(_same(ReviewItemRow.agent_id, self.agent))
         if self.version:
-            out.append(ReviewItemRow.agent_version == self.version)
+            out.append(_same(ReviewItemRow.agent_version, self.version))
         if self.rule:
-            out.append(_has(FindingRow, FindingRow.rule_id == self.rule))
+            out.append(_has(FindingRow, _same(FindingRow.rule_id, self.rule)))
         if self.verdict:
-            out.append(_has(VerdictRow, VerdictRow.verdict == self.verdict))
+            out.append(_has(VerdictRow, VerdictRow.verdict == self.verdict.lower()))
         if self.outcome:
-            out.append(_has(OutcomeRow, OutcomeRow.type == self.outcome))
+            out.append(_has(OutcomeRow, _same(OutcomeRow.type, self.outcome)))
         if self.reason:
-            out.append(_has(ReviewReasonRow, ReviewReasonRow.kind == self.reason))
+            out.append(_has(ReviewReasonRow, ReviewReasonRow.kind == self.reason.lower()))
+        if self.severity:
+            out.append(_has(ConversationRow, _same(ConversationRow.max_severity, self.severity)))
+        if self.search and (term := self.search.strip()):
+            pattern = "%" + _escape_like(term[:MAX_SEARCH]) + "%"
+            out.append(
+                or_(
+                    ReviewItemRow.conversation_id.ilike(pattern, escape="\\"),
+                    _has(
+                        ConversationRow,
+                        or_(
+                            ConversationRow.task_id.ilike(pattern, escape="\\"),
+                            ConversationRow.document.ilike(pattern, escape="\\"),
+                        ),
+                    ),
+                )
+            )
         return out
+
+
+MAX_SEARCH = 200
+
+
+def _same(column: Any, value: str) -> ColumnElement[bool]:
+    """Case-insensitive equality (the queue's filters are typed or picked by people)."""
+    return cast(ColumnElement[bool], func.lower(column) == value.strip().lower())
+
+
+def _escape_like(term: str) -> str:
+    return term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def _has(model: Any, *conditions: ColumnElement[bool]) -> ColumnElement[bool]:

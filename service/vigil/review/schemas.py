@@ -56,6 +56,10 @@ class ItemOut(BaseModel):
     max_severity: str | None = None
     finding_count: int = 0
     message_count: int = 0
+    task_id: str | None = None
+    received_at: datetime | None = Field(default=None, description="When Vigil stored the conversation")
+    flagged_at: datetime | None = Field(default=None, description="When the conversation entered the queue")
+    snippet: str = Field(default="", description="The first user message, cut short")
 
 
 class QueueOut(BaseModel):
@@ -68,6 +72,8 @@ class QueueOut(BaseModel):
     total: int
     limit: int
     offset: int
+    sort: str = "priority"
+    descending: bool = True
 
 
 class ClaimFilters(BaseModel):
@@ -77,6 +83,8 @@ class ClaimFilters(BaseModel):
     verdict: Literal["pass", "fail", "unscored"] | None = None
     outcome: str | None = None
     reason: str | None = None
+    severity: str | None = None
+    q: str | None = Field(default=None, max_length=200, description="Search, as in the queue list")
     release_others: bool = Field(default=True, description="Give back your other unlabelled claims first.")
 
 

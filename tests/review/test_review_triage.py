@@ -1,0 +1,139 @@
+"""Triage at the pace of traffic, through the API: search, sort, filters from known values, snippets and times."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.app import INGEST, REVIEWER
+from tests.support.review import review_client, review_runtime, simulated
+
+
+@pytest.fixture
+def rt(db_url: str):  # type: ignore[no-untyped-def]
+    runtime = review_runtime(db_url)
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture
+def api(rt):  # type: ignore[no-untyped-def]
+    with review_client(rt) as c:
+        yield c
+
+
+def _seed(api, n: int = 40, seed: int = 7) -> list[dict]:  # type: ignore[no-untyped-def]
+    convs = simulated(n, "v1.4.0:0.2,v1.5.0:0.7", seed=seed)
+    assert api.post("/v1/conversations", json=convs, headers=INGEST).status_code == 202
+    return convs
+
+
+def _queue(api, **params):  # type: ignore[no-untyped-def]
+    r = api.get("/v1/review/queue", params={"limit": 500, **params}, headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _ids(data: dict) -> list[str]:
+    return [it["conversation_id"] for it in data["items"]]
+
+
+def test_filters_match_regardless_of_case(api) -> None:
+    _seed(api)
+    everything = _queue(api)
+    assert everything["total"] > 3
+    assert _ids(_queue(api, agent="Support-Bot")) == _ids(everything)
+    v15 = _queue(api, version="V1.5.0")
+    assert v15["items"] and all(it["agent_version"] == "v1.5.0" for it in v15["items"])
+    rule = next(r["key"] for it in everything["items"] for r in it["reasons"] if r["kind"] == "finding")
+    by_rule = _queue(api, rule=rule.upper())
+    assert by_rule["items"] and _ids(by_rule) == _ids(_queue(api, rule=rule))
+    sev = next(it["max_severity"] for it in everything["items"] if it["max_severity"])
+    by_sev = _queue(api, severity=sev.upper())
+    assert by_sev["items"] and {it["max_severity"] for it in by_sev["items"]} == {sev}
+    assert _queue(api, agent="nobody")["items"] == []
+
+
+def test_filter_menus_list_known_values(api) -> None:
+    convs = _seed(api)
+    r = api.get("/v1/review/queue/filters", headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    known = r.json()
+    assert known["agent"] == ["support-bot"]
+    assert set(known["version"]) == {c["agent_version"] for c in convs} & set(known["version"])
+    assert "v1.5.0" in known["version"]
+    assert "pii-in-reply" in known["rule"]  # a loaded rule, whether or not it flagged anything yet
+    assert known["severity"][0] == "critical" and "open" in known["status"] and "received" in known["sort"]
+
+
+def test_search_by_id_task_user_and_text(api) -> None:
+    convs = _seed(api)
+    items = _queue(api)["items"]
+    by_id = {c["conversation_id"]: c for c in convs}
+    target = by_id[items[0]["conversation_id"]]
+    cid = target["conversation_id"]
+    assert cid in _ids(_queue(api, q=cid[-6:].upper()))
+    if target.get("task_id"):
+        assert cid in _ids(_queue(api, q=target["task_id"]))
+    user_text = next(m["content"] for m in target["messages"] if m["role"] == "user")
+    words = " ".join(user_text.split()[:3])
+    found = _queue(api, q=words.upper())
+    assert cid in _ids(found)
+    assert all(
+        words.lower() in str(by_id[i]).lower() or words.lower() in i.lower() for i in _ids(found)
+    )  # every hit holds the words
+    assert _queue(api, q="no such text anywhere 1f0e")["items"] == []
+    # LIKE wildcards are searched for literally
+    assert _queue(api, q="%")["items"] == [] or all("%" in str(by_id[i]) for i in _ids(_queue(api, q="%")))
+    assert _queue(api, q="_")["items"] == [] or all("_" in str(by_id[i]) for i in _ids(_queue(api, q="_")))
+
+
+def test_sort_by_columns_and_snippets_and_times(api) -> None:
+    convs = _seed(api)
+    by_id = {c["conversation_id"]: c for c in convs}
+    data = _queue(api, sort="received", order="asc")
+    assert data["sort"] == "received" and data["descending"] is False
+    received = [it["received_at"] for it in data["items"]]
+    assert received == sorted(received) and all(received)
+    newest_first = _queue(api, sort="flagged")
+    assert newest_first["descending"] is True
+    flagged = [it["flagged_at"] for it in newest_first["items"]]
+    assert flagged == sorted(flagged, reverse=True)
+    msgs = [it["message_count"] for it in _queue(api, sort="messages", order="desc")["items"]]
+    assert msgs == sorted(msgs, reverse=True)
+    for it in data["items"]:
+        first_user = next(m["content"] for m in by_id[it["conversation_id"]]["messages"] if m["role"] == "user")
+        assert it["snippet"] and " ".join(first_user.split()).startswith(it["snippet"].rstrip("…"))
+    r = api.get("/v1/review/queue", params={"sort": "nonsense"}, headers=REVIEWER)
+    assert r.status_code == 422 and "sort must be one of" in r.text
+
+
+def test_claim_next_takes_search_and_case_insensitive_filters(api) -> None:
+    _seed(api)
+    target = _queue(api, version="v1.5.0")["items"][-1]["conversation_id"]
+    r = api.post("/v1/review/claim", json={"q": target, "agent": "SUPPORT-BOT"}, headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    assert r.json()["conversation_id"] == target
+
+
+def test_cli_queue_searches_filters_and_sorts(sqlite_url, monkeypatch) -> None:
+    import orjson
+    from typer.testing import CliRunner
+
+    from tests.support.review import store
+    from vigil.app.cli import app
+
+    rt = review_runtime(sqlite_url)
+    convs = simulated(30, "v1.4.0:0.2,v1.5.0:0.7", seed=5)
+    store(rt, convs)
+    rt.close()
+    monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
+    runner = CliRunner()
+    r = runner.invoke(app, ["review", "queue", "--json", "--limit", "100", "--sort", "received", "--asc"])
+    assert r.exit_code == 0, r.output
+    data = orjson.loads(r.stdout)
+    assert data["sort"] == "received" and not data["descending"]
+    target = data["items"][0]["conversation_id"]
+    r = runner.invoke(app, ["review", "queue", "--json", "--search", target.upper(), "--agent", "SUPPORT-BOT"])
+    assert r.exit_code == 0 and [it["conversation_id"] for it in orjson.loads(r.stdout)["items"]] == [target]
+    r = runner.invoke(app, ["review", "queue", "--sort", "bogus"])
+    assert r.exit_code == 2 and "--sort must be one of" in r.output
