@@ -137,3 +137,104 @@ def test_cli_queue_searches_filters_and_sorts(sqlite_url, monkeypatch) -> None:
     assert r.exit_code == 0 and [it["conversation_id"] for it in orjson.loads(r.stdout)["items"]] == [target]
     r = runner.invoke(app, ["review", "queue", "--sort", "bogus"])
     assert r.exit_code == 2 and "--sort must be one of" in r.output
+
+
+NAMES = ["Yuki Moreau", "Mia Khan", "Sofia Brown", "Lena Novak", "Liam Lopez", "Chen Smith", "Noah Ito"]
+ITEMS = ["yoga mat", "espresso maker", "water bottle", "hiking boots", "mechanical keyboard"]
+
+
+def near_duplicates(n: int = 20, prefix: str = "dup") -> list[dict]:
+    """``n`` conversations that differ only in the order number, the item and the customer."""
+    out = []
+    for i in range(n):
+        name = NAMES[i % len(NAMES)]
+        email = name.lower().replace(" ", ".") + "@example.com"
+        out.append(
+            {
+                "conversation_id": f"{prefix}-{i:03d}",
+                "agent_id": "support-bot",
+                "agent_version": "v1.5.0",
+                "task_id": f"cancel-order-{i}",
+                "messages": [
+                    {"role": "system", "content": "You are a support agent for an online shop."},
+                    {
+                        "role": "user",
+                        "content": f"Hi, I want to cancel my order #W{7000000 + i * 7919}, "
+                        f"the {ITEMS[i % len(ITEMS)]}. My name is {name}.",
+                    },
+                    {"role": "assistant", "content": f"Done! I cancelled it and sent the receipt to {email}."},
+                ],
+            }
+        )
+    return out
+
+
+def test_a_cluster_of_20_near_duplicates_is_labelled_in_one_action(api, rt) -> None:
+    from sqlalchemy import select
+
+    from vigil.review.models import ReviewAuditRow
+    from vigil.store.models import ReviewLabelRow
+
+    dups = near_duplicates(20)
+    # other traffic, flagged for other reasons (simulated PII leaks would be near-duplicates of these)
+    others = [c for c in simulated(30, "v1.4.0:0.6", seed=9) if c["metadata"]["simulated_defect"] != "pii_leak"]
+    assert api.post("/v1/conversations", json=dups + others, headers=INGEST).status_code == 202
+    r = api.get("/v1/review/queue/clusters", headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    dup_ids = {c["conversation_id"] for c in dups}
+    [cluster] = [c for c in r.json()["clusters"] if dup_ids & {m["conversation_id"] for m in c["members"]}]
+    members = [m["conversation_id"] for m in cluster["members"]]
+    assert set(members) == dup_ids and cluster["size"] == 20  # the near-duplicates, and nothing else
+    assert cluster["reason"]["kind"] == "finding" and cluster["sample"][0] == members[0]
+    assert api.get(f"/v1/review/queue/clusters/{cluster['id']}", headers=REVIEWER).json()["size"] == 20
+
+    # raj holds one member: it is left to him
+    held = members[5]
+    assert api.post(f"/v1/review/items/{held}/claim", headers={"Authorization": "Bearer raj-key"}).status_code == 200
+    body = {
+        "sample": members[0],
+        "members": members,
+        "label": "confirmed_failure",
+        "category": "privacy_leak",
+        "severity": "high",
+        "notes": "emails the receipt to the address on file in the reply",
+    }
+    r = api.post("/v1/review/queue/clusters/label", json=body, headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["labelled"][0] == members[0] and len(out["labelled"]) == 19
+    assert out["skipped"] == [{"conversation_id": held, "why": "raj holds it"}]
+
+    with rt.sessions() as s:
+        rows = {r.conversation_id: r for r in s.scalars(select(ReviewLabelRow).where(ReviewLabelRow.is_current))}
+        audit = s.scalars(select(ReviewAuditRow).where(ReviewAuditRow.action == "label")).all()
+    assert rows[members[0]].propagated_from is None and rows[members[0]].reviewer == "rita"
+    for cid in out["labelled"][1:]:
+        row = rows[cid]
+        assert (row.reviewer, row.label, row.category, row.propagated_from) == (
+            "rita",
+            "confirmed_failure",
+            "privacy_leak",
+            members[0],
+        )
+    assert held not in rows
+    propagated = [a for a in audit if a.detail.get("propagated_from") == members[0]]
+    assert len(propagated) == 18 and all(a.actor == "rita" for a in propagated)
+    history = api.get(f"/v1/review/items/{members[1]}/history", headers=REVIEWER).json()
+    assert history["labels"][-1]["propagated_from"] == members[0]
+    # labelled items leave the open queue; the cluster is gone from the list
+    left = api.get("/v1/review/queue/clusters", headers=REVIEWER).json()["clusters"]
+    assert not any((dup_ids - {held}) & {m["conversation_id"] for m in c["members"]} for c in left)
+    assert api.get(f"/v1/review/queue/clusters/{cluster['id']}", headers=REVIEWER).status_code == 404
+
+
+def test_cluster_label_is_checked_like_any_label(api) -> None:
+    dups = near_duplicates(4, "chk")
+    assert api.post("/v1/conversations", json=dups, headers=INGEST).status_code == 202
+    ids = [c["conversation_id"] for c in dups]
+    body = {"sample": ids[0], "members": ids, "label": "confirmed_failure"}
+    r = api.post("/v1/review/queue/clusters/label", json=body, headers=REVIEWER)
+    assert r.status_code == 422 and "needs a category" in r.text
+    r = api.post("/v1/review/queue/clusters/label", json={**body, "sample": "nope"}, headers=REVIEWER)
+    assert r.status_code == 422 or r.status_code == 404
+    assert api.get("/v1/review/labels", headers=REVIEWER).json() == []

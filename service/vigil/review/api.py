@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
+from vigil.review import clusters as near_dups
 from vigil.review import failures, insights, queue, reviewers
 from vigil.review.errors import Conflict, Invalid, NotFound, ReviewError
 from vigil.review.flagger import enqueue
@@ -26,6 +27,8 @@ from vigil.review.policy import LABELS, SEVERITIES, Reason
 from vigil.review.schemas import (
     ClaimFilters,
     ClaimOut,
+    ClusterLabelIn,
+    ClusterLabelOut,
     ClustersOut,
     EnqueueIn,
     HistoryOut,
@@ -33,6 +36,8 @@ from vigil.review.schemas import (
     LabelIn,
     LabelOut,
     LeaseOut,
+    OpenClusterOut,
+    OpenClustersOut,
     QueueOut,
     TaxonomyOut,
 )
@@ -257,6 +262,47 @@ def labels(
 def clusters(request: Request, _: Principal = require("reviewer")) -> Any:
     """Confirmed failures grouped by category, rule and tool."""
     return run(request, lambda s, st: failures.clusters(s, st.rule_descriptions))
+
+
+@router.get("/queue/clusters", response_model=OpenClustersOut)
+def open_clusters(
+    request: Request,
+    min_size: int = Query(2, ge=1, le=1000, description="Smallest cluster to list"),
+    p: Principal = require("reviewer"),
+) -> Any:
+    """Near-duplicate clusters of the open queue (same main reason, near-identical first user message);
+    items you labelled or skipped are left out."""
+    return run(
+        request,
+        lambda s, _st: {
+            "clusters": [c.as_dict() for c in near_dups.open_clusters(s, min_size, reviewer=p.name)],
+            "window": near_dups.WINDOW,
+        },
+    )
+
+
+@router.get("/queue/clusters/{cluster_id}", response_model=OpenClusterOut)
+def open_cluster(request: Request, cluster_id: str, p: Principal = require("reviewer")) -> Any:
+    """One near-duplicate cluster of the open queue."""
+
+    def go(s: Session, _st: ReviewStage) -> Any:
+        found = near_dups.find(s, cluster_id, p.name)
+        if found is None:
+            raise NotFound(f"no open cluster {cluster_id!r} (its items may have been labelled)")
+        return found.as_dict()
+
+    return run(request, go)
+
+
+@router.post("/queue/clusters/label", response_model=ClusterLabelOut)
+def label_cluster(request: Request, body: ClusterLabelIn, p: Principal = require("reviewer")) -> Any:
+    """Label ``sample`` and apply the label to ``members`` in one action; each copy says it was propagated
+    from ``sample`` by you. Members another reviewer holds, done ones and ones you labelled are skipped."""
+    data = queue.LabelIn(body.label, body.category, body.severity, body.notes, body.expected_behavior)
+    return run(
+        request,
+        lambda s, st: near_dups.label_cluster(s, body.sample, body.members, p.name, data, st.policy, st.metrics),
+    )
 
 
 @router.get("/progress")

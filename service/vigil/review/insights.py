@@ -107,6 +107,7 @@ def label_dict(r: ReviewLabelRow) -> dict[str, Any]:
         "severity": r.severity,
         "notes": r.notes,
         "expected_behavior": r.expected_behavior,
+        "propagated_from": r.propagated_from,
         "version": r.version,
         "is_current": r.is_current,
         "created_at": aware(r.created_at),

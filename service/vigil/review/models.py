@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Float, Index, String, Text, UniqueConstraint
+from sqlalchemy import Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from vigil.store.db import utcnow
@@ -64,3 +64,18 @@ class ReviewAuditRow(Base):
         Index("ix_review_audit_conversation", "conversation_id", "at"),
         Index("ix_review_audit_actor", "actor", "at"),
     )
+
+
+class ReviewCommentRow(Base):
+    """A reviewer's comment on a conversation, or on one of its messages (``message_index``)."""
+
+    __tablename__ = "review_comments"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    conversation_id: Mapped[str] = mapped_column(String(256))
+    message_index: Mapped[int | None] = mapped_column(Integer)
+    author: Mapped[str] = mapped_column(String(128))
+    body: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_review_comments_conversation", "conversation_id", "created_at"),)

@@ -113,7 +113,7 @@ def claimable(now: datetime) -> ColumnElement[bool]:
     )
 
 
-def _not_done_by(reviewer: str) -> list[ColumnElement[bool]]:
+def not_done_by(reviewer: str) -> list[ColumnElement[bool]]:
     return [
         ~_has(ReviewLabelRow, ReviewLabelRow.reviewer == reviewer, ReviewLabelRow.is_current.is_(True)),
         ~_has(ReviewSkipRow, ReviewSkipRow.reviewer == reviewer),
@@ -147,7 +147,7 @@ def claim_next(
         held = list(session.scalars(select(ReviewItemRow.conversation_id).where(ReviewItemRow.claimed_by == reviewer)))
         for held_id in held:
             release(session, held_id, reviewer, now=now)
-    conditions = [claimable(now), *_not_done_by(reviewer), *(filters or QueueFilter()).clauses()]
+    conditions = [claimable(now), *not_done_by(reviewer), *(filters or QueueFilter()).clauses()]
     if held:
         conditions.append(ReviewItemRow.conversation_id.not_in(held))
     pick = (
@@ -308,11 +308,13 @@ def label(
     policy: FlaggingPolicy,
     now: datetime | None = None,
     metrics: Metrics | None = None,
+    propagated_from: str | None = None,
 ) -> ReviewLabelRow:
     """Save a new version of ``reviewer``'s label; the previous version stays as history.
 
     A conversation that is not in the queue enters it (reason ``manual``). Conflict if another
-    reviewer holds the item. Labelling releases the reviewer's own claim.
+    reviewer holds the item. Labelling releases the reviewer's own claim. ``propagated_from``: the
+    conversation whose label this one copies (a near-duplicate cluster labelled at once).
     """
     data = validate_label(data, policy)
     now = now or utcnow()
@@ -362,6 +364,7 @@ def label(
         severity=data.severity,
         notes=data.notes,
         expected_behavior=data.expected_behavior,
+        propagated_from=propagated_from,
         version=last + 1,
         is_current=True,
         created_at=now,
@@ -402,6 +405,7 @@ def label(
         label=data.label,
         category=data.category,
         severity=data.severity,
+        **({"propagated_from": propagated_from} if propagated_from else {}),
     )
     return row
 

@@ -30,6 +30,9 @@ class LabelOut(BaseModel):
     severity: str | None
     notes: str
     expected_behavior: str
+    propagated_from: str | None = Field(
+        default=None, description="Set on a label applied to a near-duplicate cluster: the conversation it copies"
+    )
     version: int
     is_current: bool
     created_at: datetime | None
@@ -158,3 +161,39 @@ class TaxonomyOut(BaseModel):
     categories: dict[str, str]
     severities: list[str]
     lease_seconds: int
+
+
+class ClusterMemberOut(BaseModel):
+    conversation_id: str
+    priority: float
+    agent_version: str | None
+    flagged_at: datetime | None
+    snippet: str
+
+
+class OpenClusterOut(BaseModel):
+    id: str = Field(description="Stable while the cluster's highest-priority member stays in it")
+    reason: dict[str, str] = Field(description="The main reason its members were flagged (kind, key)")
+    size: int
+    snippet: str = Field(description="First user message of the first member")
+    sample: list[str] = Field(description="Members to read before labelling the cluster")
+    members: list[ClusterMemberOut]
+
+
+class OpenClustersOut(BaseModel):
+    clusters: list[OpenClusterOut]
+    window: int = Field(description="Open items considered (highest priority first)")
+
+
+class ClusterLabelIn(LabelIn):
+    sample: str = Field(min_length=1, max_length=256, description="The conversation the reviewer read and labelled")
+    members: list[str] = Field(
+        default_factory=list, max_length=500, description="Its near-duplicates that get the same label"
+    )
+
+
+class ClusterLabelOut(BaseModel):
+    sample: str
+    label: str
+    labelled: list[str] = Field(description="The sample, then each member labelled by propagation")
+    skipped: list[dict[str, str]] = Field(description="Members left alone, with why (held, done, labelled)")

@@ -225,6 +225,8 @@ class ReviewLabelRow(Base):
     severity: Mapped[str | None] = mapped_column(String(16))
     notes: Mapped[str] = mapped_column(Text, default="")
     expected_behavior: Mapped[str] = mapped_column(Text, default="")
+    # set when the reviewer labelled a cluster at once: the conversation whose label this one copies
+    propagated_from: Mapped[str | None] = mapped_column(String(256), default=None)
     version: Mapped[int] = mapped_column(Integer)
     is_current: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
