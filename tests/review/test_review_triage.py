@@ -238,3 +238,76 @@ def test_cluster_label_is_checked_like_any_label(api) -> None:
     r = api.post("/v1/review/queue/clusters/label", json={**body, "sample": "nope"}, headers=REVIEWER)
     assert r.status_code == 422 or r.status_code == 404
     assert api.get("/v1/review/labels", headers=REVIEWER).json() == []
+
+
+RAJ = {"Authorization": "Bearer raj-key"}
+
+
+def test_bulk_skip_and_assign(api) -> None:
+    _seed(api)
+    ids = _ids(_queue(api))[:6]
+    assert len(ids) == 6
+    # raj holds the first: rita's bulk skip leaves it and skips the rest
+    assert api.post(f"/v1/review/items/{ids[0]}/claim", headers=RAJ).status_code == 200
+    r = api.post("/v1/review/bulk", json={"action": "skip", "conversation_ids": ids[:3] + ["nope"]}, headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["done"] == ids[1:3]
+    assert out["skipped"] == [
+        {"conversation_id": ids[0], "why": "raj holds it"},
+        {"conversation_id": "nope", "why": "not in the review queue"},
+    ]
+    # skipped items are not offered to rita again
+    claimed = api.post("/v1/review/claim", headers=REVIEWER).json()["conversation_id"]
+    assert claimed not in ids[:3]
+    api.post(f"/v1/review/items/{claimed}/release", headers=REVIEWER)
+
+    # assign the last three to raj: his claim-next offers them first, rita's never
+    r = api.post(
+        "/v1/review/bulk", json={"action": "assign", "conversation_ids": ids[3:], "assignee": "raj"}, headers=REVIEWER
+    )
+    assert r.status_code == 200 and r.json()["done"] == ids[3:]
+    assert {it["assignee"] for it in _queue(api)["items"] if it["conversation_id"] in ids[3:]} == {"raj"}
+    api.post(f"/v1/review/items/{ids[0]}/release", headers=RAJ)
+    got = set()
+    for _ in range(3):
+        cid = api.post("/v1/review/claim", headers=RAJ).json()["conversation_id"]
+        got.add(cid)
+        api.post(f"/v1/review/items/{cid}/skip", headers=RAJ)
+    assert got == set(ids[3:])
+    rita_claims = set()
+    while (r := api.post("/v1/review/claim", json={"release_others": False}, headers=REVIEWER)).status_code == 200:
+        rita_claims.add(r.json()["conversation_id"])
+    assert rita_claims and not rita_claims & set(ids[3:])
+    bad = api.post(
+        "/v1/review/bulk", json={"action": "assign", "conversation_ids": ids, "assignee": "mallory"}, headers=REVIEWER
+    )
+    assert bad.status_code == 422 and "not a reviewer" in bad.text
+    assert api.get("/v1/review/reviewers", headers=REVIEWER).json() == ["admin", "raj", "rita"]
+    r = api.post("/v1/review/bulk", json={"action": "unassign", "conversation_ids": ids[3:]}, headers=REVIEWER)
+    assert r.json()["done"] == ids[3:]
+    assert all(it["assignee"] is None for it in _queue(api, status="all")["items"])
+
+
+def test_comments_on_conversations_and_messages(api) -> None:
+    convs = _seed(api, 10)
+    cid = convs[0]["conversation_id"]
+    hostile = '<script>window.__xss=1</script> & "quotes"'
+    r = api.post(f"/v1/review/items/{cid}/comments", json={"body": hostile}, headers=REVIEWER)
+    assert r.status_code == 201, r.text
+    r = api.post(f"/v1/review/items/{cid}/comments", json={"body": "this turn", "message_index": 1}, headers=RAJ)
+    assert r.status_code == 201
+    listed = api.get(f"/v1/review/items/{cid}/comments", headers=REVIEWER).json()
+    assert [(c["author"], c["body"], c["message_index"]) for c in listed] == [
+        ("rita", hostile, None),
+        ("raj", "this turn", 1),
+    ]
+    n = len(convs[0]["messages"])
+    r = api.post(f"/v1/review/items/{cid}/comments", json={"body": "x", "message_index": n}, headers=REVIEWER)
+    assert r.status_code == 422 and "not in this conversation" in r.text
+    r = api.post(f"/v1/review/items/{cid}/comments", json={"body": "   "}, headers=REVIEWER)
+    assert r.status_code == 422
+    r = api.post("/v1/review/items/nope/comments", json={"body": "x"}, headers=REVIEWER)
+    assert r.status_code == 404
+    audit = api.get(f"/v1/review/items/{cid}/history", headers=REVIEWER).json()["audit"]
+    assert [e["actor"] for e in audit if e["action"] == "comment"] == ["rita", "raj"]

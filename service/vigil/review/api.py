@@ -20,16 +20,20 @@ from sqlalchemy.orm import Session
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
 from vigil.review import clusters as near_dups
-from vigil.review import failures, insights, queue, reviewers
+from vigil.review import failures, insights, queue, reviewers, triage
 from vigil.review.errors import Conflict, Invalid, NotFound, ReviewError
 from vigil.review.flagger import enqueue
 from vigil.review.policy import LABELS, SEVERITIES, Reason
 from vigil.review.schemas import (
+    BulkIn,
+    BulkOut,
     ClaimFilters,
     ClaimOut,
     ClusterLabelIn,
     ClusterLabelOut,
     ClustersOut,
+    CommentIn,
+    CommentOut,
     EnqueueIn,
     HistoryOut,
     ItemOut,
@@ -154,6 +158,18 @@ def history(request: Request, conversation_id: str, p: Principal = require("revi
     return run(request, go)
 
 
+@router.get("/items/{conversation_id:path}/comments", response_model=list[CommentOut])
+def list_comments(request: Request, conversation_id: str, _: Principal = require("reviewer")) -> Any:
+    """Reviewers' comments on this conversation and its messages, oldest first."""
+    return run(request, lambda s, _st: triage.comments(s, conversation_id))
+
+
+@router.post("/items/{conversation_id:path}/comments", response_model=CommentOut, status_code=201)
+def add_comment(request: Request, conversation_id: str, body: CommentIn, p: Principal = require("reviewer")) -> Any:
+    """Comment on a stored conversation, or on one of its messages (``message_index``)."""
+    return run(request, lambda s, _st: triage.add_comment(s, conversation_id, p.name, body.body, body.message_index))
+
+
 @router.post("/items/{conversation_id:path}/claim", response_model=LeaseOut)
 def claim_item(request: Request, conversation_id: str, p: Principal = require("reviewer")) -> Any:
     """Claim this item (409 if another reviewer holds it)."""
@@ -262,6 +278,27 @@ def labels(
 def clusters(request: Request, _: Principal = require("reviewer")) -> Any:
     """Confirmed failures grouped by category, rule and tool."""
     return run(request, lambda s, st: failures.clusters(s, st.rule_descriptions))
+
+
+def reviewer_names(request: Request) -> list[str]:
+    """Names of the keys that may review (the people items can be assigned to)."""
+    ring = request.app.state.keyring
+    return sorted({k.name for k in ring.keys if k.role in ("reviewer", "admin")})
+
+
+@router.get("/reviewers")
+def reviewers_list(request: Request, _: Principal = require("reviewer")) -> list[str]:
+    """Reviewers items can be assigned to."""
+    return reviewer_names(request)
+
+
+@router.post("/bulk", response_model=BulkOut)
+def bulk(request: Request, body: BulkIn, p: Principal = require("reviewer")) -> Any:
+    """Skip (for you), assign (to a reviewer: their claim-next offers the items to them first and to nobody
+    else) or unassign many items at once. Items that cannot be changed are listed under ``skipped``."""
+    if body.action == "assign" and body.assignee not in reviewer_names(request):
+        raise HTTPException(422, f"{body.assignee!r} is not a reviewer; one of {', '.join(reviewer_names(request))}")
+    return run(request, lambda s, _st: triage.bulk(s, body.action, body.conversation_ids, p.name, body.assignee))
 
 
 @router.get("/queue/clusters", response_model=OpenClustersOut)

@@ -71,6 +71,7 @@ def item_dict(item: ReviewItemRow, now: datetime) -> dict[str, Any]:
         "sampled": item.sampled,
         "claimed_by": item.claimed_by if state == "claimed" else None,
         "lease_until": aware(item.lease_until) if state == "claimed" else None,
+        "assignee": item.assignee,
         "created_at": aware(item.created_at),
         "updated_at": aware(item.updated_at),
     }

@@ -150,21 +150,26 @@ def claim_next(
     conditions = [claimable(now), *not_done_by(reviewer), *(filters or QueueFilter()).clauses()]
     if held:
         conditions.append(ReviewItemRow.conversation_id.not_in(held))
-    pick = (
-        select(ReviewItemRow.id)
-        .where(*conditions)
-        .order_by(ReviewItemRow.priority.desc(), ReviewItemRow.created_at, ReviewItemRow.id)
-        .limit(1)
-    )
-    if session.get_bind().dialect.name == "postgresql":
-        pick = pick.with_for_update(skip_locked=True)
-    cid = session.scalar(
-        update(ReviewItemRow)
-        .where(ReviewItemRow.id == pick.scalar_subquery(), claimable(now))
-        .values(claimed_by=reviewer, claimed_at=now, lease_until=now + timedelta(seconds=lease_seconds))
-        .returning(ReviewItemRow.conversation_id)
-        .execution_options(synchronize_session=False)
-    )
+    cid = None
+    # items assigned to this reviewer first; then unassigned ones (others' assigned items are theirs)
+    for mine in (ReviewItemRow.assignee == reviewer, ReviewItemRow.assignee.is_(None)):
+        pick = (
+            select(ReviewItemRow.id)
+            .where(*conditions, mine)
+            .order_by(ReviewItemRow.priority.desc(), ReviewItemRow.created_at, ReviewItemRow.id)
+            .limit(1)
+        )
+        if session.get_bind().dialect.name == "postgresql":
+            pick = pick.with_for_update(skip_locked=True)
+        cid = session.scalar(
+            update(ReviewItemRow)
+            .where(ReviewItemRow.id == pick.scalar_subquery(), claimable(now))
+            .values(claimed_by=reviewer, claimed_at=now, lease_until=now + timedelta(seconds=lease_seconds))
+            .returning(ReviewItemRow.conversation_id)
+            .execution_options(synchronize_session=False)
+        )
+        if cid is not None:
+            break
     if cid is not None:
         audit(session, reviewer, "claim", cid, lease_seconds=lease_seconds)
     return cid

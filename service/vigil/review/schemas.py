@@ -49,6 +49,7 @@ class ItemOut(BaseModel):
     sampled: bool
     claimed_by: str | None
     lease_until: datetime | None
+    assignee: str | None = Field(default=None, description="The reviewer claim-next sets this item aside for")
     created_at: datetime | None
     updated_at: datetime | None
     reasons: list[ReasonOut] = []
@@ -197,3 +198,30 @@ class ClusterLabelOut(BaseModel):
     label: str
     labelled: list[str] = Field(description="The sample, then each member labelled by propagation")
     skipped: list[dict[str, str]] = Field(description="Members left alone, with why (held, done, labelled)")
+
+
+class BulkIn(BaseModel):
+    action: Literal["skip", "assign", "unassign"]
+    conversation_ids: list[str] = Field(min_length=1, max_length=500)
+    assignee: str | None = Field(default=None, max_length=128, description="For assign: a reviewer's name")
+
+
+class BulkOut(BaseModel):
+    action: str
+    done: list[str]
+    skipped: list[dict[str, str]] = Field(description="Items left as they were, with why")
+    assignee: str | None = None
+
+
+class CommentIn(BaseModel):
+    body: str = Field(min_length=1, max_length=5000)
+    message_index: int | None = Field(default=None, ge=0, description="Comment on this message (0-based)")
+
+
+class CommentOut(BaseModel):
+    id: int
+    conversation_id: str
+    message_index: int | None
+    author: str
+    body: str
+    created_at: datetime | None

@@ -205,6 +205,8 @@ class ReviewItemRow(Base):
     claimed_by: Mapped[str | None] = mapped_column(String(128))
     claimed_at: Mapped[datetime | None]
     lease_until: Mapped[datetime | None]
+    # a reviewer this item is set aside for: claim-next offers it to them first and to nobody else
+    assignee: Mapped[str | None] = mapped_column(String(128), index=True, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -1,5 +1,5 @@
 """review stage (triage): reviewers' comments on conversations and messages; labels applied to a
-near-duplicate cluster say which conversation's label they copy.
+near-duplicate cluster say which conversation's label they copy; items can be assigned to a reviewer.
 
 Revision ID: 0009_triage
 Revises: 0008
@@ -33,9 +33,15 @@ def upgrade() -> None:
         batch_op.create_index("ix_review_comments_conversation", ["conversation_id", "created_at"], unique=False)
     with op.batch_alter_table("review_labels", schema=None) as batch_op:
         batch_op.add_column(sa.Column("propagated_from", sa.String(length=256), nullable=True))
+    with op.batch_alter_table("review_items", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("assignee", sa.String(length=128), nullable=True))
+        batch_op.create_index("ix_review_items_assignee", ["assignee"], unique=False)
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("review_items", schema=None) as batch_op:
+        batch_op.drop_index("ix_review_items_assignee")
+        batch_op.drop_column("assignee")
     with op.batch_alter_table("review_labels", schema=None) as batch_op:
         batch_op.drop_column("propagated_from")
     with op.batch_alter_table("review_comments", schema=None) as batch_op:
