@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote, unquote, urlencode
+from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -19,13 +19,15 @@ from sqlalchemy.orm import Session
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
-from vigil.review import failures, insights, queue, reviewers
+from vigil.review import api as review_api
+from vigil.review import clusters as near_dups
+from vigil.review import failures, insights, queue, reviewers, triage
 from vigil.review.errors import Conflict, Done, Invalid, NotFound
 from vigil.review.policy import LABELS, SEVERITIES
 from vigil.review.stage import ReviewStage
 from vigil.store import reads
 from vigil.ui import transcript
-from vigil.ui.forms import Refused, draft_of, form_user, go
+from vigil.ui.forms import Refused, draft_of, form_user, go, safe_next
 from vigil.ui.render import render_page, sessions_of, ui_user
 
 router = APIRouter(
@@ -43,7 +45,11 @@ NOTICES = {
     "conflict": "Someone else holds this item.",
     "done": "This item is done: it has all its reviews. You can still change your label below.",
     "queued": "Added to the review queue.",
+    "labelled_last": "Label saved. Nothing left to claim with these filters.",
+    "commented": "Comment added.",
 }
+# shown as a short-lived toast rather than a notice
+TOASTS = {"labelled": "Saved", "commented": "Comment added"}
 EXPIRED_LABEL = "Your session expired, so your label was not saved. Log in again and it is filled in for you to save."
 STALE_LABEL = "The form had expired, so your label was not saved."
 RELOGGED_LABEL = "Logged in again. Your label was not saved yet."
@@ -103,9 +109,12 @@ def queue_page(
         options=options,
         page=page,
         pages=max(1, -(-data["total"] // per_page)),
-        notice=NOTICES.get(notice or ""),
+        notice=NOTICES.get(notice or "") or _bulk_notice(request),
         qs=qs,
         sort_qs=sort_qs,
+        reviewers=review_api.reviewer_names(request),
+        here=str(request.url.path) + ("?" + str(request.url.query) if request.url.query else ""),
+        session_labelled=labelled_this_session(request),
     )
 
 
@@ -127,9 +136,21 @@ async def claim_next(request: Request) -> Response:
 
 @router.get("/review/{conversation_id:path}")
 def review_page(
-    request: Request, conversation_id: str, notice: str | None = None, user: Principal = Depends(ui_user)
+    request: Request,
+    conversation_id: str,
+    notice: str | None = None,
+    comment_on: int | None = None,
+    user: Principal = Depends(ui_user),
 ) -> Response:
-    return _conversation_page(request, conversation_id, user, notice=NOTICES.get(notice or ""))
+    toast = TOASTS.get(notice or "")
+    return _conversation_page(
+        request,
+        conversation_id,
+        user,
+        notice=None if toast else NOTICES.get(notice or ""),
+        toast=toast,
+        comment_on=comment_on,
+    )
 
 
 def _conversation_page(
@@ -139,8 +160,12 @@ def _conversation_page(
     status_code: int = 200,
     notice: str | None = None,
     draft: dict[str, str | None] | None = None,
+    label_error: str | None = None,
+    toast: str | None = None,
+    comment_on: int | None = None,
 ) -> Response:
-    """The conversation with its review box; ``draft``: an unsaved label to fill the form with."""
+    """The conversation with its review box; ``draft``: an unsaved label to fill the form with;
+    ``label_error``: why the label was refused (shown as an error, its field focused)."""
     st = _stage(request)
     rt = runtime_of(request)
     with st.sessions() as s:
@@ -155,6 +180,7 @@ def _conversation_page(
             enrich(s, conv)
         item = insights.item_detail(s, conversation_id)
         hist = insights.history(s, conversation_id)
+        notes = triage.comments(s, conversation_id)
     mine = next((lab for lab in (item or {}).get("labels", []) if lab["reviewer"] == user.name), None)
     # double review is blind: others' labels stay hidden until this reviewer has given theirs
     blind = insights.is_blind(item, user.name)
@@ -180,7 +206,27 @@ def _conversation_page(
         lease_seconds=st.lease_seconds,
         blind=blind,
         draft=draft,
+        rubric=st.policy.rubric,
+        comments=notes,
+        comment_on=comment_on,
+        toast=toast,
+        label_error=label_error,
+        error_field="category" if label_error and "category" in label_error else None,
+        session_labelled=labelled_this_session(request),
     )
+
+
+def labelled_this_session(request: Request) -> int:
+    return int(sessions_of(request).read(request).get("labelled") or 0)
+
+
+def _count_labels(request: Request, response: Response, n: int = 1) -> Response:
+    """Add ``n`` to the session's label counter (kept in the signed session cookie)."""
+    sessions = sessions_of(request)
+    sessions.read(request)["labelled"] = labelled_this_session(request) + n
+    request.state.vigil_session_dirty = True
+    sessions.save(request, response)
+    return response
 
 
 def _act(request: Request, cid: str, fn: Callable[[Session, ReviewStage], Any], notice: str) -> Response:
@@ -274,14 +320,83 @@ async def label(request: Request, conversation_id: str) -> Response:
             conversation_id,
             p,
             422 if isinstance(exc, Invalid) else 409,
-            notice=f"Label not saved: {why}",
+            label_error=why,
             draft=draft_of(form),
         )
     except NotFound as exc:
         return render_page(request, "error.html", 404, title="Not found", message=str(exc))
     if form.get("next"):
-        return go(_review_url(nxt) if nxt else "/ui/queue?notice=empty")
-    return go(_review_url(conversation_id, "labelled"))
+        return _count_labels(request, go(_review_url(nxt, "labelled") if nxt else "/ui/queue?notice=labelled_last"))
+    return _count_labels(request, go(_review_url(conversation_id, "labelled")))
+
+
+@router.post("/review/{conversation_id:path}/comment")
+async def comment(request: Request, conversation_id: str) -> Response:
+    try:
+        p, form = await form_user(request, _review_url(conversation_id))
+    except Refused as refused:
+        return refused.response
+    raw_index = str(form.get("message_index") or "").strip()
+    try:
+        with _stage(request).sessions.begin() as s:
+            index = int(raw_index) if raw_index else None
+            triage.add_comment(s, conversation_id, p.name, str(form.get("body") or ""), index)
+    except (Invalid, ValueError) as exc:
+        why = str(exc) if isinstance(exc, Invalid) else f"message {raw_index!r} is not a message number"
+        return _conversation_page(request, conversation_id, p, 422, notice=f"Comment not added: {why}")
+    except NotFound as exc:
+        return render_page(request, "error.html", 404, title="Not found", message=str(exc))
+    return go(_review_url(conversation_id, "commented") + "#comments")
+
+
+@router.post("/queue/bulk")
+async def bulk(request: Request) -> Response:
+    """Skip, assign or unassign the items ticked in the queue list, then back to the list."""
+    try:
+        p, _ = await form_user(request)
+    except Refused as refused:
+        return refused.response
+    form = await request.form()
+    ids = [str(v) for v in form.getlist("ids")]
+    action = str(form.get("action") or "")
+    assignee = str(form.get("assignee") or "") or None
+    back = str(form.get("back") or "/ui/queue")
+    if action == "assign" and assignee not in review_api.reviewer_names(request):
+        return go(_with_result(back, action, 0, len(ids)))
+    try:
+        with _stage(request).sessions.begin() as s:
+            out = triage.bulk(s, action, ids, p.name, assignee)
+    except Invalid:
+        return go(_with_result(back, action, 0, len(ids)))
+    return go(_with_result(back, action, len(out["done"]), len(out["skipped"]), assignee))
+
+
+def _with_result(back: str, action: str, done: int, left: int, assignee: str | None = None) -> str:
+    """``back`` (a queue URL of this site) saying what a bulk action did, in numbers only."""
+    target = back if back.startswith("/ui/queue") and safe_next(back) == back else "/ui/queue"
+    target = target.split("#", 1)[0]
+    keep = [(k, v) for k, v in parse_qsl(target.partition("?")[2]) if k not in ("bulk", "done", "left", "to", "notice")]
+    result = [("bulk", action), ("done", str(done)), ("left", str(left))] + ([("to", assignee)] if assignee else [])
+    return "/ui/queue?" + urlencode(keep + result)
+
+
+def _bulk_notice(request: Request) -> str | None:
+    q = request.query_params
+    action = q.get("bulk")
+    if action not in triage.BULK_ACTIONS:
+        return None
+    done, left = int(q.get("done") or 0), int(q.get("left") or 0)
+    to = q.get("to")
+    verb = {"skip": "Skipped", "assign": "Assigned", "unassign": "Unassigned"}[action]
+    if action == "assign" and to in review_api.reviewer_names(request):
+        verb = f"Assigned to {to}:"
+    if done == 0:
+        text = "Nothing changed: tick some items" + (" and pick a reviewer." if action == "assign" else ".")
+    else:
+        text = f"{verb} {done} item{'s' if done != 1 else ''}."
+    if left and done:
+        text += f" {left} left as they were (held by someone else, done, or not in the queue)."
+    return text
 
 
 @router.get("/progress")
@@ -293,11 +408,101 @@ def progress_page(request: Request, user: Principal = Depends(ui_user)) -> Respo
 
 
 @router.get("/clusters")
-def clusters_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
+def clusters_page(request: Request, notice: str | None = None, user: Principal = Depends(ui_user)) -> Response:
     st = _stage(request)
     with st.sessions() as s:
         data = failures.clusters(s, st.rule_descriptions)
-    return render_page(request, "clusters.html", title="Failure clusters", data=data, taxonomy=st.policy.taxonomy)
+        open_ = [c.as_dict() for c in near_dups.open_clusters(s, reviewer=user.name)]
+    q = request.query_params
+    said = None
+    if notice == "cluster_labelled":
+        n, left = int(q.get("n") or 0), int(q.get("left") or 0)
+        said = f"Labelled {n} conversation{'s' if n != 1 else ''} in one action."
+        if left:
+            said += f" {left} left as they were (held by someone else, done, or labelled by you already)."
+    return render_page(
+        request,
+        "clusters.html",
+        title="Clusters",
+        data=data,
+        taxonomy=st.policy.taxonomy,
+        open_clusters=open_,
+        window=near_dups.WINDOW,
+        notice=said or NOTICES.get(notice or ""),
+    )
+
+
+@router.get("/clusters/{cluster_id}")
+def cluster_page(request: Request, cluster_id: str, user: Principal = Depends(ui_user)) -> Response:
+    return _cluster_view(request, cluster_id, user)
+
+
+def _cluster_view(
+    request: Request, cluster_id: str, user: Principal, label_error: str | None = None, status_code: int = 200
+) -> Response:
+    """A near-duplicate cluster: its sample to read, its members, and one label form for all of them."""
+    st = _stage(request)
+    with st.sessions() as s:
+        found = near_dups.find(s, cluster_id, user.name)
+        if found is None:
+            return render_page(
+                request,
+                "error.html",
+                404,
+                title="Cluster not found",
+                message="This cluster is no longer open: its items may have been labelled, or the queue moved on.",
+                back="/ui/clusters#open-clusters",
+            )
+        cluster = found.as_dict()
+        sample = near_dups.sample_messages(s, cluster["sample"][0])
+    return render_page(
+        request,
+        "cluster_review.html",
+        status_code,
+        title=f"Review a cluster of {cluster['size']}",
+        cluster=cluster,
+        sample=sample,
+        taxonomy=st.policy.taxonomy,
+        severities=SEVERITIES,
+        rubric=st.policy.rubric,
+        filled=None,
+        label_error=label_error,
+        error_field="category" if label_error and "category" in label_error else None,
+    )
+
+
+@router.post("/clusters/{cluster_id}/label")
+async def cluster_label(request: Request, cluster_id: str) -> Response:
+    back = f"/ui/clusters/{quote(cluster_id, safe='')}"
+    try:
+        p, _ = await form_user(request, back)
+    except Refused as refused:
+        return refused.response
+    form = await request.form()
+    st = _stage(request)
+    data = queue.LabelIn(
+        str(form.get("label") or ""),
+        str(form.get("category") or "") or None,
+        str(form.get("severity") or "") or None,
+        str(form.get("notes") or ""),
+        str(form.get("expected_behavior") or ""),
+    )
+    members = [str(v) for v in form.getlist("member")]
+    try:
+        with st.sessions.begin() as s:
+            out = near_dups.label_cluster(
+                s, str(form.get("sample") or ""), members, p.name, data, st.policy, st.metrics
+            )
+    except (Invalid, Conflict) as exc:
+        return _cluster_view(request, cluster_id, p, str(exc), 422 if isinstance(exc, Invalid) else 409)
+    except NotFound as exc:
+        return render_page(request, "error.html", 404, title="Not found", message=str(exc), back=back)
+    response = go(
+        "/ui/clusters?"
+        + urlencode({"notice": "cluster_labelled", "n": len(out["labelled"]), "left": len(out["skipped"])})
+        + "#open-clusters"
+    )
+    return _count_labels(request, response, len(out["labelled"]))
 
 
 RELOGGED_PREFIX = "/ui/review/"

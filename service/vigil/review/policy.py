@@ -23,6 +23,11 @@ from vigil.schema import SUCCESS_TOLERANCE
 
 DEFAULT_POLICY = Path(__file__).resolve().parent / "flagging.yaml"
 LABELS = ("confirmed_failure", "not_a_failure", "unsure")
+DEFAULT_RUBRIC = {
+    "confirmed_failure": "The agent got it wrong in a way the user or the business cares about; pick the category.",
+    "not_a_failure": "The flag was wrong: the agent did what it should have done.",
+    "unsure": "The transcript does not settle it; say what is missing in the notes.",
+}
 SEVERITIES = tuple(SEVERITY_RANK)
 
 
@@ -96,6 +101,15 @@ class FlaggingPolicy(_Strict):
     sample: SamplePolicy = SamplePolicy()
     multi_review: MultiReviewPolicy = MultiReviewPolicy()
     taxonomy: dict[str, str] = Field(default_factory=lambda: {"other": "Something else"})
+    rubric: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_RUBRIC))
+
+    @field_validator("rubric")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        unknown = set(v) - set(LABELS)
+        if unknown:
+            raise ValueError(f"unknown labels {sorted(unknown)}; use {list(LABELS)}")
+        return {**DEFAULT_RUBRIC, **v}
 
     @field_validator("outcomes", mode="before")
     @classmethod
