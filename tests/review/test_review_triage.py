@@ -311,3 +311,48 @@ def test_comments_on_conversations_and_messages(api) -> None:
     assert r.status_code == 404
     audit = api.get(f"/v1/review/items/{cid}/history", headers=REVIEWER).json()["audit"]
     assert [e["actor"] for e in audit if e["action"] == "comment"] == ["rita", "raj"]
+
+
+def _shared_task(convs: list[dict]) -> str:
+    by_task: dict[str, set[str]] = {}
+    for c in convs:
+        by_task.setdefault(c["task_id"], set()).add(c["agent_version"])
+    return next(t for t, versions in sorted(by_task.items()) if len(versions) > 1)
+
+
+def test_side_by_side_and_pairwise_choices(api) -> None:
+    convs = _seed(api, 60)
+    task = _shared_task(convs)
+    r = api.get("/v1/review/side-by-side", params={"task": task, "a": "v1.5.0", "b": "v1.4.0"}, headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    pair = r.json()
+    runs = {c["conversation_id"]: c for c in convs if c["task_id"] == task}
+    assert runs[pair["a"]["conversation_id"]]["agent_version"] == "v1.5.0"
+    assert runs[pair["b"]["conversation_id"]]["agent_version"] == "v1.4.0"
+    assert set(pair["versions"]) == {"v1.5.0", "v1.4.0"}
+    # from a conversation: its version on the left, the other version on the right by default
+    cid = pair["b"]["conversation_id"]
+    r = api.get("/v1/review/side-by-side", params={"task": task, "ca": cid}, headers=REVIEWER)
+    assert r.json()["a"]["conversation_id"] == cid and r.json()["b"]["version"] == "v1.5.0"
+    # refused: one version with itself, a run of another task, an unknown task
+    r = api.get("/v1/review/side-by-side", params={"task": task, "a": "v1.5.0", "b": "v1.5.0"}, headers=REVIEWER)
+    assert r.status_code == 422 and "two different versions" in r.text
+    other = next(c["conversation_id"] for c in convs if c["task_id"] != task)
+    r = api.get("/v1/review/side-by-side", params={"task": task, "ca": other}, headers=REVIEWER)
+    assert r.status_code == 422 and "is not a run of task" in r.text
+    assert api.get("/v1/review/side-by-side", params={"task": "nope"}, headers=REVIEWER).status_code == 404
+
+    body = {
+        "conversation_a": pair["a"]["conversation_id"],
+        "conversation_b": cid,
+        "choice": "b",
+        "notes": "asked first",
+    }
+    r = api.post("/v1/review/pairwise", json=body, headers=REVIEWER)
+    assert r.status_code == 201, r.text
+    assert r.json()["human"] == "b" and r.json()["version_a"] == "v1.5.0" and r.json()["task_id"] == task
+    bad = api.post("/v1/review/pairwise", json={**body, "conversation_b": other}, headers=REVIEWER)
+    assert bad.status_code == 422 and "same task" in bad.text
+    assert api.post("/v1/review/pairwise", json={**body, "choice": "c"}, headers=REVIEWER).status_code == 422
+    listed = api.get("/v1/review/pairwise", params={"task": task}, headers=REVIEWER).json()
+    assert [(c["reviewer"], c["human"], c["notes"]) for c in listed] == [("rita", "b", "asked first")]

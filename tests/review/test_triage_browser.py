@@ -165,3 +165,34 @@ def test_queue_search_sort_bulk_and_the_label_keys(browser, server) -> None:  # 
     page.keyboard.press("n")
     page.wait_for_url(lambda u: second not in u and "/ui/review/" in u)
     assert {r.conversation_id for r in _labels(rt)} == {first}
+
+
+def test_side_by_side_from_a_conversation_to_a_pairwise_choice(browser, server) -> None:  # noqa: F811
+    from tests.review.test_review_triage import _shared_task
+    from vigil.review.models import ReviewPairwiseRow
+
+    base, rt = server
+    convs = simulated(60, "v1.4.0:0.3,v1.5.0:0.6", seed=11)
+    store(rt, convs)
+    task = _shared_task(convs)
+    cid = next(c["conversation_id"] for c in convs if c["task_id"] == task and c["agent_version"] == "v1.4.0")
+    page = browser.new_page(viewport=VIEWPORT)
+    _login(page, base)
+    page.goto(f"{base}/ui/review/{cid}")
+    page.click("#side-by-side")
+    page.wait_for_url("**/ui/side-by-side?*")
+    left, right = page.locator("section.side-a"), page.locator("section.side-b")
+    assert "v1.4.0" in left.locator("h2").inner_text() and "v1.5.0" in right.locator("h2").inner_text()
+    assert cid in left.inner_text()
+    a_box, b_box = left.bounding_box(), right.bounding_box()
+    assert a_box and b_box and b_box["x"] >= a_box["x"] + a_box["width"]  # two columns
+    assert left.locator(".msg").count() > 0 and right.locator(".msg").count() > 0
+    _shot(page, "side-by-side.png")
+    page.check("input[name=choice][value=b]")
+    page.fill("#pairwise-notes", "B confirmed before cancelling")
+    page.click("#save-choice")
+    page.wait_for_url("**notice=chosen*")
+    assert "rita chose b" in page.locator(".pairwise").inner_text()
+    with rt.sessions() as s:
+        [row] = s.scalars(select(ReviewPairwiseRow)).all()
+    assert (row.conversation_a, row.version_b, row.choice, row.reviewer) == (cid, "v1.5.0", "b", "rita")

@@ -21,6 +21,7 @@ from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
 from vigil.review import clusters as near_dups
 from vigil.review import failures, insights, queue, reviewers, triage
+from vigil.review import side_by_side as sbs
 from vigil.review.errors import Conflict, Invalid, NotFound, ReviewError
 from vigil.review.flagger import enqueue
 from vigil.review.policy import LABELS, SEVERITIES, Reason
@@ -42,7 +43,10 @@ from vigil.review.schemas import (
     LeaseOut,
     OpenClusterOut,
     OpenClustersOut,
+    PairwiseIn,
+    PairwiseOut,
     QueueOut,
+    SideBySideOut,
     TaxonomyOut,
 )
 from vigil.review.stage import ReviewStage
@@ -340,6 +344,40 @@ def label_cluster(request: Request, body: ClusterLabelIn, p: Principal = require
         request,
         lambda s, st: near_dups.label_cluster(s, body.sample, body.members, p.name, data, st.policy, st.metrics),
     )
+
+
+@router.get("/side-by-side", response_model=SideBySideOut)
+def side_by_side(
+    request: Request,
+    task: str = Query(..., min_length=1, max_length=256, description="Task id"),
+    a: str | None = Query(None, description="Version on the left (default: the task's most recent version)"),
+    b: str | None = Query(None, description="Version on the right (default: the next most recent)"),
+    ca: str | None = Query(None, description="A conversation of version a to show (default: its latest run)"),
+    cb: str | None = Query(None, description="A conversation of version b to show"),
+    _: Principal = require("reviewer"),
+) -> Any:
+    """Two runs of the same task from two versions, to read side by side and choose between."""
+    return run(request, lambda s, _st: sbs.pair(s, task, a, b, ca, cb))
+
+
+@router.post("/pairwise", response_model=PairwiseOut, status_code=201)
+def pairwise_choose(request: Request, body: PairwiseIn, p: Principal = require("reviewer")) -> Any:
+    """Record which of two runs of one task did better (a, b or tie)."""
+    return run(
+        request, lambda s, _st: sbs.choose(s, p.name, body.conversation_a, body.conversation_b, body.choice, body.notes)
+    )
+
+
+@router.get("/pairwise", response_model=list[PairwiseOut])
+def pairwise_list(
+    request: Request,
+    task: str | None = None,
+    limit: int = Query(1000, ge=1, le=10_000),
+    offset: int = Query(0, ge=0),
+    _: Principal = require("reviewer"),
+) -> Any:
+    """Reviewers' pairwise choices, oldest first."""
+    return run(request, lambda s, _st: sbs.choices(s, task, limit, offset))
 
 
 @router.get("/progress")

@@ -22,6 +22,7 @@ from vigil.http.auth import Principal
 from vigil.review import api as review_api
 from vigil.review import clusters as near_dups
 from vigil.review import failures, insights, queue, reviewers, triage
+from vigil.review import side_by_side as sbs
 from vigil.review.errors import Conflict, Done, Invalid, NotFound
 from vigil.review.policy import LABELS, SEVERITIES
 from vigil.review.stage import ReviewStage
@@ -47,6 +48,7 @@ NOTICES = {
     "queued": "Added to the review queue.",
     "labelled_last": "Label saved. Nothing left to claim with these filters.",
     "commented": "Comment added.",
+    "chosen": "Your choice is saved.",
 }
 # shown as a short-lived toast rather than a notice
 TOASTS = {"labelled": "Saved", "commented": "Comment added"}
@@ -503,6 +505,76 @@ async def cluster_label(request: Request, cluster_id: str) -> Response:
         + "#open-clusters"
     )
     return _count_labels(request, response, len(out["labelled"]))
+
+
+@router.get("/side-by-side")
+def side_by_side_page(
+    request: Request,
+    task: str = "",
+    a: str | None = None,
+    b: str | None = None,
+    ca: str | None = None,
+    cb: str | None = None,
+    notice: str | None = None,
+    user: Principal = Depends(ui_user),
+) -> Response:
+    """The same task from two versions in two columns, and the reviewer's choice between them."""
+    rt = runtime_of(request)
+    st = _stage(request)
+    if not task.strip():
+        return render_page(
+            request, "error.html", 422, title="Side by side", message="Say which task: /ui/side-by-side?task=..."
+        )
+    try:
+        with st.sessions() as s:
+            picked = sbs.pair(s, task, a or None, b or None, ca or None, cb or None)
+            sides = []
+            for side in ("a", "b"):
+                conv = reads.get_conversation(
+                    s, picked[side]["conversation_id"], lambda _cid: rt.metrics.unreadable_documents.labels("ui").inc()
+                )
+                assert conv is not None  # pair() checked it is stored
+                sides.append(
+                    {
+                        **picked[side],
+                        "side": side,
+                        "conv": conv,
+                        "messages": transcript.build(conv["conversation"] or {"messages": []}, conv["findings"]),
+                        "item": insights.item_detail(s, conv["conversation_id"]),
+                    }
+                )
+            earlier = sbs.choices(s, task)
+    except (Invalid, NotFound) as exc:
+        return render_page(
+            request, "error.html", 404 if isinstance(exc, NotFound) else 422, title="Side by side", message=str(exc)
+        )
+    pair_ids = {sides[0]["conversation_id"], sides[1]["conversation_id"]}
+    return render_page(
+        request,
+        "side_by_side.html",
+        title=f"Task {task} side by side",
+        task=task,
+        picked=picked,
+        sides=sides,
+        earlier=[c for c in earlier if {c["conversation_a"], c["conversation_b"]} == pair_ids],
+        notice=NOTICES.get(notice or ""),
+    )
+
+
+@router.post("/side-by-side/choice")
+async def side_by_side_choice(request: Request) -> Response:
+    try:
+        p, form = await form_user(request, "/ui/queue")
+    except Refused as refused:
+        return refused.response
+    ca, cb = str(form.get("conversation_a") or ""), str(form.get("conversation_b") or "")
+    try:
+        with _stage(request).sessions.begin() as s:
+            chosen = sbs.choose(s, p.name, ca, cb, str(form.get("choice") or ""), str(form.get("notes") or ""))
+    except (Invalid, NotFound) as exc:
+        return render_page(request, "error.html", 422, title="Choice not saved", message=str(exc))
+    back = {"task": chosen["task_id"], "a": chosen["version_a"], "b": chosen["version_b"], "ca": ca, "cb": cb}
+    return go("/ui/side-by-side?" + urlencode({**back, "notice": "chosen"}))
 
 
 RELOGGED_PREFIX = "/ui/review/"

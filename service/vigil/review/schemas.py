@@ -225,3 +225,36 @@ class CommentOut(BaseModel):
     author: str
     body: str
     created_at: datetime | None
+
+
+class PairwiseIn(BaseModel):
+    conversation_a: str = Field(min_length=1, max_length=256)
+    conversation_b: str = Field(min_length=1, max_length=256)
+    choice: Literal["a", "b", "tie"] = Field(description="Which conversation handled the task better")
+    notes: str = Field(default="", max_length=5000)
+
+
+class PairwiseOut(BaseModel):
+    id: int
+    task_id: str
+    conversation_a: str
+    conversation_b: str
+    version_a: str
+    version_b: str
+    reviewer: str
+    human: str = Field(description="a, b or tie: the `human` field of a calibration pairwise file")
+    notes: str
+    created_at: datetime | None
+
+
+class SideOut(BaseModel):
+    version: str
+    conversation_id: str
+    others: list[str] = Field(description="Other runs of the task in this version, most recent first")
+
+
+class SideBySideOut(BaseModel):
+    task_id: str
+    versions: list[str] = Field(description="Versions that ran the task, most recent first")
+    a: SideOut
+    b: SideOut
