@@ -24,6 +24,7 @@ from vigil.review import failures, insights, queue, reviewers, triage
 from vigil.review import side_by_side as sbs
 from vigil.review.errors import Conflict, Invalid, NotFound, ReviewError
 from vigil.review.flagger import enqueue
+from vigil.review.page_kit import reviewer_names
 from vigil.review.policy import LABELS, SEVERITIES, Reason
 from vigil.review.schemas import (
     BulkIn,
@@ -282,12 +283,6 @@ def labels(
 def clusters(request: Request, _: Principal = require("reviewer")) -> Any:
     """Confirmed failures grouped by category, rule and tool."""
     return run(request, lambda s, st: failures.clusters(s, st.rule_descriptions))
-
-
-def reviewer_names(request: Request) -> list[str]:
-    """Names of the keys that may review (the people items can be assigned to)."""
-    ring = request.app.state.keyring
-    return sorted({k.name for k in ring.keys if k.role in ("reviewer", "admin")})
 
 
 @router.get("/reviewers")
