@@ -356,3 +356,52 @@ def test_side_by_side_and_pairwise_choices(api) -> None:
     assert api.post("/v1/review/pairwise", json={**body, "choice": "c"}, headers=REVIEWER).status_code == 422
     listed = api.get("/v1/review/pairwise", params={"task": task}, headers=REVIEWER).json()
     assert [(c["reviewer"], c["human"], c["notes"]) for c in listed] == [("rita", "b", "asked first")]
+
+
+def test_cli_bulk_clusters_comments_and_pairwise(sqlite_url, tmp_path, monkeypatch) -> None:
+    import orjson
+    from typer.testing import CliRunner
+
+    from tests.support.review import store
+    from vigil.app.cli import app
+
+    rt = review_runtime(sqlite_url)
+    store(rt, near_duplicates(6, "cli"))
+    rt.close()
+    monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
+    runner = CliRunner()
+    r = runner.invoke(app, ["review", "near-duplicates", "--json"])
+    assert r.exit_code == 0, r.output
+    [cluster] = orjson.loads(r.stdout)["clusters"]
+    assert cluster["size"] == 6
+    r = runner.invoke(app, ["review", "bulk", "assign", "cli-005", "--as", "rita", "--to", "raj"])
+    assert r.exit_code == 0 and "1 done" in r.output
+    r = runner.invoke(app, ["review", "bulk", "skip", "cli-004", "nope", "--as", "rita"])
+    assert r.exit_code == 0 and "nope: not in the review queue" in r.output
+    r = runner.invoke(app, ["review", "label-cluster", cluster["id"], "--as", "raj", "--label", "confirmed_failure"])
+    assert r.exit_code == 2 and "needs a category" in r.output
+    r = runner.invoke(
+        app,
+        [
+            "review",
+            "label-cluster",
+            cluster["id"],
+            "--as",
+            "raj",
+            "--label",
+            "confirmed_failure",
+            "--category",
+            "privacy_leak",
+        ],
+    )
+    assert r.exit_code == 0 and "labelled 6 (5 from" in r.output, r.output
+    r = runner.invoke(app, ["review", "comment", "cli-001", "see turn 2", "--as", "raj", "--message", "2"])
+    assert r.exit_code == 0
+    r = runner.invoke(app, ["review", "comment", "cli-001", "x", "--as", "raj", "--message", "99"])
+    assert r.exit_code == 2 and "not in this conversation" in r.output
+    labels = tmp_path / "labels.jsonl"
+    assert runner.invoke(app, ["review", "labels", "--out", str(labels)]).exit_code == 0
+    rows = [orjson.loads(line) for line in labels.read_bytes().splitlines()]
+    assert len(rows) == 6 and sum(1 for row in rows if row["propagated_from"]) == 5
+    r = runner.invoke(app, ["review", "pairwise"])
+    assert r.exit_code == 0 and "0 choices" in r.output

@@ -1,4 +1,4 @@
-"""``vigil review queue|enqueue|labels|clusters|progress|policy``."""
+"""``vigil review queue|enqueue|labels|clusters|progress|policy`` (triage commands: :mod:`.triage_commands`)."""
 
 from __future__ import annotations
 
@@ -213,4 +213,6 @@ def policy_cmd(
 
 
 def register(app: typer.Typer) -> None:
+    import vigil.review.triage_commands  # noqa: F401  (adds the triage commands to review_app)
+
     app.add_typer(review_app, name="review")
