@@ -400,6 +400,7 @@ def taxonomy(request: Request, _: Principal = require("reviewer")) -> Any:
     st = stage_of(request)
     return {
         "labels": list(LABELS),
+        "rubric": st.policy.rubric,
         "categories": st.policy.taxonomy,
         "severities": list(SEVERITIES),
         "lease_seconds": st.lease_seconds,

@@ -159,6 +159,7 @@ class ClustersOut(BaseModel):
 
 class TaxonomyOut(BaseModel):
     labels: list[str]
+    rubric: dict[str, str] = Field(default_factory=dict, description="What each label means")
     categories: dict[str, str]
     severities: list[str]
     lease_seconds: int
