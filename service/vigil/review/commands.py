@@ -213,6 +213,8 @@ def policy_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    import vigil.review.triage_commands  # noqa: F401  (adds the triage commands to review_app)
+    from vigil.review.triage_commands import triage_app
 
+    known = review_app.registered_commands
+    known += [c for c in triage_app.registered_commands if c not in known]
     app.add_typer(review_app, name="review")

@@ -8,9 +8,24 @@ from typing import Annotated
 
 import orjson
 import typer
+from rich.console import Console
 
-from vigil.review.commands import _stage, console, review_app
+from vigil.review.stage import ReviewStage
+from vigil.runtime import Launcher
 from vigil.tables import print_json, print_table
+
+console = Console(stderr=True)
+triage_app = typer.Typer()  # its commands join ``vigil review`` (see commands.register)
+
+
+def _stage(ctx: typer.Context) -> ReviewStage:
+    from vigil.errors import VigilError
+
+    launch = Launcher.of(ctx)
+    try:
+        return ReviewStage.from_runtime(launch.core())
+    except VigilError as exc:
+        launch.fail(exc)
 
 
 def _fail(exc: Exception) -> None:
@@ -18,7 +33,7 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(2)
 
 
-@review_app.command("bulk")
+@triage_app.command("bulk")
 def bulk_cmd(
     ctx: typer.Context,
     action: Annotated[str, typer.Argument(help="skip, assign or unassign.")],
@@ -41,7 +56,7 @@ def bulk_cmd(
         console.print(f"  {left['conversation_id']}: {left['why']}")
 
 
-@review_app.command("near-duplicates")
+@triage_app.command("near-duplicates")
 def near_duplicates_cmd(
     ctx: typer.Context,
     min_size: Annotated[int, typer.Option(help="Smallest cluster to list.")] = 2,
@@ -60,7 +75,7 @@ def near_duplicates_cmd(
     print_table(["cluster", "items", "flagged for", "first message"], rows)
 
 
-@review_app.command("label-cluster")
+@triage_app.command("label-cluster")
 def label_cluster_cmd(
     ctx: typer.Context,
     cluster_id: Annotated[str, typer.Argument(help="A cluster id from `vigil review near-duplicates`.")],
@@ -91,7 +106,7 @@ def label_cluster_cmd(
         console.print(f"  left {left['conversation_id']}: {left['why']}")
 
 
-@review_app.command("comment")
+@triage_app.command("comment")
 def comment_cmd(
     ctx: typer.Context,
     conversation_id: Annotated[str, typer.Argument(help="A stored conversation.")],
@@ -112,7 +127,7 @@ def comment_cmd(
     console.print("comment added")
 
 
-@review_app.command("pairwise")
+@triage_app.command("pairwise")
 def pairwise_cmd(
     ctx: typer.Context,
     task: Annotated[str | None, typer.Option(help="Only this task.")] = None,
