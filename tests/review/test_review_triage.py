@@ -405,3 +405,38 @@ def test_cli_bulk_clusters_comments_and_pairwise(sqlite_url, tmp_path, monkeypat
     assert len(rows) == 6 and sum(1 for row in rows if row["propagated_from"]) == 5
     r = runner.invoke(app, ["review", "pairwise"])
     assert r.exit_code == 0 and "0 choices" in r.output
+
+
+def test_a_refused_label_is_an_error_on_its_field_and_the_form_explains_itself(api) -> None:
+    import re
+
+    convs = _seed(api, 10)
+    cid = convs[0]["conversation_id"]
+    login = api.get("/ui/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', login.text).group(1)  # type: ignore[union-attr]
+    api.post("/ui/login", data={"csrf": token, "api_key": "rita-key", "next": "/ui/queue"})
+    page = api.get(f"/ui/review/{cid}")
+    token = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+    # the rubric and the categories' descriptions are in the form
+    assert "The flag was wrong: the agent did what it should have done." in page.text
+    assert 'data-description="Disclosed personal or payment data"' in page.text
+    assert "0 labelled this session" in page.text
+    r = api.post(f"/ui/review/{cid}/label", data={"csrf": token, "label": "confirmed_failure", "notes": "kept"})
+    assert r.status_code == 422
+    assert (
+        '<p class="error" id="label-error" role="alert">Label not saved: a confirmed failure needs a category' in r.text
+    )
+    assert (
+        'id="category" name="category" aria-describedby="category-help category-error" autofocus aria-invalid="true"'
+        in r.text
+    )
+    assert 'id="category-error" class="error small" role="alert">' in r.text  # shown, not hidden
+    assert ">kept</textarea>" in r.text
+    ok = api.post(
+        f"/ui/review/{cid}/label",
+        data={"csrf": token, "label": "confirmed_failure", "category": "tone"},
+        follow_redirects=False,
+    )
+    assert ok.status_code == 303 and ok.headers["location"].endswith("notice=labelled")
+    after = api.get(ok.headers["location"])
+    assert 'class="toast" id="toast" role="status">Saved<' in after.text and "1 labelled this session" in after.text
