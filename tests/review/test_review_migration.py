@@ -10,7 +10,15 @@ from sqlalchemy import inspect
 from vigil.app.wiring import metadata
 from vigil.store import db
 
-REVIEW_TABLES = {"review_items", "review_reasons", "review_labels", "review_skips", "review_audit"}
+REVIEW_TABLES = {
+    "review_items",
+    "review_reasons",
+    "review_labels",
+    "review_skips",
+    "review_audit",
+    "review_comments",
+    "review_pairwise",
+}
 
 
 def _review_diffs(url: str) -> list:  # type: ignore[type-arg]

@@ -216,6 +216,8 @@ class ReviewItemRow(Base):
     claimed_by: Mapped[str | None] = mapped_column(String(128))
     claimed_at: Mapped[datetime | None]
     lease_until: Mapped[datetime | None]
+    # a reviewer this item is set aside for: claim-next offers it to them first and to nobody else
+    assignee: Mapped[str | None] = mapped_column(String(128), index=True, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -247,6 +249,8 @@ class ReviewLabelRow(Base):
     severity: Mapped[str | None] = mapped_column(String(16))
     notes: Mapped[str] = mapped_column(Text, default="")
     expected_behavior: Mapped[str] = mapped_column(Text, default="")
+    # set when the reviewer labelled a cluster at once: the conversation whose label this one copies
+    propagated_from: Mapped[str | None] = mapped_column(String(256), default=None)
     version: Mapped[int] = mapped_column(Integer)
     is_current: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
