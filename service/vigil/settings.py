@@ -212,6 +212,12 @@ class Settings(BaseSettings):
         ge=100,
         description="Most recent conversations per version used for bootstrap intervals.",
     )
+    compare_metadata_sample: int = Field(
+        default=2000,
+        ge=10,
+        description="Most recent conversations per version whose metadata compare reads: the error and truncation "
+        "rates and how each version was run (model, sampling, harness, tools, grader, budgets).",
+    )
     compare_bootstrap_resamples: int = Field(
         default=1000, ge=100, description="Bootstrap resamples for intervals of means and p95 latency."
     )
