@@ -208,3 +208,30 @@ def test_a_version_compared_with_itself_is_refused(eighty_to_ninety) -> None:
     _, c = eighty_to_ninety
     r = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v1"}, headers=REVIEWER)
     assert r.status_code == 400 and "compared with itself" in r.json()["detail"]
+
+
+def test_the_conversations_behind_a_row(sqlite_url) -> None:
+    rt = build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=100), registry=CollectorRegistry())
+
+    def ended(i: int, version: str) -> dict[str, Any]:
+        reason = "agent_error" if i < 3 else "user_stop"
+        return conversation(version, f"t{i}", 0, i >= 7, {"termination_reason": reason})
+
+    with make_client(rt) as c:
+        store(c, [ended(i, v) for v in ("v1", "v2") for i in range(60)])
+
+        def behind(signal: str, **params: Any) -> Any:
+            q = {"agent": "bench-bot", "version": "v2", "signal": signal, **params}
+            return c.get("/v1/compare/conversations", params=q, headers=REVIEWER)
+
+        failed = behind("tasks:success").json()
+        assert failed["total"] == 7 and {x["task_id"] for x in failed["conversations"]} == {f"t{i}" for i in range(7)}
+        assert all(x["agent_version"] == "v2" for x in failed["conversations"])
+        errors = behind("error_rate").json()
+        assert errors["total"] == 3 and errors["what"] == "that ended in an error"
+        steps = behind("steps", offset=50).json()
+        assert len(steps["conversations"]) == 10 and not steps["more"]
+        assert behind("rule:no-such-thing").json()["total"] == 0
+        r = behind("nonsense")
+        assert r.status_code == 404 and "no compare signal 'nonsense'" in r.json()["detail"]
+    rt.close()

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
+from vigil.compare.drill import UnknownSignal, conversations_behind
 from vigil.compare.pairing import RuleVersions
 from vigil.compare.present import headline
 from vigil.compare.table import CompareError, RulesFor, SameVersion, compare, quality
@@ -83,6 +84,31 @@ async def get_compare(
     except SameVersion as exc:
         raise HTTPException(400, str(exc)) from None
     except CompareError as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+@router.get("/v1/compare/conversations", dependencies=[require("reviewer")])
+async def get_conversations_behind(
+    request: Request,
+    agent: str,
+    version: str,
+    signal: str = Query(..., description="A signal of the compare table, e.g. rule:<id>, judge:<name>, tasks:success."),
+    offset: int = Query(0, ge=0),
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> dict[str, Any]:
+    """The conversations of one version behind one row of the compare table, a page at a time."""
+    rt = runtime_of(request)
+
+    def run() -> dict[str, Any]:
+        with rt.sessions() as s:
+            return conversations_behind(
+                s, agent, version, signal, offset, since, until, rt.settings.compare_metadata_sample
+            )
+
+    try:
+        return await run_in_threadpool(run)
+    except UnknownSignal as exc:
         raise HTTPException(404, str(exc)) from None
 
 
