@@ -235,3 +235,24 @@ def test_the_conversations_behind_a_row(sqlite_url) -> None:
         r = behind("nonsense")
         assert r.status_code == 404 and "no compare signal 'nonsense'" in r.json()["detail"]
     rt.close()
+
+
+def test_the_demo_traffic_shows_pass_hat_k(sqlite_url) -> None:
+    """The demo's task ids repeat and every simulated conversation says whether its task got done."""
+    from vigil.ingest.simulate import Simulator, parse_versions
+
+    rt = build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=100), registry=CollectorRegistry())
+    sim = Simulator(parse_versions("v1.4.0:0.05,v1.5.0:0.4"), 11)
+    convs = list(sim.stream(600))
+    with make_client(rt) as c:
+        store(c, convs)
+        outcomes = [o for conv in convs for o in sim.outcomes_for(conv)]
+        assert c.post("/v1/outcomes", json=outcomes, headers=INGEST).status_code in (200, 202)
+        body = c.get("/v1/compare", params={"baseline": "v1.4.0", "candidate": "v1.5.0"}, headers=REVIEWER).json()
+    rows = rows_of(body)
+    assert body["tasks"]["paired"] and body["tasks"]["shared"] >= 45 and body["tasks"]["ks"][0] == 2
+    assert rows["tasks:success"]["verdict"] == "worse" and rows["tasks:success"]["paired"]
+    for k in body["tasks"]["ks"]:
+        assert rows[f"tasks:pass^{k}"]["candidate"]["value"] < rows[f"tasks:pass^{k}"]["baseline"]["value"]
+    assert body["headline"]["text"].startswith("v1.5.0 vs v1.4.0: ")
+    rt.close()
