@@ -213,7 +213,7 @@ class Settings(BaseSettings):
         description="Most recent conversations per version used for bootstrap intervals.",
     )
     compare_metadata_sample: int = Field(
-        default=2000,
+        default=500,
         ge=10,
         description="Most recent conversations per version whose metadata compare reads: the error and truncation "
         "rates and how each version was run (model, sampling, harness, tools, grader, budgets).",

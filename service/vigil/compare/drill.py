@@ -76,7 +76,7 @@ def conversations_behind(
     offset: int = 0,
     since: datetime | None = None,
     until: datetime | None = None,
-    metadata_sample: int = 2000,
+    metadata_sample: int = 500,
 ) -> dict[str, Any]:
     """A page of the conversations of ``agent``/``version`` behind ``signal``."""
     C = ConversationRow

@@ -25,7 +25,6 @@ from vigil.compare.paired import (
     Rollouts,
     clustered_mean,
     difference,
-    per_task,
     powers_of_two,
 )
 from vigil.compare.tasks import NOT_RECORDED, PROTOCOL_KEYS, TaskData
@@ -83,6 +82,18 @@ def _indicator(rollouts: Rollouts, passed: bool) -> dict[str, list[float]]:
     return {t: [float(all((v >= 1) if passed else (v <= 0) for v in vs))] for t, vs in rollouts.items() if len(vs)}
 
 
+def _counts(rollouts: Rollouts) -> dict[str, tuple[int, int]]:
+    """Per task: (rollouts, passes)."""
+    return {t: (len(vs), sum(1 for v in vs if v >= 1)) for t, vs in rollouts.items() if len(vs)}
+
+
+def _per_task(
+    counts: Mapping[str, tuple[int, int]], k: int, fn: Callable[[int, int, int], float]
+) -> dict[str, list[float]]:
+    """Each task's unbiased pass@k or pass^k (as :func:`vigil.compare.paired.per_task`), from its counts."""
+    return {t: [fn(n, c, k)] for t, (n, c) in counts.items() if n >= k}
+
+
 def rollout_ks(base: TaskData, cand: TaskData) -> list[int]:
     """k = 2, 4, ... up to the fewest rollouts of any task that repeats, when tasks repeat on both sides."""
     b, c = base.repeated, cand.repeated
@@ -101,6 +112,7 @@ def task_rows(base: TaskData, cand: TaskData) -> tuple[list[TaskRow], dict[str, 
         _, is_paired = difference(cs, bs)
         how = f"paired over {len(shared)} shared tasks" if is_paired else "clustered by task, no shared tasks"
         rows.append(_row("tasks:success", f"task success ({how})", "higher_is_better", bs, cs, "grader"))
+        b_counts, c_counts = _counts(bs), _counts(cs)
         for k in ks:
             for key, fn, informational in (
                 ("pass^", stats.pass_hat_k, False),
@@ -112,8 +124,8 @@ def task_rows(base: TaskData, cand: TaskData) -> tuple[list[TaskRow], dict[str, 
                         f"tasks:{key}{k}",
                         f"{key}{k}: {what} {k} rollouts of a task pass",
                         "higher_is_better",
-                        per_task(bs, k, fn),
-                        per_task(cs, k, fn),
+                        _per_task(b_counts, k, fn),
+                        _per_task(c_counts, k, fn),
                         "grader",
                         informational,
                     )

@@ -254,7 +254,7 @@ def compare(
     resamples: int = 1000,
     since: datetime | None = None,
     until: datetime | None = None,
-    metadata_sample: int = 2000,
+    metadata_sample: int = 500,
     rule_versions: RuleVersions | None = None,
 ) -> dict[str, Any]:
     """The full comparison as a JSON-ready dict (``vigil compare --json`` and ``GET /v1/compare``).
