@@ -138,9 +138,9 @@ def test_error_and_truncation_rates_are_their_own_rows(sqlite_url) -> None:
     rt.close()
 
 
-def test_protocol_differences_and_a_changed_grader(sqlite_url) -> None:
+def test_protocol_differences_and_a_changed_grader(db_url) -> None:
     """Model and grader differ; the judge's version differs: those rows say "grader changed", not worse."""
-    rt = build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=100), registry=CollectorRegistry())
+    rt = build_runtime(make_settings(db_url, compare_bootstrap_resamples=100), registry=CollectorRegistry())
     meta_b = {"model": "gpt-4.1", "temperature": 0.0, "harness": "runner 1", "grader": "exact-match v1"}
     meta_c = {"model": "gpt-5", "temperature": 0.0, "harness": "runner 1", "grader": "llm-rubric v2"}
     with make_client(rt) as c:
@@ -166,6 +166,9 @@ def test_protocol_differences_and_a_changed_grader(sqlite_url) -> None:
                     for i in range(50)
                 )
         body = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER).json()
+        q = {"agent": "bench-bot", "version": "v2", "signal": "judge:helpful"}
+        failing = c.get("/v1/compare/conversations", params=q, headers=REVIEWER).json()
+        assert failing["total"] == 30 and failing["what"] == "the judge helpful failed"
     proto = {p["key"]: p for p in body["protocol"]}
     assert not body["comparable"]
     assert not proto["model"]["same"] and proto["model"]["baseline"] == [{"value": "gpt-4.1", "conversations": 50}]
@@ -210,8 +213,8 @@ def test_a_version_compared_with_itself_is_refused(eighty_to_ninety) -> None:
     assert r.status_code == 400 and "compared with itself" in r.json()["detail"]
 
 
-def test_the_conversations_behind_a_row(sqlite_url) -> None:
-    rt = build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=100), registry=CollectorRegistry())
+def test_the_conversations_behind_a_row(db_url) -> None:
+    rt = build_runtime(make_settings(db_url, compare_bootstrap_resamples=100), registry=CollectorRegistry())
 
     def ended(i: int, version: str) -> dict[str, Any]:
         reason = "agent_error" if i < 3 else "user_stop"
@@ -232,6 +235,7 @@ def test_the_conversations_behind_a_row(sqlite_url) -> None:
         steps = behind("steps", offset=50).json()
         assert len(steps["conversations"]) == 10 and not steps["more"]
         assert behind("rule:no-such-thing").json()["total"] == 0
+        assert behind("judge:helpful").json()["total"] == 0
         r = behind("nonsense")
         assert r.status_code == 404 and "no compare signal 'nonsense'" in r.json()["detail"]
     rt.close()
