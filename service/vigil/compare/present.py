@@ -90,15 +90,19 @@ def interval(row: dict[str, Any], estimate: dict[str, Any]) -> str:
 
 
 def _signed(row: dict[str, Any], v: float) -> str:
+    """A signed figure; the sign is that of the figure as shown (no ``-0.0``)."""
     u = unit(row)
-    sign = "+" if v > 0 else "-" if v < 0 else "±"
     if u == "rate":
-        return f"{sign}{abs(100 * v):.1f}"
-    if u == "usd":
-        return f"{sign}{usd(abs(v))}"
-    if u == "ms":
-        return f"{sign}{abs(v):,.0f}"
-    return f"{sign}{abs(v):,.3g}"
+        text = f"{abs(100 * v):.1f}"
+    elif u == "usd":
+        text = usd(abs(v))
+    elif u == "ms":
+        text = f"{abs(v):,.0f}"
+    else:
+        text = f"{abs(v):,.3g}"
+    shown_zero = not any(ch in "123456789" for ch in text)
+    sign = "±" if shown_zero else "+" if v > 0 else "-"
+    return f"{sign}{text}"
 
 
 def difference(row: dict[str, Any]) -> str:
