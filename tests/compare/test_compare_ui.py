@@ -175,7 +175,7 @@ def test_compare_headline_order_folding_and_links_in_a_browser(sqlite_url) -> No
             assert re.match(r"\$0\.0\d", cost.locator("a.behind").first.inner_text())
             assert "e-0" not in cost.inner_text()
             # a row's candidate figure leads to the conversations behind it, and on to one of them
-            forbidden.locator('a.behind[data-side="candidate"]').click()
+            forbidden.locator('a.behind[data-behind="candidate"]').click()
             page.wait_for_url(re.compile(r".*/ui/compare/conversations\?.*signal=forbidden_tool.*"))
             assert page.locator("#behind tbody tr").count() == 20
             assert "conversations with a forbidden tool call" in page.locator("h1").inner_text()

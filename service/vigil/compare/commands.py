@@ -15,8 +15,8 @@ def _pct(e: dict[str, Any], kind: str) -> str:
         return "-"
     if kind == "rate":
         lo, hi = e.get("low"), e.get("high")
-        inner = f" [{100 * lo:.1f}, {100 * hi:.1f}]" if lo is not None and hi is not None else ""
-        return f"{100 * v:.2f}%{inner}"
+        inner = f" [{100 * lo:.1f}%, {100 * hi:.1f}%]" if lo is not None and hi is not None else ""
+        return f"{100 * v:.1f}%{inner}"
     lo, hi = e.get("low"), e.get("high")
     inner = f" [{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None else ""
     return f"{v:.4g}{inner}"
