@@ -233,6 +233,12 @@ class Settings(BaseSettings):
         description="Most recent conversations per version used for bootstrap intervals (the bootstrap's cost "
         "grows with this times the resamples; rates come from the rollups and are not sampled).",
     )
+    compare_metadata_sample: int = Field(
+        default=500,
+        ge=10,
+        description="Most recent conversations per version whose metadata compare reads: the error and truncation "
+        "rates and how each version was run (model, sampling, harness, tools, grader, budgets).",
+    )
     compare_bootstrap_resamples: int = Field(
         default=1000, ge=100, description="Bootstrap resamples for intervals of means and p95 latency."
     )

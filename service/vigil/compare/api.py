@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from vigil.compare.table import CompareError, RulesFor, compare, quality
+from vigil.compare.drill import UnknownSignal, conversations_behind
+from vigil.compare.pairing import RuleVersions
+from vigil.compare.present import headline
+from vigil.compare.table import CompareError, RulesFor, SameVersion, compare, quality
 from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.runtime import Runtime
@@ -36,6 +40,19 @@ def window(rt: Runtime, since: datetime | None, until: datetime | None) -> tuple
     return since, until
 
 
+def rule_versions(rt: Runtime) -> RuleVersions:
+    """Each applicable rule's definition (pack, type, digest of severity and arguments): what its row measures."""
+
+    def versions(agent: str, version: str) -> dict[str, str]:
+        out = {}
+        for r in rt.rules.rules_for(agent, version):
+            spec = f"{r.spec.severity}\x1f{r.args.model_dump_json()}"
+            out[r.id] = f"{r.pack}/{r.type.name}/{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+        return out
+
+    return versions
+
+
 def run_compare(
     rt: Runtime,
     baseline: str,
@@ -59,9 +76,12 @@ def run_compare(
             s.compare_bootstrap_resamples,
             since,
             until,
+            s.compare_metadata_sample,
+            rule_versions(rt),
         )
         for enrich in rt.hooks.compare_enrichers:  # calibration adds corrected judge rates
             enrich(session, result)
+        result["headline"] = headline(result)
         return result
 
 
@@ -77,7 +97,34 @@ async def get_compare(
     """Each signal for both versions with 95% intervals, the difference, a verdict and red flags."""
     try:
         return await run_in_threadpool(run_compare, runtime_of(request), baseline, candidate, agent, since, until)
+    except SameVersion as exc:
+        raise HTTPException(400, str(exc)) from None
     except CompareError as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+@router.get("/v1/compare/conversations", dependencies=[require("reviewer")])
+async def get_conversations_behind(
+    request: Request,
+    agent: str,
+    version: str,
+    signal: str = Query(..., description="A signal of the compare table, e.g. rule:<id>, judge:<name>, tasks:success."),
+    offset: int = Query(0, ge=0),
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> dict[str, Any]:
+    """The conversations of one version behind one row of the compare table, a page at a time."""
+    rt = runtime_of(request)
+
+    def run() -> dict[str, Any]:
+        with rt.sessions() as s:
+            return conversations_behind(
+                s, agent, version, signal, offset, since, until, rt.settings.compare_metadata_sample
+            )
+
+    try:
+        return await run_in_threadpool(run)
+    except UnknownSignal as exc:
         raise HTTPException(404, str(exc)) from None
 
 
