@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from sqlalchemy import MetaData
 
 from vigil import calibration, compare, detector, evaluation, export, ingest, judge, outcomes, review
+from vigil.app import home
 from vigil.runtime import Runtime, Stage
 from vigil.store.models import Base
 
@@ -38,6 +39,7 @@ def wire(rt: Runtime, roles: Iterable[str] | None = None) -> Runtime:
         rt.roles = frozenset(roles)
     for stage in STAGES:
         stage.wire(rt)
+    home.wire(rt)
     return rt
 
 

@@ -1,0 +1,104 @@
+"""What the home page says is happening now: alerts, traffic and flag rate per version, queue, judge spend.
+
+Every read is bounded: conversations and labels by a time window on an indexed column, the queue by its
+status index, detections by the open ones; nothing scans the stored history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from vigil.detector.api import list_alerts
+from vigil.judge.api import judge_info
+from vigil.judge.stage import JudgeStage
+from vigil.runtime import Runtime
+from vigil.store.models import ConversationRow, ReviewItemRow, ReviewLabelRow
+from vigil.store.signals import version_key
+
+WINDOWS = (("hour", timedelta(hours=1)), ("day", timedelta(days=1)))
+
+
+@dataclass
+class VersionTraffic:
+    agent: str
+    version: str
+    conversations: dict[str, int] = field(default_factory=lambda: {w: 0 for w, _ in WINDOWS})  # stored, per window
+    flagged: dict[str, int] = field(default_factory=lambda: {w: 0 for w, _ in WINDOWS})  # of them, queued for review
+
+    def flag_rate(self, window: str) -> float | None:
+        n = self.conversations.get(window, 0)
+        return self.flagged.get(window, 0) / n if n else None
+
+
+def traffic(s: Session, now: datetime) -> list[VersionTraffic]:
+    """Conversations stored and the share flagged for review, per agent version, in the last hour and day."""
+    out: dict[tuple[str, str], VersionTraffic] = {}
+    for window, span in WINDOWS:
+        q = (
+            select(ConversationRow.agent_id, ConversationRow.agent_version, func.count(), func.count(ReviewItemRow.id))
+            .outerjoin(ReviewItemRow, ReviewItemRow.conversation_id == ConversationRow.conversation_id)
+            .where(ConversationRow.received_at >= now - span)
+            .group_by(ConversationRow.agent_id, ConversationRow.agent_version)
+        )
+        for agent, version, n, flagged in s.execute(q):
+            row = out.setdefault((agent, version), VersionTraffic(agent, version))
+            row.conversations[window], row.flagged[window] = int(n), int(flagged)
+    return sorted(out.values(), key=lambda t: (t.agent, version_key(t.version)), reverse=True)
+
+
+def queue_state(s: Session, now: datetime) -> dict[str, Any]:
+    """Open items, items added and labels saved in the last hour and day, and the busiest reviewers today."""
+    open_items = s.scalar(
+        select(func.count())
+        .select_from(ReviewItemRow)
+        .where(ReviewItemRow.status == "open", ReviewItemRow.agent_id.is_not(None))
+    )
+    labelled: dict[str, int] = {}
+    for window, span in WINDOWS:
+        labelled[window] = int(
+            s.scalar(select(func.count()).select_from(ReviewLabelRow).where(ReviewLabelRow.created_at >= now - span))
+            or 0
+        )
+    reviewers = s.execute(
+        select(ReviewLabelRow.reviewer, func.count())
+        .where(ReviewLabelRow.created_at >= now - timedelta(days=1))
+        .group_by(ReviewLabelRow.reviewer)
+        .order_by(func.count().desc())
+        .limit(5)
+    ).all()
+    return {
+        "open": int(open_items or 0),
+        "labelled": labelled,
+        "reviewers": [(name, int(n)) for name, n in reviewers],
+    }
+
+
+def judge_spend(rt: Runtime, s: Session) -> list[dict[str, Any]]:
+    """Each judge's spend today against its daily budget (empty when no judge is configured)."""
+    stage = rt.find(JudgeStage)
+    if stage is None or not stage.engine.lanes:
+        return []
+    out = []
+    for info in judge_info(stage, s, sorted(stage.engine.lanes)):
+        budget, spent = info["budget_usd"], info["spent_today_usd"]
+        out.append({**info, "budget_share": spent / budget if budget else None})
+    return out
+
+
+def snapshot(rt: Runtime, now: datetime | None = None) -> dict[str, Any]:
+    """Everything the home page shows, read in one session."""
+    now = now or datetime.now(UTC)
+    with rt.sessions() as s:
+        alerts = list_alerts(s, active=True, limit=50)["active"]
+        return {
+            "now": now,
+            "alerts": alerts,
+            "traffic": traffic(s, now),
+            "queue": queue_state(s, now),
+            "judges": judge_spend(rt, s),
+        }
