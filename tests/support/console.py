@@ -20,7 +20,7 @@ from vigil.detector.wiring import build_detector
 from vigil.ingest.simulate import Simulator, parse_versions
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
-from vigil.store.models import ConversationRow
+from vigil.store.models import ConversationRow, OutcomeLinkRow
 
 # the detector decides quickly on little traffic, and counts outcomes an hour after their hour
 FAST = {"detector_min_baseline": 200, "detector_settle_seconds": 0.0, "detector_outcome_settle_hours": 1.0}
@@ -64,6 +64,10 @@ def seed_week(
     sink = rt.hooks.outcome_sink
     if sink is not None:
         sink([o for c in convs for o in sim.outcomes_for(c) if datetime.fromisoformat(o["occurred_at"]) < now])
+        # as if each outcome had been joined when its conversation was stored (the detector counts an
+        # hour's outcomes joined before the hour settled)
+        with rt.sessions.begin() as s:
+            s.execute(update(OutcomeLinkRow).values(linked_at=OutcomeLinkRow.conversation_received_at))
     return len(convs)
 
 
