@@ -6,7 +6,7 @@ status index, detections by the open ones; nothing scans the stored history.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -102,3 +102,9 @@ def snapshot(rt: Runtime, now: datetime | None = None) -> dict[str, Any]:
             "queue": queue_state(s, now),
             "judges": judge_spend(rt, s),
         }
+
+
+def as_json(data: dict[str, Any]) -> dict[str, Any]:
+    """``snapshot`` as plain data (``GET /v1/overview``, ``vigil status --json``)."""
+    traffic = [{**asdict(t), "flag_rate": {w: t.flag_rate(w) for w, _ in WINDOWS}} for t in data["traffic"]]
+    return {**data, "traffic": traffic}

@@ -6,7 +6,6 @@ Their JSON: ``GET /v1/overview`` and ``GET /v1/quality/series``.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -114,9 +113,7 @@ def quality_page(
 @api.get("/v1/overview", dependencies=[require("reviewer")])
 def overview(request: Request) -> dict[str, Any]:
     """What the console's home page shows: active alerts, traffic and flag rate per version, queue, judge spend."""
-    data = now.snapshot(runtime_of(request))
-    traffic = [{**asdict(t), "flag_rate": {w: t.flag_rate(w) for w, _ in now.WINDOWS}} for t in data["traffic"]]
-    return {**data, "traffic": traffic}
+    return now.as_json(now.snapshot(runtime_of(request)))
 
 
 @api.get("/v1/quality/series", dependencies=[require("reviewer")])
