@@ -90,25 +90,27 @@ def test_home_says_what_is_happening_now(seeded) -> None:
 
     data = c.get("/v1/overview", headers=REVIEWER).json()
     assert {a["signal"] for a in data["alerts"]} == {a.signal for a in alerts}
-    since = datetime.now(UTC) - timedelta(days=1)
+    at = datetime.now(UTC)
+    day = (at - timedelta(days=1)).replace(minute=0, second=0, microsecond=0)  # the day counts whole hours
     with rt.sessions() as s:
-        stored = dict(
-            s.execute(
-                select(ConversationRow.agent_version, func.count())
-                .where(ConversationRow.received_at >= since)
-                .group_by(ConversationRow.agent_version)
-            ).all()
-        )
-        queued = s.scalar(
-            select(func.count())
-            .select_from(ReviewItemRow)
-            .where(ReviewItemRow.agent_version == CANDIDATE, ReviewItemRow.status == "open")
-        )
+
+        def stored(since: datetime) -> dict[str, int]:
+            q = select(ConversationRow.agent_version, func.count()).where(ConversationRow.received_at >= since)
+            return dict(s.execute(q.group_by(ConversationRow.agent_version)).all())  # type: ignore[arg-type]
+
+        def flagged(since: datetime) -> dict[str, int]:
+            q = select(ReviewItemRow.agent_version, func.count()).where(ReviewItemRow.created_at >= since)
+            return dict(s.execute(q.group_by(ReviewItemRow.agent_version)).all())  # type: ignore[arg-type]
+
+        hour, last_day = stored(at - timedelta(hours=1)), stored(day)
+        flagged_hour, flagged_day = flagged(at - timedelta(hours=1)), flagged(at - timedelta(days=1))
     by_version = {t["version"]: t for t in data["traffic"]}
-    assert by_version[BASELINE]["conversations"]["day"] == stored[BASELINE]
-    assert by_version[CANDIDATE]["conversations"]["hour"] == stored[CANDIDATE]
-    assert by_version[CANDIDATE]["flagged"]["hour"] == queued
-    assert by_version[CANDIDATE]["flag_rate"]["hour"] == pytest.approx(queued / stored[CANDIDATE])
+    assert by_version[BASELINE]["conversations"] == {"hour": hour.get(BASELINE, 0), "day": last_day[BASELINE]}
+    assert by_version[CANDIDATE]["conversations"] == {"hour": hour[CANDIDATE], "day": last_day[CANDIDATE]}
+    assert by_version[CANDIDATE]["flagged"] == {"hour": flagged_hour[CANDIDATE], "day": flagged_day[CANDIDATE]}
+    assert by_version[BASELINE]["flagged"]["day"] == flagged_day[BASELINE] > 0
+    assert by_version[CANDIDATE]["flag_rate"]["hour"] == pytest.approx(flagged_hour[CANDIDATE] / hour[CANDIDATE])
+    queued = flagged_hour[CANDIDATE]
     assert data["queue"]["open"] >= queued and data["queue"]["labelled"] == {"hour": 0, "day": 0}
     assert {j["name"] for j in data["judges"]} == set(rt.judges)
     assert all(j["budget_usd"] > 0 and j["spent_today_usd"] == 0 for j in data["judges"])

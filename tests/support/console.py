@@ -20,7 +20,7 @@ from vigil.detector.wiring import build_detector
 from vigil.ingest.simulate import Simulator, parse_versions
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
-from vigil.store.models import ConversationRow, OutcomeLinkRow
+from vigil.store.models import ConversationRow, OutcomeLinkRow, ReviewItemRow
 
 # the detector decides quickly on little traffic, and counts outcomes an hour after their hour
 FAST = {"detector_min_baseline": 200, "detector_settle_seconds": 0.0, "detector_outcome_settle_hours": 1.0}
@@ -59,8 +59,14 @@ def seed_week(
         convs.extend(sim.stream(per_hour, start=at))
     for i in range(0, len(convs), 500):
         store(rt, convs[i : i + 500])
+    received = (
+        select(ConversationRow.received_at)
+        .where(ConversationRow.conversation_id == ReviewItemRow.conversation_id)
+        .scalar_subquery()
+    )
     with rt.sessions.begin() as s:
         s.execute(update(ConversationRow).values(received_at=ConversationRow.started_at))
+        s.execute(update(ReviewItemRow).values(created_at=received))
     sink = rt.hooks.outcome_sink
     if sink is not None:
         sink([o for c in convs for o in sim.outcomes_for(c) if datetime.fromisoformat(o["occurred_at"]) < now])

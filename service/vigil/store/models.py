@@ -208,7 +208,11 @@ class ReviewItemRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (Index("ix_review_items_claimable", "status", "priority", "created_at"),)
+    __table_args__ = (
+        Index("ix_review_items_claimable", "status", "priority", "created_at"),
+        # the console counts a window's flagged conversations per version from this index alone
+        Index("ix_review_items_created", "created_at", "agent_id", "agent_version"),
+    )
 
 
 class ReviewLabelRow(Base):

@@ -1,7 +1,9 @@
 """What the home page says is happening now: alerts, traffic and flag rate per version, queue, judge spend.
 
-Every read is bounded: conversations and labels by a time window on an indexed column, the queue by its
-status index, detections by the open ones; nothing scans the stored history.
+Every read is bounded whatever the stored history: the last hour's conversations by an index range on
+``received_at``; the last day's from the detector's hourly counts (24 rows per version); conversations
+flagged (entered the review queue) in a window by the ``created_at`` index of the queue; labels by time;
+open items by status; detections by the open ones.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from vigil.detector.api import list_alerts
+from vigil.detector.models import QualityCountRow
 from vigil.judge.api import judge_info
 from vigil.judge.stage import JudgeStage
 from vigil.runtime import Runtime
 from vigil.store.models import ConversationRow, ReviewItemRow, ReviewLabelRow
-from vigil.store.signals import version_key
+from vigil.store.signals import TOOL_ERROR, version_key
 
-WINDOWS = (("hour", timedelta(hours=1)), ("day", timedelta(days=1)))
+HOUR, DAY = timedelta(hours=1), timedelta(days=1)
+WINDOWS = (("hour", HOUR), ("day", DAY))
 
 
 @dataclass
@@ -28,26 +32,51 @@ class VersionTraffic:
     agent: str
     version: str
     conversations: dict[str, int] = field(default_factory=lambda: {w: 0 for w, _ in WINDOWS})  # stored, per window
-    flagged: dict[str, int] = field(default_factory=lambda: {w: 0 for w, _ in WINDOWS})  # of them, queued for review
+    flagged: dict[str, int] = field(default_factory=lambda: {w: 0 for w, _ in WINDOWS})  # entered the review queue
 
     def flag_rate(self, window: str) -> float | None:
+        """Items that entered the queue per conversation stored in the window (a later outcome or verdict
+        can flag an older conversation, so in a quiet window it may pass 100%)."""
         n = self.conversations.get(window, 0)
         return self.flagged.get(window, 0) / n if n else None
 
 
 def traffic(s: Session, now: datetime) -> list[VersionTraffic]:
-    """Conversations stored and the share flagged for review, per agent version, in the last hour and day."""
+    """Conversations stored and flagged for review per agent version, in the last hour and the last day."""
     out: dict[tuple[str, str], VersionTraffic] = {}
-    for window, span in WINDOWS:
-        q = (
-            select(ConversationRow.agent_id, ConversationRow.agent_version, func.count(), func.count(ReviewItemRow.id))
-            .outerjoin(ReviewItemRow, ReviewItemRow.conversation_id == ConversationRow.conversation_id)
-            .where(ConversationRow.received_at >= now - span)
-            .group_by(ConversationRow.agent_id, ConversationRow.agent_version)
+
+    def row(agent: str, version: str) -> VersionTraffic:
+        return out.setdefault((agent, version), VersionTraffic(agent, version))
+
+    hour_ago, day_ago = now - HOUR, now - DAY
+    stored = (
+        select(ConversationRow.agent_id, ConversationRow.agent_version, func.count())
+        .where(ConversationRow.received_at >= hour_ago)
+        .group_by(ConversationRow.agent_id, ConversationRow.agent_version)
+    )
+    for agent, version, n in s.execute(stored):
+        row(agent, version).conversations["hour"] = int(n)
+    # the day from the detector's hourly counts: every finished conversation is one observation of tool_error
+    counted = (
+        select(QualityCountRow.agent_id, QualityCountRow.agent_version, func.sum(QualityCountRow.n))
+        .where(
+            QualityCountRow.signal == TOOL_ERROR,
+            QualityCountRow.hour >= day_ago.replace(minute=0, second=0, microsecond=0),
         )
-        for agent, version, n, flagged in s.execute(q):
-            row = out.setdefault((agent, version), VersionTraffic(agent, version))
-            row.conversations[window], row.flagged[window] = int(n), int(flagged)
+        .group_by(QualityCountRow.agent_id, QualityCountRow.agent_version)
+    )
+    for agent, version, n in s.execute(counted):
+        row(agent, version).conversations["day"] = int(n or 0)
+    for window, since in (("hour", hour_ago), ("day", day_ago)):
+        flagged = (
+            select(ReviewItemRow.agent_id, ReviewItemRow.agent_version, func.count())
+            .where(ReviewItemRow.created_at >= since, ReviewItemRow.agent_id.is_not(None))
+            .group_by(ReviewItemRow.agent_id, ReviewItemRow.agent_version)
+        )
+        for item_agent, item_version, n in s.execute(flagged):
+            row(str(item_agent), str(item_version)).flagged[window] = int(n)
+    for t in out.values():  # the day holds the hour, however the detector's counts lag
+        t.conversations["day"] = max(t.conversations["day"], t.conversations["hour"])
     return sorted(out.values(), key=lambda t: (t.agent, version_key(t.version)), reverse=True)
 
 
