@@ -13,13 +13,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
+from statsmodels.stats.proportion import proportion_confint
 
 from vigil.app.home.charts import Point, Span
-from vigil.calibration.corrected import corrected_rate
+from vigil.calibration.corrected import corrected_rate, rogan_gladen
 from vigil.calibration.overview import Calibration
-from vigil.calibration.stats import Agreement, proportion
+from vigil.calibration.stats import CONFIDENCE, Agreement, proportion
 from vigil.detector.models import DetectionRow, DetectorSeriesRow, QualityCountRow
 from vigil.runtime import Runtime
 from vigil.store.db import aware
@@ -115,22 +117,38 @@ def total_of(x: int, n: int) -> dict[str, Any]:
 
 
 def _points(counts: dict[datetime, tuple[int, int]], start: datetime, end: datetime, bucket: timedelta) -> list[Point]:
-    out = []
+    """A point per bucket of ``[start, end)`` with its 95% Wilson interval (one vectorised call per series)."""
+    times = []
     t = start
     while t < end:
-        n, x = counts.get(t, (0, 0))
-        e = proportion(min(x, n), n)
-        out.append(Point(t, n, x, e.value, e.low, e.high))
+        times.append(t)
         t += bucket
-    return out
+    n = np.array([counts.get(t, (0, 0))[0] for t in times], dtype=float)
+    x = np.minimum(np.array([counts.get(t, (0, 0))[1] for t in times], dtype=float), n)
+    seen = n > 0
+    low, high = np.full(len(times), np.nan), np.full(len(times), np.nan)
+    if seen.any():
+        low[seen], high[seen] = proportion_confint(x[seen], n[seen], alpha=1 - CONFIDENCE, method="wilson")
+    return [
+        Point(at, int(n[i]), int(x[i]), x[i] / n[i], float(low[i]), float(high[i]))
+        if seen[i]
+        else Point(at, 0, 0, None, None, None)
+        for i, at in enumerate(times)
+    ]
 
 
 def _corrected(points: list[Point], measured: Agreement) -> list[Point]:
-    out = []
-    for p in points:
-        c = corrected_rate(min(p.x, p.n), p.n, measured).corrected if p.n else None
-        out.append(Point(p.at, p.n, p.x, c.value if c else None, c.low if c else None, c.high if c else None))
-    return out
+    """Each bucket's rate corrected for the judge's measured errors (vectorised Rogan–Gladen)."""
+    n_pos, n_neg = measured.tp + measured.fn, measured.tn + measured.fp
+    n = np.array([p.n for p in points], dtype=float)
+    q = np.divide(np.array([min(p.x, p.n) for p in points], dtype=float), n, out=np.zeros(len(points)), where=n > 0)
+    rate, low, high = rogan_gladen(q, n, measured.tp / n_pos, n_pos, measured.tn / n_neg, n_neg)
+    return [
+        Point(p.at, p.n, p.x, float(rate[i]), float(low[i]), float(high[i]))
+        if p.n and not np.isnan(rate[i])
+        else Point(p.at, p.n, p.x, None, None, None)
+        for i, p in enumerate(points)
+    ]
 
 
 def spans(s: Session, agent: str, version: str, since: datetime, until: datetime) -> dict[str, list[Span]]:
