@@ -18,7 +18,7 @@ from vigil.detector.models import DetectionRow, QualityCountRow
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.store.db import aware
-from vigil.ui.links import baseline_version, compare_link, quality_link, queue_link
+from vigil.ui.links import anchor, baseline_version, compare_link, quality_link, queue_link
 from vigil.ui.render import render_page, ui_user
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -84,6 +84,7 @@ def alerts_page(request: Request, show: str = "active", user: Principal = Depend
         past=data["past"][:50] if show == "all" else [],
         past_count=len(data["past"]),
         show=show,
+        anchor=anchor,
     )
 
 

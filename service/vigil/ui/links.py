@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlencode
 
 
@@ -34,3 +35,8 @@ def compare_link(agent: str, baseline: str, candidate: str) -> str:
 def baseline_version(baseline: str) -> str | None:
     """The version a detection was measured against (``version:v1.4.0`` → ``v1.4.0``; ``self`` → None)."""
     return baseline.split(":", 1)[1] if baseline.startswith("version:") else None
+
+
+def anchor(signal: str) -> str:
+    """The element id of a signal's chart on the quality page (``rule:pii-in-reply`` → ``signal-rule-pii-in-reply``)."""
+    return "signal-" + re.sub(r"[^A-Za-z0-9_-]", "-", signal)

@@ -5,7 +5,6 @@ Their JSON: ``GET /v1/overview`` and ``GET /v1/quality/series``.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +14,7 @@ from fastapi.responses import RedirectResponse, Response
 from vigil.app.home import charts, now, quality
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
-from vigil.ui.links import baseline_version, compare_link, quality_link, queue_link
+from vigil.ui.links import anchor, baseline_version, compare_link, quality_link, queue_link
 from vigil.ui.render import render_page, ui_user
 
 root = APIRouter(include_in_schema=False)
@@ -26,11 +25,6 @@ api = APIRouter(tags=["overview"])
 @root.get("/")
 def to_console() -> RedirectResponse:
     return RedirectResponse("/ui", status_code=307)
-
-
-def slug(signal: str) -> str:
-    """An element id for a signal (``rule:pii-in-reply`` → ``rule-pii-in-reply``)."""
-    return re.sub(r"[^A-Za-z0-9_-]", "-", signal)
 
 
 def rate(v: float | None) -> str:
@@ -49,7 +43,7 @@ def home_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
         queue_link=queue_link,
         quality_link=quality_link,
         rate=rate,
-        slug=slug,
+        anchor=anchor,
         compare_link=compare_link,
         baseline_version=baseline_version,
     )
@@ -106,7 +100,7 @@ def quality_page(
         queue_link=queue_link,
         quality_link=quality_link,
         rate=rate,
-        slug=slug,
+        anchor=anchor,
     )
 
 
