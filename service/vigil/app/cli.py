@@ -9,6 +9,7 @@ import typer
 
 from vigil import __version__
 from vigil.app.console import console, fail, load_settings
+from vigil.app.home.commands import register as register_home_commands
 from vigil.app.wiring import STAGES
 from vigil.errors import VigilError
 from vigil.runtime import Launcher, Runtime
@@ -117,6 +118,7 @@ def serve(
 for _stage in STAGES:
     if _stage.commands is not None:
         _stage.commands(app)
+register_home_commands(app)
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from sqlalchemy import MetaData
 
 from vigil import calibration, compare, detector, evaluation, export, ingest, judge, outcomes, review
+from vigil.app import home
 from vigil.runtime import Runtime, Stage
 from vigil.store import rollups
 from vigil.store.maintenance import Maintenance
@@ -45,6 +46,7 @@ def wire(rt: Runtime, roles: Iterable[str] | None = None) -> Runtime:
         rt.provide(upkeep)
         if rt.has_role("serve"):
             rt.hooks.background.append(upkeep)
+    home.wire(rt)
     return rt
 
 

@@ -232,6 +232,8 @@ class ReviewItemRow(Base):
             postgresql_where=text("agent_id IS NULL"),
             sqlite_where=text("agent_id IS NULL"),
         ),
+        # the console counts a window's flagged conversations per version from this index alone
+        Index("ix_review_items_created", "created_at", "agent_id", "agent_version"),
     )
 
 

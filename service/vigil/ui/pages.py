@@ -35,6 +35,7 @@ def static(name: str) -> Response:
 @router.get("")
 @router.get("/")
 def home() -> RedirectResponse:
+    # a process wired without the console (a stage on its own) has no home page: its queue is the start
     return go("/ui/queue")
 
 
