@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0009_harden_sessions"
-down_revision = "0008"
+down_revision = "0009_scale"
 branch_labels = None
 depends_on = None
 

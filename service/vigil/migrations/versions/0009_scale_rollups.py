@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0009_scale"
-down_revision = "0008"
+down_revision = "0009_perf_lz4"
 branch_labels = None
 depends_on = None
 
