@@ -96,7 +96,7 @@ def test_queue_search_sort_bulk_and_the_label_keys(browser, server) -> None:  # 
     page.goto(f"{base}/ui/queue")
     assert "support-bot" in page.locator("#filter-agent option").all_inner_texts()
     page.goto(f"{base}/ui/queue?agent=Support-Bot&version=V1.5.0")
-    versions = page.locator("table.queue tbody tr td:nth-child(4) .muted").all_inner_texts()
+    versions = page.locator("table.queue tbody tr td.agent .muted").all_inner_texts()
     assert versions and set(versions) == {"v1.5.0"}
     assert page.locator("#filter-version").input_value() == "v1.5.0"
 
