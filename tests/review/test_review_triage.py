@@ -473,3 +473,30 @@ def test_cluster_labels_count_toward_each_items_reviews(api, rt) -> None:
         assert {i.status for i in s.scalars(select(ReviewItemRow))} == {"done"}
     again = api.post("/v1/review/queue/clusters/label", json=body, headers=REVIEWER).json()
     assert again["skipped"] and all(x["why"] == "already done" for x in again["skipped"])
+
+
+def test_side_by_side_page_keeps_double_review_blind(api, rt) -> None:
+    import re
+
+    from sqlalchemy import update
+
+    from vigil.store.models import ReviewItemRow
+
+    convs = _seed(api, 60)
+    task = _shared_task(convs)
+    pair = api.get("/v1/review/side-by-side", params={"task": task}, headers=REVIEWER).json()
+    a = pair["a"]["conversation_id"]
+    api.post("/v1/review/items", json={"conversation_id": a}, headers=RAJ)
+    with rt.sessions.begin() as s:
+        s.execute(update(ReviewItemRow).where(ReviewItemRow.conversation_id == a).values(required_reviews=2))
+    r = api.post(f"/v1/review/items/{a}/labels", json={"label": "unsure", "notes": "raj-only"}, headers=RAJ)
+    assert r.status_code == 201, r.text
+    body = {"conversation_a": a, "conversation_b": pair["b"]["conversation_id"], "choice": "a"}
+    assert api.post("/v1/review/pairwise", json=body, headers=RAJ).status_code == 201
+    login = api.get("/ui/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', login.text).group(1)  # type: ignore[union-attr]
+    api.post("/ui/login", data={"csrf": token, "api_key": "rita-key", "next": "/ui/queue"})
+    page = api.get("/ui/side-by-side", params={"task": task})
+    assert page.status_code == 200
+    assert 'class="pill label-unsure"' not in page.text  # raj's label on a blind double review
+    assert "raj chose" not in page.text and "1 choice(s) by other reviewers" in page.text
