@@ -355,3 +355,50 @@ def test_double_review_is_blind_until_you_label(sqlite_url, tmp_path) -> None:
             assert "rita&#39;s secret note" in page and "stay hidden" not in page
     finally:
         rt.close()
+
+
+def test_logout_revokes_the_session_for_every_copy_of_the_cookie(ui, rt) -> None:
+    from fastapi.testclient import TestClient
+
+    from vigil.ui.models import UiSessionRow
+
+    store(rt, simulated(5, "v1:0.6", seed=1))
+    _login(ui)
+    page = ui.get("/ui/queue")
+    copied = ui.cookies.get(COOKIE)
+    with rt.sessions() as s:
+        [row] = s.query(UiSessionRow).all()
+        assert row.key_name == "rita" and copied and row.id_hash not in copied  # only the id's hash is stored
+    thief = TestClient(ui.app)
+    thief.cookies.set(COOKIE, copied)
+    assert thief.get("/ui/queue", follow_redirects=False).status_code == 200
+    assert ui.post("/ui/logout", data={"csrf": _csrf(page.text)}, follow_redirects=False).status_code == 303
+    with rt.sessions() as s:
+        assert s.query(UiSessionRow).count() == 0
+    # the copy made before log-out no longer claims, labels or reads
+    assert thief.get("/ui/queue", follow_redirects=False).status_code == 303
+    token = _csrf(page.text)
+    assert thief.post("/v1/review/claim", headers={"X-CSRF-Token": token}).status_code == 401
+    assert thief.get("/v1/review/queue").status_code == 401
+
+
+def test_a_new_login_gets_a_new_session_id(ui, rt) -> None:
+    _login(ui)
+    first = ui.cookies.get(COOKIE)
+    _login(ui)
+    second = ui.cookies.get(COOKIE)
+    assert first != second
+    stale = type(ui)(ui.app)
+    stale.cookies.set(COOKIE, first)
+    assert stale.get("/ui/queue", follow_redirects=False).status_code == 303  # logging in again revoked it
+    assert ui.get("/ui/queue", follow_redirects=False).status_code == 200
+
+
+def test_login_errors_come_from_fixed_codes(ui) -> None:
+    page = ui.get("/ui/login", params={"error": "bad_credentials"})
+    assert "Unknown API key." in page.text
+    for text in ("Your account is locked: call +1 555 0100", "<b>pwned</b>", "x" * 50):
+        page = ui.get("/ui/login", params={"error": text})
+        assert page.status_code == 200
+        assert text not in page.text and "pwned" not in page.text and "locked" not in page.text
+        assert 'role="alert"' not in page.text

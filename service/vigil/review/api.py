@@ -51,6 +51,7 @@ from vigil.review.schemas import (
     TaxonomyOut,
 )
 from vigil.review.stage import ReviewStage
+from vigil.store.reads import BadCursor
 
 router = APIRouter(
     prefix="/v1/review",
@@ -113,7 +114,8 @@ def list_queue(
     sort: str | None = Query(None, description=f"Sort by one of: {', '.join(insights.SORTS)} (default priority)"),
     order: Literal["asc", "desc"] | None = Query(None, description="Default: desc for priority and times"),
     limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, description="Items to skip (bounded by list_max_offset; page deeper with cursor)."),
+    cursor: str | None = Query(None, description="next_cursor of the previous page (keyset pagination)."),
     p: Principal = require("reviewer"),
 ) -> Any:
     """Queue items with counts per state and per reason kind, highest priority first.
@@ -121,7 +123,26 @@ def list_queue(
     Agent, version, rule, severity and outcome match regardless of case."""
     f = queue.QueueFilter(agent, version, rule, verdict, outcome, reason, severity, q)
     desc = None if order is None else order == "desc"
-    out = run(request, lambda s, _st: insights.list_queue(s, f, status, limit, offset, sort=sort, descending=desc))
+    settings = runtime_of(request).settings
+    if offset > settings.list_max_offset:
+        raise HTTPException(422, f"offset above {settings.list_max_offset}: page with cursor (next_cursor)")
+    try:
+        out = run(
+            request,
+            lambda s, _st: insights.list_queue(
+                s,
+                f,
+                status,
+                limit,
+                offset,
+                cursor=cursor,
+                count_cap=settings.list_count_cap,
+                sort=sort,
+                descending=desc,
+            ),
+        )
+    except BadCursor as exc:
+        raise HTTPException(422, str(exc)) from None
     out["items"] = [_seen_by(item, p) for item in out["items"]]
     return out
 

@@ -65,7 +65,7 @@ def queue_cmd(
     if as_json:
         print_json(data)
         return
-    c = data["counts"]
+    c = data["count_text"]
     console.print(f"available {c['available']} · claimed {c['claimed']} · done {c['done']} · waiting {c['waiting']}")
     rows = [
         [

@@ -9,7 +9,7 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy import ColumnElement, and_, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from vigil.review.errors import Invalid
@@ -128,17 +128,21 @@ def list_queue(
     limit: int = 50,
     offset: int = 0,
     now: datetime | None = None,
+    cursor: str | None = None,
+    count_cap: int = 10_000,
     sort: str | None = None,
     descending: bool | None = None,
 ) -> dict[str, Any]:
     """Items matching ``filters`` in ``status``, with counts per state and per reason kind.
 
-    ``sort`` names a column of :data:`SORTS` (default: priority, or last update for done items);
-    ``descending`` defaults to True for priority and times, False for names and counts."""
+    Counts stop at ``count_cap`` (``capped`` names the states beyond it). ``sort`` names a column of
+    :data:`SORTS` (default: priority, or last update for done items); ``descending`` defaults to True for
+    priority and times, False for names and counts. Page the default order with ``cursor`` (the previous
+    page's ``next_cursor``, keyset: flat at any depth); a sorted list pages with a bounded ``offset``."""
     now = now or utcnow()
     clauses = filters.clauses()
-    counts = _state_counts(session, clauses, now)
-    by_reason = _open_by_reason(session, clauses, now)
+    counts, capped = _state_counts(session, clauses, now, count_cap)
+    by_reason = _open_by_reason(session, clauses, now, count_cap)
     q = (
         select(ReviewItemRow, ConversationRow)
         .outerjoin(ConversationRow, ConversationRow.conversation_id == ReviewItemRow.conversation_id)
@@ -147,7 +151,32 @@ def list_queue(
     sc = _status_clause(status, now)
     if sc is not None:
         q = q.where(sc)
-    q = q.order_by(*_ordering(status, sort, descending))
+    keyset = _is_default_order(status, sort, descending)
+    if cursor and not keyset:
+        raise Invalid("cursor pages the default order; page a sorted list with offset")
+    if not keyset:
+        q = q.order_by(*_ordering(status, sort, descending))
+    else:
+        I = ReviewItemRow  # noqa: E741
+        if status == "done":
+            q = q.order_by(I.updated_at.desc(), I.id.desc())
+            if cursor:
+                at_raw, last_id = reads.decode_cursor(cursor, 2)
+                at = reads.cursor_time(at_raw)
+                q = q.where(I.updated_at <= at, or_(I.updated_at < at, I.id < int(last_id)))
+        else:
+            q = q.order_by(I.priority.desc(), I.created_at, I.id)
+            if cursor:
+                prio, at_raw, last_id = reads.decode_cursor(cursor, 3)
+                at = reads.cursor_time(at_raw)
+                q = q.where(
+                    I.priority <= float(prio),
+                    or_(
+                        I.priority < float(prio),
+                        I.created_at > at,
+                        and_(I.created_at == at, I.id > int(last_id)),
+                    ),
+                )
     rows = session.execute(q.limit(limit).offset(offset)).all()
     ids = [item.conversation_id for item, _ in rows]
     reasons, labels = reasons_of(session, ids), current_label_dicts(session, ids)
@@ -158,14 +187,27 @@ def list_queue(
         d["labels"] = labels.get(item.conversation_id, [])
         _add_summary(d, conv)
         items.append(d)
+    last = rows[-1][0] if len(rows) == limit and keyset else None
+    next_cursor = None
+    if last is not None:
+        next_cursor = (
+            reads.encode_cursor(aware(last.updated_at), last.id)
+            if status == "done"
+            else reads.encode_cursor(last.priority, aware(last.created_at), last.id)
+        )
+    total = counts.get(status, counts["all"])
     return {
         "status": status,
         "counts": counts,
+        "capped": sorted(capped),
+        "count_text": {k: reads.count_text(v, k in capped) for k, v in counts.items()},
         "reasons": by_reason,
         "items": items,
         "limit": limit,
         "offset": offset,
-        "total": counts.get(status, counts["all"]),
+        "total": total,
+        "total_capped": status in capped,
+        "next_cursor": next_cursor,
         "sort": sort or ("updated" if status == "done" else "priority"),
         "descending": _descending(sort, descending, status),
     }
@@ -190,34 +232,52 @@ def _ordering(status: str, sort: str | None, descending: bool | None) -> list[An
     return [column.asc(), ReviewItemRow.id]
 
 
-def _state_counts(session: Session, clauses: list[ColumnElement[bool]], now: datetime) -> dict[str, int]:
-    """Items matching ``clauses`` in each state, and in the states made of them (open, all)."""
-    counts = {
-        s: session.scalar(
-            select(func.count())
-            .select_from(ReviewItemRow)
-            .where(*clauses, *([c] if (c := _status_clause(s, now)) is not None else []))
-        )
-        or 0
-        for s in ("available", "claimed", "done", "waiting")
-    }
+def _is_default_order(status: str, sort: str | None, descending: bool | None) -> bool:
+    if status == "done":
+        return sort is None
+    return sort is None or (sort == "priority" and descending in (None, True))
+
+
+def _state_counts(
+    session: Session, clauses: list[ColumnElement[bool]], now: datetime, cap: int
+) -> tuple[dict[str, int], set[str]]:
+    """Items matching ``clauses`` in each state, and in the states made of them (open, all), each counted
+    up to ``cap``; the second value names the states with more."""
+    counts: dict[str, int] = {}
+    capped: set[str] = set()
+    for s in ("available", "claimed", "done", "waiting"):
+        extra = [c] if (c := _status_clause(s, now)) is not None else []
+        counts[s], more = reads.capped_count(session, select(ReviewItemRow.id).where(*clauses, *extra), cap)
+        if more:
+            capped.add(s)
     counts["open"] = counts["available"] + counts["claimed"]
     counts["all"] = counts["open"] + counts["done"] + counts["waiting"]
-    return counts
+    if capped & {"available", "claimed"}:
+        capped.add("open")
+    if capped:
+        capped.add("all")
+    return counts, capped
 
 
-def _open_by_reason(session: Session, clauses: list[ColumnElement[bool]], now: datetime) -> dict[str, int]:
-    """Open items matching ``clauses`` per reason kind (an item with several reasons counts in each)."""
+REASON_KINDS = ("finding", "judge_fail", "judge_low_score", "outcome", "sample", "manual")
+
+
+def _open_by_reason(session: Session, clauses: list[ColumnElement[bool]], now: datetime, cap: int) -> dict[str, int]:
+    """Open items matching ``clauses`` per reason kind (an item with several reasons counts in each),
+    each counted up to ``cap``."""
     open_clause = _status_clause("open", now)
     assert open_clause is not None  # only "all" has no clause
-    return dict(
-        session.execute(
-            select(ReviewReasonRow.kind, func.count(func.distinct(ReviewReasonRow.conversation_id)))
-            .join(ReviewItemRow, ReviewItemRow.conversation_id == ReviewReasonRow.conversation_id)
-            .where(*clauses, open_clause)
-            .group_by(ReviewReasonRow.kind)
-        ).all()
-    )
+    out: dict[str, int] = {}
+    for kind in REASON_KINDS:
+        has = (
+            select(ReviewReasonRow.id)
+            .where(ReviewReasonRow.conversation_id == ReviewItemRow.conversation_id, ReviewReasonRow.kind == kind)
+            .exists()
+        )
+        n, _more = reads.capped_count(session, select(ReviewItemRow.id).where(*clauses, open_clause, has), cap)
+        if n:
+            out[kind] = n
+    return out
 
 
 def item_detail(session: Session, conversation_id: str, now: datetime | None = None) -> dict[str, Any] | None:

@@ -81,10 +81,20 @@ def queue_page(
     picked = {k: (request.query_params.get(k) or "").strip() or None for k in FILTERS}
     f = queue.QueueFilter(**picked)
     per_page = 50
-    page = max(1, page)
+    settings = runtime_of(request).settings
+    page = max(1, min(page, settings.list_max_offset // per_page + 1))  # deeper pages: narrow the filters
     st = _stage(request)
     with st.sessions() as s:
-        data = insights.list_queue(s, f, status, per_page, (page - 1) * per_page, sort=sort, descending=descending)
+        data = insights.list_queue(
+            s,
+            f,
+            status,
+            per_page,
+            (page - 1) * per_page,
+            count_cap=settings.list_count_cap,
+            sort=sort,
+            descending=descending,
+        )
         options = insights.filter_options(s, list(st.rule_descriptions))
     base = {k: v for k, v in picked.items() if v}
     sorting = {"sort": sort, "order": order} if sort else {}
@@ -193,6 +203,7 @@ def _conversation_page(
         conv=conv,
         item=item,
         messages=transcript.build(conv["conversation"] or {"messages": []}, conv["findings"]),
+        tools=transcript.tools(conv["conversation"] or {}),
         findings=conv["findings"],
         verdicts=conv.get("verdicts") or [],
         history=hist,
@@ -337,9 +348,10 @@ async def comment(request: Request, conversation_id: str) -> Response:
 
 @router.get("/progress")
 def progress_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
+    cap = runtime_of(request).settings.list_count_cap
     with _stage(request).sessions() as s:
         data = reviewers.progress(s)
-        counts = insights.list_queue(s, queue.QueueFilter(), "open", 1, 0)["counts"]
+        counts = insights.list_queue(s, queue.QueueFilter(), "open", 1, 0, count_cap=cap)["count_text"]
     return render_page(request, "progress.html", title="Reviewer progress", data=data, counts=counts, labels=LABELS)
 
 

@@ -71,11 +71,15 @@ class QueueOut(BaseModel):
     counts: dict[str, int] = Field(
         description="Items per state under the filters: available, claimed, open, done, waiting, all"
     )
-    reasons: dict[str, int] = Field(description="Open items per reason kind")
+    capped: list[str] = Field(default_factory=list, description="States with more items than list_count_cap")
+    count_text: dict[str, str] = Field(default_factory=dict, description="Counts as shown, e.g. 10,000+")
+    reasons: dict[str, int] = Field(description="Open items per reason kind (each counted up to list_count_cap)")
     items: list[ItemOut]
     total: int
+    total_capped: bool = False
     limit: int
     offset: int
+    next_cursor: str | None = Field(None, description="Pass as cursor for the next page (keyset pagination)")
     sort: str = "priority"
     descending: bool = True
 

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0009_triage"
-down_revision = "0008"
+down_revision = "0009_harden_sessions"
 branch_labels = None
 depends_on = None
 
