@@ -196,3 +196,48 @@ def test_side_by_side_from_a_conversation_to_a_pairwise_choice(browser, server) 
     with rt.sessions() as s:
         [row] = s.scalars(select(ReviewPairwiseRow)).all()
     assert (row.conversation_a, row.version_b, row.choice, row.reviewer) == (cid, "v1.5.0", "b", "rita")
+
+
+@pytest.mark.parametrize("viewport", [VIEWPORT, {"width": 390, "height": 844}], ids=["1280x800", "390x844"])
+def test_triage_pages_pass_axe_and_fit_the_screen(browser, server, viewport) -> None:  # noqa: F811
+    from tests.review.test_review_triage import _shared_task
+    from tests.support.browser import axe_script, axe_violations, describe
+    from tests.support.services import missing
+
+    base, rt = server
+    script = axe_script()
+    if script is None:
+        missing("axe-core (npm install axe-core@4)")
+    convs = simulated(60, "v1.4.0:0.3,v1.5.0:0.6", seed=11)
+    store(rt, near_duplicates(6, "axe") + convs)
+    task = _shared_task(convs)
+    context = browser.new_context(viewport=viewport, bypass_csp=True)  # axe arrives as an injected script
+    page = context.new_page()
+    _login(page, base)
+    page.goto(f"{base}/ui/clusters")
+    cluster = page.locator("a.review-cluster").first.get_attribute("href")
+    cid = convs[0]["conversation_id"]
+    page.goto(f"{base}/ui/review/{cid}")
+    page.fill("#comment-body", "a comment to show")
+    page.click("#add-comment")
+    page.wait_for_url("**notice=commented*")
+    failures = []
+    for path in (
+        "/ui/queue",
+        "/ui/queue?search=cancel&sort=received",
+        "/ui/clusters",
+        cluster,
+        f"/ui/review/{cid}",
+        f"/ui/side-by-side?task={task}",
+    ):
+        page.goto(base + str(path))
+        found = axe_violations(page, script)
+        if found:
+            failures.append(f"{path}:\n{describe(found)}")
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        if wide > viewport["width"]:
+            failures.append(f"{path}: {wide} px wide at {viewport['width']} px (sideways scroll)")
+    if viewport["width"] < 500:
+        _shot(page, "side-by-side-phone.png")
+    context.close()
+    assert not failures, "\n".join(failures)
