@@ -16,6 +16,14 @@ pytestmark = pytest.mark.browser
 VIEWPORT = {"width": 1280, "height": 800}
 
 
+def _view(page, name: str) -> None:  # type: ignore[no-untyped-def]
+    """What the screen shows (the docs' screenshots are these)."""
+    from tests.support.browser import ARTIFACTS
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name))
+
+
 def _labels(rt) -> list[ReviewLabelRow]:  # type: ignore[no-untyped-def]
     with rt.sessions() as s:
         return list(s.scalars(select(ReviewLabelRow).where(ReviewLabelRow.is_current)))
@@ -55,6 +63,7 @@ def test_a_cluster_of_20_near_duplicates_is_labelled_in_one_action(browser, serv
     assert not page.locator("#category-error").is_visible()
     page.fill("#notes", "receipt emailed to the address in the reply")
     _shot(page, "cluster-review.png")
+    _view(page, "triage-cluster-desktop.png")
     page.click("#label-cluster")
     page.wait_for_url(f"{base}/ui/clusters?*")
     assert "Labelled 20 conversations in one action" in page.locator(".notice").inner_text()
@@ -108,6 +117,7 @@ def test_queue_search_sort_bulk_and_the_label_keys(browser, server) -> None:  # 
     assert page.locator(".snippet").count() == page.locator("table.queue tbody tr").count()
     assert page.locator("td.received time").first.get_attribute("datetime")
     _shot(page, "queue-triage.png")
+    _view(page, "triage-queue-desktop.png")
 
     # bulk skip: tick two rows
     boxes = page.locator('input[name="ids"]')
@@ -188,6 +198,7 @@ def test_side_by_side_from_a_conversation_to_a_pairwise_choice(browser, server) 
     assert a_box and b_box and b_box["x"] >= a_box["x"] + a_box["width"]  # two columns
     assert left.locator(".msg").count() > 0 and right.locator(".msg").count() > 0
     _shot(page, "side-by-side.png")
+    _view(page, "triage-side-by-side-desktop.png")
     page.check("input[name=choice][value=b]")
     page.fill("#pairwise-notes", "B confirmed before cancelling")
     page.click("#save-choice")
@@ -238,6 +249,8 @@ def test_triage_pages_pass_axe_and_fit_the_screen(browser, server, viewport) -> 
         if wide > viewport["width"]:
             failures.append(f"{path}: {wide} px wide at {viewport['width']} px (sideways scroll)")
     if viewport["width"] < 500:
-        _shot(page, "side-by-side-phone.png")
+        _view(page, "triage-side-by-side-phone.png")
+        page.goto(base + str(cluster))
+        _view(page, "triage-cluster-phone.png")
     context.close()
     assert not failures, "\n".join(failures)
