@@ -49,8 +49,13 @@ def test_a_cluster_of_20_near_duplicates_is_labelled_in_one_action(browser, serv
     # the rubric and the categories' meaning are in the form
     assert "pick the category" in page.locator("#cluster-form").inner_text()
 
+    # no label yet: Enter says so instead of sending
+    url = page.url
+    page.keyboard.press("Enter")
+    assert page.locator("#label-missing").is_visible() and page.url == url
     # a confirmed failure without a category is refused before any round trip, as an error on the field
     page.keyboard.press("c")
+    assert not page.locator("#label-missing").is_visible()
     url = page.url
     page.keyboard.press("Enter")
     assert page.locator("#category-error").is_visible()
