@@ -21,10 +21,10 @@ from sqlalchemy import func, select
 from vigil.app.runtime import build_runtime
 from vigil.ingest.simulate import Simulator, parse_versions
 from vigil.review import insights, queue
-from vigil.review.models import ReviewItemRow
 from vigil.review.stage import ReviewStage
 from vigil.schema import Conversation
 from vigil.settings import Settings
+from vigil.store.models import ReviewItemRow
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -440,3 +440,63 @@ def test_a_refused_label_is_an_error_on_its_field_and_the_form_explains_itself(a
     assert ok.status_code == 303 and ok.headers["location"].endswith("notice=labelled")
     after = api.get(ok.headers["location"])
     assert 'class="toast" id="toast" role="status">Saved<' in after.text and "1 labelled this session" in after.text
+
+
+def test_cluster_labels_count_toward_each_items_reviews(api, rt) -> None:
+    from sqlalchemy import select
+
+    from vigil.store.models import ReviewItemRow
+
+    dups = near_duplicates(40, "cnt")
+    assert api.post("/v1/conversations", json=dups, headers=INGEST).status_code == 202
+    [cluster] = api.get("/v1/review/queue/clusters", headers=REVIEWER).json()["clusters"]
+    members = [m["conversation_id"] for m in cluster["members"]]
+    assert len(members) == 40
+    # rita held one member: the cluster label releases her claim on it
+    assert api.post(f"/v1/review/items/{members[3]}/claim", headers=REVIEWER).status_code == 200
+    body = {"sample": members[0], "members": members, "label": "not_a_failure"}
+    assert len(api.post("/v1/review/queue/clusters/label", json=body, headers=REVIEWER).json()["labelled"]) == 40
+    with rt.sessions() as s:
+        items = {i.conversation_id: i for i in s.scalars(select(ReviewItemRow))}
+    double = {cid for cid, i in items.items() if i.required_reviews > 1}
+    assert double, "the policy puts a share of items up for double review"
+    for cid, item in items.items():
+        assert item.review_count == 1 and item.claimed_by is None
+        assert item.status == ("open" if cid in double else "done")
+    # the double-review members are left for raj; his cluster label completes them
+    [for_raj] = api.get("/v1/review/queue/clusters", headers=RAJ).json()["clusters"]
+    assert {m["conversation_id"] for m in for_raj["members"]} == double
+    raj_body = {"sample": for_raj["sample"][0], "members": list(double), "label": "not_a_failure"}
+    out = api.post("/v1/review/queue/clusters/label", json=raj_body, headers=RAJ).json()
+    assert set(out["labelled"]) == double and out["skipped"] == []
+    with rt.sessions() as s:
+        assert {i.status for i in s.scalars(select(ReviewItemRow))} == {"done"}
+    again = api.post("/v1/review/queue/clusters/label", json=body, headers=REVIEWER).json()
+    assert again["skipped"] and all(x["why"] == "already done" for x in again["skipped"])
+
+
+def test_side_by_side_page_keeps_double_review_blind(api, rt) -> None:
+    import re
+
+    from sqlalchemy import update
+
+    from vigil.store.models import ReviewItemRow
+
+    convs = _seed(api, 60)
+    task = _shared_task(convs)
+    pair = api.get("/v1/review/side-by-side", params={"task": task}, headers=REVIEWER).json()
+    a = pair["a"]["conversation_id"]
+    api.post("/v1/review/items", json={"conversation_id": a}, headers=RAJ)
+    with rt.sessions.begin() as s:
+        s.execute(update(ReviewItemRow).where(ReviewItemRow.conversation_id == a).values(required_reviews=2))
+    r = api.post(f"/v1/review/items/{a}/labels", json={"label": "unsure", "notes": "raj-only"}, headers=RAJ)
+    assert r.status_code == 201, r.text
+    body = {"conversation_a": a, "conversation_b": pair["b"]["conversation_id"], "choice": "a"}
+    assert api.post("/v1/review/pairwise", json=body, headers=RAJ).status_code == 201
+    login = api.get("/ui/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', login.text).group(1)  # type: ignore[union-attr]
+    api.post("/ui/login", data={"csrf": token, "api_key": "rita-key", "next": "/ui/queue"})
+    page = api.get("/ui/side-by-side", params={"task": task})
+    assert page.status_code == 200
+    assert 'class="pill label-unsure"' not in page.text  # raj's label on a blind double review
+    assert "raj chose" not in page.text and "1 choice(s) by other reviewers" in page.text

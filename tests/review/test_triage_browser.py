@@ -16,6 +16,14 @@ pytestmark = pytest.mark.browser
 VIEWPORT = {"width": 1280, "height": 800}
 
 
+def _view(page, name: str) -> None:  # type: ignore[no-untyped-def]
+    """What the screen shows (the docs' screenshots are these)."""
+    from tests.support.browser import ARTIFACTS
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name))
+
+
 def _labels(rt) -> list[ReviewLabelRow]:  # type: ignore[no-untyped-def]
     with rt.sessions() as s:
         return list(s.scalars(select(ReviewLabelRow).where(ReviewLabelRow.is_current)))
@@ -41,8 +49,13 @@ def test_a_cluster_of_20_near_duplicates_is_labelled_in_one_action(browser, serv
     # the rubric and the categories' meaning are in the form
     assert "pick the category" in page.locator("#cluster-form").inner_text()
 
+    # no label yet: Enter says so instead of sending
+    url = page.url
+    page.keyboard.press("Enter")
+    assert page.locator("#label-missing").is_visible() and page.url == url
     # a confirmed failure without a category is refused before any round trip, as an error on the field
     page.keyboard.press("c")
+    assert not page.locator("#label-missing").is_visible()
     url = page.url
     page.keyboard.press("Enter")
     assert page.locator("#category-error").is_visible()
@@ -55,6 +68,7 @@ def test_a_cluster_of_20_near_duplicates_is_labelled_in_one_action(browser, serv
     assert not page.locator("#category-error").is_visible()
     page.fill("#notes", "receipt emailed to the address in the reply")
     _shot(page, "cluster-review.png")
+    _view(page, "triage-cluster-desktop.png")
     page.click("#label-cluster")
     page.wait_for_url(f"{base}/ui/clusters?*")
     assert "Labelled 20 conversations in one action" in page.locator(".notice").inner_text()
@@ -96,7 +110,7 @@ def test_queue_search_sort_bulk_and_the_label_keys(browser, server) -> None:  # 
     page.goto(f"{base}/ui/queue")
     assert "support-bot" in page.locator("#filter-agent option").all_inner_texts()
     page.goto(f"{base}/ui/queue?agent=Support-Bot&version=V1.5.0")
-    versions = page.locator("table.queue tbody tr td:nth-child(4) .muted").all_inner_texts()
+    versions = page.locator("table.queue tbody tr td.agent .muted").all_inner_texts()
     assert versions and set(versions) == {"v1.5.0"}
     assert page.locator("#filter-version").input_value() == "v1.5.0"
 
@@ -108,6 +122,7 @@ def test_queue_search_sort_bulk_and_the_label_keys(browser, server) -> None:  # 
     assert page.locator(".snippet").count() == page.locator("table.queue tbody tr").count()
     assert page.locator("td.received time").first.get_attribute("datetime")
     _shot(page, "queue-triage.png")
+    _view(page, "triage-queue-desktop.png")
 
     # bulk skip: tick two rows
     boxes = page.locator('input[name="ids"]')
@@ -188,6 +203,7 @@ def test_side_by_side_from_a_conversation_to_a_pairwise_choice(browser, server) 
     assert a_box and b_box and b_box["x"] >= a_box["x"] + a_box["width"]  # two columns
     assert left.locator(".msg").count() > 0 and right.locator(".msg").count() > 0
     _shot(page, "side-by-side.png")
+    _view(page, "triage-side-by-side-desktop.png")
     page.check("input[name=choice][value=b]")
     page.fill("#pairwise-notes", "B confirmed before cancelling")
     page.click("#save-choice")
@@ -196,3 +212,50 @@ def test_side_by_side_from_a_conversation_to_a_pairwise_choice(browser, server) 
     with rt.sessions() as s:
         [row] = s.scalars(select(ReviewPairwiseRow)).all()
     assert (row.conversation_a, row.version_b, row.choice, row.reviewer) == (cid, "v1.5.0", "b", "rita")
+
+
+@pytest.mark.parametrize("viewport", [VIEWPORT, {"width": 390, "height": 844}], ids=["1280x800", "390x844"])
+def test_triage_pages_pass_axe_and_fit_the_screen(browser, server, viewport) -> None:  # noqa: F811
+    from tests.review.test_review_triage import _shared_task
+    from tests.support.browser import axe_script, axe_violations, describe
+    from tests.support.services import missing
+
+    base, rt = server
+    script = axe_script()
+    if script is None:
+        missing("axe-core (npm install axe-core@4)")
+    convs = simulated(60, "v1.4.0:0.3,v1.5.0:0.6", seed=11)
+    store(rt, near_duplicates(6, "axe") + convs)
+    task = _shared_task(convs)
+    context = browser.new_context(viewport=viewport, bypass_csp=True)  # axe arrives as an injected script
+    page = context.new_page()
+    _login(page, base)
+    page.goto(f"{base}/ui/clusters")
+    cluster = page.locator("a.review-cluster").first.get_attribute("href")
+    cid = convs[0]["conversation_id"]
+    page.goto(f"{base}/ui/review/{cid}")
+    page.fill("#comment-body", "a comment to show")
+    page.click("#add-comment")
+    page.wait_for_url("**notice=commented*")
+    failures = []
+    for path in (
+        "/ui/queue",
+        "/ui/queue?search=cancel&sort=received",
+        "/ui/clusters",
+        cluster,
+        f"/ui/review/{cid}",
+        f"/ui/side-by-side?task={task}",
+    ):
+        page.goto(base + str(path))
+        found = axe_violations(page, script)
+        if found:
+            failures.append(f"{path}:\n{describe(found)}")
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        if wide > viewport["width"]:
+            failures.append(f"{path}: {wide} px wide at {viewport['width']} px (sideways scroll)")
+    if viewport["width"] < 500:
+        _view(page, "triage-side-by-side-phone.png")
+        page.goto(base + str(cluster))
+        _view(page, "triage-cluster-phone.png")
+    context.close()
+    assert not failures, "\n".join(failures)

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, load_only
 
 from vigil.metrics import Metrics
 from vigil.review import queue
 from vigil.review.errors import Invalid
 from vigil.review.insights import snippet
-from vigil.review.models import ReviewReasonRow
+from vigil.review.models import ReviewAuditRow, ReviewReasonRow
 from vigil.review.policy import FlaggingPolicy
 from vigil.store import reads
 from vigil.store.db import aware, utcnow
@@ -198,7 +198,10 @@ def label_cluster(
                 ReviewItemRow.status,
                 ReviewItemRow.claimed_by,
                 ReviewItemRow.lease_until,
-            ).where(ReviewItemRow.conversation_id.in_(rest))
+            )
+            .where(ReviewItemRow.conversation_id.in_(rest))
+            .order_by(ReviewItemRow.id)
+            .with_for_update()  # checked and labelled under one lock: a claim cannot slip in between
         )
     }
     for cid in rest:
@@ -214,11 +217,113 @@ def label_cluster(
         elif item.claimed_by not in (None, reviewer) and lease is not None and lease >= now:
             why = f"{item.claimed_by} holds it"
         if why is None:
-            queue.label(session, cid, reviewer, data, policy, now=now, metrics=metrics, propagated_from=sample)
             labelled.append(cid)
         else:
             skipped.append({"conversation_id": cid, "why": why})
+    _propagate(session, labelled[1:], sample, reviewer, data, now, metrics)
     return {"sample": sample, "labelled": labelled, "skipped": skipped, "label": data.label}
+
+
+def _propagate(
+    session: Session,
+    ids: list[str],
+    sample: str,
+    reviewer: str,
+    data: queue.LabelIn,
+    now: datetime,
+    metrics: Metrics | None,
+) -> None:
+    """:func:`queue.label` for many queue items at once (a few statements, not a few per item): each gets a new
+    current label version by ``reviewer`` copied from ``sample``; counts, states and claims follow."""
+    if not ids:
+        return
+    items = {
+        i.conversation_id: i
+        for i in session.scalars(
+            select(ReviewItemRow)
+            .where(ReviewItemRow.conversation_id.in_(ids))
+            .order_by(ReviewItemRow.id)
+            .with_for_update()
+        )
+    }
+    revisions = dict(
+        session.execute(
+            select(ConversationRow.conversation_id, ConversationRow.revision).where(
+                ConversationRow.conversation_id.in_(ids)
+            )
+        ).all()
+    )
+    mine = ReviewLabelRow.conversation_id.in_(ids), ReviewLabelRow.reviewer == reviewer
+    last = dict(
+        session.execute(
+            select(ReviewLabelRow.conversation_id, func.max(ReviewLabelRow.version))
+            .where(*mine)
+            .group_by(ReviewLabelRow.conversation_id)
+        ).all()
+    )
+    session.execute(
+        update(ReviewLabelRow)
+        .where(*mine, ReviewLabelRow.is_current.is_(True))
+        .values(is_current=False)
+        .execution_options(synchronize_session=False)
+    )
+    rows = [
+        {
+            "conversation_id": cid,
+            "revision": revisions.get(cid),
+            "reviewer": reviewer,
+            "label": data.label,
+            "category": data.category,
+            "severity": data.severity,
+            "notes": data.notes,
+            "expected_behavior": data.expected_behavior,
+            "propagated_from": sample,
+            "version": (last.get(cid) or 0) + 1,
+            "is_current": True,
+            "created_at": now,
+        }
+        for cid in ids
+    ]
+    session.execute(insert(ReviewLabelRow), rows)
+    counts = dict(
+        session.execute(
+            select(ReviewLabelRow.conversation_id, func.count())
+            .where(ReviewLabelRow.conversation_id.in_(ids), ReviewLabelRow.is_current.is_(True))
+            .group_by(ReviewLabelRow.conversation_id)
+        ).all()
+    )
+    changes = []
+    for cid in ids:
+        item = items[cid]
+        n = counts.get(cid, 0)
+        change: dict[str, Any] = {
+            "id": item.id,
+            "review_count": n,
+            "updated_at": now,
+            "status": "done" if n >= item.required_reviews else "open",
+        }
+        if item.claimed_by == reviewer:
+            change.update(claimed_by=None, claimed_at=None, lease_until=None)
+            if metrics is not None and item.claimed_at is not None:
+                metrics.review_label_seconds.observe(max(0.0, (now - aware(item.claimed_at)).total_seconds()))
+        changes.append(change)
+    session.execute(update(ReviewItemRow), changes)
+    if metrics is not None:
+        metrics.review_labels.labels(data.label).inc(len(ids))
+    detail = {"label": data.label, "category": data.category, "severity": data.severity, "propagated_from": sample}
+    session.execute(
+        insert(ReviewAuditRow),
+        [
+            {
+                "at": now,
+                "actor": reviewer,
+                "action": "label",
+                "conversation_id": r["conversation_id"],
+                "detail": {"version": r["version"], **detail},
+            }
+            for r in rows
+        ],
+    )
 
 
 def sample_messages(session: Session, conversation_id: str, limit: int = 12) -> list[dict[str, str]]:

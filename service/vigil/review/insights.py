@@ -420,17 +420,24 @@ def labels_export(
 
 
 def filter_options(session: Session, rule_ids: list[str] | None = None) -> dict[str, list[str]]:
-    """Known values for the queue's filter menus: agents and versions in the queue, rules (loaded and
-    flagging), severities, outcome types that flagged, reason kinds and statuses."""
+    """Known values for the queue's filter menus: agents and versions (seen in traffic, or with open items),
+    rules (loaded and flagging), severities, outcome types that flagged, reason kinds and statuses."""
     from vigil.review.policy import SEVERITIES
 
     def distinct(column: Any, *where: ColumnElement[bool]) -> list[str]:
         return [v for v in session.scalars(select(column).where(column.is_not(None), *where).distinct()) if v]
 
+    from vigil.store.rollups import RollupVersionRow
+
     rules = set(rule_ids or []) | set(distinct(ReviewReasonRow.key, ReviewReasonRow.kind == "finding"))
+    # every version the rollups know (a small table), and those of open items (the queue, not all traffic)
+    seen = session.execute(select(RollupVersionRow.agent_id, RollupVersionRow.agent_version)).all()
+    is_open = ReviewItemRow.status == "open"
+    agents = {a for a, _ in seen} | set(distinct(ReviewItemRow.agent_id, is_open))
+    versions = {v for _, v in seen} | set(distinct(ReviewItemRow.agent_version, is_open))
     return {
-        "agent": sorted(distinct(ReviewItemRow.agent_id)),
-        "version": sorted(distinct(ReviewItemRow.agent_version), reverse=True),
+        "agent": sorted(agents),
+        "version": sorted(versions, reverse=True),
         "rule": sorted(rules),
         "severity": list(reversed(SEVERITIES)),
         "outcome": sorted(distinct(ReviewReasonRow.key, ReviewReasonRow.kind == "outcome")),

@@ -3,6 +3,7 @@ and the same task from two versions side by side with the reviewer's pairwise ch
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
 
 from fastapi import APIRouter, Depends, Request
@@ -190,7 +191,8 @@ def side_by_side_page(
                         "side": side,
                         "conv": conv,
                         "messages": transcript.build(conv["conversation"] or {"messages": []}, conv["findings"]),
-                        "item": insights.item_detail(s, conv["conversation_id"]),
+                        # double review is blind here too: others' labels only once this reviewer gave theirs
+                        "item": _blind(insights.item_detail(s, conv["conversation_id"]), user.name),
                     }
                 )
             earlier = sbs.choices(s, task)
@@ -209,6 +211,10 @@ def side_by_side_page(
         earlier=[c for c in earlier if {c["conversation_a"], c["conversation_b"]} == pair_ids],
         notice=NOTICES.get(notice or ""),
     )
+
+
+def _blind(item: dict[str, Any] | None, viewer: str) -> dict[str, Any] | None:
+    return None if item is None else insights.blind_view(item, viewer)
 
 
 @router.post("/side-by-side/choice")

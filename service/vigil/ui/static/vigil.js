@@ -45,10 +45,14 @@
       category.focus();
       return;
     }
+    var missing = document.getElementById("label-missing");
     if (!picked) {
       ev.preventDefault();
+      if (missing) { missing.hidden = false; }
       var first = form.querySelector('input[name="label"]');
       if (first) { first.focus(); }
+    } else if (missing) {
+      missing.hidden = true;
     }
   }
   function describeCategory(select) {
@@ -133,6 +137,10 @@
   document.addEventListener("change", function (ev) {
     var t = ev.target;
     if (t.id === "category") { describeCategory(t); }
+    if (t.name === "label") {
+      var missingLabel = document.getElementById("label-missing");
+      if (missingLabel) { missingLabel.hidden = true; }
+    }
     if (t.hasAttribute && t.hasAttribute("data-select-all")) {
       document.querySelectorAll('input[type="checkbox"][name="ids"], input[type="checkbox"][name="member"]').forEach(function (box) {
         if (!box.disabled) { box.checked = t.checked; }
