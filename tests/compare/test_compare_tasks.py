@@ -260,3 +260,26 @@ def test_the_demo_traffic_shows_pass_hat_k(sqlite_url) -> None:
         assert rows[f"tasks:pass^{k}"]["candidate"]["value"] < rows[f"tasks:pass^{k}"]["baseline"]["value"]
     assert body["headline"]["text"].startswith("v1.5.0 vs v1.4.0: ")
     rt.close()
+
+
+def test_the_compare_page_shows_the_paired_rows(sqlite_url) -> None:
+    from fastapi.testclient import TestClient
+
+    from tests.compare.test_compare_ui import logged_in
+    from vigil.app.server import build_app
+    from vigil.app.wiring import wire
+
+    rt = wire(
+        build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=100), registry=CollectorRegistry()),
+        {"api"},
+    )
+    with TestClient(build_app(rt)) as ui:
+        store(ui, [conversation("v1", f"t{i:03d}", r, i < 80) for i in range(200) for r in range(2)])
+        store(ui, [conversation("v2", f"t{i:03d}", r, i < 90) for i in range(200) for r in range(2)])
+        html = logged_in(ui).get("/ui/compare", params={"baseline": "v1", "candidate": "v2"}).text
+    assert ">v2 vs v1: 0 signals worse, 2 better, 0 red flags<" in html and "200 tasks are shared" in html
+    row = html[html.index('data-signal="tasks:success"') :].split("</tr>", 1)[0]
+    assert 'data-verdict="better"' in row and "+5.0 pp" in row and "SE 1.5 pp, paired" in row
+    info = html[html.index('data-signal="tasks:pass@2"') :].split("</tr>", 1)[0]
+    assert "better · not tested" in info
+    rt.close()
