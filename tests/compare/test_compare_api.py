@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
-from typer.testing import CliRunner
 
 from tests.support.app import INGEST, REVIEWER, make_client, make_settings
+from tests.support.cli import cli_runner
 from tests.support.services import shared_data
 from tests.support.traffic import cheaper, clean, with_defect
 from vigil.app.runtime import build_runtime
@@ -147,7 +147,7 @@ def test_cli_compare_json_and_table(loaded, monkeypatch) -> None:
     monkeypatch.setenv("VIGIL_RULE_PACKS", rt.settings.rule_packs)
     monkeypatch.setenv("VIGIL_COMPARE_BOOTSTRAP_RESAMPLES", "200")
     monkeypatch.setenv("COLUMNS", "200")
-    runner = CliRunner()
+    runner = cli_runner()
     result = runner.invoke(app, ["compare", "--baseline", "v1", "--candidate", "v2", "--json"])
     assert result.exit_code == 0, result.output
     body = orjson.loads(result.stdout)
@@ -180,7 +180,7 @@ def test_tau2_replay_pass_hat_k_end_to_end(sqlite_url, monkeypatch) -> None:
     from vigil.app.cli import app
 
     monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
-    runner = CliRunner()
+    runner = cli_runner()
     result = runner.invoke(app, ["replay", str(path), "--agent-version", "run-a"])
     assert result.exit_code == 0, result.output
     expected = independent_pass_hat(path)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from typer.testing import CliRunner
 
+from tests.support.cli import cli_runner
 from tests.support.services import shared_data
 from vigil.app.cli import app
 
@@ -27,7 +27,7 @@ TELECOM_4 = (
 
 
 def _gate(baseline: Path, candidate: Path, *extra: str):  # type: ignore[no-untyped-def]
-    return CliRunner().invoke(app, ["gate", "--baseline", str(baseline), "--candidate", str(candidate), *extra])
+    return cli_runner().invoke(app, ["gate", "--baseline", str(baseline), "--candidate", str(candidate), *extra])
 
 
 def _rows(result) -> dict[str, dict]:  # type: ignore[no-untyped-def]

@@ -17,6 +17,8 @@ from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.runtime import Runtime
 from vigil.schema import outcome_types
+from vigil.store.maintenance import refresh_rollups
+from vigil.store.rollups import default_since
 
 router = APIRouter(tags=["compare"])
 
@@ -24,6 +26,18 @@ router = APIRouter(tags=["compare"])
 def applicable_rules(rt: Runtime) -> RulesFor:
     """Ids of the loaded rules whose ``applies_to`` matches an agent and version."""
     return lambda agent, version: [r.id for r in rt.rules.rules_for(agent, version)]
+
+
+def catch_up(rt: Runtime) -> None:
+    """Bring the rollups up to date before an aggregate read (cheap: only rows since the last run)."""
+    refresh_rollups(rt.settings, rt.sessions, only_if_behind=True)
+
+
+def window(rt: Runtime, since: datetime | None, until: datetime | None) -> tuple[datetime | None, datetime | None]:
+    """The read window: as asked, else the last ``read_window_days``."""
+    if since is None and until is None:
+        since = default_since(rt.settings.read_window_days)
+    return since, until
 
 
 def rule_versions(rt: Runtime) -> RuleVersions:
@@ -48,6 +62,8 @@ def run_compare(
     until: datetime | None = None,
 ) -> dict[str, Any]:
     s = rt.settings
+    catch_up(rt)
+    since, until = window(rt, since, until)
     with rt.sessions() as session:
         result = compare(
             session,
@@ -75,8 +91,8 @@ async def get_compare(
     baseline: str = Query(..., description="Baseline agent version."),
     candidate: str = Query(..., description="Candidate agent version."),
     agent: str | None = Query(None, description="Agent id; needed when both versions exist for several agents."),
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: datetime | None = Query(None, description="Window start (default: read_window_days ago)."),
+    until: datetime | None = Query(None, description="Window end (default: now)."),
 ) -> dict[str, Any]:
     """Each signal for both versions with 95% intervals, the difference, a verdict and red flags."""
     try:
@@ -113,11 +129,19 @@ async def get_conversations_behind(
 
 
 @router.get("/v1/quality", dependencies=[require("reviewer")])
-async def get_quality(request: Request, agent: str, version: str) -> dict[str, Any]:
+async def get_quality(
+    request: Request,
+    agent: str,
+    version: str,
+    since: datetime | None = Query(None, description="Window start (default: read_window_days ago)."),
+    until: datetime | None = Query(None, description="Window end (default: now)."),
+) -> dict[str, Any]:
     """Quality signals of one agent version with 95% intervals."""
     rt = runtime_of(request)
 
     def run() -> dict[str, Any]:
+        catch_up(rt)
+        start, end = window(rt, since, until)
         with rt.sessions() as session:
             return quality(
                 session,
@@ -127,6 +151,8 @@ async def get_quality(request: Request, agent: str, version: str) -> dict[str, A
                 applicable_rules(rt),
                 rt.settings.compare_max_sample,
                 rt.settings.compare_bootstrap_resamples,
+                start,
+                end,
             )
 
     found = await run_in_threadpool(run)

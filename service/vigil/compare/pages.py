@@ -7,18 +7,16 @@ from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
-from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
 from vigil.compare import present
-from vigil.compare.api import run_compare
+from vigil.compare.api import catch_up, run_compare
 from vigil.compare.drill import PAGE, UnknownSignal, conversations_behind
 from vigil.compare.table import CompareError
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.money import usd
-from vigil.store.db import aware
-from vigil.store.models import ConversationRow
+from vigil.store import rollups
 from vigil.store.signals import version_key
 from vigil.ui.render import render_page, ui_user
 
@@ -32,11 +30,9 @@ def versions(rt: Any) -> dict[str, list[str]]:
     time; like the detector, ``v1.5.0`` then counts as newer than ``v1.4.0``. Agents come in the
     order of their newest version.
     """
-    q = select(ConversationRow.agent_id, ConversationRow.agent_version, func.min(ConversationRow.received_at)).group_by(
-        ConversationRow.agent_id, ConversationRow.agent_version
-    )
+    catch_up(rt)
     with rt.sessions() as s:
-        seen = [(agent, version, aware(first)) for agent, version, first in s.execute(q)]
+        seen = rollups.versions_seen(s)
     seen.sort(key=lambda r: (r[2], version_key(r[1])), reverse=True)
     out: dict[str, list[str]] = {}
     for agent, version, _ in seen:

@@ -309,6 +309,7 @@ def compare(
         "agent_id": agent,
         "baseline": {"version": baseline, "conversations": base.conversations},
         "candidate": {"version": candidate, "conversations": cand.conversations},
+        "window": {"since": since, "until": until},
         "confidence": 1 - stats.ALPHA,
         "multiplicity": {
             "method": MULTIPLICITY,
@@ -334,14 +335,17 @@ def quality(
     rules_for: RulesFor,
     max_sample: int = 20_000,
     resamples: int = 1000,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> dict[str, Any]:
     """One version's signals with 95% intervals (``GET /v1/quality``); rules as in :func:`compare`."""
-    d = load_version(session, agent, version, types, max_sample)
+    d = load_version(session, agent, version, types, max_sample, since, until)
     # against an empty baseline: only the version's own estimates are computed
     rows = build_rows(VersionData(agent, version), d, types, rules_for(agent, version), resamples)
     return {
         "agent_id": agent,
         "version": version,
+        "window": {"since": since, "until": until},
         "conversations": d.conversations,
         "signals": [
             {
