@@ -282,4 +282,5 @@ def test_the_compare_page_shows_the_paired_rows(sqlite_url) -> None:
     assert 'data-verdict="better"' in row and "+5.0 pp" in row and "SE 1.5 pp, paired" in row
     info = html[html.index('data-signal="tasks:pass@2"') :].split("</tr>", 1)[0]
     assert "better · not tested" in info
+    assert 'id="pass-k-baseline"' not in html  # pass^k is a row of the table, with its interval
     rt.close()
