@@ -284,3 +284,20 @@ def test_the_compare_page_shows_the_paired_rows(sqlite_url) -> None:
     assert "better · not tested" in info
     assert 'id="pass-k-baseline"' not in html  # pass^k is a row of the table, with its interval
     rt.close()
+
+
+def test_without_shared_tasks_the_sides_are_clustered_not_paired(sqlite_url) -> None:
+    rt = build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=100), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        store(c, [conversation("v1", f"a{i}", r, i < 10) for i in range(40) for r in range(2)])
+        store(c, [conversation("v2", f"b{i}", r, i < 30) for i in range(40) for r in range(2)])
+        body = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER).json()
+    assert body["tasks"]["shared"] == 0 and not body["tasks"]["paired"]
+    success = rows_of(body)["tasks:success"]
+    assert not success["paired"] and "no shared tasks" in success["label"]
+    b, cand, d = success["baseline"], success["candidate"], success["difference"]
+    assert d["value"] == pytest.approx(0.5)
+    assert d["se"] == pytest.approx((b["se"] ** 2 + cand["se"] ** 2) ** 0.5)
+    assert success["verdict"] == "better"
+    assert rows_of(body)["tasks:pass^2"]["paired"] is False
+    rt.close()
