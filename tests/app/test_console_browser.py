@@ -197,6 +197,7 @@ def pages_to_check(base: str, rt: Any) -> list[str]:
         "/ui/progress",
         "/ui/clusters",
         "/ui/compare",
+        f"/ui/compare/conversations?agent={AGENT}&version={CANDIDATE}&signal=forbidden_tool",
         "/ui/calibration",
         "/ui/export",
         "/ui/nope",

@@ -97,3 +97,27 @@ def test_no_data_gives_no_estimate() -> None:
     assert paired.paired_difference({"a": [1.0]}, {"b": [1.0]}).value is None
     one = paired.paired_difference({"a": [1.0]}, {"a": [0.0]})
     assert one.value == 1.0 and one.low is None
+
+
+def test_vectorized_counts_give_the_same_figures_as_rollouts() -> None:
+    from vigil.compare import stats
+
+    rng = np.random.default_rng(3)
+    counts = [(int(n), int(rng.integers(0, n + 1))) for n in rng.integers(1, 9, size=40)]
+    rollouts = {f"t{i}": [1.0] * c + [0.0] * (n - c) for i, (n, c) in enumerate(counts)}
+    trials = np.array([n for n, _ in counts], dtype=float)
+    passes = np.array([c for _, c in counts], dtype=float)
+    a, b = paired.clustered_rate(trials, passes), paired.clustered_mean(rollouts, (0, 1))
+    assert (a.value, a.se, a.low, a.high) == pytest.approx((b.value, b.se, b.low, b.high))
+    for k in (1, 2, 4, 8):
+        keep = trials >= k
+        hat = paired.pass_hat_k_of(trials, passes, k)[keep]
+        at = paired.pass_at_k_of(trials, passes, k)[keep]
+        assert list(hat) == pytest.approx([stats.pass_hat_k(n, c, k) for n, c in counts if n >= k])
+        assert list(at) == pytest.approx([stats.pass_at_k(n, c, k) for n, c in counts if n >= k])
+        one_each = paired.mean_of_tasks(hat, (0, 1))
+        lists = paired.clustered_mean({str(i): [v] for i, v in enumerate(hat)}, (0, 1))
+        assert (one_each.value, one_each.se, one_each.low) == pytest.approx((lists.value, lists.se, lists.low))
+    c, base = paired.clustered_rate(trials, passes), paired.clustered_rate(trials, np.zeros(40))
+    d = paired.interval_difference(c, base)
+    assert d.value == pytest.approx(c.value) and d.se == pytest.approx(c.se)

@@ -260,3 +260,44 @@ def test_the_demo_traffic_shows_pass_hat_k(sqlite_url) -> None:
         assert rows[f"tasks:pass^{k}"]["candidate"]["value"] < rows[f"tasks:pass^{k}"]["baseline"]["value"]
     assert body["headline"]["text"].startswith("v1.5.0 vs v1.4.0: ")
     rt.close()
+
+
+def test_the_compare_page_shows_the_paired_rows(sqlite_url) -> None:
+    from fastapi.testclient import TestClient
+
+    from tests.compare.test_compare_ui import logged_in
+    from vigil.app.server import build_app
+    from vigil.app.wiring import wire
+
+    rt = wire(
+        build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=100), registry=CollectorRegistry()),
+        {"api"},
+    )
+    with TestClient(build_app(rt)) as ui:
+        store(ui, [conversation("v1", f"t{i:03d}", r, i < 80) for i in range(200) for r in range(2)])
+        store(ui, [conversation("v2", f"t{i:03d}", r, i < 90) for i in range(200) for r in range(2)])
+        html = logged_in(ui).get("/ui/compare", params={"baseline": "v1", "candidate": "v2"}).text
+    assert ">v2 vs v1: 0 signals worse, 2 better, 0 red flags<" in html and "200 tasks are shared" in html
+    row = html[html.index('data-signal="tasks:success"') :].split("</tr>", 1)[0]
+    assert 'data-verdict="better"' in row and "+5.0 pp" in row and "SE 1.5 pp, paired" in row
+    info = html[html.index('data-signal="tasks:pass@2"') :].split("</tr>", 1)[0]
+    assert "better · not tested" in info
+    assert 'id="pass-k-baseline"' not in html  # pass^k is a row of the table, with its interval
+    rt.close()
+
+
+def test_without_shared_tasks_the_sides_are_clustered_not_paired(sqlite_url) -> None:
+    rt = build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=100), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        store(c, [conversation("v1", f"a{i}", r, i < 10) for i in range(40) for r in range(2)])
+        store(c, [conversation("v2", f"b{i}", r, i < 30) for i in range(40) for r in range(2)])
+        body = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER).json()
+    assert body["tasks"]["shared"] == 0 and not body["tasks"]["paired"]
+    success = rows_of(body)["tasks:success"]
+    assert not success["paired"] and "no shared tasks" in success["label"]
+    b, cand, d = success["baseline"], success["candidate"], success["difference"]
+    assert d["value"] == pytest.approx(0.5)
+    assert d["se"] == pytest.approx((b["se"] ** 2 + cand["se"] ** 2) ** 0.5)
+    assert success["verdict"] == "better"
+    assert rows_of(body)["tasks:pass^2"]["paired"] is False
+    rt.close()

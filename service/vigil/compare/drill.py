@@ -14,7 +14,7 @@ from sqlalchemy import Select, exists, select
 from sqlalchemy.orm import Session
 
 from vigil.compare.signals import OFFLINE_SUFFIX
-from vigil.compare.tasks import SUCCESS, ending
+from vigil.compare.tasks import SUCCESS, ending, latest_range
 from vigil.errors import VigilError
 from vigil.store.models import ConversationRow, FindingRow, OutcomeLinkRow, VerdictRow
 from vigil.store.reads import read_document, summary_dict
@@ -88,7 +88,11 @@ def conversations_behind(
     if signal in ("error_rate", "truncation_rate"):
         # said only in the metadata: the ones the table's sample read
         picked = []
-        rows = session.scalars(base.order_by(C.received_at.desc()).limit(metadata_sample))
+        span = latest_range(session, agent, version, metadata_sample, since, until)
+        rows: Any = []
+        if span is not None:
+            within = base.where(C.received_at >= span[0], C.received_at <= span[1])
+            rows = session.scalars(within.order_by(C.received_at.desc()).limit(metadata_sample))
         for row in rows:
             doc = read_document(row.document) or {}
             meta = doc.get("metadata")
@@ -101,6 +105,9 @@ def conversations_behind(
     else:
         cond, what, order = _what(signal)
         q = base if cond is None else base.where(cond)
+        span = latest_range(session, agent, version, 1, since, until)
+        if span is not None:  # start from the version's newest row, not from everyone's
+            q = q.where(C.received_at <= span[1])
         page = list(session.scalars(q.order_by(order, C.conversation_id).offset(offset).limit(PAGE + 1)))
         total = None if len(page) > PAGE else offset + len(page)
         page = page[:PAGE]

@@ -187,3 +187,65 @@ def pass_hat_k_difference(candidate: Rollouts, baseline: Rollouts, k: int) -> tu
 def indicator_rate(flags: Mapping[str, Sequence[bool]]) -> Interval:
     """A per-rollout yes/no rate (error, truncation, forbidden tool) clustered by task."""
     return clustered_mean({t: [float(f) for f in fs] for t, fs in flags.items()}, (0, 1))
+
+
+# --- the same statistics from per-task counts, vectorized (the compare table over thousands of tasks) ------
+
+
+def mean_of_tasks(values: np.ndarray, bounds: tuple[float, float] | None = None) -> Interval:
+    """Mean of one value per task (a task's pass^k, an all-pass indicator, a paired difference ``d_i``),
+    with ``sd / sqrt(M)``: :func:`clustered_mean` of single-value tasks."""
+    m = int(values.size)
+    if not m:
+        return EMPTY
+    value = float(values.mean())
+    if m < 2:
+        return Interval(value, None, None, None, m)
+    return _t_interval(value, float(values.std(ddof=1)) / math.sqrt(m), m, bounds)
+
+
+def clustered_rate(trials: np.ndarray, passes: np.ndarray) -> Interval:
+    """:func:`clustered_mean` of 0/1 rollouts given per task as (trials, passes)."""
+    m = int(trials.size)
+    if not m:
+        return EMPTY
+    n = float(trials.sum())
+    ybar = float(passes.sum()) / n
+    if m < 2:
+        return Interval(ybar, None, None, None, m)
+    score = passes - trials * ybar
+    se = math.sqrt(m / (m - 1) * float((score**2).sum())) / n
+    return _t_interval(ybar, se, m, (0.0, 1.0))
+
+
+def interval_difference(candidate: Interval, baseline: Interval) -> Interval:
+    """Candidate minus baseline of two independent task-clustered estimates (Welch-style)."""
+    if candidate.value is None or baseline.value is None:
+        return EMPTY
+    value = candidate.value - baseline.value
+    if candidate.se is None or baseline.se is None:
+        return Interval(value, None, None, None, min(candidate.tasks, baseline.tasks))
+    return _t_interval(value, math.sqrt(candidate.se**2 + baseline.se**2), min(candidate.tasks, baseline.tasks))
+
+
+def _log_comb(n: np.ndarray, k: int) -> np.ndarray:
+    from scipy.special import gammaln
+
+    return gammaln(n + 1) - gammaln(k + 1) - gammaln(n - k + 1)
+
+
+def pass_hat_k_of(trials: np.ndarray, passes: np.ndarray, k: int) -> np.ndarray:
+    """Per task ``C(c, k) / C(n, k)`` (tasks with ``n >= k``), vectorized."""
+    out = np.zeros(trials.size)
+    ok = passes >= k
+    out[ok] = np.exp(_log_comb(passes[ok], k) - _log_comb(trials[ok], k))
+    return np.clip(out, 0.0, 1.0)
+
+
+def pass_at_k_of(trials: np.ndarray, passes: np.ndarray, k: int) -> np.ndarray:
+    """Per task ``1 - C(n - c, k) / C(n, k)`` (tasks with ``n >= k``), vectorized."""
+    fails = trials - passes
+    out = np.ones(trials.size)
+    some = fails >= k
+    out[some] = 1.0 - np.exp(_log_comb(fails[some], k) - _log_comb(trials[some], k))
+    return np.clip(out, 0.0, 1.0)

@@ -19,12 +19,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from vigil.compare import stats
 from vigil.compare.paired import (
     Interval,
     Rollouts,
     clustered_mean,
+    clustered_rate,
     difference,
+    interval_difference,
+    mean_of_tasks,
+    pass_at_k_of,
+    pass_hat_k_of,
     powers_of_two,
 )
 from vigil.compare.tasks import NOT_RECORDED, PROTOCOL_KEYS, TaskData
@@ -77,21 +84,59 @@ def _row(
     )
 
 
-def _indicator(rollouts: Rollouts, passed: bool) -> dict[str, list[float]]:
-    """Per task one value: 1.0 when every rollout passed (``passed``) or every one failed."""
-    return {t: [float(all((v >= 1) if passed else (v <= 0) for v in vs))] for t, vs in rollouts.items() if len(vs)}
+class _Side:
+    """One version's per-task counts as arrays."""
+
+    def __init__(self, counts: Mapping[str, tuple[int, int]]) -> None:
+        self.tasks = list(counts)
+        self.pos = {t: i for i, t in enumerate(self.tasks)}
+        self.n = np.array([counts[t][0] for t in self.tasks], dtype=float)
+        self.c = np.array([counts[t][1] for t in self.tasks], dtype=float)
 
 
-def _counts(rollouts: Rollouts) -> dict[str, tuple[int, int]]:
-    """Per task: (rollouts, passes)."""
-    return {t: (len(vs), sum(1 for v in vs if v >= 1)) for t, vs in rollouts.items() if len(vs)}
+@dataclass(frozen=True, slots=True)
+class _Pairs:
+    """The shared tasks' positions on either side."""
+
+    b: np.ndarray
+    c: np.ndarray
+
+    @classmethod
+    def of(cls, b: _Side, c: _Side) -> _Pairs:
+        shared = [t for t in b.tasks if t in c.pos]
+        return cls(np.array([b.pos[t] for t in shared], dtype=int), np.array([c.pos[t] for t in shared], dtype=int))
 
 
-def _per_task(
-    counts: Mapping[str, tuple[int, int]], k: int, fn: Callable[[int, int, int], float]
-) -> dict[str, list[float]]:
-    """Each task's unbiased pass@k or pass^k (as :func:`vigil.compare.paired.per_task`), from its counts."""
-    return {t: [fn(n, c, k)] for t, (n, c) in counts.items() if n >= k}
+def _paired(
+    pairs: _Pairs, b_values: np.ndarray, c_values: np.ndarray, b_mask: np.ndarray, c_mask: np.ndarray
+) -> tuple[Interval, Interval, Interval, bool]:
+    """Both sides' means of a per-task value and the difference: paired over shared tasks (two or more)."""
+    b_side, c_side = mean_of_tasks(b_values[b_mask], UNIT), mean_of_tasks(c_values[c_mask], UNIT)
+    both = b_mask[pairs.b] & c_mask[pairs.c]
+    if int(both.sum()) >= 2:
+        return b_side, c_side, mean_of_tasks(c_values[pairs.c[both]] - b_values[pairs.b[both]]), True
+    return b_side, c_side, interval_difference(c_side, b_side), False
+
+
+def _task_row(
+    signal: str,
+    label: str,
+    direction: Direction,
+    sides: tuple[Interval, Interval, Interval, bool],
+    informational: bool = False,
+) -> TaskRow:
+    b_side, c_side, diff, is_paired = sides
+    return TaskRow(
+        signal,
+        label,
+        direction,
+        estimate(b_side),
+        estimate(c_side),
+        estimate(diff),
+        is_paired,
+        "grader",
+        informational,
+    )
 
 
 def rollout_ks(base: TaskData, cand: TaskData) -> list[int]:
@@ -99,53 +144,37 @@ def rollout_ks(base: TaskData, cand: TaskData) -> list[int]:
     b, c = base.repeated, cand.repeated
     if not b or not c:
         return []
-    n = min(min(len(v) for v in b.values()), min(len(v) for v in c.values()))
+    n = min(min(nc[0] for nc in b.values()), min(nc[0] for nc in c.values()))
     return [k for k in powers_of_two(n) if k >= 2]
 
 
 def task_rows(base: TaskData, cand: TaskData) -> tuple[list[TaskRow], dict[str, Any]]:
     rows: list[TaskRow] = []
-    bs, cs = base.success, cand.success
-    shared = set(bs) & set(cs)
+    b, c = _Side(base.tasks), _Side(cand.tasks)
+    shared = set(b.pos) & set(c.pos)
+    pairs = _Pairs.of(b, c)
     ks = rollout_ks(base, cand)
-    if bs and cs:
-        _, is_paired = difference(cs, bs)
+    if b.tasks and c.tasks:
+        everything_b, everything_c = np.ones(b.n.size, bool), np.ones(c.n.size, bool)
+        _, _, diff, is_paired = _paired(pairs, b.c / b.n, c.c / c.n, everything_b, everything_c)
+        if not is_paired:
+            diff = interval_difference(clustered_rate(c.n, c.c), clustered_rate(b.n, b.c))
         how = f"paired over {len(shared)} shared tasks" if is_paired else "clustered by task, no shared tasks"
-        rows.append(_row("tasks:success", f"task success ({how})", "higher_is_better", bs, cs, "grader"))
-        b_counts, c_counts = _counts(bs), _counts(cs)
+        sides = (clustered_rate(b.n, b.c), clustered_rate(c.n, c.c), diff, is_paired)
+        rows.append(_task_row("tasks:success", f"task success ({how})", "higher_is_better", sides))
         for k in ks:
-            for key, fn, informational in (
-                ("pass^", stats.pass_hat_k, False),
-                ("pass@", stats.pass_at_k, True),
-            ):
+            for key, fn, informational in (("pass^", pass_hat_k_of, False), ("pass@", pass_at_k_of, True)):
                 what = "all" if key == "pass^" else "at least one of"
-                rows.append(
-                    _row(
-                        f"tasks:{key}{k}",
-                        f"{key}{k}: {what} {k} rollouts of a task pass",
-                        "higher_is_better",
-                        _per_task(b_counts, k, fn),
-                        _per_task(c_counts, k, fn),
-                        "grader",
-                        informational,
-                    )
-                )
-        for name, passed, direction in (
-            ("all_pass", True, "higher_is_better"),
-            ("all_fail", False, "lower_is_better"),
-        ):
+                sides = _paired(pairs, fn(b.n, b.c, k), fn(c.n, c.c, k), b.n >= k, c.n >= k)
+                label = f"{key}{k}: {what} {k} rollouts of a task pass"
+                rows.append(_task_row(f"tasks:{key}{k}", label, "higher_is_better", sides, informational))
+        for name, direction in (("all_pass", "higher_is_better"), ("all_fail", "lower_is_better")):
+            passed = name == "all_pass"
+            b_values = (b.c == b.n) if passed else (b.c == 0)
+            c_values = (c.c == c.n) if passed else (c.c == 0)
+            sides = _paired(pairs, b_values.astype(float), c_values.astype(float), everything_b, everything_c)
             label = f"tasks where every rollout {'passed' if passed else 'failed'}"
-            rows.append(
-                _row(
-                    f"tasks:{name}",
-                    label,
-                    direction,  # type: ignore[arg-type]
-                    _indicator(bs, passed),
-                    _indicator(cs, passed),
-                    "grader",
-                    True,
-                )
-            )
+            rows.append(_task_row(f"tasks:{name}", label, direction, sides, True))  # type: ignore[arg-type]
     if base.error or cand.error:
         rows.append(
             _row(
@@ -169,9 +198,9 @@ def task_rows(base: TaskData, cand: TaskData) -> tuple[list[TaskRow], dict[str, 
         )
     summary: dict[str, Any] = {
         side: {
-            "tasks": len(d.success),
+            "tasks": len(d.tasks),
             "repeated": len(d.repeated),
-            "rollouts": sum(len(v) for v in d.success.values()),
+            "rollouts": sum(nc[0] for nc in d.tasks.values()),
             "metadata_read": d.metadata_read,
         }
         for side, d in (("baseline", base), ("candidate", cand))

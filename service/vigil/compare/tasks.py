@@ -1,11 +1,12 @@
 """Per-task data of one agent version: the paired rows of the compare table and how the version was run.
 
-Two kinds of read, both bounded by the time window and by a row limit, both on indexed columns
-(agent, version, received time):
+Two kinds of read, both bounded by the time window, on indexed columns:
 
-- **task success**: per conversation with a task id, whether its ``task_success`` outcome happened
-  (the latest ``max_sample`` such conversations); a task is one cluster, each conversation a rollout.
-- **metadata**: the ``metadata`` of the latest ``metadata_sample`` conversations, for the error and
+- **task success**: per task, its trials (finished conversations of the task with an attributed
+  ``task_success`` outcome) and successes in the window, from the task rollups (one row per task and
+  day); a task is one cluster, each conversation a rollout.
+- **metadata**: the ``metadata`` of the latest ``metadata_sample`` conversations (found on the
+  (agent, version, received) index: their time range first, then the rows), for the error and
   truncation rates (``termination_reason``, ``error``, ``truncated``) and the protocol each side was
   produced by (model, sampling settings, harness, tool set, grader, budgets).
 """
@@ -18,11 +19,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from vigil.store.models import ConversationRow, OutcomeLinkRow, VerdictRow
+from vigil.store.db import aware
+from vigil.store.models import ConversationRow, VerdictRow
 from vigil.store.reads import read_document
+from vigil.store.rollups import RollupTaskRow, day_of
 from vigil.store.signals import finished
 
 SUCCESS = "task_success"
@@ -41,7 +44,7 @@ NOT_RECORDED = "(not recorded)"
 class TaskData:
     """One version's per-task rollouts and the metadata of its latest conversations."""
 
-    success: dict[str, list[float]] = field(default_factory=dict)  # task -> 1.0/0.0 per conversation
+    tasks: dict[str, tuple[int, int]] = field(default_factory=dict)  # task -> (trials, successes)
     error: dict[str, list[float]] = field(default_factory=dict)  # task (or conversation) -> 1.0/0.0
     truncated: dict[str, list[float]] = field(default_factory=dict)
     metadata_read: int = 0
@@ -49,9 +52,9 @@ class TaskData:
     judges: dict[str, Counter[str]] = field(default_factory=dict)  # judge signal -> version -> verdicts
 
     @property
-    def repeated(self) -> dict[str, list[float]]:
+    def repeated(self) -> dict[str, tuple[int, int]]:
         """Tasks with at least two rollouts."""
-        return {t: v for t, v in self.success.items() if len(v) >= 2}
+        return {t: nc for t, nc in self.tasks.items() if nc[0] >= 2}
 
 
 def _window(q: Any, col: Any, since: datetime | None, until: datetime | None) -> Any:
@@ -118,36 +121,64 @@ def ending(meta: dict[str, Any]) -> tuple[bool, bool] | None:
     return error, truncated
 
 
+def task_counts(
+    session: Session, agent: str, version: str, since: datetime | None = None, until: datetime | None = None
+) -> dict[str, tuple[int, int]]:
+    """(trials, successes) per task of the version in the window, every task (the rollups, by day)."""
+    T = RollupTaskRow
+    q = (
+        select(T.task_id, func.sum(T.trials), func.sum(T.successes))
+        .where(T.agent_id == agent, T.agent_version == version)
+        .group_by(T.task_id)
+    )
+    if since is not None:
+        q = q.where(T.day >= day_of(since))
+    if until is not None:
+        q = q.where(T.day < aware(until))
+    return {t: (int(n), int(c or 0)) for t, n, c in session.execute(q) if n}
+
+
+def latest_range(
+    session: Session, agent: str, version: str, n: int, since: datetime | None, until: datetime | None
+) -> tuple[datetime, datetime] | None:
+    """When the version's latest ``n`` conversations in the window were received (first, last), or None.
+
+    Two reads of the (agent, version, received) index alone: the rows themselves are then read within
+    that range, so a version whose traffic ended long ago is not found by scanning everyone's newer rows.
+    """
+    C = ConversationRow
+    q = _window(
+        select(C.received_at).where(C.agent_id == agent, C.agent_version == version), C.received_at, since, until
+    ).order_by(C.received_at.desc())
+    last = session.scalar(q.limit(1))
+    if last is None:
+        return None
+    first = session.scalar(q.offset(n - 1).limit(1))
+    if first is None:
+        first = session.scalar(q.order_by(None).order_by(C.received_at.asc()).limit(1))
+    return aware(first), aware(last)
+
+
 def load_tasks(
     session: Session,
     agent: str,
     version: str,
-    max_sample: int,
     metadata_sample: int,
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> TaskData:
-    d = TaskData()
-    C, L = ConversationRow, OutcomeLinkRow
+    d = TaskData(tasks=task_counts(session, agent, version, since, until))
+    C = ConversationRow
     mine = (C.agent_id == agent, C.agent_version == version, finished())
-    latest = (
-        _window(select(C.conversation_id, C.task_id).where(*mine, C.task_id.is_not(None)), C.received_at, since, until)
-        .order_by(C.received_at.desc())
-        .limit(max_sample)
-        .subquery()
-    )
-    q = (
-        select(latest.c.task_id, latest.c.conversation_id, func.max(case((L.happened, 1), else_=0)))
-        .join(L, L.conversation_id == latest.c.conversation_id)
-        .where(L.type == SUCCESS, L.attributed)
-        .group_by(latest.c.task_id, latest.c.conversation_id)
-    )
-    for task, _cid, ok in session.execute(q):
-        d.success.setdefault(task, []).append(float(ok))
-
-    meta_q = _window(select(C.conversation_id, C.task_id, C.document).where(*mine), C.received_at, since, until)
+    span = latest_range(session, agent, version, metadata_sample, since, until)
     counts: dict[str, Counter[str]] = {k: Counter() for k in PROTOCOL_KEYS}
-    for cid, task, text in session.execute(meta_q.order_by(C.received_at.desc()).limit(metadata_sample)):
+    rows: Any = []
+    if span is not None:
+        meta_q = select(C.conversation_id, C.task_id, C.document).where(
+            *mine, C.received_at >= span[0], C.received_at <= span[1]
+        )
+        rows = session.execute(meta_q.order_by(C.received_at.desc()).limit(metadata_sample))
+    for cid, task, text in rows:
         doc = read_document(text) or {}
         found = doc.get("metadata")
         meta: dict[str, Any] = found if isinstance(found, dict) else {}
