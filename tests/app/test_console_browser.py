@@ -222,10 +222,18 @@ def test_every_page_passes_axe_and_fits_the_screen(browser, seeded, viewport) ->
         found = axe_violations(page, script)
         if found:
             failures.append(f"{path}:\n{describe(found)}")
+        unnamed = page.locator("nav:not([aria-label])").count()
+        if unnamed:
+            failures.append(f"{path}: {unnamed} navigation landmarks without a name")
         wide = page.evaluate("document.documentElement.scrollWidth")
         if wide > viewport["width"]:
             failures.append(f"{path}: {wide} px wide at {viewport['width']} px (sideways scroll)")
         if viewport is PHONE:
             shot(page, f"phone{path.split('?')[0].replace('/', '-')}.png")
+    page.goto(f"{base}/ui")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "main"
     context.close()
     assert not failures, "\n".join(failures)
