@@ -31,6 +31,13 @@ def rate(v: float | None) -> str:
     return "–" if v is None else charts.pct(v)
 
 
+def interval(e: dict[str, Any]) -> str:
+    """``30% [22%, 40%] of 100``: a rate with its interval and count."""
+    if e.get("rate") is None:
+        return "–"
+    return f"{charts.pct(e['rate'])} [{charts.pct(e['low'])}, {charts.pct(e['high'])}] of {e['n']:,}"
+
+
 @router.get("")
 @router.get("/")
 def home_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
@@ -43,6 +50,7 @@ def home_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
         queue_link=queue_link,
         quality_link=quality_link,
         rate=rate,
+        interval=interval,
         anchor=anchor,
         compare_link=compare_link,
         baseline_version=baseline_version,
