@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
 from tests.support.app import API_KEYS
+from tests.support.cli import cli_runner
 from tests.support.services import free_port
 from vigil.app.cli import app
 
-runner = CliRunner()
+runner = cli_runner()
 
 
 def run(args: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]

@@ -12,9 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
-from typer.testing import CliRunner
 
 from tests.support.app import REVIEWER, make_client, make_settings
+from tests.support.cli import cli_runner
 from tests.support.judge_fakes import FAIL, PASS, Scripted, judge_dir
 from tests.support.services import shared_data
 from vigil.app.cli import app
@@ -59,7 +59,7 @@ def test_cli_calibrate_recorded_llmbar_verdicts(tmp_path: Path, monkeypatch: pyt
         "--pairwise",
         str(pairwise),
     ]
-    r = CliRunner().invoke(app, [*args, "--json"])
+    r = cli_runner().invoke(app, [*args, "--json"])
     assert r.exit_code == 0, r.output  # calibrated: exit 0
     out = json.loads(r.stdout)
     (v,) = out["versions"]
@@ -75,11 +75,11 @@ def test_cli_calibrate_recorded_llmbar_verdicts(tmp_path: Path, monkeypatch: pyt
     rt.close()
     # human-readable report; a stricter threshold makes it uncalibrated and exits 1
     monkeypatch.setenv("VIGIL_CALIBRATION_MIN_KAPPA", "0.95")
-    r = CliRunner().invoke(app, [*args, "--no-save"])
+    r = cli_runner().invoke(app, [*args, "--no-save"])
     assert r.exit_code == 1 and "uncalibrated" in r.stdout and "Cohen's kappa" in r.stdout
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"conversation_id": "x", "human": "pass"}\nnot json\n')
-    r = CliRunner().invoke(app, ["calibrate", "gpt4-llmbar", "--labels", str(bad), "--verdicts", str(verdicts)])
+    r = cli_runner().invoke(app, ["calibrate", "gpt4-llmbar", "--labels", str(bad), "--verdicts", str(verdicts)])
     assert r.exit_code == 2 and "bad.jsonl:2: not valid JSON" in r.output
 
 
@@ -146,11 +146,11 @@ def test_calibrate_offline_judge_from_the_judges_folder(tmp_path: Path, monkeypa
     monkeypatch.setenv("VIGIL_JUDGES_DIR", str(judges))
     monkeypatch.setenv("VIGIL_JUDGE_MODE", "offline")
     monkeypatch.setenv("VIGIL_RULE_PACKS", str(PROJECT_ROOT / "rules" / "*.yaml"))
-    r = CliRunner().invoke(app, ["calibrate", "tj", "--json"])
+    r = cli_runner().invoke(app, ["calibrate", "tj", "--json"])
     assert r.exit_code in (0, 1), r.output
     out = json.loads(r.stdout)
     assert out["mode"] == "offline" and out["source"] == str(path)
     (v,) = out["versions"]
     assert v["agreement"]["n"] + v["unscored"] == len(convs) and v["state"] == "uncalibrated"
-    r = CliRunner().invoke(app, ["calibrate", "nope", "--labels", str(path)])
+    r = cli_runner().invoke(app, ["calibrate", "nope", "--labels", str(path)])
     assert r.exit_code == 2 and "no judge 'nope'" in r.output

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
-from typer.testing import CliRunner
 
 from tests.support.app import INGEST, REVIEWER, make_client, make_settings
+from tests.support.cli import cli_runner
 from tests.support.services import shared_data
 from tests.support.traffic import cheaper, clean, with_defect
 from vigil.app.runtime import build_runtime
@@ -147,13 +147,14 @@ def test_cli_compare_json_and_table(loaded, monkeypatch) -> None:
     monkeypatch.setenv("VIGIL_RULE_PACKS", rt.settings.rule_packs)
     monkeypatch.setenv("VIGIL_COMPARE_BOOTSTRAP_RESAMPLES", "200")
     monkeypatch.setenv("COLUMNS", "200")
-    runner = CliRunner()
+    runner = cli_runner()
     result = runner.invoke(app, ["compare", "--baseline", "v1", "--candidate", "v2", "--json"])
     assert result.exit_code == 0, result.output
     body = orjson.loads(result.stdout)
     assert {s["signal"]: s["verdict"] for s in body["signals"]}["forbidden_tool"] == "worse"
     table = runner.invoke(app, ["compare", "--baseline", "v1", "--candidate", "v2", "--agent", "support-bot"])
-    assert table.exit_code == 0 and "forbidden_tool" in table.stdout and "red flag" in table.stdout
+    assert table.exit_code == 0 and "forbidden tool call rate" in table.stdout and "red flag" in table.stdout
+    assert table.stdout.startswith("v2 vs v1: 4 signals worse, 2 better, 4 red flags")
     missing = runner.invoke(app, ["compare", "--baseline", "v1", "--candidate", "nope"])
     assert missing.exit_code == 2 and "no agent has conversations" in missing.output
 
@@ -179,7 +180,7 @@ def test_tau2_replay_pass_hat_k_end_to_end(sqlite_url, monkeypatch) -> None:
     from vigil.app.cli import app
 
     monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
-    runner = CliRunner()
+    runner = cli_runner()
     result = runner.invoke(app, ["replay", str(path), "--agent-version", "run-a"])
     assert result.exit_code == 0, result.output
     expected = independent_pass_hat(path)

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.services import free_port, missing, wait_port
+from tests.support.services import free_port, missing, scrape, wait_port
+from tests.support.waiting import scaled, wait_for
 from vigil.settings import PROJECT_ROOT
 
 pytestmark = pytest.mark.prometheus
@@ -109,9 +110,11 @@ def test_regression_reaches_firing_in_prometheus(tmp_path: Path) -> None:
         assert wait_port(vigil_port, 60), (tmp_path / "serve.log").read_text()[-3000:]
         assert wait_port(prom_port, 30), (tmp_path / "prometheus.log").read_text()[-3000:]
         simulate(env, url, "v1.4.0:0.0", 400, seed=1)
-        time.sleep(2)  # the detector folds v1.4.0 first: it becomes v1.5.0's baseline
+        # the detector folds v1.4.0 first (two ticks after it is stored): it becomes v1.5.0's baseline
+        ticks = scrape(vigil_port, "vigil_detector_ticks_total") or 0
+        wait_for(lambda: (scrape(vigil_port, "vigil_detector_ticks_total") or 0) >= ticks + 2, 30, 0.2, "two ticks")
         simulate(env, url, "v1.5.0:0.6", 600, seed=2)
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + scaled(90)
         got: dict[str, list[dict]] = {}
         while time.monotonic() < deadline:
             got = firing(prom_url)

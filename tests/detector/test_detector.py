@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select, update
-from typer.testing import CliRunner
 
 from tests.support.app import INGEST, REVIEWER, make_client, make_settings
+from tests.support.cli import cli_runner
 from vigil.app.runtime import build_runtime
 from vigil.app.wiring import wire
 from vigil.detector.counts import range_counts
@@ -235,11 +235,11 @@ def test_detector_command_runs_one_pass(sqlite_url, monkeypatch) -> None:
     store(rt, clean(20, "v1", 1))
     monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
     monkeypatch.setenv("VIGIL_DETECTOR_SETTLE_SECONDS", "0")
-    result = CliRunner().invoke(app, ["detector", "--once"])
+    result = cli_runner().invoke(app, ["detector", "--once"])
     assert result.exit_code == 0 and "leader" in result.output
     with rt.sessions() as s:
         assert s.scalar(select(func.sum(QualityCountRow.n)).where(QualityCountRow.signal == "tool_error")) == 20
-    listed = CliRunner().invoke(app, ["alerts", "--json"])
+    listed = cli_runner().invoke(app, ["alerts", "--json"])
     assert listed.exit_code == 0 and '"active": []' in listed.stdout.replace("\n", "").replace("  ", " ")
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
-from typer.testing import CliRunner
 
 from tests.support.app import REVIEWER, make_client, make_settings
+from tests.support.cli import cli_runner
 from tests.support.services import shared_data
 from vigil.app.cli import app
 from vigil.app.runtime import build_runtime
@@ -49,7 +49,7 @@ def _by_hand(path: Path, pack: str, hit) -> tuple[int, int, int, int]:  # type: 
 
 def test_evaluate_files_per_pack_rule_and_severity() -> None:
     path = shared_data(*AIRLINE)
-    runner = CliRunner()
+    runner = cli_runner()
     report = _json(
         runner.invoke(
             app,
@@ -112,7 +112,7 @@ def test_evaluate_stored_traffic_matches_files_and_api(sqlite_url: str) -> None:
     settings = make_settings(sqlite_url, rule_packs=packs)
     rt = build_runtime(settings, CollectorRegistry(), migrate=True)
     rt.pipeline.process(list(load_file(path)), "test")
-    runner = CliRunner()
+    runner = cli_runner()
     from_file = _json(
         runner.invoke(
             app,
@@ -146,7 +146,7 @@ def test_evaluate_stored_traffic_matches_files_and_api(sqlite_url: str) -> None:
 
 
 def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
-    runner = CliRunner()
+    runner = cli_runner()
     r = runner.invoke(app, ["rules", "evaluate", str(tmp_path / "absent.json")])
     assert r.exit_code == 2 and "no such file" in r.output
     junk = tmp_path / "junk.jsonl"

@@ -159,13 +159,27 @@ def test_native_export_schema_grading_redaction_and_dedupe(world) -> None:  # ty
     last_assistant = max(i for i, m in enumerate(convs[ids["clean"]].messages) if m.role == "assistant")
     assert clean["failure"]["message_index"] == last_assistant
 
+    # only findings at or above VIGIL_EXPORT_MIN_CRITERION_SEVERITY (medium) became hard criteria
+    assert rt.settings.export_min_criterion_severity == "medium"
+    below = 0
+    for task in tasks:
+        severity = {r["rule_id"]: r["severity"] for r in task["failure"]["rules"]}
+        below += sum(s in ("info", "low") for s in severity.values())
+        assert all(severity[g["rule_id"]] not in ("info", "low") for g in task["grading"] if g.get("rule_id"))
+    assert below  # some findings were below the floor: reported in failure.rules, never criteria
+
     raw = b"".join(orjson.dumps(x) for x in tasks).decode()
-    assert list(find_pii(raw, ["email", "phone", "card"])) == []
+    assert find_pii(raw, ["email", "phone", "card"]) == []
     assert not re.search(USER_ID, raw)
     assert "jane.doe@example.com" not in raw and "4111 1111 1111 1111" not in raw and "415-555-0132" not in raw
     for kind in ("email", "phone", "card", "user_id"):
         assert f"[REDACTED:{kind}]" in raw
-    emails = {m.group(0) for conv in convs.values() for msg in conv.messages for _, m in find_pii(msg.text, ["email"])}
+    emails = {
+        msg.text[f.start : f.end]
+        for conv in convs.values()
+        for msg in conv.messages
+        for f in find_pii(msg.text, ["email"])
+    }
     assert emails and not any(e in raw for e in emails)
 
 
@@ -313,8 +327,7 @@ def test_verifiers_rows_are_verifiers_task_data(world, tmp_path: Path) -> None: 
 
 
 def test_cli_export_writes_file_and_rejects_bad_input(world, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from typer.testing import CliRunner
-
+    from tests.support.cli import cli_runner
     from vigil.app.cli import app
 
     rt, _, _, _, _ = world
@@ -322,15 +335,15 @@ def test_cli_export_writes_file_and_rejects_bad_input(world, tmp_path: Path, mon
     monkeypatch.setenv("VIGIL_RULE_PACKS", rt.settings.rule_packs)
     monkeypatch.setenv("VIGIL_EXPORT_REDACT_PATTERNS", '{"user_id": "' + USER_ID.replace("\\", "\\\\") + '"}')
     out = tmp_path / "tasks.jsonl"
-    r = CliRunner().invoke(app, ["export", "--format", "native", "--out", str(out)])
+    r = cli_runner().invoke(app, ["export", "--format", "native", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert len(_lines(out.read_bytes())) == 3 and "watermark" in r.output
-    r = CliRunner().invoke(app, ["export", "--out", str(out)])
+    r = cli_runner().invoke(app, ["export", "--out", str(out)])
     assert r.exit_code == 0 and _lines(out.read_bytes()) == []
-    r = CliRunner().invoke(app, ["export", "--format", "yaml"])
+    r = cli_runner().invoke(app, ["export", "--format", "yaml"])
     assert r.exit_code == 2 and "format must be one of" in r.output
     monkeypatch.setenv("VIGIL_EXPORT_REDACT_PATTERNS", '{"bad": "("}')
-    r = CliRunner().invoke(app, ["export"])
+    r = cli_runner().invoke(app, ["export"])
     assert r.exit_code == 2 and "invalid regex" in r.output
 
 

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections import Counter
 
@@ -17,7 +16,8 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select
 
 from tests.support.app import make_settings
-from tests.support.services import create_topic
+from tests.support.services import create_topic, free_port, scrape
+from tests.support.waiting import scaled, wait_for
 from vigil.app.runtime import build_runtime
 from vigil.ingest.kafka import ConsumerWorker, kafka_consumer, kafka_producer
 from vigil.ingest.simulate import Simulator, parse_versions
@@ -28,7 +28,13 @@ from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres]
 
-FAST = {"kafka_max_poll_interval_ms": 4000, "kafka_session_timeout_ms": 3000, "kafka_poll_timeout_ms": 200}
+# short group timeouts so a dead consumer's partitions move quickly; stretched on a busy machine, where a
+# batch can take longer than an idle machine's poll interval
+FAST = {
+    "kafka_max_poll_interval_ms": int(scaled(4000)),
+    "kafka_session_timeout_ms": int(scaled(3000)),
+    "kafka_poll_timeout_ms": 200,
+}
 
 
 def topic_settings(bootstrap: str, db: str, topic: str, group: str, **extra: object):  # type: ignore[no-untyped-def]
@@ -53,15 +59,6 @@ def produce(bootstrap: str, topic: str, convs: list[dict]) -> None:
 def count(rt, model=ConversationRow) -> int:  # type: ignore[no-untyped-def]
     with rt.sessions() as s:
         return s.scalar(select(func.count()).select_from(model)) or 0
-
-
-def wait_for(pred, timeout: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def expected_findings(convs: list[dict]) -> int:
@@ -92,7 +89,7 @@ def test_two_consumers_in_one_group_split_the_partitions(kafka, pg_url) -> None:
         ), "group never balanced over both consumers"
         convs = list(Simulator(parse_versions("v1:0.3"), seed=11).stream(400))
         produce(kafka, topic, convs)
-        assert wait_for(lambda: count(rt1) == 400, 60)
+        wait_for(lambda: count(rt1) == 400, 60, what="400 stored conversations")
         a1, a2 = {tp.partition for tp in c1.assignment()}, {tp.partition for tp in c2.assignment()}
         assert a1.isdisjoint(a2) and a1 | a2 == {0, 1, 2, 3}
         assert w1.stored_batches > 0 and w2.stored_batches > 0
@@ -184,9 +181,8 @@ def test_killing_a_consumer_mid_stream_loses_and_doubles_nothing(kafka, pg_url, 
         VIGIL_KAFKA_BOOTSTRAP_SERVERS=kafka,
         VIGIL_KAFKA_CONVERSATIONS_TOPIC=topic,
         VIGIL_KAFKA_GROUP_ID=group,
-        VIGIL_METRICS_PORT="0",
-        VIGIL_KAFKA_MAX_POLL_INTERVAL_MS="4000",
-        VIGIL_KAFKA_SESSION_TIMEOUT_MS="3000",
+        VIGIL_KAFKA_MAX_POLL_INTERVAL_MS=str(FAST["kafka_max_poll_interval_ms"]),
+        VIGIL_KAFKA_SESSION_TIMEOUT_MS=str(FAST["kafka_session_timeout_ms"]),
         VIGIL_KAFKA_BATCH_SIZE="50",
         VIGIL_API_KEYS="a:admin:k",
         VIGIL_LOG_LEVEL="WARNING",
@@ -194,18 +190,35 @@ def test_killing_a_consumer_mid_stream_loses_and_doubles_nothing(kafka, pg_url, 
     )
     cmd = [sys.executable, "-m", "vigil.app.cli", "consume"]
     logs = [open(tmp_path / f"c{i}.log", "wb") for i in range(2)]  # noqa: SIM115  (closed in finally)
+    ports = [free_port() for _ in range(2)]
     procs = [
-        subprocess.Popen(cmd, env=env, stdout=logs[i], stderr=subprocess.STDOUT, cwd=PROJECT_ROOT) for i in range(2)
+        subprocess.Popen(
+            cmd,
+            env={**env, "VIGIL_METRICS_PORT": str(ports[i])},
+            stdout=logs[i],
+            stderr=subprocess.STDOUT,
+            cwd=PROJECT_ROOT,
+        )
+        for i in range(2)
     ]
+
+    def assigned(i: int) -> float:
+        assert procs[i].poll() is None, f"consumer {i} exited: {(tmp_path / f'c{i}.log').read_text()[-2000:]}"
+        return scrape(ports[i], "vigil_consumer_assigned_partitions") or 0
+
     try:
+        # start-up (imports, migrations) and the group join take as long as they take on this machine:
+        # the kill waits until both consumers hold partitions, then until the victim has stored
+        wait_for(lambda: assigned(0) and assigned(1), 120, 0.2, "both consumers to join the group")
         convs = list(Simulator(parse_versions("v1:0.2,v2:0.4"), seed=21).stream(3000))
         produce(kafka, topic, convs[:1500])
-        assert wait_for(lambda: count(rt) >= 200, 90), "consumers never started storing"
+        victim = "vigil_conversations_processed_total"
+        wait_for(lambda: scrape(ports[0], victim), 60, 0.2, "the first consumer to store")
+        wait_for(lambda: count(rt) >= 200, 60, 0.2, "200 stored conversations")
         procs[0].send_signal(signal.SIGKILL)
-        procs[0].wait(10)
+        procs[0].wait(scaled(10))
         produce(kafka, topic, convs[1500:])
-        assert wait_for(lambda: count(rt) == 3000, 120), f"only {count(rt)} of 3000 stored"
-        time.sleep(1.0)
+        wait_for(lambda: count(rt) >= 3000, 120, 0.2, "all 3,000 conversations")
         assert count(rt) == 3000
         with rt.sessions() as sess:
             ids = set(sess.scalars(select(ConversationRow.conversation_id)).all())

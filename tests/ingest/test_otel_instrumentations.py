@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from sqlalchemy import select
 from tests.support.app import make_settings
 from tests.support.fake_openai import Script, fake_openai
 from tests.support.services import free_port, wait_port
+from tests.support.waiting import wait_for as wait_until
 from vigil.app.runtime import build_runtime
 from vigil.app.server import build_app
 from vigil.app.wiring import wire
@@ -83,13 +83,7 @@ def run_agent(v: Vigil, instrumentation: str, *extra: str) -> str:
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(check, timeout, 0.1, what)
 
 
 def finished_conversation(rt: Runtime, agent: str) -> ConversationRow:

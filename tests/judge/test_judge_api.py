@@ -13,6 +13,7 @@ from sqlalchemy import select
 
 from tests.support.app import ADMIN, INGEST, REVIEWER, make_client, make_settings
 from tests.support.judge_fakes import Scripted, judge_dir
+from tests.support.waiting import scaled, wait_for
 from vigil.app.runtime import build_runtime
 from vigil.ingest.simulate import Simulator, parse_versions
 from vigil.judge import store
@@ -36,16 +37,6 @@ def runtime(tmp_path: Path, client: Any = None, mode: str = "offline", **judge: 
 
 def sim(n: int, versions: str = "v1:0.5", seed: int = 2) -> list[dict[str, Any]]:
     return list(Simulator(parse_versions(versions), seed).stream(n))
-
-
-def wait_for(fn, timeout: float = 15.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def test_serve_judges_in_process_and_shows_offline_verdicts(tmp_path: Path) -> None:
@@ -192,7 +183,7 @@ def test_pairwise_is_bounded_and_respects_the_circuit_and_concurrency(tmp_path: 
         f"sqlite:///{tmp_path / 'v.db'}",
         judges_dir=str(jd),
         judge_mode="live",
-        judge_retry_base_seconds=30.0,  # the worker's backoff; an HTTP caller must not wait for it
+        judge_retry_base_seconds=300.0,  # the worker's backoff; an HTTP caller must not wait for it
         judge_circuit_failures=4,
         judge_circuit_cooldown_seconds=600,
     )
@@ -205,8 +196,8 @@ def test_pairwise_is_bounded_and_respects_the_circuit_and_concurrency(tmp_path: 
         t0 = time.monotonic()
         r = c.post("/v1/judges/tj/pairwise", json=body, headers=REVIEWER)
         assert r.status_code == 502 and "server_error" in r.json()["detail"]
-        assert time.monotonic() - t0 < 10
-        assert len(client.calls) == 4  # each order: one call and one retry
+        assert time.monotonic() - t0 < scaled(10)  # far under the worker's 300 s backoff
+        assert len(client.calls) == 4  # each order: one call and one retry (both orders end before the answer)
         assert client.max_in_flight == 1  # under the judge's concurrency limit, like the worker
         # four failures in a row opened the circuit: the next request is refused at once, with no call
         r = c.post("/v1/judges/tj/pairwise", json=body, headers=REVIEWER)

@@ -7,8 +7,8 @@ from pathlib import Path
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
-from typer.testing import CliRunner
 
+from tests.support.cli import cli_runner
 from tests.support.judge_fakes import judge_dir
 from vigil.app.cli import app
 from vigil.app.runtime import build_runtime
@@ -36,7 +36,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 
 def test_validate_list_run_and_worker_once(env: Settings, tmp_path: Path) -> None:
-    runner = CliRunner()
+    runner = cli_runner()
     out = runner.invoke(app, ["judge", "validate"])
     assert out.exit_code == 0 and "ok: tj v3" in out.output
     rt = build_runtime(env, registry=CollectorRegistry())
@@ -66,7 +66,7 @@ def test_validate_list_run_and_worker_once(env: Settings, tmp_path: Path) -> Non
 
 def test_invalid_definition_fails_with_file_and_field(env: Settings, tmp_path: Path) -> None:
     judge_dir(tmp_path / "judges", name="broken", limits={"rpm": 0})
-    out = CliRunner().invoke(app, ["judge", "validate"])
+    out = cli_runner().invoke(app, ["judge", "validate"])
     assert out.exit_code == 2 and "broken/judge.yaml: limits.rpm" in out.output.replace("\n", "")
 
 
@@ -101,7 +101,7 @@ def test_worker_once_does_not_wait_for_an_open_circuit(
     )
     rt.close()
     t0 = time.monotonic()
-    out = CliRunner().invoke(app, ["judge-worker", "--once"])
+    out = cli_runner().invoke(app, ["judge-worker", "--once"])
     assert out.exit_code == 3, out.output  # work is blocked: a scheduled run must not look successful
     assert time.monotonic() - t0 < 60  # not the hour-long cooldown
     assert "0 verdicts stored" in out.output and "judge tj is circuit_open" in out.output
@@ -125,24 +125,24 @@ def test_worker_once_exits_non_zero_when_a_configuration_error_blocks_work(
         [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:0.0"), 4).stream(2)], "test"
     )
     rt.close()
-    out = CliRunner().invoke(app, ["judge-worker", "--once"])
+    out = cli_runner().invoke(app, ["judge-worker", "--once"])
     assert out.exit_code == 3, out.output
     assert "judge tj is stopped_config_error" in out.output and "(2 requests wait)" in out.output
     monkeypatch.setenv("VIGIL_JUDGE_MODE", "offline")  # nothing blocks: the same queue is judged, exit 0
-    out = CliRunner().invoke(app, ["judge-worker", "--once"])
+    out = cli_runner().invoke(app, ["judge-worker", "--once"])
     assert out.exit_code == 0 and "2 verdicts stored" in out.output, out.output
 
 
 def test_judge_list_shows_a_budget_under_a_cent(env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     jd = judge_dir(tmp_path / "cheap", limits={"rpm": 60, "concurrency": 2, "daily_budget_usd": 0.004})
     monkeypatch.setenv("VIGIL_JUDGES_DIR", str(jd))
-    out = CliRunner().invoke(app, ["judge", "list"])
+    out = cli_runner().invoke(app, ["judge", "list"])
     assert out.exit_code == 0, out.output
     assert "$0.004" in out.output  # the cap; today's spend (none) is $0.00
 
 
 def test_judge_list_json(env: Settings) -> None:
-    out = CliRunner().invoke(app, ["judge", "list", "--json"])
+    out = cli_runner().invoke(app, ["judge", "list", "--json"])
     assert out.exit_code == 0, out.output
     [j] = orjson.loads(out.stdout)
     assert j["name"] == "tj" and j["mode"] and "queue_depth" in j and "spent_today_usd" in j

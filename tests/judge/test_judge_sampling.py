@@ -47,10 +47,10 @@ class Clock:
         return self.now
 
 
-def _runtime(tmp_path: Path, **judge):  # type: ignore[no-untyped-def]
+def _runtime(tmp_path: Path, settings: dict[str, object] | None = None, **judge):  # type: ignore[no-untyped-def]
     jd = judge_dir(tmp_path / "judges", **judge)
     rt = build_runtime(
-        make_settings(f"sqlite:///{tmp_path / 'v.db'}", judges_dir=str(jd), judge_mode="offline"),
+        make_settings(f"sqlite:///{tmp_path / 'v.db'}", judges_dir=str(jd), judge_mode="offline", **(settings or {})),
         registry=CollectorRegistry(),
     )
     rt.roles = frozenset({"api"})
@@ -200,6 +200,48 @@ def test_minimum_judged_per_agent_version_per_hour(tmp_path: Path) -> None:
     clock.now += timedelta(hours=1)
     rt.pipeline.process(_convs(10, "v1:0.0", seed=4), "test")
     assert len(_requests(rt)) == 9
+
+
+def _distinct_versions(n: int, seed: int) -> list[Conversation]:
+    return [c.model_copy(update={"agent_version": f"build-{seed}-{i}"}) for i, c in enumerate(_convs(n, seed=seed))]
+
+
+def test_distinct_versions_cost_the_sample_rate_not_one_request_each(tmp_path: Path) -> None:
+    """3,000 conversations, each of its own agent version: about 2% are judged, plus a bounded floor."""
+    sampling = {"rate": 0.02, "min_per_agent_version_per_hour": 5, "always_judge_severity": None}
+    convs = _distinct_versions(3000, seed=11)
+    sampled = sum(is_sampled(c.conversation_id, "t-v1", 0.02) for c in convs)
+    assert 40 < sampled < 80
+
+    def floor_requests(name: str, **settings: object) -> int:
+        rt, _, _ = _runtime(tmp_path / name, settings=settings, sampling={**sampling, "negative_outcomes": None})
+        for i in range(0, len(convs), 500):
+            rt.pipeline.process(convs[i : i + 500], "test")
+        reasons = [r.reason for r in _requests(rt)]
+        assert reasons.count("sampled") == sampled
+        assert set(reasons) <= {"sampled", "min_per_hour"}
+        rt.close()
+        return reasons.count("min_per_hour")
+
+    # the floor goes to versions within the label budget (50 by default), not to all 3,000
+    assert 40 <= floor_requests("budget", judge_min_versions=10_000, judge_min_per_hour_cap=10_000) <= 50
+    # or to the first N versions of the hour
+    assert 5 <= floor_requests("top", judge_min_versions=10) <= 10
+    # and never above the hourly cap, however large the label budget
+    assert floor_requests("cap", max_label_values=10_000, judge_min_versions=10_000, judge_min_per_hour_cap=25) == 25
+
+
+def test_a_version_within_the_budget_still_gets_its_minimum_among_a_flood(tmp_path: Path) -> None:
+    sampling = {"rate": 0.0, "min_per_agent_version_per_hour": 3, "always_judge_severity": None}
+    rt, _, _ = _runtime(tmp_path, settings={"judge_min_versions": 5}, sampling=sampling)
+    rt.pipeline.process(_convs(10, "v1:0.0", seed=1), "test")  # the long-lived version arrives first
+    rt.pipeline.process(_distinct_versions(500, seed=2), "test")
+    rt.pipeline.process(_convs(10, "v1:0.0", seed=3), "test")
+    per_version: dict[str, int] = {}
+    for r in _requests(rt):
+        per_version[r.agent_version] = per_version.get(r.agent_version, 0) + 1
+    assert per_version.pop("v1") == 3
+    assert len(per_version) == 4 and set(per_version.values()) == {1}  # four more versions, one conversation each
 
 
 def _metric(rt, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -11,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import select
 
 from tests.support.app import ADMIN, INGEST, REVIEWER, make_client, make_settings
+from tests.support.waiting import wait_for
 from vigil.app.runtime import build_runtime
 from vigil.ingest.simulate import Simulator, parse_versions
 from vigil.outcomes.ingest import OutcomeStore
@@ -334,9 +334,7 @@ def test_outcomes_topic_handler_on_a_real_broker(kafka, sqlite_url) -> None:
     worker = ConsumerWorker(rt, kafka_consumer(rt, list(handlers)), handlers)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and dead_count(rt) < 3:
-        time.sleep(0.2)
+    wait_for(lambda: dead_count(rt) >= 3, 60, 0.2, "three dead letters")
     worker.stop()
     thread.join(15)
     got = links(rt)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 from typer.testing import CliRunner
 
+from tests.support.cli import cli_runner
 from tests.support.review import review_runtime, simulated, store
 from vigil.app.cli import app
 from vigil.review.stage import ReviewStage
@@ -16,7 +17,7 @@ def test_review_commands(sqlite_url, tmp_path, monkeypatch) -> None:
     store(rt, convs)
     rt.close()
     monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
-    runner = CliRunner()
+    runner = cli_runner()
     ids = [c["conversation_id"] for c in convs[:2]]
     r = runner.invoke(app, ["review", "enqueue", *ids, "missing-id", "--note", "from a ticket"])
     assert r.exit_code == 1 and "missing-id" in r.output

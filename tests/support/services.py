@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.waiting import scaled
+
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # beside the checkout (../shared/data), or wherever VIGIL_SHARED_DATA says
 SHARED_DATA = Path(os.environ.get("VIGIL_SHARED_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data")
@@ -43,13 +45,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_port(port: int, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
+def wait_port(port: int, timeout: float = 60.0) -> bool:
+    """True once something listens on ``port``; False after ``scaled(timeout)`` (a started process's
+    imports and migrations take what the machine gives them)."""
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
             return True
         time.sleep(0.1)
     return False
+
+
+def scrape(port: int, metric: str) -> float | None:
+    """Sum of ``metric``'s series on a process's ``/metrics`` (None: not answering or no such series)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=scaled(2)) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    total = None
+    for line in text.splitlines():
+        if line.startswith((metric + " ", metric + "{")):
+            total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def tansu_binary() -> str | None:

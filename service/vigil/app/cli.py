@@ -21,11 +21,13 @@ app.add_typer(db_app, name="db")
 
 
 def _build(settings: Settings, roles: frozenset[str] | None) -> Runtime:
-    from vigil.app.runtime import build_runtime
+    from vigil.app.runtime import build_runtime, settle_heap
     from vigil.app.wiring import wire
 
     rt = build_runtime(settings, roles=roles or ("replay",))
-    return wire(rt) if roles is not None else rt
+    rt = wire(rt) if roles is not None else rt
+    settle_heap()
+    return rt
 
 
 def _serve_metrics(rt: Runtime) -> None:

@@ -164,7 +164,9 @@ class Pipeline:
             self.sessions.begin() as session,
         ):
             stored = store_conversations(session, checked)
-            new_dead = store_dead_letters(session, dead, self.settings.dead_letter_raw_bytes)
+            new_dead = store_dead_letters(
+                session, dead, self.settings.dead_letter_raw_bytes, self.settings.dead_letter_batch_raw_bytes
+            )
             store_span.set_attribute("vigil.stored", len(stored))
             for stage in self.downstream:
                 with span(f"vigil.stage.{type(stage).__name__}"):

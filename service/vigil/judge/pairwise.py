@@ -89,10 +89,17 @@ async def compare(
     """Judge A against B in both orders, store the comparison, and return it as a dict."""
     lane = engine.lanes[judge_name]
     t0 = time.perf_counter()
-    first, second = await asyncio.gather(
+    # both orders run to their end before an error is raised: a failed order never leaves the other
+    # calling the model (and spending) after the caller has its answer
+    outcomes = await asyncio.gather(
         _ask(engine, lane, input_text, answer_a, answer_b),
         _ask(engine, lane, input_text, answer_b, answer_a),
+        return_exceptions=True,
     )
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    first, second = [o for o in outcomes if not isinstance(o, BaseException)]
     latency = (time.perf_counter() - t0) * 1000
     c1, c2 = first["choice"], second["choice"]
     one = _FORWARD[c1.choice] if c1.choice else None

@@ -12,12 +12,12 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session, aliased, load_only
 
 from vigil.judge import store
 from vigil.judge.definitions import Judge
 from vigil.judge.models import JudgeRequestRow
-from vigil.metrics import Metrics
+from vigil.metrics import OTHER, Metrics
 from vigil.store.db import utcnow
 from vigil.store.models import ConversationRow
 from vigil.store.writes import Checked
@@ -39,12 +39,23 @@ class JudgeSampler:
     """The pipeline's downstream stage that enqueues judge requests (``on_stored``), and the outcome
     listener that enqueues one when a negative outcome arrives for a stored conversation."""
 
-    def __init__(self, judges: dict[str, Judge], metrics: Metrics, clock: Callable[[], datetime] = utcnow) -> None:
+    def __init__(
+        self,
+        judges: dict[str, Judge],
+        metrics: Metrics,
+        clock: Callable[[], datetime] = utcnow,
+        min_versions: int = 50,
+        min_per_hour_cap: int = 250,
+    ) -> None:
         self.judges = judges
         self.metrics = metrics
         self.clock = clock
+        self.min_versions = min_versions
+        self.min_per_hour_cap = min_per_hour_cap
         self._hour: datetime | None = None
+        # (judge, agent, version) → conversations first requested this hour; only versions given the floor
         self._per_hour: dict[tuple[str, str, str], int] = {}
+        self._floor_used: dict[str, int] = {}  # judge → this hour's min_per_hour requests (all versions)
         self._needs_stored_outcomes = any(j.spec.sampling.negative_outcomes for j in judges.values())
 
     def on_stored(self, session: Session, stored: Sequence[Checked]) -> None:
@@ -59,6 +70,7 @@ class JudgeSampler:
         negative = self._stored_outcomes(session, stored)
         # only a conversation stored before can have requests; a first revision needs no lookup
         prior = store.requests_for(session, self.judges, [i.conversation.conversation_id for i in stored if i.replaced])
+        self._load_floor(session, stored, now)
         rows: list[dict[str, Any]] = []
         eligible: dict[tuple[str, str, str], int] = {}
         for item in stored:
@@ -80,6 +92,8 @@ class JudgeSampler:
                     reason = reason or picked[0].reason
                 elif reason and not earlier:
                     self._bump(judge.name, c.agent_id, c.agent_version)
+                    if reason == "min_per_hour":
+                        self._floor_used[judge.name] = self._floor_used.get(judge.name, 0) + 1
                 if reason:
                     rows.append(
                         self._row(
@@ -106,9 +120,11 @@ class JudgeSampler:
         floor: bool = True,
     ) -> str | None:
         c = item.conversation
-        minimum = judge.spec.sampling.min_per_agent_version_per_hour if floor else 0
-        # loaded first so that this batch's own requests, whatever their reason, count toward the floor
-        seen = self._hour_count(session, judge, c.agent_id, c.agent_version, now) if minimum else 0
+        key = (judge.name, c.agent_id, c.agent_version)
+        # only a version given the floor this hour has a count (loaded before this batch's own requests,
+        # so that those, whatever their reason, count toward it)
+        minimum = judge.spec.sampling.min_per_agent_version_per_hour if floor and key in self._per_hour else 0
+        seen = self._per_hour.get(key, 0)
         if any(judge.severity_triggers(f.severity) for f in item.findings if not f.details.get("rule_error")):
             return "flagged"
         neg = judge.spec.sampling.negative_outcomes
@@ -118,40 +134,72 @@ class JudgeSampler:
                 return "outcome"
         if is_sampled(c.conversation_id, judge.salt, judge.spec.sampling.rate):
             return "sampled"
-        if minimum and seen < minimum:
+        if minimum and seen < minimum and self._floor_used.get(judge.name, 0) < self.min_per_hour_cap:
             return "min_per_hour"
         return None
 
-    def _hour_count(self, session: Session, judge: Judge, agent: str, version: str, now: datetime) -> int:
-        """Conversations of this agent version first requested by ``judge`` this hour (not revisions)."""
+    def _load_floor(self, session: Session, stored: Sequence[Checked], now: datetime) -> None:
+        """Give this batch's new versions the hourly minimum while places are free, and load the counts.
+
+        A version gets the floor only if it is within the agent_version label budget and among the first
+        ``min_versions`` of the hour, so a flood of distinct versions costs no more judge requests than
+        the sample rate. A fixed number of statements per judge, whatever the number of versions.
+        """
         hour = now.replace(minute=0, second=0, microsecond=0)
         if hour != self._hour:
-            self._hour, self._per_hour = hour, {}
-        key = (judge.name, agent, version)
-        if key not in self._per_hour:
-            R, older = JudgeRequestRow, aliased(JudgeRequestRow)
-            earlier = (
-                select(older.id)
-                .where(
-                    older.judge == R.judge,
-                    older.conversation_id == R.conversation_id,
-                    older.created_at < hour,
-                )
-                .exists()
-            )
-            self._per_hour[key] = (
+            self._hour, self._per_hour, self._floor_used = hour, {}, {}
+        for judge in self.judges.values():
+            if not judge.spec.sampling.min_per_agent_version_per_hour:
+                continue
+            admitted = sum(1 for k in self._per_hour if k[0] == judge.name)
+            new: set[tuple[str, str]] = set()
+            for item in stored:
+                c = item.conversation
+                key = (judge.name, c.agent_id, c.agent_version)
+                if key in self._per_hour or (c.agent_id, c.agent_version) in new:
+                    continue
+                if admitted + len(new) >= self.min_versions or not judge.applies(c.agent_id, c.agent_version):
+                    continue
+                if self.metrics.version(c.agent_version) == OTHER or self.metrics.agent(c.agent_id) == OTHER:
+                    continue  # outside the label budget: a version nobody can chart gets the sample rate alone
+                new.add((c.agent_id, c.agent_version))
+            counts = self._hour_counts(session, judge, new, hour) if new else {}
+            for agent, version in new:
+                self._per_hour[(judge.name, agent, version)] = counts.get((agent, version), 0)
+            # other replicas take floor requests too: the cap is read from the database every batch
+            self._floor_used[judge.name] = (
                 session.scalar(
-                    select(func.count(func.distinct(R.conversation_id))).where(
-                        R.judge == judge.name,
-                        R.agent_id == agent,
-                        R.agent_version == version,
-                        R.created_at >= hour,
-                        ~earlier,
+                    select(func.count(JudgeRequestRow.id)).where(
+                        JudgeRequestRow.judge == judge.name,
+                        JudgeRequestRow.reason == "min_per_hour",
+                        JudgeRequestRow.created_at >= hour,
                     )
                 )
                 or 0
             )
-        return self._per_hour[key]
+
+    @staticmethod
+    def _hour_counts(
+        session: Session, judge: Judge, keys: set[tuple[str, str]], hour: datetime
+    ) -> dict[tuple[str, str], int]:
+        """Conversations of each agent version first requested by ``judge`` this hour (not revisions)."""
+        R, older = JudgeRequestRow, aliased(JudgeRequestRow)
+        earlier = (
+            select(older.id)
+            .where(older.judge == R.judge, older.conversation_id == R.conversation_id, older.created_at < hour)
+            .exists()
+        )
+        rows = session.execute(
+            select(R.agent_id, R.agent_version, func.count(func.distinct(R.conversation_id)))
+            .where(
+                R.judge == judge.name,
+                R.agent_version.in_({v for _, v in keys}),
+                R.created_at >= hour,
+                ~earlier,
+            )
+            .group_by(R.agent_id, R.agent_version)
+        ).all()
+        return {(a, v): n for a, v, n in rows if (a, v) in keys}
 
     def _stored_outcomes(self, session: Session, stored: Sequence[Checked]) -> dict[str, list[tuple[str, float]]]:
         """Outcomes that arrived before their conversation (joined here, since the listener saw no row)."""
@@ -226,9 +274,18 @@ class JudgeSampler:
             return
         now = self.clock()
         ids = {o.conversation_id for o in outcomes}
+        cols = load_only(
+            ConversationRow.conversation_id,
+            ConversationRow.revision,
+            ConversationRow.agent_id,
+            ConversationRow.agent_version,
+            ConversationRow.status,
+        )  # never the document: a listener runs in the batch that just wrote it
         convs = {
             c.conversation_id: c
-            for c in session.scalars(select(ConversationRow).where(ConversationRow.conversation_id.in_(ids))).all()
+            for c in session.scalars(
+                select(ConversationRow).options(cols).where(ConversationRow.conversation_id.in_(ids))
+            ).all()
         }
         rows: list[dict[str, Any]] = []
         for o in outcomes:

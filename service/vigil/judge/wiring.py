@@ -31,7 +31,12 @@ def wire(rt: Runtime, client: LLMClient | None = None) -> JudgeStage:
     override = rt.find(ClientOverride)
     client = client or (override.client if override else None)
     engine = JudgeEngine(rt.settings, judges, rt.metrics, rt.sessions, client)
-    sampler = JudgeSampler(judges, rt.metrics)
+    sampler = JudgeSampler(
+        judges,
+        rt.metrics,
+        min_versions=rt.settings.judge_min_versions,
+        min_per_hour_cap=rt.settings.judge_min_per_hour_cap,
+    )
     stage = JudgeStage(engine, sampler)
     if judges:
         rt.hooks.downstream.append(sampler)

@@ -241,7 +241,9 @@ class OutcomeStore:
             if conflicts:
                 body = raw if raw is not None else orjson.dumps([items[e.index] for e in conflicts])
                 dead.append(DeadLetter(source, "idempotency_conflict", _detail(conflicts), body))
-            store_dead_letters(session, dead, self.settings.dead_letter_raw_bytes)
+            store_dead_letters(
+                session, dead, self.settings.dead_letter_raw_bytes, self.settings.dead_letter_batch_raw_bytes
+            )
         self._count_dead(dead)
         errors = sorted(errors + conflicts, key=lambda e: e.index)
         return OutcomeBatch(len(items), len(result.new), result.duplicates, errors)
@@ -301,7 +303,9 @@ class OutcomeStore:
                         env.key,
                     )
                 )
-            store_dead_letters(session, dead, self.settings.dead_letter_raw_bytes)
+            store_dead_letters(
+                session, dead, self.settings.dead_letter_raw_bytes, self.settings.dead_letter_batch_raw_bytes
+            )
         self._count_dead(dead)
         total.stored, total.duplicates = len(result.new), result.duplicates
         return total
@@ -314,7 +318,9 @@ class OutcomeStore:
     def ingest_dead(self, letter: DeadLetter) -> None:
         """Keep a body that could not be read at all."""
         with self.sessions.begin() as session:
-            store_dead_letters(session, [letter], self.settings.dead_letter_raw_bytes)
+            store_dead_letters(
+                session, [letter], self.settings.dead_letter_raw_bytes, self.settings.dead_letter_batch_raw_bytes
+            )
         self._count_dead([letter])
 
     def _count_dead(self, dead: list[DeadLetter]) -> None:

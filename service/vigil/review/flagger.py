@@ -190,20 +190,27 @@ class Flagger:
 
     @staticmethod
     def _fill_agents(session: Session, agents: dict[str, tuple[str, str]]) -> list[str]:
-        """Items flagged by an outcome before their conversation arrived become claimable now; returns them."""
-        groups: dict[tuple[str, str], list[str]] = defaultdict(list)
-        for cid, agent_version in agents.items():
-            groups[agent_version].append(cid)
+        """Items flagged by an outcome before their conversation arrived become claimable now; returns them.
+
+        One statement whatever the number of distinct agents and versions in the batch: the stored
+        conversation row (written earlier in this transaction) supplies each item's agent and version.
+        """
+        if not agents:
+            return []
         items = ReviewItemRow.__table__
-        filled: list[str] = []
-        for (agent, version), cids in groups.items():
-            filled += session.scalars(
+        conv = ConversationRow.__table__
+        of = conv.c.conversation_id == items.c.conversation_id
+        return list(
+            session.scalars(
                 update(items)
-                .where(items.c.conversation_id.in_(cids), items.c.agent_id.is_(None))
-                .values(agent_id=agent, agent_version=version)
+                .where(items.c.conversation_id.in_(list(agents)), items.c.agent_id.is_(None))
+                .values(
+                    agent_id=select(conv.c.agent_id).where(of).scalar_subquery(),
+                    agent_version=select(conv.c.agent_version).where(of).scalar_subquery(),
+                )
                 .returning(items.c.conversation_id)
             ).all()
-        return filled
+        )
 
     def _convs(self, session: Session, ids: Iterable[str]) -> dict[str, ConversationRow]:
         cols = load_only(

@@ -8,12 +8,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+import psycopg
 from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from vigil.rules import Finding, max_severity
 from vigil.schema import Conversation
-from vigil.store.db import upsert
+from vigil.store.db import aware, upsert
 from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow
 
 
@@ -27,6 +28,27 @@ class Checked:
     origin: Any = None  # the Envelope it came from, for dead-lettering it if the database rejects it
     replaced: bool = False  # set by the store: it superseded an older stored revision
     previous_findings: frozenset[tuple[str, str]] = frozenset()  # (rule_id, message) of that revision
+    received_at: datetime | None = None  # set by the store: the stored row's received_at
+
+    @property
+    def conversation_id(self) -> str:
+        return self.conversation.conversation_id
+
+    @property
+    def agent_id(self) -> str:
+        return self.conversation.agent_id
+
+    @property
+    def agent_version(self) -> str:
+        return self.conversation.agent_version
+
+    @property
+    def started_at(self) -> datetime | None:
+        return aware(self.conversation.started_at)
+
+    @property
+    def ended_at(self) -> datetime | None:
+        return aware(self.conversation.ended_at)
 
 
 @dataclass(slots=True)
@@ -67,9 +89,12 @@ def _upsert_conversations_pg(session: Session, rows: list[dict[str, Any]]) -> tu
     """Returns (applied ids, ids that replaced an older revision); xmax = 0 marks a fresh insert."""
     table = ConversationRow.__table__
     conn = session.connection()
+    ids = [r["conversation_id"] for r in rows]
+    if _copy_new_conversations(session, rows, ids):
+        return set(ids), set()
     conn.exec_driver_sql(
         "CREATE TEMP TABLE IF NOT EXISTS vigil_conversations_stage "
-        "(LIKE conversations INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+        "(LIKE conversations INCLUDING DEFAULTS INCLUDING COMPRESSION) ON COMMIT DELETE ROWS"
     )
     _pg_copy(session, table, rows, into="vigil_conversations_stage")  # type: ignore[arg-type]
     names = ", ".join(f'"{k}"' for k in rows[0])
@@ -81,6 +106,27 @@ def _upsert_conversations_pg(session: Session, rows: list[dict[str, Any]]) -> tu
     ).all()
     conn.exec_driver_sql("TRUNCATE vigil_conversations_stage")
     return {r[0] for r in result}, {r[0] for r in result if not r[1]}
+
+
+def _copy_new_conversations(session: Session, rows: list[dict[str, Any]], ids: list[str]) -> bool:
+    """The usual batch is all new conversations: COPY it straight into the table, without the staging
+    table and ``INSERT ... ON CONFLICT`` (which writes, and compresses, every document twice).
+
+    A row stored meanwhile by another writer (an HTTP ingest of the same id) fails the COPY on the
+    primary key; its savepoint is rolled back and the caller upserts instead. Returns whether it copied.
+    """
+    conn = session.connection()
+    taken = conn.exec_driver_sql(
+        "SELECT 1 FROM conversations WHERE conversation_id = ANY(%(ids)s) LIMIT 1", {"ids": ids}
+    ).first()
+    if taken is not None:
+        return False
+    try:
+        with session.begin_nested():
+            _pg_copy(session, ConversationRow.__table__, rows)  # type: ignore[arg-type]
+    except psycopg.errors.UniqueViolation:
+        return False
+    return True
 
 
 def _row(item: Checked, now: datetime) -> dict[str, object]:
@@ -147,6 +193,8 @@ def store_conversations(session: Session, items: Sequence[Checked]) -> list[Chec
     applied = [i for i in items if i.conversation.conversation_id in applied_ids]
     if not applied:
         return []
+    for i in applied:
+        i.received_at = now
     if replaced_ids:
         previous: dict[str, set[tuple[str, str]]] = {}
         old = select(FindingRow.conversation_id, FindingRow.rule_id, FindingRow.message).where(
@@ -217,29 +265,87 @@ def _store_inline_outcomes(session: Session, applied: list[Checked], now: dateti
         session.execute(ins.on_conflict_do_nothing(index_elements=["idempotency_key"]), outcome_rows)
 
 
-def store_dead_letters(session: Session, letters: Sequence[DeadLetter], keep_bytes: int) -> list[tuple[str, str]]:
-    """Insert dead letters (a redelivered Kafka position is kept once); returns (reason, source) of new rows."""
+def _spans(offsets: list[int]) -> str:
+    """``3, 5-9, 12``: offsets as runs."""
+    out: list[str] = []
+    for o in sorted(set(offsets)):
+        if out and out[-1].split("-")[-1] == str(o - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{o}"
+        else:
+            out.append(str(o))
+    return ", ".join(out)
+
+
+def group_dead_letters(letters: Sequence[DeadLetter]) -> list[DeadLetter]:
+    """One letter per (source, topic, partition, reason) of a batch, at the group's first position.
+
+    A consumer batch of 1,000 bad messages becomes one row per reason, not 1,000: its raw bytes are the
+    messages one per line, its detail names every offset (or key) and the distinct errors. A redelivered
+    batch starts at the same committed offset, so it forms the same groups (or longer ones, which
+    replace the shorter row: see :func:`store_dead_letters`).
+    """
+    groups: dict[tuple[str, str | None, int | None, str], list[DeadLetter]] = {}
+    for d in letters:
+        groups.setdefault((d.source, d.topic, d.partition, d.reason), []).append(d)
+    out: list[DeadLetter] = []
+    for (source, topic, partition, reason), group in groups.items():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        group.sort(key=lambda d: (d.offset is None, d.offset or 0))
+        first = group[0]
+        offsets = [d.offset for d in group if d.offset is not None]
+        where = (
+            f"offsets {_spans(offsets)}"
+            if len(offsets) == len(group)
+            else "keys " + ", ".join(str(d.key) for d in group)
+        )
+        errors = list(dict.fromkeys(d.detail for d in group))
+        detail = f"{len(group)} message(s) at {where}: " + " | ".join(errors)
+        raw = b"\n".join(d.raw for d in group)
+        out.append(DeadLetter(source, reason, detail, raw, topic, partition, first.offset, first.key))
+    return out
+
+
+def store_dead_letters(
+    session: Session, letters: Sequence[DeadLetter], keep_bytes: int, batch_bytes: int | None = None
+) -> list[tuple[str, str]]:
+    """Insert one batch's dead letters, grouped; returns (reason, source) of rows written.
+
+    Each row keeps at most ``keep_bytes`` of its raw bytes and all rows of the batch together at most
+    ``batch_bytes`` (``raw_size`` records the full size). A redelivered Kafka position is kept once;
+    a redelivered batch that grew replaces its shorter group.
+    """
     if not letters:
         return []
-    rows = [
-        {
-            "source": d.source,
-            "topic": d.topic,
-            "partition": d.partition,
-            "offset": d.offset,
-            "key": d.key[:512] if d.key else d.key,
-            "reason": d.reason,
-            "detail": d.detail[:4000],
-            "raw": d.raw[:keep_bytes],
-            "raw_size": len(d.raw),
-            "created_at": datetime.now(UTC),
-        }
-        for d in letters
-    ]
+    budget = keep_bytes * len(letters) if batch_bytes is None else batch_bytes
+    rows = []
+    for d in group_dead_letters(letters):
+        raw = d.raw[: max(0, min(keep_bytes, budget))]
+        budget -= len(raw)
+        rows.append(
+            {
+                "source": d.source,
+                "topic": d.topic,
+                "partition": d.partition,
+                "offset": d.offset,
+                "key": d.key[:512] if d.key else d.key,
+                "reason": d.reason,
+                "detail": d.detail[:4000],
+                "raw": raw,
+                "raw_size": len(d.raw),
+                "created_at": datetime.now(UTC),
+            }
+        )
     rows.sort(key=lambda r: (str(r["source"]), str(r["topic"] or ""), str(r["partition"]), str(r["offset"])))
     table = DeadLetterRow.__table__
-    ins = upsert(session, table).on_conflict_do_nothing(index_elements=["source", "topic", "partition", "offset"])
-    return [(r.reason, r.source) for r in session.execute(ins.returning(table.c.reason, table.c.source), rows)]
+    ins = upsert(session, table)
+    grown = ins.on_conflict_do_update(
+        index_elements=["source", "topic", "partition", "offset"],
+        set_={c: ins.excluded[c] for c in ("reason", "detail", "raw", "raw_size", "key")},
+        where=ins.excluded.raw_size > table.c.raw_size,
+    )
+    return [(r.reason, r.source) for r in session.execute(grown.returning(table.c.reason, table.c.source), rows)]
 
 
 def count_conversations(session: Session) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0009_console"
-down_revision = "0008"
+down_revision = "0009_triage"
 branch_labels = None
 depends_on = None
 
