@@ -14,7 +14,7 @@ from fastapi.responses import RedirectResponse, Response
 from vigil.app.home import charts, now, quality
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
-from vigil.ui.links import anchor, baseline_version, compare_link, quality_link, queue_link
+from vigil.ui.links import anchor, baseline_version, behind_link, compare_link, quality_link, queue_link
 from vigil.ui.render import render_page, ui_user
 
 root = APIRouter(include_in_schema=False)
@@ -48,6 +48,7 @@ def home_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
         title="Now",
         **data,
         queue_link=queue_link,
+        behind_link=behind_link,
         quality_link=quality_link,
         rate=rate,
         interval=interval,
