@@ -24,6 +24,7 @@ lint: $(BIN)/vigil
 
 bench: $(BIN)/vigil
 	$(BIN)/python -m bench.bench_pipeline
+	$(BIN)/python -m bench.bench_hotpath
 
 # Re-pin constraints.txt after changing dependencies in pyproject.toml (uv resolves what pip cannot).
 lock: $(BIN)/vigil

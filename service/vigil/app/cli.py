@@ -112,6 +112,9 @@ def serve(
         application = build_server_app(s, demo=demo, demo_rate=demo_rate, demo_versions=demo_versions, workers=workers)
     except VigilError as exc:
         fail(exc)
+    from vigil.app.runtime import settle_heap
+
+    settle_heap()
     uvicorn.run(application, host=host or s.host, port=port or s.port, log_level=s.log_level.lower())
 
 

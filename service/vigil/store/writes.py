@@ -92,9 +92,11 @@ def _upsert_conversations_pg(session: Session, rows: list[dict[str, Any]]) -> tu
     ids = [r["conversation_id"] for r in rows]
     if _copy_new_conversations(session, rows, ids):
         return set(ids), set()
+    # the stage keeps the column's compression (Postgres 14+): a value moves to the table as it was compressed
+    compression = (conn.dialect.server_version_info or (0,)) >= (14,)
+    like = "INCLUDING DEFAULTS" + (" INCLUDING COMPRESSION" if compression else "")
     conn.exec_driver_sql(
-        "CREATE TEMP TABLE IF NOT EXISTS vigil_conversations_stage "
-        "(LIKE conversations INCLUDING DEFAULTS INCLUDING COMPRESSION) ON COMMIT DELETE ROWS"
+        f"CREATE TEMP TABLE IF NOT EXISTS vigil_conversations_stage (LIKE conversations {like}) ON COMMIT DELETE ROWS"
     )
     _pg_copy(session, table, rows, into="vigil_conversations_stage")  # type: ignore[arg-type]
     names = ", ".join(f'"{k}"' for k in rows[0])
@@ -110,7 +112,7 @@ def _upsert_conversations_pg(session: Session, rows: list[dict[str, Any]]) -> tu
 
 def _copy_new_conversations(session: Session, rows: list[dict[str, Any]], ids: list[str]) -> bool:
     """The usual batch is all new conversations: COPY it straight into the table, without the staging
-    table and ``INSERT ... ON CONFLICT`` (which writes, and compresses, every document twice).
+    table and ``INSERT ... ON CONFLICT`` (which writes every document twice).
 
     A row stored meanwhile by another writer (an HTTP ingest of the same id) fails the COPY on the
     primary key; its savepoint is rolled back and the caller upserts instead. Returns whether it copied.
