@@ -227,6 +227,10 @@ def reads(n: int) -> Iterator[tuple[str, str, dict[str, Any]]]:
     yield "GET /ui/queue (done, page 50)", "/ui/queue", {"status": "done", "page": 50}
     yield "GET /ui/progress", "/ui/progress", {}
     yield "GET /ui/calibration", "/ui/calibration", {}
+    yield "GET /ui (home)", "/ui", {}
+    yield "GET /ui/alerts", "/ui/alerts", {}
+    yield "GET /ui/quality (7 days)", "/ui/quality", {"agent": "support-bot", "version": "v2"}
+    yield "GET /v1/overview", "/v1/overview", {}
 
 
 def time_reads(url: str, n: int, repeat: int, only: str | None) -> list[tuple[str, int, float, float]]:

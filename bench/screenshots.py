@@ -30,24 +30,26 @@ SIZES = {"desktop": {"width": 1280, "height": 800}, "phone": {"width": 390, "hei
 TALLEST = 2.5  # a page is photographed down to this many screen heights
 
 
-def pages(conversation: str) -> list[tuple[str, str]]:
+def pages(conversation: str, task: str) -> list[tuple[str, str]]:
     return [
         ("home", "/ui"),
         ("alerts", "/ui/alerts"),
         ("quality", f"/ui/quality?agent={AGENT}&version={BASELINE}&last=7d"),
         ("queue", "/ui/queue"),
         ("conversation", f"/ui/review/{quote(conversation, safe='')}"),
+        ("side-by-side", f"/ui/side-by-side?task={quote(task, safe='')}&a={BASELINE}&b={CANDIDATE}"),
         ("progress", "/ui/progress"),
         ("clusters", "/ui/clusters"),
         ("compare", f"/ui/compare?agent={AGENT}&baseline={BASELINE}&candidate={CANDIDATE}"),
+        ("compare-conversations", f"/ui/compare/conversations?agent={AGENT}&version={CANDIDATE}&signal=forbidden_tool"),
         ("calibration", "/ui/calibration"),
         ("export", "/ui/export"),
         ("not-found", "/ui/no-such-page"),
     ]
 
 
-def label_some(base: str, n: int) -> str | None:
-    """Reviewers work part of the queue (so throughput and progress show); returns an open item's id."""
+def label_some(base: str, n: int) -> tuple[str, str]:
+    """Reviewers work part of the queue (so throughput and progress show); returns an open item's id and task."""
     taxonomy = ["wrong_action", "policy_violation", "missing_confirmation"]
     with httpx.Client(base_url=base, headers=REVIEWER, timeout=30) as c:
         for i in range(n):
@@ -60,12 +62,12 @@ def label_some(base: str, n: int) -> str | None:
             if bad:
                 body["category"] = taxonomy[i % len(taxonomy)]
             c.post(f"/v1/review/items/{quote(cid, safe='')}/labels", json=body).raise_for_status()
-        items = c.get("/v1/review/queue", params={"version": CANDIDATE, "limit": 1}).json()
-    listed = items.get("items") or []
-    return listed[0]["conversation_id"] if listed else None
+        items = c.get("/v1/review/queue", params={"version": CANDIDATE, "rule": "no-cancel-delivered-order"}).json()
+    first = (items.get("items") or [{}])[0]
+    return first.get("conversation_id", ""), first.get("task_id") or ""
 
 
-def photograph(base: str, out: Path, conversation: str) -> list[tuple[str, int, float]]:
+def photograph(base: str, out: Path, conversation: str, task: str) -> list[tuple[str, int, float]]:
     from playwright.sync_api import sync_playwright
 
     shots = []
@@ -79,7 +81,7 @@ def photograph(base: str, out: Path, conversation: str) -> list[tuple[str, int, 
             page.fill("#api_key", "rita-key")
             page.click("button[type=submit]")
             page.wait_for_url(f"{base}/ui")
-            for name, path in pages(conversation):
+            for name, path in pages(conversation, task):
                 started = time.perf_counter()
                 page.goto(base + path)
                 took = time.perf_counter() - started
@@ -132,8 +134,8 @@ def main() -> None:
             raise SystemExit("the server did not start")
         base = f"http://127.0.0.1:{port}"
         try:
-            conversation = label_some(base, args.labels) or ""
-            for name, size, took in photograph(base, args.out, conversation):
+            conversation, task = label_some(base, args.labels)
+            for name, size, took in photograph(base, args.out, conversation, task):
                 print(f"{name:40} {size / 1024:7.0f} KiB  page {took * 1000:6.0f} ms")
         finally:
             server.should_exit = True

@@ -20,7 +20,7 @@ from tests.support.browser import ARGS, ARTIFACTS, CHROMIUM, axe_script, axe_vio
 from tests.support.console import AGENT, BASELINE, CANDIDATE, console_runtime, raise_alert, seed_week
 from tests.support.services import free_port, missing, wait_port
 from vigil.detector.models import DetectionRow
-from vigil.store.models import FindingRow, ReviewItemRow
+from vigil.store.models import ConversationRow, FindingRow, ReviewItemRow
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -126,6 +126,16 @@ def test_alert_shows_on_home_and_banner_and_leads_to_its_conversations(browser, 
     assert behind and listed and listed <= behind
     assert len(listed) == min(len(behind), 50)
 
+    page.goto(f"{base}/ui")
+    page.locator(f"#home-alert-{alert.id} a.to-behind").click()
+    page.wait_for_url("**/ui/compare/conversations?**")
+    query = parse_qs(urlparse(page.url).query)
+    assert query["version"] == [CANDIDATE] and query["signal"] == [f"rule:{RULE}"]
+    with rt.sessions() as s:
+        failing = set(s.scalars(with_rule.where(FindingRow.agent_version == CANDIDATE)))
+    shown = {t.strip() for t in page.locator("main a[href^='/ui/review/']").all_inner_texts()}
+    assert shown and shown <= failing
+
     page.goto(f"{base}/ui/alerts")
     card = page.locator(f"#alert-{alert.id}")
     assert "CUSUM" in card.inner_text() and "Baseline (version:" in card.inner_text()
@@ -186,9 +196,17 @@ def test_error_pages_are_styled_under_ui_and_json_elsewhere(browser, seeded) -> 
 
 
 def pages_to_check(base: str, rt: Any) -> list[str]:
+    baseline_tasks = select(ConversationRow.task_id).where(ConversationRow.agent_version == BASELINE)
     with rt.sessions() as s:
         cid = s.scalar(select(ReviewItemRow.conversation_id).where(ReviewItemRow.agent_version == CANDIDATE))
+        task = s.scalar(
+            select(ConversationRow.task_id)
+            .where(ConversationRow.agent_version == CANDIDATE)
+            .where(ConversationRow.task_id.in_(baseline_tasks))
+        )
     return [
+        f"/ui/compare/conversations?agent={AGENT}&version={CANDIDATE}&signal=forbidden_tool",
+        f"/ui/side-by-side?task={quote(str(task), safe='')}&a={BASELINE}&b={CANDIDATE}",
         "/ui",
         "/ui/alerts?show=all",
         f"/ui/quality?agent={AGENT}&version={CANDIDATE}&last=24h",
@@ -218,15 +236,28 @@ def test_every_page_passes_axe_and_fits_the_screen(browser, seeded, viewport) ->
     if found:
         failures.append(f"/ui/login:\n{describe(found)}")
     page = login(context, base)
-    for path in pages_to_check(base, rt):
+    paths = pages_to_check(base, rt)
+    for path in paths:  # grows by the first near-duplicate cluster's page
         page.goto(base + path)
         found = axe_violations(page, script)
         if found:
             failures.append(f"{path}:\n{describe(found)}")
+        unnamed = page.locator("nav:not([aria-label])").count()
+        if unnamed:
+            failures.append(f"{path}: {unnamed} navigation landmarks without a name")
         wide = page.evaluate("document.documentElement.scrollWidth")
         if wide > viewport["width"]:
             failures.append(f"{path}: {wide} px wide at {viewport['width']} px (sideways scroll)")
         if viewport is PHONE:
             shot(page, f"phone{path.split('?')[0].replace('/', '-')}.png")
+        if path == "/ui/clusters":
+            cluster = page.locator("main a[href^='/ui/clusters/']").first
+            if cluster.count():  # a near-duplicate cluster's own page
+                paths.append(cluster.get_attribute("href") or "")
+    page.goto(f"{base}/ui")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "main"
     context.close()
     assert not failures, "\n".join(failures)

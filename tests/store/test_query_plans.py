@@ -107,6 +107,9 @@ def recorded(pg_url):  # type: ignore[no-untyped-def]
             cid = claimed.json()["conversation_id"]
             c.post(f"/v1/review/items/{cid}/label", json={"label": "confirmed_failure"}, headers=REVIEWER)
             c.get(f"/v1/review/items/{cid}", headers=REVIEWER)
+        assert c.get("/v1/overview", headers=REVIEWER).status_code == 200  # the console's home page
+        series = c.get("/v1/quality/series", params={"agent": "support-bot", "version": "v2"}, headers=REVIEWER)
+        assert series.status_code == 200
         retention.run(rt.sessions, rt.settings)
         event.remove(rt.engine, "before_cursor_execute", record)
         yield rt, statements

@@ -10,7 +10,8 @@ def queue_link(agent: str, version: str, signal: str) -> str:
     """The review queue filtered to the conversations behind ``signal`` of this agent version.
 
     ``signal`` names the series; the queue's own filters narrow to it where one matches
-    (``rule:<id>`` → rule, ``outcome:<type>`` → outcome, ``judge:<name>`` → failing verdicts).
+    (``rule:<id>`` → rule, ``outcome:<type>`` → outcome, ``judge:<name>`` → failing verdicts); for
+    ``forbidden_tool`` and ``tool_error`` it lists the version's queue (:func:`behind_link` is exact).
     """
     params = {"agent": agent, "version": version, "signal": signal}
     kind, _, name = signal.partition(":")
@@ -21,6 +22,11 @@ def queue_link(agent: str, version: str, signal: str) -> str:
     elif kind == "judge":
         params["verdict"] = "fail"
     return "/ui/queue?" + urlencode(params)
+
+
+def behind_link(agent: str, version: str, signal: str) -> str:
+    """Every stored conversation behind ``signal`` of this version, queued or not (the compare stage's list)."""
+    return "/ui/compare/conversations?" + urlencode({"agent": agent, "version": version, "signal": signal})
 
 
 def quality_link(agent: str, version: str, **extra: str) -> str:

@@ -73,11 +73,14 @@ def environment(request: Request) -> Environment:
 
 
 def is_under(path: str, href: str) -> bool:
+    """``path`` is the page ``href`` or one below it; the UI's root (Home) holds only itself."""
+    if href.rstrip("/") == "/ui":
+        return path.rstrip("/") == "/ui"
     return path == href or path.startswith(href.rstrip("/") + "/")
 
 
 def nav_of(request: Request) -> list[tuple[str, str, bool]]:
-    """The nav entries, the one holding this page marked (the longest match: Home is ``/ui`` itself)."""
+    """The nav entries, the one holding this page marked (the longest match)."""
     path = request.url.path
     entries = runtime_of(request).hooks.nav
     holding = max((href for _, href in entries if is_under(path, href)), key=len, default=None)

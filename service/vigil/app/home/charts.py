@@ -6,11 +6,12 @@ No script draws anything, so the pages keep their strict Content-Security-Policy
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 WIDTH, HEIGHT = 640, 200
-LEFT, RIGHT, TOP, BOTTOM = 48, 12, 10, 26
+LEFT, RIGHT, TOP, BOTTOM = 56, 12, 16, 28
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +65,24 @@ def nice_max(value: float) -> float:
     return 1.0
 
 
+def scale_of(points: list[Point]) -> float:
+    """The value the y axis must reach: every rate, and the interval bands of most buckets.
+
+    A bucket with few observations has a band reaching far up; scaling to the widest band would press
+    every rate flat at the bottom, so the widest quarter of the bands may run off the top.
+    """
+    rates = [p.rate for p in points if p.rate is not None]
+    highs = sorted(p.high for p in points if p.high is not None)
+    if not rates:
+        return 0.0
+    band = highs[max(0, math.ceil(0.75 * len(highs)) - 1)] if highs else 0.0  # the 75th percentile
+    return max(max(rates) * 1.1, band)
+
+
 def pct(v: float) -> str:
-    return f"{100 * v:.1f}%" if v < 0.1 else f"{100 * v:.0f}%"
+    """``0.4%``, ``1.6%``, ``12.5%``, ``30%``: one decimal unless it is zero."""
+    text = f"{100 * v:.1f}"
+    return (text[:-2] if text.endswith(".0") else text) + "%"
 
 
 def _xticks(since: datetime, until: datetime, x_of: object) -> list[tuple[float, str]]:
@@ -87,7 +104,7 @@ def draw(points: list[Point], spans: list[Span], since: datetime, until: datetim
     """Lay out ``points`` (ordered by time) and ``spans`` on a chart of ``[since, until)``."""
     x0, y0, x1, y1 = LEFT, TOP, WIDTH - RIGHT, HEIGHT - BOTTOM
     total = max((until - since).total_seconds(), 1.0)
-    top = nice_max(max((p.high or p.rate or 0.0 for p in points if p.rate is not None), default=0.0))
+    top = nice_max(scale_of(points))
 
     def x_of(t: datetime) -> float:
         return round(x0 + (x1 - x0) * min(max((t - since).total_seconds() / total, 0.0), 1.0), 1)

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from vigil.detector.api import list_alerts
 from vigil.detector.models import QualityCountRow
+from vigil.detector.pages import evidence
 from vigil.judge.api import judge_info
 from vigil.judge.stage import JudgeStage
 from vigil.runtime import Runtime
@@ -124,6 +125,8 @@ def snapshot(rt: Runtime, now: datetime | None = None) -> dict[str, Any]:
     now = now or datetime.now(UTC)
     with rt.sessions() as s:
         alerts = list_alerts(s, active=True, limit=50)["active"]
+        for a in alerts:
+            a["evidence"] = evidence(s, a)
         return {
             "now": now,
             "alerts": alerts,

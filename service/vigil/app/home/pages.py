@@ -14,7 +14,7 @@ from fastapi.responses import RedirectResponse, Response
 from vigil.app.home import charts, now, quality
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
-from vigil.ui.links import anchor, baseline_version, compare_link, quality_link, queue_link
+from vigil.ui.links import anchor, baseline_version, behind_link, compare_link, quality_link, queue_link
 from vigil.ui.render import render_page, ui_user
 
 root = APIRouter(include_in_schema=False)
@@ -31,6 +31,13 @@ def rate(v: float | None) -> str:
     return "–" if v is None else charts.pct(v)
 
 
+def interval(e: dict[str, Any]) -> str:
+    """``30% [22%, 40%] of 100``: a rate with its interval and count."""
+    if e.get("rate") is None:
+        return "–"
+    return f"{charts.pct(e['rate'])} [{charts.pct(e['low'])}, {charts.pct(e['high'])}] of {e['n']:,}"
+
+
 @router.get("")
 @router.get("/")
 def home_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
@@ -41,8 +48,10 @@ def home_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
         title="Now",
         **data,
         queue_link=queue_link,
+        behind_link=behind_link,
         quality_link=quality_link,
         rate=rate,
+        interval=interval,
         anchor=anchor,
         compare_link=compare_link,
         baseline_version=baseline_version,
