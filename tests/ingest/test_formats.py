@@ -831,3 +831,53 @@ def st_formats() -> Any:
     from hypothesis import strategies as st
 
     return st.sampled_from(["auto", *FORMATS])
+
+
+def test_langsmith_run_of_a_wrapped_openai_client() -> None:
+    """A run LangSmith's ``wrap_openai`` records: the Chat Completions request as inputs, the response as outputs."""
+    run = {
+        "id": "0b5d-run",
+        "name": "ChatOpenAI",
+        "run_type": "llm",
+        "start_time": "2026-12-01T09:00:00.000000",
+        "end_time": "2026-12-01T09:00:01.200000",
+        "extra": {"metadata": {"thread_id": "thread-7", "ls_provider": "openai", "ls_model_name": "gpt-4o-mini"}},
+        "inputs": {
+            "model": "gpt-4o-mini",
+            "messages": [
+                {"role": "system", "content": "You answer weather questions."},
+                {"role": "user", "content": "Weather in Paris?"},
+            ],
+            "tools": [WEATHER_TOOL],
+        },
+        "outputs": {
+            "id": "chatcmpl-9",
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "tool_calls",
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"id": "call_p", "type": "function",
+                             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+                        ],
+                    },
+                }
+            ],
+        },
+        "prompt_tokens": 52,
+        "completion_tokens": 14,
+        "total_tokens": 66,
+        "trace_id": "0b5d-run",
+        "dotted_order": "20261201T090000000000Z0b5d-run",
+    }  # fmt: skip
+    imported = convert_data([run])
+    assert imported.format == "langsmith"
+    [conv] = imported.conversations
+    assert [m.role for m in conv.messages] == ["system", "user", "assistant"]
+    assert _calls(conv) == [("call_p", "get_weather", {"city": "Paris"})]
+    assert [t.name for t in conv.tools or []] == ["get_weather"]
+    assert conv.metadata["session_id"] == "thread-7" and conv.usage is not None and conv.usage.tokens == 66
