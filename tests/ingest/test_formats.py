@@ -517,8 +517,8 @@ def test_openai_agents_sdk_trace_becomes_one_conversation(tmp_path: Path) -> Non
         assert not _flags(conv, "unoffered_tool")
 
 
-def test_openai_agents_responses_model_trace_keeps_its_tool_calls() -> None:
-    """With the default Responses model, response spans export only their id: the function spans remain."""
+def agents_responses_model_trace() -> dict[str, Any]:
+    """An Agents SDK trace of the default Responses model, in the shapes of the SDK's span data exports."""
     trace = {"object": "trace", "id": "trace_1", "workflow_name": "Agent workflow", "group_id": None, "metadata": None}
 
     def span(sid: str, data: dict[str, Any], error: Any = None) -> dict[str, Any]:
@@ -534,6 +534,12 @@ def test_openai_agents_responses_model_trace_keeps_its_tool_calls() -> None:
         span("span_5", {"type": "function", "name": "refund", "input": "{}", "output": None, "mcp_data": None},
              {"message": "Error running tool", "data": {"error": "denied"}}),
     ]  # fmt: skip
+    return {"data": [trace, *spans]}
+
+
+def test_openai_agents_responses_model_trace_keeps_its_tool_calls() -> None:
+    """With the default Responses model, response spans export only their id: the function spans remain."""
+    trace, *spans = agents_responses_model_trace()["data"]
     [conv] = convert_data({"data": [trace, *spans]}).conversations
     assert [c[1:] for c in _calls(conv)] == [("lookup", {"id": 4}), ("refund", {})]
     assert _results(conv) == [("span_3", "found", False), ("span_5", "Error running tool", True)]
@@ -543,7 +549,7 @@ def test_openai_agents_responses_model_trace_keeps_its_tool_calls() -> None:
     assert _flags(conv, "unoffered_tool")  # refund was not among the agent's tools
     only_responses = {"data": [trace, spans[1]]}
     assert "holds no conversation" in _refused(only_responses)
-    odd = {"data": [trace, span("span_6", {"type": "teleport"})]}
+    odd = {"data": [trace, {**spans[0], "id": "span_6", "span_data": {"type": "teleport"}}]}
     assert "a span of type 'teleport' is not one Vigil reads" in _refused(odd)
 
 
@@ -722,3 +728,156 @@ def test_anthropic_messages_sent_as_vigils_schema_are_refused_with_a_hint(sqlite
         assert r.status_code == 202 and r.json()["format"] == "anthropic", r.text
         assert r.json()["conversation_ids"] == ["claude-1"]  # its own id and agent are kept
     rt.close()
+
+
+# --- any JSON at all: conversations or a clear refusal, never a crash --------------------------------
+
+KEYS = [
+    "messages", "role", "content", "type", "text", "tool_calls", "tool_call_id", "function", "name", "arguments",
+    "id", "call_id", "input", "output", "response", "choices", "message", "system", "tools", "input_schema",
+    "tool_use_id", "is_error", "summary", "object", "trace_id", "span_data", "data", "error", "run_type",
+    "inputs", "outputs", "child_runs", "parent_run_id", "generations", "lc", "kwargs", "simulations", "traj",
+]  # fmt: skip
+VALUES = ["user", "assistant", "tool", "system", "developer", "text", "tool_use", "tool_result", "message",
+          "function_call", "function_call_output", "reasoning", "trace", "trace.span", "generation", "function",
+          "agent", "llm", "chain", "response", "constructor", "AIMessage", "ai", "human"]  # fmt: skip
+
+
+def _json() -> Any:
+    from hypothesis import strategies as st
+
+    leaves = st.none() | st.booleans() | st.integers(-5, 5) | st.sampled_from(VALUES) | st.text(max_size=5)
+    return st.recursive(
+        leaves,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(KEYS), inner, max_size=5),
+        max_leaves=30,
+    )
+
+
+def test_any_json_gives_conversations_or_a_named_refusal() -> None:
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(data=_json(), fmt=st_formats())
+    def check(data: Any, fmt: str) -> None:
+        try:
+            imported = convert_data(data, fmt)
+        except ImportError_ as exc:
+            assert str(exc).startswith("body: ")
+            return
+        assert imported.conversations and all(isinstance(c, Conversation) for c in imported.conversations)
+
+    check()
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+def _mutated(sample: Any, path: tuple[Any, ...], new: Any, delete: bool) -> Any:
+    if not path:
+        return new
+    head, *rest = path
+    copy = dict(sample) if isinstance(sample, dict) else list(sample)
+    if not rest and delete:
+        del copy[head]
+    else:
+        copy[head] = _mutated(copy[head], tuple(rest), new, delete)
+    return copy
+
+
+def test_realistic_payloads_with_any_part_broken_give_conversations_or_a_named_refusal() -> None:
+    """Every sample above with one or two of its parts replaced by any JSON (or removed): read, or refused by
+    ``ImportError_`` naming where; never a crash, never an invalid conversation."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    samples = [
+        openai_chat_record(),
+        {"model": "gpt-5", "input": responses_input(), "tools": [LOOKUP_TOOL], "response": responses_response()},
+        anthropic_record("sys"),
+        agents_responses_model_trace(),
+        agents_sdk_trace(),
+        langsmith_run_tree(),
+    ]
+    paths = [_paths(x) for x in samples]
+
+    @settings(max_examples=800, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(data=st.data(), fmt=st_formats())
+    def check(data: Any, fmt: str) -> None:
+        k = data.draw(st.integers(0, len(samples) - 1))
+        value = samples[k]
+        for _ in range(data.draw(st.integers(1, 2))):
+            path = data.draw(st.sampled_from(_paths(value) if value is not samples[k] else paths[k]))
+            value = _mutated(value, path, data.draw(_json()), bool(path) and data.draw(st.booleans()))
+        try:
+            imported = convert_data(value, fmt)
+        except ImportError_ as exc:
+            assert str(exc).startswith("body: ")
+            return
+        assert imported.conversations and all(isinstance(c, Conversation) for c in imported.conversations)
+
+    check()
+
+
+def st_formats() -> Any:
+    from hypothesis import strategies as st
+
+    return st.sampled_from(["auto", *FORMATS])
+
+
+def test_langsmith_run_of_a_wrapped_openai_client() -> None:
+    """A run LangSmith's ``wrap_openai`` records: the Chat Completions request as inputs, the response as outputs."""
+    run = {
+        "id": "0b5d-run",
+        "name": "ChatOpenAI",
+        "run_type": "llm",
+        "start_time": "2026-12-01T09:00:00.000000",
+        "end_time": "2026-12-01T09:00:01.200000",
+        "extra": {"metadata": {"thread_id": "thread-7", "ls_provider": "openai", "ls_model_name": "gpt-4o-mini"}},
+        "inputs": {
+            "model": "gpt-4o-mini",
+            "messages": [
+                {"role": "system", "content": "You answer weather questions."},
+                {"role": "user", "content": "Weather in Paris?"},
+            ],
+            "tools": [WEATHER_TOOL],
+        },
+        "outputs": {
+            "id": "chatcmpl-9",
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "tool_calls",
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"id": "call_p", "type": "function",
+                             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+                        ],
+                    },
+                }
+            ],
+        },
+        "prompt_tokens": 52,
+        "completion_tokens": 14,
+        "total_tokens": 66,
+        "trace_id": "0b5d-run",
+        "dotted_order": "20261201T090000000000Z0b5d-run",
+    }  # fmt: skip
+    imported = convert_data([run])
+    assert imported.format == "langsmith"
+    [conv] = imported.conversations
+    assert [m.role for m in conv.messages] == ["system", "user", "assistant"]
+    assert _calls(conv) == [("call_p", "get_weather", {"city": "Paris"})]
+    assert [t.name for t in conv.tools or []] == ["get_weather"]
+    assert conv.metadata["session_id"] == "thread-7" and conv.usage is not None and conv.usage.tokens == 66

@@ -14,7 +14,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vigil.ingest.importers.common import ENVELOPE, ItemError, envelope, text_of, tool_defs, validated
+from vigil.ingest.importers.common import (
+    ENVELOPE,
+    ItemError,
+    envelope,
+    kind_of,
+    number,
+    obj,
+    string,
+    text_of,
+    tool_defs,
+    validated,
+)
 from vigil.schema import Conversation
 
 NAME = "anthropic"
@@ -57,7 +68,7 @@ def markers(records: list[dict[str, Any]]) -> list[str]:
         for m in r.get("messages") or []:
             content = m.get("content") if isinstance(m, dict) else None
             for block in content if isinstance(content, list) else []:
-                kind = block.get("type") if isinstance(block, dict) else None
+                kind = kind_of(block)
                 if kind in ONLY_ANTHROPIC or (isinstance(kind, str) and kind.endswith("_tool_result")):
                     found.add(f"{kind} blocks")
                 elif kind in MEDIA and isinstance(block.get("source"), dict):
@@ -91,9 +102,9 @@ def _assistant(blocks: list[Any], where: str) -> list[dict[str, Any]]:
         reasoning.clear()
 
     for i, block in enumerate(blocks):
-        kind = block.get("type") if isinstance(block, dict) else None
+        kind = kind_of(block)
         if kind == "text":
-            texts.append(block.get("text") or "")
+            texts.append(string(block.get("text"), f"{where}.content.{i}.text"))
         elif kind in ("tool_use", "server_tool_use", "mcp_tool_use"):
             fn = {"name": block.get("name"), "arguments": block.get("input") or {}}
             call = {"id": block.get("id"), "type": "function", "function": fn}
@@ -101,7 +112,7 @@ def _assistant(blocks: list[Any], where: str) -> list[dict[str, Any]]:
                 call["executed_by"] = "server"
             calls.append(call)
         elif kind == "thinking":
-            reasoning.append(block.get("thinking") or "")
+            reasoning.append(string(block.get("thinking"), f"{where}.content.{i}.thinking"))
         elif kind == "redacted_thinking":
             reasoning.append("[redacted thinking]")
         elif isinstance(kind, str) and kind.endswith("_tool_result"):
@@ -128,7 +139,7 @@ def _user(content: Any, where: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     for i, block in enumerate(content):
-        kind = block.get("type") if isinstance(block, dict) else None
+        kind = kind_of(block)
         if kind == "tool_result":
             out.append(
                 {
@@ -139,7 +150,7 @@ def _user(content: Any, where: str) -> list[dict[str, Any]]:
                 }
             )
         elif kind == "text":
-            parts.append({"type": "text", "text": block.get("text") or ""})
+            parts.append({"type": "text", "text": string(block.get("text"), f"{where}.content.{i}.text")})
         elif kind in MEDIA:
             parts.append({"type": kind, **{k: v for k, v in block.items() if k != "type"}})
         else:
@@ -201,9 +212,12 @@ def convert(data: Any, path: Path, agent_id: str | None, agent_version: str | No
             if response.get("stop_reason") == "max_tokens" and reply:
                 reply[-1]["finish_reason"] = "length"
             messages.extend(reply)
-            u = response.get("usage") or {}
+            u = obj(response.get("usage"))
             if isinstance(u, dict) and ("input_tokens" in u or "output_tokens" in u):
-                usage = {"prompt_tokens": u.get("input_tokens"), "completion_tokens": u.get("output_tokens")}
+                usage = {
+                    "prompt_tokens": number(u.get("input_tokens")),
+                    "completion_tokens": number(u.get("output_tokens")),
+                }
         request = {k: item[k] for k in sorted(REQUEST_KEYS) if k in item}
         record = {**item, "usage": item.get("usage") or usage}
         meta: dict[str, Any] = {"source": "anthropic-messages", "request": request or None}

@@ -42,6 +42,33 @@ def digest(value: Any) -> str:
     return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest()[:16]
 
 
+def obj(x: Any) -> dict[str, Any]:
+    """``x`` when it is an object, else an empty one (an optional part given as something else is absent)."""
+    return x if isinstance(x, dict) else {}
+
+
+def kind_of(x: Any, key: str = "type") -> str | None:
+    """``x[key]`` when ``x`` is an object and that is a string (any other value never matches a known kind)."""
+    if isinstance(x, dict):
+        value = x.get(key)
+        return value if isinstance(value, str) else None
+    return None
+
+
+def string(value: Any, where: str) -> str:
+    """A text field: a string (absent is empty); anything else is refused."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ItemError(f"{where}: expected a string, not {type(value).__name__}")
+    return value
+
+
+def number(value: Any) -> int:
+    """A token count: a number, else nothing counted."""
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) and value == value else 0
+
+
 def text_of(content: Any) -> str | None:
     """Text of a content given as a string or as a list of typed parts."""
     if content is None or isinstance(content, str):
@@ -60,10 +87,16 @@ def text_of(content: Any) -> str | None:
 def mark_failed(history: list[dict[str, Any]], failed: list[str]) -> None:
     """Mark as errors the results of calls a trace records as failed (by tool name, in order): a failed call
     often reaches the model as an ordinary result text."""
-    names = {c.get("id"): (c.get("function") or {}).get("name") for m in history for c in m.get("tool_calls") or []}
+    names = {
+        c["id"]: kind_of(c.get("function"), "name")
+        for m in history
+        for c in m.get("tool_calls") or []
+        if isinstance(c, dict) and isinstance(c.get("id"), str)
+    }
     pending = list(failed)
     for m in history:
-        name = names.get(m.get("tool_call_id")) if m["role"] == "tool" else None
+        call_id = m.get("tool_call_id")
+        name = names.get(call_id) if m["role"] == "tool" and isinstance(call_id, str) else None
         if name is not None and name in pending:
             pending.remove(name)
             m["is_error"] = True

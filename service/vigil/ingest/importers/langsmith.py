@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vigil.ingest.importers.common import ItemError, envelope, mark_failed, text_of, tool_defs, validated
+from vigil.ingest.importers.common import ItemError, envelope, mark_failed, number, obj, text_of, tool_defs, validated
 from vigil.ingest.importers.openai_agents import _merge
 from vigil.schema import Conversation
 
@@ -73,7 +73,8 @@ def message(raw: Any, where: str) -> dict[str, Any]:
             raise ItemError(f"{where}: expected a message")
     kind: Any
     if raw.get("lc") == 1 and raw.get("type") == "constructor":
-        cls = (raw.get("id") or [""])[-1]
+        ids = raw.get("id")
+        cls = ids[-1] if isinstance(ids, list) and ids and isinstance(ids[-1], str) else repr(ids)
         kind, fields = CLASSES.get(cls), raw.get("kwargs") or {}
         if kind is None:
             raise ItemError(f"{where}: a message of class {cls!r} is not one Vigil reads")
@@ -83,6 +84,8 @@ def message(raw: Any, where: str) -> dict[str, Any]:
         kind, fields = raw["type"], raw["data"]
     else:
         kind, fields = raw.get("type"), raw
+    if not isinstance(fields, dict):
+        raise ItemError(f"{where}: expected a message object")
     if kind == "chat":
         kind = fields.get("role")
     role = ROLES.get(kind) if isinstance(kind, str) else None
@@ -98,11 +101,11 @@ def message(raw: Any, where: str) -> dict[str, Any]:
         out["content"] = content if isinstance(content, str) or content is None else text_of(content)
     if role == "assistant":
         if not calls:
-            calls = ((fields.get("additional_kwargs") or {}).get("tool_calls")) or []
+            calls = obj(fields.get("additional_kwargs")).get("tool_calls") or []
         if calls:
             out["tool_calls"] = [_call(c, f"{where}.tool_calls.{i}") for i, c in enumerate(calls)]
-        finish = (fields.get("response_metadata") or {}).get("finish_reason") or (
-            (fields.get("response_metadata") or {}).get("stop_reason")
+        finish = obj(fields.get("response_metadata")).get("finish_reason") or (
+            obj(fields.get("response_metadata")).get("stop_reason")
         )
         if finish in ("length", "max_tokens"):
             out["finish_reason"] = "length"
@@ -127,7 +130,7 @@ def _call(c: Any, where: str) -> dict[str, Any]:
 
 
 def _llm_turn(run: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    inputs, outputs = run.get("inputs") or {}, run.get("outputs") or {}
+    inputs, outputs = obj(run.get("inputs")), obj(run.get("outputs"))
     raw = inputs.get("messages")
     if raw and isinstance(raw, list) and isinstance(raw[0], list):  # chat models log a batch: one list per prompt
         if len(raw) > 1:
@@ -176,19 +179,19 @@ def _tree(root: dict[str, Any], where: str) -> dict[str, Any]:
             turn = _llm_turn(run, at)
             if turn:
                 history = _merge(history, turn)
-            params = (run.get("extra") or {}).get("invocation_params") or {}
-            bound = params.get("tools") or params.get("functions") or (run.get("inputs") or {}).get("tools")
+            params = obj(obj(run.get("extra")).get("invocation_params"))
+            bound = params.get("tools") or params.get("functions") or obj(run.get("inputs")).get("tools")
             for t in tool_defs(bound, f"{at}.tools") or []:
                 tools.setdefault(t["name"], t)
             if run.get("prompt_tokens") is not None or run.get("completion_tokens") is not None:
                 saw_usage = True
-                prompt += int(run.get("prompt_tokens") or 0)
-                completion += int(run.get("completion_tokens") or 0)
+                prompt += number(run.get("prompt_tokens"))
+                completion += number(run.get("completion_tokens"))
         elif kind == "tool":
             tool_runs.append(run)
             if run.get("error"):
                 failed.append(str(run.get("name")))
-    outputs = root.get("outputs") or {}
+    outputs = obj(root.get("outputs"))
     if root.get("run_type") == "chain" and isinstance(outputs.get("messages"), list):
         final = [message(m, f"{where}.outputs.messages.{i}") for i, m in enumerate(outputs["messages"])]
         if len(final) >= len(history):
@@ -198,7 +201,7 @@ def _tree(root: dict[str, Any], where: str) -> dict[str, Any]:
     else:
         for run in tool_runs:
             call_id = str(run.get("id"))
-            args = (run.get("inputs") or {}).get("input", run.get("inputs") or {})
+            args = obj(run.get("inputs")).get("input", obj(run.get("inputs")))
             fn = {"name": run.get("name"), "arguments": args if isinstance(args, dict | str) else str(args)}
             history.append(
                 {
@@ -207,7 +210,7 @@ def _tree(root: dict[str, Any], where: str) -> dict[str, Any]:
                     "tool_calls": [{"id": call_id, "type": "function", "function": fn}],
                 }
             )
-            out = run.get("error") or (run.get("outputs") or {}).get("output")
+            out = run.get("error") or obj(run.get("outputs")).get("output")
             content = (
                 out
                 if isinstance(out, str) or out is None
@@ -218,13 +221,13 @@ def _tree(root: dict[str, Any], where: str) -> dict[str, Any]:
             )
     if not history:
         raise ItemError(f"{where}: no llm run with messages and no tool run: the run tree holds no conversation")
-    extra = root.get("extra") or {}
-    meta = extra.get("metadata") or {}
+    extra = obj(root.get("extra"))
+    meta = obj(extra.get("metadata"))
     if root.get("total_tokens") is not None and not saw_usage:
         saw_usage, prompt, completion = (
             True,
-            int(root.get("prompt_tokens") or 0),
-            int(root.get("completion_tokens") or 0),
+            number(root.get("prompt_tokens")),
+            number(root.get("completion_tokens")),
         )
     return {
         "messages": history,

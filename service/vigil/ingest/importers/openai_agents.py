@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vigil.ingest.importers.common import ItemError, envelope, mark_failed, text_of, validated
+import orjson
+
+from vigil.ingest.importers.common import ItemError, envelope, mark_failed, number, obj, text_of, validated
 from vigil.schema import Conversation
 
 NAME = "openai-agents"
@@ -55,9 +57,12 @@ def _chat_message(m: Any, where: str) -> dict[str, Any]:
     return out
 
 
-def _key(m: dict[str, Any]) -> tuple[Any, ...]:
-    calls = tuple((c.get("id"), (c.get("function") or {}).get("name")) for c in m.get("tool_calls") or [])
-    return (m["role"], text_of(m.get("content")) or "", calls, m.get("tool_call_id"))
+def _key(m: dict[str, Any]) -> bytes:
+    calls = m.get("tool_calls") if isinstance(m.get("tool_calls"), list) else []
+    ids = [[c.get("id"), c.get("function")] if isinstance(c, dict) else c for c in calls or []]
+    content = m.get("content")
+    text = text_of(content) if isinstance(content, str | list) or content is None else content
+    return orjson.dumps([m["role"], text or "", ids, m.get("tool_call_id")], default=str, option=orjson.OPT_SORT_KEYS)
 
 
 def _merge(history: list[dict[str, Any]], turn: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -73,7 +78,7 @@ def _merge(history: list[dict[str, Any]], turn: list[dict[str, Any]]) -> list[di
 
 
 def _trace(trace_id: str, trace: dict[str, Any], spans: list[dict[str, Any]], where: str) -> dict[str, Any]:
-    spans = sorted(spans, key=lambda s: (s.get("started_at") or "", s.get("id") or ""))
+    spans = sorted(spans, key=lambda s: (str(s.get("started_at") or ""), str(s.get("id") or "")))
     history: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     tools: dict[str, dict[str, Any]] = {}
@@ -97,11 +102,11 @@ def _trace(trace_id: str, trace: dict[str, Any], spans: list[dict[str, Any]], wh
             history = _merge(history, turn) if turn else history
             if data.get("model"):
                 models.add(str(data["model"]))
-            u = data.get("usage") or {}
+            u = obj(data.get("usage"))
             if isinstance(u, dict) and u:
                 saw_usage = True
-                usage["prompt_tokens"] += int(u.get("input_tokens") or u.get("prompt_tokens") or 0)
-                usage["completion_tokens"] += int(u.get("output_tokens") or u.get("completion_tokens") or 0)
+                usage["prompt_tokens"] += number(u.get("input_tokens") or u.get("prompt_tokens"))
+                usage["completion_tokens"] += number(u.get("output_tokens") or u.get("completion_tokens"))
         elif kind == "response":
             if data.get("input") is not None or isinstance(data.get("response"), dict):
                 from vigil.ingest.importers.responses import _Builder, items_to_messages
@@ -109,15 +114,15 @@ def _trace(trace_id: str, trace: dict[str, Any], spans: list[dict[str, Any]], wh
                 b = _Builder()
                 if data.get("input") is not None:
                     items_to_messages(data["input"], f"{at}.input", b)
-                output = (data.get("response") or {}).get("output")
+                output = obj(data.get("response")).get("output")
                 if output is not None:
                     items_to_messages(output, f"{at}.response.output", b)
                 history = _merge(history, b.messages)
-            u = data.get("usage") or {}
+            u = obj(data.get("usage"))
             if isinstance(u, dict) and u:
                 saw_usage = True
-                usage["prompt_tokens"] += int(u.get("input_tokens") or 0)
-                usage["completion_tokens"] += int(u.get("output_tokens") or 0)
+                usage["prompt_tokens"] += number(u.get("input_tokens"))
+                usage["completion_tokens"] += number(u.get("output_tokens"))
         elif kind == "function":
             calls.append({"span": s, "data": data})
         elif kind == "agent":
@@ -157,8 +162,8 @@ def _trace(trace_id: str, trace: dict[str, Any], spans: list[dict[str, Any]], wh
             f"{where}: no generation or function spans with content: the trace holds no conversation "
             "(its response spans carry only their id)"
         )
-    starts = [s["started_at"] for s in spans if s.get("started_at")]
-    ends = [s["ended_at"] for s in spans if s.get("ended_at")]
+    starts = [s["started_at"] for s in spans if isinstance(s.get("started_at"), str) and s["started_at"]]
+    ends = [s["ended_at"] for s in spans if isinstance(s.get("ended_at"), str) and s["ended_at"]]
     return {
         "messages": history,
         "tools": list(tools.values()) if tools else None,

@@ -16,7 +16,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vigil.ingest.importers.common import ENVELOPE, ItemError, envelope, text_of, tool_defs, validated
+from vigil.ingest.importers.common import (
+    ENVELOPE,
+    ItemError,
+    envelope,
+    kind_of,
+    obj,
+    string,
+    text_of,
+    tool_defs,
+    validated,
+)
 from vigil.schema import Conversation
 
 NAME = "openai-responses"
@@ -84,7 +94,7 @@ OWN = frozenset({*ENVELOPE, "instructions", "input", "output", "tools", "metadat
 def is_item(x: Any) -> bool:
     if not isinstance(x, dict):
         return False
-    if x.get("type") in KNOWN:
+    if kind_of(x) in KNOWN:
         return True
     return "type" not in x and x.get("role") in ("user", "assistant", "system", "developer") and "messages" not in x
 
@@ -95,7 +105,7 @@ def sniff_items(data: Any) -> bool:
         isinstance(data, list)
         and bool(data)
         and all(is_item(x) for x in data)
-        and any(isinstance(x, dict) and x.get("type") in KNOWN for x in data)
+        and any(kind_of(x) in KNOWN for x in data)
     )
 
 
@@ -147,11 +157,11 @@ class _Builder:
         if isinstance(content, list):
             texts, parts, refusals = [], [], []
             for i, p in enumerate(content):
-                kind = p.get("type") if isinstance(p, dict) else None
+                kind = kind_of(p)
                 if kind in ("input_text", "output_text", "text"):
-                    texts.append(p.get("text") or "")
+                    texts.append(string(p.get("text"), f"{where}.content.{i}.text"))
                 elif kind == "refusal":
-                    refusals.append(p.get("refusal") or "")
+                    refusals.append(string(p.get("refusal"), f"{where}.content.{i}.refusal"))
                 elif kind in ("input_image", "input_file", "input_audio"):
                     parts.append(p)
                 else:
@@ -172,9 +182,9 @@ class _Builder:
 
     def add(self, item: Any, where: str) -> None:
         if not is_item(item):
-            kind = item.get("type") if isinstance(item, dict) else type(item).__name__
+            kind = kind_of(item) if isinstance(item, dict) else type(item).__name__
             raise ItemError(f"{where}: an item of type {kind!r} is not one Vigil reads")
-        kind = item.get("type", "message")
+        kind = kind_of(item) or "message"
         if kind == "message":
             self.message(item, where)
         elif kind == "function_call":
@@ -250,20 +260,20 @@ def _record(item: dict[str, Any], where: str) -> tuple[list[dict[str, Any]], dic
         items_to_messages(instructions, f"{where}.instructions", b)
     if "input" in item:
         items_to_messages(item["input"], f"{where}.input", b)
-    output = item.get("output") if "output" in item else (response or {}).get("output")
+    output = item.get("output") if "output" in item else obj(response).get("output")
     if output is not None:
         items_to_messages(output, f"{where}.output" if "output" in item else f"{where}.response.output", b)
     meta: dict[str, Any] = {"source": "openai-responses"}
     if response is not None:
         meta["response_id"] = response.get("id")
         meta["response_status"] = response.get("status")
-        details = response.get("incomplete_details") or {}
-        if details.get("reason") == "max_output_tokens" and b.messages and b.messages[-1]["role"] == "assistant":
+        details = response.get("incomplete_details")
+        if kind_of(details, "reason") == "max_output_tokens" and b.messages and b.messages[-1]["role"] == "assistant":
             b.messages[-1]["finish_reason"] = "length"
     extra = {
-        "tools": item.get("tools") if item.get("tools") is not None else (response or {}).get("tools"),
-        "usage": _usage((response or {}).get("usage")),
-        "model": item.get("model") or (response or {}).get("model"),
+        "tools": item.get("tools") if item.get("tools") is not None else obj(response).get("tools"),
+        "usage": _usage(obj(response).get("usage")),
+        "model": item.get("model") or obj(response).get("model"),
     }
     return b.messages, {"meta": meta, **extra}
 

@@ -10,11 +10,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from vigil.ingest.decode import describe_validation_error
+from vigil.ingest.importers.common import ImportError_, obj
 from vigil.schema import Conversation, ToolDef
 
 
 def _domain(info: dict[str, Any]) -> str:
-    return str((info.get("environment_info") or {}).get("domain_name") or "unknown")
+    return str(obj(info.get("environment_info")).get("domain_name") or "unknown")
 
 
 def _message(m: dict[str, Any]) -> dict[str, Any]:
@@ -43,7 +44,7 @@ def _tools(info: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The domain's tool definitions when the results file carries them (``environment_info.tool_defs``,
     by name; each an OpenAI function schema, or a tool with one under ``openai_schema``); None otherwise, or
     when one cannot be read (then no tools rather than some)."""
-    raw = (info.get("environment_info") or {}).get("tool_defs")
+    raw = obj(info.get("environment_info")).get("tool_defs")
     values = list(raw.values()) if isinstance(raw, dict) else raw if isinstance(raw, list) else None
     if not values:
         return None
@@ -60,7 +61,7 @@ def _tools(info: dict[str, Any]) -> list[dict[str, Any]] | None:
 def _goal(task: dict[str, Any] | None) -> str | None:
     if not task:
         return None
-    scenario = task.get("user_scenario") or {}
+    scenario = obj(task.get("user_scenario"))
     instr = scenario.get("instructions") if isinstance(scenario, dict) else None
     if isinstance(instr, dict):
         parts = [instr.get("reason_for_call"), instr.get("task_instructions")]
@@ -75,12 +76,10 @@ def convert(
     agent_version: str | None,
     include_policy: bool = True,
 ) -> Iterator[Conversation]:
-    from vigil.ingest.importers.common import ImportError_
-
-    info = data.get("info") or {}
+    info = obj(data.get("info"))
     domain = _domain(info)
-    model = (info.get("agent_info") or {}).get("llm") or "unknown"
-    policy = (info.get("environment_info") or {}).get("policy")
+    model = obj(info.get("agent_info")).get("llm") or "unknown"
+    policy = obj(info.get("environment_info")).get("policy")
     tasks = {str(t.get("id")): t for t in data.get("tasks") or []}
     tools = _tools(info)
     for n, sim in enumerate(data.get("simulations") or []):
@@ -88,7 +87,7 @@ def convert(
             messages = [_message(m) for m in sim["messages"]]
             if include_policy and policy:
                 messages.insert(0, {"role": "system", "content": policy})
-            raw_reward = (sim.get("reward_info") or {}).get("reward")
+            raw_reward = obj(sim.get("reward_info")).get("reward")
             end = sim.get("end_time")
             cost = sim.get("agent_cost")
             duration = sim.get("duration")
@@ -128,7 +127,7 @@ def convert(
                     ],
                 }
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, AttributeError) as exc:
             raise ImportError_(f"{path}: simulation {n}: missing or malformed field {exc}") from None
         except ValidationError as exc:
             raise ImportError_(f"{path}: simulation {n}: {describe_validation_error(exc)}") from None
