@@ -28,6 +28,7 @@ bench: $(BIN)/vigil
 # Re-pin constraints.txt after changing dependencies in pyproject.toml (uv resolves what pip cannot).
 lock: $(BIN)/vigil
 	$(BIN)/python -m pip install --quiet uv
+	cp constraints.txt constraints.txt.new  # the current pins are uv's preferences: only what must move moves
 	$(BIN)/uv pip compile pyproject.toml --extra dev --python-version 3.11 --no-header --quiet -o constraints.txt.new \
 	  $$( [ -f /etc/xdg/pip/constraints.txt ] && echo -c /etc/xdg/pip/constraints.txt )
 	{ printf '%s\n' "# Pinned versions for a reproducible install: pip install -c constraints.txt -e '.[dev]' (make does this)." \

@@ -85,6 +85,8 @@ TopicHandler = Callable[[Sequence[Envelope]], Any]
 OutcomeSink = Callable[[list[dict[str, Any]]], Any]
 # (request, target path, unsaved label) -> the page showing it again, or None: a label survives a log-in
 LoginResumer = Callable[[Any, str, dict[str, Any]], Any]
+# () -> banners every UI page shows while they hold (an active alert): dicts with "text" and "href"
+BannerSource = Callable[[], list[dict[str, str]]]
 
 
 @dataclass
@@ -99,7 +101,8 @@ class Hooks:
     - ``background``: workers run inside ``vigil serve``;
     - ``routers``, ``nav`` (``(label, path)``) and ``templates``: a stage's API, UI pages and their folders;
     - ``outcome_sink``: where demo and simulated traffic sends its outcomes;
-    - ``login_resumers``: pages that show a label posted with an expired session again after log-in.
+    - ``login_resumers``: pages that show a label posted with an expired session again after log-in;
+    - ``banners``: what every UI page shows on top while it holds (the detector's active alerts).
     """
 
     downstream: list[DownstreamStage] = field(default_factory=list)
@@ -115,6 +118,7 @@ class Hooks:
     templates: list[Path] = field(default_factory=list)
     outcome_sink: OutcomeSink | None = None
     login_resumers: list[LoginResumer] = field(default_factory=list)
+    banners: list[BannerSource] = field(default_factory=list)
 
     def add_router(self, router: APIRouter) -> None:
         if router not in self.routers:

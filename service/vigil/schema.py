@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Any, Final, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vigil.errors import ConfigError
 
@@ -58,11 +58,26 @@ class ToolCall(BaseModel):
         return value if isinstance(value, dict) else {"_value": value}
 
 
+# Content blocks of other formats that Vigil's schema would misread as parts without text (a tool call
+# read as an empty reply): refused, naming the format to send them in.
+FOREIGN_PARTS: Final = frozenset({"tool_use", "tool_result", "server_tool_use", "thinking", "redacted_thinking"})
+
+
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
 
     type: str
     text: str | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _not_foreign(cls, value: str) -> str:
+        if value in FOREIGN_PARTS:
+            raise ValueError(
+                f"a {value} block is Anthropic Messages, not Vigil's schema (tool calls go in tool_calls): "
+                "send it with ?format=anthropic (or vigil import)"
+            )
+        return value
 
 
 class Message(BaseModel):
@@ -84,6 +99,46 @@ class Message(BaseModel):
         if isinstance(c, str):
             return c
         return "\n".join(p.text for p in c if p.text)
+
+
+class ToolDef(BaseModel):
+    """A tool the agent was offered: its name, description and parameters (a JSON schema).
+
+    Also read as sent by the APIs: OpenAI chat's ``{"type": "function", "function": {...}}``, the Responses
+    API's flat ``{"type": "function", "name", "parameters"}`` and Anthropic's ``input_schema``. A hosted
+    tool without a name (``{"type": "web_search"}``) is named after its type.
+    """
+
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
+
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="JSON schema of the arguments.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _api_shapes(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        if isinstance(value.get("function"), dict):  # OpenAI chat completions
+            return {**value["function"]}
+        if "input_schema" in value and "parameters" not in value:  # Anthropic
+            out = {k: v for k, v in value.items() if k != "input_schema"}
+            out["parameters"] = value["input_schema"]
+            return out
+        if value.get("type") == "function":  # Responses API: flat
+            return {k: v for k, v in value.items() if k != "type"}
+        if "name" not in value and isinstance(value.get("type"), str):  # a hosted tool
+            return {**value, "name": value["type"]}
+        return value
+
+    def as_openai(self) -> dict[str, Any]:
+        """As an OpenAI chat function definition (what Inspect, verifiers and litellm read)."""
+        fn: dict[str, Any] = {"name": self.name}
+        if self.description:
+            fn["description"] = self.description
+        fn["parameters"] = self.parameters if self.parameters is not None else {"type": "object", "properties": {}}
+        return {"type": "function", "function": fn}
 
 
 class Usage(BaseModel):
@@ -132,9 +187,29 @@ class Conversation(BaseModel):
     task_id: str | None = Field(default=None, max_length=256)
     intent: str | None = Field(default=None, max_length=256)
     messages: list[Message] = Field(min_length=1)
+    tools: list[ToolDef] | None = Field(
+        default=None, description="The tools the agent was offered (name, description, parameters JSON schema)."
+    )
     usage: Usage | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     outcomes: list[InlineOutcome] = Field(default_factory=list)
+
+    @property
+    def offered_tools(self) -> list[ToolDef] | None:
+        """The tools the agent was offered: ``tools``, else definitions kept in ``metadata.tools`` (OTLP spans
+        put them there); None when the conversation does not say."""
+        if self.tools is not None:
+            return self.tools
+        declared = self.metadata.get("tools")
+        if not isinstance(declared, list) or not declared:
+            return None
+        out = []
+        for t in declared:
+            try:
+                out.append(ToolDef.model_validate(t))
+            except ValueError:
+                continue
+        return out or None
 
     @property
     def effective_revision(self) -> int:

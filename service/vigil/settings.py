@@ -228,9 +228,16 @@ class Settings(BaseSettings):
         "hours after the conversation ended.",
     )
     compare_max_sample: int = Field(
-        default=20_000,
+        default=5_000,
         ge=100,
-        description="Most recent conversations per version used for bootstrap intervals.",
+        description="Most recent conversations per version used for bootstrap intervals (the bootstrap's cost "
+        "grows with this times the resamples; rates come from the rollups and are not sampled).",
+    )
+    compare_metadata_sample: int = Field(
+        default=500,
+        ge=10,
+        description="Most recent conversations per version whose metadata compare reads: the error and truncation "
+        "rates and how each version was run (model, sampling, harness, tools, grader, budgets).",
     )
     compare_bootstrap_resamples: int = Field(
         default=1000, ge=100, description="Bootstrap resamples for intervals of means and p95 latency."
@@ -316,8 +323,8 @@ class Settings(BaseSettings):
     )
     export_redact_patterns: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra PII patterns redacted on export besides emails, phones and card numbers, as JSON "
-        '{"name": "regex", ...}; a match becomes [REDACTED:name].',
+        description="Extra patterns redacted on export besides the built-in PII and secret detector, as JSON "
+        '{"name": "regex", ...} (RE2 syntax); a match becomes [REDACTED:name].',
     )
     # --- end calibration ---
 
@@ -371,6 +378,57 @@ class Settings(BaseSettings):
         "0 turns it off.",
     )
     # --- end tracing ---
+
+    # --- scale: rollups, read windows, list counts, retention ---
+    read_window_days: float = Field(
+        default=7.0,
+        ge=0,
+        description="Compare, quality and the queue's aggregate reads cover the last this many days unless the "
+        "request says since/until; 0 reads all time (from the rollups, so still flat).",
+    )
+    rollup_interval_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="How often serve and the detector bring the hourly rollups up to date (reads also catch up "
+        "before answering).",
+    )
+    rollup_lag_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="Each rollup refresh looks this far behind its watermark, for writes that committed late.",
+    )
+    list_count_cap: int = Field(
+        default=10_000,
+        ge=1,
+        description="Lists count matching rows up to this many and then say N+ (a full count grows with the table).",
+    )
+    list_max_offset: int = Field(
+        default=10_000,
+        ge=0,
+        description="Largest offset a list accepts; page further with the cursor (keyset pagination).",
+    )
+    retention_conversations_days: float = Field(
+        default=90.0,
+        ge=0,
+        description="Conversations (and their findings, outcome links) older than this are deleted; labelled "
+        "and exported conversations are kept. 0 keeps them forever.",
+    )
+    retention_findings_days: float = Field(
+        default=90.0, ge=0, description="Findings older than this are deleted (of kept conversations too). 0: forever."
+    )
+    retention_verdicts_days: float = Field(
+        default=180.0,
+        ge=0,
+        description="Judge verdicts older than this are deleted; of kept conversations never. 0: forever.",
+    )
+    retention_dead_letters_days: float = Field(
+        default=14.0, ge=0, description="Dead letters older than this are deleted. 0 keeps them forever."
+    )
+    retention_interval_seconds: float = Field(
+        default=3600.0, gt=0, description="How often serve and the detector run the retention job."
+    )
+    retention_batch_rows: int = Field(default=5000, ge=1, description="Rows the retention job deletes per transaction.")
+    # --- end scale ---
 
     @field_validator("log_level")
     @classmethod

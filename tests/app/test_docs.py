@@ -65,3 +65,17 @@ def test_docs_site_builds_strictly(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert (site / "index.html").is_file()
+
+
+def test_every_test_the_docs_name_exists() -> None:
+    """The docs' "shape → test" tables (formats, OpenTelemetry) name tests as ``tests/x.py::test_y``: each exists."""
+
+    named = 0
+    missing = []
+    for page in sorted((PROJECT_ROOT / "docs").glob("*.md")):
+        for path, name in set(re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", page.read_text())):
+            named += 1
+            source = PROJECT_ROOT / path
+            if not source.exists() or not re.search(rf"^(async )?def {name}\(", source.read_text(), re.M):
+                missing.append(f"{page.name}: {path}::{name}")
+    assert named >= 40 and not missing, missing

@@ -121,8 +121,8 @@ def test_compare_page_and_cli_table_show_corrected_rates(
     rt, _, _ = _loaded(tmp_path)
     result = run_compare(rt, "v1", "v2")
     cal = next(r for r in result["signals"] if r["signal"] == "judge:tj")["calibration"]
-    corrected = f"{100 * cal['candidate']['corrected']['value']:.2f}%"
-    raw = f"{100 * cal['candidate']['raw']['value']:.2f}%"
+    corrected = f"{100 * cal['candidate']['corrected']['value']:.1f}%"  # as the compare table shows rates
+    raw = f"{100 * cal['candidate']['raw']['value']:.1f}%"
     with TestClient(build_app(rt)) as ui:
         _login(ui, "rita-key")
         html = ui.get("/ui/compare", params={"agent": "support-bot", "baseline": "v1", "candidate": "v2"}).text

@@ -153,7 +153,8 @@ def test_cli_compare_json_and_table(loaded, monkeypatch) -> None:
     body = orjson.loads(result.stdout)
     assert {s["signal"]: s["verdict"] for s in body["signals"]}["forbidden_tool"] == "worse"
     table = runner.invoke(app, ["compare", "--baseline", "v1", "--candidate", "v2", "--agent", "support-bot"])
-    assert table.exit_code == 0 and "forbidden_tool" in table.stdout and "red flag" in table.stdout
+    assert table.exit_code == 0 and "forbidden tool call rate" in table.stdout and "red flag" in table.stdout
+    assert table.stdout.startswith("v2 vs v1: 4 signals worse, 2 better, 4 red flags")
     missing = runner.invoke(app, ["compare", "--baseline", "v1", "--candidate", "nope"])
     assert missing.exit_code == 2 and "no agent has conversations" in missing.output
 

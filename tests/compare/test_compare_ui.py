@@ -126,3 +126,67 @@ def test_compare_page_in_a_browser(sqlite_url) -> None:
         srv.should_exit = True
         thread.join(10)
         rt.close()
+
+
+@pytest.mark.browser
+def test_compare_headline_order_folding_and_links_in_a_browser(sqlite_url) -> None:
+    """The headline counts, worse rows first, 0-vs-0 rows folded, pp and money, links to the conversations."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("python playwright")
+    if not Path(CHROMIUM).exists():
+        missing(f"Chromium at {CHROMIUM}")
+    import uvicorn
+
+    from vigil.app.server import build_app
+
+    rt = loaded_runtime(sqlite_url)
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    assert wait_port(port), "uvicorn did not start"
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(f"{base}/ui/compare")
+            page.fill("#api_key", "rita-key")
+            page.click("button[type=submit]")
+            page.wait_for_url(f"{base}/ui/compare")
+            headline = page.locator("#headline")
+            assert headline.is_visible()
+            worse = int(headline.get_attribute("data-worse") or "0")
+            assert worse >= 2 and headline.inner_text().startswith(f"v2 vs v1: {worse} signals worse, ")
+            assert headline.inner_text().endswith(f"{headline.get_attribute('data-red-flags')} red flags")
+            verdicts = page.locator("#compare-table tbody tr").evaluate_all("rows => rows.map(r => r.dataset.verdict)")
+            assert verdicts[:worse] == ["worse"] * worse and "worse" not in verdicts[worse:]
+            assert page.locator("#compare-table tbody tr").first.get_attribute("class") == "flagged"
+            # rates that are 0 on both sides are folded, not rows
+            folded = page.locator("#folded li")
+            assert folded.count() >= 1
+            zero = folded.first.get_attribute("data-signal")
+            assert page.locator(f'#compare-table tr[data-signal="{zero}"]').count() == 0
+            forbidden = page.locator('tr[data-signal="forbidden_tool"]')
+            assert forbidden.locator("td.diff").inner_text().startswith("+10.0 pp")
+            cost = page.locator('tr[data-signal="cost_usd"]')
+            assert re.match(r"\$0\.0\d", cost.locator("a.behind").first.inner_text())
+            assert "e-0" not in cost.inner_text()
+            # a row's candidate figure leads to the conversations behind it, and on to one of them
+            forbidden.locator('a.behind[data-behind="candidate"]').click()
+            page.wait_for_url(re.compile(r".*/ui/compare/conversations\?.*signal=forbidden_tool.*"))
+            assert page.locator("#behind tbody tr").count() == 20
+            assert "conversations with a forbidden tool call" in page.locator("h1").inner_text()
+            page.locator("#behind tbody tr a").first.click()
+            page.wait_for_url(re.compile(r".*/ui/review/.*"))
+            # a version compared with itself is refused with a message
+            page.goto(f"{base}/ui/compare?agent=support-bot&baseline=v2&candidate=v2")
+            assert "compared with itself" in page.locator("#compare-error").inner_text()
+            assert page.locator("#compare-table").count() == 0
+            browser.close()
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+        rt.close()

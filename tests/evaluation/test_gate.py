@@ -202,3 +202,29 @@ def test_inspect_logs_from_a_real_eval(tmp_path: Path) -> None:
     assert pass1["baseline"]["value"] == 1.0 and pass1["candidate"]["value"] == 0.5 and pass1["verdict"] == "REGRESSION"
     assert {p["key"] for p in out["protocol"]} >= {"model", "harness", "grader"}
     assert _gate(logs[0], logs[0]).exit_code == 0
+
+
+def test_protocol_from_the_conversations_metadata_where_the_header_says_nothing(tmp_path: Path) -> None:
+    def rows(model: str, grader: str) -> list[dict]:
+        meta = {"model": model, "temperature": 0.2, "harness": "runner 3", "grader": grader, "tools": ["lookup"]}
+        conv = {
+            "conversation_id": "c",
+            "agent_id": "a",
+            "agent_version": "v",
+            "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+            "metadata": meta,
+        }
+        return [{"task_id": f"t{i}", "success": i % 4 != 0, "conversation": conv} for i in range(40)]
+
+    base = _native(tmp_path / "base.jsonl", rows("m1", "exact v1"), {"judge": None})
+    cand = _native(tmp_path / "cand.jsonl", rows("m2", "rubric v2"), {"judge": None})
+    out = orjson.loads(_gate(base, cand, "--json").stdout)
+    proto = {p["key"]: p for p in out["protocol"]}
+    assert (proto["model"]["baseline"], proto["model"]["candidate"], proto["model"]["same"]) == ("m1", "m2", False)
+    assert proto["sampling"]["same"] and proto["harness"]["baseline"] == "runner 3" and proto["tools"]["same"]
+    assert out["graders_changed"] == ["grader"]
+    assert {r["signal"]: r for r in out["rows"]}["pass@1 (= pass^1)"]["verdict"] == "grader changed (grader)"
+    # what the header says wins over the metadata
+    named = _native(tmp_path / "named.jsonl", rows("m2", "rubric v2"), {"model": "m1", "grader": "exact v1"})
+    out = orjson.loads(_gate(base, named, "--json").stdout)
+    assert {p["key"]: p["same"] for p in out["protocol"]}["model"] and not out["graders_changed"]

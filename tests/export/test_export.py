@@ -159,13 +159,27 @@ def test_native_export_schema_grading_redaction_and_dedupe(world) -> None:  # ty
     last_assistant = max(i for i, m in enumerate(convs[ids["clean"]].messages) if m.role == "assistant")
     assert clean["failure"]["message_index"] == last_assistant
 
+    # only findings at or above VIGIL_EXPORT_MIN_CRITERION_SEVERITY (medium) became hard criteria
+    assert rt.settings.export_min_criterion_severity == "medium"
+    below = 0
+    for task in tasks:
+        severity = {r["rule_id"]: r["severity"] for r in task["failure"]["rules"]}
+        below += sum(s in ("info", "low") for s in severity.values())
+        assert all(severity[g["rule_id"]] not in ("info", "low") for g in task["grading"] if g.get("rule_id"))
+    assert below  # some findings were below the floor: reported in failure.rules, never criteria
+
     raw = b"".join(orjson.dumps(x) for x in tasks).decode()
-    assert list(find_pii(raw, ["email", "phone", "card"])) == []
+    assert find_pii(raw, ["email", "phone", "card"]) == []
     assert not re.search(USER_ID, raw)
     assert "jane.doe@example.com" not in raw and "4111 1111 1111 1111" not in raw and "415-555-0132" not in raw
     for kind in ("email", "phone", "card", "user_id"):
         assert f"[REDACTED:{kind}]" in raw
-    emails = {m.group(0) for conv in convs.values() for msg in conv.messages for _, m in find_pii(msg.text, ["email"])}
+    emails = {
+        msg.text[f.start : f.end]
+        for conv in convs.values()
+        for msg in conv.messages
+        for f in find_pii(msg.text, ["email"])
+    }
     assert emails and not any(e in raw for e in emails)
 
 

@@ -292,3 +292,20 @@ def test_imported_conversations_survive_a_json_round_trip() -> None:
     [conv, *_] = load_file(tau2_file("telecom"))
     again = Conversation.model_validate_json(conv.model_dump_json())
     assert again == conv
+
+
+def test_tau2_tool_definitions_become_the_conversations_tools(tmp_path: Path) -> None:
+    raw = json.loads(tau2_file("airline").read_text())
+    raw["simulations"] = raw["simulations"][:2]
+    schema = {"type": "object", "properties": {"user_id": {"type": "string"}}, "required": ["user_id"]}
+    fn = {"name": "get_user_details", "description": "Get the details of a user.", "parameters": schema}
+    raw["info"]["environment_info"]["tool_defs"] = {
+        "get_user_details": {"openai_schema": {"type": "function", "function": fn}}
+    }
+    path = tmp_path / "with_tools.json"
+    path.write_text(json.dumps(raw))
+    convs = list(load_file(path))
+    assert all([t.name for t in c.tools or []] == ["get_user_details"] for c in convs)
+    assert convs[0].tools and convs[0].tools[0].parameters == schema
+    # the published files carry none: then the conversation says nothing about its tools
+    assert all(c.tools is None for c in load_file(tau2_file("airline")))

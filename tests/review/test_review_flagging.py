@@ -131,7 +131,7 @@ def test_findings_enter_once_and_later_signals_raise_priority(rt) -> None:
 def test_outcome_before_its_conversation_waits_then_becomes_claimable(rt) -> None:
     conv = next(c for c in simulated(40, "v1:0.0", seed=4))
     cid = conv["conversation_id"]
-    _stored_rows(rt, [_outcome(cid, "refund_reversal"), _outcome(cid, "reward", 0.0)])
+    _stored_rows(rt, [_outcome(cid, "refund_reversal"), _outcome(cid, "task_success", 0.0)])
     item = _item(rt, cid)
     assert item is not None and item.agent_id is None and item.priority == 60 + 40
     with rt.sessions.begin() as s:
@@ -301,6 +301,7 @@ def test_policy_weights() -> None:
         {"rule_id": "budget", "severity": "low", "message": "over", "details": {}},
     ]
     assert [(r.kind, r.key, r.weight) for r in policy.finding_reasons(findings)] == [("finding", "pii-in-reply", 100)]
-    assert policy.outcome_reasons("reward", 1.0) == [] and policy.outcome_reasons("reward", 0.5)[0].weight == 40
+    assert policy.outcome_reasons("task_success", 1.0) == []
+    assert policy.outcome_reasons("task_success", 0.5)[0].weight == 40
     assert policy.outcome_reasons("thumbs_down", 0) == [] and policy.outcome_reasons("unknown", 1) == []
     assert policy.verdict_reasons("j", "unscored", None, False) == []

@@ -159,7 +159,7 @@ def test_an_expired_session_keeps_the_typed_label(ui, rt, monkeypatch) -> None:
     )
     assert back.status_code == 200 and 'id="draft-notice"' in back.text and "Logged in again" in back.text
     assert 'value="confirmed_failure" data-key="c" required checked' in back.text
-    assert 'value="wrong_action" title=' in back.text and "selected>1 · wrong action" in back.text
+    assert 'value="wrong_action" data-description=' in back.text and "selected>1 · wrong action" in back.text
     assert "Cancelled a &lt;b&gt;delivered&lt;/b&gt; order</textarea>" in back.text
     saved = ui.post(url + "/label", data={**typed, "csrf": _csrf(back.text)}, follow_redirects=False)
     assert saved.status_code == 303 and saved.headers["location"].endswith("notice=labelled")
@@ -219,7 +219,9 @@ def test_forms_claim_label_and_next(ui, rt) -> None:
         },
         follow_redirects=False,
     )
-    assert nxt.status_code == 303 and nxt.headers["location"] != url
+    assert nxt.status_code == 303 and nxt.headers["location"].endswith("?notice=labelled")
+    next_url = nxt.headers["location"].split("?")[0]
+    assert next_url != url
     again = ui.get(url)
     assert "&lt;b&gt;bold&lt;/b&gt;" in again.text and "<b>bold</b>" not in again.text
     assert "You labelled this confirmed failure (version 1)" in again.text
@@ -227,15 +229,15 @@ def test_forms_claim_label_and_next(ui, rt) -> None:
     assert done.status_code == 303 and done.headers["location"].endswith("notice=done")
     assert "This item is done" in ui.get(done.headers["location"]).text
     for action in ("extend", "release", "skip"):
-        assert ui.post(nxt.headers["location"] + f"/{action}", data={}).status_code == 403
+        assert ui.post(next_url + f"/{action}", data={}).status_code == 403
     assert (
-        ui.post(nxt.headers["location"] + "/extend", data={"csrf": token}, follow_redirects=False)
+        ui.post(next_url + "/extend", data={"csrf": token}, follow_redirects=False)
         .headers["location"]
         .endswith("notice=extended")
     )
-    released = ui.post(nxt.headers["location"] + "/release", data={"csrf": token}, follow_redirects=False)
+    released = ui.post(next_url + "/release", data={"csrf": token}, follow_redirects=False)
     assert released.headers["location"].endswith("notice=released")
-    assert "Claim this item" in ui.get(nxt.headers["location"]).text
+    assert "Claim this item" in ui.get(next_url).text
 
 
 def test_skipping_a_conversation_outside_the_queue_is_a_404_page(ui, rt) -> None:
@@ -254,6 +256,20 @@ def test_skipping_a_conversation_outside_the_queue_is_a_404_page(ui, rt) -> None
     assert "text/html" in r.headers["content-type"] and f'href="{url}"' in r.text
 
 
+def _handler_attributes(html: str) -> list[str]:
+    """Attributes named on* of any tag, as a browser parses them (text inside a quoted value is no attribute)."""
+    from html.parser import HTMLParser
+
+    found: list[str] = []
+
+    class Attrs(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            found.extend(f"{tag} {name}" for name, _ in attrs if name.lower().startswith("on"))
+
+    Attrs().feed(html)
+    return found
+
+
 def test_hostile_transcript_is_escaped_and_pages_carry_a_csp(ui, rt) -> None:
     conv = xss_conversation()
     store(rt, [conv])
@@ -266,7 +282,7 @@ def test_hostile_transcript_is_escaped_and_pages_carry_a_csp(ui, rt) -> None:
         html = page.text
         for tag in ("<script>window", "<img", "<iframe", "<svg", '<a href="javascript'):
             assert tag not in html
-        assert re.findall(r"<[a-zA-Z][^>]*\son[a-z]+\s*=", html) == []  # no event handler attribute in any tag
+        assert _handler_attributes(html) == []  # no event handler attribute in any tag
         assert len(re.findall(r"<script\b", html)) == 1  # the UI's own vigil.js
     assert "&lt;script&gt;window.__xss = 1; alert(1)&lt;/script&gt;" in html
     assert "{{ 7 * 7 }}" in html and ">49<" not in html
@@ -339,3 +355,50 @@ def test_double_review_is_blind_until_you_label(sqlite_url, tmp_path) -> None:
             assert "rita&#39;s secret note" in page and "stay hidden" not in page
     finally:
         rt.close()
+
+
+def test_logout_revokes_the_session_for_every_copy_of_the_cookie(ui, rt) -> None:
+    from fastapi.testclient import TestClient
+
+    from vigil.ui.models import UiSessionRow
+
+    store(rt, simulated(5, "v1:0.6", seed=1))
+    _login(ui)
+    page = ui.get("/ui/queue")
+    copied = ui.cookies.get(COOKIE)
+    with rt.sessions() as s:
+        [row] = s.query(UiSessionRow).all()
+        assert row.key_name == "rita" and copied and row.id_hash not in copied  # only the id's hash is stored
+    thief = TestClient(ui.app)
+    thief.cookies.set(COOKIE, copied)
+    assert thief.get("/ui/queue", follow_redirects=False).status_code == 200
+    assert ui.post("/ui/logout", data={"csrf": _csrf(page.text)}, follow_redirects=False).status_code == 303
+    with rt.sessions() as s:
+        assert s.query(UiSessionRow).count() == 0
+    # the copy made before log-out no longer claims, labels or reads
+    assert thief.get("/ui/queue", follow_redirects=False).status_code == 303
+    token = _csrf(page.text)
+    assert thief.post("/v1/review/claim", headers={"X-CSRF-Token": token}).status_code == 401
+    assert thief.get("/v1/review/queue").status_code == 401
+
+
+def test_a_new_login_gets_a_new_session_id(ui, rt) -> None:
+    _login(ui)
+    first = ui.cookies.get(COOKIE)
+    _login(ui)
+    second = ui.cookies.get(COOKIE)
+    assert first != second
+    stale = type(ui)(ui.app)
+    stale.cookies.set(COOKIE, first)
+    assert stale.get("/ui/queue", follow_redirects=False).status_code == 303  # logging in again revoked it
+    assert ui.get("/ui/queue", follow_redirects=False).status_code == 200
+
+
+def test_login_errors_come_from_fixed_codes(ui) -> None:
+    page = ui.get("/ui/login", params={"error": "bad_credentials"})
+    assert "Unknown API key." in page.text
+    for text in ("Your account is locked: call +1 555 0100", "<b>pwned</b>", "x" * 50):
+        page = ui.get("/ui/login", params={"error": text})
+        assert page.status_code == 200
+        assert text not in page.text and "pwned" not in page.text and "locked" not in page.text
+        assert 'role="alert"' not in page.text

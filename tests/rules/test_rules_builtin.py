@@ -12,7 +12,7 @@ import pytest
 from vigil.rules import ConversationView, Hit, registered_rule_types
 from vigil.rules.builtin_tools import DEFAULT_NO, DEFAULT_YES, EscalationArgs
 from vigil.rules.patterns import needles, pattern
-from vigil.schema import Conversation
+from vigil.schema import Conversation, ToolDef
 
 _ids = itertools.count()
 
@@ -112,7 +112,40 @@ def test_every_builtin_type_is_registered() -> None:
         "empty_or_truncated_response",
         "escalation",
         "tool_calls_per_message",
+        "unoffered_tool",
     } <= set(registered_rule_types())
+
+
+# --- unoffered_tool ---------------------------------------------------------------------------
+
+
+def offered(*messages: dict[str, Any], tools: list[dict[str, Any]] | None) -> Conversation:
+    conv = convo(*messages)
+    return conv.model_copy(update={"tools": None if tools is None else [ToolDef.model_validate(t) for t in tools]})
+
+
+LOOKUP_TOOL = {"type": "function", "function": {"name": "get_order_details", "parameters": {"type": "object"}}}
+
+
+def test_unoffered_tool_flags_a_call_outside_the_offered_tools() -> None:
+    msgs = build(u("Refund #W1"), call("get_order_details", order_id="#W1"), ("result", "{}"), call("refund_order"))
+    hits = run("unoffered_tool", offered(*msgs, tools=[LOOKUP_TOOL]))
+    assert [(h.details["tool"], h.evidence[0].message_index) for h in hits] == [("refund_order", 3)]
+    assert hits[0].details["offered"] == ["get_order_details"]
+    assert run("unoffered_tool", offered(*msgs, tools=[LOOKUP_TOOL]), allow=["refund_order"]) == []
+
+
+def test_unoffered_tool_is_silent_when_every_call_was_offered_or_tools_are_unknown() -> None:
+    msgs = build(u("Where is #W1?"), call("get_order_details", order_id="#W1"), ("result", "{}"))
+    assert run("unoffered_tool", offered(*msgs, tools=[LOOKUP_TOOL])) == []
+    assert run("unoffered_tool", offered(*msgs, tools=None)) == []  # nothing known, nothing flagged
+    assert len(run("unoffered_tool", offered(*msgs, tools=[]))) == 1  # offered no tools at all
+
+
+def test_unoffered_tool_reads_definitions_kept_in_metadata() -> None:
+    msgs = build(u("Cancel #W1"), call("cancel_order", order_id="#W1"))
+    conv = Conversation.model_validate({**convo(*msgs).model_dump(), "metadata": {"tools": [LOOKUP_TOOL]}})
+    assert [h.details["tool"] for h in run("unoffered_tool", conv)] == ["cancel_order"]
 
 
 # --- forbidden_tool ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import typer
 
 from vigil import __version__
 from vigil.app.console import console, fail, load_settings
+from vigil.app.home.commands import register as register_home_commands
 from vigil.app.wiring import STAGES
 from vigil.errors import VigilError
 from vigil.runtime import Launcher, Runtime
@@ -20,11 +21,13 @@ app.add_typer(db_app, name="db")
 
 
 def _build(settings: Settings, roles: frozenset[str] | None) -> Runtime:
-    from vigil.app.runtime import build_runtime
+    from vigil.app.runtime import build_runtime, settle_heap
     from vigil.app.wiring import wire
 
     rt = build_runtime(settings, roles=roles or ("replay",))
-    return wire(rt) if roles is not None else rt
+    rt = wire(rt) if roles is not None else rt
+    settle_heap()
+    return rt
 
 
 def _serve_metrics(rt: Runtime) -> None:
@@ -115,6 +118,7 @@ def serve(
 for _stage in STAGES:
     if _stage.commands is not None:
         _stage.commands(app)
+register_home_commands(app)
 
 
 def main() -> None:

@@ -80,9 +80,10 @@ def build_server_app(
 def build_app(rt: Runtime, background: list[Background] | None = None) -> FastAPI:
     """The API with every wired stage's routers, and the web UI (its sessions, log-in and static files)."""
     from vigil.http.app import create_app
-    from vigil.ui import pages, session
+    from vigil.ui import errors, pages, session
 
     app = create_app(rt, background)
-    session.install(app, rt.settings, announce=rt.has_role("serve", "api"))
+    session.install(app, rt.settings, announce=rt.has_role("serve", "api"), db=rt.sessions)
+    errors.install(app)
     app.include_router(pages.router)
     return app

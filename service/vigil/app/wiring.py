@@ -11,7 +11,10 @@ from collections.abc import Iterable
 from sqlalchemy import MetaData
 
 from vigil import calibration, compare, detector, evaluation, export, ingest, judge, outcomes, review
+from vigil.app import home
 from vigil.runtime import Runtime, Stage
+from vigil.store import rollups
+from vigil.store.maintenance import Maintenance
 from vigil.store.models import Base
 
 STAGES: tuple[Stage, ...] = (
@@ -38,9 +41,18 @@ def wire(rt: Runtime, roles: Iterable[str] | None = None) -> Runtime:
         rt.roles = frozenset(roles)
     for stage in STAGES:
         stage.wire(rt)
+    if rt.has_role("serve", "detector"):
+        upkeep = Maintenance(rt.settings, rt.sessions)
+        rt.provide(upkeep)
+        if rt.has_role("serve"):
+            rt.hooks.background.append(upkeep)
+    home.wire(rt)
     return rt
 
 
 def metadata() -> MetaData:
-    """Every stage's tables (importing the stages above registered them on the shared Base)."""
+    """Every stage's tables (importing the stages above registered them on the shared Base), and the UI's."""
+    import vigil.ui.models  # noqa: F401  (registers ui_sessions)
+
+    assert rollups.RollupHourRow.__table__.metadata is Base.metadata  # the shared rollup tables, too
     return Base.metadata

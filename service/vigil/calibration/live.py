@@ -25,7 +25,7 @@ HUMAN = {"confirmed_failure": True, "not_a_failure": False}
 _CHUNK = 500
 
 
-def consensus(labels: list[ReviewLabelRow]) -> tuple[bool, str | None] | None:
+def consensus(labels: list[Any]) -> tuple[bool, str | None] | None:
     """The majority human verdict and category of one conversation; None if unsure or tied."""
     votes = [HUMAN[r.label] for r in labels if r.label in HUMAN]
     fails = sum(votes)
@@ -36,42 +36,48 @@ def consensus(labels: list[ReviewLabelRow]) -> tuple[bool, str | None] | None:
     return fail, cats.most_common(1)[0][0] if cats else None
 
 
-def sampled_items(session: Session, ids: list[str]) -> set[str]:
-    out: set[str] = set()
-    for i in range(0, len(ids), _CHUNK):
-        out.update(
-            session.scalars(
-                select(ReviewItemRow.conversation_id).where(
-                    ReviewItemRow.conversation_id.in_(ids[i : i + _CHUNK]), ReviewItemRow.sampled.is_(True)
-                )
-            ).all()
-        )
-    return out
-
-
 def live_pairs(
     session: Session, judge: str | None = None, only_sampled: bool = False, offline: bool | None = None
 ) -> dict[str, list[Pair]]:
-    """Judge name → human/judge pairs, one per (conversation, judge version)."""
-    humans = {cid: c for cid, labs in reads.current_labels(session).items() if (c := consensus(labs)) is not None}
-    ids = sorted(humans)
+    """Judge name → human/judge pairs, one per (conversation, judge version).
+
+    Reads only labelled conversations the judge gave a verdict on (a join along the conversation id), with
+    the columns it needs: the cost follows the pairs, not every label or verdict ever stored."""
+    V, L = VerdictRow, ReviewLabelRow
+    vq = select(V.judge, V.judge_version, V.conversation_id, V.revision, V.id, V.verdict, V.categories).where(
+        select(L.id).where(L.conversation_id == V.conversation_id, L.is_current.is_(True)).exists()
+    )
+    if judge is not None:
+        vq = vq.where(V.judge == judge)
+    if offline is not None:
+        vq = vq.where(V.offline.is_(offline))
     if only_sampled:
-        keep = sampled_items(session, ids)
-        ids = [i for i in ids if i in keep]
-    latest: dict[tuple[str, str, str], VerdictRow] = {}
+        vq = vq.where(
+            select(ReviewItemRow.id)
+            .where(ReviewItemRow.conversation_id == V.conversation_id, ReviewItemRow.sampled.is_(True))
+            .exists()
+        )
+    latest: dict[tuple[str, str, str], Any] = {}
+    for v in session.execute(vq):
+        key = (v.judge, v.judge_version, v.conversation_id)
+        old = latest.get(key)
+        if old is None or (v.revision, v.id) > (old.revision, old.id):
+            latest[key] = v
+    ids = sorted({cid for _n, _v, cid in latest})
+    labels: dict[str, list[Any]] = defaultdict(list)
     for i in range(0, len(ids), _CHUNK):
-        q = select(VerdictRow).where(VerdictRow.conversation_id.in_(ids[i : i + _CHUNK]))
-        if judge is not None:
-            q = q.where(VerdictRow.judge == judge)
-        if offline is not None:
-            q = q.where(VerdictRow.offline.is_(offline))
-        for v in session.scalars(q).all():
-            key = (v.judge, v.judge_version, v.conversation_id)
-            old = latest.get(key)
-            if old is None or (v.revision, v.id) > (old.revision, old.id):
-                latest[key] = v
+        lq = (
+            select(L.conversation_id, L.label, L.category)
+            .where(L.is_current.is_(True), L.conversation_id.in_(ids[i : i + _CHUNK]))
+            .order_by(L.id)
+        )
+        for r in session.execute(lq):
+            labels[r.conversation_id].append(r)
+    humans = {cid: c for cid, labs in labels.items() if (c := consensus(labs)) is not None}
     out: dict[str, list[Pair]] = defaultdict(list)
     for (name, version, cid), v in sorted(latest.items()):
+        if cid not in humans:
+            continue
         fail, category = humans[cid]
         out[name].append(Pair(cid, fail, v.verdict, version, category, list(v.categories or [])))
     return dict(out)

@@ -170,6 +170,17 @@ class Calibration:
             ],
         }
 
+    def measured(self, session: Session, name: str) -> Agreement | None:
+        """The current version's measured errors, which correct its rates (None until labels measure them)."""
+        offline = self.mode_of(name) == OFFLINE
+        only_sampled = self.settings.calibration_correction_labels == "sampled"
+        pairs = by_version(live.live_pairs(session, name, only_sampled, offline).get(name, []))
+        versions = set(pairs) | set(self.latest_runs(session, name))
+        current = self.current.get(name) or max(versions, key=version_key, default=None)
+        if current is None:
+            return None
+        return self._measurement(pairs.get(current, []), self.latest_runs(session, name).get(current))[0]
+
     def _measurement(self, measuring: list[Pair], run: CalibrationRunRow | None) -> tuple[Agreement | None, str | None]:
         if measuring:
             m = measure(measuring)

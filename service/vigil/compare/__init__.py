@@ -15,6 +15,7 @@ from vigil.compare.paired import (
     powers_of_two,
 )
 from vigil.compare.stats import holm, pass_at_k, pass_hat_k
+from vigil.compare.tasks import protocol_of
 from vigil.runtime import Runtime, Stage
 
 if typing.TYPE_CHECKING:
@@ -48,4 +49,5 @@ __all__ = [
     "pass_k",
     "per_task",
     "powers_of_two",
+    "protocol_of",
 ]

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from vigil.compare.table import CompareError, RulesFor, compare, quality
+from vigil.compare.drill import UnknownSignal, conversations_behind
+from vigil.compare.pairing import RuleVersions
+from vigil.compare.present import headline
+from vigil.compare.table import CompareError, RulesFor, SameVersion, compare, quality
 from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.runtime import Runtime
 from vigil.schema import outcome_types
+from vigil.store.maintenance import refresh_rollups
+from vigil.store.rollups import default_since
 
 router = APIRouter(tags=["compare"])
 
@@ -20,6 +26,31 @@ router = APIRouter(tags=["compare"])
 def applicable_rules(rt: Runtime) -> RulesFor:
     """Ids of the loaded rules whose ``applies_to`` matches an agent and version."""
     return lambda agent, version: [r.id for r in rt.rules.rules_for(agent, version)]
+
+
+def catch_up(rt: Runtime) -> None:
+    """Bring the rollups up to date before an aggregate read (cheap: only rows since the last run)."""
+    refresh_rollups(rt.settings, rt.sessions, only_if_behind=True)
+
+
+def window(rt: Runtime, since: datetime | None, until: datetime | None) -> tuple[datetime | None, datetime | None]:
+    """The read window: as asked, else the last ``read_window_days``."""
+    if since is None and until is None:
+        since = default_since(rt.settings.read_window_days)
+    return since, until
+
+
+def rule_versions(rt: Runtime) -> RuleVersions:
+    """Each applicable rule's definition (pack, type, digest of severity and arguments): what its row measures."""
+
+    def versions(agent: str, version: str) -> dict[str, str]:
+        out = {}
+        for r in rt.rules.rules_for(agent, version):
+            spec = f"{r.spec.severity}\x1f{r.args.model_dump_json()}"
+            out[r.id] = f"{r.pack}/{r.type.name}/{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+        return out
+
+    return versions
 
 
 def run_compare(
@@ -31,6 +62,8 @@ def run_compare(
     until: datetime | None = None,
 ) -> dict[str, Any]:
     s = rt.settings
+    catch_up(rt)
+    since, until = window(rt, since, until)
     with rt.sessions() as session:
         result = compare(
             session,
@@ -43,9 +76,12 @@ def run_compare(
             s.compare_bootstrap_resamples,
             since,
             until,
+            s.compare_metadata_sample,
+            rule_versions(rt),
         )
         for enrich in rt.hooks.compare_enrichers:  # calibration adds corrected judge rates
             enrich(session, result)
+        result["headline"] = headline(result)
         return result
 
 
@@ -55,22 +91,57 @@ async def get_compare(
     baseline: str = Query(..., description="Baseline agent version."),
     candidate: str = Query(..., description="Candidate agent version."),
     agent: str | None = Query(None, description="Agent id; needed when both versions exist for several agents."),
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: datetime | None = Query(None, description="Window start (default: read_window_days ago)."),
+    until: datetime | None = Query(None, description="Window end (default: now)."),
 ) -> dict[str, Any]:
     """Each signal for both versions with 95% intervals, the difference, a verdict and red flags."""
     try:
         return await run_in_threadpool(run_compare, runtime_of(request), baseline, candidate, agent, since, until)
+    except SameVersion as exc:
+        raise HTTPException(400, str(exc)) from None
     except CompareError as exc:
         raise HTTPException(404, str(exc)) from None
 
 
+@router.get("/v1/compare/conversations", dependencies=[require("reviewer")])
+async def get_conversations_behind(
+    request: Request,
+    agent: str,
+    version: str,
+    signal: str = Query(..., description="A signal of the compare table, e.g. rule:<id>, judge:<name>, tasks:success."),
+    offset: int = Query(0, ge=0),
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> dict[str, Any]:
+    """The conversations of one version behind one row of the compare table, a page at a time."""
+    rt = runtime_of(request)
+
+    def run() -> dict[str, Any]:
+        with rt.sessions() as s:
+            return conversations_behind(
+                s, agent, version, signal, offset, since, until, rt.settings.compare_metadata_sample
+            )
+
+    try:
+        return await run_in_threadpool(run)
+    except UnknownSignal as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
 @router.get("/v1/quality", dependencies=[require("reviewer")])
-async def get_quality(request: Request, agent: str, version: str) -> dict[str, Any]:
+async def get_quality(
+    request: Request,
+    agent: str,
+    version: str,
+    since: datetime | None = Query(None, description="Window start (default: read_window_days ago)."),
+    until: datetime | None = Query(None, description="Window end (default: now)."),
+) -> dict[str, Any]:
     """Quality signals of one agent version with 95% intervals."""
     rt = runtime_of(request)
 
     def run() -> dict[str, Any]:
+        catch_up(rt)
+        start, end = window(rt, since, until)
         with rt.sessions() as session:
             return quality(
                 session,
@@ -80,6 +151,8 @@ async def get_quality(request: Request, agent: str, version: str) -> dict[str, A
                 applicable_rules(rt),
                 rt.settings.compare_max_sample,
                 rt.settings.compare_bootstrap_resamples,
+                start,
+                end,
             )
 
     found = await run_in_threadpool(run)

@@ -15,8 +15,8 @@ def _pct(e: dict[str, Any], kind: str) -> str:
         return "-"
     if kind == "rate":
         lo, hi = e.get("low"), e.get("high")
-        inner = f" [{100 * lo:.1f}, {100 * hi:.1f}]" if lo is not None and hi is not None else ""
-        return f"{100 * v:.2f}%{inner}"
+        inner = f" [{100 * lo:.1f}%, {100 * hi:.1f}%]" if lo is not None and hi is not None else ""
+        return f"{100 * v:.1f}%{inner}"
     lo, hi = e.get("low"), e.get("high")
     inner = f" [{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None else ""
     return f"{v:.4g}{inner}"
@@ -35,46 +35,74 @@ def _corrected_row(cal: dict[str, Any]) -> tuple[str, str, str, str, str]:
     return (f"  corrected, {state}", side(cal.get("baseline")), side(cal.get("candidate")), "", "")
 
 
+def _side(values: list[dict[str, Any]]) -> str:
+    if len(values) == 1:
+        return str(values[0]["value"])
+    return "; ".join(f"{v['value']} ({next(n for k, n in v.items() if k != 'value')})" for v in values)
+
+
 def render(result: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+
+    from vigil.compare import present
 
     out = Console()
     b, c = result["baseline"], result["candidate"]
+    out.print(f"[bold]{escape(result['headline']['text'])}[/bold]")
+    tasks = result.get("tasks") or {}
+    if tasks.get("paired"):
+        out.print(f"{tasks['shared']} shared tasks: task rows are paired (SE of the per-task difference)")
     table = Table(
         title=f"{result['agent_id']}: {b['version']} ({b['conversations']} conv.) → "
         f"{c['version']} ({c['conversations']} conv.), 95% intervals"
     )
-    for col in ("signal", "baseline", "candidate", "difference", "verdict"):
+    for col in ("signal", "baseline", "candidate", "difference [95%]", "verdict"):
         table.add_column(col, overflow="fold")
-    colour = {"better": "green", "worse": "red"}
-    for r in result["signals"]:
-        verdict = r["verdict"] + (" (red flag)" if r["red_flag"] else "")
+    colour = {"better": "green", "worse": "red", "grader changed": "yellow"}
+    shown, folded = present.ordered(result["signals"])
+    for r in shown:
+        verdict = r["verdict"] + (" (red flag)" if r["red_flag"] else "") + (" (info)" if r["informational"] else "")
+        if r.get("grader_changed"):
+            verdict += f": {r['grader_changed']}"
         style = colour.get(r["verdict"], "")
+        diff = f"{present.difference(r)} {present.difference_interval(r)}"
+        if se := present.standard_error(r):
+            diff += f" {se}"
         table.add_row(
-            r["signal"],
-            _pct(r["baseline"], r["kind"]),
-            _pct(r["candidate"], r["kind"]),
-            _pct(r["difference"], r["kind"]),
-            f"[{style}]{verdict}[/{style}]" if style else verdict,
+            escape(r["label"]),
+            f"{present.value(r, r['baseline'])} {present.interval(r, r['baseline'])}",
+            f"{present.value(r, r['candidate'])} {present.interval(r, r['candidate'])}",
+            diff,
+            f"[{style}]{escape(verdict)}[/{style}]" if style else escape(verdict),
         )
         if r.get("calibration"):
             table.add_row(*_corrected_row(r["calibration"]))
     out.print(table)
+    if folded:
+        out.print(f"{len(folded)} signals are 0 on both sides: {', '.join(r['signal'] for r in folded)}")
     m = result.get("multiplicity")
     if m:
         out.print(
             f"Verdicts are corrected for testing {m['signals']} signals at once ({m['method'].title()}); "
-            "the intervals shown are raw 95% intervals."
+            "the intervals shown are raw 95% intervals; (info) rows are not tested."
         )
     for note in result["red_flags"]:
-        out.print(f"[bold red]red flag:[/bold red] {note}")
-    for side in ("baseline", "candidate"):
-        pk = result["pass_k"][side]
-        if pk["tasks"]:
-            at = ", ".join(f"pass@{k} {v:.3f}" for k, v in pk["pass_at_k"].items())
-            hat = ", ".join(f"pass^{k} {v:.3f}" for k, v in pk["pass_hat_k"].items())
-            out.print(f"{side} ({pk['tasks']} repeated tasks): {at}; {hat}")
+        out.print(f"[bold red]red flag:[/bold red] {escape(note)}")
+    proto = result.get("protocol") or []
+    if proto:
+        t = Table("protocol", "baseline", "candidate", "", title="how each side was produced")
+        for p in proto:
+            t.add_row(
+                p["key"],
+                escape(_side(p["baseline"])[:80]),
+                escape(_side(p["candidate"])[:80]),
+                "same" if p["same"] else "[yellow]DIFFERS[/yellow]",
+            )
+        out.print(t)
+        if not result.get("comparable", True):
+            out.print("[yellow]the two versions were not produced the same way (see DIFFERS above)[/yellow]")
 
 
 def register(app: typer.Typer) -> None:

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote, urlencode
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
-from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
-from vigil.compare.api import run_compare
+from vigil.compare import present
+from vigil.compare.api import catch_up, run_compare
+from vigil.compare.drill import PAGE, UnknownSignal, conversations_behind
 from vigil.compare.table import CompareError
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
-from vigil.store.db import aware
-from vigil.store.models import ConversationRow
+from vigil.money import usd
+from vigil.store import rollups
 from vigil.store.signals import version_key
 from vigil.ui.render import render_page, ui_user
 
@@ -28,32 +30,14 @@ def versions(rt: Any) -> dict[str, list[str]]:
     time; like the detector, ``v1.5.0`` then counts as newer than ``v1.4.0``. Agents come in the
     order of their newest version.
     """
-    q = select(ConversationRow.agent_id, ConversationRow.agent_version, func.min(ConversationRow.received_at)).group_by(
-        ConversationRow.agent_id, ConversationRow.agent_version
-    )
+    catch_up(rt)
     with rt.sessions() as s:
-        seen = [(agent, version, aware(first)) for agent, version, first in s.execute(q)]
+        seen = rollups.versions_seen(s)
     seen.sort(key=lambda r: (r[2], version_key(r[1])), reverse=True)
     out: dict[str, list[str]] = {}
     for agent, version, _ in seen:
         out.setdefault(agent, []).append(version)
     return out
-
-
-def fmt(estimate: dict[str, Any], kind: str) -> str:
-    v = estimate.get("value")
-    if v is None:
-        return "–"
-    return f"{100 * v:.2f}%" if kind == "rate" else f"{v:,.4g}"
-
-
-def interval(estimate: dict[str, Any], kind: str) -> str:
-    lo, hi = estimate.get("low"), estimate.get("high")
-    if lo is None or hi is None:
-        return ""
-    if kind == "rate":
-        return f"[{100 * lo:.2f}, {100 * hi:.2f}]"
-    return f"[{lo:,.4g}, {hi:,.4g}]"
 
 
 @router.get("/compare")
@@ -71,9 +55,12 @@ async def compare_page(
     if agent and not baseline and not candidate and len(options) >= 2:
         candidate, baseline = options[0], options[1]
     result, error = None, None
+    shown: list[dict[str, Any]] = []
+    folded: list[dict[str, Any]] = []
     if baseline and candidate:
         try:
             result = await run_in_threadpool(run_compare, rt, baseline, candidate, agent)
+            shown, folded = present.ordered(result["signals"])
         except CompareError as exc:
             error = str(exc)
     return render_page(
@@ -85,7 +72,48 @@ async def compare_page(
         baseline=baseline,
         candidate=candidate,
         result=result,
+        shown=shown,
+        folded=folded,
         error=error,
-        fmt=fmt,
-        interval=interval,
+        p=present,
+        behind=lambda version, signal: (
+            "/ui/compare/conversations?"
+            + urlencode({"agent": result["agent_id"] if result else agent, "version": version, "signal": signal})
+        ),
+    )
+
+
+@router.get("/compare/conversations")
+async def conversations_page(
+    request: Request,
+    agent: str,
+    version: str,
+    signal: str,
+    offset: int = Query(0, ge=0),
+    user: Principal = Depends(ui_user),
+) -> Response:
+    rt = runtime_of(request)
+
+    def run() -> dict[str, Any]:
+        with rt.sessions() as s:
+            return conversations_behind(
+                s, agent, version, signal, offset, metadata_sample=rt.settings.compare_metadata_sample
+            )
+
+    try:
+        found = await run_in_threadpool(run)
+    except UnknownSignal as exc:
+        return render_page(request, "error.html", 404, title="Not found", message=str(exc))
+    return render_page(
+        request,
+        "compare_conversations.html",
+        title=f"{version}: conversations {found['what']}",
+        found=found,
+        usd=usd,
+        review=lambda cid: "/ui/review/" + quote(cid, safe=""),
+        page=lambda o: (
+            "/ui/compare/conversations?"
+            + urlencode({"agent": agent, "version": version, "signal": signal, "offset": o})
+        ),
+        per_page=PAGE,
     )

@@ -31,11 +31,14 @@ class Estimate:
     n: int
     x: int | None = None
     p_value: float | None = None  # of a difference: two-sided, against "no difference"
+    se: float | None = None  # standard error, where the interval comes from one (paired, task-clustered)
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {"value": self.value, "low": self.low, "high": self.high, "n": self.n}
         if self.x is not None:
             out["x"] = self.x
+        if self.se is not None:
+            out["se"] = self.se
         if self.p_value is not None:
             out["p_value"] = self.p_value
         return out

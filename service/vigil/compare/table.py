@@ -17,8 +17,10 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
-from vigil.compare import stats
+from vigil.compare import pairing, stats
+from vigil.compare.pairing import RuleVersions
 from vigil.compare.signals import OFFLINE_SUFFIX, VersionData, load_version, versions_of
+from vigil.compare.tasks import load_tasks
 from vigil.errors import VigilError
 from vigil.schema import OutcomeType
 from vigil.store.signals import RulesFor
@@ -33,6 +35,10 @@ class CompareError(VigilError):
     """The versions to compare are unknown or ambiguous."""
 
 
+class SameVersion(CompareError):
+    """A version compared with itself."""
+
+
 @dataclass(slots=True)
 class Row:
     signal: str
@@ -45,6 +51,9 @@ class Row:
     verdict: str = UNSURE
     red_flag: bool = False
     p_adjusted: float | None = None  # Holm-adjusted across the signals of one comparison
+    paired: bool = False  # the difference is paired over shared tasks
+    informational: bool = False  # shown with its interval, never tested nor counted in the headline
+    grader_changed: str | None = None  # why the sides were not scored the same way
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +68,9 @@ class Row:
             "p_adjusted": self.p_adjusted,
             "verdict": self.verdict,
             "red_flag": self.red_flag,
+            "paired": self.paired,
+            "informational": self.informational,
+            "grader_changed": self.grader_changed,
         }
 
 
@@ -183,7 +195,7 @@ def build_rows(
 def adjust_for_multiplicity(rows: list[Row]) -> list[Row]:
     """Holm's step-down adjustment over the rows' p-values; a better/worse verdict whose adjusted
     p-value is not below 5% becomes "not yet distinguishable"."""
-    tested = [r for r in rows if r.difference.p_value is not None]
+    tested = [r for r in rows if r.difference.p_value is not None and not r.informational and r.grader_changed is None]
     if not tested:
         return rows
     adjusted = stats.holm([r.difference.p_value for r in tested if r.difference.p_value is not None])
@@ -196,9 +208,9 @@ def adjust_for_multiplicity(rows: list[Row]) -> list[Row]:
 
 def mark_red_flags(rows: list[Row]) -> list[Row]:
     """A signal that got worse while another got better is a red flag: an improvement may hide it."""
-    improved = [r for r in rows if r.verdict == BETTER]
+    improved = [r for r in rows if r.verdict == BETTER and not r.informational]
     for r in rows:
-        r.red_flag = r.verdict == WORSE and bool(improved)
+        r.red_flag = r.verdict == WORSE and not r.informational and bool(improved)
     return rows
 
 
@@ -209,7 +221,7 @@ def _fmt(r: Row, e: stats.Estimate) -> str:
 
 
 def red_flag_notes(rows: list[Row]) -> list[str]:
-    better = [r.signal for r in rows if r.verdict == BETTER]
+    better = [r.signal for r in rows if r.verdict == BETTER and not r.informational]
     return [
         f"{r.label} got worse ({_fmt(r, r.baseline)} → {_fmt(r, r.candidate)}) while {', '.join(better)} improved"
         for r in rows
@@ -242,23 +254,62 @@ def compare(
     resamples: int = 1000,
     since: datetime | None = None,
     until: datetime | None = None,
+    metadata_sample: int = 500,
+    rule_versions: RuleVersions | None = None,
 ) -> dict[str, Any]:
     """The full comparison as a JSON-ready dict (``vigil compare --json`` and ``GET /v1/compare``).
 
     Rule rows are the rules that apply to the agent at either version (and any rule with findings).
+    Per-task rows (paired where tasks are shared), the error and truncation rates and each side's
+    protocol come from :mod:`vigil.compare.pairing`.
     """
+    if baseline == candidate:
+        raise SameVersion(
+            f"baseline and candidate are both {baseline!r}: a version compared with itself shows no difference; "
+            "pick two different versions"
+        )
     agent = resolve_agent(session, baseline, candidate, agent)
     base = load_version(session, agent, baseline, types, max_sample, since, until)
     cand = load_version(session, agent, candidate, types, max_sample, since, until)
     for d in (base, cand):
         if not d.conversations:
             raise CompareError(f"agent {agent!r} has no finished conversations of version {d.version!r}")
-    rule_ids = {*rules_for(agent, baseline), *rules_for(agent, candidate)}
-    rows = build_rows(base, cand, types, rule_ids, resamples)
+    if rule_versions is not None:
+        base_rules, cand_rules = dict(rule_versions(agent, baseline)), dict(rule_versions(agent, candidate))
+    else:
+        base_rules = dict.fromkeys(rules_for(agent, baseline), "")
+        cand_rules = dict.fromkeys(rules_for(agent, candidate), "")
+    rows = build_rows(base, cand, types, {*base_rules, *cand_rules}, resamples)
+    base_tasks = load_tasks(session, agent, baseline, max_sample, metadata_sample, since, until)
+    cand_tasks = load_tasks(session, agent, candidate, max_sample, metadata_sample, since, until)
+    extra, tasks = pairing.task_rows(base_tasks, cand_tasks)
+    rows += [
+        Row(
+            t.signal,
+            t.label,
+            "rate",
+            t.direction,
+            t.baseline,
+            t.candidate,
+            t.difference,
+            paired=t.paired,
+            informational=t.informational,
+        )
+        for t in extra
+    ]
+    proto = pairing.protocol(base_tasks, cand_tasks, base_rules, cand_rules)
+    changed = pairing.graders_changed([r.signal for r in rows], proto, base_rules, cand_rules)
+    for r in rows:  # verdicts again over every row: the per-task rows join the multiplicity correction
+        r.grader_changed = changed.get(r.signal)
+        r.verdict = pairing.GRADER_CHANGED if r.grader_changed else verdict(r.difference, r.direction)
+        r.p_adjusted = None
+    adjust_for_multiplicity(rows)
+    mark_red_flags(rows)
     return {
         "agent_id": agent,
         "baseline": {"version": baseline, "conversations": base.conversations},
         "candidate": {"version": candidate, "conversations": cand.conversations},
+        "window": {"since": since, "until": until},
         "confidence": 1 - stats.ALPHA,
         "multiplicity": {
             "method": MULTIPLICITY,
@@ -269,6 +320,10 @@ def compare(
         "signals": [r.as_dict() for r in rows],
         "red_flags": red_flag_notes(rows),
         "pass_k": {"baseline": stats.pass_k_table(base.tasks), "candidate": stats.pass_k_table(cand.tasks)},
+        "tasks": tasks,
+        "protocol": proto,
+        "comparable": all(p["same"] for p in proto),
+        "graders_changed": changed,
     }
 
 
@@ -280,14 +335,17 @@ def quality(
     rules_for: RulesFor,
     max_sample: int = 20_000,
     resamples: int = 1000,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> dict[str, Any]:
     """One version's signals with 95% intervals (``GET /v1/quality``); rules as in :func:`compare`."""
-    d = load_version(session, agent, version, types, max_sample)
+    d = load_version(session, agent, version, types, max_sample, since, until)
     # against an empty baseline: only the version's own estimates are computed
     rows = build_rows(VersionData(agent, version), d, types, rules_for(agent, version), resamples)
     return {
         "agent_id": agent,
         "version": version,
+        "window": {"since": since, "until": until},
         "conversations": d.conversations,
         "signals": [
             {

@@ -20,6 +20,7 @@ def register(app: typer.Typer) -> None:
         import threading
 
         from vigil.detector.loop import Detector
+        from vigil.store.maintenance import Maintenance
 
         launch = Launcher.of(ctx)
         s = launch.settings()
@@ -28,6 +29,11 @@ def register(app: typer.Typer) -> None:
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
+        upkeep = rt.find(Maintenance)
+        if upkeep is not None and once:  # rollups and retention run beside the detector's passes
+            upkeep.tick()
+        elif upkeep is not None:
+            upkeep.thread(stop)
         if not once:
             launch.serve_metrics(rt)
             launch.console.print(

@@ -1,12 +1,18 @@
-"""Wires the detector: ``GET /v1/alerts`` everywhere; the worker in ``serve`` and ``detector`` roles."""
+"""Wires the detector: ``GET /v1/alerts``, ``/ui/alerts`` and the alert banner everywhere; the worker in
+``serve`` and ``detector`` roles."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from vigil.detector import pages
 from vigil.detector.api import router
 from vigil.detector.loop import Detector
 from vigil.detector.sampled import sampled_verdict_counter
 from vigil.runtime import Runtime
 from vigil.store.signals import conversation_signals, outcome_signals
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 def bad_outcomes(rt: Runtime) -> list[str]:
@@ -44,6 +50,12 @@ def build_detector(rt: Runtime) -> Detector:
 def wire(rt: Runtime) -> Detector | None:
     admit_labels(rt)
     rt.hooks.add_router(router)
+    rt.hooks.add_router(pages.router)
+    rt.hooks.add_page("Alerts", "/ui/alerts")
+    rt.hooks.add_templates(TEMPLATES)
+    banner = pages.AlertBanner(rt.sessions)
+    if banner not in rt.hooks.banners:
+        rt.hooks.banners.append(banner)
     rt.hooks.verdict_listeners.append(sampled_verdict_counter(rt.metrics))
     if not rt.has_role("serve", "detector"):
         return None

@@ -25,6 +25,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vigil import ingest
+from vigil.compare import protocol_of
 from vigil.errors import VigilError
 from vigil.evaluation.errors import EvaluationError
 from vigil.rules import RuleEngine
@@ -299,12 +300,16 @@ def _native(path: Path, lines: list[bytes], engine: RuleEngine) -> Run:
         raise EvaluationError(f"{path}:1: not a {RESULTS_FORMAT} v{RESULTS_VERSION} header: {exc}") from None
     rollouts = []
     measured_here = False
+    said: dict[str, set[str]] = {}  # protocol key -> what the rollouts' conversation metadata says
     for n, raw in enumerate(lines[1:], 2):
         try:
             line = ResultLine.model_validate(orjson.loads(raw))
             conv = Conversation.model_validate(line.conversation) if line.conversation else None
         except (orjson.JSONDecodeError, ValidationError) as exc:
             raise EvaluationError(f"{path}:{n}: {exc}") from None
+        if conv is not None:
+            for key, value in protocol_of(conv.metadata).items():
+                said.setdefault(key, set()).add(value or "(not recorded)")
         forbidden = line.forbidden_tool
         if forbidden is None and conv is not None:
             forbidden, measured_here = _forbidden(engine, conv), True
@@ -322,6 +327,9 @@ def _native(path: Path, lines: list[bytes], engine: RuleEngine) -> Run:
         )
     p = header.protocol
     protocol = {k: _canon(getattr(p, k)) for k in PROTOCOL_KEYS}
+    for key, values in said.items():  # the header wins; else the conversations' metadata, where it says
+        if protocol.get(key) is None and values != {"(not recorded)"}:
+            protocol[key] = "; ".join(sorted(values))
     if measured_here:
         protocol["rule_packs"] = _packs_version(engine)
     return Run(path, RESULTS_FORMAT, rollouts, protocol)

@@ -52,10 +52,11 @@ def check(criterion: dict[str, Any], turn: Turn, history: list[dict[str, Any]]) 
         found = re.search(str(criterion.get("pattern") or ""), turn.text, flags) is not None
         return not found if t == "must_not_match" else found
     if t == "must_not_disclose":
-        from vigil.rules.builtin_text import find_pii
+        from vigil.rules.builtin_text import DEFAULT_LEAK_KINDS, find_pii
+        from vigil.rules.pii import KINDS
 
-        kinds = [k for k in criterion.get("kinds") or ["email", "phone", "card"] if k in ("email", "phone", "card")]
-        return next(iter(find_pii(turn.text, kinds)), None) is None
+        kinds = [k for k in criterion.get("kinds") or DEFAULT_LEAK_KINDS if k in KINDS]
+        return not find_pii(turn.text, kinds)
     if t == "non_empty_response":
         return bool(turn.text.strip() or turn.calls)
     if t == "max_tool_calls_per_message":

@@ -28,6 +28,8 @@ def criterion(rule_id: str, rule_type: str, details: dict[str, Any], rule: Compi
             shape["when"] = a["when"]
         if a.get("when_args"):
             shape["when_args"] = a["when_args"]
+    elif rule_type == "unoffered_tool":
+        shape = {"type": "must_not_call", "tool": tool}
     elif rule_type == "tool_order":
         shape = {
             "type": "must_call_before",

@@ -49,4 +49,5 @@ class ExportedTaskRow(Base):
     __table_args__ = (
         UniqueConstraint("format", "conversation_id", name="uq_exported_tasks_once"),
         Index("ix_exported_tasks_group", "format", "group_key"),
+        Index("ix_exported_tasks_conversation", "conversation_id"),  # retention keeps exported conversations
     )

@@ -1,8 +1,9 @@
 """PII redaction applied to every exported task before it leaves Vigil.
 
-Built in: emails, phone numbers and card numbers (Luhn-checked), found by the same matcher as the
-``pii_leak`` rule (:func:`vigil.rules.builtin_text.find_pii`); plus the operator's own patterns from
-``VIGIL_EXPORT_REDACT_PATTERNS``. A match becomes ``[REDACTED:<kind>]``.
+Built in: every kind the detector behind the ``pii_leak`` rule knows (:mod:`vigil.rules.pii`: emails
+however written, phones, Luhn-valid cards, SSNs, IBANs, IP addresses, dates of birth, street addresses,
+keys, tokens and passwords); plus the operator's own patterns from ``VIGIL_EXPORT_REDACT_PATTERNS``,
+run on RE2 like every pattern that sees traffic. A match becomes ``[REDACTED:<kind>]``.
 """
 
 from __future__ import annotations
@@ -12,15 +13,16 @@ from collections import Counter
 from typing import Any
 
 from vigil.errors import ConfigError
-from vigil.rules.builtin_text import find_pii
+from vigil.rules import pii
+from vigil.rules.patterns import UnsupportedPattern, compile_linear
 
-BUILTIN = ["email", "phone", "card"]
+BUILTIN: list[str] = list(pii.KINDS)
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
 class Redactor:
     def __init__(self, patterns: dict[str, str] | None = None) -> None:
-        self.patterns: dict[str, re.Pattern[str]] = {}
+        self.patterns: dict[str, Any] = {}
         for name, rx in (patterns or {}).items():
             if not NAME_RE.match(name) or name in BUILTIN:
                 raise ConfigError(
@@ -28,13 +30,13 @@ class Redactor:
                     f"and not be one of {BUILTIN}"
                 )
             try:
-                self.patterns[name] = re.compile(rx)
-            except re.error as exc:
+                self.patterns[name] = compile_linear(rx)
+            except UnsupportedPattern as exc:
                 raise ConfigError(f"VIGIL_EXPORT_REDACT_PATTERNS: {name}: invalid regex: {exc}") from None
         self.counts: Counter[str] = Counter()
 
     def text(self, text: str) -> str:
-        spans: list[tuple[int, int, str]] = [(m.start(), m.end(), kind) for kind, m in find_pii(text, BUILTIN)]
+        spans: list[tuple[int, int, str]] = [(f.start, f.end, f.kind) for f in pii.detect(text)]
         for name, rx in self.patterns.items():
             spans.extend((m.start(), m.end(), name) for m in rx.finditer(text) if m.end() > m.start())
         if not spans:

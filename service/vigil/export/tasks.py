@@ -111,18 +111,12 @@ def _schema_of(values: list[Any]) -> dict[str, Any]:
 
 
 def tools_of(conv: Conversation) -> tuple[list[dict[str, Any]], str | None]:
-    """The tools the agent had, as OpenAI function definitions, and where they come from: the conversation's
-    own definitions (``metadata.tools``), else the calls seen in it (names, and argument names and types
-    from every call), else none."""
-    declared = conv.metadata.get("tools")
-    if isinstance(declared, list):
-        tools = [
-            t
-            for t in declared
-            if isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name")
-        ]
-        if tools:
-            return [{"type": "function", "function": t["function"]} for t in tools], "conversation"
+    """The tools the agent had, as OpenAI function definitions, and where they come from: the definitions
+    stored with the conversation (``tools``, or ``metadata.tools`` from traced spans), else the calls seen in
+    it (names, and argument names and types from every call), else none."""
+    offered = conv.offered_tools
+    if offered:
+        return [t.as_openai() for t in offered], "conversation"
     seen: dict[str, dict[str, list[Any]]] = {}
     always: dict[str, set[str]] = {}
     for m in conv.messages:

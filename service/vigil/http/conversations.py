@@ -32,20 +32,30 @@ def list_conversations(
     since: datetime | None = None,
     until: datetime | None = None,
     limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, description="Rows to skip (bounded by list_max_offset; page deeper with cursor)."),
+    cursor: str | None = Query(None, description="next_cursor of the previous page (keyset pagination)."),
 ) -> dict[str, Any]:
-    with runtime_of(request).sessions() as s:
-        return reads.list_conversations(
-            s,
-            limit,
-            offset,
-            agent=agent,
-            version=version,
-            rule=rule,
-            min_severity=severity,
-            since=since,
-            until=until,
-        )
+    """Stored conversations, newest first; ``total`` counts up to list_count_cap (``total_capped`` beyond)."""
+    rt = runtime_of(request)
+    if offset > rt.settings.list_max_offset:
+        raise HTTPException(422, f"offset above {rt.settings.list_max_offset}: page with cursor (next_cursor)")
+    with rt.sessions() as s:
+        try:
+            return reads.list_conversations(
+                s,
+                limit,
+                offset,
+                cursor,
+                rt.settings.list_count_cap,
+                agent=agent,
+                version=version,
+                rule=rule,
+                min_severity=severity,
+                since=since,
+                until=until,
+            )
+        except reads.BadCursor as exc:
+            raise HTTPException(422, str(exc)) from None
 
 
 @router.get("/v1/conversations/{conversation_id:path}", dependencies=[require("reviewer")])

@@ -51,26 +51,42 @@ def consume(
 def replay(
     ctx: typer.Context,
     files: Annotated[list[Path], typer.Argument(help="Recorded conversation files.", exists=True, dir_okay=False)],
-    format: Annotated[str, typer.Option("--format", help="auto, openai, tau2 or tau-bench.")] = "auto",
+    format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="auto (detect and say which), openai, openai-responses, anthropic, openai-agents, langsmith, tau2 "
+            "or tau-bench.",
+        ),
+    ] = "auto",
     to_kafka: Annotated[bool, typer.Option("--to-kafka", help="Produce to the conversations topic.")] = False,
     agent_id: Annotated[str | None, typer.Option(help="Override the agent id.")] = None,
     agent_version: Annotated[str | None, typer.Option(help="Override the agent version.")] = None,
     batch: Annotated[int, typer.Option(help="Conversations per stored batch.")] = 200,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Read and check the files, say the format of each; store nothing.")
+    ] = False,
 ) -> None:
-    """Push recorded conversations through the pipeline (or onto the Kafka topic)."""
+    """Import recorded conversations in any format Vigil reads into the pipeline (or onto the Kafka topic)."""
     launch = Launcher.of(ctx)
     console = launch.console
-    from vigil.ingest.importers import ImportError_, load_file
+    from vigil.ingest.importers import FORMATS, ImportError_, read_file
 
-    if format not in ("auto", "openai", "tau2", "tau-bench"):
-        launch.fail(VigilError(f"--format must be auto, openai, tau2 or tau-bench, not {format!r}"))
-    s = launch.settings()
+    if format not in ("auto", *FORMATS):
+        launch.fail(VigilError(f"--format must be auto, {', '.join(FORMATS)}; not {format!r}"))
     convs: list[Any] = []
     try:
         for f in files:
-            convs.extend(load_file(f, format, agent_id, agent_version))  # type: ignore[arg-type]
+            imported = read_file(f, format, agent_id, agent_version)
+            how = "detected" if format == "auto" else "as given"
+            count = len(imported.conversations)
+            console.print(f"{f}: {imported.format} ({how}: {imported.title}), {count} conversations")
+            convs.extend(imported.conversations)
     except ImportError_ as exc:
         launch.fail(exc)
+    if dry_run:
+        return
+    s = launch.settings()
     stored = dupes = 0
     with Progress(console=console) as progress:
         task = progress.add_task("replaying", total=len(convs))
@@ -226,4 +242,5 @@ def _make_sink(  # type: ignore[no-untyped-def]
 def register(app: typer.Typer) -> None:
     app.command()(consume)
     app.command()(replay)
+    app.command("import")(replay)
     app.command()(simulate)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -20,6 +21,7 @@ from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.http.body import BodyTooLarge, limited_body
 from vigil.ingest.decode import DecodeError, Item, decode_batch
+from vigil.ingest.importers import FORMATS
 from vigil.ingest.pipeline import Envelope
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
@@ -58,6 +60,25 @@ def grouped_letters(items: list[Item], source: str, detail_chars: int = 4000) ->
     return letters
 
 
+def hint(item: Item) -> dict[str, str]:
+    """For an item refused by the schema that another format reads: which, and how to send it."""
+    if item.error is None or item.error.reason != "schema_invalid":
+        return {}
+    import orjson
+
+    from vigil.ingest.importers import matches
+
+    try:
+        found = matches(orjson.loads(item.raw))
+    except (orjson.JSONDecodeError, RecursionError):
+        return {}
+    other = {name: why for name, why in found.items() if name != "openai"}
+    if len(other) != 1:
+        return {}
+    [(name, why)] = other.items()
+    return {"hint": f"this looks like {name} ({why}): send it with ?format={name} (or ?format=auto)"}
+
+
 def ingest_body(rt: Runtime, body: bytes) -> Answer:
     """Decode, check and store one request body (runs in a worker thread)."""
     pipeline = rt.pipeline
@@ -75,7 +96,7 @@ def ingest_body(rt: Runtime, body: bytes) -> Answer:
         index_of[conv.conversation_id] = item.index
     invalid = list(batch.invalid())
     errors: list[dict[str, Any]] = [
-        {"index": i.index, "reason": i.error.reason, "errors": i.error.errors}  # type: ignore[union-attr]
+        {"index": i.index, "reason": i.error.reason, "errors": i.error.errors, **hint(i)}  # type: ignore[union-attr]
         for i in invalid
     ]
     result = pipeline.process_documents(valid, grouped_letters(invalid, "http") if invalid else [], "http")
@@ -101,6 +122,49 @@ def ingest_body(rt: Runtime, body: bytes) -> Answer:
     return Answer(422 if errors else 202, out)
 
 
+def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, agent_version: str | None) -> Answer:
+    """A body in another format (``?format=``): converted by the importers, then decoded and stored as any
+    native conversation. The answer says which format was read; a shape no format (or several) reads is
+    refused whole, naming the formats tried, and kept as a dead letter."""
+    import orjson
+
+    from vigil.ingest.decode import decode_document, encode_conversation
+    from vigil.ingest.importers import ImportError_, convert_data
+
+    pipeline = rt.pipeline
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        pipeline.store([], [DeadLetter("http", "malformed_json", str(exc), body)], "http")
+        return Answer(400, {"detail": f"body is not JSON: {exc}", "reason": "malformed_json"})
+    try:
+        imported = convert_data(data, fmt, Path("body"), agent_id, agent_version)
+    except ImportError_ as exc:
+        pipeline.store([], [DeadLetter("http", "schema_invalid", str(exc)[:4000], body)], "http")
+        return Answer(422, {"detail": str(exc), "reason": "schema_invalid", "format": fmt})
+    valid: list[tuple[Conversation, str, Envelope]] = []
+    errors: list[dict[str, Any]] = []
+    for index, conv in enumerate(imported.conversations):
+        try:
+            checked, raw = decode_document(encode_conversation(conv), rt.settings.max_message_bytes)
+        except DecodeError as exc:
+            errors.append({"index": index, "reason": exc.reason, "errors": exc.errors})
+            continue
+        valid.append((checked, raw.decode(), Envelope(raw, "http", key=checked.conversation_id)))
+    result = pipeline.process_documents(valid, [], "http")
+    out = {
+        "format": imported.format,
+        "format_title": imported.title,
+        "accepted": len(valid),
+        "stored": len(result.stored),
+        "duplicates": result.duplicates,
+        "rejected": len(errors),
+        "errors": errors,
+        "conversation_ids": [c.conversation_id for c, _, _ in valid],
+    }
+    return Answer(422 if errors else 202, out)
+
+
 def unavailable(rt: Runtime, exc: Exception) -> JSONResponse:
     """Nothing of the request was stored or acknowledged: the client sends it again later."""
     log.warning("storing a request failed; answered 503: %s", exc)
@@ -118,7 +182,7 @@ def unavailable(rt: Runtime, exc: Exception) -> JSONResponse:
     dependencies=[require("ingest")],
     responses={
         202: {"description": "All items accepted"},
-        400: {"description": "Empty body or not JSON (kept as a dead letter)"},
+        400: {"description": "Empty body or not JSON (kept as a dead letter), or an unknown format"},
         413: {"description": "Body over VIGIL_MAX_REQUEST_BYTES, or more than 1000 items"},
         422: {"description": "Some items invalid; valid ones kept"},
         503: {"description": "Storage busy or unavailable; nothing stored, retry after Retry-After"},
@@ -138,12 +202,29 @@ def unavailable(rt: Runtime, exc: Exception) -> JSONResponse:
         }
     },
 )
-async def ingest_conversations(request: Request) -> JSONResponse:
+async def ingest_conversations(
+    request: Request,
+    format: Annotated[
+        str | None,
+        Query(
+            description="Read the body in another format: auto (detected; the answer says which), openai, "
+            "openai-responses, anthropic, openai-agents, langsmith, tau2 or tau-bench. Absent: Vigil's schema."
+        ),
+    ] = None,
+    agent_id: Annotated[str | None, Query(description="With format: the agent id, where the body has none.")] = None,
+    agent_version: Annotated[str | None, Query(description="With format: the agent version.")] = None,
+) -> JSONResponse:
     rt = runtime_of(request)
     s = rt.settings
+    if format is not None and format not in ("auto", *FORMATS):
+        detail = f"format must be auto, {', '.join(FORMATS)}; not {format!r}"
+        return JSONResponse({"detail": detail, "reason": "schema_invalid"}, 400)
     try:
         async with limited_body(request, s.max_request_bytes, s.max_inflight_bytes) as body:
-            answer = await run_in_threadpool(ingest_body, rt, body)
+            if format is None:
+                answer = await run_in_threadpool(ingest_body, rt, body)
+            else:
+                answer = await run_in_threadpool(ingest_formatted, rt, body, format, agent_id, agent_version)
     except BodyTooLarge as exc:
         letter = DeadLetter("http", "oversized", str(exc), exc.prefix)
         try:

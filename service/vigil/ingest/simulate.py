@@ -246,6 +246,18 @@ class Simulator:
                         "idempotency_key": f"{conv['conversation_id']}:{kind}",
                     }
                 )
+        # whether the task got done, for every conversation (the demo's task ids repeat, so compare shows
+        # pass^k); drawn from its own generator so the outcomes above stay what they were for a seed
+        done = random.Random(f"{conv['conversation_id']}:task_success").random() >= (0.5 if bad else 0.04)
+        out.append(
+            {
+                "conversation_id": conv["conversation_id"],
+                "type": "task_success",
+                "value": 1.0 if done else 0.0,
+                "occurred_at": ended.isoformat(),
+                "idempotency_key": f"{conv['conversation_id']}:task_success",
+            }
+        )
         return out
 
     @staticmethod

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session, aliased, load_only
 
 from vigil.judge import store
 from vigil.judge.definitions import Judge
@@ -274,9 +274,18 @@ class JudgeSampler:
             return
         now = self.clock()
         ids = {o.conversation_id for o in outcomes}
+        cols = load_only(
+            ConversationRow.conversation_id,
+            ConversationRow.revision,
+            ConversationRow.agent_id,
+            ConversationRow.agent_version,
+            ConversationRow.status,
+        )  # never the document: a listener runs in the batch that just wrote it
         convs = {
             c.conversation_id: c
-            for c in session.scalars(select(ConversationRow).where(ConversationRow.conversation_id.in_(ids))).all()
+            for c in session.scalars(
+                select(ConversationRow).options(cols).where(ConversationRow.conversation_id.in_(ids))
+            ).all()
         }
         rows: list[dict[str, Any]] = []
         for o in outcomes:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, load_only
 
 from vigil.metrics import Metrics
 from vigil.schema import OutcomeType
 from vigil.store.db import after_commit, upsert
 from vigil.store.models import ConversationRow, OutcomeLinkRow, OutcomeRow
-from vigil.store.signals import attributed
+from vigil.store.signals import STORED_FIELDS, StoredConversation, attributed
 from vigil.store.writes import Checked
 
 
@@ -23,7 +23,7 @@ def link_outcomes(
     types: dict[str, OutcomeType],
     window_hours: float,
     metrics: Metrics,
-    conversations: dict[str, ConversationRow] | None = None,
+    conversations: Mapping[str, StoredConversation] | None = None,
 ) -> list[OutcomeRow]:
     """Write or refresh the links of ``outcomes`` whose conversation is stored; returns newly linked ones."""
     if not outcomes:
@@ -32,7 +32,11 @@ def link_outcomes(
         ids = {o.conversation_id for o in outcomes}
         conversations = {
             c.conversation_id: c
-            for c in session.scalars(select(ConversationRow).where(ConversationRow.conversation_id.in_(ids)))
+            for c in session.scalars(
+                select(ConversationRow)
+                .options(load_only(*(getattr(ConversationRow, f) for f in STORED_FIELDS)))
+                .where(ConversationRow.conversation_id.in_(ids))
+            )
         }
     rows: list[dict[str, Any]] = []
     by_id: dict[int, OutcomeRow] = {}
@@ -103,10 +107,8 @@ class OutcomeJoin:
         outcomes = list(session.scalars(select(OutcomeRow).where(OutcomeRow.conversation_id.in_(ids))).all())
         if not outcomes:
             return
-        convs = {
-            c.conversation_id: c
-            for c in session.scalars(select(ConversationRow).where(ConversationRow.conversation_id.in_(ids)))
-        }
+        # the batch holds what the join needs of each stored row: no need to read the documents back
+        convs = {s.conversation_id: s for s in stored}
         linked = link_outcomes(
             session,
             outcomes,

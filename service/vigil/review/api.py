@@ -19,24 +19,39 @@ from sqlalchemy.orm import Session
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
-from vigil.review import failures, insights, queue, reviewers
+from vigil.review import clusters as near_dups
+from vigil.review import failures, insights, queue, reviewers, triage
+from vigil.review import side_by_side as sbs
 from vigil.review.errors import Conflict, Invalid, NotFound, ReviewError
 from vigil.review.flagger import enqueue
+from vigil.review.page_kit import reviewer_names
 from vigil.review.policy import LABELS, SEVERITIES, Reason
 from vigil.review.schemas import (
+    BulkIn,
+    BulkOut,
     ClaimFilters,
     ClaimOut,
+    ClusterLabelIn,
+    ClusterLabelOut,
     ClustersOut,
+    CommentIn,
+    CommentOut,
     EnqueueIn,
     HistoryOut,
     ItemOut,
     LabelIn,
     LabelOut,
     LeaseOut,
+    OpenClusterOut,
+    OpenClustersOut,
+    PairwiseIn,
+    PairwiseOut,
     QueueOut,
+    SideBySideOut,
     TaxonomyOut,
 )
 from vigil.review.stage import ReviewStage
+from vigil.store.reads import BadCursor
 
 router = APIRouter(
     prefix="/v1/review",
@@ -92,22 +107,57 @@ def list_queue(
     verdict: Literal["pass", "fail", "unscored"] | None = Query(None, description="Any judge verdict of this kind"),
     outcome: str | None = Query(None, description="Conversations with an outcome of this type"),
     reason: str | None = Query(None, description="Items flagged for this reason kind"),
+    severity: str | None = Query(None, description="Conversations whose most severe finding has this severity"),
+    q: str | None = Query(
+        None, max_length=200, description="Search: part of the conversation id, task, user id or message text"
+    ),
+    sort: str | None = Query(None, description=f"Sort by one of: {', '.join(insights.SORTS)} (default priority)"),
+    order: Literal["asc", "desc"] | None = Query(None, description="Default: desc for priority and times"),
     limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, description="Items to skip (bounded by list_max_offset; page deeper with cursor)."),
+    cursor: str | None = Query(None, description="next_cursor of the previous page (keyset pagination)."),
     p: Principal = require("reviewer"),
 ) -> Any:
-    """Queue items with counts per state and per reason kind, highest priority first."""
-    f = queue.QueueFilter(agent, version, rule, verdict, outcome, reason)
-    out = run(request, lambda s, _st: insights.list_queue(s, f, status, limit, offset))
+    """Queue items with counts per state and per reason kind, highest priority first.
+
+    Agent, version, rule, severity and outcome match regardless of case."""
+    f = queue.QueueFilter(agent, version, rule, verdict, outcome, reason, severity, q)
+    desc = None if order is None else order == "desc"
+    settings = runtime_of(request).settings
+    if offset > settings.list_max_offset:
+        raise HTTPException(422, f"offset above {settings.list_max_offset}: page with cursor (next_cursor)")
+    try:
+        out = run(
+            request,
+            lambda s, _st: insights.list_queue(
+                s,
+                f,
+                status,
+                limit,
+                offset,
+                cursor=cursor,
+                count_cap=settings.list_count_cap,
+                sort=sort,
+                descending=desc,
+            ),
+        )
+    except BadCursor as exc:
+        raise HTTPException(422, str(exc)) from None
     out["items"] = [_seen_by(item, p) for item in out["items"]]
     return out
+
+
+@router.get("/queue/filters")
+def queue_filters(request: Request, _: Principal = require("reviewer")) -> dict[str, list[str]]:
+    """Known values of the queue's filters (agents, versions, rules, severities, outcomes, ...)."""
+    return run(request, lambda s, st: insights.filter_options(s, list(st.rule_descriptions)))
 
 
 @router.post("/claim", response_model=ClaimOut, responses={204: {"description": "Nothing left to claim"}})
 def claim_next(request: Request, body: ClaimFilters | None = None, p: Principal = require("reviewer")) -> Any:
     """Claim the highest-priority available item (optionally filtered) with a lease."""
     b = body or ClaimFilters()
-    f = queue.QueueFilter(b.agent, b.version, b.rule, b.verdict, b.outcome, b.reason)
+    f = queue.QueueFilter(b.agent, b.version, b.rule, b.verdict, b.outcome, b.reason, b.severity, b.q)
 
     def go(s: Session, st: ReviewStage) -> Any:
         cid = queue.claim_next(s, p.name, st.lease_seconds, f, release_others=b.release_others)
@@ -132,6 +182,18 @@ def history(request: Request, conversation_id: str, p: Principal = require("revi
         return insights.blind_history(hist, insights.item_detail(s, conversation_id), p.name)
 
     return run(request, go)
+
+
+@router.get("/items/{conversation_id:path}/comments", response_model=list[CommentOut])
+def list_comments(request: Request, conversation_id: str, _: Principal = require("reviewer")) -> Any:
+    """Reviewers' comments on this conversation and its messages, oldest first."""
+    return run(request, lambda s, _st: triage.comments(s, conversation_id))
+
+
+@router.post("/items/{conversation_id:path}/comments", response_model=CommentOut, status_code=201)
+def add_comment(request: Request, conversation_id: str, body: CommentIn, p: Principal = require("reviewer")) -> Any:
+    """Comment on a stored conversation, or on one of its messages (``message_index``)."""
+    return run(request, lambda s, _st: triage.add_comment(s, conversation_id, p.name, body.body, body.message_index))
 
 
 @router.post("/items/{conversation_id:path}/claim", response_model=LeaseOut)
@@ -244,6 +306,96 @@ def clusters(request: Request, _: Principal = require("reviewer")) -> Any:
     return run(request, lambda s, st: failures.clusters(s, st.rule_descriptions))
 
 
+@router.get("/reviewers")
+def reviewers_list(request: Request, _: Principal = require("reviewer")) -> list[str]:
+    """Reviewers items can be assigned to."""
+    return reviewer_names(request)
+
+
+@router.post("/bulk", response_model=BulkOut)
+def bulk(request: Request, body: BulkIn, p: Principal = require("reviewer")) -> Any:
+    """Skip (for you), assign (to a reviewer: their claim-next offers the items to them first and to nobody
+    else) or unassign many items at once. Items that cannot be changed are listed under ``skipped``."""
+    if body.action == "assign" and body.assignee not in reviewer_names(request):
+        raise HTTPException(422, f"{body.assignee!r} is not a reviewer; one of {', '.join(reviewer_names(request))}")
+    return run(request, lambda s, _st: triage.bulk(s, body.action, body.conversation_ids, p.name, body.assignee))
+
+
+@router.get("/queue/clusters", response_model=OpenClustersOut)
+def open_clusters(
+    request: Request,
+    min_size: int = Query(2, ge=1, le=1000, description="Smallest cluster to list"),
+    p: Principal = require("reviewer"),
+) -> Any:
+    """Near-duplicate clusters of the open queue (same main reason, near-identical first user message);
+    items you labelled or skipped are left out."""
+    return run(
+        request,
+        lambda s, _st: {
+            "clusters": [c.as_dict() for c in near_dups.open_clusters(s, min_size, reviewer=p.name)],
+            "window": near_dups.WINDOW,
+        },
+    )
+
+
+@router.get("/queue/clusters/{cluster_id}", response_model=OpenClusterOut)
+def open_cluster(request: Request, cluster_id: str, p: Principal = require("reviewer")) -> Any:
+    """One near-duplicate cluster of the open queue."""
+
+    def go(s: Session, _st: ReviewStage) -> Any:
+        found = near_dups.find(s, cluster_id, p.name)
+        if found is None:
+            raise NotFound(f"no open cluster {cluster_id!r} (its items may have been labelled)")
+        return found.as_dict()
+
+    return run(request, go)
+
+
+@router.post("/queue/clusters/label", response_model=ClusterLabelOut)
+def label_cluster(request: Request, body: ClusterLabelIn, p: Principal = require("reviewer")) -> Any:
+    """Label ``sample`` and apply the label to ``members`` in one action; each copy says it was propagated
+    from ``sample`` by you. Members another reviewer holds, done ones and ones you labelled are skipped."""
+    data = queue.LabelIn(body.label, body.category, body.severity, body.notes, body.expected_behavior)
+    return run(
+        request,
+        lambda s, st: near_dups.label_cluster(s, body.sample, body.members, p.name, data, st.policy, st.metrics),
+    )
+
+
+@router.get("/side-by-side", response_model=SideBySideOut)
+def side_by_side(
+    request: Request,
+    task: str = Query(..., min_length=1, max_length=256, description="Task id"),
+    a: str | None = Query(None, description="Version on the left (default: the task's most recent version)"),
+    b: str | None = Query(None, description="Version on the right (default: the next most recent)"),
+    ca: str | None = Query(None, description="A conversation of version a to show (default: its latest run)"),
+    cb: str | None = Query(None, description="A conversation of version b to show"),
+    _: Principal = require("reviewer"),
+) -> Any:
+    """Two runs of the same task from two versions, to read side by side and choose between."""
+    return run(request, lambda s, _st: sbs.pair(s, task, a, b, ca, cb))
+
+
+@router.post("/pairwise", response_model=PairwiseOut, status_code=201)
+def pairwise_choose(request: Request, body: PairwiseIn, p: Principal = require("reviewer")) -> Any:
+    """Record which of two runs of one task did better (a, b or tie)."""
+    return run(
+        request, lambda s, _st: sbs.choose(s, p.name, body.conversation_a, body.conversation_b, body.choice, body.notes)
+    )
+
+
+@router.get("/pairwise", response_model=list[PairwiseOut])
+def pairwise_list(
+    request: Request,
+    task: str | None = None,
+    limit: int = Query(1000, ge=1, le=10_000),
+    offset: int = Query(0, ge=0),
+    _: Principal = require("reviewer"),
+) -> Any:
+    """Reviewers' pairwise choices, oldest first."""
+    return run(request, lambda s, _st: sbs.choices(s, task, limit, offset))
+
+
 @router.get("/progress")
 def progress(request: Request, _: Principal = require("reviewer")) -> dict[str, Any]:
     """Per-reviewer counts and inter-reviewer agreement."""
@@ -269,6 +421,7 @@ def taxonomy(request: Request, _: Principal = require("reviewer")) -> Any:
     st = stage_of(request)
     return {
         "labels": list(LABELS),
+        "rubric": st.policy.rubric,
         "categories": st.policy.taxonomy,
         "severities": list(SEVERITIES),
         "lease_seconds": st.lease_seconds,

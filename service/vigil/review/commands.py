@@ -1,4 +1,4 @@
-"""``vigil review queue|enqueue|labels|clusters|progress|policy``."""
+"""``vigil review queue|enqueue|labels|clusters|progress|policy`` (triage commands: :mod:`.triage_commands`)."""
 
 from __future__ import annotations
 
@@ -36,23 +36,36 @@ def queue_cmd(
     agent: Annotated[str | None, typer.Option(help="Only this agent.")] = None,
     version: Annotated[str | None, typer.Option(help="Only this agent version.")] = None,
     reason: Annotated[str | None, typer.Option(help="Only items flagged for this reason kind.")] = None,
+    rule: Annotated[str | None, typer.Option(help="Only conversations with a finding of this rule.")] = None,
+    severity: Annotated[str | None, typer.Option(help="Only conversations whose worst finding is this bad.")] = None,
+    search: Annotated[
+        str | None, typer.Option("--search", "-q", help="Part of the conversation id, task, user id or message text.")
+    ] = None,
+    sort: Annotated[str, typer.Option(help="priority, flagged, received, agent, version, messages or findings.")] = (
+        "priority"
+    ),
+    ascending: Annotated[bool, typer.Option("--asc", help="Ascending order (default: descending for times).")] = False,
     limit: Annotated[int, typer.Option(help="Items to show.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (counts and items).")] = False,
 ) -> None:
     """Show queue counts and the highest-priority items."""
-    from vigil.review.insights import STATUSES, list_queue
+    from vigil.review.insights import SORTS, STATUSES, list_queue
     from vigil.review.queue import QueueFilter
 
     if status not in STATUSES:
         console.print(f"[red]error:[/red] --status must be one of {', '.join(STATUSES)}")
         raise typer.Exit(2)
+    if sort not in SORTS:
+        console.print(f"[red]error:[/red] --sort must be one of {', '.join(SORTS)}")
+        raise typer.Exit(2)
     st = _stage(ctx)
+    f = QueueFilter(agent, version, rule, reason=reason, severity=severity, search=search)
     with st.sessions() as s:
-        data = list_queue(s, QueueFilter(agent, version, reason=reason), status, limit)
+        data = list_queue(s, f, status, limit, sort=sort, descending=False if ascending else None)
     if as_json:
         print_json(data)
         return
-    c = data["counts"]
+    c = data["count_text"]
     console.print(f"available {c['available']} · claimed {c['claimed']} · done {c['done']} · waiting {c['waiting']}")
     rows = [
         [
@@ -61,10 +74,12 @@ def queue_cmd(
             f"{it['agent_id']} {it['agent_version']}",
             it["state"] + (f" ({it['claimed_by']})" if it["claimed_by"] else ""),
             ", ".join(f"{r['kind']}:{r['key']}" for r in it["reasons"][:3]),
+            f"{it['received_at']:%m-%d %H:%M}" if it["received_at"] else "",
+            it["snippet"],
         ]
         for it in data["items"]
     ]
-    print_table(["priority", "conversation", "agent", "state", "reasons"], rows)
+    print_table(["priority", "conversation", "agent", "state", "reasons", "received", "first message"], rows)
 
 
 @review_app.command("enqueue")
@@ -184,13 +199,13 @@ def policy_cmd(
     """Validate a flagging policy and print it as the flagger reads it."""
     from vigil.errors import VigilError
     from vigil.review.policy import FlaggingPolicy
+    from vigil.schema import outcome_types
 
     try:
-        if path is None:
-            path_str = Launcher.of(ctx).settings().review_policy or None
-            policy = FlaggingPolicy.load(path_str)
-        else:
-            policy = FlaggingPolicy.load(path)
+        settings = Launcher.of(ctx).settings()
+        source = path or settings.review_policy or None
+        policy = FlaggingPolicy.load(source)
+        policy.check_outcome_types(outcome_types(settings.outcome_types), str(source or "flagging policy"))
     except VigilError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -198,4 +213,8 @@ def policy_cmd(
 
 
 def register(app: typer.Typer) -> None:
+    from vigil.review.triage_commands import triage_app
+
+    known = review_app.registered_commands
+    known += [c for c in triage_app.registered_commands if c not in known]
     app.add_typer(review_app, name="review")

@@ -9,9 +9,10 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy import ColumnElement, and_, or_, select
 from sqlalchemy.orm import Session, aliased
 
+from vigil.review.errors import Invalid
 from vigil.review.models import ReviewAuditRow, ReviewReasonRow
 from vigil.review.queue import QueueFilter, aware, claimable
 from vigil.store import reads
@@ -19,6 +20,18 @@ from vigil.store.db import utcnow
 from vigil.store.models import ConversationRow, ReviewItemRow, ReviewLabelRow
 
 STATUSES = ("open", "available", "claimed", "done", "waiting", "all")
+# sortable columns of the queue list: name -> the column; ties fall back to the item id
+SORTS: dict[str, Any] = {
+    "priority": ReviewItemRow.priority,
+    "flagged": ReviewItemRow.created_at,
+    "received": ConversationRow.received_at,
+    "agent": ReviewItemRow.agent_id,
+    "version": ReviewItemRow.agent_version,
+    "messages": ConversationRow.message_count,
+    "findings": ConversationRow.finding_count,
+    "updated": ReviewItemRow.updated_at,
+}
+SNIPPET_CHARS = 160
 
 
 def _status_clause(status: str, now: datetime) -> ColumnElement[bool] | None:
@@ -58,6 +71,7 @@ def item_dict(item: ReviewItemRow, now: datetime) -> dict[str, Any]:
         "sampled": item.sampled,
         "claimed_by": item.claimed_by if state == "claimed" else None,
         "lease_until": aware(item.lease_until) if state == "claimed" else None,
+        "assignee": item.assignee,
         "created_at": aware(item.created_at),
         "updated_at": aware(item.updated_at),
     }
@@ -94,6 +108,7 @@ def label_dict(r: ReviewLabelRow) -> dict[str, Any]:
         "severity": r.severity,
         "notes": r.notes,
         "expected_behavior": r.expected_behavior,
+        "propagated_from": r.propagated_from,
         "version": r.version,
         "is_current": r.is_current,
         "created_at": aware(r.created_at),
@@ -113,12 +128,21 @@ def list_queue(
     limit: int = 50,
     offset: int = 0,
     now: datetime | None = None,
+    cursor: str | None = None,
+    count_cap: int = 10_000,
+    sort: str | None = None,
+    descending: bool | None = None,
 ) -> dict[str, Any]:
-    """Items matching ``filters`` in ``status``, with counts per state and per reason kind."""
+    """Items matching ``filters`` in ``status``, with counts per state and per reason kind.
+
+    Counts stop at ``count_cap`` (``capped`` names the states beyond it). ``sort`` names a column of
+    :data:`SORTS` (default: priority, or last update for done items); ``descending`` defaults to True for
+    priority and times, False for names and counts. Page the default order with ``cursor`` (the previous
+    page's ``next_cursor``, keyset: flat at any depth); a sorted list pages with a bounded ``offset``."""
     now = now or utcnow()
     clauses = filters.clauses()
-    counts = _state_counts(session, clauses, now)
-    by_reason = _open_by_reason(session, clauses, now)
+    counts, capped = _state_counts(session, clauses, now, count_cap)
+    by_reason = _open_by_reason(session, clauses, now, count_cap)
     q = (
         select(ReviewItemRow, ConversationRow)
         .outerjoin(ConversationRow, ConversationRow.conversation_id == ReviewItemRow.conversation_id)
@@ -127,10 +151,32 @@ def list_queue(
     sc = _status_clause(status, now)
     if sc is not None:
         q = q.where(sc)
-    if status == "done":
-        q = q.order_by(ReviewItemRow.updated_at.desc(), ReviewItemRow.id.desc())
+    keyset = _is_default_order(status, sort, descending)
+    if cursor and not keyset:
+        raise Invalid("cursor pages the default order; page a sorted list with offset")
+    if not keyset:
+        q = q.order_by(*_ordering(status, sort, descending))
     else:
-        q = q.order_by(ReviewItemRow.priority.desc(), ReviewItemRow.created_at, ReviewItemRow.id)
+        I = ReviewItemRow  # noqa: E741
+        if status == "done":
+            q = q.order_by(I.updated_at.desc(), I.id.desc())
+            if cursor:
+                at_raw, last_id = reads.decode_cursor(cursor, 2)
+                at = reads.cursor_time(at_raw)
+                q = q.where(I.updated_at <= at, or_(I.updated_at < at, I.id < int(last_id)))
+        else:
+            q = q.order_by(I.priority.desc(), I.created_at, I.id)
+            if cursor:
+                prio, at_raw, last_id = reads.decode_cursor(cursor, 3)
+                at = reads.cursor_time(at_raw)
+                q = q.where(
+                    I.priority <= float(prio),
+                    or_(
+                        I.priority < float(prio),
+                        I.created_at > at,
+                        and_(I.created_at == at, I.id > int(last_id)),
+                    ),
+                )
     rows = session.execute(q.limit(limit).offset(offset)).all()
     ids = [item.conversation_id for item, _ in rows]
     reasons, labels = reasons_of(session, ids), current_label_dicts(session, ids)
@@ -141,45 +187,97 @@ def list_queue(
         d["labels"] = labels.get(item.conversation_id, [])
         _add_summary(d, conv)
         items.append(d)
+    last = rows[-1][0] if len(rows) == limit and keyset else None
+    next_cursor = None
+    if last is not None:
+        next_cursor = (
+            reads.encode_cursor(aware(last.updated_at), last.id)
+            if status == "done"
+            else reads.encode_cursor(last.priority, aware(last.created_at), last.id)
+        )
+    total = counts.get(status, counts["all"])
     return {
         "status": status,
         "counts": counts,
+        "capped": sorted(capped),
+        "count_text": {k: reads.count_text(v, k in capped) for k, v in counts.items()},
         "reasons": by_reason,
         "items": items,
         "limit": limit,
         "offset": offset,
-        "total": counts.get(status, counts["all"]),
+        "total": total,
+        "total_capped": status in capped,
+        "next_cursor": next_cursor,
+        "sort": sort or ("updated" if status == "done" else "priority"),
+        "descending": _descending(sort, descending, status),
     }
 
 
-def _state_counts(session: Session, clauses: list[ColumnElement[bool]], now: datetime) -> dict[str, int]:
-    """Items matching ``clauses`` in each state, and in the states made of them (open, all)."""
-    counts = {
-        s: session.scalar(
-            select(func.count())
-            .select_from(ReviewItemRow)
-            .where(*clauses, *([c] if (c := _status_clause(s, now)) is not None else []))
-        )
-        or 0
-        for s in ("available", "claimed", "done", "waiting")
-    }
+def _descending(sort: str | None, descending: bool | None, status: str) -> bool:
+    if descending is not None:
+        return descending
+    return (sort or "priority") in ("priority", "flagged", "received", "updated") or (sort is None and status == "done")
+
+
+def _ordering(status: str, sort: str | None, descending: bool | None) -> list[Any]:
+    if sort is None and status == "done":
+        return [ReviewItemRow.updated_at.desc(), ReviewItemRow.id.desc()]
+    if sort is None or sort == "priority" and descending in (None, True):
+        return [ReviewItemRow.priority.desc(), ReviewItemRow.created_at, ReviewItemRow.id]
+    if sort not in SORTS:
+        raise Invalid(f"sort must be one of {', '.join(SORTS)}, not {sort!r}")
+    column = SORTS[sort]
+    if _descending(sort, descending, status):
+        return [column.desc(), ReviewItemRow.id.desc()]
+    return [column.asc(), ReviewItemRow.id]
+
+
+def _is_default_order(status: str, sort: str | None, descending: bool | None) -> bool:
+    if status == "done":
+        return sort is None
+    return sort is None or (sort == "priority" and descending in (None, True))
+
+
+def _state_counts(
+    session: Session, clauses: list[ColumnElement[bool]], now: datetime, cap: int
+) -> tuple[dict[str, int], set[str]]:
+    """Items matching ``clauses`` in each state, and in the states made of them (open, all), each counted
+    up to ``cap``; the second value names the states with more."""
+    counts: dict[str, int] = {}
+    capped: set[str] = set()
+    for s in ("available", "claimed", "done", "waiting"):
+        extra = [c] if (c := _status_clause(s, now)) is not None else []
+        counts[s], more = reads.capped_count(session, select(ReviewItemRow.id).where(*clauses, *extra), cap)
+        if more:
+            capped.add(s)
     counts["open"] = counts["available"] + counts["claimed"]
     counts["all"] = counts["open"] + counts["done"] + counts["waiting"]
-    return counts
+    if capped & {"available", "claimed"}:
+        capped.add("open")
+    if capped:
+        capped.add("all")
+    return counts, capped
 
 
-def _open_by_reason(session: Session, clauses: list[ColumnElement[bool]], now: datetime) -> dict[str, int]:
-    """Open items matching ``clauses`` per reason kind (an item with several reasons counts in each)."""
+REASON_KINDS = ("finding", "judge_fail", "judge_low_score", "outcome", "sample", "manual")
+
+
+def _open_by_reason(session: Session, clauses: list[ColumnElement[bool]], now: datetime, cap: int) -> dict[str, int]:
+    """Open items matching ``clauses`` per reason kind (an item with several reasons counts in each),
+    each counted up to ``cap``."""
     open_clause = _status_clause("open", now)
     assert open_clause is not None  # only "all" has no clause
-    return dict(
-        session.execute(
-            select(ReviewReasonRow.kind, func.count(func.distinct(ReviewReasonRow.conversation_id)))
-            .join(ReviewItemRow, ReviewItemRow.conversation_id == ReviewReasonRow.conversation_id)
-            .where(*clauses, open_clause)
-            .group_by(ReviewReasonRow.kind)
-        ).all()
-    )
+    out: dict[str, int] = {}
+    for kind in REASON_KINDS:
+        has = (
+            select(ReviewReasonRow.id)
+            .where(ReviewReasonRow.conversation_id == ReviewItemRow.conversation_id, ReviewReasonRow.kind == kind)
+            .exists()
+        )
+        n, _more = reads.capped_count(session, select(ReviewItemRow.id).where(*clauses, open_clause, has), cap)
+        if n:
+            out[kind] = n
+    return out
 
 
 def item_detail(session: Session, conversation_id: str, now: datetime | None = None) -> dict[str, Any] | None:
@@ -236,6 +334,24 @@ def _add_summary(d: dict[str, Any], conv: ConversationRow | None) -> None:
     d["max_severity"] = conv.max_severity if conv else None
     d["finding_count"] = conv.finding_count if conv else 0
     d["message_count"] = conv.message_count if conv else 0
+    d["task_id"] = conv.task_id if conv else None
+    d["received_at"] = aware(conv.received_at) if conv else None
+    d["flagged_at"] = d["created_at"]
+    d["snippet"] = snippet(conv.document) if conv else ""
+
+
+def snippet(document: str, limit: int = SNIPPET_CHARS) -> str:
+    """The first user message of a stored conversation, on one line, cut at ``limit`` characters."""
+    doc = reads.read_document(document) or {}
+    for m in doc.get("messages") or []:
+        if isinstance(m, dict) and m.get("role") == "user":
+            content = m.get("content")
+            if isinstance(content, list):
+                content = " ".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+            text = " ".join(str(content or "").split())
+            if text:
+                return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    return ""
 
 
 def history(session: Session, conversation_id: str) -> dict[str, Any]:
@@ -301,3 +417,25 @@ def labels_export(
     if viewer is not None:
         q = q.where(blind_clause(viewer))
     return [label_dict(r) for r in session.scalars(q).all()]
+
+
+def filter_options(session: Session, rule_ids: list[str] | None = None) -> dict[str, list[str]]:
+    """Known values for the queue's filter menus: agents and versions in the queue, rules (loaded and
+    flagging), severities, outcome types that flagged, reason kinds and statuses."""
+    from vigil.review.policy import SEVERITIES
+
+    def distinct(column: Any, *where: ColumnElement[bool]) -> list[str]:
+        return [v for v in session.scalars(select(column).where(column.is_not(None), *where).distinct()) if v]
+
+    rules = set(rule_ids or []) | set(distinct(ReviewReasonRow.key, ReviewReasonRow.kind == "finding"))
+    return {
+        "agent": sorted(distinct(ReviewItemRow.agent_id)),
+        "version": sorted(distinct(ReviewItemRow.agent_version), reverse=True),
+        "rule": sorted(rules),
+        "severity": list(reversed(SEVERITIES)),
+        "outcome": sorted(distinct(ReviewReasonRow.key, ReviewReasonRow.kind == "outcome")),
+        "reason": ["finding", "judge_fail", "judge_low_score", "outcome", "sample", "manual"],
+        "verdict": ["fail", "pass", "unscored"],
+        "status": list(STATUSES),
+        "sort": list(SORTS),
+    }

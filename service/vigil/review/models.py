@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Float, Index, String, Text, UniqueConstraint
+from sqlalchemy import Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from vigil.store.db import utcnow
@@ -63,4 +63,42 @@ class ReviewAuditRow(Base):
     __table_args__ = (
         Index("ix_review_audit_conversation", "conversation_id", "at"),
         Index("ix_review_audit_actor", "actor", "at"),
+    )
+
+
+class ReviewCommentRow(Base):
+    """A reviewer's comment on a conversation, or on one of its messages (``message_index``)."""
+
+    __tablename__ = "review_comments"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    conversation_id: Mapped[str] = mapped_column(String(256))
+    message_index: Mapped[int | None] = mapped_column(Integer)
+    author: Mapped[str] = mapped_column(String(128))
+    body: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_review_comments_conversation", "conversation_id", "created_at"),)
+
+
+class ReviewPairwiseRow(Base):
+    """A reviewer's choice between two conversations of the same task side by side (two versions):
+    ``a``, ``b`` or ``tie``. The human half of a pairwise calibration set."""
+
+    __tablename__ = "review_pairwise"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(256))
+    conversation_a: Mapped[str] = mapped_column(String(256))
+    conversation_b: Mapped[str] = mapped_column(String(256))
+    version_a: Mapped[str] = mapped_column(String(128))
+    version_b: Mapped[str] = mapped_column(String(128))
+    reviewer: Mapped[str] = mapped_column(String(128))
+    choice: Mapped[str] = mapped_column(String(8))  # a | b | tie
+    notes: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        Index("ix_review_pairwise_task", "task_id", "created_at"),
+        Index("ix_review_pairwise_created", "created_at"),
     )

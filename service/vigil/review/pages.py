@@ -19,8 +19,9 @@ from sqlalchemy.orm import Session
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
-from vigil.review import failures, insights, queue, reviewers
+from vigil.review import insights, queue, reviewers, triage
 from vigil.review.errors import Conflict, Done, Invalid, NotFound
+from vigil.review.page_kit import bulk_notice, count_labels, labelled_this_session, reviewer_names, stage_of
 from vigil.review.policy import LABELS, SEVERITIES
 from vigil.review.stage import ReviewStage
 from vigil.store import reads
@@ -43,15 +44,19 @@ NOTICES = {
     "conflict": "Someone else holds this item.",
     "done": "This item is done: it has all its reviews. You can still change your label below.",
     "queued": "Added to the review queue.",
+    "labelled_last": "Label saved. Nothing left to claim with these filters.",
+    "commented": "Comment added.",
 }
+# shown as a short-lived toast rather than a notice
+TOASTS = {"labelled": "Saved", "commented": "Comment added"}
 EXPIRED_LABEL = "Your session expired, so your label was not saved. Log in again and it is filled in for you to save."
 STALE_LABEL = "The form had expired, so your label was not saved."
 RELOGGED_LABEL = "Logged in again. Your label was not saved yet."
-FILTERS = ("agent", "version", "rule", "verdict", "outcome", "reason")
+FILTERS = ("agent", "version", "rule", "verdict", "outcome", "reason", "severity", "search")
 
 
 def _stage(request: Request) -> ReviewStage:
-    return runtime_of(request).get(ReviewStage)
+    return stage_of(request)
 
 
 def _review_url(cid: str, notice: str | None = None) -> str:
@@ -64,17 +69,45 @@ def queue_page(
     status: str = "open",
     page: int = 1,
     notice: str | None = None,
+    sort: str | None = None,
+    order: str | None = None,
     user: Principal = Depends(ui_user),
 ) -> Response:
     if status not in insights.STATUSES:
         status = "open"
-    picked = {k: request.query_params.get(k) or None for k in FILTERS}
+    if sort not in insights.SORTS:
+        sort = None
+    descending = None if order not in ("asc", "desc") else order == "desc"
+    picked = {k: (request.query_params.get(k) or "").strip() or None for k in FILTERS}
     f = queue.QueueFilter(**picked)
     per_page = 50
-    page = max(1, page)
-    with _stage(request).sessions() as s:
-        data = insights.list_queue(s, f, status, per_page, (page - 1) * per_page)
+    settings = runtime_of(request).settings
+    page = max(1, min(page, settings.list_max_offset // per_page + 1))  # deeper pages: narrow the filters
+    st = _stage(request)
+    with st.sessions() as s:
+        data = insights.list_queue(
+            s,
+            f,
+            status,
+            per_page,
+            (page - 1) * per_page,
+            count_cap=settings.list_count_cap,
+            sort=sort,
+            descending=descending,
+        )
+        options = insights.filter_options(s, list(st.rule_descriptions))
     base = {k: v for k, v in picked.items() if v}
+    sorting = {"sort": sort, "order": order} if sort else {}
+
+    def qs(**kw: Any) -> str:
+        return urlencode({k: v for k, v in {**base, "status": status, **sorting, **kw}.items() if v is not None})
+
+    def sort_qs(column: str) -> str:
+        """The link of a column header: sort by it, or flip the order when it is the current sort."""
+        if data["sort"] == column:
+            return qs(sort=column, order="asc" if data["descending"] else "desc", page=None)
+        return qs(sort=column, order=None, page=None)
+
     return render_page(
         request,
         "queue.html",
@@ -82,10 +115,15 @@ def queue_page(
         data=data,
         status=status,
         filters=picked,
+        options=options,
         page=page,
         pages=max(1, -(-data["total"] // per_page)),
-        notice=NOTICES.get(notice or ""),
-        qs=lambda **kw: urlencode({**base, "status": status, **kw}),
+        notice=NOTICES.get(notice or "") or bulk_notice(request),
+        qs=qs,
+        sort_qs=sort_qs,
+        reviewers=reviewer_names(request),
+        here=str(request.url.path) + ("?" + str(request.url.query) if request.url.query else ""),
+        session_labelled=labelled_this_session(request),
     )
 
 
@@ -107,9 +145,21 @@ async def claim_next(request: Request) -> Response:
 
 @router.get("/review/{conversation_id:path}")
 def review_page(
-    request: Request, conversation_id: str, notice: str | None = None, user: Principal = Depends(ui_user)
+    request: Request,
+    conversation_id: str,
+    notice: str | None = None,
+    comment_on: int | None = None,
+    user: Principal = Depends(ui_user),
 ) -> Response:
-    return _conversation_page(request, conversation_id, user, notice=NOTICES.get(notice or ""))
+    toast = TOASTS.get(notice or "")
+    return _conversation_page(
+        request,
+        conversation_id,
+        user,
+        notice=None if toast else NOTICES.get(notice or ""),
+        toast=toast,
+        comment_on=comment_on,
+    )
 
 
 def _conversation_page(
@@ -119,8 +169,12 @@ def _conversation_page(
     status_code: int = 200,
     notice: str | None = None,
     draft: dict[str, str | None] | None = None,
+    label_error: str | None = None,
+    toast: str | None = None,
+    comment_on: int | None = None,
 ) -> Response:
-    """The conversation with its review box; ``draft``: an unsaved label to fill the form with."""
+    """The conversation with its review box; ``draft``: an unsaved label to fill the form with;
+    ``label_error``: why the label was refused (shown as an error, its field focused)."""
     st = _stage(request)
     rt = runtime_of(request)
     with st.sessions() as s:
@@ -135,6 +189,7 @@ def _conversation_page(
             enrich(s, conv)
         item = insights.item_detail(s, conversation_id)
         hist = insights.history(s, conversation_id)
+        notes = triage.comments(s, conversation_id)
     mine = next((lab for lab in (item or {}).get("labels", []) if lab["reviewer"] == user.name), None)
     # double review is blind: others' labels stay hidden until this reviewer has given theirs
     blind = insights.is_blind(item, user.name)
@@ -148,6 +203,7 @@ def _conversation_page(
         conv=conv,
         item=item,
         messages=transcript.build(conv["conversation"] or {"messages": []}, conv["findings"]),
+        tools=transcript.tools(conv["conversation"] or {}),
         findings=conv["findings"],
         verdicts=conv.get("verdicts") or [],
         history=hist,
@@ -160,6 +216,13 @@ def _conversation_page(
         lease_seconds=st.lease_seconds,
         blind=blind,
         draft=draft,
+        rubric=st.policy.rubric,
+        comments=notes,
+        comment_on=comment_on,
+        toast=toast,
+        label_error=label_error,
+        error_field="category" if label_error and "category" in label_error else None,
+        session_labelled=labelled_this_session(request),
     )
 
 
@@ -254,30 +317,42 @@ async def label(request: Request, conversation_id: str) -> Response:
             conversation_id,
             p,
             422 if isinstance(exc, Invalid) else 409,
-            notice=f"Label not saved: {why}",
+            label_error=why,
             draft=draft_of(form),
         )
     except NotFound as exc:
         return render_page(request, "error.html", 404, title="Not found", message=str(exc))
     if form.get("next"):
-        return go(_review_url(nxt) if nxt else "/ui/queue?notice=empty")
-    return go(_review_url(conversation_id, "labelled"))
+        return count_labels(request, go(_review_url(nxt, "labelled") if nxt else "/ui/queue?notice=labelled_last"))
+    return count_labels(request, go(_review_url(conversation_id, "labelled")))
+
+
+@router.post("/review/{conversation_id:path}/comment")
+async def comment(request: Request, conversation_id: str) -> Response:
+    try:
+        p, form = await form_user(request, _review_url(conversation_id))
+    except Refused as refused:
+        return refused.response
+    raw_index = str(form.get("message_index") or "").strip()
+    try:
+        with _stage(request).sessions.begin() as s:
+            index = int(raw_index) if raw_index else None
+            triage.add_comment(s, conversation_id, p.name, str(form.get("body") or ""), index)
+    except (Invalid, ValueError) as exc:
+        why = str(exc) if isinstance(exc, Invalid) else f"message {raw_index!r} is not a message number"
+        return _conversation_page(request, conversation_id, p, 422, notice=f"Comment not added: {why}")
+    except NotFound as exc:
+        return render_page(request, "error.html", 404, title="Not found", message=str(exc))
+    return go(_review_url(conversation_id, "commented") + "#comments")
 
 
 @router.get("/progress")
 def progress_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
+    cap = runtime_of(request).settings.list_count_cap
     with _stage(request).sessions() as s:
         data = reviewers.progress(s)
-        counts = insights.list_queue(s, queue.QueueFilter(), "open", 1, 0)["counts"]
+        counts = insights.list_queue(s, queue.QueueFilter(), "open", 1, 0, count_cap=cap)["count_text"]
     return render_page(request, "progress.html", title="Reviewer progress", data=data, counts=counts, labels=LABELS)
-
-
-@router.get("/clusters")
-def clusters_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
-    st = _stage(request)
-    with st.sessions() as s:
-        data = failures.clusters(s, st.rule_descriptions)
-    return render_page(request, "clusters.html", title="Failure clusters", data=data, taxonomy=st.policy.taxonomy)
 
 
 RELOGGED_PREFIX = "/ui/review/"

@@ -8,7 +8,7 @@ items hash the conversation id with a versioned salt, so every replica and repla
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -19,9 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from vigil.errors import ConfigError
 from vigil.rules import SEVERITY_RANK
+from vigil.schema import SUCCESS_TOLERANCE
 
 DEFAULT_POLICY = Path(__file__).resolve().parent / "flagging.yaml"
 LABELS = ("confirmed_failure", "not_a_failure", "unsure")
+DEFAULT_RUBRIC = {
+    "confirmed_failure": "The agent got it wrong in a way the user or the business cares about; pick the category.",
+    "not_a_failure": "The flag was wrong: the agent did what it should have done.",
+    "unsure": "The transcript does not settle it; say what is missing in the notes.",
+}
 SEVERITIES = tuple(SEVERITY_RANK)
 
 
@@ -68,7 +74,8 @@ class OutcomeRule(_Strict):
 
     def matches(self, value: float) -> bool:
         if self.below is not None:
-            return value < self.below
+            # the vocabulary's slack: a reward of 0.9999999 is a full reward (schema.OutcomeType.happened)
+            return value < self.below - SUCCESS_TOLERANCE
         if self.above is not None:
             return value > self.above
         return value > 0
@@ -94,6 +101,15 @@ class FlaggingPolicy(_Strict):
     sample: SamplePolicy = SamplePolicy()
     multi_review: MultiReviewPolicy = MultiReviewPolicy()
     taxonomy: dict[str, str] = Field(default_factory=lambda: {"other": "Something else"})
+    rubric: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_RUBRIC))
+
+    @field_validator("rubric")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        unknown = set(v) - set(LABELS)
+        if unknown:
+            raise ValueError(f"unknown labels {sorted(unknown)}; use {list(LABELS)}")
+        return {**DEFAULT_RUBRIC, **v}
 
     @field_validator("outcomes", mode="before")
     @classmethod
@@ -125,6 +141,17 @@ class FlaggingPolicy(_Strict):
             first = exc.errors()[0]
             where = ".".join(str(x) for x in first["loc"])
             raise ConfigError(f"flagging policy {p}: {where}: {first['msg']}") from exc
+
+    def check_outcome_types(self, known: Iterable[str], source: str = "flagging policy") -> None:
+        """Refuse outcome keys outside the outcome vocabulary: such a key would never flag anything."""
+        known = set(known)
+        unknown = sorted(set(self.outcomes) - known)
+        if unknown:
+            hint = " (benchmark importers write the reward as task_success)" if "reward" in unknown else ""
+            raise ConfigError(
+                f"{source}: outcomes: {', '.join(map(repr, unknown))} not an outcome type Vigil knows{hint}; "
+                f"known: {', '.join(sorted(known))}; declare others in VIGIL_OUTCOME_TYPES"
+            )
 
     def finding_reasons(self, findings: Any) -> list[Reason]:
         """Reasons from rule findings (objects or dicts with rule_id, severity, message)."""

@@ -34,7 +34,12 @@ def _changed(session: Session, stmt: Executable) -> int:
 
 @dataclass(frozen=True, slots=True)
 class QueueFilter:
-    """Filters of the queue list and of claim-next. Empty fields do not filter."""
+    """Filters of the queue list and of claim-next. Empty fields do not filter.
+
+    Agent, version, rule, severity and outcome match whole values regardless of case ("Support-bot" finds
+    "support-bot"); ``search`` finds a part of the conversation id, the task, or the stored conversation
+    (its messages, user id and metadata), regardless of case.
+    """
 
     agent: str | None = None
     version: str | None = None
@@ -42,22 +47,52 @@ class QueueFilter:
     verdict: str | None = None
     outcome: str | None = None
     reason: str | None = None
+    severity: str | None = None
+    search: str | None = None
 
     def clauses(self) -> list[ColumnElement[bool]]:
         out: list[ColumnElement[bool]] = []
         if self.agent:
-            out.append(ReviewItemRow.agent_id == self.agent)
+            out.append(_same(ReviewItemRow.agent_id, self.agent))
         if self.version:
-            out.append(ReviewItemRow.agent_version == self.version)
+            out.append(_same(ReviewItemRow.agent_version, self.version))
         if self.rule:
-            out.append(_has(FindingRow, FindingRow.rule_id == self.rule))
+            out.append(_has(FindingRow, _same(FindingRow.rule_id, self.rule)))
         if self.verdict:
-            out.append(_has(VerdictRow, VerdictRow.verdict == self.verdict))
+            out.append(_has(VerdictRow, VerdictRow.verdict == self.verdict.lower()))
         if self.outcome:
-            out.append(_has(OutcomeRow, OutcomeRow.type == self.outcome))
+            out.append(_has(OutcomeRow, _same(OutcomeRow.type, self.outcome)))
         if self.reason:
-            out.append(_has(ReviewReasonRow, ReviewReasonRow.kind == self.reason))
+            out.append(_has(ReviewReasonRow, ReviewReasonRow.kind == self.reason.lower()))
+        if self.severity:
+            out.append(_has(ConversationRow, _same(ConversationRow.max_severity, self.severity)))
+        if self.search and (term := self.search.strip()):
+            pattern = "%" + _escape_like(term[:MAX_SEARCH]) + "%"
+            out.append(
+                or_(
+                    ReviewItemRow.conversation_id.ilike(pattern, escape="\\"),
+                    _has(
+                        ConversationRow,
+                        or_(
+                            ConversationRow.task_id.ilike(pattern, escape="\\"),
+                            ConversationRow.document.ilike(pattern, escape="\\"),
+                        ),
+                    ),
+                )
+            )
         return out
+
+
+MAX_SEARCH = 200
+
+
+def _same(column: Any, value: str) -> ColumnElement[bool]:
+    """Case-insensitive equality (the queue's filters are typed or picked by people)."""
+    return cast(ColumnElement[bool], func.lower(column) == value.strip().lower())
+
+
+def _escape_like(term: str) -> str:
+    return term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def _has(model: Any, *conditions: ColumnElement[bool]) -> ColumnElement[bool]:
@@ -78,7 +113,7 @@ def claimable(now: datetime) -> ColumnElement[bool]:
     )
 
 
-def _not_done_by(reviewer: str) -> list[ColumnElement[bool]]:
+def not_done_by(reviewer: str) -> list[ColumnElement[bool]]:
     return [
         ~_has(ReviewLabelRow, ReviewLabelRow.reviewer == reviewer, ReviewLabelRow.is_current.is_(True)),
         ~_has(ReviewSkipRow, ReviewSkipRow.reviewer == reviewer),
@@ -112,24 +147,29 @@ def claim_next(
         held = list(session.scalars(select(ReviewItemRow.conversation_id).where(ReviewItemRow.claimed_by == reviewer)))
         for held_id in held:
             release(session, held_id, reviewer, now=now)
-    conditions = [claimable(now), *_not_done_by(reviewer), *(filters or QueueFilter()).clauses()]
+    conditions = [claimable(now), *not_done_by(reviewer), *(filters or QueueFilter()).clauses()]
     if held:
         conditions.append(ReviewItemRow.conversation_id.not_in(held))
-    pick = (
-        select(ReviewItemRow.id)
-        .where(*conditions)
-        .order_by(ReviewItemRow.priority.desc(), ReviewItemRow.created_at, ReviewItemRow.id)
-        .limit(1)
-    )
-    if session.get_bind().dialect.name == "postgresql":
-        pick = pick.with_for_update(skip_locked=True)
-    cid = session.scalar(
-        update(ReviewItemRow)
-        .where(ReviewItemRow.id == pick.scalar_subquery(), claimable(now))
-        .values(claimed_by=reviewer, claimed_at=now, lease_until=now + timedelta(seconds=lease_seconds))
-        .returning(ReviewItemRow.conversation_id)
-        .execution_options(synchronize_session=False)
-    )
+    cid = None
+    # items assigned to this reviewer first; then unassigned ones (others' assigned items are theirs)
+    for mine in (ReviewItemRow.assignee == reviewer, ReviewItemRow.assignee.is_(None)):
+        pick = (
+            select(ReviewItemRow.id)
+            .where(*conditions, mine)
+            .order_by(ReviewItemRow.priority.desc(), ReviewItemRow.created_at, ReviewItemRow.id)
+            .limit(1)
+        )
+        if session.get_bind().dialect.name == "postgresql":
+            pick = pick.with_for_update(skip_locked=True)
+        cid = session.scalar(
+            update(ReviewItemRow)
+            .where(ReviewItemRow.id == pick.scalar_subquery(), claimable(now))
+            .values(claimed_by=reviewer, claimed_at=now, lease_until=now + timedelta(seconds=lease_seconds))
+            .returning(ReviewItemRow.conversation_id)
+            .execution_options(synchronize_session=False)
+        )
+        if cid is not None:
+            break
     if cid is not None:
         audit(session, reviewer, "claim", cid, lease_seconds=lease_seconds)
     return cid
@@ -273,11 +313,13 @@ def label(
     policy: FlaggingPolicy,
     now: datetime | None = None,
     metrics: Metrics | None = None,
+    propagated_from: str | None = None,
 ) -> ReviewLabelRow:
     """Save a new version of ``reviewer``'s label; the previous version stays as history.
 
     A conversation that is not in the queue enters it (reason ``manual``). Conflict if another
-    reviewer holds the item. Labelling releases the reviewer's own claim.
+    reviewer holds the item. Labelling releases the reviewer's own claim. ``propagated_from``: the
+    conversation whose label this one copies (a near-duplicate cluster labelled at once).
     """
     data = validate_label(data, policy)
     now = now or utcnow()
@@ -327,6 +369,7 @@ def label(
         severity=data.severity,
         notes=data.notes,
         expected_behavior=data.expected_behavior,
+        propagated_from=propagated_from,
         version=last + 1,
         is_current=True,
         created_at=now,
@@ -367,6 +410,7 @@ def label(
         label=data.label,
         category=data.category,
         severity=data.severity,
+        **({"propagated_from": propagated_from} if propagated_from else {}),
     )
     return row
 

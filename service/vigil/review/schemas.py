@@ -30,6 +30,9 @@ class LabelOut(BaseModel):
     severity: str | None
     notes: str
     expected_behavior: str
+    propagated_from: str | None = Field(
+        default=None, description="Set on a label applied to a near-duplicate cluster: the conversation it copies"
+    )
     version: int
     is_current: bool
     created_at: datetime | None
@@ -46,6 +49,7 @@ class ItemOut(BaseModel):
     sampled: bool
     claimed_by: str | None
     lease_until: datetime | None
+    assignee: str | None = Field(default=None, description="The reviewer claim-next sets this item aside for")
     created_at: datetime | None
     updated_at: datetime | None
     reasons: list[ReasonOut] = []
@@ -56,6 +60,10 @@ class ItemOut(BaseModel):
     max_severity: str | None = None
     finding_count: int = 0
     message_count: int = 0
+    task_id: str | None = None
+    received_at: datetime | None = Field(default=None, description="When Vigil stored the conversation")
+    flagged_at: datetime | None = Field(default=None, description="When the conversation entered the queue")
+    snippet: str = Field(default="", description="The first user message, cut short")
 
 
 class QueueOut(BaseModel):
@@ -63,11 +71,17 @@ class QueueOut(BaseModel):
     counts: dict[str, int] = Field(
         description="Items per state under the filters: available, claimed, open, done, waiting, all"
     )
-    reasons: dict[str, int] = Field(description="Open items per reason kind")
+    capped: list[str] = Field(default_factory=list, description="States with more items than list_count_cap")
+    count_text: dict[str, str] = Field(default_factory=dict, description="Counts as shown, e.g. 10,000+")
+    reasons: dict[str, int] = Field(description="Open items per reason kind (each counted up to list_count_cap)")
     items: list[ItemOut]
     total: int
+    total_capped: bool = False
     limit: int
     offset: int
+    next_cursor: str | None = Field(None, description="Pass as cursor for the next page (keyset pagination)")
+    sort: str = "priority"
+    descending: bool = True
 
 
 class ClaimFilters(BaseModel):
@@ -77,6 +91,8 @@ class ClaimFilters(BaseModel):
     verdict: Literal["pass", "fail", "unscored"] | None = None
     outcome: str | None = None
     reason: str | None = None
+    severity: str | None = None
+    q: str | None = Field(default=None, max_length=200, description="Search, as in the queue list")
     release_others: bool = Field(default=True, description="Give back your other unlabelled claims first.")
 
 
@@ -147,6 +163,103 @@ class ClustersOut(BaseModel):
 
 class TaxonomyOut(BaseModel):
     labels: list[str]
+    rubric: dict[str, str] = Field(default_factory=dict, description="What each label means")
     categories: dict[str, str]
     severities: list[str]
     lease_seconds: int
+
+
+class ClusterMemberOut(BaseModel):
+    conversation_id: str
+    priority: float
+    agent_version: str | None
+    flagged_at: datetime | None
+    snippet: str
+
+
+class OpenClusterOut(BaseModel):
+    id: str = Field(description="Stable while the cluster's highest-priority member stays in it")
+    reason: dict[str, str] = Field(description="The main reason its members were flagged (kind, key)")
+    size: int
+    snippet: str = Field(description="First user message of the first member")
+    sample: list[str] = Field(description="Members to read before labelling the cluster")
+    members: list[ClusterMemberOut]
+
+
+class OpenClustersOut(BaseModel):
+    clusters: list[OpenClusterOut]
+    window: int = Field(description="Open items considered (highest priority first)")
+
+
+class ClusterLabelIn(LabelIn):
+    sample: str = Field(min_length=1, max_length=256, description="The conversation the reviewer read and labelled")
+    members: list[str] = Field(
+        default_factory=list, max_length=500, description="Its near-duplicates that get the same label"
+    )
+
+
+class ClusterLabelOut(BaseModel):
+    sample: str
+    label: str
+    labelled: list[str] = Field(description="The sample, then each member labelled by propagation")
+    skipped: list[dict[str, str]] = Field(description="Members left alone, with why (held, done, labelled)")
+
+
+class BulkIn(BaseModel):
+    action: Literal["skip", "assign", "unassign"]
+    conversation_ids: list[str] = Field(min_length=1, max_length=500)
+    assignee: str | None = Field(default=None, max_length=128, description="For assign: a reviewer's name")
+
+
+class BulkOut(BaseModel):
+    action: str
+    done: list[str]
+    skipped: list[dict[str, str]] = Field(description="Items left as they were, with why")
+    assignee: str | None = None
+
+
+class CommentIn(BaseModel):
+    body: str = Field(min_length=1, max_length=5000)
+    message_index: int | None = Field(default=None, ge=0, description="Comment on this message (0-based)")
+
+
+class CommentOut(BaseModel):
+    id: int
+    conversation_id: str
+    message_index: int | None
+    author: str
+    body: str
+    created_at: datetime | None
+
+
+class PairwiseIn(BaseModel):
+    conversation_a: str = Field(min_length=1, max_length=256)
+    conversation_b: str = Field(min_length=1, max_length=256)
+    choice: Literal["a", "b", "tie"] = Field(description="Which conversation handled the task better")
+    notes: str = Field(default="", max_length=5000)
+
+
+class PairwiseOut(BaseModel):
+    id: int
+    task_id: str
+    conversation_a: str
+    conversation_b: str
+    version_a: str
+    version_b: str
+    reviewer: str
+    human: str = Field(description="a, b or tie: the `human` field of a calibration pairwise file")
+    notes: str
+    created_at: datetime | None
+
+
+class SideOut(BaseModel):
+    version: str
+    conversation_id: str
+    others: list[str] = Field(description="Other runs of the task in this version, most recent first")
+
+
+class SideBySideOut(BaseModel):
+    task_id: str
+    versions: list[str] = Field(description="Versions that ran the task, most recent first")
+    a: SideOut
+    b: SideOut

@@ -14,6 +14,7 @@ from vigil.metrics import Metrics
 from vigil.review.flagger import Flagger
 from vigil.review.policy import FlaggingPolicy
 from vigil.runtime import Runtime
+from vigil.schema import outcome_types
 from vigil.store.models import ReviewItemRow
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ class ReviewStage:
     @classmethod
     def from_runtime(cls, rt: Runtime) -> ReviewStage:
         policy = FlaggingPolicy.load(rt.settings.review_policy or None)
+        source = rt.settings.review_policy or "flagging policy"
+        policy.check_outcome_types(outcome_types(rt.settings.outcome_types), source)
         descriptions = {r.id: r.spec.description or "" for r in rt.rules.rules}
         return cls(
             policy,

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from vigil.review import api, insights, pages
+from vigil.review import api, insights, pages, triage_pages
 from vigil.review.stage import ReviewStage
 from vigil.runtime import Runtime
 
@@ -31,6 +31,7 @@ def wire(rt: Runtime) -> ReviewStage:
     rt.hooks.login_resumers.append(pages.resume_after_login)
     rt.hooks.add_router(api.router)
     rt.hooks.add_router(pages.router)
+    rt.hooks.add_router(triage_pages.router)
     rt.hooks.nav[:0] = [entry for entry in OWN_NAV if entry not in rt.hooks.nav]
     rt.hooks.add_templates(TEMPLATES)
     rt.metrics.review_queue_open_items.set_function(stage.open_items)

@@ -145,7 +145,7 @@ def unresolved_at_end(view: ConversationView, args: UnresolvedAtEndArgs) -> Iter
             if call.id:
                 names[call.id] = call.function.name
         if m.role == "tool" and m.tool_call_id and names.get(m.tool_call_id) in args.tools:
-            last = (i, m.text)
+            last = (i, view.texts[i])
     if last is None:
         return
     text = last[1].lower()
@@ -173,7 +173,7 @@ def say_before(view: ConversationView, args: SayBeforeArgs) -> Iterator[Hit]:
     said = False
     calls = {s.message_index: s for s in view.tool_calls if s.name in args.tools}
     for i, m in enumerate(view.messages):
-        if m.role == "assistant" and any(p in m.text.lower() for p in phrases):
+        if m.role == "assistant" and any(p in view.lower(i) for p in phrases):
             said = True
         site = calls.get(i)
         if site is not None:

@@ -10,12 +10,14 @@ from typing import Literal
 from pydantic import Field, field_validator
 from rapidfuzz import fuzz
 
+from vigil.rules import pii
 from vigil.rules.builtin_tools import valid_pattern
 from vigil.rules.patterns import pattern
 from vigil.rules.registry import Evidence, Hit, RuleArgs, rule_type
 from vigil.rules.view import ConversationView
 
-PiiKind = Literal["email", "phone", "card"]
+PiiKind = pii.Kind
+DEFAULT_LEAK_KINDS: tuple[PiiKind, ...] = ("email", "phone", "card", "ssn", "iban", "secret")
 Role = Literal["system", "user", "assistant", "tool"]
 FactKind = Literal["amounts", "dates", "identifiers"]
 
@@ -64,57 +66,17 @@ def user_repetition(view: ConversationView, args: UserRepetitionArgs) -> Iterato
                 break
 
 
-# A phone number needs a separator, parentheses or a leading "+": bare digit runs are order,
-# item and tracking numbers far more often than phone numbers. International numbers ("intl": "+",
-# country code, then groups, e.g. +44 20 7946 0958 or +44 (0)20 7946 0958) must hold 8 to 15 digits as
-# E.164 allows, and not look like a signed amount with thousands groups (+10 000 000). Possessive
-# quantifiers keep the digit groups from being re-split on a failed match, so the rule stays linear.
-_PII_PATTERNS: dict[str, re.Pattern[str]] = {
-    "email": re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
-    "phone": re.compile(
-        r"(?<![\w+-])(?:\+\d{1,3}[ .-]?\d{3}[ .-]?\d{3}[ .-]?\d{4}"
-        r"|(?:\+?\d{1,3}[ .-])?(?:\(\d{3}\)[ .-]?|\d{3}[ .-])\d{3}[ .-]\d{4}"
-        r"|(?P<intl>\+[1-9]\d{0,2}+(?:[ .-]?(?:\(\d{1,4}+\)|\d{1,4}+)){2,6}+))(?![\w-])"
-    ),
-    "card": re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)"),
-}
-_NON_DIGIT = re.compile(r"\D")
-_THOUSANDS = re.compile(r"\+\d{1,3}(?:[ .]\d{3})+")
-_DIGIT_RUN = re.compile(r"\d[\d ().+-]{7,}\d")  # every phone or card number contains one
-
-
-def luhn_ok(digits: str) -> bool:
-    total, parity = 0, len(digits) % 2
-    for pos, ch in enumerate(digits):
-        d = ord(ch) - 48
-        if pos % 2 == parity:
-            d *= 2
-            if d > 9:
-                d -= 9
-        total += d
-    return total % 10 == 0
-
-
-def _normal(kind: str, value: str) -> str:
-    return value.lower() if kind == "email" else _NON_DIGIT.sub("", value)
-
-
-def find_pii(text: str, kinds: Sequence[str]) -> Iterator[tuple[str, re.Match[str]]]:
-    for kind in kinds:
-        for m in _PII_PATTERNS[kind].finditer(text):
-            if kind == "card":
-                digits = _NON_DIGIT.sub("", m.group(0))
-                if not (13 <= len(digits) <= 19 and luhn_ok(digits)):
-                    continue
-            elif kind == "phone" and m.group("intl"):
-                digits = _NON_DIGIT.sub("", m.group(0))
-                if not 8 <= len(digits) <= 15 or _THOUSANDS.fullmatch(m.group(0)):
-                    continue
-            yield kind, m
+def find_pii(text: str, kinds: Sequence[str]) -> list[pii.Found]:
+    """Personal data and secrets of ``kinds`` in ``text`` (see :mod:`vigil.rules.pii`), without overlaps."""
+    return pii.detect(text, kinds)
 
 
 class PiiLeakArgs(RuleArgs):
-    kinds: list[PiiKind] = Field(default_factory=lambda: list[PiiKind](["email", "phone", "card"]))
+    kinds: list[PiiKind] = Field(
+        default_factory=lambda: list[PiiKind](DEFAULT_LEAK_KINDS),
+        description="What counts as a leak; ip, dob and address are left out by default (an agent confirms a "
+        "shipping address as part of its job).",
+    )
     except_user_provided: bool = Field(
         default=True, description="Repeating back what the user said themselves is not a leak."
     )
@@ -122,22 +84,21 @@ class PiiLeakArgs(RuleArgs):
 
 @rule_type("pii_leak", PiiLeakArgs)
 def pii_leak(view: ConversationView, args: PiiLeakArgs) -> Iterator[Hit]:
-    """Emails, phone numbers or card numbers (Luhn-checked) in the assistant's text."""
+    """Personal data or secrets in the assistant's text: emails, phones, Luhn-valid cards, SSNs, IBANs, keys."""
     user_values: set[str] | None = None
     for i, text in view.assistant_texts:
-        has_at, has_digits = "@" in text, _DIGIT_RUN.search(text) is not None
-        if not (has_at or has_digits):
-            continue
-        kinds = [k for k in args.kinds if (has_at if k == "email" else has_digits)]
-        for kind, m in find_pii(text, kinds):
+        for found in find_pii(text, args.kinds):
             if args.except_user_provided:
                 if user_values is None:
                     user_text = "\n".join(t for _, t in view.user_turns)
-                    user_values = {_normal(k, u.group(0)) for k, u in find_pii(user_text, list(args.kinds))}
-                if _normal(kind, m.group(0)) in user_values:
+                    user_values = {
+                        pii.normal(u.kind, user_text[u.start : u.end]) for u in find_pii(user_text, args.kinds)
+                    }
+                if pii.normal(found.kind, text[found.start : found.end]) in user_values:
                     continue
             # The quote is left out so that findings do not copy the personal data they report.
-            yield Hit(f"{kind} in assistant text", [Evidence(i, m.start(), m.end(), None)], {"kind": kind})
+            kind = found.kind
+            yield Hit(f"{kind} in assistant text", [Evidence(i, found.start, found.end, None)], {"kind": kind})
 
 
 class RegexArgs(RuleArgs):
@@ -157,7 +118,7 @@ def regex(view: ConversationView, args: RegexArgs) -> Iterator[Hit]:
     for i, m in enumerate(view.messages):
         if m.role not in args.roles:
             continue
-        text = m.text
+        text = view.texts[i]
         found = rx.search(text) if text else None
         if found:
             matched = True
@@ -286,7 +247,11 @@ def groundedness(view: ConversationView, args: GroundednessArgs) -> Iterator[Hit
         if not _DIGIT.search(text):
             continue
         if source is None:
-            source = _Source("\n".join(m.text for m in view.messages if m.role in roles))
+            idx = [k for k, m in enumerate(view.messages) if m.role in roles]
+            joined = "\n".join(view.texts[k] for k in idx)
+            # system prompts' words first: they are shared across conversations, so looking there is free
+            idx.sort(key=lambda k: view.messages[k].role != "system")
+            source = _Source(joined, view.words_of(idx))
         if "amounts" in args.check and "$" in text:
             for m in _AMOUNT.finditer(text):
                 if source.amount(m.group(0)) is False:
@@ -319,12 +284,13 @@ MAX_SCANS = 256
 class _Source:
     """Where the assistant's facts may come from: tool results and user (and system) turns."""
 
-    __slots__ = ("text", "plain_numbers", "tokens", "seen", "scans")
+    __slots__ = ("text", "plain_numbers", "tokens", "seen", "scans", "_words")
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, words: Iterator[frozenset[str]]) -> None:
         self.text = text
         self.plain_numbers: str | None = None
-        self.tokens: set[str] | None = None
+        self.tokens: list[frozenset[str]] = []
+        self._words: Iterator[frozenset[str]] | None = words
         self.seen: dict[tuple[str, str], bool | None] = {}
         self.scans = 0
 
@@ -350,11 +316,16 @@ class _Source:
 
     def word(self, word: str) -> bool | None:
         """Whether ``word`` occurs in the source; a whole token of it is found without a scan."""
-        if self.tokens is None:
-            self.tokens = set(_NON_WORD.split(self.text))
-            self.tokens |= {t.lstrip("#") for t in self.tokens if t.startswith("#")}
-        if word in self.tokens:
+        if any(word in t for t in self.tokens):
             return True
+        while self._words is not None:  # the words of the next source message, from the shared text pass
+            words = next(self._words, None)
+            if words is None:
+                self._words = None
+                break
+            self.tokens.append(words)
+            if word in words:
+                return True
         src = self.text
         return self._scan("word", word, lambda: word in src)
 
@@ -382,7 +353,7 @@ def empty_or_truncated_response(view: ConversationView, args: EmptyOrTruncatedAr
     for i, m in enumerate(view.messages):
         if m.role != "assistant" or m.tool_calls:
             continue
-        text = m.text.rstrip()
+        text = view.texts[i].rstrip()
         if not text:
             yield Hit("empty assistant response", [Evidence(i)], {"kind": "empty"})
             continue

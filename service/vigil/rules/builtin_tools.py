@@ -177,7 +177,7 @@ def require_confirmation(view: ConversationView, args: RequireConfirmationArgs) 
         if site.name not in args.tools:
             continue
         last_user = next((i for i in range(site.message_index - 1, -1, -1) if messages[i].role == "user"), None)
-        text = messages[last_user].text if last_user is not None else ""
+        text = view.texts[last_user] if last_user is not None else ""
         ok = last_user is not None and affirmed(text, yes, no, retract)
         if ok and args.one_write_per_confirmation and last_user in used:
             ok = False
@@ -311,3 +311,26 @@ def escalation(view: ConversationView, args: EscalationArgs) -> Iterator[Hit]:
             start, end = span
             yield Hit("handed off to a human", [Evidence(i, start, end, text[start:end])], {"phrase": True})
             return
+
+
+class UnofferedToolArgs(RuleArgs):
+    allow: list[str] = Field(
+        default_factory=list, description="Tools the agent may call without their being offered (e.g. hosted ones)."
+    )
+
+
+@rule_type("unoffered_tool", UnofferedToolArgs)
+def unoffered_tool(view: ConversationView, args: UnofferedToolArgs) -> Iterator[Hit]:
+    """The agent called a tool it was not offered (needs the conversation's tool definitions; without
+    them nothing is known and nothing fires)."""
+    offered = view.conversation.offered_tools
+    if offered is None:
+        return
+    names = {t.name for t in offered} | set(args.allow)
+    for site in view.tool_calls:
+        if site.name not in names:
+            yield Hit(
+                f"called {site.name}, a tool it was not offered",
+                [Evidence(site.message_index)],
+                {"tool": site.name, "offered": sorted(t.name for t in offered)},
+            )

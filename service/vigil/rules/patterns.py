@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import Any
 
 import re2
@@ -95,6 +96,14 @@ def _needles(items: Any, ops: Any) -> tuple[str, ...] | None:
     return best
 
 
+_lowered_texts = lru_cache(maxsize=256)(str.lower)
+
+
+def lowered(text: str) -> str:
+    """``text.lower()``, computed once for the texts every pattern of every rule searches in turn."""
+    return _lowered_texts(text) if len(text) <= 65536 else text.lower()
+
+
 class Pattern:
     """A compiled search pattern; ``search``/``spans`` give character spans of the original text."""
 
@@ -122,7 +131,7 @@ class Pattern:
         """The pattern and subject to run, or None when the text cannot match."""
         rx, subject = self._rx, text
         if self._lowered is not None:
-            low = text.lower()
+            low = lowered(text)
             if len(low) != len(text):
                 return rx, text
             rx, subject = self._lowered, low

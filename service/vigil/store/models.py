@@ -24,6 +24,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -89,7 +90,11 @@ class FindingRow(Base):
     details: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (Index("ix_findings_rule", "rule_id", "agent_id", "agent_version"),)
+    __table_args__ = (
+        Index("ix_findings_rule", "rule_id", "agent_id", "agent_version"),
+        # append-only: a BRIN index costs the writer next to nothing and serves retention's time range
+        Index("ix_findings_created", "created_at", postgresql_using="brin"),
+    )
 
 
 class OutcomeRow(Base):
@@ -120,7 +125,10 @@ class DeadLetterRow(Base):
     raw_size: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (UniqueConstraint("source", "topic", "partition", "offset", name="uq_dead_letters_position"),)
+    __table_args__ = (
+        UniqueConstraint("source", "topic", "partition", "offset", name="uq_dead_letters_position"),
+        Index("ix_dead_letters_created", "created_at", postgresql_using="brin"),
+    )
 
 
 # The record other stages read: judge verdicts, reviewers' labels, outcomes joined to their versions.
@@ -154,7 +162,10 @@ class VerdictRow(Base):
     reason: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (Index("ix_verdicts_judge_agent", "judge", "agent_id", "agent_version", "created_at"),)
+    __table_args__ = (
+        Index("ix_verdicts_judge_agent", "judge", "agent_id", "agent_version", "created_at"),
+        Index("ix_verdicts_created", "created_at"),  # rollup job and retention read verdicts by time
+    )
 
 
 class PairwiseRow(Base):
@@ -205,10 +216,25 @@ class ReviewItemRow(Base):
     claimed_by: Mapped[str | None] = mapped_column(String(128))
     claimed_at: Mapped[datetime | None]
     lease_until: Mapped[datetime | None]
+    # a reviewer this item is set aside for: claim-next offers it to them first and to nobody else
+    assignee: Mapped[str | None] = mapped_column(String(128), index=True, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (Index("ix_review_items_claimable", "status", "priority", "created_at"),)
+    __table_args__ = (
+        Index("ix_review_items_claimable", "status", "priority", "created_at"),
+        Index("ix_review_items_done", "status", "updated_at"),
+        Index("ix_review_items_claimed", "claimed_by"),  # a reviewer's held items (claim-next)
+        # the flagger fills in items that waited for their conversation: a small partial index
+        Index(
+            "ix_review_items_waiting",
+            "conversation_id",
+            postgresql_where=text("agent_id IS NULL"),
+            sqlite_where=text("agent_id IS NULL"),
+        ),
+        # the console counts a window's flagged conversations per version from this index alone
+        Index("ix_review_items_created", "created_at", "agent_id", "agent_version"),
+    )
 
 
 class ReviewLabelRow(Base):
@@ -225,6 +251,8 @@ class ReviewLabelRow(Base):
     severity: Mapped[str | None] = mapped_column(String(16))
     notes: Mapped[str] = mapped_column(Text, default="")
     expected_behavior: Mapped[str] = mapped_column(Text, default="")
+    # set when the reviewer labelled a cluster at once: the conversation whose label this one copies
+    propagated_from: Mapped[str | None] = mapped_column(String(256), default=None)
     version: Mapped[int] = mapped_column(Integer)
     is_current: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections import Counter, defaultdict
@@ -10,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from vigil.rules import SEVERITY_RANK
@@ -126,13 +127,71 @@ def list_query(
     return q
 
 
-def list_conversations(session: Session, limit: int = 50, offset: int = 0, **filters: Any) -> dict[str, Any]:
+class BadCursor(ValueError):
+    """A list cursor that this Vigil did not hand out (or from another ordering)."""
+
+
+def encode_cursor(*values: Any) -> str:
+    """An opaque keyset cursor: the sort key of the last row shown."""
+    raw = orjson.dumps([v.isoformat() if isinstance(v, datetime) else v for v in values])
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str, n: int) -> list[Any]:
+    try:
+        values = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (ValueError, orjson.JSONDecodeError):
+        raise BadCursor("cursor is not one Vigil handed out") from None
+    if not isinstance(values, list) or len(values) != n:
+        raise BadCursor("cursor is not one Vigil handed out")
+    return values
+
+
+def cursor_time(value: Any) -> datetime:
+    try:
+        return aware(datetime.fromisoformat(value))
+    except (TypeError, ValueError):
+        raise BadCursor("cursor is not one Vigil handed out") from None
+
+
+def capped_count(session: Session, q: Select[Any], cap: int) -> tuple[int, bool]:
+    """Rows of ``q`` counted up to ``cap``: (count, True when there are more). Never reads past ``cap + 1`` rows."""
+    n = session.scalar(select(func.count()).select_from(q.limit(cap + 1).subquery())) or 0
+    return min(n, cap), n > cap
+
+
+def count_text(n: int, more: bool) -> str:
+    return f"{n:,}+" if more else f"{n:,}"
+
+
+def list_conversations(
+    session: Session,
+    limit: int = 50,
+    offset: int = 0,
+    cursor: str | None = None,
+    count_cap: int = 10_000,
+    **filters: Any,
+) -> dict[str, Any]:
+    """Newest first. Page with ``cursor`` (the previous page's ``next_cursor``: keyset, flat at any depth)
+    or ``offset`` (bounded by the caller); ``total`` counts up to ``count_cap`` (``total_capped`` beyond)."""
+    C = ConversationRow
     q = list_query(**filters)
-    total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
-    rows = session.scalars(
-        q.order_by(ConversationRow.received_at.desc(), ConversationRow.conversation_id).limit(limit).offset(offset)
-    ).all()
-    return {"total": total, "items": [summary_dict(r) for r in rows], "limit": limit, "offset": offset}
+    total, capped = capped_count(session, q.with_only_columns(C.conversation_id), count_cap)
+    if cursor:
+        at_raw, cid = decode_cursor(cursor, 2)
+        at = cursor_time(at_raw)
+        q = q.where(C.received_at <= at, or_(C.received_at < at, C.conversation_id > str(cid)))
+    rows = session.scalars(q.order_by(C.received_at.desc(), C.conversation_id).limit(limit).offset(offset)).all()
+    last = rows[-1] if len(rows) == limit else None
+    return {
+        "total": total,
+        "total_capped": capped,
+        "total_text": count_text(total, capped),
+        "items": [summary_dict(r) for r in rows],
+        "limit": limit,
+        "offset": offset,
+        "next_cursor": encode_cursor(aware(last.received_at), last.conversation_id) if last else None,
+    }
 
 
 def list_dead_letters(session: Session, limit: int = 50, reason: str | None = None) -> list[dict[str, Any]]:

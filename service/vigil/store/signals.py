@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Protocol
 
 from sqlalchemy import and_, exists, not_, or_
 from sqlalchemy.orm import aliased
@@ -84,8 +85,32 @@ def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
 CLOCK_SKEW = timedelta(hours=1)
 
 
-def attributed(outcome: OutcomeRow, conv: ConversationRow, window_hours: float) -> bool:
-    end = aware(conv.ended_at or conv.started_at or conv.received_at)
+class StoredConversation(Protocol):
+    """What joins of a signal to its conversation read: a stored row, or the batch item just stored."""
+
+    @property
+    def conversation_id(self) -> str: ...
+    @property
+    def agent_id(self) -> str: ...
+    @property
+    def agent_version(self) -> str: ...
+    @property
+    def started_at(self) -> datetime | None: ...
+    @property
+    def ended_at(self) -> datetime | None: ...
+    @property
+    def received_at(self) -> datetime | None: ...
+
+
+# the columns of ConversationRow a StoredConversation reads (to load only those)
+STORED_FIELDS = ("conversation_id", "agent_id", "agent_version", "started_at", "ended_at", "received_at")
+
+
+def attributed(outcome: OutcomeRow, conv: StoredConversation, window_hours: float) -> bool:
+    latest = conv.ended_at or conv.started_at or conv.received_at
+    if latest is None:  # a stored conversation always has received_at
+        raise ValueError(f"conversation {conv.conversation_id} has no time to attribute outcomes to")
+    end = aware(latest)
     start = aware(conv.started_at) if conv.started_at else end
     when = aware(outcome.occurred_at)
     return start - CLOCK_SKEW <= when <= end + timedelta(hours=window_hours)

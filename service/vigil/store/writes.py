@@ -8,12 +8,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+import psycopg
 from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from vigil.rules import Finding, max_severity
 from vigil.schema import Conversation
-from vigil.store.db import upsert
+from vigil.store.db import aware, upsert
 from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow
 
 
@@ -27,6 +28,27 @@ class Checked:
     origin: Any = None  # the Envelope it came from, for dead-lettering it if the database rejects it
     replaced: bool = False  # set by the store: it superseded an older stored revision
     previous_findings: frozenset[tuple[str, str]] = frozenset()  # (rule_id, message) of that revision
+    received_at: datetime | None = None  # set by the store: the stored row's received_at
+
+    @property
+    def conversation_id(self) -> str:
+        return self.conversation.conversation_id
+
+    @property
+    def agent_id(self) -> str:
+        return self.conversation.agent_id
+
+    @property
+    def agent_version(self) -> str:
+        return self.conversation.agent_version
+
+    @property
+    def started_at(self) -> datetime | None:
+        return aware(self.conversation.started_at)
+
+    @property
+    def ended_at(self) -> datetime | None:
+        return aware(self.conversation.ended_at)
 
 
 @dataclass(slots=True)
@@ -67,9 +89,12 @@ def _upsert_conversations_pg(session: Session, rows: list[dict[str, Any]]) -> tu
     """Returns (applied ids, ids that replaced an older revision); xmax = 0 marks a fresh insert."""
     table = ConversationRow.__table__
     conn = session.connection()
+    ids = [r["conversation_id"] for r in rows]
+    if _copy_new_conversations(session, rows, ids):
+        return set(ids), set()
     conn.exec_driver_sql(
         "CREATE TEMP TABLE IF NOT EXISTS vigil_conversations_stage "
-        "(LIKE conversations INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+        "(LIKE conversations INCLUDING DEFAULTS INCLUDING COMPRESSION) ON COMMIT DELETE ROWS"
     )
     _pg_copy(session, table, rows, into="vigil_conversations_stage")  # type: ignore[arg-type]
     names = ", ".join(f'"{k}"' for k in rows[0])
@@ -81,6 +106,27 @@ def _upsert_conversations_pg(session: Session, rows: list[dict[str, Any]]) -> tu
     ).all()
     conn.exec_driver_sql("TRUNCATE vigil_conversations_stage")
     return {r[0] for r in result}, {r[0] for r in result if not r[1]}
+
+
+def _copy_new_conversations(session: Session, rows: list[dict[str, Any]], ids: list[str]) -> bool:
+    """The usual batch is all new conversations: COPY it straight into the table, without the staging
+    table and ``INSERT ... ON CONFLICT`` (which writes, and compresses, every document twice).
+
+    A row stored meanwhile by another writer (an HTTP ingest of the same id) fails the COPY on the
+    primary key; its savepoint is rolled back and the caller upserts instead. Returns whether it copied.
+    """
+    conn = session.connection()
+    taken = conn.exec_driver_sql(
+        "SELECT 1 FROM conversations WHERE conversation_id = ANY(%(ids)s) LIMIT 1", {"ids": ids}
+    ).first()
+    if taken is not None:
+        return False
+    try:
+        with session.begin_nested():
+            _pg_copy(session, ConversationRow.__table__, rows)  # type: ignore[arg-type]
+    except psycopg.errors.UniqueViolation:
+        return False
+    return True
 
 
 def _row(item: Checked, now: datetime) -> dict[str, object]:
@@ -147,6 +193,8 @@ def store_conversations(session: Session, items: Sequence[Checked]) -> list[Chec
     applied = [i for i in items if i.conversation.conversation_id in applied_ids]
     if not applied:
         return []
+    for i in applied:
+        i.received_at = now
     if replaced_ids:
         previous: dict[str, set[tuple[str, str]]] = {}
         old = select(FindingRow.conversation_id, FindingRow.rule_id, FindingRow.message).where(

@@ -13,6 +13,15 @@ from vigil.ui.session import UI_ROLES
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
 EXPIRED = "Your session expired; please log in again."
+# ``/ui/login?error=CODE`` shows one of these fixed texts; any other code shows nothing, so a link cannot
+# make the real origin display words of an attacker's choosing.
+LOGIN_ERRORS = {
+    "bad_credentials": "Unknown API key.",
+    "not_reviewer": "That key is not a reviewer or admin key.",
+    "form_expired": "The form expired; please try again.",
+    "session_expired": EXPIRED,
+    "logged_out": "You were logged out; please log in again.",
+}
 STATIC_FILES = {p.name for p in STATIC.iterdir() if p.is_file()}
 
 
@@ -26,12 +35,13 @@ def static(name: str) -> Response:
 @router.get("")
 @router.get("/")
 def home() -> RedirectResponse:
+    # a process wired without the console (a stage on its own) has no home page: its queue is the start
     return go("/ui/queue")
 
 
 @router.get("/login")
 def login_page(request: Request, next: str | None = None, error: str | None = None, expired: bool = False) -> Response:
-    message = error or (EXPIRED if expired else None)
+    message = LOGIN_ERRORS.get(error or "") or (EXPIRED if expired else None)
     return render_page(request, "login.html", title="Log in", next=safe_next(next), error=message)
 
 
@@ -48,13 +58,13 @@ async def login(request: Request) -> Response:
             403,
             title="Log in",
             next=target,
-            error="The form expired; please try again.",
+            error=LOGIN_ERRORS["form_expired"],
             draft=draft,
         )
     key = str(form.get("api_key", "")).strip()
     p = request.app.state.keyring.lookup(key) if key else None
     if p is None or p.role not in UI_ROLES:
-        msg = "That key is not a reviewer or admin key." if p else "Unknown API key."
+        msg = LOGIN_ERRORS["not_reviewer" if p else "bad_credentials"]
         return render_page(request, "login.html", 401, title="Log in", next=target, error=msg, draft=draft)
     if draft is not None and "?" not in target:
         # a page that can show the unsaved label again gets it now (a redirect could not carry it)
@@ -75,5 +85,5 @@ async def logout(request: Request) -> Response:
     except Refused as refused:
         return refused.response
     response = go("/ui/login")
-    sessions_of(request).logout(response)
+    sessions_of(request).logout(request, response)
     return response

@@ -1,7 +1,7 @@
 """Page rendering for the reviewer UI, shared with other stages' pages.
 
-A stage adds a page by registering a router (``rt.hooks.routers``), a nav entry
-(``rt.extras["ui_nav"]``: ``(label, path)``), and a template folder (``rt.extras["ui_template_dirs"]``)
+A stage adds a page by registering a router (``rt.hooks.add_router``), a nav entry
+(``rt.hooks.add_page(label, path)``), and a template folder (``rt.hooks.add_templates``)
 whose templates ``{% extends "base.html" %}``; its handlers take ``user: Principal = Depends(ui_user)``
 and return ``render_page(request, "its_page.html", ...)``. Templates autoescape everything: pass
 transcript text as data, never as markup.
@@ -9,6 +9,7 @@ transcript text as data, never as markup.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -21,6 +22,8 @@ from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.money import usd
 from vigil.ui.session import SessionManager
+
+log = logging.getLogger(__name__)
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 STATIC = Path(__file__).resolve().parent / "static"
@@ -69,16 +72,40 @@ def environment(request: Request) -> Environment:
     return env
 
 
+def is_under(path: str, href: str) -> bool:
+    return path == href or path.startswith(href.rstrip("/") + "/")
+
+
+def nav_of(request: Request) -> list[tuple[str, str, bool]]:
+    """The nav entries, the one holding this page marked (the longest match: Home is ``/ui`` itself)."""
+    path = request.url.path
+    entries = runtime_of(request).hooks.nav
+    holding = max((href for _, href in entries if is_under(path, href)), key=len, default=None)
+    return [(label, href, href == holding) for label, href in entries]
+
+
+def banners(request: Request) -> list[dict[str, str]]:
+    """What the stages want every page to show on top (an active alert); a failing source shows nothing."""
+    out: list[dict[str, str]] = []
+    for source in runtime_of(request).hooks.banners:
+        try:
+            out.extend(source())
+        except Exception:  # a page must render even when, say, the database is away for the banner's read
+            log.exception("banner source failed")
+    return out
+
+
 def render_page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
-    """Render ``template`` with the layout's context (user, nav, CSRF token) and the security headers."""
+    """Render ``template`` with the layout's context (user, nav, banners, CSRF token) and the security headers."""
     sessions = sessions_of(request)
-    nav = [(label, path, request.url.path.startswith(path)) for label, path in runtime_of(request).hooks.nav]
+    user = sessions.principal(request)
     ctx = {
         "request": request,
-        "user": sessions.principal(request),
+        "user": user,
         "csrf": sessions.csrf_token(request),
-        "nav": nav,
+        "nav": nav_of(request),
         "path": request.url.path,
+        "banners": banners(request) if user is not None else [],
         **context,
     }
     html = environment(request).get_template(template).render(ctx)

@@ -1,8 +1,11 @@
 """Cookie sessions of the reviewer UI: log in with a reviewer or admin API key, CSRF tokens, log out.
 
-The cookie is signed (itsdangerous) with ``VIGIL_REVIEW_SESSION_SECRET`` and holds the key's name and
-a keyed fingerprint of the key, never the key: removing a key from ``VIGIL_API_KEYS`` ends its
-sessions. Every session, even before log-in, carries a random CSRF token that each form posts back;
+The cookie is signed (itsdangerous) with ``VIGIL_REVIEW_SESSION_SECRET``. A logged-in cookie holds a
+random session id, never the key; the session itself is a row of ``ui_sessions`` (keyed by the id's
+SHA-256) naming the key and a keyed fingerprint of it. Logging out deletes the row, so a copy of the
+cookie stops working too; removing a key from ``VIGIL_API_KEYS`` ends its sessions; a row past its
+``VIGIL_REVIEW_SESSION_MAX_AGE_SECONDS`` is refused and swept at the next log-in.
+Every session, even before log-in, carries a random CSRF token that each form posts back;
 API calls made with the cookie (not a Bearer key) must send it as ``X-CSRF-Token`` (without it: 403
 "missing CSRF token", not 401, since the caller is logged in).
 """
@@ -13,13 +16,17 @@ import hashlib
 import hmac
 import logging
 import secrets
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import HTTPException, Request, Response
 from itsdangerous import BadSignature, URLSafeTimedSerializer
+from sqlalchemy import delete
+from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.http.auth import KeyRing, Principal
 from vigil.settings import Settings
+from vigil.ui.models import UiSessionRow
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +36,16 @@ SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 UI_ROLES = ("reviewer", "admin")
 
 
+def _id_hash(session_id: str) -> str:
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
 class SessionManager:
-    def __init__(self, secret: str, max_age: int, secure: bool) -> None:
+    def __init__(self, secret: str, max_age: int, secure: bool, db: sessionmaker[Session]) -> None:
         self.secret = secret
         self.max_age = max_age
         self.secure = secure
+        self.db = db
         self._signer = URLSafeTimedSerializer(secret, salt="vigil-ui-session")
 
     def fingerprint(self, key: str) -> str:
@@ -56,11 +68,27 @@ class SessionManager:
         return data
 
     def principal(self, request: Request) -> Principal | None:
-        """The logged-in reviewer, if the session names a key that still exists with a UI role."""
-        data = self.read(request)
-        name, fp = data.get("name"), data.get("fp")
-        if not name or not fp:
+        """The logged-in reviewer: the cookie's session exists, has not expired, and names a key that
+        still exists with a UI role."""
+        if hasattr(request.state, "vigil_principal"):
+            cached: Principal | None = request.state.vigil_principal
+            return cached
+        found = self._lookup(request)
+        request.state.vigil_principal = found
+        return found
+
+    def _lookup(self, request: Request) -> Principal | None:
+        sid = self.read(request).get("sid")
+        if not sid or not isinstance(sid, str):
             return None
+        with self.db() as s:
+            row = s.get(UiSessionRow, _id_hash(sid))
+            if row is None:
+                return None
+            expires = row.expires_at if row.expires_at.tzinfo else row.expires_at.replace(tzinfo=UTC)
+            if expires <= datetime.now(UTC):
+                return None
+            name, fp = row.key_name, row.fingerprint
         ring: KeyRing = request.app.state.keyring
         for k in ring.keys:
             if (
@@ -107,16 +135,39 @@ class SessionManager:
         self._write(response, self.read(request))
 
     def start(self, request: Request, principal: Principal, key: str) -> None:
-        """A new logged-in session for this request; :meth:`save` writes its cookie with the response."""
-        request.state.vigil_session = {
-            "name": principal.name,
-            "role": principal.role,
-            "fp": self.fingerprint(key),
-            "csrf": secrets.token_urlsafe(24),
-        }
-        request.state.vigil_session_dirty = True
+        """A new logged-in session for this request; :meth:`save` writes its cookie with the response.
 
-    def logout(self, response: Response) -> None:
+        The session id is new (a session fixed before log-in is never promoted) and so is the CSRF token.
+        """
+        self.end(request)
+        sid = secrets.token_urlsafe(32)
+        now = datetime.now(UTC)
+        with self.db.begin() as s:
+            s.execute(delete(UiSessionRow).where(UiSessionRow.expires_at < now))
+            s.add(
+                UiSessionRow(
+                    id_hash=_id_hash(sid),
+                    key_name=principal.name,
+                    role=principal.role,
+                    fingerprint=self.fingerprint(key),
+                    created_at=now,
+                    expires_at=now + timedelta(seconds=self.max_age),
+                )
+            )
+        request.state.vigil_session = {"sid": sid, "csrf": secrets.token_urlsafe(24)}
+        request.state.vigil_session_dirty = True
+        request.state.vigil_principal = Principal(principal.name, principal.role)
+
+    def end(self, request: Request) -> None:
+        """Revoke this request's logged-in session (its row is deleted: every copy of the cookie ends)."""
+        sid = self.read(request).get("sid")
+        if sid and isinstance(sid, str):
+            with self.db.begin() as s:
+                s.execute(delete(UiSessionRow).where(UiSessionRow.id_hash == _id_hash(sid)))
+        request.state.vigil_principal = None
+
+    def logout(self, request: Request, response: Response) -> None:
+        self.end(request)
         response.delete_cookie(COOKIE, path="/", secure=self.secure, httponly=True, samesite="lax")
 
     def _write(self, response: Response, data: dict[str, Any]) -> None:
@@ -131,14 +182,14 @@ class SessionManager:
         )
 
 
-def install(app: Any, settings: Settings, announce: bool) -> SessionManager:
+def install(app: Any, settings: Settings, announce: bool, db: sessionmaker[Session]) -> SessionManager:
     """Give ``app`` its UI sessions; ``require()`` then accepts the UI cookie too (CSRF header on writes)."""
     secret = settings.review_session_secret.get_secret_value()
     if not secret:
         secret = secrets.token_urlsafe(32)
         if announce:
             log.info("VIGIL_REVIEW_SESSION_SECRET is not set: UI sessions last only as long as this process")
-    sessions = SessionManager(secret, settings.review_session_max_age_seconds, settings.review_cookie_secure)
+    sessions = SessionManager(secret, settings.review_session_max_age_seconds, settings.review_cookie_secure, db)
     app.state.ui_sessions = sessions
     app.state.session_principal = sessions.hook
     return sessions

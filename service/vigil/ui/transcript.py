@@ -45,6 +45,7 @@ class MessageView:
     answers: str | None  # the tool name whose call this message answers
     findings: list[int]  # findings pointing at the whole message
     severity: str | None  # worst severity among findings touching this message
+    reasoning: str | None = None  # the model's reasoning summary (Responses, Anthropic thinking): not said to the user
 
 
 def _pretty(value: Any) -> str:
@@ -139,6 +140,40 @@ def build(document: dict[str, Any], findings: list[dict[str, Any]]) -> list[Mess
                 answers=call_names.get(m.tool_call_id or ""),
                 findings=whole,
                 severity=_worst([findings[k].get("severity", "info") for k in touching]),
+                reasoning=r if isinstance(r := (m.model_extra or {}).get("reasoning"), str) and r else None,
             )
         )
+    return out
+
+
+@dataclass
+class ToolView:
+    name: str
+    description: str | None
+    parameters: str | None  # the JSON schema, pretty-printed
+    calls: int  # how often the agent called it
+    offered: bool  # False: called without being offered
+
+
+def tools(document: dict[str, Any]) -> list[ToolView] | None:
+    """The tools the agent was offered (with how often it called each), then any tool it called without being
+    offered; None when the conversation does not carry its tool definitions."""
+    try:
+        conv = Conversation.model_validate(document)
+    except ValidationError:
+        return None
+    offered = conv.offered_tools
+    if offered is None:
+        return None
+    counts: dict[str, int] = {}
+    for m in conv.messages:
+        if m.role == "assistant":
+            for c in m.tool_calls or []:
+                counts[c.function.name] = counts.get(c.function.name, 0) + 1
+    names = {t.name for t in offered}
+    out = [
+        ToolView(t.name, t.description, _pretty(t.parameters) if t.parameters else None, counts.get(t.name, 0), True)
+        for t in offered
+    ]
+    out += [ToolView(n, None, None, k, False) for n, k in counts.items() if n not in names]
     return out

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from vigil.ingest.decode import describe_validation_error
-from vigil.schema import Conversation
+from vigil.schema import Conversation, ToolDef
 
 
 def _domain(info: dict[str, Any]) -> str:
@@ -39,6 +39,24 @@ def _message(m: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _tools(info: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The domain's tool definitions when the results file carries them (``environment_info.tool_defs``,
+    by name; each an OpenAI function schema, or a tool with one under ``openai_schema``); None otherwise, or
+    when one cannot be read (then no tools rather than some)."""
+    raw = (info.get("environment_info") or {}).get("tool_defs")
+    values = list(raw.values()) if isinstance(raw, dict) else raw if isinstance(raw, list) else None
+    if not values:
+        return None
+    out = []
+    for v in values:
+        spec = v.get("openai_schema", v) if isinstance(v, dict) else v
+        try:
+            out.append(ToolDef.model_validate(spec).model_dump(exclude_none=True))
+        except ValidationError:
+            return None
+    return out
+
+
 def _goal(task: dict[str, Any] | None) -> str | None:
     if not task:
         return None
@@ -57,13 +75,14 @@ def convert(
     agent_version: str | None,
     include_policy: bool = True,
 ) -> Iterator[Conversation]:
-    from vigil.ingest.importers import ImportError_
+    from vigil.ingest.importers.common import ImportError_
 
     info = data.get("info") or {}
     domain = _domain(info)
     model = (info.get("agent_info") or {}).get("llm") or "unknown"
     policy = (info.get("environment_info") or {}).get("policy")
     tasks = {str(t.get("id")): t for t in data.get("tasks") or []}
+    tools = _tools(info)
     for n, sim in enumerate(data.get("simulations") or []):
         try:
             messages = [_message(m) for m in sim["messages"]]
@@ -84,6 +103,7 @@ def convert(
                     "started_at": sim.get("start_time"),
                     "ended_at": end,
                     "messages": messages,
+                    "tools": tools,
                     "usage": {
                         "cost_usd": cost if isinstance(cost, int | float) else None,
                         "latency_ms": duration * 1000 if isinstance(duration, int | float) else None,

@@ -23,7 +23,7 @@ def _message(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def convert(data: list[Any], path: Path, agent_id: str | None, agent_version: str | None) -> Iterator[Conversation]:
-    from vigil.ingest.importers import ImportError_
+    from vigil.ingest.importers.common import ImportError_
 
     stem = path.stem
     env = next((e for e in ("airline", "retail") if e in stem), "unknown")

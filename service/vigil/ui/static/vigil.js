@@ -17,15 +17,58 @@
     var help = document.getElementById("help");
     if (help) { help.hidden = force === undefined ? !help.hidden : !force; }
   }
+  function labelForm() {
+    return document.getElementById("label-form") || document.querySelector("form[data-label-form]");
+  }
   function submitLabel() {
-    var form = document.getElementById("label-form");
+    var form = labelForm();
     if (!form) { return false; }
+    var primary = form.querySelector("button.primary");
     if (typeof form.requestSubmit === "function") {
-      form.requestSubmit(document.getElementById("save-next"));
-    } else {
-      click("save-next");
+      form.requestSubmit(primary);
+    } else if (primary) {
+      primary.click();
     }
     return true;
+  }
+  // a confirmed failure needs a category: say so before the round trip, as an error, on the field
+  function checkLabel(ev) {
+    var form = ev.target;
+    if (!form.classList || !form.classList.contains("label-form")) { return; }
+    var picked = form.querySelector('input[name="label"]:checked');
+    var category = form.querySelector('select[name="category"]');
+    var error = document.getElementById("category-error");
+    if (picked && picked.value === "confirmed_failure" && category && !category.value) {
+      ev.preventDefault();
+      if (error) { error.hidden = false; }
+      category.setAttribute("aria-invalid", "true");
+      category.focus();
+      return;
+    }
+    if (!picked) {
+      ev.preventDefault();
+      var first = form.querySelector('input[name="label"]');
+      if (first) { first.focus(); }
+    }
+  }
+  function describeCategory(select) {
+    var help = document.getElementById("category-help");
+    if (!help || !select) { return; }
+    var opt = select.options[select.selectedIndex];
+    var text = opt ? opt.getAttribute("data-description") : "";
+    help.textContent = text || "Required for a confirmed failure.";
+    if (select.value) {
+      select.removeAttribute("aria-invalid");
+      var error = document.getElementById("category-error");
+      if (error) { error.hidden = true; }
+    }
+  }
+  function countTicked() {
+    var ticked = document.querySelectorAll('input[type="checkbox"][name="ids"]:checked, input[type="checkbox"][name="member"]:checked');
+    ["bulk-count", "member-count"].forEach(function (id) {
+      var el = document.getElementById(id);
+      if (el) { el.textContent = String(ticked.length); }
+    });
   }
   var flagged = [];
   var at = -1;
@@ -59,12 +102,23 @@
       var select = document.getElementById("category");
       if (select && select.options.length > Number(key)) {
         select.selectedIndex = Number(key);
+        describeCategory(select);
         ev.preventDefault();
       }
       return;
     }
-    if (key === "Enter" || key === "n") {
-      if (document.getElementById("label-form") ? submitLabel() : click("claim-next")) { ev.preventDefault(); }
+    // one meaning per key: Enter saves (and goes on), n takes the next item without saving
+    if (key === "Enter") {
+      if (submitLabel()) { ev.preventDefault(); }
+      return;
+    }
+    if (key === "n") {
+      if (click("claim-next")) { ev.preventDefault(); }
+      return;
+    }
+    if (key === "/") {
+      var search = document.getElementById("queue-search");
+      if (search) { search.focus(); ev.preventDefault(); }
       return;
     }
     if (key === "s" && click("skip")) { ev.preventDefault(); return; }
@@ -73,6 +127,18 @@
     if (key === "k") { jump(-1); ev.preventDefault(); return; }
     if (key === "?") { toggleHelp(); ev.preventDefault(); return; }
     if (key === "Escape") { toggleHelp(false); }
+  });
+
+  document.addEventListener("submit", checkLabel);
+  document.addEventListener("change", function (ev) {
+    var t = ev.target;
+    if (t.id === "category") { describeCategory(t); }
+    if (t.hasAttribute && t.hasAttribute("data-select-all")) {
+      document.querySelectorAll('input[type="checkbox"][name="ids"], input[type="checkbox"][name="member"]').forEach(function (box) {
+        if (!box.disabled) { box.checked = t.checked; }
+      });
+    }
+    if (t.type === "checkbox") { countTicked(); }
   });
 
   document.addEventListener("click", function (ev) {
@@ -101,6 +167,11 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     flagged = Array.prototype.slice.call(document.querySelectorAll(".msg.flagged"));
+    var invalid = document.querySelector('[aria-invalid="true"]');
+    if (invalid) { invalid.focus(); }
+    countTicked();
+    var toast = document.getElementById("toast");
+    if (toast) { setTimeout(function () { toast.classList.add("toast-gone"); }, 4000); }
     countdown();
     setInterval(countdown, 1000);
   });

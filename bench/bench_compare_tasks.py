@@ -1,0 +1,77 @@
+"""How long the compare table's per-task rows and protocol take, beside the whole comparison.
+
+    python -m bench.bench_compare_tasks [--per-version 10000] [--postgres]
+
+Stores simulated traffic for two versions (task ids repeat, every conversation has a task_success
+outcome), then times ``load_tasks`` (the per-task and metadata reads, both sides) and the full
+``run_compare``. Prints figures; asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+
+from vigil.app.runtime import build_runtime
+from vigil.compare.api import run_compare
+from vigil.compare.tasks import load_tasks
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.schema import Conversation
+
+
+@contextlib.contextmanager
+def database(postgres: bool) -> Iterator[str]:
+    if postgres:
+        from tests.support.services import postgres_database
+
+        with postgres_database() as url:
+            yield url
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            yield f"sqlite:///{d}/bench.db"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--per-version", type=int, default=10_000)
+    ap.add_argument("--postgres", action="store_true")
+    args = ap.parse_args()
+    from tests.support.app import INGEST, make_client, make_settings
+
+    with database(args.postgres) as url:
+        rt = build_runtime(make_settings(url, compare_bootstrap_resamples=200), registry=CollectorRegistry())
+        sim = Simulator(parse_versions("v1.4.0:0.05,v1.5.0:0.2"), 5)
+        t0 = time.perf_counter()
+        left = 2 * args.per_version
+        with make_client(rt) as client:
+            while left:
+                batch = list(sim.stream(min(1000, left)))
+                left -= len(batch)
+                rt.pipeline.process([Conversation.model_validate(c) for c in batch], "bench")
+                outcomes = [o for c in batch for o in sim.outcomes_for(c) if o["type"] == "task_success"]
+                client.post("/v1/outcomes", json=outcomes, headers=INGEST).raise_for_status()
+        print(f"stored {2 * args.per_version} conversations in {time.perf_counter() - t0:.1f} s")
+        s = rt.settings
+        for _ in range(2):
+            t0 = time.perf_counter()
+            with rt.sessions() as session:
+                for v in ("v1.4.0", "v1.5.0"):
+                    d = load_tasks(session, "support-bot", v, s.compare_max_sample, s.compare_metadata_sample)
+            tasks_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            result = run_compare(rt, "v1.4.0", "v1.5.0")
+            total_s = time.perf_counter() - t0
+            print(
+                f"per-task and metadata reads (both sides): {tasks_s * 1000:.0f} ms; whole compare: "
+                f"{total_s * 1000:.0f} ms; {len(d.success)} tasks, ks {result['tasks']['ks']}"
+            )
+        rt.close()
+
+
+if __name__ == "__main__":
+    main()

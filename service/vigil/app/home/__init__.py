@@ -1,0 +1,25 @@
+"""The console's own pages, which read every stage: the home page (``/ui``) and quality charts (``/ui/quality``).
+
+They live in the app layer because they join what several stages own (detections, traffic, the review
+queue, judge spend, calibration); each stage's own pages stay in its package.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vigil.runtime import Runtime
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+def wire(rt: Runtime) -> None:
+    """Add the home and quality pages (and ``/`` → ``/ui``) to ``rt``'s routers and navigation."""
+    from vigil.app.home.pages import api, root, router
+
+    rt.hooks.add_router(root)
+    rt.hooks.add_router(router)
+    rt.hooks.add_router(api)
+    rt.hooks.add_templates(TEMPLATES)
+    rt.hooks.nav[:0] = [e for e in [("Home", "/ui")] if e not in rt.hooks.nav]
+    rt.hooks.add_page("Quality", "/ui/quality")

@@ -1,0 +1,134 @@
+"""``/`` → ``/ui``; ``/ui`` (what is happening now); ``/ui/quality`` (charts).
+
+Their JSON: ``GET /v1/overview`` and ``GET /v1/quality/series``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import RedirectResponse, Response
+
+from vigil.app.home import charts, now, quality
+from vigil.http import runtime_of
+from vigil.http.auth import Principal, require
+from vigil.ui.links import anchor, baseline_version, compare_link, quality_link, queue_link
+from vigil.ui.render import render_page, ui_user
+
+root = APIRouter(include_in_schema=False)
+router = APIRouter(prefix="/ui", include_in_schema=False)
+api = APIRouter(tags=["overview"])
+
+
+@root.get("/")
+def to_console() -> RedirectResponse:
+    return RedirectResponse("/ui", status_code=307)
+
+
+def rate(v: float | None) -> str:
+    return "–" if v is None else charts.pct(v)
+
+
+@router.get("")
+@router.get("/")
+def home_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
+    data = now.snapshot(runtime_of(request))
+    return render_page(
+        request,
+        "home.html",
+        title="Now",
+        **data,
+        queue_link=queue_link,
+        quality_link=quality_link,
+        rate=rate,
+        anchor=anchor,
+        compare_link=compare_link,
+        baseline_version=baseline_version,
+    )
+
+
+def _pick(rt: Any, agent: str | None, version: str | None) -> tuple[dict[str, list[str]], str | None, str | None]:
+    with rt.sessions() as s:
+        known = quality.versions(s)
+    agent = agent if agent in known else next(iter(known), None)
+    options = known.get(agent or "", [])
+    version = version if version in options else next(iter(options), None)
+    return known, agent, version
+
+
+@router.get("/quality")
+def quality_page(
+    request: Request,
+    agent: str | None = None,
+    version: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    last: str | None = None,
+    user: Principal = Depends(ui_user),
+) -> Response:
+    rt = runtime_of(request)
+    known, agent, version = _pick(rt, agent, version)
+    error, series, preset = None, [], None
+    start = end = datetime.now(UTC)
+    try:
+        start, end, preset = quality.time_range(since, until, last, datetime.now(UTC))
+    except quality.RangeError as exc:
+        error = str(exc)
+    if error is None and agent and version:
+        series = quality.quality(rt, agent, version, start, end)
+    # a signal that never failed in the range and raised nothing is named, not drawn
+    drawn = [(s, charts.draw(s.points, s.spans, start, end)) for s in series if s.total["x"] or s.spans]
+    quiet = [s for s in series if not (s.total["x"] or s.spans)]
+    return render_page(
+        request,
+        "quality.html",
+        400 if error else 200,
+        title="Quality over time",
+        known=known,
+        agent=agent,
+        version=version,
+        since=since or f"{start:%Y-%m-%dT%H:%M}",
+        until=until or f"{end:%Y-%m-%dT%H:%M}",
+        preset=preset,
+        presets=list(quality.RANGES),
+        error=error,
+        charts=drawn,
+        quiet=quiet,
+        bucket=quality.bucket_for(end - start),
+        queue_link=queue_link,
+        quality_link=quality_link,
+        rate=rate,
+        anchor=anchor,
+    )
+
+
+@api.get("/v1/overview", dependencies=[require("reviewer")])
+def overview(request: Request) -> dict[str, Any]:
+    """What the console's home page shows: active alerts, traffic and flag rate per version, queue, judge spend."""
+    return now.as_json(now.snapshot(runtime_of(request)))
+
+
+@api.get("/v1/quality/series", dependencies=[require("reviewer")])
+def quality_series(
+    request: Request,
+    agent: str,
+    version: str,
+    since: str | None = Query(None, description="ISO time; default 7 days before until"),
+    until: str | None = Query(None, description="ISO time; default now"),
+) -> dict[str, Any]:
+    """Every quality signal of one agent version over time, per bucket, with 95% Wilson intervals and alerts."""
+    try:
+        start, end, _ = quality.time_range(since, until, None, datetime.now(UTC))
+    except quality.RangeError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    series = quality.quality(runtime_of(request), agent, version, start, end)
+    return {
+        "agent_id": agent,
+        "agent_version": version,
+        "since": start,
+        "until": end,
+        "bucket_hours": quality.bucket_for(end - start).total_seconds() / 3600,
+        "series": quality.as_json(series),
+    }

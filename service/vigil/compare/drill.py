@@ -1,0 +1,116 @@
+"""The conversations behind one row of the compare table, for one side: what each row's link lists.
+
+A rate's conversations are the ones it counts (a rule's findings, a judge's failing verdicts, a bad
+outcome, a failed task); a mean's are every conversation of the version, the largest value first.
+Reads are bounded by the time window, a page size and, for the metadata rates, the metadata sample.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, exists, select
+from sqlalchemy.orm import Session
+
+from vigil.compare.signals import OFFLINE_SUFFIX
+from vigil.compare.tasks import SUCCESS, ending
+from vigil.errors import VigilError
+from vigil.store.models import ConversationRow, FindingRow, OutcomeLinkRow, VerdictRow
+from vigil.store.reads import read_document, summary_dict
+from vigil.store.signals import finished, real_finding
+
+PAGE = 50
+
+
+class UnknownSignal(VigilError):
+    """A signal name the compare table does not have."""
+
+
+def _what(signal: str) -> tuple[Any, str, Any]:
+    """(condition on ConversationRow, description, order) for a signal counted from stored columns."""
+    C, F, L, V = ConversationRow, FindingRow, OutcomeLinkRow, VerdictRow
+    newest = C.received_at.desc()
+    if signal.startswith("rule:"):
+        rule = signal.removeprefix("rule:")
+        cond = exists().where(F.conversation_id == C.conversation_id, F.rule_id == rule, real_finding())
+        return cond, f"with a finding of rule {rule}", newest
+    if signal == "forbidden_tool":
+        cond = exists().where(F.conversation_id == C.conversation_id, F.rule_type == "forbidden_tool", real_finding())
+        return cond, "with a forbidden tool call", newest
+    if signal == "tool_error":
+        return C.tool_error_count > 0, "with a failed tool call", newest
+    if signal.startswith("judge:"):
+        judge = signal.removeprefix("judge:")
+        offline = judge.endswith(OFFLINE_SUFFIX)
+        cond = exists().where(
+            V.conversation_id == C.conversation_id,
+            V.judge == judge.removesuffix(OFFLINE_SUFFIX),
+            V.offline.is_(offline),
+            V.verdict == "fail",
+        )
+        return cond, f"the judge {judge} failed", newest
+    if signal in ("outcome:task_success",) or signal.startswith("tasks:"):
+        cond = exists().where(
+            L.conversation_id == C.conversation_id, L.type == SUCCESS, L.attributed, L.happened.is_(False)
+        )
+        return cond, "whose task failed", newest
+    if signal.startswith("outcome:"):
+        kind = signal.removeprefix("outcome:")
+        cond = exists().where(L.conversation_id == C.conversation_id, L.type == kind, L.attributed, L.happened)
+        return cond, f"with a {kind} outcome", newest
+    if signal == "steps":
+        return None, "by messages, most first", C.message_count.desc()
+    if signal == "cost_usd":
+        return None, "by cost, most first", C.cost_usd.desc()
+    if signal == "latency_p95_ms":
+        return None, "by latency, slowest first", C.latency_ms.desc()
+    raise UnknownSignal(f"no compare signal {signal!r}")
+
+
+def conversations_behind(
+    session: Session,
+    agent: str,
+    version: str,
+    signal: str,
+    offset: int = 0,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    metadata_sample: int = 500,
+) -> dict[str, Any]:
+    """A page of the conversations of ``agent``/``version`` behind ``signal``."""
+    C = ConversationRow
+    base: Select[Any] = select(C).where(C.agent_id == agent, C.agent_version == version, finished())
+    if since is not None:
+        base = base.where(C.received_at >= since)
+    if until is not None:
+        base = base.where(C.received_at < until)
+    if signal in ("error_rate", "truncation_rate"):
+        # said only in the metadata: the ones the table's sample read
+        picked = []
+        rows = session.scalars(base.order_by(C.received_at.desc()).limit(metadata_sample))
+        for row in rows:
+            doc = read_document(row.document) or {}
+            meta = doc.get("metadata")
+            ended = ending(meta) if isinstance(meta, dict) else None
+            if ended and ended[0 if signal == "error_rate" else 1]:
+                picked.append(row)
+        what = "that ended in an error" if signal == "error_rate" else "that hit a budget"
+        page = picked[offset : offset + PAGE]
+        total: int | None = len(picked)
+    else:
+        cond, what, order = _what(signal)
+        q = base if cond is None else base.where(cond)
+        page = list(session.scalars(q.order_by(order, C.conversation_id).offset(offset).limit(PAGE + 1)))
+        total = None if len(page) > PAGE else offset + len(page)
+        page = page[:PAGE]
+    return {
+        "agent_id": agent,
+        "version": version,
+        "signal": signal,
+        "what": what,
+        "offset": offset,
+        "total": total,
+        "more": total is None or total > offset + len(page),
+        "conversations": [summary_dict(r) for r in page],
+    }

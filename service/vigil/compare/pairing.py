@@ -1,0 +1,257 @@
+"""The compare table's per-task rows and each side's protocol, from two versions' :class:`TaskData`.
+
+Where the versions share task ids the success rate is compared **paired**: per shared task the
+difference of the two sides' success rates, ``d_i``, and the interval of its mean from
+``sqrt(Var(d_i) / M)`` over the ``M`` shared tasks. With several rollouts per task every interval treats
+tasks, not rollouts, as the sample (clustered by task). pass^k and pass@k appear at k = 2, 4, 8, ...
+up to the fewest rollouts of any repeated task whenever tasks repeat on both sides; the shares of tasks
+where every rollout passed or failed, and the error and truncation rates, are rows of their own.
+
+A row whose *grader* differs between the sides (the grader of task outcomes, a judge's version, the
+rules behind a rule row) is marked ``grader changed`` instead of better or worse: its scores were not
+produced the same way.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from vigil.compare import stats
+from vigil.compare.paired import (
+    Interval,
+    Rollouts,
+    clustered_mean,
+    difference,
+    powers_of_two,
+)
+from vigil.compare.tasks import NOT_RECORDED, PROTOCOL_KEYS, TaskData
+
+Direction = Literal["lower_is_better", "higher_is_better"]
+RuleVersions = Callable[[str, str], Mapping[str, str]]
+"""(agent, version) -> {rule id: how the rule is defined (pack, type, digest)} for the rules that apply."""
+
+GRADER_CHANGED = "grader changed"
+UNIT = (0.0, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    signal: str
+    label: str
+    direction: Direction
+    baseline: stats.Estimate
+    candidate: stats.Estimate
+    difference: stats.Estimate
+    paired: bool
+    grader: str
+    informational: bool = False  # shown with its interval, never part of the verdict count
+
+
+def estimate(i: Interval) -> stats.Estimate:
+    return stats.Estimate(i.value, i.low, i.high, i.tasks, p_value=i.p_value, se=i.se)
+
+
+def _row(
+    signal: str,
+    label: str,
+    direction: Direction,
+    base: Rollouts,
+    cand: Rollouts,
+    grader: str,
+    informational: bool = False,
+) -> TaskRow:
+    diff, is_paired = difference(cand, base)
+    return TaskRow(
+        signal,
+        label,
+        direction,
+        estimate(clustered_mean(base, UNIT)),
+        estimate(clustered_mean(cand, UNIT)),
+        estimate(diff),
+        is_paired,
+        grader,
+        informational,
+    )
+
+
+def _indicator(rollouts: Rollouts, passed: bool) -> dict[str, list[float]]:
+    """Per task one value: 1.0 when every rollout passed (``passed``) or every one failed."""
+    return {t: [float(all((v >= 1) if passed else (v <= 0) for v in vs))] for t, vs in rollouts.items() if len(vs)}
+
+
+def _counts(rollouts: Rollouts) -> dict[str, tuple[int, int]]:
+    """Per task: (rollouts, passes)."""
+    return {t: (len(vs), sum(1 for v in vs if v >= 1)) for t, vs in rollouts.items() if len(vs)}
+
+
+def _per_task(
+    counts: Mapping[str, tuple[int, int]], k: int, fn: Callable[[int, int, int], float]
+) -> dict[str, list[float]]:
+    """Each task's unbiased pass@k or pass^k (as :func:`vigil.compare.paired.per_task`), from its counts."""
+    return {t: [fn(n, c, k)] for t, (n, c) in counts.items() if n >= k}
+
+
+def rollout_ks(base: TaskData, cand: TaskData) -> list[int]:
+    """k = 2, 4, ... up to the fewest rollouts of any task that repeats, when tasks repeat on both sides."""
+    b, c = base.repeated, cand.repeated
+    if not b or not c:
+        return []
+    n = min(min(len(v) for v in b.values()), min(len(v) for v in c.values()))
+    return [k for k in powers_of_two(n) if k >= 2]
+
+
+def task_rows(base: TaskData, cand: TaskData) -> tuple[list[TaskRow], dict[str, Any]]:
+    rows: list[TaskRow] = []
+    bs, cs = base.success, cand.success
+    shared = set(bs) & set(cs)
+    ks = rollout_ks(base, cand)
+    if bs and cs:
+        _, is_paired = difference(cs, bs)
+        how = f"paired over {len(shared)} shared tasks" if is_paired else "clustered by task, no shared tasks"
+        rows.append(_row("tasks:success", f"task success ({how})", "higher_is_better", bs, cs, "grader"))
+        b_counts, c_counts = _counts(bs), _counts(cs)
+        for k in ks:
+            for key, fn, informational in (
+                ("pass^", stats.pass_hat_k, False),
+                ("pass@", stats.pass_at_k, True),
+            ):
+                what = "all" if key == "pass^" else "at least one of"
+                rows.append(
+                    _row(
+                        f"tasks:{key}{k}",
+                        f"{key}{k}: {what} {k} rollouts of a task pass",
+                        "higher_is_better",
+                        _per_task(b_counts, k, fn),
+                        _per_task(c_counts, k, fn),
+                        "grader",
+                        informational,
+                    )
+                )
+        for name, passed, direction in (
+            ("all_pass", True, "higher_is_better"),
+            ("all_fail", False, "lower_is_better"),
+        ):
+            label = f"tasks where every rollout {'passed' if passed else 'failed'}"
+            rows.append(
+                _row(
+                    f"tasks:{name}",
+                    label,
+                    direction,  # type: ignore[arg-type]
+                    _indicator(bs, passed),
+                    _indicator(cs, passed),
+                    "grader",
+                    True,
+                )
+            )
+    if base.error or cand.error:
+        rows.append(
+            _row(
+                "error_rate",
+                "error rate (the run ended in an error)",
+                "lower_is_better",
+                base.error,
+                cand.error,
+                "harness",
+            )
+        )
+        rows.append(
+            _row(
+                "truncation_rate",
+                "truncation rate (the run hit a step, turn, token or time budget)",
+                "lower_is_better",
+                base.truncated,
+                cand.truncated,
+                "budgets",
+            )
+        )
+    summary: dict[str, Any] = {
+        side: {
+            "tasks": len(d.success),
+            "repeated": len(d.repeated),
+            "rollouts": sum(len(v) for v in d.success.values()),
+            "metadata_read": d.metadata_read,
+        }
+        for side, d in (("baseline", base), ("candidate", cand))
+    }
+    summary.update(shared=len(shared), paired=len(shared) >= 2, ks=ks)
+    return rows, summary
+
+
+def _entry(key: str, b: Counter[str], c: Counter[str], unit: str = "conversations") -> dict[str, Any]:
+    def vals(x: Counter[str]) -> list[dict[str, Any]]:
+        return [{"value": v, unit: n} for v, n in sorted(x.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+    return {"key": key, "baseline": vals(b), "candidate": vals(c), "same": set(b) == set(c)}
+
+
+def _rules_summary(versions: Mapping[str, str]) -> Counter[str]:
+    import hashlib
+
+    if not versions:
+        return Counter({"no rules": 1})
+    packs = sorted({v.split("/", 1)[0] for v in versions.values()})
+    digest = hashlib.sha256("\n".join(f"{k}={v}" for k, v in sorted(versions.items())).encode()).hexdigest()[:12]
+    return Counter({f"{len(versions)} rules of {', '.join(packs)} (sha256 {digest})": 1})
+
+
+def protocol(
+    base: TaskData,
+    cand: TaskData,
+    base_rules: Mapping[str, str],
+    cand_rules: Mapping[str, str],
+) -> list[dict[str, Any]]:
+    """How each side was produced, key by key, each marked same or not.
+
+    Metadata keys count the latest conversations that carry each value; a side that records nothing for a
+    key the other side records shows ``(not recorded)``. Judges: the versions and models of the verdicts.
+    """
+    out = []
+    for key in PROTOCOL_KEYS:
+        b, c = base.protocol.get(key), cand.protocol.get(key)
+        if b is None and c is None:
+            continue
+        b = b or Counter({NOT_RECORDED: base.metadata_read})
+        c = c or Counter({NOT_RECORDED: cand.metadata_read})
+        out.append(_entry(key, b, c))
+    for judge in sorted(set(base.judges) & set(cand.judges)):
+        out.append(_entry(judge, base.judges[judge], cand.judges[judge], "verdicts"))
+    entry = _entry("rule_packs", _rules_summary(base_rules), _rules_summary(cand_rules), "versions")
+    for side in ("baseline", "candidate"):
+        for v in entry[side]:
+            v.pop("versions")
+    out.append(entry)
+    return out
+
+
+def graders_changed(
+    signals: list[str],
+    proto: list[dict[str, Any]],
+    base_rules: Mapping[str, str],
+    cand_rules: Mapping[str, str],
+) -> dict[str, str]:
+    """Signal -> why its grader differs between the sides, for the signals whose grader changed."""
+    differs = {p["key"] for p in proto if not p["same"]}
+    out: dict[str, str] = {}
+    for s in signals:
+        if s.startswith("rule:"):
+            rule = s.removeprefix("rule:")
+            if base_rules.get(rule) != cand_rules.get(rule):
+                which = "baseline" if rule in base_rules else "candidate" if rule in cand_rules else None
+                out[s] = (
+                    f"rule {rule} applies to the {which} only"
+                    if which and (rule in base_rules) != (rule in cand_rules)
+                    else f"rule {rule} is defined differently"
+                )
+        elif s == "forbidden_tool":
+            fb = {k: v for k, v in base_rules.items() if "/forbidden_tool/" in v}
+            fc = {k: v for k, v in cand_rules.items() if "/forbidden_tool/" in v}
+            if fb != fc:
+                out[s] = "the forbidden-tool rules differ"
+        elif s.startswith("judge:") and s in differs:
+            out[s] = "the judge's version or model differs"
+        elif (s == "outcome:task_success" or s.startswith("tasks:")) and "grader" in differs:
+            out[s] = "the grader recorded in the conversations' metadata differs"
+    return out

@@ -1,0 +1,175 @@
+"""Per-task data of one agent version: the paired rows of the compare table and how the version was run.
+
+Two kinds of read, both bounded by the time window and by a row limit, both on indexed columns
+(agent, version, received time):
+
+- **task success**: per conversation with a task id, whether its ``task_success`` outcome happened
+  (the latest ``max_sample`` such conversations); a task is one cluster, each conversation a rollout.
+- **metadata**: the ``metadata`` of the latest ``metadata_sample`` conversations, for the error and
+  truncation rates (``termination_reason``, ``error``, ``truncated``) and the protocol each side was
+  produced by (model, sampling settings, harness, tool set, grader, budgets).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+from vigil.store.models import ConversationRow, OutcomeLinkRow, VerdictRow
+from vigil.store.reads import read_document
+from vigil.store.signals import finished
+
+SUCCESS = "task_success"
+# how benchmark harnesses say a run ended (τ²-bench, τ-bench, Inspect limits, OpenAI finish reasons)
+ERROR_REASONS = frozenset({"too_many_errors", "agent_error", "user_error", "invalid_agent_message", "error"})
+TRUNCATION_REASONS = frozenset(
+    {"max_steps", "max_turns", "max_tokens", "timeout", "length", "token_limit", "message_limit", "time_limit"}
+)
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "reasoning_effort")
+BUDGET_KEYS = ("max_steps", "max_turns", "max_errors", "max_tokens_budget", "time_limit", "token_limit")
+PROTOCOL_KEYS = ("model", "sampling", "harness", "tools", "grader", "budgets")
+NOT_RECORDED = "(not recorded)"
+
+
+@dataclass(slots=True)
+class TaskData:
+    """One version's per-task rollouts and the metadata of its latest conversations."""
+
+    success: dict[str, list[float]] = field(default_factory=dict)  # task -> 1.0/0.0 per conversation
+    error: dict[str, list[float]] = field(default_factory=dict)  # task (or conversation) -> 1.0/0.0
+    truncated: dict[str, list[float]] = field(default_factory=dict)
+    metadata_read: int = 0
+    protocol: dict[str, Counter[str]] = field(default_factory=dict)  # key -> value -> conversations
+    judges: dict[str, Counter[str]] = field(default_factory=dict)  # judge signal -> version -> verdicts
+
+    @property
+    def repeated(self) -> dict[str, list[float]]:
+        """Tasks with at least two rollouts."""
+        return {t: v for t, v in self.success.items() if len(v) >= 2}
+
+
+def _window(q: Any, col: Any, since: datetime | None, until: datetime | None) -> Any:
+    if since is not None:
+        q = q.where(col >= since)
+    if until is not None:
+        q = q.where(col < until)
+    return q
+
+
+def _canon(value: Any) -> str | None:
+    if value is None or value == {} or value == [] or value == "":
+        return None
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _tool_names(tools: Any) -> str | None:
+    if not isinstance(tools, list):
+        return _canon(tools)
+    names = set()
+    for t in tools:
+        if isinstance(t, str):
+            names.add(t)
+        elif isinstance(t, dict):
+            fn = t.get("function")
+            name = t.get("name") or (fn.get("name") if isinstance(fn, dict) else None)
+            if name:
+                names.add(str(name))
+    return ", ".join(sorted(names)) or None
+
+
+def protocol_of(meta: dict[str, Any]) -> dict[str, str | None]:
+    """What a conversation's metadata says about how it was produced (keys of :data:`PROTOCOL_KEYS`)."""
+    model = meta.get("model")
+    if model is None and isinstance(meta.get("models"), list):  # OpenTelemetry traces: the models called
+        model = ", ".join(sorted({str(m) for m in meta["models"]}))
+    sampling = meta.get("sampling")
+    if sampling is None:
+        sampling = {k: meta[k] for k in SAMPLING_KEYS if meta.get(k) is not None}
+    budgets = meta.get("budgets")
+    if budgets is None:
+        budgets = {k: meta[k] for k in BUDGET_KEYS if meta.get(k) is not None}
+    return {
+        "model": _canon(model),
+        "sampling": _canon(sampling),
+        "harness": _canon(meta.get("harness") or meta.get("source")),
+        "tools": _tool_names(meta.get("tools")),
+        "grader": _canon(meta.get("grader")),
+        "budgets": _canon(budgets),
+    }
+
+
+def ending(meta: dict[str, Any]) -> tuple[bool, bool] | None:
+    """``(error, truncated)`` as the metadata says, or None when it says nothing about how the run ended."""
+    reason = meta.get("termination_reason")
+    said = reason is not None or "error" in meta or "truncated" in meta
+    if not said:
+        return None
+    reason = str(reason or "").lower()
+    error = reason in ERROR_REASONS or bool(meta.get("error"))
+    truncated = reason in TRUNCATION_REASONS or bool(meta.get("truncated"))
+    return error, truncated
+
+
+def load_tasks(
+    session: Session,
+    agent: str,
+    version: str,
+    max_sample: int,
+    metadata_sample: int,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> TaskData:
+    d = TaskData()
+    C, L = ConversationRow, OutcomeLinkRow
+    mine = (C.agent_id == agent, C.agent_version == version, finished())
+    latest = (
+        _window(select(C.conversation_id, C.task_id).where(*mine, C.task_id.is_not(None)), C.received_at, since, until)
+        .order_by(C.received_at.desc())
+        .limit(max_sample)
+        .subquery()
+    )
+    q = (
+        select(latest.c.task_id, latest.c.conversation_id, func.max(case((L.happened, 1), else_=0)))
+        .join(L, L.conversation_id == latest.c.conversation_id)
+        .where(L.type == SUCCESS, L.attributed)
+        .group_by(latest.c.task_id, latest.c.conversation_id)
+    )
+    for task, _cid, ok in session.execute(q):
+        d.success.setdefault(task, []).append(float(ok))
+
+    meta_q = _window(select(C.conversation_id, C.task_id, C.document).where(*mine), C.received_at, since, until)
+    counts: dict[str, Counter[str]] = {k: Counter() for k in PROTOCOL_KEYS}
+    for cid, task, text in session.execute(meta_q.order_by(C.received_at.desc()).limit(metadata_sample)):
+        doc = read_document(text) or {}
+        found = doc.get("metadata")
+        meta: dict[str, Any] = found if isinstance(found, dict) else {}
+        d.metadata_read += 1
+        for key, value in protocol_of(meta).items():
+            counts[key][value or NOT_RECORDED] += 1
+        ended = ending(meta)
+        if ended is not None:
+            d.error.setdefault(task or cid, []).append(float(ended[0]))
+            d.truncated.setdefault(task or cid, []).append(float(ended[1]))
+    d.protocol = {k: c for k, c in counts.items() if set(c) != {NOT_RECORDED}}
+
+    V = VerdictRow
+    judge_q = _window(
+        select(V.judge, V.offline, V.judge_version, V.model, func.count())
+        .where(V.agent_id == agent, V.agent_version == version)
+        .group_by(V.judge, V.offline, V.judge_version, V.model),
+        V.created_at,
+        since,
+        until,
+    )
+    for judge, offline, judge_version, model, n in session.execute(judge_q):
+        key = f"judge:{judge}{':offline' if offline else ''}"
+        d.judges.setdefault(key, Counter())[f"{judge} v{judge_version} ({model})"] += int(n)
+    return d

@@ -1,0 +1,119 @@
+"""What every importer shares: stable ids, the conversation envelope, and errors that name the item."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from vigil.errors import VigilError
+from vigil.ingest.decode import describe_validation_error
+from vigil.schema import Conversation, ToolDef
+
+# Fields of Vigil's own schema an imported record may carry beside its format's fields
+ENVELOPE = (
+    "conversation_id",
+    "revision",
+    "updated_at",
+    "started_at",
+    "ended_at",
+    "status",
+    "agent_id",
+    "agent_version",
+    "task_id",
+    "intent",
+    "usage",
+    "outcomes",
+)
+
+
+class ImportError_(VigilError):
+    """A file that no importer understands, or an item inside it that is malformed."""
+
+
+class ItemError(Exception):
+    """Raised inside a converter; the caller adds the file and item."""
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest()[:16]
+
+
+def text_of(content: Any) -> str | None:
+    """Text of a content given as a string or as a list of typed parts."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for p in content:
+            if isinstance(p, str):
+                parts.append(p)
+            elif isinstance(p, dict) and isinstance(p.get("text"), str):
+                parts.append(p["text"])
+        return "\n".join(parts)
+    return orjson.dumps(content).decode()
+
+
+def mark_failed(history: list[dict[str, Any]], failed: list[str]) -> None:
+    """Mark as errors the results of calls a trace records as failed (by tool name, in order): a failed call
+    often reaches the model as an ordinary result text."""
+    names = {c.get("id"): (c.get("function") or {}).get("name") for m in history for c in m.get("tool_calls") or []}
+    pending = list(failed)
+    for m in history:
+        name = names.get(m.get("tool_call_id")) if m["role"] == "tool" else None
+        if name is not None and name in pending:
+            pending.remove(name)
+            m["is_error"] = True
+
+
+def tool_defs(raw: Any, where: str) -> list[dict[str, Any]] | None:
+    """Tool definitions in any of the APIs' shapes, checked; None when absent."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise ItemError(f"{where}: expected a list of tool definitions")
+    out = []
+    for i, t in enumerate(raw):
+        try:
+            out.append(ToolDef.model_validate(t).model_dump(exclude_none=True))
+        except ValidationError as exc:
+            raise ItemError(f"{where}.{i}: {describe_validation_error(exc)}") from None
+    return out
+
+
+def envelope(
+    record: dict[str, Any],
+    path: Path,
+    prefix: str,
+    messages: list[dict[str, Any]],
+    agent_id: str | None,
+    agent_version: str | None,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    metadata: dict[str, Any] | None = None,
+    default_id: str | None = None,
+    default_agent: str | None = None,
+) -> dict[str, Any]:
+    """A conversation document: Vigil's own fields kept where the record has them, a stable id otherwise
+    (the same record always gets the same id, so importing a file twice changes nothing)."""
+    out: dict[str, Any] = {k: record[k] for k in ENVELOPE if record.get(k) is not None}
+    out.setdefault("conversation_id", default_id or f"{prefix}:{path.stem}:{digest(messages)}")
+    out["agent_id"] = agent_id or out.get("agent_id") or default_agent or path.stem
+    out["agent_version"] = agent_version or out.get("agent_version") or "unknown"
+    out["messages"] = messages
+    if tools is not None:
+        out["tools"] = tools
+    meta = dict(record.get("metadata") or {}) if isinstance(record.get("metadata"), dict) else {}
+    meta.update({k: v for k, v in (metadata or {}).items() if v is not None})
+    out["metadata"] = meta
+    return out
+
+
+def validated(doc: dict[str, Any], where: str) -> Conversation:
+    try:
+        return Conversation.model_validate(doc)
+    except ValidationError as exc:
+        raise ItemError(f"{where}: {describe_validation_error(exc)}") from None

@@ -1,0 +1,286 @@
+"""LangChain / LangSmith run trees: a root run with its ``child_runs`` (as ``read_run(...,
+load_child_runs=True)`` and ``RunTree`` give them), or runs listed flat with ``parent_run_id`` (as
+``list_runs`` exports them), one conversation per root run.
+
+Messages come from the ``llm`` runs: their ``inputs.messages`` (LangChain's serialized messages, the
+``{"type": "human", ...}`` dicts, or OpenAI chat messages from wrapped clients) and their output
+(``generations``, ``choices`` or ``messages``); each call's input continues the previous one's. A root
+chain whose ``outputs.messages`` hold more (a LangGraph agent's final state) gives the whole history.
+Tool calls are the AI messages' ``tool_calls``; a ``tool`` run that failed marks its result as an error;
+the tools bound to the model (``extra.invocation_params.tools``) are the tools offered. A message type
+Vigil does not know is refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from vigil.ingest.importers.common import ItemError, envelope, mark_failed, text_of, tool_defs, validated
+from vigil.ingest.importers.openai_agents import _merge
+from vigil.schema import Conversation
+
+NAME = "langsmith"
+TITLE = "LangChain/LangSmith run trees (runs with child_runs or parent_run_id, inputs/outputs messages)"
+
+ROLES = {
+    "human": "user",
+    "user": "user",
+    "ai": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+    "developer": "system",
+    "tool": "tool",
+    "function": "tool",
+}
+CLASSES = {
+    "HumanMessage": "human",
+    "HumanMessageChunk": "human",
+    "AIMessage": "ai",
+    "AIMessageChunk": "ai",
+    "SystemMessage": "system",
+    "SystemMessageChunk": "system",
+    "ToolMessage": "tool",
+    "ToolMessageChunk": "tool",
+    "FunctionMessage": "function",
+    "ChatMessage": "chat",
+}
+
+
+def _runs(data: Any) -> list[Any] | None:
+    if isinstance(data, dict) and isinstance(data.get("runs"), list):
+        return list(data["runs"])
+    return data if isinstance(data, list) else [data]
+
+
+def sniff(data: Any) -> bool:
+    runs = _runs(data)
+    return bool(runs) and all(
+        isinstance(r, dict) and isinstance(r.get("run_type"), str) and ("inputs" in r or "outputs" in r)
+        for r in runs or []
+    )
+
+
+def message(raw: Any, where: str) -> dict[str, Any]:
+    """One LangChain message (serialized, dumped or OpenAI-shaped) in Vigil's shape."""
+    if not isinstance(raw, dict):
+        if isinstance(raw, list) and len(raw) == 2 and isinstance(raw[0], str):  # ("human", "text") tuples
+            raw = {"type": raw[0], "content": raw[1]}
+        elif isinstance(raw, str):
+            raw = {"type": "human", "content": raw}
+        else:
+            raise ItemError(f"{where}: expected a message")
+    kind: Any
+    if raw.get("lc") == 1 and raw.get("type") == "constructor":
+        cls = (raw.get("id") or [""])[-1]
+        kind, fields = CLASSES.get(cls), raw.get("kwargs") or {}
+        if kind is None:
+            raise ItemError(f"{where}: a message of class {cls!r} is not one Vigil reads")
+    elif "role" in raw and "type" not in raw:
+        kind, fields = raw["role"], raw
+    elif isinstance(raw.get("data"), dict) and "type" in raw:  # messages_to_dict
+        kind, fields = raw["type"], raw["data"]
+    else:
+        kind, fields = raw.get("type"), raw
+    if kind == "chat":
+        kind = fields.get("role")
+    role = ROLES.get(kind) if isinstance(kind, str) else None
+    if role is None:
+        raise ItemError(f"{where}: a message of type {kind!r} is not one Vigil reads")
+    content = fields.get("content")
+    calls = fields.get("tool_calls") or []
+    out: dict[str, Any] = {"role": role}
+    if isinstance(content, list):  # content blocks; tool_use blocks repeat tool_calls
+        texts = [b for b in content if isinstance(b, str) or (isinstance(b, dict) and b.get("type") == "text")]
+        out["content"] = text_of(texts) if texts else None
+    else:
+        out["content"] = content if isinstance(content, str) or content is None else text_of(content)
+    if role == "assistant":
+        if not calls:
+            calls = ((fields.get("additional_kwargs") or {}).get("tool_calls")) or []
+        if calls:
+            out["tool_calls"] = [_call(c, f"{where}.tool_calls.{i}") for i, c in enumerate(calls)]
+        finish = (fields.get("response_metadata") or {}).get("finish_reason") or (
+            (fields.get("response_metadata") or {}).get("stop_reason")
+        )
+        if finish in ("length", "max_tokens"):
+            out["finish_reason"] = "length"
+    if role == "tool":
+        out["tool_call_id"] = fields.get("tool_call_id")
+        out["is_error"] = fields.get("status") == "error"
+        if fields.get("name"):
+            out["name"] = fields["name"]
+    return out
+
+
+def _call(c: Any, where: str) -> dict[str, Any]:
+    if not isinstance(c, dict):
+        raise ItemError(f"{where}: expected a tool call")
+    if isinstance(c.get("function"), dict):  # OpenAI-shaped
+        return {"id": c.get("id"), "type": "function", "function": c["function"]}
+    return {
+        "id": c.get("id"),
+        "type": "function",
+        "function": {"name": c.get("name"), "arguments": c.get("args") or {}},
+    }
+
+
+def _llm_turn(run: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    inputs, outputs = run.get("inputs") or {}, run.get("outputs") or {}
+    raw = inputs.get("messages")
+    if raw and isinstance(raw, list) and isinstance(raw[0], list):  # chat models log a batch: one list per prompt
+        if len(raw) > 1:
+            raise ItemError(f"{where}: a batch of {len(raw)} prompts; Vigil reads one conversation per call")
+        raw = raw[0]
+    turn: list[dict[str, Any]] = []
+    if isinstance(raw, list):
+        turn = [message(m, f"{where}.inputs.messages.{i}") for i, m in enumerate(raw)]
+    elif isinstance(inputs.get("prompts"), list) and inputs["prompts"]:
+        turn = [{"role": "user", "content": str(inputs["prompts"][0])}]
+    gens = outputs.get("generations")
+    if isinstance(gens, list) and gens:
+        first = gens[0][0] if isinstance(gens[0], list) and gens[0] else gens[0]
+        if isinstance(first, dict):
+            if first.get("message") is not None:
+                turn.append(message(first["message"], f"{where}.outputs.generations.0"))
+            elif first.get("text") is not None:
+                turn.append({"role": "assistant", "content": first["text"]})
+    elif isinstance(outputs.get("choices"), list) and outputs["choices"]:
+        turn.append(message(outputs["choices"][0].get("message"), f"{where}.outputs.choices.0.message"))
+    elif isinstance(outputs.get("messages"), list):
+        turn += [message(m, f"{where}.outputs.messages.{i}") for i, m in enumerate(outputs["messages"])]
+    elif outputs.get("output") is not None and isinstance(outputs["output"], dict):
+        turn.append(message(outputs["output"], f"{where}.outputs.output"))
+    return turn
+
+
+def _walk(run: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield run
+    children = [c for c in run.get("child_runs") or [] if isinstance(c, dict)]
+    for child in sorted(children, key=lambda c: str(c.get("dotted_order") or c.get("start_time") or "")):
+        yield from _walk(child)
+
+
+def _tree(root: dict[str, Any], where: str) -> dict[str, Any]:
+    history: list[dict[str, Any]] = []
+    tools: dict[str, dict[str, Any]] = {}
+    failed: list[str] = []
+    tool_runs: list[dict[str, Any]] = []
+    prompt = completion = 0
+    saw_usage = False
+    for run in _walk(root):
+        at = f"{where} run {run.get('id')}"
+        kind = run.get("run_type")
+        if kind in ("llm", "chat_model"):
+            turn = _llm_turn(run, at)
+            if turn:
+                history = _merge(history, turn)
+            params = (run.get("extra") or {}).get("invocation_params") or {}
+            bound = params.get("tools") or params.get("functions") or (run.get("inputs") or {}).get("tools")
+            for t in tool_defs(bound, f"{at}.tools") or []:
+                tools.setdefault(t["name"], t)
+            if run.get("prompt_tokens") is not None or run.get("completion_tokens") is not None:
+                saw_usage = True
+                prompt += int(run.get("prompt_tokens") or 0)
+                completion += int(run.get("completion_tokens") or 0)
+        elif kind == "tool":
+            tool_runs.append(run)
+            if run.get("error"):
+                failed.append(str(run.get("name")))
+    outputs = root.get("outputs") or {}
+    if root.get("run_type") == "chain" and isinstance(outputs.get("messages"), list):
+        final = [message(m, f"{where}.outputs.messages.{i}") for i, m in enumerate(outputs["messages"])]
+        if len(final) >= len(history):
+            history = _merge(history, final) if history else final
+    if history:
+        mark_failed(history, failed)
+    else:
+        for run in tool_runs:
+            call_id = str(run.get("id"))
+            args = (run.get("inputs") or {}).get("input", run.get("inputs") or {})
+            fn = {"name": run.get("name"), "arguments": args if isinstance(args, dict | str) else str(args)}
+            history.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": call_id, "type": "function", "function": fn}],
+                }
+            )
+            out = run.get("error") or (run.get("outputs") or {}).get("output")
+            content = (
+                out
+                if isinstance(out, str) or out is None
+                else text_of(out.get("kwargs", out).get("content") if isinstance(out, dict) else out)
+            )
+            history.append(
+                {"role": "tool", "tool_call_id": call_id, "content": content, "is_error": bool(run.get("error"))}
+            )
+    if not history:
+        raise ItemError(f"{where}: no llm run with messages and no tool run: the run tree holds no conversation")
+    extra = root.get("extra") or {}
+    meta = extra.get("metadata") or {}
+    if root.get("total_tokens") is not None and not saw_usage:
+        saw_usage, prompt, completion = (
+            True,
+            int(root.get("prompt_tokens") or 0),
+            int(root.get("completion_tokens") or 0),
+        )
+    return {
+        "messages": history,
+        "tools": list(tools.values()) if tools else None,
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion} if saw_usage else None,
+        "metadata": {
+            "source": "langsmith",
+            "run_id": root.get("id"),
+            "trace_id": root.get("trace_id") or root.get("id"),
+            "run_name": root.get("name"),
+            "session_id": meta.get("thread_id") or meta.get("session_id") or meta.get("conversation_id"),
+            "tags": root.get("tags") or None,
+            "error": root.get("error"),
+        },
+    }
+
+
+def _roots(runs: list[Any]) -> list[dict[str, Any]]:
+    """Root runs with their children attached (flat lists are linked by ``parent_run_id``)."""
+    by_id: dict[str, dict[str, Any]] = {}
+    for n, r in enumerate(runs):
+        if not isinstance(r, dict) or not isinstance(r.get("run_type"), str):
+            raise ItemError(f"item {n}: expected a run (with run_type)")
+        by_id[str(r.get("id") or f"#{n}")] = dict(r)
+    roots = []
+    for r in by_id.values():
+        parent = r.get("parent_run_id")
+        if parent is not None and str(parent) in by_id:
+            p = by_id[str(parent)]
+            p["child_runs"] = [*(p.get("child_runs") or []), r]
+        else:
+            roots.append(r)
+    return roots
+
+
+def convert(data: Any, path: Path, agent_id: str | None, agent_version: str | None) -> Iterator[Conversation]:
+    for root in _roots(_runs(data) or []):
+        rid = str(root.get("id"))
+        t = _tree(root, f"run {rid}")
+        record: dict[str, Any] = {"usage": t["usage"], "status": "finished"}
+        if root.get("start_time"):
+            record["started_at"] = root["start_time"]
+        if root.get("end_time"):
+            record["ended_at"] = root["end_time"]
+        else:
+            record["status"] = "in_progress"
+        doc = envelope(
+            {k: v for k, v in record.items() if v is not None},
+            path,
+            "langsmith",
+            t["messages"],
+            agent_id,
+            agent_version,
+            tools=t["tools"],
+            metadata=t["metadata"],
+            default_id=f"langsmith:{rid}",
+            default_agent=str(root.get("name") or path.stem),
+        )
+        yield validated(doc, f"run {rid}")

@@ -1,0 +1,54 @@
+"""What the review stage's page modules share: the stage of a request, the session's label counter, and
+the notice a bulk action leaves on the queue page."""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from vigil.http import runtime_of
+from vigil.review import triage
+from vigil.review.stage import ReviewStage
+from vigil.ui.render import sessions_of
+
+
+def stage_of(request: Request) -> ReviewStage:
+    return runtime_of(request).get(ReviewStage)
+
+
+def reviewer_names(request: Request) -> list[str]:
+    """Names of the keys that may review (the people items can be assigned to)."""
+    ring = request.app.state.keyring
+    return sorted({k.name for k in ring.keys if k.role in ("reviewer", "admin")})
+
+
+def labelled_this_session(request: Request) -> int:
+    return int(sessions_of(request).read(request).get("labelled") or 0)
+
+
+def count_labels(request: Request, response: Response, n: int = 1) -> Response:
+    """Add ``n`` to the session's label counter (kept in the signed session cookie)."""
+    sessions = sessions_of(request)
+    sessions.read(request)["labelled"] = labelled_this_session(request) + n
+    request.state.vigil_session_dirty = True
+    sessions.save(request, response)
+    return response
+
+
+def bulk_notice(request: Request) -> str | None:
+    q = request.query_params
+    action = q.get("bulk")
+    if action not in triage.BULK_ACTIONS:
+        return None
+    done, left = int(q.get("done") or 0), int(q.get("left") or 0)
+    to = q.get("to")
+    verb = {"skip": "Skipped", "assign": "Assigned", "unassign": "Unassigned"}[action]
+    if action == "assign" and to in reviewer_names(request):
+        verb = f"Assigned to {to}:"
+    if done == 0:
+        text = "Nothing changed: tick some items" + (" and pick a reviewer." if action == "assign" else ".")
+    else:
+        text = f"{verb} {done} item{'s' if done != 1 else ''}."
+    if left and done:
+        text += f" {left} left as they were (held by someone else, done, or not in the queue)."
+    return text

@@ -1,0 +1,227 @@
+"""Triage pages of the reviewer UI: bulk actions on the queue, near-duplicate clusters labelled at once,
+and the same task from two versions side by side with the reviewer's pairwise choice."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, quote, urlencode
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from vigil.http import runtime_of
+from vigil.http.auth import Principal
+from vigil.review import clusters as near_dups
+from vigil.review import failures, insights, queue, triage
+from vigil.review import side_by_side as sbs
+from vigil.review.errors import Conflict, Invalid, NotFound
+from vigil.review.page_kit import count_labels, reviewer_names, stage_of
+from vigil.review.policy import SEVERITIES
+from vigil.store import reads
+from vigil.ui import transcript
+from vigil.ui.forms import Refused, form_user, go, safe_next
+from vigil.ui.render import render_page, ui_user
+
+router = APIRouter(
+    prefix="/ui",
+    include_in_schema=False,
+)
+NOTICES = {"chosen": "Your choice is saved."}
+
+
+@router.post("/queue/bulk")
+async def bulk(request: Request) -> Response:
+    """Skip, assign or unassign the items ticked in the queue list, then back to the list."""
+    try:
+        p, _ = await form_user(request)
+    except Refused as refused:
+        return refused.response
+    form = await request.form()
+    ids = [str(v) for v in form.getlist("ids")]
+    action = str(form.get("action") or "")
+    assignee = str(form.get("assignee") or "") or None
+    back = str(form.get("back") or "/ui/queue")
+    if action == "assign" and assignee not in reviewer_names(request):
+        return go(_with_result(back, action, 0, len(ids)))
+    try:
+        with stage_of(request).sessions.begin() as s:
+            out = triage.bulk(s, action, ids, p.name, assignee)
+    except Invalid:
+        return go(_with_result(back, action, 0, len(ids)))
+    return go(_with_result(back, action, len(out["done"]), len(out["skipped"]), assignee))
+
+
+def _with_result(back: str, action: str, done: int, left: int, assignee: str | None = None) -> str:
+    """``back`` (a queue URL of this site) saying what a bulk action did, in numbers only."""
+    target = back if back.startswith("/ui/queue") and safe_next(back) == back else "/ui/queue"
+    target = target.split("#", 1)[0]
+    keep = [(k, v) for k, v in parse_qsl(target.partition("?")[2]) if k not in ("bulk", "done", "left", "to", "notice")]
+    result = [("bulk", action), ("done", str(done)), ("left", str(left))] + ([("to", assignee)] if assignee else [])
+    return "/ui/queue?" + urlencode(keep + result)
+
+
+@router.get("/clusters")
+def clusters_page(request: Request, notice: str | None = None, user: Principal = Depends(ui_user)) -> Response:
+    st = stage_of(request)
+    with st.sessions() as s:
+        data = failures.clusters(s, st.rule_descriptions)
+        open_ = [c.as_dict() for c in near_dups.open_clusters(s, reviewer=user.name)]
+    q = request.query_params
+    said = None
+    if notice == "cluster_labelled":
+        n, left = int(q.get("n") or 0), int(q.get("left") or 0)
+        said = f"Labelled {n} conversation{'s' if n != 1 else ''} in one action."
+        if left:
+            said += f" {left} left as they were (held by someone else, done, or labelled by you already)."
+    return render_page(
+        request,
+        "clusters.html",
+        title="Clusters",
+        data=data,
+        taxonomy=st.policy.taxonomy,
+        open_clusters=open_,
+        window=near_dups.WINDOW,
+        notice=said or NOTICES.get(notice or ""),
+    )
+
+
+@router.get("/clusters/{cluster_id}")
+def cluster_page(request: Request, cluster_id: str, user: Principal = Depends(ui_user)) -> Response:
+    return _cluster_view(request, cluster_id, user)
+
+
+def _cluster_view(
+    request: Request, cluster_id: str, user: Principal, label_error: str | None = None, status_code: int = 200
+) -> Response:
+    """A near-duplicate cluster: its sample to read, its members, and one label form for all of them."""
+    st = stage_of(request)
+    with st.sessions() as s:
+        found = near_dups.find(s, cluster_id, user.name)
+        if found is None:
+            return render_page(
+                request,
+                "error.html",
+                404,
+                title="Cluster not found",
+                message="This cluster is no longer open: its items may have been labelled, or the queue moved on.",
+                back="/ui/clusters#open-clusters",
+            )
+        cluster = found.as_dict()
+        sample = near_dups.sample_messages(s, cluster["sample"][0])
+    return render_page(
+        request,
+        "cluster_review.html",
+        status_code,
+        title=f"Review a cluster of {cluster['size']}",
+        cluster=cluster,
+        sample=sample,
+        taxonomy=st.policy.taxonomy,
+        severities=SEVERITIES,
+        rubric=st.policy.rubric,
+        filled=None,
+        label_error=label_error,
+        error_field="category" if label_error and "category" in label_error else None,
+    )
+
+
+@router.post("/clusters/{cluster_id}/label")
+async def cluster_label(request: Request, cluster_id: str) -> Response:
+    back = f"/ui/clusters/{quote(cluster_id, safe='')}"
+    try:
+        p, _ = await form_user(request, back)
+    except Refused as refused:
+        return refused.response
+    form = await request.form()
+    st = stage_of(request)
+    data = queue.LabelIn(
+        str(form.get("label") or ""),
+        str(form.get("category") or "") or None,
+        str(form.get("severity") or "") or None,
+        str(form.get("notes") or ""),
+        str(form.get("expected_behavior") or ""),
+    )
+    members = [str(v) for v in form.getlist("member")]
+    try:
+        with st.sessions.begin() as s:
+            out = near_dups.label_cluster(
+                s, str(form.get("sample") or ""), members, p.name, data, st.policy, st.metrics
+            )
+    except (Invalid, Conflict) as exc:
+        return _cluster_view(request, cluster_id, p, str(exc), 422 if isinstance(exc, Invalid) else 409)
+    except NotFound as exc:
+        return render_page(request, "error.html", 404, title="Not found", message=str(exc), back=back)
+    response = go(
+        "/ui/clusters?"
+        + urlencode({"notice": "cluster_labelled", "n": len(out["labelled"]), "left": len(out["skipped"])})
+        + "#open-clusters"
+    )
+    return count_labels(request, response, len(out["labelled"]))
+
+
+@router.get("/side-by-side")
+def side_by_side_page(
+    request: Request,
+    task: str = "",
+    a: str | None = None,
+    b: str | None = None,
+    ca: str | None = None,
+    cb: str | None = None,
+    notice: str | None = None,
+    user: Principal = Depends(ui_user),
+) -> Response:
+    """The same task from two versions in two columns, and the reviewer's choice between them."""
+    rt = runtime_of(request)
+    st = stage_of(request)
+    if not task.strip():
+        return render_page(
+            request, "error.html", 422, title="Side by side", message="Say which task: /ui/side-by-side?task=..."
+        )
+    try:
+        with st.sessions() as s:
+            picked = sbs.pair(s, task, a or None, b or None, ca or None, cb or None)
+            sides = []
+            for side in ("a", "b"):
+                conv = reads.get_conversation(
+                    s, picked[side]["conversation_id"], lambda _cid: rt.metrics.unreadable_documents.labels("ui").inc()
+                )
+                assert conv is not None  # pair() checked it is stored
+                sides.append(
+                    {
+                        **picked[side],
+                        "side": side,
+                        "conv": conv,
+                        "messages": transcript.build(conv["conversation"] or {"messages": []}, conv["findings"]),
+                        "item": insights.item_detail(s, conv["conversation_id"]),
+                    }
+                )
+            earlier = sbs.choices(s, task)
+    except (Invalid, NotFound) as exc:
+        return render_page(
+            request, "error.html", 404 if isinstance(exc, NotFound) else 422, title="Side by side", message=str(exc)
+        )
+    pair_ids = {sides[0]["conversation_id"], sides[1]["conversation_id"]}
+    return render_page(
+        request,
+        "side_by_side.html",
+        title=f"Task {task} side by side",
+        task=task,
+        picked=picked,
+        sides=sides,
+        earlier=[c for c in earlier if {c["conversation_a"], c["conversation_b"]} == pair_ids],
+        notice=NOTICES.get(notice or ""),
+    )
+
+
+@router.post("/side-by-side/choice")
+async def side_by_side_choice(request: Request) -> Response:
+    try:
+        p, form = await form_user(request, "/ui/queue")
+    except Refused as refused:
+        return refused.response
+    ca, cb = str(form.get("conversation_a") or ""), str(form.get("conversation_b") or "")
+    try:
+        with stage_of(request).sessions.begin() as s:
+            chosen = sbs.choose(s, p.name, ca, cb, str(form.get("choice") or ""), str(form.get("notes") or ""))
+    except (Invalid, NotFound) as exc:
+        return render_page(request, "error.html", 422, title="Choice not saved", message=str(exc))
+    back = {"task": chosen["task_id"], "a": chosen["version_a"], "b": chosen["version_b"], "ca": ca, "cb": cb}
+    return go("/ui/side-by-side?" + urlencode({**back, "notice": "chosen"}))

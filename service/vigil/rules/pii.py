@@ -1,0 +1,521 @@
+"""Personal data and secrets in text: the one detector behind the ``pii_leak`` rule and export redaction.
+
+Keys and tokens come from ``detect-secrets``' maintained plugins (AWS, GitHub, Slack, JWT, Stripe,
+private keys and two dozen more): their patterns are read from the plugins and run on RE2, and a
+plugin's own validity check (a JWT's header must decode) is kept. Vigil's own recognizers cover what
+they miss (``sk-proj-``/``sk-ant-`` keys, an AWS secret key, a password or token after its keyword) and
+personal data, each with the checks that keep ids apart from it: Luhn for cards, ISO 7064 mod-97 for
+IBANs, the SSA's rules for SSNs (no area 000, 666 or 9xx, no group 00, no serial 0000), octets up to
+255 for IPv4, a keyword before a bare phone number or a date of birth.
+
+Every pattern runs on RE2 (linear in the text, whatever it holds) and the checks after a match cost a
+bounded amount per match, so a hostile message of ``VIGIL_MAX_MESSAGE_BYTES`` costs linear time.
+RE2 has no lookarounds: boundaries are checked by hand on the characters around a match.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Literal
+
+from vigil.rules.patterns import compile_linear
+
+Kind = Literal["email", "phone", "card", "ssn", "iban", "ip", "dob", "address", "secret"]
+KINDS: tuple[Kind, ...] = ("email", "phone", "card", "ssn", "iban", "ip", "dob", "address", "secret")
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """One detected value: its kind and its character span in the text."""
+
+    kind: Kind
+    start: int
+    end: int
+
+
+def _rx(pattern: str, ignore_case: bool = False) -> Any:
+    return compile_linear(pattern, ignore_case)
+
+
+def _word(ch: str) -> bool:
+    return ch.isalnum() or ch == "_"
+
+
+def _before(text: str, start: int) -> str:
+    return text[start - 1] if start > 0 else ""
+
+
+def _after(text: str, end: int) -> str:
+    return text[end] if end < len(text) else ""
+
+
+_NON_DIGIT = re.compile(r"\D")  # on a matched value only (bounded length)
+
+
+def digits_of(value: str) -> str:
+    return _NON_DIGIT.sub("", value)
+
+
+# --- emails -------------------------------------------------------------------------------------
+
+_LOCAL = r"[\p{L}\p{N}._%+\-']+"
+_LABEL = r"[\p{L}\p{N}](?:[\p{L}\p{N}\-]*[\p{L}\p{N}])?"
+# Plain and IDN addresses (josé@exämple.de), and URL-encoded ones (jane%40example.com, %2540 double-encoded).
+_EMAIL = _rx(rf"{_LOCAL}(?:@|＠|%40|%2540){_LABEL}(?:\.{_LABEL})*\.\p{{L}}{{2,}}")
+# Obfuscated: "jane.doe [at] example [dot] com", "jane(at)example.com", "jane dot doe at example dot com".
+_AT = r"(?:\s*(?:\[at\]|\(at\)|\{at\}|<at>|\[@\]|\(@\))\s*|\s+(?:at|AT)\s+)"
+_DOT = r"(?:\s*(?:\[dot\]|\(dot\)|\{dot\}|<dot>|\[\.\])\s*|\s+(?:dot|DOT)\s+)"
+_OBFUSCATED = _rx(
+    rf"[A-Za-z0-9_%+\-]+(?:(?:\.|{_DOT})[A-Za-z0-9_%+\-]+)*{_AT}"
+    rf"[A-Za-z0-9\-]+(?:(?:\.|{_DOT})[A-Za-z0-9\-]+)*(?:\.|{_DOT})[A-Za-z]{{2,6}}\b"
+)
+_SPELLED_AT = re.compile(r"\s+at\s+", re.IGNORECASE)  # on a matched value only
+
+
+def _emails(text: str) -> Iterator[tuple[int, int]]:
+    if "@" in text or "＠" in text or "%40" in text or "%2540" in text:
+        for m in _EMAIL.finditer(text):
+            start, end = m.span()
+            while start < end and text[start] in "._%+-'":
+                start += 1
+            if text[start:end].startswith(("40", "2540")) and _before(text, start) == "%":
+                continue
+            yield start, end
+    low = text.lower()
+    if "at" in low and ("dot" in low or "[" in low or "(" in low or "{" in low or "<" in low):
+        for m in _OBFUSCATED.finditer(text):
+            value = m.group(0)
+            plain_at = _SPELLED_AT.search(value) is not None
+            if plain_at and " dot " not in value.lower():
+                continue  # "meet at home.com" is prose; a spelled-out "at" needs a spelled-out "dot"
+            yield m.span()
+
+
+# --- numbers ------------------------------------------------------------------------------------
+
+# A run of digit groups joined by single separators: "4242.4242.4242.4242", "123-45-6789", "10.0.0.1".
+# Python's engine runs it: it cannot backtrack (a repetition must open with a separator, which a digit
+# never is, and nothing follows the repetition that could fail), and it is the one pattern here matched
+# once per number of a text full of numbers, where RE2's per-match cost in Python would dominate.
+_DIGIT_GROUPS = re.compile(r"[0-9]+(?:[ .\-][0-9]+)*")
+_GROUP = re.compile(r"\d+")  # on one run at a time
+
+
+def _runs(text: str) -> Iterator[tuple[int, int, list[tuple[int, int]]]]:
+    """Digit runs with their groups' spans; runs glued to letters or more digits are skipped."""
+    for m in _DIGIT_GROUPS.finditer(text):
+        start, end = m.span()
+        if end - start < 7:
+            continue  # shorter than any card, SSN or IPv4 address ("1.1.1.1")
+        prev = _before(text, start)
+        if prev.isalpha() or prev == "_":
+            continue
+        groups = [(start + g.start(), start + g.end()) for g in _GROUP.finditer(m.group(0))]
+        yield start, end, groups
+
+
+def luhn_ok(digits: str) -> bool:
+    total, parity = 0, len(digits) % 2
+    for pos, ch in enumerate(digits):
+        d = ord(ch) - 48
+        if pos % 2 == parity:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+# How card numbers are written in groups (Visa, Mastercard, Discover: 4-4-4-4 with up to 3 more digits;
+# Amex 4-6-5, Diners 4-6-4); a single run of 13 to 19 digits is tried as it is.
+_CARD_SHAPES = ((4, 4, 4, 4, 3), (4, 4, 4, 4, 2), (4, 4, 4, 4, 1), (4, 4, 4, 4), (4, 6, 5), (4, 6, 4))
+
+
+def _cards(text: str, runs: list[tuple[int, int, list[tuple[int, int]]]]) -> Iterator[tuple[int, int]]:
+    """Card numbers, Luhn-checked, in whole groups of one run with one separator throughout."""
+    for _start, _end, groups in runs:
+        sizes = [b - a for a, b in groups]
+        i = 0
+        while i < len(groups):
+            size = sizes[i]
+            found = None
+            if 13 <= size <= 19:
+                if luhn_ok(text[groups[i][0] : groups[i][1]]) and not _repetitive(text[groups[i][0] : groups[i][1]]):
+                    found = i
+            elif size == 4:
+                for shape in _CARD_SHAPES:
+                    j = i + len(shape) - 1
+                    if j >= len(groups) or tuple(sizes[i : j + 1]) != shape:
+                        continue
+                    if len({text[groups[k][1]] for k in range(i, j)}) != 1:
+                        continue
+                    value = "".join(text[a:b] for a, b in groups[i : j + 1])
+                    if luhn_ok(value) and not _repetitive(value):
+                        found = j
+                        break
+            if found is not None:
+                yield groups[i][0], groups[found][1]
+                i = found + 1
+            else:
+                i += 1
+
+
+def _repetitive(digits: str) -> bool:
+    return len(set(digits)) == 1  # 0000000000000, 1111111111111111: fillers, not cards
+
+
+def ssn_ok(area: str, group: str, serial: str) -> bool:
+    return area not in ("000", "666") and area[0] != "9" and group != "00" and serial != "0000"
+
+
+_SSN_CONTEXT = _rx(r"(?i)\b(?:ssn|ss#|social security(?: number| no\.?)?|social)\b[^\d\n]{0,20}(\d{9})\b")
+
+
+def _ssns(text: str, runs: list[tuple[int, int, list[tuple[int, int]]]]) -> Iterator[tuple[int, int]]:
+    for _start, _end, groups in runs:
+        for i in range(len(groups) - 2):
+            a, g, s = (text[x:y] for x, y in groups[i : i + 3])
+            if (len(a), len(g), len(s)) != (3, 2, 4):
+                continue
+            if text[groups[i][1]] != text[groups[i + 1][1]]:
+                continue  # 123-45 6789: mixed separators
+            sep = text[groups[i][1]]
+            if (i + 3 < len(groups) and text[groups[i + 2][1]] == sep) or (i > 0 and text[groups[i - 1][1]] == sep):
+                continue  # part of a longer run of the same separator (a phone, a date, an id)
+            if ssn_ok(a, g, s):
+                yield groups[i][0], groups[i + 2][1]
+    if "ss" in text.lower() or "social" in text.lower():
+        for m in _SSN_CONTEXT.finditer(text):
+            value = m.group(1)
+            if not _after(text, m.end(1)).isdigit() and ssn_ok(value[:3], value[3:5], value[5:]):
+                yield m.span(1)
+
+
+def _ips(text: str, runs: list[tuple[int, int, list[tuple[int, int]]]]) -> Iterator[tuple[int, int]]:
+    for quad in _dotted_quads(text, runs):
+        start, end = quad[0][0], quad[-1][1]
+        if any(b - a > 3 or int(text[a:b]) > 255 for a, b in quad):
+            continue
+        words = text[max(0, start - 9) : start].lower().split()
+        if (words and words[-1].rstrip(".:") in ("v", "ver", "version")) or text[max(0, start - 1) : start] in (
+            "v",
+            "V",
+        ):
+            continue  # a software version, not an address
+        yield start, end
+    if "::" in text or text.count(":") >= 7:
+        for m in _IPV6.finditer(text):
+            start, end = m.span()
+            if _word(_before(text, start)) or _word(_after(text, end)) or _before(text, start) == ":":
+                continue
+            value = m.group(0)
+            full = value.count(":") == 7
+            if full or ("::" in value and any(c.isalpha() for c in value)):
+                yield start, end
+
+
+def _dotted_quads(text: str, runs: list[tuple[int, int, list[tuple[int, int]]]]) -> Iterator[list[tuple[int, int]]]:
+    """Four groups joined by dots, with no dot-joined group on either side."""
+    for _start, _end, groups in runs:
+        chain: list[tuple[int, int]] = []
+        for k, g in enumerate(groups):
+            chain.append(g)
+            if k + 1 == len(groups) or text[g[1]] != ".":
+                if len(chain) == 4:
+                    yield chain
+                chain = []
+
+
+_IPV6 = _rx(r"[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}")
+
+
+# --- phones ---------------------------------------------------------------------------------------
+
+# A phone number needs a separator, parentheses or a leading "+", or a phone word before it: bare
+# digit runs are order, item and tracking numbers far more often than phone numbers. International
+# numbers ("intl": "+", country code, then groups) hold 8 to 15 digits as E.164 allows and do not
+# look like a signed amount with thousands groups (+10 000 000).
+_PHONE = _rx(
+    r"\+\d{1,3}[ .\-]?\d{3}[ .\-]?\d{3}[ .\-]?\d{4}"
+    r"|(?:\+?\d{1,3}[ .\-])?(?:\(\d{3}\)[ .\-]?|\d{3}[ .\-])\d{3}[ .\-]\d{4}"
+    r"|(?P<intl>\+[1-9]\d{0,2}(?:[ .\-]?(?:\(\d{1,4}\)|\d{1,4})){2,6})"
+)
+_THOUSANDS = re.compile(r"\+\d{1,3}(?:[ .]\d{3})+")  # on a matched value only
+# "call me at 4155550123", "phone: 555 0123", "mobile 5550123".
+_PHONE_CONTEXT = _rx(
+    r"(?i)\b(?:phone|telephone|tel|mobile|cell|call|text|reach|fax|whatsapp|sms|dial|ring)\b"
+    r"[^\d\n+$€£]{0,24}(\+?\d[\d .\-]{5,16}\d)"
+)
+_SEVEN = _rx(r"\d{3}[.\-]\d{4}")
+
+
+def _phones(text: str) -> Iterator[tuple[int, int]]:
+    for m in _PHONE.finditer(text):
+        start, end = m.span()
+        prev, nxt = _before(text, start), _after(text, end)
+        if _word(prev) or prev in "+-" or _word(nxt) or nxt == "-":
+            continue
+        if m.group("intl"):
+            value = m.group(0)
+            if not 8 <= len(digits_of(value)) <= 15 or _THOUSANDS.fullmatch(value):
+                continue
+        yield start, end
+    for m in _SEVEN.finditer(text):
+        start, end = m.span()
+        prev, nxt = _before(text, start), _after(text, end)
+        if _word(prev) or prev in "+-.:/$€£#" or _word(nxt) or nxt == "-":
+            continue
+        if nxt == "." and _after(text, end + 1).isdigit():
+            continue
+        yield start, end
+    low = text.lower()
+    if any(w in low for w in ("phone", "tel", "mobile", "cell", "call", "text", "reach", "fax", "whatsapp", "sms")):
+        for m in _PHONE_CONTEXT.finditer(text):
+            start, end = m.span(1)
+            if _word(_after(text, end)):
+                continue
+            if len(digits_of(m.group(1))) in (7, 10, 11):
+                yield start, end
+
+
+# --- dates of birth, street addresses, IBANs ----------------------------------------------------
+
+_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\.?"
+_DATE = (
+    rf"\d{{1,2}}[/.\-]\d{{1,2}}[/.\-]\d{{2,4}}|\d{{4}}[/.\-]\d{{1,2}}[/.\-]\d{{1,2}}"
+    rf"|{_MONTH} \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}|\d{{1,2}}(?:st|nd|rd|th)? (?:of )?{_MONTH},? \d{{4}}"
+)
+_DOB = _rx(
+    rf"(?i)\b(?:born|birth|dob|d\.o\.b\.?|birthday|birthdate|date of birth)\b[^\d\n]{{0,24}}?({_DATE})",
+)
+
+_STREET_TYPE = (
+    r"(?i:street|st|avenue|ave|road|rd|boulevard|blvd|lane|ln|drive|dr|court|ct|way|place|pl|terrace|"
+    r"circle|cir|parkway|pkwy|highway|hwy|square|sq|trail|trl|crescent|close|row)"
+)
+_ADDRESS = _rx(
+    r"\b\d{1,6}[A-Za-z]?,? (?:(?:[NSEW]\.?|North|South|East|West) )?"
+    r"(?:(?:[A-Z][a-z'\-]+|\d{1,3}(?:st|nd|rd|th)) ){1,4}" + _STREET_TYPE + r"\b\.?"
+    r"(?:,? (?:Apt|Apartment|Suite|Ste|Unit|Fl|Floor|#)\.? ?#?[A-Za-z0-9\-]+)?"
+    r"(?:, [A-Z][a-z]+(?: [A-Z][a-z]+){0,2})?(?:,? [A-Z]{2})?(?: \d{5}(?:-\d{4})?)?"
+)
+
+_IBAN = _rx(r"[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,32}")
+# Lengths by country (ISO 13616 registry); others are tried at every length from 15 to 34.
+_IBAN_LENGTHS = {
+    "AD": 24, "AE": 23, "AT": 20, "BE": 16, "BG": 22, "BH": 22, "BR": 29, "CH": 21, "CY": 28, "CZ": 24,
+    "DE": 22, "DK": 18, "EE": 20, "ES": 24, "FI": 18, "FR": 27, "GB": 22, "GR": 27, "HR": 21, "HU": 28,
+    "IE": 22, "IL": 23, "IS": 26, "IT": 27, "LI": 21, "LT": 20, "LU": 20, "LV": 21, "MC": 27, "MT": 31,
+    "NL": 18, "NO": 15, "PL": 28, "PT": 25, "RO": 24, "SA": 24, "SE": 24, "SI": 19, "SK": 24, "TR": 26,
+}  # fmt: skip
+
+
+def iban_ok(iban: str) -> bool:
+    """ISO 7064 mod 97-10: the country code and check digits moved to the end, letters as 10..35."""
+    moved = iban[4:] + iban[:4]
+    total = 0
+    for ch in moved:
+        total = (total * (100 if ch.isalpha() else 10) + (ord(ch) - 55 if ch.isalpha() else ord(ch) - 48)) % 97
+    return total == 1
+
+
+def _ibans(text: str) -> Iterator[tuple[int, int]]:
+    for m in _IBAN.finditer(text):
+        start = m.start()
+        if _word(_before(text, start)):
+            continue
+        positions = [start + k for k, ch in enumerate(m.group(0)) if ch != " "]
+        compact = "".join(text[p] for p in positions)
+        country = compact[:2]
+        lengths = [_IBAN_LENGTHS[country]] if country in _IBAN_LENGTHS else range(min(34, len(compact)), 14, -1)
+        for n in lengths:
+            if n <= len(compact) and not _word(_after(text, positions[n - 1] + 1)) and iban_ok(compact[:n]):
+                yield start, positions[n - 1] + 1
+                break
+
+
+def _regex_spans(rx: Any, group: int = 0, needles: tuple[str, ...] = ()) -> Callable[[str], Iterator[tuple[int, int]]]:
+    def spans(text: str) -> Iterator[tuple[int, int]]:
+        if needles:
+            low = text.lower()
+            if not any(n in low for n in needles):
+                return
+        for m in rx.finditer(text):
+            yield m.span(group)
+
+    return spans
+
+
+# --- secrets ----------------------------------------------------------------------------------------
+
+_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.+/=")
+_OWN_SECRETS = (
+    # OpenAI (sk-proj-, sk-svcacct-, legacy sk-) and Anthropic (sk-ant-api03-) keys.
+    _rx(r"sk-(?:proj-|ant-|svcacct-|admin-|live-|test-)?[A-Za-z0-9_\-]{20,}"),
+    # Google API keys, Hugging Face tokens, GitHub fine-grained tokens, GitLab personal tokens.
+    _rx(r"AIza[0-9A-Za-z_\-]{35}|hf_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,}|glpat-[A-Za-z0-9_\-]{20}"),
+)
+# An AWS secret access key: 40 characters of base64 with upper and lower case letters and a digit.
+_AWS_SECRET = _rx(r"[A-Za-z0-9/+]{40}")
+# A value after its keyword: "password: hunter2!", "DB_PASSWORD=s3cr3t", "the admin password is 'x9$Lq'".
+_KEYWORD = _rx(
+    r"(?i)(password|passwd|pwd|passphrase|passcode|secret|secret[_ \-]?key|api[_ \-]?key|access[_ \-]?key|"
+    r"auth[_ \-]?token|access[_ \-]?token|token|client[_ \-]?secret|credentials?)[\"']?"
+    r"(?:\s*(?:=|:=|=>|:)\s*|\s+(?:is|was|will be|=)\s+(?:set to\s+)?|\s+)([\"'`]?)([^\s\"'`<>,;]{4,200})"
+)
+
+
+_KEYWORDS = ("pass", "pwd", "secret", "key", "token", "credential")
+
+
+@cache
+def _plugin_patterns() -> tuple[Any, list[tuple[Any, Callable[[str], bool] | None]]]:
+    """Every detect-secrets plugin's patterns that RE2 can run, with the plugin's validity check if it has one.
+
+    A pattern that needs a lookaround (a few plugins' keyword forms) is left out: Vigil's own keyword
+    recognizer covers those.
+    """
+    plugins = importlib.import_module("detect_secrets.plugins")
+    found: list[tuple[Any, Callable[[str], bool] | None]] = []
+    sources: list[str] = []
+    for info in sorted(pkgutil.iter_modules(plugins.__path__), key=lambda i: i.name):
+        module = importlib.import_module(f"detect_secrets.plugins.{info.name}")
+        for obj in vars(module).values():
+            denylist = getattr(obj, "denylist", None)
+            if not isinstance(obj, type) or obj.__module__ != module.__name__ or not isinstance(denylist, list | tuple):
+                continue
+            check = getattr(obj, "is_formally_valid", None)
+            for rx in denylist:
+                if rx.flags & re.VERBOSE and re.search(r"\s|#", rx.pattern):
+                    continue
+                ignore_case = bool(rx.flags & re.IGNORECASE)
+                try:
+                    found.append((_rx(rx.pattern, ignore_case), check))
+                except ValueError:
+                    continue
+                sources.append(f"(?{'i' if ignore_case else ''}:{rx.pattern})" if ignore_case else f"(?:{rx.pattern})")
+    # One pass that says whether any plugin can match at all: ordinary text costs one scan, not thirty.
+    return _rx("|".join(sources)), found
+
+
+def _secrets(text: str) -> Iterator[tuple[int, int]]:
+    any_plugin, plugins = _plugin_patterns()
+    if any_plugin.search(text) is not None:
+        for rx, check in plugins:
+            yield from _extended(text, rx, check)
+    for rx in _OWN_SECRETS:
+        yield from _extended(text, rx, None)
+    for m in _AWS_SECRET.finditer(text):
+        start, end = m.span()
+        value = m.group(0)
+        if (
+            _after(text, end) not in _TOKEN_CHARS
+            and _before(text, start) not in _TOKEN_CHARS
+            and any(c.isupper() for c in value)
+            and any(c.islower() for c in value)
+            and any(c.isdigit() for c in value)
+        ):
+            yield start, end
+    if not any(w in text.lower() for w in _KEYWORDS):
+        return
+    for m in _KEYWORD.finditer(text):
+        quote = m.group(2)
+        start, end = m.span(3)
+        while end > start and text[end - 1] in ".,)":
+            end -= 1  # the sentence's full stop, not the value's
+        value = text[start:end]
+        if not value:
+            continue
+        if _word(_before(text, m.start())) and _before(text, m.start()) != "_":
+            continue
+        joiner = text[m.end(1) : m.start(2)]
+        spelled = not quote and "=" not in joiner and ":" not in joiner
+        if spelled and ((value.isalpha() and value.lower() == value) or not value[0].isalnum()):
+            continue  # "the token is invalid", "password reset": prose, not a value
+        yield start, end
+
+
+def _extended(text: str, rx: Any, check: Callable[[str], bool] | None) -> Iterator[tuple[int, int]]:
+    """Matches grown to the whole token they start (a lazy plugin pattern stops early); each character
+    is walked at most once, so overlapping matches in one long token cost no more than the token."""
+    reach = 0
+    for m in rx.finditer(text):
+        start, end = m.span()
+        if start < reach:
+            continue
+        while start < end and text[start] not in _TOKEN_CHARS:
+            start += 1  # a plugin pattern that opens with the separator before the token
+        while end < len(text) and text[end] in _TOKEN_CHARS:
+            end += 1
+        reach = end
+        while end > start and text[end - 1] in ".=":
+            end -= 1
+        if end > start and (check is None or check(text[start:end])):
+            yield start, end
+
+
+# --- the detector -----------------------------------------------------------------------------------
+
+_NEEDS_DIGITS = frozenset({"card", "ssn", "ip", "phone", "dob", "address", "iban"})
+
+
+def find(text: str, kinds: Sequence[str] = KINDS) -> Iterator[Found]:
+    """Every detected value of ``kinds`` in ``text`` (spans may overlap across kinds)."""
+    wanted = set(kinds)
+    has_digit = any(c in text for c in "0123456789") if wanted & _NEEDS_DIGITS else False
+    runs = list(_runs(text)) if has_digit and wanted & {"card", "ssn", "ip"} else []
+    sources: list[tuple[Kind, Callable[[], Iterator[tuple[int, int]]]]] = [
+        ("email", lambda: _emails(text)),
+        ("phone", lambda: _phones(text) if has_digit else iter(())),
+        ("card", lambda: _cards(text, runs)),
+        ("ssn", lambda: _ssns(text, runs)),
+        ("iban", lambda: _ibans(text) if has_digit else iter(())),
+        ("ip", lambda: _ips(text, runs)),
+        ("dob", lambda: _regex_spans(_DOB, 1, ("birth", "born", "dob", "d.o.b"))(text) if has_digit else iter(())),
+        ("address", lambda: _regex_spans(_ADDRESS)(text) if has_digit else iter(())),
+        ("secret", lambda: _secrets(text)),
+    ]
+    for kind, spans in sources:
+        if kind in wanted:
+            for start, end in spans():
+                if end > start:
+                    yield Found(kind, start, end)
+
+
+_SPELLED = (
+    ("%2540", "@"), ("%40", "@"), ("＠", "@"), ("[at]", "@"), ("(at)", "@"), ("{at}", "@"), ("<at>", "@"),
+    ("[@]", "@"), ("(@)", "@"), ("[dot]", "."), ("(dot)", "."), ("{dot}", "."), ("<dot>", "."), ("[.]", "."),
+    (" at ", "@"), (" dot ", "."),
+)  # fmt: skip
+
+
+def detect(text: str, kinds: Sequence[str] = KINDS) -> list[Found]:
+    """Detected values in text order, without overlaps: where two overlap, the one starting first wins,
+    and of two starting together the longer (a phone number's last seven digits are not a second one)."""
+    found = sorted(find(text, kinds), key=lambda f: (f.start, f.start - f.end))
+    kept: list[Found] = []
+    reach = 0
+    for f in found:
+        if f.start >= reach:
+            kept.append(f)
+            reach = f.end
+    return kept
+
+
+def normal(kind: str, value: str) -> str:
+    """A value in a form that compares equal however it was written (case, separators, encoding)."""
+    if kind == "email":
+        low = " ".join(value.lower().split())
+        for spelled, plain in _SPELLED:
+            low = low.replace(spelled, plain)
+        return "".join(low.split())
+    if kind in ("phone", "card", "ssn"):
+        return digits_of(value)
+    if kind == "iban":
+        return value.replace(" ", "").upper()
+    return value

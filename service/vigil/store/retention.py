@@ -1,0 +1,133 @@
+"""Storage that rolls over: rows older than each table's retention are deleted in small batches.
+
+Kept regardless of age: conversations a reviewer labelled or that sit open in the review queue, and
+conversations exported as eval tasks (with their findings and verdicts), since review, export and
+calibration still read them. The hourly rollups are never deleted: compare and the charts keep
+answering for periods whose raw rows are gone. A conversation deleted here leaves the rollup job's
+membership too; hours older than the retention are no longer recomputed (:mod:`vigil.store.rollup_job`).
+
+Deletes go by an indexed time column in batches of ``retention_batch_rows`` (each its own transaction),
+so a run never holds long locks and any replica may run it at the same time as another.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, column, delete, exists, func, or_, select, table
+from sqlalchemy.orm import Session, sessionmaker
+
+from vigil.settings import Settings
+from vigil.store.models import (
+    ConversationRow,
+    DeadLetterRow,
+    FindingRow,
+    OutcomeLinkRow,
+    ReviewItemRow,
+    ReviewLabelRow,
+    VerdictRow,
+)
+from vigil.store.rollups import RollupMemberRow
+
+log = logging.getLogger(__name__)
+
+# written by the export stage; named here only to keep what it exported
+EXPORTED = table("exported_tasks", column("conversation_id"))
+
+
+def cutoff(days: float, now: datetime) -> datetime | None:
+    return now - timedelta(days=days) if days > 0 else None
+
+
+def frozen_before(settings: Settings, now: datetime | None = None) -> datetime | None:
+    """Hours before this may have lost raw rows: the rollup job no longer recomputes them."""
+    return cutoff(settings.retention_conversations_days, now or datetime.now(UTC))
+
+
+def kept(conversation_id: Any) -> ColumnElement[bool]:
+    """A conversation review, export or calibration still needs."""
+    L, I = ReviewLabelRow, ReviewItemRow  # noqa: E741
+    return or_(
+        exists().where(L.conversation_id == conversation_id),
+        exists().where(I.conversation_id == conversation_id, I.status == "open"),
+        exists().where(EXPORTED.c.conversation_id == conversation_id),
+    )
+
+
+@dataclass(slots=True)
+class RetentionResult:
+    dry_run: bool = False
+    deleted: dict[str, int] = field(default_factory=dict)
+    cutoffs: dict[str, datetime | None] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "deleted": self.deleted,
+            "cutoffs": {k: v.isoformat() if v else None for k, v in self.cutoffs.items()},
+        }
+
+
+def _batches(sessions: sessionmaker[Session], pick: Any, remove: Any, batch: int, dry_run: bool) -> int:
+    """Select up to ``batch`` keys with ``pick``, delete them with ``remove``; repeat until none are left."""
+    total = 0
+    while True:
+        with sessions.begin() as s:
+            keys = list(s.scalars(pick.limit(batch)))
+            if not keys:
+                return total
+            if dry_run:  # count every match without deleting (one bounded pass per batch)
+                return total + int(s.scalar(select(func.count()).select_from(pick.subquery())) or 0)
+            remove(s, keys)
+            total += len(keys)
+        if len(keys) < batch:
+            return total
+
+
+def _drop_conversations(s: Session, ids: list[str]) -> None:
+    for model in (FindingRow, OutcomeLinkRow, RollupMemberRow):
+        s.execute(delete(model).where(model.conversation_id.in_(ids)))
+    s.execute(delete(ConversationRow).where(ConversationRow.conversation_id.in_(ids)))
+
+
+def run(
+    sessions: sessionmaker[Session], settings: Settings, dry_run: bool = False, now: datetime | None = None
+) -> RetentionResult:
+    """Delete what is past retention (``vigil retention run``; also periodically in serve and detector)."""
+    now = now or datetime.now(UTC)
+    batch = settings.retention_batch_rows
+    out = RetentionResult(dry_run=dry_run)
+    C, F, V, D = ConversationRow, FindingRow, VerdictRow, DeadLetterRow
+    pick: Any
+
+    if (at := cutoff(settings.retention_conversations_days, now)) is not None:
+        pick = select(C.conversation_id).where(C.received_at < at, ~kept(C.conversation_id))
+        out.deleted["conversations"] = _batches(sessions, pick, _drop_conversations, batch, dry_run)
+    out.cutoffs["conversations"] = at
+
+    if (at := cutoff(settings.retention_findings_days, now)) is not None:
+        pick = select(F.id).where(F.created_at < at, ~kept(F.conversation_id))
+        out.deleted["findings"] = _batches(
+            sessions, pick, lambda s, ids: s.execute(delete(F).where(F.id.in_(ids))), batch, dry_run
+        )
+    out.cutoffs["findings"] = at
+
+    if (at := cutoff(settings.retention_verdicts_days, now)) is not None:
+        pick = select(V.id).where(V.created_at < at, ~kept(V.conversation_id))
+        out.deleted["verdicts"] = _batches(
+            sessions, pick, lambda s, ids: s.execute(delete(V).where(V.id.in_(ids))), batch, dry_run
+        )
+    out.cutoffs["verdicts"] = at
+
+    if (at := cutoff(settings.retention_dead_letters_days, now)) is not None:
+        pick = select(D.id).where(D.created_at < at)
+        out.deleted["dead_letters"] = _batches(
+            sessions, pick, lambda s, ids: s.execute(delete(D).where(D.id.in_(ids))), batch, dry_run
+        )
+    out.cutoffs["dead_letters"] = at
+    if any(out.deleted.values()):
+        log.info("retention%s: %s", " (dry run)" if dry_run else "", out.deleted)
+    return out

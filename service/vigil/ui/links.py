@@ -1,0 +1,42 @@
+"""Links between pages that several stages draw (an alert's conversations, a version's charts)."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlencode
+
+
+def queue_link(agent: str, version: str, signal: str) -> str:
+    """The review queue filtered to the conversations behind ``signal`` of this agent version.
+
+    ``signal`` names the series; the queue's own filters narrow to it where one matches
+    (``rule:<id>`` → rule, ``outcome:<type>`` → outcome, ``judge:<name>`` → failing verdicts).
+    """
+    params = {"agent": agent, "version": version, "signal": signal}
+    kind, _, name = signal.partition(":")
+    if kind == "rule" and name:
+        params["rule"] = name
+    elif kind == "outcome" and name:
+        params["outcome"] = name
+    elif kind == "judge":
+        params["verdict"] = "fail"
+    return "/ui/queue?" + urlencode(params)
+
+
+def quality_link(agent: str, version: str, **extra: str) -> str:
+    """The charts of one agent version (``extra``: since, until, last)."""
+    return "/ui/quality?" + urlencode({"agent": agent, "version": version, **extra})
+
+
+def compare_link(agent: str, baseline: str, candidate: str) -> str:
+    return "/ui/compare?" + urlencode({"agent": agent, "baseline": baseline, "candidate": candidate})
+
+
+def baseline_version(baseline: str) -> str | None:
+    """The version a detection was measured against (``version:v1.4.0`` → ``v1.4.0``; ``self`` → None)."""
+    return baseline.split(":", 1)[1] if baseline.startswith("version:") else None
+
+
+def anchor(signal: str) -> str:
+    """The element id of a signal's chart on the quality page (``rule:pii-in-reply`` → ``signal-rule-pii-in-reply``)."""
+    return "signal-" + re.sub(r"[^A-Za-z0-9_-]", "-", signal)

@@ -1,0 +1,249 @@
+"""The console's home, alerts and quality pages and their JSON, on a seeded week with a live regression."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, update
+from typer.testing import CliRunner
+
+from tests.support.app import REVIEWER
+from tests.support.console import AGENT, BASELINE, CANDIDATE, console_runtime, raise_alert, seed_week
+from tests.support.services import postgres_database
+from vigil.app.home import charts, now, quality
+from vigil.calibration.overview import Calibration
+from vigil.calibration.stats import agreement_from_counts
+from vigil.detector.models import DetectionRow, QualityCountRow
+from vigil.detector.pages import AlertBanner
+from vigil.store.models import ConversationRow, ReviewItemRow
+
+pytestmark = pytest.mark.slow  # a week of traffic is seeded once per module
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, list[DetectionRow]]]:
+    rt = console_runtime(f"sqlite:///{tmp_path_factory.mktemp('console') / 'vigil.db'}")
+    seed_week(rt, per_hour=4)
+    alerts = raise_alert(rt)
+    yield rt, alerts
+    rt.close()
+
+
+def client(rt: Any, raise_server_exceptions: bool = True) -> Any:
+    from fastapi.testclient import TestClient
+
+    from vigil.app.server import build_app
+
+    return TestClient(build_app(rt), raise_server_exceptions=raise_server_exceptions)
+
+
+def logged_in(rt: Any, raise_server_exceptions: bool = True) -> Any:
+    c = client(rt, raise_server_exceptions)
+    token = re.search(r'name="csrf" value="([^"]+)"', c.get("/ui/login").text)
+    assert token
+    c.post("/ui/login", data={"csrf": token.group(1), "api_key": "rita-key", "next": "/ui"})
+    return c
+
+
+def test_root_goes_to_the_console_and_errors_are_pages_under_ui_only(seeded, monkeypatch) -> None:
+    rt, _ = seeded
+    c = client(rt)
+    r = c.get("/", follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "/ui"
+    r = c.get("/ui", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/ui/login")
+
+    c = logged_in(rt)
+    r = c.get("/ui/nope")
+    assert r.status_code == 404 and r.headers["content-type"].startswith("text/html")
+    assert "Page not found" in r.text and "/ui/nope" in r.text and '{"detail"' not in r.text
+    assert r.headers["content-security-policy"].startswith("default-src 'none'")
+    assert c.get("/v1/nope").json() == {"detail": "Not Found"}
+    r = c.get("/ui/queue?page=abc")
+    assert r.status_code == 400 and "page" in r.text and "text/html" in r.headers["content-type"]
+    assert c.get("/ui/static/nope.js").status_code == 404
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("boom")
+
+    failing = logged_in(rt, raise_server_exceptions=False)
+    monkeypatch.setattr(now, "snapshot", broken)
+    r = failing.get("/ui")
+    assert r.status_code == 500 and "Something went wrong" in r.text and "RuntimeError" in r.text
+    r = failing.get("/v1/overview", headers=REVIEWER)
+    assert r.status_code == 500 and r.json() == {"detail": "internal error: RuntimeError"}
+
+
+def test_home_says_what_is_happening_now(seeded) -> None:
+    rt, alerts = seeded
+    c = logged_in(rt)
+    page = c.get("/ui").text
+    for a in alerts:
+        assert f'id="home-alert-{a.id}"' in page
+    assert "/ui/queue?agent=support-bot&amp;version=v1.5.0&amp;signal=rule%3Ano-cancel-delivered-order" in page
+    assert "/ui/compare?agent=support-bot&amp;baseline=v1.4.0&amp;candidate=v1.5.0" in page
+    assert page.count('class="alert-banner"') == 1
+
+    data = c.get("/v1/overview", headers=REVIEWER).json()
+    assert {a["signal"] for a in data["alerts"]} == {a.signal for a in alerts}
+    at = datetime.now(UTC)
+    day = (at - timedelta(days=1)).replace(minute=0, second=0, microsecond=0)  # the day counts whole hours
+    with rt.sessions() as s:
+
+        def stored(since: datetime) -> dict[str, int]:
+            q = select(ConversationRow.agent_version, func.count()).where(ConversationRow.received_at >= since)
+            return dict(s.execute(q.group_by(ConversationRow.agent_version)).all())  # type: ignore[arg-type]
+
+        def flagged(since: datetime) -> dict[str, int]:
+            q = select(ReviewItemRow.agent_version, func.count()).where(ReviewItemRow.created_at >= since)
+            return dict(s.execute(q.group_by(ReviewItemRow.agent_version)).all())  # type: ignore[arg-type]
+
+        hour, last_day = stored(at - timedelta(hours=1)), stored(day)
+        flagged_hour, flagged_day = flagged(at - timedelta(hours=1)), flagged(at - timedelta(days=1))
+    by_version = {t["version"]: t for t in data["traffic"]}
+    assert by_version[BASELINE]["conversations"] == {"hour": hour.get(BASELINE, 0), "day": last_day[BASELINE]}
+    assert by_version[CANDIDATE]["conversations"] == {"hour": hour[CANDIDATE], "day": last_day[CANDIDATE]}
+    assert by_version[CANDIDATE]["flagged"] == {"hour": flagged_hour[CANDIDATE], "day": flagged_day[CANDIDATE]}
+    assert by_version[BASELINE]["flagged"]["day"] == flagged_day[BASELINE] > 0
+    assert by_version[CANDIDATE]["flag_rate"]["hour"] == pytest.approx(flagged_hour[CANDIDATE] / hour[CANDIDATE])
+    queued = flagged_hour[CANDIDATE]
+    assert data["queue"]["open"] >= queued and data["queue"]["labelled"] == {"hour": 0, "day": 0}
+    assert {j["name"] for j in data["judges"]} == set(rt.judges)
+    assert all(j["budget_usd"] > 0 and j["spent_today_usd"] == 0 for j in data["judges"])
+
+    result = CliRunner().invoke(_cli(), ["status", "--json"], env={"VIGIL_DATABASE_URL": rt.settings.database_url_str})
+    assert result.exit_code == 0, result.output
+    assert '"alerts"' in result.stdout and CANDIDATE in result.stdout
+
+
+def _cli() -> Any:
+    from vigil.app.cli import app
+
+    return app
+
+
+def test_alerts_page_and_banner_follow_the_detections(seeded) -> None:
+    rt, alerts = seeded
+    c = logged_in(rt)
+    page = c.get("/ui/alerts").text
+    for a in alerts:
+        assert f'id="alert-{a.id}"' in page
+    assert "CUSUM statistic" in page and "Baseline (version:v1.4.0)" in page
+    banner = AlertBanner(rt.sessions)
+    assert len(banner()) == len(alerts)
+    first = alerts[0]
+    with rt.sessions.begin() as s:
+        s.execute(update(DetectionRow).where(DetectionRow.id == first.id).values(ended_at=datetime.now(UTC)))
+    try:
+        assert sorted(b["href"] for b in banner()) == sorted(f"/ui/alerts#alert-{a.id}" for a in alerts[1:])
+        assert f'id="alert-{first.id}"' not in c.get("/ui/alerts").text
+        assert f'id="alert-{first.id}"' in c.get("/ui/alerts?show=all").text
+    finally:
+        with rt.sessions.begin() as s:
+            s.execute(update(DetectionRow).where(DetectionRow.id == first.id).values(ended_at=None))
+
+
+def test_quality_series_count_every_stored_conversation_with_intervals(seeded) -> None:
+    rt, _ = seeded
+    c = client(rt)
+    r = c.get("/v1/quality/series", params={"agent": AGENT, "version": BASELINE}, headers=REVIEWER)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["bucket_hours"] == 2
+    series = {s["signal"]: s for s in body["series"]}
+    assert {"forbidden_tool", "tool_error", f"rule:{'no-cancel-delivered-order'}"} <= set(series)
+    assert any(sig.startswith("outcome:") for sig in series)
+    since, until = (datetime.fromisoformat(body[k]) for k in ("since", "until"))
+    start = since.replace(minute=0, second=0, microsecond=0)
+    with rt.sessions() as s:
+        counted = s.scalar(
+            select(func.sum(QualityCountRow.n)).where(
+                QualityCountRow.agent_version == BASELINE,
+                QualityCountRow.signal == "tool_error",
+                QualityCountRow.hour >= start,
+                QualityCountRow.hour < until,
+            )
+        )
+    points = series["tool_error"]["points"]
+    assert sum(p["n"] for p in points) == counted > 0
+    for p in points:
+        if p["n"]:
+            assert p["low"] <= p["rate"] <= p["high"]
+        else:
+            assert p["rate"] is None
+    assert series["tool_error"]["total"]["n"] == counted
+
+    candidate = c.get("/v1/quality/series", params={"agent": AGENT, "version": CANDIDATE}, headers=REVIEWER).json()
+    flagged = {s["signal"]: s for s in candidate["series"]}
+    assert flagged["forbidden_tool"]["alerts"] and flagged["forbidden_tool"]["alerts"][0]["end"] is None
+
+    bad = c.get("/v1/quality/series", params={"agent": AGENT, "version": BASELINE, "since": "soon"}, headers=REVIEWER)
+    assert bad.status_code == 422 and "not a date and time" in bad.json()["detail"]
+    assert c.get("/v1/quality/series", params={"agent": AGENT, "version": BASELINE}).status_code == 401
+
+
+def test_judge_rate_is_charted_raw_and_corrected(seeded, monkeypatch) -> None:
+    rt, _ = seeded
+    judge = next(iter(rt.judges))
+    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    with rt.sessions.begin() as s:
+        s.add(QualityCountRow(agent_id=AGENT, agent_version=BASELINE, signal=f"judge:{judge}", hour=hour, n=200, x=40))
+    until = datetime.now(UTC)
+    raw = {s.kind: s for s in quality.quality(rt, AGENT, BASELINE, until - timedelta(days=1), until)}
+    assert raw["judge"].total["rate"] == pytest.approx(0.2) and "judge_corrected" not in raw
+    assert raw["judge"].note and "No corrected rate" in raw["judge"].note
+
+    # a judge that flags 90% of true failures and 10% of good conversations: 20% raw is 12.5% corrected
+    monkeypatch.setattr(Calibration, "measured", lambda self, s, name: agreement_from_counts(90, 10, 10, 90))
+    both = {s.kind: s for s in quality.quality(rt, AGENT, BASELINE, until - timedelta(days=1), until)}
+    corrected = both["judge_corrected"]
+    assert corrected.total["rate"] == pytest.approx(0.125)
+    point = next(p for p in corrected.points if p.n)
+    assert point.low is not None and point.high is not None and point.low < 0.125 < point.high
+
+
+def test_time_range_and_chart_geometry() -> None:
+    t0 = datetime(2026, 11, 24, tzinfo=UTC)
+    assert quality.time_range(None, None, "24h", t0)[:2] == (t0 - timedelta(hours=24), t0)
+    assert quality.time_range("2026-11-20", "2026-11-21T06:00", None, t0)[:2] == (
+        datetime(2026, 11, 20, tzinfo=UTC),
+        datetime(2026, 11, 21, 6, tzinfo=UTC),
+    )
+    with pytest.raises(quality.RangeError, match="before"):
+        quality.time_range("2026-11-22", "2026-11-21", None, t0)
+    with pytest.raises(quality.RangeError, match="at most"):
+        quality.time_range("2025-01-01", None, None, t0)
+    assert quality.bucket_for(timedelta(days=1)) == timedelta(hours=1)
+    assert quality.bucket_for(timedelta(days=30)) == timedelta(hours=12)
+    assert charts.nice_max(0.003) == 0.01 and charts.nice_max(0.13) == 0.2 and charts.nice_max(0.9) == 1.0
+
+    pts = [
+        charts.Point(t0 + timedelta(hours=h), 10 if h != 2 else 0, 1, 0.1 if h != 2 else None, 0.02, 0.4)
+        for h in range(5)
+    ]
+    span = charts.Span(t0 + timedelta(hours=3), None, "alert #1")
+    d = charts.draw(pts, [span], t0, t0 + timedelta(hours=5))
+    assert len(d.dots) == 4 and d.line.count("M") == 2 and len(d.band) == 2  # the empty bucket breaks the line
+    ((x, width, _),) = d.marks
+    assert x == pytest.approx(charts.LEFT + 0.6 * (charts.WIDTH - charts.RIGHT - charts.LEFT), abs=0.2)
+    assert x + width == pytest.approx(charts.WIDTH - charts.RIGHT)  # an active alert runs to the right edge
+    assert d.ymax == 0.5 and d.yticks[-1][1] == "50%"
+
+
+def test_home_and_quality_read_postgres() -> None:
+    with postgres_database() as url:
+        rt = console_runtime(url)
+        try:
+            seed_week(rt, per_hour=10, days=1)
+            raise_alert(rt)
+            snap = now.as_json(now.snapshot(rt))
+            assert snap["alerts"] and {t["version"] for t in snap["traffic"]} == {BASELINE, CANDIDATE}
+            until = datetime.now(UTC)
+            series = quality.quality(rt, AGENT, BASELINE, until - timedelta(days=2), until)
+            assert series and sum(p.n for p in series[0].points) > 0
+        finally:
+            rt.close()

@@ -1,0 +1,442 @@
+"""Triage at the pace of traffic, through the API: search, sort, filters from known values, snippets and times."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.app import INGEST, REVIEWER
+from tests.support.review import review_client, review_runtime, simulated
+
+
+@pytest.fixture
+def rt(db_url: str):  # type: ignore[no-untyped-def]
+    runtime = review_runtime(db_url)
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture
+def api(rt):  # type: ignore[no-untyped-def]
+    with review_client(rt) as c:
+        yield c
+
+
+def _seed(api, n: int = 40, seed: int = 7) -> list[dict]:  # type: ignore[no-untyped-def]
+    convs = simulated(n, "v1.4.0:0.2,v1.5.0:0.7", seed=seed)
+    assert api.post("/v1/conversations", json=convs, headers=INGEST).status_code == 202
+    return convs
+
+
+def _queue(api, **params):  # type: ignore[no-untyped-def]
+    r = api.get("/v1/review/queue", params={"limit": 500, **params}, headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _ids(data: dict) -> list[str]:
+    return [it["conversation_id"] for it in data["items"]]
+
+
+def test_filters_match_regardless_of_case(api) -> None:
+    _seed(api)
+    everything = _queue(api)
+    assert everything["total"] > 3
+    assert _ids(_queue(api, agent="Support-Bot")) == _ids(everything)
+    v15 = _queue(api, version="V1.5.0")
+    assert v15["items"] and all(it["agent_version"] == "v1.5.0" for it in v15["items"])
+    rule = next(r["key"] for it in everything["items"] for r in it["reasons"] if r["kind"] == "finding")
+    by_rule = _queue(api, rule=rule.upper())
+    assert by_rule["items"] and _ids(by_rule) == _ids(_queue(api, rule=rule))
+    sev = next(it["max_severity"] for it in everything["items"] if it["max_severity"])
+    by_sev = _queue(api, severity=sev.upper())
+    assert by_sev["items"] and {it["max_severity"] for it in by_sev["items"]} == {sev}
+    assert _queue(api, agent="nobody")["items"] == []
+
+
+def test_filter_menus_list_known_values(api) -> None:
+    convs = _seed(api)
+    r = api.get("/v1/review/queue/filters", headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    known = r.json()
+    assert known["agent"] == ["support-bot"]
+    assert set(known["version"]) == {c["agent_version"] for c in convs} & set(known["version"])
+    assert "v1.5.0" in known["version"]
+    assert "pii-in-reply" in known["rule"]  # a loaded rule, whether or not it flagged anything yet
+    assert known["severity"][0] == "critical" and "open" in known["status"] and "received" in known["sort"]
+
+
+def test_search_by_id_task_user_and_text(api) -> None:
+    convs = _seed(api)
+    items = _queue(api)["items"]
+    by_id = {c["conversation_id"]: c for c in convs}
+    target = by_id[items[0]["conversation_id"]]
+    cid = target["conversation_id"]
+    assert cid in _ids(_queue(api, q=cid[-6:].upper()))
+    if target.get("task_id"):
+        assert cid in _ids(_queue(api, q=target["task_id"]))
+    user_text = next(m["content"] for m in target["messages"] if m["role"] == "user")
+    words = " ".join(user_text.split()[:3])
+    found = _queue(api, q=words.upper())
+    assert cid in _ids(found)
+    assert all(
+        words.lower() in str(by_id[i]).lower() or words.lower() in i.lower() for i in _ids(found)
+    )  # every hit holds the words
+    assert _queue(api, q="no such text anywhere 1f0e")["items"] == []
+    # LIKE wildcards are searched for literally
+    assert _queue(api, q="%")["items"] == [] or all("%" in str(by_id[i]) for i in _ids(_queue(api, q="%")))
+    assert _queue(api, q="_")["items"] == [] or all("_" in str(by_id[i]) for i in _ids(_queue(api, q="_")))
+
+
+def test_sort_by_columns_and_snippets_and_times(api) -> None:
+    convs = _seed(api)
+    by_id = {c["conversation_id"]: c for c in convs}
+    data = _queue(api, sort="received", order="asc")
+    assert data["sort"] == "received" and data["descending"] is False
+    received = [it["received_at"] for it in data["items"]]
+    assert received == sorted(received) and all(received)
+    newest_first = _queue(api, sort="flagged")
+    assert newest_first["descending"] is True
+    flagged = [it["flagged_at"] for it in newest_first["items"]]
+    assert flagged == sorted(flagged, reverse=True)
+    msgs = [it["message_count"] for it in _queue(api, sort="messages", order="desc")["items"]]
+    assert msgs == sorted(msgs, reverse=True)
+    for it in data["items"]:
+        first_user = next(m["content"] for m in by_id[it["conversation_id"]]["messages"] if m["role"] == "user")
+        assert it["snippet"] and " ".join(first_user.split()).startswith(it["snippet"].rstrip("…"))
+    r = api.get("/v1/review/queue", params={"sort": "nonsense"}, headers=REVIEWER)
+    assert r.status_code == 422 and "sort must be one of" in r.text
+
+
+def test_claim_next_takes_search_and_case_insensitive_filters(api) -> None:
+    _seed(api)
+    target = _queue(api, version="v1.5.0")["items"][-1]["conversation_id"]
+    r = api.post("/v1/review/claim", json={"q": target, "agent": "SUPPORT-BOT"}, headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    assert r.json()["conversation_id"] == target
+
+
+def test_cli_queue_searches_filters_and_sorts(sqlite_url, monkeypatch) -> None:
+    import orjson
+    from typer.testing import CliRunner
+
+    from tests.support.review import store
+    from vigil.app.cli import app
+
+    rt = review_runtime(sqlite_url)
+    convs = simulated(30, "v1.4.0:0.2,v1.5.0:0.7", seed=5)
+    store(rt, convs)
+    rt.close()
+    monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
+    runner = CliRunner()
+    r = runner.invoke(app, ["review", "queue", "--json", "--limit", "100", "--sort", "received", "--asc"])
+    assert r.exit_code == 0, r.output
+    data = orjson.loads(r.stdout)
+    assert data["sort"] == "received" and not data["descending"]
+    target = data["items"][0]["conversation_id"]
+    r = runner.invoke(app, ["review", "queue", "--json", "--search", target.upper(), "--agent", "SUPPORT-BOT"])
+    assert r.exit_code == 0 and [it["conversation_id"] for it in orjson.loads(r.stdout)["items"]] == [target]
+    r = runner.invoke(app, ["review", "queue", "--sort", "bogus"])
+    assert r.exit_code == 2 and "--sort must be one of" in r.output
+
+
+NAMES = ["Yuki Moreau", "Mia Khan", "Sofia Brown", "Lena Novak", "Liam Lopez", "Chen Smith", "Noah Ito"]
+ITEMS = ["yoga mat", "espresso maker", "water bottle", "hiking boots", "mechanical keyboard"]
+
+
+def near_duplicates(n: int = 20, prefix: str = "dup") -> list[dict]:
+    """``n`` conversations that differ only in the order number, the item and the customer."""
+    out = []
+    for i in range(n):
+        name = NAMES[i % len(NAMES)]
+        email = name.lower().replace(" ", ".") + "@example.com"
+        out.append(
+            {
+                "conversation_id": f"{prefix}-{i:03d}",
+                "agent_id": "support-bot",
+                "agent_version": "v1.5.0",
+                "task_id": f"cancel-order-{i}",
+                "messages": [
+                    {"role": "system", "content": "You are a support agent for an online shop."},
+                    {
+                        "role": "user",
+                        "content": f"Hi, I want to cancel my order #W{7000000 + i * 7919}, "
+                        f"the {ITEMS[i % len(ITEMS)]}. My name is {name}.",
+                    },
+                    {"role": "assistant", "content": f"Done! I cancelled it and sent the receipt to {email}."},
+                ],
+            }
+        )
+    return out
+
+
+def test_a_cluster_of_20_near_duplicates_is_labelled_in_one_action(api, rt) -> None:
+    from sqlalchemy import select
+
+    from vigil.review.models import ReviewAuditRow
+    from vigil.store.models import ReviewLabelRow
+
+    dups = near_duplicates(20)
+    # other traffic, flagged for other reasons (simulated PII leaks would be near-duplicates of these)
+    others = [c for c in simulated(30, "v1.4.0:0.6", seed=9) if c["metadata"]["simulated_defect"] != "pii_leak"]
+    assert api.post("/v1/conversations", json=dups + others, headers=INGEST).status_code == 202
+    r = api.get("/v1/review/queue/clusters", headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    dup_ids = {c["conversation_id"] for c in dups}
+    [cluster] = [c for c in r.json()["clusters"] if dup_ids & {m["conversation_id"] for m in c["members"]}]
+    members = [m["conversation_id"] for m in cluster["members"]]
+    assert set(members) == dup_ids and cluster["size"] == 20  # the near-duplicates, and nothing else
+    assert cluster["reason"]["kind"] == "finding" and cluster["sample"][0] == members[0]
+    assert api.get(f"/v1/review/queue/clusters/{cluster['id']}", headers=REVIEWER).json()["size"] == 20
+
+    # raj holds one member: it is left to him
+    held = members[5]
+    assert api.post(f"/v1/review/items/{held}/claim", headers={"Authorization": "Bearer raj-key"}).status_code == 200
+    body = {
+        "sample": members[0],
+        "members": members,
+        "label": "confirmed_failure",
+        "category": "privacy_leak",
+        "severity": "high",
+        "notes": "emails the receipt to the address on file in the reply",
+    }
+    r = api.post("/v1/review/queue/clusters/label", json=body, headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["labelled"][0] == members[0] and len(out["labelled"]) == 19
+    assert out["skipped"] == [{"conversation_id": held, "why": "raj holds it"}]
+
+    with rt.sessions() as s:
+        rows = {r.conversation_id: r for r in s.scalars(select(ReviewLabelRow).where(ReviewLabelRow.is_current))}
+        audit = s.scalars(select(ReviewAuditRow).where(ReviewAuditRow.action == "label")).all()
+    assert rows[members[0]].propagated_from is None and rows[members[0]].reviewer == "rita"
+    for cid in out["labelled"][1:]:
+        row = rows[cid]
+        assert (row.reviewer, row.label, row.category, row.propagated_from) == (
+            "rita",
+            "confirmed_failure",
+            "privacy_leak",
+            members[0],
+        )
+    assert held not in rows
+    propagated = [a for a in audit if a.detail.get("propagated_from") == members[0]]
+    assert len(propagated) == 18 and all(a.actor == "rita" for a in propagated)
+    history = api.get(f"/v1/review/items/{members[1]}/history", headers=REVIEWER).json()
+    assert history["labels"][-1]["propagated_from"] == members[0]
+    # labelled items leave the open queue; the cluster is gone from the list
+    left = api.get("/v1/review/queue/clusters", headers=REVIEWER).json()["clusters"]
+    assert not any((dup_ids - {held}) & {m["conversation_id"] for m in c["members"]} for c in left)
+    assert api.get(f"/v1/review/queue/clusters/{cluster['id']}", headers=REVIEWER).status_code == 404
+
+
+def test_cluster_label_is_checked_like_any_label(api) -> None:
+    dups = near_duplicates(4, "chk")
+    assert api.post("/v1/conversations", json=dups, headers=INGEST).status_code == 202
+    ids = [c["conversation_id"] for c in dups]
+    body = {"sample": ids[0], "members": ids, "label": "confirmed_failure"}
+    r = api.post("/v1/review/queue/clusters/label", json=body, headers=REVIEWER)
+    assert r.status_code == 422 and "needs a category" in r.text
+    r = api.post("/v1/review/queue/clusters/label", json={**body, "sample": "nope"}, headers=REVIEWER)
+    assert r.status_code == 422 or r.status_code == 404
+    assert api.get("/v1/review/labels", headers=REVIEWER).json() == []
+
+
+RAJ = {"Authorization": "Bearer raj-key"}
+
+
+def test_bulk_skip_and_assign(api) -> None:
+    _seed(api)
+    ids = _ids(_queue(api))[:6]
+    assert len(ids) == 6
+    # raj holds the first: rita's bulk skip leaves it and skips the rest
+    assert api.post(f"/v1/review/items/{ids[0]}/claim", headers=RAJ).status_code == 200
+    r = api.post("/v1/review/bulk", json={"action": "skip", "conversation_ids": ids[:3] + ["nope"]}, headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["done"] == ids[1:3]
+    assert out["skipped"] == [
+        {"conversation_id": ids[0], "why": "raj holds it"},
+        {"conversation_id": "nope", "why": "not in the review queue"},
+    ]
+    # skipped items are not offered to rita again
+    claimed = api.post("/v1/review/claim", headers=REVIEWER).json()["conversation_id"]
+    assert claimed not in ids[:3]
+    api.post(f"/v1/review/items/{claimed}/release", headers=REVIEWER)
+
+    # assign the last three to raj: his claim-next offers them first, rita's never
+    r = api.post(
+        "/v1/review/bulk", json={"action": "assign", "conversation_ids": ids[3:], "assignee": "raj"}, headers=REVIEWER
+    )
+    assert r.status_code == 200 and r.json()["done"] == ids[3:]
+    assert {it["assignee"] for it in _queue(api)["items"] if it["conversation_id"] in ids[3:]} == {"raj"}
+    api.post(f"/v1/review/items/{ids[0]}/release", headers=RAJ)
+    got = set()
+    for _ in range(3):
+        cid = api.post("/v1/review/claim", headers=RAJ).json()["conversation_id"]
+        got.add(cid)
+        api.post(f"/v1/review/items/{cid}/skip", headers=RAJ)
+    assert got == set(ids[3:])
+    rita_claims = set()
+    while (r := api.post("/v1/review/claim", json={"release_others": False}, headers=REVIEWER)).status_code == 200:
+        rita_claims.add(r.json()["conversation_id"])
+    assert rita_claims and not rita_claims & set(ids[3:])
+    bad = api.post(
+        "/v1/review/bulk", json={"action": "assign", "conversation_ids": ids, "assignee": "mallory"}, headers=REVIEWER
+    )
+    assert bad.status_code == 422 and "not a reviewer" in bad.text
+    assert api.get("/v1/review/reviewers", headers=REVIEWER).json() == ["admin", "raj", "rita"]
+    r = api.post("/v1/review/bulk", json={"action": "unassign", "conversation_ids": ids[3:]}, headers=REVIEWER)
+    assert r.json()["done"] == ids[3:]
+    assert all(it["assignee"] is None for it in _queue(api, status="all")["items"])
+
+
+def test_comments_on_conversations_and_messages(api) -> None:
+    convs = _seed(api, 10)
+    cid = convs[0]["conversation_id"]
+    hostile = '<script>window.__xss=1</script> & "quotes"'
+    r = api.post(f"/v1/review/items/{cid}/comments", json={"body": hostile}, headers=REVIEWER)
+    assert r.status_code == 201, r.text
+    r = api.post(f"/v1/review/items/{cid}/comments", json={"body": "this turn", "message_index": 1}, headers=RAJ)
+    assert r.status_code == 201
+    listed = api.get(f"/v1/review/items/{cid}/comments", headers=REVIEWER).json()
+    assert [(c["author"], c["body"], c["message_index"]) for c in listed] == [
+        ("rita", hostile, None),
+        ("raj", "this turn", 1),
+    ]
+    n = len(convs[0]["messages"])
+    r = api.post(f"/v1/review/items/{cid}/comments", json={"body": "x", "message_index": n}, headers=REVIEWER)
+    assert r.status_code == 422 and "not in this conversation" in r.text
+    r = api.post(f"/v1/review/items/{cid}/comments", json={"body": "   "}, headers=REVIEWER)
+    assert r.status_code == 422
+    r = api.post("/v1/review/items/nope/comments", json={"body": "x"}, headers=REVIEWER)
+    assert r.status_code == 404
+    audit = api.get(f"/v1/review/items/{cid}/history", headers=REVIEWER).json()["audit"]
+    assert [e["actor"] for e in audit if e["action"] == "comment"] == ["rita", "raj"]
+
+
+def _shared_task(convs: list[dict]) -> str:
+    by_task: dict[str, set[str]] = {}
+    for c in convs:
+        by_task.setdefault(c["task_id"], set()).add(c["agent_version"])
+    return next(t for t, versions in sorted(by_task.items()) if len(versions) > 1)
+
+
+def test_side_by_side_and_pairwise_choices(api) -> None:
+    convs = _seed(api, 60)
+    task = _shared_task(convs)
+    r = api.get("/v1/review/side-by-side", params={"task": task, "a": "v1.5.0", "b": "v1.4.0"}, headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    pair = r.json()
+    runs = {c["conversation_id"]: c for c in convs if c["task_id"] == task}
+    assert runs[pair["a"]["conversation_id"]]["agent_version"] == "v1.5.0"
+    assert runs[pair["b"]["conversation_id"]]["agent_version"] == "v1.4.0"
+    assert set(pair["versions"]) == {"v1.5.0", "v1.4.0"}
+    # from a conversation: its version on the left, the other version on the right by default
+    cid = pair["b"]["conversation_id"]
+    r = api.get("/v1/review/side-by-side", params={"task": task, "ca": cid}, headers=REVIEWER)
+    assert r.json()["a"]["conversation_id"] == cid and r.json()["b"]["version"] == "v1.5.0"
+    # refused: one version with itself, a run of another task, an unknown task
+    r = api.get("/v1/review/side-by-side", params={"task": task, "a": "v1.5.0", "b": "v1.5.0"}, headers=REVIEWER)
+    assert r.status_code == 422 and "two different versions" in r.text
+    other = next(c["conversation_id"] for c in convs if c["task_id"] != task)
+    r = api.get("/v1/review/side-by-side", params={"task": task, "ca": other}, headers=REVIEWER)
+    assert r.status_code == 422 and "is not a run of task" in r.text
+    assert api.get("/v1/review/side-by-side", params={"task": "nope"}, headers=REVIEWER).status_code == 404
+
+    body = {
+        "conversation_a": pair["a"]["conversation_id"],
+        "conversation_b": cid,
+        "choice": "b",
+        "notes": "asked first",
+    }
+    r = api.post("/v1/review/pairwise", json=body, headers=REVIEWER)
+    assert r.status_code == 201, r.text
+    assert r.json()["human"] == "b" and r.json()["version_a"] == "v1.5.0" and r.json()["task_id"] == task
+    bad = api.post("/v1/review/pairwise", json={**body, "conversation_b": other}, headers=REVIEWER)
+    assert bad.status_code == 422 and "same task" in bad.text
+    assert api.post("/v1/review/pairwise", json={**body, "choice": "c"}, headers=REVIEWER).status_code == 422
+    listed = api.get("/v1/review/pairwise", params={"task": task}, headers=REVIEWER).json()
+    assert [(c["reviewer"], c["human"], c["notes"]) for c in listed] == [("rita", "b", "asked first")]
+
+
+def test_cli_bulk_clusters_comments_and_pairwise(sqlite_url, tmp_path, monkeypatch) -> None:
+    import orjson
+    from typer.testing import CliRunner
+
+    from tests.support.review import store
+    from vigil.app.cli import app
+
+    rt = review_runtime(sqlite_url)
+    store(rt, near_duplicates(6, "cli"))
+    rt.close()
+    monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
+    runner = CliRunner()
+    r = runner.invoke(app, ["review", "near-duplicates", "--json"])
+    assert r.exit_code == 0, r.output
+    [cluster] = orjson.loads(r.stdout)["clusters"]
+    assert cluster["size"] == 6
+    r = runner.invoke(app, ["review", "bulk", "assign", "cli-005", "--as", "rita", "--to", "raj"])
+    assert r.exit_code == 0 and "1 done" in r.output
+    r = runner.invoke(app, ["review", "bulk", "skip", "cli-004", "nope", "--as", "rita"])
+    assert r.exit_code == 0 and "nope: not in the review queue" in r.output
+    r = runner.invoke(app, ["review", "label-cluster", cluster["id"], "--as", "raj", "--label", "confirmed_failure"])
+    assert r.exit_code == 2 and "needs a category" in r.output
+    r = runner.invoke(
+        app,
+        [
+            "review",
+            "label-cluster",
+            cluster["id"],
+            "--as",
+            "raj",
+            "--label",
+            "confirmed_failure",
+            "--category",
+            "privacy_leak",
+        ],
+    )
+    assert r.exit_code == 0 and "labelled 6 (5 from" in r.output, r.output
+    r = runner.invoke(app, ["review", "comment", "cli-001", "see turn 2", "--as", "raj", "--message", "2"])
+    assert r.exit_code == 0
+    r = runner.invoke(app, ["review", "comment", "cli-001", "x", "--as", "raj", "--message", "99"])
+    assert r.exit_code == 2 and "not in this conversation" in r.output
+    labels = tmp_path / "labels.jsonl"
+    assert runner.invoke(app, ["review", "labels", "--out", str(labels)]).exit_code == 0
+    rows = [orjson.loads(line) for line in labels.read_bytes().splitlines()]
+    assert len(rows) == 6 and sum(1 for row in rows if row["propagated_from"]) == 5
+    r = runner.invoke(app, ["review", "pairwise"])
+    assert r.exit_code == 0 and "0 choices" in r.output
+
+
+def test_a_refused_label_is_an_error_on_its_field_and_the_form_explains_itself(api) -> None:
+    import re
+
+    convs = _seed(api, 10)
+    cid = convs[0]["conversation_id"]
+    login = api.get("/ui/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', login.text).group(1)  # type: ignore[union-attr]
+    api.post("/ui/login", data={"csrf": token, "api_key": "rita-key", "next": "/ui/queue"})
+    page = api.get(f"/ui/review/{cid}")
+    token = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+    # the rubric and the categories' descriptions are in the form
+    assert "The flag was wrong: the agent did what it should have done." in page.text
+    assert 'data-description="Disclosed personal or payment data"' in page.text
+    assert "0 labelled this session" in page.text
+    r = api.post(f"/ui/review/{cid}/label", data={"csrf": token, "label": "confirmed_failure", "notes": "kept"})
+    assert r.status_code == 422
+    assert (
+        '<p class="error" id="label-error" role="alert">Label not saved: a confirmed failure needs a category' in r.text
+    )
+    assert (
+        'id="category" name="category" aria-describedby="category-help category-error" autofocus aria-invalid="true"'
+        in r.text
+    )
+    assert 'id="category-error" class="error small" role="alert">' in r.text  # shown, not hidden
+    assert ">kept</textarea>" in r.text
+    ok = api.post(
+        f"/ui/review/{cid}/label",
+        data={"csrf": token, "label": "confirmed_failure", "category": "tone"},
+        follow_redirects=False,
+    )
+    assert ok.status_code == 303 and ok.headers["location"].endswith("notice=labelled")
+    after = api.get(ok.headers["location"])
+    assert 'class="toast" id="toast" role="status">Saved<' in after.text and "1 labelled this session" in after.text

@@ -1,0 +1,198 @@
+"""Triage in a real headless Chromium at 1280x800: queue search, sort and bulk actions, the label form's
+checks, toast and counter, one keymap, comments, and a cluster of 20 near-duplicates labelled in one action."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from tests.review.test_review_triage import near_duplicates
+from tests.review.test_ui_browser import _login, _shot, browser, server  # noqa: F401 (fixtures)
+from tests.support.review import simulated, store
+from vigil.review.models import ReviewCommentRow
+from vigil.store.models import ReviewLabelRow
+
+pytestmark = pytest.mark.browser
+VIEWPORT = {"width": 1280, "height": 800}
+
+
+def _labels(rt) -> list[ReviewLabelRow]:  # type: ignore[no-untyped-def]
+    with rt.sessions() as s:
+        return list(s.scalars(select(ReviewLabelRow).where(ReviewLabelRow.is_current)))
+
+
+def test_a_cluster_of_20_near_duplicates_is_labelled_in_one_action(browser, server) -> None:  # noqa: F811
+    base, rt = server
+    dups = near_duplicates(20)
+    others = [c for c in simulated(30, "v1.4.0:0.6", seed=9) if c["metadata"]["simulated_defect"] != "pii_leak"]
+    store(rt, dups + others)
+    page = browser.new_page(viewport=VIEWPORT)
+    _login(page, base)
+    page.goto(f"{base}/ui/clusters")
+    row = page.locator("table.open-cluster-list tbody tr", has=page.locator("span.prio", has_text="20"))
+    assert row.count() == 1
+    _shot(page, "clusters-open.png")
+    row.locator("a.review-cluster").click()
+    page.wait_for_url(f"{base}/ui/clusters/*")
+    members = page.locator('input[name="member"]')
+    assert members.count() == 20
+    assert page.locator('input[name="member"]:checked').count() == 20
+    assert page.locator("#member-count").inner_text() == "20"
+    # the rubric and the categories' meaning are in the form
+    assert "pick the category" in page.locator("#cluster-form").inner_text()
+
+    # a confirmed failure without a category is refused before any round trip, as an error on the field
+    page.keyboard.press("c")
+    url = page.url
+    page.keyboard.press("Enter")
+    assert page.locator("#category-error").is_visible()
+    assert page.evaluate("document.activeElement.id") == "category"
+    assert "error" in (page.locator("#category-error").get_attribute("class") or "")
+    assert page.url == url and _labels(rt) == []
+
+    page.select_option("#category", "privacy_leak")
+    assert "personal or payment data" in page.locator("#category-help").inner_text()
+    assert not page.locator("#category-error").is_visible()
+    page.fill("#notes", "receipt emailed to the address in the reply")
+    _shot(page, "cluster-review.png")
+    page.click("#label-cluster")
+    page.wait_for_url(f"{base}/ui/clusters?*")
+    assert "Labelled 20 conversations in one action" in page.locator(".notice").inner_text()
+
+    labels = {r.conversation_id: r for r in _labels(rt)}
+    dup_ids = [c["conversation_id"] for c in dups]
+    assert set(labels) == set(dup_ids)
+    sample = [r for r in labels.values() if r.propagated_from is None]
+    assert len(sample) == 1
+    propagated = [r for r in labels.values() if r.propagated_from == sample[0].conversation_id]
+    assert len(propagated) == 19
+    assert all(
+        (r.reviewer, r.label, r.category) == ("rita", "confirmed_failure", "privacy_leak") for r in labels.values()
+    )
+
+    # a member's page says where its label came from
+    member = propagated[0].conversation_id
+    page.goto(f"{base}/ui/review/{member}")
+    assert f"to the cluster of {sample[0].conversation_id}" in page.locator(".history").inner_text()
+
+
+def test_queue_search_sort_bulk_and_the_label_keys(browser, server) -> None:  # noqa: F811
+    base, rt = server
+    convs = simulated(40, "v1.4.0:0.3,v1.5.0:0.6", seed=11)
+    store(rt, convs)
+    page = browser.new_page(viewport=VIEWPORT)
+    _login(page, base)
+
+    # search with "/" and case-insensitive filters picked from known values
+    total = page.locator("table.queue tbody tr").count()
+    assert total >= 6
+    first_id = page.locator("a.cid").first.inner_text()
+    page.keyboard.press("/")
+    assert page.evaluate("document.activeElement.id") == "queue-search"
+    page.keyboard.type(first_id[-8:].upper())
+    page.keyboard.press("Enter")
+    page.wait_for_url("**search=*")
+    assert page.locator("a.cid").all_inner_texts() == [first_id]
+    page.goto(f"{base}/ui/queue")
+    assert "support-bot" in page.locator("#filter-agent option").all_inner_texts()
+    page.goto(f"{base}/ui/queue?agent=Support-Bot&version=V1.5.0")
+    versions = page.locator("table.queue tbody tr td:nth-child(4) .muted").all_inner_texts()
+    assert versions and set(versions) == {"v1.5.0"}
+    assert page.locator("#filter-version").input_value() == "v1.5.0"
+
+    # sortable columns, first-message snippets and times
+    page.goto(f"{base}/ui/queue")
+    page.click("th >> text=Received")
+    page.wait_for_url("**sort=received*")
+    assert page.locator("th[aria-sort]").inner_text().startswith("Received")
+    assert page.locator(".snippet").count() == page.locator("table.queue tbody tr").count()
+    assert page.locator("td.received time").first.get_attribute("datetime")
+    _shot(page, "queue-triage.png")
+
+    # bulk skip: tick two rows
+    boxes = page.locator('input[name="ids"]')
+    skipped = [boxes.nth(i).get_attribute("value") for i in (0, 1)]
+    boxes.nth(0).check()
+    boxes.nth(1).check()
+    assert page.locator("#bulk-count").inner_text() == "2"
+    page.click("#bulk-skip")
+    page.wait_for_url("**bulk=skip*")
+    assert "Skipped 2 items." in page.locator(".notice").inner_text()
+
+    # n claims the next item (never one just skipped)
+    page.keyboard.press("n")
+    page.wait_for_url(f"{base}/ui/review/**")
+    first = page.locator("h1.cid-title").inner_text()
+    assert first not in skipped
+    box = page.locator("#save-next").bounding_box()
+    assert box is not None and box["y"] + box["height"] <= VIEWPORT["height"]  # above the fold
+    _shot(page, "conversation-1280.png")
+
+    # a confirmed failure without a category: an error on the focused field, nothing sent
+    page.keyboard.press("c")
+    url = page.url
+    page.keyboard.press("Enter")
+    assert page.locator("#category-error").is_visible() and page.url == url
+    assert page.evaluate("document.activeElement.id") == "category"
+    page.keyboard.press("Escape")
+    page.keyboard.press("2")
+    page.keyboard.press("Enter")
+    page.wait_for_url(lambda u: u.split("?")[0] != url.split("?")[0])
+    assert page.locator("#toast").inner_text() == "Saved"
+    assert page.locator("#session-count").inner_text() == "1 labelled this session"
+    second = page.locator("h1.cid-title").inner_text()
+    assert {r.conversation_id for r in _labels(rt)} == {first}
+
+    # ? shows the one keymap; n on a conversation goes on without saving
+    page.keyboard.press("?")
+    help_text = page.locator("#help").inner_text()
+    assert page.locator("#help").is_visible() and "Next item" in help_text and "Save the label" in help_text
+    page.keyboard.press("Escape")
+    assert not page.locator("#help").is_visible()
+
+    # comments, on the conversation and on a message, shown escaped
+    hostile = "<img src=x onerror=window.__xss=1> check turn 1"
+    page.select_option("#comment-on", "1")
+    page.fill("#comment-body", hostile)
+    page.click("#add-comment")
+    page.wait_for_url("**notice=commented*")
+    assert hostile in page.locator(".comment-list").inner_text()
+    assert hostile in page.locator("#m1 .msg-comment").inner_text()
+    assert page.evaluate("typeof window.__xss") == "undefined"
+    with rt.sessions() as s:
+        assert [(c.author, c.message_index) for c in s.scalars(select(ReviewCommentRow))] == [("rita", 1)]
+
+    page.keyboard.press("n")
+    page.wait_for_url(lambda u: second not in u and "/ui/review/" in u)
+    assert {r.conversation_id for r in _labels(rt)} == {first}
+
+
+def test_side_by_side_from_a_conversation_to_a_pairwise_choice(browser, server) -> None:  # noqa: F811
+    from tests.review.test_review_triage import _shared_task
+    from vigil.review.models import ReviewPairwiseRow
+
+    base, rt = server
+    convs = simulated(60, "v1.4.0:0.3,v1.5.0:0.6", seed=11)
+    store(rt, convs)
+    task = _shared_task(convs)
+    cid = next(c["conversation_id"] for c in convs if c["task_id"] == task and c["agent_version"] == "v1.4.0")
+    page = browser.new_page(viewport=VIEWPORT)
+    _login(page, base)
+    page.goto(f"{base}/ui/review/{cid}")
+    page.click("#side-by-side")
+    page.wait_for_url("**/ui/side-by-side?*")
+    left, right = page.locator("section.side-a"), page.locator("section.side-b")
+    assert "v1.4.0" in left.locator("h2").inner_text() and "v1.5.0" in right.locator("h2").inner_text()
+    assert cid in left.inner_text()
+    a_box, b_box = left.bounding_box(), right.bounding_box()
+    assert a_box and b_box and b_box["x"] >= a_box["x"] + a_box["width"]  # two columns
+    assert left.locator(".msg").count() > 0 and right.locator(".msg").count() > 0
+    _shot(page, "side-by-side.png")
+    page.check("input[name=choice][value=b]")
+    page.fill("#pairwise-notes", "B confirmed before cancelling")
+    page.click("#save-choice")
+    page.wait_for_url("**notice=chosen*")
+    assert "rita chose b" in page.locator(".pairwise").inner_text()
+    with rt.sessions() as s:
+        [row] = s.scalars(select(ReviewPairwiseRow)).all()
+    assert (row.conversation_a, row.version_b, row.choice, row.reviewer) == (cid, "v1.5.0", "b", "rita")

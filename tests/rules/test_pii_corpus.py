@@ -1,0 +1,85 @@
+"""The PII and secret detector on its labelled corpus: every format found, nothing found in ids,
+timestamps, prices or prose; export redaction and the pii_leak rule use that one detector."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.pii_recall import load, score, totals
+from tests.rules.test_rules_builtin import a, convo, run, u
+from vigil.rules import pii
+
+CORPUS = load()
+SCORES = score(CORPUS)
+MAX_FALSE_POSITIVE_RATE = 0.05
+
+
+@pytest.mark.parametrize("category", sorted(c for c in SCORES if not c.startswith("negative:")))
+def test_every_labelled_value_is_found_whole(category: str) -> None:
+    s = SCORES[category]
+    assert s.recall == 1.0, "\n".join(s.missed)
+
+
+@pytest.mark.parametrize("category", sorted(c for c in SCORES if c.startswith("negative:")))
+def test_nothing_is_found_in_ids_timestamps_prices_or_prose(category: str) -> None:
+    assert SCORES[category].detections == 0, "\n".join(SCORES[category].spurious)
+
+
+def test_false_positives_stay_under_the_bound() -> None:
+    t = totals(SCORES)
+    assert t.detections >= t.values
+    assert t.false_positives <= MAX_FALSE_POSITIVE_RATE * t.detections, [
+        line for s in SCORES.values() for line in s.spurious
+    ]
+
+
+def test_the_corpus_covers_every_kind_and_every_listed_format() -> None:
+    kinds = {kind for case in CORPUS["positives"] for kind, _ in case["values"]}
+    assert kinds == set(pii.KINDS)
+    formats = {case["category"] for case in CORPUS["positives"]}
+    assert {
+        "ssn_dashed", "ssn_spaced", "ssn_bare", "openai_key", "anthropic_key", "aws_key_and_secret",
+        "github_token", "slack_token", "jwt", "password_in_prompt", "iban", "ip_address", "date_of_birth",
+        "street_address", "phone_bare", "phone_7digit", "email_obfuscated", "email_idn", "email_urlencoded",
+        "card_dots",
+    } <= formats  # fmt: skip
+
+
+def test_export_redaction_leaves_nothing_of_a_labelled_value() -> None:
+    from vigil.export.redact import Redactor
+
+    redactor = Redactor({})
+    for case in CORPUS["positives"]:
+        out = redactor.text(case["text"])
+        for kind, value in case["values"]:
+            assert str(value) not in out, (case["text"], out)
+            assert f"[REDACTED:{kind}]" in out, (case["text"], out)
+    for case in CORPUS["negatives"]:
+        assert redactor.text(case["text"]) == case["text"]
+
+
+def test_the_pii_leak_rule_reports_what_the_corpus_labels() -> None:
+    for case in CORPUS["positives"]:
+        kinds = sorted({kind for kind, _ in case["values"]})
+        hits = run("pii_leak", convo(u("?"), a(case["text"])), kinds=kinds)
+        assert sorted(h.details["kind"] for h in hits) == sorted(kind for kind, _ in case["values"]), case["text"]
+
+
+def test_keys_only_a_detect_secrets_plugin_knows_are_found() -> None:
+    _, plugins = pii._plugin_patterns()  # noqa: SLF001
+    assert len(plugins) >= 20  # the maintained plugins' patterns, run on RE2
+    stripe = "sk_" + "live_4eC39HqLyjWDarjtT1zdp7dc"
+    sendgrid = "SG." + "ngeVfQFYQlKU0ufo8x5d1A.TwL2iGABf9DHoTf-09kqeF8tAmbihYzrnopKc-1s5cr"
+    for key in (stripe, sendgrid):
+        text = f"the key is {key} ok"
+        [found] = pii.detect(text, ["secret"])
+        assert text[found.start : found.end] == key
+
+
+def test_values_the_user_gave_in_another_form_are_not_leaks() -> None:
+    conv = convo(
+        u("my email is jane dot doe at example dot com and my SSN 123 45 6789"),
+        a("Noted: jane.doe@example.com, SSN 123-45-6789."),
+    )
+    assert run("pii_leak", conv) == []
+    assert {h.details["kind"] for h in run("pii_leak", conv, except_user_provided=False)} == {"email", "ssn"}

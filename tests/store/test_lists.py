@@ -1,0 +1,64 @@
+"""Lists page by cursor (keyset) without gaps or repeats, count up to a cap, and bound their offset
+(GET /v1/conversations and GET /v1/review/queue, SQLite and Postgres)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.support.app import REVIEWER
+from tests.support.review import review_client, review_runtime, simulated, store
+
+
+def _walk(c: Any, path: str, params: dict[str, Any], key: str) -> list[str]:
+    seen: list[str] = []
+    cursor = None
+    for _ in range(100):
+        r = c.get(path, params={**params, **({"cursor": cursor} if cursor else {})}, headers=REVIEWER)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        seen += [it[key] for it in body["items"]]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            return seen
+    raise AssertionError("cursor never ran out")
+
+
+@pytest.fixture
+def loaded(db_url):  # type: ignore[no-untyped-def]
+    rt = review_runtime(db_url, list_count_cap=10, list_max_offset=20)
+    with review_client(rt) as c:
+        convs = simulated(45, "v1:0.6", seed=3)
+        for i in range(0, 45, 15):  # three batches: rows of one batch share their received_at
+            store(rt, convs[i : i + 15])
+        for x in convs[:12]:  # equal priorities: ties broken by creation, then id
+            c.post("/v1/review/items", json={"conversation_id": x["conversation_id"]}, headers=REVIEWER)
+        yield rt, c
+    rt.close()
+
+
+def test_conversations_cursor_pages_cover_the_list_once(loaded) -> None:  # type: ignore[no-untyped-def]
+    _rt, c = loaded
+    full = c.get("/v1/conversations", params={"limit": 500}, headers=REVIEWER).json()
+    assert len(full["items"]) == 45
+    assert full["total"] == 10 and full["total_capped"] and full["total_text"] == "10+"
+    paged = _walk(c, "/v1/conversations", {"limit": 7}, "conversation_id")
+    assert paged == [it["conversation_id"] for it in full["items"]]
+    filtered = _walk(c, "/v1/conversations", {"limit": 4, "agent": "support-bot", "version": "v1"}, "conversation_id")
+    assert filtered == paged
+    assert c.get("/v1/conversations", params={"offset": 21}, headers=REVIEWER).status_code == 422
+    assert c.get("/v1/conversations", params={"offset": 20}, headers=REVIEWER).status_code == 200
+    assert c.get("/v1/conversations", params={"cursor": "garbage!"}, headers=REVIEWER).status_code == 422
+
+
+def test_queue_cursor_pages_cover_the_queue_once(loaded) -> None:  # type: ignore[no-untyped-def]
+    _rt, c = loaded
+    full = c.get("/v1/review/queue", params={"limit": 500}, headers=REVIEWER).json()
+    ids = [it["conversation_id"] for it in full["items"]]
+    assert len(ids) > 12 and len(set(ids)) == len(ids)
+    assert full["counts"]["available"] == 10 and "available" in full["capped"]
+    assert full["count_text"]["available"] == "10+" and full["total_capped"]
+    assert _walk(c, "/v1/review/queue", {"limit": 5}, "conversation_id") == ids
+    assert c.get("/v1/review/queue", params={"offset": 21}, headers=REVIEWER).status_code == 422
+    assert c.get("/v1/review/queue", params={"cursor": "e30"}, headers=REVIEWER).status_code == 422

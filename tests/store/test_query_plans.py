@@ -1,0 +1,139 @@
+"""Every query the write path, the API, the rollup job and retention issue has an index to use.
+
+The test records each statement sent to Postgres while it ingests (new and replaced conversations,
+outcomes before and after their conversation), flags, reads every list and aggregate, reviews, runs the
+rollup job and retention; then it asks Postgres to plan each one again with sequential scans priced out
+(``enable_seqscan = off``). A plan that still scans a growing table sequentially has no index to use:
+it would slow down as the table grows. Small, bounded tables (state, leases, definitions) may be scanned.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from sqlalchemy import event
+
+from tests.support.app import INGEST, REVIEWER, make_client, make_settings
+from tests.support.traffic import clean, with_defect
+from vigil.app.runtime import build_runtime
+from vigil.store import retention, rollup_job
+
+GROWING = {
+    "conversations",
+    "findings",
+    "outcomes",
+    "outcome_links",
+    "dead_letters",
+    "verdicts",
+    "pairwise_comparisons",
+    "review_items",
+    "review_reasons",
+    "review_labels",
+    "review_skips",
+    "review_audit",
+    "judge_requests",
+    "exported_tasks",
+    "rollup_members",
+    "rollup_hourly",
+    "rollup_tasks",
+}
+SKIP = re.compile(r"^\s*(COPY|CREATE|TRUNCATE|SET|SHOW|BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|SELECT pg_)", re.I)
+
+
+def _seq_scans(plan: dict[str, Any]) -> list[str]:
+    found = [plan["Relation Name"]] if plan.get("Node Type") == "Seq Scan" else []
+    for child in plan.get("Plans", []):
+        found += _seq_scans(child)
+    return found
+
+
+def _explainable(sql: str) -> bool:
+    if SKIP.match(sql) or "vigil_conversations_stage" in sql:
+        return False
+    head = sql.lstrip().upper()
+    return not (head.startswith("INSERT") and " SELECT " not in head)
+
+
+@pytest.fixture
+def recorded(pg_url):  # type: ignore[no-untyped-def]
+    rt = build_runtime(make_settings(pg_url, compare_bootstrap_resamples=100), registry=CollectorRegistry())
+    statements: dict[str, Any] = {}
+
+    def record(_conn, _cursor, statement, parameters, _context, executemany):  # type: ignore[no-untyped-def]
+        if _explainable(statement):
+            statements.setdefault(statement, parameters[0] if executemany else parameters)
+
+    with make_client(rt) as c:
+        v1, v2 = clean(40, "v1", 1), with_defect(30, "v2", "cancel_delivered", 2) + clean(10, "v2", 3)
+        early = v2[:5]  # their outcomes arrive first: the review items wait for the conversation
+        c.post("/v1/conversations", json=v1, headers=INGEST)
+        rollup_job.refresh(rt.sessions, lag_seconds=0)  # the first run rebuilds from scratch: not recorded
+        event.listen(rt.engine, "before_cursor_execute", record)
+        outcomes = [
+            {"conversation_id": x["conversation_id"], "type": "escalation", "idempotency_key": f"e{i}"}
+            for i, x in enumerate(early)
+        ]
+        c.post("/v1/outcomes", json=outcomes, headers=INGEST)
+        c.post("/v1/conversations", json=v2, headers=INGEST)
+        again = [dict(x, revision=2, status="finished") for x in v1[:10]]
+        c.post("/v1/conversations", json=again, headers=INGEST)  # replaced: findings deleted and written again
+        c.post(
+            "/v1/outcomes",
+            json=[
+                {"conversation_id": x["conversation_id"], "type": "escalation", "idempotency_key": "late"}
+                for x in v2[5:6]
+            ],
+            headers=INGEST,
+        )
+        rollup_job.refresh(rt.sessions, lag_seconds=0)
+        r = c.get("/v1/conversations", params={"limit": 5}, headers=REVIEWER).json()
+        c.get("/v1/conversations", params={"limit": 5, "cursor": r["next_cursor"]}, headers=REVIEWER)
+        c.get(
+            "/v1/conversations", params={"agent": "support-bot", "version": "v2", "severity": "high"}, headers=REVIEWER
+        )
+        c.get("/v1/conversations", params={"rule": "forbidden-cancel-delivered"}, headers=REVIEWER)
+        c.get(f"/v1/conversations/{v2[0]['conversation_id']}", headers=REVIEWER)
+        assert c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER).status_code == 200
+        c.get("/v1/quality", params={"agent": "support-bot", "version": "v2"}, headers=REVIEWER)
+        q = c.get("/v1/review/queue", params={"limit": 3}, headers=REVIEWER).json()
+        c.get("/v1/review/queue", params={"limit": 3, "cursor": q["next_cursor"]}, headers=REVIEWER)
+        c.get("/v1/review/queue", params={"status": "done"}, headers=REVIEWER)
+        c.get("/v1/review/queue", params={"reason": "outcome", "agent": "support-bot"}, headers=REVIEWER)
+        claimed = c.post("/v1/review/claim", json={}, headers=REVIEWER)
+        if claimed.status_code == 200:
+            cid = claimed.json()["conversation_id"]
+            c.post(f"/v1/review/items/{cid}/label", json={"label": "confirmed_failure"}, headers=REVIEWER)
+            c.get(f"/v1/review/items/{cid}", headers=REVIEWER)
+        retention.run(rt.sessions, rt.settings)
+        event.remove(rt.engine, "before_cursor_execute", record)
+        yield rt, statements
+    rt.close()
+
+
+def test_no_hot_query_scans_a_growing_table(recorded) -> None:  # type: ignore[no-untyped-def]
+    rt, statements = recorded
+    assert len(statements) > 60, len(statements)  # the flows above ran
+    assert any("UPDATE review_items" in s and "agent_id IS NULL" in s for s in statements)  # the flagger's fill-in
+    offenders: list[str] = []
+    raw = rt.engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        cur.execute("SET enable_seqscan = off")
+        for sql, params in statements.items():
+            cur.execute("SAVEPOINT p")
+            try:
+                cur.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+            except Exception as exc:  # a statement of a temp table or a since-dropped row: not a plan
+                cur.execute("ROLLBACK TO SAVEPOINT p")
+                pytest.fail(f"could not plan {sql[:200]}: {exc}")
+            plan = cur.fetchone()[0][0]["Plan"]
+            scans = sorted(set(_seq_scans(plan)) & GROWING)
+            if scans:
+                offenders.append(f"{scans}: {' '.join(sql.split())[:400]}")
+        raw.rollback()
+    finally:
+        raw.close()
+    assert offenders == [], "\n\n".join(offenders)
