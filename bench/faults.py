@@ -19,9 +19,12 @@ TCP proxy in front of Postgres, so the database can vanish for Vigil alone. Then
   1 MB, over HTTP and over Kafka;
 - ``writers``: 4 writers sending batches of 200 overlapping conversation ids to the 2 API replicas.
 
+First ``idle``: 15 s of no fault and no traffic, the baseline stall of a busy machine.
+
 For each: conversations sent, stored, duplicated (a finding, judge request or verdict stored twice for
 one conversation revision), lost (sent but not stored), and the longest /healthz stall (the longest
-time either replica went without answering a /healthz poll made every 50 ms). Goal: 0 lost, 0 doubled,
+time a /healthz poll of either replica, made every 50 ms from a separate process, waited for its
+answer; failed polls count until the next answer). Goal: 0 lost, 0 doubled,
 no stall over 1 s. Exit status 1 if a fault misses it.
 """
 
@@ -171,42 +174,63 @@ class Broker:
         self.proc.send_signal(signal.SIGCONT)
 
 
+def _probe(url: str, stop: Any, epoch: Any, result: Any) -> None:
+    """Poll ``url``/healthz every 50 ms; ``result`` holds the longest time a poll went unanswered.
+
+    A poll counts from the moment it is sent until its answer; failed polls (refused, reset) count
+    from the first failure until the next answer. Runs in its own process, so the script's own
+    threads (producers, writers) cannot delay it.
+    """
+    seen, longest, failing_since = epoch.value, 0.0, None
+    with httpx.Client(timeout=60) as c:
+        while not stop.is_set():
+            if epoch.value != seen:
+                seen, longest, failing_since = epoch.value, 0.0, None
+            t0 = time.monotonic()
+            ok = False
+            with contextlib.suppress(httpx.HTTPError):
+                ok = c.get(f"{url}/healthz").status_code == 200
+            now = time.monotonic()
+            if ok:
+                longest = max(longest, now - (failing_since if failing_since is not None else t0))
+                failing_since = None
+            elif failing_since is None:
+                failing_since = t0
+            result.value = max(longest, now - failing_since if failing_since is not None else 0.0)
+            time.sleep(max(0.0, 0.05 - (time.monotonic() - t0)))
+
+
 class Health:
-    """Polls /healthz of every replica every 50 ms; the longest time one went without an answer."""
+    """One probe process per replica (see :func:`_probe`)."""
 
     def __init__(self, urls: list[str]) -> None:
-        self.urls = urls
-        self.stop = threading.Event()
-        self.last_ok = {u: time.monotonic() for u in urls}
-        self.longest = {u: 0.0 for u in urls}
-        self.threads = [threading.Thread(target=self._poll, args=(u,), daemon=True) for u in urls]
-        for t in self.threads:
-            t.start()
+        import multiprocessing
 
-    def _poll(self, url: str) -> None:
-        with httpx.Client(timeout=30) as c:
-            while not self.stop.is_set():
-                t0 = time.monotonic()
-                with contextlib.suppress(httpx.HTTPError):
-                    if c.get(f"{url}/healthz").status_code == 200:
-                        now = time.monotonic()
-                        self.longest[url] = max(self.longest[url], now - self.last_ok[url])
-                        self.last_ok[url] = now
-                self.stop.wait(max(0.0, 0.05 - (time.monotonic() - t0)))
+        ctx = multiprocessing.get_context("spawn")
+        self.stop = ctx.Event()
+        self.epoch = ctx.Value("i", 0)
+        self.results = [ctx.Value("d", 0.0) for _ in urls]
+        self.procs = [
+            ctx.Process(target=_probe, args=(u, self.stop, self.epoch, r), daemon=True)
+            for u, r in zip(urls, self.results, strict=True)
+        ]
+        for p in self.procs:
+            p.start()
 
     def reset(self) -> None:
-        now = time.monotonic()
-        for u in self.urls:
-            self.last_ok[u], self.longest[u] = now, 0.0
+        with self.epoch.get_lock():
+            self.epoch.value += 1
+        time.sleep(0.5)  # each probe starts its new count at its next poll
+        for r in self.results:
+            r.value = 0.0
 
     def worst(self) -> float:
-        now = time.monotonic()  # a replica still silent now counts up to now
-        return max(max(self.longest[u], now - self.last_ok[u]) for u in self.urls)
+        return max(r.value for r in self.results)
 
     def close(self) -> None:
         self.stop.set()
-        for t in self.threads:
-            t.join(35)
+        for p in self.procs:
+            p.join(65)
 
 
 @dataclass
@@ -571,7 +595,13 @@ def writers(st: Stack, row: Row) -> None:
         row.note += " (a 5xx other than 503!)"
 
 
+def idle(st: Stack, row: Row) -> None:
+    time.sleep(15)
+    row.note = "no fault, no traffic: the stall the machine's own load causes"
+
+
 FAULTS: dict[str, Callable[..., None]] = {
+    "idle": idle,
     "consumer_kill": consumer_kill,
     "broker_pause": broker_pause,
     "broker_restart": broker_restart,
@@ -614,16 +644,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=list(FAULTS), help="Faults to run (default: all).")
     ap.add_argument("--busy", type=int, default=0, help="Busy loops to run alongside (extra CPU load).")
+    ap.add_argument("--logs", type=Path, help="Keep the processes' logs in this folder.")
+    ap.add_argument(
+        "--slow-callbacks",
+        action="store_true",
+        help="Run the replicas in asyncio debug mode: a callback that holds the event loop over 100 ms is logged.",
+    )
     args = ap.parse_args()
     chosen = args.only or list(FAULTS)
+    if args.slow_callbacks:
+        os.environ["PYTHONASYNCIODEBUG"] = "1"
     rows: list[Row] = []
     with (
-        tempfile.TemporaryDirectory(prefix="vigil-faults-") as tmp,
+        tempfile.TemporaryDirectory(prefix="vigil-faults-") as scratch,
         postgres_database() as db_url,
         fake_openai(Script(calls=[], answer=PASS)) as (provider_url, script),
         busy_loops(args.busy),
     ):
-        st = Stack(db_url, Path(tmp), provider_url, args)
+        tmp = args.logs or Path(scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
+        st = Stack(db_url, tmp, provider_url, args)
         health = Health(st.urls)
         try:
             for name in chosen:
@@ -661,7 +701,8 @@ def main() -> int:
     return 0 if all(r.ok for r in rows) else 1
 
 
-PREFIXES = {
+PREFIXES: dict[str, list[tuple[str, int]]] = {
+    "idle": [],
     "consumer_kill": [("kill", 3000)],
     "broker_pause": [("pause", 2000)],
     "broker_restart": [("restart-a", 1000), ("restart-b", 1000)],
