@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +32,9 @@ class Script:
     # count only tool results beyond those of the first request (a replayed history already holds some)
     relative: bool = False
     _baseline: int | None = None
+    # provider trouble on demand: called per request; an int answers that HTTP status (429 with
+    # Retry-After: 1), a float hangs that many seconds before the normal reply, None replies normally
+    fault: Callable[[], int | float | None] | None = None
 
     def reply(self, body: dict[str, Any]) -> dict[str, Any]:
         self.requests.append(body)
@@ -85,6 +88,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+        trouble = self.script.fault() if self.script.fault else None
+        if isinstance(trouble, int):
+            err = json.dumps({"error": {"message": f"fake provider status {trouble}", "type": "fake"}}).encode()
+            self.send_response(trouble)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(err)))
+            if trouble == 429:
+                self.send_header("retry-after", "1")
+            self.end_headers()
+            self.wfile.write(err)
+            return
+        if isinstance(trouble, float):
+            time.sleep(trouble)
         reply = self.script.reply(body)
         if body.get("stream"):
             self.send_response(200)
@@ -105,12 +121,22 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that gave up on a hung reply
+            super().handle_error(request, client_address)
+
+
 @contextmanager
 def fake_openai(script: Script | None = None) -> Iterator[tuple[str, Script]]:
     """``(base_url, script)`` of a running server; ``base_url`` ends in ``/v1`` like the real API's."""
     script = script or Script()
     handler = type("Handler", (_Handler,), {"script": script})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = _Server(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -49,7 +49,8 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
         app.include_router(router)
 
     @app.get("/healthz", tags=["ops"])
-    def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, str]:
+        # answered on the event loop itself: no wait for a worker thread while requests are being checked
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["ops"])
