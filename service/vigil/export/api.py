@@ -18,6 +18,7 @@ from vigil.export.errors import ExportError
 from vigil.export.models import ExportRunRow
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
+from vigil.http.params import MAX_ID
 
 router = APIRouter(tags=["export"])
 
@@ -29,7 +30,7 @@ CONCURRENT = "another export of this format recorded the same conversations firs
 def export_tasks(
     request: Request,
     format: Literal["native", "inspect", "verifiers"] = "native",
-    since: int | None = Query(None, ge=0, description="Only failures confirmed after this watermark."),
+    since: int | None = Query(None, ge=0, le=MAX_ID, description="Only failures confirmed after this watermark."),
     all_: bool = Query(False, alias="all", description="Also failures exported before."),
     p: Principal = require("admin"),
 ) -> Response:

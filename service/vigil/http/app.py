@@ -15,6 +15,7 @@ from sqlalchemy import text
 from vigil import __version__
 from vigil.http import conversations
 from vigil.http.auth import KeyRing
+from vigil.http.guard import RefuseNul
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
 
@@ -41,6 +42,7 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
         description="Watches LLM agents in production: rule checks, calibrated judge, outcomes, alerts, review.",
         lifespan=lifespan,
     )
+    app.add_middleware(RefuseNul)
     app.state.runtime = runtime
     app.state.keyring = KeyRing.from_settings(runtime.settings)
     runtime.provide(app.state.keyring)  # the OTLP/gRPC receiver checks the same keys
@@ -74,7 +76,8 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
 
     @app.exception_handler(Exception)
     async def unhandled(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        path = request.url.path.encode("unicode_escape").decode("ascii")  # no control characters in the log
+        log.exception("unhandled error on %s %s", request.method, path)
         return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, 500)
 
     _register_schema(app)

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
+from vigil.http.params import MAX_OFFSET
 from vigil.review import failures, insights, queue, reviewers
 from vigil.review.errors import Conflict, Invalid, NotFound, ReviewError
 from vigil.review.flagger import enqueue
@@ -93,7 +94,7 @@ def list_queue(
     outcome: str | None = Query(None, description="Conversations with an outcome of this type"),
     reason: str | None = Query(None, description="Items flagged for this reason kind"),
     limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_OFFSET),
     p: Principal = require("reviewer"),
 ) -> Any:
     """Queue items with counts per state and per reason kind, highest priority first."""
@@ -228,7 +229,7 @@ def labels(
     since: datetime | None = None,
     current_only: bool = True,
     limit: int = Query(1000, ge=1, le=10_000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_OFFSET),
     p: Principal = require("reviewer"),
 ) -> Any:
     """Reviewers' labels (current versions by default), oldest first: input of calibration and export.

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
+from vigil.http.params import MAX_PAGE
 from vigil.review import failures, insights, queue, reviewers
 from vigil.review.errors import Conflict, Done, Invalid, NotFound
 from vigil.review.policy import LABELS, SEVERITIES
@@ -71,7 +72,7 @@ def queue_page(
     picked = {k: request.query_params.get(k) or None for k in FILTERS}
     f = queue.QueueFilter(**picked)
     per_page = 50
-    page = max(1, page)
+    page = min(max(1, page), MAX_PAGE)  # ?page=2**70 shows the last page's neighbourhood, not a 500
     with _stage(request).sessions() as s:
         data = insights.list_queue(s, f, status, per_page, (page - 1) * per_page)
     base = {k: v for k, v in picked.items() if v}
