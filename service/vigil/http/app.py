@@ -95,6 +95,15 @@ def _register_schema(app: FastAPI) -> None:
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components.update(defs.pop("$defs", {}))
         components["Conversation"] = defs
+        # A 422 is either FastAPI's list of field errors or Vigil's own sentence (an unknown category,
+        # a bad rule pattern): the document says so, so clients and schema checks accept both.
+        validation = components.get("HTTPValidationError", {}).get("properties", {})
+        if "detail" in validation:
+            listed = validation["detail"]
+            validation["detail"] = {
+                "title": "Detail",
+                "anyOf": [{k: v for k, v in listed.items() if k != "title"}, {"type": "string"}],
+            }
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
