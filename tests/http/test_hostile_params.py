@@ -55,8 +55,9 @@ def test_out_of_range_integers_are_422(client, url: str) -> None:  # type: ignor
     assert r.status_code == 422, r.text
 
 
-def test_out_of_range_export_watermark_is_422(client) -> None:  # type: ignore[no-untyped-def]
+def test_out_of_range_export_watermark_and_run_id_are_422(client) -> None:  # type: ignore[no-untyped-def]
     assert client.post(f"/v1/exports?since={2**70}", headers=ADMIN).status_code == 422
+    assert client.post(f"/v1/exports/{2**70}/ack", headers=ADMIN).status_code == 422
 
 
 def test_the_largest_allowed_offset_is_an_empty_page(client) -> None:  # type: ignore[no-untyped-def]

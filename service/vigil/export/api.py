@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import Response
 from sqlalchemy import select
 
@@ -74,7 +75,7 @@ def export_tasks(
 
 
 @router.post("/v1/exports/{run_id}/ack", dependencies=[require("admin")])
-def acknowledge_export(request: Request, run_id: int) -> dict[str, Any]:
+def acknowledge_export(request: Request, run_id: int = PathParam(ge=1, le=MAX_ID)) -> dict[str, Any]:
     """The client has the run's file: its conversations now count as exported (idempotent)."""
     from vigil.export.run import acknowledge
 
