@@ -63,3 +63,19 @@ def test_out_of_range_export_watermark_and_run_id_are_422(client) -> None:  # ty
 def test_the_largest_allowed_offset_is_an_empty_page(client) -> None:  # type: ignore[no-untyped-def]
     r = client.get(f"/v1/conversations?offset={2**31 - 1}", headers=REVIEWER)
     assert r.status_code == 200 and r.json()["items"] == []
+
+
+def test_a_nul_in_a_review_label_is_a_400_and_the_label_can_be_sent_again(client) -> None:  # type: ignore[no-untyped-def]
+    conv = {
+        "conversation_id": "c1",
+        "agent_id": "a",
+        "agent_version": "v",
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+    }
+    assert client.post("/v1/conversations", json=conv, headers=ADMIN).status_code == 202
+    label = {"label": "not_a_failure", "notes": "fine\x00"}
+    r = client.post("/v1/review/items/c1/labels", json=label, headers=ADMIN)
+    if r.status_code != 201:  # PostgreSQL refuses NUL in text; SQLite stores it
+        assert r.status_code == 400 and "NUL" in r.json()["detail"]
+        label["notes"] = "fine"
+        assert client.post("/v1/review/items/c1/labels", json=label, headers=ADMIN).status_code == 201

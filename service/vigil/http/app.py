@@ -11,11 +11,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import choose_encoder
 from sqlalchemy import text
+from sqlalchemy.exc import DataError
 
 from vigil import __version__
 from vigil.http import conversations
 from vigil.http.auth import KeyRing
-from vigil.http.guard import RefuseNul
+from vigil.http.guard import NUL_TEXT_DETAIL, RefuseNul
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
 
@@ -73,6 +74,12 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
             body = gzip.compress(body, compresslevel=5)
             headers["content-encoding"] = "gzip"
         return Response(body, headers=headers, media_type=media_type)
+
+    @app.exception_handler(DataError)
+    async def data_error(request: Request, exc: DataError) -> JSONResponse:
+        if "NUL" in str(exc.orig):  # PostgreSQL: "text fields cannot contain NUL (0x00) bytes"
+            return JSONResponse({"detail": NUL_TEXT_DETAIL}, 400)
+        return await unhandled(request, exc)
 
     @app.exception_handler(Exception)
     async def unhandled(request: Request, exc: Exception) -> JSONResponse:

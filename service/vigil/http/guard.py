@@ -1,4 +1,5 @@
-"""Refuse URLs no handler can use: a NUL character in the path or query string.
+"""Refuse URLs no handler can use: a NUL character in the path or query string (and name the NUL
+that reaches PostgreSQL from a request body, which ``create_app`` turns into a 400).
 
 PostgreSQL cannot store or compare a string holding NUL (0x00); a NUL that reached a query would answer
 500 and write a raw NUL to the log. No Vigil id, name or filter holds one, so such a request is refused
@@ -11,6 +12,7 @@ from typing import Any
 
 import orjson
 
+NUL_TEXT_DETAIL = "a text field holds a NUL character (\\u0000), which the database cannot store: nothing was saved"
 NUL_DETAIL = "the URL holds a NUL character (%00): not allowed in a path or query parameter"
 
 
