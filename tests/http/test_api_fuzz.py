@@ -1,12 +1,14 @@
 """Property-based fuzzing of the API against its own OpenAPI document (schemathesis): whatever a client
 sends that the document allows, and much that it does not, no operation answers 500, and every answer
 that the document describes matches its schema. In-process on SQLite with the admin key; a bounded
-number of examples per operation keeps the run short (VIGIL_TEST_FUZZ_EXAMPLES raises it)."""
+number of examples per operation keeps the run short (VIGIL_TEST_FUZZ_EXAMPLES raises it;
+VIGIL_TEST_FUZZ_POSTGRES=1 runs it on PostgreSQL, which refuses more, e.g. NUL in text)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error, response_schema_conformance
 
 from tests.support.app import ADMIN, make_settings
+from tests.support.services import postgres_database
 
 MAX_EXAMPLES = int(os.environ.get("VIGIL_TEST_FUZZ_EXAMPLES", "12"))
 
@@ -29,10 +32,14 @@ def api_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from vigil.app.server import build_app
     from vigil.app.wiring import wire
 
-    db = Path(tmp_path_factory.mktemp("fuzz")) / "vigil.db"
-    rt = wire(build_runtime(make_settings(f"sqlite:///{db}"), registry=CollectorRegistry()), {"api"})
-    yield schemathesis.openapi.from_asgi("/openapi.json", build_app(rt, []))
-    rt.close()
+    with ExitStack() as stack:
+        if os.environ.get("VIGIL_TEST_FUZZ_POSTGRES") == "1":
+            url = stack.enter_context(postgres_database())
+        else:
+            url = f"sqlite:///{Path(tmp_path_factory.mktemp('fuzz')) / 'vigil.db'}"
+        rt = wire(build_runtime(make_settings(url), registry=CollectorRegistry()), {"api"})
+        stack.callback(rt.close)
+        yield schemathesis.openapi.from_asgi("/openapi.json", build_app(rt, []))
 
 
 def operations(schema: Any) -> list[Any]:
