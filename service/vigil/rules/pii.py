@@ -250,6 +250,8 @@ _PHONE_CONTEXT = _rx(
     r"(?i)\b(?:phone|telephone|tel|mobile|cell|call|text|reach|fax|whatsapp|sms|dial|ring)\b"
     r"[^\d\n+$€£]{0,24}(\+?\d[\d .\-]{5,16}\d)"
 )
+_PHONE_WORDS = ("phone", "tel", "mobile", "cell", "call", "text", "reach", "fax", "whatsapp", "sms", "dial", "ring")
+_NOT_A_PHONE = ("order", "invoice", "ticket", "tracking", "account", "case", "ref", "id ", "#", "number of")
 _SEVEN = _rx(r"\d{3}[.\-]\d{4}")
 
 
@@ -272,11 +274,13 @@ def _phones(text: str, low: str) -> Iterator[tuple[int, int]]:
         if nxt == "." and _after(text, end + 1).isdigit():
             continue
         yield start, end
-    if any(w in low for w in ("phone", "tel", "mobile", "cell", "call", "text", "reach", "fax", "whatsapp", "sms")):
+    if any(w in low for w in _PHONE_WORDS):
         for m in _PHONE_CONTEXT.finditer(text):
             start, end = m.span(1)
             if _word(_after(text, end)):
                 continue
+            if any(w in low[m.start() : start] for w in _NOT_A_PHONE):
+                continue  # "call us about order 5550123456": the number is the order's
             if len(digits_of(m.group(1))) in (7, 10, 11):
                 yield start, end
 
