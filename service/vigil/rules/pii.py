@@ -144,7 +144,14 @@ def _cards(text: str, runs: list[tuple[int, int, list[tuple[int, int]]]]) -> Ite
             size = sizes[i]
             found = None
             if 13 <= size <= 19:
-                if luhn_ok(text[groups[i][0] : groups[i][1]]) and not _repetitive(text[groups[i][0] : groups[i][1]]):
+                glued = (i > 0 and text[groups[i - 1][1]] in ".-") or (
+                    i + 1 < len(groups) and text[groups[i][1]] in ".-"
+                )  # 13.750000000000028: float noise, not a card; 2024-0000000000000: an id
+                if (
+                    not glued
+                    and luhn_ok(text[groups[i][0] : groups[i][1]])
+                    and not _repetitive(text[groups[i][0] : groups[i][1]])
+                ):
                     found = i
             elif size == 4:
                 for shape in _CARD_SHAPES:
