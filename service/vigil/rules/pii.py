@@ -68,13 +68,14 @@ _LABEL = r"[\p{L}\p{N}](?:[\p{L}\p{N}\-]*[\p{L}\p{N}])?"
 # Plain and IDN addresses (josé@exämple.de), and URL-encoded ones (jane%40example.com, %2540 double-encoded).
 _EMAIL = _rx(rf"{_LOCAL}(?:@|＠|%40|%2540){_LABEL}(?:\.{_LABEL})*\.\p{{L}}{{2,}}")
 # Obfuscated: "jane.doe [at] example [dot] com", "jane(at)example.com", "jane dot doe at example dot com".
-_AT = r"(?:\s*(?:\[at\]|\(at\)|\{at\}|<at>|\[@\]|\(@\))\s*|\s+(?:at|AT)\s+)"
-_DOT = r"(?:\s*(?:\[dot\]|\(dot\)|\{dot\}|<dot>|\[\.\])\s*|\s+(?:dot|DOT)\s+)"
+# Spaces around "at" and "dot" are bounded: a matched value stays short whatever the text holds.
+_AT = r"(?:\s{0,3}(?:\[at\]|\(at\)|\{at\}|<at>|\[@\]|\(@\))\s{0,3}|\s{1,3}(?:at|AT)\s{1,3})"
+_DOT = r"(?:\s{0,3}(?:\[dot\]|\(dot\)|\{dot\}|<dot>|\[\.\])\s{0,3}|\s{1,3}(?:dot|DOT)\s{1,3})"
+_BRACKETED_AT = ("[at]", "(at)", "{at}", "<at>", "[@]", "(@)")
 _OBFUSCATED = _rx(
     rf"[A-Za-z0-9_%+\-]+(?:(?:\.|{_DOT})[A-Za-z0-9_%+\-]+)*{_AT}"
     rf"[A-Za-z0-9\-]+(?:(?:\.|{_DOT})[A-Za-z0-9\-]+)*(?:\.|{_DOT})[A-Za-z]{{2,6}}\b"
 )
-_SPELLED_AT = re.compile(r"\s+at\s+", re.IGNORECASE)  # on a matched value only
 
 
 def _emails(text: str, low: str) -> Iterator[tuple[int, int]]:
@@ -89,8 +90,9 @@ def _emails(text: str, low: str) -> Iterator[tuple[int, int]]:
     if "at" in low and ("dot" in low or "[" in low or "(" in low or "{" in low or "<" in low):
         for m in _OBFUSCATED.finditer(text):
             value = m.group(0)
-            plain_at = _SPELLED_AT.search(value) is not None
-            if plain_at and " dot " not in value.lower():
+            low_value = " ".join(value.lower().split())
+            plain_at = not any(at in low_value for at in _BRACKETED_AT)
+            if plain_at and " dot " not in low_value:
                 continue  # "meet at home.com" is prose; a spelled-out "at" needs a spelled-out "dot"
             yield m.span()
 
