@@ -52,6 +52,7 @@ TEXTS: dict[str, Callable[[int], str]] = {
     "iban": lambda n: "GB82 " * (n // 5),
     "dotted_digits": lambda n: "4.2" * (n // 3),
     "idn": lambda n: "é." * (n // 2 - 1) + "@",
+    "wide_at": lambda n: "a" + " " * (n // 2 - 10) + "[at]" + " " * (n // 2 - 10) + "b dot com",
 }
 
 

@@ -83,3 +83,19 @@ def test_values_the_user_gave_in_another_form_are_not_leaks() -> None:
     )
     assert run("pii_leak", conv) == []
     assert {h.details["kind"] for h in run("pii_leak", conv, except_user_provided=False)} == {"email", "ssn"}
+
+
+@pytest.mark.parametrize("shift", [-40, -7, -1, 0, 1, 9, 300])
+def test_values_across_a_window_cut_of_a_long_text_are_found_whole(shift: int) -> None:
+    """Long texts are scanned in windows; a value where one window ends is still found whole, once."""
+    for case in CORPUS["positives"]:
+        text = case["text"]
+        kind, value = case["values"][0]
+        at = text.index(str(value)) + 1  # the case starts on a new line
+        filler = ("lorem ipsum " * ((pii.CHUNK + shift - at) // 12 + 1))[: pii.CHUNK + shift - at]
+        long = filler + "\n" + text + " dolor sit" * 4000
+        start = len(filler) + at
+        end = start + len(str(value))
+        found = [f for f in pii.detect(long) if f.start < end and start < f.end]
+        assert len(found) == 1 and found[0].kind == kind, (text, found)
+        assert found[0].start <= start and end <= found[0].end, (text, found)

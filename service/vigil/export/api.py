@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import Response
 from sqlalchemy import select
 
@@ -18,6 +19,7 @@ from vigil.export.errors import ExportError
 from vigil.export.models import ExportRunRow
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
+from vigil.http.params import MAX_ID
 
 router = APIRouter(tags=["export"])
 
@@ -29,7 +31,7 @@ CONCURRENT = "another export of this format recorded the same conversations firs
 def export_tasks(
     request: Request,
     format: Literal["native", "inspect", "verifiers"] = "native",
-    since: int | None = Query(None, ge=0, description="Only failures confirmed after this watermark."),
+    since: int | None = Query(None, ge=0, le=MAX_ID, description="Only failures confirmed after this watermark."),
     all_: bool = Query(False, alias="all", description="Also failures exported before."),
     p: Principal = require("admin"),
 ) -> Response:
@@ -73,7 +75,7 @@ def export_tasks(
 
 
 @router.post("/v1/exports/{run_id}/ack", dependencies=[require("admin")])
-def acknowledge_export(request: Request, run_id: int) -> dict[str, Any]:
+def acknowledge_export(request: Request, run_id: int = PathParam(ge=1, le=MAX_ID)) -> dict[str, Any]:
     """The client has the run's file: its conversations now count as exported (idempotent)."""
     from vigil.export.run import acknowledge
 

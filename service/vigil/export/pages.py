@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import Path as PathParam
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
 
@@ -17,6 +18,7 @@ from vigil.export.errors import ExportError
 from vigil.export.models import ExportRunRow
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
+from vigil.http.params import MAX_ID
 from vigil.ui.render import render_page, sessions_of, ui_user
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -92,7 +94,7 @@ async def export_download(request: Request) -> Response:
 
 
 @router.post("/export/{run_id}/ack")
-async def export_ack(request: Request, run_id: int) -> Response:
+async def export_ack(request: Request, run_id: int = PathParam(ge=1, le=MAX_ID)) -> Response:
     """The admin saved the run's file: its conversations count as exported from now on."""
     from vigil.export.run import acknowledge
 

@@ -11,10 +11,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import choose_encoder
 from sqlalchemy import text
+from sqlalchemy.exc import DataError
 
 from vigil import __version__
 from vigil.http import conversations
 from vigil.http.auth import KeyRing
+from vigil.http.guard import NUL_TEXT_DETAIL, RefuseNul
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
 
@@ -41,6 +43,7 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
         description="Watches LLM agents in production: rule checks, calibrated judge, outcomes, alerts, review.",
         lifespan=lifespan,
     )
+    app.add_middleware(RefuseNul)
     app.state.runtime = runtime
     app.state.keyring = KeyRing.from_settings(runtime.settings)
     runtime.provide(app.state.keyring)  # the OTLP/gRPC receiver checks the same keys
@@ -73,9 +76,16 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
             headers["content-encoding"] = "gzip"
         return Response(body, headers=headers, media_type=media_type)
 
+    @app.exception_handler(DataError)
+    async def data_error(request: Request, exc: DataError) -> JSONResponse:
+        if "NUL" in str(exc.orig):  # PostgreSQL: "text fields cannot contain NUL (0x00) bytes"
+            return JSONResponse({"detail": NUL_TEXT_DETAIL}, 400)
+        return await unhandled(request, exc)
+
     @app.exception_handler(Exception)
     async def unhandled(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        path = request.url.path.encode("unicode_escape").decode("ascii")  # no control characters in the log
+        log.exception("unhandled error on %s %s", request.method, path)
         return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, 500)
 
     _register_schema(app)
@@ -93,6 +103,15 @@ def _register_schema(app: FastAPI) -> None:
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components.update(defs.pop("$defs", {}))
         components["Conversation"] = defs
+        # A 422 is either FastAPI's list of field errors or Vigil's own sentence (an unknown category,
+        # a bad rule pattern): the document says so, so clients and schema checks accept both.
+        validation = components.get("HTTPValidationError", {}).get("properties", {})
+        if "detail" in validation:
+            listed = validation["detail"]
+            validation["detail"] = {
+                "title": "Detail",
+                "anyOf": [{k: v for k, v in listed.items() if k != "title"}, {"type": "string"}],
+            }
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]

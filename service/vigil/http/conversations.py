@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
+from vigil.http.params import MAX_OFFSET
 from vigil.rules import registered_rule_types
 from vigil.schema import Severity, conversation_json_schema
 from vigil.store import reads
@@ -32,7 +33,9 @@ def list_conversations(
     since: datetime | None = None,
     until: datetime | None = None,
     limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0, description="Rows to skip (bounded by list_max_offset; page deeper with cursor)."),
+    offset: int = Query(
+        0, ge=0, le=MAX_OFFSET, description="Rows to skip (bounded by list_max_offset; page deeper with cursor)."
+    ),
     cursor: str | None = Query(None, description="next_cursor of the previous page (keyset pagination)."),
 ) -> dict[str, Any]:
     """Stored conversations, newest first; ``total`` counts up to list_count_cap (``total_capped`` beyond)."""

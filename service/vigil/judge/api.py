@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
+from vigil.http.params import MAX_OFFSET
 from vigil.judge import store
 from vigil.judge.engine import JudgeEngine, JudgeUnavailable, is_offline_detail
 from vigil.judge.errors import ProviderError
@@ -195,7 +196,7 @@ def list_verdicts(
     version: str | None = None,
     offline: bool | None = Query(None, description="true: only the offline judge's; false: only a model's."),
     limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_OFFSET),
 ) -> dict[str, Any]:
     q = select(VerdictRow)
     for col, value in (

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
+from vigil.http.params import MAX_OFFSET
 from vigil.review import clusters as near_dups
 from vigil.review import failures, insights, queue, reviewers, triage
 from vigil.review import side_by_side as sbs
@@ -114,7 +115,9 @@ def list_queue(
     sort: str | None = Query(None, description=f"Sort by one of: {', '.join(insights.SORTS)} (default priority)"),
     order: Literal["asc", "desc"] | None = Query(None, description="Default: desc for priority and times"),
     limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0, description="Items to skip (bounded by list_max_offset; page deeper with cursor)."),
+    offset: int = Query(
+        0, ge=0, le=MAX_OFFSET, description="Items to skip (bounded by list_max_offset; page deeper with cursor)."
+    ),
     cursor: str | None = Query(None, description="next_cursor of the previous page (keyset pagination)."),
     p: Principal = require("reviewer"),
 ) -> Any:
@@ -290,7 +293,7 @@ def labels(
     since: datetime | None = None,
     current_only: bool = True,
     limit: int = Query(1000, ge=1, le=10_000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_OFFSET),
     p: Principal = require("reviewer"),
 ) -> Any:
     """Reviewers' labels (current versions by default), oldest first: input of calibration and export.

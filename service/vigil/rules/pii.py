@@ -68,16 +68,17 @@ _LABEL = r"[\p{L}\p{N}](?:[\p{L}\p{N}\-]*[\p{L}\p{N}])?"
 # Plain and IDN addresses (josé@exämple.de), and URL-encoded ones (jane%40example.com, %2540 double-encoded).
 _EMAIL = _rx(rf"{_LOCAL}(?:@|＠|%40|%2540){_LABEL}(?:\.{_LABEL})*\.\p{{L}}{{2,}}")
 # Obfuscated: "jane.doe [at] example [dot] com", "jane(at)example.com", "jane dot doe at example dot com".
-_AT = r"(?:\s*(?:\[at\]|\(at\)|\{at\}|<at>|\[@\]|\(@\))\s*|\s+(?:at|AT)\s+)"
-_DOT = r"(?:\s*(?:\[dot\]|\(dot\)|\{dot\}|<dot>|\[\.\])\s*|\s+(?:dot|DOT)\s+)"
+# Spaces around "at" and "dot" are bounded: a matched value stays short whatever the text holds.
+_AT = r"(?:\s{0,3}(?:\[at\]|\(at\)|\{at\}|<at>|\[@\]|\(@\))\s{0,3}|\s{1,3}(?:at|AT)\s{1,3})"
+_DOT = r"(?:\s{0,3}(?:\[dot\]|\(dot\)|\{dot\}|<dot>|\[\.\])\s{0,3}|\s{1,3}(?:dot|DOT)\s{1,3})"
+_BRACKETED_AT = ("[at]", "(at)", "{at}", "<at>", "[@]", "(@)")
 _OBFUSCATED = _rx(
     rf"[A-Za-z0-9_%+\-]+(?:(?:\.|{_DOT})[A-Za-z0-9_%+\-]+)*{_AT}"
     rf"[A-Za-z0-9\-]+(?:(?:\.|{_DOT})[A-Za-z0-9\-]+)*(?:\.|{_DOT})[A-Za-z]{{2,6}}\b"
 )
-_SPELLED_AT = re.compile(r"\s+at\s+", re.IGNORECASE)  # on a matched value only
 
 
-def _emails(text: str) -> Iterator[tuple[int, int]]:
+def _emails(text: str, low: str) -> Iterator[tuple[int, int]]:
     if "@" in text or "＠" in text or "%40" in text or "%2540" in text:
         for m in _EMAIL.finditer(text):
             start, end = m.span()
@@ -86,12 +87,12 @@ def _emails(text: str) -> Iterator[tuple[int, int]]:
             if text[start:end].startswith(("40", "2540")) and _before(text, start) == "%":
                 continue
             yield start, end
-    low = text.lower()
     if "at" in low and ("dot" in low or "[" in low or "(" in low or "{" in low or "<" in low):
         for m in _OBFUSCATED.finditer(text):
             value = m.group(0)
-            plain_at = _SPELLED_AT.search(value) is not None
-            if plain_at and " dot " not in value.lower():
+            low_value = " ".join(value.lower().split())
+            plain_at = not any(at in low_value for at in _BRACKETED_AT)
+            if plain_at and " dot " not in low_value:
                 continue  # "meet at home.com" is prose; a spelled-out "at" needs a spelled-out "dot"
             yield m.span()
 
@@ -145,7 +146,14 @@ def _cards(text: str, runs: list[tuple[int, int, list[tuple[int, int]]]]) -> Ite
             size = sizes[i]
             found = None
             if 13 <= size <= 19:
-                if luhn_ok(text[groups[i][0] : groups[i][1]]) and not _repetitive(text[groups[i][0] : groups[i][1]]):
+                glued = (i > 0 and text[groups[i - 1][1]] in ".-") or (
+                    i + 1 < len(groups) and text[groups[i][1]] in ".-"
+                )  # 13.750000000000028: float noise, not a card; 2024-0000000000000: an id
+                if (
+                    not glued
+                    and luhn_ok(text[groups[i][0] : groups[i][1]])
+                    and not _repetitive(text[groups[i][0] : groups[i][1]])
+                ):
                     found = i
             elif size == 4:
                 for shape in _CARD_SHAPES:
@@ -176,7 +184,7 @@ def ssn_ok(area: str, group: str, serial: str) -> bool:
 _SSN_CONTEXT = _rx(r"(?i)\b(?:ssn|ss#|social security(?: number| no\.?)?|social)\b[^\d\n]{0,20}(\d{9})\b")
 
 
-def _ssns(text: str, runs: list[tuple[int, int, list[tuple[int, int]]]]) -> Iterator[tuple[int, int]]:
+def _ssns(text: str, low: str, runs: list[tuple[int, int, list[tuple[int, int]]]]) -> Iterator[tuple[int, int]]:
     for _start, _end, groups in runs:
         for i in range(len(groups) - 2):
             a, g, s = (text[x:y] for x, y in groups[i : i + 3])
@@ -189,7 +197,7 @@ def _ssns(text: str, runs: list[tuple[int, int, list[tuple[int, int]]]]) -> Iter
                 continue  # part of a longer run of the same separator (a phone, a date, an id)
             if ssn_ok(a, g, s):
                 yield groups[i][0], groups[i + 2][1]
-    if "ss" in text.lower() or "social" in text.lower():
+    if "ss" in low or "social" in low:
         for m in _SSN_CONTEXT.finditer(text):
             value = m.group(1)
             if not _after(text, m.end(1)).isdigit() and ssn_ok(value[:3], value[3:5], value[5:]):
@@ -251,10 +259,12 @@ _PHONE_CONTEXT = _rx(
     r"(?i)\b(?:phone|telephone|tel|mobile|cell|call|text|reach|fax|whatsapp|sms|dial|ring)\b"
     r"[^\d\n+$€£]{0,24}(\+?\d[\d .\-]{5,16}\d)"
 )
+_PHONE_WORDS = ("phone", "tel", "mobile", "cell", "call", "text", "reach", "fax", "whatsapp", "sms", "dial", "ring")
+_NOT_A_PHONE = ("order", "invoice", "ticket", "tracking", "account", "case", "ref", "id ", "#", "number of")
 _SEVEN = _rx(r"\d{3}[.\-]\d{4}")
 
 
-def _phones(text: str) -> Iterator[tuple[int, int]]:
+def _phones(text: str, low: str) -> Iterator[tuple[int, int]]:
     for m in _PHONE.finditer(text):
         start, end = m.span()
         prev, nxt = _before(text, start), _after(text, end)
@@ -273,12 +283,13 @@ def _phones(text: str) -> Iterator[tuple[int, int]]:
         if nxt == "." and _after(text, end + 1).isdigit():
             continue
         yield start, end
-    low = text.lower()
-    if any(w in low for w in ("phone", "tel", "mobile", "cell", "call", "text", "reach", "fax", "whatsapp", "sms")):
+    if any(w in low for w in _PHONE_WORDS):
         for m in _PHONE_CONTEXT.finditer(text):
             start, end = m.span(1)
             if _word(_after(text, end)):
                 continue
+            if any(w in low[m.start() : start] for w in _NOT_A_PHONE):
+                continue  # "call us about order 5550123456": the number is the order's
             if len(digits_of(m.group(1))) in (7, 10, 11):
                 yield start, end
 
@@ -339,16 +350,20 @@ def _ibans(text: str) -> Iterator[tuple[int, int]]:
                 break
 
 
-def _regex_spans(rx: Any, group: int = 0, needles: tuple[str, ...] = ()) -> Callable[[str], Iterator[tuple[int, int]]]:
-    def spans(text: str) -> Iterator[tuple[int, int]]:
-        if needles:
-            low = text.lower()
-            if not any(n in low for n in needles):
-                return
+def _regex_spans(
+    rx: Any, group: int = 0, needles: tuple[str, ...] = ()
+) -> Callable[[str, str], Iterator[tuple[int, int]]]:
+    def spans(text: str, low: str) -> Iterator[tuple[int, int]]:
+        if needles and not any(n in low for n in needles):
+            return
         for m in rx.finditer(text):
             yield m.span(group)
 
     return spans
+
+
+_DOB_SPANS = _regex_spans(_DOB, 1, ("birth", "born", "dob", "d.o.b"))
+_ADDRESS_SPANS = _regex_spans(_ADDRESS)
 
 
 # --- secrets ----------------------------------------------------------------------------------------
@@ -403,7 +418,7 @@ def _plugin_patterns() -> tuple[Any, list[tuple[Any, Callable[[str], bool] | Non
     return _rx("|".join(sources)), found
 
 
-def _secrets(text: str) -> Iterator[tuple[int, int]]:
+def _secrets(text: str, low: str) -> Iterator[tuple[int, int]]:
     any_plugin, plugins = _plugin_patterns()
     if any_plugin.search(text) is not None:
         for rx, check in plugins:
@@ -421,7 +436,7 @@ def _secrets(text: str) -> Iterator[tuple[int, int]]:
             and any(c.isdigit() for c in value)
         ):
             yield start, end
-    if not any(w in text.lower() for w in _KEYWORDS):
+    if not any(w in low for w in _KEYWORDS):
         return
     for m in _KEYWORD.finditer(text):
         quote = m.group(2)
@@ -464,21 +479,55 @@ def _extended(text: str, rx: Any, check: Callable[[str], bool] | None) -> Iterat
 _NEEDS_DIGITS = frozenset({"card", "ssn", "ip", "phone", "dob", "address", "iban"})
 
 
+# Long texts are scanned in windows of CHUNK characters (cut after a whitespace where one is near) that
+# reach OVERLAP characters into the next, so a value across a cut is seen whole by the window it starts
+# in. Each window fits the CPU's caches: a megabyte costs what its thirty-odd windows cost, no more.
+CHUNK = 1 << 15
+OVERLAP = 4096
+_CUT_SEARCH = 256
+
+
 def find(text: str, kinds: Sequence[str] = KINDS) -> Iterator[Found]:
     """Every detected value of ``kinds`` in ``text`` (spans may overlap across kinds)."""
+    if len(text) <= CHUNK + OVERLAP:
+        yield from _scan(text, kinds)
+        return
+    seen: set[Found] = set()
+    start = 0
+    while start < len(text):
+        end = start + CHUNK
+        if end + OVERLAP >= len(text):
+            end = len(text)
+        else:
+            space = max(text.rfind(" ", end - _CUT_SEARCH, end), text.rfind("\n", end - _CUT_SEARCH, end))
+            end = space + 1 if space > start else end
+        window = text[start : min(len(text), end + OVERLAP)]
+        for f in _scan(window, kinds):
+            shifted = Found(f.kind, f.start + start, f.end + start)
+            if shifted not in seen:
+                seen.add(shifted)
+                yield shifted
+        seen = {f for f in seen if f.end > end}  # only spans reaching the next window can recur
+        start = end
+
+
+def _scan(text: str, kinds: Sequence[str]) -> Iterator[Found]:
     wanted = set(kinds)
+    low = text.lower()
+    if len(low) != len(text):
+        low = text  # lowercasing changed the length (rare letters): needles are then looked up as written
     has_digit = any(c in text for c in "0123456789") if wanted & _NEEDS_DIGITS else False
     runs = list(_runs(text)) if has_digit and wanted & {"card", "ssn", "ip"} else []
     sources: list[tuple[Kind, Callable[[], Iterator[tuple[int, int]]]]] = [
-        ("email", lambda: _emails(text)),
-        ("phone", lambda: _phones(text) if has_digit else iter(())),
+        ("email", lambda: _emails(text, low)),
+        ("phone", lambda: _phones(text, low) if has_digit else iter(())),
         ("card", lambda: _cards(text, runs)),
-        ("ssn", lambda: _ssns(text, runs)),
+        ("ssn", lambda: _ssns(text, low, runs)),
         ("iban", lambda: _ibans(text) if has_digit else iter(())),
         ("ip", lambda: _ips(text, runs)),
-        ("dob", lambda: _regex_spans(_DOB, 1, ("birth", "born", "dob", "d.o.b"))(text) if has_digit else iter(())),
-        ("address", lambda: _regex_spans(_ADDRESS)(text) if has_digit else iter(())),
-        ("secret", lambda: _secrets(text)),
+        ("dob", lambda: _DOB_SPANS(text, low) if has_digit else iter(())),
+        ("address", lambda: _ADDRESS_SPANS(text, low) if has_digit else iter(())),
+        ("secret", lambda: _secrets(text, low)),
     ]
     for kind, spans in sources:
         if kind in wanted:

@@ -1,0 +1,81 @@
+"""Odd URLs get clear 4xx answers, never a 500: a NUL in a path or query parameter (PostgreSQL cannot
+hold one) and integers past any list's length or a 64-bit id, on SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.support.app import ADMIN, REVIEWER, make_client, make_settings
+from vigil.app.runtime import build_runtime
+
+
+@pytest.fixture
+def client(db_url):  # type: ignore[no-untyped-def]
+    rt = build_runtime(make_settings(db_url), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        yield c
+    rt.close()
+
+
+NUL_URLS = [
+    "/v1/conversations/abc%00def",
+    "/v1/conversations?agent_id=a%00b",
+    "/v1/conversations?agent_version=%00",
+    "/v1/dead-letters?reason=x%00",
+    "/v1/review/queue?agent=%00",
+]
+
+
+@pytest.mark.parametrize("url", NUL_URLS)
+def test_a_nul_in_the_url_is_a_400_and_never_reaches_the_log(client, url: str, caplog) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.DEBUG)
+    r = client.get(url, headers=ADMIN)
+    assert r.status_code == 400, r.text
+    assert "NUL" in r.json()["detail"]
+    assert not any("\x00" in rec.getMessage() for rec in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"/v1/conversations?offset={2**70}",
+        f"/v1/conversations?offset={2**63}",
+        f"/v1/verdicts?offset={2**70}",
+        f"/v1/review/queue?offset={2**70}",
+        f"/v1/review/labels?offset={2**70}",
+        "/v1/conversations?offset=-1",
+        f"/v1/conversations?limit={2**70}",
+    ],
+)
+def test_out_of_range_integers_are_422(client, url: str) -> None:  # type: ignore[no-untyped-def]
+    r = client.get(url, headers=ADMIN)
+    assert r.status_code == 422, r.text
+
+
+def test_out_of_range_export_watermark_and_run_id_are_422(client) -> None:  # type: ignore[no-untyped-def]
+    assert client.post(f"/v1/exports?since={2**70}", headers=ADMIN).status_code == 422
+    assert client.post(f"/v1/exports/{2**70}/ack", headers=ADMIN).status_code == 422
+
+
+def test_the_largest_allowed_offset_is_an_empty_page(client) -> None:  # type: ignore[no-untyped-def]
+    r = client.get(f"/v1/conversations?offset={2**31 - 1}", headers=REVIEWER)
+    assert r.status_code == 200 and r.json()["items"] == []
+
+
+def test_a_nul_in_a_review_label_is_a_400_and_the_label_can_be_sent_again(client) -> None:  # type: ignore[no-untyped-def]
+    conv = {
+        "conversation_id": "c1",
+        "agent_id": "a",
+        "agent_version": "v",
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+    }
+    assert client.post("/v1/conversations", json=conv, headers=ADMIN).status_code == 202
+    label = {"label": "not_a_failure", "notes": "fine\x00"}
+    r = client.post("/v1/review/items/c1/labels", json=label, headers=ADMIN)
+    if r.status_code != 201:  # PostgreSQL refuses NUL in text; SQLite stores it
+        assert r.status_code == 400 and "NUL" in r.json()["detail"]
+        label["notes"] = "fine"
+        assert client.post("/v1/review/items/c1/labels", json=label, headers=ADMIN).status_code == 201
