@@ -86,7 +86,10 @@ class InputCache:
         if not isinstance(raw, str) or not raw.startswith("["):
             return to_messages(raw)
         prev = self.raw
-        if prev and raw.startswith(prev[:-1]):
+        if raw is prev:  # the same string (see compact): the same messages
+            return self.messages
+        n = len(prev) - 1
+        if prev and len(raw) > n and raw[n] in ",]" and raw.startswith(prev[:-1]):
             rest = raw[len(prev) - 1 :]
             if rest.rstrip() == "]":
                 return self.messages
