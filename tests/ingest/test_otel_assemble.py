@@ -156,3 +156,35 @@ def test_compacted_spans_expand_to_what_was_received() -> None:
     assert compact([early], last)[0][0] == early
     # a base gone (purged, or beyond the span limit) drops the value, not the span
     assert "gen_ai.input.messages" not in expand(later)[0]["attributes"]
+
+
+def test_input_cache_reuses_outputs_and_shared_strings_without_changing_messages() -> None:
+    from vigil.ingest.otlp.compact import compact
+    from vigil.ingest.otlp.conventions import InputCache
+
+    def msg(role: str, text: str) -> dict[str, Any]:
+        return {"role": role, "parts": [{"type": "text", "content": text}]}
+
+    history = [msg("user", "hi"), msg("assistant", "hello"), msg("user", "book it"), msg("assistant", "done")]
+    out_of = {1: [history[1]], 3: [history[3]]}
+    cache = InputCache()
+    for n in (1, 3):
+        raw_in, raw_out = orjson.dumps(history[:n]).decode(), orjson.dumps(out_of[n]).decode()
+        assert cache.messages_of(raw_in) == to_messages(raw_in)
+        assert cache.outputs_of(raw_out) == to_messages(raw_out)
+    # an input that resends the previous output and adds nothing, or something else after a same-looking prefix
+    same = orjson.dumps(history[:4]).decode()
+    assert cache.messages_of(same) == to_messages(same)
+    other = orjson.dumps([*history[:3], msg("assistant", "done, and more")]).decode()
+    assert InputCache().messages_of(other) == cache.messages_of(other) == to_messages(other)
+
+    # compaction hands an equal long value on as the earlier span's string, unchanged in content
+    long = orjson.dumps([msg("system", "x" * 400)]).decode()
+    spans = [
+        {"span_id": f"{i}", "start_ns": i, "end_ns": i, "attributes": {"gen_ai.system_instructions": long[:]}}
+        for i in range(2)
+    ]
+    spans[1]["attributes"]["gen_ai.system_instructions"] = "".join(long)  # an equal string, another object
+    stored, _ = compact(spans)
+    assert stored[1]["attributes"]["gen_ai.system_instructions"] == {"$same": "0"}
+    assert spans[1]["attributes"]["gen_ai.system_instructions"] is spans[0]["attributes"]["gen_ai.system_instructions"]

@@ -27,7 +27,10 @@ Last = dict[str, tuple[tuple[int, int, str], str, str]]
 
 def compact(spans: list[dict[str, Any]], last: Last | None = None) -> tuple[list[dict[str, Any]], Last]:
     """Spans of one conversation with repeated long attribute values replaced by references, to earlier
-    spans of the list or to the (stored) spans ``last`` describes; and ``last`` after these spans."""
+    spans of the list or to the (stored) spans ``last`` describes; and ``last`` after these spans.
+
+    A value equal to its base is replaced in ``spans`` too by the base's string (the same text), so
+    whoever reads the spans next compares them by identity instead of character by character."""
     out: list[dict[str, Any]] = []
     last = dict(last or {})
     for span in sorted(spans, key=_key):
@@ -42,10 +45,13 @@ def compact(spans: list[dict[str, Any]], last: Last | None = None) -> tuple[list
             if prev is None or prev[0] > at:  # a base must come first in start order (see expand)
                 continue
             _, base, pv = prev
-            if v == pv:
+            n = len(pv) - 1
+            if v is pv or v == pv:
                 refs[k] = {"$same": base}
-            elif pv.endswith("]") and v.startswith(pv[:-1]) and v[len(pv) - 1] == ",":
-                refs[k] = {"$ext": base, "n": len(pv) - 1, "rest": v[len(pv) - 1 :]}
+                attrs[k] = pv  # one string for both: later identity checks (see InputCache) are free
+                last[k] = (at, span["span_id"], pv)
+            elif len(v) > n and v[n] == "," and pv.endswith("]") and v.startswith(pv[:-1]):
+                refs[k] = {"$ext": base, "n": n, "rest": v[n:]}
         out.append({**span, "attributes": {**attrs, **refs}} if refs else span)
     return out, last
 

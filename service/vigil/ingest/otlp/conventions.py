@@ -80,24 +80,46 @@ class InputCache:
         self.keys: list[tuple[Any, ...]] = []
         self._keyed = 0  # how many of ``filtered`` have keys
         self._system_raw: Any = None
+        self._out_raw = ""  # the previous span's output messages, as received and converted
+        self._out: list[dict[str, Any]] = []
         self._system: list[str] = []
 
     def messages_of(self, raw: Any) -> list[dict[str, Any]]:
         if not isinstance(raw, str) or not raw.startswith("["):
             return to_messages(raw)
         prev = self.raw
-        if prev and raw.startswith(prev[:-1]):
+        if raw is prev:  # the same string (see compact): the same messages
+            return self.messages
+        n = len(prev) - 1
+        if prev and len(raw) > n and raw[n] in ",]" and raw.startswith(prev[:-1]):
             rest = raw[len(prev) - 1 :]
             if rest.rstrip() == "]":
                 return self.messages
             if rest.startswith(","):
-                new = to_messages(json_value("[" + rest[1:]))
+                new = self._extension(rest)
                 self._remember(raw, self.messages + new, new)
                 return self.messages
         msgs = to_messages(raw)
         self.filtered, self.keys, self._keyed = [], [], 0
         self._remember(raw, msgs, msgs)
         return msgs
+
+    def outputs_of(self, raw: Any) -> list[dict[str, Any]]:
+        """A span's output messages, kept: the next span's input usually resends them first."""
+        out = to_messages(raw)
+        self._out_raw, self._out = (raw, out) if isinstance(raw, str) and raw.startswith("[") else ("", [])
+        return out
+
+    def _extension(self, rest: str) -> list[dict[str, Any]]:
+        """The messages of ``rest`` (``,`` and the items an input adds, then ``]``); the previous span's output
+        items it starts with are not parsed again (complete JSON values followed by ``,`` or ``]``)."""
+        items = self._out_raw[1:-1]
+        end = len(items) + 1
+        if items.strip() and len(rest) > end and rest[end] in ",]" and rest.startswith(items, 1):
+            if rest[end] == "]":
+                return list(self._out) if not rest[end + 1 :].strip() else to_messages(json_value("[" + rest[1:]))
+            return self._out + to_messages(json_value("[" + rest[end + 1 :]))
+        return to_messages(json_value("[" + rest[1:]))
 
     def _remember(self, raw: str, messages: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
         self.raw, self.messages = raw, messages
@@ -252,7 +274,7 @@ def _genai(span: dict[str, Any], cache: InputCache) -> SpanView:
     raw_in, raw_out = _attr(span, "gen_ai.input.messages"), _attr(span, "gen_ai.output.messages")
     if raw_in is None and raw_out is None:
         raw_in, raw_out = _attr(span, "gen_ai.prompt"), _attr(span, "gen_ai.completion")
-    out.inputs, out.outputs = cache.messages_of(raw_in), to_messages(raw_out)
+    out.inputs, out.outputs = cache.messages_of(raw_in), cache.outputs_of(raw_out)
     if not out.inputs and not out.outputs:
         out.inputs, out.outputs = _event_messages(span)
     if not out.inputs and not out.outputs:
