@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Annotated
 
@@ -64,6 +65,62 @@ def db_upgrade(revision: str = "head") -> None:
     s = load_settings()
     db.upgrade(s.database_url_str, revision)
     console.print(f"database at {revision}")
+
+
+retention_app = typer.Typer(no_args_is_help=True, help="Storage that rolls over: delete rows past retention.")
+app.add_typer(retention_app, name="retention")
+rollups_app = typer.Typer(no_args_is_help=True, help="Hourly rollups behind compare, quality and version lists.")
+app.add_typer(rollups_app, name="rollups")
+
+
+@retention_app.command("run")
+def retention_run(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would be deleted; delete nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Delete conversations, findings, verdicts and dead letters older than their retention settings
+    (labelled, queued and exported conversations are kept). Also runs periodically in serve and detector."""
+    from vigil.store import db, retention
+
+    s = load_settings()
+    engine = db.make_engine(s.database_url_str)
+    try:
+        result = retention.run(db.make_sessionmaker(engine), s, dry_run=dry_run)
+    finally:
+        engine.dispose()
+    if as_json:
+        typer.echo(json.dumps(result.as_dict()))
+        return
+    verb = "would delete" if dry_run else "deleted"
+    for table, n in result.deleted.items():
+        console.print(f"{table}: {verb} {n:,} rows older than {result.cutoffs[table]:%Y-%m-%d %H:%M} UTC")
+    if not result.deleted:
+        console.print("every retention is 0 (keep forever): nothing to do")
+
+
+@rollups_app.command("refresh")
+def rollups_refresh(
+    rebuild: Annotated[bool, typer.Option("--rebuild", help="Recompute every rollup from the base tables.")] = False,
+) -> None:
+    """Bring the rollups up to date now (serve and detector do it every rollup_interval_seconds)."""
+    from vigil.store import db, maintenance, rollup_job
+
+    s = load_settings()
+    engine = db.make_engine(s.database_url_str)
+    sessions = db.make_sessionmaker(engine)
+    try:
+        if rebuild:
+            with sessions.begin() as session:
+                result = rollup_job.rebuild(session)
+        else:
+            result = maintenance.refresh_rollups(s, sessions)
+    finally:
+        engine.dispose()
+    if not result.ran:
+        console.print("another process is refreshing the rollups")
+        return
+    how = "rebuilt" if result.rebuilt else "refreshed"
+    console.print(f"rollups {how}: {result.added:,} conversations added, {result.recomputed:,} hours recomputed")
 
 
 @app.command("settings")

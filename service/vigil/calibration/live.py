@@ -22,7 +22,6 @@ from vigil.store import reads
 from vigil.store.models import ReviewItemRow, ReviewLabelRow, VerdictRow
 
 HUMAN = {"confirmed_failure": True, "not_a_failure": False}
-_CHUNK = 500
 
 
 def consensus(labels: list[Any]) -> tuple[bool, str | None] | None:
@@ -63,16 +62,17 @@ def live_pairs(
         old = latest.get(key)
         if old is None or (v.revision, v.id) > (old.revision, old.id):
             latest[key] = v
-    ids = sorted({cid for _n, _v, cid in latest})
+    judged = select(V.id).where(V.conversation_id == L.conversation_id)
+    if judge is not None:
+        judged = judged.where(V.judge == judge)
+    lq = (
+        select(L.conversation_id, L.label, L.category)
+        .where(L.is_current.is_(True), judged.exists())
+        .order_by(L.conversation_id, L.id)
+    )
     labels: dict[str, list[Any]] = defaultdict(list)
-    for i in range(0, len(ids), _CHUNK):
-        lq = (
-            select(L.conversation_id, L.label, L.category)
-            .where(L.is_current.is_(True), L.conversation_id.in_(ids[i : i + _CHUNK]))
-            .order_by(L.id)
-        )
-        for r in session.execute(lq):
-            labels[r.conversation_id].append(r)
+    for r in session.execute(lq):
+        labels[r.conversation_id].append(r)
     humans = {cid: c for cid, labs in labels.items() if (c := consensus(labs)) is not None}
     out: dict[str, list[Pair]] = defaultdict(list)
     for (name, version, cid), v in sorted(latest.items()):

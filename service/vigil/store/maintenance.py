@@ -23,10 +23,14 @@ log = logging.getLogger(__name__)
 def refresh_rollups(
     settings: Settings, sessions: sessionmaker[Session], only_if_behind: bool = False
 ) -> rollup_job.RefreshResult:
-    """The rollup job with this deployment's lag and retention (``only_if_behind``: the catch-up of a read)."""
+    """The rollup job with this deployment's lag and retention.
+
+    ``only_if_behind`` is the catch-up of a read: it runs only when something was written since the last
+    run and looks no further back than that run (no lag), so a read does at most one interval's work;
+    late commits inside the lag are the periodic job's."""
     return rollup_job.refresh(
         sessions,
-        settings.rollup_lag_seconds,
+        0.0 if only_if_behind else settings.rollup_lag_seconds,
         frozen_before=retention.frozen_before(settings),
         only_if_behind=only_if_behind,
     )

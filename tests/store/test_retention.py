@@ -1,0 +1,121 @@
+"""Retention deletes what is past each table's retention and keeps what review, export and calibration
+still need; the rollups keep counting the deleted period (SQLite and Postgres)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from prometheus_client import CollectorRegistry
+from sqlalchemy import delete, func, select, text, update
+from typer.testing import CliRunner
+
+from tests.compare.test_compare_api import verdict_row
+from tests.support.app import INGEST, make_client, make_settings
+from tests.support.traffic import clean, with_defect
+from vigil.app.runtime import build_runtime
+from vigil.store import retention, rollup_job, rollups
+from vigil.store.models import (
+    ConversationRow,
+    DeadLetterRow,
+    FindingRow,
+    ReviewItemRow,
+    ReviewLabelRow,
+    VerdictRow,
+)
+from vigil.store.rollups import RollupMemberRow
+
+OLD = datetime.now(UTC) - timedelta(days=100)
+
+
+@pytest.fixture
+def aged(db_url):  # type: ignore[no-untyped-def]
+    rt = build_runtime(make_settings(db_url), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        old = with_defect(20, "v1", "cancel_delivered", 1)
+        new = clean(10, "v1", 2)
+        assert c.post("/v1/conversations", json=old + new, headers=INGEST).status_code == 202
+        ids = [x["conversation_id"] for x in old]
+        labelled, queued, exported = ids[0], ids[1], ids[2]
+        with rt.sessions.begin() as s:
+            s.execute(delete(ReviewItemRow))  # the flagger queued the defects; this test queues one itself
+            s.execute(update(ConversationRow).where(ConversationRow.conversation_id.in_(ids)).values(received_at=OLD))
+            s.execute(update(FindingRow).where(FindingRow.conversation_id.in_(ids)).values(created_at=OLD))
+            s.add(
+                ReviewLabelRow(
+                    conversation_id=labelled, reviewer="rita", label="confirmed_failure", version=1, is_current=True
+                )
+            )
+            s.add(ReviewItemRow(conversation_id=queued, agent_id="support-bot", agent_version="v1", status="open"))
+            s.execute(
+                text(
+                    "INSERT INTO exported_tasks (format, conversation_id, task_id, group_key, run_id, emitted, "
+                    "created_at) VALUES ('inspect', :cid, 't', 'g', 1, :yes, :at)"
+                ),
+                {"cid": exported, "yes": True, "at": OLD},
+            )
+            old_verdict = verdict_row(ids[5], "v1", "fail")
+            old_verdict.created_at = OLD - timedelta(days=100)  # verdicts are kept 180 days
+            s.add_all([old_verdict, verdict_row(ids[0], "v1", "fail")])
+            s.add_all(
+                [
+                    DeadLetterRow(source="http", reason="bad", detail="", raw=b"x", raw_size=1, created_at=at)
+                    for at in (OLD, datetime.now(UTC) - timedelta(days=13), datetime.now(UTC) - timedelta(days=1))
+                ]
+            )
+        rollup_job.refresh(rt.sessions, lag_seconds=0)
+        yield rt, ids, {labelled, queued, exported}
+    rt.close()
+
+
+def _count(rt, model) -> int:  # type: ignore[no-untyped-def]
+    with rt.sessions() as s:
+        return int(s.scalar(select(func.count()).select_from(model)) or 0)
+
+
+def test_retention_deletes_old_rows_and_keeps_what_others_need(aged) -> None:  # type: ignore[no-untyped-def]
+    rt, ids, kept = aged
+    with rt.sessions() as s:
+        before = rollups.version_counts(s, "support-bot", "v1")
+    assert before.conversations == 30 and before.forbidden == 20
+    findings_before = _count(rt, FindingRow)
+
+    dry = retention.run(rt.sessions, rt.settings, dry_run=True)
+    assert dry.deleted["conversations"] == 17 and dry.deleted["dead_letters"] == 1
+    assert _count(rt, ConversationRow) == 30 and _count(rt, FindingRow) == findings_before
+
+    done = retention.run(rt.sessions, rt.settings)
+    assert done.deleted["conversations"] == 17 and done.deleted["dead_letters"] == 1 and done.deleted["verdicts"] == 1
+    with rt.sessions() as s:
+        left = set(s.scalars(select(ConversationRow.conversation_id)))
+        assert left & set(ids) == kept and len(left) == 13
+        assert set(s.scalars(select(FindingRow.conversation_id))) & set(ids) == kept
+        assert set(s.scalars(select(RollupMemberRow.conversation_id))) & set(ids) == kept
+        assert [v for v in s.scalars(select(VerdictRow.conversation_id))] == [ids[0]]
+        # the rollups keep counting the period whose raw rows are gone
+        after = rollups.version_counts(s, "support-bot", "v1")
+    assert (after.conversations, after.forbidden) == (before.conversations, before.forbidden)
+    assert _count(rt, DeadLetterRow) == 2
+    assert retention.run(rt.sessions, rt.settings).deleted["conversations"] == 0
+
+    # a refresh after retention leaves the frozen hours alone
+    rollup_job.refresh(rt.sessions, lag_seconds=0, frozen_before=retention.frozen_before(rt.settings))
+    with rt.sessions() as s:
+        assert rollups.version_counts(s, "support-bot", "v1").conversations == 30
+
+
+def test_retention_zero_keeps_everything_and_cli_dry_run(aged, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from vigil.app.cli import app
+
+    rt, _ids, _kept = aged
+    monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
+    monkeypatch.setenv("VIGIL_RETENTION_CONVERSATIONS_DAYS", "0")
+    r = CliRunner().invoke(app, ["retention", "run", "--dry-run", "--json"])
+    assert r.exit_code == 0, r.output
+    body = json.loads(r.stdout.strip().splitlines()[-1])
+    assert body["dry_run"] and "conversations" not in body["deleted"] and body["deleted"]["dead_letters"] == 1
+    monkeypatch.setenv("VIGIL_RETENTION_DEAD_LETTERS_DAYS", "0")
+    r = CliRunner().invoke(app, ["retention", "run"])
+    assert r.exit_code == 0, r.output
+    assert _count(rt, ConversationRow) == 30 and _count(rt, DeadLetterRow) == 3
