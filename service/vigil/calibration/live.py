@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from vigil.calibration.report import Pair
@@ -37,16 +37,7 @@ def consensus(labels: list[Any]) -> tuple[bool, str | None] | None:
     return fail, cats.most_common(1)[0][0] if cats else None
 
 
-CHUNK = 1000  # conversation ids per IN list (SQLite allows 32,766 bound parameters per statement)
-
-
-def newest_labelled(
-    session: Session,
-    judge: str | None,
-    only_sampled: bool,
-    offline: bool | None,
-    max_pairs: int,
-) -> list[str]:
+def newest_labelled(judge: str | None, only_sampled: bool, offline: bool | None, max_pairs: int) -> Select[Any]:
     """Conversations of the newest ``max_pairs`` current labels (by label id) that the judge has a verdict
     on: a backward walk of the labels' primary key that stops at ``max_pairs``."""
     V, L = VerdictRow, ReviewLabelRow
@@ -62,11 +53,7 @@ def newest_labelled(
             .where(ReviewItemRow.conversation_id == L.conversation_id, ReviewItemRow.sampled.is_(True))
             .exists()
         )
-    return list(dict.fromkeys(session.scalars(q.order_by(L.id.desc()).limit(max_pairs))))
-
-
-def _chunks(ids: list[str]) -> list[list[str]]:
-    return [ids[i : i + CHUNK] for i in range(0, len(ids), CHUNK)]
+    return q.order_by(L.id.desc()).limit(max_pairs)
 
 
 def live_pairs(
@@ -100,14 +87,12 @@ def live_pairs(
     if judge is not None:
         judged = judged.where(V.judge == judge)
     lq = select(L.conversation_id, L.label, L.category).where(L.is_current.is_(True), judged.exists())
-    if max_pairs is None:
-        verdict_rows = list(session.execute(vq))
-        label_rows = list(session.execute(lq.order_by(L.conversation_id, L.id)))
-    else:
-        verdict_rows, label_rows = [], []
-        for ids in _chunks(newest_labelled(session, judge, only_sampled, offline, max_pairs)):
-            verdict_rows += session.execute(vq.where(V.conversation_id.in_(ids)))
-            label_rows += session.execute(lq.where(L.conversation_id.in_(ids)).order_by(L.conversation_id, L.id))
+    if max_pairs is not None:
+        newest = newest_labelled(judge, only_sampled, offline, max_pairs).subquery()
+        vq = vq.where(V.conversation_id.in_(select(newest.c.conversation_id)))
+        lq = lq.where(L.conversation_id.in_(select(newest.c.conversation_id)))
+    verdict_rows = session.execute(vq)
+    label_rows = session.execute(lq.order_by(L.conversation_id, L.id))
     latest: dict[tuple[str, str, str], Any] = {}
     for v in verdict_rows:
         key = (v.judge, v.judge_version, v.conversation_id)

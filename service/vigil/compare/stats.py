@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -214,20 +215,27 @@ def pass_k_table(tasks: Mapping[str, tuple[int, int]], ks: Sequence[int] | None 
         return {"tasks": 0, "ks": [], "pass_at_k": {}, "pass_hat_k": {}, "per_task": []}
     if ks is None:
         ks = list(range(1, min(n for n, _ in usable.values()) + 1))
+    # tasks share few (trials, successes) pairs: each pair's figures are computed once, not once per task
+    counts = Counter(usable.values())
+    figures = {
+        (n, c): ({k: pass_at_k(n, c, k) for k in ks if k <= n}, {k: pass_hat_k(n, c, k) for k in ks if k <= n})
+        for n, c in counts
+    }
     at: dict[int, float] = {}
     hat: dict[int, float] = {}
     for k in ks:
-        eligible = [(n, c) for n, c in usable.values() if n >= k]
+        eligible = [(nc, m) for nc, m in counts.items() if nc[0] >= k]
         if eligible:
-            at[k] = sum(pass_at_k(n, c, k) for n, c in eligible) / len(eligible)
-            hat[k] = sum(pass_hat_k(n, c, k) for n, c in eligible) / len(eligible)
+            tasks_k = sum(m for _, m in eligible)
+            at[k] = sum(figures[nc][0][k] * m for nc, m in eligible) / tasks_k
+            hat[k] = sum(figures[nc][1][k] * m for nc, m in eligible) / tasks_k
     per_task = [
         {
             "task_id": t,
             "trials": n,
             "successes": c,
-            "pass_at_k": {k: pass_at_k(n, c, k) for k in ks if k <= n},
-            "pass_hat_k": {k: pass_hat_k(n, c, k) for k in ks if k <= n},
+            "pass_at_k": dict(figures[(n, c)][0]),
+            "pass_hat_k": dict(figures[(n, c)][1]),
         }
         for t, (n, c) in sorted(usable.items())
     ]
