@@ -60,9 +60,14 @@ def test_out_of_range_export_watermark_and_run_id_are_422(client) -> None:  # ty
     assert client.post(f"/v1/exports/{2**70}/ack", headers=ADMIN).status_code == 422
 
 
-def test_the_largest_allowed_offset_is_an_empty_page(client) -> None:  # type: ignore[no-untyped-def]
-    r = client.get(f"/v1/conversations?offset={2**31 - 1}", headers=REVIEWER)
+def test_the_largest_allowed_offset_is_an_empty_page_and_one_more_says_use_the_cursor(client) -> None:  # type: ignore[no-untyped-def]
+    from vigil.settings import Settings
+
+    largest = Settings().list_max_offset
+    r = client.get(f"/v1/conversations?offset={largest}", headers=REVIEWER)
     assert r.status_code == 200 and r.json()["items"] == []
+    r = client.get(f"/v1/conversations?offset={largest + 1}", headers=REVIEWER)
+    assert r.status_code == 422 and "cursor" in r.text
 
 
 def test_a_nul_in_a_review_label_is_a_400_and_the_label_can_be_sent_again(client) -> None:  # type: ignore[no-untyped-def]

@@ -15,6 +15,7 @@ from vigil.compare.present import headline
 from vigil.compare.table import CompareError, RulesFor, SameVersion, compare, quality
 from vigil.http import runtime_of
 from vigil.http.auth import require
+from vigil.http.params import MAX_OFFSET
 from vigil.runtime import Runtime
 from vigil.schema import outcome_types
 from vigil.store.maintenance import refresh_rollups
@@ -109,7 +110,7 @@ async def get_conversations_behind(
     agent: str,
     version: str,
     signal: str = Query(..., description="A signal of the compare table, e.g. rule:<id>, judge:<name>, tasks:success."),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_OFFSET),
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> dict[str, Any]:

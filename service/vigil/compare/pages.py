@@ -15,6 +15,7 @@ from vigil.compare.drill import PAGE, UnknownSignal, conversations_behind
 from vigil.compare.table import CompareError
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
+from vigil.http.params import MAX_OFFSET
 from vigil.money import usd
 from vigil.store import rollups
 from vigil.store.signals import version_key
@@ -89,7 +90,7 @@ async def conversations_page(
     agent: str,
     version: str,
     signal: str,
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_OFFSET),
     user: Principal = Depends(ui_user),
 ) -> Response:
     rt = runtime_of(request)

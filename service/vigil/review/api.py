@@ -392,7 +392,7 @@ def pairwise_list(
     request: Request,
     task: str | None = None,
     limit: int = Query(1000, ge=1, le=10_000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_OFFSET),
     _: Principal = require("reviewer"),
 ) -> Any:
     """Reviewers' pairwise choices, oldest first."""
