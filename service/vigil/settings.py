@@ -230,8 +230,8 @@ class Settings(BaseSettings):
     compare_max_sample: int = Field(
         default=5_000,
         ge=100,
-        description="Most recent conversations per version used for bootstrap intervals (the bootstrap's cost "
-        "grows with this times the resamples; rates come from the rollups and are not sampled).",
+        description="Most recent conversations per version used for intervals of means and p95 latency (the p95 "
+        "bootstrap's cost grows with this times the resamples; rates come from the rollups and are not sampled).",
     )
     compare_metadata_sample: int = Field(
         default=500,
@@ -240,7 +240,9 @@ class Settings(BaseSettings):
         "rates and how each version was run (model, sampling, harness, tools, grader, budgets).",
     )
     compare_bootstrap_resamples: int = Field(
-        default=1000, ge=100, description="Bootstrap resamples for intervals of means and p95 latency."
+        default=200,
+        ge=100,
+        description="Bootstrap resamples for the interval of p95 latency (means use Welch's closed-form interval).",
     )
     detector_interval_seconds: float = Field(
         default=15.0,
@@ -315,6 +317,13 @@ class Settings(BaseSettings):
         default="sampled",
         description="Which review-queue labels measure a judge's error rates for corrected failure rates: "
         "sampled = only items the review policy drew at random (unbiased); all = every labelled item.",
+    )
+    calibration_max_pairs: int = Field(
+        default=5_000,
+        ge=1,
+        description="Review-queue calibration of a judge reads the conversations of its newest this many current "
+        "labels (by label id) only, so its cost stays flat as labels accumulate; older labels no longer count "
+        "toward its agreement, state or corrected rates.",
     )
     export_min_criterion_severity: Literal["info", "low", "medium", "high", "critical"] = Field(
         default="medium",

@@ -221,3 +221,40 @@ def test_calibrate_endpoint_with_recorded_verdicts(sqlite_url: str) -> None:
         assert got["state"] == "calibrated"
         assert got["versions"][-1]["labelled_set"]["source"] == "api-set"
     rt.close()
+
+
+def test_live_pairs_bounded_to_the_newest_labels(seeded) -> None:  # type: ignore[no-untyped-def]
+    from vigil.calibration import live
+
+    rt, _truth, _judged, sampled = seeded
+    with rt.sessions() as s:
+        every = live.live_pairs(s, JUDGE)[JUDGE]
+        # labels in id order: per conversation rita's old and current label, then raj's on c000..c029,
+        # then c-unsure; the newest 52 current ones are c-unsure's, rita's on c079..c030 and raj's on c029
+        bounded = live.live_pairs(s, JUDGE, max_pairs=52)[JUDGE]
+        newest = {f"c{i:03d}" for i in range(29, 80)}
+        assert {p.conversation_id for p in bounded} == newest  # c029 with both its labels; c-unsure is unsure
+        assert bounded == [p for p in every if p.conversation_id in newest]
+        # the bound counts only labels that could pair: here of sampled items
+        few = live.live_pairs(s, JUDGE, only_sampled=True, max_pairs=5)[JUDGE]
+        assert {p.conversation_id for p in few} == {f"c{i:03d}" for i in (70, 72, 74, 76, 78)} <= sampled
+        assert live.live_pairs(s, JUDGE, max_pairs=len(every) + 100)[JUDGE] == every
+
+
+def test_calibration_reads_only_the_newest_pairs(sqlite_url: str) -> None:
+    rt = build_runtime(
+        make_settings(sqlite_url, judge_mode="live", calibration_max_pairs=3, calibration_correction_labels="all"),
+        registry=CollectorRegistry(),
+    )
+    try:
+        with rt.sessions.begin() as s:
+            for i in range(8):  # older conversations the judge got right, newer ones it got wrong
+                s.add(_verdict(f"c{i}", "pass" if i < 5 else "fail"))
+                s.add(_label(f"c{i}", "rita", "not_a_failure"))
+        with make_client(rt) as client:
+            body = client.get(f"/v1/judges/{JUDGE}/calibration", headers=REVIEWER).json()
+        q = next(v for v in body["versions"] if v["judge_version"] == "1")["review_queue"]
+        assert q["labels"] == 3
+        assert q["agreement"]["confusion"] == {"tp": 0, "fn": 0, "fp": 3, "tn": 0}
+    finally:
+        rt.close()

@@ -125,6 +125,26 @@ def test_bootstrap_intervals_cover_and_are_reproducible() -> None:
     assert stats.difference([], [1.0], stats.mean, 100).value is None
 
 
+def test_means_use_student_and_welch_intervals() -> None:
+    from scipy.stats import sem, ttest_ind
+    from scipy.stats import t as student
+
+    rng = np.random.default_rng(2)
+    base = rng.exponential(5.0, 400)
+    cand = rng.exponential(6.0, 250)
+    m = stats.estimate(base, stats.mean, 100)
+    low, high = student.interval(0.95, base.size - 1, loc=base.mean(), scale=sem(base))
+    assert (m.low, m.high) == (pytest.approx(low), pytest.approx(high))
+    d = stats.difference(cand, base, stats.mean, 100)
+    welch = ttest_ind(cand, base, equal_var=False)
+    ci = welch.confidence_interval(0.95)
+    assert d.value == pytest.approx(cand.mean() - base.mean())
+    assert (d.low, d.high) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert d.p_value == pytest.approx(welch.pvalue)
+    exact = stats.difference([2.0, 2.0], [1.0, 1.0, 1.0], stats.mean, 100)
+    assert (exact.value, exact.low, exact.high, exact.p_value) == (1.0, 1.0, 1.0, 0.0)
+
+
 def test_verdicts_and_red_flags() -> None:
     e = stats.Estimate
     assert verdict(e(0.01, 0.002, 0.02, 10), "lower_is_better") == WORSE

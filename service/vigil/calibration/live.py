@@ -6,7 +6,9 @@ Human side: reviewers' current labels (``review_labels.is_current``); ``confirme
 Raw production rates come from verdicts the judge gave on its random sample (``reason = "sampled"``),
 never from flagged or outcome-driven requests, which over-represent failures. ``offline`` keeps only the
 verdicts of the offline judge (True) or of the model (False): the two are different judges that share a
-name and version, and neither's errors say anything about the other's.
+name and version, and neither's errors say anything about the other's. ``max_pairs`` bounds the pairs to
+the conversations of the newest labels (by label id) the judge gave a verdict on, so the cost of a
+judge's calibration stops growing with the labels ever stored (``VIGIL_CALIBRATION_MAX_PAIRS``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from vigil.calibration.report import Pair
@@ -35,13 +37,38 @@ def consensus(labels: list[Any]) -> tuple[bool, str | None] | None:
     return fail, cats.most_common(1)[0][0] if cats else None
 
 
+def newest_labelled(judge: str | None, only_sampled: bool, offline: bool | None, max_pairs: int) -> Select[Any]:
+    """Conversations of the newest ``max_pairs`` current labels (by label id) that the judge has a verdict
+    on: a backward walk of the labels' primary key that stops at ``max_pairs``."""
+    V, L = VerdictRow, ReviewLabelRow
+    judged = select(V.id).where(V.conversation_id == L.conversation_id)
+    if judge is not None:
+        judged = judged.where(V.judge == judge)
+    if offline is not None:
+        judged = judged.where(V.offline.is_(offline))
+    q = select(L.conversation_id).where(L.is_current.is_(True), judged.exists())
+    if only_sampled:
+        q = q.where(
+            select(ReviewItemRow.id)
+            .where(ReviewItemRow.conversation_id == L.conversation_id, ReviewItemRow.sampled.is_(True))
+            .exists()
+        )
+    return q.order_by(L.id.desc()).limit(max_pairs)
+
+
 def live_pairs(
-    session: Session, judge: str | None = None, only_sampled: bool = False, offline: bool | None = None
+    session: Session,
+    judge: str | None = None,
+    only_sampled: bool = False,
+    offline: bool | None = None,
+    max_pairs: int | None = None,
 ) -> dict[str, list[Pair]]:
     """Judge name → human/judge pairs, one per (conversation, judge version).
 
     Reads only labelled conversations the judge gave a verdict on (a join along the conversation id), with
-    the columns it needs: the cost follows the pairs, not every label or verdict ever stored."""
+    the columns it needs: the cost follows the pairs, not every label or verdict ever stored. With
+    ``max_pairs``, only the conversations of the judge's newest ``max_pairs`` labels (see
+    :func:`newest_labelled`)."""
     V, L = VerdictRow, ReviewLabelRow
     vq = select(V.judge, V.judge_version, V.conversation_id, V.revision, V.id, V.verdict, V.categories).where(
         select(L.id).where(L.conversation_id == V.conversation_id, L.is_current.is_(True)).exists()
@@ -56,22 +83,24 @@ def live_pairs(
             .where(ReviewItemRow.conversation_id == V.conversation_id, ReviewItemRow.sampled.is_(True))
             .exists()
         )
+    judged = select(V.id).where(V.conversation_id == L.conversation_id)
+    if judge is not None:
+        judged = judged.where(V.judge == judge)
+    lq = select(L.conversation_id, L.label, L.category).where(L.is_current.is_(True), judged.exists())
+    if max_pairs is not None:
+        newest = newest_labelled(judge, only_sampled, offline, max_pairs).subquery()
+        vq = vq.where(V.conversation_id.in_(select(newest.c.conversation_id)))
+        lq = lq.where(L.conversation_id.in_(select(newest.c.conversation_id)))
+    verdict_rows = session.execute(vq)
+    label_rows = session.execute(lq.order_by(L.conversation_id, L.id))
     latest: dict[tuple[str, str, str], Any] = {}
-    for v in session.execute(vq):
+    for v in verdict_rows:
         key = (v.judge, v.judge_version, v.conversation_id)
         old = latest.get(key)
         if old is None or (v.revision, v.id) > (old.revision, old.id):
             latest[key] = v
-    judged = select(V.id).where(V.conversation_id == L.conversation_id)
-    if judge is not None:
-        judged = judged.where(V.judge == judge)
-    lq = (
-        select(L.conversation_id, L.label, L.category)
-        .where(L.is_current.is_(True), judged.exists())
-        .order_by(L.conversation_id, L.id)
-    )
     labels: dict[str, list[Any]] = defaultdict(list)
-    for r in session.execute(lq):
+    for r in label_rows:
         labels[r.conversation_id].append(r)
     humans = {cid: c for cid, labs in labels.items() if (c := consensus(labs)) is not None}
     out: dict[str, list[Pair]] = defaultdict(list)

@@ -63,6 +63,10 @@ class Calibration:
     def thresholds(self) -> Thresholds:
         return Thresholds(self.settings.calibration_min_labels, self.settings.calibration_min_kappa)
 
+    @property
+    def max_pairs(self) -> int:
+        return self.settings.calibration_max_pairs
+
     def judge_names(self, session: Session) -> list[str]:
         seen = set(self.current)
         seen.update(session.scalars(select(VerdictRow.judge).distinct()).all())
@@ -85,9 +89,9 @@ class Calibration:
         t = self.thresholds
         mode = self.mode_of(name)
         offline = mode == OFFLINE
-        queue = by_version(live.live_pairs(session, name, offline=offline).get(name, []))
+        queue = by_version(live.live_pairs(session, name, offline=offline, max_pairs=self.max_pairs).get(name, []))
         only_sampled = self.settings.calibration_correction_labels == "sampled"
-        measuring = by_version(live.live_pairs(session, name, only_sampled, offline).get(name, []))
+        measuring = by_version(live.live_pairs(session, name, only_sampled, offline, self.max_pairs).get(name, []))
         runs = self.latest_runs(session, name)
         rates: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in live.sampled_rates(session, name, offline):
@@ -174,7 +178,7 @@ class Calibration:
         """The current version's measured errors, which correct its rates (None until labels measure them)."""
         offline = self.mode_of(name) == OFFLINE
         only_sampled = self.settings.calibration_correction_labels == "sampled"
-        pairs = by_version(live.live_pairs(session, name, only_sampled, offline).get(name, []))
+        pairs = by_version(live.live_pairs(session, name, only_sampled, offline, self.max_pairs).get(name, []))
         versions = set(pairs) | set(self.latest_runs(session, name))
         current = self.current.get(name) or max(versions, key=version_key, default=None)
         if current is None:

@@ -1,22 +1,25 @@
 """Interval estimates and pass@k: the statistics behind the compare table, free of I/O.
 
 Rates use Wilson score intervals and their differences Newcombe's hybrid score interval
-(statsmodels); means and the 95th percentile use percentile bootstrap intervals (scipy) with a
-fixed seed so the same data always gives the same table. Each difference also carries a two-sided
-p-value (the score test for rates, a normal approximation with the bootstrap standard error
-otherwise) so the compare table can correct its verdicts for testing many signals at once.
+(statsmodels). Means use Student's t interval and their differences Welch's (unequal variances,
+Welch-Satterthwaite degrees of freedom): closed forms, exact for normal data and close to a
+bootstrap's at the compare sample sizes, at a fraction of its cost. The 95th percentile has no
+such form: it uses a percentile bootstrap (vectorised numpy) with a fixed seed so the same data
+always gives the same table. Each difference also carries a two-sided p-value (the score test for
+rates, Welch's t test for means, a normal approximation with the bootstrap standard error for the
+95th percentile) so the compare table can correct its verdicts for testing many signals at once.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import bootstrap, norm
+from scipy.stats import norm, t
 from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint, test_proportions_2indep
 
 ALPHA = 0.05
@@ -95,64 +98,73 @@ def mean(values: np.ndarray, axis: int = -1) -> np.ndarray:
 
 Statistic = Callable[..., np.ndarray]
 
-# scipy renamed ``random_state`` to ``rng`` in 1.15; accept either release.
-_RNG_ARG = "rng" if "rng" in inspect.signature(bootstrap).parameters else "random_state"
-
-
-def _seeded() -> dict[str, object]:
-    return {_RNG_ARG: np.random.default_rng(SEED)}
-
 
 def _as_array(values: Iterable[float]) -> np.ndarray:
     return np.asarray(list(values), dtype=float)
 
 
+def _resampled(data: np.ndarray, stat: Statistic, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """``stat`` of ``resamples`` bootstrap resamples of ``data``, drawn in one (resamples, n) array."""
+    return stat(data[rng.integers(0, data.size, size=(resamples, data.size))], axis=-1)
+
+
+def _percentiles(values: np.ndarray) -> tuple[float, float]:
+    low, high = np.percentile(values, [100 * ALPHA / 2, 100 * (1 - ALPHA / 2)])
+    return float(low), float(high)
+
+
+def _t_mean(data: np.ndarray) -> tuple[float, float]:
+    """Student's t interval of a mean (``data`` of at least two values, not all equal)."""
+    point = float(data.mean())
+    half = float(t.ppf(1 - ALPHA / 2, data.size - 1)) * float(data.std(ddof=1)) / math.sqrt(data.size)
+    return point - half, point + half
+
+
 def estimate(values: Iterable[float], stat: Statistic, resamples: int) -> Estimate:
-    """A statistic of one sample with a 95% percentile-bootstrap interval."""
+    """A statistic of one sample with a 95% interval: Student's t for a mean, else a percentile bootstrap."""
     data = _as_array(values)
     if data.size == 0:
         return Estimate(None, None, None, 0)
     point = float(stat(data))
     if data.size < 2 or np.all(data == data[0]):
         return Estimate(point, point, point, int(data.size))
-    res = bootstrap(
-        (data,),
-        stat,
-        n_resamples=resamples,
-        confidence_level=1 - ALPHA,
-        method="percentile",
-        vectorized=True,
-        **_seeded(),
-    )
-    return Estimate(point, float(res.confidence_interval.low), float(res.confidence_interval.high), int(data.size))
+    if stat is mean:
+        low, high = _t_mean(data)
+    else:
+        low, high = _percentiles(_resampled(data, stat, resamples, np.random.default_rng(SEED)))
+    return Estimate(point, low, high, int(data.size))
+
+
+def _welch(c: np.ndarray, b: np.ndarray, point: float) -> tuple[float, float, float]:
+    """Welch's interval and two-sided p-value of a difference of means."""
+    vc, vb = float(c.var(ddof=1)) / c.size, float(b.var(ddof=1)) / b.size
+    se = math.sqrt(vc + vb)
+    if se == 0:  # both samples constant: the difference is exact
+        return point, point, 1.0 if point == 0 else 0.0
+    df = (vc + vb) ** 2 / (vc**2 / (c.size - 1) + vb**2 / (b.size - 1))
+    half = float(t.ppf(1 - ALPHA / 2, df)) * se
+    return point - half, point + half, float(2 * t.sf(abs(point) / se, df))
 
 
 def difference(candidate: Iterable[float], baseline: Iterable[float], stat: Statistic, resamples: int) -> Estimate:
-    """``stat(candidate) - stat(baseline)`` with a 95% percentile-bootstrap interval (independent samples)."""
+    """``stat(candidate) - stat(baseline)`` with a 95% interval (independent samples).
+
+    Welch's interval for means; otherwise a percentile bootstrap resampling each side on its own."""
     c, b = _as_array(candidate), _as_array(baseline)
     if c.size == 0 or b.size == 0:
         return Estimate(None, None, None, 0)
     point = float(stat(c) - stat(b))
     if c.size < 2 or b.size < 2:
         return Estimate(point, None, None, int(c.size + b.size))
-
-    def diff(cs: np.ndarray, bs: np.ndarray, axis: int = -1) -> np.ndarray:
-        return stat(cs, axis=axis) - stat(bs, axis=axis)
-
-    res = bootstrap(
-        (c, b),
-        diff,
-        n_resamples=resamples,
-        confidence_level=1 - ALPHA,
-        method="percentile",
-        vectorized=True,
-        paired=False,
-        **_seeded(),
-    )
-    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if stat is mean:
+        low, high, p_value = _welch(c, b, point)
+        return Estimate(point, low, high, int(c.size + b.size), p_value=p_value)
+    rng = np.random.default_rng(SEED)
+    diffs = _resampled(c, stat, resamples, rng) - _resampled(b, stat, resamples, rng)
+    low, high = _percentiles(diffs)
     if math.isnan(low) or math.isnan(high):  # every resample equal: the difference is exact
         low = high = point
-    p_value = _normal_p_value(point, float(res.standard_error))
+    p_value = _normal_p_value(point, float(np.std(diffs, ddof=1)))
     return Estimate(point, low, high, int(c.size + b.size), p_value=p_value)
 
 
@@ -203,20 +215,27 @@ def pass_k_table(tasks: Mapping[str, tuple[int, int]], ks: Sequence[int] | None 
         return {"tasks": 0, "ks": [], "pass_at_k": {}, "pass_hat_k": {}, "per_task": []}
     if ks is None:
         ks = list(range(1, min(n for n, _ in usable.values()) + 1))
+    # tasks share few (trials, successes) pairs: each pair's figures are computed once, not once per task
+    counts = Counter(usable.values())
+    figures = {
+        (n, c): ({k: pass_at_k(n, c, k) for k in ks if k <= n}, {k: pass_hat_k(n, c, k) for k in ks if k <= n})
+        for n, c in counts
+    }
     at: dict[int, float] = {}
     hat: dict[int, float] = {}
     for k in ks:
-        eligible = [(n, c) for n, c in usable.values() if n >= k]
+        eligible = [(nc, m) for nc, m in counts.items() if nc[0] >= k]
         if eligible:
-            at[k] = sum(pass_at_k(n, c, k) for n, c in eligible) / len(eligible)
-            hat[k] = sum(pass_hat_k(n, c, k) for n, c in eligible) / len(eligible)
+            tasks_k = sum(m for _, m in eligible)
+            at[k] = sum(figures[nc][0][k] * m for nc, m in eligible) / tasks_k
+            hat[k] = sum(figures[nc][1][k] * m for nc, m in eligible) / tasks_k
     per_task = [
         {
             "task_id": t,
             "trials": n,
             "successes": c,
-            "pass_at_k": {k: pass_at_k(n, c, k) for k in ks if k <= n},
-            "pass_hat_k": {k: pass_hat_k(n, c, k) for k in ks if k <= n},
+            "pass_at_k": dict(figures[(n, c)][0]),
+            "pass_hat_k": dict(figures[(n, c)][1]),
         }
         for t, (n, c) in sorted(usable.items())
     ]
