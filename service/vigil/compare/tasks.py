@@ -22,10 +22,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from vigil.store import rollups
 from vigil.store.db import aware
 from vigil.store.models import ConversationRow, VerdictRow
 from vigil.store.reads import read_document
-from vigil.store.rollups import RollupTaskRow, day_of
 from vigil.store.signals import finished
 
 SUCCESS = "task_success"
@@ -125,17 +125,7 @@ def task_counts(
     session: Session, agent: str, version: str, since: datetime | None = None, until: datetime | None = None
 ) -> dict[str, tuple[int, int]]:
     """(trials, successes) per task of the version in the window, every task (the rollups, by day)."""
-    T = RollupTaskRow
-    q = (
-        select(T.task_id, func.sum(T.trials), func.sum(T.successes))
-        .where(T.agent_id == agent, T.agent_version == version)
-        .group_by(T.task_id)
-    )
-    if since is not None:
-        q = q.where(T.day >= day_of(since))
-    if until is not None:
-        q = q.where(T.day < aware(until))
-    return {t: (int(n), int(c or 0)) for t, n, c in session.execute(q) if n}
+    return rollups.task_counts(session, agent, version, since, until, min_trials=1)
 
 
 def latest_range(

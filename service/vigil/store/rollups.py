@@ -149,9 +149,15 @@ def version_counts(
 
 
 def task_counts(
-    session: Session, agent: str, version: str, since: datetime | None = None, until: datetime | None = None
+    session: Session,
+    agent: str,
+    version: str,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    min_trials: int = 2,
 ) -> dict[str, tuple[int, int]]:
-    """Trials and successes per task with at least two trials (pass^k needs repeats)."""
+    """Trials and successes per task of the version in the window (the rollups, by day), for tasks with
+    at least ``min_trials`` trials (the default 2: pass^k needs repeats)."""
     T = RollupTaskRow
     q = (
         select(T.task_id, func.sum(T.trials), func.sum(T.successes))
@@ -162,7 +168,7 @@ def task_counts(
         q = q.where(T.day >= day_of(since))
     if until is not None:
         q = q.where(T.day < aware(until))
-    return {t: (int(n), int(s or 0)) for t, n, s in session.execute(q) if int(n) >= 2}
+    return {t: (int(n), int(s or 0)) for t, n, s in session.execute(q) if n and int(n) >= min_trials}
 
 
 def agents_of(session: Session, version: str) -> list[str]:
