@@ -8,23 +8,10 @@ import pytest
 from sqlalchemy import update
 
 from tests.support.app import ADMIN, INGEST, REVIEWER
-from tests.support.review import review_client, review_runtime, simulated
+from tests.support.review import queue_of, review_client, review_runtime, simulated
 from vigil.store.models import ReviewItemRow, utcnow
 
 RAJ = {"Authorization": "Bearer raj-key"}
-
-
-@pytest.fixture
-def rt(db_url: str):  # type: ignore[no-untyped-def]
-    runtime = review_runtime(db_url)
-    yield runtime
-    runtime.close()
-
-
-@pytest.fixture
-def api(rt):  # type: ignore[no-untyped-def]
-    with review_client(rt) as c:
-        yield c
 
 
 def _seed(api, n: int = 40, seed: int = 7) -> list[dict]:  # type: ignore[no-untyped-def]
@@ -33,16 +20,10 @@ def _seed(api, n: int = 40, seed: int = 7) -> list[dict]:  # type: ignore[no-unt
     return convs
 
 
-def _queue(api, **params):  # type: ignore[no-untyped-def]
-    r = api.get("/v1/review/queue", params={"limit": 500, **params}, headers=REVIEWER)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def test_flagged_conversations_are_queued_by_priority_with_counts_and_filters(api) -> None:
     convs = _seed(api)
     defective = {c["conversation_id"] for c in convs if c["metadata"]["simulated_defect"]}
-    data = _queue(api)
+    data = queue_of(api)
     ids = {it["conversation_id"] for it in data["items"]}
     flagged_by_rules = {
         it["conversation_id"] for it in data["items"] if any(r["kind"] == "finding" for r in it["reasons"])
@@ -53,16 +34,16 @@ def test_flagged_conversations_are_queued_by_priority_with_counts_and_filters(ap
     assert prios == sorted(prios, reverse=True)
     assert data["reasons"]["finding"] == len(flagged_by_rules)
 
-    v2 = _queue(api, version="v2")
+    v2 = queue_of(api, version="v2")
     assert v2["items"] and all(it["agent_version"] == "v2" for it in v2["items"])
-    assert v2["counts"]["available"] + _queue(api, version="v1")["counts"]["available"] == len(ids)
-    pii = _queue(api, rule="pii-in-reply")["items"]
+    assert v2["counts"]["available"] + queue_of(api, version="v1")["counts"]["available"] == len(ids)
+    pii = queue_of(api, rule="pii-in-reply")["items"]
     assert pii and all(any(r["key"] == "pii-in-reply" for r in it["reasons"]) for it in pii)
-    assert _queue(api, reason="outcome")["items"] == []
-    assert _queue(api, agent="nobody")["counts"]["all"] == 0
+    assert queue_of(api, reason="outcome")["items"] == []
+    assert queue_of(api, agent="nobody")["counts"]["all"] == 0
     # storing the same traffic again changes nothing
     _seed(api)
-    assert _queue(api)["counts"] == data["counts"]
+    assert queue_of(api)["counts"] == data["counts"]
 
 
 def test_claim_extend_release_skip(api, rt) -> None:
@@ -72,7 +53,7 @@ def test_claim_extend_release_skip(api, rt) -> None:
     first = r1.json()
     cid = first["conversation_id"]
     assert first["item"]["claimed_by"] == "rita" and first["item"]["state"] == "claimed"
-    top = _queue(api, status="all")["items"][0]
+    top = queue_of(api, status="all")["items"][0]
     assert top["conversation_id"] == cid  # the highest priority went first
 
     r2 = api.post("/v1/review/claim", headers=RAJ).json()
@@ -82,7 +63,7 @@ def test_claim_extend_release_skip(api, rt) -> None:
     assert api.post(f"/v1/review/items/{cid}/release", headers=RAJ).status_code == 409
     ext = api.post(f"/v1/review/items/{cid}/extend", headers=REVIEWER)
     assert ext.status_code == 200 and ext.json()["lease_until"] >= first["lease_until"]
-    assert _queue(api, status="claimed")["counts"]["claimed"] == 2
+    assert queue_of(api, status="claimed")["counts"]["claimed"] == 2
 
     # claiming next gives back the claim you held
     r3 = api.post("/v1/review/claim", headers=REVIEWER).json()
@@ -152,8 +133,8 @@ def test_labels_are_versioned_validated_and_release_the_claim(api) -> None:
     assert v1.json()["version"] == 1 and v1.json()["reviewer"] == "rita" and v1.json()["is_current"]
     item = api.get(f"/v1/review/items/{cid}", headers=REVIEWER).json()
     assert item["state"] == "done" and item["claimed_by"] is None and item["review_count"] == 1
-    assert cid not in {it["conversation_id"] for it in _queue(api)["items"]}
-    assert cid in {it["conversation_id"] for it in _queue(api, status="done")["items"]}
+    assert cid not in {it["conversation_id"] for it in queue_of(api)["items"]}
+    assert cid in {it["conversation_id"] for it in queue_of(api, status="done")["items"]}
 
     # a done item cannot be claimed: it would show as held in progress with nothing left to do
     for who in (REVIEWER, RAJ):
@@ -178,7 +159,7 @@ def test_labels_are_versioned_validated_and_release_the_claim(api) -> None:
 
 def test_labelling_an_unqueued_conversation_enqueues_it(api) -> None:
     convs = _seed(api, 30)
-    queued = {it["conversation_id"] for it in _queue(api, status="all")["items"]}
+    queued = {it["conversation_id"] for it in queue_of(api, status="all")["items"]}
     clean = next(c["conversation_id"] for c in convs if c["conversation_id"] not in queued)
     r = api.post(f"/v1/review/items/{clean}/labels", json={"label": "not_a_failure"}, headers=RAJ)
     assert r.status_code == 201
@@ -388,5 +369,5 @@ def test_metrics(api) -> None:
     text = api.get("/metrics").text
     assert 'vigil_review_enqueued_total{reason="finding"}' in text
     assert 'vigil_review_claims_total{result="claimed"} 1.0' in text
-    open_items = _queue(api)["counts"]["open"]
+    open_items = queue_of(api)["counts"]["open"]
     assert f"vigil_review_queue_open_items {float(open_items)}" in text

@@ -16,13 +16,6 @@ from vigil.review.stage import ReviewStage
 from vigil.store.models import OutcomeRow, ReviewItemRow, VerdictRow
 
 
-@pytest.fixture
-def rt(db_url: str):  # type: ignore[no-untyped-def]
-    runtime = review_runtime(db_url)
-    yield runtime
-    runtime.close()
-
-
 def _item(rt, cid: str) -> ReviewItemRow | None:  # type: ignore[no-untyped-def]
     with rt.sessions() as s:
         return s.scalar(select(ReviewItemRow).where(ReviewItemRow.conversation_id == cid))

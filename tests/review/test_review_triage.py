@@ -2,23 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tests.support.app import INGEST, REVIEWER
-from tests.support.review import review_client, review_runtime, simulated
-
-
-@pytest.fixture
-def rt(db_url: str):  # type: ignore[no-untyped-def]
-    runtime = review_runtime(db_url)
-    yield runtime
-    runtime.close()
-
-
-@pytest.fixture
-def api(rt):  # type: ignore[no-untyped-def]
-    with review_client(rt) as c:
-        yield c
+from tests.support.review import queue_of, review_runtime, simulated
 
 
 def _seed(api, n: int = 40, seed: int = 7) -> list[dict]:  # type: ignore[no-untyped-def]
@@ -27,30 +12,24 @@ def _seed(api, n: int = 40, seed: int = 7) -> list[dict]:  # type: ignore[no-unt
     return convs
 
 
-def _queue(api, **params):  # type: ignore[no-untyped-def]
-    r = api.get("/v1/review/queue", params={"limit": 500, **params}, headers=REVIEWER)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def _ids(data: dict) -> list[str]:
     return [it["conversation_id"] for it in data["items"]]
 
 
 def test_filters_match_regardless_of_case(api) -> None:
     _seed(api)
-    everything = _queue(api)
+    everything = queue_of(api)
     assert everything["total"] > 3
-    assert _ids(_queue(api, agent="Support-Bot")) == _ids(everything)
-    v15 = _queue(api, version="V1.5.0")
+    assert _ids(queue_of(api, agent="Support-Bot")) == _ids(everything)
+    v15 = queue_of(api, version="V1.5.0")
     assert v15["items"] and all(it["agent_version"] == "v1.5.0" for it in v15["items"])
     rule = next(r["key"] for it in everything["items"] for r in it["reasons"] if r["kind"] == "finding")
-    by_rule = _queue(api, rule=rule.upper())
-    assert by_rule["items"] and _ids(by_rule) == _ids(_queue(api, rule=rule))
+    by_rule = queue_of(api, rule=rule.upper())
+    assert by_rule["items"] and _ids(by_rule) == _ids(queue_of(api, rule=rule))
     sev = next(it["max_severity"] for it in everything["items"] if it["max_severity"])
-    by_sev = _queue(api, severity=sev.upper())
+    by_sev = queue_of(api, severity=sev.upper())
     assert by_sev["items"] and {it["max_severity"] for it in by_sev["items"]} == {sev}
-    assert _queue(api, agent="nobody")["items"] == []
+    assert queue_of(api, agent="nobody")["items"] == []
 
 
 def test_filter_menus_list_known_values(api) -> None:
@@ -67,38 +46,38 @@ def test_filter_menus_list_known_values(api) -> None:
 
 def test_search_by_id_task_user_and_text(api) -> None:
     convs = _seed(api)
-    items = _queue(api)["items"]
+    items = queue_of(api)["items"]
     by_id = {c["conversation_id"]: c for c in convs}
     target = by_id[items[0]["conversation_id"]]
     cid = target["conversation_id"]
-    assert cid in _ids(_queue(api, q=cid[-6:].upper()))
+    assert cid in _ids(queue_of(api, q=cid[-6:].upper()))
     if target.get("task_id"):
-        assert cid in _ids(_queue(api, q=target["task_id"]))
+        assert cid in _ids(queue_of(api, q=target["task_id"]))
     user_text = next(m["content"] for m in target["messages"] if m["role"] == "user")
     words = " ".join(user_text.split()[:3])
-    found = _queue(api, q=words.upper())
+    found = queue_of(api, q=words.upper())
     assert cid in _ids(found)
     assert all(
         words.lower() in str(by_id[i]).lower() or words.lower() in i.lower() for i in _ids(found)
     )  # every hit holds the words
-    assert _queue(api, q="no such text anywhere 1f0e")["items"] == []
+    assert queue_of(api, q="no such text anywhere 1f0e")["items"] == []
     # LIKE wildcards are searched for literally
-    assert _queue(api, q="%")["items"] == [] or all("%" in str(by_id[i]) for i in _ids(_queue(api, q="%")))
-    assert _queue(api, q="_")["items"] == [] or all("_" in str(by_id[i]) for i in _ids(_queue(api, q="_")))
+    assert queue_of(api, q="%")["items"] == [] or all("%" in str(by_id[i]) for i in _ids(queue_of(api, q="%")))
+    assert queue_of(api, q="_")["items"] == [] or all("_" in str(by_id[i]) for i in _ids(queue_of(api, q="_")))
 
 
 def test_sort_by_columns_and_snippets_and_times(api) -> None:
     convs = _seed(api)
     by_id = {c["conversation_id"]: c for c in convs}
-    data = _queue(api, sort="received", order="asc")
+    data = queue_of(api, sort="received", order="asc")
     assert data["sort"] == "received" and data["descending"] is False
     received = [it["received_at"] for it in data["items"]]
     assert received == sorted(received) and all(received)
-    newest_first = _queue(api, sort="flagged")
+    newest_first = queue_of(api, sort="flagged")
     assert newest_first["descending"] is True
     flagged = [it["flagged_at"] for it in newest_first["items"]]
     assert flagged == sorted(flagged, reverse=True)
-    msgs = [it["message_count"] for it in _queue(api, sort="messages", order="desc")["items"]]
+    msgs = [it["message_count"] for it in queue_of(api, sort="messages", order="desc")["items"]]
     assert msgs == sorted(msgs, reverse=True)
     for it in data["items"]:
         first_user = next(m["content"] for m in by_id[it["conversation_id"]]["messages"] if m["role"] == "user")
@@ -109,7 +88,7 @@ def test_sort_by_columns_and_snippets_and_times(api) -> None:
 
 def test_claim_next_takes_search_and_case_insensitive_filters(api) -> None:
     _seed(api)
-    target = _queue(api, version="v1.5.0")["items"][-1]["conversation_id"]
+    target = queue_of(api, version="v1.5.0")["items"][-1]["conversation_id"]
     r = api.post("/v1/review/claim", json={"q": target, "agent": "SUPPORT-BOT"}, headers=REVIEWER)
     assert r.status_code == 200, r.text
     assert r.json()["conversation_id"] == target
@@ -245,7 +224,7 @@ RAJ = {"Authorization": "Bearer raj-key"}
 
 def test_bulk_skip_and_assign(api) -> None:
     _seed(api)
-    ids = _ids(_queue(api))[:6]
+    ids = _ids(queue_of(api))[:6]
     assert len(ids) == 6
     # raj holds the first: rita's bulk skip leaves it and skips the rest
     assert api.post(f"/v1/review/items/{ids[0]}/claim", headers=RAJ).status_code == 200
@@ -267,7 +246,7 @@ def test_bulk_skip_and_assign(api) -> None:
         "/v1/review/bulk", json={"action": "assign", "conversation_ids": ids[3:], "assignee": "raj"}, headers=REVIEWER
     )
     assert r.status_code == 200 and r.json()["done"] == ids[3:]
-    assert {it["assignee"] for it in _queue(api)["items"] if it["conversation_id"] in ids[3:]} == {"raj"}
+    assert {it["assignee"] for it in queue_of(api)["items"] if it["conversation_id"] in ids[3:]} == {"raj"}
     api.post(f"/v1/review/items/{ids[0]}/release", headers=RAJ)
     got = set()
     for _ in range(3):
@@ -286,7 +265,7 @@ def test_bulk_skip_and_assign(api) -> None:
     assert api.get("/v1/review/reviewers", headers=REVIEWER).json() == ["admin", "raj", "rita"]
     r = api.post("/v1/review/bulk", json={"action": "unassign", "conversation_ids": ids[3:]}, headers=REVIEWER)
     assert r.json()["done"] == ids[3:]
-    assert all(it["assignee"] is None for it in _queue(api, status="all")["items"])
+    assert all(it["assignee"] is None for it in queue_of(api, status="all")["items"])
 
 
 def test_comments_on_conversations_and_messages(api) -> None:

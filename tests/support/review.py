@@ -6,7 +6,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from tests.support.app import make_settings
+from tests.support.app import REVIEWER, make_settings
 from vigil.app.runtime import build_runtime
 from vigil.ingest.simulate import Simulator, parse_versions
 from vigil.runtime import Runtime
@@ -85,3 +85,10 @@ def xss_conversation(cid: str = "xss-<script>alert(1)</script>") -> dict[str, An
         ],
         "metadata": {"note": evil},
     }
+
+
+def queue_of(api, **params):  # type: ignore[no-untyped-def]
+    """GET /v1/review/queue with ``params`` (up to 500 items), asserting it answered 200."""
+    r = api.get("/v1/review/queue", params={"limit": 500, **params}, headers=REVIEWER)
+    assert r.status_code == 200, r.text
+    return r.json()
