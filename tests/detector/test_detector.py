@@ -13,6 +13,7 @@ from sqlalchemy import func, select, update
 
 from tests.support.app import INGEST, REVIEWER, make_client, make_settings
 from tests.support.cli import cli_runner
+from tests.support.traffic import clean, mixed
 from vigil.app.runtime import build_runtime
 from vigil.app.wiring import wire
 from vigil.detector.counts import range_counts
@@ -25,26 +26,6 @@ from vigil.settings import PROJECT_ROOT
 from vigil.store.models import ConversationRow, VerdictRow
 
 FAST = {"detector_min_baseline": 200, "detector_settle_seconds": 0.0, "detector_outcome_settle_hours": 1.0}
-
-
-def clean(n: int, version: str, seed: int) -> list[dict]:
-    return list(Simulator(parse_versions(f"{version}:0.0"), seed).stream(n))
-
-
-def mixed(n: int, version: str, defect: str, share: float, seed: int) -> list[dict]:
-    """``n`` conversations of which about ``share`` carry ``defect`` and the rest none."""
-    rng = random.Random(seed)
-    bad = Simulator(parse_versions(f"{version}:1.0"), seed + 1)
-    good = Simulator(parse_versions(f"{version}:0.0"), seed + 2)
-    out = []
-    for _ in range(n):
-        if rng.random() < share:
-            while (c := next(bad.stream(1)))["metadata"]["simulated_defect"] != defect:
-                pass
-            out.append(c)
-        else:
-            out.append(next(good.stream(1)))
-    return out
 
 
 def store(rt, convs: list[dict]) -> None:  # type: ignore[no-untyped-def]

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import select, update
 
 from tests.support.app import make_settings
+from tests.support.traffic import mixed
 from vigil.app.runtime import build_runtime
 from vigil.app.wiring import wire
 from vigil.detector.models import DetectionRow
@@ -79,18 +80,7 @@ def seed_week(
 
 def regressed(n: int, defect: str, share: float, seed: int) -> list[dict[str, Any]]:
     """``n`` conversations of the candidate version of which about ``share`` carry ``defect``."""
-    rng = random.Random(seed)
-    bad = Simulator(parse_versions(f"{CANDIDATE}:1.0", AGENT), seed + 1)
-    good = Simulator(parse_versions(f"{CANDIDATE}:0.0", AGENT), seed + 2)
-    out = []
-    for _ in range(n):
-        if rng.random() < share:
-            while (c := next(bad.stream(1)))["metadata"]["simulated_defect"] != defect:
-                pass
-            out.append(c)
-        else:
-            out.append(next(good.stream(1)))
-    return out
+    return mixed(n, CANDIDATE, defect, share, seed, agent=AGENT)
 
 
 def raise_alert(rt: Runtime, defect: str = "cancel_delivered", batches: int = 12) -> list[DetectionRow]:

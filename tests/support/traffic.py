@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import random
+
 from vigil.ingest.simulate import Simulator, parse_versions
 
 
 def clean(n: int, version: str, seed: int) -> list[dict]:
     return list(Simulator(parse_versions(f"{version}:0.0"), seed).stream(n))
+
+
+def mixed(n: int, version: str, defect: str, share: float, seed: int, agent: str = "support-bot") -> list[dict]:
+    """``n`` conversations of which about ``share`` carry ``defect`` and the rest none."""
+    rng = random.Random(seed)
+    bad = Simulator(parse_versions(f"{version}:1.0", agent), seed + 1)
+    good = Simulator(parse_versions(f"{version}:0.0", agent), seed + 2)
+    out = []
+    for _ in range(n):
+        if rng.random() < share:
+            while (c := next(bad.stream(1)))["metadata"]["simulated_defect"] != defect:
+                pass
+            out.append(c)
+        else:
+            out.append(next(good.stream(1)))
+    return out
 
 
 def with_defect(n: int, version: str, defect: str, seed: int) -> list[dict]:
