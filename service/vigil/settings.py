@@ -203,6 +203,12 @@ class Settings(BaseSettings):
         ge=10,
         description="How long a claimed review item stays with its reviewer unless extended.",
     )
+    review_assignment_hours: float = Field(
+        default=72.0,
+        ge=0,
+        description="How long an item assigned to a reviewer is kept for them: after this many hours without "
+        "their label, claim-next offers it to everyone again (0 = assignments never lapse).",
+    )
     review_session_secret: SecretStr = Field(
         default=SecretStr(""),
         description="Key that signs reviewer UI session cookies; empty = random per process "

@@ -119,6 +119,29 @@ def test_an_expired_lease_goes_back_to_the_queue(sqlite_url) -> None:
     rt.close()
 
 
+def test_an_assignment_lapses_and_the_item_goes_back_to_everyone(db_url) -> None:
+    from vigil.review import triage
+
+    rt = _flagged_runtime(db_url, 2)
+    t0 = utcnow()
+    with rt.sessions.begin() as s:
+        ids = list(s.scalars(select(ReviewItemRow.conversation_id).order_by(ReviewItemRow.id)))
+        assert triage.bulk(s, "assign", ids, "lead", assignee="raj", now=t0)["done"] == ids
+        # within the assignment's life nobody else is offered raj's items, with or without a lapse set
+        assert queue.claim_next(s, "rita", 60, now=t0 + timedelta(hours=71), assignment_hours=72) is None
+        assert queue.claim_next(s, "rita", 60, now=t0 + timedelta(hours=500)) is None  # 0: never lapses
+        # raj takes one (and holds it: a long lease); the other's assignment lapses after 72 hours: rita gets it
+        mine = queue.claim_next(s, "raj", 10**7, now=t0 + timedelta(hours=1), assignment_hours=72)
+        assert mine in ids
+        other = queue.claim_next(s, "rita", 60, now=t0 + timedelta(hours=73), assignment_hours=72)
+        assert other in ids and other != mine
+        # unassigning clears when it was assigned; a fresh assignment starts a fresh clock
+        triage.bulk(s, "unassign", [other], "lead", now=t0 + timedelta(hours=74))
+        item = s.scalar(select(ReviewItemRow).where(ReviewItemRow.conversation_id == other))
+        assert item is not None and item.assignee is None and item.assigned_at is None
+    rt.close()
+
+
 def test_concurrent_signals_for_one_conversation_add_up(db_url) -> None:
     from vigil.review.flagger import enqueue
     from vigil.review.policy import Reason

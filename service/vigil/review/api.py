@@ -163,7 +163,9 @@ def claim_next(request: Request, body: ClaimFilters | None = None, p: Principal 
     f = queue.QueueFilter(b.agent, b.version, b.rule, b.verdict, b.outcome, b.reason, b.severity, b.q)
 
     def go(s: Session, st: ReviewStage) -> Any:
-        cid = queue.claim_next(s, p.name, st.lease_seconds, f, release_others=b.release_others)
+        cid = queue.claim_next(
+            s, p.name, st.lease_seconds, f, release_others=b.release_others, assignment_hours=st.assignment_hours
+        )
         st.metrics.review_claims.labels("claimed" if cid else "empty").inc()
         if cid is None:
             return None

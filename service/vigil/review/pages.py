@@ -136,7 +136,7 @@ async def claim_next(request: Request) -> Response:
     f = queue.QueueFilter(**{k: str(form.get(k) or "") or None for k in FILTERS})
     st = _stage(request)
     with st.sessions.begin() as s:
-        cid = queue.claim_next(s, p.name, st.lease_seconds, f)
+        cid = queue.claim_next(s, p.name, st.lease_seconds, f, assignment_hours=st.assignment_hours)
     st.metrics.review_claims.labels("claimed" if cid else "empty").inc()
     if cid is None:
         return go("/ui/queue?" + urlencode({**{k: v for k in FILTERS if (v := form.get(k))}, "notice": "empty"}))
@@ -270,7 +270,11 @@ async def skip(request: Request, conversation_id: str) -> Response:
     try:
         with st.sessions.begin() as s:
             queue.skip(s, conversation_id, p.name)
-            nxt = queue.claim_next(s, p.name, st.lease_seconds) if form.get("next") else None
+            nxt = (
+                queue.claim_next(s, p.name, st.lease_seconds, assignment_hours=st.assignment_hours)
+                if form.get("next")
+                else None
+            )
     except Conflict:
         return go(_review_url(conversation_id, "conflict"))
     except NotFound as exc:
@@ -308,7 +312,11 @@ async def label(request: Request, conversation_id: str) -> Response:
     try:
         with st.sessions.begin() as s:
             queue.label(s, conversation_id, p.name, data, st.policy, metrics=st.metrics)
-            nxt = queue.claim_next(s, p.name, st.lease_seconds) if form.get("next") else None
+            nxt = (
+                queue.claim_next(s, p.name, st.lease_seconds, assignment_hours=st.assignment_hours)
+                if form.get("next")
+                else None
+            )
     except (Invalid, Conflict, IntegrityError) as exc:
         # the page again, with what the reviewer typed, so fixing the label loses nothing
         why = "A concurrent change won; please try again." if isinstance(exc, IntegrityError) else str(exc)

@@ -135,11 +135,14 @@ def claim_next(
     filters: QueueFilter | None = None,
     now: datetime | None = None,
     release_others: bool = True,
+    assignment_hours: float = 0.0,
 ) -> str | None:
     """Claim the highest-priority claimable item; returns its conversation id, or None if none is left.
 
     With ``release_others`` the reviewer's other unlabelled claims go back to the queue first
-    (a reviewer works one item at a time) and are not handed straight back to them.
+    (a reviewer works one item at a time) and are not handed straight back to them. Items assigned to
+    the reviewer come first; another reviewer's assigned items are theirs until the assignment is
+    ``assignment_hours`` old (0: for good), then anyone's.
     """
     now = now or utcnow()
     held: list[str] = []
@@ -152,7 +155,10 @@ def claim_next(
         conditions.append(ReviewItemRow.conversation_id.not_in(held))
     cid = None
     # items assigned to this reviewer first; then unassigned ones (others' assigned items are theirs)
-    for mine in (ReviewItemRow.assignee == reviewer, ReviewItemRow.assignee.is_(None)):
+    free: ColumnElement[bool] = ReviewItemRow.assignee.is_(None)
+    if assignment_hours > 0:
+        free = or_(free, ReviewItemRow.assigned_at < now - timedelta(hours=assignment_hours))
+    for mine in (ReviewItemRow.assignee == reviewer, free):
         pick = (
             select(ReviewItemRow.id)
             .where(*conditions, mine)

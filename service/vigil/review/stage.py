@@ -31,6 +31,7 @@ class ReviewStage:
     metrics: Metrics
     lease_seconds: int
     rule_descriptions: dict[str, str] = field(default_factory=dict)
+    assignment_hours: float = 0.0  # 0: an assignment never lapses
     _gauge: tuple[float, float] = (0.0, 0.0)
 
     @classmethod
@@ -46,6 +47,7 @@ class ReviewStage:
             rt.metrics,
             rt.settings.review_lease_seconds,
             descriptions,
+            assignment_hours=rt.settings.review_assignment_hours,
         )
 
     def open_items(self) -> float:

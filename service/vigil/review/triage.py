@@ -62,7 +62,7 @@ def bulk(
             session.execute(
                 update(ReviewItemRow)
                 .where(ReviewItemRow.conversation_id == cid)
-                .values(assignee=who, updated_at=now)
+                .values(assignee=who, assigned_at=now if who else None, updated_at=now)
                 .execution_options(synchronize_session=False)
             )
             queue.audit(session, actor, action, cid, **({"assignee": who} if who else {}))

@@ -218,6 +218,7 @@ class ReviewItemRow(Base):
     lease_until: Mapped[datetime | None]
     # a reviewer this item is set aside for: claim-next offers it to them first and to nobody else
     assignee: Mapped[str | None] = mapped_column(String(128), index=True, default=None)
+    assigned_at: Mapped[datetime | None] = mapped_column(default=None)  # when ``assignee`` was set
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
