@@ -1,17 +1,21 @@
 """Built-in rule types for written business policies: limits per entity, one customer per conversation,
-arguments that must come from what a lookup showed, and an issue still unresolved when the talk ended.
+arguments that must come from what a lookup showed, an issue still unresolved when the talk ended, and a
+request the user made that no action carried out.
 
-Literal markers, never regular expressions: each check is a substring test, linear in the text.
+Markers are literal substrings; the one pattern-based check (a user's request) runs on RE2, linear in the text.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from vigil.rules.builtin_tools import valid_pattern
+from vigil.rules.patterns import pattern
 from vigil.rules.registry import Evidence, Hit, RuleArgs, rule_type
 from vigil.rules.view import CallSite, ConversationView
 
@@ -207,3 +211,91 @@ def write_refused(view: ConversationView, args: WriteRefusedArgs) -> Iterator[Hi
                 [Evidence(site.message_index), Evidence(result.message_index)],
                 {"tool": site.name},
             )
+
+
+class RequestKind(RuleArgs):
+    name: str = Field(min_length=1, description="What the user asks for, for the message (e.g. 'cancel an order').")
+    pattern: str = Field(description="RE2 pattern (case-insensitive) of a user sentence asking for it.")
+    tools: list[str] = Field(min_length=1, description="A successful call of one of these carries the request out.")
+
+    _linear = field_validator("pattern")(lambda cls, v: valid_pattern(v))
+
+
+_WITHDRAW = (
+    r"\b(?:changed? my mind|never ?mind|forget (?:it|about it|that)|no longer want"
+    r"|(?:don['’]?t|do not) want to \w+ (?:anything|it|that) (?:anymore|after all|right now))\b"
+)
+
+
+class RequestLeftUndoneArgs(RuleArgs):
+    requests: list[RequestKind] = Field(
+        min_length=1,
+        description="Kinds of request, most specific first: a user sentence asks for the first kind whose "
+        "pattern has a match ending in it.",
+    )
+    withdraw_pattern: str | None = Field(
+        default=_WITHDRAW, description="A user turn matching this withdraws every request still open; null: never."
+    )
+    closed_by: list[str] = Field(
+        default_factory=list,
+        description="A successful call of one of these closes every open request (a hand-off to a human).",
+    )
+    sentence_end: str = Field(default=r"[.?!\n]+", description="RE2 pattern of what ends a sentence.")
+    error_prefixes: list[str] = Field(
+        default_factory=lambda: ["error", '"error', '{"error'],
+        description="A result starting with one of these (case-insensitive) did not go through.",
+    )
+
+    _linear = field_validator("withdraw_pattern", "sentence_end")(lambda cls, v: valid_pattern(v))
+
+
+def _asked(text: str, kinds: list[RequestKind], sentence_end: str) -> dict[str, tuple[int, int]]:
+    """Each kind asked for in ``text``: the span of its first match; a sentence asks for one kind at most."""
+    ends = [end for _, end in pattern(sentence_end).spans(text)]
+    taken: set[int] = set()
+    asked: dict[str, tuple[int, int]] = {}
+    for kind in kinds:  # most specific first: a sentence already taken is not asked again
+        for start, end in pattern(kind.pattern).spans(text):
+            sentence = bisect_right(ends, max(start, end - 1))
+            if sentence in taken:
+                continue
+            taken.add(sentence)
+            asked.setdefault(kind.name, (start, end))
+    return asked
+
+
+@rule_type("request_left_undone", RequestLeftUndoneArgs)
+def request_left_undone(view: ConversationView, args: RequestLeftUndoneArgs) -> Iterator[Hit]:
+    """The user asked for an action (a user sentence matching a request's pattern) and no successful call of
+    its tools followed before the end, unless the user withdrew it or a ``closed_by`` call handed it off."""
+    kinds = {k.name: k for k in args.requests}
+    open_: dict[str, tuple[int, int, int]] = {}  # kind -> (message index, start, end)
+    prefixes = tuple(p.lower() for p in args.error_prefixes)
+    done_at: dict[int, list[str]] = defaultdict(list)  # message index -> tools whose call went through there
+    for site in view.tool_calls:
+        result = view.result_for(site)
+        if result is None:
+            done_at[site.message_index].append(site.name)  # no result recorded: taken as done
+        elif not result.is_error and not result.message.text[:200].lstrip().lower().startswith(prefixes):
+            done_at[result.message_index].append(site.name)
+    withdraw = pattern(args.withdraw_pattern) if args.withdraw_pattern else None
+    for i, m in enumerate(view.messages):
+        if m.role == "user":
+            text = view.texts[i]
+            if withdraw is not None and withdraw.search(text) is not None:
+                open_.clear()
+            for name, (start, end) in _asked(text, args.requests, args.sentence_end).items():
+                open_.setdefault(name, (i, start, end))
+        for tool in done_at.get(i, ()):
+            if tool in args.closed_by:
+                open_.clear()
+            for name in [k for k in open_ if tool in kinds[k].tools]:
+                del open_[name]
+    for name, (i, start, end) in open_.items():
+        text = view.texts[i]
+        yield Hit(
+            f"the user asked to {name} ({text[start:end][-80:]!r}) and no {'/'.join(kinds[name].tools)} "
+            "call went through afterwards",
+            [Evidence(i, start, end, text[start:end][:200])],
+            {"request": name, "tools": kinds[name].tools},
+        )
