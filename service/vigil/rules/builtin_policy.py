@@ -7,9 +7,11 @@ Markers are literal substrings; the one pattern-based check (a user's request) r
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -98,22 +100,35 @@ def _values_of(obj: Any, name: str) -> Iterator[str]:
 
 class ArgFromLookupArgs(RuleArgs):
     tools: list[str] = Field(min_length=1, description="The calls whose argument is checked.")
-    arg: str = Field(description="The argument that must be one the lookup showed.")
+    arg: str = Field(description="The argument that must be one the lookup showed (each element of a list).")
     lookup: list[str] = Field(min_length=1, description="Tools whose results list the allowed values.")
-    join_on: str = Field(description="The argument both the call and the lookup name (e.g. order_id).")
+    join_on: str | None = Field(
+        default=None,
+        description="The argument both the call and the lookup name (e.g. order_id); none: every lookup of the "
+        "conversation counts (one customer per conversation).",
+    )
     field: str | None = Field(default=None, description="The result field holding allowed values; default: `arg`.")
     also_allowed_prefixes: list[str] = Field(
         default_factory=list, description="Values starting with one of these are allowed too (e.g. gift_card_)."
     )
 
 
+def _arg_values(site: CallSite, arg: str) -> list[str]:
+    value = site.args.get(arg)
+    if isinstance(value, list):
+        return [str(v) for v in value if v is not None and not isinstance(v, dict | list)]
+    return [] if value is None or isinstance(value, dict) else [str(value)]
+
+
 @rule_type("arg_from_lookup", ArgFromLookupArgs)
 def arg_from_lookup(view: ConversationView, args: ArgFromLookupArgs) -> Iterator[Hit]:
-    """The call's ``arg`` is a value the lookup of the same entity showed ("refund to the original payment")."""
+    """The call's ``arg`` is a value the lookup of the same entity showed ("refund to the original payment"); a
+    list argument (item ids) must hold only such values."""
     field = args.field or args.arg
     shown: dict[str, set[str]] = defaultdict(set)
+    prefixes = tuple(args.also_allowed_prefixes)
     for site in view.tool_calls:
-        key = _key(site, args.join_on)
+        key = _key(site, args.join_on) if args.join_on else ""
         if site.name in args.lookup and key is not None:
             result = view.result_for(site)
             if result is not None and not result.is_error:
@@ -121,13 +136,15 @@ def arg_from_lookup(view: ConversationView, args: ArgFromLookupArgs) -> Iterator
             continue
         if site.name not in args.tools or key is None or key not in shown:
             continue  # nothing was looked up: other rules say the lookup is missing
-        value = _key(site, args.arg)
-        if value is None or value in shown[key] or value.startswith(tuple(args.also_allowed_prefixes)):
+        bad = [v for v in _arg_values(site, args.arg) if v not in shown[key] and not v.startswith(prefixes)]
+        if not bad:
             continue
+        where = f" for {args.join_on}={key}" if args.join_on else ""
         yield Hit(
-            f"{site.name} with {args.arg}={value}, not among {sorted(shown[key])} shown for {args.join_on}={key}",
+            f"{site.name} with {args.arg}={', '.join(bad)}, not among {sorted(shown[key])[:20]} shown{where}",
             [Evidence(site.message_index)],
-            {args.arg: value, args.join_on: key},
+            {args.arg: bad if isinstance(site.args.get(args.arg), list) else bad[0]}
+            | ({args.join_on: key} if args.join_on else {}),
         )
 
 
@@ -240,22 +257,29 @@ class RequestLeftUndoneArgs(RuleArgs):
         default_factory=list,
         description="A successful call of one of these closes every open request (a hand-off to a human).",
     )
-    sentence_end: str = Field(default=r"[.?!\n]+", description="RE2 pattern of what ends a sentence.")
+    sentence_ends: str = Field(default=".?!\n", min_length=1, description="Characters that end a sentence.")
     error_prefixes: list[str] = Field(
         default_factory=lambda: ["error", '"error', '{"error'],
         description="A result starting with one of these (case-insensitive) did not go through.",
     )
 
-    _linear = field_validator("withdraw_pattern", "sentence_end")(lambda cls, v: valid_pattern(v))
+    _linear = field_validator("withdraw_pattern")(lambda cls, v: valid_pattern(v))
 
 
-def _asked(text: str, kinds: list[RequestKind], sentence_end: str) -> dict[str, tuple[int, int]]:
+@lru_cache(maxsize=16)
+def _sentence_end(chars: str) -> re.Pattern[str]:
+    return re.compile(f"[{re.escape(chars)}]+")  # one character class: linear, no backtracking
+
+
+def _asked(text: str, kinds: list[RequestKind], sentence_ends: str) -> dict[str, tuple[int, int]]:
     """Each kind asked for in ``text``: the span of its first match; a sentence asks for one kind at most."""
-    ends = [end for _, end in pattern(sentence_end).spans(text)]
+    ends: list[int] | None = None
     taken: set[int] = set()
     asked: dict[str, tuple[int, int]] = {}
     for kind in kinds:  # most specific first: a sentence already taken is not asked again
         for start, end in pattern(kind.pattern).spans(text):
+            if ends is None:  # only texts with a request pay for finding their sentences
+                ends = [m.end() for m in _sentence_end(sentence_ends).finditer(text)]
             sentence = bisect_right(ends, max(start, end - 1))
             if sentence in taken:
                 continue
@@ -284,7 +308,7 @@ def request_left_undone(view: ConversationView, args: RequestLeftUndoneArgs) -> 
             text = view.texts[i]
             if withdraw is not None and withdraw.search(text) is not None:
                 open_.clear()
-            for name, (start, end) in _asked(text, args.requests, args.sentence_end).items():
+            for name, (start, end) in _asked(text, args.requests, args.sentence_ends).items():
                 open_.setdefault(name, (i, start, end))
         for tool in done_at.get(i, ()):
             if tool in args.closed_by:
