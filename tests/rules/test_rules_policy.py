@@ -1,5 +1,6 @@
 """The policy rule types (per-entity limits, one customer, values from a lookup, say-before, refused
-writes, unresolved at the end, requests left undone) on small conversations and on the real τ² runs."""
+writes, unresolved at the end, requests left undone, allowances charged) on small conversations and on
+the real τ² runs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from tests.support.services import shared_data
 from vigil.ingest.importers import load_file
 from vigil.rules import RuleEngine
 from vigil.rules.builtin_policy import (
+    AllowanceChargeArgs,
     ArgFromLookupArgs,
     PerEntityLimitArgs,
     RequestKind,
@@ -18,6 +20,7 @@ from vigil.rules.builtin_policy import (
     SingleEntityArgs,
     UnresolvedAtEndArgs,
     WriteRefusedArgs,
+    allowance_charge,
     arg_from_lookup,
     per_entity_limit,
     request_left_undone,
@@ -223,3 +226,61 @@ def test_retail_requests_left_undone_on_real_runs() -> None:
         assert all(f.details["request"] and f.evidence for f in found)
         fired[conv.outcomes[0].value < 1] += bool(found)
     assert fired[True] >= 3 and fired[False] <= 5, fired
+
+
+BAGS = AllowanceChargeArgs(
+    tools=["book", "update_bags"],
+    total_arg="total",
+    charged_arg="paid",
+    allowance={"regular": {"economy": 1, "business": 2}, "gold": {"economy": 3, "business": 4}},
+    tier_field="membership",
+    tier_from=["get_user"],
+    category="cabin",
+    people="passengers",
+    join_on="reservation_id",
+)
+GOLD = ("call", ("get_user", {"user_id": "u"}, '{"user_id": "u", "membership": "gold"}', False))
+TWO_IN_ECONOMY = (
+    "call",
+    ("get_res", {"reservation_id": "R"}, '{"reservation_id": "R", "cabin": "economy", "passengers": [{}, {}]}', False),
+)
+
+
+def _charges(*steps: tuple[str, Any]) -> list[tuple[int, int]]:
+    return [(h.details["charged"], h.details["due"]) for h in allowance_charge(_view(*steps), BAGS)]
+
+
+def test_allowance_charge_flags_paid_units_that_differ_from_the_allowance() -> None:
+    def bags(total: int, paid: int) -> tuple[str, Any]:
+        return ("call", ("update_bags", {"reservation_id": "R", "total": total, "paid": paid}, "{}", False))
+
+    # gold, economy, two passengers: 6 bags free
+    assert _charges(GOLD, TWO_IN_ECONOMY, bags(7, 1)) == []
+    assert _charges(GOLD, TWO_IN_ECONOMY, bags(5, 0)) == []
+    assert _charges(GOLD, TWO_IN_ECONOMY, bags(6, 1)) == [(1, 0)]  # charged for a free bag
+    assert _charges(GOLD, TWO_IN_ECONOMY, bags(9, 1)) == [(1, 3)]  # bags given free beyond the allowance
+    # the reservation's latest state counts: after an upgrade to business, 8 free
+    upgraded = ("call", ("upgrade", {"reservation_id": "R"}, '{"reservation_id": "R", "cabin": "business"}', False))
+    assert _charges(GOLD, TWO_IN_ECONOMY, upgraded, bags(8, 0)) == []
+    assert _charges(GOLD, TWO_IN_ECONOMY, bags(8, 0)) == [(0, 2)]
+    # a booking carries its own cabin and passengers; the tier comes only from the profile tool
+    book = ("call", ("book", {"cabin": "business", "passengers": [{}], "total": 3, "paid": 0}, "{}", False))
+    assert _charges(("call", ("get_user", {}, '{"membership": "regular"}', False)), book) == [(0, 1)]
+    other = ("call", ("get_res", {}, '{"membership": "regular"}', False))
+    assert _charges(other, book) == []  # no tier seen: nothing flagged
+    # nothing flagged without the tier, the category or the people
+    assert _charges(TWO_IN_ECONOMY, bags(6, 1)) == []
+    assert _charges(GOLD, bags(6, 1)) == []
+
+
+def test_airline_bag_allowance_on_real_runs() -> None:
+    """On the real gpt-4.1 airline run, the allowance check fires only where a gold member in economy was
+    charged for a bag the policy gives free (task 22, graded failed)."""
+    engine = RuleEngine.from_paths([PROJECT_ROOT / "rules" / "tau2_airline.yaml"])
+    path = shared_data("tau2", "trajectories", "sierra_gpt-4.1_airline_default_gpt-4.1_1trials.json")
+    fired = []
+    for conv in load_file(Path(path)):
+        for f in engine.evaluate(conv):
+            if f.rule_id == "airline-bag-allowance":
+                fired.append((conv.task_id, conv.outcomes[0].value, f.details["charged"], f.details["due"]))
+    assert fired == [("airline:22", 0.0, 1, 0)]

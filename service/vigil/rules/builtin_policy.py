@@ -323,3 +323,68 @@ def request_left_undone(view: ConversationView, args: RequestLeftUndoneArgs) -> 
             [Evidence(i, start, end, text[start:end][:200])],
             {"request": name, "tools": kinds[name].tools},
         )
+
+
+class AllowanceChargeArgs(RuleArgs):
+    tools: list[str] = Field(min_length=1, description="Calls that say how many units there are and how many are paid.")
+    total_arg: str = Field(description="The call's argument with the number of units (e.g. total_baggages).")
+    charged_arg: str = Field(description="The call's argument with the number of paid units (e.g. nonfree_baggages).")
+    allowance: dict[str, dict[str, int]] = Field(
+        min_length=1, description="Free units per person: tier -> category -> count (e.g. gold -> economy -> 3)."
+    )
+    tier_field: str = Field(description="Result field with the customer's tier (e.g. membership).")
+    tier_from: list[str] = Field(default_factory=list, description="Only these tools' results show the tier; [] any.")
+    category: str = Field(description="The call's argument, else the joined entity's result field (e.g. cabin).")
+    people: str = Field(description="The call's list argument, else the joined entity's list field (passengers).")
+    join_on: str = Field(description="The argument naming the entity whose latest result is read (reservation_id).")
+
+
+@rule_type("allowance_charge", AllowanceChargeArgs)
+def allowance_charge(view: ConversationView, args: AllowanceChargeArgs) -> Iterator[Hit]:
+    """The paid units of a call differ from the total less the free allowance the tier and category give each
+    person ("gold member: 3 free checked bags for each economy passenger"): a charge for free units, or free
+    units given away. Nothing is flagged unless the tier, the category and the people were all seen."""
+    if not any(site.name in args.tools for site in view.tool_calls):
+        return
+    events: list[tuple[int, int, CallSite]] = []  # (message index, 0 result / 1 call, call): one pass in order
+    for site in view.tool_calls:
+        if site.name in args.tools:
+            events.append((site.message_index, 1, site))
+        result = view.result_for(site)
+        if result is not None and not result.is_error:
+            events.append((result.message_index, 0, site))
+    events.sort(key=lambda e: (e[0], e[1]))
+    tier: str | None = None
+    state: dict[str, dict[str, Any]] = defaultdict(dict)  # entity -> latest category and people seen
+    for _, is_call, site in events:
+        if not is_call:
+            data = view.results[site.call.id].parsed() if site.call.id else None
+            if not isinstance(data, dict):
+                continue
+            if (not args.tier_from or site.name in args.tier_from) and isinstance(data.get(args.tier_field), str):
+                tier = data[args.tier_field]
+            if data.get(args.join_on) is not None:
+                entity = state[str(data[args.join_on])]
+                entity.update({f: data[f] for f in (args.category, args.people) if f in data})
+            continue
+        key = _key(site, args.join_on)
+        seen = state.get(key, {}) if key is not None else {}
+        category = site.args.get(args.category, seen.get(args.category))
+        people = site.args.get(args.people, seen.get(args.people))
+        total, charged = _count(site.args.get(args.total_arg)), _count(site.args.get(args.charged_arg))
+        free = args.allowance.get(str(tier), {}).get(str(category))
+        if free is None or not isinstance(people, list) or total is None or charged is None:
+            continue
+        due = max(0, total - free * len(people))
+        if charged != due:
+            what = "charged for free units" if charged > due else "units given free that are due"
+            yield Hit(
+                f"{site.name}: {args.charged_arg}={charged} of {args.total_arg}={total}, but a {tier} customer "
+                f"gets {free} free per person in {category} ({len(people)} people): {due} due ({what})",
+                [Evidence(site.message_index)],
+                {"charged": charged, "due": due, "tier": tier, "category": category},
+            )
+
+
+def _count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
