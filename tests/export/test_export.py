@@ -138,7 +138,8 @@ def test_native_export_schema_grading_redaction_and_dedupe(world) -> None:  # ty
     idx = t["failure"]["message_index"]
     failed = original.messages[idx]
     assert failed.role == "assistant"
-    assert [c.name for c in failed.tool_calls or []] == ["return_delivered_order_items"]
+    # the earliest high finding: the first return (beside an exchange), to a made-up gift card, on an undelivered order
+    assert "return_delivered_order_items" in [c.name for c in failed.tool_calls or []]
     assert len(t["messages"]) == idx and t["messages"][-1]["role"] != "assistant"
     assert {"type": "must_not_call", "tool": "return_delivered_order_items"}.items() <= next(
         g for g in t["grading"] if g["type"] == "must_not_call"

@@ -98,6 +98,23 @@ ARGS: dict[str, dict[str, Any]] = {
     "unresolved_at_end": {"tools": ["read"], "unresolved": ["a.", "1 "]},
     "say_before": {"tools": ["write"], "phrases": ["no, ", "a.a"]},
     "write_refused": {"tools": ["write"]},
+    "allowance_charge": {
+        "tools": ["write"],
+        "total_arg": "x",
+        "charged_arg": "x",
+        "allowance": {"a": {"b": 1}},
+        "tier_field": "status",
+        "category": "status",
+        "people": "x",
+        "join_on": "x",
+    },
+    "request_left_undone": {
+        "requests": [
+            {"name": "nested", "pattern": r"(?:a\.)+ @|(?:no, )+x|(?:1 )+a", "tools": ["none"]},
+            {"name": "asked", "pattern": r"(?:please|can you|no)\b[^.?!]{0,80}?\b(?:1|at|main)\b", "tools": ["none"]},
+            {"name": "often", "pattern": r"no, no|1-2|\$1,", "tools": ["none"]},
+        ]
+    },
 }
 
 

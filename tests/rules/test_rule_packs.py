@@ -56,6 +56,29 @@ def test_tau2_packs_require_confirmation_of_every_write_tool() -> None:
         assert all(r.spec.applies_to.agents == [f"tau2-{domain}"] for r in rules)
 
 
+@pytest.mark.parametrize("domain", ["airline", "retail", "telecom"])
+def test_tau2_packs_are_worth_their_alerts_on_the_gpt41_runs(domain: str) -> None:
+    """At the severity that queues a conversation for review (medium in the shipped flagging policy), each
+    domain pack flags at least 40% of the failed gpt-4.1 runs and fires at least 3 times as often at failure
+    as at success (the figures docs/rules.md reports)."""
+    from tests.support.services import shared_data
+    from vigil.ingest.importers import load_file
+    from vigil.schema import SEVERITY_RANK
+
+    name = "defautl" if domain == "retail" else "default"
+    path = shared_data("tau2", "trajectories", f"sierra_gpt-4.1_{domain}_{name}_gpt-4.1_1trials.json")
+    engine = RuleEngine.from_paths([PROJECT_ROOT / "rules" / f"tau2_{domain}.yaml"])
+    counts = {True: [0, 0], False: [0, 0]}  # failed? -> [flagged, total]
+    for conv in load_file(Path(path)):
+        failed = conv.outcomes[0].value < 1
+        findings = [f for f in engine.evaluate(conv) if not f.details.get("rule_error")]
+        counts[failed][0] += any(SEVERITY_RANK[f.severity] >= SEVERITY_RANK["medium"] for f in findings)
+        counts[failed][1] += 1
+    recall = counts[True][0] / counts[True][1]
+    at_success = counts[False][0] / counts[False][1]
+    assert recall >= 0.4 and recall >= 3 * at_success, counts
+
+
 def test_docs_document_every_rule_type() -> None:
     page = (PROJECT_ROOT / "docs" / "rules.md").read_text()
     section = page[page.index("<!-- section:rules -->") :]
