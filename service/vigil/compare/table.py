@@ -280,8 +280,8 @@ def compare(
         base_rules = dict.fromkeys(rules_for(agent, baseline), "")
         cand_rules = dict.fromkeys(rules_for(agent, candidate), "")
     rows = build_rows(base, cand, types, {*base_rules, *cand_rules}, resamples)
-    base_tasks = load_tasks(session, agent, baseline, metadata_sample, since, until)
-    cand_tasks = load_tasks(session, agent, candidate, metadata_sample, since, until)
+    base_tasks = load_tasks(session, agent, baseline, metadata_sample, since, until, base.every_task)
+    cand_tasks = load_tasks(session, agent, candidate, metadata_sample, since, until, cand.every_task)
     extra, tasks = pairing.task_rows(base_tasks, cand_tasks)
     rows += [
         Row(
