@@ -62,6 +62,7 @@ def run_compare(
     agent: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    per_task: bool = False,
 ) -> dict[str, Any]:
     s = rt.settings
     catch_up(rt)
@@ -80,6 +81,7 @@ def run_compare(
             until,
             s.compare_metadata_sample,
             rule_versions(rt),
+            per_task,
         )
         for enrich in rt.hooks.compare_enrichers:  # calibration adds corrected judge rates
             enrich(session, result)
@@ -95,11 +97,14 @@ async def get_compare(
     agent: str | None = Query(None, description="Agent id; needed when both versions exist for several agents."),
     since: datetime | None = Query(None, description="Window start (default: read_window_days ago)."),
     until: datetime | None = Query(None, description="Window end (default: now)."),
+    per_task: bool = Query(False, description="Also list each task's pass@k and pass^k (thousands of rows at volume)."),
 ) -> FastJSON:
     """Each signal for both versions with 95% intervals, the difference, a verdict and red flags."""
     try:
         return FastJSON(
-            await run_in_threadpool(run_compare, runtime_of(request), baseline, candidate, agent, since, until)
+            await run_in_threadpool(
+                run_compare, runtime_of(request), baseline, candidate, agent, since, until, per_task
+            )
         )
     except SameVersion as exc:
         raise HTTPException(400, str(exc)) from None
@@ -139,6 +144,7 @@ async def get_quality(
     version: str,
     since: datetime | None = Query(None, description="Window start (default: read_window_days ago)."),
     until: datetime | None = Query(None, description="Window end (default: now)."),
+    per_task: bool = Query(False, description="Also list each task's pass@k and pass^k (thousands of rows at volume)."),
 ) -> FastJSON:
     """Quality signals of one agent version with 95% intervals."""
     rt = runtime_of(request)
@@ -157,6 +163,7 @@ async def get_quality(
                 rt.settings.compare_bootstrap_resamples,
                 start,
                 end,
+                per_task,
             )
 
     found = await run_in_threadpool(run)
