@@ -159,6 +159,7 @@ def from_store(
     for cid, value in session.execute(oq):
         outcomes[cid].append(value)
     pack_of = {r.id: r.pack for r in engine.rules}
+    applies: dict[tuple[str, str], frozenset[str]] = {}  # the packs of each agent version, matched once
     obs: list[Observation] = []
     left_out = 0
     for r in rows:
@@ -168,6 +169,8 @@ def from_store(
             continue
         # a new revision replaces its conversation's findings, so every stored finding is current
         fired = _fired(findings.get(r.conversation_id, []), pack_of, policy)
-        packs = _packs(engine, r.agent_id, r.agent_version) | {f.pack for f in fired}
-        obs.append(Observation(r.conversation_id, r.task_id, failed, packs, fired))
+        version = (r.agent_id, r.agent_version)
+        if version not in applies:
+            applies[version] = _packs(engine, *version)
+        obs.append(Observation(r.conversation_id, r.task_id, failed, applies[version] | {f.pack for f in fired}, fired))
     return obs, left_out

@@ -15,7 +15,7 @@ from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from vigil.rules import SEVERITY_RANK
-from vigil.store.db import aware
+from vigil.store.db import among, aware
 from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow, ReviewLabelRow
 
 log = logging.getLogger(__name__)
@@ -265,9 +265,10 @@ def labels_of_newest(session: Session, max_labels: int) -> dict[str, list[tuple[
     by conversation, so the cost stays flat however many labels are stored."""
     L = ReviewLabelRow
     newest = select(L.conversation_id).where(L.is_current.is_(True)).order_by(L.id.desc()).limit(max_labels)
+    ids = list(dict.fromkeys(session.scalars(newest)))  # as ids: a subquery made Postgres scan every label
     q = (
         select(L.conversation_id, L.reviewer, L.label)
-        .where(L.is_current.is_(True), L.conversation_id.in_(select(newest.subquery().c.conversation_id)))
+        .where(L.is_current.is_(True), among(session, L.conversation_id, ids))
         .order_by(L.id)
     )
     out: dict[str, list[tuple[str, str]]] = defaultdict(list)
