@@ -169,8 +169,8 @@ def from_store(
             continue
         # a new revision replaces its conversation's findings, so every stored finding is current
         fired = _fired(findings.get(r.conversation_id, []), pack_of, policy)
-        version = (r.agent_id, r.agent_version)
-        if version not in applies:
-            applies[version] = _packs(engine, *version)
-        obs.append(Observation(r.conversation_id, r.task_id, failed, applies[version] | {f.pack for f in fired}, fired))
+        of = (r.agent_id, r.agent_version)
+        if of not in applies:
+            applies[of] = _packs(engine, *of)
+        obs.append(Observation(r.conversation_id, r.task_id, failed, applies[of] | {f.pack for f in fired}, fired))
     return obs, left_out

@@ -27,14 +27,15 @@ def progress(session: Session, max_labels: int, now: datetime | None = None) -> 
     ):
         people[reviewer]["by_label"][label] = n
         people[reviewer]["labels"] += n
-    counts = {
-        "changed": lab.is_current.is_(False),
-        "last_24h": lab.created_at >= now - timedelta(days=1),
-        "last_7d": lab.created_at >= now - timedelta(days=7),
-    }
-    for key, cond in counts.items():
-        for reviewer, n in session.execute(select(lab.reviewer, func.count()).where(cond).group_by(lab.reviewer)):
-            people[reviewer][key] = n
+    for reviewer, n in session.execute(
+        select(lab.reviewer, func.count()).where(lab.is_current.is_(False)).group_by(lab.reviewer)
+    ):
+        people[reviewer]["changed"] = n
+    day, week = now - timedelta(days=1), now - timedelta(days=7)
+    recent = select(lab.reviewer, func.count(), func.count().filter(lab.created_at >= day))
+    recent = recent.where(lab.created_at >= week)
+    for reviewer, n_week, n_day in session.execute(recent.group_by(lab.reviewer)):  # one pass for both windows
+        people[reviewer]["last_7d"], people[reviewer]["last_24h"] = n_week, n_day
     for holder, n in session.execute(
         select(ReviewItemRow.claimed_by, func.count())
         .where(ReviewItemRow.claimed_by.is_not(None), ReviewItemRow.lease_until >= now)
