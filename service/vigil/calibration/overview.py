@@ -102,8 +102,9 @@ class Calibration:
     def state(self, session: Session, name: str) -> tuple[dict[str, Any], Agreement | None]:
         """The report without production rates and position bias (the state, agreement per version, what
         the current version's errors were measured on), and the current version's measured errors: what
-        other stages' answers carry, which bring their own counts to correct."""
-        return self._report(session, name, with_rates=name not in self.current)
+        other stages' answers carry, which bring their own counts to correct. For a judge this process does
+        not define, the head is its newest version with labels or a labelled-set run."""
+        return self._report(session, name, with_rates=False)
 
     def _report(self, session: Session, name: str, with_rates: bool) -> tuple[dict[str, Any], Agreement | None]:
         t = self.thresholds
