@@ -86,7 +86,9 @@ def live_pairs(
         # label stored; looked up by id, the cost follows the pairs
         ids = list(dict.fromkeys(session.scalars(newest_labelled(judge, only_sampled, offline, max_pairs))))
         verdict_rows = list(session.execute(vq.where(among(session, V.conversation_id, ids))))
-        label_rows = list(session.execute(lq.where(among(session, L.conversation_id, ids)).order_by(L.id)))
+        # every one of these conversations has a verdict of the judge: no look-up per label to check it
+        mine = select(L.conversation_id, L.label, L.category).where(L.is_current.is_(True))
+        label_rows = list(session.execute(mine.where(among(session, L.conversation_id, ids)).order_by(L.id)))
     else:
         vq = vq.where(select(L.id).where(L.conversation_id == V.conversation_id, L.is_current.is_(True)).exists())
         if only_sampled:
