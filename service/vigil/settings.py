@@ -417,6 +417,12 @@ class Settings(BaseSettings):
         ge=1,
         description="Lists count matching rows up to this many and then say N+ (a full count grows with the table).",
     )
+    agreement_max_labels: int = Field(
+        default=5_000,
+        ge=1,
+        description="Agreement between reviewers (review progress, the calibration page) is measured on the "
+        "conversations of the newest this many current labels, so its cost stays flat as labels accumulate.",
+    )
     list_max_offset: int = Field(
         default=10_000,
         ge=0,

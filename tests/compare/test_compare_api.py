@@ -193,4 +193,8 @@ def test_tau2_replay_pass_hat_k_end_to_end(sqlite_url, monkeypatch) -> None:
         assert got == pytest.approx(expected)
         success = {s["signal"]: s for s in q["signals"]}["outcome:task_success"]
         assert success["x"] == 16 and success["n"] == 20
+        assert "per_task" not in q["pass_k"]  # thousands of rows at volume: only when asked
+        params = {"agent": "tau2-telecom", "version": "run-a", "per_task": "true"}
+        rows = c.get("/v1/quality", params=params, headers=REVIEWER).json()["pass_k"]["per_task"]
+        assert len(rows) == 5 and sum(r["pass_hat_k"]["4"] for r in rows) / 5 == pytest.approx(expected[4])
         assert c.get("/v1/quality", params={"agent": "x", "version": "y"}, headers=REVIEWER).status_code == 404

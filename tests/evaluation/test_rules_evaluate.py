@@ -157,3 +157,45 @@ def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "no conversation has the outcome 'csat'" in r.output
     r = runner.invoke(app, ["rules", "evaluate"])
     assert r.exit_code == 2 and "FILES or --stored" in r.output
+
+
+def test_evaluate_counts_every_signal_as_a_scan_per_signal_would() -> None:
+    """The one-pass count per pack gives every signal the figures of a separate scan per signal."""
+    import random
+
+    from vigil.schema import SEVERITY_RANK
+
+    rng = random.Random(7)
+    severities = ["info", "low", "medium", "high", "critical"]
+    rules = [quality.RuleInfo(f"p{i % 3}", f"r{i}", rng.choice(severities), "t") for i in range(12)]
+    obs = []
+    for k in range(600):
+        fired = tuple(
+            quality.Fired(r.pack, r.rule_id, r.severity, rng.random() < 0.3) for r in rules if rng.random() < 0.08
+        )
+        packs = frozenset(p for p in ("p0", "p1", "p2") if rng.random() < 0.8) | {f.pack for f in fired}
+        obs.append(quality.Observation(f"c{k}", None, rng.random() < 0.35, packs, fired))
+    report = quality.evaluate(obs, rules, "task_success", "medium").as_dict()
+
+    def by_scan(scope, hit):  # type: ignore[no-untyped-def]
+        return quality.measure([hit(o) for o in scope], [o.failed for o in scope])
+
+    assert [p["pack"] for p in report["packs"]] == ["p0", "p1", "p2"]
+    for p in report["packs"]:
+        pack = p["pack"]
+        scope = [o for o in obs if pack in o.packs]
+        assert p["any"] == by_scan(scope, lambda o, pack=pack: any(f.pack == pack for f in o.findings))
+        assert p["review"] == by_scan(scope, lambda o, pack=pack: any(f.pack == pack and f.queues for f in o.findings))
+        for level in p["at_or_above"]:
+            rank = SEVERITY_RANK[level["severity"]]
+            expected = by_scan(
+                scope,
+                lambda o, pack=pack, rank=rank: any(
+                    f.pack == pack and SEVERITY_RANK[f.severity] >= rank for f in o.findings
+                ),
+            )
+            assert {k: v for k, v in level.items() if k != "severity"} == expected
+        for rule in p["rules"]:
+            expected = by_scan(scope, lambda o, rid=rule["rule_id"]: any(f.rule_id == rid for f in o.findings))
+            assert {k: v for k, v in rule.items() if k not in ("rule_id", "rule_type", "severity")} == expected
+        assert p["any"]["flagged"] > 0 and len(p["rules"]) == 4

@@ -62,3 +62,32 @@ def test_queue_cursor_pages_cover_the_queue_once(loaded) -> None:  # type: ignor
     assert _walk(c, "/v1/review/queue", {"limit": 5}, "conversation_id") == ids
     assert c.get("/v1/review/queue", params={"offset": 21}, headers=REVIEWER).status_code == 422
     assert c.get("/v1/review/queue", params={"cursor": "e30"}, headers=REVIEWER).status_code == 422
+
+
+def test_a_version_whose_traffic_ended_lists_from_its_newest_conversation(db_url) -> None:  # type: ignore[no-untyped-def]
+    """The list of one version starts at that version's newest conversation (found on its own index), not
+    at the newest conversation of all: every row of the version, newest first, and none of the others."""
+    from sqlalchemy import select
+
+    from vigil.store.models import ConversationRow as C
+
+    rt = review_runtime(db_url)
+    with review_client(rt) as c:
+        convs = simulated(32, "v1:0.6", seed=5)
+        for x in convs[12:]:
+            x["agent_version"] = "v2"
+        for i in range(0, 32, 8):  # v1 in the first two batches, then v2 only
+            store(rt, convs[i : i + 8])
+        listed = _walk(c, "/v1/conversations", {"limit": 5, "agent": "support-bot", "version": "v1"}, "conversation_id")
+        with rt.sessions() as s:
+            expected = list(
+                s.scalars(
+                    select(C.conversation_id)
+                    .where(C.agent_id == "support-bot", C.agent_version == "v1")
+                    .order_by(C.received_at.desc(), C.conversation_id)
+                )
+            )
+        assert listed == expected and len(listed) == 12
+        none = c.get("/v1/conversations", params={"agent": "support-bot", "version": "v9"}, headers=REVIEWER).json()
+        assert none["items"] == [] and none["total"] == 0 and none["next_cursor"] is None
+    rt.close()

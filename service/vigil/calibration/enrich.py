@@ -3,8 +3,8 @@
 - ``rt.extras["judge_info_enrichers"]``: ``fn(session, infos)`` adds ``calibration`` (state, reason, kappa
   and labels of the current version) to each judge of ``GET /v1/judges``;
 - ``rt.extras["compare_enrichers"]``: ``fn(session, result)`` adds ``calibration`` to each ``judge:NAME``
-  row of ``GET /v1/compare`` / ``vigil compare``: the judge's state and, per version, the raw rate on the
-  judge's random sample beside the corrected rate.
+  row of ``GET /v1/compare`` / ``vigil compare`` (of the judge's current mode): the judge's state and, per
+  version, the row's own raw rate (the window's randomly sampled verdicts) beside the corrected rate.
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from vigil.calibration.overview import Calibration
+from vigil.calibration.corrected import corrected_rate
+from vigil.calibration.overview import OFFLINE, Calibration
+
+OFFLINE_SUFFIX = ":offline"  # the compare table's row of a judge's offline verdicts
 
 
 def _current(full: dict[str, Any]) -> dict[str, Any] | None:
@@ -35,7 +38,7 @@ def _kappa(v: dict[str, Any] | None) -> tuple[float | None, int]:
 
 def judge_infos(cal: Calibration, session: Session, infos: list[dict[str, Any]]) -> None:
     for info in infos:
-        full = cal.judge(session, info["name"])
+        full, _ = cal.state(session, info["name"])
         v = _current(full)
         kappa, labels = _kappa(v)
         info["calibration"] = {
@@ -46,31 +49,30 @@ def judge_infos(cal: Calibration, session: Session, infos: list[dict[str, Any]])
         }
 
 
+def _judge_of(signal: str) -> tuple[str, bool]:
+    name = signal.split(":", 1)[1]
+    offline = name.endswith(OFFLINE_SUFFIX)
+    return name.removesuffix(OFFLINE_SUFFIX), offline
+
+
 def compare_rows(cal: Calibration, session: Session, result: dict[str, Any]) -> None:
-    agent = result.get("agent_id")
+    """Each judge row of the judge's current mode gets the raw rate on its own counts (the window's
+    randomly sampled verdicts, from the rollups) beside the rate corrected for the judge's measured errors."""
     for row in result.get("signals", []):
         if not str(row.get("signal", "")).startswith("judge:"):
             continue
-        full = cal.judge(session, row["signal"].split(":", 1)[1])
+        name, offline = _judge_of(row["signal"])
+        if offline != (cal.mode_of(name) == OFFLINE):
+            continue  # the other mode's verdicts: a different instrument, whose errors were not measured
+        full, measured = cal.state(session, name)
         v = _current(full)
-        rates = {r["agent_version"]: r for r in (v or {}).get("rates", []) if r["agent_id"] == agent}
+        sides = {}
+        for side in ("baseline", "candidate"):
+            rate = corrected_rate(int(row[side].get("x") or 0), int(row[side].get("n") or 0), measured).as_dict()
+            sides[side] = {k: rate[k] for k in ("raw", "corrected", "reason")}
         row["calibration"] = {
             "state": full["state"],
             "judge_version": v["judge_version"] if v else None,
             "measured_on": v["measured_on"] if v else None,
-            **{
-                side: (
-                    {
-                        "raw": rates[ver]["raw"],
-                        "corrected": rates[ver]["corrected"],
-                        "reason": rates[ver]["reason"],
-                    }
-                    if ver in rates
-                    else None
-                )
-                for side, ver in (
-                    ("baseline", result["baseline"]["version"]),
-                    ("candidate", result["candidate"]["version"]),
-                )
-            },
+            **sides,
         }

@@ -14,6 +14,7 @@ judge's calibration stops growing with the labels ever stored (``VIGIL_CALIBRATI
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Select, func, select
@@ -21,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from vigil.calibration.report import Pair
 from vigil.store import reads
+from vigil.store.db import among
 from vigil.store.models import ReviewItemRow, ReviewLabelRow, VerdictRow
 
 HUMAN = {"confirmed_failure": True, "not_a_failure": False}
@@ -70,29 +72,33 @@ def live_pairs(
     ``max_pairs``, only the conversations of the judge's newest ``max_pairs`` labels (see
     :func:`newest_labelled`)."""
     V, L = VerdictRow, ReviewLabelRow
-    vq = select(V.judge, V.judge_version, V.conversation_id, V.revision, V.id, V.verdict, V.categories).where(
-        select(L.id).where(L.conversation_id == V.conversation_id, L.is_current.is_(True)).exists()
-    )
+    vq = select(V.judge, V.judge_version, V.conversation_id, V.revision, V.id, V.verdict, V.categories)
     if judge is not None:
         vq = vq.where(V.judge == judge)
     if offline is not None:
         vq = vq.where(V.offline.is_(offline))
-    if only_sampled:
-        vq = vq.where(
-            select(ReviewItemRow.id)
-            .where(ReviewItemRow.conversation_id == V.conversation_id, ReviewItemRow.sampled.is_(True))
-            .exists()
-        )
     judged = select(V.id).where(V.conversation_id == L.conversation_id)
     if judge is not None:
         judged = judged.where(V.judge == judge)
     lq = select(L.conversation_id, L.label, L.category).where(L.is_current.is_(True), judged.exists())
     if max_pairs is not None:
-        newest = newest_labelled(judge, only_sampled, offline, max_pairs).subquery()
-        vq = vq.where(V.conversation_id.in_(select(newest.c.conversation_id)))
-        lq = lq.where(L.conversation_id.in_(select(newest.c.conversation_id)))
-    verdict_rows = session.execute(vq)
-    label_rows = session.execute(lq.order_by(L.conversation_id, L.id))
+        # the ids themselves: given the subquery, Postgres hashes the 5,000 ids and reads every verdict and
+        # label stored; looked up by id, the cost follows the pairs
+        ids = list(dict.fromkeys(session.scalars(newest_labelled(judge, only_sampled, offline, max_pairs))))
+        verdict_rows = list(session.execute(vq.where(among(session, V.conversation_id, ids))))
+        # every one of these conversations has a verdict of the judge: no look-up per label to check it
+        mine = select(L.conversation_id, L.label, L.category).where(L.is_current.is_(True))
+        label_rows = list(session.execute(mine.where(among(session, L.conversation_id, ids)).order_by(L.id)))
+    else:
+        vq = vq.where(select(L.id).where(L.conversation_id == V.conversation_id, L.is_current.is_(True)).exists())
+        if only_sampled:
+            vq = vq.where(
+                select(ReviewItemRow.id)
+                .where(ReviewItemRow.conversation_id == V.conversation_id, ReviewItemRow.sampled.is_(True))
+                .exists()
+            )
+        verdict_rows = list(session.execute(vq))
+        label_rows = list(session.execute(lq.order_by(L.id)))
     latest: dict[tuple[str, str, str], Any] = {}
     for v in verdict_rows:
         key = (v.judge, v.judge_version, v.conversation_id)
@@ -112,8 +118,11 @@ def live_pairs(
     return dict(out)
 
 
-def sampled_rates(session: Session, judge: str | None = None, offline: bool | None = None) -> list[dict[str, Any]]:
-    """Per judge, judge version, agent and agent version: pass and fail verdicts on the random sample."""
+def sampled_rates(
+    session: Session, judge: str | None = None, offline: bool | None = None, since: datetime | None = None
+) -> list[dict[str, Any]]:
+    """Per judge, judge version, agent and agent version: pass and fail verdicts on the random sample (given
+    since ``since``: a read window keeps the read flat as verdicts accumulate)."""
     q = (
         select(
             VerdictRow.judge,
@@ -136,6 +145,8 @@ def sampled_rates(session: Session, judge: str | None = None, offline: bool | No
         q = q.where(VerdictRow.judge == judge)
     if offline is not None:
         q = q.where(VerdictRow.offline.is_(offline))
+    if since is not None:
+        q = q.where(VerdictRow.created_at >= since)
     counts: dict[tuple[str, str, str, str], Counter[str]] = defaultdict(Counter)
     for name, version, agent, agent_version, verdict, n in session.execute(q).all():
         counts[(name, version, agent, agent_version)][verdict] += int(n)
@@ -152,6 +163,7 @@ def sampled_rates(session: Session, judge: str | None = None, offline: bool | No
     ]
 
 
-def reviewer_labels(session: Session) -> dict[str, list[tuple[str, str]]]:
-    """Conversation → (reviewer, label) of its current labels, for agreement between reviewers."""
-    return {cid: [(r.reviewer, r.label) for r in labs] for cid, labs in reads.current_labels(session).items()}
+def reviewer_labels(session: Session, max_labels: int) -> dict[str, list[tuple[str, str]]]:
+    """Conversation → (reviewer, label) of its current labels, for agreement between reviewers: the
+    conversations of the newest ``max_labels`` current labels (``VIGIL_AGREEMENT_MAX_LABELS``)."""
+    return reads.labels_of_newest(session, max_labels)

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from vigil.calibration import live
@@ -38,6 +39,7 @@ from vigil.calibration.report import (
 from vigil.calibration.stats import Agreement, agreement_from_counts, inter_rater, position_bias
 from vigil.settings import Settings
 from vigil.store.models import PairwiseRow, VerdictRow
+from vigil.store.rollups import default_since
 
 LIVE, OFFLINE = "live", "offline"
 # calibration_runs.mode values that measure each judge mode ("verdicts": a file of the model's verdicts)
@@ -69,7 +71,11 @@ class Calibration:
 
     def judge_names(self, session: Session) -> list[str]:
         seen = set(self.current)
-        seen.update(session.scalars(select(VerdictRow.judge).distinct()).all())
+        # one index look-up per judge (the judge-led index, in order), not a scan of every verdict
+        name = session.scalar(select(func.min(VerdictRow.judge)))
+        while name is not None:
+            seen.add(name)
+            name = session.scalar(select(func.min(VerdictRow.judge)).where(VerdictRow.judge > name))
         seen.update(session.scalars(select(CalibrationRunRow.judge).distinct()).all())
         return sorted(seen)
 
@@ -84,19 +90,40 @@ class Calibration:
         ).all()
         return {r.judge_version: r for r in rows}  # the last run of each version wins
 
+    @property
+    def rates_since(self) -> datetime | None:
+        """Raw and corrected production rates cover the verdicts of the read window (``VIGIL_READ_WINDOW_DAYS``)."""
+        return default_since(self.settings.read_window_days)
+
     def judge(self, session: Session, name: str) -> dict[str, Any]:
         """The full calibration report of one judge."""
+        return self._report(session, name, with_rates=True)[0]
+
+    def state(self, session: Session, name: str) -> tuple[dict[str, Any], Agreement | None]:
+        """The report without production rates and position bias (the state, agreement per version, what
+        the current version's errors were measured on), and the current version's measured errors: what
+        other stages' answers carry, which bring their own counts to correct. For a judge this process does
+        not define, the head is its newest version with labels or a labelled-set run."""
+        return self._report(session, name, with_rates=False)
+
+    def _report(self, session: Session, name: str, with_rates: bool) -> tuple[dict[str, Any], Agreement | None]:
         t = self.thresholds
         mode = self.mode_of(name)
         offline = mode == OFFLINE
         queue = by_version(live.live_pairs(session, name, offline=offline, max_pairs=self.max_pairs).get(name, []))
         only_sampled = self.settings.calibration_correction_labels == "sampled"
-        measuring = by_version(live.live_pairs(session, name, only_sampled, offline, self.max_pairs).get(name, []))
+        measuring = (
+            by_version(live.live_pairs(session, name, True, offline, self.max_pairs).get(name, []))
+            if only_sampled
+            else queue
+        )
         runs = self.latest_runs(session, name)
         rates: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in live.sampled_rates(session, name, offline):
-            rates[r["judge_version"]].append(r)
-        bias = self.position_bias(session, name, offline)
+        bias: dict[str, dict[str, Any]] = {}
+        if with_rates:
+            for r in live.sampled_rates(session, name, offline, self.rates_since):
+                rates[r["judge_version"]].append(r)
+            bias = self.position_bias(session, name, offline)
         versions = set(queue) | set(runs) | set(rates) | set(bias)
         if name in self.current:
             versions.add(self.current[name])
@@ -105,18 +132,20 @@ class Calibration:
             for v in sorted(versions, key=version_key)
         ]
         cur = self.current.get(name)
-        head = next((v for v in out if v["judge_version"] == cur), out[-1] if out else None)
-        return {
+        head = next((v for v in out if v[0]["judge_version"] == cur), out[-1] if out else None)
+        report = {
             "judge": name,
             "current_version": cur,
             "defined": name in self.current,
             "mode": mode,
-            "state": head["state"] if head else UNCALIBRATED,
-            "state_reason": head["state_reason"] if head else "no labels yet",
+            "state": head[0]["state"] if head else UNCALIBRATED,
+            "state_reason": head[0]["state_reason"] if head else "no labels yet",
             "thresholds": {"min_labels": t.min_labels, "min_kappa": t.min_kappa},
             "correction_labels": self.settings.calibration_correction_labels,
-            "versions": out,
+            "rates_since": self.rates_since if with_rates else None,
+            "versions": [v for v, _ in out],
         }
+        return report, head[1] if head else None
 
     def _version(
         self,
@@ -126,7 +155,7 @@ class Calibration:
         run: CalibrationRunRow | None,
         rates: list[dict[str, Any]],
         bias: dict[str, Any] | None,
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], Agreement | None]:
         t = self.thresholds
         from_queue = version_report(version, queue, t) if queue else None
         from_set = None
@@ -155,7 +184,7 @@ class Calibration:
         else:
             state, reason = state_of(None, t)
         measured, measured_on = self._measurement(measuring, run)
-        return {
+        report = {
             "judge_version": version,
             "state": state,
             "state_reason": reason,
@@ -173,6 +202,7 @@ class Calibration:
                 for r in rates
             ],
         }
+        return report, measured
 
     def measured(self, session: Session, name: str) -> Agreement | None:
         """The current version's measured errors, which correct its rates (None until labels measure them)."""
@@ -224,7 +254,7 @@ class Calibration:
             )
         return {
             "judges": judges,
-            "inter_reviewer": inter_rater(live.reviewer_labels(session)),
+            "inter_reviewer": inter_rater(live.reviewer_labels(session, self.settings.agreement_max_labels)),
             "thresholds": {"min_labels": self.thresholds.min_labels, "min_kappa": self.thresholds.min_kappa},
         }
 

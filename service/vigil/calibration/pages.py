@@ -30,7 +30,7 @@ def calibration_page(request: Request, user: Principal = Depends(ui_user)) -> Re
     with rt.sessions() as s:
         names = cal.judge_names(s)
         judges = [cal.judge(s, n) for n in names]
-        inter = inter_rater(reviewer_labels(s))
+        inter = inter_rater(reviewer_labels(s, rt.settings.agreement_max_labels))
     return render_page(
         request, "calibration.html", title="Judge calibration", judges=judges, inter=inter, metrics=METRICS
     )

@@ -15,6 +15,7 @@ from vigil.compare.present import headline
 from vigil.compare.table import CompareError, RulesFor, SameVersion, compare, quality
 from vigil.http import runtime_of
 from vigil.http.auth import require
+from vigil.http.fastjson import FastJSON
 from vigil.http.params import MAX_OFFSET
 from vigil.runtime import Runtime
 from vigil.schema import outcome_types
@@ -61,6 +62,7 @@ def run_compare(
     agent: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    per_task: bool = False,
 ) -> dict[str, Any]:
     s = rt.settings
     catch_up(rt)
@@ -79,6 +81,7 @@ def run_compare(
             until,
             s.compare_metadata_sample,
             rule_versions(rt),
+            per_task,
         )
         for enrich in rt.hooks.compare_enrichers:  # calibration adds corrected judge rates
             enrich(session, result)
@@ -86,7 +89,7 @@ def run_compare(
         return result
 
 
-@router.get("/v1/compare", dependencies=[require("reviewer")])
+@router.get("/v1/compare", dependencies=[require("reviewer")], response_class=FastJSON)
 async def get_compare(
     request: Request,
     baseline: str = Query(..., description="Baseline agent version."),
@@ -94,10 +97,15 @@ async def get_compare(
     agent: str | None = Query(None, description="Agent id; needed when both versions exist for several agents."),
     since: datetime | None = Query(None, description="Window start (default: read_window_days ago)."),
     until: datetime | None = Query(None, description="Window end (default: now)."),
-) -> dict[str, Any]:
+    per_task: bool = Query(False, description="Also list each task's pass@k and pass^k (thousands of rows at volume)."),
+) -> FastJSON:
     """Each signal for both versions with 95% intervals, the difference, a verdict and red flags."""
     try:
-        return await run_in_threadpool(run_compare, runtime_of(request), baseline, candidate, agent, since, until)
+        return FastJSON(
+            await run_in_threadpool(
+                run_compare, runtime_of(request), baseline, candidate, agent, since, until, per_task
+            )
+        )
     except SameVersion as exc:
         raise HTTPException(400, str(exc)) from None
     except CompareError as exc:
@@ -129,14 +137,15 @@ async def get_conversations_behind(
         raise HTTPException(404, str(exc)) from None
 
 
-@router.get("/v1/quality", dependencies=[require("reviewer")])
+@router.get("/v1/quality", dependencies=[require("reviewer")], response_class=FastJSON)
 async def get_quality(
     request: Request,
     agent: str,
     version: str,
     since: datetime | None = Query(None, description="Window start (default: read_window_days ago)."),
     until: datetime | None = Query(None, description="Window end (default: now)."),
-) -> dict[str, Any]:
+    per_task: bool = Query(False, description="Also list each task's pass@k and pass^k (thousands of rows at volume)."),
+) -> FastJSON:
     """Quality signals of one agent version with 95% intervals."""
     rt = runtime_of(request)
 
@@ -154,9 +163,10 @@ async def get_quality(
                 rt.settings.compare_bootstrap_resamples,
                 start,
                 end,
+                per_task,
             )
 
     found = await run_in_threadpool(run)
     if not found["conversations"]:
         raise HTTPException(404, f"agent {agent!r} has no finished conversations of version {version!r}")
-    return found
+    return FastJSON(found)

@@ -123,7 +123,7 @@ def register(app: typer.Typer) -> None:
         launch = Launcher.of(ctx)
         rt = launch.runtime({"replay"})
         try:
-            result = run_compare(rt, baseline, candidate, agent)
+            result = run_compare(rt, baseline, candidate, agent, per_task=True)
         except VigilError as exc:
             launch.fail(exc)
         if as_json:

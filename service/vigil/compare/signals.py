@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from vigil.schema import OutcomeType
 from vigil.store import rollups
 from vigil.store.models import ConversationRow, OutcomeLinkRow
+from vigil.store.reads import newest_received
 from vigil.store.signals import finished
 
 OFFLINE_SUFFIX = ":offline"
@@ -33,7 +34,8 @@ class VersionData:
     steps: list[float] = field(default_factory=list)
     cost: list[float] = field(default_factory=list)
     latency: list[float] = field(default_factory=list)
-    tasks: dict[str, tuple[int, int]] = field(default_factory=dict)  # task -> (trials, successes)
+    tasks: dict[str, tuple[int, int]] = field(default_factory=dict)  # task -> (trials, successes), 2+ trials
+    every_task: dict[str, tuple[int, int]] = field(default_factory=dict)  # the same with single-trial tasks
 
 
 def _window(q: Any, col: Any, since: datetime | None, until: datetime | None) -> Any:
@@ -83,14 +85,21 @@ def load_version(
         )
         for kind, value in session.execute(_window(score_q, C.received_at, since, until)):
             d.outcome_scores.setdefault(kind, []).append(float(value))
-    sample_q = (
-        select(C.message_count, C.cost_usd, C.latency_ms).where(*mine).order_by(C.received_at.desc()).limit(max_sample)
-    )
-    for steps, cost, latency in session.execute(_window(sample_q, C.received_at, since, until)):
-        d.steps.append(float(steps))
-        if cost is not None:
-            d.cost.append(float(cost))
-        if latency is not None:
-            d.latency.append(float(latency))
-    d.tasks = rollups.task_counts(session, agent, version, since, until)
+    newest = newest_received(session, agent, version, since, until)
+    if newest is not None:
+        sample_q = (
+            select(C.message_count, C.cost_usd, C.latency_ms)
+            .where(*mine, C.received_at <= newest)
+            .order_by(C.received_at.desc())
+            .limit(max_sample)
+        )
+        for steps, cost, latency in session.execute(_window(sample_q, C.received_at, since, None)):
+            d.steps.append(float(steps))
+            if cost is not None:
+                d.cost.append(float(cost))
+            if latency is not None:
+                d.latency.append(float(latency))
+    # every task once: pass^k keeps the repeated ones, the paired per-task rows take them all
+    d.every_task = rollups.task_counts(session, agent, version, since, until, min_trials=1)
+    d.tasks = {t: nc for t, nc in d.every_task.items() if nc[0] >= 2}
     return d

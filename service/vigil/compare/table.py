@@ -256,12 +256,14 @@ def compare(
     until: datetime | None = None,
     metadata_sample: int = 500,
     rule_versions: RuleVersions | None = None,
+    per_task: bool = True,
 ) -> dict[str, Any]:
     """The full comparison as a JSON-ready dict (``vigil compare --json`` and ``GET /v1/compare``).
 
     Rule rows are the rules that apply to the agent at either version (and any rule with findings).
     Per-task rows (paired where tasks are shared), the error and truncation rates and each side's
-    protocol come from :mod:`vigil.compare.pairing`.
+    protocol come from :mod:`vigil.compare.pairing`. ``per_task``: list each task's pass@k and pass^k too
+    (thousands of rows at volume).
     """
     if baseline == candidate:
         raise SameVersion(
@@ -280,8 +282,8 @@ def compare(
         base_rules = dict.fromkeys(rules_for(agent, baseline), "")
         cand_rules = dict.fromkeys(rules_for(agent, candidate), "")
     rows = build_rows(base, cand, types, {*base_rules, *cand_rules}, resamples)
-    base_tasks = load_tasks(session, agent, baseline, metadata_sample, since, until)
-    cand_tasks = load_tasks(session, agent, candidate, metadata_sample, since, until)
+    base_tasks = load_tasks(session, agent, baseline, metadata_sample, since, until, base.every_task)
+    cand_tasks = load_tasks(session, agent, candidate, metadata_sample, since, until, cand.every_task)
     extra, tasks = pairing.task_rows(base_tasks, cand_tasks)
     rows += [
         Row(
@@ -319,7 +321,10 @@ def compare(
         },
         "signals": [r.as_dict() for r in rows],
         "red_flags": red_flag_notes(rows),
-        "pass_k": {"baseline": stats.pass_k_table(base.tasks), "candidate": stats.pass_k_table(cand.tasks)},
+        "pass_k": {
+            "baseline": stats.pass_k_table(base.tasks, per_task=per_task),
+            "candidate": stats.pass_k_table(cand.tasks, per_task=per_task),
+        },
         "tasks": tasks,
         "protocol": proto,
         "comparable": all(p["same"] for p in proto),
@@ -337,6 +342,7 @@ def quality(
     resamples: int = 1000,
     since: datetime | None = None,
     until: datetime | None = None,
+    per_task: bool = True,
 ) -> dict[str, Any]:
     """One version's signals with 95% intervals (``GET /v1/quality``); rules as in :func:`compare`."""
     d = load_version(session, agent, version, types, max_sample, since, until)
@@ -357,5 +363,5 @@ def quality(
             }
             for r in rows
         ],
-        "pass_k": stats.pass_k_table(d.tasks),
+        "pass_k": stats.pass_k_table(d.tasks, per_task=per_task),
     }

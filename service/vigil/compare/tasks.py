@@ -8,7 +8,8 @@ Two kinds of read, both bounded by the time window, on indexed columns:
 - **metadata**: the ``metadata`` of the latest ``metadata_sample`` conversations (found on the
   (agent, version, received) index: their time range first, then the rows), for the error and
   truncation rates (``termination_reason``, ``error``, ``truncated``) and the protocol each side was
-  produced by (model, sampling settings, harness, tool set, grader, budgets).
+  produced by (model, sampling settings, harness, tool set, grader, budgets); the judges' versions and
+  models from the latest ``metadata_sample`` verdicts (the (agent, version, created) index).
 """
 
 from __future__ import annotations
@@ -156,8 +157,10 @@ def load_tasks(
     metadata_sample: int,
     since: datetime | None = None,
     until: datetime | None = None,
+    tasks: dict[str, tuple[int, int]] | None = None,
 ) -> TaskData:
-    d = TaskData(tasks=task_counts(session, agent, version, since, until))
+    """``tasks``: the version's per-task counts in the window when the caller has read them already."""
+    d = TaskData(tasks=task_counts(session, agent, version, since, until) if tasks is None else dict(tasks))
     C = ConversationRow
     mine = (C.agent_id == agent, C.agent_version == version, finished())
     span = latest_range(session, agent, version, metadata_sample, since, until)
@@ -182,13 +185,15 @@ def load_tasks(
     d.protocol = {k: c for k, c in counts.items() if set(c) != {NOT_RECORDED}}
 
     V = VerdictRow
-    judge_q = _window(
-        select(V.judge, V.offline, V.judge_version, V.model, func.count())
-        .where(V.agent_id == agent, V.agent_version == version)
-        .group_by(V.judge, V.offline, V.judge_version, V.model),
+    newest = _window(
+        select(V.judge, V.offline, V.judge_version, V.model).where(V.agent_id == agent, V.agent_version == version),
         V.created_at,
         since,
         until,
+    )
+    newest = newest.order_by(V.created_at.desc()).limit(metadata_sample).subquery()
+    judge_q = select(newest.c.judge, newest.c.offline, newest.c.judge_version, newest.c.model, func.count()).group_by(
+        newest.c.judge, newest.c.offline, newest.c.judge_version, newest.c.model
     )
     for judge, offline, judge_version, model, n in session.execute(judge_q):
         key = f"judge:{judge}{':offline' if offline else ''}"

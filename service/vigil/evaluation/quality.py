@@ -14,7 +14,8 @@ each signal, among the conversations its pack applies to:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,13 +79,18 @@ def measure(flagged: Sequence[bool], failed: Sequence[bool]) -> dict[str, Any]:
     """The quality of one signal over the conversations it applies to."""
     a = sum(1 for f, bad in zip(flagged, failed, strict=True) if f and bad)
     b = sum(1 for f, bad in zip(flagged, failed, strict=True) if f and not bad)
-    fails = sum(failed)
-    goods = len(failed) - fails
+    return measure_counts(a, b, sum(failed), len(failed))
+
+
+def measure_counts(a: int, b: int, fails: int, n: int) -> dict[str, Any]:
+    """:func:`measure` from counts: ``a`` flagged failures, ``b`` flagged successes, of ``n`` conversations
+    with ``fails`` failures."""
+    goods = n - fails
     return {
-        "conversations": len(failed),
+        "conversations": n,
         "failures": fails,
         "flagged": a + b,
-        "firing_rate": wilson(a + b, len(failed)),
+        "firing_rate": wilson(a + b, n),
         "firing_at_failure": wilson(a, fails),
         "firing_at_success": wilson(b, goods),
         "precision": wilson(a, a + b),
@@ -113,8 +119,20 @@ class QualityReport:
         }
 
 
-def _signal(obs: Sequence[Observation], hit: Callable[[Observation], bool]) -> dict[str, Any]:
-    return measure([hit(o) for o in obs], [o.failed for o in obs])
+ANY, REVIEW = ("any",), ("review",)
+
+
+def _hits(obs: Observation, pack: str, severities: Sequence[str]) -> set[tuple[str, ...]]:
+    """The signals of ``pack`` that flag ``obs``: any finding, what queues it, each severity reached, each rule."""
+    keys: set[tuple[str, ...]] = {("rule", f.rule_id) for f in obs.findings}
+    mine = [f for f in obs.findings if f.pack == pack]
+    if mine:
+        keys.add(ANY)
+        if any(f.queues for f in mine):
+            keys.add(REVIEW)
+        top = max(SEVERITY_RANK[f.severity] for f in mine)
+        keys.update(("severity", sev) for sev in severities if SEVERITY_RANK[sev] <= top)
+    return keys
 
 
 def evaluate(
@@ -124,7 +142,11 @@ def evaluate(
     threshold: str | None,
     left_out: int = 0,
 ) -> QualityReport:
-    """Per pack: any finding, at each severity and above, what queues for review; then per rule."""
+    """Per pack: any finding, at each severity and above, what queues for review; then per rule.
+
+    One pass over each pack's conversations counts every signal's flagged failures and successes (a
+    conversation without findings flags nothing), so the cost follows the conversations, not the
+    conversations times the rules."""
     obs = list(observations)
     report = QualityReport(outcome, threshold, len(obs), sum(o.failed for o in obs), left_out)
     for pack in sorted({r.pack for r in rules}):
@@ -132,44 +154,33 @@ def evaluate(
         if not scope:
             continue
         severities = sorted({r.severity for r in rules if r.pack == pack}, key=SEVERITY_RANK.__getitem__, reverse=True)
-        levels = [{"severity": sev, **_signal(scope, _at_or_above(pack, sev))} for sev in severities]
-        per_rule = [
-            {
-                "rule_id": r.rule_id,
-                "rule_type": r.rule_type,
-                "severity": r.severity,
-                **_signal(scope, _rule(r.rule_id)),
-            }
-            for r in rules
-            if r.pack == pack
-        ]
+        fails = sum(o.failed for o in scope)
+        flagged: tuple[Counter[tuple[str, ...]], Counter[tuple[str, ...]]] = (Counter(), Counter())  # failed, good
+        for o in scope:
+            if o.findings:
+                flagged[0 if o.failed else 1].update(_hits(o, pack, severities))
+        n = len(scope)
         report.packs.append(
             {
                 "pack": pack,
-                "any": _signal(scope, _any_of(pack)),
-                "review": _signal(scope, _queued_by(pack)),
-                "at_or_above": levels,
-                "rules": per_rule,
+                "any": measure_counts(flagged[0][ANY], flagged[1][ANY], fails, n),
+                "review": measure_counts(flagged[0][REVIEW], flagged[1][REVIEW], fails, n),
+                "at_or_above": [
+                    {"severity": sev, **measure_counts(flagged[0][key], flagged[1][key], fails, n)}
+                    for sev in severities
+                    for key in [("severity", sev)]
+                ],
+                "rules": [
+                    {
+                        "rule_id": r.rule_id,
+                        "rule_type": r.rule_type,
+                        "severity": r.severity,
+                        **measure_counts(flagged[0][key], flagged[1][key], fails, n),
+                    }
+                    for r in rules
+                    if r.pack == pack
+                    for key in [("rule", r.rule_id)]
+                ],
             }
         )
     return report
-
-
-Hit = Callable[[Observation], bool]
-
-
-def _any_of(pack: str) -> Hit:
-    return lambda o: any(f.pack == pack for f in o.findings)
-
-
-def _queued_by(pack: str) -> Hit:
-    return lambda o: any(f.pack == pack and f.queues for f in o.findings)
-
-
-def _at_or_above(pack: str, severity: str) -> Hit:
-    rank = SEVERITY_RANK[severity]
-    return lambda o: any(f.pack == pack and SEVERITY_RANK[f.severity] >= rank for f in o.findings)
-
-
-def _rule(rule_id: str) -> Hit:
-    return lambda o: any(f.rule_id == rule_id for f in o.findings)

@@ -404,7 +404,8 @@ def pairwise_list(
 @router.get("/progress")
 def progress(request: Request, _: Principal = require("reviewer")) -> dict[str, Any]:
     """Per-reviewer counts and inter-reviewer agreement."""
-    return run(request, lambda s, _st: reviewers.progress(s))
+    max_labels = runtime_of(request).settings.agreement_max_labels
+    return run(request, lambda s, _st: reviewers.progress(s, max_labels))
 
 
 @router.get("/audit")

@@ -167,9 +167,10 @@ def progress_cmd(
     """Per-reviewer counts and inter-reviewer agreement."""
     from vigil.review.reviewers import progress
 
+    launch = Launcher.of(ctx)
     st = _stage(ctx)
     with st.sessions() as s:
-        data = progress(s)
+        data = progress(s, launch.settings().agreement_max_labels)
     if as_json:
         print_json(data)
         return

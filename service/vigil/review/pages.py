@@ -356,9 +356,10 @@ async def comment(request: Request, conversation_id: str) -> Response:
 
 @router.get("/progress")
 def progress_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
-    cap = runtime_of(request).settings.list_count_cap
+    settings = runtime_of(request).settings
+    cap = settings.list_count_cap
     with _stage(request).sessions() as s:
-        data = reviewers.progress(s)
+        data = reviewers.progress(s, settings.agreement_max_labels)
         counts = insights.list_queue(s, queue.QueueFilter(), "open", 1, 0, count_cap=cap)["count_text"]
     return render_page(request, "progress.html", title="Reviewer progress", data=data, counts=counts, labels=LABELS)
 

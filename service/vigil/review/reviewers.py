@@ -6,15 +6,17 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import case, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from vigil.store import reads
 from vigil.store.db import utcnow
 from vigil.store.models import ReviewItemRow, ReviewLabelRow
 
 
-def progress(session: Session, now: datetime | None = None) -> dict[str, Any]:
-    """Per reviewer: current labels by kind, labels in the last day and week, items held; agreement."""
+def progress(session: Session, max_labels: int, now: datetime | None = None) -> dict[str, Any]:
+    """Per reviewer: current labels by kind, labels in the last day and week, items held; agreement (on
+    the conversations of the newest ``max_labels`` current labels)."""
     now = now or utcnow()
     people: dict[str, dict[str, Any]] = defaultdict(
         lambda: {"labels": 0, "by_label": {}, "last_24h": 0, "last_7d": 0, "changed": 0, "holding": 0}
@@ -25,14 +27,15 @@ def progress(session: Session, now: datetime | None = None) -> dict[str, Any]:
     ):
         people[reviewer]["by_label"][label] = n
         people[reviewer]["labels"] += n
-    counts = {
-        "changed": lab.is_current.is_(False),
-        "last_24h": lab.created_at >= now - timedelta(days=1),
-        "last_7d": lab.created_at >= now - timedelta(days=7),
-    }
-    for key, cond in counts.items():
-        for reviewer, n in session.execute(select(lab.reviewer, func.count()).where(cond).group_by(lab.reviewer)):
-            people[reviewer][key] = n
+    for reviewer, n in session.execute(
+        select(lab.reviewer, func.count()).where(lab.is_current.is_(False)).group_by(lab.reviewer)
+    ):
+        people[reviewer]["changed"] = n
+    day, week = now - timedelta(days=1), now - timedelta(days=7)
+    recent = select(lab.reviewer, func.count(), func.count().filter(lab.created_at >= day))
+    recent = recent.where(lab.created_at >= week)
+    for reviewer, n_week, n_day in session.execute(recent.group_by(lab.reviewer)):  # one pass for both windows
+        people[reviewer]["last_7d"], people[reviewer]["last_24h"] = n_week, n_day
     for holder, n in session.execute(
         select(ReviewItemRow.claimed_by, func.count())
         .where(ReviewItemRow.claimed_by.is_not(None), ReviewItemRow.lease_until >= now)
@@ -42,22 +45,14 @@ def progress(session: Session, now: datetime | None = None) -> dict[str, Any]:
     reviewers = [
         {"reviewer": name, **p} for name, p in sorted(people.items(), key=lambda kv: (-kv[1]["labels"], kv[0]))
     ]
-    return {"reviewers": reviewers, "agreement": agreement(session)}
+    return {"reviewers": reviewers, "agreement": agreement(session, max_labels)}
 
 
-def agreement(session: Session) -> dict[str, Any]:
-    """On items labelled by two or more reviewers: the share where every current label is the same."""
-    lab = ReviewLabelRow
-    per_item = (
-        select(func.count().label("n"), func.count(func.distinct(lab.label)).label("kinds"))
-        .where(lab.is_current.is_(True))
-        .group_by(lab.conversation_id)
-        .having(func.count() >= 2)
-        .subquery()
-    )
-    items, agreed = session.execute(
-        select(func.count(), func.coalesce(func.sum(case((per_item.c.kinds == 1, 1), else_=0)), 0)).select_from(
-            per_item
-        )
-    ).one()
-    return {"items": items, "agreed": agreed, "rate": agreed / items if items else None}
+def agreement(session: Session, max_labels: int) -> dict[str, Any]:
+    """On items labelled by two or more reviewers: the share where every current label is the same.
+
+    Measured on the conversations of the newest ``max_labels`` current labels
+    (``VIGIL_AGREEMENT_MAX_LABELS``), so the read stays flat as labels accumulate."""
+    multi = [labels for labels in reads.labels_of_newest(session, max_labels).values() if len(labels) >= 2]
+    agreed = sum(1 for labels in multi if len({label for _, label in labels}) == 1)
+    return {"items": len(multi), "agreed": agreed, "rate": agreed / len(multi) if multi else None}

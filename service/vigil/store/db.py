@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import orjson
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import ColumnElement, Engine, String, any_, bindparam, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
@@ -77,6 +77,14 @@ def upsert(session: Session, table: Any) -> Any:
     """An INSERT with ``on_conflict_do_*`` for the session's database (Postgres or SQLite)."""
     name = session.get_bind().dialect.name
     return (postgresql.insert if name == "postgresql" else sqlite.insert)(table)
+
+
+def among(session: Session, col: Any, values: Sequence[str]) -> ColumnElement[bool]:
+    """``col`` is one of ``values``: on Postgres ``= ANY(array)``, one parameter however many values (an
+    ``IN`` list of thousands of parameters costs more to build and send than the look-ups it asks for)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return col == any_(bindparam(None, list(values), type_=postgresql.ARRAY(String)))
+    return col.in_(list(values))
 
 
 def after_commit(session: Session, fn: Callable[[], None]) -> None:

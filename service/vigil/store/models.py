@@ -165,6 +165,8 @@ class VerdictRow(Base):
     __table_args__ = (
         Index("ix_verdicts_judge_agent", "judge", "agent_id", "agent_version", "created_at"),
         Index("ix_verdicts_created", "created_at"),  # rollup job and retention read verdicts by time
+        # compare's protocol reads a version's newest verdicts (which judge versions and models scored it)
+        Index("ix_verdicts_version", "agent_id", "agent_version", "created_at"),
     )
 
 
@@ -235,6 +237,13 @@ class ReviewItemRow(Base):
         ),
         # the console counts a window's flagged conversations per version from this index alone
         Index("ix_review_items_created", "created_at", "agent_id", "agent_version"),
+        # calibration on randomly sampled items only: a small partial index instead of a scan of the queue
+        Index(
+            "ix_review_items_sampled",
+            "conversation_id",
+            postgresql_where=text("sampled IS TRUE"),
+            sqlite_where=text("sampled = 1"),
+        ),
     )
 
 

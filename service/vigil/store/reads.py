@@ -6,7 +6,7 @@ import base64
 import json
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -15,7 +15,7 @@ from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from vigil.rules import SEVERITY_RANK
-from vigil.store.db import aware
+from vigil.store.db import among, aware
 from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow, ReviewLabelRow
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,25 @@ def list_query(
     return q
 
 
+def newest_received(
+    session: Session, agent: str, version: str, since: datetime | None = None, until: datetime | None = None
+) -> datetime | None:
+    """When the version's newest conversation in [since, until) was received: one read of the (agent,
+    version, received) index alone.
+
+    Reads of a version's newest rows start there. Without it Postgres may walk ``received_at`` backward from
+    the end and filter out everyone's newer conversations to reach a version whose traffic ended long ago
+    (v1 over a month: a million rows at 10M stored): its estimate assumes a version's rows are spread
+    evenly over time."""
+    C = ConversationRow
+    q = select(C.received_at).where(C.agent_id == agent, C.agent_version == version)
+    if since is not None:
+        q = q.where(C.received_at >= aware(since))
+    if until is not None:
+        q = q.where(C.received_at < aware(until))
+    return session.scalar(q.order_by(C.received_at.desc()).limit(1))
+
+
 class BadCursor(ValueError):
     """A list cursor that this Vigil did not hand out (or from another ordering)."""
 
@@ -177,11 +196,22 @@ def list_conversations(
     C = ConversationRow
     q = list_query(**filters)
     total, capped = capped_count(session, q.with_only_columns(C.conversation_id), count_cap)
+    if filters.get("agent") and filters.get("version"):
+        newest = newest_received(
+            session, filters["agent"], filters["version"], filters.get("since"), filters.get("until")
+        )
+        if newest is None:
+            return _page([], total, capped, limit, offset)
+        q = q.where(C.received_at <= newest)
     if cursor:
         at_raw, cid = decode_cursor(cursor, 2)
         at = cursor_time(at_raw)
         q = q.where(C.received_at <= at, or_(C.received_at < at, C.conversation_id > str(cid)))
     rows = session.scalars(q.order_by(C.received_at.desc(), C.conversation_id).limit(limit).offset(offset)).all()
+    return _page(rows, total, capped, limit, offset)
+
+
+def _page(rows: Sequence[ConversationRow], total: int, capped: bool, limit: int, offset: int) -> dict[str, Any]:
     last = rows[-1] if len(rows) == limit else None
     return {
         "total": total,
@@ -226,6 +256,25 @@ def current_labels(session: Session, ids: list[str] | None = None) -> dict[str, 
         for row in rows:
             out[row.conversation_id].append(row)
     return out
+
+
+def labels_of_newest(session: Session, max_labels: int) -> dict[str, list[tuple[str, str]]]:
+    """``(reviewer, label)`` of the current labels, oldest first, of the conversations that the newest
+    ``max_labels`` current labels (by id) are on, every current label of each: what agreement between
+    reviewers reads. A backward walk of the labels' primary key that stops at ``max_labels``, then a look-up
+    by conversation, so the cost stays flat however many labels are stored."""
+    L = ReviewLabelRow
+    newest = select(L.conversation_id).where(L.is_current.is_(True)).order_by(L.id.desc()).limit(max_labels)
+    ids = list(dict.fromkeys(session.scalars(newest)))  # as ids: a subquery made Postgres scan every label
+    q = (
+        select(L.conversation_id, L.reviewer, L.label)
+        .where(L.is_current.is_(True), among(session, L.conversation_id, ids))
+        .order_by(L.id)
+    )
+    out: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for cid, reviewer, label in session.execute(q):
+        out[cid].append((reviewer, label))
+    return dict(out)
 
 
 def confirmed_failures(session: Session) -> dict[str, str]:
