@@ -2,7 +2,7 @@
 claim-next offers the item to everyone again (a reviewer who left no longer holds items for good).
 
 Revision ID: 0010_assign_lapse
-Revises: 0009_console
+Revises: 0010_reads
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0010_assign_lapse"
-down_revision = "0009_console"
+down_revision = "0010_reads"
 branch_labels = None
 depends_on = None
 
