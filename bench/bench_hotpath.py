@@ -372,6 +372,7 @@ def main() -> None:
     ap.add_argument("--only", choices=["real", "simulated"], default=None)
     args = ap.parse_args()
     from tests.support.services import create_topic, kafka_broker, postgres_database
+    from vigil.app.runtime import settle_heap
     from vigil.store import db as vigil_db
 
     load = os.getloadavg()
@@ -386,6 +387,7 @@ def main() -> None:
         payloads["simulated"] = simulated(args.simulated, seed=99)
     for k, raws in payloads.items():
         print(f"{k}: {len(raws):,} conversations, median {statistics.median(len(r) for r in raws) / 1024:.1f} KB")
+    settle_heap()  # the limit runs under the collector settings Vigil's processes use, from its first round
     results: dict[str, dict[str, list[dict]]] = {k: {"limit": [], "vigil": []} for k in payloads}
     with kafka_broker() as bootstrap, postgres_database() as pg_url:
         vigil_db.upgrade(pg_url)
