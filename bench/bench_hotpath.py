@@ -12,7 +12,8 @@ For each payload kind the same messages are produced once to a topic, then each 
 * **Vigil**: ``vigil consume`` as wired in production (every stage: decode, rules, store, outcome join,
   judge sampler, review flagger, trace marker), reading the same topic from the start.
 
-The tables are emptied before every run. CPU is counted in this process (``process_time``; each stage
+Both run under the collector settings every Vigil process uses once built (``settle_heap``). The
+tables are emptied before every run. CPU is counted in this process (``process_time``; each stage
 by ``thread_time`` around it, kafka-python's consume is the rest) and in the Postgres backends serving
 the run (``/proc/<pid>/stat``), as CPU-seconds per 1,000 conversations; the figures are medians over
 the rounds, which alternate limit and Vigil so that drift in the machine's load hits both alike.
