@@ -12,7 +12,8 @@ For each payload kind the same messages are produced once to a topic, then each 
 * **Vigil**: ``vigil consume`` as wired in production (every stage: decode, rules, store, outcome join,
   judge sampler, review flagger, trace marker), reading the same topic from the start.
 
-The tables are emptied before every run. CPU is counted in this process (``process_time``; each stage
+Both run under the collector settings every Vigil process uses once built (``settle_heap``). The
+tables are emptied before every run. CPU is counted in this process (``process_time``; each stage
 by ``thread_time`` around it, kafka-python's consume is the rest) and in the Postgres backends serving
 the run (``/proc/<pid>/stat``), as CPU-seconds per 1,000 conversations; the figures are medians over
 the rounds, which alternate limit and Vigil so that drift in the machine's load hits both alike.
@@ -372,6 +373,7 @@ def main() -> None:
     ap.add_argument("--only", choices=["real", "simulated"], default=None)
     args = ap.parse_args()
     from tests.support.services import create_topic, kafka_broker, postgres_database
+    from vigil.app.runtime import settle_heap
     from vigil.store import db as vigil_db
 
     load = os.getloadavg()
@@ -386,6 +388,7 @@ def main() -> None:
         payloads["simulated"] = simulated(args.simulated, seed=99)
     for k, raws in payloads.items():
         print(f"{k}: {len(raws):,} conversations, median {statistics.median(len(r) for r in raws) / 1024:.1f} KB")
+    settle_heap()  # the limit runs under the collector settings Vigil's processes use, from its first round
     results: dict[str, dict[str, list[dict]]] = {k: {"limit": [], "vigil": []} for k in payloads}
     with kafka_broker() as bootstrap, postgres_database() as pg_url:
         vigil_db.upgrade(pg_url)

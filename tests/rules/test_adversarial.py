@@ -195,7 +195,9 @@ def test_the_export_redactor_is_linear_on_hostile_text() -> None:
     assert worst <= SLOPE_BOUND, f"redactor grows with slope {worst:.2f}: {timings}"
 
 
-def test_a_rule_over_its_budget_yields_a_rule_timeout_finding() -> None:
+@pytest.mark.parametrize("spin_first", [True, False], ids=["spin_first", "spin_after_a_cheap_rule"])
+def test_a_rule_over_its_budget_yields_a_rule_timeout_finding(spin_first: bool) -> None:
+    """Also when the watchdog was last armed for an earlier rule's deadline and must find the later one."""
     from vigil.rules import RuleArgs, rule_type
     from vigil.rules.packs import CompiledRule, RuleEngine, RuleSpec
     from vigil.rules.registry import get_rule_type
@@ -203,27 +205,28 @@ def test_a_rule_over_its_budget_yields_a_rule_timeout_finding() -> None:
     class SpinArgs(RuleArgs):
         pass
 
-    @rule_type("test_spin", SpinArgs)
     def spin(view: ConversationView, args: SpinArgs):  # type: ignore[no-untyped-def]
         while True:  # a rule with a bug: never returns
             pass
         yield  # pragma: no cover
 
+    if "test_spin" not in registered_rule_types():
+        rule_type("test_spin", SpinArgs)(spin)
+
     spec = RuleSpec(id="spin", type="test_spin", severity="high")
     rt = get_rule_type("test_spin")
     other = RuleSpec(id="budget", type="budget", args={"max_turns": 1})
-    engine = RuleEngine(
-        [
-            CompiledRule("spin", "p", spec, rt, SpinArgs()),
-            CompiledRule("budget", "p", other, get_rule_type("budget"), ARGS_BUDGET),
-        ]
-    )
+    rules = [
+        CompiledRule("spin", "p", spec, rt, SpinArgs()),
+        CompiledRule("budget", "p", other, get_rule_type("budget"), ARGS_BUDGET),
+    ]
+    engine = RuleEngine(rules if spin_first else rules[::-1])
     engine.timeout_seconds = 0.05
     findings = engine.evaluate(conversation("hello there"))
     timeout = [f for f in findings if f.rule_id == "spin"]
     assert len(timeout) == 1 and timeout[0].severity == "info"
     assert timeout[0].details == {"rule_error": True, "rule_timeout": True}
-    assert [f.rule_id for f in findings if f.rule_id == "budget"] == ["budget"]  # the next rule still ran
+    assert [f.rule_id for f in findings if f.rule_id == "budget"] == ["budget"]  # the other rule ran too
 
 
 ARGS_BUDGET = registered_rule_types()["budget"].args_model.model_validate({"max_turns": 1})

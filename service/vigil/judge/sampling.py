@@ -20,7 +20,7 @@ from vigil.judge.models import JudgeRequestRow
 from vigil.metrics import OTHER, Metrics
 from vigil.store.db import utcnow
 from vigil.store.models import ConversationRow
-from vigil.store.writes import Checked
+from vigil.store.writes import Checked, stored_in_batch
 
 _SCALE = float(1 << 64)
 
@@ -274,19 +274,23 @@ class JudgeSampler:
             return
         now = self.clock()
         ids = {o.conversation_id for o in outcomes}
-        cols = load_only(
-            ConversationRow.conversation_id,
-            ConversationRow.revision,
-            ConversationRow.agent_id,
-            ConversationRow.agent_version,
-            ConversationRow.status,
-        )  # never the document: a listener runs in the batch that just wrote it
-        convs = {
-            c.conversation_id: c
-            for c in session.scalars(
-                select(ConversationRow).options(cols).where(ConversationRow.conversation_id.in_(ids))
-            ).all()
-        }
+        batch = stored_in_batch(session)  # what the batch just stored is not read back
+        convs: dict[str, Any] = {cid: batch[cid] for cid in ids if cid in batch}
+        if len(convs) < len(ids):
+            cols = load_only(
+                ConversationRow.conversation_id,
+                ConversationRow.revision,
+                ConversationRow.agent_id,
+                ConversationRow.agent_version,
+                ConversationRow.status,
+            )  # never the document
+            missing = ids - convs.keys()
+            convs.update(
+                (c.conversation_id, c)
+                for c in session.scalars(
+                    select(ConversationRow).options(cols).where(ConversationRow.conversation_id.in_(missing))
+                ).all()
+            )
         rows: list[dict[str, Any]] = []
         for o in outcomes:
             c = convs.get(o.conversation_id)

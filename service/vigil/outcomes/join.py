@@ -14,7 +14,7 @@ from vigil.schema import OutcomeType
 from vigil.store.db import after_commit, upsert
 from vigil.store.models import ConversationRow, OutcomeLinkRow, OutcomeRow
 from vigil.store.signals import STORED_FIELDS, StoredConversation, attributed
-from vigil.store.writes import Checked
+from vigil.store.writes import Checked, copy_new_rows
 
 
 def link_outcomes(
@@ -66,7 +66,7 @@ def link_outcomes(
     rows.sort(key=lambda r: r["outcome_id"])  # one lock order for every writer
     fresh = [r for r in rows if r["outcome_id"] not in existing]
     stale = [r for r in rows if r["outcome_id"] in existing]
-    if fresh:
+    if fresh and not copy_new_rows(session, OutcomeLinkRow.__table__, fresh):  # type: ignore[arg-type]
         ins = upsert(session, OutcomeLinkRow)
         inserted = set(
             session.scalars(

@@ -28,7 +28,7 @@ from vigil.review.policy import FlaggingPolicy, Reason
 from vigil.store.db import upsert, utcnow
 from vigil.store.models import ConversationRow, OutcomeRow, ReviewItemRow
 from vigil.store.signals import attributed
-from vigil.store.writes import Checked
+from vigil.store.writes import Checked, stored_in_batch
 
 SYSTEM_ACTOR = "vigil"
 
@@ -212,7 +212,16 @@ class Flagger:
             ).all()
         )
 
-    def _convs(self, session: Session, ids: Iterable[str]) -> dict[str, ConversationRow]:
+    def _convs(self, session: Session, ids: Iterable[str]) -> dict[str, Any]:
+        """The stored conversations of ``ids`` (those the batch just stored are not read back)."""
+        wanted = set(ids)
+        batch = stored_in_batch(session)
+        found: dict[str, Any] = {cid: batch[cid] for cid in wanted if cid in batch}
+        if len(found) < len(wanted):
+            found.update(self._read_convs(session, wanted - found.keys()))
+        return found
+
+    def _read_convs(self, session: Session, ids: Iterable[str]) -> dict[str, ConversationRow]:
         cols = load_only(
             ConversationRow.conversation_id,
             ConversationRow.agent_id,

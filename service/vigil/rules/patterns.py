@@ -44,10 +44,68 @@ def _options(ignore_case: bool) -> Any:
     return options
 
 
+class LinearRegex:
+    """An RE2 pattern with the ``re``-like interface of ``google-re2``, searched faster in ASCII text.
+
+    ``google-re2``'s Python layer spends more per call than RE2 itself spends on a short text: for a
+    ``str`` it encodes the text to UTF-8 and maps every match's byte offsets back to characters, in
+    Python. In ASCII text (``str.isascii`` costs nothing) bytes and characters coincide, so the search
+    runs on the text's bytes directly and hands back the same match objects with the same spans.
+    Anything else (non-ASCII text, bytes, ``sub``, ``split``) goes to ``google-re2`` unchanged.
+    """
+
+    __slots__ = ("_rx", "_match")
+
+    def __init__(self, rx: Any) -> None:
+        self._rx = rx
+        self._match = rx._regexp.Match
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rx, name)
+
+    def _ascii(self, anchor: Any, text: str, pos: int | None, endpos: int | None) -> Iterator[Any]:
+        n = len(text)
+        pos = 0 if pos is None else max(0, min(pos, n))
+        endpos = n if endpos is None else max(0, min(endpos, n))
+        if pos > endpos:
+            return
+        data, start, rx, match = text.encode("ascii"), pos, self._rx, self._match
+        while True:  # the same steps as google-re2's own loop over bytes
+            spans = match(anchor, data, pos, endpos)
+            if spans[0] == _NULL_SPAN:
+                return
+            yield _Match(rx, text, start, endpos, spans)
+            if pos == endpos:
+                return
+            pos = pos + 1 if pos == spans[0][1] else spans[0][1]
+
+    def _run(self, anchor: Any, text: Any, pos: int | None, endpos: int | None) -> Iterator[Any]:
+        if type(text) is str and text.isascii():
+            return self._ascii(anchor, text, pos, endpos)
+        return self._rx._match(anchor, text, pos, endpos)  # type: ignore[no-any-return]
+
+    def search(self, text: Any, pos: int | None = None, endpos: int | None = None) -> Any:
+        return next(self._run(_UNANCHORED, text, pos, endpos), None)
+
+    def match(self, text: Any, pos: int | None = None, endpos: int | None = None) -> Any:
+        return next(self._run(_ANCHOR_START, text, pos, endpos), None)
+
+    def fullmatch(self, text: Any, pos: int | None = None, endpos: int | None = None) -> Any:
+        return next(self._run(_ANCHOR_BOTH, text, pos, endpos), None)
+
+    def finditer(self, text: Any, pos: int | None = None, endpos: int | None = None) -> Iterator[Any]:
+        return self._run(_UNANCHORED, text, pos, endpos)
+
+
+_NULL_SPAN = re2._NULL_SPAN
+_Match = re2._Match
+_UNANCHORED, _ANCHOR_START, _ANCHOR_BOTH = re2._Anchor.UNANCHORED, re2._Anchor.ANCHOR_START, re2._Anchor.ANCHOR_BOTH
+
+
 def compile_linear(pattern: str, ignore_case: bool = False) -> Any:
     """``pattern`` compiled for RE2; raises UnsupportedPattern with what RE2 objects to."""
     try:
-        return re2.compile(pattern, _options(ignore_case))
+        return LinearRegex(re2.compile(pattern, _options(ignore_case)))
     except re2.error as exc:
         reason = exc.args[0] if exc.args else exc
         if isinstance(reason, bytes):

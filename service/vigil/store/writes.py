@@ -50,6 +50,24 @@ class Checked:
     def ended_at(self) -> datetime | None:
         return aware(self.conversation.ended_at)
 
+    @property
+    def revision(self) -> int:
+        return self.conversation.effective_revision
+
+    @property
+    def status(self) -> str | None:
+        return self.conversation.status
+
+
+_BATCH_KEY = "vigil.stored_batch"
+
+
+def stored_in_batch(session: Session) -> dict[str, Checked]:
+    """The conversations this session's batch stored, by id: what stages that run in the same
+    transaction would otherwise read back from the rows just written."""
+    found: dict[str, Checked] = session.info.get(_BATCH_KEY, {})
+    return found
+
 
 @dataclass(slots=True)
 class DeadLetter:
@@ -108,6 +126,21 @@ def _upsert_conversations_pg(session: Session, rows: list[dict[str, Any]]) -> tu
     ).all()
     conn.exec_driver_sql("TRUNCATE vigil_conversations_stage")
     return {r[0] for r in result}, {r[0] for r in result if not r[1]}
+
+
+def copy_new_rows(session: Session, table: Table, rows: list[dict[str, Any]]) -> bool:
+    """COPY rows the caller found absent straight into ``table`` (Postgres), instead of a multi-row
+    ``INSERT ... ON CONFLICT`` of thousands of placeholders. A row written meanwhile by another
+    transaction fails the COPY on its key: the savepoint is rolled back and False says to upsert instead.
+    """
+    if not rows or session.get_bind().dialect.name != "postgresql":
+        return False
+    try:
+        with session.begin_nested():
+            _pg_copy(session, table, rows)
+    except psycopg.errors.UniqueViolation:
+        return False
+    return True
 
 
 def _copy_new_conversations(session: Session, rows: list[dict[str, Any]], ids: list[str]) -> bool:
@@ -197,6 +230,7 @@ def store_conversations(session: Session, items: Sequence[Checked]) -> list[Chec
         return []
     for i in applied:
         i.received_at = now
+    session.info.setdefault(_BATCH_KEY, {}).update((i.conversation.conversation_id, i) for i in applied)
     if replaced_ids:
         previous: dict[str, set[tuple[str, str]]] = {}
         old = select(FindingRow.conversation_id, FindingRow.rule_id, FindingRow.message).where(
@@ -261,10 +295,18 @@ def _store_inline_outcomes(session: Session, applied: list[Checked], now: dateti
         for i in applied
         for o in i.conversation.outcomes
     ]
-    if outcome_rows:
-        outcome_rows.sort(key=lambda r: str(r["idempotency_key"]))
-        ins = upsert(session, OutcomeRow.__table__)
-        session.execute(ins.on_conflict_do_nothing(index_elements=["idempotency_key"]), outcome_rows)
+    if not outcome_rows:
+        return
+    outcome_rows.sort(key=lambda r: str(r["idempotency_key"]))
+    if session.get_bind().dialect.name == "postgresql":
+        keys = [r["idempotency_key"] for r in outcome_rows]
+        known = session.connection().exec_driver_sql(
+            "SELECT 1 FROM outcomes WHERE idempotency_key = ANY(%(keys)s) LIMIT 1", {"keys": keys}
+        )
+        if known.first() is None and copy_new_rows(session, OutcomeRow.__table__, outcome_rows):  # type: ignore[arg-type]
+            return
+    ins = upsert(session, OutcomeRow.__table__)
+    session.execute(ins.on_conflict_do_nothing(index_elements=["idempotency_key"]), outcome_rows)
 
 
 def _spans(offsets: list[int]) -> str:
