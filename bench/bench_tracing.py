@@ -81,7 +81,7 @@ def main() -> int:
     if args.only != "spans":
         from bench.bench_otlp import compare_otlp_native
 
-        compare_otlp_native(args.copies, max(1, args.rounds // 2))
+        compare_otlp_native(args.copies, args.rounds if args.only == "otlp" else max(1, args.rounds // 2))
         if args.only == "otlp":
             return 0
     spans.shutdown()

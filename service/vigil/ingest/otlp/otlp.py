@@ -80,33 +80,44 @@ def parse_protobuf(data: bytes) -> list[dict[str, Any]]:
 def spans_of_request(req: Any) -> list[dict[str, Any]]:
     """Spans of a parsed ``ExportTraceServiceRequest`` (the HTTP and gRPC receivers share this)."""
     spans: list[dict[str, Any]] = []
+    append = spans.append
+    hexes: dict[bytes, str] = {}  # a request's spans share few trace ids
     for rs in req.resource_spans:
         resource = _resource({kv.key: _pb_value(kv.value) for kv in rs.resource.attributes})
         for ss in rs.scope_spans:
             for sp in ss.spans:
-                spans.append(
+                tid = sp.trace_id
+                trace_id = hexes.get(tid)
+                if trace_id is None:
+                    trace_id = hexes[tid] = tid.hex()
+                status = sp.status
+                append(
                     {
-                        "trace_id": sp.trace_id.hex(),
+                        "trace_id": trace_id,
                         "span_id": sp.span_id.hex(),
                         "parent_span_id": sp.parent_span_id.hex() or None,
                         "name": sp.name,
-                        "kind": int(sp.kind),
-                        "start_ns": int(sp.start_time_unix_nano),
-                        "end_ns": int(sp.end_time_unix_nano),
+                        "kind": sp.kind,
+                        "start_ns": sp.start_time_unix_nano,
+                        "end_ns": sp.end_time_unix_nano,
                         "attributes": _attributes(sp.attributes),
-                        "events": [
-                            {
-                                "name": ev.name,
-                                "time_ns": int(ev.time_unix_nano),
-                                "attributes": {kv.key: _pb_value(kv.value) for kv in ev.attributes},
-                            }
-                            for ev in sp.events
-                        ],
-                        "status": {"code": int(sp.status.code), "message": sp.status.message},
+                        "events": _events(sp.events) if sp.events else [],
+                        "status": {"code": status.code, "message": status.message},
                         "resource": resource,
                     }
                 )
     return spans
+
+
+def _events(events: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": ev.name,
+            "time_ns": ev.time_unix_nano,
+            "attributes": {kv.key: _pb_value(kv.value) for kv in ev.attributes},
+        }
+        for ev in events
+    ]
 
 
 def parse_logs_protobuf(data: bytes) -> list[dict[str, Any]]:
@@ -159,7 +170,8 @@ def _attributes(kvs: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kv in kvs:
         v = kv.value
-        out[kv.key] = v.string_value if v.WhichOneof("value") == "string_value" else _pb_value(v)
+        # a non-empty string_value is the value; otherwise (another kind, or "") ask which kind it is
+        out[kv.key] = v.string_value or _pb_value(v)
     return out
 
 
