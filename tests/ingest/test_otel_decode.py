@@ -13,7 +13,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from vigil.ingest.otlp.otlp import OtlpError, parse_protobuf, spans_of_request
+from vigil.ingest.otlp.otlp import RECENT_VALUES, OtlpError, RecentValues, parse_protobuf, spans_of_request
 
 SYSTEM = "Règles de la boutique 🛒: " + "réponds poliment. " * 40  # multi-byte characters, over 256 bytes
 
@@ -130,3 +130,26 @@ def test_a_value_that_is_not_utf8_is_refused(where: str) -> None:
     with pytest.raises(OtlpError) as err:
         parse_protobuf(bad)
     assert err.value.status == 400
+
+
+def test_a_trace_split_over_requests_reuses_its_earlier_values_until_its_root_ends() -> None:
+    trace = 77
+    first = parse_protobuf(request([chat(trace, n, {"sys": SYSTEM, "in": history(n + 8, trace)}) for n in (0, 1)]))
+    later = parse_protobuf(request([chat(trace, 2, {"sys": SYSTEM, "in": history(10, trace)})]))
+
+    assert later[0]["attributes"]["sys"] is first[1]["attributes"]["sys"]
+    assert later[0]["attributes"]["in"] == history(10, trace)
+    key = f"{trace:032x}"
+    assert RECENT_VALUES.get(key)["in"][1] is later[0]["attributes"]["in"]
+    root = Span(trace_id=trace.to_bytes(16, "big"), span_id=(trace * 100).to_bytes(8, "big"), name="agent")
+    parse_protobuf(request([root]))
+    assert RECENT_VALUES.get(key) == {}
+
+
+def test_recent_values_keep_within_their_byte_budget() -> None:
+    recent = RecentValues(max_bytes=1000)
+    for t in range(5):
+        recent.put({f"t{t}": {"a": (b"x" * 300, "x" * 300)}}, set())
+    assert len(recent) == 3 and recent.get("t0") == {} and recent.get("t4")["a"][1] == "x" * 300
+    recent.put({}, {"t4"})
+    assert recent.get("t4") == {} and len(recent) == 2

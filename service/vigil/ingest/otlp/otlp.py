@@ -13,7 +13,9 @@ from __future__ import annotations
 import base64
 import gzip
 import re
+import threading
 import zlib
+from collections import OrderedDict
 from typing import Any
 
 import orjson
@@ -140,7 +142,7 @@ def spans_of_request(req: Any) -> list[dict[str, Any]]:
     spans: list[dict[str, Any]] = []
     append = spans.append
     hexes: dict[bytes, str] = {}  # a request's spans share few trace ids
-    seen: dict[tuple[str, str], tuple[bytes, str]] = {}  # (trace, attribute) -> its latest long value
+    seen = _Seen(RECENT_VALUES)
     for rs in req.resource_spans:
         resource = _resource({kv.key: _pb_value(kv.value) for kv in rs.resource.attributes})
         for ss in rs.scope_spans:
@@ -165,6 +167,9 @@ def spans_of_request(req: Any) -> list[dict[str, Any]]:
                         "resource": resource,
                     }
                 )
+                if not spans[-1]["parent_span_id"]:
+                    seen.ended.add(trace_id)
+    seen.keep()
     return spans
 
 
@@ -225,15 +230,77 @@ def logs_response(rejected: int, message: str) -> bytes:
 
 
 REUSE_BYTES = 256  # shorter values are decoded as they come
+Values = dict[str, tuple[bytes, str]]  # attribute -> its latest long value, as received and decoded
 
 
-def _attributes(kvs: Any, trace_id: str, seen: dict[tuple[str, str], tuple[bytes, str]]) -> dict[str, Any]:
+class RecentValues:
+    """The latest long string value of each attribute of the traces a process is receiving, as bytes and as
+    decoded text, so a span that repeats or extends its trace's previous value (sent in an earlier request
+    when a busy exporter interleaves many traces) is not decoded again. Traces whose root span ended are
+    dropped; the least recently used go first beyond ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._traces: OrderedDict[str, tuple[Values, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._traces)
+
+    def get(self, trace_id: str) -> Values:
+        with self._lock:
+            entry = self._traces.get(trace_id)
+        return dict(entry[0]) if entry else {}
+
+    def put(self, traces: dict[str, Values], ended: set[str]) -> None:
+        with self._lock:
+            for trace_id, values in traces.items():
+                old = self._traces.pop(trace_id, None)
+                if old is not None:
+                    self._bytes -= old[1]
+                if trace_id in ended:
+                    continue
+                size = sum(len(b) for b, _ in values.values())
+                self._traces[trace_id] = (values, size)
+                self._bytes += size
+            for trace_id in ended.difference(traces):
+                gone = self._traces.pop(trace_id, None)
+                if gone is not None:
+                    self._bytes -= gone[1]
+            while self._bytes > self.max_bytes and self._traces:
+                _, (_, size) = self._traces.popitem(last=False)
+                self._bytes -= size
+
+
+RECENT_VALUES = RecentValues(32 * 1024 * 1024)
+
+
+class _Seen(dict[str, Values]):
+    """One request's long values by trace, starting from what ``recent`` holds of each trace."""
+
+    def __init__(self, recent: RecentValues) -> None:
+        super().__init__()
+        self.recent = recent
+        self.ended: set[str] = set()
+
+    def __missing__(self, trace_id: str) -> Values:
+        values = self[trace_id] = self.recent.get(trace_id)
+        return values
+
+    def keep(self) -> None:
+        if self or self.ended:
+            self.recent.put(self, self.ended)
+
+
+def _attributes(kvs: Any, trace_id: str, seen: _Seen) -> dict[str, Any]:
     """A span's attributes; string values (nearly all of them) without a call per value.
 
-    A long value sent as bytes that equals the latest value of the same attribute in the same trace (in
-    this request) is that value's string; one that extends it (a JSON list with items appended) is its
-    string with only the new bytes decoded."""
+    A long value sent as bytes that equals the latest value of the same attribute in the same trace is
+    that value's string; one that extends it (a JSON list with items appended) is its string with only
+    the new bytes decoded (see :class:`RecentValues`)."""
     out: dict[str, Any] = {}
+    values: Values | None = None
     for kv in kvs:
         v = kv.value
         b = v.string_value
@@ -244,8 +311,10 @@ def _attributes(kvs: Any, trace_id: str, seen: dict[tuple[str, str], tuple[bytes
         elif len(b) < REUSE_BYTES:
             out[kv.key] = b.decode()
         else:
-            key = (trace_id, kv.key)
-            prev = seen.get(key)
+            if values is None:
+                values = seen[trace_id]
+            key = kv.key
+            prev = values.get(key)
             if prev is None:
                 text = b.decode()
             else:
@@ -257,8 +326,8 @@ def _attributes(kvs: Any, trace_id: str, seen: dict[tuple[str, str], tuple[bytes
                     text = ps[:-1] + b[n:].decode()
                 else:
                     text = b.decode()
-            seen[key] = (b, text)
-            out[kv.key] = text
+            values[key] = (b, text)
+            out[key] = text
     return out
 
 
