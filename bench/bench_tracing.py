@@ -9,7 +9,9 @@
     the history so far, as instrumentations send them, under one root span) against native ingest at
     ``POST /v1/conversations``, in CPU-seconds per 1,000 conversations measured in the same run; the
     OTLP variants are whole traces per request, and about 100 traces interleaved (a busy agent fleet
-    behind one exporter). Requests are 512 spans, the SDK's batch size.
+    behind one exporter). Requests are 512 spans, the SDK's batch size. Each round measures the three
+    one after the other (each alone in a freshly collected heap) and side by side (requests in turn,
+    so load changes hit all three alike); ``--rounds`` is the number of rounds with ``--only otlp``.
 
     python -m bench.bench_tracing [--conversations 4000] [--batch 200] [--only otlp] [--copies 17]
 """
@@ -81,7 +83,7 @@ def main() -> int:
     if args.only != "spans":
         from bench.bench_otlp import compare_otlp_native
 
-        compare_otlp_native(args.copies, max(1, args.rounds // 2))
+        compare_otlp_native(args.copies, args.rounds if args.only == "otlp" else max(1, args.rounds // 2))
         if args.only == "otlp":
             return 0
     spans.shutdown()

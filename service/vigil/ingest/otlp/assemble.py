@@ -14,13 +14,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from vigil.ingest.otlp.conventions import (
-    SESSION_KEYS,
-    USER_KEYS,
     InputCache,
     SpanView,
     ToolRun,
-    first_attr,
     is_relevant,
+    session_and_user,
     tool_call_message,
     view,
 )
@@ -265,8 +263,7 @@ def assemble(
         "conventions": sorted({v.convention for v in views if v.role in ("inference", "tool")}),
         "trace": {"spans": _tree(spans, views, start), "span_total": len(real)},
     }
-    session = next((x for s in spans if (x := first_attr(s, SESSION_KEYS))), None)
-    user = next((x for s in spans if (x := first_attr(s, USER_KEYS))), None)
+    session, user = session_and_user(spans)
     if session:
         metadata["session_id"] = session
     if user:

@@ -21,6 +21,7 @@ A span with none of these is a container (the root HTTP or application span) or 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,6 +152,23 @@ def is_relevant(span: dict[str, Any]) -> bool:
     return any(
         e["name"].startswith("gen_ai.") or any(k.startswith("gen_ai.") for k in e["attributes"]) for e in span["events"]
     )
+
+
+_LABEL_KEYS = frozenset(SESSION_KEYS + USER_KEYS)
+
+
+def session_and_user(spans: Iterable[dict[str, Any]]) -> tuple[str | None, str | None]:
+    """The session and user ids of a conversation: each from the first span carrying it (most carry neither,
+    which one set lookup tells)."""
+    session = user = None
+    for s in spans:
+        if _LABEL_KEYS.isdisjoint(s["attributes"]):
+            continue
+        session = session or first_attr(s, SESSION_KEYS)
+        user = user or first_attr(s, USER_KEYS)
+        if session and user:
+            break
+    return session, user
 
 
 def first_attr(span: dict[str, Any], keys: tuple[str, ...]) -> str | None:

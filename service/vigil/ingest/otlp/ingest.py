@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from vigil.ingest.otlp.assemble import assemble, conversation_id_of, is_relevant
 from vigil.ingest.otlp.compact import Last, compact, expand
-from vigil.ingest.otlp.conventions import SESSION_KEYS, USER_KEYS, first_attr
+from vigil.ingest.otlp.conventions import session_and_user
 from vigil.ingest.otlp.models import OtelConversationRow, OtelEventRow, OtelSpanRow
 from vigil.ingest.otlp.otlp import valid_ids
 from vigil.runtime import Runtime
@@ -168,15 +168,24 @@ class TraceIngest:
                 by_trace.setdefault(s["trace_id"], cid)
         by_trace = self._keys(session, {s["trace_id"] for s in spans}, by_trace)
         touched: dict[str, _Touched] = {}
-        rows: list[dict[str, Any]] = []
+        rows: list[tuple[str, dict[str, Any]]] = []
         now = datetime.now(UTC)
         for s in spans:
             key = conversation_id_of(s) or by_trace.get(s["trace_id"]) or trace_key(s["trace_id"])
             touched.setdefault(key, _Touched()).spans.append(s)
-        states = {
+        c = OtelConversationRow
+        states = {  # columns, not ORM objects: a busy exporter's request touches hundreds of conversations
             r.conversation_key: r
-            for r in session.scalars(
-                select(OtelConversationRow).where(OtelConversationRow.conversation_key.in_(touched))
+            for r in session.execute(
+                select(
+                    c.conversation_key,
+                    c.span_count,
+                    c.event_count,
+                    c.idle_finished,
+                    c.finished_at,
+                    c.processed_at,
+                    c.first_seen_at,
+                ).where(c.conversation_key.in_(touched))
             )
         }
         limit = self.rt.settings.otlp_max_spans_per_conversation
@@ -193,38 +202,17 @@ class TraceIngest:
             t.finished = bool(state and state.finished_at is not None)
             t.processed_at = (state.processed_at or state.first_seen_at) if state else datetime.now(UTC)
             compacted, t.last = compact(t.spans, self._last_of(key))
-            for s in compacted:
-                rows.append(
-                    {
-                        "conversation_key": key,
-                        "trace_id": s["trace_id"],
-                        "span_id": s["span_id"],
-                        "parent_span_id": s.get("parent_span_id"),
-                        "name": s["name"][:512],
-                        "start_ns": s["start_ns"],
-                        "end_ns": s["end_ns"],
-                        "span": s,
-                        "received_at": now,
-                    }
-                )
+            rows.extend((key, s) for s in compacted)
         if res.dropped:
             res.problems.append(f"{res.dropped} spans dropped: conversation already has {limit} spans")
         if not rows:
             return touched
-        table = OtelSpanRow.__table__
-        stmt = (
-            _dialect(session)
-            .insert(table)
-            .on_conflict_do_nothing(index_elements=["trace_id", "span_id"])
-            .returning(table.c.conversation_key)
-        )
-        inserted = session.execute(stmt, rows).scalars().all()  # Core executemany: no ORM bookkeeping
+        inserted = _insert_spans(session, rows, now)
         res.stored = len(inserted)
         counts: dict[str, tuple[int, int]] = {}
         for key in inserted:
             counts[key] = (counts.get(key, (0, 0))[0] + 1, 0)
-        labels = {key: _labels(t.spans) for key, t in touched.items()}
-        totals = self._count(session, counts, labels)
+        totals = self._count(session, counts, {key: session_and_user(t.spans) for key, t in touched.items()})
         for key, t in touched.items():
             t.stored = counts.get(key, (0, 0))[0]
             t.total = totals.get(key, 0)
@@ -573,7 +561,69 @@ class TraceMarker:
             session.execute(stmt.values(finished_at=bindparam("at"), claimed_by=None, claim_until=None), done)
 
 
-def _labels(spans: Sequence[dict[str, Any]]) -> tuple[str | None, str | None]:
-    session = next((x for s in spans if (x := first_attr(s, SESSION_KEYS))), None)
-    user = next((x for s in spans if (x := first_attr(s, USER_KEYS))), None)
-    return session, user
+_SPAN_COLUMNS = "conversation_key, trace_id, span_id, parent_span_id, name, start_ns, end_ns, span, received_at"
+INSERT_CHUNK = 500  # rows per statement: 4,500 parameters, under SQLite's and Postgres' limits
+
+
+def _insert_spans(session: Session, rows: list[tuple[str, dict[str, Any]]], now: datetime) -> list[str]:
+    """Insert (conversation key, compacted span) rows, skipping spans already stored (same trace and span
+    id); returns the conversation key of each row inserted.
+
+    One multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` per chunk, its parameters passed to the
+    driver as they are (each span serialised once here): SQLAlchemy's executemany would build and
+    process a parameter dict per row, which costs as much as the insert itself."""
+    conn = session.connection()
+    dialect = conn.dialect
+    table = OtelSpanRow.__table__
+    if dialect.paramstyle == "qmark":
+        mark, json_mark = "?", "?"
+    elif dialect.paramstyle in ("format", "pyformat"):
+        mark, json_mark = "%s", "CAST(%s AS JSONB)" if dialect.name == "postgresql" else "%s"
+    else:  # another driver: let SQLAlchemy bind the parameters
+        stmt = (
+            _dialect(session)
+            .insert(table)
+            .on_conflict_do_nothing(index_elements=["trace_id", "span_id"])
+            .returning(table.c.conversation_key)
+        )
+        return list(session.execute(stmt, [_span_row(key, s, now) for key, s in rows]).scalars().all())
+    at_proc = table.c.received_at.type.dialect_impl(dialect).bind_processor(dialect)
+    at = at_proc(now) if at_proc else now
+    one = f"({', '.join([mark] * 7)}, {json_mark}, {mark})"
+    inserted: list[str] = []
+    dumps = orjson.dumps
+    for i in range(0, len(rows), INSERT_CHUNK):
+        chunk = rows[i : i + INSERT_CHUNK]
+        params: list[Any] = []
+        for key, s in chunk:
+            params += (
+                key,
+                s["trace_id"],
+                s["span_id"],
+                s.get("parent_span_id"),
+                s["name"][:512],
+                s["start_ns"],
+                s["end_ns"],
+                dumps(s).decode(),
+                at,
+            )
+        sql = (
+            f"INSERT INTO {table.name} ({_SPAN_COLUMNS}) VALUES {', '.join([one] * len(chunk))} "
+            "ON CONFLICT (trace_id, span_id) DO NOTHING RETURNING conversation_key"
+        )
+        inserted += [r[0] for r in conn.exec_driver_sql(sql, tuple(params))]
+    return inserted
+
+
+def _span_row(key: str, s: dict[str, Any], now: datetime) -> dict[str, Any]:
+    return {
+        "conversation_key": key,
+        "trace_id": s["trace_id"],
+        "span_id": s["span_id"],
+        "parent_span_id": s.get("parent_span_id"),
+        "name": s["name"][:512],
+        "start_ns": s["start_ns"],
+        "end_ns": s["end_ns"],
+        "span": s,
+        "received_at": now,
+    }

@@ -13,7 +13,9 @@ from __future__ import annotations
 import base64
 import gzip
 import re
+import threading
 import zlib
+from collections import OrderedDict
 from typing import Any
 
 import orjson
@@ -67,46 +69,119 @@ def _bounded(decomp: Any, body: bytes, limit: int) -> bytes:
 
 def parse_protobuf(data: bytes) -> list[dict[str, Any]]:
     from google.protobuf.message import DecodeError
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    req = ExportTraceServiceRequest()
+    req = _raw_request_class()()
     try:
         req.ParseFromString(data)
     except DecodeError as exc:
         raise OtlpError(f"body is not an OTLP ExportTraceServiceRequest: {exc}") from exc
-    return spans_of_request(req)
+    try:
+        return spans_of_request(req)
+    except UnicodeDecodeError as exc:
+        raise OtlpError(f"body is not an OTLP ExportTraceServiceRequest: a string value is not UTF-8 ({exc})") from exc
+
+
+_RAW_PACKAGES = {
+    "opentelemetry.proto.common.v1": "vigil.otlp_raw.common.v1",
+    "opentelemetry.proto.resource.v1": "vigil.otlp_raw.resource.v1",
+    "opentelemetry.proto.trace.v1": "vigil.otlp_raw.trace.v1",
+    "opentelemetry.proto.collector.trace.v1": "vigil.otlp_raw.collector.trace.v1",
+}
+_raw_class: Any = None
+
+
+def _raw_request_class() -> Any:
+    """``ExportTraceServiceRequest`` as is, except that ``AnyValue.string_value`` is declared ``bytes`` (the
+    same wire format): attribute values are read without decoding them, so a long value a span repeats
+    from the previous one (every inference span resends the instructions and the history) is compared as
+    bytes and shares the previous span's string instead of being validated and decoded again. Values
+    that are decoded are checked as strictly as protobuf checks a string."""
+    global _raw_class
+    if _raw_class is not None:
+        return _raw_class
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+    from opentelemetry.proto.common.v1 import common_pb2
+    from opentelemetry.proto.resource.v1 import resource_pb2
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    def renamed(type_name: str) -> str:
+        for old, new in _RAW_PACKAGES.items():
+            if type_name.startswith(f".{old}."):
+                return f".{new}{type_name[len(old) + 1 :]}"
+        return type_name
+
+    def retype(messages: Any) -> None:
+        for m in messages:
+            for f in m.field:
+                if f.type_name:
+                    f.type_name = renamed(f.type_name)
+                if m.name == "AnyValue" and f.name == "string_value":
+                    f.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+            retype(m.nested_type)
+
+    pool = descriptor_pool.DescriptorPool()
+    for module in (common_pb2, resource_pb2, trace_pb2, trace_service_pb2):
+        proto = descriptor_pb2.FileDescriptorProto()
+        module.DESCRIPTOR.CopyToProto(proto)
+        proto.name = f"vigil_otlp_raw/{proto.name}"
+        proto.package = _RAW_PACKAGES[proto.package]
+        proto.dependency[:] = [f"vigil_otlp_raw/{d}" for d in proto.dependency]
+        proto.ClearField("options")
+        del proto.service[:]
+        retype(proto.message_type)
+        pool.Add(proto)
+    name = f"{_RAW_PACKAGES['opentelemetry.proto.collector.trace.v1']}.ExportTraceServiceRequest"
+    _raw_class = message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+    return _raw_class
 
 
 def spans_of_request(req: Any) -> list[dict[str, Any]]:
-    """Spans of a parsed ``ExportTraceServiceRequest`` (the HTTP and gRPC receivers share this)."""
+    """Spans of a parsed ``ExportTraceServiceRequest`` (the HTTP and gRPC receivers share this); string values
+    may come as bytes (see :func:`_raw_request_class`). Raises ``UnicodeDecodeError`` on one that is not UTF-8."""
     spans: list[dict[str, Any]] = []
+    append = spans.append
+    hexes: dict[bytes, str] = {}  # a request's spans share few trace ids
+    seen = _Seen(RECENT_VALUES)
     for rs in req.resource_spans:
         resource = _resource({kv.key: _pb_value(kv.value) for kv in rs.resource.attributes})
         for ss in rs.scope_spans:
             for sp in ss.spans:
-                spans.append(
+                tid = sp.trace_id
+                trace_id = hexes.get(tid)
+                if trace_id is None:
+                    trace_id = hexes[tid] = tid.hex()
+                status = sp.status
+                append(
                     {
-                        "trace_id": sp.trace_id.hex(),
+                        "trace_id": trace_id,
                         "span_id": sp.span_id.hex(),
                         "parent_span_id": sp.parent_span_id.hex() or None,
                         "name": sp.name,
-                        "kind": int(sp.kind),
-                        "start_ns": int(sp.start_time_unix_nano),
-                        "end_ns": int(sp.end_time_unix_nano),
-                        "attributes": _attributes(sp.attributes),
-                        "events": [
-                            {
-                                "name": ev.name,
-                                "time_ns": int(ev.time_unix_nano),
-                                "attributes": {kv.key: _pb_value(kv.value) for kv in ev.attributes},
-                            }
-                            for ev in sp.events
-                        ],
-                        "status": {"code": int(sp.status.code), "message": sp.status.message},
+                        "kind": sp.kind,
+                        "start_ns": sp.start_time_unix_nano,
+                        "end_ns": sp.end_time_unix_nano,
+                        "attributes": _attributes(sp.attributes, trace_id, seen),
+                        "events": _events(sp.events) if sp.events else [],
+                        "status": {"code": status.code, "message": status.message},
                         "resource": resource,
                     }
                 )
+                if not spans[-1]["parent_span_id"]:
+                    seen.ended.add(trace_id)
+    seen.keep()
     return spans
+
+
+def _events(events: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": ev.name,
+            "time_ns": ev.time_unix_nano,
+            "attributes": {kv.key: _pb_value(kv.value) for kv in ev.attributes},
+        }
+        for ev in events
+    ]
 
 
 def parse_logs_protobuf(data: bytes) -> list[dict[str, Any]]:
@@ -154,19 +229,113 @@ def logs_response(rejected: int, message: str) -> bytes:
     return bytes(resp.SerializeToString())
 
 
-def _attributes(kvs: Any) -> dict[str, Any]:
-    """A span's attributes; string values (nearly all of them) without a call per value."""
+REUSE_BYTES = 256  # shorter values are decoded as they come
+Values = dict[str, tuple[bytes, str]]  # attribute -> its latest long value, as received and decoded
+
+
+class RecentValues:
+    """The latest long string value of each attribute of the traces a process is receiving, as bytes and as
+    decoded text, so a span that repeats or extends its trace's previous value (sent in an earlier request
+    when a busy exporter interleaves many traces) is not decoded again. Traces whose root span ended are
+    dropped; the least recently used go first beyond ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._traces: OrderedDict[str, tuple[Values, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._traces)
+
+    def get(self, trace_id: str) -> Values:
+        with self._lock:
+            entry = self._traces.get(trace_id)
+        return dict(entry[0]) if entry else {}
+
+    def put(self, traces: dict[str, Values], ended: set[str]) -> None:
+        with self._lock:
+            for trace_id, values in traces.items():
+                old = self._traces.pop(trace_id, None)
+                if old is not None:
+                    self._bytes -= old[1]
+                if trace_id in ended:
+                    continue
+                size = sum(len(b) for b, _ in values.values())
+                self._traces[trace_id] = (values, size)
+                self._bytes += size
+            for trace_id in ended.difference(traces):
+                gone = self._traces.pop(trace_id, None)
+                if gone is not None:
+                    self._bytes -= gone[1]
+            while self._bytes > self.max_bytes and self._traces:
+                _, (_, size) = self._traces.popitem(last=False)
+                self._bytes -= size
+
+
+RECENT_VALUES = RecentValues(32 * 1024 * 1024)
+
+
+class _Seen(dict[str, Values]):
+    """One request's long values by trace, starting from what ``recent`` holds of each trace."""
+
+    def __init__(self, recent: RecentValues) -> None:
+        super().__init__()
+        self.recent = recent
+        self.ended: set[str] = set()
+
+    def __missing__(self, trace_id: str) -> Values:
+        values = self[trace_id] = self.recent.get(trace_id)
+        return values
+
+    def keep(self) -> None:
+        if self or self.ended:
+            self.recent.put(self, self.ended)
+
+
+def _attributes(kvs: Any, trace_id: str, seen: _Seen) -> dict[str, Any]:
+    """A span's attributes; string values (nearly all of them) without a call per value.
+
+    A long value sent as bytes that equals the latest value of the same attribute in the same trace is
+    that value's string; one that extends it (a JSON list with items appended) is its string with only
+    the new bytes decoded (see :class:`RecentValues`)."""
     out: dict[str, Any] = {}
+    values: Values | None = None
     for kv in kvs:
         v = kv.value
-        out[kv.key] = v.string_value if v.WhichOneof("value") == "string_value" else _pb_value(v)
+        b = v.string_value
+        if not b:  # another kind of value, or ""
+            out[kv.key] = _pb_value(v)
+        elif b.__class__ is str:
+            out[kv.key] = b
+        elif len(b) < REUSE_BYTES:
+            out[kv.key] = b.decode()
+        else:
+            if values is None:
+                values = seen[trace_id]
+            key = kv.key
+            prev = values.get(key)
+            if prev is None:
+                text = b.decode()
+            else:
+                pb, ps = prev
+                n = len(pb) - 1
+                if b == pb:
+                    text = ps
+                elif len(b) > n and b[n] == 44 and pb[n] == 93 and b.startswith(pb[:n]):  # "," where "]" was
+                    text = ps[:-1] + b[n:].decode()
+                else:
+                    text = b.decode()
+            values[key] = (b, text)
+            out[key] = text
     return out
 
 
 def _pb_value(v: Any) -> Any:
     kind = v.WhichOneof("value")
     if kind == "string_value":  # by far the most common: checked first
-        return v.string_value
+        s = v.string_value
+        return s if s.__class__ is str else s.decode()
     if kind is None:
         return None
     if kind == "array_value":
