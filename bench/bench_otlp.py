@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import tempfile
 import time
@@ -21,7 +22,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from prometheus_client import CollectorRegistry
 
-from vigil.app.runtime import build_runtime
+from vigil.app.runtime import build_runtime, settle_heap
 from vigil.app.server import build_app
 from vigil.app.wiring import wire
 from vigil.settings import Settings
@@ -180,7 +181,10 @@ def _client(tmp: Path, label: str) -> Any:
         judge_mode="offline",
     )
     rt = wire(build_runtime(settings, registry=CollectorRegistry()), {"api"})
-    return TestClient(build_app(rt)), rt
+    app = build_app(rt)
+    if os.environ.get("VIGIL_BENCH_SETTLE_HEAP", "1") != "0":
+        settle_heap()  # as `vigil serve` does once its app is built (VIGIL_BENCH_SETTLE_HEAP=0: Python's defaults)
+    return TestClient(app), rt
 
 
 def native_bodies(convs: list[dict[str, Any]]) -> list[bytes]:
