@@ -184,6 +184,47 @@ def test_protocol_differences_and_a_changed_grader(db_url) -> None:
     rt.close()
 
 
+def test_a_quiet_judge_keeps_its_protocol_row_beside_a_busy_one(db_url) -> None:
+    """Each judge's versions come from its own newest verdicts: a judge with more recent verdicts than the
+    protocol's sample does not push another judge's version change out of the comparison."""
+    from datetime import timedelta
+
+    from vigil.store.db import utcnow
+
+    settings = make_settings(db_url, compare_bootstrap_resamples=100, compare_metadata_sample=10)
+    rt = build_runtime(settings, registry=CollectorRegistry())
+    now = utcnow()
+    with make_client(rt) as c:
+        store(c, [conversation(v, f"t{i}", 0, True) for v in ("v1", "v2") for i in range(30)])
+        with rt.sessions.begin() as s:
+            for version, quiet_version in (("v1", "1"), ("v2", "2")):
+                for judge, judge_version, age in (("quiet", quiet_version, 60), ("busy", "1", 0)):
+                    s.add_all(
+                        VerdictRow(
+                            judge=judge,
+                            judge_version=judge_version,
+                            conversation_id=f"{version}:t{i}:0",
+                            revision=1,
+                            agent_id="bench-bot",
+                            agent_version=version,
+                            verdict="pass",
+                            categories=[],
+                            model="judge-model",
+                            prompt_hash="h",
+                            reason="sampled",
+                            created_at=now - timedelta(minutes=age + i),
+                        )
+                        for i in range(30)
+                    )
+        body = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER).json()
+    proto = {p["key"]: p for p in body["protocol"]}
+    assert proto["judge:busy"]["same"]
+    assert not proto["judge:quiet"]["same"], proto.get("judge:quiet")
+    assert proto["judge:quiet"]["baseline"][0]["value"] == "quiet v1 (judge-model)"
+    assert rows_of(body)["judge:quiet"]["verdict"] == "grader changed"
+    rt.close()
+
+
 def test_a_rule_that_applies_to_one_side_only_is_a_changed_grader(sqlite_url, tmp_path) -> None:
     pack = tmp_path / "pack.yaml"
     pack.write_text(

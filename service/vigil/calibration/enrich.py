@@ -15,8 +15,7 @@ from sqlalchemy.orm import Session
 
 from vigil.calibration.corrected import corrected_rate
 from vigil.calibration.overview import OFFLINE, Calibration
-
-OFFLINE_SUFFIX = ":offline"  # the compare table's row of a judge's offline verdicts
+from vigil.store.signals import OFFLINE_SUFFIX
 
 
 def _current(full: dict[str, Any]) -> dict[str, Any] | None:

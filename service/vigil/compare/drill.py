@@ -13,12 +13,11 @@ from typing import Any
 from sqlalchemy import Select, exists, select
 from sqlalchemy.orm import Session
 
-from vigil.compare.signals import OFFLINE_SUFFIX
 from vigil.compare.tasks import SUCCESS, ending, latest_range
 from vigil.errors import VigilError
 from vigil.store.models import ConversationRow, FindingRow, OutcomeLinkRow, VerdictRow
 from vigil.store.reads import read_document, summary_dict
-from vigil.store.signals import finished, real_finding
+from vigil.store.signals import OFFLINE_SUFFIX, finished, real_finding
 
 PAGE = 50
 

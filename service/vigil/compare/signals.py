@@ -15,8 +15,6 @@ from vigil.store.models import ConversationRow, OutcomeLinkRow
 from vigil.store.reads import newest_received
 from vigil.store.signals import finished
 
-OFFLINE_SUFFIX = ":offline"
-
 
 @dataclass(slots=True)
 class VersionData:

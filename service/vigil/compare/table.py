@@ -19,11 +19,11 @@ from sqlalchemy.orm import Session
 
 from vigil.compare import pairing, stats
 from vigil.compare.pairing import RuleVersions
-from vigil.compare.signals import OFFLINE_SUFFIX, VersionData, load_version, versions_of
+from vigil.compare.signals import VersionData, load_version, versions_of
 from vigil.compare.tasks import load_tasks
 from vigil.errors import VigilError
 from vigil.schema import OutcomeType
-from vigil.store.signals import RulesFor
+from vigil.store.signals import OFFLINE_SUFFIX, RulesFor
 
 Direction = Literal["lower_is_better", "higher_is_better"]
 
@@ -282,8 +282,8 @@ def compare(
         base_rules = dict.fromkeys(rules_for(agent, baseline), "")
         cand_rules = dict.fromkeys(rules_for(agent, candidate), "")
     rows = build_rows(base, cand, types, {*base_rules, *cand_rules}, resamples)
-    base_tasks = load_tasks(session, agent, baseline, metadata_sample, since, until, base.every_task)
-    cand_tasks = load_tasks(session, agent, candidate, metadata_sample, since, until, cand.every_task)
+    base_tasks = load_tasks(session, agent, baseline, metadata_sample, since, until, base.every_task, base.judge)
+    cand_tasks = load_tasks(session, agent, candidate, metadata_sample, since, until, cand.every_task, cand.judge)
     extra, tasks = pairing.task_rows(base_tasks, cand_tasks)
     rows += [
         Row(

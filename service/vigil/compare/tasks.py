@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -26,8 +27,8 @@ from sqlalchemy.orm import Session
 from vigil.store import rollups
 from vigil.store.db import aware
 from vigil.store.models import ConversationRow, VerdictRow
-from vigil.store.reads import read_document
-from vigil.store.signals import finished
+from vigil.store.reads import newest_received, read_document
+from vigil.store.signals import OFFLINE_SUFFIX, finished
 
 SUCCESS = "task_success"
 # how benchmark harnesses say a run ended (τ²-bench, τ-bench, Inspect limits, OpenAI finish reasons)
@@ -141,7 +142,7 @@ def latest_range(
     q = _window(
         select(C.received_at).where(C.agent_id == agent, C.agent_version == version), C.received_at, since, until
     ).order_by(C.received_at.desc())
-    last = session.scalar(q.limit(1))
+    last = newest_received(session, agent, version, since, until)
     if last is None:
         return None
     first = session.scalar(q.offset(n - 1).limit(1))
@@ -158,8 +159,11 @@ def load_tasks(
     since: datetime | None = None,
     until: datetime | None = None,
     tasks: dict[str, tuple[int, int]] | None = None,
+    judges: Iterable[str] = (),
 ) -> TaskData:
-    """``tasks``: the version's per-task counts in the window when the caller has read them already."""
+    """``tasks``: the version's per-task counts in the window when the caller has read them already.
+    ``judges``: the judges whose versions and models the protocol shows (``name`` or ``name:offline``, as
+    :attr:`VersionData.judge` keys them), each from its newest ``metadata_sample`` verdicts in the window."""
     d = TaskData(tasks=task_counts(session, agent, version, since, until) if tasks is None else dict(tasks))
     C = ConversationRow
     mine = (C.agent_id == agent, C.agent_version == version, finished())
@@ -184,18 +188,26 @@ def load_tasks(
             d.truncated.setdefault(task or cid, []).append(float(ended[1]))
     d.protocol = {k: c for k, c in counts.items() if set(c) != {NOT_RECORDED}}
 
+    # each judge's versions and models from its own newest verdicts (one range of ix_verdicts_judge_agent
+    # per judge), so a busy judge never pushes a quiet one out of the protocol
     V = VerdictRow
-    newest = _window(
-        select(V.judge, V.offline, V.judge_version, V.model).where(V.agent_id == agent, V.agent_version == version),
-        V.created_at,
-        since,
-        until,
-    )
-    newest = newest.order_by(V.created_at.desc()).limit(metadata_sample).subquery()
-    judge_q = select(newest.c.judge, newest.c.offline, newest.c.judge_version, newest.c.model, func.count()).group_by(
-        newest.c.judge, newest.c.offline, newest.c.judge_version, newest.c.model
-    )
-    for judge, offline, judge_version, model, n in session.execute(judge_q):
-        key = f"judge:{judge}{':offline' if offline else ''}"
-        d.judges.setdefault(key, Counter())[f"{judge} v{judge_version} ({model})"] += int(n)
+    for key in judges:
+        name = key.removesuffix(OFFLINE_SUFFIX)
+        newest = _window(
+            select(V.judge_version, V.model).where(
+                V.judge == name,
+                V.agent_id == agent,
+                V.agent_version == version,
+                V.offline.is_(key.endswith(OFFLINE_SUFFIX)),
+            ),
+            V.created_at,
+            since,
+            until,
+        )
+        newest = newest.order_by(V.created_at.desc()).limit(metadata_sample).subquery()
+        judge_q = select(newest.c.judge_version, newest.c.model, func.count()).group_by(
+            newest.c.judge_version, newest.c.model
+        )
+        for judge_version, model, n in session.execute(judge_q):
+            d.judges.setdefault(f"judge:{key}", Counter())[f"{name} v{judge_version} ({model})"] += int(n)
     return d

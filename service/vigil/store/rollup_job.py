@@ -41,7 +41,7 @@ from vigil.store.rollups import (
     day_of,
     hour_of,
 )
-from vigil.store.signals import finished, real_finding, sampled_verdict
+from vigil.store.signals import OFFLINE_SUFFIX, finished, real_finding, sampled_verdict
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def judge_counts(session: Session, scope: ColumnElement[bool]) -> Counts:
         .group_by(h, V.agent_id, V.agent_version, V.judge, V.offline)
     )
     return {
-        (_ts(hour), a, v, f"judge:{j}{':offline' if off else ''}"): (JUDGE_FAMILY, int(n), int(x or 0))
+        (_ts(hour), a, v, f"judge:{j}{OFFLINE_SUFFIX if off else ''}"): (JUDGE_FAMILY, int(n), int(x or 0))
         for hour, a, v, j, off, n, x in session.execute(q)
     }
 
