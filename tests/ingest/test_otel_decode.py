@@ -147,7 +147,7 @@ def test_a_trace_split_over_requests_reuses_its_earlier_values_until_its_root_en
 
 
 def test_recent_values_keep_within_their_byte_budget() -> None:
-    recent = RecentValues(max_bytes=1000)
+    recent = RecentValues(max_bytes=2000)  # each value held costs its bytes and its string: 600
     for t in range(5):
         recent.put({f"t{t}": {"a": (b"x" * 300, "x" * 300)}}, set())
     assert len(recent) == 3 and recent.get("t0") == {} and recent.get("t4")["a"][1] == "x" * 300

@@ -49,3 +49,23 @@ def test_labels_of_newest_match_a_scan_of_every_label(db_url: str) -> None:
             assert set(got) == newest  # the conversations of the newest n labels ...
             assert got == {cid: every[cid] for cid in newest}  # ... with every current label of each
         assert any(len(v) >= 2 for v in reads.labels_of_newest(s, 25).values())
+
+
+def test_among_matches_more_ids_than_a_statement_takes_parameters(db_url) -> None:
+    """`among` with 40,000 ids (more than SQLite's 32,766 parameters a statement) finds exactly the stored ones."""
+    from sqlalchemy import select
+
+    from vigil.store.db import among, make_engine, make_sessionmaker, upgrade, utcnow
+    from vigil.store.models import OutcomeRow
+
+    upgrade(db_url)
+    sessions = make_sessionmaker(make_engine(db_url))
+    with sessions.begin() as s:
+        s.add_all(
+            OutcomeRow(idempotency_key=f"k{i}", conversation_id=f"c{i}", type="escalation", occurred_at=utcnow())
+            for i in range(5)
+        )
+    ids = [f"c{i}" for i in range(0, 40_000, 2)] + [f"other{i}" for i in range(20_000)]
+    with sessions() as s:
+        found = s.scalars(select(OutcomeRow.conversation_id).where(among(s, OutcomeRow.conversation_id, ids)))
+        assert sorted(found) == ["c0", "c2", "c4"]

@@ -108,11 +108,14 @@ def recorded(pg_url):  # type: ignore[no-untyped-def]
             c.post(f"/v1/review/items/{cid}/label", json={"label": "confirmed_failure"}, headers=REVIEWER)
             c.get(f"/v1/review/items/{cid}", headers=REVIEWER)
         assert c.get("/v1/overview", headers=REVIEWER).status_code == 200  # the console's home page
-        c.get("/v1/conversations", params={"agent": "support-bot", "version": "v1"}, headers=REVIEWER)
+        assert (
+            c.get("/v1/conversations", params={"agent": "support-bot", "version": "v1"}, headers=REVIEWER).status_code
+            == 200
+        )
         assert c.get("/v1/review/progress", headers=REVIEWER).status_code == 200
         assert c.get("/v1/calibration", headers=REVIEWER).status_code == 200
         assert c.get("/v1/judges", headers=REVIEWER).status_code == 200
-        c.get("/v1/rules/quality", params={"outcome": "escalation"}, headers=REVIEWER)
+        assert c.get("/v1/rules/quality", params={"outcome": "escalation"}, headers=REVIEWER).status_code == 200
         series = c.get("/v1/quality/series", params={"agent": "support-bot", "version": "v2"}, headers=REVIEWER)
         assert series.status_code == 200
         retention.run(rt.sessions, rt.settings)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import orjson
-from sqlalchemy import ColumnElement, Engine, String, any_, bindparam, create_engine, event
+from sqlalchemy import ColumnElement, Engine, String, any_, bindparam, create_engine, event, func, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
@@ -84,7 +84,14 @@ def among(session: Session, col: Any, values: Sequence[str]) -> ColumnElement[bo
     ``IN`` list of thousands of parameters costs more to build and send than the look-ups it asks for)."""
     if session.get_bind().dialect.name == "postgresql":
         return col == any_(bindparam(None, list(values), type_=postgresql.ARRAY(String)))
+    if len(values) > SQLITE_INLINE_VALUES:
+        # SQLite allows 32,766 parameters a statement: more ids go as one JSON array it unpacks itself
+        each = func.json_each(bindparam(None, orjson.dumps(list(values)).decode())).table_valued("value")
+        return col.in_(select(each.c.value))
     return col.in_(list(values))
+
+
+SQLITE_INLINE_VALUES = 10_000
 
 
 def after_commit(session: Session, fn: Callable[[], None]) -> None:

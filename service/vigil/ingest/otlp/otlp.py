@@ -261,7 +261,7 @@ class RecentValues:
                     self._bytes -= old[1]
                 if trace_id in ended:
                     continue
-                size = sum(len(b) for b, _ in values.values())
+                size = sum(len(b) + len(t) for b, t in values.values())  # the bytes and their string
                 self._traces[trace_id] = (values, size)
                 self._bytes += size
             for trace_id in ended.difference(traces):
