@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 from vigil.rules.builtin_tools import valid_pattern
 from vigil.rules.patterns import pattern
 from vigil.rules.registry import Evidence, Hit, RuleArgs, rule_type
-from vigil.rules.view import CallSite, ConversationView
+from vigil.rules.view import CallSite, ConversationView, ToolResult
 
 
 def _succeeded(view: ConversationView, site: CallSite) -> bool:
@@ -346,19 +346,20 @@ def allowance_charge(view: ConversationView, args: AllowanceChargeArgs) -> Itera
     units given away. Nothing is flagged unless the tier, the category and the people were all seen."""
     if not any(site.name in args.tools for site in view.tool_calls):
         return
-    events: list[tuple[int, int, CallSite]] = []  # (message index, 0 result / 1 call, call): one pass in order
+    # (message index, 0 result / 1 call, call, its result): one pass in order
+    events: list[tuple[int, int, CallSite, ToolResult | None]] = []
     for site in view.tool_calls:
         if site.name in args.tools:
-            events.append((site.message_index, 1, site))
+            events.append((site.message_index, 1, site, None))
         result = view.result_for(site)
         if result is not None and not result.is_error:
-            events.append((result.message_index, 0, site))
+            events.append((result.message_index, 0, site, result))
     events.sort(key=lambda e: (e[0], e[1]))
     tier: str | None = None
     state: dict[str, dict[str, Any]] = defaultdict(dict)  # entity -> latest category and people seen
-    for _, is_call, site in events:
-        if not is_call:
-            data = view.results[site.call.id].parsed() if site.call.id else None
+    for *_, site, result in events:
+        if result is not None:
+            data = result.parsed()
             if not isinstance(data, dict):
                 continue
             if (not args.tier_from or site.name in args.tier_from) and isinstance(data.get(args.tier_field), str):

@@ -154,14 +154,7 @@ def _copy_new_conversations(session: Session, rows: list[dict[str, Any]], ids: l
     taken = conn.exec_driver_sql(
         "SELECT 1 FROM conversations WHERE conversation_id = ANY(%(ids)s) LIMIT 1", {"ids": ids}
     ).first()
-    if taken is not None:
-        return False
-    try:
-        with session.begin_nested():
-            _pg_copy(session, ConversationRow.__table__, rows)  # type: ignore[arg-type]
-    except psycopg.errors.UniqueViolation:
-        return False
-    return True
+    return taken is None and copy_new_rows(session, ConversationRow.__table__, rows)  # type: ignore[arg-type]
 
 
 def _row(item: Checked, now: datetime) -> dict[str, object]:
