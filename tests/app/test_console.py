@@ -183,6 +183,9 @@ def test_quality_series_count_every_stored_conversation_with_intervals(seeded) -
 
     bad = c.get("/v1/quality/series", params={"agent": AGENT, "version": BASELINE, "since": "soon"}, headers=REVIEWER)
     assert bad.status_code == 422 and "not a date and time" in bad.json()["detail"]
+    early = {"agent": AGENT, "version": BASELINE, "until": "0001-01-01"}
+    bad = c.get("/v1/quality/series", params=early, headers=REVIEWER)
+    assert bad.status_code == 422 and "leaves no 7d" in bad.json()["detail"]
     assert c.get("/v1/quality/series", params={"agent": AGENT, "version": BASELINE}).status_code == 401
 
 
@@ -217,6 +220,9 @@ def test_time_range_and_chart_geometry() -> None:
         quality.time_range("2026-11-22", "2026-11-21", None, t0)
     with pytest.raises(quality.RangeError, match="at most"):
         quality.time_range("2025-01-01", None, None, t0)
+    with pytest.raises(quality.RangeError, match="leaves no 7d"):  # was an OverflowError: a 500
+        quality.time_range(None, "0001-01-01", None, t0)
+    assert quality.time_range("0001-01-01", "0001-01-03", None, t0)[1] == datetime(1, 1, 3, tzinfo=UTC)
     assert quality.bucket_for(timedelta(days=1)) == timedelta(hours=1)
     assert quality.bucket_for(timedelta(days=30)) == timedelta(hours=12)
     assert charts.nice_max(0.003) == 0.01 and charts.nice_max(0.13) == 0.2 and charts.nice_max(0.9) == 1.0

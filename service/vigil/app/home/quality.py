@@ -68,6 +68,8 @@ def time_range(
     preset = None
     if start is None:
         preset = last if last in RANGES else DEFAULT_RANGE
+        if end - datetime.min.replace(tzinfo=UTC) < RANGES[preset]:  # the subtraction would overflow
+            raise RangeError(f"until ({end:%Y-%m-%d %H:%M}) leaves no {preset} before it; give since too")
         start = end - RANGES[preset]
     if start >= end:
         raise RangeError(f"since ({start:%Y-%m-%d %H:%M}) must be before until ({end:%Y-%m-%d %H:%M})")
