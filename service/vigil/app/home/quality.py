@@ -56,7 +56,10 @@ def parse_time(value: str | None, name: str) -> datetime | None:
         t = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
     except ValueError as exc:
         raise RangeError(f"{name} {value!r} is not a date and time (use 2026-11-24T00:00 or 2026-11-24)") from exc
-    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+    try:
+        return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+    except OverflowError:
+        raise RangeError(f"{name} {value!r} falls outside the years 1 to 9999 in UTC") from None
 
 
 def time_range(
