@@ -19,7 +19,7 @@ from vigil.calibration.overview import Calibration
 from vigil.calibration.stats import agreement_from_counts
 from vigil.detector.models import DetectionRow, QualityCountRow
 from vigil.detector.pages import AlertBanner
-from vigil.store.models import ConversationRow, ReviewItemRow
+from vigil.store.models import ConversationRow, ReviewItemRow, VerdictRow
 
 pytestmark = pytest.mark.slow  # a week of traffic is seeded once per module
 
@@ -183,6 +183,9 @@ def test_quality_series_count_every_stored_conversation_with_intervals(seeded) -
 
     bad = c.get("/v1/quality/series", params={"agent": AGENT, "version": BASELINE, "since": "soon"}, headers=REVIEWER)
     assert bad.status_code == 422 and "not a date and time" in bad.json()["detail"]
+    early = {"agent": AGENT, "version": BASELINE, "until": "0001-01-01"}
+    bad = c.get("/v1/quality/series", params=early, headers=REVIEWER)
+    assert bad.status_code == 422 and "leaves no 7d" in bad.json()["detail"]
     assert c.get("/v1/quality/series", params={"agent": AGENT, "version": BASELINE}).status_code == 401
 
 
@@ -206,6 +209,50 @@ def test_judge_rate_is_charted_raw_and_corrected(seeded, monkeypatch) -> None:
     assert point.low is not None and point.high is not None and point.low < 0.125 < point.high
 
 
+def _verdict(judge: str, version: str, at: datetime, offline: bool) -> VerdictRow:
+    return VerdictRow(
+        judge=judge,
+        judge_version="1",
+        conversation_id=f"c-{version}-{at:%H%M%S}-{offline}",
+        revision=1,
+        agent_id=AGENT,
+        agent_version=version,
+        verdict="fail",
+        categories=[],
+        model="offline-judge" if offline else "gpt",
+        offline=offline,
+        prompt_hash="h",
+        reason="sampled",
+        created_at=at,
+    )
+
+
+def test_an_offline_judges_rate_says_so_in_its_chart_title(seeded, monkeypatch) -> None:
+    """The detector counts a judge's verdicts as one signal; the chart names the offline judge (or says the
+    range pools both modes) instead of passing heuristic verdicts off as the model's."""
+    rt, _ = seeded
+    judge = next(iter(rt.judges))
+    version = "v-offline-title"
+    until = datetime.now(UTC)
+    hour = until.replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    with rt.sessions.begin() as s:
+        s.add(QualityCountRow(agent_id=AGENT, agent_version=version, signal=f"judge:{judge}", hour=hour, n=200, x=40))
+        s.add_all([_verdict(judge, version, hour + timedelta(minutes=m), True) for m in (1, 20, 40)])
+    monkeypatch.setattr(Calibration, "measured", lambda self, s, name: agreement_from_counts(90, 10, 10, 90))
+    titles = {x.kind: x.title for x in quality.quality(rt, AGENT, version, until - timedelta(days=1), until)}
+    assert titles == {
+        "judge": f"Offline judge {judge}: failure rate",
+        "judge_corrected": f"Offline judge {judge}: failure rate, corrected",
+    }
+    with rt.sessions.begin() as s:
+        s.add(_verdict(judge, version, hour + timedelta(minutes=50), False))  # the model judge took over
+    [raw] = [x for x in quality.quality(rt, AGENT, version, until - timedelta(days=1), until) if x.kind == "judge"]
+    assert raw.title == f"Judge {judge} (offline and model verdicts pooled): failure rate"
+    # a range with only the model's verdicts keeps the plain title
+    model_only = quality.quality(rt, AGENT, version, hour + timedelta(minutes=45), until)
+    assert [x.title for x in model_only if x.kind == "judge"] == [f"Judge {judge}: failure rate"]
+
+
 def test_time_range_and_chart_geometry() -> None:
     t0 = datetime(2026, 11, 24, tzinfo=UTC)
     assert quality.time_range(None, None, "24h", t0)[:2] == (t0 - timedelta(hours=24), t0)
@@ -217,6 +264,9 @@ def test_time_range_and_chart_geometry() -> None:
         quality.time_range("2026-11-22", "2026-11-21", None, t0)
     with pytest.raises(quality.RangeError, match="at most"):
         quality.time_range("2025-01-01", None, None, t0)
+    with pytest.raises(quality.RangeError, match="leaves no 7d"):  # was an OverflowError: a 500
+        quality.time_range(None, "0001-01-01", None, t0)
+    assert quality.time_range("0001-01-01", "0001-01-03", None, t0)[1] == datetime(1, 1, 3, tzinfo=UTC)
     assert quality.bucket_for(timedelta(days=1)) == timedelta(hours=1)
     assert quality.bucket_for(timedelta(days=30)) == timedelta(hours=12)
     assert charts.nice_max(0.003) == 0.01 and charts.nice_max(0.13) == 0.2 and charts.nice_max(0.9) == 1.0

@@ -261,3 +261,27 @@ def test_every_page_passes_axe_and_fits_the_screen(browser, seeded, viewport) ->
     assert page.evaluate("document.activeElement.id") == "main"
     context.close()
     assert not failures, "\n".join(failures)
+
+
+def test_every_page_linked_from_home_loads_without_a_console_error(browser, seeded) -> None:
+    """Console errors (a failed request, a script error) on the log-in page and every page the home page
+    links to; the favicon a browser asks for unprompted used to be one on every first visit."""
+    base, _, _ = seeded
+    context = browser.new_context(viewport=DESKTOP)
+    errors: list[str] = []
+
+    def watch(page: Any) -> None:
+        page.on("console", lambda m: errors.append(f"{page.url}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(f"{page.url}: {e}"))
+
+    context.on("page", watch)
+    page = login(context, base)
+    hrefs = page.eval_on_selector_all("a[href^='/ui']", "els => els.map(e => e.getAttribute('href'))")
+    links = sorted({h.split("#")[0] for h in hrefs})
+    assert len(links) >= 5, links
+    for href in links:
+        response = page.goto(base + href)
+        assert response is not None and response.status == 200, href
+    page.goto(f"{base}/ui/login")
+    page.wait_for_load_state("networkidle")
+    assert errors == []

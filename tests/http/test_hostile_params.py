@@ -4,6 +4,7 @@ hold one) and integers past any list's length or a 64-bit id, on SQLite and Post
 from __future__ import annotations
 
 import logging
+from urllib.parse import parse_qsl
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -84,3 +85,30 @@ def test_a_nul_in_a_review_label_is_a_400_and_the_label_can_be_sent_again(client
         assert r.status_code == 400 and "NUL" in r.json()["detail"]
         label["notes"] = "fine"
         assert client.post("/v1/review/items/c1/labels", json=label, headers=ADMIN).status_code == 201
+
+
+EDGE_TIMES = ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"]
+TIMED = [
+    "/v1/conversations",
+    "/v1/compare?agent=a&baseline=v1&candidate=v2",
+    "/v1/compare/conversations?agent=a&version=v1&signal=tool_error",
+    "/v1/quality?agent=a&version=v1",
+    "/v1/quality/series?agent=a&version=v1",
+]
+
+
+@pytest.mark.parametrize("when", EDGE_TIMES)
+@pytest.mark.parametrize("param", ["since", "until"])
+@pytest.mark.parametrize("url", TIMED)
+def test_a_time_whose_utc_instant_leaves_the_calendar_is_422(client, url: str, param: str, when: str) -> None:  # type: ignore[no-untyped-def]
+    """Converting such a time to UTC raised OverflowError: a 500 on every read that takes since/until."""
+    path, _, query = url.partition("?")
+    r = client.get(path, params={**dict(parse_qsl(query)), param: when}, headers=ADMIN)
+    assert r.status_code == 422, r.text
+    assert "years 1 to 9999" in r.text
+
+
+def test_the_calendar_edges_themselves_are_readable(client) -> None:  # type: ignore[no-untyped-def]
+    params = {"since": "0001-01-01T00:00:00Z", "until": "9999-12-31T23:59:59Z"}
+    r = client.get("/v1/conversations", params=params, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["items"] == []

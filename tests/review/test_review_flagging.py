@@ -298,3 +298,6 @@ def test_policy_weights() -> None:
     assert policy.outcome_reasons("task_success", 0.5)[0].weight == 40
     assert policy.outcome_reasons("thumbs_down", 0) == [] and policy.outcome_reasons("unknown", 1) == []
     assert policy.verdict_reasons("j", "unscored", None, False) == []
+    assert [(r.kind, r.key) for r in policy.verdict_reasons("j", "fail", 0.0, False)] == [("judge_fail", "j")]
+    offline = policy.verdict_reasons("j", "fail", 0.0, True) + policy.verdict_reasons("j", "pass", 0.1, True)
+    assert [(r.kind, r.key) for r in offline] == [("judge_fail", "j:offline"), ("judge_low_score", "j:offline")]

@@ -48,13 +48,16 @@ def test_outcomes_and_offline_judge_verdicts_reach_the_queue_and_the_page(sqlite
         assert failed
         for v in failed:
             reasons = api.get(f"/v1/review/items/{v['conversation_id']}", headers=REVIEWER).json()["reasons"]
-            assert ("judge_fail", v["judge"]) in {(x["kind"], x["key"]) for x in reasons}
+            # offline verdicts flag under their own key, so the queue never passes them off as the model's
+            assert v["offline"] and ("judge_fail", v["judge"] + ":offline") in {(x["kind"], x["key"]) for x in reasons}
 
         # the conversation page shows the verdict, its rationale and the offline badge
         some = next(iter(verdicts.values()))
         page = api.get("/ui/login")
         token = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
         api.post("/ui/login", data={"csrf": token, "api_key": "rita-key"})
+        queue = api.get("/ui/queue").text
+        assert f"judge fail: {failed[0]['judge']}:offline</span>" in queue
         html = api.get(f"/ui/review/{quote(some['conversation_id'], safe='')}").text
         assert f"verdict-{some['verdict']}" in html and "offline judge" in html
         if some["rationale"]:

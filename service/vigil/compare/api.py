@@ -16,7 +16,7 @@ from vigil.compare.table import CompareError, RulesFor, SameVersion, compare, qu
 from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.http.fastjson import FastJSON
-from vigil.http.params import MAX_OFFSET
+from vigil.http.params import MAX_OFFSET, Instant
 from vigil.runtime import Runtime
 from vigil.schema import outcome_types
 from vigil.store.maintenance import refresh_rollups
@@ -95,8 +95,8 @@ async def get_compare(
     baseline: str = Query(..., description="Baseline agent version."),
     candidate: str = Query(..., description="Candidate agent version."),
     agent: str | None = Query(None, description="Agent id; needed when both versions exist for several agents."),
-    since: datetime | None = Query(None, description="Window start (default: read_window_days ago)."),
-    until: datetime | None = Query(None, description="Window end (default: now)."),
+    since: Instant | None = Query(None, description="Window start (default: read_window_days ago)."),
+    until: Instant | None = Query(None, description="Window end (default: now)."),
     per_task: bool = Query(False, description="Also list each task's pass@k and pass^k (thousands of rows at volume)."),
 ) -> FastJSON:
     """Each signal for both versions with 95% intervals, the difference, a verdict and red flags."""
@@ -119,8 +119,8 @@ async def get_conversations_behind(
     version: str,
     signal: str = Query(..., description="A signal of the compare table, e.g. rule:<id>, judge:<name>, tasks:success."),
     offset: int = Query(0, ge=0, le=MAX_OFFSET),
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: Instant | None = None,
+    until: Instant | None = None,
 ) -> dict[str, Any]:
     """The conversations of one version behind one row of the compare table, a page at a time."""
     rt = runtime_of(request)
@@ -142,8 +142,8 @@ async def get_quality(
     request: Request,
     agent: str,
     version: str,
-    since: datetime | None = Query(None, description="Window start (default: read_window_days ago)."),
-    until: datetime | None = Query(None, description="Window end (default: now)."),
+    since: Instant | None = Query(None, description="Window start (default: read_window_days ago)."),
+    until: Instant | None = Query(None, description="Window end (default: now)."),
     per_task: bool = Query(False, description="Also list each task's pass@k and pass^k (thousands of rows at volume)."),
 ) -> FastJSON:
     """Quality signals of one agent version with 95% intervals."""

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import choose_encoder
 from sqlalchemy import text
@@ -17,6 +18,7 @@ from vigil import __version__
 from vigil.http import conversations
 from vigil.http.auth import KeyRing
 from vigil.http.guard import NUL_TEXT_DETAIL, RefuseNul
+from vigil.http.unencodable import surrogate_response, validation_response
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
 
@@ -81,6 +83,15 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
         if "NUL" in str(exc.orig):  # PostgreSQL: "text fields cannot contain NUL (0x00) bytes"
             return JSONResponse({"detail": NUL_TEXT_DETAIL}, 400)
         return await unhandled(request, exc)
+
+    @app.exception_handler(UnicodeEncodeError)
+    async def lone_surrogate(request: Request, exc: UnicodeEncodeError) -> JSONResponse:
+        # raised where the text is written (the database driver, a response): before anything commits
+        return surrogate_response()
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_response(exc)
 
     @app.exception_handler(Exception)
     async def unhandled(request: Request, exc: Exception) -> JSONResponse:

@@ -27,6 +27,21 @@ class BodyTooLarge(VigilError):
         self.prefix = prefix
 
 
+class EncodedBody(VigilError):
+    """A body sent with a ``Content-Encoding`` (gzip, deflate, ...) to an endpoint that reads it as is."""
+
+    def __init__(self, encoding: str) -> None:
+        super().__init__(
+            f"Content-Encoding {encoding[:40]!r} is not accepted here: send the body uncompressed "
+            "(only the OTLP endpoints /v1/traces and /v1/logs take gzip)"
+        )
+
+
+def refused_encoding(request: Request) -> str | None:
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    return encoding if encoding not in ("", "identity") else None
+
+
 class ByteBudget:
     """An asyncio semaphore counted in bytes. A single request never waits for more than the whole budget."""
 
@@ -64,7 +79,13 @@ def _declared(request: Request) -> int | None:
 
 @asynccontextmanager
 async def limited_body(request: Request, limit: int, inflight: int) -> AsyncIterator[bytes]:
-    """The request body, read only up to ``limit`` bytes; holds its size from the shared budget meanwhile."""
+    """The request body, read only up to ``limit`` bytes; holds its size from the shared budget meanwhile.
+
+    A compressed body is refused (:class:`EncodedBody`) before anything is read: decoding it as JSON
+    would answer a misleading "not valid UTF-8", and inflating it would need a limit of its own."""
+    encoding = refused_encoding(request)
+    if encoding is not None:
+        raise EncodedBody(encoding)
     declared = _declared(request)
     if declared is not None and declared > limit:
         raise BodyTooLarge(declared, limit)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
-from vigil.http.params import MAX_OFFSET
+from vigil.http.params import MAX_OFFSET, Instant
 from vigil.rules import registered_rule_types
 from vigil.schema import Severity, conversation_json_schema
 from vigil.store import reads
@@ -30,8 +29,8 @@ def list_conversations(
     version: str | None = None,
     rule: str | None = None,
     severity: Severity | None = Query(None, description="Minimum severity of any finding."),
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: Instant | None = None,
+    until: Instant | None = None,
     limit: int = Query(50, ge=1, le=500),
     offset: int = Query(
         0, ge=0, le=MAX_OFFSET, description="Rows to skip (bounded by list_max_offset; page deeper with cursor)."

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
-from vigil.http.body import BodyTooLarge, limited_body
+from vigil.http.body import BodyTooLarge, EncodedBody, limited_body
 from vigil.ingest.decode import DecodeError, Item, decode_batch
 from vigil.ingest.importers import FORMATS
 from vigil.ingest.pipeline import Envelope
@@ -184,6 +184,7 @@ def unavailable(rt: Runtime, exc: Exception) -> JSONResponse:
         202: {"description": "All items accepted"},
         400: {"description": "Empty body or not JSON (kept as a dead letter), or an unknown format"},
         413: {"description": "Body over VIGIL_MAX_REQUEST_BYTES, or more than 1000 items"},
+        415: {"description": "A compressed body (Content-Encoding): send it uncompressed"},
         422: {"description": "Some items invalid; valid ones kept"},
         503: {"description": "Storage busy or unavailable; nothing stored, retry after Retry-After"},
     },
@@ -232,6 +233,8 @@ async def ingest_conversations(
         except StoreUnavailable:
             log.warning("keeping a note of an oversized request failed")
         return JSONResponse({"detail": str(exc), "reason": "oversized"}, 413)
+    except EncodedBody as exc:
+        return JSONResponse({"detail": str(exc), "reason": "unsupported_encoding"}, 415)
     except StoreUnavailable as exc:
         return unavailable(rt, exc)
     return JSONResponse(answer.body, status_code=answer.status)

@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
-from vigil.http.body import BodyTooLarge, limited_body
+from vigil.http.body import BodyTooLarge, EncodedBody, limited_body
 from vigil.outcomes.ingest import OutcomeIn, OutcomeStore
 from vigil.store.writes import DeadLetter
 
@@ -49,6 +49,8 @@ async def post_outcomes(request: Request) -> JSONResponse:
             return await _post_outcomes(store, body)
     except BodyTooLarge as exc:
         return JSONResponse({"detail": str(exc), "reason": "oversized"}, 413)
+    except EncodedBody as exc:
+        return JSONResponse({"detail": str(exc), "reason": "unsupported_encoding"}, 415)
 
 
 async def _post_outcomes(store: Any, body: bytes) -> JSONResponse:

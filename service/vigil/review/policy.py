@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from vigil.errors import ConfigError
 from vigil.rules import SEVERITY_RANK
 from vigil.schema import SUCCESS_TOLERANCE
+from vigil.store.signals import OFFLINE_SUFFIX
 
 DEFAULT_POLICY = Path(__file__).resolve().parent / "flagging.yaml"
 LABELS = ("confirmed_failure", "not_a_failure", "unsure")
@@ -172,12 +173,15 @@ class FlaggingPolicy(_Strict):
     ) -> list[Reason]:
         if offline and not self.judge.include_offline:
             return []
+        # an offline verdict is its own reason, named as compare names its signal: every view of the
+        # queue (chips, clusters, the API) then says the heuristic judge flagged it, not the model
+        key = judge + OFFLINE_SUFFIX if offline else judge
         note = (rationale or "")[:500]
         if verdict == "fail" and self.judge.fail > 0:
-            return [Reason("judge_fail", judge, self.judge.fail, note)]
+            return [Reason("judge_fail", key, self.judge.fail, note)]
         below = self.judge.low_score_below
         if verdict == "pass" and score is not None and below is not None and score < below and self.judge.low_score > 0:
-            return [Reason("judge_low_score", judge, self.judge.low_score, f"score {score:g}: {note}")]
+            return [Reason("judge_low_score", key, self.judge.low_score, f"score {score:g}: {note}")]
         return []
 
     def outcome_reasons(self, type_: str, value: float) -> list[Reason]:

@@ -9,11 +9,12 @@ import logging
 from typing import Any
 
 from fastapi import Request
-from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
 
+from vigil.http.unencodable import validation_response
 from vigil.ui.render import render_page
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def install(app: Any) -> None:
     @app.exception_handler(RequestValidationError)
     async def bad_parameters(request: Request, exc: RequestValidationError) -> Response:
         if not is_page(request):
-            return await request_validation_exception_handler(request, exc)
+            return validation_response(exc)
         wrong = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
         return error_page(request, 400, f"This address has a parameter the page cannot use ({wrong}).")
 

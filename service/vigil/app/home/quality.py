@@ -25,6 +25,7 @@ from vigil.calibration.stats import CONFIDENCE, Agreement, proportion
 from vigil.detector.models import DetectionRow, DetectorSeriesRow, QualityCountRow
 from vigil.runtime import Runtime
 from vigil.store.db import aware
+from vigil.store.models import VerdictRow
 from vigil.store.signals import FORBIDDEN, OUTCOME, TOOL_ERROR, version_key
 
 HOUR = timedelta(hours=1)
@@ -56,7 +57,10 @@ def parse_time(value: str | None, name: str) -> datetime | None:
         t = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
     except ValueError as exc:
         raise RangeError(f"{name} {value!r} is not a date and time (use 2026-11-24T00:00 or 2026-11-24)") from exc
-    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+    try:
+        return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+    except OverflowError:
+        raise RangeError(f"{name} {value!r} falls outside the years 1 to 9999 in UTC") from None
 
 
 def time_range(
@@ -68,6 +72,8 @@ def time_range(
     preset = None
     if start is None:
         preset = last if last in RANGES else DEFAULT_RANGE
+        if end - datetime.min.replace(tzinfo=UTC) < RANGES[preset]:  # the subtraction would overflow
+            raise RangeError(f"until ({end:%Y-%m-%d %H:%M}) leaves no {preset} before it; give since too")
         start = end - RANGES[preset]
     if start >= end:
         raise RangeError(f"since ({start:%Y-%m-%d %H:%M}) must be before until ({end:%Y-%m-%d %H:%M})")
@@ -100,15 +106,38 @@ def kind_of(signal: str) -> str:
     return "rule"
 
 
-def title_of(signal: str) -> str:
+def title_of(signal: str, offline: set[bool] | None = None) -> str:
+    """A chart's title; ``offline``: whether the judge's verdicts in the range were the offline judge's."""
     if signal == FORBIDDEN:
         return "Forbidden tool calls (any rule)"
     if signal == TOOL_ERROR:
         return "Tool errors"
     kind, _, name = signal.partition(":")
+    if kind == "judge" and offline == {True}:
+        return f"Offline judge {name}: failure rate"
+    if kind == "judge" and offline == {True, False}:
+        return f"Judge {name} (offline and model verdicts pooled): failure rate"
     return {"rule": f"Rule {name}", "judge": f"Judge {name}: failure rate", "outcome": f"Outcome {name}"}.get(
         kind, signal
     )
+
+
+def judge_modes(s: Session, agent: str, version: str, judge: str, since: datetime, until: datetime) -> set[bool]:
+    """Whether the judge's verdicts in the range came from the offline judge (True), the model (False) or both.
+
+    The detector counts a judge's verdicts as one signal, so the chart must say which judge produced
+    them. A judge changes mode only with its configuration, so the range's first and last verdicts
+    (two index lookups) tell, without reading the verdicts between them.
+    """
+    base = select(VerdictRow.offline).where(
+        VerdictRow.judge == judge,
+        VerdictRow.agent_id == agent,
+        VerdictRow.agent_version == version,
+        VerdictRow.created_at >= since,
+        VerdictRow.created_at < until,
+    )
+    ends = [s.scalar(base.order_by(col).limit(1)) for col in (VerdictRow.created_at, VerdictRow.created_at.desc())]
+    return {bool(v) for v in ends if v is not None}
 
 
 def total_of(x: int, n: int) -> dict[str, Any]:
@@ -188,9 +217,9 @@ def quality(rt: Runtime, agent: str, version: str, since: datetime, until: datet
             cn, cx = by_signal[signal].get(at, (0, 0))
             by_signal[signal][at] = (cn + int(n), cx + int(x))
         alerts = spans(s, agent, version, since, until)
-        measured = {
-            sig: cal.measured(s, sig.split(":", 1)[1]) if cal else None for sig in by_signal if kind_of(sig) == "judge"
-        }
+        judges = [sig for sig in by_signal if kind_of(sig) == "judge"]
+        measured = {sig: cal.measured(s, sig.split(":", 1)[1]) if cal else None for sig in judges}
+        modes = {sig: judge_modes(s, agent, version, sig.split(":", 1)[1], since, until) for sig in judges}
     out = []
     order = {"rule": 0, "judge": 1, "outcome": 2}
     for signal in sorted(by_signal, key=lambda sg: (order[kind_of(sg)], sg)):
@@ -199,7 +228,8 @@ def quality(rt: Runtime, agent: str, version: str, since: datetime, until: datet
         x = sum(v[1] for v in counts.values())
         points = _points(counts, start, until, bucket)
         kind = kind_of(signal)
-        out.append(Series(signal, title_of(signal), kind, points, alerts.get(signal, []), total_of(min(x, n), n)))
+        title = title_of(signal, modes.get(signal, set()))
+        out.append(Series(signal, title, kind, points, alerts.get(signal, []), total_of(min(x, n), n)))
         if kind == "judge":
             m = measured.get(signal)
             corrected = corrected_rate(min(x, n), n, m) if n else None
@@ -211,7 +241,7 @@ def quality(rt: Runtime, agent: str, version: str, since: datetime, until: datet
             out.append(
                 Series(
                     signal,
-                    title_of(signal).replace("failure rate", "failure rate, corrected"),
+                    title.replace("failure rate", "failure rate, corrected"),
                     "judge_corrected",
                     _corrected(points, m),
                     alerts.get(signal, []),
