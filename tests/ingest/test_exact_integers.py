@@ -125,3 +125,33 @@ def test_kafka_records_keep_wide_integers_exact(db_url: str, tmp_path: Path) -> 
     check_stored(rt)
     check_exact(next(c for c in seen if c.conversation_id == "wide"), WIDE)
     rt.close()
+
+
+PLUGIN = '''
+from vigil.rules import ConversationView, Hit, RuleArgs, rule_type
+
+
+@rule_type("echo_wide", RuleArgs)
+def echo_wide(view: ConversationView, args: RuleArgs):
+    """Puts the metadata's n in a finding's details, as a rule of an operator's plugin may."""
+    yield Hit("n seen", [], {"n": view.conversation.metadata.get("n")})
+'''
+
+
+def test_a_finding_may_carry_a_wide_integer_in_its_details(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = "vigil_test_echo_wide"  # imported once per session: its rule type registers once
+    (tmp_path / f"{module}.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pack = tmp_path / "echo.yaml"
+    pack.write_text("pack: echo\nrules:\n  - id: echo-wide\n    type: echo_wide\n    severity: low\n")
+    rt = build_runtime(make_settings(db_url, rule_packs=str(pack), rule_plugins=module), registry=CollectorRegistry())
+    try:
+        result = rt.pipeline.process_raw([Envelope(raw(conversation("wide", WIDE)), "kafka", "t", 0, 0, "wide")])
+        assert len(result.stored) == 1 and not result.dead_letters
+        with rt.sessions() as s:
+            details = s.scalars(select(FindingRow.details).where(FindingRow.rule_id == "echo-wide")).all()
+        assert [float(d["n"]) for d in details] == [float(WIDE)]
+    finally:
+        rt.close()

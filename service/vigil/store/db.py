@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -23,14 +24,21 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def _json_dumps(value: object) -> str:
-    return orjson.dumps(value).decode()
+def json_text(value: object) -> str:
+    """A JSON column's value as text. Rules see integers beyond 64 bits exactly (``schema.loads_exact``)
+    and may put them in a finding's details, which orjson cannot write: Python's encoder writes those."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+        return json.dumps(value, ensure_ascii=False)
 
 
 def make_engine(url: str) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    kwargs: dict[str, object] = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
+    kwargs: dict[str, object] = {"json_serializer": json_text, "json_deserializer": orjson.loads}
     if url.startswith("sqlite"):
         # Reviewers, the judge worker and ingest share one file: WAL lets readers run beside the writer,
         # and a busy timeout rides out the writer's short transactions instead of failing.
