@@ -51,6 +51,17 @@ def loads_exact(raw: bytes | str) -> Any:
         return value
 
 
+def dumps_exact(value: Any) -> str:
+    """JSON text of ``value`` (orjson), also when it holds an integer beyond 64 bits, which orjson refuses
+    and Python's encoder writes exactly."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+        return json.dumps(value, ensure_ascii=False)
+
+
 class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -18,6 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.errors import VigilError
+from vigil.schema import dumps_exact
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 log = logging.getLogger(__name__)
@@ -26,13 +26,8 @@ T = TypeVar("T")
 
 def json_text(value: object) -> str:
     """A JSON column's value as text. Rules see integers beyond 64 bits exactly (``schema.loads_exact``)
-    and may put them in a finding's details, which orjson cannot write: Python's encoder writes those."""
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError as exc:
-        if "64-bit" not in str(exc):
-            raise
-        return json.dumps(value, ensure_ascii=False)
+    and may put them in a finding's details, which orjson alone cannot write."""
+    return dumps_exact(value)
 
 
 def make_engine(url: str) -> Engine:
