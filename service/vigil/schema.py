@@ -6,6 +6,8 @@ grows; the copy with the highest effective revision supersedes earlier ones.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
@@ -24,6 +26,40 @@ SEVERITY_RANK: dict[str, int] = {"info": 0, "low": 1, "medium": 2, "high": 3, "c
 _ID = Field(min_length=1, max_length=256)
 # Every model writes NaN/Infinity as such (not as null), so the decoder refuses them by name.
 MAX_INT = 2**63 - 1  # what a database BIGINT holds
+
+# orjson reads an integer outside [-2**63, 2**64) as the nearest double. Every such integer is written
+# with at least 19 digits in a row, and a run that long is found fastest by one C pass that maps each
+# digit to "0" and every other byte to "." (a regular expression looking for it costs 10x more).
+_DIGIT_RUNS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x2E for b in range(256))
+_LONG_RUN = b"0" * 19
+_WIDE_INT = re.compile(rb"-[0-9]{19}|[0-9]{20}")  # then the exact test: a 19-digit run may be an id in a string
+
+
+def loads_exact(raw: bytes | str) -> Any:
+    """Strict JSON (orjson's grammar and errors) in which every integer keeps its exact value.
+
+    A text that may hold an integer beyond 64 bits is read a second time by Python's own parser, which
+    keeps integers exact and otherwise yields the same values for what the strict parse accepted.
+    """
+    value = orjson.loads(raw)
+    data = raw.encode() if isinstance(raw, str) else raw
+    if _LONG_RUN not in data.translate(_DIGIT_RUNS) or _WIDE_INT.search(data) is None:
+        return value
+    try:
+        return json.loads(raw)
+    except RecursionError:  # nested deeper than Python's parser goes (orjson allows 1024 levels)
+        return value
+
+
+def dumps_exact(value: Any) -> str:
+    """JSON text of ``value`` (orjson), also when it holds an integer beyond 64 bits, which orjson refuses
+    and Python's encoder writes exactly."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+        return json.dumps(value, ensure_ascii=False)
 
 
 class FunctionCall(BaseModel):
@@ -52,7 +88,7 @@ class ToolCall(BaseModel):
         if isinstance(raw, dict):
             return raw
         try:
-            value = orjson.loads(raw) if raw else {}
+            value = loads_exact(raw) if raw else {}
         except orjson.JSONDecodeError:
             return {"_raw": raw}
         return value if isinstance(value, dict) else {"_value": value}

@@ -236,3 +236,16 @@ def test_a_cut_transcript_never_starts_a_line_mid_message(tmp_path: Path) -> Non
         _, block = _block(build_messages(judge, conv)[1]["content"])
         for line in _lines_outside_the_prefix(block):
             assert re.match(r"(agent|intent): |\[#\d+ (user|assistant)\]$|\[\.\.\. \d+ characters cut", line), line
+
+
+def test_a_stored_document_with_a_wide_integer_argument_renders(tmp_path: Path) -> None:
+    """The judge reads the stored document with pydantic, which keeps integers beyond 64 bits exact."""
+    judge = load_judge(judge_dir(tmp_path) / "tj", {}, 1.0)
+    call = {"id": "t1", "function": {"name": "transfer", "arguments": {"amount": 2**70 + 1}}}
+    document = (
+        '{"conversation_id": "c1", "agent_id": "a", "agent_version": "v1", "messages": ['
+        '{"role": "user", "content": "send it"}, {"role": "assistant", "tool_calls": [' + str(call) + "]}]}"
+    ).replace("'", '"')
+    conv = Conversation.model_validate_json(document)
+    assert conv.messages[1].tool_calls[0].function.arguments == {"amount": 2**70 + 1}  # type: ignore[index]
+    assert '"amount":1180591620717411303425' in build_messages(judge, conv)[1]["content"].replace(" ", "")

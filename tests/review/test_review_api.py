@@ -201,7 +201,14 @@ def test_two_reviewers_per_item_and_agreement(db_url, tmp_path) -> None:
             )
             assert api.get(f"/v1/review/items/{cid}", headers=RAJ).json()["state"] == "done"
             prog = api.get("/v1/review/progress", headers=REVIEWER).json()
-            assert prog["agreement"] == {"items": 1, "agreed": 1, "rate": 1.0}
+            assert prog["agreement"] == {
+                "items": 1,
+                "agreed": 1,
+                "rate": 1.0,
+                "labels_considered": 2,
+                "bounded": False,
+                "max_labels": 5000,
+            }
             assert {p["reviewer"] for p in prog["reviewers"]} == {"rita", "raj"}
             rita = next(p for p in prog["reviewers"] if p["reviewer"] == "rita")
             assert rita["holding"] == 1 and rita["by_label"] == {"confirmed_failure": 1}

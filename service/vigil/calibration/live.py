@@ -21,6 +21,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from vigil.calibration.report import Pair
+from vigil.calibration.stats import inter_rater
 from vigil.store import reads
 from vigil.store.db import among
 from vigil.store.models import ReviewItemRow, ReviewLabelRow, VerdictRow
@@ -39,9 +40,9 @@ def consensus(labels: list[Any]) -> tuple[bool, str | None] | None:
     return fail, cats.most_common(1)[0][0] if cats else None
 
 
-def newest_labelled(judge: str | None, only_sampled: bool, offline: bool | None, max_pairs: int) -> Select[Any]:
-    """Conversations of the newest ``max_pairs`` current labels (by label id) that the judge has a verdict
-    on: a backward walk of the labels' primary key that stops at ``max_pairs``."""
+def newest_labelled(judge: str | None, only_sampled: bool, offline: bool | None) -> Select[Any]:
+    """Conversations of the current labels, newest (by label id) first, that the judge has a verdict on:
+    a backward walk of the labels' primary key, which the caller's limit stops."""
     V, L = VerdictRow, ReviewLabelRow
     judged = select(V.id).where(V.conversation_id == L.conversation_id)
     if judge is not None:
@@ -55,7 +56,7 @@ def newest_labelled(judge: str | None, only_sampled: bool, offline: bool | None,
             .where(ReviewItemRow.conversation_id == L.conversation_id, ReviewItemRow.sampled.is_(True))
             .exists()
         )
-    return q.order_by(L.id.desc()).limit(max_pairs)
+    return q.order_by(L.id.desc())
 
 
 def live_pairs(
@@ -65,12 +66,24 @@ def live_pairs(
     offline: bool | None = None,
     max_pairs: int | None = None,
 ) -> dict[str, list[Pair]]:
+    """:func:`live_pairs_window` without its window."""
+    return live_pairs_window(session, judge, only_sampled, offline, max_pairs)[0]
+
+
+def live_pairs_window(
+    session: Session,
+    judge: str | None = None,
+    only_sampled: bool = False,
+    offline: bool | None = None,
+    max_pairs: int | None = None,
+) -> tuple[dict[str, list[Pair]], reads.LabelWindow | None]:
     """Judge name → human/judge pairs, one per (conversation, judge version).
 
     Reads only labelled conversations the judge gave a verdict on (a join along the conversation id), with
     the columns it needs: the cost follows the pairs, not every label or verdict ever stored. With
     ``max_pairs``, only the conversations of the judge's newest ``max_pairs`` labels (see
-    :func:`newest_labelled`)."""
+    :func:`newest_labelled`), and the window saying whether the bound left older labels out (None without
+    a bound)."""
     V, L = VerdictRow, ReviewLabelRow
     vq = select(V.judge, V.judge_version, V.conversation_id, V.revision, V.id, V.verdict, V.categories)
     if judge is not None:
@@ -84,12 +97,13 @@ def live_pairs(
     if max_pairs is not None:
         # the ids themselves: given the subquery, Postgres hashes the 5,000 ids and reads every verdict and
         # label stored; looked up by id, the cost follows the pairs
-        ids = list(dict.fromkeys(session.scalars(newest_labelled(judge, only_sampled, offline, max_pairs))))
+        ids, window = reads.newest_ids(session, newest_labelled(judge, only_sampled, offline), max_pairs)
         verdict_rows = list(session.execute(vq.where(among(session, V.conversation_id, ids))))
         # every one of these conversations has a verdict of the judge: no look-up per label to check it
         mine = select(L.conversation_id, L.label, L.category).where(L.is_current.is_(True))
         label_rows = list(session.execute(mine.where(among(session, L.conversation_id, ids)).order_by(L.id)))
     else:
+        window = None
         vq = vq.where(select(L.id).where(L.conversation_id == V.conversation_id, L.is_current.is_(True)).exists())
         if only_sampled:
             vq = vq.where(
@@ -115,7 +129,7 @@ def live_pairs(
             continue
         fail, category = humans[cid]
         out[name].append(Pair(cid, fail, v.verdict, version, category, list(v.categories or [])))
-    return dict(out)
+    return dict(out), window
 
 
 def sampled_rates(
@@ -163,7 +177,15 @@ def sampled_rates(
     ]
 
 
-def reviewer_labels(session: Session, max_labels: int) -> dict[str, list[tuple[str, str]]]:
+def reviewer_labels(session: Session, max_labels: int) -> tuple[dict[str, list[tuple[str, str]]], reads.LabelWindow]:
     """Conversation → (reviewer, label) of its current labels, for agreement between reviewers: the
-    conversations of the newest ``max_labels`` current labels (``VIGIL_AGREEMENT_MAX_LABELS``)."""
-    return reads.labels_of_newest(session, max_labels)
+    conversations of the newest ``max_labels`` current labels (``VIGIL_AGREEMENT_MAX_LABELS``), with the
+    window saying whether older labels were left out."""
+    return reads.newest_labels(session, max_labels)
+
+
+def inter_reviewer(session: Session, max_labels: int) -> dict[str, Any]:
+    """Agreement between reviewers (:func:`stats.inter_rater`) with ``labels_considered``, ``bounded``
+    and ``max_labels``."""
+    labels, window = reviewer_labels(session, max_labels)
+    return inter_rater(labels) | window.as_dict("max_labels")

@@ -36,9 +36,10 @@ from vigil.calibration.report import (
     version_key,
     version_report,
 )
-from vigil.calibration.stats import Agreement, agreement_from_counts, inter_rater, position_bias
+from vigil.calibration.stats import Agreement, agreement_from_counts, position_bias
 from vigil.settings import Settings
 from vigil.store.models import PairwiseRow, VerdictRow
+from vigil.store.reads import LabelWindow
 from vigil.store.rollups import default_since
 
 LIVE, OFFLINE = "live", "offline"
@@ -110,7 +111,8 @@ class Calibration:
         t = self.thresholds
         mode = self.mode_of(name)
         offline = mode == OFFLINE
-        queue = by_version(live.live_pairs(session, name, offline=offline, max_pairs=self.max_pairs).get(name, []))
+        pairs, window = live.live_pairs_window(session, name, offline=offline, max_pairs=self.max_pairs)
+        queue = by_version(pairs.get(name, []))
         only_sampled = self.settings.calibration_correction_labels == "sampled"
         measuring = (
             by_version(live.live_pairs(session, name, True, offline, self.max_pairs).get(name, []))
@@ -143,6 +145,8 @@ class Calibration:
             "thresholds": {"min_labels": t.min_labels, "min_kappa": t.min_kappa},
             "correction_labels": self.settings.calibration_correction_labels,
             "rates_since": self.rates_since if with_rates else None,
+            # the review-queue measurements read the newest VIGIL_CALIBRATION_MAX_PAIRS labels only
+            **(window or LabelWindow(0, False, self.max_pairs)).as_dict("max_pairs"),
             "versions": [v for v, _ in out],
         }
         return report, head[1] if head else None
@@ -250,11 +254,12 @@ class Calibration:
             )
             judges.append(
                 {k: full[k] for k in ("judge", "current_version", "defined", "mode", "state", "state_reason")}
+                | {k: full[k] for k in ("labels_considered", "bounded", "max_pairs")}
                 | {"version": head}
             )
         return {
             "judges": judges,
-            "inter_reviewer": inter_rater(live.reviewer_labels(session, self.settings.agreement_max_labels)),
+            "inter_reviewer": live.inter_reviewer(session, self.settings.agreement_max_labels),
             "thresholds": {"min_labels": self.thresholds.min_labels, "min_kappa": self.thresholds.min_kappa},
         }
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from vigil.calibration.live import reviewer_labels
+from vigil.calibration.live import inter_reviewer
 from vigil.calibration.overview import Calibration
-from vigil.calibration.stats import inter_rater
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.ui.render import render_page, ui_user
@@ -30,7 +29,7 @@ def calibration_page(request: Request, user: Principal = Depends(ui_user)) -> Re
     with rt.sessions() as s:
         names = cal.judge_names(s)
         judges = [cal.judge(s, n) for n in names]
-        inter = inter_rater(reviewer_labels(s, rt.settings.agreement_max_labels))
+        inter = inter_reviewer(s, rt.settings.agreement_max_labels)
     return render_page(
         request, "calibration.html", title="Judge calibration", judges=judges, inter=inter, metrics=METRICS
     )

@@ -8,6 +8,7 @@ One decoder for every way in (HTTP, Kafka, OTLP, replay, simulate), with the sam
 * An escaped NUL (``\\u0000``) becomes U+FFFD: Postgres text cannot hold NUL.
 * A conversation larger than ``VIGIL_MAX_MESSAGE_BYTES`` is refused (``oversized``).
 * Otherwise the document must validate against the schema (``schema_invalid``).
+* Integers keep their exact value, also beyond 64 bits (rules see ``2**70 + 1``, not the nearest double).
 
 Whatever passes can be stored and read back by every reader (the stored document is strict JSON).
 """
@@ -25,7 +26,7 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from vigil.errors import VigilError
-from vigil.schema import Conversation
+from vigil.schema import Conversation, loads_exact
 
 # Every reason a message or an item can be refused with; metric labels never take other values.
 REASONS = (
@@ -145,7 +146,7 @@ def _refusal(obj: Any) -> DecodeError | None:
 def _parse(raw: bytes) -> Any:
     """Strict JSON; a refusal names its reason (and the field, when the lenient parser can find it)."""
     try:
-        return orjson.loads(raw)
+        return loads_exact(raw)
     except orjson.JSONDecodeError as exc:
         strict_error = str(exc)
     try:
@@ -247,7 +248,7 @@ def decode_batch(body: bytes, max_bytes: int, max_items: int) -> Batch:
     if not body.strip():
         raise DecodeError("empty", "empty body; send a conversation object or an array of them")
     try:
-        payload = orjson.loads(body)
+        payload = loads_exact(body)
         lenient = False
     except orjson.JSONDecodeError as exc:
         try:
@@ -270,7 +271,7 @@ def decode_batch(body: bytes, max_bytes: int, max_items: int) -> Batch:
         try:
             stored = _sized(raw, max_bytes)
             # what the parser made of the body, unless the stored bytes differ (an escaped NUL replaced)
-            raw, parsed = stored, (obj if stored is raw else orjson.loads(stored))
+            raw, parsed = stored, (obj if stored is raw else loads_exact(stored))
             batch.items.append(Item(index, raw, validate(parsed)))
         except DecodeError as exc:
             batch.items.append(Item(index, raw, error=exc))

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from vigil.judge.definitions import PLACEHOLDER_RE, PREAMBLE, Judge
-from vigil.schema import Conversation, Message
+from vigil.schema import Conversation, Message, dumps_exact
 
 _TAG_RE = re.compile(r"<(\s*/?\s*(?:transcript|pair))", re.IGNORECASE)
 _PLAIN = re.compile(r"[A-Za-z0-9_.:@/+#=-]{1,256}")
@@ -56,7 +56,7 @@ def _body(text: str) -> str:
 
 
 def _args(raw: Any) -> str:
-    return raw if isinstance(raw, str) else orjson.dumps(raw).decode()
+    return raw if isinstance(raw, str) else dumps_exact(raw)  # the stored document's integers are exact
 
 
 def render_message(i: int, m: Message, per_message: int) -> str:

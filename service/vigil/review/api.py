@@ -21,7 +21,7 @@ from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
 from vigil.http.params import MAX_OFFSET
 from vigil.review import clusters as near_dups
-from vigil.review import failures, insights, queue, reviewers, triage
+from vigil.review import insights, queue, reviewers, triage
 from vigil.review import side_by_side as sbs
 from vigil.review.errors import Conflict, Invalid, NotFound, ReviewError
 from vigil.review.flagger import enqueue
@@ -308,7 +308,7 @@ def labels(
 @router.get("/clusters", response_model=ClustersOut)
 def clusters(request: Request, _: Principal = require("reviewer")) -> Any:
     """Confirmed failures grouped by category, rule and tool."""
-    return run(request, lambda s, st: failures.clusters(s, st.rule_descriptions))
+    return run(request, lambda s, st: st.failure_clusters.clusters(s, st.rule_descriptions))
 
 
 @router.get("/reviewers")

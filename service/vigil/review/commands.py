@@ -189,7 +189,8 @@ def progress_cmd(
     print_table(["reviewer", "labels", "confirmed", "not a failure", "unsure", "last 24h", "holding"], rows)
     a = data["agreement"]
     rate = "–" if a["rate"] is None else f"{a['rate']:.0%}"
-    console.print(f"agreement: {rate} on {a['items']} items labelled by two or more reviewers")
+    bound = f" (the newest {a['labels_considered']} labels only)" if a["bounded"] else ""
+    console.print(f"agreement: {rate} on {a['items']} items labelled by two or more reviewers{bound}")
 
 
 @review_app.command("policy")

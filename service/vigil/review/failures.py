@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from vigil.rules import SEVERITY_RANK
 from vigil.store import reads
-from vigil.store.models import FindingRow
+from vigil.store.models import FindingRow, ReviewLabelRow
 
 # (category, rule id, tool); rule and tool are None for failures no rule finding explains
 _ClusterKey = tuple[str, str | None, str | None]
@@ -48,6 +51,38 @@ def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) 
         "clusters": out,
         "by_category": [{"category": c, "count": n} for c, n in by_category.most_common()],
     }
+
+
+# A deleted finding (a newer revision that lost it) leaves the newest ids as they were: shown this late at most.
+CLUSTERS_TTL_SECONDS = 30.0
+
+
+class ClusterCache:
+    """:func:`clusters` kept per (newest label id, newest finding id), for at most ``ttl`` seconds.
+
+    Every label given (a first label, a change, an undo) and every finding written takes a new id, so
+    the clusters are recomputed as soon as either arrives; two max-id look-ups on primary keys replace a
+    read of every confirmed failure and its findings on each request. The answer is shared between
+    requests: callers do not change it.
+    """
+
+    def __init__(self, ttl: float = CLUSTERS_TTL_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._entry: tuple[tuple[int | None, int | None], float, dict[str, Any]] | None = None
+
+    def clusters(self, session: Session, rule_descriptions: dict[str, str] | None = None) -> dict[str, Any]:
+        key = (session.scalar(select(func.max(ReviewLabelRow.id))), session.scalar(select(func.max(FindingRow.id))))
+        now = self.clock()
+        with self._lock:
+            entry = self._entry
+        if entry is not None and entry[0] == key and now < entry[1]:
+            return entry[2]
+        value = clusters(session, rule_descriptions)
+        with self._lock:
+            self._entry = (key, now + self.ttl, value)
+        return value
 
 
 def _primary_findings(session: Session, ids: list[str]) -> tuple[dict[str, FindingRow], dict[str, set[str]]]:

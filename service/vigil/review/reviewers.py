@@ -52,7 +52,10 @@ def agreement(session: Session, max_labels: int) -> dict[str, Any]:
     """On items labelled by two or more reviewers: the share where every current label is the same.
 
     Measured on the conversations of the newest ``max_labels`` current labels
-    (``VIGIL_AGREEMENT_MAX_LABELS``), so the read stays flat as labels accumulate."""
-    multi = [labels for labels in reads.labels_of_newest(session, max_labels).values() if len(labels) >= 2]
-    agreed = sum(1 for labels in multi if len({label for _, label in labels}) == 1)
-    return {"items": len(multi), "agreed": agreed, "rate": agreed / len(multi) if multi else None}
+    (``VIGIL_AGREEMENT_MAX_LABELS``), so the read stays flat as labels accumulate; ``labels_considered``,
+    ``bounded`` and ``max_labels`` say whether older labels were left out."""
+    labels, window = reads.newest_labels(session, max_labels)
+    multi = [item for item in labels.values() if len(item) >= 2]
+    agreed = sum(1 for item in multi if len({label for _, label in item}) == 1)
+    rate = agreed / len(multi) if multi else None
+    return {"items": len(multi), "agreed": agreed, "rate": rate, **window.as_dict("max_labels")}

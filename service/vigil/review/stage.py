@@ -11,6 +11,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.metrics import Metrics
+from vigil.review.failures import ClusterCache
 from vigil.review.flagger import Flagger
 from vigil.review.policy import FlaggingPolicy
 from vigil.runtime import Runtime
@@ -32,6 +33,7 @@ class ReviewStage:
     lease_seconds: int
     rule_descriptions: dict[str, str] = field(default_factory=dict)
     assignment_hours: float = 0.0  # 0: an assignment never lapses
+    failure_clusters: ClusterCache = field(default_factory=ClusterCache)
     _gauge: tuple[float, float] = (0.0, 0.0)
 
     @classmethod

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.review import clusters as near_dups
-from vigil.review import failures, insights, queue, triage
+from vigil.review import insights, queue, triage
 from vigil.review import side_by_side as sbs
 from vigil.review.errors import Conflict, Invalid, NotFound
 from vigil.review.page_kit import count_labels, reviewer_names, stage_of
@@ -64,7 +64,7 @@ def _with_result(back: str, action: str, done: int, left: int, assignee: str | N
 def clusters_page(request: Request, notice: str | None = None, user: Principal = Depends(ui_user)) -> Response:
     st = stage_of(request)
     with st.sessions() as s:
-        data = failures.clusters(s, st.rule_descriptions)
+        data = st.failure_clusters.clusters(s, st.rule_descriptions)
         open_ = [c.as_dict() for c in near_dups.open_clusters(s, reviewer=user.name)]
     q = request.query_params
     said = None

@@ -17,20 +17,23 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.errors import VigilError
+from vigil.schema import dumps_exact
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def _json_dumps(value: object) -> str:
-    return orjson.dumps(value).decode()
+def json_text(value: object) -> str:
+    """A JSON column's value as text. Rules see integers beyond 64 bits exactly (``schema.loads_exact``)
+    and may put them in a finding's details, which orjson alone cannot write."""
+    return dumps_exact(value)
 
 
 def make_engine(url: str) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    kwargs: dict[str, object] = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
+    kwargs: dict[str, object] = {"json_serializer": json_text, "json_deserializer": orjson.loads}
     if url.startswith("sqlite"):
         # Reviewers, the judge worker and ingest share one file: WAL lets readers run beside the writer,
         # and a busy timeout rides out the writer's short transactions instead of failing.

@@ -7,6 +7,7 @@ import json
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -258,14 +259,36 @@ def current_labels(session: Session, ids: list[str] | None = None) -> dict[str, 
     return out
 
 
-def labels_of_newest(session: Session, max_labels: int) -> dict[str, list[tuple[str, str]]]:
+@dataclass(frozen=True, slots=True)
+class LabelWindow:
+    """What a read bounded to the newest labels considered: ``considered`` labels of at most ``limit``;
+    ``bounded`` when older labels exist beyond the bound (and so did not count)."""
+
+    considered: int
+    bounded: bool
+    limit: int
+
+    def as_dict(self, limit_name: str) -> dict[str, Any]:
+        return {"labels_considered": self.considered, "bounded": self.bounded, limit_name: self.limit}
+
+
+def newest_ids(session: Session, newest: Select[Any], limit: int) -> tuple[list[str], LabelWindow]:
+    """The distinct conversation ids of ``newest`` (newest first, unlimited) up to ``limit`` rows, and the
+    window they make: one row past the bound says whether it cut anything."""
+    rows = list(session.scalars(newest.limit(limit + 1)))
+    window = LabelWindow(min(len(rows), limit), len(rows) > limit, limit)
+    return list(dict.fromkeys(rows[:limit])), window
+
+
+def newest_labels(session: Session, max_labels: int) -> tuple[dict[str, list[tuple[str, str]]], LabelWindow]:
     """``(reviewer, label)`` of the current labels, oldest first, of the conversations that the newest
     ``max_labels`` current labels (by id) are on, every current label of each: what agreement between
     reviewers reads. A backward walk of the labels' primary key that stops at ``max_labels``, then a look-up
-    by conversation, so the cost stays flat however many labels are stored."""
+    by conversation, so the cost stays flat however many labels are stored. The window says whether the
+    bound left older labels out."""
     L = ReviewLabelRow
-    newest = select(L.conversation_id).where(L.is_current.is_(True)).order_by(L.id.desc()).limit(max_labels)
-    ids = list(dict.fromkeys(session.scalars(newest)))  # as ids: a subquery made Postgres scan every label
+    newest = select(L.conversation_id).where(L.is_current.is_(True)).order_by(L.id.desc())
+    ids, window = newest_ids(session, newest, max_labels)  # as ids: a subquery made Postgres scan every label
     q = (
         select(L.conversation_id, L.reviewer, L.label)
         .where(L.is_current.is_(True), among(session, L.conversation_id, ids))
@@ -274,7 +297,12 @@ def labels_of_newest(session: Session, max_labels: int) -> dict[str, list[tuple[
     out: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for cid, reviewer, label in session.execute(q):
         out[cid].append((reviewer, label))
-    return dict(out)
+    return dict(out), window
+
+
+def labels_of_newest(session: Session, max_labels: int) -> dict[str, list[tuple[str, str]]]:
+    """:func:`newest_labels` without its window."""
+    return newest_labels(session, max_labels)[0]
 
 
 def confirmed_failures(session: Session) -> dict[str, str]:

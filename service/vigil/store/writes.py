@@ -7,14 +7,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 import psycopg
 from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from vigil.rules import Finding, max_severity
 from vigil.schema import Conversation
-from vigil.store.db import aware, upsert
+from vigil.store.db import aware, json_text, upsert
 from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow
 
 
@@ -95,9 +94,7 @@ def _pg_copy(session: Session, table: Table, rows: list[dict[str, Any]], into: s
         for r in rows:
             copy.write_row(
                 [
-                    (None if r[c.name] is None else orjson.dumps(r[c.name]).decode())
-                    if c.name in json_cols
-                    else r[c.name]
+                    (None if r[c.name] is None else json_text(r[c.name])) if c.name in json_cols else r[c.name]
                     for c in cols
                 ]
             )
