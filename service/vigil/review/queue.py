@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, CursorResult, Executable, and_, func, insert, or_, select, union, update
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy import ColumnElement, CursorResult, Executable, and_, func, insert, or_, select, update
+from sqlalchemy.orm import Session
 
 from vigil.metrics import Metrics
 from vigil.review.errors import Conflict, Done, Invalid, NotFound
@@ -67,7 +67,19 @@ class QueueFilter:
         if self.severity:
             out.append(_has(ConversationRow, _same(ConversationRow.max_severity, self.severity)))
         if self.search and (term := self.search.strip()):
-            out.append(ReviewItemRow.conversation_id.in_(_matching(term[:MAX_SEARCH])))
+            pattern = "%" + _escape_like(term[:MAX_SEARCH]) + "%"
+            out.append(
+                or_(
+                    ReviewItemRow.conversation_id.ilike(pattern, escape="\\"),
+                    _has(
+                        ConversationRow,
+                        or_(
+                            ConversationRow.task_id.ilike(pattern, escape="\\"),
+                            ConversationRow.document.ilike(pattern, escape="\\"),
+                        ),
+                    ),
+                )
+            )
         return out
 
 
@@ -77,23 +89,6 @@ MAX_SEARCH = 200
 def _same(column: Any, value: str) -> ColumnElement[bool]:
     """Case-insensitive equality (the queue's filters are typed or picked by people)."""
     return cast(ColumnElement[bool], func.lower(column) == value.strip().lower())
-
-
-def _matching(term: str) -> Any:
-    """Conversation ids whose item id, task id or stored document holds ``term``, regardless of case.
-
-    Each side is a plain ``ILIKE`` of one table, which a trigram index serves on Postgres (migration
-    0011): the matching ids are found first and their items looked up, instead of testing every item.
-    """
-    pattern = "%" + _escape_like(term) + "%"
-    items = aliased(ReviewItemRow)  # not the listed review_items: the subquery stands alone
-    C = ConversationRow
-    return union(
-        select(items.conversation_id).where(items.conversation_id.ilike(pattern, escape="\\")),
-        select(C.conversation_id).where(
-            or_(C.task_id.ilike(pattern, escape="\\"), C.document.ilike(pattern, escape="\\"))
-        ),
-    )
 
 
 def _escape_like(term: str) -> str:
