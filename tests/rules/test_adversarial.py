@@ -250,3 +250,32 @@ def test_a_rule_that_waits_for_a_core_is_not_stopped() -> None:
     engine = RuleEngine([CompiledRule("nap", "p", spec, get_rule_type("test_nap"), NapArgs())])
     engine.timeout_seconds = 0.05
     assert engine.evaluate(conversation("hello there")) == []
+
+
+def test_rules_that_each_spend_most_of_their_budget_are_not_stopped() -> None:
+    """The budget is each rule's own: CPU spent by the rules before it in the conversation is not charged
+    to it, although the guard reads the thread's CPU clock once per conversation, not per rule."""
+    from vigil.rules import RuleArgs, rule_type
+    from vigil.rules.packs import CompiledRule, RuleEngine, RuleSpec
+    from vigil.rules.registry import get_rule_type
+
+    class BusyArgs(RuleArgs):
+        pass
+
+    if "test_busy" not in registered_rule_types():
+
+        @rule_type("test_busy", BusyArgs)
+        def busy(view: ConversationView, args: BusyArgs):  # type: ignore[no-untyped-def]
+            # off the CPU past the wall-clock deadline (the watchdog then reads what it spent), then 40%
+            # of the budget below in this thread's CPU time: four of them spend more than one budget
+            time.sleep(0.12)
+            until = time.thread_time() + 0.04
+            while time.thread_time() < until:
+                pass
+            return iter(())
+
+    rt = get_rule_type("test_busy")
+    rules = [CompiledRule(f"busy{i}", "p", RuleSpec(id=f"busy{i}", type="test_busy"), rt, BusyArgs()) for i in range(4)]
+    engine = RuleEngine(rules)
+    engine.timeout_seconds = 0.1
+    assert engine.evaluate(conversation("hello there")) == []

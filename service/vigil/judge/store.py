@@ -14,27 +14,14 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import ARRAY, String, and_, any_, bindparam, func, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from vigil.judge.models import JudgeRequestRow, JudgeStatusRow
 from vigil.store.db import upsert
 from vigil.store.models import ConversationRow, OutcomeRow, PairwiseRow, VerdictRow
+from vigil.store.writes import insert_new
 
 ACTIVE = ("pending", "running")
-
-
-def _enqueue_stmt(insert: Any) -> Any:
-    t = JudgeRequestRow.__table__
-    return (
-        insert(t)
-        .on_conflict_do_nothing(index_elements=["judge", "conversation_id", "revision"])
-        .returning(t.c.judge, t.c.conversation_id)
-    )
-
-
-# Built once and executed for many rows (insertmanyvalues batches them, RETURNING included).
-_ENQUEUE = {"postgresql": _enqueue_stmt(postgresql.insert), "sqlite": _enqueue_stmt(sqlite.insert)}
 
 
 def enqueue(session: Session, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -45,8 +32,8 @@ def enqueue(session: Session, rows: Sequence[dict[str, Any]]) -> list[dict[str, 
     """
     if not rows:
         return []
-    stmt = _ENQUEUE[session.get_bind().dialect.name]
-    inserted = {(j, c) for j, c in session.execute(stmt, list(rows)).all()}
+    t = JudgeRequestRow.__table__
+    inserted = set(insert_new(session, t, rows, ["judge", "conversation_id", "revision"], ["judge", "conversation_id"]))  # type: ignore[arg-type]
     return [r for r in rows if (r["judge"], r["conversation_id"]) in inserted]
 
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, load_only
 
 from vigil.metrics import Metrics
 from vigil.schema import OutcomeType
-from vigil.store.db import after_commit, upsert
+from vigil.store.db import after_commit, among, upsert
 from vigil.store.models import ConversationRow, OutcomeLinkRow, OutcomeRow
 from vigil.store.signals import STORED_FIELDS, StoredConversation, attributed
 from vigil.store.writes import Checked, copy_new_rows
@@ -62,7 +62,8 @@ def link_outcomes(
         )
     if not rows:
         return []
-    existing = set(session.scalars(select(OutcomeLinkRow.outcome_id).where(OutcomeLinkRow.outcome_id.in_(list(by_id)))))
+    linked = among(session, OutcomeLinkRow.outcome_id, list(by_id))
+    existing = set(session.scalars(select(OutcomeLinkRow.outcome_id).where(linked)))
     rows.sort(key=lambda r: r["outcome_id"])  # one lock order for every writer
     fresh = [r for r in rows if r["outcome_id"] not in existing]
     stale = [r for r in rows if r["outcome_id"] in existing]
@@ -104,7 +105,8 @@ class OutcomeJoin:
         if not stored:
             return
         ids = [s.conversation.conversation_id for s in stored]
-        outcomes = list(session.scalars(select(OutcomeRow).where(OutcomeRow.conversation_id.in_(ids))).all())
+        of_batch = among(session, OutcomeRow.conversation_id, ids)
+        outcomes = list(session.scalars(select(OutcomeRow).where(of_batch)).all())
         if not outcomes:
             return
         # the batch holds what the join needs of each stored row: no need to read the documents back

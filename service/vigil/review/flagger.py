@@ -25,10 +25,10 @@ from sqlalchemy.orm import Session, load_only
 from vigil.metrics import Metrics
 from vigil.review.models import ReviewAuditRow, ReviewReasonRow
 from vigil.review.policy import FlaggingPolicy, Reason
-from vigil.store.db import upsert, utcnow
+from vigil.store.db import among, utcnow
 from vigil.store.models import ConversationRow, OutcomeRow, ReviewItemRow
 from vigil.store.signals import attributed
-from vigil.store.writes import Checked, stored_in_batch
+from vigil.store.writes import Checked, copy_rows, insert_new, stored_in_batch
 
 SYSTEM_ACTOR = "vigil"
 
@@ -74,15 +74,8 @@ def enqueue(
         }
         for cid, reasons in sorted(flagged.items())
     ]
-    # executemany of one cached statement (SQLAlchemy batches it into multi-row INSERTs with RETURNING)
-    new_ids = list(
-        session.scalars(
-            upsert(session, ReviewItemRow.__table__)
-            .on_conflict_do_nothing(index_elements=["conversation_id"])
-            .returning(ReviewItemRow.__table__.c.conversation_id),
-            items,
-        )
-    )
+    new = insert_new(session, ReviewItemRow.__table__, items, ["conversation_id"], ["conversation_id"])
+    new_ids = [r[0] for r in new]
     reason_rows = [
         {
             "conversation_id": cid,
@@ -95,13 +88,13 @@ def enqueue(
         for cid, reasons in sorted(flagged.items())
         for r in reasons
     ]
-    t = ReviewReasonRow.__table__
-    added = session.execute(
-        upsert(session, t)
-        .on_conflict_do_nothing(index_elements=["conversation_id", "kind", "key"])
-        .returning(t.c.conversation_id, t.c.kind, t.c.key, t.c.weight),
+    added = insert_new(
+        session,
+        ReviewReasonRow.__table__,
         reason_rows,
-    ).all()
+        ["conversation_id", "kind", "key"],
+        ["conversation_id", "kind", "key", "weight"],
+    )
     # add only the weights this transaction inserted: an increment stays right when two transactions
     # flag one conversation at once (Postgres re-reads the row's priority after waiting for its lock)
     deltas: dict[str, float] = defaultdict(float)
@@ -149,8 +142,7 @@ def enqueue(
         }
         for cid, reasons in sorted(by_cid.items())
     ]
-    if audit:
-        session.execute(insert(ReviewAuditRow), audit)
+    copy_rows(session, ReviewAuditRow.__table__, audit)
     if metrics is not None:
         for cid in fresh:
             metrics.review_enqueued.labels(_first_kind(flagged[cid])).inc()
@@ -203,7 +195,7 @@ class Flagger:
         return list(
             session.scalars(
                 update(items)
-                .where(items.c.conversation_id.in_(list(agents)), items.c.agent_id.is_(None))
+                .where(among(session, items.c.conversation_id, list(agents)), items.c.agent_id.is_(None))
                 .values(
                     agent_id=select(conv.c.agent_id).where(of).scalar_subquery(),
                     agent_version=select(conv.c.agent_version).where(of).scalar_subquery(),

@@ -86,16 +86,27 @@ def single_entity(view: ConversationView, args: SingleEntityArgs) -> Iterator[Hi
             return
 
 
-def _values_of(obj: Any, name: str) -> Iterator[str]:
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            if k == name and not isinstance(v, dict | list):
-                yield str(v)
-            else:
-                yield from _values_of(v, name)
-    elif isinstance(obj, list):
-        for v in obj:
-            yield from _values_of(v, name)
+def _values_of(obj: Any, name: str) -> list[str]:
+    """Every scalar held under the key ``name`` at any depth of a parsed tool result.
+
+    A walk with its own stack that visits containers only: a lookup result is mostly scalars, and a
+    generator call per scalar was most of this rule's time (and a deep result must not reach the
+    interpreter's recursion limit).
+    """
+    found: list[str] = []
+    stack = [obj]
+    containers = (dict, list)
+    while stack:
+        o = stack.pop()
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if isinstance(v, containers):
+                    stack.append(v)
+                elif k == name:
+                    found.append(str(v))
+        elif isinstance(o, list):
+            stack.extend(v for v in o if isinstance(v, containers))
+    return found
 
 
 class ArgFromLookupArgs(RuleArgs):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import orjson
-from sqlalchemy import ColumnElement, Engine, String, any_, bindparam, create_engine, event, func, select
+from sqlalchemy import BigInteger, ColumnElement, Engine, String, any_, bindparam, create_engine, event, func, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
@@ -82,11 +82,13 @@ def upsert(session: Session, table: Any) -> Any:
     return (postgresql.insert if name == "postgresql" else sqlite.insert)(table)
 
 
-def among(session: Session, col: Any, values: Sequence[str]) -> ColumnElement[bool]:
+def among(session: Session, col: Any, values: Sequence[str] | Sequence[int]) -> ColumnElement[bool]:
     """``col`` is one of ``values``: on Postgres ``= ANY(array)``, one parameter however many values (an
-    ``IN`` list of thousands of parameters costs more to build and send than the look-ups it asks for)."""
+    ``IN`` list of thousands of parameters costs more to build and send than the look-ups it asks for).
+    Values are strings, or integers for an integer column."""
     if session.get_bind().dialect.name == "postgresql":
-        return col == any_(bindparam(None, list(values), type_=postgresql.ARRAY(String)))
+        item = BigInteger if values and isinstance(values[0], int) else String
+        return col == any_(bindparam(None, list(values), type_=postgresql.ARRAY(item)))
     if len(values) > SQLITE_INLINE_VALUES:
         # SQLite allows 32,766 parameters a statement: more ids go as one JSON array it unpacks itself
         each = func.json_each(bindparam(None, orjson.dumps(list(values)).decode())).table_valued("value")

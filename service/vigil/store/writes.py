@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.orm import Session
 
@@ -80,24 +81,106 @@ class DeadLetter:
     key: str | None = None
 
 
+_TIMESTAMPTZ = 1184
+_JSON_OIDS = frozenset({114, 3802})  # json, jsonb
+_COLUMN_TYPES: dict[str, dict[str, tuple[int, str]]] = {}
+
+
+def _column_oids(conn: psycopg.Connection[Any], table: str) -> dict[str, int]:
+    """The type oid of each column of ``table`` (read once per process: the schema is the migrations')."""
+    return {name: oid for name, (oid, _sql) in _column_types(conn, table).items()}
+
+
+def _column_types(conn: psycopg.Connection[Any], table: str) -> dict[str, tuple[int, str]]:
+    """(type oid, SQL type) of each column of ``table``, read once per process."""
+    found = _COLUMN_TYPES.get(table)
+    if found is None:
+        rows = conn.execute(
+            "SELECT attname, atttypid::int, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+            (table,),
+        ).fetchall()
+        found = _COLUMN_TYPES[table] = {name: (oid, sql) for name, oid, sql in rows}
+    return found
+
+
+def insert_new(
+    session: Session, table: Table, rows: Sequence[dict[str, Any]], conflict: Sequence[str], returning: Sequence[str]
+) -> list[tuple[Any, ...]]:
+    """``INSERT rows ON CONFLICT (conflict) DO NOTHING RETURNING returning``: the rows it inserted.
+
+    On Postgres one statement whose every column is one array parameter (``unnest``), in the rows'
+    order: SQLAlchemy's multi-row VALUES spends most of its time binding and rendering thousands of
+    placeholders, and the driver as much again parsing the statement it renders. Columns the rows
+    leave out take their NULL default, as they do through the ORM (one with another default is refused).
+    """
+    if not rows:
+        return []
+    ret = [table.c[c] for c in returning]
+    if session.get_bind().dialect.name != "postgresql":
+        stmt = upsert(session, table).on_conflict_do_nothing(index_elements=list(conflict)).returning(*ret)
+        return [tuple(r) for r in session.execute(stmt, list(rows)).all()]
+    cols = [c.name for c in table.columns if c.name in rows[0]]
+    for col in table.columns:
+        if col.name not in rows[0] and col.default is not None and getattr(col.default, "arg", None) is not None:
+            raise ValueError(f"insert_new: {table.name}.{col.name} has a default the rows must give")
+    conn = session.connection()
+    types = _column_types(conn.connection.driver_connection, table.name)  # type: ignore[arg-type]
+    params: dict[str, list[Any]] = {}
+    for i, c in enumerate(cols):
+        values = [r[c] for r in rows]
+        if types[c][0] in _JSON_OIDS:
+            values = [None if v is None else Jsonb(v, json_text) for v in values]
+        params[f"c{i}"] = values
+    arrays = ", ".join(f"%(c{i})s::{types[c][1]}[]" for i, c in enumerate(cols))
+    names = ", ".join(f'"{c}"' for c in cols)
+    keys = ", ".join(f'"{c}"' for c in conflict)
+    out = ", ".join(f'"{c}"' for c in returning)
+    sql = (
+        f"INSERT INTO {table.name} ({names}) SELECT * FROM unnest({arrays}) "
+        f"ON CONFLICT ({keys}) DO NOTHING RETURNING {out}"
+    )
+    return [tuple(r) for r in conn.exec_driver_sql(sql, params).all()]
+
+
+def copy_rows(session: Session, table: Table, rows: list[dict[str, Any]]) -> None:
+    """Insert rows that cannot conflict (an append-only log): COPY on Postgres, executemany elsewhere."""
+    if not rows:
+        return
+    if session.get_bind().dialect.name == "postgresql":
+        _pg_copy(session, table, rows)
+    else:
+        session.execute(insert(table), rows)
+
+
 def _pg_copy(session: Session, table: Table, rows: list[dict[str, Any]], into: str | None = None) -> None:
     """COPY rows into ``into`` (default: the table itself).
 
     Multi-row VALUES with thousands of placeholders spends most of its time in the driver's query
-    parser, and text arrays in escaping; COPY streams rows through the driver's C encoder.
+    parser, and text arrays in escaping; COPY streams rows through the driver's C encoder. The format
+    is binary, as the hot-path benchmark's limit writes (measured at par with text: a long document
+    costs its length either way); a batch holding a naive time keeps the text format, in which the
+    server reads such a time in the session's zone.
     """
-    cols = [c for c in table.columns if c.name in rows[0]]
-    json_cols = {c.name for c in cols if c.type.compile(dialect=session.get_bind().dialect) in ("JSON", "JSONB")}
-    names = ", ".join(f'"{c.name}"' for c in cols)
-    conn = session.connection().connection.driver_connection
-    with conn.cursor() as cur, cur.copy(f"COPY {into or table.name} ({names}) FROM STDIN") as copy:  # type: ignore[union-attr]
+    cols = [c.name for c in table.columns if c.name in rows[0]]
+    conn: psycopg.Connection[Any] = session.connection().connection.driver_connection  # type: ignore[assignment]
+    oids = _column_oids(conn, table.name)
+    types = [oids[c] for c in cols]
+    json_at = [i for i, t in enumerate(types) if t in _JSON_OIDS]
+    times = [c for c, t in zip(cols, types, strict=True) if t == _TIMESTAMPTZ]
+    binary = not any(r[c] is not None and r[c].tzinfo is None for r in rows for c in times)
+    names = ", ".join(f'"{c}"' for c in cols)
+    sql = f"COPY {into or table.name} ({names}) FROM STDIN" + (" (FORMAT BINARY)" if binary else "")
+    with conn.cursor() as cur, cur.copy(sql) as copy:
+        if binary:
+            copy.set_types(types)
         for r in rows:
-            copy.write_row(
-                [
-                    (None if r[c.name] is None else json_text(r[c.name])) if c.name in json_cols else r[c.name]
-                    for c in cols
-                ]
-            )
+            values = [r[c] for c in cols]
+            for i in json_at:
+                v = values[i]
+                if v is not None:
+                    values[i] = Jsonb(v, json_text) if binary else json_text(v)
+            copy.write_row(values)
 
 
 def _upsert_conversations_pg(session: Session, rows: list[dict[str, Any]]) -> tuple[set[str], set[str]]:
