@@ -78,12 +78,13 @@ def _declared(request: Request) -> int | None:
 
 
 @asynccontextmanager
-async def limited_body(request: Request, limit: int, inflight: int) -> AsyncIterator[bytes]:
+async def limited_body(request: Request, limit: int, inflight: int, *, encoded: bool = False) -> AsyncIterator[bytes]:
     """The request body, read only up to ``limit`` bytes; holds its size from the shared budget meanwhile.
 
-    A compressed body is refused (:class:`EncodedBody`) before anything is read: decoding it as JSON
-    would answer a misleading "not valid UTF-8", and inflating it would need a limit of its own."""
-    encoding = refused_encoding(request)
+    Unless the caller inflates bodies itself (``encoded``: OTLP, which bounds what it inflates), a
+    compressed body is refused (:class:`EncodedBody`) before anything is read: decoding it as JSON
+    would answer a misleading "not valid UTF-8"."""
+    encoding = None if encoded else refused_encoding(request)
     if encoding is not None:
         raise EncodedBody(encoding)
     declared = _declared(request)

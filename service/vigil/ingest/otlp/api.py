@@ -106,7 +106,7 @@ async def _export(request: Request, logs: bool) -> Response:
         return _error(media, 404, "OTLP ingest is disabled (VIGIL_OTLP_INGEST_ENABLED=false)")
     limit = min(s.otlp_max_body_bytes, s.max_request_bytes)
     try:
-        async with limited_body(request, limit, s.max_inflight_bytes) as body:
+        async with limited_body(request, limit, s.max_inflight_bytes, encoded=True) as body:
             return await _store(request, rt, body, media, ctype, logs)
     except BodyTooLarge as exc:
         return await _reject(request, media, 413, str(exc), exc.prefix)
