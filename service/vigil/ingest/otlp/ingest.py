@@ -641,14 +641,14 @@ _NO_STATUS = {"code": 0, "message": ""}
 
 
 def _stored_part(span: dict[str, Any]) -> dict[str, Any]:
-    """What the span's JSON holds: not what its columns hold, nor empty events or an unset status (a tenth
-    of a conversation's span bytes); :func:`_restored` puts them back."""
+    """What the span's JSON holds: not what its columns hold, nor empty events or an unset status (about
+    7% of a conversation's span bytes); :func:`_restored` puts them back."""
     out = {k: v for k, v in span.items() if k not in _IN_COLUMNS}
-    if len(out["name"]) <= 512:  # the column holds it whole
-        del out["name"]
-    if not out["events"]:
+    if len(out.get("name", "")) <= 512:  # the column holds it whole
+        out.pop("name", None)
+    if not out.get("events", True):
         del out["events"]
-    if out["status"] == _NO_STATUS:
+    if out.get("status") == _NO_STATUS:
         del out["status"]
     return out
 
