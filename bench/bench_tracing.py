@@ -10,8 +10,9 @@
     ``POST /v1/conversations``, in CPU-seconds per 1,000 conversations measured in the same run; the
     OTLP variants are whole traces per request, and about 100 traces interleaved (a busy agent fleet
     behind one exporter). Requests are 512 spans, the SDK's batch size. Each round measures the three
-    one after the other (each alone in a freshly collected heap) and side by side (requests in turn,
-    so load changes hit all three alike); ``--rounds`` is the number of rounds with ``--only otlp``.
+    one after the other (each alone in a freshly collected heap; which goes first rotates by round) and
+    side by side (requests in turn, so load changes hit all three alike); ``--rounds`` is the number of
+    rounds with ``--only otlp``.
 
     python -m bench.bench_tracing [--conversations 4000] [--batch 200] [--only otlp] [--copies 17]
 """

@@ -371,3 +371,32 @@ def test_exporter_without_key_is_refused(server: tuple[str, Runtime]) -> None:
     assert exporter.export(list(memory.get_finished_spans())) == SpanExportResult.FAILURE
     with rt.sessions() as s:
         assert s.get(ConversationRow, "conv-nokey") is None
+
+
+def test_spans_read_back_from_their_rows_are_the_spans_received(server: tuple[str, Runtime]) -> None:
+    """A span's row keeps in its JSON only what its columns do not (and no empty events or unset status):
+    read back, every span is as received, a name longer than the column and a failed status included."""
+    from vigil.ingest.otlp.ingest import TraceIngest
+    from vigil.ingest.otlp.otlp import parse
+
+    base, rt = server
+    memory = InMemorySpanExporter()
+    provider, tracer = agent_tracer(memory)
+    run_agent_turn(tracer, "conv-rows", tool_fails=True)
+    with tracer.start_as_current_span(
+        "chat " + "m" * 600, attributes={"gen_ai.operation.name": "chat", "gen_ai.conversation.id": "conv-rows"}
+    ) as sp:
+        sp.add_event("gen_ai.choice", {"index": 0, "content": "done"})
+    body = otlp_json(list(memory.get_finished_spans()))
+    r = httpx.post(f"{base}/v1/traces", content=body, headers={**INGEST, "content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    received = sorted(parse(body, "application/json")[0], key=lambda s: s["span_id"])
+    with rt.sessions() as s:
+        rows = s.execute(select(OtelSpanRow.name, OtelSpanRow.span)).all()
+    assert len(rows) == len(received) == 5
+    assert max(len(name) for name, _ in rows) == 512
+    assert not any("trace_id" in span or "start_ns" in span for _, span in rows)
+    read = sorted(rt.get(TraceIngest)._load("conv-rows")[0], key=lambda s: s["span_id"])
+    assert read == received
+    assert [s["name"] for s in read if len(s["name"]) > 512] == ["chat " + "m" * 600]
+    assert any(s["status"]["code"] == 2 for s in read) and any(s["events"] for s in read)
