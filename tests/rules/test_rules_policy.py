@@ -284,3 +284,23 @@ def test_airline_bag_allowance_on_real_runs() -> None:
             if f.rule_id == "airline-bag-allowance":
                 fired.append((conv.task_id, conv.outcomes[0].value, f.details["charged"], f.details["due"]))
     assert fired == [("airline:22", 0.0, 1, 0)]
+
+
+def test_a_lookup_result_keeps_an_integer_beyond_64_bits_exact() -> None:
+    """A tool result is read with every integer exact: an id of 2**70 + 1 in the result matches the same id
+    in a later call (read as the nearest double, it would be 2**70 and the call would be flagged)."""
+    wide = 2**70 + 1
+    items = ArgFromLookupArgs(
+        tools=["exchange"], arg="item_ids", lookup=["get_order"], join_on="order_id", field="item_id"
+    )
+    order = f'{{"items": [{{"item_id": {wide}}}]}}'
+    ok = _view(
+        ("call", ("get_order", {"order_id": "1"}, order, False)),
+        ("call", ("exchange", {"order_id": "1", "item_ids": [wide]}, "{}", False)),
+    )
+    assert list(arg_from_lookup(ok, items)) == []
+    off_by_one = _view(
+        ("call", ("get_order", {"order_id": "1"}, order, False)),
+        ("call", ("exchange", {"order_id": "1", "item_ids": [wide - 1]}, "{}", False)),
+    )
+    assert len(list(arg_from_lookup(off_by_one, items))) == 1

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from vigil.schema import Conversation, Message, ToolCall
+from vigil.schema import Conversation, Message, ToolCall, loads_exact
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ class ToolResult:
             text = self.message.text
             if text[:1] in ("{", "["):
                 try:
-                    self._parsed = orjson.loads(text)
+                    self._parsed = loads_exact(text)
                 except orjson.JSONDecodeError:
                     self._parsed = None
         return self._parsed
