@@ -7,6 +7,7 @@ findings that cover it, so the page can highlight them in place.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 
 from vigil.rules import SEVERITY_RANK
 from vigil.schema import Conversation, Message
+from vigil.ui.folding import Fold, Gap
 
 
 @dataclass
@@ -76,25 +78,35 @@ def _segments(text: str, spans: list[tuple[int, int, int, str]]) -> list[Segment
     return out
 
 
+def _evidence_by_message(findings: list[dict[str, Any]]) -> dict[int, list[tuple[int, dict[str, Any], str]]]:
+    """Each message's evidence (finding index, evidence, severity), read once rather than once a message."""
+    out: dict[int, list[tuple[int, dict[str, Any], str]]] = {}
+    for k, f in enumerate(findings):
+        for ev in f.get("evidence") or []:
+            if isinstance(ev, dict) and isinstance(i := ev.get("message_index"), int):
+                out.setdefault(i, []).append((k, ev, f.get("severity", "info")))
+    return out
+
+
 def _spans_for(
-    findings: list[dict[str, Any]], index: int, length: int
+    evidence: list[tuple[int, dict[str, Any], str]], length: int
 ) -> tuple[list[tuple[int, int, int, str]], list[int]]:
     spans: list[tuple[int, int, int, str]] = []
     whole: list[int] = []
-    for k, f in enumerate(findings):
-        for ev in f.get("evidence") or []:
-            if not isinstance(ev, dict) or ev.get("message_index") != index:
-                continue
-            start, end = ev.get("start"), ev.get("end")
-            if isinstance(start, int) and isinstance(end, int) and 0 <= start < end:
-                spans.append((min(start, length), min(end, length), k, f.get("severity", "info")))
-            elif k not in whole:
-                whole.append(k)
+    for k, ev, severity in evidence:
+        start, end = ev.get("start"), ev.get("end")
+        if isinstance(start, int) and isinstance(end, int) and 0 <= start < end:
+            spans.append((min(start, length), min(end, length), k, severity))
+        elif k not in whole:
+            whole.append(k)
     return [s for s in spans if s[0] < s[1]], whole
 
 
-def build(document: dict[str, Any], findings: list[dict[str, Any]]) -> list[MessageView]:
-    """Message views of a stored conversation document, with findings' evidence placed."""
+def build(
+    document: dict[str, Any], findings: list[dict[str, Any]], only: Callable[[int], bool] | None = None
+) -> list[MessageView]:
+    """Message views of a stored conversation document, with findings' evidence placed; ``only``: the
+    indexes to build (a long transcript's page shows a few hundred of its messages)."""
     try:
         messages = Conversation.model_validate(document).messages
     except ValidationError:
@@ -112,10 +124,13 @@ def build(document: dict[str, Any], findings: list[dict[str, Any]]) -> list[Mess
                 call_names[c.id] = c.function.name
         if m.role == "tool" and m.tool_call_id:
             result_at.setdefault(m.tool_call_id, i)
+    evidence = _evidence_by_message(findings)
     out = []
     for i, m in enumerate(messages):
+        if only is not None and not only(i):
+            continue
         text = m.text
-        spans, whole = _spans_for(findings, i, len(text))
+        spans, whole = _spans_for(evidence.get(i, []), len(text))
         if m.role == "tool" and not spans:
             text = _pretty(text) if text[:1] in ("{", "[") else text
         touching = sorted({k for *_, k, _ in spans} | set(whole))
@@ -143,6 +158,19 @@ def build(document: dict[str, Any], findings: list[dict[str, Any]]) -> list[Mess
                 reasoning=r if isinstance(r := (m.model_extra or {}).get("reasoning"), str) and r else None,
             )
         )
+    return out
+
+
+def folded(document: dict[str, Any], findings: list[dict[str, Any]], fold: Fold) -> list[tuple[str, Any]]:
+    """The transcript's rows as ``fold`` shows them, in order: ("m", MessageView) for a shown message,
+    ("gap", folding.Gap) for a folded run; only the shown messages are built."""
+    views = {m.index: m for m in build(document, findings, fold.visible)}
+    out: list[tuple[str, Any]] = []
+    for kind, x in fold.rows():
+        if isinstance(x, Gap):
+            out.append((kind, x))
+        elif x in views:  # a message the document does not have (a stale count) is left out
+            out.append((kind, views[x]))
     return out
 
 
