@@ -107,28 +107,32 @@ def build(
 ) -> list[MessageView]:
     """Message views of a stored conversation document, with findings' evidence placed; ``only``: the
     indexes to build (a long transcript's page shows a few hundred of its messages)."""
-    try:
-        messages = Conversation.model_validate(document).messages
-    except ValidationError:
-        messages = []
-        for raw in document.get("messages") or []:
-            try:
-                messages.append(Message.model_validate(raw))
-            except ValidationError:
-                messages.append(Message(role="system", content=f"(unreadable message: {str(raw)[:2000]})"))
+    raws = document.get("messages") or []
+    raws = raws if isinstance(raws, list) else []
+    # the calls' names and where their results are, read from the raw messages: validating every message
+    # of a long transcript to show a few hundred of them was most of the page's time
     call_names: dict[str, str] = {}
     result_at: dict[str, int] = {}
-    for i, m in enumerate(messages):
-        for c in m.tool_calls or []:
-            if c.id:
-                call_names[c.id] = c.function.name
-        if m.role == "tool" and m.tool_call_id:
-            result_at.setdefault(m.tool_call_id, i)
-    evidence = _evidence_by_message(findings)
-    out = []
-    for i, m in enumerate(messages):
+    for i, raw in enumerate(raws):
+        if not isinstance(raw, dict):
+            continue
+        for c in raw.get("tool_calls") or []:
+            fn = c.get("function") if isinstance(c, dict) else None
+            if isinstance(fn, dict) and isinstance(c.get("id"), str) and c["id"] and isinstance(fn.get("name"), str):
+                call_names[c["id"]] = fn["name"]
+        if raw.get("role") == "tool" and isinstance(tid := raw.get("tool_call_id"), str) and tid:
+            result_at.setdefault(tid, i)
+    messages: dict[int, Message] = {}
+    for i, raw in enumerate(raws):
         if only is not None and not only(i):
             continue
+        try:
+            messages[i] = Message.model_validate(raw)
+        except ValidationError:
+            messages[i] = Message(role="system", content=f"(unreadable message: {str(raw)[:2000]})")
+    evidence = _evidence_by_message(findings)
+    out = []
+    for i, m in messages.items():
         text = m.text
         spans, whole = _spans_for(evidence.get(i, []), len(text))
         if m.role == "tool" and not spans:
@@ -186,18 +190,22 @@ class ToolView:
 def tools(document: dict[str, Any]) -> list[ToolView] | None:
     """The tools the agent was offered (with how often it called each), then any tool it called without being
     offered; None when the conversation does not carry its tool definitions."""
+    # the conversation's other fields, with one stand-in message: its tools do not depend on the messages
     try:
-        conv = Conversation.model_validate(document)
+        conv = Conversation.model_validate({**document, "messages": [{"role": "user", "content": ""}]})
     except ValidationError:
         return None
     offered = conv.offered_tools
     if offered is None:
         return None
     counts: dict[str, int] = {}
-    for m in conv.messages:
-        if m.role == "assistant":
-            for c in m.tool_calls or []:
-                counts[c.function.name] = counts.get(c.function.name, 0) + 1
+    raws = document.get("messages")
+    for raw in raws if isinstance(raws, list) else []:
+        if isinstance(raw, dict) and raw.get("role") == "assistant" and isinstance(raw.get("tool_calls"), list):
+            for c in raw["tool_calls"]:
+                fn = c.get("function") if isinstance(c, dict) else None
+                if isinstance(fn, dict) and isinstance(name := fn.get("name"), str):
+                    counts[name] = counts.get(name, 0) + 1
     names = {t.name for t in offered}
     out = [
         ToolView(t.name, t.description, _pretty(t.parameters) if t.parameters else None, counts.get(t.name, 0), True)
