@@ -131,3 +131,17 @@ def test_folds_of_a_window_at_either_end() -> None:
     assert small.shown == ((0, 10),) and not small.folded and small.gaps() == []
     assert folding.pick(1_000, "10-10", None).shown == ((10, 11),)
     assert folding.default(1_000).href(2_000) == "#m2000"  # no such message: no window to open
+
+
+def test_side_by_side_folds_each_long_side_into_the_conversation_pages_windows(long_ui) -> None:
+    ui, rt = long_ui
+    a = {**long_conversation(2_000, "long-a"), "task_id": "refactor-1", "agent_version": "v1"}
+    b = {**long_conversation(500, "long-b"), "task_id": "refactor-1", "agent_version": "v2"}
+    store(rt, [a, b])
+    page = ui.get("/ui/side-by-side?task=refactor-1&a=v1&b=v2")
+    assert page.status_code == 200
+    html = page.text
+    assert html.count('<article class="msg') == 2 * (folding.HEAD + folding.TAIL)
+    assert "Messages 100–1,799 folded (1,700)" in html and "Messages 100–299 folded (200)" in html
+    assert 'href="/ui/review/long-a?messages=100-399#m100">show 100–399</a>' in html
+    assert 'href="/ui/review/long-b?messages=100-299#m100">show them</a>' in html
