@@ -130,6 +130,7 @@ def test_folds_of_a_window_at_either_end() -> None:
     small = folding.pick(10, None, "4")  # shorter than a window: all of it
     assert small.shown == ((0, 10),) and not small.folded and small.gaps() == []
     assert folding.pick(1_000, "10-10", None).shown == ((10, 11),)
+    assert folding.pick(1_000, "", " ") == folding.default(1_000)  # empty parameters: the default page
     assert folding.default(1_000).href(2_000) == "#m2000"  # no such message: no window to open
 
 

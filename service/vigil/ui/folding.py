@@ -118,7 +118,9 @@ def _in_range(total: int, index: int, what: str) -> None:
 
 def pick(total: int, messages: str | None, near: str | None) -> Fold:
     """The fold the page's query asks for: ``messages=A-B`` (inclusive, at most ``WINDOW``), ``around=N``,
-    or neither (the default). Raises :class:`BadWindow` with the reason for anything else."""
+    or neither (the default; an empty parameter counts as absent). Raises :class:`BadWindow` with the reason
+    for anything else."""
+    messages, near = (v if v and v.strip() else None for v in (messages, near))
     if messages is not None and near is not None:
         raise BadWindow("Give messages=A-B or around=N, not both.")
     if near is not None:
