@@ -165,3 +165,42 @@ def test_hostile_transcript_renders_inert(browser, server) -> None:
     # the PII finding's evidence is highlighted inside the assistant's text
     assert "eve@example.com" in page.locator("mark.hl").all_inner_texts()
     _shot(page, "conversation-xss.png")
+
+
+def test_a_long_transcript_folds_and_its_links_reach_folded_messages(browser, server) -> None:
+    from tests.support.browser import axe_script, axe_violations, describe
+    from tests.support.review import long_conversation
+
+    base, rt = server
+    store(rt, [long_conversation(2_000, "long-b", leak_at=1_000)])
+    script = axe_script()
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, bypass_csp=script is not None)
+    page = context.new_page()
+    _login(page, base)
+    page.goto(f"{base}/ui/review/long-b")
+    assert page.locator("article.msg").count() == 300
+    fold = page.locator(".fold-row")
+    assert fold.inner_text().startswith("Messages 100–1,799 folded (1,700)")
+    failures = []
+    if script is not None:
+        found = axe_violations(page, script)
+        if found:
+            failures.append(f"folded page:\n{describe(found)}")
+    # the finding's evidence on folded message 1,000: its link opens the window around it, scrolled to it
+    page.click('a.evref[href*="around=1000"]')
+    page.wait_for_url("**around=1000#m1000")
+    target = page.locator("#m1000")
+    assert target.is_visible() and "eve@example.com" in target.inner_text()
+    box = target.bounding_box()
+    assert box is not None and 0 <= box["y"] < 800  # on screen: the anchor landed
+    # paging on from the window with the fold row below it
+    page.locator(".fold-row a.fold-open").last.click()
+    page.wait_for_url("**messages=*")
+    assert page.locator("article.msg").count() <= 300
+    if script is not None:
+        found = axe_violations(page, script)
+        if found:
+            failures.append(f"window page:\n{describe(found)}")
+    _shot(page, "conversation-window.png")
+    context.close()
+    assert not failures, "\n".join(failures)

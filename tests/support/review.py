@@ -87,6 +87,19 @@ def xss_conversation(cid: str = "xss-<script>alert(1)</script>") -> dict[str, An
     }
 
 
+def long_conversation(n: int, cid: str = "long-1", leak_at: int | None = None) -> dict[str, Any]:
+    """A valid conversation of ``n`` short messages (a long agent run); the assistant message at
+    ``leak_at`` is an assistant message that leaks an e-mail address, so a rule flags it."""
+    messages: list[dict[str, Any]] = []
+    for i in range(n):
+        role = "user" if i % 2 == 0 and i != leak_at else "assistant"
+        text = f"go on {i}" if role == "user" else f"did {i}"
+        if i == leak_at:
+            text = f"did {i}: sent to eve@example.com"
+        messages.append({"role": role, "content": text})
+    return {"conversation_id": cid, "agent_id": "coder", "agent_version": "v1", "messages": messages}
+
+
 def queue_of(api, **params):  # type: ignore[no-untyped-def]
     """GET /v1/review/queue with ``params`` (up to 500 items), asserting it answered 200."""
     r = api.get("/v1/review/queue", params={"limit": 500, **params}, headers=REVIEWER)

@@ -25,7 +25,7 @@ from vigil.review.page_kit import bulk_notice, count_labels, labelled_this_sessi
 from vigil.review.policy import LABELS, SEVERITIES
 from vigil.review.stage import ReviewStage
 from vigil.store import reads
-from vigil.ui import transcript
+from vigil.ui import folding, transcript
 from vigil.ui.forms import Refused, draft_of, form_user, go
 from vigil.ui.render import render_page, sessions_of, ui_user
 
@@ -149,8 +149,12 @@ def review_page(
     conversation_id: str,
     notice: str | None = None,
     comment_on: int | None = None,
+    messages: str | None = None,
+    around: str | None = None,
     user: Principal = Depends(ui_user),
 ) -> Response:
+    """The conversation page; a long transcript shows its first and last messages, ``messages=A-B`` a
+    window of it and ``around=N`` the window around message N (see :mod:`vigil.ui.folding`)."""
     toast = TOASTS.get(notice or "")
     return _conversation_page(
         request,
@@ -159,6 +163,7 @@ def review_page(
         notice=None if toast else NOTICES.get(notice or ""),
         toast=toast,
         comment_on=comment_on,
+        window=(messages, around),
     )
 
 
@@ -172,9 +177,11 @@ def _conversation_page(
     label_error: str | None = None,
     toast: str | None = None,
     comment_on: int | None = None,
+    window: tuple[str | None, str | None] = (None, None),
 ) -> Response:
     """The conversation with its review box; ``draft``: an unsaved label to fill the form with;
-    ``label_error``: why the label was refused (shown as an error, its field focused)."""
+    ``label_error``: why the label was refused (shown as an error, its field focused); ``window``: the
+    ``messages`` and ``around`` parameters that pick the shown part of a long transcript."""
     st = _stage(request)
     rt = runtime_of(request)
     with st.sessions() as s:
@@ -195,6 +202,16 @@ def _conversation_page(
     blind = insights.is_blind(item, user.name)
     if blind:
         hist = {**hist, "labels": [lab for lab in hist["labels"] if lab["reviewer"] == user.name]}
+    document = conv["conversation"] or {"messages": []}
+    try:
+        fold = folding.pick(len(document.get("messages") or []), *window)
+        asked = comment_on if window == (None, None) and comment_on is not None else -1
+        if 0 <= asked < fold.total and not fold.visible(asked):  # commenting on a folded message: show it
+            fold = folding.around(fold.total, asked)
+    except folding.BadWindow as exc:
+        back = _review_url(conversation_id)
+        return render_page(request, "error.html", 400, title="Bad request", message=str(exc), status=400, back=back)
+    rows = transcript.folded(document, conv["findings"], fold)
     return render_page(
         request,
         "conversation.html",
@@ -202,7 +219,9 @@ def _conversation_page(
         title=f"Conversation {conversation_id}",
         conv=conv,
         item=item,
-        messages=transcript.build(conv["conversation"] or {"messages": []}, conv["findings"]),
+        messages=[m for kind, m in rows if kind == "m"],
+        rows=rows,
+        fold=fold,
         tools=transcript.tools(conv["conversation"] or {}),
         findings=conv["findings"],
         verdicts=conv.get("verdicts") or [],

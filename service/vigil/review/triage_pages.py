@@ -18,7 +18,7 @@ from vigil.review.errors import Conflict, Invalid, NotFound
 from vigil.review.page_kit import count_labels, reviewer_names, stage_of
 from vigil.review.policy import SEVERITIES
 from vigil.store import reads
-from vigil.ui import transcript
+from vigil.ui import folding, transcript
 from vigil.ui.forms import Refused, form_user, go, safe_next
 from vigil.ui.render import render_page, ui_user
 
@@ -190,7 +190,7 @@ def side_by_side_page(
                         **picked[side],
                         "side": side,
                         "conv": conv,
-                        "messages": transcript.build(conv["conversation"] or {"messages": []}, conv["findings"]),
+                        "rows": _folded_rows(conv),
                         # double review is blind here too: others' labels only once this reviewer gave theirs
                         "item": _blind(insights.item_detail(s, conv["conversation_id"]), user.name),
                     }
@@ -211,6 +211,12 @@ def side_by_side_page(
         earlier=[c for c in earlier if {c["conversation_a"], c["conversation_b"]} == pair_ids],
         notice=NOTICES.get(notice or ""),
     )
+
+
+def _folded_rows(conv: dict[str, Any]) -> list[tuple[str, Any]]:
+    """One side's transcript with the middle of a long one folded (its gaps open on the conversation page)."""
+    document = conv["conversation"] or {"messages": []}
+    return transcript.folded(document, conv["findings"], folding.default(len(document.get("messages") or [])))
 
 
 def _blind(item: dict[str, Any] | None, viewer: str) -> dict[str, Any] | None:

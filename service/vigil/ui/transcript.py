@@ -7,6 +7,7 @@ findings that cover it, so the page can highlight them in place.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 
 from vigil.rules import SEVERITY_RANK
 from vigil.schema import Conversation, Message
+from vigil.ui.folding import Fold, Gap
 
 
 @dataclass
@@ -76,46 +78,63 @@ def _segments(text: str, spans: list[tuple[int, int, int, str]]) -> list[Segment
     return out
 
 
+def _evidence_by_message(findings: list[dict[str, Any]]) -> dict[int, list[tuple[int, dict[str, Any], str]]]:
+    """Each message's evidence (finding index, evidence, severity), read once rather than once a message."""
+    out: dict[int, list[tuple[int, dict[str, Any], str]]] = {}
+    for k, f in enumerate(findings):
+        for ev in f.get("evidence") or []:
+            if isinstance(ev, dict) and isinstance(i := ev.get("message_index"), int):
+                out.setdefault(i, []).append((k, ev, f.get("severity", "info")))
+    return out
+
+
 def _spans_for(
-    findings: list[dict[str, Any]], index: int, length: int
+    evidence: list[tuple[int, dict[str, Any], str]], length: int
 ) -> tuple[list[tuple[int, int, int, str]], list[int]]:
     spans: list[tuple[int, int, int, str]] = []
     whole: list[int] = []
-    for k, f in enumerate(findings):
-        for ev in f.get("evidence") or []:
-            if not isinstance(ev, dict) or ev.get("message_index") != index:
-                continue
-            start, end = ev.get("start"), ev.get("end")
-            if isinstance(start, int) and isinstance(end, int) and 0 <= start < end:
-                spans.append((min(start, length), min(end, length), k, f.get("severity", "info")))
-            elif k not in whole:
-                whole.append(k)
+    for k, ev, severity in evidence:
+        start, end = ev.get("start"), ev.get("end")
+        if isinstance(start, int) and isinstance(end, int) and 0 <= start < end:
+            spans.append((min(start, length), min(end, length), k, severity))
+        elif k not in whole:
+            whole.append(k)
     return [s for s in spans if s[0] < s[1]], whole
 
 
-def build(document: dict[str, Any], findings: list[dict[str, Any]]) -> list[MessageView]:
-    """Message views of a stored conversation document, with findings' evidence placed."""
-    try:
-        messages = Conversation.model_validate(document).messages
-    except ValidationError:
-        messages = []
-        for raw in document.get("messages") or []:
-            try:
-                messages.append(Message.model_validate(raw))
-            except ValidationError:
-                messages.append(Message(role="system", content=f"(unreadable message: {str(raw)[:2000]})"))
+def build(
+    document: dict[str, Any], findings: list[dict[str, Any]], only: Callable[[int], bool] | None = None
+) -> list[MessageView]:
+    """Message views of a stored conversation document, with findings' evidence placed; ``only``: the
+    indexes to build (a long transcript's page shows a few hundred of its messages)."""
+    raws = document.get("messages") or []
+    raws = raws if isinstance(raws, list) else []
+    # the calls' names and where their results are, read from the raw messages: validating every message
+    # of a long transcript to show a few hundred of them was most of the page's time
     call_names: dict[str, str] = {}
     result_at: dict[str, int] = {}
-    for i, m in enumerate(messages):
-        for c in m.tool_calls or []:
-            if c.id:
-                call_names[c.id] = c.function.name
-        if m.role == "tool" and m.tool_call_id:
-            result_at.setdefault(m.tool_call_id, i)
+    for i, raw in enumerate(raws):
+        if not isinstance(raw, dict):
+            continue
+        for c in raw.get("tool_calls") or []:
+            fn = c.get("function") if isinstance(c, dict) else None
+            if isinstance(fn, dict) and isinstance(c.get("id"), str) and c["id"] and isinstance(fn.get("name"), str):
+                call_names[c["id"]] = fn["name"]
+        if raw.get("role") == "tool" and isinstance(tid := raw.get("tool_call_id"), str) and tid:
+            result_at.setdefault(tid, i)
+    messages: dict[int, Message] = {}
+    for i, raw in enumerate(raws):
+        if only is not None and not only(i):
+            continue
+        try:
+            messages[i] = Message.model_validate(raw)
+        except ValidationError:
+            messages[i] = Message(role="system", content=f"(unreadable message: {str(raw)[:2000]})")
+    evidence = _evidence_by_message(findings)
     out = []
-    for i, m in enumerate(messages):
+    for i, m in messages.items():
         text = m.text
-        spans, whole = _spans_for(findings, i, len(text))
+        spans, whole = _spans_for(evidence.get(i, []), len(text))
         if m.role == "tool" and not spans:
             text = _pretty(text) if text[:1] in ("{", "[") else text
         touching = sorted({k for *_, k, _ in spans} | set(whole))
@@ -146,6 +165,19 @@ def build(document: dict[str, Any], findings: list[dict[str, Any]]) -> list[Mess
     return out
 
 
+def folded(document: dict[str, Any], findings: list[dict[str, Any]], fold: Fold) -> list[tuple[str, Any]]:
+    """The transcript's rows as ``fold`` shows them, in order: ("m", MessageView) for a shown message,
+    ("gap", folding.Gap) for a folded run; only the shown messages are built."""
+    views = {m.index: m for m in build(document, findings, fold.visible)}
+    out: list[tuple[str, Any]] = []
+    for kind, x in fold.rows():
+        if isinstance(x, Gap):
+            out.append((kind, x))
+        elif x in views:  # a message the document does not have (a stale count) is left out
+            out.append((kind, views[x]))
+    return out
+
+
 @dataclass
 class ToolView:
     name: str
@@ -158,18 +190,22 @@ class ToolView:
 def tools(document: dict[str, Any]) -> list[ToolView] | None:
     """The tools the agent was offered (with how often it called each), then any tool it called without being
     offered; None when the conversation does not carry its tool definitions."""
+    # the conversation's other fields, with one stand-in message: its tools do not depend on the messages
     try:
-        conv = Conversation.model_validate(document)
+        conv = Conversation.model_validate({**document, "messages": [{"role": "user", "content": ""}]})
     except ValidationError:
         return None
     offered = conv.offered_tools
     if offered is None:
         return None
     counts: dict[str, int] = {}
-    for m in conv.messages:
-        if m.role == "assistant":
-            for c in m.tool_calls or []:
-                counts[c.function.name] = counts.get(c.function.name, 0) + 1
+    raws = document.get("messages")
+    for raw in raws if isinstance(raws, list) else []:
+        if isinstance(raw, dict) and raw.get("role") == "assistant" and isinstance(raw.get("tool_calls"), list):
+            for c in raw["tool_calls"]:
+                fn = c.get("function") if isinstance(c, dict) else None
+                if isinstance(fn, dict) and isinstance(name := fn.get("name"), str):
+                    counts[name] = counts.get(name, 0) + 1
     names = {t.name for t in offered}
     out = [
         ToolView(t.name, t.description, _pretty(t.parameters) if t.parameters else None, counts.get(t.name, 0), True)
