@@ -114,6 +114,12 @@ class Settings(BaseSettings):
         description="Time budget of one rule on one conversation; a rule over it yields an info rule_timeout "
         "finding (not a failure of the agent) and counts in vigil_rule_timeouts_total.",
     )
+    rule_max_hits: int = Field(
+        default=50,
+        ge=1,
+        description="Findings one rule stores per conversation; past it the last stored finding counts the hits "
+        "left out (details.hits_not_stored), so a hostile conversation cannot turn into thousands of rows.",
+    )
     max_label_values: int = Field(
         default=50, ge=1, description="Distinct agents/versions per metric label before folding to 'other'."
     )

@@ -36,6 +36,7 @@ def build_runtime(
     load_plugins(settings)
     rules = RuleEngine.from_paths(settings.rule_pack_paths())
     rules.timeout_seconds = settings.rule_timeout_ms / 1000
+    rules.max_hits = settings.rule_max_hits
     url = settings.database_url_str
     if settings.migrate_on_start if migrate is None else migrate:
         db.upgrade(url)

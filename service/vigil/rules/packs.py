@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +139,7 @@ class RuleEngine:
             raise ConfigError(f"rule ids must be unique across packs; repeated: {', '.join(sorted(dupes))}")
         self.rules = rules
         self.timeout_seconds = 1.0  # each rule's budget per conversation (VIGIL_RULE_TIMEOUT_MS)
+        self.max_hits = 50  # findings one rule stores per conversation (VIGIL_RULE_MAX_HITS)
         self._applicable: dict[tuple[str, str], list[CompiledRule]] = {}
 
     @classmethod
@@ -172,10 +173,12 @@ class RuleEngine:
             for rule in self.rules_for(conversation.agent_id, conversation.agent_version):
                 hits = self._run(rule, view, guard, budget, findings)
                 severity = rule.spec.severity
-                for hit in hits:
+                for hit in hits[: self.max_hits]:
                     findings.append(
                         Finding(rule.id, rule.type.name, severity, hit.message, tuple(hit.evidence), hit.details)
                     )
+                if len(hits) > self.max_hits:
+                    findings[-1] = _with_hits_left_out(findings[-1], len(hits) - self.max_hits)
         finally:
             guard.close()
         return findings
@@ -205,6 +208,12 @@ class RuleEngine:
         details = {"rule_error": True, "rule_timeout": True}
         findings.append(Finding(rule.id, rule.type.name, "info", message, (), details))
         return []
+
+
+def _with_hits_left_out(last: Finding, left_out: int) -> Finding:
+    """The last stored finding of a rule that hit more often than it may store, saying how many more."""
+    message = f"{last.message} (and {left_out} more of this rule in this conversation, not stored)"
+    return replace(last, message=message, details={**last.details, "hits_not_stored": left_out})
 
 
 def max_severity(findings: list[Finding]) -> str | None:
