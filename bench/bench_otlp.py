@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 import statistics
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,6 +178,31 @@ def interleaved(convs: list[dict[str, Any]], in_flight: int = IN_FLIGHT) -> list
     return _requests(spans())
 
 
+class Usage:
+    """CPU and minor page faults of this process: user and system seconds apart, because OTLP's extra
+    cost is partly kernel time (zero-filled pages for its multi-MB request bodies and strings)."""
+
+    __slots__ = ("user", "system", "faults")
+
+    def __init__(self, user: float = 0.0, system: float = 0.0, faults: int = 0) -> None:
+        self.user, self.system, self.faults = user, system, faults
+
+    @classmethod
+    def now(cls) -> Usage:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return cls(r.ru_utime, r.ru_stime, r.ru_minflt)
+
+    def __sub__(self, other: Usage) -> Usage:
+        return Usage(self.user - other.user, self.system - other.system, self.faults - other.faults)
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.user + other.user, self.system + other.system, self.faults + other.faults)
+
+    @property
+    def cpu(self) -> float:
+        return self.user + self.system
+
+
 def _client(tmp: Path, label: str) -> Any:
     from fastapi.testclient import TestClient
 
@@ -199,32 +224,32 @@ def native_bodies(convs: list[dict[str, Any]]) -> list[bytes]:
     return [orjson.dumps(convs[i : i + NATIVE_BATCH]) for i in range(0, len(convs), NATIVE_BATCH)]
 
 
-def run_native(bodies: list[bytes], tmp: Path, label: str) -> float:
+def run_native(bodies: list[bytes], tmp: Path, label: str) -> Usage:
     client, rt = _client(tmp, label)
     headers = {**KEY, "content-type": "application/json"}
     gc.collect()  # every variant starts from the same collector state (a full collection costs ~0.1 s here)
-    t0 = time.process_time()
+    t0 = Usage.now()
     for body in bodies:
         r = client.post("/v1/conversations", content=body, headers=headers)
         assert r.status_code < 300, r.text[:300]
-    cpu = time.process_time() - t0
+    used = Usage.now() - t0
     rt.close()
-    return cpu
+    return used
 
 
-def run_otlp(requests: list[bytes], n: int, tmp: Path, label: str) -> float:
+def run_otlp(requests: list[bytes], n: int, tmp: Path, label: str) -> Usage:
     client, rt = _client(tmp, label)
     headers = {**KEY, "content-type": "application/x-protobuf"}
     gc.collect()
-    t0 = time.process_time()
+    t0 = Usage.now()
     for body in requests:
         r = client.post("/v1/traces", content=body, headers=headers)
         assert r.status_code == 200, r.text[:300]
-    cpu = time.process_time() - t0
+    used = Usage.now() - t0
     finished = _finished(rt)
     assert finished == n, f"{label}: {finished} of {n} conversations finished"
     rt.close()
-    return cpu
+    return used
 
 
 def _finished(rt: Any) -> int:
@@ -238,7 +263,7 @@ def _finished(rt: Any) -> int:
 
 def run_side_by_side(
     native: list[bytes], whole: list[bytes], mixed: list[bytes], n: int, tmp: Path, label: str
-) -> dict[str, float]:
+) -> dict[str, Usage]:
     """The three ways in at once, each into its own Vigil: their requests are sent in turn (the variant
     furthest behind in its share of requests goes next) and the process CPU time of each request is added
     to its variant, so a change in the machine's load (which moves CPU time by 10-20% on a shared machine)
@@ -249,7 +274,7 @@ def run_side_by_side(
         "otlp-interleaved": ("/v1/traces", "application/x-protobuf", mixed),
     }
     apps = {k: _client(tmp, f"{label}-{k}") for k in plans}
-    cpu = dict.fromkeys(plans, 0.0)
+    used = {k: Usage() for k in plans}
     sent = dict.fromkeys(plans, 0)
     gc.collect()  # every round starts from the same collector state
     while True:
@@ -258,9 +283,9 @@ def run_side_by_side(
             break
         k = min(left, key=lambda k: sent[k] / len(plans[k][2]))
         path, ctype, bodies = plans[k]
-        t0 = time.process_time()
+        t0 = Usage.now()
         r = apps[k][0].post(path, content=bodies[sent[k]], headers={**KEY, "content-type": ctype})
-        cpu[k] += time.process_time() - t0
+        used[k] += Usage.now() - t0
         assert r.status_code < 300, r.text[:300]
         sent[k] += 1
     for k in ("otlp", "otlp-interleaved"):
@@ -268,7 +293,7 @@ def run_side_by_side(
         assert finished == n, f"{k}: {finished} of {n} conversations finished"
     for _, rt in apps.values():
         rt.close()
-    return cpu
+    return used
 
 
 def compare_otlp_native(copies: int, rounds: int) -> dict[str, float]:
@@ -287,7 +312,7 @@ def compare_otlp_native(copies: int, rounds: int) -> dict[str, float]:
     del convs, warm
     gc.collect()
     ways = ("native", "otlp", "otlp-interleaved")
-    results: dict[str, dict[str, list[float]]] = {m: {k: [] for k in ways} for m in ("alone", "side by side")}
+    results: dict[str, dict[str, list[Usage]]] = {m: {k: [] for k in ways} for m in ("alone", "side by side")}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         run_side_by_side(*warm_requests, tmp, "warm")
@@ -302,24 +327,35 @@ def compare_otlp_native(copies: int, rounds: int) -> dict[str, float]:
             # process's heap grows), which fixed order charged to interleaved traces every time
             for k, run in runs[r % 3 :] + runs[: r % 3]:
                 alone[k].append(run())
-            for k, cpu in run_side_by_side(native, whole, mixed, n, tmp, f"round{r}").items():
-                results["side by side"][k].append(cpu)
+            for k, used in run_side_by_side(native, whole, mixed, n, tmp, f"round{r}").items():
+                results["side by side"][k].append(used)
     print(
         f"(c) ingest of {n:,} τ² conversations ({spans / n:.0f} messages each), CPU-seconds per 1,000 over "
-        f"{rounds} rounds: best, median, and the median of each round's ratio to native"
+        f"{rounds} rounds: best, median, and the median of each round's ratio to native; then the medians "
+        "of user and system CPU-seconds and of minor page faults per 1,000"
     )
     out: dict[str, float] = {}
     for mode, res in results.items():
-        best = {k: min(v) / n * 1000 for k, v in res.items()}
-        median = {k: statistics.median(v) / n * 1000 for k, v in res.items()}
+        cpu = {k: [u.cpu for u in v] for k, v in res.items()}
+        best = {k: min(v) / n * 1000 for k, v in cpu.items()}
+        median = {k: statistics.median(v) / n * 1000 for k, v in cpu.items()}
+
+        def split(runs: list[Usage]) -> str:
+            user = statistics.median(u.user for u in runs) / n * 1000
+            system = statistics.median(u.system for u in runs) / n * 1000
+            faults = statistics.median(u.faults for u in runs) / n * 1000
+            return f"user {user:5.2f} sys {system:5.2f} faults {faults:8,.0f}"
+
         print(f"  {mode}:")
         title = f"native POST /v1/conversations (batches of {NATIVE_BATCH})"
-        print(f"    {title:<50} {best['native']:6.2f} {median['native']:6.2f}")
+        print(f"    {title:<50} {best['native']:6.2f} {median['native']:6.2f}   {'':12}{split(res['native'])}")
         for k, label in (
             ("otlp", f"OTLP, whole traces ({len(whole)} requests)"),
             ("otlp-interleaved", f"OTLP, ~{IN_FLIGHT} traces interleaved ({len(mixed)} requests)"),
         ):
-            ratio = statistics.median(o / nat for o, nat in zip(res[k], res["native"], strict=True))
-            print(f"    {label:<50} {best[k]:6.2f} {median[k]:6.2f}   {ratio:.2f}× native")
+            ratio = statistics.median(o / nat for o, nat in zip(cpu[k], cpu["native"], strict=True))
+            print(f"    {label:<50} {best[k]:6.2f} {median[k]:6.2f}   {ratio:.2f}× native  {split(res[k])}")
             out[f"{mode} {k} ratio"] = ratio
+    # the peak resident set of the whole process (every Vigil of the run, the requests' bytes included)
+    print(f"  peak resident set of the process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")
     return out
