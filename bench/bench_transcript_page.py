@@ -14,16 +14,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from tests.review.test_review_ui import _login
+from tests.support.app import served
 from tests.support.browser import ARGS, CHROMIUM
 from tests.support.review import long_conversation, review_client, review_runtime, store
-from tests.support.services import free_port, wait_port
 from vigil.ui import folding
 
 URL = "/ui/review/long-1"
@@ -57,30 +56,17 @@ def report(what: str, times: dict[str, list[float]]) -> None:
 
 
 def chromium(rt: Any, repeat: int) -> None:
-    import uvicorn
     from playwright.sync_api import sync_playwright
 
-    from vigil.app.server import build_app
-
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    assert wait_port(port), "uvicorn did not start"
-    base = f"http://127.0.0.1:{port}"
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page()
-            page.goto(f"{base}/ui/queue")
-            page.fill("#api_key", "rita-key")
-            page.click("button[type=submit]")
-            page.wait_for_url(f"{base}/ui/queue")
-            report("Chromium load (to onload)", alternate(repeat, lambda: page.goto(base + URL, wait_until="load")))
-            browser.close()
-    finally:
-        srv.should_exit = True
-        thread.join(10)
+    with served(rt) as base, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page()
+        page.goto(f"{base}/ui/queue")
+        page.fill("#api_key", "rita-key")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{base}/ui/queue")
+        report("Chromium load (to onload)", alternate(repeat, lambda: page.goto(base + URL, wait_until="load")))
+        browser.close()
 
 
 def main() -> None:

@@ -7,7 +7,6 @@ conversations; the quality charts draw a point per bucket of the seeded week; ev
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +15,10 @@ from urllib.parse import parse_qs, quote, urlparse
 import pytest
 from sqlalchemy import select
 
+from tests.support.app import served
 from tests.support.browser import ARGS, ARTIFACTS, CHROMIUM, axe_script, axe_violations, describe
 from tests.support.console import AGENT, BASELINE, CANDIDATE, console_runtime, raise_alert, seed_week
-from tests.support.services import free_port, missing, wait_port
+from tests.support.services import missing
 from vigil.detector.models import DetectionRow
 from vigil.store.models import ConversationRow, FindingRow, ReviewItemRow
 
@@ -47,26 +47,13 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, list[DetectionRow]]]:
-    import uvicorn
-
-    from vigil.app.server import build_app
 
     url = f"sqlite:///{tmp_path_factory.mktemp('console') / 'vigil.db'}"
     rt = console_runtime(url)
     seed_week(rt)
     alerts = raise_alert(rt)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    if not wait_port(port):
-        pytest.fail("uvicorn did not start")
-    try:
-        yield f"http://127.0.0.1:{port}", rt, alerts
-    finally:
-        srv.should_exit = True
-        thread.join(10)
-        rt.close()
+    with served(rt, close=True) as base:
+        yield base, rt, alerts
 
 
 def login(context: Any, base: str, key: str = "rita-key") -> Any:

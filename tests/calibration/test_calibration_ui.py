@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import re
-import threading
 from pathlib import Path
 
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.support.app import REVIEWER, make_settings
+from tests.support.app import REVIEWER, make_settings, served
 from tests.support.browser import ARGS, CHROMIUM
 from tests.support.judge_fakes import judge_dir
-from tests.support.services import free_port, missing, wait_port
+from tests.support.services import missing
 from tests.support.traffic import clean, with_defect
 from vigil.app.runtime import build_runtime
 from vigil.app.wiring import wire
@@ -202,53 +201,39 @@ def test_calibration_and_export_pages_in_a_browser(tmp_path: Path) -> None:
         missing("python playwright")
     if not Path(CHROMIUM).exists():
         missing(f"Chromium at {CHROMIUM}")
-    import uvicorn
-
-    from vigil.app.server import build_app
 
     rt, _, _ = _loaded(tmp_path)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    assert wait_port(port), "uvicorn did not start"
-    base = f"http://127.0.0.1:{port}"
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(accept_downloads=True)
-            errors: list[str] = []
-            page.on(
-                "console",
-                lambda m: errors.append(m.text) if m.type == "error" and "404" not in m.text else None,
-            )
-            page.on(
-                "response",
-                lambda r: errors.append(r.url) if r.status == 404 and "favicon" not in r.url else None,
-            )
-            page.goto(f"{base}/ui/calibration")
-            page.fill("#api_key", "admin-key")
-            page.click("button[type=submit]")
-            page.wait_for_url(f"{base}/ui/calibration")
-            section = page.locator("#judge-tj")
-            assert section.locator("h2 .pill").inner_text() == "calibrated"
-            assert section.locator("table.rates tbody tr").count() == 2  # v1 and v2 of support-bot
-            assert "Corrected failure rate" in section.inner_text()
-            assert page.locator("nav.nav a", has_text="Calibration").get_attribute("aria-current") == "page"
-            page.click("nav.nav a:has-text('Export')")
-            page.wait_for_url(f"{base}/ui/export")
-            page.select_option("select[name=format]", "verifiers")
-            with page.expect_download() as dl:
-                page.click("form[action='/ui/export'] button[type=submit]")
-            path = dl.value.path()
-            rows = [orjson.loads(line) for line in Path(path).read_bytes().splitlines()]
-            expected = {"id", "name", "prompt", "system_prompt", "tools", "criteria", "answer", "info"}
-            assert rows and all(set(r) == expected for r in rows)  # verifiers TaskData rows
-            page.goto(f"{base}/ui/export")
-            assert page.locator("table.queue tbody tr").first.inner_text().split("\t")[2] == "verifiers"
-            assert errors == []
-            browser.close()
-    finally:
-        srv.should_exit = True
-        thread.join(10)
-        rt.close()
+    with served(rt, close=True) as base, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(accept_downloads=True)
+        errors: list[str] = []
+        page.on(
+            "console",
+            lambda m: errors.append(m.text) if m.type == "error" and "404" not in m.text else None,
+        )
+        page.on(
+            "response",
+            lambda r: errors.append(r.url) if r.status == 404 and "favicon" not in r.url else None,
+        )
+        page.goto(f"{base}/ui/calibration")
+        page.fill("#api_key", "admin-key")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{base}/ui/calibration")
+        section = page.locator("#judge-tj")
+        assert section.locator("h2 .pill").inner_text() == "calibrated"
+        assert section.locator("table.rates tbody tr").count() == 2  # v1 and v2 of support-bot
+        assert "Corrected failure rate" in section.inner_text()
+        assert page.locator("nav.nav a", has_text="Calibration").get_attribute("aria-current") == "page"
+        page.click("nav.nav a:has-text('Export')")
+        page.wait_for_url(f"{base}/ui/export")
+        page.select_option("select[name=format]", "verifiers")
+        with page.expect_download() as dl:
+            page.click("form[action='/ui/export'] button[type=submit]")
+        path = dl.value.path()
+        rows = [orjson.loads(line) for line in Path(path).read_bytes().splitlines()]
+        expected = {"id", "name", "prompt", "system_prompt", "tools", "criteria", "answer", "info"}
+        assert rows and all(set(r) == expected for r in rows)  # verifiers TaskData rows
+        page.goto(f"{base}/ui/export")
+        assert page.locator("table.queue tbody tr").first.inner_text().split("\t")[2] == "verifiers"
+        assert errors == []
+        browser.close()

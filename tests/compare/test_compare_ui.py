@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import re
-import threading
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.support.app import make_settings
+from tests.support.app import make_settings, served
 from tests.support.browser import ARGS, CHROMIUM
-from tests.support.services import free_port, missing, wait_port
+from tests.support.services import missing
 from tests.support.traffic import cheaper, clean, with_defect
 from vigil.app.runtime import build_runtime
 from vigil.app.wiring import wire
@@ -93,39 +92,25 @@ def test_compare_page_in_a_browser(sqlite_url) -> None:
         missing("python playwright")
     if not Path(CHROMIUM).exists():
         missing(f"Chromium at {CHROMIUM}")
-    import uvicorn
-
-    from vigil.app.server import build_app
 
     rt = loaded_runtime(sqlite_url)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    assert wait_port(port), "uvicorn did not start"
-    base = f"http://127.0.0.1:{port}"
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page()
-            page.goto(f"{base}/ui/compare")
-            page.fill("#api_key", "rita-key")
-            page.click("button[type=submit]")
-            page.wait_for_url(f"{base}/ui/compare")
-            page.select_option("select[name=baseline]", "v2")
-            page.select_option("select[name=candidate]", "v1")
-            page.click("#compare-form button[type=submit]")
-            page.wait_for_url(re.compile(r".*baseline=v2.*candidate=v1.*"))
-            row = page.locator('tr[data-signal="forbidden_tool"]')
-            assert row.get_attribute("data-verdict") == "better"
-            assert page.locator('tr[data-signal="cost_usd"]').get_attribute("data-verdict") == "worse"
-            assert page.locator("#red-flags").count() == 1  # cost got worse while forbidden tools improved
-            assert page.locator("nav.nav a", has_text="Compare").get_attribute("aria-current") == "page"
-            browser.close()
-    finally:
-        srv.should_exit = True
-        thread.join(10)
-        rt.close()
+    with served(rt, close=True) as base, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page()
+        page.goto(f"{base}/ui/compare")
+        page.fill("#api_key", "rita-key")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{base}/ui/compare")
+        page.select_option("select[name=baseline]", "v2")
+        page.select_option("select[name=candidate]", "v1")
+        page.click("#compare-form button[type=submit]")
+        page.wait_for_url(re.compile(r".*baseline=v2.*candidate=v1.*"))
+        row = page.locator('tr[data-signal="forbidden_tool"]')
+        assert row.get_attribute("data-verdict") == "better"
+        assert page.locator('tr[data-signal="cost_usd"]').get_attribute("data-verdict") == "worse"
+        assert page.locator("#red-flags").count() == 1  # cost got worse while forbidden tools improved
+        assert page.locator("nav.nav a", has_text="Compare").get_attribute("aria-current") == "page"
+        browser.close()
 
 
 @pytest.mark.browser
@@ -137,56 +122,42 @@ def test_compare_headline_order_folding_and_links_in_a_browser(sqlite_url) -> No
         missing("python playwright")
     if not Path(CHROMIUM).exists():
         missing(f"Chromium at {CHROMIUM}")
-    import uvicorn
-
-    from vigil.app.server import build_app
 
     rt = loaded_runtime(sqlite_url)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    assert wait_port(port), "uvicorn did not start"
-    base = f"http://127.0.0.1:{port}"
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.goto(f"{base}/ui/compare")
-            page.fill("#api_key", "rita-key")
-            page.click("button[type=submit]")
-            page.wait_for_url(f"{base}/ui/compare")
-            headline = page.locator("#headline")
-            assert headline.is_visible()
-            worse = int(headline.get_attribute("data-worse") or "0")
-            assert worse >= 2 and headline.inner_text().startswith(f"v2 vs v1: {worse} signals worse, ")
-            assert headline.inner_text().endswith(f"{headline.get_attribute('data-red-flags')} red flags")
-            verdicts = page.locator("#compare-table tbody tr").evaluate_all("rows => rows.map(r => r.dataset.verdict)")
-            assert verdicts[:worse] == ["worse"] * worse and "worse" not in verdicts[worse:]
-            assert page.locator("#compare-table tbody tr").first.get_attribute("class") == "flagged"
-            # rates that are 0 on both sides are folded, not rows
-            folded = page.locator("#folded li")
-            assert folded.count() >= 1
-            zero = folded.first.get_attribute("data-signal")
-            assert page.locator(f'#compare-table tr[data-signal="{zero}"]').count() == 0
-            forbidden = page.locator('tr[data-signal="forbidden_tool"]')
-            assert forbidden.locator("td.diff").inner_text().startswith("+10.0 pp")
-            cost = page.locator('tr[data-signal="cost_usd"]')
-            assert re.match(r"\$0\.0\d", cost.locator("a.behind").first.inner_text())
-            assert "e-0" not in cost.inner_text()
-            # a row's candidate figure leads to the conversations behind it, and on to one of them
-            forbidden.locator('a.behind[data-behind="candidate"]').click()
-            page.wait_for_url(re.compile(r".*/ui/compare/conversations\?.*signal=forbidden_tool.*"))
-            assert page.locator("#behind tbody tr").count() == 20
-            assert "conversations with a forbidden tool call" in page.locator("h1").inner_text()
-            page.locator("#behind tbody tr a").first.click()
-            page.wait_for_url(re.compile(r".*/ui/review/.*"))
-            # a version compared with itself is refused with a message
-            page.goto(f"{base}/ui/compare?agent=support-bot&baseline=v2&candidate=v2")
-            assert "compared with itself" in page.locator("#compare-error").inner_text()
-            assert page.locator("#compare-table").count() == 0
-            browser.close()
-    finally:
-        srv.should_exit = True
-        thread.join(10)
-        rt.close()
+    with served(rt, close=True) as base, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(f"{base}/ui/compare")
+        page.fill("#api_key", "rita-key")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{base}/ui/compare")
+        headline = page.locator("#headline")
+        assert headline.is_visible()
+        worse = int(headline.get_attribute("data-worse") or "0")
+        assert worse >= 2 and headline.inner_text().startswith(f"v2 vs v1: {worse} signals worse, ")
+        assert headline.inner_text().endswith(f"{headline.get_attribute('data-red-flags')} red flags")
+        verdicts = page.locator("#compare-table tbody tr").evaluate_all("rows => rows.map(r => r.dataset.verdict)")
+        assert verdicts[:worse] == ["worse"] * worse and "worse" not in verdicts[worse:]
+        assert page.locator("#compare-table tbody tr").first.get_attribute("class") == "flagged"
+        # rates that are 0 on both sides are folded, not rows
+        folded = page.locator("#folded li")
+        assert folded.count() >= 1
+        zero = folded.first.get_attribute("data-signal")
+        assert page.locator(f'#compare-table tr[data-signal="{zero}"]').count() == 0
+        forbidden = page.locator('tr[data-signal="forbidden_tool"]')
+        assert forbidden.locator("td.diff").inner_text().startswith("+10.0 pp")
+        cost = page.locator('tr[data-signal="cost_usd"]')
+        assert re.match(r"\$0\.0\d", cost.locator("a.behind").first.inner_text())
+        assert "e-0" not in cost.inner_text()
+        # a row's candidate figure leads to the conversations behind it, and on to one of them
+        forbidden.locator('a.behind[data-behind="candidate"]').click()
+        page.wait_for_url(re.compile(r".*/ui/compare/conversations\?.*signal=forbidden_tool.*"))
+        assert page.locator("#behind tbody tr").count() == 20
+        assert "conversations with a forbidden tool call" in page.locator("h1").inner_text()
+        page.locator("#behind tbody tr a").first.click()
+        page.wait_for_url(re.compile(r".*/ui/review/.*"))
+        # a version compared with itself is refused with a message
+        page.goto(f"{base}/ui/compare?agent=support-bot&baseline=v2&candidate=v2")
+        assert "compared with itself" in page.locator("#compare-error").inner_text()
+        assert page.locator("#compare-table").count() == 0
+        browser.close()

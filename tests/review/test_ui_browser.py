@@ -5,16 +5,16 @@ Screenshots go to ``test-artifacts/`` (look at them when the UI changes).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
+from tests.support.app import served
 from tests.support.browser import ARGS, ARTIFACTS, CHROMIUM
 from tests.support.review import review_runtime, simulated, store, xss_conversation
-from tests.support.services import free_port, missing, wait_port
+from tests.support.services import missing
 from vigil.review.stage import ReviewStage
 from vigil.store.models import ReviewItemRow, ReviewLabelRow
 
@@ -39,23 +39,10 @@ def browser():  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def server(sqlite_url: str) -> Iterator[tuple[str, object]]:
-    import uvicorn
-
-    from vigil.app.server import build_app
 
     rt = review_runtime(sqlite_url)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    if not wait_port(port):
-        pytest.fail("uvicorn did not start")
-    try:
-        yield f"http://127.0.0.1:{port}", rt
-    finally:
-        srv.should_exit = True
-        thread.join(10)
-        rt.close()
+    with served(rt, close=True) as base:
+        yield base, rt
 
 
 def _login(page, base: str, key: str = "rita-key") -> None:  # type: ignore[no-untyped-def]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from vigil.runtime import Runtime
@@ -34,3 +36,30 @@ def make_client(rt: Runtime, roles: set[str] | None = None) -> Any:
 
     wire(rt, roles or {"api"})
     return TestClient(build_app(rt, list(rt.hooks.background)))
+
+
+@contextmanager
+def served(rt: Runtime, *, close: bool = False) -> Iterator[str]:
+    """``rt``'s app served by uvicorn on a free loopback port, for a browser; yields its base URL.
+
+    ``close``: also close the runtime once the server has stopped."""
+    import threading
+
+    import uvicorn
+
+    from tests.support.services import free_port, wait_port
+    from vigil.app.server import build_app
+
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(build_app(rt), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        if not wait_port(port):
+            raise RuntimeError("uvicorn did not start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+        if close:
+            rt.close()
