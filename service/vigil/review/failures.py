@@ -53,16 +53,19 @@ def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) 
     }
 
 
-# A deleted finding (a newer revision that lost it) leaves the newest ids as they were: shown this late at most.
+# A labelled conversation's newer revision (findings replaced) shows this late at most.
 CLUSTERS_TTL_SECONDS = 30.0
 
 
 class ClusterCache:
-    """:func:`clusters` kept per (newest label id, newest finding id), for at most ``ttl`` seconds.
+    """:func:`clusters` kept per newest label id, for at most ``ttl`` seconds.
 
-    Every label given (a first label, a change, an undo) and every finding written takes a new id, so
-    the clusters are recomputed as soon as either arrives; two max-id look-ups on primary keys replace a
-    read of every confirmed failure and its findings on each request. The answer is shared between
+    The clusters are the confirmed failures and their findings. Every label given (a first label, a
+    change, an undo) takes a new id, so they are recomputed as soon as one arrives; one max-id look-up
+    on a primary key replaces a read of every confirmed failure and its findings on each request.
+    Findings are not part of the key: under traffic every batch writes some, nearly all on conversations
+    nobody labelled, which would recompute on every request; those of a labelled conversation change
+    only with a newer revision of it, which shows within the TTL. The answer is shared between
     requests: callers do not change it.
     """
 
@@ -70,10 +73,10 @@ class ClusterCache:
         self.ttl = ttl
         self.clock = clock
         self._lock = threading.Lock()
-        self._entry: tuple[tuple[int | None, int | None], float, dict[str, Any]] | None = None
+        self._entry: tuple[int | None, float, dict[str, Any]] | None = None
 
     def clusters(self, session: Session, rule_descriptions: dict[str, str] | None = None) -> dict[str, Any]:
-        key = (session.scalar(select(func.max(ReviewLabelRow.id))), session.scalar(select(func.max(FindingRow.id))))
+        key = session.scalar(select(func.max(ReviewLabelRow.id)))
         now = self.clock()
         with self._lock:
             entry = self._entry
