@@ -56,3 +56,14 @@ def test_settings_markdown_has_every_default() -> None:
     result = run(["settings", "--markdown"])
     assert result.exit_code == 0 and "PydanticUndefined" not in result.output
     assert "`VIGIL_DATABASE_URL`" in result.output
+
+
+def test_version_names_vigil_and_the_package_version() -> None:
+    from importlib.metadata import version
+
+    import vigil
+
+    result = run(["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == f"vigil {vigil.__version__}"
+    assert vigil.__version__ == version("vigil")  # the string printed is the installed package's version

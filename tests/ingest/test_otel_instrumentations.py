@@ -26,6 +26,7 @@ from tests.support.waiting import wait_for as wait_until
 from vigil.app.runtime import build_runtime
 from vigil.app.server import build_app
 from vigil.app.wiring import wire
+from vigil.ingest.otlp.models import OtelConversationRow
 from vigil.runtime import Runtime
 from vigil.store.models import ConversationRow, FindingRow, VerdictRow
 
@@ -99,6 +100,18 @@ def finished_conversation(rt: Runtime, agent: str) -> ConversationRow:
     return wait_for(f"a finished conversation of {agent}", find)
 
 
+def assert_the_only_conversation(rt: Runtime, row: ConversationRow) -> None:
+    """The run's trace became exactly one conversation: no other stored (finished or not), and no other
+    still being assembled from spans (a split trace leaves a second key there before its idle finish)."""
+    with rt.sessions() as s:
+        stored = list(s.scalars(select(ConversationRow.conversation_id)))
+        assembling = s.execute(select(OtelConversationRow.conversation_key, OtelConversationRow.conversation_id)).all()
+    assert stored == [row.conversation_id]
+    assert len(assembling) == 1 and assembling[0].conversation_id == row.conversation_id, assembling
+    finished = rt.metrics.registry.get_sample_value
+    assert sum(finished("vigil_otlp_conversations_finished_total", {"how": how}) or 0 for how in ("root", "idle")) == 1
+
+
 def assert_judged_tool_conversation(rt: Runtime, row: ConversationRow) -> dict[str, Any]:
     doc = orjson.loads(row.document)
     msgs = doc["messages"]
@@ -153,6 +166,7 @@ def test_openinference_with_tool_spans_finished_by_idle_timeout(vigil: Vigil) ->
     span is never ended, so the trace is finished by the idle timeout."""
     run_agent(vigil, "openinference", "--root", "unfinished", "--session", "sess-oi")
     row = finished_conversation(vigil.rt, "shop-agent-oi")
+    assert_the_only_conversation(vigil.rt, row)
     doc = assert_judged_tool_conversation(vigil.rt, row)
     assert doc["metadata"]["session_id"] == "sess-oi"
     assert doc["metadata"]["conventions"] == ["openinference"]
@@ -164,6 +178,7 @@ def test_openinference_with_tool_spans_finished_by_idle_timeout(vigil: Vigil) ->
 def test_traceloop_workflow_and_tool_spans(vigil: Vigil) -> None:
     run_agent(vigil, "traceloop", "--session", "sess-tl", "--user", "u-tl")
     row = finished_conversation(vigil.rt, "shop-agent-tl")
+    assert_the_only_conversation(vigil.rt, row)
     doc = assert_judged_tool_conversation(vigil.rt, row)
     assert doc["metadata"]["session_id"] == "sess-tl"
     kinds = {s["name"]: s["kind"] for s in doc["metadata"]["trace"]["spans"]}
@@ -174,6 +189,7 @@ def test_traceloop_workflow_and_tool_spans(vigil: Vigil) -> None:
 def test_langfuse_generations_and_tool_observations(vigil: Vigil) -> None:
     run_agent(vigil, "langfuse", "--session", "sess-lf", "--user", "u-lf")
     row = finished_conversation(vigil.rt, "shop-agent-lf")
+    assert_the_only_conversation(vigil.rt, row)
     doc = assert_judged_tool_conversation(vigil.rt, row)
     assert doc["metadata"]["session_id"] == "sess-lf" and doc["metadata"]["user_id"] == "u-lf"
     assert "langfuse" in doc["metadata"]["conventions"]

@@ -34,7 +34,7 @@ def span(
     }
 
 
-def trace(trace_id: str, user: str) -> list[dict[str, Any]]:
+def trace(trace_id: str, user: str, session: str = "sess-9") -> list[dict[str, Any]]:
     msgs = orjson.dumps([{"role": "user", "parts": [{"type": "text", "content": f"hello from {user}"}]}]).decode()
     call = orjson.dumps(
         [{"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {}}]}]
@@ -42,7 +42,7 @@ def trace(trace_id: str, user: str) -> list[dict[str, Any]]:
     chat = {"gen_ai.operation.name": "chat", "gen_ai.input.messages": msgs, "gen_ai.output.messages": call}
     tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup", "gen_ai.tool.call.id": "c1"}
     return [
-        span(trace_id, 1, None, "POST /chat", 0, 900, **{"session.id": "sess-9", "user.id": user}),
+        span(trace_id, 1, None, "POST /chat", 0, 900, **{"session.id": session, "user.id": user}),
         span(trace_id, 2, 1, "invoke_agent shop", 5, 880, **{"gen_ai.operation.name": "invoke_agent"}),
         span(trace_id, 3, 2, "chat gpt-4o", 10, 400, **chat),
         span(trace_id, 4, 2, "execute_tool lookup", 420, 300, **tool),
@@ -75,4 +75,36 @@ def test_conversation_page_shows_the_span_tree_and_the_session(sqlite_url: str) 
         assert 'id="trace"' in html and "execute_tool lookup" in html and "error: upstream timeout" in html
         assert "depth-2" in html and "+420.0 ms · 300.0 ms" in html
         assert f'href="/ui/review/otel-{b}"' in html and "Same session <code>sess-9</code>" in html
+    rt.close()
+
+
+def related_block(html: str, key: str) -> str:
+    """The page's "Same session" or "Same user" block."""
+    m = re.search(rf'<div class="related related-{key}">(.*?)</div>', html, re.S)
+    assert m, f"no related-{key} block"
+    return m.group(1)
+
+
+def test_conversations_of_the_same_user_in_different_sessions_link_each_other_by_user(sqlite_url: str) -> None:
+    rt = review_runtime(sqlite_url)
+    ingest = rt.get(TraceIngest)
+    a, b = "c" * 32, "d" * 32
+    ingest.ingest(trace(a, "u-7", session="sess-1"))
+    ingest.ingest(trace(b, "u-7", session="sess-2"))
+    with review_client(rt) as ui:
+        for me, other, session in ((a, b, "sess-1"), (b, a, "sess-2")):
+            view = ui.get(f"/v1/conversations/otel-{me}", headers=REVIEWER).json()["trace"]
+            assert view["user_id"] == "u-7" and [o["conversation_id"] for o in view["user"]] == [f"otel-{other}"]
+            assert view["session_id"] == session and view["session"] == []  # linked by user, not by session
+
+        page = ui.get("/ui/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+        ui.post("/ui/login", data={"csrf": csrf, "api_key": "rita-key", "next": "/ui/queue"})
+        for me, other, session in ((a, b, "sess-1"), (b, a, "sess-2")):
+            html = ui.get(f"/ui/review/otel-{me}").text
+            user = related_block(html, "user")
+            assert "Same user <code>u-7</code>" in user and f'href="/ui/review/otel-{other}"' in user
+            same_session = related_block(html, "session")
+            assert f"Same session <code>{session}</code>" in same_session and "No other conversation." in same_session
+            assert f"otel-{other}" not in same_session
     rt.close()

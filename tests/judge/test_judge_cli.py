@@ -133,6 +133,45 @@ def test_worker_once_exits_non_zero_when_a_configuration_error_blocks_work(
     assert out.exit_code == 0 and "2 verdicts stored" in out.output, out.output
 
 
+def test_worker_once_exits_non_zero_while_the_daily_budget_is_reached(
+    env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Today's stored spend has reached a live judge's daily cap: ``--once`` (a fresh process) reads it from
+    the database, makes no call, says the judge is paused by its budget and exits 3 while requests wait."""
+    import asyncio
+
+    from tests.support.judge_fakes import Scripted
+    from tests.support.services import free_port
+    from vigil.judge.client import ClientOverride
+
+    # any call the CLI makes goes to a port that refuses it (a circuit, not a budget pause), never to a provider
+    model = {"extra_params": {"api_base": f"http://127.0.0.1:{free_port()}/v1"}}
+    jd = judge_dir(
+        tmp_path / "live", sampling={"rate": 1.0}, limits={"concurrency": 1, "daily_budget_usd": 0.01}, **model
+    )
+    monkeypatch.setenv("VIGIL_JUDGES_DIR", str(jd))
+    monkeypatch.setenv("VIGIL_JUDGE_MODE", "live")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    monkeypatch.setenv("VIGIL_JUDGE_POLL_INTERVAL_SECONDS", "0.05")
+    rt = build_runtime(Settings(), registry=CollectorRegistry())
+    from vigil.judge.wiring import wire
+
+    rt.roles = frozenset({"judge-worker"})
+    client = Scripted(cost=0.004)
+    rt.provide(ClientOverride(client))
+    stage = wire(rt)
+    rt.pipeline.process(
+        [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:0.0"), 4).stream(5)], "test"
+    )
+    assert asyncio.run(stage.worker.run_until_idle(20)) == 2  # $0.008 spent today: a third call would pass $0.01
+    assert stage.engine.lanes["tj"].state == "paused_budget" and len(client.calls) == 2
+    rt.close()
+    out = cli_runner().invoke(app, ["judge-worker", "--once"])
+    assert out.exit_code == 3, out.output  # work is blocked: a scheduled run must not look successful
+    assert "0 verdicts stored" in out.output
+    assert "judge tj is paused_budget: spent $0.008 of $0.01 today (3 requests wait)" in out.output
+
+
 def test_judge_list_shows_a_budget_under_a_cent(env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     jd = judge_dir(tmp_path / "cheap", limits={"rpm": 60, "concurrency": 2, "daily_budget_usd": 0.004})
     monkeypatch.setenv("VIGIL_JUDGES_DIR", str(jd))
