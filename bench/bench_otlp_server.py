@@ -1,0 +1,153 @@
+"""OTLP ingest against native ingest, measured in the server process as a deployment runs it.
+
+    python -m bench.bench_otlp_server [--copies 4] [--rounds 3]
+
+``bench.bench_otlp`` serves each Vigil in the benchmark's own process through Starlette's test client,
+so what it counts includes the client's side of every request (building and handing over 10 MB
+bodies) and leaves out the server's real HTTP work (reading the body from a socket, parsing it). Here
+each way in gets a Vigil of its own in a child process, served by uvicorn as ``vigil serve`` serves it
+(its heap settled the same way), and the parent sends the same requests over loopback with a plain
+HTTP client. What is counted is the child's CPU time (user and system, from ``/proc/<pid>/stat``)
+between the first and the last measured request, per 1,000 conversations: what Vigil spends, and
+nothing the exporter spends. Each round starts the three ways in in another order; the ratio is the
+median of each round's ratio to native ingest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.bench_otlp import KEY, conversations, interleaved, native_bodies, whole_traces
+
+_CHILD = """
+import sys
+from prometheus_client import CollectorRegistry
+import uvicorn
+from vigil.app.runtime import build_runtime, settle_heap
+from vigil.app.server import build_app
+from vigil.app.wiring import wire
+from vigil.settings import Settings
+
+settings = Settings(
+    database_url=f"sqlite:///{sys.argv[1]}", api_keys="bench:admin:bench-key", metrics_port=0,
+    otlp_grpc_port=0, judge_mode="offline",
+)
+app = build_app(wire(build_runtime(settings, registry=CollectorRegistry()), {"api"}))
+settle_heap()
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning", access_log=False)
+"""
+
+WAYS = {
+    "native": ("/v1/conversations", "application/json"),
+    "otlp": ("/v1/traces", "application/x-protobuf"),
+    "otlp-interleaved": ("/v1/traces", "application/x-protobuf"),
+}
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(pid: int) -> tuple[float, float]:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / TICK, int(fields[12]) / TICK
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(db: Path) -> tuple[subprocess.Popen[bytes], httpx.Client]:
+    port = _free_port()
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(db), str(port)])
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
+    deadline = time.monotonic() + 120
+    while True:
+        if child.poll() is not None:
+            raise RuntimeError(f"the Vigil server exited with {child.returncode}")
+        try:
+            if client.get("/healthz").status_code == 200:
+                return child, client
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            child.kill()
+            raise RuntimeError("the Vigil server did not answer /healthz within 120 s")
+        time.sleep(0.1)
+
+
+def _run(way: str, warm: list[bytes], bodies: list[bytes], db: Path) -> tuple[float, float]:
+    """User and system CPU-seconds the server spent on ``bodies`` (after ``warm``, not counted)."""
+    path, ctype = WAYS[way]
+    headers = {**KEY, "content-type": ctype}
+    child, client = _serve(db)
+    try:
+        for body in warm:  # imports, compiled statements and rule caches of a fresh process
+            assert client.post(path, content=body, headers=headers).status_code < 300
+        user0, sys0 = _cpu(child.pid)
+        for body in bodies:
+            r = client.post(path, content=body, headers=headers)
+            assert r.status_code < 300, r.text[:300]
+        user1, sys1 = _cpu(child.pid)
+    finally:
+        client.close()
+        child.terminate()
+        child.wait(30)
+    return user1 - user0, sys1 - sys0
+
+
+def compare(copies: int, rounds: int) -> dict[str, float]:
+    convs = conversations(copies)
+    n = len(convs)
+    bodies = {"native": native_bodies(convs), "otlp": whole_traces(convs), "otlp-interleaved": interleaved(convs)}
+    warm_convs = [{**c, "conversation_id": f"{c['conversation_id']}-warm"} for c in conversations(1)[:60]]
+    warm = {"native": native_bodies(warm_convs), "otlp": whole_traces(warm_convs)}
+    warm["otlp-interleaved"] = interleaved(warm_convs)
+    del convs, warm_convs
+    used: dict[str, list[tuple[float, float]]] = {w: [] for w in WAYS}
+    ways = list(WAYS)
+    with tempfile.TemporaryDirectory() as d:
+        for r in range(rounds):
+            for way in ways[r % 3 :] + ways[: r % 3]:
+                used[way].append(_run(way, warm[way], bodies[way], Path(d) / f"{way}-{r}.db"))
+    print(
+        f"OTLP against native ingest, {n:,} τ² conversations, server process CPU-seconds per 1,000 "
+        f"(median of {rounds} rounds; ratio: median of each round's ratio to native)"
+    )
+    native = [u + s for u, s in used["native"]]
+    out: dict[str, float] = {}
+    for way, runs in used.items():
+        total = [u + s for u, s in runs]
+        ratio = statistics.median(t / nat for t, nat in zip(total, native, strict=True))
+        out[way] = ratio
+        per = 1000 / n
+        user, system = statistics.median(u for u, _ in runs) * per, statistics.median(s for _, s in runs) * per
+        print(
+            f"  {way:<17} {statistics.median(total) * per:5.2f}  (user {user:5.2f}, system {system:5.2f})  "
+            f"{ratio:.2f}× native  "
+            f"{len(bodies[way])} requests of {sum(map(len, bodies[way])) / len(bodies[way]) / 1e6:.1f} MB"
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--copies", type=int, default=4, help="copies of the 120 τ² conversations")
+    ap.add_argument("--rounds", type=int, default=3)
+    args: Any = ap.parse_args(argv)
+    compare(args.copies, args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
