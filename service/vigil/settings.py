@@ -68,6 +68,9 @@ class Settings(BaseSettings):
         default=300_000, ge=1000, description="Consumer max_poll_interval_ms (rebalance timeout)."
     )
     kafka_session_timeout_ms: int = Field(default=10_000, ge=1000, description="Consumer session timeout.")
+    kafka_bootstrap_timeout_ms: int = Field(
+        default=30_000, ge=100, description="How long `vigil consume` tries to reach the brokers before it exits 2."
+    )
     max_message_bytes: int = Field(
         default=1_000_000, ge=1024, description="Conversations larger than this are dead-lettered."
     )

@@ -47,6 +47,7 @@ def test_consume_without_a_reachable_broker(tmp_path) -> None:
         "VIGIL_DATABASE_URL": db,
         "VIGIL_METRICS_PORT": "0",
         "VIGIL_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+        "VIGIL_KAFKA_BOOTSTRAP_TIMEOUT_MS": "1000",  # kafka-python's default 30 s is the operator's to shorten
     }
     result = run(["consume"], env)
     assert result.exit_code == 2 and "cannot reach Kafka" in result.output

@@ -24,6 +24,13 @@ from vigil.schema import Conversation
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture
+def db_url(sqlite_url: str) -> str:
+    """The harnesses run the exported file: exporting it from each database is tests/export/test_export.py's
+    (its Inspect round trip and verifiers rows run on SQLite and Postgres)."""
+    return sqlite_url
+
+
 @pytest.fixture(autouse=True)
 def offline_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inspect counts tokens with tiktoken, which downloads its encodings; litellm ships them (o200k_base)."""
