@@ -1,6 +1,6 @@
 """OTLP ingest against native ingest, measured in the server process as a deployment runs it.
 
-    python -m bench.bench_otlp_server [--copies 4] [--rounds 3]
+    python -m bench.bench_otlp_server [--copies 4] [--rounds 3] [--db sqlite|postgres]
 
 ``bench.bench_otlp`` serves each Vigil in the benchmark's own process through Starlette's test client,
 so what it counts includes the client's side of every request (building and handing over 10 MB
@@ -9,8 +9,11 @@ each way in gets a Vigil of its own in a child process, served by uvicorn as ``v
 (its heap settled the same way), and the parent sends the same requests over loopback with a plain
 HTTP client. What is counted is the child's CPU time (user and system, from ``/proc/<pid>/stat``)
 between the first and the last measured request, per 1,000 conversations: what Vigil spends, and
-nothing the exporter spends. Each round starts the three ways in in another order; the ratio is the
-median of each round's ratio to native ingest.
+nothing the exporter spends. With ``--db postgres`` each run gets a fresh database on the local server
+(``VIGIL_BENCH_PG_URL``, default the test server's) and the CPU of the Postgres backends serving it is
+added, as ``bench.bench_hotpath`` counts it: with SQLite the storing is the server process's own work,
+with Postgres most of it is the database's. Each round starts the three ways in in another order; the
+ratio is the median of each round's ratio to native ingest.
 """
 
 from __future__ import annotations
@@ -23,11 +26,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from bench.bench_hotpath import pg_cpu, pg_delta
 from bench.bench_otlp import KEY, conversations, interleaved, native_bodies, whole_traces
 
 _CHILD = """
@@ -40,7 +47,7 @@ from vigil.app.wiring import wire
 from vigil.settings import Settings
 
 settings = Settings(
-    database_url=f"sqlite:///{sys.argv[1]}", api_keys="bench:admin:bench-key", metrics_port=0,
+    database_url=sys.argv[1], api_keys="bench:admin:bench-key", metrics_port=0,
     otlp_grpc_port=0, judge_mode="offline",
 )
 app = build_app(wire(build_runtime(settings, registry=CollectorRegistry()), {"api"}))
@@ -54,6 +61,7 @@ WAYS = {
     "otlp-interleaved": ("/v1/traces", "application/x-protobuf"),
 }
 TICK = os.sysconf("SC_CLK_TCK")
+PG_URL = os.environ.get("VIGIL_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def _cpu(pid: int) -> tuple[float, float]:
@@ -67,9 +75,29 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(db: Path) -> tuple[subprocess.Popen[bytes], httpx.Client]:
+@contextmanager
+def _database(kind: str, tmp: Path, label: str) -> Iterator[tuple[str, Any]]:
+    """The database URL of one run and a function giving the CPU-seconds so far of the Postgres backends
+    serving it (none with SQLite)."""
+    if kind == "sqlite":
+        yield f"sqlite:///{tmp / f'{label}.db'}", lambda: {}
+        return
+    import psycopg
+
+    name = f"vigil_bench_{uuid.uuid4().hex[:10]}"
+    admin = psycopg.connect(PG_URL, autocommit=True)
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql://{PG_URL.split('://', 1)[1].rsplit('/', 1)[0]}/{name}", lambda: pg_cpu(admin, name)
+    finally:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.close()
+
+
+def _serve(url: str) -> tuple[subprocess.Popen[bytes], httpx.Client]:
     port = _free_port()
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(db), str(port)])
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, url, str(port)])
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
     deadline = time.monotonic() + 120
     while True:
@@ -86,27 +114,30 @@ def _serve(db: Path) -> tuple[subprocess.Popen[bytes], httpx.Client]:
         time.sleep(0.1)
 
 
-def _run(way: str, warm: list[bytes], bodies: list[bytes], db: Path) -> tuple[float, float]:
-    """User and system CPU-seconds the server spent on ``bodies`` (after ``warm``, not counted)."""
+def _run(way: str, warm: list[bytes], bodies: list[bytes], url: str, backends: Any) -> tuple[float, float, float]:
+    """User and system CPU-seconds the server spent on ``bodies`` (after ``warm``, not counted), and those of
+    the Postgres backends serving it."""
     path, ctype = WAYS[way]
     headers = {**KEY, "content-type": ctype}
-    child, client = _serve(db)
+    child, client = _serve(url)
     try:
         for body in warm:  # imports, compiled statements and rule caches of a fresh process
             assert client.post(path, content=body, headers=headers).status_code < 300
         user0, sys0 = _cpu(child.pid)
+        pg0 = backends()
         for body in bodies:
             r = client.post(path, content=body, headers=headers)
             assert r.status_code < 300, r.text[:300]
         user1, sys1 = _cpu(child.pid)
+        pg = pg_delta(pg0, backends())
     finally:
         client.close()
         child.terminate()
         child.wait(30)
-    return user1 - user0, sys1 - sys0
+    return user1 - user0, sys1 - sys0, pg
 
 
-def compare(copies: int, rounds: int) -> dict[str, float]:
+def compare(copies: int, rounds: int, db: str = "sqlite") -> dict[str, float]:
     convs = conversations(copies)
     n = len(convs)
     bodies = {"native": native_bodies(convs), "otlp": whole_traces(convs), "otlp-interleaved": interleaved(convs)}
@@ -114,27 +145,29 @@ def compare(copies: int, rounds: int) -> dict[str, float]:
     warm = {"native": native_bodies(warm_convs), "otlp": whole_traces(warm_convs)}
     warm["otlp-interleaved"] = interleaved(warm_convs)
     del convs, warm_convs
-    used: dict[str, list[tuple[float, float]]] = {w: [] for w in WAYS}
+    used: dict[str, list[tuple[float, float, float]]] = {w: [] for w in WAYS}
     ways = list(WAYS)
     with tempfile.TemporaryDirectory() as d:
         for r in range(rounds):
             for way in ways[r % 3 :] + ways[: r % 3]:
-                used[way].append(_run(way, warm[way], bodies[way], Path(d) / f"{way}-{r}.db"))
+                with _database(db, Path(d), f"{way}-{r}") as (url, backends):
+                    used[way].append(_run(way, warm[way], bodies[way], url, backends))
     print(
-        f"OTLP against native ingest, {n:,} τ² conversations, server process CPU-seconds per 1,000 "
-        f"(median of {rounds} rounds; ratio: median of each round's ratio to native)"
+        f"OTLP against native ingest on {db}, {n:,} τ² conversations, CPU-seconds per 1,000 of the server process"
+        f"{' and its Postgres backends' if db == 'postgres' else ''} (median of {rounds} rounds; ratio: median of "
+        "each round's ratio to native)"
     )
-    native = [u + s for u, s in used["native"]]
+    native = [sum(run) for run in used["native"]]
     out: dict[str, float] = {}
+    per = 1000 / n
     for way, runs in used.items():
-        total = [u + s for u, s in runs]
+        total = [sum(run) for run in runs]
         ratio = statistics.median(t / nat for t, nat in zip(total, native, strict=True))
         out[way] = ratio
-        per = 1000 / n
-        user, system = statistics.median(u for u, _ in runs) * per, statistics.median(s for _, s in runs) * per
+        user, system, pg = (statistics.median(run[i] for run in runs) * per for i in range(3))
         print(
-            f"  {way:<17} {statistics.median(total) * per:5.2f}  (user {user:5.2f}, system {system:5.2f})  "
-            f"{ratio:.2f}× native  "
+            f"  {way:<17} {statistics.median(total) * per:5.2f}  (user {user:5.2f}, system {system:5.2f}"
+            f"{f', Postgres {pg:5.2f}' if db == 'postgres' else ''})  {ratio:.2f}× native  "
             f"{len(bodies[way])} requests of {sum(map(len, bodies[way])) / len(bodies[way]) / 1e6:.1f} MB"
         )
     return out
@@ -144,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--copies", type=int, default=4, help="copies of the 120 τ² conversations")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     args: Any = ap.parse_args(argv)
-    compare(args.copies, args.rounds)
+    compare(args.copies, args.rounds, args.db)
     return 0
 
 

@@ -378,7 +378,8 @@ class Settings(BaseSettings):
         default=300.0,
         gt=0,
         description="A traced conversation nothing was added to for this long is finished (rules, sampling and "
-        "judgement run on it) even if its root span never arrived.",
+        "judgement run on it) even if its root span never arrived. When it last grew is kept to within a tenth "
+        "of this.",
     )
     otlp_progress_interval_seconds: float = Field(
         default=5.0,

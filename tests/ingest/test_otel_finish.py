@@ -26,6 +26,7 @@ from vigil.ingest.otlp.grpc import GrpcReceiver
 from vigil.ingest.otlp.ingest import TraceIngest
 from vigil.ingest.otlp.models import OtelConversationRow
 from vigil.runtime import Runtime
+from vigil.store.db import aware
 from vigil.store.models import ConversationRow
 
 TRACE = "5b8efff798038103d269b633813fc60c"
@@ -58,6 +59,46 @@ def stored(rt: Runtime, cid: str) -> ConversationRow | None:
         if row is not None:
             s.expunge(row)
         return row
+
+
+def _growth(rt: Runtime, key: str) -> tuple[datetime, int]:
+    with rt.sessions() as s:
+        row = s.execute(
+            select(OtelConversationRow.last_seen_at, OtelConversationRow.span_count).where(
+                OtelConversationRow.conversation_key == key
+            )
+        ).one()
+    return aware(row[0]), row[1]
+
+
+def test_when_a_trace_last_grew_is_rewritten_at_most_every_tenth_of_the_idle_timeout(db_url: str) -> None:
+    """Requests of a trace in flight change only its counts until a tenth of the idle timeout (3 s here) has
+    passed: the idle finisher still sees it grow, and waits the timeout from then."""
+    rt = replica(db_url)
+    ingest = rt.get(TraceIngest)
+    trace, key = f"{77:032x}", "growing"
+
+    def grow(n: int) -> None:
+        said = orjson.dumps([{"role": "assistant", "parts": [{"type": "text", "content": f"step {n}"}]}]).decode()
+        attrs = {"gen_ai.conversation.id": key, "gen_ai.output.messages": said}
+        ingest.ingest([chat_span(trace, f"{n:016x}", "00000000000000ff", 10**18 + n, **attrs)])
+
+    grow(1)
+    first, _ = _growth(rt, key)
+    grow(2)
+    assert _growth(rt, key) == (first, 2)  # within 3 s of the last rewrite: only the count moved
+    with rt.sessions.begin() as s:  # as if it last grew 4 s ago
+        s.execute(
+            update(OtelConversationRow)
+            .where(OtelConversationRow.conversation_key == key)
+            .values(last_seen_at=first - timedelta(seconds=4))
+        )
+    grow(3)
+    seen, count = _growth(rt, key)
+    assert count == 3 and seen >= first  # rewritten to the request's time
+    assert not ingest.finish_idle("early", now=seen + timedelta(seconds=29))
+    assert ingest.finish_idle("idle", now=seen + timedelta(seconds=31)) == [key]
+    rt.close()
 
 
 def test_idle_traces_are_finished_once_across_replicas(db_url: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import orjson
 from pydantic import ValidationError
-from sqlalchemy import CursorResult, bindparam, delete, func, or_, select, update
+from sqlalchemy import CursorResult, bindparam, case, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -34,7 +34,7 @@ from vigil.ingest.otlp.otlp import valid_ids
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
 from vigil.store.db import aware
-from vigil.store.writes import Checked
+from vigil.store.writes import Checked, copy_new_rows
 
 log = logging.getLogger(__name__)
 
@@ -259,12 +259,16 @@ class TraceIngest:
         table = OtelConversationRow.__table__
         stmt = _dialect(session).insert(table)
         excluded = stmt.excluded
+        # when it last grew, to within a tenth of the idle timeout: the requests of a trace in flight then
+        # change only its counts, which no index holds (Postgres updates the row in place, HOT, instead of
+        # adding an entry to each of its four indexes on every request)
+        stale = now - timedelta(seconds=self.rt.settings.otlp_trace_idle_seconds / 10)
         stmt = stmt.on_conflict_do_update(
             index_elements=["conversation_key"],
             set_={
                 "span_count": table.c.span_count + excluded.span_count,
                 "event_count": table.c.event_count + excluded.event_count,
-                "last_seen_at": excluded.last_seen_at,
+                "last_seen_at": case((table.c.last_seen_at < stale, excluded.last_seen_at), else_=table.c.last_seen_at),
                 "session_id": func.coalesce(table.c.session_id, excluded.session_id),
                 "user_id": func.coalesce(table.c.user_id, excluded.user_id),
             },
@@ -591,7 +595,8 @@ class TraceMarker:
             session.execute(stmt.values(finished_at=bindparam("at"), claimed_by=None, claim_until=None), done)
 
 
-_SPAN_COLUMNS = "conversation_key, trace_id, span_id, parent_span_id, name, start_ns, end_ns, span, received_at"
+_SPAN_KEYS = ("conversation_key", "trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns", "span")
+_SPAN_COLUMNS = ", ".join((*_SPAN_KEYS, "received_at"))
 INSERT_CHUNK = 500  # rows per statement: 4,500 parameters, under SQLite's and Postgres' limits
 
 
@@ -599,35 +604,41 @@ def _insert_spans(session: Session, rows: list[tuple[str, dict[str, Any]]], now:
     """Insert (conversation key, compacted span) rows, skipping spans already stored (same trace and span
     id); returns the conversation key of each row inserted.
 
-    One multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` per chunk, its parameters passed to the
-    driver as they are (each span serialised once here): SQLAlchemy's executemany would build and
-    process a parameter dict per row, which costs as much as the insert itself."""
+    On Postgres the rows are first COPYed straight into the table (an exporter's request is nearly always
+    new spans); a span stored before fails the COPY on its key, its savepoint is rolled back, and the
+    rows go the other way: one multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` per chunk, its
+    parameters passed to the driver as they are (SQLAlchemy's executemany would build and process a
+    parameter dict per row, which costs as much as the insert itself)."""
+    dumps = orjson.dumps
+    values = [
+        (
+            key,
+            s["trace_id"],
+            s["span_id"],
+            s.get("parent_span_id"),
+            s["name"][:512],
+            s["start_ns"],
+            s["end_ns"],
+            dumps(_stored_part(s)).decode(),  # the span column is JSON text (JsonText)
+        )
+        for key, s in rows
+    ]
+    table = OtelSpanRow.__table__
     conn = session.connection()
     dialect = conn.dialect
-    table = OtelSpanRow.__table__
+    if dialect.name == "postgresql":
+        copied = [{**dict(zip(_SPAN_KEYS, v, strict=True)), "received_at": now} for v in values]
+        if copy_new_rows(session, table, copied):
+            return [v[0] for v in values]
     # the two drivers Vigil runs on: sqlite3 (qmark) and psycopg (format)
     mark = "?" if dialect.paramstyle == "qmark" else "%s"
-    json_mark = "CAST(%s AS JSONB)" if dialect.name == "postgresql" else mark
     at_proc = table.c.received_at.type.dialect_impl(dialect).bind_processor(dialect)
     at = at_proc(now) if at_proc else now
-    one = f"({', '.join([mark] * 7)}, {json_mark}, {mark})"
+    one = f"({', '.join([mark] * 9)})"
     inserted: list[str] = []
-    dumps = orjson.dumps
-    for i in range(0, len(rows), INSERT_CHUNK):
-        chunk = rows[i : i + INSERT_CHUNK]
-        params: list[Any] = []
-        for key, s in chunk:
-            params += (
-                key,
-                s["trace_id"],
-                s["span_id"],
-                s.get("parent_span_id"),
-                s["name"][:512],
-                s["start_ns"],
-                s["end_ns"],
-                dumps(_stored_part(s)).decode(),
-                at,
-            )
+    for i in range(0, len(values), INSERT_CHUNK):
+        chunk = values[i : i + INSERT_CHUNK]
+        params = [p for v in chunk for p in (*v, at)]
         sql = (
             f"INSERT INTO {table.name} ({_SPAN_COLUMNS}) VALUES {', '.join([one] * len(chunk))} "
             "ON CONFLICT (trace_id, span_id) DO NOTHING RETURNING conversation_key"

@@ -9,7 +9,7 @@ from sqlalchemy import BigInteger, Boolean, Index, Integer, String, UniqueConstr
 from sqlalchemy.orm import Mapped, mapped_column
 
 from vigil.store.db import utcnow
-from vigil.store.models import Base
+from vigil.store.models import Base, JsonText
 
 
 class OtelSpanRow(Base):
@@ -25,7 +25,7 @@ class OtelSpanRow(Base):
     name: Mapped[str] = mapped_column(String(512))
     start_ns: Mapped[int] = mapped_column(BigInteger)
     end_ns: Mapped[int] = mapped_column(BigInteger)
-    span: Mapped[dict[str, Any]]
+    span: Mapped[dict[str, Any]] = mapped_column(JsonText)
     received_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (
@@ -74,7 +74,7 @@ class OtelEventRow(Base):
     span_id: Mapped[str | None] = mapped_column(String(16))
     digest: Mapped[str] = mapped_column(String(32))
     time_ns: Mapped[int] = mapped_column(BigInteger)
-    event: Mapped[dict[str, Any]]
+    event: Mapped[dict[str, Any]] = mapped_column(JsonText)
     received_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (
