@@ -330,6 +330,66 @@ def test_bad_requests_get_clear_answers(server: tuple[str, Runtime]) -> None:
         assert s.scalar(select(func.count()).select_from(OtelSpanRow)) == 0
 
 
+def _json_span(span_id: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "traceId": "0af7651916cd43dd8448eb211c80319c",
+        "spanId": span_id,
+        "name": "chat m",
+        "attributes": [
+            {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+            {"key": "gen_ai.conversation.id", "value": {"stringValue": "conv-wide"}},
+        ],
+        **fields,
+    }
+
+
+def test_integers_no_column_or_writer_holds_are_refused_not_retried(server: tuple[str, Runtime]) -> None:
+    """An OTLP/JSON integer beyond its protobuf type is not OTLP: 400, kept as a dead letter. A fixed64 time
+    past what the store holds (the year 2262) rejects its span only. Neither is a 503 the exporter retries."""
+    base, rt = server
+    url = f"{base}/v1/traces"
+    headers = {**INGEST, "content-type": "application/json"}
+    wide = {"key": "gen_ai.usage.input_tokens", "value": {"intValue": str(2**70)}}
+    for span in (
+        _json_span("00000000000000a1", attributes=[wide]),
+        _json_span("00000000000000a2", startTimeUnixNano=str(2**64)),
+        _json_span("00000000000000a3", kind=2**40),
+    ):
+        body = orjson.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+        r = httpx.post(url, content=body, headers=headers)
+        assert r.status_code == 400 and "out of range" in r.json()["message"], r.text
+    late = _json_span("00000000000000b1", startTimeUnixNano=str(2**63), endTimeUnixNano=str(2**64 - 1))
+    body = orjson.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [late, _json_span("00000000000000b2")]}]}]})
+    r = httpx.post(url, content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["partialSuccess"]["rejectedSpans"] == 1
+    assert "beyond the year 2262" in r.json()["partialSuccess"]["errorMessage"]
+    logs = {
+        "resourceLogs": [
+            {
+                "scopeLogs": [
+                    {
+                        "logRecords": [
+                            {
+                                "traceId": "0af7651916cd43dd8448eb211c80319c",
+                                "spanId": "00000000000000b2",
+                                "timeUnixNano": str(2**63),
+                                "eventName": "gen_ai.user.message",
+                                "body": {"stringValue": "hi"},
+                            }
+                        ]
+                    }
+                ]
+            }
+        ]
+    }
+    r = httpx.post(f"{base}/v1/logs", content=orjson.dumps(logs), headers=headers)
+    assert r.status_code == 200 and r.json()["partialSuccess"]["rejectedLogRecords"] == 1, r.text
+    with rt.sessions() as s:
+        assert s.scalars(select(OtelSpanRow.span_id)).all() == ["00000000000000b2"]
+        assert s.scalar(select(func.count()).select_from(DeadLetterRow)) == 3
+
+
 def test_rejected_requests_are_kept_as_dead_letters(server: tuple[str, Runtime]) -> None:
     base, rt = server
     url = f"{base}/v1/traces"

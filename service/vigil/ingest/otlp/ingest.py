@@ -30,7 +30,7 @@ from vigil.ingest.otlp.assemble import assemble, conversation_id_of, is_relevant
 from vigil.ingest.otlp.compact import Last, compact, expand
 from vigil.ingest.otlp.conventions import session_and_user
 from vigil.ingest.otlp.models import OtelConversationRow, OtelEventRow, OtelSpanRow
-from vigil.ingest.otlp.otlp import valid_ids
+from vigil.ingest.otlp.otlp import STORED_NS, valid_ids, valid_times
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
 from vigil.store.db import aware
@@ -110,6 +110,9 @@ class TraceIngest:
             if not valid_ids(s):
                 res.rejected += 1
                 res.problems.append(f"span {s.get('span_id')!r} of trace {s.get('trace_id')!r}: invalid ids")
+            elif not valid_times(s):
+                res.rejected += 1
+                res.problems.append(f"span {s['span_id']!r} of trace {s['trace_id']!r}: a time beyond the year 2262")
             elif not is_relevant(s):
                 res.ignored += 1
             else:
@@ -297,6 +300,9 @@ class TraceIngest:
         for r in records:
             if not r.get("trace_id") or len(r["trace_id"]) != 32 or r["trace_id"] == "0" * 32:
                 res.ignored += 1  # not tied to a trace: nothing to join it to
+            elif not 0 <= r["time_ns"] < STORED_NS:
+                res.rejected += 1
+                res.problems.append(f"log record of trace {r['trace_id']!r}: a time beyond the year 2262")
             elif not (r["name"].startswith("gen_ai.") or any(k.startswith("gen_ai.") for k in r["attributes"])):
                 res.ignored += 1
             else:
@@ -307,7 +313,8 @@ class TraceIngest:
                 touched = self._store_logs(session, kept, res)
         self._process(touched, res)
         m = self.rt.metrics
-        for outcome, n in (("stored", res.stored), ("duplicate", len(kept) - res.stored), ("ignored", res.ignored)):
+        outcomes = (("stored", res.stored), ("duplicate", len(kept) - res.stored), ("ignored", res.ignored))
+        for outcome, n in (*outcomes, ("rejected", res.rejected)):
             if n:
                 m.otlp_log_records.labels(outcome).inc(n)
         return res

@@ -387,13 +387,13 @@ def parse_json(data: bytes) -> list[dict[str, Any]]:
                             "parent_span_id": _json_id(_get(sp, "parentSpanId", "parent_span_id", "")) or None,
                             "name": str(sp.get("name") or ""),
                             "kind": _enum(sp.get("kind", 0)),
-                            "start_ns": int(_get(sp, "startTimeUnixNano", "start_time_unix_nano", 0) or 0),
-                            "end_ns": int(_get(sp, "endTimeUnixNano", "end_time_unix_nano", 0) or 0),
+                            "start_ns": _time(_get(sp, "startTimeUnixNano", "start_time_unix_nano", 0)),
+                            "end_ns": _time(_get(sp, "endTimeUnixNano", "end_time_unix_nano", 0)),
                             "attributes": _json_attrs(sp.get("attributes")),
                             "events": [
                                 {
                                     "name": str(ev.get("name") or ""),
-                                    "time_ns": int(_get(ev, "timeUnixNano", "time_unix_nano", 0) or 0),
+                                    "time_ns": _time(_get(ev, "timeUnixNano", "time_unix_nano", 0)),
                                     "attributes": _json_attrs(ev.get("attributes")),
                                 }
                                 for ev in sp.get("events") or []
@@ -432,7 +432,7 @@ def parse_logs_json(data: bytes) -> list[dict[str, Any]]:
                             "trace_id": _json_id(_get(lr, "traceId", "trace_id", "")),
                             "span_id": _json_id(_get(lr, "spanId", "span_id", "")) or None,
                             "name": str(_get(lr, "eventName", "event_name", "") or attrs.get("event.name") or ""),
-                            "time_ns": int(time_ns or 0),
+                            "time_ns": _time(time_ns),
                             "attributes": attrs,
                             "body": _json_value(lr.get("body") or {}),
                             "resource": resource,
@@ -467,7 +467,20 @@ _ENUMS = {
 
 
 def _enum(v: Any) -> int:
-    return _ENUMS.get(v, 0) if isinstance(v, str) and not v.isdigit() else int(v)
+    return _ENUMS.get(v, 0) if isinstance(v, str) and not v.isdigit() else _in_range(v, -(2**31), 2**31 - 1, "enum")
+
+
+def _in_range(v: Any, low: int, high: int, what: str) -> int:
+    """An integer of the OTLP JSON encoding (a number or a decimal string) within its protobuf type's range:
+    one beyond it is not OTLP (400, kept as a dead letter), and no column or JSON writer could hold it."""
+    n = int(v)
+    if not low <= n <= high:
+        raise ValueError(f"{what} {str(v)[:40]} is out of range")
+    return n
+
+
+def _time(v: Any) -> int:
+    return _in_range(v or 0, 0, 2**64 - 1, "a time in nanoseconds")
 
 
 def _json_id(v: Any) -> str:
@@ -491,7 +504,7 @@ def _json_value(v: dict[str, Any]) -> Any:
     if "boolValue" in v or "bool_value" in v:
         return bool(_get(v, "boolValue", "bool_value"))
     if "intValue" in v or "int_value" in v:
-        return int(_get(v, "intValue", "int_value"))
+        return _in_range(_get(v, "intValue", "int_value"), -(2**63), 2**63 - 1, "intValue")
     if "doubleValue" in v or "double_value" in v:
         return float(_get(v, "doubleValue", "double_value"))
     if "arrayValue" in v or "array_value" in v:
@@ -505,6 +518,14 @@ def _json_value(v: dict[str, Any]) -> Any:
 
 def _resource(attrs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in attrs.items() if k.startswith(("service.", "deployment."))}
+
+
+STORED_NS = 2**63  # times are stored as signed 64-bit integers: up to the year 2262
+
+
+def valid_times(span: dict[str, Any]) -> bool:
+    """Whether a span's times fit the store (a fixed64 may hold what no signed 64-bit column can)."""
+    return bool(0 <= span["start_ns"] < STORED_NS and 0 <= span["end_ns"] < STORED_NS)
 
 
 def valid_ids(span: dict[str, Any]) -> bool:
