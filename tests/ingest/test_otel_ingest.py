@@ -390,6 +390,27 @@ def test_integers_no_column_or_writer_holds_are_refused_not_retried(server: tupl
         assert s.scalar(select(func.count()).select_from(DeadLetterRow)) == 3
 
 
+def test_attribute_values_nested_past_32_levels_are_refused_not_retried(server: tuple[str, Runtime]) -> None:
+    """OTLP/JSON values nested 256 to about 340 levels deep parsed, then could not be written as the stored
+    span (503, retried forever); past 32 levels the request is now a 400 kept as a dead letter."""
+    base, rt = server
+
+    def post(depth: int, span_id: str) -> httpx.Response:
+        span = orjson.dumps(_json_span(span_id)).decode()
+        deep = '{"arrayValue": {"values": [' * depth + '{"stringValue": "x"}' + "]}}" * depth
+        span = span.replace('"attributes":[', f'"attributes":[{{"key": "deep", "value": {deep}}},', 1)
+        body = '{"resourceSpans": [{"scopeSpans": [{"spans": [' + span + "]}]}]}"
+        return httpx.post(f"{base}/v1/traces", content=body, headers={**INGEST, "content-type": "application/json"})
+
+    assert post(32, "00000000000000c1").status_code == 200
+    for depth, span_id in ((33, "00000000000000c2"), (300, "00000000000000c3")):
+        r = post(depth, span_id)
+        assert r.status_code == 400 and "nested deeper than 32 levels" in r.json()["message"], r.text
+    with rt.sessions() as s:
+        assert s.scalars(select(OtelSpanRow.span_id)).all() == ["00000000000000c1"]
+        assert s.scalar(select(func.count()).select_from(DeadLetterRow)) == 2
+
+
 def test_rejected_requests_are_kept_as_dead_letters(server: tuple[str, Runtime]) -> None:
     base, rt = server
     url = f"{base}/v1/traces"

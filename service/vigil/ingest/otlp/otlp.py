@@ -494,11 +494,17 @@ def _json_id(v: Any) -> str:
     return s.lower()
 
 
-def _json_attrs(items: Any) -> dict[str, Any]:
-    return {kv["key"]: _json_value(kv.get("value") or {}) for kv in items or []}
+# An attribute value nested deeper than this (arrays and key-value lists in one another) is not OTLP any
+# exporter sends: protobuf parsing stops at 100 message levels (50 of these), and the stored span's JSON
+# writer at 255.
+MAX_VALUE_DEPTH = 32
 
 
-def _json_value(v: dict[str, Any]) -> Any:
+def _json_attrs(items: Any, depth: int = 0) -> dict[str, Any]:
+    return {kv["key"]: _json_value(kv.get("value") or {}, depth) for kv in items or []}
+
+
+def _json_value(v: dict[str, Any], depth: int = 0) -> Any:
     if "stringValue" in v or "string_value" in v:
         return _get(v, "stringValue", "string_value")
     if "boolValue" in v or "bool_value" in v:
@@ -507,10 +513,14 @@ def _json_value(v: dict[str, Any]) -> Any:
         return _in_range(_get(v, "intValue", "int_value"), -(2**63), 2**63 - 1, "intValue")
     if "doubleValue" in v or "double_value" in v:
         return float(_get(v, "doubleValue", "double_value"))
+    nested = "arrayValue" in v or "array_value" in v or "kvlistValue" in v or "kvlist_value" in v
+    if nested and depth >= MAX_VALUE_DEPTH:
+        raise ValueError(f"an attribute value is nested deeper than {MAX_VALUE_DEPTH} levels")
     if "arrayValue" in v or "array_value" in v:
-        return [_json_value(x) for x in (_get(v, "arrayValue", "array_value") or {}).get("values") or []]
+        values = (_get(v, "arrayValue", "array_value") or {}).get("values") or []
+        return [_json_value(x, depth + 1) for x in values]
     if "kvlistValue" in v or "kvlist_value" in v:
-        return _json_attrs((_get(v, "kvlistValue", "kvlist_value") or {}).get("values"))
+        return _json_attrs((_get(v, "kvlistValue", "kvlist_value") or {}).get("values"), depth + 1)
     if "bytesValue" in v or "bytes_value" in v:
         return base64.b64decode(_get(v, "bytesValue", "bytes_value")).hex()
     return None
