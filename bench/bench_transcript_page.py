@@ -21,7 +21,7 @@ from typing import Any
 
 from tests.review.test_review_ui import _login
 from tests.support.app import served
-from tests.support.browser import ARGS, CHROMIUM
+from tests.support.browser import ARGS, CHROMIUM, sign_in
 from tests.support.review import long_conversation, review_client, review_runtime, store
 from vigil.ui import folding
 
@@ -60,11 +60,7 @@ def chromium(rt: Any, repeat: int) -> None:
 
     with served(rt) as base, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page()
-        page.goto(f"{base}/ui/queue")
-        page.fill("#api_key", "rita-key")
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{base}/ui/queue")
+        page = sign_in(browser.new_page(), base, "/ui/queue")
         report("Chromium load (to onload)", alternate(repeat, lambda: page.goto(base + URL, wait_until="load")))
         browser.close()
 

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import select
 
 from tests.support.app import served
-from tests.support.browser import ARGS, ARTIFACTS, CHROMIUM, axe_script, axe_violations, describe
+from tests.support.browser import ARGS, ARTIFACTS, CHROMIUM, axe_script, axe_violations, describe, sign_in
 from tests.support.console import AGENT, BASELINE, CANDIDATE, console_runtime, raise_alert, seed_week
 from tests.support.services import missing
 from vigil.detector.models import DetectionRow
@@ -57,12 +57,7 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any,
 
 
 def login(context: Any, base: str, key: str = "rita-key") -> Any:
-    page = context.new_page()
-    page.goto(f"{base}/ui/login?next=/ui")
-    page.fill("#api_key", key)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/ui")
-    return page
+    return sign_in(context.new_page(), base, "/ui", key)
 
 
 def shot(page: Any, name: str) -> None:

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.support.app import REVIEWER, make_settings, served
-from tests.support.browser import ARGS, CHROMIUM
+from tests.support.browser import ARGS, CHROMIUM, sign_in
 from tests.support.judge_fakes import judge_dir
 from tests.support.services import missing
 from tests.support.traffic import clean, with_defect
@@ -215,10 +215,7 @@ def test_calibration_and_export_pages_in_a_browser(tmp_path: Path) -> None:
             "response",
             lambda r: errors.append(r.url) if r.status == 404 and "favicon" not in r.url else None,
         )
-        page.goto(f"{base}/ui/calibration")
-        page.fill("#api_key", "admin-key")
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{base}/ui/calibration")
+        sign_in(page, base, "/ui/calibration", "admin-key")
         section = page.locator("#judge-tj")
         assert section.locator("h2 .pill").inner_text() == "calibrated"
         assert section.locator("table.rates tbody tr").count() == 2  # v1 and v2 of support-bot

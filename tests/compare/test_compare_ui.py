@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.support.app import make_settings, served
-from tests.support.browser import ARGS, CHROMIUM
+from tests.support.browser import ARGS, CHROMIUM, sign_in
 from tests.support.services import missing
 from tests.support.traffic import cheaper, clean, with_defect
 from vigil.app.runtime import build_runtime
@@ -96,11 +96,7 @@ def test_compare_page_in_a_browser(sqlite_url) -> None:
     rt = loaded_runtime(sqlite_url)
     with served(rt, close=True) as base, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page()
-        page.goto(f"{base}/ui/compare")
-        page.fill("#api_key", "rita-key")
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{base}/ui/compare")
+        page = sign_in(browser.new_page(), base, "/ui/compare")
         page.select_option("select[name=baseline]", "v2")
         page.select_option("select[name=candidate]", "v1")
         page.click("#compare-form button[type=submit]")
@@ -126,11 +122,7 @@ def test_compare_headline_order_folding_and_links_in_a_browser(sqlite_url) -> No
     rt = loaded_runtime(sqlite_url)
     with served(rt, close=True) as base, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
-        page.goto(f"{base}/ui/compare")
-        page.fill("#api_key", "rita-key")
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{base}/ui/compare")
+        page = sign_in(browser.new_page(viewport={"width": 1280, "height": 800}), base, "/ui/compare")
         headline = page.locator("#headline")
         assert headline.is_visible()
         worse = int(headline.get_attribute("data-worse") or "0")

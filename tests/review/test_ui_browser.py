@@ -12,7 +12,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.support.app import served
-from tests.support.browser import ARGS, ARTIFACTS, CHROMIUM
+from tests.support.browser import ARGS, ARTIFACTS, CHROMIUM, sign_in
 from tests.support.review import review_runtime, simulated, store, xss_conversation
 from tests.support.services import missing
 from vigil.review.stage import ReviewStage
@@ -46,11 +46,7 @@ def server(sqlite_url: str) -> Iterator[tuple[str, object]]:
 
 
 def _login(page, base: str, key: str = "rita-key") -> None:  # type: ignore[no-untyped-def]
-    page.goto(f"{base}/ui/queue")
-    assert "/ui/login" in page.url
-    page.fill("#api_key", key)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/ui/queue")
+    sign_in(page, base, "/ui/queue", key)
 
 
 def _shot(page, name: str) -> None:  # type: ignore[no-untyped-def]

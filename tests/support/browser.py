@@ -23,6 +23,18 @@ ARGS = [
     "--no-first-run",
 ]
 
+
+def sign_in(page: Any, base: str, path: str, key: str = "rita-key") -> Any:
+    """Open ``path``, which sends a signed-out browser to the login form, sign in with ``key`` and wait to be
+    sent back; returns the page."""
+    page.goto(f"{base}{path}")
+    assert "/ui/login" in page.url, page.url
+    page.fill("#api_key", key)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}{path}")
+    return page
+
+
 # axe-core from npm (never a CDN), installed once into a cache folder outside the repository
 AXE_VERSION = "4"
 AXE_DIR = Path(os.environ.get("VIGIL_TEST_AXE_DIR") or Path.home() / ".cache" / "vigil-tests" / "axe")
