@@ -1,5 +1,6 @@
 """Migration 0011 keeps OTLP spans and log records as JSON text on Postgres: what was stored as jsonb before
-reads back the same, new rows are written as text, and the downgrade brings jsonb back."""
+reads back the same, new rows are written as text, and the downgrade brings jsonb back; new spans go in by
+COPY."""
 
 from __future__ import annotations
 
@@ -83,3 +84,39 @@ def test_spans_and_events_move_to_text_and_back() -> None:
             assert kinds == ["3", "3"]
         finally:
             engine.dispose()
+
+
+def test_new_spans_are_copied_and_a_resent_request_takes_the_insert_path() -> None:
+    """On Postgres a request of new spans goes in by COPY, with no INSERT into otel_spans; resent, the COPY
+    fails on the key and the INSERT ... ON CONFLICT path stores nothing twice."""
+    from prometheus_client import CollectorRegistry
+    from sqlalchemy import event, func
+
+    from tests.ingest.test_otel_finish import chat_span
+    from tests.support.app import make_settings
+    from vigil.app.runtime import build_runtime
+    from vigil.app.wiring import wire
+    from vigil.ingest.otlp.ingest import TraceIngest
+
+    with postgres_database() as url:
+        rt = wire(build_runtime(make_settings(url, judge_mode="offline"), registry=CollectorRegistry()), {"api"})
+        inserts: list[str] = []
+
+        @event.listens_for(rt.engine, "before_cursor_execute")
+        def seen(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
+            if statement.startswith("INSERT INTO otel_spans"):
+                inserts.append(statement)
+
+        spans = [
+            chat_span("c" * 32, f"{n:016x}", "00000000000000ff", 10**18 + n, **{"gen_ai.conversation.id": "copied"})
+            for n in range(1, 6)
+        ]
+        try:
+            assert rt.get(TraceIngest).ingest(spans).stored == 5
+            assert inserts == []
+            again = rt.get(TraceIngest).ingest(spans)
+            assert again.stored == 0 and len(inserts) == 1
+            with rt.sessions() as s:
+                assert s.scalar(select(func.count()).select_from(OtelSpanRow)) == 5
+        finally:
+            rt.close()
