@@ -149,14 +149,20 @@ def _requests(spans: Iterator[tuple[str, Span]]) -> list[bytes]:
     return out
 
 
-def whole_traces(convs: list[dict[str, Any]]) -> list[bytes]:
-    return _requests((c["agent_id"], sp) for n, c in enumerate(convs, 1) for sp in trace_spans(c, n))
+WARM_IDS = 50_000_000  # warm-up traces' ids start here: a server warmed up by them must not see their ids again
+
+
+def whole_traces(convs: list[dict[str, Any]], first: int = 1) -> list[bytes]:
+    """Each trace whole, in order; trace (and span) ids are numbered from ``first``."""
+    return _requests((c["agent_id"], sp) for n, c in enumerate(convs, first) for sp in trace_spans(c, n))
 
 
 INTERLEAVED_IDS = 10_000_000  # interleaved traces' ids start here: see interleaved()
 
 
-def interleaved(convs: list[dict[str, Any]], in_flight: int = IN_FLIGHT) -> list[bytes]:
+def interleaved(
+    convs: list[dict[str, Any]], in_flight: int = IN_FLIGHT, first: int = INTERLEAVED_IDS + 1
+) -> list[bytes]:
     """Spans of about ``in_flight`` traces at a time, one span from each in turn (the root of each last).
 
     Their trace ids differ from :func:`whole_traces`': side by side, both Vigils run in one process and
@@ -165,7 +171,7 @@ def interleaved(convs: list[dict[str, Any]], in_flight: int = IN_FLIGHT) -> list
     request dropped the interleaved traces' cached values as its own traces ended."""
 
     def spans() -> Iterator[tuple[str, Span]]:
-        pending = [(c["agent_id"], trace_spans(c, INTERLEAVED_IDS + n)) for n, c in enumerate(convs, 1)]
+        pending = [(c["agent_id"], trace_spans(c, n)) for n, c in enumerate(convs, first)]
         active: list[tuple[str, list[Span]]] = []
         while pending or active:
             while pending and len(active) < in_flight:

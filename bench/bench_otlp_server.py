@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from bench.bench_hotpath import pg_cpu, pg_delta
-from bench.bench_otlp import KEY, conversations, interleaved, native_bodies, whole_traces
+from bench.bench_otlp import INTERLEAVED_IDS, KEY, WARM_IDS, conversations, interleaved, native_bodies, whole_traces
 
 _CHILD = """
 import sys
@@ -61,6 +61,7 @@ WAYS = {
     "otlp-interleaved": ("/v1/traces", "application/x-protobuf"),
 }
 TICK = os.sysconf("SC_CLK_TCK")
+WARM = 60  # conversations sent before measuring: imports, compiled statements and rule caches
 PG_URL = os.environ.get("VIGIL_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -114,7 +115,20 @@ def _serve(url: str) -> tuple[subprocess.Popen[bytes], httpx.Client]:
         time.sleep(0.1)
 
 
-def _run(way: str, warm: list[bytes], bodies: list[bytes], url: str, backends: Any) -> tuple[float, float, float]:
+def _finished(url: str) -> int:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM conversations WHERE status = 'finished'")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def _run(
+    way: str, warm: list[bytes], bodies: list[bytes], url: str, backends: Any, n: int
+) -> tuple[float, float, float]:
     """User and system CPU-seconds the server spent on ``bodies`` (after ``warm``, not counted), and those of
     the Postgres backends serving it."""
     path, ctype = WAYS[way]
@@ -134,6 +148,8 @@ def _run(way: str, warm: list[bytes], bodies: list[bytes], url: str, backends: A
         client.close()
         child.terminate()
         child.wait(30)
+    finished = _finished(url)  # the warm-up's and the measured conversations, each finished once
+    assert finished == n + WARM, f"{way}: {finished} of {n + WARM} conversations finished"
     return user1 - user0, sys1 - sys0, pg
 
 
@@ -141,9 +157,11 @@ def compare(copies: int, rounds: int, db: str = "sqlite") -> dict[str, float]:
     convs = conversations(copies)
     n = len(convs)
     bodies = {"native": native_bodies(convs), "otlp": whole_traces(convs), "otlp-interleaved": interleaved(convs)}
-    warm_convs = [{**c, "conversation_id": f"{c['conversation_id']}-warm"} for c in conversations(1)[:60]]
-    warm = {"native": native_bodies(warm_convs), "otlp": whole_traces(warm_convs)}
-    warm["otlp-interleaved"] = interleaved(warm_convs)
+    warm_convs = [{**c, "conversation_id": f"{c['conversation_id']}-warm"} for c in conversations(1)[:WARM]]
+    # the warm-up's traces have ids of their own, as every trace has in production: with the measured
+    # traces' ids, their spans would be taken for resent ones (skipped, and the COPY refused for a request)
+    warm = {"native": native_bodies(warm_convs), "otlp": whole_traces(warm_convs, first=WARM_IDS)}
+    warm["otlp-interleaved"] = interleaved(warm_convs, first=WARM_IDS + INTERLEAVED_IDS)
     del convs, warm_convs
     used: dict[str, list[tuple[float, float, float]]] = {w: [] for w in WAYS}
     ways = list(WAYS)
@@ -151,7 +169,7 @@ def compare(copies: int, rounds: int, db: str = "sqlite") -> dict[str, float]:
         for r in range(rounds):
             for way in ways[r % 3 :] + ways[: r % 3]:
                 with _database(db, Path(d), f"{way}-{r}") as (url, backends):
-                    used[way].append(_run(way, warm[way], bodies[way], url, backends))
+                    used[way].append(_run(way, warm[way], bodies[way], url, backends, n))
     print(
         f"OTLP against native ingest on {db}, {n:,} τ² conversations, CPU-seconds per 1,000 of the server process"
         f"{' and its Postgres backends' if db == 'postgres' else ''} (median of {rounds} rounds; ratio: median of "

@@ -13,7 +13,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from vigil.ingest.otlp.otlp import RECENT_VALUES, OtlpError, RecentValues, parse_protobuf, spans_of_request
+from vigil.ingest.otlp.otlp import EXTENDS, RECENT_VALUES, OtlpError, RecentValues, parse_protobuf, spans_of_request
 
 SYSTEM = "Règles de la boutique 🛒: " + "réponds poliment. " * 40  # multi-byte characters, over 256 bytes
 
@@ -94,8 +94,14 @@ def test_values_match_protobufs_decoding_and_repeats_share_one_string() -> None:
 
     got = parse_protobuf(data)
 
+    # what extends what, found while decoding (see EXTENDS): only each trace's growing history
+    bases = [s.pop(EXTENDS, None) for s in got]
     assert got == standard(data)
     first, second = got[0]["attributes"], got[2]["attributes"]  # trace 1, spans 0 and 1
+    assert bases[0] is None and bases[1] is None  # the first of each trace extends nothing
+    assert [list(b) for b in bases[2:6]] == [["gen_ai.input.messages"]] * 4
+    assert bases[2]["gen_ai.input.messages"] is first["gen_ai.input.messages"]
+    assert bases[6] is None and bases[7] is None  # rewritten from the start: not an extension
     assert second["gen_ai.system_instructions"] is first["gen_ai.system_instructions"]
     assert json.loads(second["gen_ai.input.messages"])[-1]["parts"][0]["content"].startswith("trace 1, tour 8")
     assert got[0]["attributes"]["gen_ai.input.messages"] != got[1]["attributes"]["gen_ai.input.messages"]

@@ -102,6 +102,40 @@ def test_when_a_trace_last_grew_is_rewritten_at_most_every_tenth_of_the_idle_tim
     rt.close()
 
 
+def test_a_trace_finds_its_conversation_whichever_replica_learnt_it(db_url: str) -> None:
+    """Spans of one trace over three replicas that remember nothing of each other: the first has no
+    conversation id (kept under the trace's own key), the second names it (the first moves to it), the
+    third names nothing (it joins the conversation the second named, found in the database)."""
+    a, b, c = replica(db_url), replica(db_url), replica(db_url)
+    trace, root = f"{91:032x}", "00000000000000ff"
+
+    def keys(rt: Runtime) -> list[str]:
+        with rt.sessions() as s:
+            return list(s.scalars(select(OtelConversationRow.conversation_key)).all())
+
+    def said(text: str) -> str:
+        return orjson.dumps([{"role": "assistant", "parts": [{"type": "text", "content": text}]}]).decode()
+
+    a.get(TraceIngest).ingest(
+        [chat_span(trace, "00000000000000a1", root, 10**18, **{"gen_ai.output.messages": said("one")})]
+    )
+    named = {"gen_ai.conversation.id": "conv-learnt", "gen_ai.output.messages": said("two")}
+    b.get(TraceIngest).ingest([chat_span(trace, "00000000000000a2", root, 10**18 + 10, **named)])
+    assert keys(b) == ["conv-learnt"]  # the first span moved to the conversation the second named
+    third = chat_span(trace, "00000000000000a3", root, 10**18 + 20, **{"gen_ai.output.messages": said("three")})
+    ends = {**chat_span(trace, root, None, 10**18 - 5), "name": "invoke_agent"}
+    ends["attributes"] = {"gen_ai.operation.name": "invoke_agent"}
+    c.get(TraceIngest).ingest([third, ends])
+    row = stored(c, "conv-learnt")
+    assert row is not None and row.status == "finished"
+    texts = [m["content"] for m in orjson.loads(row.document)["messages"]]
+    assert texts == ["one", "two", "three"]
+    assert keys(c) == ["conv-learnt"]  # nothing left under the trace's own key
+    assert stored(c, f"otel-{trace}") is None
+    for rt in (a, b, c):
+        rt.close()
+
+
 def test_idle_traces_are_finished_once_across_replicas(db_url: str) -> None:
     a, b = replica(db_url), replica(db_url)
     msgs = orjson.dumps([{"role": "user", "parts": [{"type": "text", "content": "hello?"}]}]).decode()

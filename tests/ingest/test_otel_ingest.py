@@ -481,3 +481,59 @@ def test_spans_read_back_from_their_rows_are_the_spans_received(server: tuple[st
     assert read == received
     assert [s["name"] for s in read if len(s["name"]) > 512] == ["chat " + "m" * 600]
     assert any(s["status"]["code"] == 2 for s in read) and any(s["events"] for s in read)
+
+
+def test_a_growing_history_over_protobuf_is_stored_once_and_read_back_whole(server: tuple[str, Runtime]) -> None:
+    """Each chat span resends the history so far, over protobuf and in two requests: the decoder finds each
+    one extends the last (``EXTENDS``), the rows keep only what is new (``$ext``, never the hint itself),
+    and both the spans read back and the assembled conversation are what was sent. Only the root names
+    the conversation, as most instrumentations send it."""
+    from vigil.ingest.otlp.ingest import TraceIngest
+    from vigil.ingest.otlp.otlp import EXTENDS, parse_protobuf
+
+    base, rt = server
+    memory = InMemorySpanExporter()
+    provider, tracer = agent_tracer(memory)
+    history: list[dict[str, Any]] = []
+    said = []
+    with tracer.start_as_current_span(
+        "invoke_agent shop-agent",
+        attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": "conv-growing"},
+    ):
+        for turn in range(6):
+            history.append({"role": "user", "parts": [{"type": "text", "content": f"question {turn}: " + "é" * 90}]})
+            reply = {"role": "assistant", "parts": [{"type": "text", "content": f"answer {turn}: " + "w" * 120}]}
+            with tracer.start_as_current_span(
+                "chat gpt-4o",
+                attributes={
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.input.messages": orjson.dumps(history).decode(),
+                    "gen_ai.output.messages": orjson.dumps([reply]).decode(),
+                },
+            ):
+                pass
+            history.append(reply)
+            said += [f"question {turn}: " + "é" * 90, f"answer {turn}: " + "w" * 120]
+    spans = list(memory.get_finished_spans())
+    bodies = [encode_spans(spans[:3]).SerializeToString(), encode_spans(spans[3:]).SerializeToString()]
+    received = []
+    for body in bodies:
+        r = httpx.post(f"{base}/v1/traces", content=body, headers={**INGEST, "content-type": "application/x-protobuf"})
+        assert r.status_code == 200, r.text
+        received += parse_protobuf(body)
+    # each history past the first long one extends the one before (this second decoding of the second
+    # request does not know the first's: the server's decoding of it ended the trace)
+    assert sum(EXTENDS in s for s in received) >= 3
+    for s in received:
+        s.pop(EXTENDS, None)
+    with rt.sessions() as s:
+        stored_rows = [orjson.dumps(span).decode() for span in s.scalars(select(OtelSpanRow.span))]
+    assert not any(f'"{EXTENDS}"' in row for row in stored_rows)
+    # the chat spans name no conversation: the first request's wait under the trace's key, and move to the
+    # conversation the root names; the second request's first span still extends the first's last
+    assert sum('"$ext"' in row for row in stored_rows) == 4
+    read = rt.get(TraceIngest)._load("conv-growing")[0]
+    assert sorted(read, key=lambda s: s["span_id"]) == sorted(received, key=lambda s: s["span_id"])
+    row, doc = stored(rt, "conv-growing")
+    assert row.status == "finished"
+    assert [m["content"] for m in doc["messages"]] == said

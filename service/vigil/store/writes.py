@@ -223,6 +223,39 @@ def copy_new_rows(session: Session, table: Table, rows: list[dict[str, Any]]) ->
     return True
 
 
+_TEXT_OIDS = frozenset((25, 1043))  # text, varchar
+_BYTEA = 17
+
+
+def copy_new_values(session: Session, table: Table, columns: Sequence[str], values: Sequence[Sequence[Any]]) -> bool:
+    """:func:`copy_new_rows` for rows given as tuples in ``columns`` order (no dict per row), in binary.
+
+    Times must be aware. A text column's value may come as UTF-8 ``bytes`` (JSON as ``orjson`` writes
+    it): binary COPY sends a text value as its bytes, so they go as they are instead of being decoded
+    here and encoded again by the driver; the server still checks them as UTF-8."""
+    if not values or session.get_bind().dialect.name != "postgresql":
+        return False
+    conn: psycopg.Connection[Any] = session.connection().connection.driver_connection  # type: ignore[assignment]
+    oids = _column_oids(conn, table.name)
+    first = values[0]
+    types = [
+        _BYTEA if oids[c] in _TEXT_OIDS and isinstance(v, bytes) else oids[c]
+        for c, v in zip(columns, first, strict=True)
+    ]
+    names = ", ".join(f'"{c}"' for c in columns)
+    try:
+        with session.begin_nested():
+            session.connection()  # emits the SAVEPOINT (the session does so when a connection is asked for)
+            with conn.cursor() as cur, cur.copy(f"COPY {table.name} ({names}) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(types)
+                write = copy.write_row
+                for v in values:
+                    write(v)
+    except psycopg.errors.UniqueViolation:
+        return False
+    return True
+
+
 def _copy_new_conversations(session: Session, rows: list[dict[str, Any]], ids: list[str]) -> bool:
     """The usual batch is all new conversations: COPY it straight into the table, without the staging
     table and ``INSERT ... ON CONFLICT`` (which writes every document twice).

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from vigil.ingest.otlp.otlp import EXTENDS
+
 MIN_CHARS = 256  # shorter values are not worth a reference
+_NONE: dict[str, str] = {}
 
 
 def _key(span: dict[str, Any]) -> tuple[int, int, str]:
@@ -37,6 +40,7 @@ def compact(spans: list[dict[str, Any]], last: Last | None = None) -> tuple[list
         attrs = span["attributes"]
         refs: dict[str, Any] = {}
         at = _key(span)
+        extends = span.get(EXTENDS) or _NONE
         for k, v in attrs.items():
             if not isinstance(v, str) or len(v) < MIN_CHARS:
                 continue
@@ -50,7 +54,8 @@ def compact(spans: list[dict[str, Any]], last: Last | None = None) -> tuple[list
                 refs[k] = {"$same": base}
                 attrs[k] = pv  # one string for both: later identity checks (see InputCache) are free
                 last[k] = (at, span["span_id"], pv)
-            elif len(v) > n and v[n] == "," and pv.endswith("]") and v.startswith(pv[:-1]):
+            elif extends.get(k) is pv or (len(v) > n and v[n] == "," and pv.endswith("]") and v.startswith(pv[:-1])):
+                # parse found it extends this very string (see EXTENDS), or it does so here
                 refs[k] = {"$ext": base, "n": n, "rest": v[n:]}
         out.append({**span, "attributes": {**attrs, **refs}} if refs else span)
     return out, last

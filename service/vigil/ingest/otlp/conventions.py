@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vigil.ingest.otlp.messages import as_text, call, json_value, to_messages, tool_definitions
+from vigil.ingest.otlp.otlp import EXTENDS
 
 INFERENCE_OPS = {"chat", "text_completion", "generate_content"}
 MESSAGE_EVENTS = {
@@ -85,13 +86,18 @@ class InputCache:
         self._out: list[dict[str, Any]] = []
         self._system: list[str] = []
 
-    def messages_of(self, raw: Any) -> list[dict[str, Any]]:
+    def messages_of(self, raw: Any, base: Any = None) -> list[dict[str, Any]]:
+        """``base``: the string the parser found ``raw`` extends (see ``EXTENDS``), if any."""
         if not isinstance(raw, str) or not raw.startswith("["):
             return to_messages(raw)
         prev = self.raw
         if raw is prev:  # the same string (see compact): the same messages
             return self.messages
         n = len(prev) - 1
+        if base is prev and prev:  # it extends this very string: no need to compare them
+            new = self._extension(raw[n:])
+            self._remember(raw, self.messages + new, new)
+            return self.messages
         if prev and len(raw) > n and raw[n] in ",]" and raw.startswith(prev[:-1]):
             rest = raw[len(prev) - 1 :]
             if rest.rstrip() == "]":
@@ -155,6 +161,7 @@ def is_relevant(span: dict[str, Any]) -> bool:
 
 
 _LABEL_KEYS = frozenset(SESSION_KEYS + USER_KEYS)
+_NO_BASES: dict[str, str] = {}
 
 
 def session_and_user(spans: Iterable[dict[str, Any]]) -> tuple[str | None, str | None]:
@@ -292,7 +299,12 @@ def _genai(span: dict[str, Any], cache: InputCache) -> SpanView:
     raw_in, raw_out = _attr(span, "gen_ai.input.messages"), _attr(span, "gen_ai.output.messages")
     if raw_in is None and raw_out is None:
         raw_in, raw_out = _attr(span, "gen_ai.prompt"), _attr(span, "gen_ai.completion")
-    out.inputs, out.outputs = cache.messages_of(raw_in), cache.outputs_of(raw_out)
+    base = (
+        (span.get(EXTENDS) or _NO_BASES).get("gen_ai.input.messages")
+        if raw_in is a.get("gen_ai.input.messages")
+        else None
+    )
+    out.inputs, out.outputs = cache.messages_of(raw_in, base), cache.outputs_of(raw_out)
     if not out.inputs and not out.outputs:
         out.inputs, out.outputs = _event_messages(span)
     if not out.inputs and not out.outputs:

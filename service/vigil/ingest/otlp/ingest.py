@@ -30,11 +30,11 @@ from vigil.ingest.otlp.assemble import assemble, conversation_id_of, is_relevant
 from vigil.ingest.otlp.compact import Last, compact, expand
 from vigil.ingest.otlp.conventions import session_and_user
 from vigil.ingest.otlp.models import OtelConversationRow, OtelEventRow, OtelSpanRow
-from vigil.ingest.otlp.otlp import STORED_NS, valid_ids, valid_times
+from vigil.ingest.otlp.otlp import EXTENDS, STORED_NS, valid_ids, valid_times
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
-from vigil.store.db import aware
-from vigil.store.writes import Checked, copy_new_rows
+from vigil.store.db import among, aware
+from vigil.store.writes import Checked, copy_new_values
 
 log = logging.getLogger(__name__)
 
@@ -139,19 +139,30 @@ class TraceIngest:
 
     def _keys(self, session: Session, trace_ids: set[str], by_trace: dict[str, str]) -> dict[str, str]:
         """The conversation key of each trace; spans and events stored under the trace's own key before its
-        conversation id was known move to the conversation (and their counts with them)."""
+        conversation id was known move to the conversation (and their counts with them).
+
+        ``by_trace`` holds the traces whose conversation this request names. For those, all that matters
+        is whether rows wait under the trace's own key, which its ``otel_conversations`` row says (one
+        primary-key look-up for all of them); only the other traces are looked up in the span and event
+        tables, for the conversation an earlier request named."""
         waiting: set[str] = set()  # traces with rows stored under their own key
         with self._lock:
             for trace_id in trace_ids:
                 key = self._trace_keys.get(trace_id)
                 if key is not None:
                     by_trace.setdefault(trace_id, key)
-        unknown = trace_ids.difference(self._trace_keys) if self._trace_keys else trace_ids
+            unknown = trace_ids.difference(self._trace_keys) if self._trace_keys else trace_ids
+        named = {trace_key(t): t for t in unknown if t in by_trace}
+        unnamed = sorted(unknown.difference(by_trace))
+        if named:
+            c = OtelConversationRow
+            own = session.scalars(select(c.conversation_key).where(among(session, c.conversation_key, sorted(named))))
+            waiting.update(named[key] for key in own)
         for model in (OtelSpanRow, OtelEventRow):
-            if not unknown:
+            if not unnamed:
                 break
             known = session.execute(
-                select(model.trace_id, model.conversation_key).where(model.trace_id.in_(unknown)).distinct()
+                select(model.trace_id, model.conversation_key).where(among(session, model.trace_id, unnamed)).distinct()
             ).all()
             for trace_id, key in known:
                 if key != trace_key(trace_id):
@@ -174,6 +185,12 @@ class TraceIngest:
             )
             session.execute(delete(OtelConversationRow).where(OtelConversationRow.conversation_key == old))
             self._count(session, {key: (moved, moved_events)}, {})
+            with self._lock:  # what this process remembers of them moves too (see _recall and compact)
+                entry = self._recent.pop(old, None)
+                if entry is not None and key not in self._recent:
+                    self._recent[key] = entry
+                elif entry is not None:
+                    self._recent_spans -= len(entry[0])
         return by_trace
 
     def _remember_keys(self, by_trace: dict[str, str]) -> None:
@@ -214,7 +231,7 @@ class TraceIngest:
                     c.finished_at,
                     c.processed_at,
                     c.first_seen_at,
-                ).where(c.conversation_key.in_(touched))
+                ).where(among(session, c.conversation_key, sorted(touched)))
             )
         }
         limit = self.rt.settings.otlp_max_spans_per_conversation
@@ -259,13 +276,31 @@ class TraceIngest:
         if not counts:
             return {}
         now = datetime.now(UTC)
-        table = OtelConversationRow.__table__
-        stmt = _dialect(session).insert(table)
-        excluded = stmt.excluded
         # when it last grew, to within a tenth of the idle timeout: the requests of a trace in flight then
         # change only its counts, which no index holds (Postgres updates the row in place, HOT, instead of
         # adding an entry to each of its four indexes on every request)
         stale = now - timedelta(seconds=self.rt.settings.otlp_trace_idle_seconds / 10)
+        keys = sorted(counts)  # one lock order for every replica
+        if session.get_bind().dialect.name == "postgresql":
+            # one array per column: a statement of a few parameters, however many conversations a busy
+            # exporter's request touches (a multi-row VALUES of thousands costs more to build than to run)
+            no_labels = (None, None)
+            result = session.connection().exec_driver_sql(
+                _COUNT_PG,
+                {
+                    "keys": keys,
+                    "spans": [counts[k][0] for k in keys],
+                    "events": [counts[k][1] for k in keys],
+                    "sessions": [labels.get(k, no_labels)[0] for k in keys],
+                    "users": [labels.get(k, no_labels)[1] for k in keys],
+                    "now": now,
+                    "stale": stale,
+                },
+            )
+            return {key: int(total) for key, total in result}
+        table = OtelConversationRow.__table__
+        stmt = _dialect(session).insert(table)
+        excluded = stmt.excluded
         stmt = stmt.on_conflict_do_update(
             index_elements=["conversation_key"],
             set_={
@@ -287,7 +322,8 @@ class TraceIngest:
                 "session_id": labels.get(key, (None, None))[0],
                 "user_id": labels.get(key, (None, None))[1],
             }
-            for key, (n_spans, n_events) in sorted(counts.items())  # one lock order for every replica
+            for key in keys
+            for n_spans, n_events in (counts[key],)
         ]
         return {key: int(total) for key, total in session.execute(stmt, rows).all()}
 
@@ -602,8 +638,23 @@ class TraceMarker:
             session.execute(stmt.values(finished_at=bindparam("at"), claimed_by=None, claim_until=None), done)
 
 
+_COUNT_PG = """
+INSERT INTO otel_conversations AS t
+    (conversation_key, span_count, event_count, first_seen_at, last_seen_at, idle_finished, session_id, user_id)
+SELECT k, s, e, %(now)s, %(now)s, false, si, ui
+FROM unnest(%(keys)s::varchar[], %(spans)s::int[], %(events)s::int[], %(sessions)s::varchar[], %(users)s::varchar[])
+    AS u(k, s, e, si, ui)
+ON CONFLICT (conversation_key) DO UPDATE SET
+    span_count = t.span_count + excluded.span_count,
+    event_count = t.event_count + excluded.event_count,
+    last_seen_at = CASE WHEN t.last_seen_at < %(stale)s THEN excluded.last_seen_at ELSE t.last_seen_at END,
+    session_id = coalesce(t.session_id, excluded.session_id),
+    user_id = coalesce(t.user_id, excluded.user_id)
+RETURNING conversation_key, t.span_count + t.event_count
+"""
 _SPAN_KEYS = ("conversation_key", "trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns", "span")
-_SPAN_COLUMNS = ", ".join((*_SPAN_KEYS, "received_at"))
+_SPAN_COPY_COLUMNS = (*_SPAN_KEYS, "received_at")
+_SPAN_COLUMNS = ", ".join(_SPAN_COPY_COLUMNS)
 INSERT_CHUNK = 500  # rows per statement: 4,500 parameters, under SQLite's and Postgres' limits
 
 
@@ -616,27 +667,15 @@ def _insert_spans(session: Session, rows: list[tuple[str, dict[str, Any]]], now:
     rows go the other way: one multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` per chunk, its
     parameters passed to the driver as they are (SQLAlchemy's executemany would build and process a
     parameter dict per row, which costs as much as the insert itself)."""
-    dumps = orjson.dumps
-    values = [
-        (
-            key,
-            s["trace_id"],
-            s["span_id"],
-            s.get("parent_span_id"),
-            s["name"][:512],
-            s["start_ns"],
-            s["end_ns"],
-            dumps(_stored_part(s)).decode(),  # the span column is JSON text (JsonText)
-        )
-        for key, s in rows
-    ]
     table = OtelSpanRow.__table__
     conn = session.connection()
     dialect = conn.dialect
     if dialect.name == "postgresql":
-        copied = [{**dict(zip(_SPAN_KEYS, v, strict=True)), "received_at": now} for v in values]
-        if copy_new_rows(session, table, copied):
-            return [v[0] for v in values]
+        # the JSON as the UTF-8 orjson wrote, not decoded here to be encoded again (see copy_new_values)
+        copied = _span_values(rows, text=False, tail=(now,))
+        if copy_new_values(session, table, _SPAN_COPY_COLUMNS, copied):
+            return [v[0] for v in copied]
+    values = _span_values(rows, text=True)
     # the two drivers Vigil runs on: sqlite3 (qmark) and psycopg (format)
     mark = "?" if dialect.paramstyle == "qmark" else "%s"
     at_proc = table.c.received_at.type.dialect_impl(dialect).bind_processor(dialect)
@@ -654,7 +693,30 @@ def _insert_spans(session: Session, rows: list[tuple[str, dict[str, Any]]], now:
     return inserted
 
 
-_IN_COLUMNS = frozenset(("trace_id", "span_id", "parent_span_id", "start_ns", "end_ns"))
+def _span_values(
+    rows: list[tuple[str, dict[str, Any]]], text: bool, tail: tuple[Any, ...] = ()
+) -> list[tuple[Any, ...]]:
+    """Each (conversation key, span) as the values of ``_SPAN_KEYS`` (then ``tail``); the span column's JSON
+    as ``str`` with ``text``, else as UTF-8 ``bytes``."""
+    dumps = orjson.dumps
+    return [
+        (
+            key,
+            s["trace_id"],
+            s["span_id"],
+            s.get("parent_span_id"),
+            s["name"][:512],
+            s["start_ns"],
+            s["end_ns"],
+            dumps(_stored_part(s)).decode() if text else dumps(_stored_part(s)),
+            *tail,
+        )
+        for key, s in rows
+    ]
+
+
+# what the span's columns hold, and the decoder's hint of what a value extends (a reference, never stored)
+_IN_COLUMNS = frozenset(("trace_id", "span_id", "parent_span_id", "start_ns", "end_ns", EXTENDS))
 _NO_STATUS = {"code": 0, "message": ""}
 
 

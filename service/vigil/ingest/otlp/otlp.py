@@ -152,22 +152,24 @@ def spans_of_request(req: Any) -> list[dict[str, Any]]:
                 if trace_id is None:
                     trace_id = hexes[tid] = tid.hex()
                 status = sp.status
-                append(
-                    {
-                        "trace_id": trace_id,
-                        "span_id": sp.span_id.hex(),
-                        "parent_span_id": sp.parent_span_id.hex() or None,
-                        "name": sp.name,
-                        "kind": sp.kind,
-                        "start_ns": sp.start_time_unix_nano,
-                        "end_ns": sp.end_time_unix_nano,
-                        "attributes": _attributes(sp.attributes, trace_id, seen),
-                        "events": _events(sp.events) if sp.events else [],
-                        "status": {"code": status.code, "message": status.message},
-                        "resource": resource,
-                    }
-                )
-                if not spans[-1]["parent_span_id"]:
+                extends: dict[str, str] = {}
+                span = {
+                    "trace_id": trace_id,
+                    "span_id": sp.span_id.hex(),
+                    "parent_span_id": sp.parent_span_id.hex() or None,
+                    "name": sp.name,
+                    "kind": sp.kind,
+                    "start_ns": sp.start_time_unix_nano,
+                    "end_ns": sp.end_time_unix_nano,
+                    "attributes": _attributes(sp.attributes, trace_id, seen, extends),
+                    "events": _events(sp.events) if sp.events else [],
+                    "status": {"code": status.code, "message": status.message},
+                    "resource": resource,
+                }
+                if extends:
+                    span[EXTENDS] = extends
+                append(span)
+                if not span["parent_span_id"]:
                     seen.ended.add(trace_id)
     seen.keep()
     return spans
@@ -293,12 +295,18 @@ class _Seen(dict[str, Values]):
             self.recent.put(self, self.ended)
 
 
-def _attributes(kvs: Any, trace_id: str, seen: _Seen) -> dict[str, Any]:
+EXTENDS = "extends"  # a span's key, not stored: see _attributes
+
+
+def _attributes(kvs: Any, trace_id: str, seen: _Seen, extends: dict[str, str]) -> dict[str, Any]:
     """A span's attributes; string values (nearly all of them) without a call per value.
 
     A long value sent as bytes that equals the latest value of the same attribute in the same trace is
     that value's string; one that extends it (a JSON list with items appended) is its string with only
-    the new bytes decoded (see :class:`RecentValues`)."""
+    the new bytes decoded (see :class:`RecentValues`), and ``extends`` maps the attribute to the string
+    it extends: ``value == base[:-1] + value[len(base) - 1:]``, ``base`` ending in ``]`` and ``value``
+    having ``,`` there. Whoever holds that very string object (``is``) need not compare the two again
+    (see :func:`~vigil.ingest.otlp.compact.compact` and ``InputCache``)."""
     out: dict[str, Any] = {}
     values: Values | None = None
     for kv in kvs:
@@ -324,6 +332,7 @@ def _attributes(kvs: Any, trace_id: str, seen: _Seen) -> dict[str, Any]:
                     text = ps
                 elif len(b) > n and b[n] == 44 and pb[n] == 93 and b.startswith(pb[:n]):  # "," where "]" was
                     text = ps[:-1] + b[n:].decode()
+                    extends[key] = ps
                 else:
                     text = b.decode()
             values[key] = (b, text)
