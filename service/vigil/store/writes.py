@@ -231,8 +231,9 @@ def copy_new_values(session: Session, table: Table, columns: Sequence[str], valu
     """:func:`copy_new_rows` for rows given as tuples in ``columns`` order (no dict per row), in binary.
 
     Times must be aware. A text column's value may come as UTF-8 ``bytes`` (JSON as ``orjson`` writes
-    it): binary COPY sends a text value as its bytes, so they go as they are instead of being decoded
-    here and encoded again by the driver; the server still checks them as UTF-8."""
+    it), in every row alike (the first row sets each column's format): binary COPY sends a text value as
+    its bytes, so they go as they are instead of being decoded here and encoded again by the driver; the
+    server still checks them as UTF-8."""
     if not values or session.get_bind().dialect.name != "postgresql":
         return False
     conn: psycopg.Connection[Any] = session.connection().connection.driver_connection  # type: ignore[assignment]

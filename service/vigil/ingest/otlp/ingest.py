@@ -86,6 +86,7 @@ class _Touched:
     has_root: bool = False  # a root span came in this request
     finished: bool = False  # already finished (roots ended, or idle)
     processed_at: datetime | None = None  # when a revision of it last went through the pipeline (or it began)
+    moved_from: str | None = None  # the trace key its first spans waited under, moved to it in this request
 
 
 class TraceIngest:
@@ -137,14 +138,17 @@ class TraceIngest:
         self._maybe_purge()
         return res
 
-    def _keys(self, session: Session, trace_ids: set[str], by_trace: dict[str, str]) -> dict[str, str]:
+    def _keys(
+        self, session: Session, trace_ids: set[str], by_trace: dict[str, str], moved_to: dict[str, str] | None = None
+    ) -> dict[str, str]:
         """The conversation key of each trace; spans and events stored under the trace's own key before its
         conversation id was known move to the conversation (and their counts with them).
 
         ``by_trace`` holds the traces whose conversation this request names. For those, all that matters
         is whether rows wait under the trace's own key, which its ``otel_conversations`` row says (one
         primary-key look-up for all of them); only the other traces are looked up in the span and event
-        tables, for the conversation an earlier request named."""
+        tables, for the conversation an earlier request named. ``moved_to`` gets each conversation key whose
+        waiting rows moved, with the trace key they waited under."""
         waiting: set[str] = set()  # traces with rows stored under their own key
         with self._lock:
             for trace_id in trace_ids:
@@ -185,12 +189,8 @@ class TraceIngest:
             )
             session.execute(delete(OtelConversationRow).where(OtelConversationRow.conversation_key == old))
             self._count(session, {key: (moved, moved_events)}, {})
-            with self._lock:  # what this process remembers of them moves too (see _recall and compact)
-                entry = self._recent.pop(old, None)
-                if entry is not None and key not in self._recent:
-                    self._recent[key] = entry
-                elif entry is not None:
-                    self._recent_spans -= len(entry[0])
+            if moved_to is not None:
+                moved_to[key] = old
         return by_trace
 
     def _remember_keys(self, by_trace: dict[str, str]) -> None:
@@ -212,13 +212,14 @@ class TraceIngest:
             cid = conversation_id_of(s)
             if cid:
                 by_trace.setdefault(s["trace_id"], cid)
-        by_trace = self._keys(session, {s["trace_id"] for s in spans}, by_trace)
+        moved: dict[str, str] = {}
+        by_trace = self._keys(session, {s["trace_id"] for s in spans}, by_trace, moved)
         touched: dict[str, _Touched] = {}
         rows: list[tuple[str, dict[str, Any]]] = []
         now = datetime.now(UTC)
         for s in spans:
             key = conversation_id_of(s) or by_trace.get(s["trace_id"]) or trace_key(s["trace_id"])
-            touched.setdefault(key, _Touched()).spans.append(s)
+            touched.setdefault(key, _Touched(moved_from=moved.get(key))).spans.append(s)
         c = OtelConversationRow
         states = {  # columns, not ORM objects: a busy exporter's request touches hundreds of conversations
             r.conversation_key: r
@@ -247,7 +248,8 @@ class TraceIngest:
             t.has_root = any(not s.get("parent_span_id") for s in t.spans)
             t.finished = bool(state and state.finished_at is not None)
             t.processed_at = (state.processed_at or state.first_seen_at) if state else datetime.now(UTC)
-            compacted, t.last = compact(t.spans, self._last_of(key))
+            # what this process holds of its spans, under the trace key they waited under if they moved
+            compacted, t.last = compact(t.spans, self._last_of(key) or self._last_of(t.moved_from))
             rows.extend((key, s) for s in compacted)
         if res.dropped:
             res.problems.append(f"{res.dropped} spans dropped: conversation already has {limit} spans")
@@ -446,7 +448,9 @@ class TraceIngest:
         if idle and empty:  # idle with nothing to judge: finished all the same, so it is not claimed again
             self._finish_empty(empty)
 
-    def _last_of(self, key: str) -> Last | None:
+    def _last_of(self, key: str | None) -> Last | None:
+        if key is None:
+            return None
         with self._lock:
             recent = self._recent.get(key)
             return recent[1] if recent else None
@@ -456,6 +460,8 @@ class TraceIngest:
         at most ``RECENT_SPANS`` spans in all), so a trace sent in many requests is not read back each time."""
         with self._lock:
             before = self._recent.pop(key, None)
+            if before is None and t.moved_from is not None:  # they waited under the trace's key: now stored here
+                before = self._recent.pop(t.moved_from, None)
             if before is not None:
                 self._recent_spans -= len(before[0])
             if t.fresh:
