@@ -102,6 +102,36 @@ def test_when_a_trace_last_grew_is_rewritten_at_most_every_tenth_of_the_idle_tim
     rt.close()
 
 
+def test_a_conversations_session_and_user_are_the_first_any_request_named(db_url: str) -> None:
+    """One request's spans per conversation and call, several conversations per request: each count adds up,
+    the session and user ids are the first a span named (a later request naming none, or others, keeps
+    them), and a conversation whose first spans named none takes them from a later request."""
+    rt = replica(db_url)
+    ingest = rt.get(TraceIngest)
+    said = orjson.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "hi"}]}]).decode()
+
+    def spans(n: int, **labels: str) -> list[dict[str, Any]]:
+        out = []
+        for conv in ("c-early", "c-late"):
+            attrs = {"gen_ai.conversation.id": conv, "gen_ai.output.messages": said}
+            if conv == "c-early" or n > 1:  # c-late names its labels only from the second request on
+                attrs.update(labels)
+            trace = f"{(conv == 'c-late') + 1:032x}"
+            out.append(chat_span(trace, f"{n:016x}", "00000000000000ff", 10**18 + n, **attrs))
+        return out
+
+    ingest.ingest(spans(1, **{"session.id": "s-1", "user.id": "u-1"}))
+    ingest.ingest(spans(2))
+    ingest.ingest(spans(3, **{"session.id": "s-2", "user.id": "u-2"}))
+    with rt.sessions() as s:
+        rows = {
+            r.conversation_key: (r.span_count, r.event_count, r.session_id, r.user_id)
+            for r in s.scalars(select(OtelConversationRow))
+        }
+    assert rows == {"c-early": (3, 0, "s-1", "u-1"), "c-late": (3, 0, "s-2", "u-2")}
+    rt.close()
+
+
 def test_a_trace_finds_its_conversation_whichever_replica_learnt_it(db_url: str) -> None:
     """Spans of one trace over three replicas that remember nothing of each other: the first has no
     conversation id (kept under the trace's own key), the second names it (the first moves to it), the

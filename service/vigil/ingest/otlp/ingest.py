@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import orjson
 from pydantic import ValidationError
-from sqlalchemy import CursorResult, bindparam, case, delete, func, or_, select, update
+from sqlalchemy import CursorResult, bindparam, delete, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -300,34 +300,23 @@ class TraceIngest:
                 },
             )
             return {key: int(total) for key, total in result}
-        table = OtelConversationRow.__table__
-        stmt = _dialect(session).insert(table)
-        excluded = stmt.excluded
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["conversation_key"],
-            set_={
-                "span_count": table.c.span_count + excluded.span_count,
-                "event_count": table.c.event_count + excluded.event_count,
-                "last_seen_at": case((table.c.last_seen_at < stale, excluded.last_seen_at), else_=table.c.last_seen_at),
-                "session_id": func.coalesce(table.c.session_id, excluded.session_id),
-                "user_id": func.coalesce(table.c.user_id, excluded.user_id),
-            },
-        ).returning(table.c.conversation_key, table.c.span_count + table.c.event_count)
-        rows = [
-            {
-                "conversation_key": key,
-                "span_count": n_spans,
-                "event_count": n_events,
-                "first_seen_at": now,
-                "last_seen_at": now,
-                "idle_finished": False,
-                "session_id": labels.get(key, (None, None))[0],
-                "user_id": labels.get(key, (None, None))[1],
-            }
-            for key in keys
-            for n_spans, n_events in (counts[key],)
-        ]
-        return {key: int(total) for key, total in session.execute(stmt, rows).all()}
+        # SQLite: the same upsert as multi-row VALUES written out, its parameters passed to the driver as
+        # they are (SQLAlchemy's insertmanyvalues builds and processes a parameter dict per row)
+        conn = session.connection()
+        dialect = conn.dialect
+        at_proc = OtelConversationRow.__table__.c.last_seen_at.type.dialect_impl(dialect).bind_processor(dialect)
+        at, stale_at = (at_proc(now), at_proc(stale)) if at_proc else (now, stale)
+        totals: dict[str, int] = {}
+        for i in range(0, len(keys), INSERT_CHUNK):
+            chunk = keys[i : i + INSERT_CHUNK]
+            params: list[Any] = []
+            for key in chunk:
+                session_id, user_id = labels.get(key, (None, None))
+                params += (key, counts[key][0], counts[key][1], at, at, session_id, user_id)
+            params.append(stale_at)
+            sql = _COUNT_SQLITE.format(rows=", ".join(["(?, ?, ?, ?, ?, 0, ?, ?)"] * len(chunk)))
+            totals.update((key, int(total)) for key, total in conn.exec_driver_sql(sql, tuple(params)))
+        return totals
 
     # --- log records -------------------------------------------------------------------------------
 
@@ -657,6 +646,18 @@ ON CONFLICT (conversation_key) DO UPDATE SET
     session_id = coalesce(t.session_id, excluded.session_id),
     user_id = coalesce(t.user_id, excluded.user_id)
 RETURNING conversation_key, t.span_count + t.event_count
+"""
+_COUNT_SQLITE = """
+INSERT INTO otel_conversations AS t
+    (conversation_key, span_count, event_count, first_seen_at, last_seen_at, idle_finished, session_id, user_id)
+VALUES {rows}
+ON CONFLICT (conversation_key) DO UPDATE SET
+    span_count = t.span_count + excluded.span_count,
+    event_count = t.event_count + excluded.event_count,
+    last_seen_at = CASE WHEN t.last_seen_at < ? THEN excluded.last_seen_at ELSE t.last_seen_at END,
+    session_id = coalesce(t.session_id, excluded.session_id),
+    user_id = coalesce(t.user_id, excluded.user_id)
+RETURNING conversation_key, span_count + event_count
 """
 _SPAN_KEYS = ("conversation_key", "trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns", "span")
 _SPAN_COPY_COLUMNS = (*_SPAN_KEYS, "received_at")
