@@ -364,6 +364,13 @@ class Settings(BaseSettings):
     otlp_max_body_bytes: int = Field(
         default=16_000_000, ge=1024, description="Largest accepted OTLP request body (after decompression)."
     )
+    otlp_max_spans_per_request: int = Field(
+        default=50_000,
+        ge=1,
+        description="Most spans (or log records) one OTLP request may carry; a larger request is refused whole "
+        "(413, or INVALID_ARGUMENT over gRPC) before its spans are decoded. SDKs send batches of 512, "
+        "collectors a few thousand.",
+    )
     otlp_max_spans_per_conversation: int = Field(
         default=5000, ge=1, description="Spans kept per assembled conversation; later spans are dropped."
     )

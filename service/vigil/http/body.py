@@ -17,14 +17,36 @@ from fastapi import Request
 
 from vigil.errors import VigilError
 
+PREFIX_BYTES = 65_536  # of a body refused while reading, kept for its dead letter
+
 
 class BodyTooLarge(VigilError):
-    """A request body over the limit; ``prefix`` holds what was read of it (for a dead letter)."""
+    """A request body over the limit; ``prefix`` holds what was read of it (for a dead letter), ``read``
+    whether any of it was (not when its ``Content-Length`` alone was over the limit), and ``kept`` says
+    which, for a dead letter's detail. ``setting`` names the limit that applied."""
 
-    def __init__(self, size: int | None, limit: int, prefix: bytes = b"") -> None:
+    def __init__(
+        self,
+        size: int | None,
+        limit: int,
+        prefix: bytes = b"",
+        *,
+        setting: str = "VIGIL_MAX_REQUEST_BYTES",
+        read: bool = True,
+    ) -> None:
         told = f"{size} bytes" if size is not None else "more bytes"
-        super().__init__(f"request body of {told} exceeds the limit of {limit} bytes (VIGIL_MAX_REQUEST_BYTES)")
+        super().__init__(f"request body of {told} exceeds the limit of {limit} bytes ({setting})")
         self.prefix = prefix
+        self.size = size
+        self.limit = limit
+        self.setting = setting
+        self.read = read
+
+    @property
+    def kept(self) -> str:
+        if not self.read:
+            return f"refused on its Content-Length of {self.size} bytes before any of it was read: no bytes kept"
+        return f"refused while reading, once past {self.limit} bytes: the letter keeps the start of the body"
 
 
 class EncodedBody(VigilError):
@@ -78,8 +100,11 @@ def _declared(request: Request) -> int | None:
 
 
 @asynccontextmanager
-async def limited_body(request: Request, limit: int, inflight: int, *, encoded: bool = False) -> AsyncIterator[bytes]:
-    """The request body, read only up to ``limit`` bytes; holds its size from the shared budget meanwhile.
+async def limited_body(
+    request: Request, limit: int, inflight: int, *, encoded: bool = False, setting: str = "VIGIL_MAX_REQUEST_BYTES"
+) -> AsyncIterator[bytes]:
+    """The request body, read only up to ``limit`` bytes (the setting named ``setting``, for the 413's message);
+    holds its size from the shared budget meanwhile.
 
     Unless the caller inflates bodies itself (``encoded``: OTLP, which bounds what it inflates), a
     compressed body is refused (:class:`EncodedBody`) before anything is read: decoding it as JSON
@@ -89,13 +114,14 @@ async def limited_body(request: Request, limit: int, inflight: int, *, encoded: 
         raise EncodedBody(encoding)
     declared = _declared(request)
     if declared is not None and declared > limit:
-        raise BodyTooLarge(declared, limit)
+        raise BodyTooLarge(declared, limit, setting=setting, read=False)
     async with _budget(request, inflight).hold(declared if declared is not None else limit):
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > limit:
-                raise BodyTooLarge(declared, limit, b"".join(chunks)[:65536])
+            if size > limit:  # the letter keeps the start of the body, the chunk that crossed the limit included
+                prefix = b"".join(chunks)[:PREFIX_BYTES]
+                raise BodyTooLarge(declared, limit, prefix + chunk[: PREFIX_BYTES - len(prefix)], setting=setting)
             chunks.append(chunk)
         yield b"".join(chunks)

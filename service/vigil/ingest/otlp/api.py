@@ -52,11 +52,14 @@ def _error(media: str, status: int, message: str) -> Response:
 _REASONS = {400: "malformed_otlp", 413: "oversized", 415: "unsupported_media"}
 
 
-async def _reject(request: Request, media: str, status: int, message: str, body: bytes) -> Response:
-    """Answer a request that cannot be read, keeping its body as a dead letter (source ``otlp``)."""
+async def _reject(request: Request, media: str, status: int, message: str, body: bytes, note: str = "") -> Response:
+    """Answer a request that cannot be read, keeping its body as a dead letter (source ``otlp``); ``note`` is
+    added to the letter's detail only."""
     rt = runtime_of(request)
     h = request.headers
     detail = f"{message} (content-type {h.get('content-type')!r}, content-encoding {h.get('content-encoding')!r})"
+    if note:
+        detail = f"{detail}; {note}"
     letter = DeadLetter("otlp", _REASONS.get(status, "malformed_otlp"), detail, body)
     try:
         await run_in_threadpool(rt.pipeline.store, [], [letter], "otlp")
@@ -104,12 +107,16 @@ async def _export(request: Request, logs: bool) -> Response:
     media = PROTOBUF if (ctype or "").lower().startswith(PROTOBUF) else JSON
     if not s.otlp_ingest_enabled:
         return _error(media, 404, "OTLP ingest is disabled (VIGIL_OTLP_INGEST_ENABLED=false)")
-    limit = min(s.otlp_max_body_bytes, s.max_request_bytes)
+    # the smaller limit applies, and the 413 names the setting it comes from
+    if s.otlp_max_body_bytes <= s.max_request_bytes:
+        limit, setting = s.otlp_max_body_bytes, "VIGIL_OTLP_MAX_BODY_BYTES"
+    else:
+        limit, setting = s.max_request_bytes, "VIGIL_MAX_REQUEST_BYTES"
     try:
-        async with limited_body(request, limit, s.max_inflight_bytes, encoded=True) as body:
+        async with limited_body(request, limit, s.max_inflight_bytes, encoded=True, setting=setting) as body:
             return await _store(request, rt, body, media, ctype, logs)
     except BodyTooLarge as exc:
-        return await _reject(request, media, 413, str(exc), exc.prefix)
+        return await _reject(request, media, 413, str(exc), exc.prefix, exc.kept)
 
 
 async def _store(request: Request, rt: Runtime, body: bytes, media: str, ctype: str | None, logs: bool) -> Response:
@@ -117,7 +124,8 @@ async def _store(request: Request, rt: Runtime, body: bytes, media: str, ctype: 
     try:
         # decompressing and parsing protobuf is CPU work: off the event loop
         data = await run_in_threadpool(decompress, body, request.headers.get("content-encoding"), s.otlp_max_body_bytes)
-        items, media = await run_in_threadpool(parse_logs if logs else parse, data, ctype)
+        # too many spans or log records: 413 before they are decoded (see otlp.too_many)
+        items, media = await run_in_threadpool(parse_logs if logs else parse, data, ctype, s.otlp_max_spans_per_request)
     except OtlpError as exc:
         (rt.metrics.otlp_log_records if logs else rt.metrics.otlp_spans).labels("malformed_request").inc()
         return await _reject(request, media, exc.status, str(exc), body)
@@ -128,4 +136,4 @@ async def _store(request: Request, rt: Runtime, body: bytes, media: str, ctype: 
         log.exception("storing %d OTLP %s failed", len(items), "log records" if logs else "spans")
         rt.metrics.ingest_errors.labels("otlp").inc()
         return _error(media, 503, "storage unavailable; retry later")
-    return _answer(media, result.rejected, result.message(), logs=logs)
+    return _answer(media, result.refused, result.message(), logs=logs)

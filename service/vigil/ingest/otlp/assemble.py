@@ -9,6 +9,7 @@ repeated. A tool span without a call id answers the latest unanswered call of th
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -23,15 +24,33 @@ from vigil.ingest.otlp.conventions import (
     view,
 )
 from vigil.ingest.otlp.messages import as_text, json_value, to_messages
+from vigil.schema import MAX_INT
 
 __all__ = ["assemble", "conversation_id_of", "is_relevant", "merge", "to_messages"]
 
 MAX_TREE_SPANS = 200
 
 
+MAX_ID = 256  # what the conversation id columns hold
+_ID_HEAD = 222  # an id longer than MAX_ID: this much of it, "~" and a hash of it all (32 hex digits)
+
+
+def conversation_key(value: Any) -> str | None:
+    """The conversation id (and key) of a ``gen_ai.conversation.id`` value, or None when empty: at most
+    ``MAX_ID`` characters, the value itself when it fits. A longer one keeps its start and appends a hash
+    of the whole value, so two ids sharing their first ``MAX_ID`` characters stay two conversations."""
+    if value in (None, ""):
+        return None
+    text = str(value)
+    if len(text) <= MAX_ID:
+        return text
+    digest = hashlib.blake2b(text.encode(errors="surrogatepass"), digest_size=16).hexdigest()
+    return f"{text[:_ID_HEAD]}~{digest}"
+
+
 def conversation_id_of(span: dict[str, Any]) -> str | None:
-    value = span["attributes"].get("gen_ai.conversation.id")
-    return str(value)[:256] if value not in (None, "") else None
+    """The conversation a span names (see :func:`conversation_key`), or None."""
+    return conversation_key(span["attributes"].get("gen_ai.conversation.id"))
 
 
 def _key(m: dict[str, Any]) -> tuple[Any, ...]:
@@ -231,8 +250,8 @@ def assemble(
         merge(acc, v.outputs, keys)
         for t in v.tools:
             tools.setdefault(t["function"]["name"], t)
-        prompt_tokens += v.prompt_tokens
-        completion_tokens += v.completion_tokens
+        prompt_tokens = min(MAX_INT, prompt_tokens + v.prompt_tokens)  # what the schema (a BIGINT) holds
+        completion_tokens = min(MAX_INT, completion_tokens + v.completion_tokens)
         if v.model and v.model not in models:
             models.append(v.model)
     messages = [{"role": "system", "content": t} for t in system] + acc
@@ -243,13 +262,13 @@ def assemble(
     rooted = {s["trace_id"] for s in real if not s.get("parent_span_id")}
     start = min(s["start_ns"] for s in spans)
     end = max(s["end_ns"] for s in spans)
-    conversation_id = _first(spans, "gen_ai.conversation.id") or key
+    conversation_id = next((cid for s in spans if (cid := conversation_id_of(s))), None) or key
     usage: dict[str, Any] = {"latency_ms": round(max(0, end - start) / 1e6, 3)}
     if prompt_tokens or completion_tokens:
         usage.update(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
+            total_tokens=min(MAX_INT, prompt_tokens + completion_tokens),
         )
     agent = _first(spans, "gen_ai.agent.name", "gen_ai.agent.id", "agent.name", "resource:service.name")
     if agent is None:
@@ -271,7 +290,7 @@ def assemble(
     if tools:
         metadata["tools"] = list(tools.values())
     return {
-        "conversation_id": str(conversation_id)[:256],
+        "conversation_id": conversation_id[:MAX_ID],
         "revision": received + (1 if idle_finished else 0),
         "status": "finished" if idle_finished or rooted >= set(traces) else "in_progress",
         "agent_id": str(agent or "unknown-agent")[:256],

@@ -5,9 +5,10 @@ is the previous span's plus the new turns. Stored as is, a conversation's spans 
 its length. Before a span is stored, a long string attribute equal to the same attribute of an earlier
 span of the same conversation (in the same request, or one this process stored before) becomes
 ``{"$same": BASE}``, and one extending it (a JSON list with items appended)
-``{"$ext": BASE, "n": CHARS, "rest": TAIL}``, BASE being that span's id. :func:`expand` restores the
-values when the spans are read back (in start order, so a base comes first). A conversation's spans
-are deleted together, so a base outlives the spans referring to it.
+``{"$ext": BASE, "n": CHARS, "rest": TAIL}``, BASE being that span's id, with ``"t": TRACE`` when the
+base is a span of another trace of the conversation (span ids are unique only within a trace).
+:func:`expand` restores the values when the spans are read back (in start order, so a base comes
+first). A conversation's spans are deleted together, so a base outlives the spans referring to it.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ def _key(span: dict[str, Any]) -> tuple[int, int, str]:
     return (span["start_ns"], span["end_ns"], span["span_id"])
 
 
-# attribute -> (start key, span id, value) of the latest span carrying it
-Last = dict[str, tuple[tuple[int, int, str], str, str]]
+# attribute -> (start key, span id, trace id, value) of the latest span carrying it
+Last = dict[str, tuple[tuple[int, int, str], str, str, str]]
 
 
 def compact(spans: list[dict[str, Any]], last: Last | None = None) -> tuple[list[dict[str, Any]], Last]:
@@ -40,30 +41,48 @@ def compact(spans: list[dict[str, Any]], last: Last | None = None) -> tuple[list
         attrs = span["attributes"]
         refs: dict[str, Any] = {}
         at = _key(span)
+        sid, trace = span["span_id"], span.get("trace_id", "")
         extends = span.get(EXTENDS) or _NONE
         for k, v in attrs.items():
             if not isinstance(v, str) or len(v) < MIN_CHARS:
                 continue
             prev = last.get(k)
-            last[k] = (at, span["span_id"], v)
-            if prev is None or prev[0] > at:  # a base must come first in start order (see expand)
-                continue
-            _, base, pv = prev
+            last[k] = (at, sid, trace, v)
+            if prev is None or prev[0] > at or (prev[1] == sid and prev[2] == trace):
+                continue  # a base must come first in start order (see expand), and be another span
+            _, base, base_trace, pv = prev
             n = len(pv) - 1
             if v is pv or v == pv:
                 refs[k] = {"$same": base}
                 attrs[k] = pv  # one string for both: later identity checks (see InputCache) are free
-                last[k] = (at, span["span_id"], pv)
+                last[k] = (at, sid, trace, pv)
             elif extends.get(k) is pv or (len(v) > n and v[n] == "," and pv.endswith("]") and v.startswith(pv[:-1])):
                 # parse found it extends this very string (see EXTENDS), or it does so here
                 refs[k] = {"$ext": base, "n": n, "rest": v[n:]}
+            else:
+                continue
+            if base_trace != trace:
+                refs[k]["t"] = base_trace
         out.append({**span, "attributes": {**attrs, **refs}} if refs else span)
     return out, last
 
 
+def referenced(span: dict[str, Any]) -> set[tuple[str, str]]:
+    """The (trace id, span id) of each span a compacted span's values refer to."""
+    out = set()
+    for v in span["attributes"].values():
+        if isinstance(v, dict) and ("$same" in v or "$ext" in v):
+            out.add((v.get("t") or span.get("trace_id", ""), v.get("$same") or v.get("$ext") or ""))
+    return out
+
+
 def expand(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The spans as received (stored with :func:`compact`); a value whose base span is gone is dropped."""
-    resolved: dict[str, dict[str, Any]] = {}
+    """The spans as received (stored with :func:`compact`); a value whose base span is gone is dropped.
+
+    A reference names its base by trace and span id (rows stored before references carried the trace,
+    when the base was in the same trace or had a span id of its own, are found by span id alone)."""
+    resolved: dict[tuple[str, str], dict[str, Any]] = {}
+    by_span: dict[str, dict[str, Any]] = {}
     out: list[dict[str, Any]] = []
     for span in sorted(spans, key=_key):
         attrs = span["attributes"]
@@ -72,7 +91,11 @@ def expand(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for k, v in attrs.items():
                 if not isinstance(v, dict):
                     continue
-                base = resolved.get(v.get("$same") or v.get("$ext") or "", {}).get(k)
+                sid = v.get("$same") or v.get("$ext") or ""
+                of = resolved.get((v.get("t") or span.get("trace_id", ""), sid))
+                if of is None and "t" not in v:
+                    of = by_span.get(sid)
+                base = (of or {}).get(k)
                 if "$same" in v:
                     full[k] = base
                 elif "$ext" in v:
@@ -80,6 +103,6 @@ def expand(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if full[k] is None:
                     del full[k]
             span = {**span, "attributes": full}
-        resolved[span["span_id"]] = span["attributes"]
+        resolved[(span.get("trace_id", ""), span["span_id"])] = by_span[span["span_id"]] = span["attributes"]
         out.append(span)
     return out

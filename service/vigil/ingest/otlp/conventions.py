@@ -27,6 +27,7 @@ from typing import Any
 
 from vigil.ingest.otlp.messages import as_text, call, json_value, to_messages, tool_definitions
 from vigil.ingest.otlp.otlp import EXTENDS
+from vigil.schema import MAX_INT
 
 INFERENCE_OPS = {"chat", "text_completion", "generate_content"}
 MESSAGE_EVENTS = {
@@ -37,9 +38,14 @@ MESSAGE_EVENTS = {
 }
 STATUS_ERROR = 2
 PREFIXES = ("gen_ai.", "llm.", "openinference.", "langfuse.", "traceloop.")
-_FLAT = re.compile(r"^gen_ai\.(prompt|completion)\.(\d+)\.(.+)$")
-_OI_MESSAGE = re.compile(r"^llm\.(input|output)_messages\.(\d+)\.message\.(.+)$")
-_OI_TOOL = re.compile(r"^llm\.tools\.(\d+)\.tool\.json_schema$")
+# An index in an attribute name (``gen_ai.prompt.3.role``) is a plain decimal of at most this many digits;
+# an attribute with any other (``x``, ``-1``, a number of thousands of digits) is not read.
+INDEX_DIGITS = 6
+_N = f"([0-9]{{1,{INDEX_DIGITS}}})"
+_FLAT = re.compile(rf"^gen_ai\.(prompt|completion)\.{_N}\.(.+)$")
+_OI_MESSAGE = re.compile(rf"^llm\.(input|output)_messages\.{_N}\.message\.(.+)$")
+_OI_TOOL = re.compile(rf"^llm\.tools\.{_N}\.tool\.json_schema$")
+_INDEX = re.compile(_N)
 SESSION_KEYS = ("session.id", "langfuse.session.id", "traceloop.association.properties.session_id")
 USER_KEYS = ("user.id", "langfuse.user.id", "traceloop.association.properties.user_id", "enduser.id")
 
@@ -199,10 +205,21 @@ def view(span: dict[str, Any], cache: InputCache | None = None) -> SpanView:
 
 
 def _int(v: Any) -> int:
+    """0 unless a whole number (an infinite double, a string of thousands of digits ... are 0)."""
     try:
         return int(v or 0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return 0
+
+
+def _tokens(v: Any) -> int:
+    """A token count: a whole number from 0 to what a database BIGINT holds."""
+    return max(0, min(_int(v), MAX_INT))
+
+
+def _index(text: str) -> int | None:
+    """The index a part of an attribute name gives (see ``INDEX_DIGITS``), or None."""
+    return int(text) if _INDEX.fullmatch(text) else None
 
 
 def _failed(span: dict[str, Any]) -> bool:
@@ -261,7 +278,9 @@ def _flat_messages(span: dict[str, Any], kind: str) -> list[dict[str, Any]]:
         entry = by_index.setdefault(int(m.group(2)), {})
         path = m.group(3).split(".")
         if path[0] == "tool_calls" and len(path) == 3:
-            entry.setdefault("_calls", {}).setdefault(int(path[1]), {})[path[2]] = value
+            n = _index(path[1])
+            if n is not None:
+                entry.setdefault("_calls", {}).setdefault(n, {})[path[2]] = value
         else:
             entry[path[0]] = value
     items = []
@@ -312,8 +331,8 @@ def _genai(span: dict[str, Any], cache: InputCache) -> SpanView:
     out.tools = tool_definitions(_attr(span, "gen_ai.tool.definitions"))
     if op in INFERENCE_OPS or out.inputs or out.outputs or out.system:
         out.role = "inference"
-        out.prompt_tokens = _int(a.get("gen_ai.usage.input_tokens") or a.get("gen_ai.usage.prompt_tokens"))
-        out.completion_tokens = _int(a.get("gen_ai.usage.output_tokens") or a.get("gen_ai.usage.completion_tokens"))
+        out.prompt_tokens = _tokens(a.get("gen_ai.usage.input_tokens") or a.get("gen_ai.usage.prompt_tokens"))
+        out.completion_tokens = _tokens(a.get("gen_ai.usage.output_tokens") or a.get("gen_ai.usage.completion_tokens"))
         out.model = _str_or_none(a.get("gen_ai.response.model") or a.get("gen_ai.request.model"))
     elif op in ("invoke_agent", "create_agent") or a.get("traceloop.span.kind"):
         out.role = "container"
@@ -337,12 +356,14 @@ def _oi_messages(a: dict[str, Any], direction: str) -> list[dict[str, Any]]:
         path = m.group(3)
         if path.startswith("tool_calls."):
             idx, _, rest = path[len("tool_calls.") :].partition(".")
-            tc = entry.setdefault("_calls", {}).setdefault(_int(idx), {})
-            tc[rest.removeprefix("tool_call.")] = value
+            n = _index(idx)
+            if n is not None:
+                entry.setdefault("_calls", {}).setdefault(n, {})[rest.removeprefix("tool_call.")] = value
         elif path.startswith("contents."):
             idx, _, rest = path[len("contents.") :].partition(".")
-            if rest == "message_content.text":
-                entry.setdefault("_texts", {})[_int(idx)] = value
+            n = _index(idx)
+            if rest == "message_content.text" and n is not None:
+                entry.setdefault("_texts", {})[n] = value
         else:
             entry[path] = value
     items = []
@@ -393,8 +414,8 @@ def _openinference(span: dict[str, Any]) -> SpanView:
         body = json_value(a.get("input.value"))
         if isinstance(body, dict):
             out.inputs = to_messages(body.get("messages"))
-    out.prompt_tokens = _int(a.get("llm.token_count.prompt"))
-    out.completion_tokens = _int(a.get("llm.token_count.completion"))
+    out.prompt_tokens = _tokens(a.get("llm.token_count.prompt"))
+    out.completion_tokens = _tokens(a.get("llm.token_count.completion"))
     out.model = _str_or_none(a.get("llm.model_name"))
     schemas = sorted((int(m.group(1)), v) for k, v in a.items() if (m := _OI_TOOL.match(k)))
     out.tools = tool_definitions([v for _, v in schemas])
@@ -433,8 +454,8 @@ def _langfuse(span: dict[str, Any]) -> SpanView:
     out.outputs = to_messages(raw_out)
     usage = json_value(a.get("langfuse.observation.usage_details"))
     if isinstance(usage, dict):
-        out.prompt_tokens = _int(usage.get("input") or usage.get("prompt_tokens") or usage.get("input_tokens"))
-        out.completion_tokens = _int(
+        out.prompt_tokens = _tokens(usage.get("input") or usage.get("prompt_tokens") or usage.get("input_tokens"))
+        out.completion_tokens = _tokens(
             usage.get("output") or usage.get("completion_tokens") or usage.get("output_tokens")
         )
     out.model = _str_or_none(a.get("langfuse.observation.model.name"))

@@ -2,7 +2,10 @@
 
 Same keys as HTTP: metadata ``authorization: Bearer KEY`` with the ``ingest`` (or ``admin``) role. A
 request that cannot be stored answers ``UNAVAILABLE`` (exporters retry); one with no valid key
-``UNAUTHENTICATED`` or ``PERMISSION_DENIED``.
+``UNAUTHENTICATED`` or ``PERMISSION_DENIED``. One that is not OTLP (not protobuf, a string not UTF-8) or
+carries more than ``VIGIL_OTLP_MAX_SPANS_PER_REQUEST`` spans answers ``INVALID_ARGUMENT`` (never retried)
+and is kept as a dead letter (source ``otlp``), like a 400 or 413 over HTTP: requests arrive as bytes and
+are read by the HTTP receiver's code, not by gRPC's deserializer (whose failure answers ``INTERNAL``).
 """
 
 from __future__ import annotations
@@ -10,15 +13,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent import futures
-from typing import Any
+from typing import Any, NoReturn
 
 from vigil.errors import ConfigError
 from vigil.ingest.otlp.ingest import TraceIngest
+from vigil.ingest.otlp.otlp import OtlpError
 from vigil.runtime import Runtime
+from vigil.store.writes import DeadLetter
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES_FLOOR = 4 * 1024 * 1024
+TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
+_REASONS = {413: "oversized"}  # else malformed_otlp, as over HTTP
 
 
 class GrpcReceiver:
@@ -40,12 +48,18 @@ class GrpcReceiver:
         if not principal.can("ingest"):
             context.abort(grpc.StatusCode.PERMISSION_DENIED, f"role {principal.role!r} may not do this; needs ingest")
 
-    def _call(self, context: Any, fn: Any, items: list[dict[str, Any]]) -> Any:
+    def _call(self, context: Any, fn: Any, parse: Any, data: bytes, logs: bool) -> Any:
+        """Check the caller, read the request's bytes with ``parse`` (the HTTP receiver's) and store its items."""
         import grpc
 
         self._principal(context)
-        if not self.rt.settings.otlp_ingest_enabled:
+        s = self.rt.settings
+        if not s.otlp_ingest_enabled:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "OTLP ingest is disabled (VIGIL_OTLP_INGEST_ENABLED=false)")
+        try:
+            items = parse(data, s.otlp_max_spans_per_request)
+        except OtlpError as exc:
+            self._reject(context, exc, data, logs)
         try:
             return fn(items)
         except Exception:  # the database is unavailable: the exporter retries on UNAVAILABLE
@@ -53,32 +67,51 @@ class GrpcReceiver:
             self.rt.metrics.ingest_errors.labels("otlp").inc()
             context.abort(grpc.StatusCode.UNAVAILABLE, "storage unavailable; retry later")
 
+    def _reject(self, context: Any, exc: OtlpError, data: bytes, logs: bool) -> NoReturn:
+        """Abort with ``INVALID_ARGUMENT``, keeping the request as a dead letter (``UNAVAILABLE`` if it cannot
+        be kept: refusing it for good would lose it). A request with too many spans gets ``INVALID_ARGUMENT``
+        too, not ``RESOURCE_EXHAUSTED``, which OTLP exporters (the Python SDK's among them) retry."""
+        import grpc
+
+        m = self.rt.metrics
+        (m.otlp_log_records if logs else m.otlp_spans).labels("malformed_request").inc()
+        service = LOGS_SERVICE if logs else TRACE_SERVICE
+        letter = DeadLetter("otlp", _REASONS.get(exc.status, "malformed_otlp"), f"{exc} (OTLP/gRPC {service})", data)
+        try:
+            self.rt.pipeline.store([], [letter], "otlp")
+        except Exception:
+            log.exception("keeping a rejected OTLP/gRPC request as a dead letter failed")
+            m.ingest_errors.labels("otlp").inc()
+            context.abort(grpc.StatusCode.UNAVAILABLE, "storage unavailable; retry later")
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        raise exc  # abort raises; this line is never reached
+
     def start_server(self) -> int:
         import grpc
-        from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+        from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-        from vigil.ingest.otlp.otlp import records_of_request, spans_of_request
+        from vigil.ingest.otlp.otlp import parse_logs_protobuf, parse_protobuf
 
-        receiver = self
+        def export_traces(data: bytes, context: Any) -> Any:
+            res = self._call(context, self.ingest.ingest, parse_protobuf, data, logs=False)
+            resp = trace_service_pb2.ExportTraceServiceResponse()
+            if res.refused or res.problems:
+                resp.partial_success.rejected_spans = res.refused
+                resp.partial_success.error_message = res.message()
+            return resp
 
-        class Traces(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
-            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 (the service's method name)
-                res = receiver._call(context, receiver.ingest.ingest, spans_of_request(request))
-                resp = trace_service_pb2.ExportTraceServiceResponse()
-                if res.rejected or res.problems:
-                    resp.partial_success.rejected_spans = res.rejected
-                    resp.partial_success.error_message = res.message()
-                return resp
+        def export_logs(data: bytes, context: Any) -> Any:
+            res = self._call(context, self.ingest.ingest_logs, parse_logs_protobuf, data, logs=True)
+            resp = logs_service_pb2.ExportLogsServiceResponse()
+            if res.refused or res.problems:
+                resp.partial_success.rejected_log_records = res.refused
+                resp.partial_success.error_message = res.message()
+            return resp
 
-        class Logs(logs_service_pb2_grpc.LogsServiceServicer):  # type: ignore[misc]
-            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
-                res = receiver._call(context, receiver.ingest.ingest_logs, records_of_request(request))
-                resp = logs_service_pb2.ExportLogsServiceResponse()
-                if res.rejected or res.problems:
-                    resp.partial_success.rejected_log_records = res.rejected
-                    resp.partial_success.error_message = res.message()
-                return resp
+        def export(handler: Any) -> Any:
+            # no request deserializer: the handler gets the request's bytes
+            return grpc.unary_unary_rpc_method_handler(handler, response_serializer=lambda r: r.SerializeToString())
 
         s = self.rt.settings
         limit = max(MAX_MESSAGE_BYTES_FLOOR, s.otlp_max_body_bytes)
@@ -87,8 +120,12 @@ class GrpcReceiver:
             options=[("grpc.max_receive_message_length", limit)],
             compression=None,
         )
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
-        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
+        server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(TRACE_SERVICE, {"Export": export(export_traces)}),
+                grpc.method_handlers_generic_handler(LOGS_SERVICE, {"Export": export(export_logs)}),
+            )
+        )
         port = server.add_insecure_port(f"{s.host}:{s.otlp_grpc_port}")
         if port == 0:
             raise ConfigError(f"cannot listen for OTLP/gRPC on {s.host}:{s.otlp_grpc_port} (VIGIL_OTLP_GRPC_PORT)")

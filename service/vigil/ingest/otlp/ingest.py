@@ -27,7 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from vigil.ingest.otlp.assemble import assemble, conversation_id_of, is_relevant
-from vigil.ingest.otlp.compact import Last, compact, expand
+from vigil.ingest.otlp.compact import Last, compact, expand, referenced
 from vigil.ingest.otlp.conventions import session_and_user
 from vigil.ingest.otlp.models import OtelConversationRow, OtelEventRow, OtelSpanRow
 from vigil.ingest.otlp.otlp import EXTENDS, STORED_NS, valid_ids, valid_times
@@ -42,6 +42,9 @@ PURGE_EVERY_SECONDS = 60.0
 RECENT_SPANS = 20_000
 TRACE_KEYS = 100_000  # traces whose conversation key a process remembers
 FINISH_BATCH = 100
+MAX_PROBLEMS = 100
+RECENT_BYTES = 64 * 1024 * 1024  # string bytes of the spans kept in memory (see _recall)
+_HEX = frozenset("0123456789abcdef")
 
 
 @dataclass
@@ -55,6 +58,17 @@ class IngestResult:
     pending: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
+    def problem(self, text: str) -> None:
+        """Note a problem; only the first ``MAX_PROBLEMS`` are kept (a request of a million bad spans must
+        not build a million messages)."""
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(text)
+
+    @property
+    def refused(self) -> int:
+        """Spans or records not stored for good: rejected, or dropped over the per-conversation limit."""
+        return self.rejected + self.dropped
+
     def message(self) -> str:
         return "; ".join(self.problems[:5])
 
@@ -62,6 +76,19 @@ class IngestResult:
 def _matched(session: Session, stmt: Any) -> int:
     """Rows an UPDATE matched (executing DML yields a CursorResult; Result does not declare rowcount)."""
     return cast(CursorResult[Any], session.execute(stmt)).rowcount
+
+
+def _string_bytes(spans: list[dict[str, Any]]) -> int:
+    """About what a span's strings hold: the characters of its string attribute values, plus a little each."""
+    return sum(256 + sum(len(v) for v in s["attributes"].values() if isinstance(v, str)) for s in spans)
+
+
+def _valid_record_ids(r: dict[str, Any]) -> bool:
+    """A log record's trace id is 32 hex digits, its span id (if any) 16, not all zeros: what a span's are."""
+    trace, span = r["trace_id"], r.get("span_id")
+    if not isinstance(trace, str) or len(trace) != 32 or not _HEX.issuperset(trace):
+        return False
+    return not span or (isinstance(span, str) and len(span) == 16 and _HEX.issuperset(span) and span != "0" * 16)
 
 
 def trace_key(trace_id: str) -> str:
@@ -94,8 +121,9 @@ class TraceIngest:
         self.rt = runtime
         self._last_purge = 0.0
         self._lock = threading.Lock()
-        self._recent: OrderedDict[str, tuple[list[dict[str, Any]], Last]] = OrderedDict()
+        self._recent: OrderedDict[str, tuple[list[dict[str, Any]], Last, int]] = OrderedDict()
         self._recent_spans = 0
+        self._recent_bytes = 0
         # trace id -> its conversation key, once known (it never changes): a trace sent over many requests
         # is not looked up in the span and event tables each time
         self._trace_keys: OrderedDict[str, str] = OrderedDict()
@@ -107,16 +135,21 @@ class TraceIngest:
         res = IngestResult(received=len(spans))
         m = self.rt.metrics
         kept: list[dict[str, Any]] = []
+        seen: set[tuple[str, str]] = set()
+        duplicates = 0
         for s in spans:
             if not valid_ids(s):
                 res.rejected += 1
-                res.problems.append(f"span {s.get('span_id')!r} of trace {s.get('trace_id')!r}: invalid ids")
+                res.problem(f"span {s.get('span_id')!r} of trace {s.get('trace_id')!r}: invalid ids")
             elif not valid_times(s):
                 res.rejected += 1
-                res.problems.append(f"span {s['span_id']!r} of trace {s['trace_id']!r}: a time beyond the year 2262")
+                res.problem(f"span {s['span_id']!r} of trace {s['trace_id']!r}: a time beyond the year 2262")
             elif not is_relevant(s):
                 res.ignored += 1
+            elif (ids := (s["trace_id"], s["span_id"])) in seen:
+                duplicates += 1  # the same span twice in one request: the first is the one stored
             else:
+                seen.add(ids)
                 kept.append(s)
         touched: dict[str, _Touched] = {}
         if kept:
@@ -128,7 +161,7 @@ class TraceIngest:
         self._process(touched, res)
         for outcome, n in (
             ("stored", res.stored),
-            ("duplicate", len(kept) - res.stored - res.dropped),
+            ("duplicate", duplicates + len(kept) - res.stored - res.dropped),
             ("rejected", res.rejected),
             ("ignored", res.ignored),
             ("dropped", res.dropped),
@@ -252,13 +285,18 @@ class TraceIngest:
             compacted, t.last = compact(t.spans, self._last_of(key) or self._last_of(t.moved_from))
             rows.extend((key, s) for s in compacted)
         if res.dropped:
-            res.problems.append(f"{res.dropped} spans dropped: conversation already has {limit} spans")
+            res.problem(
+                f"{res.dropped} spans dropped: a conversation holds at most {limit} spans"
+                " (VIGIL_OTLP_MAX_SPANS_PER_CONVERSATION)"
+            )
         if not rows:
             return touched, by_trace
         inserted = _insert_spans(session, rows, now)
         res.stored = len(inserted)
+        if len(inserted) < len(rows):  # some were stored before: what refers to them must refer to that
+            _unrefer(session, rows, inserted, touched)
         counts: dict[str, tuple[int, int]] = {}
-        for key in inserted:
+        for key, _, _ in inserted:
             counts[key] = (counts.get(key, (0, 0))[0] + 1, 0)
         totals = self._count(session, counts, {key: session_and_user(t.spans) for key, t in touched.items()})
         for key, t in touched.items():
@@ -325,11 +363,14 @@ class TraceIngest:
         res = IngestResult(received=len(records))
         kept = []
         for r in records:
-            if not r.get("trace_id") or len(r["trace_id"]) != 32 or r["trace_id"] == "0" * 32:
+            if not r.get("trace_id") or r["trace_id"] == "0" * 32:
                 res.ignored += 1  # not tied to a trace: nothing to join it to
+            elif not _valid_record_ids(r):
+                res.rejected += 1
+                res.problem(f"log record of trace {str(r['trace_id'])[:64]!r}: invalid trace or span id")
             elif not 0 <= r["time_ns"] < STORED_NS:
                 res.rejected += 1
-                res.problems.append(f"log record of trace {r['trace_id']!r}: a time beyond the year 2262")
+                res.problem(f"log record of trace {r['trace_id']!r}: a time beyond the year 2262")
             elif not (r["name"].startswith("gen_ai.") or any(k.startswith("gen_ai.") for k in r["attributes"])):
                 res.ignored += 1
             else:
@@ -414,9 +455,17 @@ class TraceIngest:
                 res.pending.append(key)
                 continue
             spans, events = (t.known, list[dict[str, Any]]()) if t.known is not None else self._load(key)
-            doc = assemble(
-                key, spans, s.otlp_default_agent_version, events=events, idle_finished=idle or t.idle_finished
-            )
+            try:
+                doc = assemble(
+                    key, spans, s.otlp_default_agent_version, events=events, idle_finished=idle or t.idle_finished
+                )
+            except Exception as exc:  # one conversation's spans must not hold up the others, nor be retried forever
+                log.exception("assembling OTLP conversation %s failed", key)
+                self.rt.metrics.ingest_errors.labels("otlp").inc()
+                res.problem(f"conversation {key}: could not be assembled ({type(exc).__name__})")
+                res.pending.append(key)
+                empty.append(key)
+                continue
             if doc is None:
                 res.pending.append(key)
                 empty.append(key)
@@ -427,7 +476,7 @@ class TraceIngest:
                 # second copy of the whole conversation (half the cost)
                 convs.append((Conversation.model_validate(doc), document, None))
             except ValidationError as exc:
-                res.problems.append(f"conversation {key}: {exc.errors()[0]['msg']}")
+                res.problem(f"conversation {key}: {exc.errors()[0]['msg']}")
                 log.warning("OTLP conversation %s does not validate: %s", key, exc)
                 continue
             res.conversations.append(doc["conversation_id"])
@@ -444,27 +493,40 @@ class TraceIngest:
             recent = self._recent.get(key)
             return recent[1] if recent else None
 
+    def _forget(self, keys: Sequence[str]) -> None:
+        """Drop what this process holds of conversations that are finished."""
+        with self._lock:
+            for key in keys:
+                gone = self._recent.pop(key, None)
+                if gone is not None:
+                    self._recent_spans -= len(gone[0])
+                    self._recent_bytes -= gone[2]
+
     def _recall(self, key: str, t: _Touched) -> list[dict[str, Any]] | None:
         """Every span of an unfinished conversation whose spans all came through this process (kept in memory,
-        at most ``RECENT_SPANS`` spans in all), so a trace sent in many requests is not read back each time."""
+        at most ``RECENT_SPANS`` spans and ``RECENT_BYTES`` of their strings in all), so a trace sent in many
+        requests is not read back each time."""
         with self._lock:
             before = self._recent.pop(key, None)
             if before is None and t.moved_from is not None:  # they waited under the trace's key: now stored here
                 before = self._recent.pop(t.moved_from, None)
             if before is not None:
                 self._recent_spans -= len(before[0])
+                self._recent_bytes -= before[2]
             if t.fresh:
-                spans = list(t.spans)
+                spans, size = list(t.spans), _string_bytes(t.spans)
             elif before is not None and t.stored == len(t.spans) and len(before[0]) + t.stored == t.total:
-                spans = before[0] + t.spans
+                spans, size = before[0] + t.spans, before[2] + _string_bytes(t.spans)
             else:
                 return None  # another replica, a resent span or a log record: read them from the database
-            if not t.has_root:  # a root usually ends it: keep only what may still grow
-                self._recent[key] = (spans, t.last)
+            if not t.has_root and size <= RECENT_BYTES // 4:  # a root usually ends it: keep what may still grow
+                self._recent[key] = (spans, t.last, size)
                 self._recent_spans += len(spans)
-            while self._recent_spans > RECENT_SPANS and self._recent:
-                _, (dropped, _) = self._recent.popitem(last=False)
+                self._recent_bytes += size
+            while (self._recent_spans > RECENT_SPANS or self._recent_bytes > RECENT_BYTES) and self._recent:
+                _, (dropped, _, dropped_size) = self._recent.popitem(last=False)
                 self._recent_spans -= len(dropped)
+                self._recent_bytes -= dropped_size
             return spans
 
     def _load(self, key: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -540,6 +602,7 @@ class TraceIngest:
             return []
         res = IngestResult()
         self._process({k: _Touched(idle_finished=True) for k in claimed}, res, idle=True)
+        self._forget(claimed)
         return res.conversations
 
     # --- housekeeping ------------------------------------------------------------------------------
@@ -665,9 +728,32 @@ _SPAN_COLUMNS = ", ".join(_SPAN_COPY_COLUMNS)
 INSERT_CHUNK = 500  # rows per statement: 4,500 parameters, under SQLite's and Postgres' limits
 
 
-def _insert_spans(session: Session, rows: list[tuple[str, dict[str, Any]]], now: datetime) -> list[str]:
+def _unrefer(
+    session: Session,
+    rows: list[tuple[str, dict[str, Any]]],
+    inserted: list[tuple[str, str, str]],
+    touched: dict[str, _Touched],
+) -> None:
+    """Spans of a request stored with a reference to a span of the same request that was not stored (it was
+    stored before, perhaps with other content: an exporter resending a span id) are rewritten whole."""
+    stored = {(trace, span) for _, trace, span in inserted}
+    skipped = {(s["trace_id"], s["span_id"]) for _, s in rows} - stored
+    originals = {(s["trace_id"], s["span_id"]): s for t in touched.values() for s in t.spans}
+    for _, s in rows:
+        ids = (s["trace_id"], s["span_id"])
+        if ids in stored and referenced(s) & skipped:
+            session.execute(
+                update(OtelSpanRow)
+                .where(OtelSpanRow.trace_id == ids[0], OtelSpanRow.span_id == ids[1])
+                .values(span=_stored_part(originals[ids]))
+            )
+
+
+def _insert_spans(
+    session: Session, rows: list[tuple[str, dict[str, Any]]], now: datetime
+) -> list[tuple[str, str, str]]:
     """Insert (conversation key, compacted span) rows, skipping spans already stored (same trace and span
-    id); returns the conversation key of each row inserted.
+    id); returns the conversation key, trace id and span id of each row inserted.
 
     On Postgres the rows are first COPYed straight into the table (an exporter's request is nearly always
     new spans); a span stored before fails the COPY on its key, its savepoint is rolled back, and the
@@ -681,22 +767,22 @@ def _insert_spans(session: Session, rows: list[tuple[str, dict[str, Any]]], now:
         # the JSON as the UTF-8 orjson wrote, not decoded here to be encoded again (see copy_new_values)
         copied = _span_values(rows, text=False, tail=(now,))
         if copy_new_values(session, table, _SPAN_COPY_COLUMNS, copied):
-            return [v[0] for v in copied]
+            return [(v[0], v[1], v[2]) for v in copied]
     values = _span_values(rows, text=True)
     # the two drivers Vigil runs on: sqlite3 (qmark) and psycopg (format)
     mark = "?" if dialect.paramstyle == "qmark" else "%s"
     at_proc = table.c.received_at.type.dialect_impl(dialect).bind_processor(dialect)
     at = at_proc(now) if at_proc else now
     one = f"({', '.join([mark] * 9)})"
-    inserted: list[str] = []
+    inserted: list[tuple[str, str, str]] = []
     for i in range(0, len(values), INSERT_CHUNK):
         chunk = values[i : i + INSERT_CHUNK]
         params = [p for v in chunk for p in (*v, at)]
         sql = (
             f"INSERT INTO {table.name} ({_SPAN_COLUMNS}) VALUES {', '.join([one] * len(chunk))} "
-            "ON CONFLICT (trace_id, span_id) DO NOTHING RETURNING conversation_key"
+            "ON CONFLICT (trace_id, span_id) DO NOTHING RETURNING conversation_key, trace_id, span_id"
         )
-        inserted += [r[0] for r in conn.exec_driver_sql(sql, tuple(params))]
+        inserted += [(r[0], r[1], r[2]) for r in conn.exec_driver_sql(sql, tuple(params))]
     return inserted
 
 

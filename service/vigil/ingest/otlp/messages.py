@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from typing import Any
 
 import orjson
@@ -21,12 +24,60 @@ ROLES = {
 
 
 def json_value(value: Any) -> Any:
+    """The JSON value a string holds, or the string itself when it holds none.
+
+    JSON text that strict JSON (orjson) refuses but is JSON all the same is read by Python's parser instead
+    (see :func:`_lenient`), so the messages it holds are not lost.
+    """
     if isinstance(value, str | bytes):
         try:
             return orjson.loads(value)
         except orjson.JSONDecodeError:
-            return value
+            return _lenient(value)
     return value
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_U64 = 2**64
+
+
+def _number(text: str) -> Any:
+    """A number as orjson reads it (an integer beyond 64 bits becomes a double), or its text when no double
+    holds it (``1e400``): stored documents are strict JSON, without infinities."""
+    if "." not in text and "e" not in text and "E" not in text and len(text) <= 20:
+        n = int(text)
+        if -_U64 // 2 <= n < _U64:
+            return n
+    f = float(text)
+    return f if math.isfinite(f) else text
+
+
+def _repaired(value: Any) -> Any:
+    """``value`` with every lone UTF-16 surrogate (a ``\\ud800`` escape without its pair) in its strings
+    and keys replaced by U+FFFD: no strict JSON writer (orjson, Postgres) takes one. The native ingest
+    refuses a document holding one (``invalid_unicode``); here it is one attribute of a span the exporter
+    cannot correct, so it is repaired, as the native ingest repairs an escaped NUL."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_repaired(v) for v in value]
+    if isinstance(value, dict):
+        return {_repaired(k): _repaired(v) for k, v in value.items()}
+    return value
+
+
+def _lenient(value: str | bytes) -> Any:
+    """What Python's JSON parser reads in ``value`` (a lone surrogate escape, a number beyond a double's
+    range), made storable: numbers no double holds stay as their text (as do ``NaN`` and ``Infinity``),
+    lone surrogates become U+FFFD. ``value`` itself when that parser refuses it too."""
+    try:
+        parsed = json.loads(value, parse_float=_number, parse_int=_number, parse_constant=str)
+    except (ValueError, RecursionError):  # not JSON (JSONDecodeError, not UTF-8), or nested too deep
+        return value
+    try:
+        return _repaired(parsed)
+    except RecursionError:
+        return value
 
 
 def as_text(value: Any) -> str:

@@ -11,7 +11,6 @@ Python values (lists and dicts for arrays and key-value lists) and only the ``se
 from __future__ import annotations
 
 import base64
-import gzip
 import re
 import threading
 import zlib
@@ -41,37 +40,63 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
     if enc in ("", "identity"):
         data = body
     elif enc == "gzip":
-        try:
-            data = _bounded(zlib.decompressobj(16 + zlib.MAX_WBITS), body, limit)
-        except (zlib.error, gzip.BadGzipFile) as exc:
-            raise OtlpError(f"body is not valid gzip: {exc}") from exc
+        data = _inflate(body, limit, 16 + zlib.MAX_WBITS, "gzip", members=True)
     elif enc == "deflate":
-        try:
-            data = _bounded(zlib.decompressobj(), body, limit)
-        except zlib.error as exc:
-            raise OtlpError(f"body is not valid deflate: {exc}") from exc
+        data = _inflate(body, limit, zlib.MAX_WBITS, "deflate", members=False)
     else:
         raise OtlpError(f"Content-Encoding {encoding!r} is not supported (gzip, deflate or none)", 415)
     if len(data) > limit:
-        raise OtlpError(f"request body of {len(data)} bytes exceeds {limit} bytes", 413)
+        raise OtlpError(f"request body of {len(data)} bytes exceeds {limit} bytes (VIGIL_OTLP_MAX_BODY_BYTES)", 413)
     return data
 
 
-def _bounded(decomp: Any, body: bytes, limit: int) -> bytes:
-    out = decomp.decompress(body, limit + 1)
-    if len(out) > limit:
-        raise OtlpError(f"decompressed body exceeds {limit} bytes", 413)
-    return bytes(out)
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _inflate(body: bytes, limit: int, wbits: int, name: str, members: bool) -> bytes:
+    """A compressed body inflated whole, never to more than ``limit`` bytes (a bomb stops there: 413).
+
+    gzip may hold several members one after the other (RFC 1952, as ``cat a.gz b.gz`` makes): each is
+    read, under one bound for all. A stream cut short (no end of stream, or its CRC and length missing)
+    or followed by anything but another member (or gzip's zero padding) is refused: reading only what
+    inflates would store part of the request and acknowledge all of it."""
+    parts: list[bytes] = []
+    size = 0
+    rest = body
+    while True:
+        decomp = zlib.decompressobj(wbits)
+        try:
+            out = decomp.decompress(rest, limit - size + 1)
+        except zlib.error as exc:
+            raise OtlpError(f"body is not valid {name}: {exc}") from exc
+        size += len(out)
+        if size > limit:
+            raise OtlpError(f"decompressed body exceeds {limit} bytes (VIGIL_OTLP_MAX_BODY_BYTES)", 413)
+        parts.append(out)
+        if not decomp.eof:
+            raise OtlpError(
+                f"truncated {name} stream: the body ends before the end of the compressed data "
+                f"(after {size} decompressed bytes)"
+            )
+        rest = decomp.unused_data
+        if not rest or (members and not rest.strip(b"\0")):
+            break
+        if not (members and rest.startswith(GZIP_MAGIC)):
+            raise OtlpError(f"{name} stream is followed by {len(rest)} bytes that are not {name}")
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 # --- protobuf ---------------------------------------------------------------
 
 
-def parse_protobuf(data: bytes) -> list[dict[str, Any]]:
+def parse_protobuf(data: bytes, max_spans: int | None = None) -> list[dict[str, Any]]:
+    """Spans of an ``ExportTraceServiceRequest``; one of more than ``max_spans`` spans is refused (413)
+    before its spans are parsed (see :func:`count_items`)."""
     from google.protobuf.message import DecodeError
 
     req = _raw_request_class()()
     try:
+        _check_count(data, max_spans, "spans")
         req.ParseFromString(data)
     except DecodeError as exc:
         raise OtlpError(f"body is not an OTLP ExportTraceServiceRequest: {exc}") from exc
@@ -79,6 +104,61 @@ def parse_protobuf(data: bytes) -> list[dict[str, Any]]:
         return spans_of_request(req)
     except UnicodeDecodeError as exc:
         raise OtlpError(f"body is not an OTLP ExportTraceServiceRequest: a string value is not UTF-8 ({exc})") from exc
+
+
+MAX_ITEMS_SETTING = "VIGIL_OTLP_MAX_SPANS_PER_REQUEST"
+
+
+def too_many(count: int, limit: int, what: str) -> OtlpError:
+    """413: not retried by OTLP/HTTP exporters (they retry 429, 502, 503 and 504 only), and the reason
+    (``oversized``) its dead letter is kept under."""
+    also = "" if what == "spans" else ", which bounds log records too"
+    return OtlpError(
+        f"request holds {count} {what}, more than the {limit} one request may ({MAX_ITEMS_SETTING}{also}): "
+        "send smaller batches",
+        413,
+    )
+
+
+def _check_count(data: bytes, limit: int | None, what: str) -> None:
+    # every span or log record takes at least 2 bytes (its tag and length): a smaller body is within the limit
+    if limit is not None and len(data) > 2 * limit:
+        count = count_items(data)
+        if count > limit:
+            raise too_many(count, limit, what)
+
+
+_count_class: Any = None
+
+
+def count_items(data: bytes) -> int:
+    """How many spans (or log records) a protobuf ``ExportTraceServiceRequest`` (or ``ExportLogsServiceRequest``)
+    holds, reading the request only as far as that: they are kept as bytes, about 30 each in memory where a
+    parsed empty span takes 170 and its decoded dict far more (a 16 MB body can hold 8 million). Raises
+    ``DecodeError`` on a body that is not protobuf."""
+    global _count_class
+    if _count_class is None:
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+        field = descriptor_pb2.FieldDescriptorProto
+        proto = descriptor_pb2.FileDescriptorProto(name="vigil_otlp_count.proto", package="vigil.otlp_count")
+        proto.syntax = "proto3"
+        # resource_spans / resource_logs = 1, scope_spans / scope_logs = 2, spans / log_records = 2
+        for name, number, kind, of in (
+            ("Request", 1, field.TYPE_MESSAGE, "Resource"),
+            ("Resource", 2, field.TYPE_MESSAGE, "Scope"),
+            ("Scope", 2, field.TYPE_BYTES, ""),
+        ):
+            f = proto.message_type.add(name=name).field.add(name="items", number=number, type=kind)
+            f.label = field.LABEL_REPEATED
+            if of:
+                f.type_name = f".vigil.otlp_count.{of}"
+        pool = descriptor_pool.DescriptorPool()
+        pool.Add(proto)
+        _count_class = message_factory.GetMessageClass(pool.FindMessageTypeByName("vigil.otlp_count.Request"))
+    req = _count_class()
+    req.ParseFromString(data)
+    return sum(len(scope.items) for resource in req.items for scope in resource.items)
 
 
 _RAW_PACKAGES = {
@@ -186,12 +266,13 @@ def _events(events: Any) -> list[dict[str, Any]]:
     ]
 
 
-def parse_logs_protobuf(data: bytes) -> list[dict[str, Any]]:
+def parse_logs_protobuf(data: bytes, max_records: int | None = None) -> list[dict[str, Any]]:
     from google.protobuf.message import DecodeError
     from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
     req = ExportLogsServiceRequest()
     try:
+        _check_count(data, max_records, "log records")
         req.ParseFromString(data)
     except DecodeError as exc:
         raise OtlpError(f"body is not an OTLP ExportLogsServiceRequest: {exc}") from exc
@@ -375,7 +456,7 @@ def _get(d: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
     return d.get(snake, default)
 
 
-def parse_json(data: bytes) -> list[dict[str, Any]]:
+def parse_json(data: bytes, max_spans: int | None = None) -> list[dict[str, Any]]:
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -384,16 +465,25 @@ def parse_json(data: bytes) -> list[dict[str, Any]]:
         raise OtlpError("body must be an OTLP ExportTraceServiceRequest object with resourceSpans")
     spans: list[dict[str, Any]] = []
     try:
-        for rs in _get(doc, "resourceSpans", "resource_spans", []) or []:
+        resource_spans = _get(doc, "resourceSpans", "resource_spans", []) or []
+        if max_spans is not None:  # before any span becomes a dict (and a problem, if it is invalid)
+            count = sum(
+                len(ss.get("spans") or [])
+                for rs in resource_spans
+                for ss in _get(rs, "scopeSpans", "scope_spans", []) or []
+            )
+            if count > max_spans:
+                raise too_many(count, max_spans, "spans")
+        for rs in resource_spans:
             resource = _resource(_json_attrs((rs.get("resource") or {}).get("attributes")))
             for ss in _get(rs, "scopeSpans", "scope_spans", []) or []:
                 for sp in ss.get("spans") or []:
                     status = sp.get("status") or {}
                     spans.append(
                         {
-                            "trace_id": _json_id(_get(sp, "traceId", "trace_id", "")),
-                            "span_id": _json_id(_get(sp, "spanId", "span_id", "")),
-                            "parent_span_id": _json_id(_get(sp, "parentSpanId", "parent_span_id", "")) or None,
+                            "trace_id": _json_id(_get(sp, "traceId", "trace_id", ""), 16),
+                            "span_id": _json_id(_get(sp, "spanId", "span_id", ""), 8),
+                            "parent_span_id": _json_id(_get(sp, "parentSpanId", "parent_span_id", ""), 8) or None,
                             "name": str(sp.get("name") or ""),
                             "kind": _enum(sp.get("kind", 0)),
                             "start_ns": _time(_get(sp, "startTimeUnixNano", "start_time_unix_nano", 0)),
@@ -419,7 +509,7 @@ def parse_json(data: bytes) -> list[dict[str, Any]]:
     return spans
 
 
-def parse_logs_json(data: bytes) -> list[dict[str, Any]]:
+def parse_logs_json(data: bytes, max_records: int | None = None) -> list[dict[str, Any]]:
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -428,7 +518,16 @@ def parse_logs_json(data: bytes) -> list[dict[str, Any]]:
         raise OtlpError("body must be an OTLP ExportLogsServiceRequest object with resourceLogs")
     out: list[dict[str, Any]] = []
     try:
-        for rl in _get(doc, "resourceLogs", "resource_logs", []) or []:
+        resource_logs = _get(doc, "resourceLogs", "resource_logs", []) or []
+        if max_records is not None:  # before any record becomes a dict
+            count = sum(
+                len(_get(sl, "logRecords", "log_records", []) or [])
+                for rl in resource_logs
+                for sl in _get(rl, "scopeLogs", "scope_logs", []) or []
+            )
+            if count > max_records:
+                raise too_many(count, max_records, "log records")
+        for rl in resource_logs:
             resource = _resource(_json_attrs((rl.get("resource") or {}).get("attributes")))
             for sl in _get(rl, "scopeLogs", "scope_logs", []) or []:
                 for lr in _get(sl, "logRecords", "log_records", []) or []:
@@ -438,8 +537,8 @@ def parse_logs_json(data: bytes) -> list[dict[str, Any]]:
                     )
                     out.append(
                         {
-                            "trace_id": _json_id(_get(lr, "traceId", "trace_id", "")),
-                            "span_id": _json_id(_get(lr, "spanId", "span_id", "")) or None,
+                            "trace_id": _json_id(_get(lr, "traceId", "trace_id", ""), 16),
+                            "span_id": _json_id(_get(lr, "spanId", "span_id", ""), 8) or None,
                             "name": str(_get(lr, "eventName", "event_name", "") or attrs.get("event.name") or ""),
                             "time_ns": _time(time_ns),
                             "attributes": attrs,
@@ -452,13 +551,15 @@ def parse_logs_json(data: bytes) -> list[dict[str, Any]]:
     return out
 
 
-def parse_logs(body: bytes, content_type: str | None) -> tuple[list[dict[str, Any]], str]:
+def parse_logs(
+    body: bytes, content_type: str | None, max_records: int | None = None
+) -> tuple[list[dict[str, Any]], str]:
     """Log records of a request and the media type to answer in; raises :class:`OtlpError`."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
     if media == PROTOBUF:
-        return parse_logs_protobuf(body), PROTOBUF
+        return parse_logs_protobuf(body, max_records), PROTOBUF
     if media in (JSON, ""):
-        return parse_logs_json(body), JSON
+        return parse_logs_json(body, max_records), JSON
     raise OtlpError(f"Content-Type {content_type!r} is not supported: send {PROTOBUF} or {JSON}", 415)
 
 
@@ -492,14 +593,17 @@ def _time(v: Any) -> int:
     return _in_range(v or 0, 0, 2**64 - 1, "a time in nanoseconds")
 
 
-def _json_id(v: Any) -> str:
+def _json_id(v: Any, size: int) -> str:
+    """An id (``size`` bytes) as lowercase hex. Some producers send the proto3-JSON form (base64) rather than
+    OTLP's hex: one that decodes to ``size`` bytes is read so. Anything else is kept as sent (its span is
+    rejected for invalid ids, naming the id the producer sent, not some decoding of it)."""
     s = str(v or "").strip()
     if s and not re.fullmatch(r"[0-9a-fA-F]+", s):
-        # Some producers send the proto3-JSON form (base64) rather than OTLP's hex.
         try:
-            return base64.b64decode(s, validate=True).hex()
+            raw = base64.b64decode(s, validate=True)
         except ValueError:
             return s
+        return raw.hex() if len(raw) == size else s
     return s.lower()
 
 
@@ -510,7 +614,21 @@ MAX_VALUE_DEPTH = 32
 
 
 def _json_attrs(items: Any, depth: int = 0) -> dict[str, Any]:
-    return {kv["key"]: _json_value(kv.get("value") or {}, depth) for kv in items or []}
+    out: dict[str, Any] = {}
+    for kv in items or []:
+        if not isinstance(kv, dict):
+            raise ValueError(f"an attribute must be an object with a key and a value, not {_shown(kv)}")
+        key = kv.get("key")
+        if not isinstance(key, str):  # a number would reach the store's JSON writer, which takes string keys only
+            told = "has no key" if key is None else f"has key {_shown(key)}, not a string"
+            raise ValueError(f"an attribute {told}")
+        out[key] = _json_value(kv.get("value") or {}, depth)
+    return out
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else f"{text[:60]}..."
 
 
 def _json_value(v: dict[str, Any], depth: int = 0) -> Any:
@@ -553,15 +671,16 @@ def valid_ids(span: dict[str, Any]) -> bool:
         HEX_TRACE.match(span["trace_id"])
         and HEX_SPAN.match(span["span_id"])
         and span["trace_id"] != "0" * 32
+        and span["span_id"] != "0" * 16  # all zeros is no span id (OTLP), as all zeros is no trace id
         and (parent is None or HEX_SPAN.match(parent))
     )
 
 
-def parse(body: bytes, content_type: str | None) -> tuple[list[dict[str, Any]], str]:
+def parse(body: bytes, content_type: str | None, max_spans: int | None = None) -> tuple[list[dict[str, Any]], str]:
     """Spans of a request and the media type to answer in; raises :class:`OtlpError`."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
     if media == PROTOBUF:
-        return parse_protobuf(body), PROTOBUF
+        return parse_protobuf(body, max_spans), PROTOBUF
     if media in (JSON, ""):
-        return parse_json(body), JSON
+        return parse_json(body, max_spans), JSON
     raise OtlpError(f"Content-Type {content_type!r} is not supported: send {PROTOBUF} or {JSON}", 415)
