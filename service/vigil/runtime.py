@@ -218,9 +218,11 @@ class Launcher:
 
     def fail(self, exc: Exception | str, code: int = 2) -> NoReturn:
         import typer
+        from rich.markup import escape
 
-        # soft_wrap: an error is one line however narrow the terminal (logs and tests read it whole)
-        self.console.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+        # soft_wrap: an error is one line however narrow the terminal (logs and tests read it whole);
+        # escape: the message quotes input ("[/x]", a regex's "[a-z]"), which is text, not markup
+        self.console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
         raise typer.Exit(code)
 
 

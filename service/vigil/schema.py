@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vigil.errors import ConfigError
 
@@ -24,6 +24,47 @@ Severity = Literal["info", "low", "medium", "high", "critical"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 
 _ID = Field(min_length=1, max_length=256)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def addressable_id(value: str) -> str:
+    """A conversation id that can be named in a URL path, a log line and a terminal: not blank, and no
+    control characters (a newline in an id made every per-conversation route answer 404)."""
+    if not value.strip():
+        raise ValueError("must not be empty or only whitespace")
+    bad = _CONTROL.search(value)
+    if bad is not None:
+        raise ValueError(
+            f"must not contain control characters (found {bad.group()!r} at position {bad.start()}): "
+            "ids are part of URLs and log lines"
+        )
+    return value
+
+
+ConversationId = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(addressable_id)]
+"""A conversation id (also in outcomes): 1-256 characters, not blank, no control characters."""
+
+
+def in_utc(value: datetime) -> datetime:
+    """``value`` in UTC (naive meaning UTC). One whose offset moves it past year 1 or 9999
+    (``0001-01-01T00:00:00+14:00``) is refused: converting it later raised OverflowError."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("in UTC this time falls outside the years 1 to 9999") from None
+
+
+def _utc_representable(value: datetime) -> datetime:
+    if 1 < value.year < 9999:  # an offset moves a time by less than a day: only years 1 and 9999 can overflow
+        return value
+    in_utc(value)
+    return value  # kept as sent: the document keeps its offset
+
+
+UtcTime = Annotated[datetime, AfterValidator(_utc_representable)]
+"""A time in a conversation: ISO 8601 whose UTC equivalent lies within the years 1 to 9999."""
 # Every model writes NaN/Infinity as such (not as null), so the decoder refuses them by name.
 MAX_INT = 2**63 - 1  # what a database BIGINT holds
 
@@ -125,7 +166,7 @@ class Message(BaseModel):
     tool_call_id: str | None = Field(default=None, description="On tool results: the call answered.")
     name: str | None = None
     is_error: bool = Field(default=False, description="On tool results: the tool call failed.")
-    timestamp: datetime | None = None
+    timestamp: UtcTime | None = None
 
     @property
     def text(self) -> str:
@@ -202,7 +243,7 @@ class InlineOutcome(BaseModel):
 
     type: str = Field(min_length=1, max_length=64)
     value: float = 1.0
-    occurred_at: datetime | None = None
+    occurred_at: UtcTime | None = None
     idempotency_key: str | None = None
 
 
@@ -210,13 +251,17 @@ class Conversation(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    conversation_id: str = _ID
+    conversation_id: ConversationId
     revision: int | None = Field(
-        default=None, ge=0, le=MAX_INT, description="Increases as the conversation grows; newest supersedes."
+        default=None,
+        strict=True,
+        ge=0,
+        le=MAX_INT,
+        description="Increases as the conversation grows; newest supersedes.",
     )
-    updated_at: datetime | None = Field(default=None, description="Used as the revision when `revision` is absent.")
-    started_at: datetime | None = None
-    ended_at: datetime | None = None
+    updated_at: UtcTime | None = Field(default=None, description="Used as the revision when `revision` is absent.")
+    started_at: UtcTime | None = None
+    ended_at: UtcTime | None = None
     status: Literal["in_progress", "finished"] | None = None
     agent_id: str = _ID
     agent_version: str = Field(min_length=1, max_length=128)

@@ -23,9 +23,10 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         sys.stdout.write("\n".join(lines) + "\n")
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(*columns)
     for r in rows:
-        table.add_row(*(str(v) for v in r))
+        table.add_row(*(escape(str(v)) for v in r))  # ids and names are data, not markup
     Console().print(table)

@@ -7,6 +7,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from vigil import __version__
 from vigil.app.console import console, fail, load_settings
@@ -185,7 +186,7 @@ def main() -> None:
     try:
         app()
     except VigilError as exc:
-        console.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
         sys.exit(2)
 
 

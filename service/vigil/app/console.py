@@ -7,6 +7,7 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from vigil.settings import Settings
 
@@ -20,6 +21,7 @@ def load_settings() -> Settings:
 
 
 def fail(exc: Exception | str, code: int = 2) -> NoReturn:
-    # soft_wrap: an error is one line however narrow the terminal (logs and tests read it whole)
-    console.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+    # soft_wrap: an error is one line however narrow the terminal (logs and tests read it whole);
+    # escape: the message quotes input ("[/x]", a regex's "[a-z]"), which is text, not markup
+    console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
     raise typer.Exit(code)

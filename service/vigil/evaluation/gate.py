@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from vigil.compare import (
@@ -276,8 +277,8 @@ def _fmt(e: dict[str, Any], unit: str, signed: bool = False) -> str:
 
 def print_gate(result: dict[str, Any], out: Console) -> None:
     b, c, t = result["baseline"], result["candidate"], result["tasks"]
-    out.print(f"baseline  {b['path']} ({b['format']}): {b['rollouts']} rollouts of {b['tasks']} tasks")
-    out.print(f"candidate {c['path']} ({c['format']}): {c['rollouts']} rollouts of {c['tasks']} tasks")
+    out.print(f"baseline  {escape(str(b['path']))} ({b['format']}): {b['rollouts']} rollouts of {b['tasks']} tasks")
+    out.print(f"candidate {escape(str(c['path']))} ({c['format']}): {c['rollouts']} rollouts of {c['tasks']} tasks")
     out.print(
         f"tasks: {t['shared']} shared, {t['baseline_only']} baseline only, {t['candidate_only']} candidate only"
         + ("" if t["shared"] >= 2 else " — unpaired comparison")
@@ -303,6 +304,6 @@ def print_gate(result: dict[str, Any], out: Console) -> None:
     if not result["comparable"]:
         out.print("[yellow]the two runs were not produced the same way (see DIFFERS above)[/yellow]")
     if result["regression"]:
-        out.print(f"[red]REGRESSION: {', '.join(result['regressions'])}[/red]")
+        out.print(f"[red]REGRESSION: {escape(', '.join(result['regressions']))}[/red]")
     else:
         out.print("[green]no significant regression[/green]")

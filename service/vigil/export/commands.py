@@ -9,6 +9,7 @@ from typing import Annotated
 
 import orjson
 import typer
+from rich.markup import escape
 from sqlalchemy.exc import IntegrityError
 
 from vigil.runtime import Launcher
@@ -65,7 +66,7 @@ def export(
 
         Launcher.of(ctx).fail(CONCURRENT)
     for cid, why in result.skipped.items():
-        Launcher.of(ctx).console.print(f"[yellow]skipped {cid}: {why}[/yellow]")
+        Launcher.of(ctx).console.print(f"[yellow]skipped {escape(cid)}: {escape(why)}[/yellow]")
     Launcher.of(ctx).console.print(
         f"{result.tasks} tasks ({result.grouped} near-duplicates grouped) in {format} format; "
         f"watermark {result.watermark} (next: --since {result.watermark})"

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import orjson
 import typer
+from rich.markup import escape
 from rich.progress import Progress
 
 from vigil.errors import VigilError
@@ -67,24 +68,33 @@ def replay(
         bool, typer.Option("--dry-run", help="Read and check the files, say the format of each; store nothing.")
     ] = False,
 ) -> None:
-    """Import recorded conversations in any format Vigil reads into the pipeline (or onto the Kafka topic)."""
+    """Import recorded conversations in any format Vigil reads into the pipeline (or onto the Kafka topic).
+
+    What can be read is imported; a file, or a JSON line, that cannot be is named (and, when storing, kept as
+    a dead letter), and the command then exits 2 with a summary of what was stored and what was refused."""
     launch = Launcher.of(ctx)
     console = launch.console
-    from vigil.ingest.importers import FORMATS, ImportError_, read_file
+    from vigil.ingest.importers import FORMATS, MALFORMED, Refused, malformed, read_file_partial
 
     if format not in ("auto", *FORMATS):
         launch.fail(VigilError(f"--format must be auto, {', '.join(FORMATS)}; not {format!r}"))
     convs: list[Any] = []
-    try:
-        for f in files:
-            imported = read_file(f, format, agent_id, agent_version)
-            how = "detected" if format == "auto" else "as given"
+    refused: list[Refused] = []
+    how = "detected" if format == "auto" else "as given"
+    for f in files:
+        try:
+            imported, bad = read_file_partial(f, format, agent_id, agent_version)
+        except MALFORMED as exc:  # the importers refuse these themselves; a file is never the cause of a traceback
+            imported, bad = None, [Refused(f, None, "schema_invalid", str(malformed(f, format, exc)), b"")]
+        if imported is not None:
             count = len(imported.conversations)
-            console.print(f"{f}: {imported.format} ({how}: {imported.title}), {count} conversations")
+            console.print(f"{escape(str(f))}: {imported.format} ({how}: {imported.title}), {count} conversations")
             convs.extend(imported.conversations)
-    except ImportError_ as exc:
-        launch.fail(exc)
+        for r in bad:
+            console.print(f"refused: {r}", markup=False, highlight=False, soft_wrap=True)
+        refused.extend(bad)
     if dry_run:
+        _refusals(launch, refused, f"read {len(convs)} conversations")
         return
     s = launch.settings()
     stored = dupes = 0
@@ -106,16 +116,41 @@ def replay(
             producer.flush(timeout=120)
             producer.close()
             console.print(f"produced {len(convs)} conversations to {s.kafka_conversations_topic}")
+            _refusals(launch, refused, f"produced {len(convs)}")
             return
 
+        from vigil.ingest.decode import REASONS
+        from vigil.store.writes import DeadLetter
+
         rt = launch.runtime({"replay"}, s)
+        letters = [DeadLetter("replay", r.reason, str(r)[:4000], r.raw) for r in refused if r.reason in REASONS]
+        if letters:
+            rt.pipeline.store([], letters, "replay")
         for i in range(0, len(convs), batch):
             chunk = convs[i : i + batch]
             result = rt.pipeline.process(chunk, "replay")
             stored += len(result.stored)
             dupes += result.duplicates
+            for d in result.dead_letters:  # refused by the decoder or the database: kept as dead letters
+                refused.append(Refused(Path(f"conversation {d.key}"), None, d.reason, d.detail, b""))
             progress.advance(task, len(chunk))
     console.print(f"{len(convs)} conversations: {stored} stored, {dupes} already stored")
+    _refusals(launch, refused, f"stored {stored}")
+
+
+def _refusals(launch: Launcher, refused: list[Any], done: str, shown: int = 20) -> None:
+    """With anything refused: one summary line (what was done, then each refusal), and exit 2."""
+    if not refused:
+        return
+    import typer
+
+    parts = [str(r) for r in refused[:shown]]
+    if len(refused) > shown:
+        parts.append(f"... and {len(refused) - shown} more")
+    launch.console.print(
+        f"{done}, refused {len(refused)}: " + "; ".join(parts), markup=False, highlight=False, soft_wrap=True
+    )
+    raise typer.Exit(2)
 
 
 def simulate(
@@ -200,14 +235,14 @@ def _make_sink(  # type: ignore[no-untyped-def]
                 "/v1/conversations", content=orjson.dumps(convs), headers={"content-type": "application/json"}
             )
             if r.status_code >= 400:
-                console.print(f"[red]POST /v1/conversations: {r.status_code} {r.text[:300]}[/red]")
+                console.print(f"[red]POST /v1/conversations: {r.status_code} {escape(r.text[:300])}[/red]")
                 raise typer.Exit(1)
             if outs:
                 r = client.post(
                     "/v1/outcomes", content=orjson.dumps(outs), headers={"content-type": "application/json"}
                 )
                 if r.status_code >= 400 and r.status_code != 404:
-                    console.print(f"[yellow]POST /v1/outcomes: {r.status_code} {r.text[:200]}[/yellow]")
+                    console.print(f"[yellow]POST /v1/outcomes: {r.status_code} {escape(r.text[:200])}[/yellow]")
 
         return to_http
     s = launch.settings()

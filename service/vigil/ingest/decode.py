@@ -90,15 +90,36 @@ def _lenient_float(text: str) -> float | _NonFinite:
     return value if value - value == 0 else _NonFinite(text)
 
 
+_MAX_JSON_INT = 2**1024  # beyond a double's range: strict JSON readers see infinity
+_MAX_INT_DIGITS = len(str(_MAX_JSON_INT))  # more digits than this are always beyond it
+
+
+def _lenient_int(text: str) -> int | _NonFinite:
+    """An integer, or (more digits than any integer a double holds) the marker of a non-finite number.
+
+    Python refuses to make an int of more than 4,300 digits (``sys.get_int_max_str_digits``), which would
+    fail the whole body; such a number is beyond a double's range anyway, so only its item is refused."""
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        return _NonFinite(text)
+    return int(text)
+
+
 def lenient_loads(raw: bytes | str) -> Any:
     """Python's own JSON parser, which also reads what strict JSON refuses (NaN, lone surrogates).
 
     Used only after the strict parse failed, to tell which item of a batch (and which field) is at fault.
     """
-    return json.loads(raw, parse_constant=_NonFinite, parse_float=_lenient_float)
+    return json.loads(raw, parse_constant=_NonFinite, parse_float=_lenient_float, parse_int=_lenient_int)
 
 
-_MAX_JSON_INT = 2**1024  # beyond a double's range: strict JSON readers see infinity
+def _field(key: Any) -> str:
+    """A key as a field path names it: a lone surrogate escaped (``\\udc00``), so the path can be stored."""
+    text = str(key)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 def _bad_value(obj: Any, path: str = "") -> tuple[str, str] | None:
@@ -117,7 +138,7 @@ def _bad_value(obj: Any, path: str = "") -> tuple[str, str] | None:
         return "non_finite_number", path or "(root)"
     if isinstance(obj, dict):
         for k, v in obj.items():
-            sub = f"{path}.{k}" if path else str(k)
+            sub = f"{path}.{_field(k)}" if path else _field(k)
             found = _bad_value(k, sub) or _bad_value(v, sub)
             if found:
                 return found

@@ -21,7 +21,7 @@ from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.http.body import BodyTooLarge, EncodedBody, limited_body
 from vigil.ingest.decode import DecodeError, Item, decode_batch
-from vigil.ingest.importers import FORMATS
+from vigil.ingest.importers import FORMATS, MALFORMED
 from vigil.ingest.pipeline import Envelope
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
@@ -71,6 +71,8 @@ def hint(item: Item) -> dict[str, str]:
     try:
         found = matches(orjson.loads(item.raw))
     except (orjson.JSONDecodeError, RecursionError):
+        return {}
+    except MALFORMED:  # a hint is a courtesy: never the reason a request fails
         return {}
     other = {name: why for name, why in found.items() if name != "openai"}
     if len(other) != 1:
@@ -129,7 +131,7 @@ def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, a
     import orjson
 
     from vigil.ingest.decode import decode_document, encode_conversation
-    from vigil.ingest.importers import ImportError_, convert_data
+    from vigil.ingest.importers import ImportError_, convert_data, malformed
 
     pipeline = rt.pipeline
     try:
@@ -138,7 +140,11 @@ def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, a
         pipeline.store([], [DeadLetter("http", "malformed_json", str(exc), body)], "http")
         return Answer(400, {"detail": f"body is not JSON: {exc}", "reason": "malformed_json"})
     try:
-        imported = convert_data(data, fmt, Path("body"), agent_id, agent_version)
+        try:
+            imported = convert_data(data, fmt, Path("body"), agent_id, agent_version)
+        except MALFORMED as exc:  # convert_data refuses these itself; a body is never the cause of a 500
+            log.warning("importer %s failed on a request body", fmt, exc_info=True)
+            raise malformed("body", fmt, exc) from None
     except ImportError_ as exc:
         pipeline.store([], [DeadLetter("http", "schema_invalid", str(exc)[:4000], body)], "http")
         return Answer(422, {"detail": str(exc), "reason": "schema_invalid", "format": fmt})

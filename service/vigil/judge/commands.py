@@ -9,6 +9,7 @@ from typing import Annotated
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from vigil.judge.stage import JudgeStage
 from vigil.money import usd
@@ -37,7 +38,11 @@ def judge_worker(
         raise typer.Exit(1)
     worker = stage.worker
     for lane in stage.engine.lanes.values():
-        console.print(f"judge {lane.name} v{lane.judge.version}: {'offline judge' if lane.offline else lane.model}")
+        console.print(
+            f"judge {escape(lane.name)} v{escape(str(lane.judge.version))}: "
+            + escape("offline judge" if lane.offline else str(lane.model)),
+            highlight=False,
+        )
     if once:
         n = asyncio.run(worker.run_until_idle(timeout=3600))
         console.print(f"{n} verdicts stored")
@@ -51,7 +56,8 @@ def judge_worker(
                 pending = waiting.get(lane.name, 0)
                 blocked += pending
                 console.print(
-                    f"[yellow]judge {lane.name} is {lane.state}[/yellow]: {lane.detail or ''}"
+                    f"[yellow]judge {escape(lane.name)} is {escape(str(lane.state))}[/yellow]: "
+                    + escape(lane.detail or "")
                     + (f" ({pending} requests wait)" if pending else ""),
                     soft_wrap=True,
                 )
@@ -115,10 +121,12 @@ def validate(ctx: typer.Context) -> None:
     try:
         judges = load_judges(Launcher.of(ctx).settings())
     except VigilError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from None
     for j in judges.values():
-        console.print(f"ok: {j.name} v{j.version} ({j.spec.model}), prompt {j.prompt_hash[:12]}")
+        console.print(
+            f"ok: {escape(f'{j.name} v{j.version} ({j.spec.model})')}, prompt {j.prompt_hash[:12]}", highlight=False
+        )
 
 
 @judge_app.command("run")
@@ -134,13 +142,13 @@ def run(
     rt = Launcher.of(ctx).runtime({"api"})
     stage = rt.get(JudgeStage)
     if judge not in stage.engine.lanes:
-        console.print(f"[red]error:[/red] no judge {judge!r}; judges: {sorted(stage.engine.lanes)}")
+        console.print(f"[red]error:[/red] {escape(f'no judge {judge!r}; judges: {sorted(stage.engine.lanes)}')}")
         raise typer.Exit(2)
     with rt.sessions.begin() as s:
         try:
             stage.sampler.enqueue_manual(s, stage.engine.judges[judge], conversation_id)
         except LookupError:
-            console.print(f"[red]error:[/red] no conversation {conversation_id!r}")
+            console.print(f"[red]error:[/red] no conversation {escape(repr(conversation_id))}")
             raise typer.Exit(2) from None
     only = {judge: stage.engine.lanes[judge]}
     stage.engine.lanes, others = only, stage.engine.lanes
@@ -157,7 +165,7 @@ def run(
         console.print("[yellow]no verdict yet (retrying later, or the judge is paused or stopped)[/yellow]")
         raise typer.Exit(1)
     v = mine[-1]
-    console.print(f"{judge} v{v['judge_version']} ({v['judge_label']}): {v['verdict']}", highlight=False)
+    console.print(escape(f"{judge} v{v['judge_version']} ({v['judge_label']}): {v['verdict']}"), highlight=False)
     typer.echo(orjson.dumps(v, option=orjson.OPT_INDENT_2).decode())
 
 
@@ -168,11 +176,11 @@ def resume(ctx: typer.Context, judge: Annotated[str, typer.Argument(help="Judge 
 
     rt = Launcher.of(ctx).runtime({"api"})
     if judge not in rt.get(JudgeStage).engine.lanes:
-        console.print(f"[red]error:[/red] no judge {judge!r}")
+        console.print(f"[red]error:[/red] no judge {escape(repr(judge))}")
         raise typer.Exit(2)
     with rt.sessions.begin() as s:
         request_resume(s, judge, rt.get(JudgeStage).engine.clock())
-    console.print(f"resume requested for {judge}")
+    console.print(f"resume requested for {escape(judge)}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

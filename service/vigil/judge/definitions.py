@@ -171,6 +171,16 @@ def parse_context_files(raw: str) -> dict[str, Path]:
     return out
 
 
+def _text(path: Path) -> str:
+    """A judge file's text; one that is not UTF-8 is refused naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise JudgeDefinitionError(
+            f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+        ) from exc
+
+
 def _fmt(exc: ValidationError, where: Path) -> str:
     errs = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors())
     return f"{where}: {errs}"
@@ -185,7 +195,7 @@ def load_judge(folder: Path, context_files: dict[str, Path], default_budget: flo
         if not p.is_file():
             raise JudgeDefinitionError(f"{p}: missing (a judge needs judge.yaml and prompt.md)")
     try:
-        raw = yaml.safe_load(yaml_path.read_text()) or {}
+        raw = yaml.safe_load(_text(yaml_path)) or {}
     except yaml.YAMLError as exc:
         raise JudgeDefinitionError(f"{yaml_path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
@@ -197,7 +207,7 @@ def load_judge(folder: Path, context_files: dict[str, Path], default_budget: flo
         spec = JudgeYaml.model_validate(raw)
     except ValidationError as exc:
         raise JudgeDefinitionError(_fmt(exc, yaml_path)) from exc
-    prompt = prompt_path.read_text()
+    prompt = _text(prompt_path)
     used = set(PLACEHOLDER_RE.findall(prompt))
     if "transcript" not in used:
         raise JudgeDefinitionError(f"{prompt_path}: needs the {{{{transcript}}}} placeholder")
@@ -213,7 +223,7 @@ def load_judge(folder: Path, context_files: dict[str, Path], default_budget: flo
             )
         if not path.is_file():
             raise JudgeDefinitionError(f"{yaml_path}: context {cname!r}: file {path} does not exist")
-        context[cname] = path.read_text()
+        context[cname] = _text(path)
     known = {"transcript", "categories", "judge", "version"} | {f"context.{c}" for c in context}
     unknown = sorted(used - known)
     if unknown:

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from vigil.metrics import Metrics
 from vigil.outcomes.join import link_outcomes
 from vigil.runtime import Envelope
-from vigil.schema import OutcomeType, outcome_types
+from vigil.schema import ConversationId, OutcomeType, in_utc, outcome_types
 from vigil.settings import Settings
 from vigil.store.db import after_commit, upsert
 from vigil.store.models import OutcomeRow
@@ -42,7 +42,7 @@ class OutcomeIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    conversation_id: str = Field(min_length=1, max_length=256)
+    conversation_id: ConversationId
     type: str = Field(min_length=1, max_length=64, description="A built-in or declared outcome type.")
     value: float = Field(default=1.0, description="1 for events; the score for score types (csat).")
     occurred_at: datetime | None = Field(default=None, description="When it happened; defaults to arrival.")
@@ -63,10 +63,9 @@ class OutcomeIn(BaseModel):
     @field_validator("occurred_at")
     @classmethod
     def _aware(cls, v: datetime | None) -> datetime | None:
-        if v is None:
-            return None
-        # stored as UTC: SQLite keeps the wall time and drops the offset
-        return v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
+        # stored as UTC: SQLite keeps the wall time and drops the offset; a time that leaves the years
+        # 1 to 9999 in UTC is this item's error (the OverflowError of converting it was a 500 for the batch)
+        return None if v is None else in_utc(v)
 
     def key(self) -> str:
         if self.idempotency_key:

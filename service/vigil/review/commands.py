@@ -10,6 +10,7 @@ from typing import Annotated
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from vigil.review.stage import ReviewStage
 from vigil.runtime import Launcher
@@ -109,7 +110,7 @@ def enqueue_cmd(
         new = enqueue(s, st.policy, {c: [Reason("manual", actor, weight, note)] for c in known}, known, actor=actor)
     console.print(f"{len(new)} added to the queue, {len(known) - len(new)} already there")
     if unknown:
-        console.print(f"[yellow]not stored, skipped:[/yellow] {', '.join(unknown)}")
+        console.print(f"[yellow]not stored, skipped:[/yellow] {escape(', '.join(unknown))}", highlight=False)
         raise typer.Exit(1)
 
 
@@ -154,7 +155,7 @@ def clusters_cmd(
         return
     for c in data["clusters"]:
         where = " · ".join(x for x in (c["category"], c["rule_id"], c["tool"]) if x)
-        Console().print(f"{c['summary']}  [dim]({where})[/dim]")
+        Console().print(f"{escape(c['summary'])}  [dim]({escape(where)})[/dim]", highlight=False)
     if not data["clusters"]:
         console.print("no confirmed failures yet")
 
@@ -209,7 +210,7 @@ def policy_cmd(
         policy = FlaggingPolicy.load(source)
         policy.check_outcome_types(outcome_types(settings.outcome_types), str(source or "flagging policy"))
     except VigilError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from None
     sys.stdout.write(orjson.dumps(policy.model_dump(), option=orjson.OPT_INDENT_2).decode() + "\n")
 

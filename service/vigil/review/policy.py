@@ -131,7 +131,11 @@ class FlaggingPolicy(_Strict):
         """Read and validate a policy file; a bad file raises ConfigError naming the file and field."""
         p = Path(path) if path else DEFAULT_POLICY
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"flagging policy {p}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+            ) from exc
         except OSError as exc:
             raise ConfigError(f"flagging policy {p}: {exc.strerror or exc}") from exc
         except yaml.YAMLError as exc:

@@ -9,6 +9,7 @@ from typing import Annotated
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from vigil.review.stage import ReviewStage
 from vigil.runtime import Launcher
@@ -29,7 +30,7 @@ def _stage(ctx: typer.Context) -> ReviewStage:
 
 
 def _fail(exc: Exception) -> None:
-    console.print(f"[red]error:[/red] {exc}")
+    console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
     raise typer.Exit(2)
 
 
@@ -51,9 +52,9 @@ def bulk_cmd(
             out = bulk(s, action, conversation_ids, actor, to)
     except ReviewError as exc:
         _fail(exc)
-    console.print(f"{action}: {len(out['done'])} done, {len(out['skipped'])} left as they were")
+    console.print(f"{escape(action)}: {len(out['done'])} done, {len(out['skipped'])} left as they were")
     for left in out["skipped"]:
-        console.print(f"  {left['conversation_id']}: {left['why']}")
+        console.print(f"  {escape(left['conversation_id'])}: {escape(left['why'])}", highlight=False)
 
 
 @triage_app.command("near-duplicates")
@@ -101,9 +102,9 @@ def label_cluster_cmd(
             out = label_cluster(s, members[0], members, actor, data, st.policy, st.metrics)
     except ReviewError as exc:
         _fail(exc)
-    console.print(f"labelled {len(out['labelled'])} ({len(out['labelled']) - 1} from {out['sample']})")
+    console.print(f"labelled {len(out['labelled'])} ({len(out['labelled']) - 1} from {escape(str(out['sample']))})")
     for left in out["skipped"]:
-        console.print(f"  left {left['conversation_id']}: {left['why']}")
+        console.print(f"  left {escape(left['conversation_id'])}: {escape(left['why'])}", highlight=False)
 
 
 @triage_app.command("comment")

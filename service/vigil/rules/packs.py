@@ -102,7 +102,10 @@ def _fmt_pack(data: Any, exc: ValidationError) -> str:
 def load_pack(path: Path) -> tuple[PackSpec, list[CompiledRule]]:
     """Validate one pack file; every error names the file, the rule id and the field."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        where = f"byte {exc.object[exc.start]:#04x} at offset {exc.start}"
+        raise ConfigError(f"{path}: cannot read rule pack: not UTF-8 text ({where})") from None
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot read rule pack: {exc}") from None
     try:

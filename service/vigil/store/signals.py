@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from sqlalchemy import and_, exists, not_, or_
@@ -114,4 +114,19 @@ def attributed(outcome: OutcomeRow, conv: StoredConversation, window_hours: floa
     end = aware(latest)
     start = aware(conv.started_at) if conv.started_at else end
     when = aware(outcome.occurred_at)
-    return start - CLOCK_SKEW <= when <= end + timedelta(hours=window_hours)
+    skew = CLOCK_SKEW / timedelta(hours=1)
+    return _shifted(start, -skew) <= when <= _shifted(end, window_hours)
+
+
+_EARLIEST = datetime.min.replace(tzinfo=UTC)
+_LATEST = datetime.max.replace(tzinfo=UTC)
+
+
+def _shifted(t: datetime, hours: float) -> datetime:
+    """``t`` moved by ``hours``, held at the first or last representable instant rather than raising
+    OverflowError: a conversation ending in the last days of year 9999 (or starting on 0001-01-01) is
+    valid, and its window simply reaches the end (or the start) of time."""
+    try:
+        return t + timedelta(hours=hours)
+    except OverflowError:
+        return _LATEST if hours > 0 else _EARLIEST

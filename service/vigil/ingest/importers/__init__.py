@@ -18,7 +18,20 @@ import orjson
 from vigil.ingest.importers.common import ImportError_, ItemError
 from vigil.schema import Conversation
 
-__all__ = ["FORMATS", "Format", "ImportError_", "Imported", "convert_data", "detect", "load_file", "read_file"]
+__all__ = [
+    "FORMATS",
+    "MALFORMED",
+    "Format",
+    "ImportError_",
+    "Imported",
+    "Refused",
+    "convert_data",
+    "detect",
+    "load_file",
+    "malformed",
+    "read_file",
+    "read_file_partial",
+]
 
 Format = Literal["auto", "openai", "openai-responses", "anthropic", "openai-agents", "langsmith", "tau2", "tau-bench"]
 
@@ -58,35 +71,57 @@ class Imported:
     conversations: list[Conversation]
 
 
+# What a converter may raise on a field of an unexpected type it did not check for itself. Every one of
+# them becomes a refusal naming the format (and how far the reading got), never a crash.
+MALFORMED: tuple[type[BaseException], ...] = (
+    ValueError,
+    TypeError,
+    AttributeError,
+    KeyError,
+    IndexError,
+    RecursionError,
+)
+
+
 def _records(data: Any) -> list[Any]:
     return data if isinstance(data, list) else [data]
 
 
 def matches(data: Any) -> dict[str, str]:
-    """Every format whose detector matches ``data``, with what it saw."""
+    """Every format whose detector matches ``data``, with what it saw.
+
+    Detectors look at data of every shape, most of it another format's: one that fails on a value of a type
+    it did not expect (:data:`MALFORMED`) has not matched, and never fails the detection."""
     from vigil.ingest.importers import anthropic, langsmith, openai, openai_agents, responses
 
     found: dict[str, str] = {}
     records = _records(data)
+
+    def safely(check: Callable[[], Any]) -> Any:
+        try:
+            return check()
+        except MALFORMED:
+            return None
+
     if isinstance(data, dict) and isinstance(data.get("simulations"), list):
         found["tau2"] = "an object with simulations"
     if isinstance(data, list) and data and all(isinstance(x, dict) and "traj" in x for x in data):
         found["tau-bench"] = "runs with traj"
-    if openai.sniff(records):
+    if safely(lambda: openai.sniff(records)):
         objects = [r for r in records if isinstance(r, dict)]
-        anthropic_only = anthropic.markers(objects)
-        openai_only = openai.markers(objects)
+        anthropic_only = safely(lambda: anthropic.markers(objects)) or []
+        openai_only = safely(lambda: openai.markers(objects)) or []
         if anthropic_only:
             found["anthropic"] = ", ".join(anthropic_only)
         if openai_only or not anthropic_only:
             found["openai"] = ", ".join(openai_only) or "messages records (plain turns read the same in every format)"
-    if responses.sniff_items(data):
+    if safely(lambda: responses.sniff_items(data)):
         found["openai-responses"] = "a list of Responses items"
-    elif responses.sniff_records(records):
+    elif safely(lambda: responses.sniff_records(records)):
         found["openai-responses"] = "records with input/output items"
-    if openai_agents.sniff(data):
+    if safely(lambda: openai_agents.sniff(data)):
         found["openai-agents"] = "trace and trace.span objects"
-    if langsmith.sniff(data):
+    if safely(lambda: langsmith.sniff(data)):
         found["langsmith"] = "runs with run_type, inputs and outputs"
     return found
 
@@ -123,6 +158,18 @@ def read_json_or_jsonl(path: Path) -> Any:
         return items
 
 
+def malformed(source: Path | str, kind: str, exc: BaseException, read: int | None = None) -> ImportError_:
+    """The refusal of input on which an importer failed unexpectedly: the format, how far it got, the error."""
+    at = f" (after {read} conversation(s) read)" if read else ""
+    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if isinstance(exc, KeyError):
+        what = f"missing field {exc}"
+    return ImportError_(
+        f"{source}: not readable as {kind}{at}: a field is missing or of the wrong type ({what[:300]}); "
+        "see docs/formats.md"
+    )
+
+
 def convert_data(
     data: Any,
     fmt: str = "auto",
@@ -130,8 +177,13 @@ def convert_data(
     agent_id: str | None = None,
     agent_version: str | None = None,
 ) -> Imported:
-    """Parsed JSON in ``fmt`` (or the format detected) as conversations; raises ImportError_ naming ``source``."""
+    """Parsed JSON in ``fmt`` (or the format detected) as conversations; raises ImportError_ naming ``source``.
+
+    Whatever the input, the answer is conversations or an ImportError_: an error a converter raises on a
+    field of an unexpected type (:data:`MALFORMED`) is refused naming the format, never passed on."""
     specs = _specs()
+    kind = fmt
+    convs: list[Conversation] = []
     try:
         kind = detect(data) if fmt == "auto" else fmt
         if kind not in specs:
@@ -140,9 +192,12 @@ def convert_data(
             raise ItemError("not a τ²-bench results file (expected an object with 'simulations')")
         if kind == "tau-bench" and not (isinstance(data, list) and all(isinstance(x, dict) for x in data)):
             raise ItemError("not a τ-bench trajectory file (expected a list of runs with 'traj')")
-        convs = list(specs[kind].convert(data, source, agent_id, agent_version))
+        convs.extend(specs[kind].convert(data, source, agent_id, agent_version))
     except ItemError as exc:
         raise ImportError_(f"{source}: {exc}") from None
+    except MALFORMED as exc:
+        what = kind if kind != "auto" else "any format (detecting it failed)"
+        raise malformed(source, what, exc, len(convs)) from None
     if not convs:
         raise ImportError_(f"{source}: no conversations in this {specs[kind].title} file")
     return Imported(kind, specs[kind].title, convs)
@@ -155,6 +210,95 @@ def read_file(path: Path, fmt: str = "auto", agent_id: str | None = None, agent_
     except OSError as exc:
         raise ImportError_(f"{path}: {exc}") from None
     return convert_data(data, fmt, path, agent_id, agent_version)
+
+
+@dataclass(slots=True)
+class Refused:
+    """A part of a file an import could not read: the whole file (``line`` None) or one of its JSON lines."""
+
+    path: Path
+    line: int | None
+    reason: str  # malformed_json or schema_invalid (a decoder reason), or unreadable (the file itself)
+    detail: str
+    raw: bytes
+
+    def __str__(self) -> str:
+        where = f"line {self.line} of {self.path}" if self.line is not None else str(self.path)
+        return f"{where}: {self.detail}"
+
+
+# Formats in which each JSON line is a record of its own; a file of such lines is read line by line when one
+# of them cannot be. (In the others a conversation spans lines: the spans of a trace, the runs of a tree.)
+PER_RECORD = frozenset({"openai", "anthropic", "openai-responses", "tau-bench"})
+
+
+def _detail(exc: ImportError_, path: Path, single: bool = False) -> str:
+    """The refusal's text without the file it names (the caller says where), and, for one record read on
+    its own, without its index among the records read (always 0)."""
+    text = str(exc).removeprefix(f"{path}: ")
+    if single:
+        text = text.removeprefix("item 0: ")
+        text = text[len("item 0.") :] if text.startswith("item 0.") else text
+    return text
+
+
+def read_file_partial(
+    path: Path, fmt: str = "auto", agent_id: str | None = None, agent_version: str | None = None
+) -> tuple[Imported | None, list[Refused]]:
+    """What ``path`` holds that can be read, and what cannot (never raises on the file's content).
+
+    A JSON document is read whole: its conversations, or one refusal. A file of JSON lines keeps what its
+    good lines hold: a line that is not JSON is refused by its number; when the lines together cannot be
+    read and each is a record of its own (:data:`PER_RECORD`), each is read alone and the ones that cannot
+    be are refused by number. A shape no format reads, or several, is refused whole, as :func:`read_file`
+    refuses it."""
+    try:
+        body = path.read_bytes()
+    except OSError as exc:
+        return None, [Refused(path, None, "unreadable", str(exc), b"")]
+    refused: list[Refused] = []
+    numbered: list[tuple[int, bytes]] = []
+    try:
+        data: Any = orjson.loads(body)
+    except orjson.JSONDecodeError as whole:
+        data = []
+        for n, line in enumerate(body.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                data.append(orjson.loads(line))
+            except orjson.JSONDecodeError as exc:
+                refused.append(Refused(path, n, "malformed_json", f"not JSON: {exc}", line))
+                continue
+            numbered.append((n, line))
+        if not numbered:
+            return None, [Refused(path, None, "malformed_json", f"not JSON: {whole}", body)]
+    try:
+        return convert_data(data, fmt, path, agent_id, agent_version), refused
+    except ImportError_ as exc:
+        whole_refusal = Refused(path, None, "schema_invalid", _detail(exc, path), body)
+    kind = fmt
+    if numbered and fmt == "auto":
+        try:
+            kind = detect(data)
+        except ItemError:
+            kind = "auto"
+    from vigil.ingest.importers import responses
+
+    if not numbered or kind not in PER_RECORD or (kind == "openai-responses" and responses.sniff_items(data)):
+        return None, [*refused, whole_refusal]
+    convs: list[Conversation] = []
+    for (n, line), record in zip(numbered, data, strict=True):
+        try:
+            one = convert_data([record] if kind == "tau-bench" else record, kind, path, agent_id, agent_version)
+        except ImportError_ as exc:
+            refused.append(Refused(path, n, "schema_invalid", _detail(exc, path, single=True), line))
+            continue
+        convs.extend(one.conversations)
+    refused.sort(key=lambda r: r.line or 0)
+    if not convs:
+        return None, refused
+    return Imported(kind, _specs()[kind].title, convs), refused
 
 
 def load_file(

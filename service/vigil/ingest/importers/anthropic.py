@@ -17,6 +17,7 @@ from typing import Any
 from vigil.ingest.importers.common import (
     ENVELOPE,
     ItemError,
+    as_list,
     envelope,
     kind_of,
     number,
@@ -61,11 +62,11 @@ def markers(records: list[dict[str, Any]]) -> list[str]:
     for r in records:
         if "system" in r:
             found.add("a top-level system")
-        if any(isinstance(t, dict) and "input_schema" in t for t in r.get("tools") or []):
+        if any(isinstance(t, dict) and "input_schema" in t for t in as_list(r.get("tools"))):
             found.add("tools with input_schema")
         if isinstance(r.get("response"), dict) and r["response"].get("type") == "message":
             found.add("a Message response")
-        for m in r.get("messages") or []:
+        for m in as_list(r.get("messages")):
             content = m.get("content") if isinstance(m, dict) else None
             for block in content if isinstance(content, list) else []:
                 kind = kind_of(block)
@@ -186,7 +187,7 @@ def _system(raw: Any, where: str) -> str | None:
     if raw is None or isinstance(raw, str):
         return raw
     if isinstance(raw, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in raw):
-        return "\n".join(b.get("text") or "" for b in raw)
+        return "\n".join(string(b.get("text"), f"{where}.system.{i}.text") for i, b in enumerate(raw))
     raise ItemError(f"{where}.system: expected a string or a list of text blocks")
 
 
@@ -208,7 +209,10 @@ def convert(data: Any, path: Path, agent_id: str | None, agent_version: str | No
         if response is not None:
             if not isinstance(response, dict) or response.get("role") != "assistant":
                 raise ItemError(f"{where}.response: expected a Message object (role assistant)")
-            reply = _assistant(response.get("content") or [], f"{where}.response")
+            content = response.get("content")
+            if content is not None and not isinstance(content, list):
+                raise ItemError(f"{where}.response.content: expected a list of content blocks")
+            reply = _assistant(content or [], f"{where}.response")
             if response.get("stop_reason") == "max_tokens" and reply:
                 reply[-1]["finish_reason"] = "length"
             messages.extend(reply)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,45 @@ class ItemError(Exception):
     """Raised inside a converter; the caller adds the file and item."""
 
 
+def dumps_any(value: Any, sort_keys: bool = False) -> bytes:
+    """JSON of a parsed value, also when orjson cannot write it (an integer beyond 64 bits, a lone surrogate)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else None, default=str)
+    except TypeError:
+        return json.dumps(value, sort_keys=sort_keys, default=str, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
 def digest(value: Any) -> str:
-    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest()[:16]
+    return hashlib.sha256(dumps_any(value, sort_keys=True)).hexdigest()[:16]
+
+
+def listed(value: Any, where: str, what: str = "items") -> list[Any]:
+    """A list field: a list (absent is empty); anything else is refused, naming where."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ItemError(f"{where}: expected a list of {what}, not {type(value).__name__}")
+    return value
+
+
+def as_list(value: Any) -> list[Any]:
+    """``value`` when it is a list, else an empty one (for detectors, which must never fail on any shape)."""
+    return value if isinstance(value, list) else []
+
+
+def reward(value: Any, where: str) -> float | None:
+    """A recorded reward: a number, or a string holding one (absent is no reward); anything else is refused."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ItemError(f"{where}: expected a number, not {type(value).__name__}")
+    try:
+        out = float(value)
+    except (ValueError, OverflowError):
+        raise ItemError(f"{where}: expected a number, not {str(value)[:40]!r}") from None
+    if out - out != 0:
+        raise ItemError(f"{where}: expected a finite number, not {str(value)[:40]!r}")
+    return out
 
 
 def obj(x: Any) -> dict[str, Any]:
@@ -81,7 +119,7 @@ def text_of(content: Any) -> str | None:
             elif isinstance(p, dict) and isinstance(p.get("text"), str):
                 parts.append(p["text"])
         return "\n".join(parts)
-    return orjson.dumps(content).decode()
+    return dumps_any(content).decode("utf-8", "surrogatepass")
 
 
 def mark_failed(history: list[dict[str, Any]], failed: list[str]) -> None:
@@ -90,7 +128,7 @@ def mark_failed(history: list[dict[str, Any]], failed: list[str]) -> None:
     names = {
         c["id"]: kind_of(c.get("function"), "name")
         for m in history
-        for c in m.get("tool_calls") or []
+        for c in as_list(m.get("tool_calls"))
         if isinstance(c, dict) and isinstance(c.get("id"), str)
     }
     pending = list(failed)

@@ -17,7 +17,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vigil.ingest.importers.common import ItemError, envelope, mark_failed, number, obj, text_of, tool_defs, validated
+from vigil.ingest.importers.common import (
+    ItemError,
+    envelope,
+    listed,
+    mark_failed,
+    number,
+    obj,
+    text_of,
+    tool_defs,
+    validated,
+)
 from vigil.ingest.importers.openai_agents import _merge
 from vigil.schema import Conversation
 
@@ -92,7 +102,7 @@ def message(raw: Any, where: str) -> dict[str, Any]:
     if role is None:
         raise ItemError(f"{where}: a message of type {kind!r} is not one Vigil reads")
     content = fields.get("content")
-    calls = fields.get("tool_calls") or []
+    calls = listed(fields.get("tool_calls") or None, f"{where}.tool_calls", "tool calls")
     out: dict[str, Any] = {"role": role}
     if isinstance(content, list):  # content blocks; tool_use blocks repeat tool_calls
         texts = [b for b in content if isinstance(b, str) or (isinstance(b, dict) and b.get("type") == "text")]
@@ -101,7 +111,11 @@ def message(raw: Any, where: str) -> dict[str, Any]:
         out["content"] = content if isinstance(content, str) or content is None else text_of(content)
     if role == "assistant":
         if not calls:
-            calls = obj(fields.get("additional_kwargs")).get("tool_calls") or []
+            calls = listed(
+                obj(fields.get("additional_kwargs")).get("tool_calls") or None,
+                f"{where}.additional_kwargs.tool_calls",
+                "tool calls",
+            )
         if calls:
             out["tool_calls"] = [_call(c, f"{where}.tool_calls.{i}") for i, c in enumerate(calls)]
         finish = obj(fields.get("response_metadata")).get("finish_reason") or (
@@ -160,7 +174,8 @@ def _llm_turn(run: dict[str, Any], where: str) -> list[dict[str, Any]]:
 
 def _walk(run: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield run
-    children = [c for c in run.get("child_runs") or [] if isinstance(c, dict)]
+    where = f"run {run.get('id')}.child_runs"
+    children = [c for c in listed(run.get("child_runs"), where, "runs") if isinstance(c, dict)]
     for child in sorted(children, key=lambda c: str(c.get("dotted_order") or c.get("start_time") or "")):
         yield from _walk(child)
 
@@ -257,7 +272,7 @@ def _roots(runs: list[Any]) -> list[dict[str, Any]]:
         parent = r.get("parent_run_id")
         if parent is not None and str(parent) in by_id:
             p = by_id[str(parent)]
-            p["child_runs"] = [*(p.get("child_runs") or []), r]
+            p["child_runs"] = [*listed(p.get("child_runs"), f"run {parent}.child_runs", "runs"), r]
         else:
             roots.append(r)
     return roots

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vigil.ingest.importers.common import ENVELOPE, ItemError, digest, envelope, tool_defs, validated
+from vigil.ingest.importers.common import ENVELOPE, ItemError, as_list, digest, envelope, tool_defs, validated
 from vigil.schema import Conversation
 
 NAME = "openai"
@@ -67,14 +67,14 @@ def markers(records: list[dict[str, Any]]) -> list[str]:
     """What only OpenAI chat has."""
     found: set[str] = set()
     for r in records:
-        for m in r.get("messages") or []:
+        for m in as_list(r.get("messages")):
             if not isinstance(m, dict):
                 continue
             if m.get("role") in ("system", "tool", "developer", "function"):
                 found.add(f"a {m['role']} message")
             if m.get("tool_calls"):
                 found.add("tool_calls")
-        if any(isinstance(t, dict) and isinstance(t.get("function"), dict) for t in r.get("tools") or []):
+        if any(isinstance(t, dict) and isinstance(t.get("function"), dict) for t in as_list(r.get("tools"))):
             found.add('tools as {"type": "function", "function": ...}')
         if "choices" in r or (isinstance(r.get("response"), dict) and "choices" in r["response"]):
             found.add("a ChatCompletion response")

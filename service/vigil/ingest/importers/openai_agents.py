@@ -17,9 +17,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from vigil.ingest.importers.common import ItemError, envelope, mark_failed, number, obj, text_of, validated
+from vigil.ingest.importers.common import (
+    ItemError,
+    dumps_any,
+    envelope,
+    listed,
+    mark_failed,
+    number,
+    obj,
+    text_of,
+    validated,
+)
 from vigil.schema import Conversation
 
 NAME = "openai-agents"
@@ -62,7 +70,7 @@ def _key(m: dict[str, Any]) -> bytes:
     ids = [[c.get("id"), c.get("function")] if isinstance(c, dict) else c for c in calls or []]
     content = m.get("content")
     text = text_of(content) if isinstance(content, str | list) or content is None else content
-    return orjson.dumps([m["role"], text or "", ids, m.get("tool_call_id")], default=str, option=orjson.OPT_SORT_KEYS)
+    return dumps_any([m["role"], text or "", ids, m.get("tool_call_id")], sort_keys=True)
 
 
 def _merge(history: list[dict[str, Any]], turn: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -129,9 +137,10 @@ def _trace(trace_id: str, trace: dict[str, Any], spans: list[dict[str, Any]], wh
             name = data.get("name")
             if name and name not in agents:
                 agents.append(str(name))
-            for t in data.get("tools") or []:
+            for t in listed(data.get("tools"), f"{at}.span_data.tools", "tool names"):
                 tools.setdefault(str(t), {"name": str(t)})
-            for h in data.get("handoffs") or []:  # a hand-off is offered to the model as a transfer_to_ tool
+            # a hand-off is offered to the model as a transfer_to_ tool
+            for h in listed(data.get("handoffs"), f"{at}.span_data.handoffs", "agent names"):
                 name = handoff_tool(str(h))
                 tools.setdefault(name, {"name": name, "description": f"Hand off to {h}."})
         elif kind == "handoff":

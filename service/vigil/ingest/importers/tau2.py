@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from vigil.ingest.decode import describe_validation_error
-from vigil.ingest.importers.common import ImportError_, obj
+from vigil.ingest.importers.common import ImportError_, ItemError, listed, obj, reward
 from vigil.schema import Conversation, ToolDef
 
 
@@ -80,14 +80,14 @@ def convert(
     domain = _domain(info)
     model = obj(info.get("agent_info")).get("llm") or "unknown"
     policy = obj(info.get("environment_info")).get("policy")
-    tasks = {str(t.get("id")): t for t in data.get("tasks") or []}
+    tasks = {str(t.get("id")): t for t in listed(data.get("tasks"), "tasks", "task objects") if isinstance(t, dict)}
     tools = _tools(info)
     for n, sim in enumerate(data.get("simulations") or []):
         try:
             messages = [_message(m) for m in sim["messages"]]
             if include_policy and policy:
                 messages.insert(0, {"role": "system", "content": policy})
-            raw_reward = obj(sim.get("reward_info")).get("reward")
+            raw_reward = reward(obj(sim.get("reward_info")).get("reward"), "reward_info.reward")
             end = sim.get("end_time")
             cost = sim.get("agent_cost")
             duration = sim.get("duration")
@@ -120,15 +120,17 @@ def convert(
                     else [
                         {
                             "type": "task_success",
-                            "value": float(raw_reward),
+                            "value": raw_reward,
                             "occurred_at": end or datetime.now().isoformat(),
                             "idempotency_key": f"tau2:{domain}:{sim['id']}:task_success",
                         }
                     ],
                 }
             )
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ImportError_(f"{path}: simulation {n}: missing or malformed field {exc}") from None
+        except ItemError as exc:
+            raise ImportError_(f"{path}: simulation {n}: {exc}") from None
         except ValidationError as exc:
             raise ImportError_(f"{path}: simulation {n}: {describe_validation_error(exc)}") from None
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:  # ValidationError is above
+            raise ImportError_(f"{path}: simulation {n}: missing or malformed field {exc}") from None
         yield conv

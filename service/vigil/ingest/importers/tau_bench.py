@@ -23,7 +23,7 @@ def _message(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def convert(data: list[Any], path: Path, agent_id: str | None, agent_version: str | None) -> Iterator[Conversation]:
-    from vigil.ingest.importers.common import ImportError_
+    from vigil.ingest.importers.common import ImportError_, ItemError, reward
 
     stem = path.stem
     env = next((e for e in ("airline", "retail") if e in stem), "unknown")
@@ -32,7 +32,7 @@ def convert(data: list[Any], path: Path, agent_id: str | None, agent_version: st
             trial = run.get("trial", 0)
             task = run["task_id"]
             messages = [_message(m) for m in run["traj"]]
-            raw_reward = run.get("reward")
+            raw_reward = reward(run.get("reward"), "reward")
             yield Conversation.model_validate(
                 {
                     "conversation_id": f"tau-bench:{stem}:{task}:{trial}",
@@ -48,13 +48,15 @@ def convert(data: list[Any], path: Path, agent_id: str | None, agent_version: st
                     else [
                         {
                             "type": "task_success",
-                            "value": float(raw_reward),
+                            "value": raw_reward,
                             "idempotency_key": f"tau-bench:{stem}:{task}:{trial}:task_success",
                         }
                     ],
                 }
             )
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ImportError_(f"{path}: item {n}: missing or malformed field {exc}") from None
+        except ItemError as exc:
+            raise ImportError_(f"{path}: item {n}: {exc}") from None
         except ValidationError as exc:
             raise ImportError_(f"{path}: item {n}: {describe_validation_error(exc)}") from None
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:  # ValidationError is above
+            raise ImportError_(f"{path}: item {n}: missing or malformed field {exc}") from None

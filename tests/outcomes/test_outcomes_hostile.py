@@ -1,0 +1,203 @@
+"""Hostile but valid input at the edges of the schema: times at the ends of Python's calendar, ids that
+cannot be addressed, revisions of the wrong JSON type. Each is one item's clear error (or stored), never
+a 500, a lost batch or a conversation that cannot be looked up."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from tests.support.app import INGEST, REVIEWER, make_client, make_settings
+from vigil.app.runtime import build_runtime
+from vigil.ingest.decode import decode_batch, decode_conversation
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.schema import Conversation
+from vigil.store.models import OutcomeLinkRow, OutcomeRow
+from vigil.store.signals import attributed
+
+OUT_OF_RANGE = ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"]
+UTC_RANGE_MESSAGE = "in UTC this time falls outside the years 1 to 9999"
+
+
+def conv(cid: str | None = None, **fields: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "conversation_id": cid or f"hostile-{uuid.uuid4().hex[:8]}",
+        "agent_id": "a",
+        "agent_version": "v1",
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+    }
+    doc.update(fields)
+    return doc
+
+
+@pytest.fixture
+def rt_client(sqlite_url):  # type: ignore[no-untyped-def]
+    rt = build_runtime(make_settings(sqlite_url, outcome_attribution_window_hours=24), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        yield rt, c
+    rt.close()
+
+
+@pytest.fixture
+def db_client(db_url):  # type: ignore[no-untyped-def]
+    # the default week: ended_at 9999-12-30 plus the window is past datetime.max
+    rt = build_runtime(make_settings(db_url, outcome_attribution_window_hours=168), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        yield rt, c
+    rt.close()
+
+
+def schema_errors(doc: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(ValidationError) as err:
+        Conversation.model_validate(doc)
+    return {".".join(str(p) for p in e["loc"]): e["msg"] for e in err.value.errors()}
+
+
+@pytest.mark.parametrize("when", OUT_OF_RANGE)
+def test_outcome_time_leaving_the_calendar_in_utc_is_that_items_422(rt_client, when: str) -> None:
+    """An occurred_at whose offset moves it past year 1 or 9999 in UTC is a 422 naming the field for that
+    item only; the valid item of the same batch is stored (it was a 500 losing the whole batch)."""
+    rt, c = rt_client
+    good = {"conversation_id": "x", "type": "csat", "value": 2, "idempotency_key": f"ok-{when}"}
+    bad = {"conversation_id": "x", "type": "csat", "value": 1, "occurred_at": when}
+    r = c.post("/v1/outcomes", json=[good, bad], headers=INGEST)
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert (body["stored"], body["rejected"]) == (1, 1)
+    [error] = body["errors"]
+    assert error["index"] == 1 and error["reason"] == "schema_invalid"
+    assert error["errors"][0]["field"] == "occurred_at"
+    assert UTC_RANGE_MESSAGE in error["errors"][0]["message"]
+    with rt.sessions() as s:
+        assert [o.idempotency_key for o in s.scalars(select(OutcomeRow))] == [f"ok-{when}"]
+
+
+@pytest.mark.parametrize("when", OUT_OF_RANGE)
+def test_conversation_times_leaving_the_calendar_in_utc_are_refused_by_field(when: str) -> None:
+    """Every time in a conversation (started/ended/updated_at, message timestamps, inline outcomes) is
+    refused with the field named when it cannot be expressed in UTC; a normal offset still reads as sent."""
+    cases = {
+        "started_at": conv(started_at=when),
+        "ended_at": conv(ended_at=when),
+        "updated_at": conv(updated_at=when),
+        "messages.0.timestamp": conv(messages=[{"role": "user", "content": "x", "timestamp": when}]),
+        "outcomes.0.occurred_at": conv(outcomes=[{"type": "csat", "value": 1, "occurred_at": when}]),
+    }
+    for field, doc in cases.items():
+        errors = schema_errors(doc)
+        assert UTC_RANGE_MESSAGE in errors[field], (field, errors)
+    kept = Conversation.model_validate(conv(started_at="2024-05-01T10:00:00+02:00"))
+    assert kept.started_at is not None and kept.started_at.utcoffset() is not None
+    assert kept.started_at.astimezone(UTC) == datetime(2024, 5, 1, 8, tzinfo=UTC)
+
+
+def test_conversation_time_leaving_the_calendar_is_a_422_over_http(rt_client) -> None:
+    """Over HTTP the refusal is the item's schema_invalid error, not a store failure."""
+    _rt, c = rt_client
+    r = c.post("/v1/conversations", json=conv(started_at=OUT_OF_RANGE[0], outcomes=[{"type": "csat"}]), headers=INGEST)
+    assert r.status_code == 422, r.text
+    [error] = r.json()["errors"]
+    assert error["reason"] == "schema_invalid"
+    assert error["errors"][0]["field"] == "started_at" and UTC_RANGE_MESSAGE in error["errors"][0]["message"]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"ended_at": "9999-12-30T00:00:00Z"}, {"started_at": "0001-01-01T00:00:00Z"}],
+    ids=["ends-in-9999", "starts-in-0001"],
+)
+def test_conversation_at_the_edge_of_time_with_an_inline_outcome_is_stored(db_client, fields) -> None:
+    """A valid conversation ending days before the end of year 9999 (or starting on 0001-01-01) with an
+    inline outcome is stored and its outcome joined: the attribution window stops at the end (start) of
+    time instead of overflowing (it was refused as store_rejected)."""
+    rt, c = db_client
+    doc = conv(**fields, outcomes=[{"type": "csat", "value": 1}])
+    r = c.post("/v1/conversations", json=doc, headers=INGEST)
+    assert r.status_code == 202, r.text
+    cid = doc["conversation_id"]
+    assert c.get(f"/v1/conversations/{cid}", headers=REVIEWER).status_code == 200
+    with rt.sessions() as s:
+        [link] = s.scalars(select(OutcomeLinkRow).where(OutcomeLinkRow.conversation_id == cid)).all()
+    # the inline outcome happened when the conversation ended, else on arrival (far past 0001-01-02)
+    assert link.attributed == ("ended_at" in fields)
+
+
+def test_attribution_window_is_clamped_to_the_representable_times() -> None:
+    """attributed() holds the window at datetime.min/max (UTC) for times near either end and for windows
+    too long for a timedelta, rather than raising OverflowError."""
+    end = datetime(9999, 12, 30, tzinfo=UTC)
+    start = datetime(1, 1, 1, tzinfo=UTC)
+    late = SimpleNamespace(conversation_id="c", started_at=None, ended_at=end, received_at=end)
+    early = SimpleNamespace(conversation_id="c", started_at=start, ended_at=start, received_at=start)
+    at = SimpleNamespace
+    assert attributed(at(occurred_at=datetime.max.replace(tzinfo=UTC)), late, 24 * 7)  # type: ignore[arg-type]
+    assert attributed(at(occurred_at=start), early, 1)  # type: ignore[arg-type]
+    assert attributed(at(occurred_at=datetime(2024, 1, 1, tzinfo=UTC)), early, 1e12)  # type: ignore[arg-type]
+    assert not attributed(at(occurred_at=datetime(2024, 1, 1, tzinfo=UTC)), early, 24)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cid", ["line\nbreak", "tab\there", "nul\x00", "del\x7f", "esc\x1b[31m", " ", " \t "])
+def test_conversation_ids_that_cannot_be_addressed_are_refused(cid: str) -> None:
+    """An id holding a control character (C0 or DEL) or only whitespace is refused with a message saying
+    why: a newline in an id was accepted but no per-conversation route could find it again."""
+    errors = schema_errors(conv(cid))
+    expected = "must not contain control characters" if cid.strip() else "must not be empty or only whitespace"
+    assert expected in errors["conversation_id"]
+
+
+def test_newline_id_is_a_422_for_conversations_and_outcomes(rt_client) -> None:
+    """Over HTTP the conversation is refused (422, field conversation_id), and so is an outcome for such an
+    id, which could never join a conversation."""
+    _rt, c = rt_client
+    r = c.post("/v1/conversations", json=conv("line\nbreak"), headers=INGEST)
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["errors"][0]["field"] == "conversation_id"
+    r = c.post("/v1/outcomes", json={"conversation_id": "line\nbreak", "type": "csat"}, headers=INGEST)
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["errors"][0]["field"] == "conversation_id"
+
+
+def test_ordinary_ids_still_pass() -> None:
+    """Ids with spaces, unicode, slashes and the simulator's ids are accepted unchanged."""
+    for cid in ["a b", "ünï/cødé:1", "x" * 256, "tau2:airline:run-1:task 3"]:
+        assert Conversation.model_validate(conv(cid)).conversation_id == cid
+    for doc in Simulator(parse_versions("v1:0.1"), 3).stream(20):
+        Conversation.model_validate(doc)
+
+
+@pytest.mark.parametrize("revision", ['"3"', "true", "false", '"  7 "', "3.0", "[3]"])
+def test_revision_must_be_a_json_integer(revision: str) -> None:
+    """revision is a strict integer: a string, a boolean or a float is refused, not coerced (true was
+    stored as revision 1 and kept as true in the document)."""
+    raw = orjson.dumps(conv("c")).replace(
+        b'"conversation_id"', b'"revision":' + revision.encode() + b',"conversation_id"'
+    )
+    [item] = decode_batch(raw, 1 << 20, 10).items
+    assert item.error is not None and item.error.reason == "schema_invalid"
+    assert item.error.errors[0]["field"] == "revision"
+
+
+def test_revision_as_a_json_integer_is_accepted() -> None:
+    """JSON integers (through the strict decoder and from Python) keep working, up to the BIGINT bound."""
+    for n in (0, 3, 2**63 - 1):
+        assert decode_conversation(orjson.dumps(conv("c", revision=n)), 1 << 20).revision == n
+    assert Conversation.model_validate(conv("c", revision=7)).revision == 7
+    assert "revision" in schema_errors(conv("c", revision=2**63))
+
+
+def test_revision_of_a_string_is_a_422_over_http(rt_client) -> None:
+    """Over HTTP a quoted revision is the item's 422, and nothing is stored."""
+    _rt, c = rt_client
+    body = orjson.dumps(conv("rev-str")).replace(b'"conversation_id"', b'"revision":"3","conversation_id"')
+    r = c.post("/v1/conversations", content=body, headers={**INGEST, "content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["errors"][0]["field"] == "revision"
+    assert c.get("/v1/conversations/rev-str", headers=REVIEWER).status_code == 404
