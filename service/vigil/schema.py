@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Annotated, Any, Final, Literal
 
 import orjson
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from vigil.errors import ConfigError
 
@@ -27,9 +27,22 @@ _ID = Field(min_length=1, max_length=256)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def addressable_id(value: str) -> str:
+INCOMING: Final[dict[str, bool]] = {"incoming": True}
+"""The validation context of what arrives (every way in passes it): the rules only new input must keep.
+Documents stored before a rule existed are read back (judge, export, calibration, the console) without
+it, so tightening the schema never makes stored conversations unreadable."""
+
+
+def _incoming(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("incoming"))
+
+
+def addressable_id(value: str, info: ValidationInfo) -> str:
     """A conversation id that can be named in a URL path, a log line and a terminal: not blank, and no
-    control characters (a newline in an id made every per-conversation route answer 404)."""
+    control characters (a newline in an id made every per-conversation route answer 404). Checked on
+    what arrives (:data:`INCOMING`)."""
+    if not _incoming(info):
+        return value
     if not value.strip():
         raise ValueError("must not be empty or only whitespace")
     bad = _CONTROL.search(value)
@@ -56,8 +69,9 @@ def in_utc(value: datetime) -> datetime:
         raise ValueError("in UTC this time falls outside the years 1 to 9999") from None
 
 
-def _utc_representable(value: datetime) -> datetime:
-    if 1 < value.year < 9999:  # an offset moves a time by less than a day: only years 1 and 9999 can overflow
+def _utc_representable(value: datetime, info: ValidationInfo) -> datetime:
+    # an offset moves a time by less than a day: only years 1 and 9999 can overflow (checked on what arrives)
+    if 1 < value.year < 9999 or not _incoming(info):
         return value
     in_utc(value)
     return value  # kept as sent: the document keeps its offset
@@ -254,7 +268,6 @@ class Conversation(BaseModel):
     conversation_id: ConversationId
     revision: int | None = Field(
         default=None,
-        strict=True,
         ge=0,
         le=MAX_INT,
         description="Increases as the conversation grows; newest supersedes.",
@@ -274,6 +287,15 @@ class Conversation(BaseModel):
     usage: Usage | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     outcomes: list[InlineOutcome] = Field(default_factory=list)
+
+    @field_validator("revision", mode="before")
+    @classmethod
+    def _integer_revision(cls, v: Any, info: ValidationInfo) -> Any:
+        """What arrives gives its revision as a JSON integer: "3" and true were stored as sent, and read as 3
+        and 1 (documents stored so are still read that way)."""
+        if v is not None and _incoming(info) and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ValueError("must be an integer (a JSON number without a fraction), not a string or a boolean")
+        return v
 
     @property
     def offered_tools(self) -> list[ToolDef] | None:

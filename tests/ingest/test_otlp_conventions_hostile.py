@@ -14,7 +14,7 @@ import orjson
 from vigil.ingest.otlp.assemble import MAX_ID, assemble, conversation_id_of, conversation_key
 from vigil.ingest.otlp.conventions import view
 from vigil.ingest.otlp.messages import json_value, tool_definitions
-from vigil.schema import MAX_INT, Conversation
+from vigil.schema import INCOMING, MAX_INT, Conversation
 
 HUGE = "9" * 5000  # beyond the 4300 digits Python's int() takes
 
@@ -40,7 +40,7 @@ def stored(spans: list[dict[str, Any]], key: str = "k") -> dict[str, Any]:
     doc = assemble(key, spans, "unknown")
     assert doc is not None
     orjson.dumps(doc)
-    Conversation.model_validate(doc)
+    Conversation.model_validate(doc, context=INCOMING)
     return doc
 
 

@@ -19,7 +19,7 @@ from tests.support.app import INGEST, REVIEWER, make_client, make_settings
 from vigil.app.runtime import build_runtime
 from vigil.ingest.decode import decode_batch, decode_conversation
 from vigil.ingest.simulate import Simulator, parse_versions
-from vigil.schema import Conversation
+from vigil.schema import INCOMING, Conversation
 from vigil.store.models import OutcomeLinkRow, OutcomeRow
 from vigil.store.signals import attributed
 
@@ -57,7 +57,7 @@ def db_client(db_url):  # type: ignore[no-untyped-def]
 
 def schema_errors(doc: dict[str, Any]) -> dict[str, str]:
     with pytest.raises(ValidationError) as err:
-        Conversation.model_validate(doc)
+        Conversation.model_validate(doc, context=INCOMING)
     return {".".join(str(p) for p in e["loc"]): e["msg"] for e in err.value.errors()}
 
 
@@ -170,7 +170,7 @@ def test_ordinary_ids_still_pass() -> None:
     for cid in ["a b", "ünï/cødé:1", "x" * 256, "tau2:airline:run-1:task 3"]:
         assert Conversation.model_validate(conv(cid)).conversation_id == cid
     for doc in Simulator(parse_versions("v1:0.1"), 3).stream(20):
-        Conversation.model_validate(doc)
+        Conversation.model_validate(doc, context=INCOMING)
 
 
 @pytest.mark.parametrize("revision", ['"3"', "true", "false", '"  7 "', "3.0", "[3]"])

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from vigil.errors import VigilError
-from vigil.schema import Conversation, loads_exact
+from vigil.schema import INCOMING, Conversation, loads_exact
 
 # Every reason a message or an item can be refused with; metric labels never take other values.
 REASONS = (
@@ -187,7 +187,7 @@ def validate(obj: Any) -> Conversation:
     schemas and the metadata are then built twice).
     """
     try:
-        return Conversation.model_validate(obj)
+        return Conversation.model_validate(obj, context=INCOMING)
     except ValidationError as exc:
         raise DecodeError("schema_invalid", describe_validation_error(exc), field_errors(exc)) from None
 

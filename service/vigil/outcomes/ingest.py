@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from vigil.metrics import Metrics
 from vigil.outcomes.join import link_outcomes
 from vigil.runtime import Envelope
-from vigil.schema import ConversationId, OutcomeType, in_utc, outcome_types
+from vigil.schema import INCOMING, ConversationId, OutcomeType, in_utc, outcome_types
 from vigil.settings import Settings
 from vigil.store.db import after_commit, upsert
 from vigil.store.models import OutcomeRow
@@ -137,7 +137,7 @@ class OutcomeStore:
         errors: list[ItemError] = []
         for index, item in enumerate(items):
             try:
-                outcome = OutcomeIn.model_validate(item)
+                outcome = OutcomeIn.model_validate(item, context=INCOMING)
             except ValidationError as exc:
                 errs = [
                     {"field": ".".join(str(p) for p in e["loc"]) or "(root)", "message": e["msg"]}

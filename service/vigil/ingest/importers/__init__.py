@@ -273,6 +273,15 @@ def read_file_partial(
             numbered.append((n, line))
         if not numbered:
             return None, [Refused(path, None, "malformed_json", f"not JSON: {whole}", body)]
+        if refused:  # lines that are not JSON: skipping them is safe only where each line is a record
+            try:
+                kind = detect(data) if fmt == "auto" else fmt
+            except ItemError:
+                kind = "auto"
+            if kind not in PER_RECORD:
+                lines = ", ".join(str(r.line) for r in refused[:10])
+                why = f"line(s) {lines} not JSON ({refused[0].detail}); in this format a conversation spans lines"
+                return None, [Refused(path, None, "malformed_json", f"{why}: the file is refused whole", body)]
     try:
         return convert_data(data, fmt, path, agent_id, agent_version), refused
     except ImportError_ as exc:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from vigil.errors import VigilError
 from vigil.ingest.decode import describe_validation_error
-from vigil.schema import Conversation, ToolDef
+from vigil.schema import INCOMING, Conversation, ToolDef
 
 # Fields of Vigil's own schema an imported record may carry beside its format's fields
 ENVELOPE = (
@@ -185,6 +185,6 @@ def envelope(
 
 def validated(doc: dict[str, Any], where: str) -> Conversation:
     try:
-        return Conversation.model_validate(doc)
+        return Conversation.model_validate(doc, context=INCOMING)
     except ValidationError as exc:
         raise ItemError(f"{where}: {describe_validation_error(exc)}") from None

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from vigil.ingest.decode import describe_validation_error
 from vigil.ingest.importers.common import ImportError_, ItemError, listed, obj, reward
-from vigil.schema import Conversation, ToolDef
+from vigil.schema import INCOMING, Conversation, ToolDef
 
 
 def _domain(info: dict[str, Any]) -> str:
@@ -125,7 +125,8 @@ def convert(
                             "idempotency_key": f"tau2:{domain}:{sim['id']}:task_success",
                         }
                     ],
-                }
+                },
+                context=INCOMING,
             )
         except ItemError as exc:
             raise ImportError_(f"{path}: simulation {n}: {exc}") from None

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from vigil.ingest.decode import describe_validation_error
-from vigil.schema import Conversation
+from vigil.schema import INCOMING, Conversation
 
 
 def _message(m: dict[str, Any]) -> dict[str, Any]:
@@ -52,7 +52,8 @@ def convert(data: list[Any], path: Path, agent_id: str | None, agent_version: st
                             "idempotency_key": f"tau-bench:{stem}:{task}:{trial}:task_success",
                         }
                     ],
-                }
+                },
+                context=INCOMING,
             )
         except ItemError as exc:
             raise ImportError_(f"{path}: item {n}: {exc}") from None

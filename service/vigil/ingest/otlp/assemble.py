@@ -10,6 +10,7 @@ repeated. A tool span without a call id answers the latest unanswered call of th
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -32,6 +33,7 @@ MAX_TREE_SPANS = 200
 
 
 MAX_ID = 256  # what the conversation id columns hold
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ID_HEAD = 222  # an id longer than MAX_ID: this much of it, "~" and a hash of it all (32 hex digits)
 
 
@@ -41,7 +43,11 @@ def conversation_key(value: Any) -> str | None:
     of the whole value, so two ids sharing their first ``MAX_ID`` characters stay two conversations."""
     if value in (None, ""):
         return None
-    text = str(value)
+    # what a conversation id may not hold (see schema.addressable_id): control characters are written as
+    # escapes, and a blank id names no conversation (the trace's own key is used)
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+    if not text.strip():
+        return None
     if len(text) <= MAX_ID:
         return text
     digest = hashlib.blake2b(text.encode(errors="surrogatepass"), digest_size=16).hexdigest()

@@ -5,10 +5,11 @@ is the previous span's plus the new turns. Stored as is, a conversation's spans 
 its length. Before a span is stored, a long string attribute equal to the same attribute of an earlier
 span of the same conversation (in the same request, or one this process stored before) becomes
 ``{"$same": BASE}``, and one extending it (a JSON list with items appended)
-``{"$ext": BASE, "n": CHARS, "rest": TAIL}``, BASE being that span's id, with ``"t": TRACE`` when the
-base is a span of another trace of the conversation (span ids are unique only within a trace).
-:func:`expand` restores the values when the spans are read back (in start order, so a base comes
-first). A conversation's spans are deleted together, so a base outlives the spans referring to it.
+``{"$ext": BASE, "n": CHARS, "rest": TAIL}``, BASE being that span's id and ``"t"`` its trace (span ids
+are unique only within a trace; ``""``: the referring span's own). :func:`expand` restores the values
+when the spans are read back (in start order, so a base comes first); a reference without ``"t"``
+(stored before references named their trace) means the latest earlier span of that id, as it did. A
+conversation's spans are deleted together, so a base outlives the spans referring to it.
 """
 
 from __future__ import annotations
@@ -61,8 +62,7 @@ def compact(spans: list[dict[str, Any]], last: Last | None = None) -> tuple[list
                 refs[k] = {"$ext": base, "n": n, "rest": v[n:]}
             else:
                 continue
-            if base_trace != trace:
-                refs[k]["t"] = base_trace
+            refs[k]["t"] = base_trace if base_trace != trace else ""
         out.append({**span, "attributes": {**attrs, **refs}} if refs else span)
     return out, last
 
@@ -79,8 +79,8 @@ def referenced(span: dict[str, Any]) -> set[tuple[str, str]]:
 def expand(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The spans as received (stored with :func:`compact`); a value whose base span is gone is dropped.
 
-    A reference names its base by trace and span id (rows stored before references carried the trace,
-    when the base was in the same trace or had a span id of its own, are found by span id alone)."""
+    A reference names its base by trace and span id; one stored before references carried the trace
+    names the latest earlier span of that id, whatever its trace (what it meant when it was written)."""
     resolved: dict[tuple[str, str], dict[str, Any]] = {}
     by_span: dict[str, dict[str, Any]] = {}
     out: list[dict[str, Any]] = []
@@ -92,9 +92,8 @@ def expand(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if not isinstance(v, dict):
                     continue
                 sid = v.get("$same") or v.get("$ext") or ""
-                of = resolved.get((v.get("t") or span.get("trace_id", ""), sid))
-                if of is None and "t" not in v:
-                    of = by_span.get(sid)
+                # "t": by trace and span id; none (stored before): the latest earlier span of that id
+                of = resolved.get((v["t"] or span.get("trace_id", ""), sid)) if "t" in v else by_span.get(sid)
                 base = (of or {}).get(k)
                 if "$same" in v:
                     full[k] = base

@@ -32,7 +32,7 @@ from vigil.ingest.otlp.conventions import session_and_user
 from vigil.ingest.otlp.models import OtelConversationRow, OtelEventRow, OtelSpanRow
 from vigil.ingest.otlp.otlp import EXTENDS, STORED_NS, valid_ids, valid_times
 from vigil.runtime import Runtime
-from vigil.schema import Conversation
+from vigil.schema import INCOMING, Conversation
 from vigil.store.db import among, aware
 from vigil.store.writes import Checked, copy_new_values
 
@@ -474,10 +474,11 @@ class TraceIngest:
             try:
                 # from the dict, not the JSON: the schema takes the strings as they are instead of decoding a
                 # second copy of the whole conversation (half the cost)
-                convs.append((Conversation.model_validate(doc), document, None))
+                convs.append((Conversation.model_validate(doc, context=INCOMING), document, None))
             except ValidationError as exc:
                 res.problem(f"conversation {key}: {exc.errors()[0]['msg']}")
                 log.warning("OTLP conversation %s does not validate: %s", key, exc)
+                empty.append(key)  # idle: finished once, not claimed again and again
                 continue
             res.conversations.append(doc["conversation_id"])
         if convs:
