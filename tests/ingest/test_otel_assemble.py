@@ -146,7 +146,7 @@ def test_compacted_spans_expand_to_what_was_received() -> None:
         spans.append(span(i * 100, {"gen_ai.input.messages": orjson.dumps(history).decode(), "same": "y" * 300}))
     first, last = compact(spans[:2])
     assert isinstance(first[1]["attributes"]["gen_ai.input.messages"], dict)  # an extension of span 1's
-    assert first[1]["attributes"]["same"] == {"$same": spans[0]["span_id"]}
+    assert first[1]["attributes"]["same"] == {"$same": spans[0]["span_id"], "t": ""}  # "": its own trace
     later, _ = compact(spans[2:], last)  # a later request refers to spans stored before
     stored = first + later
     assert sum(len(orjson.dumps(s)) for s in stored) < sum(len(orjson.dumps(s)) for s in spans) / 2
@@ -186,5 +186,5 @@ def test_input_cache_reuses_outputs_and_shared_strings_without_changing_messages
     ]
     spans[1]["attributes"]["gen_ai.system_instructions"] = "".join(long)  # an equal string, another object
     stored, _ = compact(spans)
-    assert stored[1]["attributes"]["gen_ai.system_instructions"] == {"$same": "0"}
+    assert stored[1]["attributes"]["gen_ai.system_instructions"] == {"$same": "0", "t": ""}
     assert spans[1]["attributes"]["gen_ai.system_instructions"] is spans[0]["attributes"]["gen_ai.system_instructions"]
