@@ -378,6 +378,12 @@ def test_grpc_receiver_checks_keys_and_stores_spans(grpc_receiver: tuple[str, Ru
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
         reply = stub.Export(request, metadata=(("authorization", "Bearer ingest-key"),), timeout=10)
         assert isinstance(reply, trace_service_pb2.ExportTraceServiceResponse)
+        assert not reply.HasField("partial_success")
+        bad = trace_service_pb2.ExportTraceServiceRequest()
+        bad.CopyFrom(request)
+        bad.resource_spans[0].scope_spans[0].spans[0].span_id = bytes(8)  # all zeros: no span id
+        reply = stub.Export(bad, metadata=(("authorization", "Bearer ingest-key"),), timeout=10)
+        assert reply.partial_success.rejected_spans == 1 and "invalid ids" in reply.partial_success.error_message
     row = stored(rt, f"otel-{trace_id}")
     assert row is not None and row.status == "finished" and row.message_count == 1
     with rt.sessions() as s:

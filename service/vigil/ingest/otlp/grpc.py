@@ -88,30 +88,20 @@ class GrpcReceiver:
 
     def start_server(self) -> int:
         import grpc
-        from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-        from vigil.ingest.otlp.otlp import parse_logs_protobuf, parse_protobuf
+        from vigil.ingest.otlp.otlp import logs_response, parse_logs_protobuf, parse_protobuf, protobuf_response
 
-        def export_traces(data: bytes, context: Any) -> Any:
+        def export_traces(data: bytes, context: Any) -> bytes:
             res = self._call(context, self.ingest.ingest, parse_protobuf, data, logs=False)
-            resp = trace_service_pb2.ExportTraceServiceResponse()
-            if res.refused or res.problems:
-                resp.partial_success.rejected_spans = res.refused
-                resp.partial_success.error_message = res.message()
-            return resp
+            return protobuf_response(res.refused, res.message())  # the answer OTLP/HTTP gives, as bytes
 
-        def export_logs(data: bytes, context: Any) -> Any:
+        def export_logs(data: bytes, context: Any) -> bytes:
             res = self._call(context, self.ingest.ingest_logs, parse_logs_protobuf, data, logs=True)
-            resp = logs_service_pb2.ExportLogsServiceResponse()
-            if res.refused or res.problems:
-                resp.partial_success.rejected_log_records = res.refused
-                resp.partial_success.error_message = res.message()
-            return resp
+            return logs_response(res.refused, res.message())
 
         def export(handler: Any) -> Any:
-            # no request deserializer: the handler gets the request's bytes
-            return grpc.unary_unary_rpc_method_handler(handler, response_serializer=lambda r: r.SerializeToString())
+            # no request deserializer: the handler gets the request's bytes, and answers with bytes
+            return grpc.unary_unary_rpc_method_handler(handler)
 
         s = self.rt.settings
         limit = max(MAX_MESSAGE_BYTES_FLOOR, s.otlp_max_body_bytes)
