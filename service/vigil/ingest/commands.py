@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -74,67 +75,81 @@ def replay(
     a dead letter), and the command then exits 2 with a summary of what was stored and what was refused."""
     launch = Launcher.of(ctx)
     console = launch.console
-    from vigil.ingest.importers import FORMATS, MALFORMED, Refused, malformed, read_file_partial
+    from vigil.ingest.importers import FORMATS, MALFORMED, Refused, malformed, read_file_parts
 
     if format not in ("auto", *FORMATS):
         launch.fail(VigilError(f"--format must be auto, {', '.join(FORMATS)}; not {format!r}"))
-    convs: list[Any] = []
+    s: Any = None if dry_run else launch.settings()
+    producer: Any = None
+    rt: Any = None
+    if not dry_run and to_kafka:
+        from vigil.ingest.kafka import kafka_producer
+
+        if not s.kafka_bootstrap_servers:
+            launch.fail(VigilError("--to-kafka needs VIGIL_KAFKA_BOOTSTRAP_SERVERS"))
+        producer = kafka_producer(s.kafka_bootstrap_servers)
+    elif not dry_run:
+        rt = launch.runtime({"replay"}, s)
+    from vigil.ingest.decode import REASONS
+    from vigil.store.writes import DeadLetter
+
+    def parts(f: Path) -> Iterator[tuple[Any, list[Refused]]]:
+        try:  # a large file of JSON lines comes a part at a time (see read_file_parts): memory holds one part
+            yield from read_file_parts(f, format, agent_id, agent_version)
+        except MALFORMED as exc:  # the importers refuse these themselves; a file is never the cause of a traceback
+            yield None, [Refused(f, None, "schema_invalid", str(malformed(f, format, exc)), b"")]
+
     refused: list[Refused] = []
     how = "detected" if format == "auto" else "as given"
-    for f in files:
-        try:
-            imported, bad = read_file_partial(f, format, agent_id, agent_version)
-        except MALFORMED as exc:  # the importers refuse these themselves; a file is never the cause of a traceback
-            imported, bad = None, [Refused(f, None, "schema_invalid", str(malformed(f, format, exc)), b"")]
-        if imported is not None:
-            count = len(imported.conversations)
-            console.print(f"{escape(str(f))}: {imported.format} ({how}: {imported.title}), {count} conversations")
-            convs.extend(imported.conversations)
-        for r in bad:
-            console.print(f"refused: {r}", markup=False, highlight=False, soft_wrap=True)
-        refused.extend(bad)
-    if dry_run:
-        _refusals(launch, refused, f"read {len(convs)} conversations")
-        return
-    s = launch.settings()
-    stored = dupes = 0
+    read = stored = dupes = 0
     with Progress(console=console) as progress:
-        task = progress.add_task("replaying", total=len(convs))
-        if to_kafka:
-            from vigil.ingest.kafka import kafka_producer
-
-            if not s.kafka_bootstrap_servers:
-                launch.fail(VigilError("--to-kafka needs VIGIL_KAFKA_BOOTSTRAP_SERVERS"))
-            producer = kafka_producer(s.kafka_bootstrap_servers)
-            for c in convs:
-                producer.send(
-                    s.kafka_conversations_topic,
-                    key=c.conversation_id.encode(),
-                    value=c.model_dump_json(exclude_none=True).encode(),
-                )
-                progress.advance(task)
-            producer.flush(timeout=120)
-            producer.close()
-            console.print(f"produced {len(convs)} conversations to {s.kafka_conversations_topic}")
-            _refusals(launch, refused, f"produced {len(convs)}")
-            return
-
-        from vigil.ingest.decode import REASONS
-        from vigil.store.writes import DeadLetter
-
-        rt = launch.runtime({"replay"}, s)
-        letters = [DeadLetter("replay", r.reason, str(r)[:4000], r.raw) for r in refused if r.reason in REASONS]
-        if letters:
-            rt.pipeline.store([], letters, "replay")
-        for i in range(0, len(convs), batch):
-            chunk = convs[i : i + batch]
-            result = rt.pipeline.process(chunk, "replay")
-            stored += len(result.stored)
-            dupes += result.duplicates
-            for d in result.dead_letters:  # refused by the decoder or the database: kept as dead letters
-                refused.append(Refused(Path(f"conversation {d.key}"), None, d.reason, d.detail, b""))
-            progress.advance(task, len(chunk))
-    console.print(f"{len(convs)} conversations: {stored} stored, {dupes} already stored")
+        task = progress.add_task("importing", total=None)
+        for f in files:
+            count, first, bad_here = 0, None, []
+            for imported, bad in parts(f):
+                if rt is not None:  # kept as dead letters as they come; the summary needs only their text
+                    letters = [DeadLetter("replay", r.reason, str(r)[:4000], r.raw) for r in bad if r.reason in REASONS]
+                    if letters:
+                        rt.pipeline.store([], letters, "replay")
+                    for r in bad:
+                        r.raw = b""
+                bad_here.extend(bad)
+                if imported is None:
+                    continue
+                first = first or imported
+                convs = imported.conversations
+                count += len(convs)
+                if producer is not None:
+                    for c in convs:
+                        producer.send(
+                            s.kafka_conversations_topic,
+                            key=c.conversation_id.encode(),
+                            value=c.model_dump_json(exclude_none=True).encode(),
+                        )
+                elif rt is not None:
+                    for i in range(0, len(convs), batch):
+                        result = rt.pipeline.process(convs[i : i + batch], "replay")
+                        stored += len(result.stored)
+                        dupes += result.duplicates
+                        for d in result.dead_letters:  # refused by the decoder or the database: kept as dead letters
+                            bad_here.append(Refused(Path(f"conversation {d.key}"), None, d.reason, d.detail, b""))
+                progress.advance(task, len(convs))
+            if first is not None:
+                console.print(f"{escape(str(f))}: {first.format} ({how}: {first.title}), {count} conversations")
+            for r in bad_here:
+                console.print(f"refused: {r}", markup=False, highlight=False, soft_wrap=True)
+            refused.extend(bad_here)
+            read += count
+    if dry_run:
+        _refusals(launch, refused, f"read {read} conversations")
+        return
+    if producer is not None:
+        producer.flush(timeout=120)
+        producer.close()
+        console.print(f"produced {read} conversations to {s.kafka_conversations_topic}")
+        _refusals(launch, refused, f"produced {read}")
+        return
+    console.print(f"{read} conversations: {stored} stored, {dupes} already stored")
     _refusals(launch, refused, f"stored {stored}")
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "malformed",
     "read_file",
     "read_file_partial",
+    "read_file_parts",
 ]
 
 Format = Literal["auto", "openai", "openai-responses", "anthropic", "openai-agents", "langsmith", "tau2", "tau-bench"]
@@ -256,45 +257,66 @@ def read_file_partial(
         body = path.read_bytes()
     except OSError as exc:
         return None, [Refused(path, None, "unreadable", str(exc), b"")]
-    refused: list[Refused] = []
-    numbered: list[tuple[int, bytes]] = []
     try:
         data: Any = orjson.loads(body)
     except orjson.JSONDecodeError as whole:
-        data = []
-        for n, line in enumerate(body.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                data.append(orjson.loads(line))
-            except orjson.JSONDecodeError as exc:
-                refused.append(Refused(path, n, "malformed_json", f"not JSON: {exc}", line))
-                continue
-            numbered.append((n, line))
-        if not numbered:
-            return None, [Refused(path, None, "malformed_json", f"not JSON: {whole}", body)]
-        if refused:  # lines that are not JSON: skipping them is safe only where each line is a record
-            try:
-                kind = detect(data) if fmt == "auto" else fmt
-            except ItemError:
-                kind = "auto"
-            if kind not in PER_RECORD:
-                lines = ", ".join(str(r.line) for r in refused[:10])
-                why = f"line(s) {lines} not JSON ({refused[0].detail}); in this format a conversation spans lines"
-                return None, [Refused(path, None, "malformed_json", f"{why}: the file is refused whole", body)]
+        lines = [(n, line) for n, line in enumerate(body.splitlines(), 1) if line.strip()]
+        return _from_lines(path, lines, fmt, agent_id, agent_version, body, whole)
+    try:
+        return convert_data(data, fmt, path, agent_id, agent_version), []
+    except ImportError_ as exc:
+        return None, [Refused(path, None, "schema_invalid", _detail(exc, path), body)]
+
+
+def _from_lines(
+    path: Path,
+    lines: list[tuple[int, bytes]],
+    fmt: str,
+    agent_id: str | None,
+    agent_version: str | None,
+    body: bytes,
+    whole: Exception | None = None,
+) -> tuple[Imported | None, list[Refused]]:
+    """The conversations of numbered JSON lines (all of a file's, or one part of a file read in parts, see
+    :func:`read_file_parts`) and the refusals of what cannot be read; ``body`` is what a refusal of them all
+    keeps, and ``whole`` why the file is not one JSON document (None: a part, whose lines are refused by
+    number even when none is JSON)."""
+    refused: list[Refused] = []
+    numbered: list[tuple[int, bytes]] = []
+    data: list[Any] = []
+    for n, line in lines:
+        try:
+            data.append(orjson.loads(line))
+        except orjson.JSONDecodeError as exc:
+            refused.append(Refused(path, n, "malformed_json", f"not JSON: {exc}", line))
+            continue
+        numbered.append((n, line))
+    if not numbered:
+        if whole is None:
+            return None, refused
+        return None, [Refused(path, None, "malformed_json", f"not JSON: {whole}", body)]
+    if refused:  # lines that are not JSON: skipping them is safe only where each line is a record
+        try:
+            kind = detect(data) if fmt == "auto" else fmt
+        except ItemError:
+            kind = "auto"
+        if kind not in PER_RECORD:
+            lines_ = ", ".join(str(r.line) for r in refused[:10])
+            why = f"line(s) {lines_} not JSON ({refused[0].detail}); in this format a conversation spans lines"
+            return None, [Refused(path, None, "malformed_json", f"{why}: the file is refused whole", body)]
     try:
         return convert_data(data, fmt, path, agent_id, agent_version), refused
     except ImportError_ as exc:
         whole_refusal = Refused(path, None, "schema_invalid", _detail(exc, path), body)
     kind = fmt
-    if numbered and fmt == "auto":
+    if fmt == "auto":
         try:
             kind = detect(data)
         except ItemError:
             kind = "auto"
     from vigil.ingest.importers import responses
 
-    if not numbered or kind not in PER_RECORD or (kind == "openai-responses" and responses.sniff_items(data)):
+    if kind not in PER_RECORD or (kind == "openai-responses" and responses.sniff_items(data)):
         return None, [*refused, whole_refusal]
     convs: list[Conversation] = []
     for (n, line), record in zip(numbered, data, strict=True):
@@ -308,6 +330,82 @@ def read_file_partial(
     if not convs:
         return None, refused
     return Imported(kind, _specs()[kind].title, convs), refused
+
+
+PART_BYTES = 64 * 1024 * 1024  # files larger than this, of JSON lines of one record each, are read in parts
+PART_LINES = 2000  # lines per part
+
+
+def read_file_parts(
+    path: Path,
+    fmt: str = "auto",
+    agent_id: str | None = None,
+    agent_version: str | None = None,
+    *,
+    part_bytes: int | None = None,
+    part_lines: int | None = None,
+) -> Iterator[tuple[Imported | None, list[Refused]]]:
+    """What :func:`read_file_partial` reads of ``path``, a part at a time, so that importing a file of
+    gigabytes holds one part in memory instead of the whole file and its conversations.
+
+    A file over ``part_bytes`` whose first line is a JSON object on its own, in a format where each line is
+    a record (:data:`PER_RECORD`: OpenAI chat, Responses and Anthropic records, τ-bench runs), is read
+    ``part_lines`` lines at a time; lines are numbered in the file and refused as
+    :func:`read_file_partial` refuses them. The format is the one given, or the one detected in the first
+    part, for every part. Any other file (a JSON document, a format whose conversations span lines, a
+    first part no format reads) is read whole, in one part. ``part_bytes`` and ``part_lines`` default to
+    :data:`PART_BYTES` and :data:`PART_LINES`."""
+    part_bytes = PART_BYTES if part_bytes is None else part_bytes
+    part_lines = PART_LINES if part_lines is None else part_lines
+    try:
+        big = path.stat().st_size > part_bytes
+    except OSError as exc:
+        yield None, [Refused(path, None, "unreadable", str(exc), b"")]
+        return
+    kind = _per_record_kind(path, fmt, part_bytes, part_lines) if big else None
+    if kind is None:
+        yield read_file_partial(path, fmt, agent_id, agent_version)
+        return
+    with path.open("rb") as fh:
+        part: list[tuple[int, bytes]] = []
+        for n, line in enumerate(fh, 1):
+            line = line.rstrip(b"\r\n")
+            if line.strip():
+                part.append((n, line))
+            if len(part) >= part_lines:
+                yield _from_lines(path, part, kind, agent_id, agent_version, b"\n".join(b for _, b in part))
+                part = []
+        if part:
+            yield _from_lines(path, part, kind, agent_id, agent_version, b"\n".join(b for _, b in part))
+
+
+def _per_record_kind(path: Path, fmt: str, part_bytes: int, part_lines: int) -> str | None:
+    """The format of a file of JSON lines of one record each, from its first ``part_lines`` lines; None when
+    it is not one (its first line is not a JSON object of at most ``part_bytes``, or the format is another)."""
+    records: list[Any] = []
+    with path.open("rb") as fh:
+        while len(records) < part_lines:
+            line = fh.readline(part_bytes + 1)  # a document on one line is not read whole to find that out
+            if not line:
+                break
+            if len(line) > part_bytes:
+                return None
+            if not line.strip():
+                continue
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                if not records:  # a JSON document over several lines
+                    return None
+                continue
+            if not records and not isinstance(record, dict):
+                return None
+            records.append(record)
+    try:
+        kind = detect(records) if fmt == "auto" else fmt
+    except ItemError:
+        return None
+    return kind if kind in PER_RECORD else None
 
 
 def load_file(
