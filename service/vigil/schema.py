@@ -23,7 +23,6 @@ SCHEMA_VERSION: Final = 1
 Severity = Literal["info", "low", "medium", "high", "critical"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 
-_ID = Field(min_length=1, max_length=256)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -38,9 +37,9 @@ def _incoming(info: ValidationInfo) -> bool:
 
 
 def addressable_id(value: str, info: ValidationInfo) -> str:
-    """A conversation id that can be named in a URL path, a log line and a terminal: not blank, and no
-    control characters (a newline in an id made every per-conversation route answer 404). Checked on
-    what arrives (:data:`INCOMING`)."""
+    """An id (of a conversation, an agent, a version) that can be named in a URL, a log line, a metric label
+    and a terminal: not blank, and no control characters (a newline in a conversation id made every
+    per-conversation route answer 404). Checked on what arrives (:data:`INCOMING`)."""
     if not _incoming(info):
         return value
     if not value.strip():
@@ -56,6 +55,10 @@ def addressable_id(value: str, info: ValidationInfo) -> str:
 
 ConversationId = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(addressable_id)]
 """A conversation id (also in outcomes): 1-256 characters, not blank, no control characters."""
+AgentId = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(addressable_id)]
+"""An agent id: 1-256 characters, not blank, no control characters (a label of every metric and filter)."""
+AgentVersion = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(addressable_id)]
+"""An agent version: 1-128 characters, not blank, no control characters."""
 
 
 def in_utc(value: datetime) -> datetime:
@@ -276,8 +279,8 @@ class Conversation(BaseModel):
     started_at: UtcTime | None = None
     ended_at: UtcTime | None = None
     status: Literal["in_progress", "finished"] | None = None
-    agent_id: str = _ID
-    agent_version: str = Field(min_length=1, max_length=128)
+    agent_id: AgentId
+    agent_version: AgentVersion
     task_id: str | None = Field(default=None, max_length=256)
     intent: str | None = Field(default=None, max_length=256)
     messages: list[Message] = Field(min_length=1)

@@ -301,3 +301,27 @@ def test_vigil_import_keeps_the_good_lines_and_names_the_bad_ones(tmp_path: Path
         assert sorted(d["reason"] for d in letters) == ["malformed_json", "schema_invalid"]
         assert all(d["source"] == "replay" for d in letters)
     rt.close()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("agent_id", "support\nbot"), ("agent_id", "   "), ("agent_version", "v1\x1b[31m"), ("agent_version", "\t")],
+)
+def test_agent_ids_and_versions_that_cannot_be_labels_refuse_their_item_only(
+    client: Any, field: str, value: str
+) -> None:
+    """An agent id or version is a metric label, a filter in URLs and a column of every page: one with a
+    control character, or blank, is refused naming the field; the batch's other items are stored. A stored
+    document holding one (from before the rule) is still read."""
+    bad = orjson.loads(_line("agent-bad"))
+    bad[field] = value
+    body = b"[" + _line("agent-good") + b"," + orjson.dumps(bad) + b"]"
+    r = client.post("/v1/conversations", content=body, headers={**INGEST, "content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["stored"] == 1 and r.json()["errors"][0]["errors"][0]["field"] == field
+    assert client.get("/v1/conversations/agent-good", headers=REVIEWER).status_code == 200
+    [letter] = client.get("/v1/dead-letters", headers=ADMIN).json()
+    assert letter["reason"] == "schema_invalid"
+    from vigil.schema import Conversation
+
+    assert Conversation.model_validate(bad).model_dump()[field] == value  # stored before: read as it is

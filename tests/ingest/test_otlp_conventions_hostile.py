@@ -260,3 +260,13 @@ def test_document_id_is_the_key_its_spans_name() -> None:
         assert doc["conversation_id"] == key
         docs.append(doc)
     assert docs[0]["conversation_id"] != docs[1]["conversation_id"]
+
+
+def test_agent_names_and_versions_with_control_characters_are_escaped_not_refused() -> None:
+    """A span's agent name or version with a newline (or a blank one) still makes a conversation: control
+    characters written as escapes, a blank value read as none."""
+    chat = {"gen_ai.operation.name": "chat", "gen_ai.input.messages": json.dumps([{"role": "user", "content": "q"}])}
+    doc = stored([span({**chat, "gen_ai.agent.name": "support\nbot", "gen_ai.agent.version": "v2\x00"})])
+    assert doc["agent_id"] == "support\\x0abot" and doc["agent_version"] == "v2\\x00"
+    doc = stored([span({**chat, "gen_ai.agent.name": "  ", "gen_ai.agent.version": "\t"})])
+    assert doc["agent_id"] == "unknown-agent" and doc["agent_version"] == "\\x09"

@@ -54,6 +54,13 @@ def conversation_key(value: Any) -> str | None:
     return f"{text[:_ID_HEAD]}~{digest}"
 
 
+def _label(value: Any, default: str, size: int) -> str:
+    """An agent id or version as the schema takes it (see schema.addressable_id): control characters written
+    as escapes, ``default`` for none or a blank one, at most ``size`` characters."""
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value)) if value not in (None, "") else ""
+    return text[:size] if text.strip() else default
+
+
 def conversation_id_of(span: dict[str, Any]) -> str | None:
     """The conversation a span names (see :func:`conversation_key`), or None."""
     return conversation_key(span["attributes"].get("gen_ai.conversation.id"))
@@ -299,11 +306,12 @@ def assemble(
         "conversation_id": conversation_id[:MAX_ID],
         "revision": received + (1 if idle_finished else 0),
         "status": "finished" if idle_finished or rooted >= set(traces) else "in_progress",
-        "agent_id": str(agent or "unknown-agent")[:256],
-        "agent_version": str(
-            _first(spans, "gen_ai.agent.version", "resource:service.version", "langfuse.version", "langfuse.release")
-            or default_version
-        )[:128],
+        "agent_id": _label(agent, "unknown-agent", 256),
+        "agent_version": _label(
+            _first(spans, "gen_ai.agent.version", "resource:service.version", "langfuse.version", "langfuse.release"),
+            default_version,
+            128,
+        ),
         "started_at": _iso(start),
         "ended_at": _iso(end),
         "messages": messages,
