@@ -112,3 +112,33 @@ def test_the_calendar_edges_themselves_are_readable(client) -> None:  # type: ig
     params = {"since": "0001-01-01T00:00:00Z", "until": "9999-12-31T23:59:59Z"}
     r = client.get("/v1/conversations", params=params, headers=ADMIN)
     assert r.status_code == 200 and r.json()["items"] == []
+
+
+def _cursor(values: object) -> str:
+    import base64
+
+    import orjson
+
+    return base64.urlsafe_b64encode(orjson.dumps(values)).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # a cursor decodes to values of the right count but the wrong kind, or out of a column's range
+        "/v1/review/queue?cursor=" + _cursor([{"a": 1}, "2024-01-01T00:00:00", 1]),
+        "/v1/review/queue?cursor=" + _cursor([1.0, "2024-01-01T00:00:00", "abc"]),
+        "/v1/review/queue?cursor=" + _cursor([1.0, "2024-01-01T00:00:00", 2**64 - 1]),
+        "/v1/review/queue?cursor=" + _cursor([True, "2024-01-01T00:00:00", 1]),
+        "/v1/review/queue?cursor=" + _cursor([1.0, "2024-01-01T00:00:00", None]),
+        "/v1/review/queue?cursor=" + _cursor([1.0, "0001-01-01T00:00:00+05:00", 1]),
+        "/v1/review/queue?status=done&cursor=" + _cursor(["2024-01-01T00:00:00", "abc"]),
+        "/v1/review/queue?status=done&cursor=" + _cursor([["2024"], 1]),
+        "/v1/conversations?cursor=" + _cursor(["9999-12-31T23:59:59-05:00", "x"]),
+        "/v1/conversations?cursor=" + _cursor(["2024-01-01T00:00:00", {"id": 1}]),
+    ],
+)
+def test_a_crafted_cursor_is_a_422_not_a_500(client, url: str) -> None:  # type: ignore[no-untyped-def]
+    r = client.get(url, headers=REVIEWER)
+    assert r.status_code == 422, r.text
+    assert "cursor" in r.text

@@ -348,11 +348,13 @@ def test_double_review_is_blind_until_you_label(sqlite_url, tmp_path) -> None:
             url = f"/ui/review/{quote(cid, safe='')}"
             page = ui.get(url).text
             assert "stay hidden until you save yours" in page and "rita&#39;s secret note" not in page
+            assert "<b>rita</b> label" not in page  # nor, in the audit log, that rita labelled (as the API hides it)
             assert "(hidden until done)" in ui.get("/ui/queue").text
             token = _csrf(page)
             ui.post(url + "/label", data={"csrf": token, "label": "not_a_failure"})
             page = ui.get(url).text
             assert "rita&#39;s secret note" in page and "stay hidden" not in page
+            assert "<b>rita</b> label" in page
     finally:
         rt.close()
 
@@ -402,3 +404,22 @@ def test_login_errors_come_from_fixed_codes(ui) -> None:
         assert page.status_code == 200
         assert text not in page.text and "pwned" not in page.text and "locked" not in page.text
         assert 'role="alert"' not in page.text
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/ui/queue?bulk=skip&done=abc",
+        "/ui/queue?bulk=skip&left=1x",
+        "/ui/queue?bulk=assign&done=-3&left=" + "9" * 5000,
+        "/ui/clusters?notice=cluster_labelled&n=abc",
+        "/ui/clusters?notice=cluster_labelled&left=1x",
+        "/ui/clusters?notice=cluster_labelled&n=" + "9" * 5000,
+        "/ui/clusters?notice=cluster_labelled&n=%D9%A3",  # an Arabic-Indic digit: isdigit, not a count
+    ],
+)
+def test_a_notice_count_that_is_not_a_number_reads_as_zero(ui, url: str) -> None:  # type: ignore[no-untyped-def]
+    _login(ui)
+    r = ui.get(url)
+    assert r.status_code == 200, r.text[:500]
+    assert "The page failed" not in r.text

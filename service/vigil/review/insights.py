@@ -161,21 +161,17 @@ def list_queue(
         if status == "done":
             q = q.order_by(I.updated_at.desc(), I.id.desc())
             if cursor:
-                at_raw, last_id = reads.decode_cursor(cursor, 2)
-                at = reads.cursor_time(at_raw)
-                q = q.where(I.updated_at <= at, or_(I.updated_at < at, I.id < int(last_id)))
+                at_raw, id_raw = reads.decode_cursor(cursor, 2)
+                at, last_id = reads.cursor_time(at_raw), reads.cursor_int(id_raw)
+                q = q.where(I.updated_at <= at, or_(I.updated_at < at, I.id < last_id))
         else:
             q = q.order_by(I.priority.desc(), I.created_at, I.id)
             if cursor:
-                prio, at_raw, last_id = reads.decode_cursor(cursor, 3)
-                at = reads.cursor_time(at_raw)
+                prio_raw, at_raw, id_raw = reads.decode_cursor(cursor, 3)
+                prio, at, last_id = reads.cursor_number(prio_raw), reads.cursor_time(at_raw), reads.cursor_int(id_raw)
                 q = q.where(
-                    I.priority <= float(prio),
-                    or_(
-                        I.priority < float(prio),
-                        I.created_at > at,
-                        and_(I.created_at == at, I.id > int(last_id)),
-                    ),
+                    I.priority <= prio,
+                    or_(I.priority < prio, I.created_at > at, and_(I.created_at == at, I.id > last_id)),
                 )
     rows = session.execute(q.limit(limit).offset(offset)).all()
     ids = [item.conversation_id for item, _ in rows]

@@ -35,12 +35,19 @@ def count_labels(request: Request, response: Response, n: int = 1) -> Response:
     return response
 
 
+def notice_count(request: Request, name: str) -> int:
+    """A count a redirect put in the URL for its notice (``?done=3``); anything else (text, a sign, more
+    digits than any batch holds) reads as 0: the notice is the page's, never a reason for it to fail."""
+    value = request.query_params.get(name) or ""
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else 0
+
+
 def bulk_notice(request: Request) -> str | None:
     q = request.query_params
     action = q.get("bulk")
     if action not in triage.BULK_ACTIONS:
         return None
-    done, left = int(q.get("done") or 0), int(q.get("left") or 0)
+    done, left = notice_count(request, "done"), notice_count(request, "left")
     to = q.get("to")
     verb = {"skip": "Skipped", "assign": "Assigned", "unassign": "Unassigned"}[action]
     if action == "assign" and to in reviewer_names(request):

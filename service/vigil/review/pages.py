@@ -200,8 +200,7 @@ def _conversation_page(
     mine = next((lab for lab in (item or {}).get("labels", []) if lab["reviewer"] == user.name), None)
     # double review is blind: others' labels stay hidden until this reviewer has given theirs
     blind = insights.is_blind(item, user.name)
-    if blind:
-        hist = {**hist, "labels": [lab for lab in hist["labels"] if lab["reviewer"] == user.name]}
+    hist = insights.blind_history(hist, item, user.name)  # the API's rule: their labels and label events
     document = conv["conversation"] or {"messages": []}
     try:
         fold = folding.pick(len(document.get("messages") or []), *window)

@@ -15,7 +15,7 @@ from vigil.review import clusters as near_dups
 from vigil.review import insights, queue, triage
 from vigil.review import side_by_side as sbs
 from vigil.review.errors import Conflict, Invalid, NotFound
-from vigil.review.page_kit import count_labels, reviewer_names, stage_of
+from vigil.review.page_kit import count_labels, notice_count, reviewer_names, stage_of
 from vigil.review.policy import SEVERITIES
 from vigil.store import reads
 from vigil.ui import folding, transcript
@@ -66,10 +66,9 @@ def clusters_page(request: Request, notice: str | None = None, user: Principal =
     with st.sessions() as s:
         data = st.failure_clusters.clusters(s, st.rule_descriptions)
         open_ = [c.as_dict() for c in near_dups.open_clusters(s, reviewer=user.name)]
-    q = request.query_params
     said = None
     if notice == "cluster_labelled":
-        n, left = int(q.get("n") or 0), int(q.get("left") or 0)
+        n, left = notice_count(request, "n"), notice_count(request, "left")
         said = f"Labelled {n} conversation{'s' if n != 1 else ''} in one action."
         if left:
             said += f" {left} left as they were (held by someone else, done, or labelled by you already)."

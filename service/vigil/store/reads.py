@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -169,9 +170,33 @@ def decode_cursor(text: str, n: int) -> list[Any]:
 
 def cursor_time(value: Any) -> datetime:
     try:
+        # OverflowError: an offset that moves the time past year 1 or 9999 in UTC
         return aware(datetime.fromisoformat(value))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise BadCursor("cursor is not one Vigil handed out") from None
+
+
+_INT64 = 2**63
+
+
+def cursor_int(value: Any) -> int:
+    """An id from a cursor: an integer a database column holds (a bool, a float or 2**64 is not one)."""
+    if value.__class__ is not int or not -_INT64 <= value < _INT64:
+        raise BadCursor("cursor is not one Vigil handed out")
+    return int(value)
+
+
+def cursor_number(value: Any) -> float:
+    """A priority from a cursor: a finite number (not a bool, a string or a list)."""
+    if value.__class__ not in (int, float) or not math.isfinite(value):
+        raise BadCursor("cursor is not one Vigil handed out")
+    return float(value)
+
+
+def cursor_text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise BadCursor("cursor is not one Vigil handed out")
+    return value
 
 
 def capped_count(session: Session, q: Select[Any], cap: int) -> tuple[int, bool]:
@@ -205,9 +230,9 @@ def list_conversations(
             return _page([], total, capped, limit, offset)
         q = q.where(C.received_at <= newest)
     if cursor:
-        at_raw, cid = decode_cursor(cursor, 2)
-        at = cursor_time(at_raw)
-        q = q.where(C.received_at <= at, or_(C.received_at < at, C.conversation_id > str(cid)))
+        at_raw, cid_raw = decode_cursor(cursor, 2)
+        at, cid = cursor_time(at_raw), cursor_text(cid_raw)
+        q = q.where(C.received_at <= at, or_(C.received_at < at, C.conversation_id > cid))
     rows = session.scalars(q.order_by(C.received_at.desc(), C.conversation_id).limit(limit).offset(offset)).all()
     return _page(rows, total, capped, limit, offset)
 
