@@ -325,3 +325,23 @@ def test_agent_ids_and_versions_that_cannot_be_labels_refuse_their_item_only(
     from vigil.schema import Conversation
 
     assert Conversation.model_validate(bad).model_dump()[field] == value  # stored before: read as it is
+
+
+def test_a_broken_pretty_printed_document_is_refused_once_saying_where_it_breaks(tmp_path: Path) -> None:
+    """A JSON document written over many lines, broken somewhere, is one refusal naming the position, not
+    a refusal per line (its lines are not JSON lines); a file of JSON lines with a few bad ones keeps the rest."""
+    from vigil.ingest.importers import read_file_parts
+
+    # one element per line, as many tools write an array: its last line alone is JSON, the others are not
+    doc = b"[\n" + b",\n".join(_line(f"pp-{i}") for i in range(5)) + b"\n]\n"
+    broken = tmp_path / "broken.json"
+    broken.write_bytes(doc.replace(b'"pp-2"', b'"pp-2" "oops"'))
+    [(imported, refused)] = list(read_file_parts(broken))
+    assert imported is None and len(refused) == 1
+    [r] = refused
+    assert r.line is None and r.reason == "malformed_json" and "line" in r.detail and "of its" in r.detail
+    lines = tmp_path / "lines.jsonl"
+    lines.write_bytes(b"\n".join([_line("ok-1"), b"{broken", _line("ok-2"), _line("ok-3")]))
+    [(imported, refused)] = list(read_file_parts(lines))
+    assert imported is not None and [c.conversation_id for c in imported.conversations] == ["ok-1", "ok-2", "ok-3"]
+    assert [r.line for r in refused] == [2]

@@ -295,6 +295,11 @@ def _from_lines(
         if whole is None:
             return None, refused
         return None, [Refused(path, None, "malformed_json", f"not JSON: {whole}", body)]
+    if whole is not None and len(refused) > len(numbered):
+        # most lines are not JSON: one JSON document (pretty-printed) broken somewhere, not JSON lines with
+        # a few bad ones; one refusal saying where it breaks, not one per line of it
+        why = f"not JSON: {whole} (and {len(refused)} of its {len(lines)} lines are not JSON lines either)"
+        return None, [Refused(path, None, "malformed_json", why, body)]
     if refused:  # lines that are not JSON: skipping them is safe only where each line is a record
         try:
             kind = detect(data) if fmt == "auto" else fmt
