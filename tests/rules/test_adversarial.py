@@ -172,6 +172,9 @@ def test_every_built_in_rule_type_is_linear_on_hostile_text(rule_type: str) -> N
     report = {}
     for shape_name, shape in TEXTS.items():
         worst, timings = growth(run, shape)
+        if worst > SLOPE_BOUND:  # measured once more: on a machine whose every core is busy, the largest text
+            # can lose its caches to other work (a linear rule measured 1.59 once); superlinear code stays over
+            worst, timings = min((worst, timings), growth(run, shape), key=lambda r: r[0])
         report[shape_name] = (worst, timings)
     bad = {k: v for k, v in report.items() if v[0] > SLOPE_BOUND}
     assert not bad, f"{rule_type} grows superlinearly: " + "; ".join(
