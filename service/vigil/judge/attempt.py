@@ -20,6 +20,8 @@ from vigil.judge.prompt import build_messages
 from vigil.judge.verdicts import Outcome
 from vigil.schema import Conversation
 
+MAX_RAW_REPLY = 64 * 1024  # characters of the model's reply stored as ``raw_reply``; the rest is cut
+
 
 async def attempt(engine: JudgeEngine, lane: Lane, req: store.Claimed, probes: set[int]) -> Outcome:
     """Judge ``req`` with ``lane``'s judge; ``probes`` are the requests let through an open circuit."""
@@ -53,7 +55,7 @@ async def attempt(engine: JudgeEngine, lane: Lane, req: store.Claimed, probes: s
         engine.metrics.judge_errors.labels(lane.name, "parse").inc()
     fields = base_fields(lane, judge.prompt_hash)
     fields.update(
-        raw_reply=reply.text,
+        raw_reply=capped_reply(reply.text),
         prompt_tokens=reply.prompt_tokens,
         completion_tokens=reply.completion_tokens,
         cost_usd=reply.cost_usd,
@@ -95,6 +97,25 @@ def _failed(engine: JudgeEngine, lane: Lane, req: store.Claimed, err: ProviderEr
         Parsed.unscored(err.reason, err.detail[:500]),
         base_fields(lane, judge.prompt_hash),
     )
+
+
+def failed_unexpectedly(engine: JudgeEngine, lane: Lane, req: store.Claimed, exc: Exception) -> Outcome:
+    """The outcome of an attempt that raised something unexpected (a bug, a broken reply object).
+
+    Retried under the engine's policy like a retryable provider error, so at most
+    ``VIGIL_JUDGE_MAX_ATTEMPTS`` attempts in all, then an ``unscored`` verdict with reason ``gave_up``:
+    the attempt may have made a paid call, and a request must not be retried without end.
+    """
+    err = ProviderError("retryable", "internal_error", f"{type(exc).__name__}: {str(exc)[:500]}")
+    return _failed(engine, lane, req, err)
+
+
+def capped_reply(text: str | None) -> str | None:
+    """The reply as stored: its first :data:`MAX_RAW_REPLY` characters, and a note of the cut if longer
+    (the verdict is parsed from the whole reply)."""
+    if text is None or len(text) <= MAX_RAW_REPLY:
+        return text
+    return f"{text[:MAX_RAW_REPLY]}\n[truncated: first {MAX_RAW_REPLY} of {len(text)} characters stored]"
 
 
 def base_fields(lane: Lane, prompt_hash: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import os
 import re
 import time
@@ -27,6 +28,40 @@ class Reply:
     completion_tokens: int | None = None
     cost_usd: float | None = None
     latency_ms: float | None = None
+
+
+def _count(value: Any) -> int | None:
+    """A token count as reported, or None (unknown) unless it is a whole number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    if value < 0 or value != int(value):
+        return None
+    return int(value)
+
+
+def _money(value: Any) -> float | None:
+    """A cost as reported, or None (unknown) unless it is a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
+def sanitize_usage(reply: Reply) -> list[str]:
+    """Make ``reply``'s usage figures unknown (None) where a provider reported impossible ones.
+
+    A negative, fractional or non-finite token count and a negative or non-finite cost (NaN, infinity)
+    cannot be charged to a budget or added to a counter: they are dropped, as if the provider had
+    reported none. Returns what was dropped (empty for a sane reply), for the caller to count and log.
+    """
+    dropped: list[str] = []
+    for name, check in (("prompt_tokens", _count), ("completion_tokens", _count), ("cost_usd", _money)):
+        value = getattr(reply, name)
+        if value is not None and check(value) is None:
+            dropped.append(f"{name}={value!r}"[:80])
+            setattr(reply, name, None)
+        elif value is not None:
+            setattr(reply, name, check(value))
+    return dropped
 
 
 class LLMClient(Protocol):
@@ -82,11 +117,15 @@ class LiteLLMClient:
                 cost = None
         choice = resp.choices[0] if resp.choices else None
         text = choice.message.content if choice is not None else None
+        try:
+            cost = float(cost) if cost is not None else None
+        except (TypeError, ValueError):  # not a number: unknown; the engine checks the figures' range
+            cost = None
         return Reply(
             text,
             getattr(usage, "prompt_tokens", None),
             getattr(usage, "completion_tokens", None),
-            float(cost) if cost is not None else None,
+            cost,
             latency,
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from vigil.judge.client import LLMClient, Reply, classify, has_credentials, has_price
+from vigil.judge.client import LLMClient, Reply, classify, has_credentials, has_price, sanitize_usage
 from vigil.judge.definitions import Judge
 from vigil.judge.errors import JudgeError, ProviderError
 from vigil.judge.limits import Budget, CircuitBreaker, Decision, RateLimiter, decide, utc_day
@@ -67,6 +68,9 @@ class Lane:
     dirty: bool = True
     price_source: str | None = None  # litellm | judge.yaml | unknown (None: the offline judge costs nothing)
     unpriced: bool = False
+    # the cost the provider reported for the last reply, when it was impossible (negative, NaN, infinite)
+    # and no judge.yaml price could stand in: why the spend is unknown although the model has a price
+    bad_cost: str | None = None
 
     @property
     def name(self) -> str:
@@ -203,6 +207,11 @@ class JudgeEngine:
             return self._offline_detail(lane)
         if not lane.unpriced:
             return None
+        if lane.bad_cost:
+            return (
+                f"{lane.judge.spec.model} reported an impossible cost ({lane.bad_cost}) and judge.yaml sets "
+                f"no price:, so the daily cap of {usd(lane.budget.cap)} cannot be enforced; spend is unknown, not $0"
+            )
         return (
             f"no price for {lane.judge.spec.model} (litellm has none, judge.yaml sets no price:), so the "
             f"daily cap of {usd(lane.budget.cap)} cannot be enforced; spend is unknown, not $0"
@@ -288,7 +297,7 @@ class JudgeEngine:
         for name, lane in self.lanes.items():
             total, calls = stored.get(name, (0.0, 0))
             lane.budget.observe(today, total)
-            if lane.budget.estimate == 0 and calls:
+            if lane.budget.estimate == 0 and calls and math.isfinite(total) and total >= 0:
                 lane.budget.estimate = total / calls
 
     # --- one model call, under the judge's limits -----------------------------------------------
@@ -341,9 +350,11 @@ class JudgeEngine:
             self.metrics.judge_latency_seconds.labels(lane.name).observe(elapsed)
         lane.breaker.success()
         lane.window = min(max(1, spec.limits.concurrency), lane.window * 2)
+        dropped = self._check_usage(lane, reply)
         if reply.cost_usd is None and spec.price is not None:
             reply.cost_usd = spec.price.cost(reply.prompt_tokens, reply.completion_tokens)
         lane.unpriced = reply.cost_usd is None
+        lane.bad_cost = next((d for d in dropped if d.startswith("cost_usd=")), None) if lane.unpriced else None
         if lane.state == "circuit_open":
             self.set_state(lane, lane.active_state, self._active_detail(lane))
         lane.budget.settle(reserved, reply.cost_usd)
@@ -351,14 +362,25 @@ class JudgeEngine:
         self.refresh(lane)
         return reply, elapsed * 1000
 
+    def _check_usage(self, lane: Lane, reply: Reply) -> list[str]:
+        """Impossible usage figures (negative, NaN, infinite) become unknown; counted and logged once per
+        reply as a provider anomaly (``vigil_judge_errors_total{class="usage_anomaly"}``)."""
+        dropped = sanitize_usage(reply)
+        if dropped:
+            self.metrics.judge_errors.labels(lane.name, "usage_anomaly").inc()
+            log.warning(
+                "judge %s: %s reported impossible usage (%s); counted as unknown",
+                lane.name,
+                lane.judge.spec.model,
+                ", ".join(dropped),
+            )
+        return dropped
+
     def _account(self, lane: Lane, reply: Reply) -> None:
         m = self.metrics
-        if reply.cost_usd:
-            m.judge_cost_usd.labels(lane.name, m.label(lane.judge.spec.model)).inc(reply.cost_usd)
-        if reply.prompt_tokens:
-            m.judge_tokens.labels(lane.name, "prompt").inc(reply.prompt_tokens)
-        if reply.completion_tokens:
-            m.judge_tokens.labels(lane.name, "completion").inc(reply.completion_tokens)
+        _add(m.judge_cost_usd.labels(lane.name, m.label(lane.judge.spec.model)), reply.cost_usd)
+        _add(m.judge_tokens.labels(lane.name, "prompt"), reply.prompt_tokens)
+        _add(m.judge_tokens.labels(lane.name, "completion"), reply.completion_tokens)
         m.judge_budget_used_usd.labels(lane.name).set(lane.budget.spent)
 
     def policy(self, err: ProviderError, attempts: int, max_attempts: int | None = None) -> Decision:
@@ -404,6 +426,13 @@ class JudgeEngine:
 
     def next_attempt(self, delay: float) -> datetime:
         return self.clock() + timedelta(seconds=delay)
+
+
+def _add(counter: Any, amount: float | None) -> None:
+    """Add a provider's figure to a counter; anything but a finite positive number is skipped, so a
+    provider's numbers can never make an increment raise (or turn a counter into NaN)."""
+    if isinstance(amount, int | float) and math.isfinite(amount) and amount > 0:
+        counter.inc(amount)
 
 
 def is_offline_detail(detail: str | None) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Callable
@@ -142,7 +143,9 @@ class Budget:
 
     def observe(self, today: date, stored_total: float, own_since: float = 0.0) -> None:
         self.roll(today)
-        self.spent = max(self.spent, stored_total + own_since)
+        total = stored_total + own_since
+        if math.isfinite(total):  # a stored NaN or infinity must not poison the day's spend
+            self.spent = max(self.spent, total)
 
     @property
     def exhausted(self) -> bool:
@@ -157,8 +160,11 @@ class Budget:
         return amount
 
     def settle(self, reserved: float, cost: float | None) -> None:
+        """Release the reservation and charge ``cost``. A cost that is not a finite number >= 0 (negative,
+        NaN, infinity) is unknown, like None: nothing is charged, so the spend never goes down or turns
+        NaN, and the estimate of a call is left as it was."""
         self.reserved = max(0.0, self.reserved - reserved)
-        if cost is not None:
+        if cost is not None and math.isfinite(cost) and cost >= 0:
             self.spent += cost
             self.estimate = cost if self.estimate == 0 else 0.8 * self.estimate + 0.2 * cost
 

@@ -6,6 +6,7 @@ the transcript cannot become the verdict.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +47,34 @@ def _object(text: str | None) -> dict[str, Any] | str:
         return "invalid_json"
     if not isinstance(value, dict):
         return "not_an_object"
+    if _has_duplicate_keys(body):
+        return "duplicate_keys"
     return value
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _DuplicateKey
+    return out
+
+
+def _has_duplicate_keys(body: str) -> bool:
+    """Whether any object in ``body`` (valid JSON) names a key twice: ``{"verdict":"pass", ...,
+    "verdict":"fail"}`` is ambiguous, and a parser that keeps the last one would pick a side."""
+    if body.count('"') < 4:  # fewer than two keys
+        return False
+    try:
+        json.loads(body, object_pairs_hook=_unique)
+    except _DuplicateKey:
+        return True
+    except (ValueError, RecursionError):  # orjson accepted it; nothing else to learn here
+        return False
+    return False
 
 
 def _rationale(value: Any) -> str | None | bool:

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from vigil.judge import store, verdicts
-from vigil.judge.attempt import attempt
+from vigil.judge.attempt import attempt, failed_unexpectedly
 from vigil.judge.engine import JudgeEngine, Lane
 from vigil.judge.offline import OFFLINE_MODEL
 from vigil.judge.verdicts import Outcome
@@ -202,9 +202,9 @@ class JudgeWorker:
             outcome = Outcome(req, "release", error="worker stopped")
             self._outbox.append(outcome)
             raise
-        except Exception as exc:  # a bug in one request must not stop the others; it is retried later
+        except Exception as exc:  # a bug in one request must not stop the others; retried, bounded, later
             log.exception("judging %s with %s failed", req.conversation_id, lane.name)
-            outcome = Outcome(req, "retry", delay=self.settings.judge_retry_base_seconds, error=repr(exc)[:500])
+            outcome = failed_unexpectedly(self.engine, lane, req, exc)
         finally:
             lane.in_flight -= 1
             self.in_flight -= 1

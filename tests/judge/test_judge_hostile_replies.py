@@ -1,0 +1,206 @@
+"""Hostile or broken provider replies: impossible usage figures, huge replies, ambiguous JSON.
+
+Replies are scripted at the client boundary (the ``complete`` of :class:`tests.support.judge_fakes.Scripted`
+shape), as in ``test_judge_worker.py``; the worker runs until idle, bounded by a deadline, never a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.judge.test_judge_worker import metric, requests, setup, verdicts
+from tests.support.judge_fakes import PASS, Scripted
+from tests.support.waiting import scaled
+from vigil.judge.client import Reply
+from vigil.judge.limits import Budget
+from vigil.judge.parse import parse_pairwise, parse_verdict
+
+CATEGORIES = ["wrong_action", "other"]
+PRICE = {"input_per_1k_usd": 1.0, "output_per_1k_usd": 1.0}
+CAP = {"rpm": 100_000, "concurrency": 4, "daily_budget_usd": 1.0}
+
+
+class Usage:
+    """Answers every call with ``text`` and the given usage figures, however impossible."""
+
+    def __init__(self, prompt: Any, completion: Any, cost: Any, text: str = PASS) -> None:
+        self.prompt, self.completion, self.cost, self.text = prompt, completion, cost, text
+        self.calls = 0
+
+    async def complete(self, model: str, messages: list[dict[str, str]], **params: Any) -> Reply:
+        self.calls += 1
+        return Reply(self.text, self.prompt, self.completion, self.cost)
+
+
+def run(stage: Any, timeout: float = 15.0) -> int:
+    return asyncio.run(stage.worker.run_until_idle(scaled(timeout)))
+
+
+def anomalies(rt: Any) -> float:
+    return metric(rt, "vigil_judge_errors_total", judge="tj", **{"class": "usage_anomaly"})
+
+
+# --- usage figures ------------------------------------------------------------------------------
+
+
+def test_negative_cost_and_tokens_are_unknown_one_call_per_request(tmp_path: Path) -> None:
+    client = Usage(-10, -5, -50.0)
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=3, limits=CAP)
+    assert run(stage) == 3
+    assert client.calls == 3  # no retry loop after a paid call
+    vs = verdicts(rt)
+    assert [v.verdict for v in vs] == ["pass"] * 3
+    assert all((v.prompt_tokens, v.completion_tokens, v.cost_usd, v.attempts) == (None, None, None, 1) for v in vs)
+    assert {(r.status, r.attempts) for r in requests(rt)} == {("done", 1)}
+    budget = stage.engine.lanes["tj"].budget
+    assert budget.spent == 0 and budget.estimate == 0 and budget.reserved == 0
+    assert metric(rt, "vigil_judge_budget_used_usd", judge="tj") == 0
+    assert metric(rt, "vigil_judge_cost_usd_total", judge="tj", model="openai/gpt-4o-mini") == 0
+    assert metric(rt, "vigil_judge_tokens_total", judge="tj", kind="prompt") == 0
+    assert anomalies(rt) == 3  # one per reply
+    lane = stage.engine.lanes["tj"]  # honest about the spend: unknown, not $0, and why
+    assert lane.state == "budget_unknown" and "impossible cost (cost_usd=-50.0)" in (lane.detail or "")
+
+
+def test_negative_tokens_with_a_price_cost_nothing_not_a_negative_spend(tmp_path: Path) -> None:
+    client = Usage(-1000, -1000, None)
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=3, limits=CAP, price=PRICE)
+    assert run(stage) == 3 and client.calls == 3
+    assert all(v.verdict == "pass" and v.cost_usd is None and v.prompt_tokens is None for v in verdicts(rt))
+    assert stage.engine.lanes["tj"].budget.spent == 0
+    assert metric(rt, "vigil_judge_budget_used_usd", judge="tj") == 0
+    assert anomalies(rt) == 3
+
+
+def test_negative_cost_falls_back_to_the_price_from_valid_tokens(tmp_path: Path) -> None:
+    client = Usage(100, 50, -50.0)
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=2, limits=CAP, price=PRICE)
+    assert run(stage) == 2 and client.calls == 2
+    assert [v.cost_usd for v in verdicts(rt)] == [pytest.approx(0.15)] * 2
+    assert stage.engine.lanes["tj"].budget.spent == pytest.approx(0.3)
+    assert metric(rt, "vigil_judge_budget_used_usd", judge="tj") == pytest.approx(0.3)
+    assert anomalies(rt) == 2
+
+
+@pytest.mark.parametrize("cost", [math.nan, math.inf, -math.inf])
+def test_non_finite_cost_is_unknown_and_the_budget_stays_a_number(tmp_path: Path, cost: float) -> None:
+    client = Scripted(cost=cost)  # 120 prompt and 30 completion tokens, a cost of ``cost``
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=3, limits=CAP, price=PRICE)
+    assert run(stage) == 3 and len(client.calls) == 3
+    vs = verdicts(rt)
+    assert [v.cost_usd for v in vs] == [pytest.approx(0.15)] * 3  # priced from the tokens instead
+    budget = stage.engine.lanes["tj"].budget
+    assert budget.spent == pytest.approx(0.45) and math.isfinite(budget.estimate)
+    assert metric(rt, "vigil_judge_budget_used_usd", judge="tj") == pytest.approx(0.45)
+    assert anomalies(rt) == 3
+
+
+def test_nan_cost_spend_still_reaches_the_cap(tmp_path: Path) -> None:
+    # each call costs 0.15 by the price; with a NaN spend the cap would never be reached
+    client = Scripted(cost=math.nan)
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=20, limits=CAP, price=PRICE)
+    run(stage)
+    lane = stage.engine.lanes["tj"]
+    assert lane.state == "paused_budget" and lane.budget.exhausted
+    assert len(client.calls) < 20 and lane.budget.spent <= 1.0 + 4 * 0.15
+
+
+def test_budget_settle_never_goes_negative_or_nan() -> None:
+    b = Budget(1.0)
+    day = date(2025, 1, 1)
+    b.roll(day)
+    b.settle(0.0, 0.1)
+    for bad in (-100.0, math.nan, math.inf, -math.inf):
+        b.settle(0.0, bad)
+        assert b.spent == pytest.approx(0.1) and b.estimate == pytest.approx(0.1)
+    b.observe(day, math.nan)
+    b.observe(day, -5.0)
+    assert b.spent == pytest.approx(0.1) and not b.exhausted
+    b.settle(0.0, 0.95)
+    assert b.exhausted
+
+
+# --- the worker's catch-all -----------------------------------------------------------------------
+
+
+def test_an_unexpected_error_is_retried_at_most_max_attempts_then_gave_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(text: str | None, categories: list[str]) -> Any:
+        raise RuntimeError("parser bug")
+
+    monkeypatch.setattr("vigil.judge.attempt.parse_verdict", broken)
+    client = Scripted()
+    rt, stage = setup(
+        f"sqlite:///{tmp_path / 'v.db'}",
+        tmp_path,
+        client,
+        n=1,
+        settings={"judge_max_attempts": 3, "judge_circuit_failures": 100},
+    )
+    assert run(stage) == 1
+    assert len(client.calls) == 3
+    [r] = requests(rt)
+    assert (r.status, r.attempts) == ("done", 3)
+    [v] = verdicts(rt)
+    assert (v.verdict, v.unscored_reason, v.attempts) == ("unscored", "gave_up", 3)
+    assert "gave up after 3 attempts" in (v.rationale or "") and "parser bug" in (v.rationale or "")
+    assert metric(rt, "vigil_judge_errors_total", judge="tj", **{"class": "gave_up"}) == 1
+
+
+# --- the reply itself -------------------------------------------------------------------------------
+
+
+def test_a_huge_reply_keeps_its_verdict_and_stores_a_capped_raw_reply(tmp_path: Path) -> None:
+    big = '{"verdict":"fail","score":0.5,"categories":[],"rationale":"' + "A" * 10_000_000 + '"}'
+    client = Scripted([big])
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=1)
+    assert run(stage) == 1
+    [v] = verdicts(rt)
+    assert (v.verdict, v.score) == ("fail", 0.5) and len(v.rationale or "") == 2000
+    raw = v.raw_reply or ""
+    assert 64 * 1024 <= len(raw) <= 64 * 1024 + 200
+    assert raw.startswith(big[: 64 * 1024]) and "truncated" in raw[64 * 1024 :]
+    assert str(len(big)) in raw[64 * 1024 :]
+
+
+def test_a_small_reply_is_stored_whole(tmp_path: Path) -> None:
+    client = Scripted([PASS])
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=1)
+    assert run(stage) == 1
+    [v] = verdicts(rt)
+    assert v.raw_reply == PASS
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"verdict":"pass","score":0.9,"categories":[],"verdict":"fail"}',
+        '{"verdict":"fail","score":0.1,"score":0.9,"categories":[]}',
+        '```json\n{"verdict":"pass","score":0.9,"rationale":"a","rationale":"b"}\n```',
+    ],
+)
+def test_duplicate_keys_are_refused_as_ambiguous(text: str) -> None:
+    p = parse_verdict(text, CATEGORIES)
+    assert (p.verdict, p.score, p.unscored_reason) == ("unscored", None, "duplicate_keys")
+
+
+def test_duplicate_keys_in_a_pairwise_reply_are_refused() -> None:
+    c = parse_pairwise('{"winner":"1","rationale":"x","winner":"2"}')
+    assert (c.choice, c.unscored_reason) == (None, "duplicate_keys")
+    assert parse_pairwise('{"winner":"2","rationale":"x"}').choice == "2"
+
+
+def test_a_duplicate_key_reply_is_an_unscored_verdict_counted_as_a_parse_error(tmp_path: Path) -> None:
+    client = Scripted(['{"verdict":"pass","score":0.9,"categories":[],"verdict":"fail"}'])
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=1)
+    assert run(stage) == 1
+    [v] = verdicts(rt)
+    assert (v.verdict, v.unscored_reason) == ("unscored", "duplicate_keys")
+    assert metric(rt, "vigil_judge_errors_total", judge="tj", **{"class": "parse"}) == 1
