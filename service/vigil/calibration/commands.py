@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from vigil.runtime import Launcher
@@ -21,7 +22,10 @@ def _est(e: dict[str, Any], pct: bool = True) -> str:
     if e.get("value") is None:
         return "–"
     f = (lambda x: f"{100 * x:.1f}%") if pct else (lambda x: f"{x:.3f}")
-    return f(e["value"]) + (f"  [{f(e['low'])}, {f(e['high'])}]" if e.get("low") is not None else "")
+    if e.get("low") is not None:
+        return f"{f(e['value'])}  [{f(e['low'])}, {f(e['high'])}]"
+    # a value without an interval says why (a kappa on too few items: "n too small")
+    return f(e["value"]) + ("  " + escape(f"[{e['note']}]") if e.get("note") else "")
 
 
 def print_report(result: dict[str, Any]) -> None:

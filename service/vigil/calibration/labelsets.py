@@ -62,6 +62,17 @@ class FileVerdict:
     categories: list[str] = field(default_factory=list)
 
 
+def _word(value: Any, allowed: Any, where: str, name: str, expected: str) -> str | None:
+    """``value`` if it is a string (or null) among ``allowed``; else a :class:`CalibrationError` naming the field.
+
+    The type is checked before membership: a list or an object read from JSON is not hashable, and must be
+    refused as bad input rather than raise ``TypeError`` from a set lookup.
+    """
+    if (value is not None and not isinstance(value, str)) or value not in allowed:
+        raise CalibrationError(f"{where}: {name} must be {expected}, not {value!r}")
+    return value
+
+
 def numbered(items: list[Any]) -> list[tuple[int, dict[str, Any]]]:
     """Items of a JSON array as numbered rows (1-based), each checked to be an object."""
     for no, obj in enumerate(items, 1):
@@ -100,20 +111,19 @@ def parse_labels(rows: list[tuple[int, dict[str, Any]]], path: str) -> LabelledS
     seen: set[str] = set()
     for no, obj in rows:
         where = f"{path}:{no}"
-        human = obj.get("human", obj.get("label"))
+        human = _word(obj.get("human", obj.get("label")), HUMAN.keys() | UNSURE, where, "human", "fail or pass")
         if human in UNSURE:
             out.unsure += 1
             continue
-        if human not in HUMAN:
-            raise CalibrationError(f"{where}: human must be fail or pass, not {human!r}")
+        assert human is not None
         conv = None
         if obj.get("conversation") is not None:
             try:
                 conv = Conversation.model_validate(obj["conversation"])
             except ValidationError as exc:
                 first = exc.errors()[0]
-                loc = ".".join(str(p) for p in first["loc"])
-                raise CalibrationError(f"{where}: conversation.{loc}: {first['msg']}") from None
+                loc = "".join(f".{p}" for p in first["loc"])  # empty when the conversation is not an object
+                raise CalibrationError(f"{where}: conversation{loc}: {first['msg']}") from None
             cid = conv.conversation_id
         else:
             raw_id = obj.get("conversation_id")
@@ -144,11 +154,13 @@ def parse_verdicts(rows: list[tuple[int, dict[str, Any]]], path: str) -> dict[st
         cid, verdict = obj.get("conversation_id"), obj.get("verdict")
         if not isinstance(cid, str) or not cid:
             raise CalibrationError(f"{where}: needs a conversation_id")
-        if verdict not in VERDICTS:
-            raise CalibrationError(f"{where}: verdict must be pass, fail or unscored, not {verdict!r}")
+        verdict = _word(verdict, VERDICTS, where, "verdict", "pass, fail or unscored")
+        assert verdict is not None
         if cid in out:
             raise CalibrationError(f"{where}: conversation {cid!r} has two verdicts")
         version = obj.get("judge_version")
+        if version is not None and (isinstance(version, bool) or not isinstance(version, str | int | float)):
+            raise CalibrationError(f"{where}: judge_version must be a string, not {version!r}")
         cats = obj.get("categories") or []
         if not isinstance(cats, list) or not all(isinstance(c, str) for c in cats):
             raise CalibrationError(f"{where}: categories must be a list of strings")
@@ -161,9 +173,9 @@ def load_pairwise(path: Path) -> tuple[list[str | None], list[str | None]]:
     first: list[str | None] = []
     second: list[str | None] = []
     for no, obj in _lines(path):
-        a, b = obj.get("first_choice"), obj.get("second_choice")
-        if a not in CHOICES or b not in CHOICES:
-            raise CalibrationError(f"{path}:{no}: first_choice and second_choice must be a, b, tie or null")
+        where = f"{path}:{no}"
+        a = _word(obj.get("first_choice"), CHOICES, where, "first_choice", "a, b, tie or null")
+        b = _word(obj.get("second_choice"), CHOICES, where, "second_choice", "a, b, tie or null")
         first.append(a)
         second.append(b)
     return first, second
@@ -173,9 +185,7 @@ def load_pairwise_human(path: Path) -> list[str | None]:
     """The human choices of a pairwise file (None where a line has none)."""
     out: list[str | None] = []
     for no, obj in _lines(path):
-        h = obj.get("human")
-        if h not in CHOICES:
-            raise CalibrationError(f"{path}:{no}: human must be a, b, tie or null")
+        h = _word(obj.get("human"), CHOICES, f"{path}:{no}", "human", "a, b, tie or null")
         out.append(h)
     return out
 

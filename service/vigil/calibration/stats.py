@@ -8,6 +8,11 @@ Every figure comes with a 95% interval from a maintained library rather than a h
 - Fleiss' kappa: ``statsmodels.stats.inter_rater.fleiss_kappa``, with a percentile bootstrap over items
   (``scipy.stats.bootstrap``) for its interval.
 
+Neither kappa interval is valid on a handful of items (the asymptotic one assumes a large sample, a
+bootstrap over three items has almost nothing to resample), and both collapse to a single point when every
+item agrees: below :data:`MIN_KAPPA_INTERVAL_N` items, or when the interval would have zero width, a kappa
+keeps its value but has no interval (``low`` and ``high`` None) and a ``note`` saying why.
+
 The positive class is "fail": a true positive is a conversation both the judge and the human call a failure.
 """
 
@@ -21,6 +26,9 @@ from typing import Any
 import numpy as np
 
 CONFIDENCE = 0.95
+MIN_KAPPA_INTERVAL_N = 10  # fewer items than this: a kappa has no interval
+TOO_SMALL = "n too small"
+NO_SPREAD = "no interval: zero variance"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +40,13 @@ class Estimate:
     high: float | None
     count: int | None = None
     n: int = 0
+    note: str | None = None  # why a value has no interval (only then in :meth:`as_dict`)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if out["note"] is None:
+            del out["note"]
+        return out
 
 
 NONE = Estimate(None, None, None, 0, 0)
@@ -64,10 +76,19 @@ def cohens_kappa(table: np.ndarray) -> Estimate:
     with np.errstate(divide="ignore", invalid="ignore"):  # its z statistic divides by zero at the extremes
         r = sm_kappa(table, return_results=True)
     kappa = float(r["kappa"])
+    if n < MIN_KAPPA_INTERVAL_N:
+        return Estimate(kappa, None, None, None, n, TOO_SMALL)
     std = float(r["std_kappa"])
     if not np.isfinite(std):
         return Estimate(kappa, None, None, None, n)
-    return Estimate(kappa, float(r["kappa_low"]), float(r["kappa_upp"]), None, n)
+    return _interval(kappa, float(r["kappa_low"]), float(r["kappa_upp"]), n)
+
+
+def _interval(value: float, low: float, high: float, n: int) -> Estimate:
+    """A kappa with its interval, or without one when the interval is a single point (or not a number)."""
+    if not (np.isfinite(low) and np.isfinite(high)) or high - low <= 1e-12:
+        return Estimate(value, None, None, None, n, NO_SPREAD)
+    return Estimate(value, low, high, None, n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +157,8 @@ def fleiss(table: np.ndarray, resamples: int = 1000, seed: int = 0) -> Estimate:
     if (totals > 0).sum() < 2:
         return Estimate(None, None, None, None, n)  # everyone always gave the same label
     value = float(fleiss_kappa(table))
-    if n < 3:
-        return Estimate(value, None, None, None, n)
+    if n < MIN_KAPPA_INTERVAL_N:
+        return Estimate(value, None, None, None, n, TOO_SMALL)
 
     def stat(idx: np.ndarray) -> float:
         sub = table[idx.astype(int)]
@@ -155,7 +176,7 @@ def fleiss(table: np.ndarray, resamples: int = 1000, seed: int = 0) -> Estimate:
         rng=np.random.default_rng(seed),
     )
     ci = res.confidence_interval
-    return Estimate(value, float(ci.low), float(ci.high), None, n)
+    return _interval(value, float(ci.low), float(ci.high), n)
 
 
 def inter_rater(items: dict[str, list[tuple[str, str]]]) -> dict[str, Any]:
