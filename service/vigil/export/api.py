@@ -69,6 +69,7 @@ def export_tasks(
             "X-Vigil-Export-Ack": f"/v1/exports/{result.run_id}/ack",
             "X-Vigil-Watermark": str(result.watermark),
             "X-Vigil-Tasks": str(result.tasks),
+            "X-Vigil-Skipped": str(len(result.skipped)),  # which and why: `vigil export` lists them
             "X-Vigil-Grouped": str(result.grouped),
         },
     )

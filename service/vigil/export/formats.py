@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from vigil.export.grading import describe
+from vigil.schema import dumps_exact, loads_exact
 
 FORMATS = ("native", "inspect", "verifiers")
 
@@ -47,18 +48,96 @@ def info(task: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_JSON_TYPES = frozenset({"string", "integer", "number", "boolean", "array", "object", "null"})
+_MAX_SCHEMA_DEPTH = 32  # deeper nesting becomes an untyped value: no model needs it to call the tool
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _schema(value: Any, depth: int = 0) -> dict[str, Any]:
+    """A parameter's JSON Schema as Inspect's ``JSONSchema`` accepts it: each field it knows kept only when
+    of the type it requires (an unknown ``type`` is dropped, leaving the value untyped; ``required`` keeps
+    only names of known properties); fields it does not know are kept, Inspect ignores them."""
+    if not isinstance(value, dict) or depth > _MAX_SCHEMA_DEPTH:
+        return {}
+    out = {k: v for k, v in value.items() if isinstance(k, str)}
+    kind = out.pop("type", None)
+    if isinstance(kind, str) and kind in _JSON_TYPES:
+        out["type"] = kind
+    elif isinstance(kind, list) and (kinds := [t for t in kind if isinstance(t, str) and t in _JSON_TYPES]):
+        out["type"] = list(dict.fromkeys(kinds))
+    for key in ("format", "description", "pattern"):
+        if key in out and not isinstance(out[key], str):
+            del out[key]
+    for key in ("enum", "examples"):
+        if key in out and not isinstance(out[key], list):
+            del out[key]
+    for key in ("minLength", "maxLength"):
+        if key in out and not (isinstance(out[key], int) and not isinstance(out[key], bool)):
+            del out[key]
+    for key in ("minimum", "maximum"):
+        if key in out and not _number(out[key]):
+            del out[key]
+    if "items" in out:
+        if isinstance(out["items"], dict):
+            out["items"] = _schema(out["items"], depth + 1)
+        else:
+            del out["items"]
+    if "properties" in out:
+        if isinstance(out["properties"], dict):
+            out["properties"] = {k: _schema(v, depth + 1) for k, v in out["properties"].items() if isinstance(k, str)}
+        else:
+            del out["properties"]
+    if "anyOf" in out:
+        anyof = out["anyOf"]
+        out["anyOf"] = [_schema(v, depth + 1) for v in anyof if isinstance(v, dict)] if isinstance(anyof, list) else []
+        if not out["anyOf"]:
+            del out["anyOf"]
+    if "additionalProperties" in out:
+        extra = out["additionalProperties"]
+        if isinstance(extra, dict):
+            out["additionalProperties"] = _schema(extra, depth + 1)
+        elif not isinstance(extra, bool):
+            del out["additionalProperties"]
+    if "required" in out:
+        required = _required(out["required"], out.get("properties") or {})
+        if required:
+            out["required"] = required
+        else:
+            del out["required"]
+    return out
+
+
+def _required(value: Any, properties: dict[str, Any]) -> list[str]:
+    """``required`` as a list of known property names (a single name given as a string counts as one)."""
+    names = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    return list(dict.fromkeys(n for n in names if isinstance(n, str) and n in properties))
+
+
 def inspect_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI function definitions as Inspect's tool definitions (``ToolInfo``: name, description, parameters)."""
+    """OpenAI function definitions as Inspect's tool definitions (``ToolInfo``: name, description, parameters).
+
+    The stored schemas are the agent's, as sent: parameters are made what Inspect's ``ToolParams`` accepts
+    (see :func:`_schema`), so the sample loads and the solver can offer them. A tool whose ``properties`` is
+    not an object (a list, a string) keeps its name and description with no parameters rather than being
+    dropped: the task stays usable, since a criterion about calling that tool (``must_not_call``) still
+    needs the tool offered to the model under test.
+    """
     out = []
     for t in tools:
         fn = t["function"]
-        params = dict(fn.get("parameters") or {"type": "object", "properties": {}})
+        raw = fn.get("parameters")
+        raw = raw if isinstance(raw, dict) else {}
+        props = raw.get("properties") if isinstance(raw.get("properties"), dict) else {}
+        params = _schema({**raw, "properties": props})
+        params["type"] = "object"  # ToolParams accepts nothing else
         # Inspect requires a description of every parameter; tools seen only in calls have none
         params["properties"] = {
-            k: {**v, "description": v.get("description") or k}
-            for k, v in (params.get("properties") or {}).items()
-            if isinstance(v, dict)
+            k: {**v, "description": v.get("description") or k} for k, v in params["properties"].items()
         }
+        params["required"] = _required(raw.get("required"), params["properties"])
         out.append({"name": fn["name"], "description": fn.get("description") or fn["name"], "parameters": params})
     return out
 
@@ -75,7 +154,7 @@ def _args(raw: Any) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
     try:
-        value = orjson.loads(raw or "{}")
+        value = loads_exact(raw or "{}")
     except orjson.JSONDecodeError:
         return {"_raw": raw}
     return value if isinstance(value, dict) else {"_value": value}
@@ -138,7 +217,7 @@ def openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "name": c["function"]["name"],
                         "arguments": c["function"]["arguments"]
                         if isinstance(c["function"].get("arguments"), str)
-                        else orjson.dumps(c["function"].get("arguments") or {}).decode(),
+                        else dumps_exact(c["function"].get("arguments") or {}),
                     },
                 }
                 for c in m["tool_calls"]

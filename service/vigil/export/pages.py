@@ -102,6 +102,7 @@ async def export_download(request: Request) -> Response:
             "X-Vigil-Export-State": result.state,
             "X-Vigil-Watermark": str(result.watermark),
             "X-Vigil-Tasks": str(result.tasks),
+            "X-Vigil-Skipped": str(len(result.skipped)),  # which and why: `vigil export` lists them
             "Cache-Control": "no-store",
         },
     )

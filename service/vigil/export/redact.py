@@ -62,3 +62,42 @@ class Redactor:
         if isinstance(obj, list | tuple):
             return [self.value(v) for v in obj]
         return obj
+
+
+# Identifiers Vigil generated or keeps as keys, never content: redacting them breaks what they join (a
+# Luhn-valid digit run in a hex hash reads as a card). Everything else of the task is redacted.
+_TASK_IDS = ("schema", "task_id", "group_key", "source", "duplicates")
+_FAILURE_IDS = ("message_index", "located_by", "category", "severity")
+_RULE_IDS = ("rule_id", "rule_type", "severity")
+_JUDGE_IDS = ("judge", "judge_version", "verdict")
+
+
+def _except(redactor: Redactor, obj: Any, keep: tuple[str, ...]) -> Any:
+    if not isinstance(obj, dict):
+        return redactor.value(obj)
+    return {k: v if k in keep else redactor.value(v) for k, v in obj.items()}
+
+
+def _message(redactor: Redactor, m: Any) -> Any:
+    """A message redacted, its tool call ids and the id of the call a tool result answers kept."""
+    if not isinstance(m, dict):
+        return redactor.value(m)
+    out = _except(redactor, m, ("role", "tool_call_id"))
+    if isinstance(m.get("tool_calls"), list):
+        out["tool_calls"] = [_except(redactor, c, ("id", "type")) for c in m["tool_calls"]]
+    return out
+
+
+def redact_task(redactor: Redactor, task: dict[str, Any]) -> dict[str, Any]:
+    """The native task with every string of its content redacted, its identifiers kept as they are."""
+    out = _except(redactor, task, _TASK_IDS)
+    out["messages"] = [_message(redactor, m) for m in task.get("messages") or []]
+    failure = task.get("failure")
+    if isinstance(failure, dict):
+        red = _except(redactor, failure, _FAILURE_IDS)
+        if failure.get("failed_turn") is not None:
+            red["failed_turn"] = _message(redactor, failure["failed_turn"])
+        red["rules"] = [_except(redactor, r, _RULE_IDS) for r in failure.get("rules") or []]
+        red["judges"] = [_except(redactor, j, _JUDGE_IDS) for j in failure.get("judges") or []]
+        out["failure"] = red
+    return out

@@ -17,6 +17,7 @@ exported again by the next run.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ from sqlalchemy.orm import Session
 from vigil.export.errors import ExportError
 from vigil.export.formats import FORMATS, render
 from vigil.export.models import ExportedTaskRow, ExportRunRow
-from vigil.export.redact import Redactor
+from vigil.export.redact import Redactor, redact_task
 from vigil.export.tasks import Source, build, dumps
 from vigil.metrics import Metrics
 from vigil.rules.packs import CompiledRule
@@ -38,6 +39,7 @@ from vigil.store.db import upsert, utcnow
 from vigil.store.models import ConversationRow, FindingRow, VerdictRow
 
 _CHUNK = 500
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,6 +66,18 @@ class ExportResult:
             "skipped": self.skipped,
             "state": self.state,
         }
+
+
+# What building or writing one task can raise on a conversation Vigil stored: nesting deeper than pydantic
+# (ValueError) or orjson (JSONEncodeError, a TypeError: 255 levels, while ingest takes 1024) writes, or
+# than Python recurses. Such a conversation is skipped and reported, like an unreadable document, and not
+# recorded as exported; the rest of the run is exported.
+UNWRITABLE = (TypeError, ValueError, RecursionError)
+
+
+def _unwritable(skipped: dict[str, str], cid: str, exc: BaseException) -> None:
+    skipped[cid] = f"task cannot be written: {exc}"
+    log.warning("export skipped %s: its task cannot be written: %s", cid, exc)
 
 
 def _chunks(ids: list[str]) -> list[list[str]]:
@@ -223,8 +237,13 @@ def export(
     members: dict[str, list[Source]] = defaultdict(list)
     records = []
     for src in sources:
-        task = build(src, rules, min_severity)
-        key, cid = task["group_key"], src.conversation.conversation_id
+        cid = src.conversation.conversation_id
+        try:
+            task = build(src, rules, min_severity)
+        except UNWRITABLE as exc:
+            _unwritable(skipped, cid, exc)
+            continue
+        key = task["group_key"]
         if key in emitted:
             emitted[key]["duplicates"].append(cid)
             members[key].append(src)
@@ -235,10 +254,18 @@ def export(
         emitted[key] = task
         members[key].append(src)
         records.append((cid, task["task_id"], key, True))
+    unwritable: set[str] = set()
     for key, task in emitted.items():
-        if len(members[key]) > 1:
-            task = _merged(members[key], rules, task["duplicates"], min_severity)
-        result.lines.append(dumps(render(redactor.value(task), fmt)))
+        try:
+            if len(members[key]) > 1:
+                task = _merged(members[key], rules, task["duplicates"], min_severity)
+            result.lines.append(dumps(render(redact_task(redactor, task), fmt)))
+        except UNWRITABLE as exc:
+            for src in members[key]:
+                _unwritable(skipped, src.conversation.conversation_id, exc)
+            unwritable.add(key)
+            result.grouped -= len(members[key]) - 1
+    records = [r for r in records if r[2] not in unwritable]
     fresh = [[cid, task_id, key, is_task] for cid, task_id, key, is_task in records if cid not in done]
     if record:
         session.add_all(

@@ -10,6 +10,7 @@ Near-duplicates share a ``group_key``: the rule at the failure point, its tool, 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -207,4 +208,11 @@ def build(src: Source, rules: dict[str, CompiledRule], min_severity: str = "medi
 
 
 def dumps(task: dict[str, Any]) -> bytes:
-    return orjson.dumps(task, option=orjson.OPT_SORT_KEYS) + b"\n"
+    """One JSON line, keys sorted; an integer beyond 64 bits (stored documents keep them exact), which
+    orjson refuses, is written exactly by Python's encoder."""
+    try:
+        return orjson.dumps(task, option=orjson.OPT_SORT_KEYS) + b"\n"
+    except TypeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+        return json.dumps(task, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"

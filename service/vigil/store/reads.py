@@ -17,6 +17,7 @@ from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from vigil.rules import SEVERITY_RANK
+from vigil.schema import loads_exact
 from vigil.store.db import among, aware
 from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow, ReviewLabelRow
 
@@ -31,7 +32,7 @@ def read_document(text: str) -> dict[str, Any] | None:
     null) or a lone surrogate (read as U+FFFD), so a reader never fails on it.
     """
     try:
-        doc = orjson.loads(text)
+        doc = loads_exact(text)  # integers beyond 64 bits stay exact (orjson alone reads them as floats)
     except orjson.JSONDecodeError:
         try:
             doc = json.loads(

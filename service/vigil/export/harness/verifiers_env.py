@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import keyword
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,13 @@ class VigilToolsetConfig(vf.ToolsetConfig):
 
 def _offered(name: str, params: dict[str, Any]) -> Any:
     """A function MCP can describe (its signature follows the tool's JSON Schema parameters)."""
-    props = params.get("properties") or {}
-    required = set(params.get("required") or [])
+    # the stored schema is the agent's, as sent: read it defensively (no parameters when it is not an object)
+    params = params if isinstance(params, dict) else {}
+    found = params.get("properties")
+    props: dict[Any, Any] = found if isinstance(found, dict) else {}
+    listed = params.get("required")
+    listed = [listed] if isinstance(listed, str) else listed if isinstance(listed, list) else []
+    required = {r for r in listed if isinstance(r, str)}
 
     def tool(**kwargs: Any) -> str:
         return json.dumps({"not_executed": name, "arguments": kwargs})
@@ -60,7 +66,9 @@ def _offered(name: str, params: dict[str, Any]) -> Any:
             **({} if key in required else {"default": None}),
         )
         for key, spec in props.items()
-        if key.isidentifier()
+        # a Python signature takes neither non-identifiers nor keywords (``from``, ``class``): such a
+        # parameter is left out of the signature, and the tool (and every tool after it) still registers
+        if isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)
     ]
     tool.__signature__ = inspect.Signature(parameters, return_annotation=str)  # type: ignore[attr-defined]
     tool.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": str}

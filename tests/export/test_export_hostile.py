@@ -1,0 +1,268 @@
+"""Hostile conversations never break an export: a task too deeply nested to write is skipped and reported
+(the rest is exported), tool schemas that are not what JSON Schema says are read defensively (Inspect's own
+``ToolParams`` accepts what the export writes; verifiers registers every tool, also one with a parameter
+named ``from``), identifiers Vigil generated are never redacted (content still is), and integers beyond
+64 bits in tool-call arguments keep their exact value."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.support.app import ADMIN, INGEST, make_client, make_settings
+from vigil.app.runtime import build_runtime
+from vigil.export.redact import Redactor
+from vigil.export.tasks import group_key
+from vigil.store.models import ReviewLabelRow
+
+FORMATS = ("native", "inspect", "verifiers")
+
+
+@pytest.fixture
+def app(sqlite_url: str) -> Iterator[tuple[Any, Any]]:
+    rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
+    with make_client(rt) as client:
+        yield rt, client
+    rt.close()
+
+
+def _conv(cid: str, **kw: Any) -> dict[str, Any]:
+    return {
+        "conversation_id": cid,
+        "agent_id": "a",
+        "agent_version": "1",
+        "intent": cid,
+        "messages": [{"role": "user", "content": f"hi {cid}"}, {"role": "assistant", "content": "hello"}],
+        **kw,
+    }
+
+
+def _ingest(app: tuple[Any, Any], body: bytes | dict[str, Any]) -> None:
+    rt, client = app
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    r = client.post("/v1/conversations", content=raw, headers={**INGEST, "Content-Type": "application/json"})
+    assert r.status_code in (200, 202), r.text
+    cid = orjson.loads(raw)["conversation_id"]
+    with rt.sessions.begin() as s:
+        s.add(
+            ReviewLabelRow(
+                conversation_id=cid,
+                revision=1,
+                reviewer="rita",
+                label="confirmed_failure",
+                version=1,
+                is_current=True,
+                category="policy_violation",
+            )
+        )
+
+
+def _export(client: Any, fmt: str) -> tuple[list[dict[str, Any]], Any]:
+    r = client.post("/v1/exports", params={"format": fmt, "all": "true"}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    return [orjson.loads(line) for line in r.content.splitlines() if line.strip()], r
+
+
+def _nested(depth: int) -> str:
+    s = '{"type":"object"}'
+    for _ in range(depth):
+        s = '{"type":"object","properties":{"a":' + s + "}}"
+    return s
+
+
+def _ids(rows: list[dict[str, Any]]) -> set[str]:
+    return {(row.get("metadata") or row.get("info") or row)["source"]["conversation_id"] for row in rows}
+
+
+def test_a_task_too_deep_to_write_is_skipped_and_the_rest_exported(app, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """~260 JSON levels (ingest takes 1024, orjson writes 255): in tool-call arguments no format can write
+    the task; in a tool schema the native and verifiers tasks (the schema as stored) cannot, while the
+    inspect sample, whose tools are reduced to what Inspect reads, can."""
+    rt, client = app
+    deep_args = (
+        '{"conversation_id":"deep-args","agent_id":"a","agent_version":"1","intent":"deep args","messages":'
+        '[{"role":"user","content":"hi"},{"role":"assistant","content":"","tool_calls":[{"id":"c1",'
+        '"function":{"name":"t","arguments":NESTED}}]},{"role":"tool","tool_call_id":"c1","content":"r"},'
+        '{"role":"assistant","content":"ok"}]}'
+    ).replace("NESTED", _nested(130))
+    deep_tools = (
+        '{"conversation_id":"deep-tools","agent_id":"a","agent_version":"1","intent":"deep tools",'
+        '"tools":[{"name":"t","parameters":NESTED}],'
+        '"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"ok"}]}'
+    ).replace("NESTED", _nested(130))
+    _ingest(app, deep_args.encode())
+    _ingest(app, deep_tools.encode())
+    _ingest(app, _conv("fine"))
+    for fmt in FORMATS:
+        rows, r = _export(client, fmt)
+        if fmt == "inspect":
+            assert _ids(rows) == {"fine", "deep-tools"} and r.headers["x-vigil-skipped"] == "1"
+            from inspect_ai.tool import ToolParams
+
+            [sample] = [row for row in rows if row["metadata"]["source"]["conversation_id"] == "deep-tools"]
+            ToolParams.model_validate(sample["metadata"]["tools"][0]["parameters"])
+        else:
+            assert _ids(rows) == {"fine"} and r.headers["x-vigil-skipped"] == "2", fmt
+        assert r.headers["x-vigil-tasks"] == str(len(rows))
+
+    from vigil.export.run import export
+
+    with rt.sessions.begin() as s:
+        result = export(s, {}, Redactor(), "native")
+        assert result.tasks == 1 and set(result.skipped) == {"deep-args", "deep-tools"}
+        assert all("cannot be written" in why for why in result.skipped.values())
+    with rt.sessions.begin() as s:  # the skipped ones were not recorded as exported: tried again next run
+        again = export(s, {}, Redactor(), "native")
+        assert again.tasks == 0 and set(again.skipped) == {"deep-args", "deep-tools"}
+
+    from tests.support.cli import cli_runner
+    from vigil.app.cli import app as cli
+
+    monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
+    monkeypatch.setenv("VIGIL_RULE_PACKS", rt.settings.rule_packs)
+    out = tmp_path / "tasks.jsonl"
+    res = cli_runner().invoke(cli, ["export", "--all", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert _ids([orjson.loads(line) for line in out.read_bytes().splitlines()]) == {"fine"}
+    assert "skipped deep-args" in res.output and "skipped deep-tools" in res.output
+
+
+@pytest.mark.parametrize("properties", [["a", "b"], "abc", 7])
+def test_tool_properties_that_are_not_an_object(app, properties: Any) -> None:  # type: ignore[no-untyped-def]
+    from inspect_ai.tool import ToolParams
+
+    from vigil.export.formats import inspect_tools
+
+    tool = {"type": "function", "function": {"name": "t", "parameters": {"type": "object", "properties": properties}}}
+    [info] = inspect_tools([tool])
+    assert info["name"] == "t" and info["parameters"]["properties"] == {}
+    ToolParams.model_validate(info["parameters"])
+
+    rt, client = app
+    _ingest(app, _conv("odd", tools=[{"name": "t", "parameters": {"type": "object", "properties": properties}}]))
+    for fmt in FORMATS:
+        rows, _ = _export(client, fmt)
+        assert len(rows) == 1
+
+
+def test_generated_identifiers_are_not_redacted_content_is(app) -> None:  # type: ignore[no-untyped-def]
+    intent = "order lookup g7026"
+    key = group_key("policy_violation", None, intent)
+    assert Redactor().text(f"vigil-{key[:20]}") != f"vigil-{key[:20]}"  # the card detector hits this id
+    _, client = app
+    card_id = "4111111111111111"  # a conversation id that looks like a card is still an id
+    _ingest(
+        app,
+        {
+            **_conv(card_id),
+            "intent": intent,
+            "messages": [
+                {"role": "user", "content": "my card is 4111 1111 1111 1111"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"id": "4242424242424242", "function": {"name": "lookup", "arguments": {"q": "x"}}}],
+                },
+                {"role": "tool", "tool_call_id": "4242424242424242", "content": "found"},
+                {"role": "assistant", "content": "done"},
+            ],
+        },
+    )
+    [task], _ = _export(client, "native")
+    assert task["task_id"] == f"vigil-{key[:20]}" and task["group_key"] == key
+    assert task["source"]["conversation_id"] == card_id
+    assert task["messages"][1]["tool_calls"][0]["id"] == "4242424242424242"
+    assert task["messages"][2]["tool_call_id"] == "4242424242424242"
+    assert "4111 1111 1111 1111" not in task["messages"][0]["content"]
+    assert "[REDACTED:card]" in task["messages"][0]["content"]
+    [sample], _ = _export(client, "inspect")
+    assert sample["id"] == task["task_id"] and sample["metadata"]["task_id"] == task["task_id"]
+    assert sample["input"][1]["tool_calls"][0]["id"] == "4242424242424242"
+    [row], _ = _export(client, "verifiers")
+    assert row["id"] == task["task_id"] and card_id in row["name"]
+
+
+class _MCP:
+    def __init__(self) -> None:
+        self.tools: list[str] = []
+
+    def add_tool(self, fn: Any, name: str, description: str) -> None:
+        self.tools.append(name)
+
+
+def test_verifiers_registers_every_tool_also_after_a_keyword_parameter(tmp_path: Path) -> None:
+    from vigil.export.harness.verifiers_env import VigilToolset, VigilToolsetConfig, _offered
+
+    def tool(name: str, params: Any) -> dict[str, Any]:
+        return {"tools": [{"type": "function", "function": {"name": name, "parameters": params}}]}
+
+    rows = [
+        tool("good1", {"type": "object", "properties": {"x": {"type": "string"}}}),
+        tool("send_email", {"type": "object", "properties": {"from": {"type": "string"}, "to": {"type": "string"}}}),
+        tool("odd", {"type": "object", "properties": ["a"], "required": "a"}),
+        tool("good2", {}),
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    mcp = _MCP()
+    toolset = VigilToolset.__new__(VigilToolset)
+    toolset.config = VigilToolsetConfig(path=str(path))
+    toolset.register(mcp)
+    assert mcp.tools == ["good1", "send_email", "odd", "good2"]
+    sig = _offered("send_email", rows[1]["tools"][0]["function"]["parameters"]).__signature__
+    assert "to" in sig.parameters and "from" not in sig.parameters
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"type": "object", "properties": {"a": {"type": "string"}}, "required": "a"},
+        {"type": "object", "properties": {"a": {"type": "foo"}}},
+        {"type": "object", "properties": {"a": {"type": ["string", "foo"]}}, "required": ["a", "zz", 3]},
+        {"type": "object", "properties": {"a": {"type": "array", "items": "x", "enum": "e"}}},
+        {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": 5}}}}},
+        {"type": "foo", "properties": {"a": {"minLength": "3", "anyOf": "x"}}, "additionalProperties": "no"},
+    ],
+)
+def test_inspect_tool_schemas_load_in_inspect(params: dict[str, Any]) -> None:
+    from inspect_ai.tool import ToolParams
+
+    from vigil.export.formats import inspect_tools
+    from vigil.export.harness.inspect_task import tool_def
+
+    [info] = inspect_tools([{"type": "function", "function": {"name": "t", "parameters": params}}])
+    ToolParams.model_validate(info["parameters"])
+    tool_def(info).as_tool()
+    assert set(info["parameters"]["properties"]) == {"a"}
+    assert all(r in info["parameters"]["properties"] for r in info["parameters"].get("required", []))
+
+
+def test_integers_beyond_64_bits_in_tool_arguments_stay_exact(app) -> None:  # type: ignore[no-untyped-def]
+    _, client = app
+    big = 123456789012345678901234567890
+    raw = (
+        '{"conversation_id":"big","agent_id":"a","agent_version":"1","intent":"big","messages":'
+        '[{"role":"user","content":"hi"},{"role":"assistant","content":"ok","tool_calls":'
+        '[{"id":"c1","function":{"name":"t","arguments":{"n":BIG}}}]},'
+        '{"role":"tool","tool_call_id":"c1","content":"r"},{"role":"assistant","content":"done"}]}'
+    ).replace("BIG", str(big))
+    _ingest(app, raw.encode())
+
+    def exported(fmt: str) -> dict[str, Any]:
+        r = client.post("/v1/exports", params={"format": fmt, "all": "true"}, headers=ADMIN)
+        assert r.status_code == 200, r.text
+        [row] = [json.loads(line) for line in r.content.splitlines() if line.strip()]  # Python keeps ints exact
+        return row
+
+    def n(args: Any) -> Any:
+        return (json.loads(args) if isinstance(args, str) else args)["n"]
+
+    assert n(exported("native")["messages"][1]["tool_calls"][0]["function"]["arguments"]) == big
+    assert n(exported("inspect")["input"][1]["tool_calls"][0]["arguments"]) == big
+    assert n(exported("verifiers")["prompt"][1]["tool_calls"][0]["arguments"]) == big
