@@ -109,15 +109,15 @@ def loads_exact(raw: bytes | str) -> Any:
         return value
 
 
-def dumps_exact(value: Any) -> str:
+def dumps_exact(value: Any, sort_keys: bool = False) -> str:
     """JSON text of ``value`` (orjson), also when it holds an integer beyond 64 bits, which orjson refuses
-    and Python's encoder writes exactly."""
+    and Python's encoder writes exactly; ``sort_keys`` sorts every object's keys."""
     try:
-        return orjson.dumps(value).decode()
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else None).decode()
     except TypeError as exc:
         if "64-bit" not in str(exc):
             raise
-        return json.dumps(value, ensure_ascii=False)
+        return json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)
 
 
 class FunctionCall(BaseModel):

@@ -121,6 +121,17 @@ def test_a_task_too_deep_to_write_is_skipped_and_the_rest_exported(app, tmp_path
         again = export(s, {}, Redactor(), "native")
         assert again.tasks == 0 and set(again.skipped) == {"deep-args", "deep-tools"}
 
+    # an error of the same type that is not a nesting limit is a bug: the run fails instead of skipping
+    import vigil.export.run as run_module
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise ValueError("a bug in building tasks")
+
+    monkeypatch.setattr(run_module, "build", broken)
+    with rt.sessions.begin() as s, pytest.raises(ValueError, match="a bug"):
+        export(s, {}, Redactor(), "native")
+    monkeypatch.undo()
+
     from tests.support.cli import cli_runner
     from vigil.app.cli import app as cli
 

@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -69,13 +70,16 @@ class ExportResult:
 
 
 # What building or writing one task can raise on a conversation Vigil stored: nesting deeper than pydantic
-# (ValueError) or orjson (JSONEncodeError, a TypeError: 255 levels, while ingest takes 1024) writes, or
-# than Python recurses. Such a conversation is skipped and reported, like an unreadable document, and not
-# recorded as exported; the rest of the run is exported.
-UNWRITABLE = (TypeError, ValueError, RecursionError)
+# ("Maximum serialization depth exceeded", a ValueError) or orjson (JSONEncodeError: 255 levels, while
+# ingest takes 1024) writes, or than Python recurses. Such a conversation is skipped and reported, like an
+# unreadable document, and not recorded as exported; the rest of the run is exported. Any other error of
+# these types is a bug, and fails the run (see :func:`_unwritable`).
+UNWRITABLE = (orjson.JSONEncodeError, ValueError, RecursionError)
 
 
 def _unwritable(skipped: dict[str, str], cid: str, exc: BaseException) -> None:
+    if isinstance(exc, ValueError) and "depth" not in str(exc):
+        raise exc  # not one of the nesting limits: a bug, not a conversation to skip
     skipped[cid] = f"task cannot be written: {exc}"
     log.warning("export skipped %s: its task cannot be written: %s", cid, exc)
 

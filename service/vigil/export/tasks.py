@@ -10,18 +10,15 @@ Near-duplicates share a ``group_key``: the rule at the failure point, its tool, 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Final
 
-import orjson
-
 from vigil.export.grading import criteria
 from vigil.rules import SEVERITY_RANK
 from vigil.rules.packs import CompiledRule
-from vigil.schema import Conversation, Message
+from vigil.schema import Conversation, Message, dumps_exact
 
 SCHEMA: Final = "vigil.eval_task"
 SCHEMA_VERSION: Final = 2  # 2: ``tools`` and ``tools_source``; hard criteria only at or above a severity
@@ -208,11 +205,6 @@ def build(src: Source, rules: dict[str, CompiledRule], min_severity: str = "medi
 
 
 def dumps(task: dict[str, Any]) -> bytes:
-    """One JSON line, keys sorted; an integer beyond 64 bits (stored documents keep them exact), which
-    orjson refuses, is written exactly by Python's encoder."""
-    try:
-        return orjson.dumps(task, option=orjson.OPT_SORT_KEYS) + b"\n"
-    except TypeError as exc:
-        if "64-bit" not in str(exc):
-            raise
-        return json.dumps(task, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    """One JSON line, keys sorted; an integer beyond 64 bits (stored documents keep them exact) is written
+    exactly (see :func:`~vigil.schema.dumps_exact`)."""
+    return dumps_exact(task, sort_keys=True).encode() + b"\n"
