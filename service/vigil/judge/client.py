@@ -56,11 +56,12 @@ def sanitize_usage(reply: Reply) -> list[str]:
     dropped: list[str] = []
     for name, check in (("prompt_tokens", _count), ("completion_tokens", _count), ("cost_usd", _money)):
         value = getattr(reply, name)
-        if value is not None and check(value) is None:
+        if value is None:
+            continue
+        sane = check(value)
+        if sane is None:
             dropped.append(f"{name}={value!r}"[:80])
-            setattr(reply, name, None)
-        elif value is not None:
-            setattr(reply, name, check(value))
+        setattr(reply, name, sane)
     return dropped
 
 
