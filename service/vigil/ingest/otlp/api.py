@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
-from vigil.http.body import BodyTooLarge, limited_body
+from vigil.http.body import BodyTooLarge, pooled_body
 from vigil.ingest.otlp.ingest import TraceIngest
 from vigil.ingest.otlp.otlp import (
     JSON,
@@ -113,13 +113,17 @@ async def _export(request: Request, logs: bool) -> Response:
     else:
         limit, setting = s.max_request_bytes, "VIGIL_MAX_REQUEST_BYTES"
     try:
-        async with limited_body(request, limit, s.max_inflight_bytes, encoded=True, setting=setting) as body:
+        async with pooled_body(request, limit, s.max_inflight_bytes, encoded=True, setting=setting) as body:
             return await _store(request, rt, body, media, ctype, logs)
     except BodyTooLarge as exc:
         return await _reject(request, media, 413, str(exc), exc.prefix, exc.kept)
 
 
-async def _store(request: Request, rt: Runtime, body: bytes, media: str, ctype: str | None, logs: bool) -> Response:
+async def _store(
+    request: Request, rt: Runtime, body: memoryview, media: str, ctype: str | None, logs: bool
+) -> Response:
+    """``body`` is a view of a pooled buffer (see :func:`limited_body`): valid only while this runs, so
+    what is kept of it (a dead letter) is copied."""
     s = rt.settings
     try:
         # decompressing and parsing protobuf is CPU work: off the event loop
@@ -128,7 +132,7 @@ async def _store(request: Request, rt: Runtime, body: bytes, media: str, ctype: 
         items, media = await run_in_threadpool(parse_logs if logs else parse, data, ctype, s.otlp_max_spans_per_request)
     except OtlpError as exc:
         (rt.metrics.otlp_log_records if logs else rt.metrics.otlp_spans).labels("malformed_request").inc()
-        return await _reject(request, media, exc.status, str(exc), body)
+        return await _reject(request, media, exc.status, str(exc), bytes(body))
     ingest = rt.get(TraceIngest)
     try:
         result = await run_in_threadpool(ingest.ingest_logs if logs else ingest.ingest, items)

@@ -35,7 +35,7 @@ class OtlpError(VigilError):
         self.status = status
 
 
-def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
+def decompress(body: bytes | memoryview, encoding: str | None, limit: int) -> bytes | memoryview:
     enc = (encoding or "identity").strip().lower()
     if enc in ("", "identity"):
         data = body
@@ -53,7 +53,7 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-def _inflate(body: bytes, limit: int, wbits: int, name: str, members: bool) -> bytes:
+def _inflate(body: bytes | memoryview, limit: int, wbits: int, name: str, members: bool) -> bytes | memoryview:
     """A compressed body inflated whole, never to more than ``limit`` bytes (a bomb stops there: 413).
 
     gzip may hold several members one after the other (RFC 1952, as ``cat a.gz b.gz`` makes): each is
@@ -89,7 +89,7 @@ def _inflate(body: bytes, limit: int, wbits: int, name: str, members: bool) -> b
 # --- protobuf ---------------------------------------------------------------
 
 
-def parse_protobuf(data: bytes, max_spans: int | None = None) -> list[dict[str, Any]]:
+def parse_protobuf(data: bytes | memoryview, max_spans: int | None = None) -> list[dict[str, Any]]:
     """Spans of an ``ExportTraceServiceRequest``; one of more than ``max_spans`` spans is refused (413)
     before its spans are parsed (see :func:`count_items`)."""
     from google.protobuf.message import DecodeError
@@ -120,7 +120,7 @@ def too_many(count: int, limit: int, what: str) -> OtlpError:
     )
 
 
-def _check_count(data: bytes, limit: int | None, what: str) -> None:
+def _check_count(data: bytes | memoryview, limit: int | None, what: str) -> None:
     # every span or log record takes at least 2 bytes (its tag and length): a smaller body is within the limit
     if limit is not None and len(data) > 2 * limit:
         count = count_items(data)
@@ -131,7 +131,7 @@ def _check_count(data: bytes, limit: int | None, what: str) -> None:
 _count_class: Any = None
 
 
-def count_items(data: bytes) -> int:
+def count_items(data: bytes | memoryview) -> int:
     """How many spans (or log records) a protobuf ``ExportTraceServiceRequest`` (or ``ExportLogsServiceRequest``)
     holds, reading the request only as far as that: they are kept as bytes, about 30 each in memory where a
     parsed empty span takes 170 and its decoded dict far more (a 16 MB body can hold 8 million). Raises
@@ -266,7 +266,7 @@ def _events(events: Any) -> list[dict[str, Any]]:
     ]
 
 
-def parse_logs_protobuf(data: bytes, max_records: int | None = None) -> list[dict[str, Any]]:
+def parse_logs_protobuf(data: bytes | memoryview, max_records: int | None = None) -> list[dict[str, Any]]:
     from google.protobuf.message import DecodeError
     from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
@@ -412,7 +412,9 @@ def _attributes(kvs: Any, trace_id: str, seen: _Seen, extends: dict[str, str]) -
                 if b == pb:
                     text = ps
                 elif len(b) > n and b[n] == 44 and pb[n] == 93 and b.startswith(pb[:n]):  # "," where "]" was
-                    text = ps[:-1] + b[n:].decode()
+                    # an ASCII history decodes whole faster than its string is sliced and joined to the tail
+                    # (about 2x, measured); any other is joined (decoding it whole is 2-3x slower)
+                    text = b.decode() if ps.isascii() else ps[:-1] + b[n:].decode()
                     extends[key] = ps
                 else:
                     text = b.decode()
@@ -456,7 +458,7 @@ def _get(d: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
     return d.get(snake, default)
 
 
-def parse_json(data: bytes, max_spans: int | None = None) -> list[dict[str, Any]]:
+def parse_json(data: bytes | memoryview, max_spans: int | None = None) -> list[dict[str, Any]]:
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -509,7 +511,7 @@ def parse_json(data: bytes, max_spans: int | None = None) -> list[dict[str, Any]
     return spans
 
 
-def parse_logs_json(data: bytes, max_records: int | None = None) -> list[dict[str, Any]]:
+def parse_logs_json(data: bytes | memoryview, max_records: int | None = None) -> list[dict[str, Any]]:
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -552,7 +554,7 @@ def parse_logs_json(data: bytes, max_records: int | None = None) -> list[dict[st
 
 
 def parse_logs(
-    body: bytes, content_type: str | None, max_records: int | None = None
+    body: bytes | memoryview, content_type: str | None, max_records: int | None = None
 ) -> tuple[list[dict[str, Any]], str]:
     """Log records of a request and the media type to answer in; raises :class:`OtlpError`."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
@@ -676,7 +678,9 @@ def valid_ids(span: dict[str, Any]) -> bool:
     )
 
 
-def parse(body: bytes, content_type: str | None, max_spans: int | None = None) -> tuple[list[dict[str, Any]], str]:
+def parse(
+    body: bytes | memoryview, content_type: str | None, max_spans: int | None = None
+) -> tuple[list[dict[str, Any]], str]:
     """Spans of a request and the media type to answer in; raises :class:`OtlpError`."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
     if media == PROTOBUF:
