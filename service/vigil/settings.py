@@ -93,6 +93,14 @@ class Settings(BaseSettings):
         description="Largest POST body (conversations, outcomes, OTLP traces) in bytes; refused with 413 while "
         "reading, before it is buffered (default 32 MiB: a batch of 1,000 conversations of 32 KB).",
     )
+    max_json_expansion: float = Field(
+        default=8.0,
+        ge=0,
+        description="A JSON body (conversations, outcomes, OTLP/JSON) of 64 KiB or more whose objects, arrays "
+        "and items would take more than this many times its size in memory once decoded (estimated before "
+        "decoding, 96 bytes per object or array and 24 per item) is refused with 413 and kept as a dead "
+        "letter; real conversation batches estimate at about 1. 0: no bound.",
+    )
     max_inflight_bytes: int = Field(
         default=67_108_864,
         ge=1024,

@@ -24,7 +24,7 @@ from vigil.ingest.decode import DecodeError, Item, decode_batch
 from vigil.ingest.importers import FORMATS, MALFORMED
 from vigil.ingest.pipeline import Envelope
 from vigil.runtime import Runtime
-from vigil.schema import Conversation
+from vigil.schema import Conversation, too_dense
 from vigil.store.db import StoreUnavailable
 from vigil.store.writes import DeadLetter
 
@@ -81,9 +81,22 @@ def hint(item: Item) -> dict[str, str]:
     return {"hint": f"this looks like {name} ({why}): send it with ?format={name} (or ?format=auto)"}
 
 
+def _too_dense(rt: Runtime, body: bytes) -> Answer | None:
+    """413 for a body that would decode to far more memory than its size (see ``schema.too_dense``), kept
+    as a dead letter; None for any other."""
+    why = too_dense(body, rt.settings.max_json_expansion)
+    if why is None:
+        return None
+    rt.pipeline.store([], [DeadLetter("http", "oversized", why, body)], "http")
+    return Answer(413, {"detail": why, "reason": "oversized"})
+
+
 def ingest_body(rt: Runtime, body: bytes) -> Answer:
     """Decode, check and store one request body (runs in a worker thread)."""
     pipeline = rt.pipeline
+    refused = _too_dense(rt, body)
+    if refused is not None:
+        return refused
     try:
         batch = decode_batch(body, rt.settings.max_message_bytes, MAX_BATCH)
     except DecodeError as exc:
@@ -134,6 +147,9 @@ def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, a
     from vigil.ingest.importers import ImportError_, convert_data, malformed
 
     pipeline = rt.pipeline
+    refused = _too_dense(rt, body)
+    if refused is not None:
+        return refused
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

@@ -13,6 +13,7 @@ from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.http.body import BodyTooLarge, EncodedBody, limited_body
 from vigil.outcomes.ingest import OutcomeIn, OutcomeStore
+from vigil.schema import too_dense
 from vigil.store.writes import DeadLetter
 
 router = APIRouter(tags=["outcomes"])
@@ -46,16 +47,20 @@ async def post_outcomes(request: Request) -> JSONResponse:
     s = runtime_of(request).settings
     try:
         async with limited_body(request, s.max_request_bytes, s.max_inflight_bytes) as body:
-            return await _post_outcomes(store, body)
+            return await _post_outcomes(store, body, s.max_json_expansion)
     except BodyTooLarge as exc:
         return JSONResponse({"detail": str(exc), "reason": "oversized"}, 413)
     except EncodedBody as exc:
         return JSONResponse({"detail": str(exc), "reason": "unsupported_encoding"}, 415)
 
 
-async def _post_outcomes(store: Any, body: bytes) -> JSONResponse:
+async def _post_outcomes(store: Any, body: bytes, expansion: float) -> JSONResponse:
     if not body:
         return JSONResponse({"detail": "empty body; send an outcome object or an array of them"}, 400)
+    why = too_dense(body, expansion)  # decoding it would take far more memory than its size
+    if why is not None:
+        await run_in_threadpool(store.ingest_dead, DeadLetter("http", "oversized", why, body))
+        return JSONResponse({"detail": why, "reason": "oversized"}, 413)
     try:
         payload = await run_in_threadpool(orjson.loads, body)
     except orjson.JSONDecodeError as exc:

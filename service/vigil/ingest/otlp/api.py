@@ -24,6 +24,7 @@ from vigil.ingest.otlp.otlp import (
     protobuf_response,
 )
 from vigil.runtime import Runtime
+from vigil.schema import too_dense
 from vigil.store.writes import DeadLetter
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,8 @@ async def _store(
     try:
         # decompressing and parsing protobuf is CPU work: off the event loop
         data = await run_in_threadpool(decompress, body, request.headers.get("content-encoding"), s.otlp_max_body_bytes)
+        if media == JSON and (why := await run_in_threadpool(too_dense, data, s.max_json_expansion)) is not None:
+            raise OtlpError(why, 413)  # a flood of empty objects: refused before it is decoded
         # too many spans or log records: 413 before they are decoded (see otlp.too_many)
         items, media = await run_in_threadpool(parse_logs if logs else parse, data, ctype, s.otlp_max_spans_per_request)
     except OtlpError as exc:
