@@ -277,3 +277,56 @@ def test_integers_beyond_64_bits_in_tool_arguments_stay_exact(app) -> None:  # t
     assert n(exported("native")["messages"][1]["tool_calls"][0]["function"]["arguments"]) == big
     assert n(exported("inspect")["input"][1]["tool_calls"][0]["arguments"]) == big
     assert n(exported("verifiers")["prompt"][1]["tool_calls"][0]["arguments"]) == big
+
+
+def test_pii_inside_json_strings_is_redacted_and_the_json_stays_json(app) -> None:  # type: ignore[no-untyped-def]
+    """Tool-call arguments and tool results carry JSON as a string. Redacting its text turned a phone or
+    card number written as a JSON number into ``[REDACTED:phone]`` bare (invalid JSON: the exported call
+    can no longer be replayed) and missed an address behind a ``\\u0040`` escape; both are now redacted
+    value by value, each read under its key, and written back as JSON."""
+    arguments = '{"phone": 4155550123, "card": 4111111111111111, "email": "rita\\u0040example.com", "seats": 2}'
+    result = '[{"order": "W123", "contact": {"password": "hunter2secret", "zip": 94105}}]'
+    _ingest(
+        app,
+        {
+            **_conv("json-pii"),
+            "messages": [
+                {"role": "user", "content": "change my booking"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "book", "arguments": arguments}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": result},
+                {"role": "assistant", "content": "done"},
+            ],
+        },
+    )
+    _, client = app
+    [task], _ = _export(client, "native")
+    args = json.loads(task["messages"][1]["tool_calls"][0]["function"]["arguments"])
+    assert args == {"phone": "[REDACTED:phone]", "card": "[REDACTED:card]", "email": "[REDACTED:email]", "seats": 2}
+    tool = json.loads(task["messages"][2]["content"])
+    assert tool == [{"order": "W123", "contact": {"password": "[REDACTED:secret]", "zip": 94105}}]
+    [sample], _ = _export(client, "inspect")
+    exported = json.dumps(sample)
+    for leaked in ("4155550123", "4111111111111111", "rita@example.com", "rita\\\\u0040example.com", "hunter2secret"):
+        assert leaked not in exported, leaked
+    assert sample["input"][1]["tool_calls"][0]["arguments"]["phone"] == "[REDACTED:phone]"
+
+
+def test_redaction_keeps_json_that_holds_nothing_to_redact_as_it_was() -> None:
+    r = Redactor()
+    as_sent = '{ "seats" : 2,  "from": "SFO" }'
+    assert r.value(as_sent) == as_sent  # nothing redacted: not rewritten
+    assert r.value("[1] call me at rita@example.com") == "[1] call me at [REDACTED:email]"  # not JSON: as text
+    assert r.value({"phone": 4155550123, "seats": 2, "ok": True}) == {
+        "phone": "[REDACTED:phone]",
+        "seats": 2,
+        "ok": True,
+    }
+    deep = "[" * 5000 + "]" * 5000  # deeper than the walk goes: redacted as text, never an error
+    assert r.value(deep) == deep
+    assert r.text("rita@example.com", context="email: ") == "[REDACTED:email]"

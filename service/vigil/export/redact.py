@@ -4,6 +4,11 @@ Built in: every kind the detector behind the ``pii_leak`` rule knows (:mod:`vigi
 however written, phones, Luhn-valid cards, SSNs, IBANs, IP addresses, dates of birth, street addresses,
 keys, tokens and passwords); plus the operator's own patterns from ``VIGIL_EXPORT_REDACT_PATTERNS``,
 run on RE2 like every pattern that sees traffic. A match becomes ``[REDACTED:<kind>]``.
+
+A string that holds a JSON object or array (tool-call arguments, tool results) is redacted value by
+value and written back as JSON: redacting its text would turn a phone number written as a JSON number
+into invalid JSON, and miss an address hidden behind a ``\u0040`` escape. Numbers are redacted too
+(``{"phone": 4155550123}``): a number the detectors flag becomes the ``[REDACTED:<kind>]`` string.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 from typing import Any
+
+import orjson
 
 from vigil.errors import ConfigError
 from vigil.rules import pii
@@ -35,15 +42,20 @@ class Redactor:
                 raise ConfigError(f"VIGIL_EXPORT_REDACT_PATTERNS: {name}: invalid regex: {exc}") from None
         self.counts: Counter[str] = Counter()
 
-    def text(self, text: str) -> str:
-        spans: list[tuple[int, int, str]] = [(f.start, f.end, f.kind) for f in pii.detect(text)]
+    def text(self, text: str, context: str = "") -> str:
+        """``text`` with every match replaced. ``context`` (``"phone: "``, the key a JSON value stands
+        under) is read before the text, so detectors that need a keyword see it, and is not returned."""
+        full = context + text if context else text
+        skip = len(context)
+        spans: list[tuple[int, int, str]] = [(f.start, f.end, f.kind) for f in pii.detect(full) if f.end > skip]
         for name, rx in self.patterns.items():
-            spans.extend((m.start(), m.end(), name) for m in rx.finditer(text) if m.end() > m.start())
+            spans.extend((m.start(), m.end(), name) for m in rx.finditer(full) if m.end() > max(m.start(), skip))
         if not spans:
             return text
         spans.sort(key=lambda s: (s[0], -(s[1] - s[0])))
         out, pos = [], 0
         for start, end, kind in spans:
+            start, end = max(start - skip, 0), end - skip
             if start < pos:  # overlaps a longer match already replaced
                 continue
             out.append(text[pos:start])
@@ -53,14 +65,43 @@ class Redactor:
         out.append(text[pos:])
         return "".join(out)
 
-    def value(self, obj: Any) -> Any:
-        """Redact every string inside ``obj`` (dicts, lists, strings), keys left as they are."""
+    def embedded(self, text: str, context: str = "") -> str:
+        """``text`` redacted; one that holds a JSON object or array redacted value by value and written
+        back as JSON (unchanged when nothing in it is redacted), so the result is still JSON."""
+        if text[:1] not in ("{", "[") and text.lstrip()[:1] not in ("{", "["):
+            return self.text(text, context)
+        from vigil.schema import dumps_exact, loads_exact
+
+        try:
+            parsed = loads_exact(text)
+            if not isinstance(parsed, dict | list):
+                return self.text(text, context)
+            redacted = self.value(parsed, context)
+            return text if redacted == parsed else dumps_exact(redacted)
+        except (orjson.JSONDecodeError, ValueError, RecursionError):  # not JSON, or nested too deep to walk
+            return self.text(text, context)
+
+    def number(self, n: int | float, context: str = "") -> int | float | str:
+        """A number the detectors flag as written (a phone or card number sent as a JSON number) becomes
+        its redaction, a string; any other number is kept."""
+        written = str(n)
+        redacted = self.text(written, context)
+        return n if redacted == written else redacted
+
+    def value(self, obj: Any, context: str = "") -> Any:
+        """Redact every string and number inside ``obj`` (dicts, lists, strings), keys left as they are;
+        a value is read under its key (``"phone: 4155550123"``), and strings that hold JSON as
+        :meth:`embedded` does."""
         if isinstance(obj, str):
-            return self.text(obj)
+            return self.embedded(obj, context)
+        if isinstance(obj, bool) or obj is None:
+            return obj
+        if isinstance(obj, int | float):
+            return self.number(obj, context)
         if isinstance(obj, dict):
-            return {k: self.value(v) for k, v in obj.items()}
+            return {k: self.value(v, f"{k}: ") for k, v in obj.items()}
         if isinstance(obj, list | tuple):
-            return [self.value(v) for v in obj]
+            return [self.value(v, context) for v in obj]
         return obj
 
 
