@@ -253,6 +253,10 @@ def test_unacknowledged_api_export_is_exported_again(world) -> None:  # type: ig
     assert len(lost) == 3
     runs = client.get("/v1/exports", headers=ADMIN).json()
     assert runs[0]["run_id"] == int(h1["x-vigil-export-run"]) and runs[0]["state"] == "pending"
+    # reviewers list runs (as /ui/export shows them to them), but neither run nor acknowledge one
+    assert client.get("/v1/exports", headers=REVIEWER).json() == runs
+    assert client.post("/v1/exports", headers=REVIEWER).status_code == 403
+    assert client.get("/v1/exports").status_code == 401
     again, h2 = _export(client, ack=False)
     assert sorted(t["task_id"] for t in again) == sorted(t["task_id"] for t in lost)
     # acknowledging the second run records its tasks; the first one's late ack changes nothing

@@ -87,9 +87,10 @@ def acknowledge_export(request: Request, run_id: int = PathParam(ge=1, le=MAX_ID
             raise HTTPException(404, f"no export run {run_id}") from None
 
 
-@router.get("/v1/exports", dependencies=[require("admin")])
+@router.get("/v1/exports", dependencies=[require("reviewer")])
 def export_runs(request: Request, limit: int = Query(50, ge=1, le=500)) -> list[dict[str, Any]]:
-    """Past export runs, newest first: ``pending`` ones are not acknowledged yet."""
+    """Past export runs, newest first: ``pending`` ones are not acknowledged yet. Reviewers may list them,
+    as ``/ui/export`` shows them (who exported what, when); running and acknowledging one is the admin's."""
     from vigil.export.run import run_dict
 
     with runtime_of(request).sessions() as s:
