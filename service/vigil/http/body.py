@@ -102,6 +102,18 @@ def _declared(request: Request) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
+def _checked(request: Request, limit: int, encoded: bool, setting: str) -> int | None:
+    """The body's declared length, after refusing before reading what its headers already rule out: a
+    compressed body the caller does not inflate itself, a declared length over ``limit``."""
+    encoding = None if encoded else refused_encoding(request)
+    if encoding is not None:
+        raise EncodedBody(encoding)
+    declared = _declared(request)
+    if declared is not None and declared > limit:
+        raise BodyTooLarge(declared, limit, setting=setting, read=False)
+    return declared
+
+
 class BufferPool:
     """Buffers that large request bodies are read into, kept and reused from one request to the next.
 
@@ -159,12 +171,7 @@ async def limited_body(
     Unless the caller inflates bodies itself (``encoded``: OTLP, which bounds what it inflates), a
     compressed body is refused (:class:`EncodedBody`) before anything is read: decoding it as JSON
     would answer a misleading "not valid UTF-8"."""
-    encoding = None if encoded else refused_encoding(request)
-    if encoding is not None:
-        raise EncodedBody(encoding)
-    declared = _declared(request)
-    if declared is not None and declared > limit:
-        raise BodyTooLarge(declared, limit, setting=setting, read=False)
+    declared = _checked(request, limit, encoded, setting)
     async with _budget(request, inflight).hold(declared if declared is not None else limit):
         chunks: list[bytes] = []
         size = 0
@@ -185,12 +192,7 @@ async def pooled_body(
     valid only inside the ``async with``: the caller copies (``bytes(body)``) anything it keeps beyond
     it, and hands the view only to readers that copy what they take (protobuf's and orjson's parsers
     do)."""
-    encoding = None if encoded else refused_encoding(request)
-    if encoding is not None:
-        raise EncodedBody(encoding)
-    declared = _declared(request)
-    if declared is not None and declared > limit:
-        raise BodyTooLarge(declared, limit, setting=setting, read=False)
+    declared = _checked(request, limit, encoded, setting)
     async with _budget(request, inflight).hold(declared if declared is not None else limit):
         buf = POOL.take()
         try:
