@@ -57,7 +57,8 @@ async def post_outcomes(request: Request) -> JSONResponse:
 async def _post_outcomes(store: Any, body: bytes, expansion: float) -> JSONResponse:
     if not body:
         return JSONResponse({"detail": "empty body; send an outcome object or an array of them"}, 400)
-    why = too_dense(body, expansion)  # decoding it would take far more memory than its size
+    # decoding it would take far more memory than its size; counting is CPU work on up to 32 MiB: off the loop
+    why = await run_in_threadpool(too_dense, body, expansion)
     if why is not None:
         await run_in_threadpool(store.ingest_dead, DeadLetter("http", "oversized", why, body))
         return JSONResponse({"detail": why, "reason": "oversized"}, 413)
