@@ -109,6 +109,117 @@ def loads_exact(raw: bytes | str) -> Any:
         return value
 
 
+class _NonFinite:
+    """What the lenient parser puts where strict JSON has no value (NaN, Infinity, 1e999)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _lenient_float(text: str) -> float | _NonFinite:
+    value = float(text)
+    return value if value - value == 0 else _NonFinite(text)
+
+
+_MAX_JSON_INT = 2**1024  # beyond a double's range: strict JSON readers see infinity
+_MAX_INT_DIGITS = len(str(_MAX_JSON_INT))  # more digits than this are always beyond it
+
+
+def _lenient_int(text: str) -> int | _NonFinite:
+    """An integer, or (more digits than any integer a double holds) the marker of a non-finite number.
+
+    Python refuses to make an int of more than 4,300 digits (``sys.get_int_max_str_digits``), which would
+    fail the whole body; such a number is beyond a double's range anyway, so only its item is refused."""
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        return _NonFinite(text)
+    return int(text)
+
+
+def lenient_loads(raw: bytes | str) -> Any:
+    """Python's own JSON parser, which also reads what strict JSON refuses (NaN, lone surrogates).
+
+    Used only after the strict parse failed, to tell which item of a batch (and which field) is at fault.
+    """
+    return json.loads(raw, parse_constant=_NonFinite, parse_float=_lenient_float, parse_int=_lenient_int)
+
+
+def _field(key: Any) -> str:
+    """A key as a field path names it: a lone surrogate escaped (``\\udc00``), so the path can be stored."""
+    text = str(key)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
+
+
+def unstorable(obj: Any, path: str = "") -> tuple[str, str] | None:
+    """(reason, field) of the first value strict JSON cannot hold (a reason of :data:`UNSTORABLE`), or None."""
+    if isinstance(obj, _NonFinite):
+        return "non_finite_number", path or "(root)"
+    if isinstance(obj, str):
+        try:
+            obj.encode()
+        except UnicodeEncodeError:
+            return "invalid_unicode", path or "(root)"
+        return None
+    if isinstance(obj, float):
+        return None if obj - obj == 0 else ("non_finite_number", path or "(root)")
+    if isinstance(obj, int) and not -_MAX_JSON_INT < obj < _MAX_JSON_INT:
+        return "non_finite_number", path or "(root)"
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            sub = f"{path}.{_field(k)}" if path else _field(k)
+            found = unstorable(k, sub) or unstorable(v, sub)
+            if found:
+                return found
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            found = unstorable(v, f"{path}.{i}" if path else str(i))
+            if found:
+                return found
+    return None
+
+
+UNSTORABLE = {
+    "non_finite_number": "NaN, Infinity and numbers beyond a double's range are not JSON values Vigil stores",
+    "invalid_unicode": "a lone UTF-16 surrogate (e.g. \\ud800) is not a character",
+}
+
+
+def item_raw(item: Any) -> bytes:
+    """One item of a leniently parsed body as bytes to keep (a dead letter's body)."""
+    try:
+        return orjson.dumps(item)
+    except TypeError:  # a lone surrogate or non-finite marker: keep Python's escaped rendering
+        return json.dumps(item, default=lambda v: v.text if isinstance(v, _NonFinite) else str(v)).encode()
+
+
+class UnreadableJson(ValueError):
+    """A body that is not JSON even to the lenient parser; the message is the strict parser's."""
+
+
+def read_items(body: bytes) -> tuple[list[Any], dict[int, tuple[str, str]]]:
+    """A body's items (one object or an array of them) and, by index, ``(reason, field)`` of each item strict
+    JSON cannot hold (:func:`unstorable`): a ``NaN``, ``Infinity`` or lone surrogate refuses only its item,
+    never the batch. Raises :class:`UnreadableJson` for a body that is not JSON."""
+    try:
+        payload = orjson.loads(body)
+        refused: dict[int, tuple[str, str]] = {}
+    except orjson.JSONDecodeError as exc:
+        try:
+            payload = lenient_loads(body)
+        except (ValueError, RecursionError):
+            raise UnreadableJson(f"body is not JSON: {exc}") from None
+        items = payload if isinstance(payload, list) else [payload]
+        refused = {i: found for i, obj in enumerate(items) if (found := unstorable(obj)) is not None}
+        if not refused:  # what the strict parser refused is not one of these values: keep its answer
+            raise UnreadableJson(f"body is not JSON: {exc}") from None
+    return (payload if isinstance(payload, list) else [payload]), refused
+
+
 def dumps_exact(value: Any, sort_keys: bool = False) -> str:
     """JSON text of ``value`` (orjson), also when it holds an integer beyond 64 bits, which orjson refuses
     and Python's encoder writes exactly; ``sort_keys`` sorts every object's keys."""

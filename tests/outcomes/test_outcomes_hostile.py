@@ -201,3 +201,108 @@ def test_revision_of_a_string_is_a_422_over_http(rt_client) -> None:
     assert r.status_code == 422, r.text
     assert r.json()["errors"][0]["errors"][0]["field"] == "revision"
     assert c.get("/v1/conversations/rev-str", headers=REVIEWER).status_code == 404
+
+
+def outcome(key: str) -> dict[str, Any]:
+    return {"conversation_id": "x", "type": "csat", "value": 1, "idempotency_key": key}
+
+
+def dead_letters(rt: Any) -> list[tuple[str, str, bytes]]:
+    from vigil.store.models import DeadLetterRow
+
+    with rt.sessions() as s:
+        return [(d.source, d.reason, d.raw) for d in s.scalars(select(DeadLetterRow).order_by(DeadLetterRow.id))]
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason", "field"),
+    [
+        (b'{"conversation_id": "x", "type": "csat", "value": NaN}', "non_finite_number", "value"),
+        (b'{"conversation_id": "x", "type": "csat", "value": -Infinity}', "non_finite_number", "value"),
+        (b'{"conversation_id": "x", "type": "csat", "value": 1e999}', "non_finite_number", "value"),
+        (b'{"conversation_id": "x\\ud800", "type": "csat", "value": 1}', "invalid_unicode", "conversation_id"),
+    ],
+)
+def test_a_value_strict_json_cannot_hold_refuses_only_its_outcome(
+    rt_client, bad: bytes, reason: str, field: str
+) -> None:
+    """A NaN (or a lone surrogate) in one outcome of a batch was a 400 for the whole body: the valid outcomes
+    beside it were lost with it. Now it is that item's 422, kept as a dead letter, and the others are stored,
+    as for conversations."""
+    rt, c = rt_client
+    good = b'{"conversation_id": "x", "type": "csat", "value": 4, "idempotency_key": "kept"}'
+    body = b"[" + good + b"," + bad + b"]"
+    r = c.post("/v1/outcomes", content=body, headers={**INGEST, "content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    out = r.json()
+    assert (out["stored"], out["rejected"]) == (1, 1)
+    [error] = out["errors"]
+    assert (error["index"], error["reason"], error["errors"][0]["field"]) == (1, reason, field)
+    with rt.sessions() as s:
+        assert [o.idempotency_key for o in s.scalars(select(OutcomeRow))] == ["kept"]
+    [(source, why, raw)] = dead_letters(rt)
+    assert (source, why) == ("http", reason)
+    assert b'"csat"' in raw and b"kept" not in raw  # the refused item, not the stored one
+
+
+def test_an_outcomes_body_that_is_not_json_is_a_400_kept_whole(rt_client) -> None:
+    rt, c = rt_client
+    body = b'[{"conversation_id": "x", "type": "csat", "value": 1},'
+    r = c.post("/v1/outcomes", content=body, headers={**INGEST, "content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["reason"] == "malformed_json", r.text
+    assert dead_letters(rt) == [("http", "malformed_json", body)]
+
+
+def test_an_outcome_batch_over_the_item_limit_is_kept_as_a_dead_letter(rt_client) -> None:
+    from vigil.outcomes.api import MAX_BATCH
+
+    rt, c = rt_client
+    items = [
+        {"conversation_id": "x", "type": "csat", "value": 1, "idempotency_key": f"k{i}"} for i in range(MAX_BATCH + 1)
+    ]
+    body = orjson.dumps(items)
+    r = c.post("/v1/outcomes", content=body, headers={**INGEST, "content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["reason"] == "batch_too_large", r.text
+    assert "split it" in r.json()["detail"]
+    [(source, reason, raw)] = dead_letters(rt)
+    assert (source, reason) == ("http", "batch_too_large") and raw.startswith(body[:1000])
+    with rt.sessions() as s:
+        assert s.scalars(select(OutcomeRow)).first() is None
+
+
+def test_an_outcomes_body_over_the_size_limit_leaves_a_note(sqlite_url) -> None:
+    rt = build_runtime(make_settings(sqlite_url, max_request_bytes=4096), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        body = orjson.dumps(
+            [{"conversation_id": "x", "type": "csat", "value": 1, "idempotency_key": f"k{i}"} for i in range(200)]
+        )
+        r = c.post("/v1/outcomes", content=body, headers={**INGEST, "content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["reason"] == "oversized", r.text
+        # refused on its Content-Length before a byte is read: the note says what came, not the body
+        [(source, reason, raw)] = dead_letters(rt)
+        assert (source, reason) == ("http", "oversized") and body.startswith(raw)
+        from vigil.store.models import DeadLetterRow
+
+        with rt.sessions() as s:
+            [detail] = s.scalars(select(DeadLetterRow.detail))
+        assert "VIGIL_MAX_REQUEST_BYTES" in detail and str(len(body)) in detail
+    rt.close()
+
+
+def test_kafka_outcome_message_with_a_nan_keeps_its_other_outcomes(rt_client) -> None:
+    from vigil.outcomes.ingest import OutcomeStore
+    from vigil.runtime import Envelope
+
+    rt, _ = rt_client
+    store = rt.get(OutcomeStore)
+    good = b'{"conversation_id": "x", "type": "csat", "value": 3, "idempotency_key": "from-kafka"}'
+    raw = b"[" + good + b', {"conversation_id": "x", "type": "csat", "value": NaN}]'
+    broken = b'{"conversation_id": "x", "type"'
+    result = store.handle_envelopes(
+        [Envelope(raw, "kafka", "outcomes", 0, 7), Envelope(broken, "kafka", "outcomes", 0, 8)]
+    )
+    assert (result.received, result.stored) == (2, 1)
+    assert [(e.index, e.reason) for e in result.errors] == [(1, "non_finite_number")]
+    with rt.sessions() as s:
+        assert [o.idempotency_key for o in s.scalars(select(OutcomeRow))] == ["from-kafka"]
+    assert sorted((r, b) for _, r, b in dead_letters(rt)) == [("malformed_json", broken), ("non_finite_number", raw)]

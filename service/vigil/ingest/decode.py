@@ -15,7 +15,6 @@ Whatever passes can be stored and read back by every reader (the stored document
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from vigil.errors import VigilError
-from vigil.schema import INCOMING, Conversation, loads_exact
+from vigil.schema import INCOMING, UNSTORABLE, Conversation, item_raw, lenient_loads, loads_exact, unstorable
 
 # Every reason a message or an item can be refused with; metric labels never take other values.
 REASONS = (
@@ -76,92 +75,13 @@ def strip_nul(raw: bytes) -> bytes:
     return _ESCAPED_NUL.sub(rb"\1\\ufffd", raw) if b"\\u0000" in raw else raw
 
 
-class _NonFinite:
-    """What the lenient parser puts where strict JSON has no value (NaN, Infinity, 1e999)."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-
-def _lenient_float(text: str) -> float | _NonFinite:
-    value = float(text)
-    return value if value - value == 0 else _NonFinite(text)
-
-
-_MAX_JSON_INT = 2**1024  # beyond a double's range: strict JSON readers see infinity
-_MAX_INT_DIGITS = len(str(_MAX_JSON_INT))  # more digits than this are always beyond it
-
-
-def _lenient_int(text: str) -> int | _NonFinite:
-    """An integer, or (more digits than any integer a double holds) the marker of a non-finite number.
-
-    Python refuses to make an int of more than 4,300 digits (``sys.get_int_max_str_digits``), which would
-    fail the whole body; such a number is beyond a double's range anyway, so only its item is refused."""
-    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
-        return _NonFinite(text)
-    return int(text)
-
-
-def lenient_loads(raw: bytes | str) -> Any:
-    """Python's own JSON parser, which also reads what strict JSON refuses (NaN, lone surrogates).
-
-    Used only after the strict parse failed, to tell which item of a batch (and which field) is at fault.
-    """
-    return json.loads(raw, parse_constant=_NonFinite, parse_float=_lenient_float, parse_int=_lenient_int)
-
-
-def _field(key: Any) -> str:
-    """A key as a field path names it: a lone surrogate escaped (``\\udc00``), so the path can be stored."""
-    text = str(key)
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode()
-    return text
-
-
-def _bad_value(obj: Any, path: str = "") -> tuple[str, str] | None:
-    """(reason, field) of the first value strict JSON cannot hold, or None."""
-    if isinstance(obj, _NonFinite):
-        return "non_finite_number", path or "(root)"
-    if isinstance(obj, str):
-        try:
-            obj.encode()
-        except UnicodeEncodeError:
-            return "invalid_unicode", path or "(root)"
-        return None
-    if isinstance(obj, float):
-        return None if obj - obj == 0 else ("non_finite_number", path or "(root)")
-    if isinstance(obj, int) and not -_MAX_JSON_INT < obj < _MAX_JSON_INT:
-        return "non_finite_number", path or "(root)"
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            sub = f"{path}.{_field(k)}" if path else _field(k)
-            found = _bad_value(k, sub) or _bad_value(v, sub)
-            if found:
-                return found
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            found = _bad_value(v, f"{path}.{i}" if path else str(i))
-            if found:
-                return found
-    return None
-
-
-_MESSAGES = {
-    "non_finite_number": "NaN, Infinity and numbers beyond a double's range are not JSON values Vigil stores",
-    "invalid_unicode": "a lone UTF-16 surrogate (e.g. \\ud800) is not a character",
-}
-
-
 def _refusal(obj: Any) -> DecodeError | None:
-    found = _bad_value(obj)
+    found = unstorable(obj)
     if found is None:
         return None
     reason, where = found
-    return DecodeError(reason, f"{where}: {_MESSAGES[reason]}", [{"field": where, "message": _MESSAGES[reason]}])
+    message = UNSTORABLE[reason]
+    return DecodeError(reason, f"{where}: {message}", [{"field": where, "message": message}])
 
 
 def _parse(raw: bytes) -> Any:
@@ -205,7 +125,7 @@ def decode_document(raw: bytes | str, max_bytes: int) -> tuple[Conversation, byt
         try:
             raw = raw.encode()
         except UnicodeEncodeError:
-            raise DecodeError("invalid_unicode", _MESSAGES["invalid_unicode"]) from None
+            raise DecodeError("invalid_unicode", UNSTORABLE["invalid_unicode"]) from None
     raw = _sized(raw, max_bytes)
     return validate(_parse(raw)), raw
 
@@ -225,7 +145,7 @@ def encode_conversation(conversation: Conversation) -> bytes:
         return conversation.model_dump_json(exclude_none=True).encode()
     except PydanticSerializationError as exc:
         if "surrogates not allowed" in str(exc):
-            raise DecodeError("invalid_unicode", _MESSAGES["invalid_unicode"]) from None
+            raise DecodeError("invalid_unicode", UNSTORABLE["invalid_unicode"]) from None
         raise DecodeError("schema_invalid", str(exc)) from None
 
 
@@ -253,13 +173,6 @@ class Batch:
         return (i for i in self.items if i.error is not None)
 
 
-def _item_raw(item: Any) -> bytes:
-    try:
-        return orjson.dumps(item)
-    except TypeError:  # a lone surrogate or non-finite marker: keep Python's escaped rendering
-        return json.dumps(item, default=lambda v: v.text if isinstance(v, _NonFinite) else str(v)).encode()
-
-
 def decode_batch(body: bytes, max_bytes: int, max_items: int) -> Batch:
     """Split a request body into items and decode each with the rules above.
 
@@ -285,7 +198,7 @@ def decode_batch(body: bytes, max_bytes: int, max_items: int) -> Batch:
     for index, obj in enumerate(objects):
         refusal = _refusal(obj) if lenient else None
         # a single object keeps the exact bytes received; batch items are re-encoded one by one
-        raw = body if single and not lenient else _item_raw(obj)
+        raw = body if single and not lenient else item_raw(obj)
         if refusal is not None:
             batch.items.append(Item(index, raw, error=refusal))
             continue

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -13,9 +13,10 @@ from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.http.body import BodyTooLarge, EncodedBody, limited_body
 from vigil.outcomes.ingest import OutcomeIn, OutcomeStore
-from vigil.schema import too_dense
+from vigil.schema import UnreadableJson, read_items, too_dense
 from vigil.store.writes import DeadLetter
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["outcomes"])
 
 _ONE = OutcomeIn.model_json_schema()
@@ -48,7 +49,11 @@ async def post_outcomes(request: Request) -> JSONResponse:
     try:
         async with limited_body(request, s.max_request_bytes, s.max_inflight_bytes) as body:
             return await _post_outcomes(store, body, s.max_json_expansion)
-    except BodyTooLarge as exc:
+    except BodyTooLarge as exc:  # a note of what was read of it, as for conversations
+        try:
+            await run_in_threadpool(store.ingest_dead, DeadLetter("http", "oversized", str(exc), exc.prefix))
+        except Exception:  # the answer is 413 either way; the note is what could be kept
+            log.warning("keeping a note of an oversized outcomes request failed", exc_info=True)
         return JSONResponse({"detail": str(exc), "reason": "oversized"}, 413)
     except EncodedBody as exc:
         return JSONResponse({"detail": str(exc), "reason": "unsupported_encoding"}, 415)
@@ -62,15 +67,16 @@ async def _post_outcomes(store: Any, body: bytes, expansion: float) -> JSONRespo
     if why is not None:
         await run_in_threadpool(store.ingest_dead, DeadLetter("http", "oversized", why, body))
         return JSONResponse({"detail": why, "reason": "oversized"}, 413)
-    try:
-        payload = await run_in_threadpool(orjson.loads, body)
-    except orjson.JSONDecodeError as exc:
+    try:  # a NaN or lone surrogate refuses only the item holding it
+        items, refused = await run_in_threadpool(read_items, body)
+    except UnreadableJson as exc:
         await run_in_threadpool(store.ingest_dead, DeadLetter("http", "malformed_json", str(exc), body))
-        return JSONResponse({"detail": f"body is not JSON: {exc}"}, 400)
-    items: list[Any] = payload if isinstance(payload, list) else [payload]
+        return JSONResponse({"detail": str(exc), "reason": "malformed_json"}, 400)
     if len(items) > MAX_BATCH:
-        return JSONResponse({"detail": f"batch of {len(items)} exceeds {MAX_BATCH} items"}, 413)
-    result = await run_in_threadpool(store.ingest, items, "http")
+        why = f"batch of {len(items)} exceeds {MAX_BATCH} items; split it"
+        await run_in_threadpool(store.ingest_dead, DeadLetter("http", "batch_too_large", why, body))
+        return JSONResponse({"detail": why, "reason": "batch_too_large"}, 413)
+    result = await run_in_threadpool(store.ingest, items, "http", None, refused)
     out = {
         "accepted": result.received - len(result.errors),
         "stored": result.stored,

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,7 +24,17 @@ from sqlalchemy.orm import Session, sessionmaker
 from vigil.metrics import Metrics
 from vigil.outcomes.join import link_outcomes
 from vigil.runtime import Envelope
-from vigil.schema import INCOMING, ConversationId, OutcomeType, in_utc, outcome_types
+from vigil.schema import (
+    INCOMING,
+    UNSTORABLE,
+    ConversationId,
+    OutcomeType,
+    UnreadableJson,
+    in_utc,
+    item_raw,
+    outcome_types,
+    read_items,
+)
 from vigil.settings import Settings
 from vigil.store.db import after_commit, upsert
 from vigil.store.models import OutcomeRow
@@ -91,6 +100,11 @@ class Stored:
     conflicts: dict[int, list[dict[str, str]]] = field(default_factory=dict)
 
 
+def _items_raw(items: list[Any]) -> bytes:
+    """The refused items as one JSON array to keep (a NaN kept as Python writes it)."""
+    return b"[" + b",".join(item_raw(item) for item in items) + b"]"
+
+
 def _detail(errors: Sequence[ItemError]) -> str:
     return "; ".join(f"item {e.index}: " + ", ".join(f"{x['field']}: {x['message']}" for x in e.errors) for e in errors)
 
@@ -131,11 +145,19 @@ class OutcomeStore:
         self.types: dict[str, OutcomeType] = outcome_types(settings.outcome_types)
         self.listeners: list[Listener] = listeners if listeners is not None else []
 
-    def parse(self, items: Sequence[Any]) -> tuple[list[tuple[int, OutcomeIn]], list[ItemError]]:
-        """Valid outcomes with their index in ``items``, and the errors of the others."""
+    def parse(
+        self, items: Sequence[Any], refused: Mapping[int, tuple[str, str]] | None = None
+    ) -> tuple[list[tuple[int, OutcomeIn]], list[ItemError]]:
+        """Valid outcomes with their index in ``items``, and the errors of the others; ``refused`` holds, by
+        index, the items ``read_items`` found strict JSON cannot hold (a NaN value)."""
         valid: list[tuple[int, OutcomeIn]] = []
         errors: list[ItemError] = []
+        refused = refused or {}
         for index, item in enumerate(items):
+            if index in refused:
+                reason, where = refused[index]
+                errors.append(ItemError(index, reason, [{"field": where, "message": UNSTORABLE[reason]}]))
+                continue
             try:
                 outcome = OutcomeIn.model_validate(item, context=INCOMING)
             except ValidationError as exc:
@@ -221,16 +243,22 @@ class OutcomeStore:
         after_commit(session, count)
         return Stored(new_rows, dupes, conflicts)
 
-    def ingest(self, items: Sequence[Any], source: str, raw: bytes | None = None) -> OutcomeBatch:
+    def ingest(
+        self,
+        items: Sequence[Any],
+        source: str,
+        raw: bytes | None = None,
+        refused: Mapping[int, tuple[str, str]] | None = None,
+    ) -> OutcomeBatch:
         """Validate and store decoded items in one transaction.
 
         Invalid items become one dead letter, items reusing a key for a different outcome another
         (reason ``idempotency_conflict``); both are named in the returned errors.
         """
-        valid, errors = self.parse(items)
+        valid, errors = self.parse(items, refused)
         dead = []
         if errors:
-            body = raw if raw is not None else orjson.dumps([items[e.index] for e in errors])
+            body = raw if raw is not None else _items_raw([items[e.index] for e in errors])
             dead.append(DeadLetter(source, errors[0].reason, _detail(errors), body))
         with self.sessions.begin() as session:
             result = self.store(session, [o for _, o in valid], source)
@@ -238,7 +266,7 @@ class OutcomeStore:
                 ItemError(valid[pos][0], "idempotency_conflict", errs) for pos, errs in result.conflicts.items()
             ]
             if conflicts:
-                body = raw if raw is not None else orjson.dumps([items[e.index] for e in conflicts])
+                body = raw if raw is not None else _items_raw([items[e.index] for e in conflicts])
                 dead.append(DeadLetter(source, "idempotency_conflict", _detail(conflicts), body))
             store_dead_letters(
                 session, dead, self.settings.dead_letter_raw_bytes, self.settings.dead_letter_batch_raw_bytes
@@ -259,8 +287,8 @@ class OutcomeStore:
         total = OutcomeBatch()
         for n, env in enumerate(envelopes):
             try:
-                payload = orjson.loads(env.raw)
-            except orjson.JSONDecodeError as exc:
+                items, refused = read_items(env.raw)
+            except UnreadableJson as exc:
                 dead.append(
                     DeadLetter(
                         env.source,
@@ -274,9 +302,8 @@ class OutcomeStore:
                     )
                 )
                 continue
-            items = payload if isinstance(payload, list) else [payload]
             total.received += len(items)
-            ok, errors = self.parse(items)
+            ok, errors = self.parse(items, refused)
             valid.extend(o for _, o in ok)
             origin.extend((n, i) for i, _ in ok)
             if errors:
