@@ -254,14 +254,21 @@ _PHONE = _rx(
     r"|(?P<intl>\+[1-9]\d{0,2}(?:[ .\-]?(?:\(\d{1,4}\)|\d{1,4})){2,6})"
 )
 _THOUSANDS = re.compile(r"\+\d{1,3}(?:[ .]\d{3})+")  # on a matched value only
-# "call me at 4155550123", "phone: 555 0123", "mobile 5550123".
+# "call me at 4155550123", "phone: 555 0123", "mobile 5550123", and the keys of tool results and
+# records: "phones", "phone_number", "phoneNumber", "home_phone", "cellphone", "mobile_no".
 _PHONE_CONTEXT = _rx(
-    r"(?i)\b(?:phone|telephone|tel|mobile|cell|call|text|reach|fax|whatsapp|sms|dial|ring)\b"
+    r"(?i)(?:\b|_)(?:cell|home|work|mobile)?"
+    r"(?:phone|telephone|tel|mobile|cell|call|text|reach|fax|whatsapp|sms|dial|ring)(?:s|es)?"
+    r"(?:[_\-]?(?:numbers?|nums?|nos?))?\b"
     r"[^\d\n+$€£]{0,24}(\+?\d[\d .\-]{5,16}\d)"
 )
+# More numbers of the same list after one found by its keyword: "phones": [4155550123, 4155550124],
+# "call 4155550123 or 4155550124".
+_PHONE_NEXT = _rx(r"(?i)[\"']?[ \t]*(?:[,;/]|\bor\b|\band\b)[ \t]*[\"']?(\+?\d[\d .\-]{5,16}\d)")
 _PHONE_WORDS = ("phone", "tel", "mobile", "cell", "call", "text", "reach", "fax", "whatsapp", "sms", "dial", "ring")
-_NOT_A_PHONE = ("order", "invoice", "ticket", "tracking", "account", "case", "ref", "id ", "#", "number of")
+_NOT_A_PHONE = ("order", "invoice", "ticket", "tracking", "account", "case", "ref", "id ", "_id", "#", "number of")
 _SEVEN = _rx(r"\d{3}[.\-]\d{4}")
+_MAX_LISTED = 50  # numbers read after one keyword
 
 
 def _phones(text: str, low: str) -> Iterator[tuple[int, int]]:
@@ -290,7 +297,16 @@ def _phones(text: str, low: str) -> Iterator[tuple[int, int]]:
                 continue
             if any(w in low[m.start() : start] for w in _NOT_A_PHONE):
                 continue  # "call us about order 5550123456": the number is the order's
-            if len(digits_of(m.group(1))) in (7, 10, 11):
+            if len(digits_of(m.group(1))) not in (7, 10, 11):
+                continue
+            yield start, end
+            for _ in range(_MAX_LISTED):
+                more = _PHONE_NEXT.match(text, end)
+                if more is None or _word(_after(text, more.end(1))):
+                    break
+                start, end = more.span(1)
+                if len(digits_of(more.group(1))) not in (7, 10, 11):
+                    break
                 yield start, end
 
 
