@@ -297,6 +297,48 @@ def test_grpc_requests_that_are_not_otlp_are_invalid_argument_kept_as_dead_lette
     assert stored_spans(rt) == [(TRACE, "00000000000000d1")]
 
 
+def test_a_grpc_request_over_the_body_limit_is_invalid_argument_kept_as_a_dead_letter(db_url: str) -> None:
+    """gRPC refused a message over VIGIL_OTLP_MAX_BODY_BYTES itself with RESOURCE_EXHAUSTED, which OTLP
+    exporters retry, and nothing was kept. Up to twice the limit Vigil now refuses it for good
+    (INVALID_ARGUMENT, naming the setting) and keeps its first 64 KiB as an ``oversized`` dead letter; only
+    past gRPC's own bound (twice the limit, at least 4 MiB) does gRPC still answer RESOURCE_EXHAUSTED."""
+    settings = make_settings(db_url, otlp_grpc_port=free_port(), otlp_max_body_bytes=100_000)
+    rt = wire(build_runtime(settings, registry=CollectorRegistry()), {"api"})
+    build_app(rt)
+    from vigil.http.auth import KeyRing
+
+    receiver = rt.get(GrpcReceiver)
+    receiver.keyring = rt.get(KeyRing)
+    port = receiver.start_server()
+    try:
+        raw = otlp._raw_request_class()()
+        raw.ParseFromString(pb_request((bytes.fromhex(TRACE), bytes.fromhex("00000000000000d2"))))
+        raw.resource_spans[0].scope_spans[0].spans[0].attributes[0].value.string_value = b"x" * 150_000
+        big = raw.SerializeToString()
+        raw.resource_spans[0].scope_spans[0].spans[0].attributes[0].value.string_value = b"x" * 5_000_000
+        huge = raw.SerializeToString()
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                request_serializer=lambda b: b,
+                response_deserializer=lambda b: b,
+            )
+            codes = []
+            for body in (big, huge):
+                with pytest.raises(grpc.RpcError) as err:
+                    call(body, metadata=(("authorization", "Bearer ingest-key"),), timeout=30)
+                codes.append((err.value.code(), err.value.details()))
+        assert codes[0][0] == grpc.StatusCode.INVALID_ARGUMENT and "VIGIL_OTLP_MAX_BODY_BYTES" in codes[0][1]
+        assert codes[1][0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+        [letter] = dead_letters(rt)
+        assert (letter["reason"], letter["raw_size"]) == ("oversized", 65_536) and big.startswith(letter["raw"])
+        assert "VIGIL_OTLP_MAX_BODY_BYTES" in letter["detail"] and str(len(big)) in letter["detail"]
+        assert stored_spans(rt) == []
+    finally:
+        receiver.stop_server()
+        rt.close()
+
+
 def test_a_span_id_of_all_zeros_is_rejected_with_its_span_only(server: tuple[str, Runtime]) -> None:
     """All zeros is no span id (OTLP), as all zeros is no trace id: such a span is rejected, its request's
     other spans stored, over JSON and protobuf."""

@@ -6,6 +6,8 @@ request that cannot be stored answers ``UNAVAILABLE`` (exporters retry); one wit
 carries more than ``VIGIL_OTLP_MAX_SPANS_PER_REQUEST`` spans answers ``INVALID_ARGUMENT`` (never retried)
 and is kept as a dead letter (source ``otlp``), like a 400 or 413 over HTTP: requests arrive as bytes and
 are read by the HTTP receiver's code, not by gRPC's deserializer (whose failure answers ``INTERNAL``).
+One over ``VIGIL_OTLP_MAX_BODY_BYTES`` is ``INVALID_ARGUMENT`` too, its first 64 KiB kept (``oversized``);
+past twice that gRPC itself refuses the message (``RESOURCE_EXHAUSTED``) before Vigil sees it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from concurrent import futures
 from typing import Any, NoReturn
 
 from vigil.errors import ConfigError
+from vigil.http.body import PREFIX_BYTES, BodyTooLarge
 from vigil.ingest.otlp.ingest import TraceIngest
 from vigil.ingest.otlp.otlp import OtlpError
 from vigil.runtime import Runtime
@@ -56,6 +59,12 @@ class GrpcReceiver:
         s = self.rt.settings
         if not s.otlp_ingest_enabled:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "OTLP ingest is disabled (VIGIL_OTLP_INGEST_ENABLED=false)")
+        if len(data) > s.otlp_max_body_bytes:  # past the limit, short of gRPC's own (see start_server)
+            too_big = BodyTooLarge(len(data), s.otlp_max_body_bytes, setting="VIGIL_OTLP_MAX_BODY_BYTES")
+            exc = OtlpError(
+                f"{too_big}: send smaller batches; the dead letter keeps its first {PREFIX_BYTES} bytes", 413
+            )
+            self._reject(context, exc, data[:PREFIX_BYTES], logs)
         try:
             items = parse(data, s.otlp_max_spans_per_request)
         except OtlpError as exc:
@@ -104,7 +113,9 @@ class GrpcReceiver:
             return grpc.unary_unary_rpc_method_handler(handler)
 
         s = self.rt.settings
-        limit = max(MAX_MESSAGE_BYTES_FLOOR, s.otlp_max_body_bytes)
+        # gRPC refuses a larger message itself, RESOURCE_EXHAUSTED, which exporters retry and the handler
+        # never sees; up to twice the limit the handler refuses it for good and keeps a dead letter
+        limit = max(MAX_MESSAGE_BYTES_FLOOR, 2 * s.otlp_max_body_bytes)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="vigil-otlp-grpc"),
             options=[("grpc.max_receive_message_length", limit)],
