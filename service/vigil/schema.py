@@ -90,7 +90,25 @@ MAX_INT = 2**63 - 1  # what a database BIGINT holds
 # digit to "0" and every other byte to "." (a regular expression looking for it costs 10x more).
 _DIGIT_RUNS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x2E for b in range(256))
 _LONG_RUN = b"0" * 19
-_WIDE_INT = re.compile(rb"-[0-9]{19}|[0-9]{20}")  # then the exact test: a 19-digit run may be an id in a string
+
+
+_WIDE = float(2**63)
+
+
+def _has_wide_double(value: Any) -> bool:
+    """Whether a parsed value holds a double of magnitude 2**63 or more: where orjson put an integer it
+    could not hold (or a number written so, ``1e19``). Without one, no integer of the text was rounded."""
+    stack = [value]
+    pop, push = stack.pop, stack.extend
+    while stack:
+        v = pop()
+        if type(v) is dict:
+            push(v.values())
+        elif type(v) is list:
+            push(v)
+        elif type(v) is float and not -_WIDE < v < _WIDE:
+            return True
+    return False
 
 
 def loads_exact(raw: bytes | str) -> Any:
@@ -101,7 +119,8 @@ def loads_exact(raw: bytes | str) -> Any:
     """
     value = orjson.loads(raw)
     data = raw.encode() if isinstance(raw, str) else raw
-    if _LONG_RUN not in data.translate(_DIGIT_RUNS) or _WIDE_INT.search(data) is None:
+    # a long run inside a string (an id) rounds nothing: only a double of 2**63 or more says one was
+    if _LONG_RUN not in data.translate(_DIGIT_RUNS) or not _has_wide_double(value):
         return value
     try:
         return json.loads(raw)
