@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import orjson
@@ -141,6 +142,12 @@ def test_evaluate_stored_traffic_matches_files_and_api(sqlite_url: str) -> None:
         r = client.get("/v1/rules/quality", params={"outcome": "task_success"}, headers=REVIEWER)
         assert r.status_code == 200, r.text
         assert r.json()["packs"] == from_file["packs"]
+        # since is an instant: an hour ago written at +14:00 or -12:00 covers the same traffic
+        hour_ago = datetime.now(UTC) - timedelta(hours=1)
+        for offset in (14, -12):
+            at = hour_ago.astimezone(timezone(timedelta(hours=offset))).isoformat()
+            got = client.get("/v1/rules/quality", params={"outcome": "task_success", "since": at}, headers=REVIEWER)
+            assert got.status_code == 200 and got.json()["conversations"] == 40, (at, got.text[:200])
         assert client.get("/v1/rules/quality").status_code == 401
         assert client.get("/v1/rules/quality", params={"outcome": "csat"}, headers=REVIEWER).status_code == 404
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import update
@@ -155,6 +155,16 @@ def test_labels_are_versioned_validated_and_release_the_claim(api) -> None:
     current = api.get("/v1/review/labels", headers=REVIEWER).json()
     assert [(lab["conversation_id"], lab["label"]) for lab in current] == [(cid, "not_a_failure")]
     assert len(api.get("/v1/review/labels", params={"current_only": False}, headers=REVIEWER).json()) == 2
+    # since is an instant: the same one written with any offset selects the same labels (the offset was
+    # ignored, so +14:00 missed every label and -12:00 took older ones)
+    second = datetime.fromisoformat(hist["labels"][1]["created_at"].replace("Z", "+00:00"))
+    for offset in (0, 14, -12):
+        at = second.astimezone(timezone(timedelta(hours=offset))).isoformat()
+        got = api.get("/v1/review/labels", params={"current_only": False, "since": at}, headers=REVIEWER).json()
+        assert [lab["version"] for lab in got] == [2], at
+    assert (
+        api.get("/v1/review/labels", params={"since": "0001-01-01T00:00:00+14:00"}, headers=REVIEWER).status_code == 422
+    )
 
 
 def test_labelling_an_unqueued_conversation_enqueues_it(api) -> None:

@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from vigil.evaluation import quality, sources
 from vigil.http import runtime_of
 from vigil.http.auth import require
+from vigil.http.params import Instant
 from vigil.review import FlaggingPolicy
 from vigil.runtime import Runtime
 from vigil.store.db import utcnow
@@ -39,7 +40,7 @@ async def get_rule_quality(
     request: Request,
     outcome: str = Query("task_success", description="The outcome that says whether a conversation went well."),
     polarity: sources.Polarity = Query("auto", description="good: failure below the bar; bad: failure if it happened."),
-    since: datetime | None = Query(None, description="Traffic received since; default: the last 30 days."),
+    since: Instant | None = Query(None, description="Traffic received since; default: the last 30 days."),
     agent: str | None = None,
     version: str | None = None,
 ) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
@@ -19,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
-from vigil.http.params import MAX_OFFSET
+from vigil.http.params import MAX_OFFSET, Instant
 from vigil.review import clusters as near_dups
 from vigil.review import insights, queue, reviewers, triage
 from vigil.review import side_by_side as sbs
@@ -292,7 +291,7 @@ def add_item(request: Request, body: EnqueueIn, p: Principal = require("reviewer
 @router.get("/labels", response_model=list[LabelOut])
 def labels(
     request: Request,
-    since: datetime | None = None,
+    since: Instant | None = None,
     current_only: bool = True,
     limit: int = Query(1000, ge=1, le=10_000),
     offset: int = Query(0, ge=0, le=MAX_OFFSET),
