@@ -71,3 +71,22 @@ def test_the_largest_watermark_exports_and_the_export_runs_off_the_event_loop(ui
     assert r.headers["x-vigil-export-state"] == "pending" and r.headers["x-vigil-watermark"] == str(2**63 - 1)
     assert loops == [False]
     assert _runs(ui) == 1
+
+
+@pytest.mark.parametrize(("sent", "every"), [("on", True), ("1", True), ("true", True), ("0", False), ("false", False)])
+def test_all_means_what_it_says(ui: Any, monkeypatch: pytest.MonkeyPatch, sent: str, every: bool) -> None:
+    """The form's "all" was any non-empty value: a scripted all=0 or all=false re-exported everything, where
+    POST /v1/exports?all=false exports what is new since the last acknowledged run."""
+    import vigil.export.run as run_module
+
+    seen: list[bool] = []
+    real = run_module.export
+
+    def export(*args: Any, **kwargs: Any) -> Any:
+        seen.append(args[5])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "export", export)
+    r = ui.post("/ui/export", data={"csrf": ui.csrf, "format": "native", "all": sent})
+    assert r.status_code == 200, r.text[:500]
+    assert seen == [every]

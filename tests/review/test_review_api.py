@@ -167,6 +167,27 @@ def test_labels_are_versioned_validated_and_release_the_claim(api) -> None:
     )
 
 
+def test_a_misspelt_field_in_a_review_body_is_a_422_naming_it(api) -> None:
+    """Unknown fields were dropped without a word: a label sent with "Notes" or "expected_behaviour" was
+    saved with empty notes. Every review, judge and calibration request body now refuses them."""
+    cid = _seed(api, 5)[0]["conversation_id"]
+    r = api.post(
+        f"/v1/review/items/{cid}/labels",
+        json={"label": "unsure", "Notes": "kept?", "expected_behaviour": "y"},
+        headers=REVIEWER,
+    )
+    assert r.status_code == 422, r.text
+    assert {e["loc"][-1] for e in r.json()["detail"]} == {"Notes", "expected_behaviour"}
+    assert api.get("/v1/review/labels", headers=REVIEWER).json() == []
+    for path, body in (
+        ("/v1/review/claim", {"agnet": "a"}),
+        ("/v1/review/items", {"conversation_id": cid, "priority": 1}),
+        ("/v1/review/bulk", {"conversation_ids": [cid], "action": "skip", "extra": 1}),
+    ):
+        r = api.post(path, json=body, headers=ADMIN)
+        assert r.status_code == 422 and "extra" in r.text.lower(), (path, r.status_code, r.text[:300])
+
+
 def test_labelling_an_unqueued_conversation_enqueues_it(api) -> None:
     convs = _seed(api, 30)
     queued = {it["conversation_id"] for it in queue_of(api, status="all")["items"]}

@@ -288,6 +288,10 @@ def test_comments_on_conversations_and_messages(api) -> None:
     assert r.status_code == 422
     r = api.post("/v1/review/items/nope/comments", json={"body": "x"}, headers=REVIEWER)
     assert r.status_code == 404
+    # a message index is a JSON integer (true and "1" were stored as 1); a misspelt field is a 422, not dropped
+    for odd in ({"body": "x", "message_index": True}, {"body": "x", "message_index": "1"}, {"body": "x", "msg": 1}):
+        r = api.post(f"/v1/review/items/{cid}/comments", json=odd, headers=REVIEWER)
+        assert r.status_code == 422, (odd, r.text)
     audit = api.get(f"/v1/review/items/{cid}/history", headers=REVIEWER).json()["audit"]
     assert [e["actor"] for e in audit if e["action"] == "comment"] == ["rita", "raj"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from vigil.calibration.errors import CalibrationError
 from vigil.calibration.overview import Calibration, save_run
@@ -46,6 +46,7 @@ def judge_calibration(request: Request, name: str) -> dict[str, Any]:
 
 
 class CalibrateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not silently dropped
     labels: list[dict[str, Any]] = Field(
         min_length=1,
         max_length=20_000,

@@ -71,6 +71,8 @@ async def export_download(request: Request) -> Response:
     rt = runtime_of(request)
     fmt = str(form.get("format") or "native")
     since_raw = str(form.get("since") or "").strip()
+    # the checkbox sends "on" when ticked; a scripted post may send all=0 or all=false, which mean no
+    every = str(form.get("all") or "").strip().lower() not in ("", "0", "false", "no", "off")
 
     def run(since: int | None) -> Any:
         with rt.sessions.begin() as s:
@@ -80,7 +82,7 @@ async def export_download(request: Request) -> Response:
                 Redactor(rt.settings.export_redact_patterns),
                 fmt,
                 since,
-                bool(form.get("all")),
+                every,
                 p.name,
                 rt.metrics,
                 record=False,

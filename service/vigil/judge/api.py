@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -124,6 +124,7 @@ def resume_judge(request: Request, name: str) -> dict[str, Any]:
 
 
 class ManualRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not silently dropped
     conversation_id: str = Field(min_length=1, max_length=256)
 
 
@@ -146,6 +147,7 @@ def request_judgement(request: Request, name: str, body: ManualRequest) -> dict[
 
 
 class PairwiseBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not silently dropped
     input: str = Field(min_length=1, max_length=200_000, description="The shared input (question, context).")
     answer_a: str = Field(max_length=200_000)
     answer_b: str = Field(max_length=200_000)

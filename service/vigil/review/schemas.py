@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from vigil.schema import Severity
 
@@ -85,6 +85,7 @@ class QueueOut(BaseModel):
 
 
 class ClaimFilters(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not silently dropped
     agent: str | None = None
     version: str | None = None
     rule: str | None = None
@@ -108,6 +109,7 @@ class LeaseOut(BaseModel):
 
 
 class LabelIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not silently dropped
     label: LabelName
     category: str | None = Field(default=None, description="From the taxonomy; required for confirmed_failure")
     severity: Severity | None = None
@@ -118,6 +120,7 @@ class LabelIn(BaseModel):
 
 
 class EnqueueIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not silently dropped
     conversation_id: str = Field(min_length=1, max_length=256)
     note: str = Field(default="", max_length=500)
     weight: float = Field(default=50.0, ge=0, le=1000)
@@ -206,6 +209,7 @@ class ClusterLabelOut(BaseModel):
 
 
 class BulkIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not silently dropped
     action: Literal["skip", "assign", "unassign"]
     conversation_ids: list[str] = Field(min_length=1, max_length=500)
     assignee: str | None = Field(default=None, max_length=128, description="For assign: a reviewer's name")
@@ -219,8 +223,9 @@ class BulkOut(BaseModel):
 
 
 class CommentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not silently dropped
     body: str = Field(min_length=1, max_length=5000)
-    message_index: int | None = Field(default=None, ge=0, description="Comment on this message (0-based)")
+    message_index: int | None = Field(default=None, ge=0, strict=True, description="Comment on this message (0-based)")
 
 
 class CommentOut(BaseModel):
@@ -233,6 +238,7 @@ class CommentOut(BaseModel):
 
 
 class PairwiseIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not silently dropped
     conversation_a: str = Field(min_length=1, max_length=256)
     conversation_b: str = Field(min_length=1, max_length=256)
     choice: Literal["a", "b", "tie"] = Field(description="Which conversation handled the task better")
