@@ -219,6 +219,31 @@ def test_cluster_label_is_checked_like_any_label(api) -> None:
     assert api.get("/v1/review/labels", headers=REVIEWER).json() == []
 
 
+def test_a_cluster_label_reaches_only_the_samples_near_duplicates(api) -> None:
+    """The members list is the client's word: any queued conversation listed there got the sample's label
+    (with propagated_from), so one call could label up to 500 unrelated items as read. Members that are not
+    in the sample's open cluster are now left alone and reported."""
+    dups = near_duplicates(4, "kin")
+    stranger = near_duplicates(1, "far")[0]
+    stranger["messages"][1]["content"] = "Which of your stores opens earliest on Sunday mornings during winter?"
+    stranger["messages"][2]["content"] = "The Leeds store opens at eight; write to leeds.store@example.com."
+    assert api.post("/v1/conversations", json=[*dups, stranger], headers=INGEST).status_code == 202
+    queued = {it["conversation_id"] for it in queue_of(api, status="all")["items"]}
+    assert stranger["conversation_id"] in queued  # flagged like the others, but not like them
+    ids = [c["conversation_id"] for c in dups]
+    body = {"sample": ids[0], "members": [*ids, stranger["conversation_id"]], "label": "not_a_failure"}
+    out = api.post("/v1/review/queue/clusters/label", json=body, headers=REVIEWER).json()
+    assert out["labelled"] == ids
+    assert out["skipped"] == [
+        {
+            "conversation_id": stranger["conversation_id"],
+            "why": "not a near-duplicate of the sample among the open items",
+        }
+    ]
+    labelled = {lab["conversation_id"] for lab in api.get("/v1/review/labels", headers=REVIEWER).json()}
+    assert labelled == set(ids)
+
+
 RAJ = {"Authorization": "Bearer raj-key"}
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import and_, func, insert, or_, select, update
 from sqlalchemy.orm import Session, load_only
 
 from vigil.metrics import Metrics
@@ -53,6 +53,10 @@ class _Member:
 class Cluster:
     reason: tuple[str, str]
     members: list[_Member] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[str]:
+        return [m.conversation_id for m in self.members]
 
     @property
     def id(self) -> str:
@@ -106,11 +110,19 @@ def _main_reasons(session: Session, ids: list[str]) -> dict[str, tuple[str, str]
 
 
 def open_clusters(
-    session: Session, min_size: int = 2, window: int = WINDOW, reviewer: str | None = None
+    session: Session,
+    min_size: int = 2,
+    window: int = WINDOW,
+    reviewer: str | None = None,
+    held_by: str | None = None,
 ) -> list[Cluster]:
     """Near-duplicate clusters among the ``window`` highest-priority open items, largest first
-    (with ``reviewer``: items they have labelled or skipped are left out, as claim-next leaves them)."""
+    (with ``reviewer``: items they have labelled or skipped are left out, as claim-next leaves them;
+    with ``held_by``: the items that reviewer holds count as open)."""
     now = utcnow()
+    open_ = queue.claimable(now)
+    if held_by is not None:
+        open_ = or_(open_, and_(ReviewItemRow.status == "open", ReviewItemRow.claimed_by == held_by))
     items = session.execute(
         select(
             ReviewItemRow.conversation_id,
@@ -118,7 +130,7 @@ def open_clusters(
             ReviewItemRow.agent_version,
             ReviewItemRow.created_at,
         )
-        .where(queue.claimable(now), *(queue.not_done_by(reviewer) if reviewer else []))
+        .where(open_, *(queue.not_done_by(reviewer) if reviewer else []))
         .order_by(ReviewItemRow.priority.desc(), ReviewItemRow.created_at, ReviewItemRow.id)
         .limit(window)
     ).all()
@@ -178,6 +190,10 @@ def label_cluster(
     rest = list(dict.fromkeys(m for m in members if m != sample))
     if len(rest) > MAX_MEMBERS:
         raise Invalid(f"at most {MAX_MEMBERS} members per cluster label, not {len(rest)}")
+    # only the sample's near-duplicates get its label: a member list is the client's word, and a label
+    # copied onto an unrelated conversation would count for calibration and export like a read one
+    home = next((c for c in open_clusters(session, reviewer=reviewer, held_by=reviewer) if sample in c.ids), None)
+    kin = set(home.ids) if home is not None else set()
     queue.label(session, sample, reviewer, data, policy, metrics=metrics)
     labelled, skipped = [sample], []
     mine = set(
@@ -216,6 +232,8 @@ def label_cluster(
             why = "you labelled it already"
         elif item.claimed_by not in (None, reviewer) and lease is not None and lease >= now:
             why = f"{item.claimed_by} holds it"
+        elif cid not in kin:
+            why = "not a near-duplicate of the sample among the open items"
         if why is None:
             labelled.append(cid)
         else:
