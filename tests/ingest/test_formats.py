@@ -700,6 +700,21 @@ def test_http_ingest_reads_a_format_and_says_which(sqlite_url: str) -> None:
             "get_order",
             "refund_order",
         ]
+        # the same transcript for another agent is its own conversation (it was a duplicate of the first, and
+        # the second agent's conversation was never stored); the same agent again is a duplicate
+        for agent, stored in (("billing", 1), ("refunds", 0)):
+            url = f"/v1/conversations?format=auto&agent_id={agent}"
+            again = client.post(url, json=anthropic_record("sys"), headers=INGEST).json()
+            assert (again["stored"], again["duplicates"]) == (stored, 1 - stored), again
+        chat = {"messages": [{"role": "user", "content": "same words"}, {"role": "assistant", "content": "ok"}]}
+        ids = set()
+        for version in ("v1", "v2"):
+            r = client.post(
+                f"/v1/conversations?format=openai&agent_id=a&agent_version={version}", json=chat, headers=INGEST
+            )
+            assert r.json()["stored"] == 1, r.text
+            ids.update(r.json()["conversation_ids"])
+        assert len(ids) == 2
         r = client.post("/v1/conversations?format=auto", json={"prompt": "hi"}, headers=INGEST)
         assert r.status_code == 422 and "unknown shape" in r.json()["detail"] and "langsmith" in r.json()["detail"]
         r = client.post("/v1/conversations?format=yaml", json={"prompt": "hi"}, headers=INGEST)

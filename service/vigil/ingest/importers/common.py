@@ -51,6 +51,15 @@ def digest(value: Any) -> str:
     return hashlib.sha256(dumps_any(value, sort_keys=True)).hexdigest()[:16]
 
 
+def content_digest(messages: Any, agent_id: str | None, agent_version: str | None) -> str:
+    """The digest a derived conversation id ends in: of the messages, and of the agent and version the caller
+    named (the same transcript sent for two agents is two conversations, not one stored and one duplicate).
+    Without either it is the messages' digest alone, so ids derived before stay the same."""
+    if agent_id is None and agent_version is None:
+        return digest(messages)
+    return digest({"agent_id": agent_id, "agent_version": agent_version, "messages": messages})
+
+
 def listed(value: Any, where: str, what: str = "items") -> list[Any]:
     """A list field: a list (absent is empty); anything else is refused, naming where."""
     if value is None:
@@ -171,7 +180,8 @@ def envelope(
     """A conversation document: Vigil's own fields kept where the record has them, a stable id otherwise
     (the same record always gets the same id, so importing a file twice changes nothing)."""
     out: dict[str, Any] = {k: record[k] for k in ENVELOPE if record.get(k) is not None}
-    out.setdefault("conversation_id", default_id or f"{prefix}:{path.stem}:{digest(messages)}")
+    derived = f"{prefix}:{path.stem}:{content_digest(messages, agent_id, agent_version)}"
+    out.setdefault("conversation_id", default_id or derived)
     out["agent_id"] = agent_id or out.get("agent_id") or default_agent or path.stem
     out["agent_version"] = agent_version or out.get("agent_version") or "unknown"
     out["messages"] = messages

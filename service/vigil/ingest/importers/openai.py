@@ -13,7 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vigil.ingest.importers.common import ENVELOPE, ItemError, as_list, digest, envelope, tool_defs, validated
+from vigil.ingest.importers.common import (
+    ENVELOPE,
+    ItemError,
+    as_list,
+    content_digest,
+    envelope,
+    tool_defs,
+    validated,
+)
 from vigil.schema import Conversation
 
 NAME = "openai"
@@ -143,6 +151,6 @@ def convert(data: Any, path: Path, agent_id: str | None, agent_version: str | No
             agent_version,
             tools=tools,
             metadata=meta,
-            default_id=f"{path.stem}:{digest(item.get('messages'))}",
+            default_id=f"{path.stem}:{content_digest(item.get('messages'), agent_id, agent_version)}",
         )
         yield validated(doc, where)
