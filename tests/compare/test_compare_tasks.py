@@ -279,6 +279,17 @@ def test_the_conversations_behind_a_row(db_url) -> None:
         assert behind("judge:helpful").json()["total"] == 0
         r = behind("nonsense")
         assert r.status_code == 404 and "no compare signal 'nonsense'" in r.json()["detail"]
+        for empty in ("judge:", "rule:", "judge::offline", "outcome: "):  # answered 200 "the judge  failed"
+            r = behind(empty)
+            assert r.status_code == 404 and "after the colon" in r.json()["detail"], (empty, r.text)
+        # a window that ends before it starts is a 422 saying so, not "no conversations" (404)
+        later, earlier = "2026-06-02T00:00:00Z", "2026-06-01T00:00:00Z"
+        assert behind("steps", since=later, until=earlier).status_code == 422
+        q = {"agent": "bench-bot", "version": "v2", "since": later, "until": earlier}
+        r = c.get("/v1/quality", params=q, headers=REVIEWER)
+        assert r.status_code == 422 and "must be before until" in r.json()["detail"], r.text
+        q = {"baseline": "v1", "candidate": "v2", "since": later, "until": earlier}
+        assert c.get("/v1/compare", params=q, headers=REVIEWER).status_code == 422
     rt.close()
 
 

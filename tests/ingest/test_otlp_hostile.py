@@ -412,3 +412,22 @@ def test_spans_over_a_conversations_limit_are_counted_as_rejected_and_the_limit_
         assert "2 spans dropped: a conversation holds at most 3 spans" in partial["errorMessage"]
         assert "VIGIL_OTLP_MAX_SPANS_PER_CONVERSATION" in partial["errorMessage"]
         assert len(stored_spans(rt)) == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (b'{"resourceSpans": 5}', "resourceSpans must be an array of objects, not int"),
+        (b'{"resourceSpans": [{"scopeSpans": "x"}]}', "resourceSpans[].scopeSpans must be an array of objects"),
+        (b'{"resourceSpans": [{"scopeSpans": [{"spans": [1]}]}]}', "resourceSpans[].scopeSpans[].spans must be"),
+        (b'{"resourceLogs": {}}', "resourceLogs must be an array of objects, not dict"),
+        (b'{"resourceLogs": [{"scopeLogs": [{"logRecords": "r"}]}]}', "scopeLogs[].logRecords must be an array"),
+    ],
+)
+def test_a_json_request_of_the_wrong_shape_names_the_field(body: bytes, where: str) -> None:
+    """A JSON request whose arrays are something else answered with Python's own words ("'int' object is
+    not iterable"); it now names the field and what it must be."""
+    parse = otlp.parse_logs_json if b"resourceLogs" in body else otlp.parse_json
+    with pytest.raises(otlp.OtlpError) as err:
+        parse(body, 100)
+    assert where in str(err.value) and err.value.status == 400

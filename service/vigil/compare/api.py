@@ -42,6 +42,12 @@ def window(rt: Runtime, since: datetime | None, until: datetime | None) -> tuple
     return since, until
 
 
+def ordered(since: datetime | None, until: datetime | None) -> None:
+    """422 for a window that ends before it starts (it read as "no conversations", a 404 that misleads)."""
+    if since is not None and until is not None and since >= until:
+        raise HTTPException(422, f"since ({since.isoformat()}) must be before until ({until.isoformat()})")
+
+
 def rule_versions(rt: Runtime) -> RuleVersions:
     """Each applicable rule's definition (pack, type, digest of severity and arguments): what its row measures."""
 
@@ -100,6 +106,7 @@ async def get_compare(
     per_task: bool = Query(False, description="Also list each task's pass@k and pass^k (thousands of rows at volume)."),
 ) -> FastJSON:
     """Each signal for both versions with 95% intervals, the difference, a verdict and red flags."""
+    ordered(since, until)
     try:
         return FastJSON(
             await run_in_threadpool(
@@ -123,6 +130,7 @@ async def get_conversations_behind(
     until: Instant | None = None,
 ) -> dict[str, Any]:
     """The conversations of one version behind one row of the compare table, a page at a time."""
+    ordered(since, until)
     rt = runtime_of(request)
 
     def run() -> dict[str, Any]:
@@ -147,6 +155,7 @@ async def get_quality(
     per_task: bool = Query(False, description="Also list each task's pass@k and pass^k (thousands of rows at volume)."),
 ) -> FastJSON:
     """Quality signals of one agent version with 95% intervals."""
+    ordered(since, until)
     rt = runtime_of(request)
 
     def run() -> dict[str, Any]:

@@ -30,6 +30,9 @@ def _what(signal: str) -> tuple[Any, str, Any]:
     """(condition on ConversationRow, description, order) for a signal counted from stored columns."""
     C, F, L, V = ConversationRow, FindingRow, OutcomeLinkRow, VerdictRow
     newest = C.received_at.desc()
+    head, sep, name = signal.partition(":")
+    if sep and not name.removesuffix(OFFLINE_SUFFIX).strip():  # "rule:", "judge:", "judge::offline"
+        raise UnknownSignal(f"no compare signal {signal!r}: name the {head} after the colon")
     if signal.startswith("rule:"):
         rule = signal.removeprefix("rule:")
         cond = exists().where(F.conversation_id == C.conversation_id, F.rule_id == rule, real_finding())

@@ -308,6 +308,8 @@ def validate_label(data: LabelIn, policy: FlaggingPolicy) -> LabelIn:
     for name in ("notes", "expected_behavior"):
         if len(getattr(data, name)) > MAX_TEXT:
             raise Invalid(f"{name} is longer than {MAX_TEXT} characters")
+        if "\x00" in getattr(data, name):  # Postgres cannot store it; SQLite would, into every page showing it
+            raise Invalid(f"{name} holds a NUL character (\\u0000), which Vigil does not store: nothing was saved")
     return LabelIn(data.label, category, severity, data.notes.strip(), data.expected_behavior.strip())
 
 

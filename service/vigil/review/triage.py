@@ -93,6 +93,8 @@ def add_comment(
         raise Invalid("a comment needs some text")
     if len(text) > MAX_COMMENT:
         raise Invalid(f"a comment is at most {MAX_COMMENT} characters, not {len(text)}")
+    if "\x00" in text:  # Postgres cannot store it; SQLite would, into every page showing it
+        raise Invalid("a comment holds a NUL character (\\u0000), which Vigil does not store: nothing was saved")
     conv = session.get(ConversationRow, conversation_id)
     if conv is None:
         raise NotFound(f"no conversation {conversation_id!r}")

@@ -458,6 +458,16 @@ def _get(d: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
     return d.get(snake, default)
 
 
+def _array(value: Any, where: str) -> list[dict[str, Any]]:
+    """An OTLP/JSON array of objects (absent or null: none); anything else is a 400 naming the field."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        got = type(value).__name__ if not isinstance(value, list) else "an array holding something other than objects"
+        raise OtlpError(f"body does not follow the OTLP JSON encoding: {where} must be an array of objects, not {got}")
+    return value
+
+
 def parse_json(data: bytes | memoryview, max_spans: int | None = None) -> list[dict[str, Any]]:
     try:
         doc = orjson.loads(data)
@@ -467,19 +477,19 @@ def parse_json(data: bytes | memoryview, max_spans: int | None = None) -> list[d
         raise OtlpError("body must be an OTLP ExportTraceServiceRequest object with resourceSpans")
     spans: list[dict[str, Any]] = []
     try:
-        resource_spans = _get(doc, "resourceSpans", "resource_spans", []) or []
+        resource_spans = _array(_get(doc, "resourceSpans", "resource_spans"), "resourceSpans")
         if max_spans is not None:  # before any span becomes a dict (and a problem, if it is invalid)
             count = sum(
-                len(ss.get("spans") or [])
+                len(_array(ss.get("spans"), "resourceSpans[].scopeSpans[].spans"))
                 for rs in resource_spans
-                for ss in _get(rs, "scopeSpans", "scope_spans", []) or []
+                for ss in _array(_get(rs, "scopeSpans", "scope_spans"), "resourceSpans[].scopeSpans")
             )
             if count > max_spans:
                 raise too_many(count, max_spans, "spans")
         for rs in resource_spans:
             resource = _resource(_json_attrs((rs.get("resource") or {}).get("attributes")))
-            for ss in _get(rs, "scopeSpans", "scope_spans", []) or []:
-                for sp in ss.get("spans") or []:
+            for ss in _array(_get(rs, "scopeSpans", "scope_spans"), "resourceSpans[].scopeSpans"):
+                for sp in _array(ss.get("spans"), "resourceSpans[].scopeSpans[].spans"):
                     status = sp.get("status") or {}
                     spans.append(
                         {
@@ -520,19 +530,19 @@ def parse_logs_json(data: bytes | memoryview, max_records: int | None = None) ->
         raise OtlpError("body must be an OTLP ExportLogsServiceRequest object with resourceLogs")
     out: list[dict[str, Any]] = []
     try:
-        resource_logs = _get(doc, "resourceLogs", "resource_logs", []) or []
+        resource_logs = _array(_get(doc, "resourceLogs", "resource_logs"), "resourceLogs")
         if max_records is not None:  # before any record becomes a dict
             count = sum(
-                len(_get(sl, "logRecords", "log_records", []) or [])
+                len(_array(_get(sl, "logRecords", "log_records"), "resourceLogs[].scopeLogs[].logRecords"))
                 for rl in resource_logs
-                for sl in _get(rl, "scopeLogs", "scope_logs", []) or []
+                for sl in _array(_get(rl, "scopeLogs", "scope_logs"), "resourceLogs[].scopeLogs")
             )
             if count > max_records:
                 raise too_many(count, max_records, "log records")
         for rl in resource_logs:
             resource = _resource(_json_attrs((rl.get("resource") or {}).get("attributes")))
-            for sl in _get(rl, "scopeLogs", "scope_logs", []) or []:
-                for lr in _get(sl, "logRecords", "log_records", []) or []:
+            for sl in _array(_get(rl, "scopeLogs", "scope_logs"), "resourceLogs[].scopeLogs"):
+                for lr in _array(_get(sl, "logRecords", "log_records"), "resourceLogs[].scopeLogs[].logRecords"):
                     attrs = _json_attrs(lr.get("attributes"))
                     time_ns = _get(lr, "timeUnixNano", "time_unix_nano", 0) or _get(
                         lr, "observedTimeUnixNano", "observed_time_unix_nano", 0
