@@ -7,6 +7,7 @@ OpenAI's chat message types), PII redaction, near-duplicate grouping and increme
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +244,10 @@ def test_incremental_export_with_watermark(world) -> None:  # type: ignore[no-un
     assert len(_export(client, format="inspect")[0]) == 4
     runs = client.get("/v1/exports", headers=ADMIN).json()
     assert [r["tasks"] for r in runs][:3] == [4, 4, 2]
+    # times carry their offset on every database (SQLite's came back as a bare wall time)
+    for run in runs:
+        for key in ("created_at", "acknowledged_at"):
+            assert run[key] is None or datetime.fromisoformat(run[key].replace("Z", "+00:00")).utcoffset() is not None
     r = client.post("/v1/exports", params={"format": "csv"}, headers=ADMIN)
     assert r.status_code == 422
 

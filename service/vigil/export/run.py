@@ -36,7 +36,7 @@ from vigil.metrics import Metrics
 from vigil.rules.packs import CompiledRule
 from vigil.schema import Conversation
 from vigil.store import reads
-from vigil.store.db import upsert, utcnow
+from vigil.store.db import aware, upsert, utcnow
 from vigil.store.models import ConversationRow, FindingRow, VerdictRow
 
 _CHUNK = 500
@@ -333,6 +333,7 @@ def run_dict(r: ExportRunRow) -> dict[str, Any]:
         "tasks": r.tasks,
         "grouped": r.grouped,
         "actor": r.actor,
-        "created_at": r.created_at,
-        "acknowledged_at": r.acknowledged_at,
+        # in UTC with its offset on every database (SQLite hands back the wall time without one)
+        "created_at": aware(r.created_at),
+        "acknowledged_at": aware(r.acknowledged_at),
     }
