@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tests.support.app import INGEST, REVIEWER
+from urllib.parse import quote
+
+from tests.support.app import ADMIN, INGEST, REVIEWER
 from tests.support.review import queue_of, review_runtime, simulated
 
 
@@ -291,6 +293,26 @@ def test_bulk_skip_and_assign(api) -> None:
     r = api.post("/v1/review/bulk", json={"action": "unassign", "conversation_ids": ids[3:]}, headers=REVIEWER)
     assert r.json()["done"] == ids[3:]
     assert all(it["assignee"] is None for it in queue_of(api, status="all")["items"])
+
+
+def test_an_id_ending_in_a_sub_resource_name_reaches_its_item(api) -> None:
+    """GET /v1/review/items/h%2Fhistory answered the history of "h", and k%2Fcomments the comments of "k":
+    routing decodes the slash before matching, so the item itself could not be fetched at all."""
+    base = {"agent_id": "a", "agent_version": "v1"}
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    ids = ["h", "h/history", "k", "k/comments"]
+    docs = [{**base, "conversation_id": cid, "messages": msgs} for cid in ids]
+    assert api.post("/v1/conversations", json=docs, headers=INGEST).status_code == 202
+    for cid in ids:
+        r = api.post("/v1/review/items", json={"conversation_id": cid}, headers=ADMIN)
+        assert r.status_code == 201, r.text
+    for cid in ids:
+        got = api.get(f"/v1/review/items/{quote(cid, safe='')}", headers=REVIEWER)
+        assert got.status_code == 200 and got.json()["conversation_id"] == cid, (cid, got.text[:200])
+    assert api.get("/v1/review/items/h/history", headers=REVIEWER).json()["conversation_id"] == "h"
+    hist = api.get("/v1/review/items/h%2Fhistory/history", headers=REVIEWER).json()
+    assert hist["conversation_id"] == "h/history"
+    assert api.get("/v1/review/items/k/comments", headers=REVIEWER).json() == []
 
 
 def test_comments_on_conversations_and_messages(api) -> None:

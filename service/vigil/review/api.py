@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -175,9 +177,21 @@ def claim_next(request: Request, body: ClaimFilters | None = None, p: Principal 
     return Response(status_code=204) if out is None else out
 
 
+def _the_item_itself(request: Request, conversation_id: str, suffix: str, p: Principal) -> Response | None:
+    """The item whose id ends in ``/history`` or ``/comments`` (sent with the slash encoded, ``%2F``), which
+    routing took for that sub-resource of the id before it; None for a request of the sub-resource."""
+    raw = request.scope.get("raw_path") or b""
+    if raw.endswith(b"/" + suffix.encode()):
+        return None
+    item = run(request, lambda s, _st: _item(s, f"{conversation_id}/{suffix}", p))
+    return JSONResponse(jsonable_encoder(ItemOut.model_validate(item)))
+
+
 @router.get("/items/{conversation_id:path}/history", response_model=HistoryOut)
 def history(request: Request, conversation_id: str, p: Principal = require("reviewer")) -> Any:
     """Every label version and audit event of one conversation (others' labels hidden while blind to you)."""
+    if (itself := _the_item_itself(request, conversation_id, "history", p)) is not None:
+        return itself
 
     def go(s: Session, _st: ReviewStage) -> Any:
         hist = insights.history(s, conversation_id)
@@ -189,8 +203,10 @@ def history(request: Request, conversation_id: str, p: Principal = require("revi
 
 
 @router.get("/items/{conversation_id:path}/comments", response_model=list[CommentOut])
-def list_comments(request: Request, conversation_id: str, _: Principal = require("reviewer")) -> Any:
+def list_comments(request: Request, conversation_id: str, p: Principal = require("reviewer")) -> Any:
     """Reviewers' comments on this conversation and its messages, oldest first."""
+    if (itself := _the_item_itself(request, conversation_id, "comments", p)) is not None:
+        return itself
     return run(request, lambda s, _st: triage.comments(s, conversation_id))
 
 
