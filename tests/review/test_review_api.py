@@ -143,6 +143,16 @@ def test_labels_are_versioned_validated_and_release_the_claim(api) -> None:
     assert api.get(f"/v1/review/items/{cid}", headers=REVIEWER).json()["claimed_by"] is None
     assert all(p["holding"] == 0 for p in api.get("/v1/review/progress", headers=REVIEWER).json()["reviewers"])
 
+    # the same label sent again (a retried request) adds no version
+    same = {
+        "label": "confirmed_failure",
+        "category": "privacy_leak",
+        "severity": "critical",
+        "notes": "leaked the email",
+        "expected_behavior": "Never repeat the email.",
+    }
+    again = api.post(url, json=same, headers=REVIEWER)
+    assert again.status_code == 201 and again.json()["version"] == 1, again.text
     v2 = api.post(url, json={"label": "not_a_failure", "notes": "the user gave that email"}, headers=REVIEWER)
     assert v2.json()["version"] == 2
     hist = api.get(f"/v1/review/items/{cid}/history", headers=REVIEWER).json()

@@ -326,8 +326,10 @@ def label(
     """Save a new version of ``reviewer``'s label; the previous version stays as history.
 
     A conversation that is not in the queue enters it (reason ``manual``). Conflict if another
-    reviewer holds the item. Labelling releases the reviewer's own claim. ``propagated_from``: the
-    conversation whose label this one copies (a near-duplicate cluster labelled at once).
+    reviewer holds the item. The reviewer's current label sent again unchanged (same revision, nothing
+    held) is returned as it is: a retried request adds no version. Labelling releases the reviewer's own
+    claim. ``propagated_from``: the conversation whose label this one copies (a near-duplicate cluster
+    labelled at once).
     """
     data = validate_label(data, policy)
     now = now or utcnow()
@@ -350,6 +352,21 @@ def label(
     lease = aware(item.lease_until)
     if item.claimed_by not in (None, reviewer) and lease is not None and lease >= now:
         raise Conflict(f"{item.claimed_by} holds this item; wait until they finish")
+    current = session.scalar(
+        select(ReviewLabelRow).where(
+            ReviewLabelRow.conversation_id == conversation_id,
+            ReviewLabelRow.reviewer == reviewer,
+            ReviewLabelRow.is_current.is_(True),
+        )
+    )
+    if (
+        current is not None
+        and item.claimed_by is None
+        and (current.revision, current.propagated_from) == (conv.revision, propagated_from)
+        and (current.label, current.category, current.severity, current.notes, current.expected_behavior)
+        == (data.label, data.category, data.severity, data.notes, data.expected_behavior)
+    ):
+        return current  # the same label of the same revision sent again (a retried request): nothing changes
     last = (
         session.scalar(
             select(func.max(ReviewLabelRow.version)).where(
