@@ -68,6 +68,21 @@ def test_search_by_id_task_user_and_text(api) -> None:
     assert queue_of(api, q="_")["items"] == [] or all("_" in str(by_id[i]) for i in _ids(queue_of(api, q="_")))
 
 
+def test_search_finds_quotes_backslashes_and_line_breaks_as_typed(api) -> None:
+    convs = _seed(api)
+    items = queue_of(api)["items"]
+    target = next(c for c in convs if c["conversation_id"] == items[0]["conversation_id"])
+    user = next(m for m in target["messages"] if m["role"] == "user")
+    user["content"] = 'My code is "AB-77\\x"\n\tand it failed.'
+    target["revision"] = target.get("revision", 0) + 1
+    assert api.post("/v1/conversations", json=[target], headers=INGEST).status_code == 202
+    cid = target["conversation_id"]
+    # stored as JSON, the quote, the backslash and the line break are escaped; search takes them as typed
+    assert _ids(queue_of(api, q='"AB-77\\x"')) == [cid]
+    assert _ids(queue_of(api, q='x"\n\tand it')) == [cid]
+    assert queue_of(api, q='\\"AB-77')["items"] == []  # the escape itself is not text of the conversation
+
+
 def test_sort_by_columns_and_snippets_and_times(api) -> None:
     convs = _seed(api)
     by_id = {c["conversation_id"]: c for c in convs}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
+import orjson
 from sqlalchemy import ColumnElement, CursorResult, Executable, and_, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
@@ -67,7 +68,9 @@ class QueueFilter:
         if self.severity:
             out.append(_has(ConversationRow, _same(ConversationRow.max_severity, self.severity)))
         if self.search and (term := self.search.strip()):
-            pattern = "%" + _escape_like(term[:MAX_SEARCH]) + "%"
+            term = term[:MAX_SEARCH]
+            pattern = "%" + _escape_like(term) + "%"
+            stored = "%" + _escape_like(_as_in_json(term)) + "%"
             out.append(
                 or_(
                     ReviewItemRow.conversation_id.ilike(pattern, escape="\\"),
@@ -75,7 +78,7 @@ class QueueFilter:
                         ConversationRow,
                         or_(
                             ConversationRow.task_id.ilike(pattern, escape="\\"),
-                            ConversationRow.document.ilike(pattern, escape="\\"),
+                            ConversationRow.document.ilike(stored, escape="\\"),
                         ),
                     ),
                 )
@@ -89,6 +92,16 @@ MAX_SEARCH = 200
 def _same(column: Any, value: str) -> ColumnElement[bool]:
     """Case-insensitive equality (the queue's filters are typed or picked by people)."""
     return cast(ColumnElement[bool], func.lower(column) == value.strip().lower())
+
+
+def _as_in_json(term: str) -> str:
+    """``term`` as it appears inside a JSON string of the stored document: a quote, a backslash, a tab or
+    a line break typed into the search box is stored escaped (``\\"``, ``\\n``), so searching the raw
+    text would never find it. Text JSON cannot hold (a lone surrogate) is searched as typed."""
+    try:
+        return orjson.dumps(term).decode()[1:-1]
+    except TypeError:
+        return term
 
 
 def _escape_like(term: str) -> str:
