@@ -78,6 +78,30 @@ def test_oversized_item_is_rejected(sqlite_url) -> None:
         assert c.get("/v1/dead-letters", headers=ADMIN).json()[0]["reason"] == "oversized"
 
 
+def test_inline_outcome_of_an_undeclared_type_is_stored_and_warned_about(sqlite_url) -> None:
+    rt = build_runtime(make_settings(sqlite_url, outcome_types="chargeback:bad"), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        convs = sim(3)
+        convs[0]["outcomes"] = [{"type": "escalation"}, {"type": "chargeback"}]  # built in, declared
+        convs[2]["outcomes"] = [{"type": "refund_revarsal", "value": 1}]  # a typo
+        r = c.post("/v1/conversations", json=convs, headers=INGEST)
+        assert r.status_code == 202, r.text
+        body = r.json()
+        assert body["stored"] == 3 and body["errors"] == []
+        [w] = body["warnings"]
+        assert w["index"] == 2 and w["conversation_id"] == convs[2]["conversation_id"]
+        assert "'refund_revarsal' is not declared" in w["message"] and "VIGIL_OUTCOME_TYPES" in w["message"]
+        # nothing is lost: the outcome is kept with its conversation, as declared later it would count
+        stored = c.get(f"/v1/conversations/{convs[2]['conversation_id']}", headers=REVIEWER)
+        assert stored.status_code == 200, stored.text
+        assert [o["type"] for o in stored.json()["outcomes"]] == ["refund_revarsal"]
+        # the same in another format
+        record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+        assert c.post("/v1/conversations", json=sim(1)[0], headers=INGEST).json()["warnings"] == []
+        r = c.post("/v1/conversations?format=openai&agent_id=a&agent_version=v1", json=record, headers=INGEST)
+        assert r.status_code == 202 and r.json()["warnings"] == []
+
+
 @pytest.mark.parametrize(
     ("headers", "status"),
     [({}, 401), ({"Authorization": "Bearer nope"}, 401), (REVIEWER, 403), (INGEST, 202), (ADMIN, 202)],

@@ -24,7 +24,7 @@ from vigil.ingest.decode import DecodeError, Item, decode_batch
 from vigil.ingest.importers import FORMATS, MALFORMED
 from vigil.ingest.pipeline import Envelope
 from vigil.runtime import Runtime
-from vigil.schema import Conversation, too_dense
+from vigil.schema import Conversation, outcome_types, too_dense
 from vigil.store.db import StoreUnavailable
 from vigil.store.writes import DeadLetter
 
@@ -91,6 +91,32 @@ def _too_dense(rt: Runtime, body: bytes) -> Answer | None:
     return Answer(413, {"detail": why, "reason": "oversized"})
 
 
+def outcome_warnings(rt: Runtime, convs: list[tuple[int, Conversation]]) -> list[dict[str, Any]]:
+    """An inline outcome of a type neither built in nor declared in ``VIGIL_OUTCOME_TYPES`` is stored with
+    its conversation (declared later, comparisons read it from then on) but feeds no signal until then, where
+    ``POST /v1/outcomes`` refuses it: the answer says so instead of keeping quiet about a typo."""
+    if not any(c.outcomes for _, c in convs):
+        return []
+    known = outcome_types(rt.settings.outcome_types)
+    out = []
+    for index, conv in convs:
+        for o in conv.outcomes:
+            if o.type not in known:
+                out.append(
+                    {
+                        "index": index,
+                        "conversation_id": conv.conversation_id,
+                        "field": "outcomes.type",
+                        "message": f"outcome type {o.type!r} is not declared (known: {', '.join(sorted(known))}; "
+                        "declare others in VIGIL_OUTCOME_TYPES): stored, but no comparison, alert or metric "
+                        "reads it until it is declared",
+                    }
+                )
+    if out:
+        log.warning("%d inline outcome(s) of an undeclared type, e.g. %s", len(out), out[0]["message"])
+    return out
+
+
 def ingest_body(rt: Runtime, body: bytes) -> Answer:
     """Decode, check and store one request body (runs in a worker thread)."""
     pipeline = rt.pipeline
@@ -132,6 +158,7 @@ def ingest_body(rt: Runtime, body: bytes) -> Answer:
         "duplicates": result.duplicates,
         "rejected": len(errors),
         "errors": errors,
+        "warnings": outcome_warnings(rt, [(index_of[c.conversation_id], c) for c, _, _ in valid]),
         "conversation_ids": accepted,
     }
     return Answer(422 if errors else 202, out)
@@ -166,6 +193,7 @@ def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, a
         return Answer(422, {"detail": str(exc), "reason": "schema_invalid", "format": fmt})
     valid: list[tuple[Conversation, str, Envelope]] = []
     errors: list[dict[str, Any]] = []
+    indexed: list[tuple[int, Conversation]] = []
     for index, conv in enumerate(imported.conversations):
         try:
             checked, raw = decode_document(encode_conversation(conv), rt.settings.max_message_bytes)
@@ -173,6 +201,7 @@ def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, a
             errors.append({"index": index, "reason": exc.reason, "errors": exc.errors})
             continue
         valid.append((checked, raw.decode(), Envelope(raw, "http", key=checked.conversation_id)))
+        indexed.append((index, checked))
     result = pipeline.process_documents(valid, [], "http")
     out = {
         "format": imported.format,
@@ -182,6 +211,7 @@ def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, a
         "duplicates": result.duplicates,
         "rejected": len(errors),
         "errors": errors,
+        "warnings": outcome_warnings(rt, indexed),
         "conversation_ids": [c.conversation_id for c, _, _ in valid],
     }
     return Answer(422 if errors else 202, out)
