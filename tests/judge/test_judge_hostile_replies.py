@@ -204,3 +204,43 @@ def test_a_duplicate_key_reply_is_an_unscored_verdict_counted_as_a_parse_error(t
     [v] = verdicts(rt)
     assert (v.verdict, v.unscored_reason) == ("unscored", "duplicate_keys")
     assert metric(rt, "vigil_judge_errors_total", judge="tj", **{"class": "parse"}) == 1
+
+
+# --- what the database cannot hold --------------------------------------------------------------
+
+
+def test_nul_in_a_reply_is_stored_on_every_database(db_url, tmp_path: Path) -> None:
+    """Postgres refuses NUL in text and counts beyond an INTEGER: one such reply used to fail every later
+    batch of verdicts, while the worker kept paying for calls whose verdicts it could not write."""
+    nul_rationale = '{"verdict":"fail","score":0.1,"categories":["other"],"rationale":"see \\u0000 here"}'
+    client = Scripted([nul_rationale, "not json \x00 at all", PASS])
+    rt, stage = setup(db_url, tmp_path, client, n=3)
+    assert run(stage) == 3
+    by_reply = {v.raw_reply: v for v in verdicts(rt)}
+    assert by_reply[nul_rationale].rationale == "see \ufffd here" and by_reply[nul_rationale].verdict == "fail"
+    assert by_reply["not json \ufffd at all"].verdict == "unscored"
+    assert {(r.status, r.attempts) for r in requests(rt)} == {("done", 1)}
+
+
+def test_a_token_count_beyond_what_a_column_holds_is_unknown(db_url, tmp_path: Path) -> None:
+    client = Usage(2**31, 2**40, 0.001)
+    rt, stage = setup(db_url, tmp_path, client, n=2, limits=CAP)
+    assert run(stage) == 2 and client.calls == 2
+    assert all(v.verdict == "pass" and (v.prompt_tokens, v.completion_tokens) == (None, None) for v in verdicts(rt))
+    assert anomalies(rt) == 2
+
+
+def test_a_row_the_database_refuses_is_stored_plain_and_holds_up_no_other(
+    pg_url, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever else a reply may hold that the database refuses, the batch is written one outcome at a
+    time and the refused one again without what came from outside: every request gets its verdict."""
+    monkeypatch.setattr("vigil.judge.engine.sanitize_usage", lambda reply: [])  # let a huge count through
+    client = Usage(2**40, 10, 0.002)
+    rt, stage = setup(pg_url, tmp_path, client, n=3, limits=CAP)
+    assert run(stage) == 3
+    assert client.calls == 3  # each request judged once: no lease ran out, no call paid twice
+    vs = verdicts(rt)
+    assert [(v.verdict, v.unscored_reason, v.raw_reply) for v in vs] == [("unscored", "unstorable_reply", None)] * 3
+    assert [v.cost_usd for v in vs] == [0.002] * 3  # the spend is kept
+    assert {(r.status, r.attempts) for r in requests(rt)} == {("done", 1)}

@@ -30,11 +30,14 @@ class Reply:
     latency_ms: float | None = None
 
 
+MAX_TOKENS = 2**31 - 1  # what the verdict's token columns hold; a larger count is no real call's
+
+
 def _count(value: Any) -> int | None:
-    """A token count as reported, or None (unknown) unless it is a whole number >= 0."""
+    """A token count as reported, or None (unknown) unless it is a whole number from 0 to MAX_TOKENS."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
-    if value < 0 or value != int(value):
+    if not 0 <= value <= MAX_TOKENS or value != int(value):
         return None
     return int(value)
 

@@ -6,15 +6,21 @@ still holding its lease.
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from sqlalchemy.exc import DataError, IntegrityError
 
 from vigil.judge import store
 from vigil.judge.engine import JudgeEngine
 from vigil.judge.parse import Parsed
 from vigil.metrics import Metrics
 from vigil.store.models import VerdictRow
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -27,6 +33,26 @@ class Outcome:
     fields: dict[str, Any] = field(default_factory=dict)
     delay: float = 0.0
     error: str | None = None
+
+
+def storable(text: str | None) -> str | None:
+    """``text`` as every database stores it: a model's reply or a provider's error message may hold NUL,
+    which Postgres refuses in text, or a lone surrogate, which is no UTF-8; both become U+FFFD."""
+    if text is None:
+        return None
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
+def refused_by_database(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database refusing what a row holds (a value out of range, text it cannot
+    store), not the database being away or busy: writing the same rows again would fail again."""
+    return isinstance(exc, DataError | IntegrityError)
 
 
 def write(
@@ -44,9 +70,9 @@ def write(
                     continue  # our lease ran out and another worker has it: it writes the verdict
                 rows.append(_verdict_row(o, o.parsed, now))
             elif o.kind == "retry":
-                store.reschedule(s, r.id, owner, engine.next_attempt(o.delay), o.error)
+                store.reschedule(s, r.id, owner, engine.next_attempt(o.delay), storable(o.error))
             elif o.kind == "release":
-                store.reschedule(s, r.id, owner, engine.next_attempt(o.delay), o.error, refund_attempt=True)
+                store.reschedule(s, r.id, owner, engine.next_attempt(o.delay), storable(o.error), refund_attempt=True)
         again: set[tuple[str, str]] = set()
         if rows:
             again = store.judged_before(s, {(v.judge, v.conversation_id) for v in rows})
@@ -55,6 +81,46 @@ def write(
             for listener in listeners:
                 listener(s, rows)
     return rows, again
+
+
+def write_each(
+    engine: JudgeEngine, owner: str, listeners: list[Any], batch: list[Outcome]
+) -> tuple[list[VerdictRow], set[tuple[str, str]]]:
+    """Write a batch the database refused one outcome at a time, so one row it cannot hold does not
+    hold up the others. An outcome refused alone is written once more without what the model or the
+    provider sent (a verdict becomes ``unscored`` with reason ``unstorable_reply``, keeping its cost; a
+    retry or release loses its error text); refused again, it is left to its lease, which runs out and
+    lets the request be claimed again, within the attempt limit."""
+    rows: list[VerdictRow] = []
+    again: set[tuple[str, str]] = set()
+    for o in batch:
+        for candidate in (o, _plain(o)):
+            try:
+                r, a = write(engine, owner, listeners, [candidate])
+            except Exception as exc:
+                if not refused_by_database(exc):
+                    raise
+                log.warning("the database refused a judge outcome for %s: %s", o.req.conversation_id, exc)
+                continue
+            rows += r
+            again |= a
+            break
+        else:
+            log.error("judge outcome for %s not stored; its lease will run out", o.req.conversation_id)
+    return rows, again
+
+
+def _plain(o: Outcome) -> Outcome:
+    """``o`` without anything that came from outside Vigil."""
+    if o.kind != "verdict":
+        return Outcome(o.req, o.kind, delay=o.delay)
+    keep: dict[str, Any] = {
+        k: o.fields[k] for k in ("model", "offline", "prompt_hash", "judge_version", "cost_usd") if k in o.fields
+    }
+    cost = keep.get("cost_usd")
+    if isinstance(cost, float) and not math.isfinite(cost):
+        keep.pop("cost_usd")
+    return Outcome(o.req, "verdict", Parsed.unscored("unstorable_reply"), keep)
 
 
 def _verdict_row(o: Outcome, p: Parsed, now: datetime) -> VerdictRow:
@@ -69,12 +135,12 @@ def _verdict_row(o: Outcome, p: Parsed, now: datetime) -> VerdictRow:
         verdict=p.verdict,
         score=p.score,
         categories=p.categories,
-        rationale=p.rationale,
+        rationale=storable(p.rationale),
         unscored_reason=p.unscored_reason,
         attempts=r.attempts,
         reason=r.reason,
         created_at=now,
-        **o.fields,
+        **{k: storable(v) if k == "raw_reply" else v for k, v in o.fields.items()},
     )
 
 

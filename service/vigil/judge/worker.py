@@ -222,7 +222,18 @@ class JudgeWorker:
         while self._outbox:
             batch, self._outbox = self._outbox[:WRITE_BATCH], self._outbox[WRITE_BATCH:]
             try:
-                rows, again = await asyncio.to_thread(verdicts.write, self.engine, self.owner, self.listeners, batch)
+                try:
+                    rows, again = await asyncio.to_thread(
+                        verdicts.write, self.engine, self.owner, self.listeners, batch
+                    )
+                except Exception as exc:
+                    if not verdicts.refused_by_database(exc):
+                        raise
+                    # what one outcome holds must not block every later write: the rest go in alone
+                    log.warning("the database refused a batch of %d judge outcomes: %s", len(batch), exc)
+                    rows, again = await asyncio.to_thread(
+                        verdicts.write_each, self.engine, self.owner, self.listeners, batch
+                    )
             except Exception:  # keep the outcomes and try again next tick; leases cover a crash meanwhile
                 log.exception("writing %d judge outcomes failed; will retry", len(batch))
                 self._outbox = batch + self._outbox
