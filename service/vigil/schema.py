@@ -39,11 +39,14 @@ def _incoming(info: ValidationInfo) -> bool:
 def addressable_id(value: str, info: ValidationInfo) -> str:
     """An id (of a conversation, an agent, a version) that can be named in a URL, a log line, a metric label
     and a terminal: not blank, and no control characters (a newline in a conversation id made every
-    per-conversation route answer 404). Checked on what arrives (:data:`INCOMING`)."""
+    per-conversation route answer 404), and not ``.`` or ``..`` (a link to ``/ui/review/..`` opens the home
+    page). Checked on what arrives (:data:`INCOMING`)."""
     if not _incoming(info):
         return value
     if not value.strip():
         raise ValueError("must not be empty or only whitespace")
+    if value in (".", ".."):
+        raise ValueError("must not be '.' or '..': browsers and proxies read those as steps of a URL's path")
     bad = _CONTROL.search(value)
     if bad is not None:
         raise ValueError(

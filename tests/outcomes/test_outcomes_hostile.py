@@ -153,6 +153,15 @@ def test_conversation_ids_that_cannot_be_addressed_are_refused(cid: str) -> None
     assert expected in errors["conversation_id"]
 
 
+@pytest.mark.parametrize("cid", [".", ".."])
+def test_dot_segment_ids_are_refused(cid: str) -> None:
+    """``/ui/review/..`` is the console's home page to a browser (it resolves the dot segment, encoded or
+    not): such a conversation could be listed in the queue but never opened."""
+    assert "must not be '.' or '..'" in schema_errors(conv(cid))["conversation_id"]
+    for ok in ("...", "./a", "a/..", ". "):  # only the whole id is a dot segment
+        assert Conversation.model_validate(conv(ok), context=INCOMING).conversation_id == ok
+
+
 def test_newline_id_is_a_422_for_conversations_and_outcomes(rt_client) -> None:
     """Over HTTP the conversation is refused (422, field conversation_id), and so is an outcome for such an
     id, which could never join a conversation."""

@@ -3,6 +3,7 @@ called, and any tool it called without being offered (which the built-in ``unoff
 
 from __future__ import annotations
 
+import json
 import re
 
 from tests.support.review import review_client, review_runtime, store
@@ -61,4 +62,72 @@ def test_conversation_page_lists_the_offered_tools_and_an_unoffered_call(sqlite_
         # a conversation that does not carry its tools shows no tools section, and the rule stays quiet
         html = ui.get("/ui/review/without-tools").text
         assert 'id="tools"' not in html and "called-unoffered-tool" not in html
+    rt.close()
+
+
+def test_the_tools_card_is_bounded_and_counts_what_it_leaves_out(sqlite_url: str) -> None:
+    """7,000 calls to as many unoffered tools made a 1.1 MB page of 24,700 nodes: each list is capped."""
+    from vigil.ui.transcript import MAX_TOOLS_SHOWN, MAX_UNOFFERED_SHOWN
+
+    offered = [{"name": f"offered_{i}", "description": "d"} for i in range(MAX_TOOLS_SHOWN + 30)]
+    doc = conversation("many-tools", offered)
+    calls = [
+        {"id": f"c{i}", "type": "function", "function": {"name": f"stray_{i}", "arguments": "{}"}}
+        for i in range(MAX_UNOFFERED_SHOWN + 70)
+    ]
+    calls.append({"id": "again", "type": "function", "function": {"name": f"stray_{MAX_UNOFFERED_SHOWN + 69}"}})
+    doc["messages"].insert(1, {"role": "assistant", "content": None, "tool_calls": calls})  # type: ignore[attr-defined]
+    rt = review_runtime(sqlite_url)
+    store(rt, [doc])
+    with review_client(rt) as ui:
+        _login(ui)
+        html = ui.get("/ui/review/many-tools").text
+        section = html[html.index('id="tools"') : html.index("</section>", html.index('id="tools"'))]
+        assert f'Tools offered <span class="count">{MAX_TOOLS_SHOWN + 30}</span>' in section
+        assert section.count('<li class="tool">') == MAX_TOOLS_SHOWN
+        assert section.count('<li class="tool not-offered">') == MAX_UNOFFERED_SHOWN
+        assert "and 30 more tools offered" in section
+        assert "and 72 more tools called without being offered" in section  # 120 strays and refund_order
+        # the most called stray comes first
+        assert f"<code>stray_{MAX_UNOFFERED_SHOWN + 69}</code>" in section
+    rt.close()
+
+
+def test_deeply_nested_json_is_shown_as_sent_never_a_500(sqlite_url: str) -> None:
+    """orjson lays out at most about 255 levels, the schema admits 1,024: the page fell back to Python's
+    repr, which recursion ended (a 500 at about 1,000 levels) and which showed {'a': ...} below that."""
+    deep_text = "[" * 1000 + "]" * 1000
+    deep_args: object = "x"
+    for _ in range(700):
+        deep_args = {"a": deep_args}
+    doc = conversation("deep", TOOLS)
+    msgs = doc["messages"]
+    msgs[2]["content"] = deep_text  # type: ignore[index]  # a tool result
+    msgs[3]["tool_calls"][0]["function"]["arguments"] = deep_args  # type: ignore[index]
+    rt = review_runtime(sqlite_url)
+    with review_client(rt) as ui:
+        # over HTTP, as an agent sends it: the document is stored as the bytes that came (orjson writes
+        # at most 255 levels, so no other way in stores it)
+        body = json.dumps(doc)
+        sent = ui.post("/v1/conversations", content=body, headers={"Authorization": "Bearer ingest-key"})
+        assert sent.status_code == 202, sent.text
+        _login(ui)
+        r = ui.get("/ui/review/deep")
+        assert r.status_code == 200, r.text[:300]
+        assert deep_text in r.text  # the result as sent
+        assert "{&#34;a&#34;:{&#34;a&#34;:" in r.text and "{&#39;a&#39;" not in r.text  # JSON, not a repr
+    rt.close()
+
+
+def test_a_blank_task_links_to_no_side_by_side(sqlite_url: str) -> None:
+    doc = conversation("blank-task", None)
+    doc["task_id"] = "  "
+    named = conversation("named-task", None)
+    named["task_id"] = "t-1"
+    rt = review_runtime(sqlite_url)
+    store(rt, [doc, named])
+    with review_client(rt) as ui:
+        _login(ui)
+        assert 'id="side-by-side"' not in ui.get("/ui/review/blank-task").text
+        assert 'id="side-by-side"' in ui.get("/ui/review/named-task").text
     rt.close()

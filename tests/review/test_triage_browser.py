@@ -259,3 +259,28 @@ def test_triage_pages_pass_axe_and_fit_the_screen(browser, server, viewport) -> 
         _view(page, "triage-cluster-phone.png")
     context.close()
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("viewport", [VIEWPORT, {"width": 390, "height": 844}], ids=["1280x800", "390x844"])
+def test_long_unbroken_text_wraps_inside_the_screen(browser, server, viewport) -> None:  # noqa: F811
+    """A message of one unbroken run (base64 of a zero-padded file: AAAA...) wraps inside its column.
+    Kerned, Chromium took 20 s to lay out 150 kB of it (unkerned 0.3 s: measured, not timed here);
+    whatever the text's wrapping rules, the page must not scroll sideways."""
+    base, rt = server
+    [conv] = simulated(1, "v1.4.0:0.0", seed=3)
+    conv["conversation_id"] = "long-line"
+    conv["messages"][-1]["content"] = "A" * 20_000
+    conv["messages"][1]["tool_calls"] = [
+        {"id": "x1", "type": "function", "function": {"name": "lookup", "arguments": '{"blob":"' + "B" * 5_000 + '"}'}}
+    ]
+    conv["messages"].insert(2, {"role": "tool", "tool_call_id": "x1", "content": "C" * 5_000})
+    store(rt, [conv])
+    page = browser.new_page(viewport=viewport)
+    _login(page, base)
+    page.goto(f"{base}/ui/review/long-line")
+    assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+    widest = page.evaluate(
+        "Math.max(...[...document.querySelectorAll('.text, pre.args')].map(e => e.getBoundingClientRect().right))"
+    )
+    assert 0 < widest <= viewport["width"]
+    page.close()

@@ -7,6 +7,7 @@ findings that cover it, so the page can highlight them in place.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,16 +51,29 @@ class MessageView:
     reasoning: str | None = None  # the model's reasoning summary (Responses, Anthropic thinking): not said to the user
 
 
+TOO_DEEP = "(nested too deeply to lay out here: the conversation's JSON, GET /v1/conversations/{id}, holds it)"
+
+
 def _pretty(value: Any) -> str:
-    if isinstance(value, str):
+    """JSON laid out for reading; a string that is not JSON as it is. What orjson cannot lay out (nested
+    deeper than about 255 levels; the schema admits 1,024) is shown as sent when it came as a string, and
+    as compact JSON, or a note, when it came as an object: never Python's repr, which recursion ends."""
+    text = value if isinstance(value, str) else None
+    if text is not None:
         try:
-            value = orjson.loads(value)
+            value = orjson.loads(text)
         except orjson.JSONDecodeError:
-            return value
+            return text
     try:
         return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
     except TypeError:
-        return str(value)
+        pass
+    if text is not None:
+        return text
+    try:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    except (RecursionError, TypeError, ValueError):
+        return TOO_DEEP
 
 
 def _worst(severities: list[str]) -> str | None:
@@ -187,9 +201,22 @@ class ToolView:
     offered: bool  # False: called without being offered
 
 
-def tools(document: dict[str, Any]) -> list[ToolView] | None:
+MAX_TOOLS_SHOWN = 100  # tools offered listed on the page (a conversation may declare thousands)
+MAX_UNOFFERED_SHOWN = 50  # tools called without being offered listed, the most called first
+
+
+@dataclass
+class ToolCard:
+    items: list[ToolView]
+    offered: int  # tools offered in all
+    more_offered: int  # offered ones not listed
+    more_unoffered: int  # called-but-not-offered ones not listed
+
+
+def tools(document: dict[str, Any]) -> ToolCard | None:
     """The tools the agent was offered (with how often it called each), then any tool it called without being
-    offered; None when the conversation does not carry its tool definitions."""
+    offered, each list bounded (the rest counted); None when the conversation does not carry its tool
+    definitions."""
     # the conversation's other fields, with one stand-in message: its tools do not depend on the messages
     try:
         conv = Conversation.model_validate({**document, "messages": [{"role": "user", "content": ""}]})
@@ -209,7 +236,13 @@ def tools(document: dict[str, Any]) -> list[ToolView] | None:
     names = {t.name for t in offered}
     out = [
         ToolView(t.name, t.description, _pretty(t.parameters) if t.parameters else None, counts.get(t.name, 0), True)
-        for t in offered
+        for t in offered[:MAX_TOOLS_SHOWN]
     ]
-    out += [ToolView(n, None, None, k, False) for n, k in counts.items() if n not in names]
-    return out
+    unoffered = sorted(((n, k) for n, k in counts.items() if n not in names), key=lambda nk: -nk[1])
+    out += [ToolView(n, None, None, k, False) for n, k in unoffered[:MAX_UNOFFERED_SHOWN]]
+    return ToolCard(
+        out,
+        len(offered),
+        max(0, len(offered) - MAX_TOOLS_SHOWN),
+        max(0, len(unoffered) - MAX_UNOFFERED_SHOWN),
+    )
