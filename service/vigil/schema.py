@@ -429,7 +429,21 @@ class InlineOutcome(BaseModel):
     type: str = Field(min_length=1, max_length=64)
     value: float = 1.0
     occurred_at: UtcTime | None = None
-    idempotency_key: str | None = None
+    idempotency_key: str | None = Field(default=None, min_length=1)
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _printable_key(cls, v: str | None, info: ValidationInfo) -> str | None:
+        """A key as ``POST /v1/outcomes`` takes it: no control characters (Postgres cannot store NUL; a
+        key longer than 512 characters, which its column cannot hold, made the whole conversation a
+        ``store_rejected`` dead letter). Checked on what arrives."""
+        if v is None or not _incoming(info):
+            return v
+        if len(v) > 512:
+            raise ValueError(f"must be at most 512 characters, not {len(v)}")
+        if (bad := _CONTROL.search(v)) is not None:
+            raise ValueError(f"must not contain control characters (found {bad.group()!r} at position {bad.start()})")
+        return v
 
 
 class Conversation(BaseModel):

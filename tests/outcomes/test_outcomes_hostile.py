@@ -315,3 +315,15 @@ def test_kafka_outcome_message_with_a_nan_keeps_its_other_outcomes(rt_client) ->
     with rt.sessions() as s:
         assert [o.idempotency_key for o in s.scalars(select(OutcomeRow))] == ["from-kafka"]
     assert sorted((r, b) for _, r, b in dead_letters(rt)) == [("malformed_json", broken), ("non_finite_number", raw)]
+
+
+@pytest.mark.parametrize(("key", "why"), [("k\x00nul", "control characters"), ("k" * 513, "at most 512")])
+def test_an_inline_outcome_key_the_outcomes_api_refuses_is_refused_inline_too(key: str, why: str) -> None:
+    """A NUL (Postgres cannot store it) or a key longer than its column made the whole conversation a
+    ``store_rejected`` dead letter on Postgres; it is now the item's error, naming the field."""
+    doc = conv("c-inline")
+    doc["outcomes"] = [{"type": "escalation", "idempotency_key": key}]
+    errors = schema_errors(doc)
+    assert why in errors["outcomes.0.idempotency_key"]
+    # documents stored before the rule are read back as they are
+    assert Conversation.model_validate(doc).outcomes[0].idempotency_key == key

@@ -74,6 +74,9 @@ def kafka_producer(bootstrap: str, **overrides: Any):  # type: ignore[no-untyped
     return KafkaProducer(**params)
 
 
+DLQ_VALUE_BYTES = 512 * 1024  # of a bad message's bytes produced to the dead-letter topic (brokers take 1 MB)
+
+
 class ConsumerWorker:
     def __init__(
         self,
@@ -98,17 +101,43 @@ class ConsumerWorker:
     def _conversations(self, envelopes: Sequence[Envelope]) -> Any:
         result = self.runtime.pipeline.process_raw(envelopes)
         if self.dlq_producer and result.dead_letters:
-            topic = self.runtime.settings.kafka_dead_letter_topic
-            for d in result.dead_letters:
-                headers = [
-                    ("vigil-reason", d.reason.encode()),
-                    ("vigil-source-topic", (d.topic or "").encode()),
-                    ("vigil-source-partition", str(d.partition).encode()),
-                    ("vigil-source-offset", str(d.offset).encode()),
-                ]
-                self.dlq_producer.send(topic, value=d.raw, key=(d.key or "").encode() or None, headers=headers)
-            self.dlq_producer.flush(timeout=30)
+            self._publish_dead_letters(result.dead_letters)
         return result
+
+    def _publish_dead_letters(self, letters: Sequence[Any]) -> None:
+        """Also produce the batch's dead letters to the dead-letter topic, as a courtesy: they are stored
+        already (with the batch), so a letter the producer or broker refuses (a message over the broker's
+        size limit, a broker away) is counted under ``vigil_ingest_errors_total{stage="dead_letter_topic"}``
+        and logged, and never makes the batch be stored again or holds up its offsets."""
+        topic = self.runtime.settings.kafka_dead_letter_topic
+        futures, failed = [], 0
+        for d in letters:
+            value = d.raw[:DLQ_VALUE_BYTES]
+            headers = [
+                ("vigil-reason", d.reason.encode()),
+                ("vigil-source-topic", (d.topic or "").encode()),
+                ("vigil-source-partition", str(d.partition).encode()),
+                ("vigil-source-offset", str(d.offset).encode()),
+                ("vigil-raw-size", str(len(d.raw)).encode()),
+            ]
+            if len(value) < len(d.raw):
+                headers.append(("vigil-truncated", b"true"))
+            try:
+                key = (d.key or "").encode("utf-8", "replace") or None
+                futures.append(self.dlq_producer.send(topic, value=value, key=key, headers=headers))
+            except Exception as exc:  # refused before sending: too large, serialisation, producer closed
+                failed += 1
+                log.warning("producing a dead letter to %s failed: %s", topic, exc)
+        try:
+            self.dlq_producer.flush(timeout=30)
+        except Exception as exc:  # a broker away: what did not go out is counted below
+            log.warning("flushing dead letters to %s failed: %s", topic, exc)
+        for f in futures:
+            if not f.is_done or f.failed():
+                failed += 1
+                log.warning("producing a dead letter to %s failed: %s", topic, getattr(f, "exception", None))
+        if failed:
+            self.runtime.metrics.ingest_errors.labels("dead_letter_topic").inc(failed)
 
     def stop(self) -> None:
         self.stopping.set()

@@ -11,10 +11,9 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-import psycopg
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.ingest.decode import DecodeError, decode_document, encode_conversation
@@ -24,7 +23,8 @@ from vigil.rules import RuleEngine
 from vigil.runtime import DownstreamStage, Envelope
 from vigil.schema import Conversation
 from vigil.settings import Settings
-from vigil.store.db import retry_transient
+from vigil.store.db import PERMANENT_DB_ERRORS, retry_transient, storable_text
+from vigil.store.db import db_detail as _db_detail
 from vigil.store.writes import BatchResult, Checked, DeadLetter, store_conversations, store_dead_letters
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,12 @@ class Pipeline:
         try:
             result = self._store_retrying(checked, dead)
         except PERMANENT_DB_ERRORS as exc:
+            if not checked and dead:  # the dead letters themselves: kept without what names them
+                log.warning("database refused %d dead letter(s): %s; kept without key or detail", len(dead), exc)
+                plain = [replace(d, key=None, detail=storable_text(ascii(d.detail))) for d in dead]
+                result = self._store_retrying([], plain)
+                self._count(result, source)
+                return result
             if len(checked) <= 1:
                 rejected = [
                     _letter(c.origin, "store_rejected", _db_detail(exc), c.document, source, c.conversation)
@@ -219,23 +225,9 @@ class Pipeline:
             m.dead_letters.labels(reason, letter_source).inc()
 
 
-PERMANENT_DB_ERRORS: tuple[type[BaseException], ...] = (
-    sa_exc.DataError,
-    sa_exc.IntegrityError,
-    psycopg.DataError,
-    psycopg.IntegrityError,
-    OverflowError,
-    ValueError,
-)
-
-
 def _retry_kind(exc: BaseException) -> str:
     code = getattr(getattr(exc, "orig", None), "sqlstate", None)
     return {"40P01": "deadlock", "40001": "serialization"}.get(code or "", "other")
-
-
-def _db_detail(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:500] if str(exc) else ''}"
 
 
 def _letter(

@@ -18,6 +18,7 @@ from vigil.judge import store
 from vigil.judge.engine import JudgeEngine
 from vigil.judge.parse import Parsed
 from vigil.metrics import Metrics
+from vigil.store.db import storable_text
 from vigil.store.models import VerdictRow
 
 log = logging.getLogger(__name__)
@@ -36,17 +37,8 @@ class Outcome:
 
 
 def storable(text: str | None) -> str | None:
-    """``text`` as every database stores it: a model's reply or a provider's error message may hold NUL,
-    which Postgres refuses in text, or a lone surrogate, which is no UTF-8; both become U+FFFD."""
-    if text is None:
-        return None
-    if "\x00" in text:
-        text = text.replace("\x00", "\ufffd")
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    return text
+    """``text`` as every database stores it (a model's reply or a provider's error may hold NUL)."""
+    return None if text is None else storable_text(text)
 
 
 def refused_by_database(exc: BaseException) -> bool:

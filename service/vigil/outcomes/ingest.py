@@ -11,7 +11,9 @@ not arrived yet are kept and joined by :class:`~vigil.outcomes.join.OutcomeJoin`
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -36,11 +38,14 @@ from vigil.schema import (
     read_items,
 )
 from vigil.settings import Settings
-from vigil.store.db import after_commit, upsert
+from vigil.store.db import PERMANENT_DB_ERRORS, after_commit, db_detail, upsert
 from vigil.store.models import OutcomeRow
 from vigil.store.writes import DeadLetter, store_dead_letters
 
 Listener = Callable[[Session, Sequence[OutcomeRow]], None]
+
+log = logging.getLogger(__name__)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # What an idempotency key names; occurred_at is left out because it defaults to arrival time on redelivery.
 IDENTITY = ("conversation_id", "type", "value")
@@ -61,6 +66,14 @@ class OutcomeIn(BaseModel):
         max_length=512,
         description="Resending the same key changes nothing; derived from the content when absent.",
     )
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _printable_key(cls, v: str | None) -> str | None:
+        # a key names the outcome in logs, dead letters and the API; NUL cannot be stored on Postgres
+        if v is not None and (bad := _CONTROL.search(v)) is not None:
+            raise ValueError(f"must not contain control characters (found {bad.group()!r} at position {bad.start()})")
+        return v
 
     @field_validator("value")
     @classmethod
@@ -279,7 +292,31 @@ class OutcomeStore:
         """Kafka handler of the outcomes topic: each message holds one outcome object or an array.
 
         A message with invalid or conflicting items becomes one dead letter (its offset is its identity).
+        A batch the database refuses for what a row holds is split until the message at fault is found,
+        which becomes a ``store_rejected`` dead letter: one message never holds up the topic (the
+        consumer retries a failed batch without end, which is right only for an outage).
         """
+        try:
+            return self._handle_envelopes(envelopes)
+        except PERMANENT_DB_ERRORS as exc:
+            if len(envelopes) > 1:
+                half = len(envelopes) // 2
+                a, b = self.handle_envelopes(envelopes[:half]), self.handle_envelopes(envelopes[half:])
+                return OutcomeBatch(
+                    a.received + b.received, a.stored + b.stored, a.duplicates + b.duplicates, a.errors + b.errors
+                )
+            if not envelopes:
+                raise
+            env = envelopes[0]
+            log.warning("database refused an outcomes message: %s", db_detail(exc))
+            detail = f"the database refused this message: {db_detail(exc)}"
+            self.ingest_dead(
+                DeadLetter(env.source, "store_rejected", detail, env.raw, env.topic, env.partition, env.offset, env.key)
+            )
+            error = ItemError(0, "store_rejected", [{"field": "(root)", "message": detail}])
+            return OutcomeBatch(errors=[error])
+
+    def _handle_envelopes(self, envelopes: Sequence[Envelope]) -> OutcomeBatch:
         valid: list[OutcomeIn] = []
         origin: list[tuple[int, int]] = []  # (envelope, item index) of each valid outcome
         failed: dict[int, list[ItemError]] = {}

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import orjson
+import psycopg
 from sqlalchemy import BigInteger, ColumnElement, Engine, String, any_, bindparam, create_engine, event, func, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
@@ -22,6 +23,35 @@ from vigil.schema import dumps_exact
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+PERMANENT_DB_ERRORS: tuple[type[BaseException], ...] = (
+    sa_exc.DataError,
+    sa_exc.IntegrityError,
+    psycopg.DataError,
+    psycopg.IntegrityError,
+    OverflowError,
+    ValueError,
+)
+"""The database (or its driver) refusing what a row holds: writing the same rows again fails again."""
+
+
+def db_detail(exc: BaseException) -> str:
+    """The first line of a database error, for a dead letter or a log line."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:500] if str(exc) else ''}"
+
+
+def storable_text(text: str) -> str:
+    """``text`` as every database stores it: what came from outside (a Kafka key, a model's reply, an
+    error message quoting the input) may hold NUL, which Postgres refuses in text, or a lone surrogate,
+    which is no UTF-8; both become U+FFFD, so the row is written instead of failing its whole batch."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
 
 
 def json_text(value: object) -> str:

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from vigil.rules import Finding, max_severity
 from vigil.schema import Conversation
-from vigil.store.db import aware, json_text, upsert
+from vigil.store.db import aware, json_text, storable_text, upsert
 from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow
 
 
@@ -477,12 +477,12 @@ def store_dead_letters(
         rows.append(
             {
                 "source": d.source,
-                "topic": d.topic,
+                "topic": storable_text(d.topic) if d.topic else d.topic,
                 "partition": d.partition,
                 "offset": d.offset,
-                "key": d.key[:512] if d.key else d.key,
+                "key": storable_text(d.key[:512]) if d.key else d.key,
                 "reason": d.reason,
-                "detail": d.detail[:4000],
+                "detail": storable_text(d.detail[:4000]),
                 "raw": raw,
                 "raw_size": len(d.raw),
                 "created_at": datetime.now(UTC),
