@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -97,13 +98,71 @@ def alembic_config(url: str):  # type: ignore[no-untyped-def]
     return cfg
 
 
+MIGRATION_LOCK = 0x76696769  # the advisory lock every Vigil process takes to migrate a Postgres database
+
+
 def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the database schema to ``revision`` (``vigil db upgrade``; also run on start)."""
+    """Bring the database schema to ``revision`` (``vigil db upgrade``; also run on start).
+
+    Replicas starting together migrate one at a time: on Postgres under an advisory lock, on SQLite
+    under a lock on a file beside the database. The others wait, then find the schema at ``revision``
+    and change nothing (without the lock two of three replicas died on Alembic's version table, or on
+    ``table ... already exists``)."""
     from alembic import command
 
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    command.upgrade(alembic_config(url), revision)
+    with _migration_lock(url):
+        command.upgrade(alembic_config(url), revision)
+
+
+@contextmanager
+def _migration_lock(url: str) -> Iterator[None]:
+    if url.startswith("postgresql"):
+        engine = make_engine(url)
+        try:
+            with engine.connect() as conn:
+                conn.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK})")
+                conn.commit()  # a session lock: held until unlocked or the connection closes
+                try:
+                    yield
+                finally:
+                    conn.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK})")
+                    conn.commit()
+        finally:
+            engine.dispose()
+        return
+    path = sqlite_path(url)
+    if path is None:  # in memory: one process
+        yield
+        return
+    import fcntl
+
+    try:
+        lock = open(f"{path}.migrate-lock", "a+b")  # noqa: SIM115 (held across the yield)
+    except OSError as exc:  # a read-only directory: migrate unguarded, as before
+        log.warning("cannot take the migration lock beside %s (%s); migrating without it", path, exc)
+        yield
+        return
+    with lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a SQLite URL, or None for an in-memory database."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    if not u.drivername.startswith("sqlite"):
+        return None
+    db = u.database or ""
+    if db in ("", ":memory:") or db.startswith("file::memory:") or u.query.get("mode") == "memory":
+        return None
+    return db
 
 
 def upsert(session: Session, table: Any) -> Any:
