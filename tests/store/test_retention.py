@@ -119,3 +119,36 @@ def test_retention_zero_keeps_everything_and_cli_dry_run(aged, monkeypatch) -> N
     r = CliRunner().invoke(app, ["retention", "run"])
     assert r.exit_code == 0, r.output
     assert _count(rt, ConversationRow) == 30 and _count(rt, DeadLetterRow) == 3
+
+
+def test_a_conversation_enqueued_after_the_pick_is_kept_and_counts_are_rows_deleted(aged, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The pick and the delete are two statements. A conversation enqueued for review between them (by
+    another process) was deleted all the same, leaving an open item whose conversation was gone; and two
+    replicas deleting the same batch both counted it (2,961 + 3,500 reported for 3,861 rows)."""
+    rt, ids, kept = aged
+    late = ids[3]
+    real = retention._batches
+    picked: list[list[str]] = []
+
+    def pick_then_enqueue(sessions, pick, remove, batch, dry_run):  # type: ignore[no-untyped-def]
+        def enqueue_after_pick(s, keys):  # type: ignore[no-untyped-def]
+            picked.append(list(keys))
+            if late in keys:
+                with rt.sessions.begin() as other:  # a reviewer, in another transaction
+                    other.add(
+                        ReviewItemRow(conversation_id=late, agent_id="support-bot", agent_version="v1", status="open")
+                    )
+            first = remove(s, keys)
+            assert remove(s, keys) == 0  # a second replica deleting the same keys deletes (and counts) none
+            return first
+
+        return real(sessions, pick, enqueue_after_pick, batch, dry_run)
+
+    monkeypatch.setattr(retention, "_batches", pick_then_enqueue)
+    done = retention.run(rt.sessions, rt.settings)
+    assert any(late in keys for keys in picked)
+    assert done.deleted["conversations"] == 16  # 17 past retention, one of them enqueued meanwhile
+    with rt.sessions() as s:
+        left = set(s.scalars(select(ConversationRow.conversation_id)))
+        assert left & set(ids) == kept | {late}
+        assert late in set(s.scalars(select(FindingRow.conversation_id)))  # its findings too

@@ -72,7 +72,8 @@ class RetentionResult:
 
 
 def _batches(sessions: sessionmaker[Session], pick: Any, remove: Any, batch: int, dry_run: bool) -> int:
-    """Select up to ``batch`` keys with ``pick``, delete them with ``remove``; repeat until none are left."""
+    """Select up to ``batch`` keys with ``pick``, delete them with ``remove`` (which deletes only those that
+    still match, and says how many); repeat until none are left. Returns the rows deleted."""
     total = 0
     while True:
         with sessions.begin() as s:
@@ -81,16 +82,40 @@ def _batches(sessions: sessionmaker[Session], pick: Any, remove: Any, batch: int
                 return total
             if dry_run:  # count every match without deleting (one bounded pass per batch)
                 return total + int(s.scalar(select(func.count()).select_from(pick.subquery())) or 0)
-            remove(s, keys)
-            total += len(keys)
+            total += remove(s, keys)
         if len(keys) < batch:
             return total
 
 
-def _drop_conversations(s: Session, ids: list[str]) -> None:
-    for model in (FindingRow, OutcomeLinkRow, RollupMemberRow):
-        s.execute(delete(model).where(model.conversation_id.in_(ids)))
-    s.execute(delete(ConversationRow).where(ConversationRow.conversation_id.in_(ids)))
+def _deleting(model: Any, key: Any, *still: ColumnElement[bool]) -> Any:
+    """``remove`` for ``_batches``: deletes the picked keys that match ``still`` when the DELETE runs.
+    The pick and the delete are two statements: between them a reviewer may enqueue or label a picked
+    conversation, or another replica may delete it; checking again in the DELETE keeps the first and
+    counts the second once."""
+
+    def remove(s: Session, keys: list[Any]) -> int:
+        return len(s.scalars(delete(model).where(key.in_(keys), *still).returning(key)).all())
+
+    return remove
+
+
+def _drop_conversations(at: datetime) -> Any:
+    C = ConversationRow
+
+    def remove(s: Session, ids: list[str]) -> int:
+        gone = list(
+            s.scalars(
+                delete(C)
+                .where(C.conversation_id.in_(ids), C.received_at < at, ~kept(C.conversation_id))
+                .returning(C.conversation_id)
+            )
+        )
+        if gone:
+            for model in (FindingRow, OutcomeLinkRow, RollupMemberRow):
+                s.execute(delete(model).where(model.conversation_id.in_(gone)))
+        return len(gone)
+
+    return remove
 
 
 def run(
@@ -105,28 +130,24 @@ def run(
 
     if (at := cutoff(settings.retention_conversations_days, now)) is not None:
         pick = select(C.conversation_id).where(C.received_at < at, ~kept(C.conversation_id))
-        out.deleted["conversations"] = _batches(sessions, pick, _drop_conversations, batch, dry_run)
+        out.deleted["conversations"] = _batches(sessions, pick, _drop_conversations(at), batch, dry_run)
     out.cutoffs["conversations"] = at
 
     if (at := cutoff(settings.retention_findings_days, now)) is not None:
         pick = select(F.id).where(F.created_at < at, ~kept(F.conversation_id))
-        out.deleted["findings"] = _batches(
-            sessions, pick, lambda s, ids: s.execute(delete(F).where(F.id.in_(ids))), batch, dry_run
-        )
+        remove = _deleting(F, F.id, ~kept(F.conversation_id))
+        out.deleted["findings"] = _batches(sessions, pick, remove, batch, dry_run)
     out.cutoffs["findings"] = at
 
     if (at := cutoff(settings.retention_verdicts_days, now)) is not None:
         pick = select(V.id).where(V.created_at < at, ~kept(V.conversation_id))
-        out.deleted["verdicts"] = _batches(
-            sessions, pick, lambda s, ids: s.execute(delete(V).where(V.id.in_(ids))), batch, dry_run
-        )
+        remove = _deleting(V, V.id, ~kept(V.conversation_id))
+        out.deleted["verdicts"] = _batches(sessions, pick, remove, batch, dry_run)
     out.cutoffs["verdicts"] = at
 
     if (at := cutoff(settings.retention_dead_letters_days, now)) is not None:
         pick = select(D.id).where(D.created_at < at)
-        out.deleted["dead_letters"] = _batches(
-            sessions, pick, lambda s, ids: s.execute(delete(D).where(D.id.in_(ids))), batch, dry_run
-        )
+        out.deleted["dead_letters"] = _batches(sessions, pick, _deleting(D, D.id), batch, dry_run)
     out.cutoffs["dead_letters"] = at
     if any(out.deleted.values()):
         log.info("retention%s: %s", " (dry run)" if dry_run else "", out.deleted)
