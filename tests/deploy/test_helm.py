@@ -162,6 +162,30 @@ def test_consumers_beyond_partitions_are_refused() -> None:
         render(values)
 
 
+def test_an_autoscaler_whose_minimum_exceeds_its_maximum_is_refused() -> None:
+    h = helm()
+    values = copy.deepcopy(load_values(CHART / "ci" / "production-values.yaml"))
+    values["consumer"]["autoscaling"] = {"enabled": True, "minReplicas": 5, "maxReplicas": 2}
+    with pytest.raises(h.HelmRenderError, match=r"minReplicas \(5\) exceeds maxReplicas \(2\)"):
+        render(values)
+
+
+def test_no_disruption_budget_blocks_a_node_drain() -> None:
+    """minAvailable 1 of a single replica (the minimal install) allows no voluntary disruption: kubectl
+    drain waits for ever. Such a budget is not rendered; with more replicas it is."""
+    minimal = render(load_values(CHART / "ci" / "minimal-values.yaml"))
+    assert not [p for p in by_kind(minimal, "PodDisruptionBudget") if p["metadata"]["name"].endswith("-api")]
+    for docs in (minimal, render(load_values(CHART / "ci" / "production-values.yaml"))):
+        replicas = {d["metadata"]["name"]: d["spec"].get("replicas") for d in by_kind(docs, "Deployment")}
+        for pdb in by_kind(docs, "PodDisruptionBudget"):
+            spec = pdb["spec"]
+            n = replicas.get(pdb["metadata"]["name"])
+            if "minAvailable" in spec and n is not None:
+                assert spec["minAvailable"] < n, pdb["metadata"]["name"]
+    production = render(load_values(CHART / "ci" / "production-values.yaml"))
+    assert one(production, "PodDisruptionBudget", "-api")["spec"]["minAvailable"] == 1
+
+
 def test_service_monitor_scrapes_the_services_the_chart_makes() -> None:
     docs = render(load_values(CHART / "ci" / "production-values.yaml"))
     monitor = one(docs, "ServiceMonitor")
