@@ -244,3 +244,25 @@ def test_a_row_the_database_refuses_is_stored_plain_and_holds_up_no_other(
     assert [(v.verdict, v.unscored_reason, v.raw_reply) for v in vs] == [("unscored", "unstorable_reply", None)] * 3
     assert [v.cost_usd for v in vs] == [0.002] * 3  # the spend is kept
     assert {(r.status, r.attempts) for r in requests(rt)} == {("done", 1)}
+
+
+@pytest.mark.parametrize(("prompt", "completion"), [(0, 0), (None, None)])
+def test_a_reply_without_usage_is_unknown_spend_not_free(tmp_path: Path, prompt: Any, completion: Any) -> None:
+    """A provider that reports no usage: litellm fills in zero tokens and prices them at $0.00, so a
+    daily cap was never reached (20 of 20 calls under a $0.0001 cap). Zero prompt tokens and a zero cost
+    without usage are unknown spend: the judge says so (budget_unknown) instead of counting $0."""
+    client = Usage(prompt, completion, 0.0)
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=3, limits=CAP)
+    assert run(stage) == 3
+    vs = verdicts(rt)
+    assert all((v.prompt_tokens, v.completion_tokens, v.cost_usd) == (None, None, None) for v in vs)
+    lane = stage.engine.lanes["tj"]
+    assert lane.state == "budget_unknown" and lane.budget.spent == 0
+    assert metric(rt, "vigil_judge_budget_used_usd", judge="tj") == 0
+    assert anomalies(rt) == 3
+    # a real reply's usage is kept as reported, a free model's $0 with it
+    client = Usage(120, 0, 0.0)
+    rt, stage = setup(f"sqlite:///{tmp_path / 'w.db'}", tmp_path / "w", client, n=1, limits=CAP)
+    assert run(stage) == 1
+    [v] = verdicts(rt)
+    assert (v.prompt_tokens, v.completion_tokens, v.cost_usd) == (120, 0, 0.0)

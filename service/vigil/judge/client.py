@@ -54,7 +54,8 @@ def sanitize_usage(reply: Reply) -> list[str]:
 
     A negative, fractional or non-finite token count and a negative or non-finite cost (NaN, infinity)
     cannot be charged to a budget or added to a counter: they are dropped, as if the provider had
-    reported none. Returns what was dropped (empty for a sane reply), for the caller to count and log.
+    reported none; so are zero prompt tokens and a zero cost without usage (no usage reported).
+    Returns what was dropped (empty for a sane reply), for the caller to count and log.
     """
     dropped: list[str] = []
     for name, check in (("prompt_tokens", _count), ("completion_tokens", _count), ("cost_usd", _money)):
@@ -65,6 +66,17 @@ def sanitize_usage(reply: Reply) -> list[str]:
         if sane is None:
             dropped.append(f"{name}={value!r}"[:80])
         setattr(reply, name, sane)
+    if reply.prompt_tokens == 0:
+        # a judge's prompt is never empty: zero prompt tokens is no usage reported (litellm fills in
+        # zeros when a provider sends none, and prices them at $0), so the call's tokens and a zero
+        # cost are unknown, not free: a daily cap would otherwise never be reached
+        dropped.append("prompt_tokens=0")
+        reply.prompt_tokens = None
+        if reply.completion_tokens == 0:
+            reply.completion_tokens = None
+    if reply.cost_usd == 0 and reply.prompt_tokens is None:
+        dropped.append("cost_usd=0.0 without usage")
+        reply.cost_usd = None
     return dropped
 
 
