@@ -576,3 +576,25 @@ def test_the_half_open_probe_is_one_call_and_success_ramps_back_up(tmp_path: Pat
     assert len(starts) == 29 + 4  # three failures open the circuit; the first probe fails, the second passes
     assert starts[3] - starts[2] >= 0.3 and starts[4] - starts[3] >= 0.3  # one probe per cooldown
     assert 1 < client.max_in_flight <= 32  # after the probe, the window grew again
+
+
+def test_requests_waiting_for_the_rate_limit_are_not_claimed_past_their_lease(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A judge at 12 calls a minute (one every 5 s) claimed as many requests as its window allowed; the
+    later ones waited longer than their 8 s lease for a token, were claimed again and paid for twice
+    (6 calls for 4 requests at 6 a minute). Claims are now bounded by the calls the rate limit lets start
+    within the lease."""
+    from tests.support.judge_fakes import Scripted
+
+    client = Scripted()
+    rt, stage = setup(
+        f"sqlite:///{tmp_path / 'v.db'}",
+        tmp_path,
+        client,
+        n=4,
+        settings={"judge_lease_seconds": 8},
+        timeout_seconds=2,
+        limits={"rpm": 12, "concurrency": 8, "daily_budget_usd": 100.0},
+    )
+    assert asyncio.run(stage.worker.run_until_idle(scaled(90))) == 4
+    assert len(client.calls) == 4  # one call per request
+    assert {(r.status, r.attempts) for r in requests(rt)} == {("done", 1)}

@@ -63,6 +63,11 @@ class RateLimiter:
         self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
 
+    def calls_within(self, seconds: float) -> int:
+        """How many calls the bucket lets start within ``seconds`` from now."""
+        self._refill()
+        return int(self.tokens + self.rate * max(0.0, seconds))
+
     async def acquire(self) -> None:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # a lock is bound to one event loop; CLI runs may start several

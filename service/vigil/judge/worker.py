@@ -138,6 +138,10 @@ class JudgeWorker:
             limit = min(lane.judge.spec.limits.concurrency, self.settings.judge_concurrency)
             # claim no more than the calls the judge may send now (its window grows as calls succeed)
             free = min(_with_prefetch(min(limit, lane.window)) - lane.in_flight, total_cap - self.in_flight)
+            # nor more than its rate limit lets start while their leases run (less a call's timeout): a
+            # request waiting for a token past its lease is claimed again and paid for twice
+            room = self.settings.judge_lease_seconds - lane.judge.spec.timeout_seconds
+            free = min(free, max(1, lane.limiter.calls_within(room)) - lane.in_flight)
             if (
                 free <= 0
                 or (lane.in_flight and free < max(1, min(limit, lane.window) // 8))
