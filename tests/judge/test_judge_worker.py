@@ -598,3 +598,32 @@ def test_requests_waiting_for_the_rate_limit_are_not_claimed_past_their_lease(tm
     assert asyncio.run(stage.worker.run_until_idle(scaled(90))) == 4
     assert len(client.calls) == 4  # one call per request
     assert {(r.status, r.attempts) for r in requests(rt)} == {("done", 1)}
+
+
+def test_the_worker_backs_off_while_the_database_is_away(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A database outage made the worker log a full traceback twice a second (13,757 lines in 35 s):
+    it now logs one line per failure and waits longer each time (1 s, 2 s, ... up to 30 s)."""
+    import logging
+    import time
+
+    from sqlalchemy.exc import OperationalError
+
+    from tests.support.judge_fakes import Scripted
+
+    _rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, Scripted(), n=0)
+    worker = stage.worker
+    calls: list[float] = []
+
+    async def away(force_housekeeping: bool = False) -> int:
+        calls.append(time.monotonic())
+        if len(calls) >= 3:
+            worker._stopping = True
+        raise OperationalError("SELECT", {}, Exception("connection refused"))
+
+    worker.tick = away  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="vigil.judge.worker"):
+        asyncio.run(asyncio.wait_for(worker.run(), scaled(30)))
+    assert len(calls) == 3
+    assert calls[1] - calls[0] >= 0.95 and calls[2] - calls[1] >= 1.95  # backing off: 1 s, then 2 s
+    lines = [r for r in caplog.records if "database unavailable" in r.getMessage()]
+    assert len(lines) == 3 and not any(r.exc_info for r in lines)

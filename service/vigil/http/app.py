@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import choose_encoder
 from sqlalchemy import text
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 
 from vigil import __version__
 from vigil.http import conversations
@@ -21,6 +21,7 @@ from vigil.http.guard import NUL_TEXT_DETAIL, RefuseNul
 from vigil.http.unencodable import surrogate_response, validation_response
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
+from vigil.store.db import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,12 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
             return JSONResponse({"detail": NUL_TEXT_DETAIL}, 400)
         return await unhandled(request, exc)
 
+    @app.exception_handler(StoreUnavailable)
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    async def database_away(request: Request, exc: Exception) -> Response:
+        return database_unavailable(request, exc)
+
     @app.exception_handler(UnicodeEncodeError)
     async def lone_surrogate(request: Request, exc: UnicodeEncodeError) -> JSONResponse:
         # raised where the text is written (the database driver, a response): before anything commits
@@ -101,6 +108,26 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
 
     _register_schema(app)
     return app
+
+
+def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """503 with Retry-After for a request the database could not serve (down, restarting, locked past its
+    timeout): the client tries again later; nothing was changed. Logged in one line, not a traceback per
+    request, which during an outage flooded the log."""
+    rt = request.app.state.runtime
+    first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    log.warning(
+        "database unavailable on %s %s: %s",
+        request.method,
+        request.url.path.encode("unicode_escape").decode("ascii"),
+        f"{type(exc).__name__}: {first[0][:300] if first else ''}",
+    )
+    retry = str(max(1, round(rt.settings.store_retry_after_seconds)))
+    return JSONResponse(
+        {"detail": "the database is unavailable; nothing was changed, try again later"},
+        503,
+        headers={"Retry-After": retry},
+    )
 
 
 def _register_schema(app: FastAPI) -> None:

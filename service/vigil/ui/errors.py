@@ -5,17 +5,21 @@ API paths keep their JSON bodies (``{"detail": ...}``); only requests for ``/ui`
 
 from __future__ import annotations
 
+import html
 import logging
 from typing import Any
 
 from fastapi import Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException
 
+from vigil.http.app import database_unavailable
 from vigil.http.unencodable import validation_response
-from vigil.ui.render import render_page
+from vigil.store.db import StoreUnavailable
+from vigil.ui.render import SECURITY_HEADERS, render_page
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +29,7 @@ TITLES = {
     404: "Page not found",
     405: "Not allowed here",
     500: "Something went wrong",
+    503: "Not available just now",
 }
 
 
@@ -38,9 +43,19 @@ def error_page(request: Request, status: int, message: str) -> Response:
         return render_page(
             request, "error.html", status, title=TITLES.get(status, f"Error {status}"), message=message, status=status
         )
-    except Exception:  # the page itself could not render: say so plainly rather than fail twice
-        log.exception("error page failed to render")
-        return PlainTextResponse(f"{status}: {message}", status_code=status)
+    except Exception as exc:  # the layout needs the database (the session): a bare page rather than fail twice
+        if status != 503:
+            log.exception("error page failed to render")
+        else:
+            log.debug("error page rendered bare: %s", exc)
+        title = html.escape(TITLES.get(status, f"Error {status}"))
+        body = (
+            f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title} · Vigil</title>'
+            '<link rel="stylesheet" href="/ui/static/vigil.css"></head><body><main id="main">'
+            f'<h1>{title}</h1><p class="error">{html.escape(message)}</p>'
+            '<p><a href="/ui">Home</a></p></main></body></html>'
+        )
+        return HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)
 
 
 def not_found_message(request: Request, detail: Any) -> str:
@@ -67,6 +82,19 @@ def install(app: Any) -> None:
             return validation_response(exc)
         wrong = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
         return error_page(request, 400, f"This address has a parameter the page cannot use ({wrong}).")
+
+    @app.exception_handler(StoreUnavailable)
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    async def database_away(request: Request, exc: Exception) -> Response:
+        answer = database_unavailable(request, exc)
+        if not is_page(request):
+            return answer
+        page = error_page(
+            request, 503, "The database is not answering just now; nothing was changed. Try again shortly."
+        )
+        page.headers["Retry-After"] = answer.headers["Retry-After"]
+        return page
 
     @app.exception_handler(Exception)
     async def unhandled(request: Request, exc: Exception) -> Response:
