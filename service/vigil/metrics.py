@@ -162,7 +162,7 @@ class Metrics:
         )
         self.dead_letters = Counter(
             "dead_letters_total",
-            "Messages set aside as dead letters.",
+            "Messages (or request items) set aside as dead letters; a batch's share one stored row per reason.",
             ["reason", "source"],
             namespace=NS,
             registry=r,

@@ -171,3 +171,22 @@ def test_a_refused_replayed_conversation_is_kept_under_its_own_source(sqlite_url
         dead = s.scalars(select(DeadLetterRow)).all()
     assert [(d.source, d.reason, d.key) for d in dead] == [("replay", "store_rejected", convs[1]["conversation_id"])]
     assert b'"evil"' in dead[0].raw
+
+
+def test_dead_letters_count_messages_not_rows(runtime, client) -> None:
+    """A consumer batch's bad messages share one row per reason; the counter said 1 for 100 of them (its
+    help says messages, and the outcomes path counted messages), so an alert on its rate read low."""
+    envs = [Envelope(b"not json", "kafka", "t", 0, n, "k") for n in range(100)]
+    envs += [
+        Envelope(orjson.dumps({"conversation_id": "x", "messages": []}), "kafka", "t", 0, 100 + n) for n in range(40)
+    ]
+    runtime.pipeline.process_raw(envs)
+    assert count(runtime, DeadLetterRow) == 2
+    reg = runtime.metrics.registry
+    assert reg.get_sample_value("vigil_dead_letters_total", {"reason": "malformed_json", "source": "kafka"}) == 100
+    assert reg.get_sample_value("vigil_dead_letters_total", {"reason": "schema_invalid", "source": "kafka"}) == 40
+    runtime.pipeline.process_raw(envs)  # redelivered: counted once
+    assert reg.get_sample_value("vigil_dead_letters_total", {"reason": "malformed_json", "source": "kafka"}) == 100
+    bad = [{"conversation_id": f"b{n}", "messages": []} for n in range(7)]
+    assert client.post("/v1/conversations", json=bad, headers=INGEST).status_code == 422
+    assert reg.get_sample_value("vigil_dead_letters_total", {"reason": "schema_invalid", "source": "http"}) == 7

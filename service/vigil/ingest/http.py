@@ -56,7 +56,7 @@ def grouped_letters(items: list[Item], source: str, detail_chars: int = 4000) ->
             lines.append(f"item {item.index}: {errs}")
         detail = f"{len(group)} invalid item(s): " + " | ".join(lines)
         raw = b"[" + b",".join(i.raw for i in group) + b"]" if len(group) > 1 else group[0].raw
-        letters.append(DeadLetter(source, reason, detail[:detail_chars], raw))
+        letters.append(DeadLetter(source, reason, detail[:detail_chars], raw, messages=len(group)))
     return letters
 
 

@@ -79,6 +79,7 @@ class DeadLetter:
     partition: int | None = None
     offset: int | None = None
     key: str | None = None
+    messages: int = 1  # the bad messages (or items) the letter holds: what vigil_dead_letters_total counts
 
 
 _TIMESTAMPTZ = 1184
@@ -454,14 +455,16 @@ def group_dead_letters(letters: Sequence[DeadLetter]) -> list[DeadLetter]:
         errors = list(dict.fromkeys(d.detail for d in group))
         detail = f"{len(group)} message(s) at {where}: " + " | ".join(errors)
         raw = b"\n".join(d.raw for d in group)
-        out.append(DeadLetter(source, reason, detail, raw, topic, partition, first.offset, first.key))
+        messages = sum(d.messages for d in group)
+        out.append(DeadLetter(source, reason, detail, raw, topic, partition, first.offset, first.key, messages))
     return out
 
 
 def store_dead_letters(
     session: Session, letters: Sequence[DeadLetter], keep_bytes: int, batch_bytes: int | None = None
 ) -> list[tuple[str, str]]:
-    """Insert one batch's dead letters, grouped; returns (reason, source) of rows written.
+    """Insert one batch's dead letters, grouped; returns (reason, source) once per bad message (or item)
+    in the rows written, so a counter of them counts messages, not rows.
 
     Each row keeps at most ``keep_bytes`` of its raw bytes and all rows of the batch together at most
     ``batch_bytes`` (``raw_size`` records the full size). A redelivered Kafka position is kept once;
@@ -471,7 +474,9 @@ def store_dead_letters(
         return []
     budget = keep_bytes * len(letters) if batch_bytes is None else batch_bytes
     rows = []
+    messages: dict[tuple[Any, ...], list[int]] = {}
     for d in group_dead_letters(letters):
+        messages.setdefault((d.source, d.topic, d.partition, d.offset, d.reason, len(d.raw)), []).append(d.messages)
         raw = d.raw[: max(0, min(keep_bytes, budget))]
         budget -= len(raw)
         rows.append(
@@ -496,7 +501,13 @@ def store_dead_letters(
         set_={c: ins.excluded[c] for c in ("reason", "detail", "raw", "raw_size", "key")},
         where=ins.excluded.raw_size > table.c.raw_size,
     )
-    return [(r.reason, r.source) for r in session.execute(grown.returning(table.c.reason, table.c.source), rows)]
+    c = table.c
+    written = session.execute(grown.returning(c.source, c.topic, c.partition, c.offset, c.reason, c.raw_size), rows)
+    out: list[tuple[str, str]] = []
+    for r in written:
+        counts = messages.get((r.source, r.topic, r.partition, r.offset, r.reason, r.raw_size))
+        out += [(r.reason, r.source)] * (counts.pop() if counts else 1)
+    return out
 
 
 def count_conversations(session: Session) -> int:
