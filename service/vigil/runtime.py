@@ -8,6 +8,7 @@ so only the code that can import a class can look its object up.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,8 @@ class DownstreamStage(Protocol):
 
 class Pipeline(Protocol):
     """Decode, rules, store, downstream stages: what every way in calls (built by ``vigil.ingest``)."""
+
+    stopping: threading.Event  # set on shutdown: a write failing meanwhile is not retried
 
     def check(self, conversation: Conversation, document: str | None = None) -> Checked: ...
 

@@ -240,3 +240,11 @@ def test_an_unreadable_confirmed_failure_does_not_fail_the_export(db_url) -> Non
     assert result.skipped == {ids[1]: "stored document cannot be read"}
     assert rt.metrics.registry.get_sample_value("vigil_unreadable_documents_total", {"reader": "export"}) == 1.0
     rt.close()
+
+
+@pytest.mark.parametrize("raw", [b"", b"  \n"])
+def test_an_empty_message_is_refused_as_empty(raw: bytes) -> None:
+    """A Kafka tombstone (null value) or a blank message was 'malformed_json: invalid literal ... char 0'."""
+    with pytest.raises(DecodeError) as info:
+        decode_document(raw, 1 << 20)
+    assert info.value.reason == "empty"

@@ -126,6 +126,8 @@ def decode_document(raw: bytes | str, max_bytes: int) -> tuple[Conversation, byt
             raw = raw.encode()
         except UnicodeEncodeError:
             raise DecodeError("invalid_unicode", UNSTORABLE["invalid_unicode"]) from None
+    if not raw or raw.isspace():  # a Kafka tombstone (null value) or a blank message: nothing to parse
+        raise DecodeError("empty", "empty message; a conversation is a JSON object")
     raw = _sized(raw, max_bytes)
     return validate(_parse(raw)), raw
 

@@ -141,6 +141,7 @@ class ConsumerWorker:
 
     def stop(self) -> None:
         self.stopping.set()
+        self.runtime.pipeline.stopping.set()  # a write failing meanwhile gives up at once: nothing is committed
 
     def run(self, max_idle_polls: int | None = None) -> None:
         """Poll, process, commit until :meth:`stop` (or ``max_idle_polls`` empty polls in a row).

@@ -8,6 +8,7 @@ dead letters and whatever downstream stages enqueue, so a batch is stored whole 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -43,6 +44,7 @@ class Pipeline:
         self.sessions = sessions
         self.rules = rules
         self.metrics = metrics
+        self.stopping = threading.Event()  # set on shutdown: a failing write is not retried again
         self.downstream = downstream if isinstance(downstream, list) else list(downstream)  # the runtime's hooks list
         metrics.rules_loaded.set(len(rules.rules))
 
@@ -164,6 +166,7 @@ class Pipeline:
             s.store_retry_attempts,
             s.store_retry_base_seconds,
             on_retry=lambda exc: self.metrics.store_retries.labels(_retry_kind(exc)).inc(),
+            stopping=self.stopping.is_set,
         )
 
     def _store_once(self, checked: list[Checked], dead: list[DeadLetter]) -> BatchResult:

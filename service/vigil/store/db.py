@@ -229,12 +229,15 @@ def retry_transient(
     base_seconds: float = 0.05,
     max_seconds: float = 2.0,
     on_retry: Callable[[BaseException], None] | None = None,
+    stopping: Callable[[], bool] | None = None,
 ) -> T:
     """Run the transaction ``fn``; on a transient error roll back (``fn`` does) and run it again.
 
     The one retry policy of every write: exponential backoff from ``base_seconds`` with full jitter
     (two writers that deadlocked must not collide again in step), capped at ``max_seconds``. After
-    ``attempts`` tries it raises :class:`StoreUnavailable` from the last error.
+    ``attempts`` tries it raises :class:`StoreUnavailable` from the last error, and at once when
+    ``stopping()`` says the process is shutting down (nothing was committed: the caller keeps the batch,
+    a consumer leaves its offsets, so a SIGTERM is not held up by every retry's wait).
     """
     for attempt in range(1, attempts + 1):
         try:
@@ -244,10 +247,9 @@ def retry_transient(
                 raise
             if on_retry is not None:
                 on_retry(exc)
-            if attempt == attempts:
-                raise StoreUnavailable(
-                    f"giving up after {attempts} attempts: {str(exc).splitlines()[0][:300]}"
-                ) from exc
+            if attempt == attempts or (stopping is not None and stopping()):
+                why = "shutting down" if attempt < attempts else f"giving up after {attempts} attempts"
+                raise StoreUnavailable(f"{why}: {str(exc).splitlines()[0][:300]}") from exc
             delay = min(max_seconds, base_seconds * 2 ** (attempt - 1))
             log.info("transient database error (attempt %d of %d), retrying: %s", attempt, attempts, exc.orig)
             time.sleep(random.uniform(0, delay))
