@@ -479,7 +479,10 @@ class Settings(BaseSettings):
     @field_validator("log_level")
     @classmethod
     def _upper(cls, v: str) -> str:
-        return v.upper()
+        level = v.strip().upper()
+        if level not in ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"):
+            raise ValueError(f"must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, not {v!r}")
+        return level
 
     def parsed_api_keys(self) -> list[ApiKey]:
         """Parse ``VIGIL_API_KEYS``; raises ConfigError on a malformed entry."""

@@ -141,3 +141,24 @@ def test_a_flagging_policy_or_judge_file_that_is_not_utf8_is_refused_naming_it(t
     (judge / "prompt.md").write_text("Grade {{transcript}}\n")
     with pytest.raises(JudgeDefinitionError, match=r"judge\.yaml: not UTF-8 text \(byte 0xff"):
         load_judge(judge, {}, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"VIGIL_PORT": "abc"}, "port"),
+        ({"VIGIL_LOG_LEVEL": "bogus"}, "must be one of DEBUG, INFO"),
+        ({"VIGIL_DATABASE_URL": "foo://bar"}, "cannot open the database at foo://bar (VIGIL_DATABASE_URL)"),
+        (
+            {"VIGIL_DATABASE_URL": "postgresql://vigil:s3cret@127.0.0.1:1/x"},
+            "cannot open the database at postgresql+psycopg://vigil:***@127.0.0.1:1/x",
+        ),
+    ],
+    ids=["port", "log-level", "scheme", "unreachable"],
+)
+def test_serve_with_a_bad_setting_says_so_in_a_line(tmp_path: Path, env: dict[str, str], says: str) -> None:
+    """A bad VIGIL_* value or a database that cannot be opened printed 55 to 540 lines of traceback."""
+    result = run(["serve", "--no-workers"], tmp_path, **env)
+    assert result.exit_code == 2, result.output
+    assert says in result.output and "Traceback" not in result.output and "s3cret" not in result.output
+    assert len(result.output.splitlines()) <= 8, result.output

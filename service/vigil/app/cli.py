@@ -165,7 +165,10 @@ def serve(
 
     from vigil.app.server import build_server_app
 
-    s = load_settings()
+    try:
+        s = load_settings()
+    except Exception as exc:  # pydantic names the bad VIGIL_* variable: say it in one line and stop
+        fail(exc)
     try:
         application = build_server_app(s, demo=demo, demo_rate=demo_rate, demo_versions=demo_versions, workers=workers)
     except VigilError as exc:

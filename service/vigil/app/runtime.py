@@ -40,7 +40,10 @@ def build_runtime(
     url = settings.database_url_str
     if settings.migrate_on_start if migrate is None else migrate:
         db.upgrade(url)
-    engine = db.make_engine(url)
+    try:
+        engine = db.make_engine(url)
+    except db.UNREACHABLE as exc:
+        raise db.DatabaseUnreachable(url, exc) from exc
     sessions = db.make_sessionmaker(engine)
     metrics = Metrics(registry, settings.max_label_values, settings.label_idle_hours * 3600)
     metrics.build_info.labels(__version__).set(1)

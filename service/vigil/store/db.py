@@ -112,8 +112,41 @@ def upgrade(url: str, revision: str = "head") -> None:
 
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    with _migration_lock(url):
-        command.upgrade(alembic_config(url), revision)
+    try:
+        with _migration_lock(url):
+            command.upgrade(alembic_config(url), revision)
+    except UNREACHABLE as exc:
+        raise DatabaseUnreachable(url, exc) from exc
+
+
+class DatabaseUnreachable(VigilError):
+    """The database of ``VIGIL_DATABASE_URL`` cannot be opened: a one-line error at start, not a traceback."""
+
+    def __init__(self, url: str, exc: BaseException) -> None:
+        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        why = first[0][:300] if first else type(exc).__name__
+        super().__init__(f"cannot open the database at {hidden_password(url)} (VIGIL_DATABASE_URL): {why}")
+
+
+UNREACHABLE: tuple[type[BaseException], ...] = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.ArgumentError,
+    sa_exc.NoSuchModuleError,
+    ModuleNotFoundError,
+)
+"""What opening a database raises when the URL names no usable database (down, missing, read-only, an
+unknown scheme or driver)."""
+
+
+def hidden_password(url: str) -> str:
+    """``url`` with its password masked, for messages and logs."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not even a URL: say so without echoing what may hold a secret
+        return "(an address that is not a database URL)"
 
 
 @contextmanager
