@@ -330,3 +330,47 @@ def test_redaction_keeps_json_that_holds_nothing_to_redact_as_it_was() -> None:
     deep = "[" * 5000 + "]" * 5000  # deeper than the walk goes: redacted as text, never an error
     assert r.value(deep) == deep
     assert r.text("rita@example.com", context="email: ") == "[REDACTED:email]"
+
+
+def test_one_odd_conversation_never_makes_the_whole_file_unloadable(app, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Three conversations, each of which made a whole exported file fail to load: U+2028 in a string
+    (written raw, it split the verifiers loader's lines), a tool result naming no call (verifiers refused
+    the file), and a failing turn that opens the conversation (an empty Inspect input: 'No input in
+    dataset'). The first two load; the third is skipped and reported."""
+    rt, client = app
+    _ingest(app, _conv("sep\u2028id", intent="line\u2028sep\u2029para\x85next"))
+    orphan = _conv("orphan")
+    orphan["messages"] = [
+        {"role": "user", "content": "look it up"},
+        {"role": "tool", "content": "a result whose call was lost"},
+        {"role": "assistant", "content": "done"},
+    ]
+    _ingest(app, orphan)
+    _ingest(app, {**_conv("opens"), "messages": [{"role": "assistant", "content": "hello there"}]})
+    _ingest(app, _conv("fine"))
+
+    rows, r = _export(client, "verifiers")
+    assert _ids(rows) == {"sep\u2028id", "orphan", "fine"} and r.headers["x-vigil-skipped"] == "1"
+    assert b"\xe2\x80\xa8" not in r.content and len(r.content.decode().splitlines()) == 3
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(r.content)
+    from vigil.export.harness.verifiers_env import VigilConfig, VigilTaskset
+
+    taskset = VigilTaskset.__new__(VigilTaskset)
+    taskset.config = VigilConfig(path=str(path))
+    tasks = taskset.load()
+    assert len(tasks) == 3
+
+    rows, r = _export(client, "inspect")
+    path = tmp_path / "samples.jsonl"
+    path.write_bytes(r.content)
+    from inspect_ai.dataset import json_dataset
+
+    samples = json_dataset(str(path))
+    assert {s.metadata["source"]["conversation_id"] for s in samples} == {"sep\u2028id", "orphan", "fine"}
+
+    from vigil.export.run import export
+
+    with rt.sessions.begin() as s:
+        result = export(s, {}, Redactor(), "native")
+    assert "opens with it" in result.skipped["opens"]

@@ -206,7 +206,7 @@ def to_inspect(task: dict[str, Any]) -> dict[str, Any]:
 
 def openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         msg: dict[str, Any] = {"role": m["role"], "content": _text(m.get("content"))}
         if m.get("tool_calls"):
             msg["tool_calls"] = [
@@ -222,8 +222,10 @@ def openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 }
                 for c in m["tool_calls"]
             ]
-        if m["role"] == "tool" and m.get("tool_call_id"):
-            msg["tool_call_id"] = m["tool_call_id"]
+        if m["role"] == "tool":
+            # a tool result must name its call: one that does not (the agent's log lost it) gets an id of
+            # its own, as verifiers refuses the whole file over one tool message without it
+            msg["tool_call_id"] = m.get("tool_call_id") or f"vigil-unnamed-call-{i}"
         out.append(msg)
     return out
 

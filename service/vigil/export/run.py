@@ -247,6 +247,10 @@ def export(
         except UNWRITABLE as exc:
             _unwritable(skipped, cid, exc)
             continue
+        if not task["messages"]:  # the failing turn opens the conversation: nothing to replay before it
+            skipped[cid] = "no message before the failing turn to replay (the conversation opens with it)"
+            log.warning("export skipped %s: %s", cid, skipped[cid])
+            continue
         key = task["group_key"]
         if key in emitted:
             emitted[key]["duplicates"].append(cid)

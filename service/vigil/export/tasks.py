@@ -204,7 +204,17 @@ def build(src: Source, rules: dict[str, CompiledRule], min_severity: str = "medi
     }
 
 
+# Characters JSON may hold raw that line readers take for line breaks (Python's str.splitlines does, and
+# so did the verifiers loader: one U+2028 in a conversation made the whole file unloadable). Written as
+# JSON escapes, they read back as the same characters.
+_LINE_BREAKS = ((b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"), (b"\xc2\x85", b"\\u0085"))
+
+
 def dumps(task: dict[str, Any]) -> bytes:
     """One JSON line, keys sorted; an integer beyond 64 bits (stored documents keep them exact) is written
-    exactly (see :func:`~vigil.schema.dumps_exact`)."""
-    return dumps_exact(task, sort_keys=True).encode() + b"\n"
+    exactly (see :func:`~vigil.schema.dumps_exact`). No character a line reader splits on is left raw."""
+    line = dumps_exact(task, sort_keys=True).encode()
+    for raw, escaped in _LINE_BREAKS:
+        if raw in line:
+            line = line.replace(raw, escaped)
+    return line + b"\n"

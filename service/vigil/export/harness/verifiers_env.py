@@ -81,7 +81,7 @@ class VigilToolset(vf.Toolset[VigilToolsetConfig]):
 
     def register(self, mcp: Any) -> None:
         seen: dict[str, dict[str, Any]] = {}
-        for line in Path(self.config.path).read_text().splitlines():
+        for line in _lines(self.config.path):
             if line.strip():
                 for t in json.loads(line).get("tools") or []:
                     seen.setdefault(t["function"]["name"], t["function"])
@@ -119,6 +119,12 @@ class VigilTask(vf.Task[VigilData, vf.State, VigilTaskConfig]):
         return 0.0 if broken else 1.0
 
 
+def _lines(path: str) -> list[bytes]:
+    """The file's JSON lines, split at newlines only (``str.splitlines`` also splits at U+2028, U+0085 and
+    others, which a JSON string may hold raw)."""
+    return Path(path).read_bytes().split(b"\n")
+
+
 def _args(raw: str) -> dict[str, Any]:
     try:
         value = json.loads(raw or "{}")
@@ -140,7 +146,7 @@ class VigilTaskset(vf.Taskset[VigilTask, VigilConfig]):
         task_config = self.config.task
         if not task_config.tools.path:
             task_config = task_config.model_copy(update={"tools": VigilToolsetConfig(path=self.config.path)})
-        rows = [json.loads(line) for line in Path(self.config.path).read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for line in _lines(self.config.path) if line.strip()]
         return [VigilTask(VigilData.model_validate(row), task_config) for row in rows]
 
 
