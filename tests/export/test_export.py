@@ -352,6 +352,31 @@ def test_cli_export_writes_file_and_rejects_bad_input(world, tmp_path: Path, mon
     assert r.exit_code == 0 and _lines(out.read_bytes()) == []
     r = cli_runner().invoke(app, ["export", "--format", "yaml"])
     assert r.exit_code == 2 and "format must be one of" in r.output
+    r = cli_runner().invoke(app, ["export", "--since", "99999999999999999999999"])  # an OverflowError before
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    # a link is written through, not replaced (--out /dev/stdout as root replaced the device's link)
+    target, link = tmp_path / "target.jsonl", tmp_path / "link.jsonl"
+    target.write_bytes(b"")
+    link.symlink_to(target)
+    r = cli_runner().invoke(app, ["export", "--all", "--out", str(link)])
+    assert r.exit_code == 0, r.output
+    assert link.is_symlink() and len(_lines(target.read_bytes())) == 3
+    # a directory is refused, and nothing is left beside it
+    r = cli_runner().invoke(app, ["export", "--all", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "is a directory" in r.output
+    assert not list(tmp_path.parent.glob(f"{tmp_path.name}.partial"))
+    # a pipe (or a device) is written to directly
+    import os
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    r = cli_runner().invoke(app, ["export", "--all", "--out", str(fifo)])
+    reader.join(30)
+    assert r.exit_code == 0 and len(_lines(got[0])) == 3 and fifo.is_fifo()
     monkeypatch.setenv("VIGIL_EXPORT_REDACT_PATTERNS", '{"bad": "("}')
     r = cli_runner().invoke(app, ["export"])
     assert r.exit_code == 2 and "invalid regex" in r.output

@@ -12,14 +12,17 @@ import typer
 from rich.markup import escape
 from sqlalchemy.exc import IntegrityError
 
+from vigil.http.params import MAX_ID
 from vigil.runtime import Launcher
 
 
 def export(
     ctx: typer.Context,
     format: Annotated[str, typer.Option("--format", help="native, inspect or verifiers.")] = "native",
-    since: Annotated[int | None, typer.Option(help="Only failures confirmed after this watermark.")] = None,
-    out: Annotated[Path | None, typer.Option(help="Write the tasks here (default: standard output).")] = None,
+    since: Annotated[
+        int | None, typer.Option(min=0, max=MAX_ID, help="Only failures confirmed after this watermark.")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the tasks here (default, or '-': standard output).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Also failures exported before in this format.")] = False,
     schema: Annotated[bool, typer.Option("--schema", help="Print the native task's JSON Schema.")] = False,
 ) -> None:
@@ -49,16 +52,11 @@ def export(
             )
             # write before the transaction commits: if writing fails, the next run exports these again
             data = b"".join(result.lines)
-            if out is None:
+            if out is None or str(out) == "-":
                 sys.stdout.buffer.write(data)
                 sys.stdout.flush()
             else:
-                tmp = out.with_name(out.name + ".partial")
-                with tmp.open("wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                tmp.replace(out)
+                _write(out, data)
     except (VigilError, OSError) as exc:
         Launcher.of(ctx).fail(str(exc))
     except IntegrityError:
@@ -75,3 +73,27 @@ def export(
 
 def register(app: typer.Typer) -> None:
     app.command("export")(export)
+
+
+def _write(out: Path, data: bytes) -> None:
+    """Write ``data`` to ``out`` whole or not at all. A regular file (or a new one) is replaced by a
+    complete temporary beside it, so a reader never sees half a file; a link is followed to what it
+    names (replacing the link itself turned /dev/stdout into a file); what is not a regular file (a
+    pipe, a device) is written to directly. A directory is refused before anything is written."""
+    target = out.resolve()
+    if target.is_dir():
+        raise IsADirectoryError(f"--out {out} is a directory; name a file")
+    if target.exists() and not target.is_file():
+        with target.open("wb") as fh:
+            fh.write(data)
+        return
+    tmp = target.with_name(target.name + ".partial")
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
