@@ -154,3 +154,18 @@ def test_calibrate_offline_judge_from_the_judges_folder(tmp_path: Path, monkeypa
     assert v["agreement"]["n"] + v["unscored"] == len(convs) and v["state"] == "uncalibrated"
     r = cli_runner().invoke(app, ["calibrate", "nope", "--labels", str(path)])
     assert r.exit_code == 2 and "no judge 'nope'" in r.output
+
+
+def test_cli_calibrate_that_measured_nothing_is_not_a_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A label whose conversation had no recorded verdict: nothing was measured, and the command exited 0,
+    which a CI gate reads as 'every version calibrated'."""
+    labels, verdicts = tmp_path / "labels.jsonl", tmp_path / "verdicts.jsonl"
+    labels.write_text('{"conversation_id": "c1", "human": "fail"}\n')
+    verdicts.write_text('{"conversation_id": "other", "verdict": "fail"}\n')
+    monkeypatch.setenv("VIGIL_DATABASE_URL", f"sqlite:///{tmp_path / 'v.db'}")
+    monkeypatch.setenv("VIGIL_JUDGES_DIR", str(tmp_path / "no-judges"))
+    args = ["calibrate", "j", "--labels", str(labels), "--verdicts", str(verdicts), "--no-save"]
+    r = cli_runner().invoke(app, [*args, "--json"])
+    assert r.exit_code == 1, r.output
+    assert json.loads(r.stdout)["versions"] == []
+    assert "no judge version was measured" in r.output

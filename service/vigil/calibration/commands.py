@@ -154,6 +154,11 @@ def calibrate(
             print_report(r)
     if any(v["state"] != "calibrated" for r in results for v in r["versions"]):
         raise typer.Exit(1)
+    if not any(r["versions"] for r in results):  # nothing was measured: not a pass for a CI gate
+        Launcher.of(ctx).console.print(
+            "[red]no judge version was measured: no label had a verdict and a stored conversation[/red]"
+        )
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
