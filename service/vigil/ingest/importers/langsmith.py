@@ -268,13 +268,18 @@ def _roots(runs: list[Any]) -> list[dict[str, Any]]:
             raise ItemError(f"item {n}: expected a run (with run_type)")
         by_id[str(r.get("id") or f"#{n}")] = dict(r)
     roots = []
+    children: dict[str, list[dict[str, Any]]] = {}
     for r in by_id.values():
         parent = r.get("parent_run_id")
         if parent is not None and str(parent) in by_id:
-            p = by_id[str(parent)]
-            p["child_runs"] = [*listed(p.get("child_runs"), f"run {parent}.child_runs", "runs"), r]
+            children.setdefault(str(parent), []).append(r)
         else:
             roots.append(r)
+    # attached once per parent: appending one child at a time copied the list each time, quadratic in a
+    # parent's children (a root with 200,000 tool runs, 13.7 MB, took 128 s of CPU)
+    for parent, kids in children.items():
+        p = by_id[parent]
+        p["child_runs"] = [*listed(p.get("child_runs"), f"run {parent}.child_runs", "runs"), *kids]
     return roots
 
 
