@@ -11,7 +11,7 @@ from tests.support.judge_fakes import judge_dir
 from vigil.judge.definitions import load_judge
 from vigil.judge.errors import JudgeDefinitionError
 from vigil.judge.parse import parse_pairwise, parse_verdict
-from vigil.judge.prompt import build_messages, build_pairwise_messages
+from vigil.judge.prompt import build_messages, build_pairwise_messages, render_transcript
 from vigil.schema import Conversation
 
 CATS = ["wrong_action", "hallucination", "other"]
@@ -249,3 +249,29 @@ def test_a_stored_document_with_a_wide_integer_argument_renders(tmp_path: Path) 
     conv = Conversation.model_validate_json(document)
     assert conv.messages[1].tool_calls[0].function.arguments == {"amount": 2**70 + 1}  # type: ignore[index]
     assert '"amount":1180591620717411303425' in build_messages(judge, conv)[1]["content"].replace(" ", "")
+
+
+@pytest.mark.parametrize("per_message", [4000, 30_000])
+def test_a_cut_transcript_keeps_the_agents_last_message(tmp_path: Path, per_message: int) -> None:
+    """A final message of one 12,800-character line, over a cut transcript of 20,000: the kept end had
+    no line to start at and was empty, so the judge never saw what the agent finally did."""
+    judge = load_judge(
+        judge_dir(tmp_path, transcript={"max_chars": 20_000, "max_chars_per_message": per_message}) / "tj", {}, 1.0
+    )
+    final = "FINAL-ANSWER: refunded $5,000 to an unverified account. " * 230
+    conv = Conversation.model_validate(
+        {
+            "conversation_id": "c1",
+            "agent_id": "a",
+            "agent_version": "v1",
+            "messages": [{"role": "user", "content": "please help " * 10}]
+            + [{"role": "assistant", "content": f"step {i}\n" * 50} for i in range(40)]
+            + [{"role": "assistant", "content": final}],
+        }
+    )
+    text = render_transcript(conv, judge)
+    assert len(text) <= 20_000 + 100 and "characters cut ...]" in text
+    kept_end = text.rsplit("characters cut ...]", 1)[1]
+    assert "[#42 assistant]" in kept_end and "FINAL-ANSWER" in kept_end  # the last message, and its header
+    for line in filter(None, kept_end.strip().splitlines()):  # none poses as a header
+        assert line.startswith("| ") or re.match(r"\[#\d+ (user|assistant)\]$", line), line

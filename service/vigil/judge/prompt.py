@@ -84,8 +84,11 @@ def render_transcript(conv: Conversation, judge: Judge) -> str:
     if conv.intent:
         meta += f"\nintent: {quoted(conv.intent)}"
     parts = [meta]
+    # a cut transcript keeps its first and last halves: a message of more than a third of the whole
+    # could fill the kept end by itself and hide what the agent finally did (its last message)
+    per_message = min(limits.max_chars_per_message, limits.max_chars // 3)
     for i, m in enumerate(conv.messages, 1):
-        parts.append(render_message(i, m, limits.max_chars_per_message))
+        parts.append(render_message(i, m, per_message))
     text = "\n\n".join(parts)
     if len(text) > limits.max_chars:
         # keep the start (the request) and the end (what the agent finally did), each cut at a line end
@@ -93,7 +96,8 @@ def render_transcript(conv: Conversation, judge: Judge) -> str:
         half = limits.max_chars // 2
         head = text[: text.rfind("\n", 0, half) + 1 or half]
         tail_at = text.find("\n", len(text) - half)
-        tail = text[tail_at + 1 :] if tail_at >= 0 else ""
+        # no line end in the last half (one long body line): keep its end all the same, marked as body
+        tail = text[tail_at + 1 :] if tail_at >= 0 else "| [...]" + text[len(text) - half + 7 :]
         text = head + f"\n[... {len(text) - len(head) - len(tail)} characters cut ...]\n\n" + tail
     return text
 
