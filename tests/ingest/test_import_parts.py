@@ -173,3 +173,18 @@ def test_vigil_import_to_kafka_in_parts_produces_every_readable_conversation_onc
     keys = [m.key.decode() for m in reader]
     reader.close()
     assert sorted(keys) == sorted(f"part-{i}" for i in range(1, 26) if i not in (13, 20))
+
+
+def test_a_file_that_is_not_json_from_its_first_byte_is_refused_without_reading_it(tmp_path: Path) -> None:
+    """A 2 GB sparse file of NUL bytes was read whole (6.5 GB of memory, 29 s) before orjson refused it."""
+    from vigil.ingest.importers import read_file_parts
+
+    sparse = tmp_path / "sparse.json"
+    with sparse.open("wb") as fh:
+        fh.truncate(512 * 1024**2)  # 512 MiB of nothing, on no disk
+    [(imported, refused)] = list(read_file_parts(sparse))
+    assert imported is None and len(refused) == 1
+    assert refused[0].reason == "malformed_json" and "starts with byte 0x00 at offset 0" in refused[0].detail
+    (tmp_path / "blank-then-json.jsonl").write_bytes(b"\n\n  " + b'{"messages": []}\n')
+    [(_, refused)] = list(read_file_parts(tmp_path / "blank-then-json.jsonl"))
+    assert all("starts with byte" not in r.detail for r in refused)  # blank lines first are no reason
