@@ -228,6 +228,7 @@ def test_forms_claim_label_and_next(ui, rt) -> None:
     done = ui.post(url + "/claim", data={"csrf": token}, follow_redirects=False)
     assert done.status_code == 303 and done.headers["location"].endswith("notice=done")
     assert "This item is done" in ui.get(done.headers["location"]).text
+
     for action in ("extend", "release", "skip"):
         assert ui.post(next_url + f"/{action}", data={}).status_code == 403
     assert (
@@ -423,3 +424,17 @@ def test_a_notice_count_that_is_not_a_number_reads_as_zero(ui, url: str) -> None
     r = ui.get(url)
     assert r.status_code == 200, r.text[:500]
     assert "The page failed" not in r.text
+
+
+def test_claim_next_echoes_bounded_filters_into_its_redirect(ui, rt) -> None:
+    """A 100 kB filter field came back whole in the Location header, and one holding NUL sent the browser
+    to an address the NUL guard refuses with JSON."""
+    store(rt, simulated(5, "v1:0.6", seed=1))
+    _login(ui)
+    token = _csrf(ui.get("/ui/queue").text)
+    r = ui.post("/ui/queue/claim", data={"csrf": token, "agent": "x" * 100_000}, follow_redirects=False)
+    assert r.status_code == 303 and len(r.headers["location"]) < 600
+    assert r.headers["location"].startswith("/ui/queue?agent=xxx") and "notice=empty" in r.headers["location"]
+    r = ui.post("/ui/queue/claim", data={"csrf": token, "agent": "a\x00b", "version": "v9"}, follow_redirects=False)
+    assert r.status_code == 303 and "%00" not in r.headers["location"] and "version=v9" in r.headers["location"]
+    assert ui.get(r.headers["location"]).status_code == 200

@@ -133,13 +133,17 @@ async def claim_next(request: Request) -> Response:
         p, form = await form_user(request)
     except Refused as refused:
         return refused.response
-    f = queue.QueueFilter(**{k: str(form.get(k) or "") or None for k in FILTERS})
+    # a filter is at most an id's length (search: MAX_SEARCH), and one holding a control character
+    # matches nothing: neither is echoed back whole into the redirect (a 100 kB field made a 100 kB header)
+    values = {k: str(form.get(k) or "")[:256] for k in FILTERS}
+    f = queue.QueueFilter(**{k: v or None for k, v in values.items()})
     st = _stage(request)
     with st.sessions.begin() as s:
         cid = queue.claim_next(s, p.name, st.lease_seconds, f, assignment_hours=st.assignment_hours)
     st.metrics.review_claims.labels("claimed" if cid else "empty").inc()
     if cid is None:
-        return go("/ui/queue?" + urlencode({**{k: v for k in FILTERS if (v := form.get(k))}, "notice": "empty"}))
+        kept = {k: v for k, v in values.items() if v and not any(c < " " or c == "\x7f" for c in v)}
+        return go("/ui/queue?" + urlencode({**kept, "notice": "empty"}))
     return go(_review_url(cid))
 
 
