@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import httpx
 import pytest
@@ -144,6 +145,41 @@ def test_circuit_breaker_and_budget() -> None:
     assert b.exhausted and b.reserve() is None
 
 
+def test_a_providers_retry_after_is_waited_for() -> None:
+    """A 429 with Retry-After: 120 was retried after the policy's own short delay, and the circuit's probe
+    went every cooldown (5 s): the provider's word on when to come back is now the least wait."""
+    from email.utils import formatdate
+    from types import SimpleNamespace
+
+    from vigil.judge.client import classify, retry_after
+
+    class RateLimited(Exception):
+        status_code = 429
+
+        def __init__(self, headers: dict[str, str]) -> None:
+            super().__init__("429 Too Many Requests")
+            self.response = SimpleNamespace(headers=headers)
+
+    assert retry_after(RateLimited({"retry-after": "120"})) == 120
+    assert retry_after(RateLimited({"retry-after-ms": "1500"})) == 1.5
+    assert 50 <= (retry_after(RateLimited({"retry-after": formatdate(time.time() + 60, usegmt=True)})) or 0) <= 61
+    assert retry_after(RateLimited({"retry-after": "soon"})) is None
+    assert retry_after(RateLimited({"retry-after": "1e9"})) == 3600  # bounded
+    assert retry_after(RateLimited({})) is None and retry_after(ValueError("x")) is None
+    err = classify(RateLimited({"retry-after": "120"}))
+    assert (err.kind, err.reason, err.retry_after) == ("retryable", "rate_limited", 120)
+    assert decide(err, 1, 6, 1.0, 10.0).delay == 120
+    assert decide(ProviderError("retryable", "rate_limited", "x"), 1, 6, 1.0, 10.0).delay <= 1.0
+    now = [0.0]
+    cb = CircuitBreaker(1, 5.0, clock=lambda: now[0])
+    cb.failure(retry_after=120)
+    assert cb.is_open and cb.remaining() == 120
+    now[0] = 60.0
+    assert not cb.allow()
+    now[0] = 120.0
+    assert cb.allow()
+
+
 def test_retry_and_limit_docs_match_the_code() -> None:
     from vigil.settings import PROJECT_ROOT, Settings
 
@@ -158,3 +194,18 @@ def test_retry_and_limit_docs_match_the_code() -> None:
     judge_page = (PROJECT_ROOT / "docs" / "judge.md").read_text()
     judge_section = judge_page.split("<!-- section:judge -->")[1].split("<!-- section:")[0]
     assert "*Limits are per process.*" in judge_section and "N × `rpm`" in judge_section
+
+
+def test_retry_after_is_read_from_a_real_litellm_rate_limit_error() -> None:
+    """Through litellm against a local OpenAI-compatible server answering 429 with Retry-After: 1."""
+    import asyncio
+
+    from tests.support.fake_openai import Script, fake_openai
+    from vigil.judge.client import LiteLLMClient, classify
+
+    with fake_openai(Script(fault=lambda: 429)) as (url, _script):
+        client = LiteLLMClient(api_base=url, api_key="sk-test")
+        with pytest.raises(Exception) as info:
+            asyncio.run(client.complete("openai/gpt-4o-mini", [{"role": "user", "content": "hi"}]))
+    err = classify(info.value)
+    assert (err.kind, err.reason, err.retry_after) == ("retryable", "rate_limited", 1.0)

@@ -202,10 +202,44 @@ _CONFIG_STATUS = {400: "bad_request", 401: "auth", 403: "auth", 404: "unknown_mo
 _CREDENTIALS_RE = re.compile(r"missing credentials|unable to locate credentials|api[ _-]?key", re.IGNORECASE)
 
 
+MAX_RETRY_AFTER = 3600.0  # seconds: a provider's Retry-After beyond this is taken as this
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds a provider asked to wait before the next call (``Retry-After``, in seconds or as an HTTP
+    date, or ``retry-after-ms``), from the error's response headers; None when it did not say."""
+    headers: Any = getattr(getattr(exc, "response", None), "headers", None) or getattr(exc, "headers", None)
+    if not headers:
+        return None
+    try:
+        ms = headers.get("retry-after-ms")
+        if ms is not None:
+            return min(MAX_RETRY_AFTER, max(0.0, float(ms) / 1000))
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            seconds = float(value)
+        except ValueError:
+            from email.utils import parsedate_to_datetime
+
+            seconds = parsedate_to_datetime(str(value)).timestamp() - time.time()
+    except (TypeError, ValueError, AttributeError, OverflowError):  # a header that says nothing usable
+        return None
+    return min(MAX_RETRY_AFTER, max(0.0, seconds)) if math.isfinite(seconds) else None
+
+
 def classify(exc: BaseException) -> ProviderError:
     """Sort any failure of a model call into retryable / config / rejected, once, here."""
     if isinstance(exc, ProviderError):
         return exc
+    err = _classify(exc)
+    if err.kind == "retryable":
+        err.retry_after = retry_after(exc)
+    return err
+
+
+def _classify(exc: BaseException) -> ProviderError:
     detail = f"{type(exc).__name__}: {str(exc)[:500]}"
     if isinstance(exc, asyncio.TimeoutError | TimeoutError):
         return ProviderError("retryable", "timeout", detail, 408)

@@ -339,7 +339,7 @@ class JudgeEngine:
             self.metrics.judge_errors.labels(lane.name, err.kind).inc()
             if err.kind == "retryable":
                 lane.window = 1
-                lane.breaker.failure()
+                lane.breaker.failure(err.retry_after)
                 if lane.breaker.is_open:
                     self.set_state(lane, "circuit_open", f"{lane.breaker.failures} failures in a row: {err.reason}")
             elif err.kind == "config":

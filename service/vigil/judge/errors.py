@@ -25,9 +25,12 @@ class ProviderError(JudgeError):
     one request (context too long, content filter): the verdict is ``unscored`` with that reason.
     """
 
-    def __init__(self, kind: ErrorClass, reason: str, detail: str, status: int | None = None) -> None:
+    def __init__(
+        self, kind: ErrorClass, reason: str, detail: str, status: int | None = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(f"{kind} ({reason}): {detail}")
         self.kind: ErrorClass = kind
         self.reason = reason
         self.detail = detail
         self.status = status
+        self.retry_after = retry_after  # seconds the provider asked to wait (Retry-After), if it said

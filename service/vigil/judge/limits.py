@@ -43,7 +43,9 @@ def decide(
     if attempts >= max_attempts:
         return Decision("give_up")
     step = min(cap, base * 2 ** max(0, attempts - 1))
-    return Decision("retry", step / 2 + (rng or random).uniform(0, step / 2))
+    delay = step / 2 + (rng or random).uniform(0, step / 2)
+    # a provider that says when to come back (Retry-After) is not asked again before that
+    return Decision("retry", max(delay, err.retry_after or 0.0))
 
 
 class RateLimiter:
@@ -120,10 +122,12 @@ class CircuitBreaker:
         self.opened_at = None
         self.probing = False
 
-    def failure(self) -> None:
+    def failure(self, retry_after: float | None = None) -> None:
+        """A retryable failure; ``retry_after``: the provider asked for that long (the probe waits for it)."""
         self.failures += 1
         if self.probing or self.failures >= self.threshold:
-            self.opened_at = self.clock()
+            # opened so that the probe comes after the cooldown and after what the provider asked for
+            self.opened_at = self.clock() + max(0.0, (retry_after or 0.0) - self.cooldown)
         self.probing = False
 
 
