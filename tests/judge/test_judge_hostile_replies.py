@@ -266,3 +266,25 @@ def test_a_reply_without_usage_is_unknown_spend_not_free(tmp_path: Path, prompt:
     assert run(stage) == 1
     [v] = verdicts(rt)
     assert (v.prompt_tokens, v.completion_tokens, v.cost_usd) == (120, 0, 0.0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"verdict":"pass","score":0.9,"categories":["wrong_action"],"rationale":"fine, but wrong action"}',
+        '{"verdict":"pass","score":0,"categories":[]}',
+        '{"verdict":"fail","score":1.0,"categories":[]}',
+    ],
+)
+def test_a_reply_that_contradicts_itself_is_unscored(text: str) -> None:
+    """A pass naming failure categories was stored as a pass carrying a failure category; a fail scored 1
+    (1 = fully meets the rubric) as a fail. Neither says anything to count."""
+    p = parse_verdict(text, CATEGORIES)
+    assert (p.verdict, p.score, p.categories, p.unscored_reason) == ("unscored", None, [], "inconsistent")
+
+
+def test_consistent_replies_are_kept() -> None:
+    assert parse_verdict('{"verdict":"pass","score":0.4,"categories":[]}', CATEGORIES).verdict == "pass"
+    assert parse_verdict('{"verdict":"fail","score":0.8,"categories":[]}', CATEGORIES).verdict == "fail"
+    fail = parse_verdict('{"verdict":"fail","score":0,"categories":["other"]}', CATEGORIES)
+    assert (fail.verdict, fail.categories) == ("fail", ["other"])

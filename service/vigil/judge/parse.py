@@ -105,6 +105,10 @@ def parse_verdict(text: str | None, categories: list[str]) -> Parsed:
     cats = obj.get("categories", [])
     if not isinstance(cats, list) or not all(isinstance(c, str) and c in categories for c in cats):
         return Parsed.unscored("bad_categories")
+    # a reply that contradicts itself says nothing to count: a pass naming failure categories, a pass
+    # scored 0 or a fail scored 1 (1 = fully meets the rubric); the rationale is kept for a reader
+    if (verdict == "pass" and (cats or score == 0)) or (verdict == "fail" and score == 1):
+        return Parsed.unscored("inconsistent", rationale or None)  # type: ignore[arg-type]
     return Parsed(verdict, float(score), list(dict.fromkeys(cats)), rationale or None)  # type: ignore[arg-type]
 
 
