@@ -83,6 +83,26 @@ def test_search_finds_quotes_backslashes_and_line_breaks_as_typed(api) -> None:
     assert queue_of(api, q='\\"AB-77')["items"] == []  # the escape itself is not text of the conversation
 
 
+def test_search_finds_text_beyond_ascii_whichever_way_the_client_encoded_it(api) -> None:
+    """Python's json writes ASCII only by default: 'Müller' arrives (and is stored) as 'M\\u00fcller', so a
+    search for what the reviewer reads on the page found nothing."""
+    import json
+
+    convs = _seed(api)
+    items = queue_of(api)["items"]
+    escaped, raw = (next(c for c in convs if c["conversation_id"] == it["conversation_id"]) for it in items[:2])
+    for conv, text in ((escaped, "Kundin Grüße an Frau Müller"), (raw, "Ticket für Zoë")):
+        next(m for m in conv["messages"] if m["role"] == "user")["content"] = text
+        conv["revision"] = conv.get("revision", 0) + 1
+    headers = {**INGEST, "Content-Type": "application/json"}
+    # one object, as an agent posts each conversation (stored as sent; an array's items are written anew)
+    assert api.post("/v1/conversations", content=json.dumps(escaped), headers=headers).status_code == 202
+    body = json.dumps([raw], ensure_ascii=False).encode()
+    assert api.post("/v1/conversations", content=body, headers=headers).status_code == 202
+    assert _ids(queue_of(api, q="Frau Müller")) == [escaped["conversation_id"]]
+    assert _ids(queue_of(api, q="für Zoë")) == [raw["conversation_id"]]
+
+
 def test_sort_by_columns_and_snippets_and_times(api) -> None:
     convs = _seed(api)
     by_id = {c["conversation_id"]: c for c in convs}

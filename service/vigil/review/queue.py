@@ -9,6 +9,7 @@ Every function runs in the caller's transaction and writes an audit row.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -70,17 +71,14 @@ class QueueFilter:
         if self.search and (term := self.search.strip()):
             term = term[:MAX_SEARCH]
             pattern = "%" + _escape_like(term) + "%"
-            stored = "%" + _escape_like(_as_in_json(term)) + "%"
+            in_document = [
+                ConversationRow.document.ilike("%" + _escape_like(form) + "%", escape="\\")
+                for form in dict.fromkeys(_as_in_json(term))
+            ]
             out.append(
                 or_(
                     ReviewItemRow.conversation_id.ilike(pattern, escape="\\"),
-                    _has(
-                        ConversationRow,
-                        or_(
-                            ConversationRow.task_id.ilike(pattern, escape="\\"),
-                            ConversationRow.document.ilike(stored, escape="\\"),
-                        ),
-                    ),
+                    _has(ConversationRow, or_(ConversationRow.task_id.ilike(pattern, escape="\\"), *in_document)),
                 )
             )
         return out
@@ -94,14 +92,17 @@ def _same(column: Any, value: str) -> ColumnElement[bool]:
     return cast(ColumnElement[bool], func.lower(column) == value.strip().lower())
 
 
-def _as_in_json(term: str) -> str:
-    """``term`` as it appears inside a JSON string of the stored document: a quote, a backslash, a tab or
-    a line break typed into the search box is stored escaped (``\\"``, ``\\n``), so searching the raw
-    text would never find it. Text JSON cannot hold (a lone surrogate) is searched as typed."""
+def _as_in_json(term: str) -> tuple[str, ...]:
+    """``term`` as it may appear inside a JSON string of the stored document (stored as the client sent
+    it): a quote, a backslash, a tab or a line break typed into the search box is stored escaped (``\\"``,
+    ``\\n``), and text beyond ASCII is stored as typed or, from encoders that write ASCII only (Python's
+    json by default), as ``\\u00e9`` escapes: both forms are searched. Text JSON cannot hold (a lone
+    surrogate) is searched as typed."""
     try:
-        return orjson.dumps(term).decode()[1:-1]
+        plain = orjson.dumps(term).decode()[1:-1]
     except TypeError:
-        return term
+        return (term,)
+    return (plain, json.dumps(term)[1:-1]) if not term.isascii() else (plain,)
 
 
 def _escape_like(term: str) -> str:
