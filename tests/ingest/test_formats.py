@@ -666,6 +666,18 @@ def test_langsmith_llm_runs_alone_and_unknown_messages() -> None:
     assert "a message of class 'HologramMessage' is not one Vigil reads" in _refused(odd)
 
 
+def test_langsmith_runs_in_a_parent_cycle_beside_a_real_root_are_refused_by_name() -> None:
+    """Two runs naming each other as parent, beside a real run tree, were dropped without a word."""
+    runs = _flatten(langsmith_run_tree())
+    runs += [
+        {"id": "A", "run_type": "chain", "parent_run_id": "B", "name": "a"},
+        {"id": "B", "run_type": "chain", "parent_run_id": "A", "name": "b"},
+    ]
+    why = _refused(runs, "langsmith")
+    assert "2 run(s) reach no root run" in why and "'A', 'B'" in why
+    assert len(convert_data(_flatten(langsmith_run_tree()), "langsmith").conversations) == 1  # without them
+
+
 # --- the command line and the HTTP API say which format they read -----------------------------------
 
 

@@ -280,6 +280,23 @@ def _roots(runs: list[Any]) -> list[dict[str, Any]]:
     for parent, kids in children.items():
         p = by_id[parent]
         p["child_runs"] = [*listed(p.get("child_runs"), f"run {parent}.child_runs", "runs"), *kids]
+    # runs whose parent_run_id links go round in a circle reach no root: say so instead of dropping them
+    reached: set[int] = set()
+    stack = list(roots)
+    while stack:
+        run = stack.pop()
+        if id(run) in reached:
+            continue
+        reached.add(id(run))
+        kids = children.get(str(run["id"]), []) if run.get("id") else []  # a run without an id is no parent
+        stack.extend(c for c in kids if id(c) not in reached)
+    lost = [k for k, r in by_id.items() if id(r) not in reached]
+    if lost:
+        raise ItemError(
+            f"{len(lost)} run(s) reach no root run, their parent_run_id links forming a cycle: "
+            + ", ".join(repr(k) for k in lost[:5])
+            + (" ..." if len(lost) > 5 else "")
+        )
     return roots
 
 
