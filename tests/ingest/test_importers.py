@@ -309,3 +309,14 @@ def test_tau2_tool_definitions_become_the_conversations_tools(tmp_path: Path) ->
     assert convs[0].tools and convs[0].tools[0].parameters == schema
     # the published files carry none: then the conversation says nothing about its tools
     assert all(c.tools is None for c in load_file(tau2_file("airline")))
+
+
+def test_tau2_simulations_sharing_an_id_are_refused_by_name(tmp_path: Path) -> None:
+    """Two runs under one simulation id became one conversation ('1 stored, 1 already stored')."""
+    raw = json.loads(tau2_file("airline").read_text())
+    raw["simulations"] = raw["simulations"][:3]
+    raw["simulations"][2] = {**raw["simulations"][2], "id": raw["simulations"][0]["id"]}
+    path = tmp_path / "dup.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ImportError_, match=r"simulation 2: id '.*' is simulation 0's too"):
+        list(load_file(path))

@@ -82,8 +82,13 @@ def convert(
     policy = obj(info.get("environment_info")).get("policy")
     tasks = {str(t.get("id")): t for t in listed(data.get("tasks"), "tasks", "task objects") if isinstance(t, dict)}
     tools = _tools(info)
+    seen: dict[str, int] = {}
     for n, sim in enumerate(data.get("simulations") or []):
         try:
+            sid = str(sim["id"])
+            if sid in seen:  # two runs under one id would be one conversation: the second "already stored"
+                raise ItemError(f"id {sid!r} is simulation {seen[sid]}'s too; each run needs an id of its own")
+            seen[sid] = n
             messages = [_message(m) for m in sim["messages"]]
             if include_policy and policy:
                 messages.insert(0, {"role": "system", "content": policy})
