@@ -209,3 +209,18 @@ def test_retry_after_is_read_from_a_real_litellm_rate_limit_error() -> None:
             asyncio.run(client.complete("openai/gpt-4o-mini", [{"role": "user", "content": "hi"}]))
     err = classify(info.value)
     assert (err.kind, err.reason, err.retry_after) == ("retryable", "rate_limited", 1.0)
+
+
+def test_a_refused_connection_is_classified_as_one() -> None:
+    """litellm reports a refused connection as an InternalServerError ('Connection error.'): the judge's
+    state said server_error, sending on-call to the provider's status page instead of the network."""
+    import asyncio
+
+    from tests.support.services import free_port
+    from vigil.judge.client import LiteLLMClient, classify
+
+    client = LiteLLMClient(api_base=f"http://127.0.0.1:{free_port()}/v1", api_key="sk-test")
+    with pytest.raises(Exception) as info:
+        asyncio.run(client.complete("openai/gpt-4o-mini", [{"role": "user", "content": "hi"}], timeout=10))
+    err = classify(info.value)
+    assert (err.kind, err.reason) == ("retryable", "connection")

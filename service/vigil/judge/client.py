@@ -257,6 +257,9 @@ def _classify(exc: BaseException) -> ProviderError:
                 return ProviderError(kind, reason, detail, status)  # type: ignore[arg-type]
     if _CREDENTIALS_RE.search(str(exc)):
         return ProviderError("config", "missing_credentials", detail, status)
+    if lm is not None and isinstance(exc, lm.InternalServerError) and "connection error" in str(exc).lower():
+        # litellm reports a refused or dropped connection as a 500: it is the network, not the provider
+        return ProviderError("retryable", "connection", detail, status)
     if lm is not None:
         checks: list[tuple[type, str, str]] = [
             (lm.AuthenticationError, "config", "auth"),
