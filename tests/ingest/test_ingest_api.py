@@ -100,6 +100,13 @@ def test_inline_outcome_of_an_undeclared_type_is_stored_and_warned_about(sqlite_
         assert c.post("/v1/conversations", json=sim(1)[0], headers=INGEST).json()["warnings"] == []
         r = c.post("/v1/conversations?format=openai&agent_id=a&agent_version=v1", json=record, headers=INGEST)
         assert r.status_code == 202 and r.json()["warnings"] == []
+        # an end before the start is kept as sent, and said
+        backwards = dict(sim(1)[0], conversation_id="backwards")
+        backwards["started_at"], backwards["ended_at"] = "2026-01-02T10:00:00Z", "2026-01-02T09:00:00Z"
+        r = c.post("/v1/conversations", json=backwards, headers=INGEST)
+        assert r.status_code == 202 and r.json()["stored"] == 1
+        [w] = r.json()["warnings"]
+        assert w["field"] == "ended_at" and "before started_at" in w["message"]
 
 
 @pytest.mark.parametrize(

@@ -91,14 +91,25 @@ def _too_dense(rt: Runtime, body: bytes) -> Answer | None:
     return Answer(413, {"detail": why, "reason": "oversized"})
 
 
-def outcome_warnings(rt: Runtime, convs: list[tuple[int, Conversation]]) -> list[dict[str, Any]]:
-    """An inline outcome of a type neither built in nor declared in ``VIGIL_OUTCOME_TYPES`` is stored with
-    its conversation (declared later, comparisons read it from then on) but feeds no signal until then, where
+def stored_warnings(rt: Runtime, convs: list[tuple[int, Conversation]]) -> list[dict[str, Any]]:
+    """What was stored but reads oddly: an end before the start (kept as sent), and an inline outcome of a
+    type neither built in nor declared in ``VIGIL_OUTCOME_TYPES``, which is stored with its conversation
+    (declared later, comparisons read it from then on) but feeds no signal until then, where
     ``POST /v1/outcomes`` refuses it: the answer says so instead of keeping quiet about a typo."""
+    out = [
+        {
+            "index": index,
+            "conversation_id": conv.conversation_id,
+            "field": "ended_at",
+            "message": f"ended_at ({conv.ended_at.isoformat()}) is before started_at "
+            f"({conv.started_at.isoformat()}): stored as sent; its duration reads as negative",
+        }
+        for index, conv in convs
+        if conv.started_at is not None and conv.ended_at is not None and conv.ended_at < conv.started_at
+    ]
     if not any(c.outcomes for _, c in convs):
-        return []
+        return out
     known = outcome_types(rt.settings.outcome_types)
-    out = []
     for index, conv in convs:
         for o in conv.outcomes:
             if o.type not in known:
@@ -113,7 +124,7 @@ def outcome_warnings(rt: Runtime, convs: list[tuple[int, Conversation]]) -> list
                     }
                 )
     if out:
-        log.warning("%d inline outcome(s) of an undeclared type, e.g. %s", len(out), out[0]["message"])
+        log.warning("%d warning(s) on stored conversations, e.g. %s", len(out), out[0]["message"])
     return out
 
 
@@ -158,7 +169,7 @@ def ingest_body(rt: Runtime, body: bytes) -> Answer:
         "duplicates": result.duplicates,
         "rejected": len(errors),
         "errors": errors,
-        "warnings": outcome_warnings(rt, [(index_of[c.conversation_id], c) for c, _, _ in valid]),
+        "warnings": stored_warnings(rt, [(index_of[c.conversation_id], c) for c, _, _ in valid]),
         "conversation_ids": accepted,
     }
     return Answer(422 if errors else 202, out)
@@ -211,7 +222,7 @@ def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, a
         "duplicates": result.duplicates,
         "rejected": len(errors),
         "errors": errors,
-        "warnings": outcome_warnings(rt, indexed),
+        "warnings": stored_warnings(rt, indexed),
         "conversation_ids": [c.conversation_id for c, _, _ in valid],
     }
     return Answer(422 if errors else 202, out)
