@@ -77,6 +77,13 @@ def test_a_comment_on_a_folded_message_links_to_it(long_ui) -> None:
     assert 700 in _shown(asked) and '<option value="700" selected>' in asked
     shown = ui.get("/ui/review/long-2?around=500").text
     assert 'class="msg-comment small"><b>rita</b> commented: looped here' in shown
+    for odd in ("\u0661", "5_0", "\uff15"):  # Arabic-Indic one, an underscore, a fullwidth five: int() took them
+        refused = ui.post(
+            "/ui/review/long-2/comment",
+            data={"csrf": _csrf(page.text), "message_index": odd, "body": "odd"},
+            follow_redirects=False,
+        )
+        assert refused.status_code == 422 and "is not a message number" in refused.text, odd
 
 
 def test_a_short_conversation_renders_every_message_without_a_fold(long_ui) -> None:

@@ -366,6 +366,8 @@ async def comment(request: Request, conversation_id: str) -> Response:
     raw_index = str(form.get("message_index") or "").strip()
     try:
         with _stage(request).sessions.begin() as s:
+            if raw_index and not (raw_index.isascii() and raw_index.isdigit()):
+                raise ValueError(raw_index)  # int() also reads "١" and " 1_0 " as numbers
             index = int(raw_index) if raw_index else None
             triage.add_comment(s, conversation_id, p.name, str(form.get("body") or ""), index)
     except (Invalid, ValueError) as exc:
