@@ -21,7 +21,7 @@ from vigil.http.guard import NUL_TEXT_DETAIL, RefuseNul
 from vigil.http.unencodable import surrogate_response, validation_response
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
-from vigil.store.db import StoreUnavailable
+from vigil.store.db import StoreUnavailable, db_detail
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +115,11 @@ def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
     timeout): the client tries again later; nothing was changed. Logged in one line, not a traceback per
     request, which during an outage flooded the log."""
     rt = request.app.state.runtime
-    first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
     log.warning(
         "database unavailable on %s %s: %s",
         request.method,
         request.url.path.encode("unicode_escape").decode("ascii"),
-        f"{type(exc).__name__}: {first[0][:300] if first else ''}",
+        db_detail(exc),
     )
     retry = str(max(1, round(rt.settings.store_retry_after_seconds)))
     return JSONResponse(

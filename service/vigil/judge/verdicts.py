@@ -12,13 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.exc import DataError, IntegrityError
-
 from vigil.judge import store
 from vigil.judge.engine import JudgeEngine
 from vigil.judge.parse import Parsed
 from vigil.metrics import Metrics
-from vigil.store.db import storable_text
+from vigil.store.db import PERMANENT_DB_ERRORS, storable_text
 from vigil.store.models import VerdictRow
 
 log = logging.getLogger(__name__)
@@ -42,9 +40,9 @@ def storable(text: str | None) -> str | None:
 
 
 def refused_by_database(exc: BaseException) -> bool:
-    """Whether ``exc`` is the database refusing what a row holds (a value out of range, text it cannot
-    store), not the database being away or busy: writing the same rows again would fail again."""
-    return isinstance(exc, DataError | IntegrityError)
+    """Whether ``exc`` is the database refusing what a row holds (the store's one list of such errors),
+    not the database being away or busy: writing the same rows again would fail again."""
+    return isinstance(exc, PERMANENT_DB_ERRORS)
 
 
 def write(

@@ -24,7 +24,7 @@ from vigil.judge.attempt import attempt, failed_unexpectedly
 from vigil.judge.engine import JudgeEngine, Lane
 from vigil.judge.offline import OFFLINE_MODEL
 from vigil.judge.verdicts import Outcome
-from vigil.store.db import StoreUnavailable, aware
+from vigil.store.db import StoreUnavailable, aware, db_detail
 
 log = logging.getLogger(__name__)
 HOUSEKEEPING_SECONDS = 2.0
@@ -88,13 +88,7 @@ class JudgeWorker:
                 # the database is down or restarting: the requests stay queued; one line, not a traceback
                 # twice a second (13,757 log lines in a 35 s outage)
                 backoff = min(30.0, max(1.0, backoff * 2))
-                first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-                log.warning(
-                    "judge worker: database unavailable (%s: %s); trying again in %.0f s",
-                    type(exc).__name__,
-                    first[0][:200] if first else "",
-                    backoff,
-                )
+                log.warning("judge worker: database unavailable (%s); trying again in %.0f s", db_detail(exc), backoff)
                 claimed = 0
             except Exception:  # a bug must not end the worker either; the requests stay queued
                 backoff = min(30.0, max(1.0, backoff * 2))
