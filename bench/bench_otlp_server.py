@@ -12,8 +12,13 @@ between the first and the last measured request, per 1,000 conversations: what V
 nothing the exporter spends. With ``--db postgres`` each run gets a fresh database on the local server
 (``VIGIL_BENCH_PG_URL``, default the test server's) and the CPU of the Postgres backends serving it is
 added, as ``bench.bench_hotpath`` counts it: with SQLite the storing is the server process's own work,
-with Postgres most of it is the database's. Each round starts the three ways in in another order; the
-ratio is the median of each round's ratio to native ingest.
+with Postgres most of it is the database's. The ratio is the median of each round's ratio to native ingest.
+
+By default (``--lockstep``) the three Vigils of a round run side by side, each in its own process, and
+the requests go to them in turn, whichever way is least far through its requests next: the machine's
+speed, which on a shared VM drifts by ±15% within a minute, is then the same for all three ways, and the
+ratio compares their work, not the minutes they ran in. ``--sequential`` runs the ways one after the
+other, each round in another order (how figures before 5 December 2026 were measured).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +158,59 @@ def _run(
     return user1 - user0, sys1 - sys0, pg
 
 
-def compare(copies: int, rounds: int, db: str = "sqlite") -> dict[str, float]:
+REVISIONS: dict[str, list[float]] = {}  # OTLP revisions through the pipeline per conversation, per round
+
+
+def _revisions(client: httpx.Client) -> float:
+    """Conversation revisions the server assembled from spans (``vigil_otlp_conversation_revisions_total``):
+    more than one per conversation when a trace stayed unfinished past ``VIGIL_OTLP_PROGRESS_INTERVAL_SECONDS``."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("vigil_otlp_conversation_revisions_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def _lockstep(
+    warm: dict[str, list[bytes]], bodies: dict[str, list[bytes]], urls: dict[str, tuple[str, Any]], n: int
+) -> dict[str, tuple[float, float, float]]:
+    """What :func:`_run` measures, for the three ways at once: one server each, requests sent in turn."""
+    served = {way: _serve(urls[way][0]) for way in bodies}
+    try:
+        for way, (_, client) in served.items():
+            path, ctype = WAYS[way]
+            for body in warm[way]:
+                assert client.post(path, content=body, headers={**KEY, "content-type": ctype}).status_code < 300
+        before = {way: (_cpu(child.pid), urls[way][1]()) for way, (child, _) in served.items()}
+        sent = dict.fromkeys(bodies, 0)
+        while True:
+            left = [way for way in bodies if sent[way] < len(bodies[way])]
+            if not left:
+                break
+            way = min(left, key=lambda w: (sent[w] + 1) / len(bodies[w]))
+            path, ctype = WAYS[way]
+            r = served[way][1].post(path, content=bodies[way][sent[way]], headers={**KEY, "content-type": ctype})
+            assert r.status_code < 300, r.text[:300]
+            sent[way] += 1
+        used = {}
+        for way, (child, _) in served.items():
+            (user0, sys0), pg0 = before[way]
+            user1, sys1 = _cpu(child.pid)
+            used[way] = (user1 - user0, sys1 - sys0, pg_delta(pg0, urls[way][1]()))
+            if way != "native":
+                REVISIONS.setdefault(way, []).append(_revisions(served[way][1]) / (n + WARM))
+    finally:
+        for child, client in served.values():
+            client.close()
+            child.terminate()
+        for child, _ in served.values():
+            child.wait(30)
+    for way in bodies:
+        finished = _finished(urls[way][0])
+        assert finished == n + WARM, f"{way}: {finished} of {n + WARM} conversations finished"
+    return used
+
+
+def compare(copies: int, rounds: int, db: str = "sqlite", lockstep: bool = True) -> dict[str, float]:
     convs = conversations(copies)
     n = len(convs)
     bodies = {"native": native_bodies(convs), "otlp": whole_traces(convs), "otlp-interleaved": interleaved(convs)}
@@ -167,13 +224,19 @@ def compare(copies: int, rounds: int, db: str = "sqlite") -> dict[str, float]:
     ways = list(WAYS)
     with tempfile.TemporaryDirectory() as d:
         for r in range(rounds):
+            if lockstep:
+                with ExitStack() as stack:
+                    urls = {way: stack.enter_context(_database(db, Path(d), f"{way}-{r}")) for way in ways}
+                    for way, run in _lockstep(warm, bodies, urls, n).items():
+                        used[way].append(run)
+                continue
             for way in ways[r % 3 :] + ways[: r % 3]:
                 with _database(db, Path(d), f"{way}-{r}") as (url, backends):
                     used[way].append(_run(way, warm[way], bodies[way], url, backends, n))
     print(
         f"OTLP against native ingest on {db}, {n:,} τ² conversations, CPU-seconds per 1,000 of the server process"
         f"{' and its Postgres backends' if db == 'postgres' else ''} (median of {rounds} rounds; ratio: median of "
-        "each round's ratio to native)"
+        f"each round's ratio to native; {'the three ways in lockstep' if lockstep else 'one way after another'})"
     )
     native = [sum(run) for run in used["native"]]
     out: dict[str, float] = {}
@@ -187,6 +250,12 @@ def compare(copies: int, rounds: int, db: str = "sqlite") -> dict[str, float]:
             f"  {way:<17} {statistics.median(total) * per:5.2f}  (user {user:5.2f}, system {system:5.2f}"
             f"{f', Postgres {pg:5.2f}' if db == 'postgres' else ''})  {ratio:.2f}× native  "
             f"{len(bodies[way])} requests of {sum(map(len, bodies[way])) / len(bodies[way]) / 1e6:.1f} MB"
+            + (
+                f"; rounds {', '.join(f'{t / nat:.2f}' for t, nat in zip(total, native, strict=True))}"
+                if way != "native"
+                else ""
+            )
+            + (f"; {statistics.median(REVISIONS[way]):.2f} revisions a conversation" if way in REVISIONS else "")
         )
     return out
 
@@ -196,8 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copies", type=int, default=4, help="copies of the 120 τ² conversations")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    order = ap.add_mutually_exclusive_group()
+    order.add_argument("--lockstep", dest="lockstep", action="store_true", default=True, help="(default)")
+    order.add_argument("--sequential", dest="lockstep", action="store_false")
     args: Any = ap.parse_args(argv)
-    compare(args.copies, args.rounds, args.db)
+    compare(args.copies, args.rounds, args.db, args.lockstep)
     return 0
 
 

@@ -68,3 +68,20 @@ def test_version_names_vigil_and_the_package_version() -> None:
     assert result.exit_code == 0, result.output
     assert result.output.strip() == f"vigil {vigil.__version__}"
     assert vigil.__version__ == version("vigil")  # the string printed is the installed package's version
+
+
+def test_db_downgrade_takes_the_schema_back_and_refuses_an_unknown_revision(tmp_path) -> None:
+    from sqlalchemy import create_engine, text
+
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    env = {"VIGIL_DATABASE_URL": url}
+    assert run(["db", "upgrade"], env).exit_code == 0
+    result = run(["db", "downgrade", "0012_drop_search_trgm"], env)
+    assert result.exit_code == 0 and "database at 0012_drop_search_trgm" in result.output
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0012_drop_search_trgm"
+    engine.dispose()
+    result = run(["db", "downgrade", "no-such-revision"], env)
+    assert result.exit_code == 2 and "cannot downgrade to 'no-such-revision'" in result.output
+    assert "Traceback" not in result.output

@@ -26,9 +26,7 @@ def test_a_database_at_the_removed_trigram_revision_upgrades_and_loses_its_index
             )
         db.upgrade(db_url)
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
-                "0012_drop_search_trgm"
-            ]
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == ["0013_otel_values"]
             assert conn.execute(text("SELECT conversation_id FROM conversations")).scalars().all() == ["kept"]
         names = {i["name"] for i in inspect(engine).get_indexes("conversations")}
         assert "ix_conversations_task_trgm" not in names
@@ -50,8 +48,6 @@ def test_a_fresh_database_reaches_the_single_head(db_url: str) -> None:
     engine = db.make_engine(db_url)
     try:
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
-                "0012_drop_search_trgm"
-            ]
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == ["0013_otel_values"]
     finally:
         engine.dispose()

@@ -68,6 +68,19 @@ def db_upgrade(revision: str = "head") -> None:
     console.print(f"database at {revision}")
 
 
+@db_app.command("downgrade")
+def db_downgrade(revision: Annotated[str, typer.Argument(help="The revision an older release runs on.")]) -> None:
+    """Take VIGIL_DATABASE_URL's schema back to REVISION before running an older release on it."""
+    from vigil.store import db
+
+    s = load_settings()
+    try:
+        db.downgrade(s.database_url_str, revision)
+    except VigilError as exc:
+        fail(exc)
+    console.print(f"database at {revision}")
+
+
 retention_app = typer.Typer(no_args_is_help=True, help="Storage that rolls over: delete rows past retention.")
 app.add_typer(retention_app, name="retention")
 rollups_app = typer.Typer(no_args_is_help=True, help="Hourly rollups behind compare, quality and version lists.")

@@ -108,15 +108,32 @@ def upgrade(url: str, revision: str = "head") -> None:
     under a lock on a file beside the database. The others wait, then find the schema at ``revision``
     and change nothing (without the lock two of three replicas died on Alembic's version table, or on
     ``table ... already exists``)."""
+    _migrate(url, revision, up=True)
+
+
+def downgrade(url: str, revision: str) -> None:
+    """Take the database schema back to ``revision`` (``vigil db downgrade``) before running an older
+    release on it, under the same lock as :func:`upgrade`."""
+    _migrate(url, revision, up=False)
+
+
+def _migrate(url: str, revision: str, up: bool) -> None:
     from alembic import command
+    from alembic.util import CommandError
 
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
     try:
         with _migration_lock(url):
-            command.upgrade(alembic_config(url), revision)
+            (command.upgrade if up else command.downgrade)(alembic_config(url), revision)
     except UNREACHABLE as exc:
         raise DatabaseUnreachable(url, exc) from exc
+    except CommandError as exc:  # an unknown revision, or one on the other side of the current one
+        raise MigrationError(f"cannot {'upgrade' if up else 'downgrade'} to {revision!r}: {exc}") from exc
+
+
+class MigrationError(VigilError):
+    """A migration Alembic refuses to make."""
 
 
 class DatabaseUnreachable(VigilError):

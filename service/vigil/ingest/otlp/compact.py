@@ -6,7 +6,10 @@ its length. Before a span is stored, a long string attribute equal to the same a
 span of the same conversation (in the same request, or one this process stored before) becomes
 ``{"$same": BASE}``, and one extending it (a JSON list with items appended)
 ``{"$ext": BASE, "n": CHARS, "rest": TAIL}``, BASE being that span's id and ``"t"`` its trace (span ids
-are unique only within a trace; ``""``: the referring span's own). :func:`expand` restores the values
+are unique only within a trace; ``""``: the referring span's own). An extension that starts with the
+items of another long list attribute of its base (the history resends the previous span's output first)
+names it instead of repeating it: ``{"$ext": BASE, "n": CHARS, "out": ATTRIBUTE, "rest": TAIL}`` is
+``base[:CHARS] + "," + output[1:-1] + TAIL``. :func:`expand` restores the values
 when the spans are read back (in start order, so a base comes first); a reference without ``"t"``
 (stored before references named their trace) means the latest earlier span of that id, as it did. A
 conversation's spans are deleted together, so a base outlives the spans referring to it.
@@ -42,6 +45,7 @@ def compact(spans: list[dict[str, Any]], last: Last | None = None) -> tuple[list
         attrs = span["attributes"]
         refs: dict[str, Any] = {}
         at = _key(span)
+        before = dict(last)  # the base's other values, before this span's own replace them
         sid, trace = span["span_id"], span.get("trace_id", "")
         extends = span.get(EXTENDS) or _NONE
         for k, v in attrs.items():
@@ -59,12 +63,22 @@ def compact(spans: list[dict[str, Any]], last: Last | None = None) -> tuple[list
                 last[k] = (at, sid, trace, pv)
             elif extends.get(k) is pv or (len(v) > n and v[n] == "," and pv.endswith("]") and v.startswith(pv[:-1])):
                 # parse found it extends this very string (see EXTENDS), or it does so here
-                refs[k] = {"$ext": base, "n": n, "rest": v[n:]}
+                refs[k] = _extension(before, k, base, base_trace, n, v[n:])
             else:
                 continue
             refs[k]["t"] = base_trace if base_trace != trace else ""
         out.append({**span, "attributes": {**attrs, **refs}} if refs else span)
     return out, last
+
+
+def _extension(before: Last, key: str, base: str, trace: str, n: int, rest: str) -> dict[str, Any]:
+    for other, (_, sid, t, value) in before.items():
+        if other == key or sid != base or t != trace or value[:1] != "[" or value[-1:] != "]":
+            continue
+        end = len(value) - 1  # "," then the output's items: rest[1:end]
+        if end > 1 and rest[end : end + 1] in (",", "]") and rest.startswith(value[1:-1], 1):
+            return {"$ext": base, "n": n, "out": other, "rest": rest[end:]}
+    return {"$ext": base, "n": n, "rest": rest}
 
 
 def referenced(span: dict[str, Any]) -> set[tuple[str, str]]:
@@ -97,6 +111,12 @@ def expand(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 base = (of or {}).get(k)
                 if "$same" in v:
                     full[k] = base
+                elif "$ext" in v and "out" in v:
+                    output = (of or {}).get(v["out"])
+                    if isinstance(base, str) and isinstance(output, str):
+                        full[k] = base[: v["n"]] + "," + output[1:-1] + v["rest"]
+                    else:
+                        full[k] = None
                 elif "$ext" in v:
                     full[k] = base[: v["n"]] + v["rest"] if isinstance(base, str) else None
                 if full[k] is None:

@@ -31,6 +31,7 @@ from vigil.ingest.otlp.compact import Last, compact, expand, referenced
 from vigil.ingest.otlp.conventions import session_and_user
 from vigil.ingest.otlp.models import OtelConversationRow, OtelEventRow, OtelSpanRow
 from vigil.ingest.otlp.otlp import EXTENDS, STORED_NS, valid_ids, valid_times
+from vigil.ingest.otlp.shared import SharedValues, purge_values, resolve, upsert_values
 from vigil.runtime import Runtime
 from vigil.schema import INCOMING, Conversation
 from vigil.store.db import among, aware
@@ -127,6 +128,7 @@ class TraceIngest:
         # trace id -> its conversation key, once known (it never changes): a trace sent over many requests
         # is not looked up in the span and event tables each time
         self._trace_keys: OrderedDict[str, str] = OrderedDict()
+        self._shared = SharedValues()
 
     # --- spans -----------------------------------------------------------------------------------
 
@@ -154,7 +156,8 @@ class TraceIngest:
         touched: dict[str, _Touched] = {}
         if kept:
             with self.rt.sessions.begin() as session:
-                touched, by_trace = self._store(session, kept, res)
+                touched, by_trace, shared = self._store(session, kept, res)
+            self._shared.stored(*shared)
             self._remember_keys(by_trace)
             for key, t in touched.items():  # stored for good: this process may now build on them
                 t.known = self._recall(key, t)
@@ -237,9 +240,9 @@ class TraceIngest:
 
     def _store(
         self, session: Session, spans: list[dict[str, Any]], res: IngestResult
-    ) -> tuple[dict[str, _Touched], dict[str, str]]:
-        """Store the spans; returns the conversations they touched and the conversation key of each trace
-        whose conversation is known."""
+    ) -> tuple[dict[str, _Touched], dict[str, str], tuple[dict[str, str], dict[str, str]]]:
+        """Store the spans; returns the conversations they touched, the conversation key of each trace
+        whose conversation is known, and what to tell ``SharedValues.stored`` once committed."""
         by_trace: dict[str, str] = {}
         for s in spans:
             cid = conversation_id_of(s)
@@ -290,7 +293,9 @@ class TraceIngest:
                 " (VIGIL_OTLP_MAX_SPANS_PER_CONVERSATION)"
             )
         if not rows:
-            return touched, by_trace
+            return touched, by_trace, ({}, {})
+        rows, upsert, firsts = self._shared.share(rows)
+        upsert_values(session, upsert, now)
         inserted = _insert_spans(session, rows, now)
         res.stored = len(inserted)
         if len(inserted) < len(rows):  # some were stored before: what refers to them must refer to that
@@ -304,7 +309,7 @@ class TraceIngest:
             t.total = totals.get(key, 0)
             # another replica stored spans of it meanwhile, or this request resent some: read them all
             t.fresh = t.fresh and t.stored == len(t.spans) == t.total
-        return touched, by_trace
+        return touched, by_trace, (upsert, firsts)
 
     def _count(
         self,
@@ -534,17 +539,13 @@ class TraceIngest:
         limit = self.rt.settings.otlp_max_spans_per_conversation
         with self.rt.sessions() as session:
             r = OtelSpanRow
-            spans = expand(
-                [
-                    _restored(*row)
-                    for row in session.execute(
-                        select(r.span, r.trace_id, r.span_id, r.parent_span_id, r.name, r.start_ns, r.end_ns)
-                        .where(r.conversation_key == key)
-                        .order_by(r.start_ns, r.id)
-                        .limit(limit)
-                    )
-                ]
+            rows = session.execute(
+                select(r.span, r.trace_id, r.span_id, r.parent_span_id, r.name, r.start_ns, r.end_ns)
+                .where(r.conversation_key == key)
+                .order_by(r.start_ns, r.id)
+                .limit(limit)
             )
+            spans = expand(resolve(session, [_restored(*row) for row in rows]))
             events = list(
                 session.scalars(
                     select(OtelEventRow.event)
@@ -626,6 +627,7 @@ class TraceIngest:
                 stray = cutoff - timedelta(hours=self.rt.settings.otlp_span_retention_hours)  # rows of no conversation
                 session.execute(delete(OtelSpanRow).where(OtelSpanRow.received_at < stray))
                 session.execute(delete(OtelEventRow).where(OtelEventRow.received_at < stray))
+                purge_values(session, stray)
         except Exception:  # purging is housekeeping; the next request tries again
             log.warning("purging old OTLP spans failed", exc_info=True)
 

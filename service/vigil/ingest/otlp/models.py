@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, Index, Integer, String, UniqueConstraint
+from sqlalchemy import BigInteger, Boolean, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from vigil.store.db import utcnow
@@ -83,3 +83,16 @@ class OtelEventRow(Base):
         Index("ix_otel_events_trace", "trace_id"),
         Index("ix_otel_events_received", "received_at"),
     )
+
+
+class OtelValueRow(Base):
+    """A long span attribute value that several conversations sent (their instructions, most often), stored
+    once under its digest; spans refer to it as ``{"$val": digest}`` (see :mod:`vigil.ingest.otlp.shared`)."""
+
+    __tablename__ = "otel_values"
+
+    digest: Mapped[str] = mapped_column(String(32), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    touched_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_otel_values_touched", "touched_at"),)
