@@ -181,3 +181,28 @@ def db_tables(conn: Any) -> list[str]:
     from sqlalchemy import inspect
 
     return list(inspect(conn).get_table_names())
+
+
+def test_values_an_exporter_sends_that_look_like_references_read_back_as_sent(rt: Runtime, db_url: str) -> None:
+    """A key-value list attribute shaped like Vigil's own references (``$val`` naming a stored value,
+    ``$same``, ``$ext``) is the exporter's data: read back after a restart, it is what was sent, and
+    it never pulls in another conversation's stored value."""
+    ingest = rt.get(TraceIngest)
+    ingest.ingest(_copy(_conversation(1)))
+    ingest.ingest(_copy(_conversation(2)))  # the instructions are now a stored value
+    odd = {
+        "gen_ai.tool.definitions": {"$val": shared.digest(INSTRUCTIONS)},
+        "app.same": {"$same": f"{301:016x}", "t": ""},
+        "app.ext": {"$ext": f"{301:016x}", "n": 1, "rest": "]"},
+        "app.lit": {"$lit": "x"},
+    }
+    spans = _conversation(3)
+    spans[0]["attributes"].update(odd)
+    ingest.ingest(_copy(spans))
+    other = _runtime(db_url)
+    try:
+        read = {s["span_id"]: s for s in other.get(TraceIngest)._load("conv-3")[0]}
+    finally:
+        other.close()
+    assert read[spans[0]["span_id"]]["attributes"] == spans[0]["attributes"]
+    assert {k: read[spans[0]["span_id"]]["attributes"][k] for k in odd} == odd

@@ -9,10 +9,12 @@ span of the same conversation (in the same request, or one this process stored b
 are unique only within a trace; ``""``: the referring span's own). An extension that starts with the
 items of another long list attribute of its base (the history resends the previous span's output first)
 names it instead of repeating it: ``{"$ext": BASE, "n": CHARS, "out": ATTRIBUTE, "rest": TAIL}`` is
-``base[:CHARS] + "," + output[1:-1] + TAIL``. :func:`expand` restores the values
-when the spans are read back (in start order, so a base comes first); a reference without ``"t"``
-(stored before references named their trace) means the latest earlier span of that id, as it did. A
-conversation's spans are deleted together, so a base outlives the spans referring to it.
+``base[:CHARS] + "," + output[1:-1] + TAIL``. A value the exporter sent that looks like a reference (a
+key-value list with a ``$`` key those use) is stored as ``{"$lit": VALUE}``, so it reads back as sent.
+:func:`expand` restores the values when the spans are read back (in start order, so a base comes
+first); a reference without ``"t"`` (stored before references named their trace) means the latest
+earlier span of that id, as it did. A conversation's spans are deleted together, so a base outlives the
+spans referring to it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from vigil.ingest.otlp.otlp import EXTENDS
 
 MIN_CHARS = 256  # shorter values are not worth a reference
+MARKERS = frozenset(("$same", "$ext", "$val", "$lit"))
 _NONE: dict[str, str] = {}
 
 
@@ -49,6 +52,9 @@ def compact(spans: list[dict[str, Any]], last: Last | None = None) -> tuple[list
         sid, trace = span["span_id"], span.get("trace_id", "")
         extends = span.get(EXTENDS) or _NONE
         for k, v in attrs.items():
+            if v.__class__ is dict and not MARKERS.isdisjoint(v):
+                refs[k] = {"$lit": v}  # sent so: not to be read as a reference
+                continue
             if not isinstance(v, str) or len(v) < MIN_CHARS:
                 continue
             prev = last.get(k)
@@ -100,10 +106,13 @@ def expand(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for span in sorted(spans, key=_key):
         attrs = span["attributes"]
-        if any(isinstance(v, dict) and ("$same" in v or "$ext" in v) for v in attrs.values()):
+        if any(isinstance(v, dict) and ("$same" in v or "$ext" in v or "$lit" in v) for v in attrs.values()):
             full = dict(attrs)
             for k, v in attrs.items():
                 if not isinstance(v, dict):
+                    continue
+                if "$lit" in v:
+                    full[k] = v["$lit"]
                     continue
                 sid = v.get("$same") or v.get("$ext") or ""
                 # "t": by trace and span id; none (stored before): the latest earlier span of that id

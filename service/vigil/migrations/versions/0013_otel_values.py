@@ -1,8 +1,9 @@
 """ingest stage (OTLP): long attribute values that several conversations send (their instructions), stored
 once under their digest instead of in each conversation's spans (``{"$val": DIGEST}``); from this revision
 on, a span's history may also name the previous span's output instead of repeating it (``"out"`` in an
-``$ext`` reference). Releases before it read neither: downgrading writes the spans of every conversation
-holding one back whole.
+``$ext`` reference), and a value the exporter sent that looks like a reference is kept as ``{"$lit": VALUE}``.
+Releases before it read none of these: downgrading writes the spans of every conversation holding one
+back whole.
 
 Revision ID: 0013_otel_values
 Revises: 0012_drop_search_trgm
@@ -40,7 +41,7 @@ def downgrade() -> None:
     newer: set[str] = set()  # conversations with a span the older releases cannot read
     for key, stored in bind.execute(sa.text("SELECT conversation_key, span FROM otel_spans")).all():
         text = stored if isinstance(stored, str) else bytes(stored).decode()
-        if '"$val"' in text or '"out"' in text:
+        if '"$val"' in text or '"out"' in text or '"$lit"' in text:
             newer.add(key)
     update = sa.text("UPDATE otel_spans SET span = :span WHERE id = :id")
     columns = "id, trace_id, span_id, start_ns, end_ns, span"
