@@ -206,3 +206,20 @@ def test_values_an_exporter_sends_that_look_like_references_read_back_as_sent(rt
         other.close()
     assert read[spans[0]["span_id"]]["attributes"] == spans[0]["attributes"]
     assert {k: read[spans[0]["span_id"]]["attributes"][k] for k in odd} == odd
+
+
+def test_a_shared_value_holding_nul_stays_in_the_spans(rt: Runtime, db_url: str) -> None:
+    """Postgres text cannot hold NUL: such a value stays escaped in each span's JSON, and its requests are
+    stored, not refused and retried without end."""
+    odd = POLICY + "\x00 end"  # plain text, as some instrumentations send instructions
+    ingest = rt.get(TraceIngest)
+    for n in (1, 2):
+        assert ingest.ingest(_copy(_conversation(n, instructions=odd))).stored == 3
+    with rt.sessions() as s:
+        assert s.scalar(select(text("count(*)")).select_from(OtelValueRow.__table__)) == 0
+    other = _runtime(db_url)
+    try:
+        read = other.get(TraceIngest)._load("conv-2")[0]
+    finally:
+        other.close()
+    assert {s["attributes"].get("gen_ai.system_instructions") for s in read} - {None} == {odd}

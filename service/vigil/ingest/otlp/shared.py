@@ -66,8 +66,8 @@ class SharedValues:
                 attrs = span["attributes"]
                 refs: dict[str, Any] | None = None
                 for k, v in attrs.items():
-                    if v.__class__ is not str or len(v) < SHARE_MIN_CHARS:
-                        continue
+                    if v.__class__ is not str or len(v) < SHARE_MIN_CHARS or "\x00" in v:
+                        continue  # short, or text Postgres cannot hold (NUL): escaped in the span's JSON
                     d = digest(v)
                     entry = known.get(d)
                     if entry is not None:
