@@ -223,3 +223,59 @@ def test_a_shared_value_holding_nul_stays_in_the_spans(rt: Runtime, db_url: str)
     finally:
         other.close()
     assert {s["attributes"].get("gen_ai.system_instructions") for s in read} - {None} == {odd}
+
+
+def test_a_resent_span_rewritten_whole_keeps_reference_shaped_values_as_sent(rt: Runtime, db_url: str) -> None:
+    """An exporter resends a stored span beside a new one that refers to it: the new span is written whole
+    (``_unrefer``), and its reference-shaped values stay the exporter's, not Vigil's references."""
+    ingest = rt.get(TraceIngest)
+    ingest.ingest(_copy(_conversation(1)))
+    ingest.ingest(_copy(_conversation(2)))  # the instructions are now a stored value
+    first, second, root = _conversation(3)
+    odd = {"app.doc": {"$val": shared.digest(INSTRUCTIONS)}, "app.same": {"$same": first["span_id"], "t": ""}}
+    second["attributes"].update(odd)
+    ingest.ingest(_copy([first]))
+    ingest.ingest(_copy([first, second, root]))  # a retry after a time-out resends the first
+    other = _runtime(db_url)
+    try:
+        read = {s["span_id"]: s for s in other.get(TraceIngest)._load("conv-3")[0]}
+    finally:
+        other.close()
+    assert read[second["span_id"]]["attributes"] == second["attributes"]
+
+
+def test_reference_shaped_values_stored_before_the_upgrade_read_back_as_sent(db_url: str) -> None:
+    """Rows an earlier release stored hold exporter values such as ``{"$val": ...}`` as they came; revision
+    0013 keeps them as the exporter's, so they are not read as references to stored values."""
+    db.upgrade(db_url, "0012_drop_search_trgm")
+    span = _conversation(1)[0]
+    span["attributes"].update({"app.lit": {"$lit": "x", "n": 1}, "app.val": {"$val": shared.digest(INSTRUCTIONS)}})
+    stored = {k: v for k, v in span.items() if k not in ("trace_id", "span_id", "parent_span_id", "start_ns", "end_ns")}
+    engine = db.make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO otel_spans (conversation_key, trace_id, span_id, parent_span_id, name, start_ns, "
+                    "end_ns, span, received_at) VALUES ('conv-1', :t, :s, :p, :n, :a, :b, :j, CURRENT_TIMESTAMP)"
+                ),
+                {
+                    "t": span["trace_id"],
+                    "s": span["span_id"],
+                    "p": span["parent_span_id"],
+                    "n": span["name"],
+                    "a": span["start_ns"],
+                    "b": span["end_ns"],
+                    "j": orjson.dumps(stored).decode(),
+                },
+            )
+    finally:
+        engine.dispose()
+    runtime = _runtime(db_url)  # migrates to the head on start
+    try:
+        runtime.get(TraceIngest).ingest(_copy(_conversation(2)))  # and the instructions become a stored value
+        runtime.get(TraceIngest).ingest(_copy(_conversation(3)))
+        read = runtime.get(TraceIngest)._load("conv-1")[0]
+    finally:
+        runtime.close()
+    assert read == [span]

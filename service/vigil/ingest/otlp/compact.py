@@ -28,6 +28,19 @@ MARKERS = frozenset(("$same", "$ext", "$val", "$lit"))
 _NONE: dict[str, str] = {}
 
 
+def literal(span: dict[str, Any]) -> dict[str, Any]:
+    """The span with each value the exporter sent that looks like a reference kept as ``{"$lit": value}``:
+    what :func:`compact` does, for a span stored whole."""
+    attrs = span["attributes"]
+    if not any(v.__class__ is dict and not MARKERS.isdisjoint(v) for v in attrs.values()):
+        return span
+    return {**span, "attributes": {k: _literal(v) for k, v in attrs.items()}}
+
+
+def _literal(v: Any) -> Any:
+    return {"$lit": v} if v.__class__ is dict and not MARKERS.isdisjoint(v) else v
+
+
 def _key(span: dict[str, Any]) -> tuple[int, int, str]:
     return (span["start_ns"], span["end_ns"], span["span_id"])
 

@@ -27,7 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from vigil.ingest.otlp.assemble import assemble, conversation_id_of, is_relevant
-from vigil.ingest.otlp.compact import Last, compact, expand, referenced
+from vigil.ingest.otlp.compact import Last, compact, expand, literal, referenced
 from vigil.ingest.otlp.conventions import session_and_user
 from vigil.ingest.otlp.models import OtelConversationRow, OtelEventRow, OtelSpanRow
 from vigil.ingest.otlp.otlp import EXTENDS, STORED_NS, valid_ids, valid_times
@@ -748,7 +748,7 @@ def _unrefer(
             session.execute(
                 update(OtelSpanRow)
                 .where(OtelSpanRow.trace_id == ids[0], OtelSpanRow.span_id == ids[1])
-                .values(span=_stored_part(originals[ids]))
+                .values(span=_stored_part(literal(originals[ids])))
             )
 
 

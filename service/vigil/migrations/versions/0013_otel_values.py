@@ -20,6 +20,17 @@ branch_labels = None
 depends_on = None
 
 
+# spans whose JSON may hold what this revision reads as a reference (a cheap filter: text can match too)
+_NEW_MARKERS = ('%"$val"%', '%"$lit"%')
+_DOWNGRADED = (*_NEW_MARKERS, '%"out"%')
+
+
+def _filtered(select: str, patterns: tuple[str, ...]) -> sa.TextClause:
+    # CAST: SQLite holds span JSON as a BLOB (the bytes orjson wrote), which LIKE does not match
+    where = " OR ".join(f"CAST(span AS TEXT) LIKE :p{i}" for i in range(len(patterns)))
+    return sa.text(f"{select} WHERE {where}").bindparams(**{f"p{i}": p for i, p in enumerate(patterns)})
+
+
 def upgrade() -> None:
     op.create_table(
         "otel_values",
@@ -29,6 +40,19 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("digest"),
     )
     op.create_index("ix_otel_values_touched", "otel_values", ["touched_at"], unique=False)
+    # a value an exporter sent shaped like {"$val": ...} or {"$lit": ...}, stored by an earlier release as
+    # it came, is the exporter's: kept as {"$lit": value} so it is not read as a reference from now on
+    import orjson
+
+    bind = op.get_bind()
+    update = sa.text("UPDATE otel_spans SET span = :span WHERE id = :id")
+    for row_id, stored in bind.execute(_filtered("SELECT id, span FROM otel_spans", _NEW_MARKERS)).all():
+        span = orjson.loads(stored)
+        attrs = span.get("attributes") or {}
+        odd = {k for k, v in attrs.items() if isinstance(v, dict) and ("$val" in v or "$lit" in v)}
+        if odd:
+            span["attributes"] = {k: {"$lit": v} if k in odd else v for k, v in attrs.items()}
+            bind.execute(update, {"span": orjson.dumps(span).decode(), "id": row_id})
 
 
 def downgrade() -> None:
@@ -38,14 +62,11 @@ def downgrade() -> None:
 
     bind = op.get_bind()
     values: dict[str, str] = {d: v for d, v in bind.execute(sa.text("SELECT digest, value FROM otel_values"))}
-    newer: set[str] = set()  # conversations with a span the older releases cannot read
-    for key, stored in bind.execute(sa.text("SELECT conversation_key, span FROM otel_spans")).all():
-        text = stored if isinstance(stored, str) else bytes(stored).decode()
-        if '"$val"' in text or '"out"' in text or '"$lit"' in text:
-            newer.add(key)
+    # the conversations holding a span the older releases cannot read: their keys only, not their spans
+    newer = bind.execute(_filtered("SELECT DISTINCT conversation_key FROM otel_spans", _DOWNGRADED)).scalars().all()
     update = sa.text("UPDATE otel_spans SET span = :span WHERE id = :id")
     columns = "id, trace_id, span_id, start_ns, end_ns, span"
-    for key in sorted(newer):
+    for key in newer:
         rows = bind.execute(
             sa.text(f"SELECT {columns} FROM otel_spans WHERE conversation_key = :key ORDER BY start_ns, id"),
             {"key": key},
