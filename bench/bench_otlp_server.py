@@ -131,33 +131,6 @@ def _finished(url: str) -> int:
         engine.dispose()
 
 
-def _run(
-    way: str, warm: list[bytes], bodies: list[bytes], url: str, backends: Any, n: int
-) -> tuple[float, float, float]:
-    """User and system CPU-seconds the server spent on ``bodies`` (after ``warm``, not counted), and those of
-    the Postgres backends serving it."""
-    path, ctype = WAYS[way]
-    headers = {**KEY, "content-type": ctype}
-    child, client = _serve(url)
-    try:
-        for body in warm:  # imports, compiled statements and rule caches of a fresh process
-            assert client.post(path, content=body, headers=headers).status_code < 300
-        user0, sys0 = _cpu(child.pid)
-        pg0 = backends()
-        for body in bodies:
-            r = client.post(path, content=body, headers=headers)
-            assert r.status_code < 300, r.text[:300]
-        user1, sys1 = _cpu(child.pid)
-        pg = pg_delta(pg0, backends())
-    finally:
-        client.close()
-        child.terminate()
-        child.wait(30)
-    finished = _finished(url)  # the warm-up's and the measured conversations, each finished once
-    assert finished == n + WARM, f"{way}: {finished} of {n + WARM} conversations finished"
-    return user1 - user0, sys1 - sys0, pg
-
-
 REVISIONS: dict[str, list[float]] = {}  # OTLP revisions through the pipeline per conversation, per round
 
 
@@ -173,12 +146,13 @@ def _revisions(client: httpx.Client) -> float:
 def _lockstep(
     warm: dict[str, list[bytes]], bodies: dict[str, list[bytes]], urls: dict[str, tuple[str, Any]], n: int
 ) -> dict[str, tuple[float, float, float]]:
-    """What :func:`_run` measures, for the three ways at once: one server each, requests sent in turn."""
+    """User and system CPU-seconds each way's server spent on its ``bodies`` (after its ``warm``, not
+    counted), and those of the Postgres backends serving it: one server a way, requests sent in turn."""
     served = {way: _serve(urls[way][0]) for way in bodies}
     try:
         for way, (_, client) in served.items():
             path, ctype = WAYS[way]
-            for body in warm[way]:
+            for body in warm[way]:  # imports, compiled statements and rule caches of a fresh process
                 assert client.post(path, content=body, headers={**KEY, "content-type": ctype}).status_code < 300
         before = {way: (_cpu(child.pid), urls[way][1]()) for way, (child, _) in served.items()}
         sent = dict.fromkeys(bodies, 0)
@@ -204,7 +178,7 @@ def _lockstep(
             child.terminate()
         for child, _ in served.values():
             child.wait(30)
-    for way in bodies:
+    for way in bodies:  # the warm-up's and the measured conversations, each finished once
         finished = _finished(urls[way][0])
         assert finished == n + WARM, f"{way}: {finished} of {n + WARM} conversations finished"
     return used
@@ -222,6 +196,7 @@ def compare(copies: int, rounds: int, db: str = "sqlite", lockstep: bool = True)
     del convs, warm_convs
     used: dict[str, list[tuple[float, float, float]]] = {w: [] for w in WAYS}
     ways = list(WAYS)
+    REVISIONS.clear()
     with tempfile.TemporaryDirectory() as d:
         for r in range(rounds):
             if lockstep:
@@ -231,8 +206,8 @@ def compare(copies: int, rounds: int, db: str = "sqlite", lockstep: bool = True)
                         used[way].append(run)
                 continue
             for way in ways[r % 3 :] + ways[: r % 3]:
-                with _database(db, Path(d), f"{way}-{r}") as (url, backends):
-                    used[way].append(_run(way, warm[way], bodies[way], url, backends, n))
+                with _database(db, Path(d), f"{way}-{r}") as url:
+                    used[way].append(_lockstep(warm, {way: bodies[way]}, {way: url}, n)[way])
     print(
         f"OTLP against native ingest on {db}, {n:,} τ² conversations, CPU-seconds per 1,000 of the server process"
         f"{' and its Postgres backends' if db == 'postgres' else ''} (median of {rounds} rounds; ratio: median of "

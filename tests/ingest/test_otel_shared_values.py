@@ -279,3 +279,24 @@ def test_reference_shaped_values_stored_before_the_upgrade_read_back_as_sent(db_
     finally:
         runtime.close()
     assert read == [span]
+
+
+def test_a_stream_of_one_off_long_values_does_not_push_a_shared_value_out(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every long output is a value only one conversation sends: however many pass, the instructions
+    every conversation shares stay known as stored, so the next conversation refers to them."""
+    monkeypatch.setattr(shared, "FIRST_DIGESTS", 4)
+    ingest = rt.get(TraceIngest)
+    ingest.ingest(_copy(_conversation(1)))
+    ingest.ingest(_copy(_conversation(2)))  # the instructions are now a stored value
+    for n in range(3, 9):  # one-off long values, more than FIRST_DIGESTS
+        spans = _conversation(n, instructions=orjson.dumps([{"type": "text", "content": f"{n}: {POLICY}"}]).decode())
+        ingest.ingest(_copy(spans))
+    ingest.ingest(_copy(_conversation(9)))
+    with rt.sessions() as s:
+        rows = [
+            orjson.dumps(span).decode()
+            for span in s.scalars(select(OtelSpanRow.span).where(OtelSpanRow.conversation_key == "conv-9"))
+        ]
+    assert sum('"$val"' in row for row in rows) == 1 and not any("Rule 7: refunds over $70" in row for row in rows)

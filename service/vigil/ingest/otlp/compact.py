@@ -28,17 +28,17 @@ MARKERS = frozenset(("$same", "$ext", "$val", "$lit"))
 _NONE: dict[str, str] = {}
 
 
+def _looks_like_ref(v: Any) -> bool:
+    return v.__class__ is dict and not MARKERS.isdisjoint(v)
+
+
 def literal(span: dict[str, Any]) -> dict[str, Any]:
     """The span with each value the exporter sent that looks like a reference kept as ``{"$lit": value}``:
     what :func:`compact` does, for a span stored whole."""
     attrs = span["attributes"]
-    if not any(v.__class__ is dict and not MARKERS.isdisjoint(v) for v in attrs.values()):
+    if not any(_looks_like_ref(v) for v in attrs.values()):
         return span
-    return {**span, "attributes": {k: _literal(v) for k, v in attrs.items()}}
-
-
-def _literal(v: Any) -> Any:
-    return {"$lit": v} if v.__class__ is dict and not MARKERS.isdisjoint(v) else v
+    return {**span, "attributes": {k: {"$lit": v} if _looks_like_ref(v) else v for k, v in attrs.items()}}
 
 
 def _key(span: dict[str, Any]) -> tuple[int, int, str]:
@@ -65,7 +65,7 @@ def compact(spans: list[dict[str, Any]], last: Last | None = None) -> tuple[list
         sid, trace = span["span_id"], span.get("trace_id", "")
         extends = span.get(EXTENDS) or _NONE
         for k, v in attrs.items():
-            if v.__class__ is dict and not MARKERS.isdisjoint(v):
+            if _looks_like_ref(v):
                 refs[k] = {"$lit": v}  # sent so: not to be read as a reference
                 continue
             if not isinstance(v, str) or len(v) < MIN_CHARS:

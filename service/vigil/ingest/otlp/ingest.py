@@ -31,7 +31,7 @@ from vigil.ingest.otlp.compact import Last, compact, expand, literal, referenced
 from vigil.ingest.otlp.conventions import session_and_user
 from vigil.ingest.otlp.models import OtelConversationRow, OtelEventRow, OtelSpanRow
 from vigil.ingest.otlp.otlp import EXTENDS, STORED_NS, valid_ids, valid_times
-from vigil.ingest.otlp.shared import SharedValues, purge_values, resolve, upsert_values
+from vigil.ingest.otlp.shared import SharedValues, purge_values, resolve
 from vigil.runtime import Runtime
 from vigil.schema import INCOMING, Conversation
 from vigil.store.db import among, aware
@@ -156,8 +156,7 @@ class TraceIngest:
         touched: dict[str, _Touched] = {}
         if kept:
             with self.rt.sessions.begin() as session:
-                touched, by_trace, shared = self._store(session, kept, res)
-            self._shared.stored(*shared)
+                touched, by_trace = self._store(session, kept, res)
             self._remember_keys(by_trace)
             for key, t in touched.items():  # stored for good: this process may now build on them
                 t.known = self._recall(key, t)
@@ -240,9 +239,9 @@ class TraceIngest:
 
     def _store(
         self, session: Session, spans: list[dict[str, Any]], res: IngestResult
-    ) -> tuple[dict[str, _Touched], dict[str, str], tuple[dict[str, str], dict[str, str]]]:
-        """Store the spans; returns the conversations they touched, the conversation key of each trace
-        whose conversation is known, and what to tell ``SharedValues.stored`` once committed."""
+    ) -> tuple[dict[str, _Touched], dict[str, str]]:
+        """Store the spans; returns the conversations they touched and the conversation key of each trace
+        whose conversation is known."""
         by_trace: dict[str, str] = {}
         for s in spans:
             cid = conversation_id_of(s)
@@ -293,9 +292,8 @@ class TraceIngest:
                 " (VIGIL_OTLP_MAX_SPANS_PER_CONVERSATION)"
             )
         if not rows:
-            return touched, by_trace, ({}, {})
-        rows, upsert, firsts = self._shared.share(rows)
-        upsert_values(session, upsert, now)
+            return touched, by_trace
+        rows = self._shared.share(session, rows, now)
         inserted = _insert_spans(session, rows, now)
         res.stored = len(inserted)
         if len(inserted) < len(rows):  # some were stored before: what refers to them must refer to that
@@ -309,7 +307,7 @@ class TraceIngest:
             t.total = totals.get(key, 0)
             # another replica stored spans of it meanwhile, or this request resent some: read them all
             t.fresh = t.fresh and t.stored == len(t.spans) == t.total
-        return touched, by_trace, (upsert, firsts)
+        return touched, by_trace
 
     def _count(
         self,

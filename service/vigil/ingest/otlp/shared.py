@@ -27,11 +27,12 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from vigil.ingest.otlp.models import OtelValueRow
-from vigil.store.db import among
+from vigil.store.db import after_commit, among, upsert
 
 SHARE_MIN_CHARS = 1024  # shorter values cost less inline than a row and a look-up
 TOUCH_EVERY_SECONDS = 3600.0
-KNOWN_DIGESTS = 8192  # values a process remembers: distinct prompts and schemas, not conversations
+STORED_DIGESTS = 8192  # values a process stored: distinct prompts and schemas, not conversations
+FIRST_DIGESTS = 65536  # values one conversation sent so far: every long output is one, so these churn
 
 Rows = list[tuple[str, dict[str, Any]]]
 
@@ -45,23 +46,24 @@ def is_ref(v: Any) -> bool:
 
 
 class SharedValues:
-    """What a process knows of long values: for each digest, the conversation that first sent it (while
-    only one has) and when this process last upserted it (``None``: never)."""
+    """What a process knows of long values: those it stored, with when it last upserted each, and apart
+    from them (so their churn never pushes a prompt out) those only one conversation has sent so far, with
+    that conversation."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._known: OrderedDict[str, tuple[str, float | None]] = OrderedDict()
+        self._stored: OrderedDict[str, float] = OrderedDict()
+        self._firsts: OrderedDict[str, str] = OrderedDict()
 
-    def share(self, rows: Rows) -> tuple[Rows, dict[str, str], dict[str, str]]:
-        """``rows`` (conversation key, compacted span) with each long value that another conversation
-        sent too replaced by its reference; the values to upsert with them (digest -> value); and the
-        digests first seen here (digest -> conversation key). Call :meth:`stored` once they are committed."""
+    def share(self, session: Session, rows: Rows, now: datetime) -> Rows:
+        """``rows`` (conversation key, compacted span) with each long value that another conversation sent
+        too replaced by its reference, the values upserted in ``session``; what was stored is remembered
+        once it commits."""
         out: Rows = []
-        upsert: dict[str, str] = {}
+        values: dict[str, str] = {}
         firsts: dict[str, str] = {}
-        now = time.monotonic()
+        clock = time.monotonic()
         with self._lock:
-            known = self._known
             for key, span in rows:
                 attrs = span["attributes"]
                 refs: dict[str, Any] | None = None
@@ -69,51 +71,41 @@ class SharedValues:
                     if v.__class__ is not str or len(v) < SHARE_MIN_CHARS or "\x00" in v:
                         continue  # short, or text Postgres cannot hold (NUL): escaped in the span's JSON
                     d = digest(v)
-                    entry = known.get(d)
-                    if entry is not None:
-                        known.move_to_end(d)
-                        first, touched = entry
+                    touched = self._stored.get(d)
+                    if touched is None:
+                        if (self._firsts.get(d) or firsts.setdefault(d, key)) == key:
+                            continue  # only this conversation has sent it so far: it stays in the span
                     else:
-                        first, touched = firsts.setdefault(d, key), None
-                    if touched is None and first == key:
-                        continue  # only this conversation has sent it so far: it stays in the span
-                    if touched is None or now - touched > TOUCH_EVERY_SECONDS:
-                        upsert[d] = v
+                        self._stored.move_to_end(d)
+                    if touched is None or clock - touched > TOUCH_EVERY_SECONDS:
+                        values[d] = v
                     if refs is None:
                         refs = {}
                     refs[k] = {"$val": d}
                 out.append((key, {**span, "attributes": {**attrs, **refs}}) if refs else (key, span))
-        return out, upsert, firsts
+        if values:  # in digest order: one lock order for every replica
+            stmt = upsert(session, OtelValueRow.__table__)
+            session.execute(
+                stmt.on_conflict_do_update(index_elements=["digest"], set_={"touched_at": stmt.excluded.touched_at}),
+                [{"digest": d, "value": values[d], "touched_at": now} for d in sorted(values)],
+            )
+        if values or firsts:
+            after_commit(session, lambda: self._remember(values, firsts))
+        return out
 
-    def stored(self, upserted: dict[str, str], firsts: dict[str, str]) -> None:
-        """Remember what a committed transaction stored."""
-        now = time.monotonic()
+    def _remember(self, stored: dict[str, str], firsts: dict[str, str]) -> None:
+        clock = time.monotonic()
         with self._lock:
-            known = self._known
             for d, key in firsts.items():
-                if d not in known:
-                    known[d] = (key, None)
-            for d in upserted:
-                known[d] = ("", now)
-                known.move_to_end(d)
-            while len(known) > KNOWN_DIGESTS:
-                known.popitem(last=False)
-
-
-def upsert_values(session: Session, values: dict[str, str], now: datetime) -> None:
-    """Store each value (new) or mark it used now (stored before), in digest order: one lock order for
-    every replica."""
-    if not values:
-        return
-    from sqlalchemy.dialects import postgresql, sqlite
-
-    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    table = OtelValueRow.__table__
-    stmt = dialect.insert(table)
-    session.execute(
-        stmt.on_conflict_do_update(index_elements=["digest"], set_={"touched_at": stmt.excluded.touched_at}),
-        [{"digest": d, "value": values[d], "touched_at": now} for d in sorted(values)],
-    )
+                if d not in stored:
+                    self._firsts.setdefault(d, key)
+            for d in stored:
+                self._stored[d] = clock
+                self._stored.move_to_end(d)
+                self._firsts.pop(d, None)
+            for known, bound in ((self._stored, STORED_DIGESTS), (self._firsts, FIRST_DIGESTS)):
+                while len(known) > bound:
+                    known.popitem(last=False)
 
 
 def resolve(session: Session, spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
