@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import os
 import resource
 import statistics
@@ -68,8 +69,10 @@ def _kv(key: str, value: Any) -> KeyValue:
 
 def trace_spans(conv: dict[str, Any], n: int) -> list[Span]:
     """The spans an instrumented agent emits for ``conv``: a chat span per model turn, the root last."""
-    trace_id = n.to_bytes(16, "big")
-    root_id = (n * 1000).to_bytes(8, "big")
+    # random-looking ids, as SDKs make them (W3C trace context): ids in order would keep each index on them
+    # appended at its end, which no exporter's traffic does
+    ids = hashlib.blake2b(n.to_bytes(8, "big"), digest_size=24).digest()
+    trace_id, root_id = ids[:16], ids[16:]
     msgs = conv["messages"]
     system = [{"type": "text", "content": m["content"]} for m in msgs if m["role"] == "system"]
     history = [m for m in msgs if m["role"] != "system"]
@@ -93,7 +96,7 @@ def trace_spans(conv: dict[str, Any], n: int) -> list[Span]:
         spans.append(
             Span(
                 trace_id=trace_id,
-                span_id=(n * 1000 + len(spans) + 1).to_bytes(8, "big"),
+                span_id=hashlib.blake2b(ids + len(spans).to_bytes(4, "big"), digest_size=8).digest(),
                 parent_span_id=root_id,
                 name="chat gpt-4.1",
                 kind=Span.SPAN_KIND_CLIENT,

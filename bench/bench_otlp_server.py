@@ -19,6 +19,10 @@ the requests go to them in turn, whichever way is least far through its requests
 speed, which on a shared VM drifts by ±15% within a minute, is then the same for all three ways, and the
 ratio compares their work, not the minutes they ran in. ``--sequential`` runs the ways one after the
 other, each round in another order (how figures before 5 December 2026 were measured).
+
+``--against DIR`` also serves each OTLP way from another checkout's ``DIR/service`` (the tree before a
+change, say), in the same lockstep: both trees' ratios come from the same minutes, and the benchmark
+prints, per round, this tree's cost over the other's, which spreads far less than either ratio does.
 """
 
 from __future__ import annotations
@@ -101,9 +105,13 @@ def _database(kind: str, tmp: Path, label: str) -> Iterator[tuple[str, Any]]:
         admin.close()
 
 
-def _serve(url: str) -> tuple[subprocess.Popen[bytes], httpx.Client]:
+def _serve(url: str, tree: Path | None = None) -> tuple[subprocess.Popen[bytes], httpx.Client]:
+    """A Vigil server on ``url``'s database, from this checkout or from ``tree``'s ``service/``."""
     port = _free_port()
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, url, str(port)])
+    env = None
+    if tree is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "service"), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, url, str(port)], env=env)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
     deadline = time.monotonic() + 120
     while True:
@@ -143,15 +151,22 @@ def _revisions(client: httpx.Client) -> float:
     return 0.0
 
 
+AGAINST = "@"  # a way served from the other tree: "otlp@", "otlp-interleaved@"
+
+
 def _lockstep(
-    warm: dict[str, list[bytes]], bodies: dict[str, list[bytes]], urls: dict[str, tuple[str, Any]], n: int
+    warm: dict[str, list[bytes]],
+    bodies: dict[str, list[bytes]],
+    urls: dict[str, tuple[str, Any]],
+    n: int,
+    against: Path | None = None,
 ) -> dict[str, tuple[float, float, float]]:
     """User and system CPU-seconds each way's server spent on its ``bodies`` (after its ``warm``, not
     counted), and those of the Postgres backends serving it: one server a way, requests sent in turn."""
-    served = {way: _serve(urls[way][0]) for way in bodies}
+    served = {way: _serve(urls[way][0], against if way.endswith(AGAINST) else None) for way in bodies}
     try:
         for way, (_, client) in served.items():
-            path, ctype = WAYS[way]
+            path, ctype = WAYS[way.rstrip(AGAINST)]
             for body in warm[way]:  # imports, compiled statements and rule caches of a fresh process
                 assert client.post(path, content=body, headers={**KEY, "content-type": ctype}).status_code < 300
         before = {way: (_cpu(child.pid), urls[way][1]()) for way, (child, _) in served.items()}
@@ -161,7 +176,7 @@ def _lockstep(
             if not left:
                 break
             way = min(left, key=lambda w: (sent[w] + 1) / len(bodies[w]))
-            path, ctype = WAYS[way]
+            path, ctype = WAYS[way.rstrip(AGAINST)]
             r = served[way][1].post(path, content=bodies[way][sent[way]], headers={**KEY, "content-type": ctype})
             assert r.status_code < 300, r.text[:300]
             sent[way] += 1
@@ -184,7 +199,9 @@ def _lockstep(
     return used
 
 
-def compare(copies: int, rounds: int, db: str = "sqlite", lockstep: bool = True) -> dict[str, float]:
+def compare(
+    copies: int, rounds: int, db: str = "sqlite", lockstep: bool = True, against: Path | None = None
+) -> dict[str, float]:
     convs = conversations(copies)
     n = len(convs)
     bodies = {"native": native_bodies(convs), "otlp": whole_traces(convs), "otlp-interleaved": interleaved(convs)}
@@ -194,24 +211,30 @@ def compare(copies: int, rounds: int, db: str = "sqlite", lockstep: bool = True)
     warm = {"native": native_bodies(warm_convs), "otlp": whole_traces(warm_convs, first=WARM_IDS)}
     warm["otlp-interleaved"] = interleaved(warm_convs, first=WARM_IDS + INTERLEAVED_IDS)
     del convs, warm_convs
-    used: dict[str, list[tuple[float, float, float]]] = {w: [] for w in WAYS}
     ways = list(WAYS)
+    if against is not None:
+        for way in WAYS:
+            if way != "native":
+                bodies[way + AGAINST], warm[way + AGAINST] = bodies[way], warm[way]
+                ways.append(way + AGAINST)
+    used: dict[str, list[tuple[float, float, float]]] = {w: [] for w in ways}
     REVISIONS.clear()
     with tempfile.TemporaryDirectory() as d:
         for r in range(rounds):
             if lockstep:
                 with ExitStack() as stack:
                     urls = {way: stack.enter_context(_database(db, Path(d), f"{way}-{r}")) for way in ways}
-                    for way, run in _lockstep(warm, bodies, urls, n).items():
+                    for way, run in _lockstep(warm, bodies, urls, n, against).items():
                         used[way].append(run)
                 continue
-            for way in ways[r % 3 :] + ways[: r % 3]:
+            for way in ways[r % len(ways) :] + ways[: r % len(ways)]:
                 with _database(db, Path(d), f"{way}-{r}") as url:
-                    used[way].append(_lockstep(warm, {way: bodies[way]}, {way: url}, n)[way])
+                    used[way].append(_lockstep(warm, {way: bodies[way]}, {way: url}, n, against)[way])
     print(
         f"OTLP against native ingest on {db}, {n:,} τ² conversations, CPU-seconds per 1,000 of the server process"
         f"{' and its Postgres backends' if db == 'postgres' else ''} (median of {rounds} rounds; ratio: median of "
-        f"each round's ratio to native; {'the three ways in lockstep' if lockstep else 'one way after another'})"
+        f"each round's ratio to native; {'the ways in lockstep' if lockstep else 'one way after another'})"
+        + (f"; ways ending in {AGAINST} served from {against}" if against is not None else "")
     )
     native = [sum(run) for run in used["native"]]
     out: dict[str, float] = {}
@@ -232,6 +255,14 @@ def compare(copies: int, rounds: int, db: str = "sqlite", lockstep: bool = True)
             )
             + (f"; {statistics.median(REVISIONS[way]):.2f} revisions a conversation" if way in REVISIONS else "")
         )
+    for way in ways:
+        if way.endswith(AGAINST):
+            mine, theirs = ([sum(run) for run in used[w]] for w in (way.rstrip(AGAINST), way))
+            each = [m / t for m, t in zip(mine, theirs, strict=True)]
+            print(
+                f"  {way.rstrip(AGAINST):<17} this tree / {against}: {statistics.median(each):.3f} "
+                f"(rounds {', '.join(f'{e:.3f}' for e in each)})"
+            )
     return out
 
 
@@ -243,8 +274,13 @@ def main(argv: list[str] | None = None) -> int:
     order = ap.add_mutually_exclusive_group()
     order.add_argument("--lockstep", dest="lockstep", action="store_true", default=True, help="(default)")
     order.add_argument("--sequential", dest="lockstep", action="store_false")
+    ap.add_argument(
+        "--against", type=Path, metavar="DIR", help="also serve the OTLP ways from DIR/service (another checkout)"
+    )
     args: Any = ap.parse_args(argv)
-    compare(args.copies, args.rounds, args.db, args.lockstep)
+    if args.against is not None and not (args.against / "service" / "vigil").is_dir():
+        ap.error(f"--against {args.against}: no service/vigil there (give the root of another Vigil checkout)")
+    compare(args.copies, args.rounds, args.db, args.lockstep, args.against)
     return 0
 
 
