@@ -26,7 +26,9 @@ def test_a_database_at_the_removed_trigram_revision_upgrades_and_loses_its_index
             )
         db.upgrade(db_url)
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == ["0013_otel_values"]
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
+                "0014_otel_conversation_traces"
+            ]
             assert conn.execute(text("SELECT conversation_id FROM conversations")).scalars().all() == ["kept"]
         names = {i["name"] for i in inspect(engine).get_indexes("conversations")}
         assert "ix_conversations_task_trgm" not in names
@@ -48,6 +50,8 @@ def test_a_fresh_database_reaches_the_single_head(db_url: str) -> None:
     engine = db.make_engine(db_url)
     try:
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == ["0013_otel_values"]
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
+                "0014_otel_conversation_traces"
+            ]
     finally:
         engine.dispose()

@@ -39,6 +39,11 @@ GROWING = {
     "rollup_members",
     "rollup_hourly",
     "rollup_tasks",
+    "otel_spans",
+    "otel_events",
+    "otel_conversations",
+    "otel_conversation_traces",
+    "otel_values",
 }
 SKIP = re.compile(r"^\s*(COPY|CREATE|TRUNCATE|SET|SHOW|BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|SELECT pg_)", re.I)
 
@@ -119,9 +124,40 @@ def recorded(pg_url):  # type: ignore[no-untyped-def]
         series = c.get("/v1/quality/series", params={"agent": "support-bot", "version": "v2"}, headers=REVIEWER)
         assert series.status_code == 200
         retention.run(rt.sessions, rt.settings)
+        _traced(rt)
         event.remove(rt.engine, "before_cursor_execute", record)
         yield rt, statements
     rt.close()
+
+
+def _traced(rt: Any) -> None:
+    """OTLP: conversations in spans, named and not, a trace whose conversation is named later, two
+    conversations sending the same instructions, a resent span, a read-back, the idle finisher and a purge."""
+    from datetime import UTC, datetime, timedelta
+
+    from tests.ingest.test_otel_shared_values import _conversation, _copy
+    from vigil.ingest.otlp.ingest import TraceIngest, purge_conversations
+
+    traces = rt.get(TraceIngest)
+    traces.ingest(_copy(_conversation(1)))
+    traces.ingest(_copy(_conversation(2)))  # the instructions become a stored value
+    unnamed = _conversation(3)
+    traces.ingest(_copy([{**s, "attributes": {"gen_ai.operation.name": "chat"}} for s in unnamed[:1]]))
+    traces.ingest(_copy(unnamed[1:2]))  # names it: the first span moves under the conversation
+    traces.ingest(_copy(_conversation(1)[:1]))  # resent
+    traces._forget(["conv-3"])
+    traces.ingest(_copy(unnamed[2:]))  # read back from the rows
+    traces.ingest(_copy(_conversation(4)[:1]))
+    raw = rt.engine.raw_connection()  # the test's own statement: not recorded
+    try:
+        raw.cursor().execute(
+            "UPDATE otel_conversations SET last_seen_at = %s", (datetime.now(UTC) - timedelta(hours=1),)
+        )
+        raw.commit()
+    finally:
+        raw.close()
+    traces.finish_idle("plans")
+    purge_conversations(rt.sessions, datetime.now(UTC))
 
 
 def test_no_hot_query_scans_a_growing_table(recorded) -> None:  # type: ignore[no-untyped-def]

@@ -24,17 +24,17 @@ import orjson
 from pydantic import ValidationError
 from sqlalchemy import CursorResult, bindparam, delete, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.ingest.otlp.assemble import assemble, conversation_id_of, is_relevant
 from vigil.ingest.otlp.compact import Last, compact, expand, literal, referenced
 from vigil.ingest.otlp.conventions import session_and_user
-from vigil.ingest.otlp.models import OtelConversationRow, OtelEventRow, OtelSpanRow
+from vigil.ingest.otlp.models import OtelConversationRow, OtelConversationTraceRow, OtelEventRow, OtelSpanRow
 from vigil.ingest.otlp.otlp import EXTENDS, STORED_NS, valid_ids, valid_times
 from vigil.ingest.otlp.shared import SharedValues, purge_values, resolve
 from vigil.runtime import Runtime
 from vigil.schema import INCOMING, Conversation
-from vigil.store.db import among, aware
+from vigil.store.db import after_commit, among, aware
 from vigil.store.writes import Checked, copy_new_values
 
 log = logging.getLogger(__name__)
@@ -128,6 +128,9 @@ class TraceIngest:
         # trace id -> its conversation key, once known (it never changes): a trace sent over many requests
         # is not looked up in the span and event tables each time
         self._trace_keys: OrderedDict[str, str] = OrderedDict()
+        # (conversation key, trace id) pairs this process linked, with the age (first_seen_at) of the
+        # conversation row they were linked in: not linked again while that row lasts (see _link)
+        self._linked: OrderedDict[tuple[str, str], datetime | None] = OrderedDict()
         self._shared = SharedValues()
 
     # --- spans -----------------------------------------------------------------------------------
@@ -222,6 +225,8 @@ class TraceIngest:
                 .where(OtelEventRow.trace_id == trace_id, OtelEventRow.conversation_key == old)
                 .values(conversation_key=key),
             )
+            if moved:
+                _trace_moved(session, trace_id, old, key)
             session.execute(delete(OtelConversationRow).where(OtelConversationRow.conversation_key == old))
             self._count(session, {key: (moved, moved_events)}, {})
             if moved_to is not None:
@@ -307,7 +312,41 @@ class TraceIngest:
             t.total = totals.get(key, 0)
             # another replica stored spans of it meanwhile, or this request resent some: read them all
             t.fresh = t.fresh and t.stored == len(t.spans) == t.total
+        self._link(session, rows, states, touched)
         return touched, by_trace
+
+    def _link(
+        self,
+        session: Session,
+        rows: list[tuple[str, dict[str, Any]]],
+        states: dict[str, Any],
+        touched: dict[str, _Touched],
+    ) -> None:
+        """Link each stored span's conversation to its trace, but for pairs this process linked before in the
+        very conversation row it found (the same ``first_seen_at``) and whose counts grew by just this
+        request's spans: a conversation purged meanwhile, by any replica, is gone, has a row of another age,
+        or was purged between reading its row and adding to its counts, and its pairs are linked again."""
+        ages: dict[str, datetime | None] = {}
+        for key, t in touched.items():
+            state = states.get(key)
+            grew_by_this = state is not None and t.total == state.span_count + state.event_count + t.stored
+            ages[key] = state.first_seen_at if state is not None and grew_by_this else None
+        pairs = {(key, s["trace_id"]): ages[key] for key, s in rows}
+        with self._lock:
+            known = self._linked
+            new = {p: age for p, age in pairs.items() if age is None or known.get(p) != age}
+        _link_traces(session, set(new))
+        if new:
+            after_commit(session, lambda: self._remember_links(new))
+
+    def _remember_links(self, pairs: dict[tuple[str, str], datetime | None]) -> None:
+        with self._lock:
+            known = self._linked
+            for pair, age in pairs.items():
+                known[pair] = age
+                known.move_to_end(pair)
+            while len(known) > TRACE_KEYS:
+                known.popitem(last=False)
 
     def _count(
         self,
@@ -536,12 +575,18 @@ class TraceIngest:
     def _load(self, key: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         limit = self.rt.settings.otlp_max_spans_per_conversation
         with self.rt.sessions() as session:
-            r = OtelSpanRow
-            rows = session.execute(
-                select(r.span, r.trace_id, r.span_id, r.parent_span_id, r.name, r.start_ns, r.end_ns)
-                .where(r.conversation_key == key)
-                .order_by(r.start_ns, r.id)
-                .limit(limit)
+            r, m = OtelSpanRow, OtelConversationTraceRow
+            # through its traces: the span table's (trace_id, span_id) key is the only index it needs
+            traces = sorted(session.scalars(select(m.trace_id).where(m.conversation_key == key)))
+            rows = (
+                session.execute(
+                    select(r.span, r.trace_id, r.span_id, r.parent_span_id, r.name, r.start_ns, r.end_ns)
+                    .where(among(session, r.trace_id, traces), r.conversation_key == key)
+                    .order_by(r.start_ns, r.id)
+                    .limit(limit)
+                ).all()
+                if traces
+                else []
             )
             spans = expand(resolve(session, [_restored(*row) for row in rows]))
             events = list(
@@ -615,13 +660,8 @@ class TraceIngest:
             self._last_purge = now
         cutoff = datetime.now(UTC) - timedelta(hours=self.rt.settings.otlp_span_retention_hours)
         try:
-            # a conversation's spans go together (a stored span may refer to an earlier one: see compact)
-            t = OtelConversationRow
-            old = select(t.conversation_key).where(t.last_seen_at < cutoff).scalar_subquery()
+            purge_conversations(self.rt.sessions, cutoff)
             with self.rt.sessions.begin() as session:
-                session.execute(delete(OtelSpanRow).where(OtelSpanRow.conversation_key.in_(old)))
-                session.execute(delete(OtelEventRow).where(OtelEventRow.conversation_key.in_(old)))
-                session.execute(delete(t).where(t.last_seen_at < cutoff))
                 stray = cutoff - timedelta(hours=self.rt.settings.otlp_span_retention_hours)  # rows of no conversation
                 session.execute(delete(OtelSpanRow).where(OtelSpanRow.received_at < stray))
                 session.execute(delete(OtelEventRow).where(OtelEventRow.received_at < stray))
@@ -723,6 +763,12 @@ ON CONFLICT (conversation_key) DO UPDATE SET
     user_id = coalesce(t.user_id, excluded.user_id)
 RETURNING conversation_key, span_count + event_count
 """
+_LINK_PG = """
+INSERT INTO otel_conversation_traces (conversation_key, trace_id)
+SELECT * FROM unnest(%(keys)s::varchar[], %(traces)s::varchar[])
+ON CONFLICT DO NOTHING
+"""
+_LINK_SQLITE = "INSERT INTO otel_conversation_traces (conversation_key, trace_id) VALUES {rows} ON CONFLICT DO NOTHING"
 _SPAN_KEYS = ("conversation_key", "trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns", "span")
 _SPAN_COPY_COLUMNS = (*_SPAN_KEYS, "received_at")
 _SPAN_COLUMNS = ", ".join(_SPAN_COPY_COLUMNS)
@@ -748,6 +794,66 @@ def _unrefer(
                 .where(OtelSpanRow.trace_id == ids[0], OtelSpanRow.span_id == ids[1])
                 .values(span=_stored_part(literal(originals[ids])))
             )
+
+
+def _link_traces(session: Session, pairs: set[tuple[str, str]]) -> None:
+    """Record that each (conversation key, trace id) has spans stored (kept if known; in one order, so two
+    replicas storing the same traces never wait on each other in a cycle). One statement of the driver's
+    own, as ``_count`` writes the counts: SQLAlchemy's executemany costs more than the rows it inserts."""
+    if not pairs:
+        return
+    ordered = sorted(pairs)
+    conn = session.connection()
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(_LINK_PG, {"keys": [k for k, _ in ordered], "traces": [t for _, t in ordered]})
+        return
+    for i in range(0, len(ordered), INSERT_CHUNK):
+        chunk = ordered[i : i + INSERT_CHUNK]
+        sql = _LINK_SQLITE.format(rows=", ".join(["(?, ?)"] * len(chunk)))
+        conn.exec_driver_sql(sql, tuple(p for pair in chunk for p in pair))
+
+
+def _trace_moved(session: Session, trace_id: str, old: str, key: str) -> None:
+    """The spans of ``trace_id`` that waited under ``old`` (the trace's own key) now belong to ``key``."""
+    m = OtelConversationTraceRow
+    session.execute(delete(m).where(m.conversation_key == old, m.trace_id == trace_id))
+    _link_traces(session, {(key, trace_id)})
+
+
+PURGE_BATCH = 1000  # conversations purged a transaction
+
+
+def purge_conversations(sessions: sessionmaker[Session], cutoff: datetime) -> int:
+    """Delete the conversations (their counts, spans, log records and traces) not seen since ``cutoff``, a
+    batch a transaction; returns how many. A conversation's spans go together: a stored span may refer to
+    an earlier one (see compact)."""
+    t, m, r = OtelConversationRow, OtelConversationTraceRow, OtelSpanRow
+    purged = 0
+    while True:
+        with sessions.begin() as session:
+            found = sorted(
+                session.scalars(select(t.conversation_key).where(t.last_seen_at < cutoff).limit(PURGE_BATCH))
+            )
+            if not found:
+                return purged
+            # still old once locked: one that grew meanwhile (another replica's request) stays, spans and all
+            gone = session.scalars(
+                delete(t)
+                .where(among(session, t.conversation_key, found), t.last_seen_at < cutoff)
+                .returning(t.conversation_key)
+            )
+            keys = sorted(gone)
+            traces = sorted(set(session.scalars(select(m.trace_id).where(among(session, m.conversation_key, keys)))))
+            if traces:
+                session.execute(
+                    delete(r).where(among(session, r.trace_id, traces), among(session, r.conversation_key, keys))
+                )
+            if keys:
+                session.execute(delete(OtelEventRow).where(among(session, OtelEventRow.conversation_key, keys)))
+                session.execute(delete(m).where(among(session, m.conversation_key, keys)))
+        purged += len(keys)
+        if len(found) < PURGE_BATCH:
+            return purged
 
 
 def _insert_spans(
