@@ -235,12 +235,7 @@ class TraceIngest:
 
     def _remember_keys(self, by_trace: dict[str, str]) -> None:
         with self._lock:
-            keys = self._trace_keys
-            for trace_id, key in by_trace.items():
-                keys[trace_id] = key
-                keys.move_to_end(trace_id)
-            while len(keys) > TRACE_KEYS:
-                keys.popitem(last=False)
+            _remember(self._trace_keys, by_trace)
 
     def _store(
         self, session: Session, spans: list[dict[str, Any]], res: IngestResult
@@ -341,12 +336,7 @@ class TraceIngest:
 
     def _remember_links(self, pairs: dict[tuple[str, str], datetime | None]) -> None:
         with self._lock:
-            known = self._linked
-            for pair, age in pairs.items():
-                known[pair] = age
-                known.move_to_end(pair)
-            while len(known) > TRACE_KEYS:
-                known.popitem(last=False)
+            _remember(self._linked, pairs)
 
     def _count(
         self,
@@ -794,6 +784,15 @@ def _unrefer(
                 .where(OtelSpanRow.trace_id == ids[0], OtelSpanRow.span_id == ids[1])
                 .values(span=_stored_part(literal(originals[ids])))
             )
+
+
+def _remember(known: OrderedDict[Any, Any], items: dict[Any, Any]) -> None:
+    """Put ``items`` in the LRU ``known`` (at most ``TRACE_KEYS`` entries), most recent last."""
+    for k, v in items.items():
+        known[k] = v
+        known.move_to_end(k)
+    while len(known) > TRACE_KEYS:
+        known.popitem(last=False)
 
 
 def _link_traces(session: Session, pairs: set[tuple[str, str]]) -> None:
