@@ -128,9 +128,10 @@ class TraceIngest:
         # trace id -> its conversation key, once known (it never changes): a trace sent over many requests
         # is not looked up in the span and event tables each time
         self._trace_keys: OrderedDict[str, str] = OrderedDict()
-        # (conversation key, trace id) pairs this process linked, with the age (first_seen_at) of the
-        # conversation row they were linked in: not linked again while that row lasts (see _link)
-        self._linked: OrderedDict[tuple[str, str], datetime | None] = OrderedDict()
+        # (conversation key, trace id) pairs this process linked, with the age (first_seen_at, as the count
+        # upsert returns it) of the conversation row they were linked in: not linked again while that row
+        # lasts (see _link)
+        self._linked: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._shared = SharedValues()
 
     # --- spans -----------------------------------------------------------------------------------
@@ -304,37 +305,30 @@ class TraceIngest:
         totals = self._count(session, counts, {key: session_and_user(t.spans) for key, t in touched.items()})
         for key, t in touched.items():
             t.stored = counts.get(key, (0, 0))[0]
-            t.total = totals.get(key, 0)
+            t.total = totals[key][0] if key in totals else 0
             # another replica stored spans of it meanwhile, or this request resent some: read them all
             t.fresh = t.fresh and t.stored == len(t.spans) == t.total
-        self._link(session, rows, states, touched)
+        self._link(session, inserted, totals)
         return touched, by_trace
 
     def _link(
-        self,
-        session: Session,
-        rows: list[tuple[str, dict[str, Any]]],
-        states: dict[str, Any],
-        touched: dict[str, _Touched],
+        self, session: Session, inserted: list[tuple[str, str, str]], counted: dict[str, tuple[int, Any]]
     ) -> None:
-        """Link each stored span's conversation to its trace, but for pairs this process linked before in the
-        very conversation row it found (the same ``first_seen_at``) and whose counts grew by just this
-        request's spans: a conversation purged meanwhile, by any replica, is gone, has a row of another age,
-        or was purged between reading its row and adding to its counts, and its pairs are linked again."""
-        ages: dict[str, datetime | None] = {}
-        for key, t in touched.items():
-            state = states.get(key)
-            grew_by_this = state is not None and t.total == state.span_count + state.event_count + t.stored
-            ages[key] = state.first_seen_at if state is not None and grew_by_this else None
-        pairs = {(key, s["trace_id"]): ages[key] for key, s in rows}
+        """Link the conversation of each span inserted to its trace, but for pairs this process linked before
+        in the very conversation row the counts were just added to (the same ``first_seen_at``, as the upsert
+        returned it: that row is locked until this transaction ends, and a pair's link goes only with its
+        row). A conversation purged meanwhile, by any replica, has a row of another age, and its pairs are
+        linked again. Spans stored before (resent) are linked where they are stored: linking them under the
+        key they were resent with would leave a link no conversation row holds, which no purge removes."""
+        pairs = {(key, trace): counted[key][1] for key, trace, _ in inserted}
         with self._lock:
             known = self._linked
-            new = {p: age for p, age in pairs.items() if age is None or known.get(p) != age}
+            new = {p: age for p, age in pairs.items() if known.get(p) != age}
         _link_traces(session, set(new))
         if new:
             after_commit(session, lambda: self._remember_links(new))
 
-    def _remember_links(self, pairs: dict[tuple[str, str], datetime | None]) -> None:
+    def _remember_links(self, pairs: dict[tuple[str, str], Any]) -> None:
         with self._lock:
             _remember(self._linked, pairs)
 
@@ -343,8 +337,9 @@ class TraceIngest:
         session: Session,
         counts: dict[str, tuple[int, int]],
         labels: dict[str, tuple[str | None, str | None]],
-    ) -> dict[str, int]:
-        """Add (spans, events) to each conversation's row (created if new); returns spans + events stored."""
+    ) -> dict[str, tuple[int, Any]]:
+        """Add (spans, events) to each conversation's row (created if new); returns spans + events stored and
+        the row's ``first_seen_at`` as the driver returns it (which row the counts went to: see _link)."""
         if not counts:
             return {}
         now = datetime.now(UTC)
@@ -369,14 +364,14 @@ class TraceIngest:
                     "stale": stale,
                 },
             )
-            return {key: int(total) for key, total in result}
+            return {key: (int(total), age) for key, total, age in result}
         # SQLite: the same upsert as multi-row VALUES written out, its parameters passed to the driver as
         # they are (SQLAlchemy's insertmanyvalues builds and processes a parameter dict per row)
         conn = session.connection()
         dialect = conn.dialect
         at_proc = OtelConversationRow.__table__.c.last_seen_at.type.dialect_impl(dialect).bind_processor(dialect)
         at, stale_at = (at_proc(now), at_proc(stale)) if at_proc else (now, stale)
-        totals: dict[str, int] = {}
+        totals: dict[str, tuple[int, Any]] = {}
         for i in range(0, len(keys), INSERT_CHUNK):
             chunk = keys[i : i + INSERT_CHUNK]
             params: list[Any] = []
@@ -385,7 +380,7 @@ class TraceIngest:
                 params += (key, counts[key][0], counts[key][1], at, at, session_id, user_id)
             params.append(stale_at)
             sql = _COUNT_SQLITE.format(rows=", ".join(["(?, ?, ?, ?, ?, 0, ?, ?)"] * len(chunk)))
-            totals.update((key, int(total)) for key, total in conn.exec_driver_sql(sql, tuple(params)))
+            totals.update((key, (int(total), age)) for key, total, age in conn.exec_driver_sql(sql, tuple(params)))
         return totals
 
     # --- log records -------------------------------------------------------------------------------
@@ -739,7 +734,7 @@ ON CONFLICT (conversation_key) DO UPDATE SET
     last_seen_at = CASE WHEN t.last_seen_at < %(stale)s THEN excluded.last_seen_at ELSE t.last_seen_at END,
     session_id = coalesce(t.session_id, excluded.session_id),
     user_id = coalesce(t.user_id, excluded.user_id)
-RETURNING conversation_key, t.span_count + t.event_count
+RETURNING conversation_key, t.span_count + t.event_count, t.first_seen_at
 """
 _COUNT_SQLITE = """
 INSERT INTO otel_conversations AS t
@@ -751,7 +746,7 @@ ON CONFLICT (conversation_key) DO UPDATE SET
     last_seen_at = CASE WHEN t.last_seen_at < ? THEN excluded.last_seen_at ELSE t.last_seen_at END,
     session_id = coalesce(t.session_id, excluded.session_id),
     user_id = coalesce(t.user_id, excluded.user_id)
-RETURNING conversation_key, span_count + event_count
+RETURNING conversation_key, span_count + event_count, first_seen_at
 """
 _LINK_PG = """
 INSERT INTO otel_conversation_traces (conversation_key, trace_id)

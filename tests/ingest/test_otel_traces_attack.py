@@ -1,0 +1,88 @@
+"""Races and odd orders around ``otel_conversation_traces``: whatever happens between reading a
+conversation's row and adding to its counts, every span stored under a conversation is read back with it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import event
+
+from tests.ingest.test_otel_conversation_traces import _read_after_restart, _traces
+from tests.ingest.test_otel_shared_values import _conversation, _copy, _runtime
+from vigil.ingest.otlp.ingest import TraceIngest, purge_conversations
+
+
+def _in_conversation(spans: list[dict[str, Any]], cid: str, prefix: str) -> list[dict[str, Any]]:
+    return [
+        {**s, "span_id": prefix + s["span_id"][1:], "attributes": {**s["attributes"], "gen_ai.conversation.id": cid}}
+        for s in spans
+    ]
+
+
+def test_a_conversation_purged_and_grown_as_much_by_another_replica_meanwhile_links_the_trace_again(
+    db_url: str,
+) -> None:
+    """A replica reads the conversation's row; meanwhile the conversation is purged and another replica
+    stores as many spans of it (in another trace) as the purged row counted. The counts then look as if
+    only this request added to the row this replica linked the trace in before: it must link it again."""
+    spans = _conversation(1)
+    other = _in_conversation(_conversation(2)[:2], "conv-1", "e")  # conv-1's spans in trace 2
+    a, b = _runtime(db_url), _runtime(db_url)
+    armed = [True]
+
+    def meanwhile(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if armed[0] and statement.lstrip().upper().startswith("SELECT") and "first_seen_at" in statement:
+            armed[0] = False
+            assert purge_conversations(b.sessions, datetime.now(UTC) + timedelta(hours=1)) == 1
+            b.get(TraceIngest).ingest(_copy(other))  # two spans: what the purged row counted
+
+    try:
+        ingest = a.get(TraceIngest)
+        ingest.ingest(_copy(spans[:1]))
+        ingest.ingest(_copy(spans[1:2]))  # the pair is linked in the row found: remembered with its age
+        event.listen(a.engine, "after_cursor_execute", meanwhile)
+        ingest.ingest(_copy(spans[2:]))
+        assert not armed[0]
+    finally:
+        event.remove(a.engine, "after_cursor_execute", meanwhile)
+        a.close()
+        b.close()
+    assert _traces(db_url) == {("conv-1", f"{1:032x}"), ("conv-1", f"{2:032x}")}
+    read = {s["span_id"] for s in _read_after_restart(db_url, "conv-1")}
+    assert read == {s["span_id"] for s in spans[2:] + other}
+
+
+def _unnamed(s: dict[str, Any]) -> dict[str, Any]:
+    return {**s, "attributes": {k: v for k, v in s["attributes"].items() if k != "gen_ai.conversation.id"}}
+
+
+def test_a_span_resent_while_another_replica_moves_it_to_its_conversation_leaves_no_trace_behind(
+    db_url: str,
+) -> None:
+    """A replica looks up where a resent span's trace waits (under its own key); meanwhile another replica
+    names the conversation and moves the span there. The resent span is stored already: nothing is stored,
+    counted or linked under the trace's key, which no purge would ever remove."""
+    spans = _conversation(3)
+    a, b = _runtime(db_url), _runtime(db_url)
+    armed = [True]
+
+    def meanwhile(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if armed[0] and "DISTINCT" in statement.upper() and "otel_spans" in statement:
+            armed[0] = False
+            b.get(TraceIngest).ingest(_copy(spans[1:2]))  # names the conversation: the waiting span moves
+
+    try:
+        a.get(TraceIngest).ingest(_copy([_unnamed(spans[0])]))
+        assert _traces(db_url) == {(f"otel-{3:032x}", f"{3:032x}")}
+        event.listen(a.engine, "after_cursor_execute", meanwhile)
+        a.get(TraceIngest).ingest(_copy([_unnamed(spans[0])]))  # an exporter's retry
+        assert not armed[0]
+        event.remove(a.engine, "after_cursor_execute", meanwhile)
+        assert _traces(db_url) == {("conv-3", f"{3:032x}")}
+        assert [s["span_id"] for s in _read_after_restart(db_url, "conv-3")] == [s["span_id"] for s in spans[:2]]
+        assert purge_conversations(a.sessions, datetime.now(UTC) + timedelta(hours=1)) == 1
+    finally:
+        a.close()
+        b.close()
+    assert _traces(db_url) == set()
