@@ -3,14 +3,17 @@ conversation's row and adding to its counts, every span stored under a conversat
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from tests.ingest.test_otel_conversation_traces import _read_after_restart, _traces
 from tests.ingest.test_otel_shared_values import _conversation, _copy, _runtime
 from vigil.ingest.otlp.ingest import TraceIngest, purge_conversations
+from vigil.store import db
 
 
 def _in_conversation(spans: list[dict[str, Any]], cid: str, prefix: str) -> list[dict[str, Any]]:
@@ -86,3 +89,61 @@ def test_a_span_resent_while_another_replica_moves_it_to_its_conversation_leaves
         a.close()
         b.close()
     assert _traces(db_url) == set()
+
+
+def _blocked_on_a_lock(url: str) -> bool:
+    engine = db.make_engine(url)
+    try:
+        with engine.connect() as conn:
+            name = conn.execute(text("SELECT current_database()")).scalar_one()
+            return bool(
+                conn.execute(
+                    text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND wait_event_type = 'Lock'"),
+                    {"d": name},
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+def test_a_purge_of_a_trace_key_while_its_spans_move_to_their_conversation_waits_for_the_move(pg_url: str) -> None:
+    """The purge locks the conversation rows it deletes, then their spans. A move from a trace's own key
+    locks the row it empties before the spans it moves: the two wait for each other in one order, not in
+    a cycle Postgres breaks by failing one of them."""
+    spans = _conversation(8)
+    a = _runtime(pg_url)
+    purged: list[int] = []
+    failed: list[BaseException] = []
+    armed = [True]
+
+    def purge() -> None:
+        try:
+            purged.append(purge_conversations(a.sessions, datetime.now(UTC) + timedelta(hours=1)))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            failed.append(exc)
+
+    purger = threading.Thread(target=purge)
+
+    def meanwhile(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if armed[0] and statement.lstrip().upper().startswith("UPDATE OTEL_SPANS SET CONVERSATION_KEY"):
+            armed[0] = False
+            purger.start()  # the trace's own key is old: the purge takes it, unless the move holds it
+            deadline = time.monotonic() + 60
+            while not _blocked_on_a_lock(pg_url) and purger.is_alive():
+                assert time.monotonic() < deadline, "the purge neither waited nor finished"
+                time.sleep(0.01)
+
+    try:
+        ingest = a.get(TraceIngest)
+        ingest.ingest(_copy([_unnamed(spans[0])]))
+        event.listen(a.engine, "after_cursor_execute", meanwhile)
+        ingest.ingest(_copy(spans[1:2]))  # names the conversation: the waiting span moves
+        event.remove(a.engine, "after_cursor_execute", meanwhile)
+        purger.join(timeout=60)
+        assert not purger.is_alive()
+    finally:
+        a.close()
+    assert not failed, failed
+    assert not armed[0]
+    assert _traces(pg_url) == {("conv-8", f"{8:032x}")}
+    assert [s["span_id"] for s in _read_after_restart(pg_url, "conv-8")] == [s["span_id"] for s in spans[:2]]

@@ -214,6 +214,10 @@ class TraceIngest:
                     waiting.add(trace_id)
         for trace_id in sorted(waiting & by_trace.keys()):
             key, old = by_trace[trace_id], trace_key(trace_id)
+            # the row they waited under first, the conversation's row before its links: the order a purge
+            # locks them in (rows, then their spans and links), so neither waits on the other in a cycle,
+            # and a purge of the conversation meanwhile cannot take the link this move adds
+            session.execute(delete(OtelConversationRow).where(OtelConversationRow.conversation_key == old))
             moved = _matched(
                 session,
                 update(OtelSpanRow)
@@ -226,10 +230,9 @@ class TraceIngest:
                 .where(OtelEventRow.trace_id == trace_id, OtelEventRow.conversation_key == old)
                 .values(conversation_key=key),
             )
+            self._count(session, {key: (moved, moved_events)}, {})
             if moved:
                 _trace_moved(session, trace_id, old, key)
-            session.execute(delete(OtelConversationRow).where(OtelConversationRow.conversation_key == old))
-            self._count(session, {key: (moved, moved_events)}, {})
             if moved_to is not None:
                 moved_to[key] = old
         return by_trace
