@@ -840,12 +840,14 @@ def purge_conversations(sessions: sessionmaker[Session], cutoff: datetime) -> in
                 .returning(t.conversation_key)
             )
             keys = sorted(gone)
-            traces = sorted(set(session.scalars(select(m.trace_id).where(among(session, m.conversation_key, keys)))))
-            if traces:
-                session.execute(
-                    delete(r).where(among(session, r.trace_id, traces), among(session, r.conversation_key, keys))
-                )
             if keys:
+                traces = sorted(
+                    set(session.scalars(select(m.trace_id).where(among(session, m.conversation_key, keys))))
+                )
+                if traces:  # a conversation of log records alone has none
+                    session.execute(
+                        delete(r).where(among(session, r.trace_id, traces), among(session, r.conversation_key, keys))
+                    )
                 session.execute(delete(OtelEventRow).where(among(session, OtelEventRow.conversation_key, keys)))
                 session.execute(delete(m).where(among(session, m.conversation_key, keys)))
         purged += len(keys)
