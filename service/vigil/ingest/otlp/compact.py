@@ -65,10 +65,11 @@ def compact(spans: list[dict[str, Any]], last: Last | None = None) -> tuple[list
         sid, trace = span["span_id"], span.get("trace_id", "")
         extends = span.get(EXTENDS) or _NONE
         for k, v in attrs.items():
-            if _looks_like_ref(v):
-                refs[k] = {"$lit": v}  # sent so: not to be read as a reference
+            if v.__class__ is not str:  # decoded values are plain str (a subclass is no value of theirs)
+                if v.__class__ is dict and not MARKERS.isdisjoint(v):
+                    refs[k] = {"$lit": v}  # sent so: not to be read as a reference
                 continue
-            if not isinstance(v, str) or len(v) < MIN_CHARS:
+            if len(v) < MIN_CHARS:
                 continue
             prev = last.get(k)
             last[k] = (at, sid, trace, v)

@@ -247,8 +247,8 @@ class TraceIngest:
         """Store the spans; returns the conversations they touched and the conversation key of each trace
         whose conversation is known."""
         by_trace: dict[str, str] = {}
-        for s in spans:
-            cid = conversation_id_of(s)
+        named = [conversation_id_of(s) for s in spans]
+        for s, cid in zip(spans, named, strict=True):
             if cid:
                 by_trace.setdefault(s["trace_id"], cid)
         moved: dict[str, str] = {}
@@ -256,8 +256,8 @@ class TraceIngest:
         touched: dict[str, _Touched] = {}
         rows: list[tuple[str, dict[str, Any]]] = []
         now = datetime.now(UTC)
-        for s in spans:
-            key = conversation_id_of(s) or by_trace.get(s["trace_id"]) or trace_key(s["trace_id"])
+        for s, cid in zip(spans, named, strict=True):
+            key = cid or by_trace.get(s["trace_id"]) or trace_key(s["trace_id"])
             touched.setdefault(key, _Touched(moved_from=moved.get(key))).spans.append(s)
         c = OtelConversationRow
         states = {  # columns, not ORM objects: a busy exporter's request touches hundreds of conversations
