@@ -300,3 +300,21 @@ def test_a_stream_of_one_off_long_values_does_not_push_a_shared_value_out(
             for span in s.scalars(select(OtelSpanRow.span).where(OtelSpanRow.conversation_key == "conv-9"))
         ]
     assert sum('"$val"' in row for row in rows) == 1 and not any("Rule 7: refunds over $70" in row for row in rows)
+
+
+def test_remembered_digests_are_the_digests_and_their_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digests of recent long values are remembered (the instructions each conversation resends as a
+    new string), within a bound of characters; a value larger than an eighth of it is never kept."""
+    monkeypatch.setattr(shared, "_DIGESTS", shared.OrderedDict())
+    monkeypatch.setattr(shared, "_digests_size", 0)
+    monkeypatch.setattr(shared, "_DIGESTS_CHARS", 80_000)
+    policy = "Politique é " * 500
+    assert shared._digest_of(policy) == shared.digest(policy)
+    assert shared._digest_of("".join(list(policy))) == shared.digest(policy)  # another string, the same text
+    for n in range(100):
+        value = f"{n} " + "x" * 5_000
+        assert shared._digest_of(value) == shared.digest(value)
+        assert shared._digests_size <= 80_000
+        assert shared._digests_size == sum(len(v) for v in shared._DIGESTS)
+    huge = "y" * 20_000
+    assert shared._digest_of(huge) == shared.digest(huge) and huge not in shared._DIGESTS

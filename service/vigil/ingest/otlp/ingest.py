@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import orjson
 from pydantic import ValidationError
-from sqlalchemy import CursorResult, bindparam, delete, or_, select, update
+from sqlalchemy import CursorResult, delete, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -693,37 +693,35 @@ class TraceMarker:
         traced = [c.conversation for c in stored if c.conversation.metadata.get("source") == "otlp"]
         if not traced:
             return
-        t = OtelConversationRow
-        rows = {
-            r.conversation_key: r
-            for r in session.execute(
-                select(t.conversation_key, t.finished_at, t.idle_finished).where(
-                    t.conversation_key.in_([c.conversation_id for c in traced])
-                )
-            )
-        }
+        t = OtelConversationRow.__table__
         now = datetime.now(UTC)
-        progress: list[dict[str, Any]] = []
-        done: list[dict[str, Any]] = []
-        for c in traced:
-            row = rows.get(c.conversation_id)
-            if row is None:
-                continue
-            values = {"k": c.conversation_id, "at": now, "cid": c.conversation_id}
-            if c.status == "finished" and row.finished_at is None:
-                done.append(values)
-                self.metrics.otlp_finished.labels("idle" if row.idle_finished else "root").inc()
-            else:
-                progress.append(values)
-        stmt = (
-            update(t.__table__)
-            .where(t.__table__.c.conversation_key == bindparam("k"))
-            .values(processed_at=bindparam("at"), conversation_id=bindparam("cid"))
-        )
+        keys = {c.conversation_id for c in traced}
+        finished = sorted({c.conversation_id for c in traced if c.status == "finished"})
+        done: set[str] = set()
+        if finished:
+            # finished by this revision: rows not finished before (a row purged meanwhile is no row), their
+            # lease released; one statement, which tells how each was finished
+            for key, idle in session.execute(
+                update(t)
+                .where(among(session, t.c.conversation_key, finished), t.c.finished_at.is_(None))
+                .values(
+                    finished_at=now,
+                    claimed_by=None,
+                    claim_until=None,
+                    processed_at=now,
+                    conversation_id=t.c.conversation_key,
+                )
+                .returning(t.c.conversation_key, t.c.idle_finished)
+            ):
+                done.add(key)
+                self.metrics.otlp_finished.labels("idle" if idle else "root").inc()
+        progress = sorted(keys - done)
         if progress:
-            session.execute(stmt, progress)
-        if done:
-            session.execute(stmt.values(finished_at=bindparam("at"), claimed_by=None, claim_until=None), done)
+            session.execute(
+                update(t)
+                .where(among(session, t.c.conversation_key, progress))
+                .values(processed_at=now, conversation_id=t.c.conversation_key)
+            )
 
 
 _COUNT_PG = """
@@ -949,7 +947,9 @@ _NO_STATUS = {"code": 0, "message": ""}
 def _stored_part(span: dict[str, Any]) -> dict[str, Any]:
     """What the span's JSON holds: not what its columns hold, nor empty events or an unset status (about
     7% of a conversation's span bytes); :func:`_restored` puts them back."""
-    out = {k: v for k, v in span.items() if k not in _IN_COLUMNS}
+    out = span.copy()
+    for k in _IN_COLUMNS:
+        out.pop(k, None)
     if len(out.get("name", "")) <= 512:  # the column holds it whole
         out.pop("name", None)
     if not out.get("events", True):

@@ -41,6 +41,34 @@ def digest(value: str) -> str:
     return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+_DIGESTS: OrderedDict[str, str] = OrderedDict()  # recent long values -> digest: each agent's instructions
+_DIGESTS_CHARS = 4_000_000  # at most this much text remembered (a value alone larger is not)
+_digests_lock = threading.Lock()
+_digests_size = 0
+
+
+def _digest_of(value: str) -> str:
+    """:func:`digest`, remembered for the latest values (``_DIGESTS_CHARS`` characters in all): the
+    instructions every conversation of an agent resends come as a new string each time, and looking one
+    up (hashing the string) costs about a quarter of encoding and hashing its UTF-8 again."""
+    global _digests_size
+    with _digests_lock:
+        d = _DIGESTS.get(value)
+        if d is not None:
+            _DIGESTS.move_to_end(value)
+            return d
+    d = digest(value)
+    if len(value) <= _DIGESTS_CHARS // 8:
+        with _digests_lock:
+            if value not in _DIGESTS:
+                _DIGESTS[value] = d
+                _digests_size += len(value)
+            while _digests_size > _DIGESTS_CHARS:
+                gone, _ = _DIGESTS.popitem(last=False)
+                _digests_size -= len(gone)
+    return d
+
+
 def is_ref(v: Any) -> bool:
     return v.__class__ is dict and len(v) == 1 and v.get("$val").__class__ is str
 
@@ -70,7 +98,7 @@ class SharedValues:
                 for k, v in attrs.items():
                     if v.__class__ is not str or len(v) < SHARE_MIN_CHARS or "\x00" in v:
                         continue  # short, or text Postgres cannot hold (NUL): escaped in the span's JSON
-                    d = digest(v)
+                    d = _digest_of(v)
                     touched = self._stored.get(d)
                     if touched is None:
                         if (self._firsts.get(d) or firsts.setdefault(d, key)) == key:
