@@ -884,9 +884,10 @@ def _insert_spans(
     at_proc = table.c.received_at.type.dialect_impl(dialect).bind_processor(dialect)
     at = at_proc(now) if at_proc else now
     one = f"({', '.join([mark] * 9)})"
-    if on_sqlite and _insert_new(conn, values, at, one):
-        return [(v[0], v[1], v[2]) for v in values]
     inserted: list[tuple[str, str, str]] = []
+    if on_sqlite:
+        new = _insert_new(conn, values, at, one)
+        inserted, values = [(v[0], v[1], v[2]) for v in values[:new]], values[new:]
     for i in range(0, len(values), INSERT_CHUNK):
         chunk = values[i : i + INSERT_CHUNK]
         params = [p for v in chunk for p in (*v, at)]
@@ -898,23 +899,22 @@ def _insert_spans(
     return inserted
 
 
-def _insert_new(conn: Any, values: list[tuple[Any, ...]], at: Any, one: str) -> bool:
+def _insert_new(conn: Any, values: list[tuple[Any, ...]], at: Any, one: str) -> int:
     """SQLite: insert spans that are all new (an exporter's request nearly always is) without ``ON CONFLICT
     ... RETURNING``, whose returned rows SQLite gathers one by one (about 2% of what OTLP ingest costs
-    there, measured). A span stored before fails the insert on its key: the savepoint is rolled back and
-    the caller takes the other way. Returns whether the spans were inserted."""
-    conn.exec_driver_sql("SAVEPOINT vigil_new_spans")
-    try:
-        for i in range(0, len(values), INSERT_CHUNK):
-            chunk = values[i : i + INSERT_CHUNK]
-            sql = f"INSERT INTO {_SPANS} ({_SPAN_COLUMNS}) VALUES {', '.join([one] * len(chunk))}"
+    there, measured). Returns how many of ``values`` were inserted: all, or those before the chunk that
+    failed on a key (a span stored before). SQLite undoes only the failing statement and the transaction
+    goes on, so the caller stores the rest with the upsert in the same transaction. (No savepoint: on
+    SQLite the first write opens the transaction, and a savepoint opened before it would be released as a
+    commit of its own.)"""
+    for i in range(0, len(values), INSERT_CHUNK):
+        chunk = values[i : i + INSERT_CHUNK]
+        sql = f"INSERT INTO {_SPANS} ({_SPAN_COLUMNS}) VALUES {', '.join([one] * len(chunk))}"
+        try:
             conn.exec_driver_sql(sql, tuple(p for v in chunk for p in (*v, at)))
-    except IntegrityError:
-        conn.exec_driver_sql("ROLLBACK TO vigil_new_spans")
-        conn.exec_driver_sql("RELEASE vigil_new_spans")
-        return False
-    conn.exec_driver_sql("RELEASE vigil_new_spans")
-    return True
+        except IntegrityError:
+            return i
+    return len(values)
 
 
 def _span_values(

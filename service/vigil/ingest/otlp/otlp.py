@@ -145,6 +145,8 @@ def within_limit(data: bytes | memoryview, limit: int) -> bool:
     buf = data if isinstance(data, memoryview) else memoryview(data)
     if buf.ndim != 1 or buf.itemsize != 1:
         return False
+    if buf.format != "B":  # signed bytes or chars read as unsigned bytes
+        buf = buf.cast("B")
     budget = [limit + WALK_SLACK]
     count = 0
     try:
