@@ -305,16 +305,18 @@ def test_a_stream_of_one_off_long_values_does_not_push_a_shared_value_out(
 def test_remembered_digests_are_the_digests_and_their_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """The digests of recent long values are remembered (the instructions each conversation resends as a
     new string), within a bound of characters; a value larger than an eighth of it is never kept."""
-    monkeypatch.setattr(shared, "_DIGESTS", shared.OrderedDict())
-    monkeypatch.setattr(shared, "_digests_size", 0)
-    monkeypatch.setattr(shared, "_DIGESTS_CHARS", 80_000)
+    monkeypatch.setattr(shared, "DIGESTS_CHARS", 80_000)
+    values = shared.SharedValues()
+    hashed: list[str] = []
+    monkeypatch.setattr(shared, "digest", lambda v: hashed.append(v) or f"d{len(hashed)}")
     policy = "Politique é " * 500
-    assert shared._digest_of(policy) == shared.digest(policy)
-    assert shared._digest_of("".join(list(policy))) == shared.digest(policy)  # another string, the same text
+    first = values._digest(policy)
+    assert values._digest("".join(list(policy))) == first and len(hashed) == 1  # another string, the same text
     for n in range(100):
-        value = f"{n} " + "x" * 5_000
-        assert shared._digest_of(value) == shared.digest(value)
-        assert shared._digests_size <= 80_000
-        assert shared._digests_size == sum(len(v) for v in shared._DIGESTS)
+        values._digest(f"{n} " + "x" * 5_000)
+        assert values._digest_chars <= 80_000
+        assert values._digest_chars == sum(len(v) for v in values._digests)
     huge = "y" * 20_000
-    assert shared._digest_of(huge) == shared.digest(huge) and huge not in shared._DIGESTS
+    values._digest(huge)
+    assert huge not in values._digests
+    assert values._digest(policy) != first  # pushed out by newer values: hashed again

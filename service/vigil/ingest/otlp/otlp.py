@@ -15,6 +15,7 @@ import re
 import threading
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -167,7 +168,7 @@ def within_limit(data: bytes | memoryview, limit: int) -> bool:
     return True
 
 
-def _fields(buf: memoryview, i: int, end: int, budget: list[int]) -> Any:
+def _fields(buf: memoryview, i: int, end: int, budget: list[int]) -> Iterator[tuple[int, int, int]]:
     """(field number, start, end) of each length-delimited field of the message in ``buf[i:end]``; other
     fields are skipped. Raises ``_CannotTell`` on anything else (groups, a truncated field) or once
     ``budget`` fields were read, all levels together."""

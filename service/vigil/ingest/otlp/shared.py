@@ -33,40 +33,13 @@ SHARE_MIN_CHARS = 1024  # shorter values cost less inline than a row and a look-
 TOUCH_EVERY_SECONDS = 3600.0
 STORED_DIGESTS = 8192  # values a process stored: distinct prompts and schemas, not conversations
 FIRST_DIGESTS = 65536  # values one conversation sent so far: every long output is one, so these churn
+DIGESTS_CHARS = 4_000_000  # text whose digest a process remembers, in all (a value over an eighth is not)
 
 Rows = list[tuple[str, dict[str, Any]]]
 
 
 def digest(value: str) -> str:
     return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-
-
-_DIGESTS: OrderedDict[str, str] = OrderedDict()  # recent long values -> digest: each agent's instructions
-_DIGESTS_CHARS = 4_000_000  # at most this much text remembered (a value alone larger is not)
-_digests_lock = threading.Lock()
-_digests_size = 0
-
-
-def _digest_of(value: str) -> str:
-    """:func:`digest`, remembered for the latest values (``_DIGESTS_CHARS`` characters in all): the
-    instructions every conversation of an agent resends come as a new string each time, and looking one
-    up (hashing the string) costs about a quarter of encoding and hashing its UTF-8 again."""
-    global _digests_size
-    with _digests_lock:
-        d = _DIGESTS.get(value)
-        if d is not None:
-            _DIGESTS.move_to_end(value)
-            return d
-    d = digest(value)
-    if len(value) <= _DIGESTS_CHARS // 8:
-        with _digests_lock:
-            if value not in _DIGESTS:
-                _DIGESTS[value] = d
-                _digests_size += len(value)
-            while _digests_size > _DIGESTS_CHARS:
-                gone, _ = _DIGESTS.popitem(last=False)
-                _digests_size -= len(gone)
-    return d
 
 
 def is_ref(v: Any) -> bool:
@@ -82,6 +55,10 @@ class SharedValues:
         self._lock = threading.Lock()
         self._stored: OrderedDict[str, float] = OrderedDict()
         self._firsts: OrderedDict[str, str] = OrderedDict()
+        # recent long values -> their digest: each conversation resends its agent's instructions as a new
+        # string, and looking one up (hashing the string) costs about a quarter of encoding and hashing it
+        self._digests: OrderedDict[str, str] = OrderedDict()
+        self._digest_chars = 0
 
     def share(self, session: Session, rows: Rows, now: datetime) -> Rows:
         """``rows`` (conversation key, compacted span) with each long value that another conversation sent
@@ -98,7 +75,7 @@ class SharedValues:
                 for k, v in attrs.items():
                     if v.__class__ is not str or len(v) < SHARE_MIN_CHARS or "\x00" in v:
                         continue  # short, or text Postgres cannot hold (NUL): escaped in the span's JSON
-                    d = _digest_of(v)
+                    d = self._digest(v)
                     touched = self._stored.get(d)
                     if touched is None:
                         if (self._firsts.get(d) or firsts.setdefault(d, key)) == key:
@@ -120,6 +97,23 @@ class SharedValues:
         if values or firsts:
             after_commit(session, lambda: self._remember(values, firsts))
         return out
+
+    def _digest(self, value: str) -> str:
+        """:func:`digest` of ``value``, remembered for the latest values (``DIGESTS_CHARS`` in all); called
+        with ``_lock`` held."""
+        known = self._digests
+        d = known.get(value)
+        if d is not None:
+            known.move_to_end(value)
+            return d
+        d = digest(value)
+        if len(value) <= DIGESTS_CHARS // 8:
+            known[value] = d
+            self._digest_chars += len(value)
+            while self._digest_chars > DIGESTS_CHARS:
+                gone, _ = known.popitem(last=False)
+                self._digest_chars -= len(gone)
+        return d
 
     def _remember(self, stored: dict[str, str], firsts: dict[str, str]) -> None:
         clock = time.monotonic()
