@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, select, text, update
 
-from tests.ingest.test_otel_shared_values import _conversation, _copy, _runtime
+from tests.ingest.test_otel_shared_values import _conversation, _copy, _runtime, _sent_and_stopped
 from vigil.ingest.otlp import ingest as otlp_ingest
 from vigil.ingest.otlp.ingest import TraceIngest, purge_conversations
 from vigil.ingest.otlp.models import OtelConversationRow, OtelConversationTraceRow, OtelEventRow, OtelSpanRow
@@ -36,13 +36,7 @@ def _read_after_restart(url: str, key: str) -> list[dict[str, Any]]:
 
 
 def test_spans_are_read_back_through_their_traces_after_a_restart(db_url: str) -> None:
-    runtime = _runtime(db_url)
-    sent = {n: _conversation(n) for n in (1, 2)}
-    try:
-        for spans in sent.values():
-            runtime.get(TraceIngest).ingest(_copy(spans))
-    finally:
-        runtime.close()
+    sent = _sent_and_stopped(db_url)
     assert _traces(db_url) == {("conv-1", f"{1:032x}"), ("conv-2", f"{2:032x}")}
     for n, spans in sent.items():
         read = _read_after_restart(db_url, f"conv-{n}")

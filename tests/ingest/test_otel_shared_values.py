@@ -86,6 +86,18 @@ def _copy(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return orjson.loads(orjson.dumps(spans))  # ingest may replace strings in place: keep what was sent
 
 
+def _sent_and_stopped(url: str) -> dict[int, list[dict[str, Any]]]:
+    """Conversations 1 and 2 (sharing their instructions), each ingested whole by one process, then stopped."""
+    runtime = _runtime(url)
+    sent = {n: _conversation(n) for n in (1, 2)}
+    try:
+        for spans in sent.values():
+            runtime.get(TraceIngest).ingest(_copy(spans))
+    finally:
+        runtime.close()
+    return sent
+
+
 def test_instructions_several_conversations_send_are_stored_once_and_read_back_whole(rt: Runtime, db_url: str) -> None:
     ingest = rt.get(TraceIngest)
     sent = {n: _conversation(n) for n in (1, 2, 3, 4)}
@@ -157,13 +169,7 @@ def test_a_value_is_touched_again_once_the_interval_passed_and_old_values_are_pu
 
 def test_downgrading_writes_the_spans_back_whole(db_url: str) -> None:
     """Releases before revision 0013 read neither ``$val`` nor ``out``: a downgrade leaves spans they read."""
-    runtime = _runtime(db_url)
-    sent = {n: _conversation(n) for n in (1, 2)}
-    try:
-        for spans in sent.values():
-            runtime.get(TraceIngest).ingest(_copy(spans))
-    finally:
-        runtime.close()
+    sent = _sent_and_stopped(db_url)
     db.downgrade(db_url, "0012_drop_search_trgm")
     engine = db.make_engine(db_url)
     try:
