@@ -6,13 +6,14 @@ from __future__ import annotations
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import event, text
 
 from tests.ingest.test_otel_conversation_traces import _read_after_restart, _traces
 from tests.ingest.test_otel_shared_values import _conversation, _copy, _runtime
-from vigil.ingest.otlp.ingest import TraceIngest, purge_conversations
+from vigil.ingest.otlp.ingest import TraceIngest, TraceMarker, purge_conversations
 from vigil.store import db
 
 
@@ -147,3 +148,66 @@ def test_a_purge_of_a_trace_key_while_its_spans_move_to_their_conversation_waits
     assert not armed[0]
     assert _traces(pg_url) == {("conv-8", f"{8:032x}")}
     assert [s["span_id"] for s in _read_after_restart(pg_url, "conv-8")] == [s["span_id"] for s in spans[:2]]
+
+
+def _revision(cid: str, status: str) -> Any:
+    """What :class:`TraceMarker` reads of a stored revision."""
+    return SimpleNamespace(
+        conversation=SimpleNamespace(conversation_id=cid, status=status, metadata={"source": "otlp"})
+    )
+
+
+def test_marking_revisions_and_counting_spans_of_the_same_conversations_never_deadlock(pg_url: str) -> None:
+    """A replica marks conv-2 finished and conv-1 processed (one pipeline batch) while another replica adds
+    spans to both (its count upsert locks conv-1, then conv-2). Both lock the rows in key order, so one
+    waits for the other; locking the finished group first would hold conv-2 while waiting for conv-1, a
+    cycle Postgres breaks by failing one of the two."""
+    a, b = _runtime(pg_url), _runtime(pg_url)
+    one, two = _conversation(1), _conversation(2)
+    failed: list[BaseException] = []
+    armed = [True]
+
+    def grow() -> None:
+        try:
+            b.get(TraceIngest).ingest(_copy([one[1], two[1]]))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            failed.append(exc)
+
+    grower = threading.Thread(target=grow)
+
+    def meanwhile(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if armed[0] and "otel_conversations" in statement:  # the marker holds its first rows
+            armed[0] = False
+            grower.start()
+            deadline = time.monotonic() + 60
+            while not _blocked_on_a_lock(pg_url) and grower.is_alive():
+                assert time.monotonic() < deadline, "the other replica neither waited nor finished"
+                time.sleep(0.01)
+
+    try:
+        a.get(TraceIngest).ingest(_copy([one[0], two[0]]))  # no roots: both unfinished
+        event.listen(a.engine, "after_cursor_execute", meanwhile)
+        try:
+            with a.sessions.begin() as session:
+                TraceMarker(a.metrics).on_stored(
+                    session, [_revision("conv-2", "finished"), _revision("conv-1", "in_progress")]
+                )
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            failed.append(exc)
+        event.remove(a.engine, "after_cursor_execute", meanwhile)
+        grower.join(timeout=60)
+        assert not grower.is_alive()
+    finally:
+        a.close()
+        b.close()
+    assert not armed[0]
+    assert not failed, failed
+    engine = db.make_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT conversation_key, span_count, finished_at IS NOT NULL FROM otel_conversations ORDER BY 1")
+            ).all()
+    finally:
+        engine.dispose()
+    assert [tuple(r) for r in rows] == [("conv-1", 2, False), ("conv-2", 2, True)]

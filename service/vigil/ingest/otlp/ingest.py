@@ -698,6 +698,16 @@ class TraceMarker:
         keys = {c.conversation_id for c in traced}
         finished = sorted({c.conversation_id for c in traced if c.status == "finished"})
         done: set[str] = set()
+        if session.get_bind().dialect.name == "postgresql":
+            # the rows locked in key order first, as the count upsert of another replica's request locks them:
+            # two UPDATEs (newly finished, then the rest) would hold a later key while waiting for an earlier
+            # one, a cycle Postgres breaks by failing one transaction (SQLite locks the whole database)
+            session.execute(
+                select(t.c.conversation_key)
+                .where(among(session, t.c.conversation_key, sorted(keys)))
+                .order_by(t.c.conversation_key)
+                .with_for_update()
+            ).all()
         if finished:
             # finished by this revision: rows not finished before (a row purged meanwhile is no row), their
             # lease released; one statement, which tells how each was finished
