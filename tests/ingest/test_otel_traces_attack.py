@@ -211,3 +211,60 @@ def test_marking_revisions_and_counting_spans_of_the_same_conversations_never_de
     finally:
         engine.dispose()
     assert [tuple(r) for r in rows] == [("conv-1", 2, False), ("conv-2", 2, True)]
+
+
+def test_claiming_idle_conversations_while_another_replica_adds_spans_to_them_never_deadlocks(pg_url: str) -> None:
+    """The idle finisher takes the longest idle conversations first (conv-2, then conv-1) and claims each by
+    its own UPDATE in one transaction; meanwhile another replica adds late spans to both (its count upsert
+    locks conv-1, then conv-2). Claiming in key order makes one wait for the other; claiming in idle order
+    would hold conv-2 while waiting for conv-1, a cycle Postgres breaks by failing one of the two."""
+    a, b = _runtime(pg_url), _runtime(pg_url)
+    one, two = _conversation(1), _conversation(2)
+    failed: list[BaseException] = []
+    armed = [True]
+
+    def grow() -> None:
+        try:
+            b.get(TraceIngest).ingest(_copy([one[1], two[1]]))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            failed.append(exc)
+
+    grower = threading.Thread(target=grow)
+
+    def meanwhile(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if armed[0] and statement.lstrip().upper().startswith("UPDATE OTEL_CONVERSATIONS"):  # the first claim
+            armed[0] = False
+            grower.start()
+            deadline = time.monotonic() + 60
+            while not _blocked_on_a_lock(pg_url) and grower.is_alive():
+                assert time.monotonic() < deadline, "the other replica neither waited nor finished"
+                time.sleep(0.01)
+
+    finished: list[str] = []
+    try:
+        a.get(TraceIngest).ingest(_copy([one[0], two[0]]))  # no roots: both unfinished
+        raw = a.engine.raw_connection()  # conv-2 idle longest
+        try:
+            now = datetime.now(UTC)
+            for key, idle in (("conv-1", 2), ("conv-2", 3)):
+                raw.cursor().execute(
+                    "UPDATE otel_conversations SET last_seen_at = %s WHERE conversation_key = %s",
+                    (now - timedelta(hours=idle), key),
+                )
+            raw.commit()
+        finally:
+            raw.close()
+        event.listen(a.engine, "after_cursor_execute", meanwhile)
+        try:
+            finished = a.get(TraceIngest).finish_idle("replica-a")
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            failed.append(exc)
+        event.remove(a.engine, "after_cursor_execute", meanwhile)
+        grower.join(timeout=60)
+        assert not grower.is_alive()
+    finally:
+        a.close()
+        b.close()
+    assert not armed[0]
+    assert not failed, failed
+    assert sorted(finished) == ["conv-1", "conv-2"]

@@ -619,7 +619,9 @@ class TraceIngest:
                 .order_by(t.last_seen_at)
                 .limit(FINISH_BATCH)
             ).all()
-            for key in keys:
+            # claimed in key order, the order the count upsert of another replica's request locks them in
+            # (claimed in idle order, a late span to two of them could make the two wait in a cycle)
+            for key in sorted(keys):
                 won = _matched(
                     session,
                     update(t)
