@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from sqlalchemy import event, text
 
 from tests.ingest.test_otel_conversation_traces import _read_after_restart, _traces
@@ -268,3 +269,98 @@ def test_claiming_idle_conversations_while_another_replica_adds_spans_to_them_ne
     assert not armed[0]
     assert not failed, failed
     assert sorted(finished) == ["conv-1", "conv-2"]
+
+
+def test_moving_a_named_trace_while_another_replica_counts_the_same_conversations_never_deadlocks(
+    pg_url: str,
+) -> None:
+    """A replica's request names conv-2's trace, whose first span waited under the trace's own key, and
+    adds to conv-1; meanwhile another replica adds spans to conv-1 and conv-2 (its count upsert locks
+    conv-1, then conv-2). The moved spans are counted with the request's own, in key order: counting them
+    at the move would hold conv-2 while waiting for conv-1, a cycle Postgres breaks by failing one."""
+    a, b = _runtime(pg_url), _runtime(pg_url)
+    one, two = _conversation(1), _conversation(2)
+    later = _in_conversation(_conversation(3)[:1], "conv-2", "e")  # conv-2's spans in trace 3
+    failed: list[BaseException] = []
+    armed = [False]
+
+    def grow() -> None:
+        try:
+            b.get(TraceIngest).ingest(_copy([one[1], *later]))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            failed.append(exc)
+
+    grower = threading.Thread(target=grow)
+
+    def meanwhile(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if armed[0] and statement.lstrip().upper().startswith("INSERT INTO OTEL_CONVERSATIONS"):  # first count
+            armed[0] = False
+            grower.start()
+            deadline = time.monotonic() + 60
+            while not _blocked_on_a_lock(pg_url) and grower.is_alive():
+                assert time.monotonic() < deadline, "the other replica neither waited nor finished"
+                time.sleep(0.01)
+
+    try:
+        ingest = a.get(TraceIngest)
+        ingest.ingest(_copy([_unnamed(two[0])]))  # waits under trace 2's own key
+        event.listen(a.engine, "after_cursor_execute", meanwhile)
+        armed[0] = True
+        try:
+            ingest.ingest(_copy([two[1], one[0]]))  # names trace 2: its first span moves to conv-2
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            failed.append(exc)
+        event.remove(a.engine, "after_cursor_execute", meanwhile)
+        grower.join(timeout=60)
+        assert not grower.is_alive()
+    finally:
+        a.close()
+        b.close()
+    assert not armed[0]
+    assert not failed, failed
+    engine = db.make_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT conversation_key, span_count FROM otel_conversations ORDER BY 1")).all()
+    finally:
+        engine.dispose()
+    assert [tuple(r) for r in rows] == [("conv-1", 2), ("conv-2", 3)]
+
+
+def test_what_waited_under_a_trace_key_is_counted_in_its_conversation_and_within_its_limit(db_url: str) -> None:
+    """A span and a log record of conv-5's trace wait under the trace's own key; a request then names the
+    trace with two more spans while conversations hold at most two spans: the conversation counts the moved
+    span and record with the one span it has room for, and the trace's own row is gone."""
+    from tests.support.app import make_settings
+    from vigil.app.runtime import build_runtime
+    from vigil.app.wiring import wire
+
+    settings = make_settings(db_url, otlp_progress_interval_seconds=0, otlp_max_spans_per_conversation=2)
+    rt = wire(build_runtime(settings, registry=CollectorRegistry()), {"api"})
+    spans = _conversation(5)
+    trace = f"{5:032x}"
+    try:
+        ingest = rt.get(TraceIngest)
+        ingest.ingest(_copy([_unnamed(spans[0])]))
+        record = {
+            "trace_id": trace,
+            "span_id": spans[0]["span_id"],
+            "time_ns": spans[0]["start_ns"] + 1,
+            "name": "gen_ai.user.message",
+            "body": {"content": "hello"},
+            "attributes": {"gen_ai.system": "openai"},
+        }
+        assert ingest.ingest_logs([record]).stored == 1
+        res = ingest.ingest(_copy(spans[1:]))  # names the trace: a chat span and the root, room for one
+        assert (res.stored, res.dropped) == (1, 1)
+    finally:
+        rt.close()
+    engine = db.make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT conversation_key, span_count, event_count FROM otel_conversations ORDER BY 1")
+            ).all()
+    finally:
+        engine.dispose()
+    assert [tuple(r) for r in rows] == [("conv-5", 2, 1)]

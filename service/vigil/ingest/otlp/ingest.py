@@ -118,6 +118,24 @@ class _Touched:
     moved_from: str | None = None  # the trace key its first spans waited under, moved to it in this request
 
 
+@dataclass
+class _Moves:
+    """What a request moved from traces' own keys to their conversations (see ``TraceIngest._keys``).
+
+    The caller counts the moved rows with the rows the request adds, in one upsert that locks every
+    conversation row in key order (counted at the move, a conversation's row would be locked before the
+    others, out of that order: two replicas could wait in a cycle), and only then links the moved traces
+    to their conversations (the conversation's row before its links, as a purge takes them: linked
+    first, a purge of the conversation meanwhile could remove the link after the move found it stored)."""
+
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # (spans, events) by conversation
+    traces: list[tuple[str, str, str]] = field(default_factory=list)  # trace id, its own key, its conversation
+
+    def link(self, session: Session) -> None:
+        for trace_id, old, key in self.traces:
+            _trace_moved(session, trace_id, old, key)
+
+
 class TraceIngest:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
@@ -179,10 +197,16 @@ class TraceIngest:
         return res
 
     def _keys(
-        self, session: Session, trace_ids: set[str], by_trace: dict[str, str], moved_to: dict[str, str] | None = None
+        self,
+        session: Session,
+        trace_ids: set[str],
+        by_trace: dict[str, str],
+        moves: _Moves,
+        moved_to: dict[str, str] | None = None,
     ) -> dict[str, str]:
         """The conversation key of each trace; spans and events stored under the trace's own key before its
-        conversation id was known move to the conversation (and their counts with them).
+        conversation id was known move to the conversation. ``moves`` gets what moved, for the caller to
+        count with the request's own rows and then link (see :class:`_Moves`).
 
         ``by_trace`` holds the traces whose conversation this request names. For those, all that matters
         is whether rows wait under the trace's own key, which its ``otel_conversations`` row says (one
@@ -219,7 +243,7 @@ class TraceIngest:
             # locks them in (rows, then their spans and links), so neither waits on the other in a cycle,
             # and a purge of the conversation meanwhile cannot take the link this move adds
             session.execute(delete(OtelConversationRow).where(OtelConversationRow.conversation_key == old))
-            moved = _matched(
+            moved_spans = _matched(
                 session,
                 update(OtelSpanRow)
                 .where(OtelSpanRow.trace_id == trace_id, OtelSpanRow.conversation_key == old)
@@ -231,9 +255,10 @@ class TraceIngest:
                 .where(OtelEventRow.trace_id == trace_id, OtelEventRow.conversation_key == old)
                 .values(conversation_key=key),
             )
-            self._count(session, {key: (moved, moved_events)}, {})
-            if moved:
-                _trace_moved(session, trace_id, old, key)
+            spans_before, events_before = moves.counts.get(key, (0, 0))
+            moves.counts[key] = (spans_before + moved_spans, events_before + moved_events)
+            if moved_spans:
+                moves.traces.append((trace_id, old, key))
             if moved_to is not None:
                 moved_to[key] = old
         return by_trace
@@ -253,7 +278,8 @@ class TraceIngest:
             if cid:
                 by_trace.setdefault(s["trace_id"], cid)
         moved: dict[str, str] = {}
-        by_trace = self._keys(session, {s["trace_id"] for s in spans}, by_trace, moved)
+        moves = _Moves()
+        by_trace = self._keys(session, {s["trace_id"] for s in spans}, by_trace, moves, moved)
         touched: dict[str, _Touched] = {}
         rows: list[tuple[str, dict[str, Any]]] = []
         now = datetime.now(UTC)
@@ -278,12 +304,13 @@ class TraceIngest:
         limit = self.rt.settings.otlp_max_spans_per_conversation
         for key, t in touched.items():
             state = states.get(key)
-            before = state.span_count if state else 0
+            moved_here = moves.counts.get(key, (0, 0))
+            before = (state.span_count if state else 0) + moved_here[0]
             room = max(0, limit - before)
             if len(t.spans) > room:
                 res.dropped += len(t.spans) - room
                 t.spans = t.spans[:room]
-            t.fresh = state is None or (state.span_count == 0 and state.event_count == 0)
+            t.fresh = not any(moved_here) and (state is None or (state.span_count == 0 and state.event_count == 0))
             t.idle_finished = bool(state and state.idle_finished)
             t.has_root = any(not s.get("parent_span_id") for s in t.spans)
             t.finished = bool(state and state.finished_at is not None)
@@ -297,6 +324,8 @@ class TraceIngest:
                 " (VIGIL_OTLP_MAX_SPANS_PER_CONVERSATION)"
             )
         if not rows:
+            self._count(session, moves.counts, {})
+            moves.link(session)
             return touched, by_trace
         rows = self._shared.share(session, rows, now)
         inserted = _insert_spans(session, rows, now)
@@ -306,7 +335,9 @@ class TraceIngest:
         counts: dict[str, tuple[int, int]] = {}
         for key, _, _ in inserted:
             counts[key] = (counts.get(key, (0, 0))[0] + 1, 0)
-        totals = self._count(session, counts, {key: session_and_user(t.spans) for key, t in touched.items()})
+        labels = {key: session_and_user(t.spans) for key, t in touched.items()}
+        totals = self._count(session, _added(counts, moves.counts), labels)
+        moves.link(session)
         for key, t in touched.items():
             t.stored = counts.get(key, (0, 0))[0]
             t.total = totals[key][0] if key in totals else 0
@@ -419,7 +450,8 @@ class TraceIngest:
         return res
 
     def _store_logs(self, session: Session, records: list[dict[str, Any]], res: IngestResult) -> dict[str, _Touched]:
-        by_trace = self._keys(session, {r["trace_id"] for r in records}, {})
+        moves = _Moves()
+        by_trace = self._keys(session, {r["trace_id"] for r in records}, {}, moves)
         now = datetime.now(UTC)
         rows = []
         for r in records:
@@ -448,7 +480,8 @@ class TraceIngest:
         counts: dict[str, tuple[int, int]] = {}
         for key in inserted:
             counts[key] = (0, counts.get(key, (0, 0))[1] + 1)
-        self._count(session, counts, {})
+        self._count(session, _added(counts, moves.counts), {})
+        moves.link(session)
         states = session.scalars(
             select(OtelConversationRow).where(
                 OtelConversationRow.conversation_key.in_({r["conversation_key"] for r in rows})
@@ -794,6 +827,15 @@ def _unrefer(
                 .where(OtelSpanRow.trace_id == ids[0], OtelSpanRow.span_id == ids[1])
                 .values(span=_stored_part(literal(originals[ids])))
             )
+
+
+def _added(a: dict[str, tuple[int, int]], b: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """(spans, events) counts of both, added key by key."""
+    out = dict(a)
+    for key, (spans, events) in b.items():
+        before = out.get(key, (0, 0))
+        out[key] = (before[0] + spans, before[1] + events)
+    return out
 
 
 def _remember(known: OrderedDict[Any, Any], items: dict[Any, Any]) -> None:
