@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +17,7 @@ from sqlalchemy import event, text
 from tests.ingest.test_otel_conversation_traces import _read_after_restart, _traces
 from tests.ingest.test_otel_shared_values import _conversation, _copy, _runtime
 from vigil.ingest.otlp.ingest import TraceIngest, TraceMarker, purge_conversations
+from vigil.runtime import Runtime
 from vigil.store import db
 
 
@@ -158,6 +161,54 @@ def _revision(cid: str, status: str) -> Any:
     )
 
 
+@contextmanager
+def _other_replica_after(
+    a: Runtime, pg_url: str, starts: Callable[[str], bool], work: Callable[[], Any]
+) -> Iterator[list[BaseException]]:
+    """Once replica ``a`` has run the first statement ``starts`` matches (its transaction holding what that
+    statement locked), ``work`` (another replica's) runs in a thread until it waits on a lock or ends;
+    then ``a`` goes on. Yields the errors of both (a deadlock fails one of them)."""
+    failed: list[BaseException] = []
+    armed = [True]
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            failed.append(exc)
+
+    other = threading.Thread(target=run)
+
+    def meanwhile(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if armed[0] and starts(statement):
+            armed[0] = False
+            other.start()
+            deadline = time.monotonic() + 60
+            while not _blocked_on_a_lock(pg_url) and other.is_alive():
+                assert time.monotonic() < deadline, "the other replica neither waited nor finished"
+                time.sleep(0.01)
+
+    event.listen(a.engine, "after_cursor_execute", meanwhile)
+    try:
+        yield failed
+    except BaseException as exc:  # noqa: BLE001 - reported by the test
+        failed.append(exc)
+    finally:
+        event.remove(a.engine, "after_cursor_execute", meanwhile)
+    assert not armed[0], "the statement to pause after never ran"
+    other.join(timeout=60)
+    assert not other.is_alive()
+
+
+def _conversation_rows(url: str, columns: str) -> list[tuple[Any, ...]]:
+    engine = db.make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text(f"SELECT {columns} FROM otel_conversations ORDER BY 1"))]
+    finally:
+        engine.dispose()
+
+
 def test_marking_revisions_and_counting_spans_of_the_same_conversations_never_deadlock(pg_url: str) -> None:
     """A replica marks conv-2 finished and conv-1 processed (one pipeline batch) while another replica adds
     spans to both (its count upsert locks conv-1, then conv-2). Both lock the rows in key order, so one
@@ -165,53 +216,24 @@ def test_marking_revisions_and_counting_spans_of_the_same_conversations_never_de
     cycle Postgres breaks by failing one of the two."""
     a, b = _runtime(pg_url), _runtime(pg_url)
     one, two = _conversation(1), _conversation(2)
-    failed: list[BaseException] = []
-    armed = [True]
-
-    def grow() -> None:
-        try:
-            b.get(TraceIngest).ingest(_copy([one[1], two[1]]))
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            failed.append(exc)
-
-    grower = threading.Thread(target=grow)
-
-    def meanwhile(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
-        if armed[0] and "otel_conversations" in statement:  # the marker holds its first rows
-            armed[0] = False
-            grower.start()
-            deadline = time.monotonic() + 60
-            while not _blocked_on_a_lock(pg_url) and grower.is_alive():
-                assert time.monotonic() < deadline, "the other replica neither waited nor finished"
-                time.sleep(0.01)
-
     try:
         a.get(TraceIngest).ingest(_copy([one[0], two[0]]))  # no roots: both unfinished
-        event.listen(a.engine, "after_cursor_execute", meanwhile)
-        try:
-            with a.sessions.begin() as session:
-                TraceMarker(a.metrics).on_stored(
-                    session, [_revision("conv-2", "finished"), _revision("conv-1", "in_progress")]
-                )
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            failed.append(exc)
-        event.remove(a.engine, "after_cursor_execute", meanwhile)
-        grower.join(timeout=60)
-        assert not grower.is_alive()
+        grow = lambda: b.get(TraceIngest).ingest(_copy([one[1], two[1]]))  # noqa: E731
+        with (
+            _other_replica_after(a, pg_url, lambda st: "otel_conversations" in st, grow) as failed,
+            a.sessions.begin() as session,
+        ):
+            TraceMarker(a.metrics).on_stored(
+                session, [_revision("conv-2", "finished"), _revision("conv-1", "in_progress")]
+            )
     finally:
         a.close()
         b.close()
-    assert not armed[0]
     assert not failed, failed
-    engine = db.make_engine(pg_url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(
-                text("SELECT conversation_key, span_count, finished_at IS NOT NULL FROM otel_conversations ORDER BY 1")
-            ).all()
-    finally:
-        engine.dispose()
-    assert [tuple(r) for r in rows] == [("conv-1", 2, False), ("conv-2", 2, True)]
+    assert _conversation_rows(pg_url, "conversation_key, span_count, finished_at IS NOT NULL") == [
+        ("conv-1", 2, False),
+        ("conv-2", 2, True),
+    ]
 
 
 def test_claiming_idle_conversations_while_another_replica_adds_spans_to_them_never_deadlocks(pg_url: str) -> None:
@@ -221,26 +243,6 @@ def test_claiming_idle_conversations_while_another_replica_adds_spans_to_them_ne
     would hold conv-2 while waiting for conv-1, a cycle Postgres breaks by failing one of the two."""
     a, b = _runtime(pg_url), _runtime(pg_url)
     one, two = _conversation(1), _conversation(2)
-    failed: list[BaseException] = []
-    armed = [True]
-
-    def grow() -> None:
-        try:
-            b.get(TraceIngest).ingest(_copy([one[1], two[1]]))
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            failed.append(exc)
-
-    grower = threading.Thread(target=grow)
-
-    def meanwhile(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
-        if armed[0] and statement.lstrip().upper().startswith("UPDATE OTEL_CONVERSATIONS"):  # the first claim
-            armed[0] = False
-            grower.start()
-            deadline = time.monotonic() + 60
-            while not _blocked_on_a_lock(pg_url) and grower.is_alive():
-                assert time.monotonic() < deadline, "the other replica neither waited nor finished"
-                time.sleep(0.01)
-
     finished: list[str] = []
     try:
         a.get(TraceIngest).ingest(_copy([one[0], two[0]]))  # no roots: both unfinished
@@ -255,18 +257,13 @@ def test_claiming_idle_conversations_while_another_replica_adds_spans_to_them_ne
             raw.commit()
         finally:
             raw.close()
-        event.listen(a.engine, "after_cursor_execute", meanwhile)
-        try:
+        grow = lambda: b.get(TraceIngest).ingest(_copy([one[1], two[1]]))  # noqa: E731
+        first_claim = lambda st: st.lstrip().upper().startswith("UPDATE OTEL_CONVERSATIONS")  # noqa: E731
+        with _other_replica_after(a, pg_url, first_claim, grow) as failed:
             finished = a.get(TraceIngest).finish_idle("replica-a")
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            failed.append(exc)
-        event.remove(a.engine, "after_cursor_execute", meanwhile)
-        grower.join(timeout=60)
-        assert not grower.is_alive()
     finally:
         a.close()
         b.close()
-    assert not armed[0]
     assert not failed, failed
     assert sorted(finished) == ["conv-1", "conv-2"]
 
@@ -281,50 +278,18 @@ def test_moving_a_named_trace_while_another_replica_counts_the_same_conversation
     a, b = _runtime(pg_url), _runtime(pg_url)
     one, two = _conversation(1), _conversation(2)
     later = _in_conversation(_conversation(3)[:1], "conv-2", "e")  # conv-2's spans in trace 3
-    failed: list[BaseException] = []
-    armed = [False]
-
-    def grow() -> None:
-        try:
-            b.get(TraceIngest).ingest(_copy([one[1], *later]))
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            failed.append(exc)
-
-    grower = threading.Thread(target=grow)
-
-    def meanwhile(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
-        if armed[0] and statement.lstrip().upper().startswith("INSERT INTO OTEL_CONVERSATIONS"):  # first count
-            armed[0] = False
-            grower.start()
-            deadline = time.monotonic() + 60
-            while not _blocked_on_a_lock(pg_url) and grower.is_alive():
-                assert time.monotonic() < deadline, "the other replica neither waited nor finished"
-                time.sleep(0.01)
-
     try:
         ingest = a.get(TraceIngest)
         ingest.ingest(_copy([_unnamed(two[0])]))  # waits under trace 2's own key
-        event.listen(a.engine, "after_cursor_execute", meanwhile)
-        armed[0] = True
-        try:
+        grow = lambda: b.get(TraceIngest).ingest(_copy([one[1], *later]))  # noqa: E731
+        first_count = lambda st: st.lstrip().upper().startswith("INSERT INTO OTEL_CONVERSATIONS")  # noqa: E731
+        with _other_replica_after(a, pg_url, first_count, grow) as failed:
             ingest.ingest(_copy([two[1], one[0]]))  # names trace 2: its first span moves to conv-2
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            failed.append(exc)
-        event.remove(a.engine, "after_cursor_execute", meanwhile)
-        grower.join(timeout=60)
-        assert not grower.is_alive()
     finally:
         a.close()
         b.close()
-    assert not armed[0]
     assert not failed, failed
-    engine = db.make_engine(pg_url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(text("SELECT conversation_key, span_count FROM otel_conversations ORDER BY 1")).all()
-    finally:
-        engine.dispose()
-    assert [tuple(r) for r in rows] == [("conv-1", 2), ("conv-2", 3)]
+    assert _conversation_rows(pg_url, "conversation_key, span_count") == [("conv-1", 2), ("conv-2", 3)]
 
 
 def test_what_waited_under_a_trace_key_is_counted_in_its_conversation_and_within_its_limit(db_url: str) -> None:
@@ -355,12 +320,4 @@ def test_what_waited_under_a_trace_key_is_counted_in_its_conversation_and_within
         assert (res.stored, res.dropped) == (1, 1)
     finally:
         rt.close()
-    engine = db.make_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(
-                text("SELECT conversation_key, span_count, event_count FROM otel_conversations ORDER BY 1")
-            ).all()
-    finally:
-        engine.dispose()
-    assert [tuple(r) for r in rows] == [("conv-5", 2, 1)]
+    assert _conversation_rows(db_url, "conversation_key, span_count, event_count") == [("conv-5", 2, 1)]
