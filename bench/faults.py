@@ -17,7 +17,11 @@ TCP proxy in front of Postgres, so the database can vanish for Vigil alone. Then
 - ``provider``: the judge's provider answers 429, 500 and hangs past the judge's timeout for 20 s;
 - ``adversarial_64k`` and ``adversarial_1m``: an assistant message ``"a." * N + " @"`` of 64 KB and
   1 MB, over HTTP and over Kafka;
-- ``writers``: 4 writers sending batches of 200 overlapping conversation ids to the 2 API replicas.
+- ``writers``: 4 writers sending batches of 200 overlapping conversation ids to the 2 API replicas;
+- ``otlp_exporters``: 4 OTLP exporters sending the spans of 300 traces, about 40 in flight at once, to
+  either replica at random, a third of the traces naming their conversation only from their second span
+  on, a tenth of the requests sent again to the other replica (at-least-once delivery). A conversation
+  counts as stored when its last revision holds every span sent and it is finished.
 
 First ``idle``: 15 s of no fault and no traffic, the baseline stall of a busy machine.
 
@@ -595,6 +599,123 @@ def writers(st: Stack, row: Row) -> None:
         row.note += " (a 5xx other than 503!)"
 
 
+OTLP_TRACES = 300
+OTLP_IN_FLIGHT = 40
+OTLP_SPANS_PER_REQUEST = 64
+
+
+def _otlp_requests(convs: list[dict[str, Any]], rng: random.Random) -> tuple[list[bytes], dict[str, int]]:
+    """Protobuf trace requests interleaving the traces of ``convs`` (a third named from their second span on)
+    and the spans each conversation was sent in."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+    from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
+
+    from bench.bench_otlp import _kv, trace_spans
+
+    traces = []
+    for n, c in enumerate(convs):
+        spans = trace_spans(c, 70_000_000 + n)  # chat spans in order, the root last
+        if n % 3 == 0 and len(spans) > 1:  # the first span names no conversation: it waits under the trace
+            kept = [kv for kv in spans[0].attributes if kv.key != "gen_ai.conversation.id"]
+            del spans[0].attributes[:]
+            spans[0].attributes.extend(kept)
+        traces.append(spans)
+    expected = {c["conversation_id"]: len(spans) for c, spans in zip(convs, traces, strict=True)}
+    waiting, flying, order = list(reversed(traces)), [], []
+    while waiting or flying:
+        while waiting and len(flying) < OTLP_IN_FLIGHT:
+            flying.append(waiting.pop())
+        trace = rng.choice(flying)
+        order.append(trace.pop(0))
+        if not trace:
+            flying.remove(trace)
+    bodies = []
+    for i in range(0, len(order), OTLP_SPANS_PER_REQUEST):
+        resource = Resource(attributes=[_kv("service.name", "faults-agent"), _kv("service.version", "1.0")])
+        spans = order[i : i + OTLP_SPANS_PER_REQUEST]
+        req = ExportTraceServiceRequest(
+            resource_spans=[ResourceSpans(resource=resource, scope_spans=[ScopeSpans(spans=spans)])]
+        )
+        bodies.append(req.SerializeToString())
+    return bodies, expected
+
+
+def otlp_exporters(st: Stack, row: Row) -> None:
+    rng = random.Random(11)
+    convs = conversations("otlp", OTLP_TRACES, seed=11)
+    bodies, expected = _otlp_requests(convs, rng)
+    work = list(enumerate(bodies))
+    resend = {i for i, _ in work if rng.random() < 0.1}
+    answers: dict[str, int] = {}
+    lock = threading.Lock()
+    headers = {**INGEST, "content-type": "application/x-protobuf"}
+
+    def send(c: list[httpx.Client], replica: int, body: bytes) -> None:
+        for attempt in itertools.count():
+            try:
+                r = c[replica].post("/v1/traces", content=body, headers=headers)
+                code = str(r.status_code)
+            except httpx.HTTPError:
+                r, code = None, "connection"
+            with lock:
+                answers[code] = answers.get(code, 0) + 1
+            if r is not None and r.status_code < 500 and r.status_code != 429:
+                return
+            if attempt > 200:
+                raise RuntimeError(f"gave up sending a trace request: {code}")
+            time.sleep(float(r.headers.get("retry-after", 1)) if r is not None else 1.0)
+
+    def exporter(seed: int) -> None:
+        pick = random.Random(seed)
+        clients = [httpx.Client(base_url=u, timeout=120) for u in st.urls]
+        try:
+            while True:
+                with lock:
+                    if not work:
+                        return
+                    i, body = work.pop(0)
+                replica = pick.randrange(2)
+                send(clients, replica, body)
+                if i in resend:
+                    send(clients, 1 - replica, body)
+        finally:
+            for c in clients:
+                c.close()
+
+    threads = [threading.Thread(target=exporter, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    row.sent = len(expected)
+    complete: dict[str, tuple[int, str]] = {}
+    deadline = time.monotonic() + 120
+    while True:
+        with psycopg.connect(st.db_url.replace("+psycopg", "")) as conn:
+            found = conn.execute(
+                "SELECT conversation_id, revision, status FROM conversations WHERE conversation_id = ANY(%s)",
+                (list(expected),),
+            ).fetchall()
+            stray = conn.execute(
+                "SELECT count(*) FROM otel_conversations WHERE conversation_key LIKE 'otel-%%' AND span_count > 0"
+            ).fetchone()
+        complete = {cid: (rev, status) for cid, rev, status in found}
+        row.stored = sum(1 for cid, n in expected.items() if complete.get(cid) == (n, "finished"))
+        if row.stored == row.sent or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    short = sorted(cid for cid, n in expected.items() if complete.get(cid, (0, ""))[0] < n)
+    row.note = (
+        f"{len(bodies)} requests of up to {OTLP_SPANS_PER_REQUEST} spans, {len(resend)} sent twice; answers "
+        + ", ".join(f"{k}: {v}" for k, v in sorted(answers.items()))
+        + f"; {len(short)} conversations short of spans"
+        + f"; {stray[0] if stray else 0} traces' spans left under their own key"
+    )
+    if any(k.startswith("5") and k != "503" for k in answers):
+        row.note += " (a 5xx other than 503!)"
+
+
 def idle(st: Stack, row: Row) -> None:
     time.sleep(15)
     row.note = "no fault, no traffic: the stall the machine's own load causes"
@@ -610,6 +731,7 @@ FAULTS: dict[str, Callable[..., None]] = {
     "adversarial_64k": adversarial_message(64 * 1024),
     "adversarial_1m": adversarial_message(990_000),
     "writers": writers,
+    "otlp_exporters": otlp_exporters,
 }
 
 
@@ -711,6 +833,7 @@ PREFIXES: dict[str, list[tuple[str, int]]] = {
     "adversarial_64k": [("adv64k-http", 1), ("adv64k-kafka", 1)],
     "adversarial_1m": [("adv966k-http", 1), ("adv966k-kafka", 1)],
     "writers": [("writers", 1000)],
+    "otlp_exporters": [("otlp", OTLP_TRACES)],
 }
 
 

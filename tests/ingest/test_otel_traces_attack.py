@@ -154,11 +154,10 @@ def test_a_purge_of_a_trace_key_while_its_spans_move_to_their_conversation_waits
     assert [s["span_id"] for s in _read_after_restart(pg_url, "conv-8")] == [s["span_id"] for s in spans[:2]]
 
 
-def _revision(cid: str, status: str) -> Any:
+def _revision(cid: str, status: str, revision: int) -> Any:
     """What :class:`TraceMarker` reads of a stored revision."""
-    return SimpleNamespace(
-        conversation=SimpleNamespace(conversation_id=cid, status=status, metadata={"source": "otlp"})
-    )
+    conv = SimpleNamespace(conversation_id=cid, status=status, revision=revision, metadata={"source": "otlp"})
+    return SimpleNamespace(conversation=conv)
 
 
 @contextmanager
@@ -224,7 +223,7 @@ def test_marking_revisions_and_counting_spans_of_the_same_conversations_never_de
             a.sessions.begin() as session,
         ):
             TraceMarker(a.metrics).on_stored(
-                session, [_revision("conv-2", "finished"), _revision("conv-1", "in_progress")]
+                session, [_revision("conv-2", "finished", 1), _revision("conv-1", "in_progress", 1)]
             )
     finally:
         a.close()

@@ -15,14 +15,14 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import orjson
 from pydantic import ValidationError
-from sqlalchemy import CursorResult, delete, or_, select, update
+from sqlalchemy import CursorResult, and_, case, delete, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -44,6 +44,7 @@ PURGE_EVERY_SECONDS = 60.0
 RECENT_SPANS = 20_000
 TRACE_KEYS = 100_000  # traces whose conversation key a process remembers
 FINISH_BATCH = 100
+STALE_RETRIES = 2  # times a conversation whose finished revision came too early is processed again at once
 MAX_PROBLEMS = 100
 RECENT_BYTES = 64 * 1024 * 1024  # string bytes of the spans kept in memory (see _recall)
 _HEX = frozenset("0123456789abcdef")
@@ -152,6 +153,7 @@ class TraceIngest:
         # lasts (see _link)
         self._linked: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._shared = SharedValues()
+        self._stale: set[str] = set()  # conversations whose finished revision came too early (see TraceMarker)
 
     # --- spans -----------------------------------------------------------------------------------
 
@@ -341,14 +343,18 @@ class TraceIngest:
         for key, t in touched.items():
             t.stored = counts.get(key, (0, 0))[0]
             t.total = totals[key][0] if key in totals else 0
+            if key in totals:
+                # the row as the upsert found it once locked, not as read before: a revision that finished
+                # it may have committed meanwhile, and these spans must then go through the pipeline at once
+                _, _, finished, idle_finished, processed_at = totals[key]
+                t.finished, t.idle_finished = finished, idle_finished
+                t.processed_at = processed_at or t.processed_at
             # another replica stored spans of it meanwhile, or this request resent some: read them all
             t.fresh = t.fresh and t.stored == len(t.spans) == t.total
         self._link(session, inserted, totals)
         return touched, by_trace
 
-    def _link(
-        self, session: Session, inserted: list[tuple[str, str, str]], counted: dict[str, tuple[int, Any]]
-    ) -> None:
+    def _link(self, session: Session, inserted: list[tuple[str, str, str]], counted: dict[str, _Counted]) -> None:
         """Link the conversation of each span inserted to its trace, but for pairs this process linked before
         in the very conversation row the counts were just added to (the same ``first_seen_at``, as the upsert
         returned it: that row is locked until this transaction ends, and a pair's link goes only with its
@@ -372,9 +378,11 @@ class TraceIngest:
         session: Session,
         counts: dict[str, tuple[int, int]],
         labels: dict[str, tuple[str | None, str | None]],
-    ) -> dict[str, tuple[int, Any]]:
-        """Add (spans, events) to each conversation's row (created if new); returns spans + events stored and
-        the row's ``first_seen_at`` as the driver returns it (which row the counts went to: see _link)."""
+    ) -> dict[str, _Counted]:
+        """Add (spans, events) to each conversation's row (created if new); returns spans + events stored,
+        the row's ``first_seen_at`` as the driver returns it (which row the counts went to: see _link), and,
+        as of the row's lock, whether it is finished, idle-finished and when it last went through the
+        pipeline."""
         if not counts:
             return {}
         now = datetime.now(UTC)
@@ -399,14 +407,14 @@ class TraceIngest:
                     "stale": stale,
                 },
             )
-            return {key: (int(total), age) for key, total, age in result}
+            return {key: _counted(*rest) for key, *rest in result}
         # SQLite: the same upsert as multi-row VALUES written out, its parameters passed to the driver as
         # they are (SQLAlchemy's insertmanyvalues builds and processes a parameter dict per row)
         conn = session.connection()
         dialect = conn.dialect
         at_proc = OtelConversationRow.__table__.c.last_seen_at.type.dialect_impl(dialect).bind_processor(dialect)
         at, stale_at = (at_proc(now), at_proc(stale)) if at_proc else (now, stale)
-        totals: dict[str, tuple[int, Any]] = {}
+        totals: dict[str, _Counted] = {}
         for i in range(0, len(keys), INSERT_CHUNK):
             chunk = keys[i : i + INSERT_CHUNK]
             params: list[Any] = []
@@ -415,7 +423,7 @@ class TraceIngest:
                 params += (key, counts[key][0], counts[key][1], at, at, session_id, user_id)
             params.append(stale_at)
             sql = _COUNT_SQLITE.format(rows=", ".join(["(?, ?, ?, ?, ?, 0, ?, ?)"] * len(chunk)))
-            totals.update((key, (int(total), age)) for key, total, age in conn.exec_driver_sql(sql, tuple(params)))
+            totals.update((key, _counted(*rest)) for key, *rest in conn.exec_driver_sql(sql, tuple(params)))
         return totals
 
     # --- log records -------------------------------------------------------------------------------
@@ -499,7 +507,21 @@ class TraceIngest:
 
     # --- assembling and processing ------------------------------------------------------------------
 
-    def _process(self, touched: dict[str, _Touched], res: IngestResult, idle: bool = False) -> None:
+    def note_stale(self, keys: Sequence[str]) -> None:
+        """TraceMarker, after its transaction committed: these finished revisions were assembled before spans
+        another request stored meanwhile, so the conversations stay unfinished; processed again at once."""
+        with self._lock:
+            if len(self._stale) > TRACE_KEYS:  # a batch that never came back for its keys: the idle finisher has them
+                self._stale.clear()
+            self._stale.update(keys)
+
+    def _take_stale(self, keys: Sequence[str]) -> list[str]:
+        with self._lock:
+            found = sorted(self._stale.intersection(keys))
+            self._stale.difference_update(found)
+        return found
+
+    def _process(self, touched: dict[str, _Touched], res: IngestResult, idle: bool = False, again: int = 0) -> None:
         """Assemble and process the touched conversations.
 
         An unfinished conversation that began, or last went through the pipeline, less than
@@ -512,6 +534,7 @@ class TraceIngest:
         now = datetime.now(UTC)
         convs: list[tuple[Conversation, str, None]] = []
         empty: list[str] = []
+        ended: dict[str, int] = {}  # every trace's root came, no messages yet: spans and events assembled
         for key in sorted(touched):
             t = touched[key]
             recent = t.processed_at is not None and now - aware(t.processed_at) < interval
@@ -533,6 +556,8 @@ class TraceIngest:
             if doc is None:
                 res.pending.append(key)
                 empty.append(key)
+                if not idle and _all_rooted(spans):
+                    ended[key] = len(spans) + len(events)
                 continue
             document = orjson.dumps(doc).decode()  # only JSON types get past this: the dict validates as its JSON would
             try:
@@ -548,8 +573,23 @@ class TraceIngest:
         if convs:
             self.rt.pipeline.process_documents(convs, [], "otlp")
             self.rt.metrics.otlp_conversations.inc(len(convs))
+            stale = self._take_stale([c.conversation_id for c, _, _ in convs if c.status == "finished"])
+            if stale and again < STALE_RETRIES:  # read back with every span stored, and processed again
+                more = IngestResult()
+                self._process({key: _Touched(finished=True) for key in stale}, more, idle, again + 1)
+                for problem in more.problems:
+                    res.problem(problem)
         if idle and empty:  # idle with nothing to judge: finished all the same, so it is not claimed again
             self._finish_empty(empty)
+        if ended:
+            grown = self._finish_ended(ended)
+            if grown and again < STALE_RETRIES:
+                more = IngestResult()
+                self._process({key: _Touched(finished=True) for key in grown}, more, idle, again + 1)
+                res.conversations += more.conversations
+                res.pending = [key for key in res.pending if key not in set(more.conversations)]
+                for problem in more.problems:
+                    res.problem(problem)
 
     def _last_of(self, key: str | None) -> Last | None:
         if key is None:
@@ -620,6 +660,35 @@ class TraceIngest:
                 )
             )
         return spans, events
+
+    def _finish_ended(self, ended: dict[str, int]) -> list[str]:
+        """Finish the conversations whose every root has come but no message yet (the root was exported before
+        the spans under it), so that the spans still to come go through the pipeline as they arrive instead of
+        waiting for the idle timeout. A conversation that grew since it was assembled (another request stored
+        spans meanwhile, and left them for this revision) is not finished: returned, to be processed again.
+        Each row by one update that counts its rows once locked, so the other request either saw it finished
+        or stored its spans before it was counted here."""
+        t = OtelConversationRow
+        grown = []
+        now = datetime.now(UTC)
+        with self.rt.sessions.begin() as session:
+            for key in sorted(ended):  # key order, as every writer of these rows locks them
+                row = session.execute(
+                    update(t)
+                    .where(t.conversation_key == key)
+                    .values(
+                        finished_at=case(
+                            (and_(t.finished_at.is_(None), t.span_count + t.event_count <= ended[key]), now),
+                            else_=t.finished_at,
+                        )
+                    )
+                    .returning(t.finished_at, t.span_count + t.event_count)
+                ).first()
+                if row is not None and row[1] > ended[key]:
+                    grown.append(key)
+                elif row is not None and aware(row[0]) == now:
+                    self.rt.metrics.otlp_finished.labels("root").inc()
+        return grown
 
     def _finish_empty(self, keys: list[str]) -> None:
         t = OtelConversationRow
@@ -721,8 +790,9 @@ class TraceMarker:
     """Downstream stage: in the transaction that stores a traced conversation's revision, records that it
     went through the pipeline and, once it is ``finished``, that it is (so the idle finisher skips it)."""
 
-    def __init__(self, metrics: Any) -> None:
+    def __init__(self, metrics: Any, stale: Callable[[Sequence[str]], None] | None = None) -> None:
         self.metrics = metrics
+        self.stale = stale
 
     def on_stored(self, session: Session, stored: Sequence[Checked]) -> None:
         traced = [c.conversation for c in stored if c.conversation.metadata.get("source") == "otlp"]
@@ -731,18 +801,31 @@ class TraceMarker:
         t = OtelConversationRow.__table__
         now = datetime.now(UTC)
         keys = {c.conversation_id for c in traced}
-        finished = sorted({c.conversation_id for c in traced if c.status == "finished"})
+        revisions = {c.conversation_id: c.revision for c in traced if c.status == "finished"}
+        # the rows locked in key order first (Postgres; SQLite's writer holds the whole database), as the count
+        # upsert of another replica's request locks them: two UPDATEs (newly finished, then the rest) would hold
+        # a later key while waiting for an earlier one, a cycle Postgres breaks by failing one transaction
+        locks = session.get_bind().dialect.name == "postgresql"
+        wanted = sorted(keys if locks else revisions)
+        rows = select(t.c.conversation_key, t.c.span_count + t.c.event_count, t.c.idle_finished).where(
+            among(session, t.c.conversation_key, wanted)
+        )
+        if locks:
+            rows = rows.order_by(t.c.conversation_key).with_for_update()
+        # a finished revision assembled before spans another request stored meanwhile is not the last word:
+        # that request, seeing the conversation unfinished, left it for its next revision, so the conversation
+        # stays unfinished and is processed again with every span (see TraceIngest.note_stale; else the idle
+        # finisher takes it); a revision the idle timeout finished is final
+        finished: list[str] = []
+        early: list[str] = []
+        for key, total, idle in session.execute(rows).all() if wanted else []:
+            if key in revisions:
+                (finished if idle or total <= revisions[key] else early).append(key)
+        if early and self.stale is not None:
+            note, keys_early = self.stale, sorted(early)
+            after_commit(session, lambda: note(keys_early))
+        finished.sort()
         done: set[str] = set()
-        if session.get_bind().dialect.name == "postgresql":
-            # the rows locked in key order first, as the count upsert of another replica's request locks them:
-            # two UPDATEs (newly finished, then the rest) would hold a later key while waiting for an earlier
-            # one, a cycle Postgres breaks by failing one transaction (SQLite locks the whole database)
-            session.execute(
-                select(t.c.conversation_key)
-                .where(among(session, t.c.conversation_key, sorted(keys)))
-                .order_by(t.c.conversation_key)
-                .with_for_update()
-            ).all()
         if finished:
             # finished by this revision: rows not finished before (a row purged meanwhile is no row), their
             # lease released; one statement, which tells how each was finished
@@ -781,7 +864,8 @@ ON CONFLICT (conversation_key) DO UPDATE SET
     last_seen_at = CASE WHEN t.last_seen_at < %(stale)s THEN excluded.last_seen_at ELSE t.last_seen_at END,
     session_id = coalesce(t.session_id, excluded.session_id),
     user_id = coalesce(t.user_id, excluded.user_id)
-RETURNING conversation_key, t.span_count + t.event_count, t.first_seen_at
+RETURNING conversation_key, t.span_count + t.event_count, t.first_seen_at,
+    t.finished_at, t.idle_finished, t.processed_at
 """
 _COUNT_SQLITE = """
 INSERT INTO otel_conversations AS t
@@ -793,7 +877,8 @@ ON CONFLICT (conversation_key) DO UPDATE SET
     last_seen_at = CASE WHEN t.last_seen_at < ? THEN excluded.last_seen_at ELSE t.last_seen_at END,
     session_id = coalesce(t.session_id, excluded.session_id),
     user_id = coalesce(t.user_id, excluded.user_id)
-RETURNING conversation_key, span_count + event_count, first_seen_at
+RETURNING conversation_key, span_count + event_count, first_seen_at,
+    finished_at, idle_finished, processed_at
 """
 _LINK_PG = """
 INSERT INTO otel_conversation_traces (conversation_key, trace_id)
@@ -827,6 +912,21 @@ def _unrefer(
                 .where(OtelSpanRow.trace_id == ids[0], OtelSpanRow.span_id == ids[1])
                 .values(span=_stored_part(literal(originals[ids])))
             )
+
+
+_Counted = tuple[int, Any, bool, bool, Any]  # see TraceIngest._count
+
+
+def _counted(total: Any, first_seen: Any, finished_at: Any, idle_finished: Any, processed_at: Any) -> _Counted:
+    if isinstance(processed_at, str):  # SQLite returns the stored text
+        processed_at = datetime.fromisoformat(processed_at)
+    return (int(total), first_seen, finished_at is not None, bool(idle_finished), processed_at)
+
+
+def _all_rooted(spans: list[dict[str, Any]]) -> bool:
+    """Whether the root span of every trace among ``spans`` is there."""
+    traces = {s["trace_id"] for s in spans}
+    return bool(traces) and traces <= {s["trace_id"] for s in spans if not s.get("parent_span_id")}
 
 
 def _added(a: dict[str, tuple[int, int]], b: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
