@@ -61,9 +61,10 @@ def test_a_finished_revision_assembled_before_another_replica_stored_a_span_is_p
 
 
 def test_spans_counted_after_another_replica_finished_the_conversation_are_processed_at_once(db_url: str) -> None:
-    """Replica B reads conv-1's state (unfinished); before B counts its span in, replica A stores the root
-    and the first chat span and finishes conv-1 (revision 2). B's count finds the row finished, so B's span
-    goes through the pipeline at once (revision 3) instead of waiting for a next revision that never comes."""
+    """Replica B, which stored conv-1's first chat span before (so it knows the trace), reads conv-1's state
+    (unfinished) for its second; before B counts it in, replica A stores the root and finishes conv-1
+    (revision 2). B's count finds the row finished, so B's span goes through the pipeline at once (revision
+    3) instead of waiting for a next revision that never comes."""
     a, b = _two(db_url)
     chat0, chat1, root = _conversation(1)
     armed = [False]
@@ -71,11 +72,12 @@ def test_spans_counted_after_another_replica_finished_the_conversation_are_proce
     def meanwhile(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
         if armed[0] and statement.lstrip().startswith("SELECT") and "otel_conversations.span_count" in statement:
             armed[0] = False
-            a.get(TraceIngest).ingest(_copy([chat0, root]))
+            a.get(TraceIngest).ingest(_copy([root]))
             doc = document(a, "conv-1")
             assert doc is not None and (doc["revision"], doc["status"]) == (2, "finished")
 
     try:
+        assert b.get(TraceIngest).ingest(_copy([chat0])).pending == ["conv-1"]
         event.listen(b.engine, "after_cursor_execute", meanwhile)
         armed[0] = True
         res = b.get(TraceIngest).ingest(_copy([chat1]))

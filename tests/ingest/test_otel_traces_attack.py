@@ -73,20 +73,15 @@ def test_a_span_resent_while_another_replica_moves_it_to_its_conversation_leaves
     counted or linked under the trace's key, which no purge would ever remove."""
     spans = _conversation(3)
     a, b = _runtime(db_url), _runtime(db_url)
-    armed = [True]
-
-    def meanwhile(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
-        if armed[0] and "DISTINCT" in statement.upper() and "otel_spans" in statement:
-            armed[0] = False
-            b.get(TraceIngest).ingest(_copy(spans[1:2]))  # names the conversation: the waiting span moves
-
+    lookup = lambda st: "DISTINCT" in st.upper() and "otel_spans" in st  # noqa: E731
+    names = lambda: b.get(TraceIngest).ingest(_copy(spans[1:2]))  # noqa: E731  (the waiting span moves)
     try:
         a.get(TraceIngest).ingest(_copy([_unnamed(spans[0])]))
         assert _traces(db_url) == {(f"otel-{3:032x}", f"{3:032x}")}
-        event.listen(a.engine, "after_cursor_execute", meanwhile)
-        a.get(TraceIngest).ingest(_copy([_unnamed(spans[0])]))  # an exporter's retry
-        assert not armed[0]
-        event.remove(a.engine, "after_cursor_execute", meanwhile)
+        # on Postgres the other replica waits for this one's lock on the trace; on SQLite it goes ahead
+        with _other_replica_after(a, db_url, lookup, names) as failed:
+            a.get(TraceIngest).ingest(_copy([_unnamed(spans[0])]))  # an exporter's retry
+        assert not failed, failed
         assert _traces(db_url) == {("conv-3", f"{3:032x}")}
         assert [s["span_id"] for s in _read_after_restart(db_url, "conv-3")] == [s["span_id"] for s in spans[:2]]
         assert purge_conversations(a.sessions, datetime.now(UTC) + timedelta(hours=1)) == 1
@@ -97,6 +92,9 @@ def test_a_span_resent_while_another_replica_moves_it_to_its_conversation_leaves
 
 
 def _blocked_on_a_lock(url: str) -> bool:
+    """Whether a session of the test's Postgres database waits on a lock (never, on SQLite)."""
+    if not url.startswith("postgresql"):
+        return False
     engine = db.make_engine(url)
     try:
         with engine.connect() as conn:
@@ -162,7 +160,7 @@ def _revision(cid: str, status: str, revision: int) -> Any:
 
 @contextmanager
 def _other_replica_after(
-    a: Runtime, pg_url: str, starts: Callable[[str], bool], work: Callable[[], Any]
+    a: Runtime, url: str, starts: Callable[[str], bool], work: Callable[[], Any]
 ) -> Iterator[list[BaseException]]:
     """Once replica ``a`` has run the first statement ``starts`` matches (its transaction holding what that
     statement locked), ``work`` (another replica's) runs in a thread until it waits on a lock or ends;
@@ -183,7 +181,7 @@ def _other_replica_after(
             armed[0] = False
             other.start()
             deadline = time.monotonic() + 60
-            while not _blocked_on_a_lock(pg_url) and other.is_alive():
+            while not _blocked_on_a_lock(url) and other.is_alive():
                 assert time.monotonic() < deadline, "the other replica neither waited nor finished"
                 time.sleep(0.01)
 
@@ -320,3 +318,40 @@ def test_what_waited_under_a_trace_key_is_counted_in_its_conversation_and_within
     finally:
         rt.close()
     assert _conversation_rows(db_url, "conversation_key, span_count, event_count") == [("conv-5", 2, 1)]
+
+
+def _unnamed_span_beside_its_naming_request(pg_url: str, unnamed_first: bool) -> None:
+    """conv-9's first span names no conversation, its other spans do; two replicas receive them at once,
+    each looking trace 9 up before the other commits. Wherever the race stops, every span ends in conv-9,
+    nothing stays under the trace's own key."""
+    a, b = _runtime(pg_url), _runtime(pg_url)
+    spans = _conversation(9)
+    first, rest = [_unnamed(spans[0])], spans[1:]
+    mine, theirs = (first, rest) if unnamed_first else (rest, first)
+    if unnamed_first:  # paused after looking the trace up in the span table (nothing there yet)
+        at = lambda st: "DISTINCT" in st.upper() and "otel_spans" in st  # noqa: E731
+    else:  # paused after reading the conversations' state (the trace's own key held nothing)
+        at = lambda st: st.lstrip().startswith("SELECT") and "otel_conversations.span_count" in st  # noqa: E731
+    try:
+        other = lambda: b.get(TraceIngest).ingest(_copy(theirs))  # noqa: E731
+        with _other_replica_after(a, pg_url, at, other) as failed:
+            a.get(TraceIngest).ingest(_copy(mine))
+    finally:
+        a.close()
+        b.close()
+    assert not failed, failed
+    assert _conversation_rows(pg_url, "conversation_key, span_count") == [("conv-9", 3)]
+    assert _traces(pg_url) == {("conv-9", f"{9:032x}")}
+    assert sorted(s["span_id"] for s in _read_after_restart(pg_url, "conv-9")) == sorted(s["span_id"] for s in spans)
+
+
+def test_a_span_naming_no_conversation_stored_while_another_replica_names_its_trace_joins_the_conversation(
+    pg_url: str,
+) -> None:
+    _unnamed_span_beside_its_naming_request(pg_url, unnamed_first=True)
+
+
+def test_a_trace_named_while_another_replica_stores_its_span_that_names_no_conversation_keeps_that_span(
+    pg_url: str,
+) -> None:
+    _unnamed_span_beside_its_naming_request(pg_url, unnamed_first=False)

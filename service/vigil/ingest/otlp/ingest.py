@@ -16,6 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -154,6 +155,12 @@ class TraceIngest:
         self._linked: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._shared = SharedValues()
         self._stale: set[str] = set()  # conversations whose finished revision came too early (see TraceMarker)
+        # on SQLite a request's look-ups run before its write transaction begins: one request stores at a
+        # time (on Postgres, advisory locks on the traces looked up: see _lock_traces)
+        self._sqlite_turn = threading.Lock() if runtime.engine.dialect.name == "sqlite" else None
+
+    def _turn(self) -> AbstractContextManager[Any]:
+        return self._sqlite_turn if self._sqlite_turn is not None else nullcontext()
 
     # --- spans -----------------------------------------------------------------------------------
 
@@ -180,7 +187,7 @@ class TraceIngest:
                 kept.append(s)
         touched: dict[str, _Touched] = {}
         if kept:
-            with self.rt.sessions.begin() as session:
+            with self._turn(), self.rt.sessions.begin() as session:
                 touched, by_trace = self._store(session, kept, res)
             self._remember_keys(by_trace)
             for key, t in touched.items():  # stored for good: this process may now build on them
@@ -222,6 +229,7 @@ class TraceIngest:
                 if key is not None:
                     by_trace.setdefault(trace_id, key)
             unknown = trace_ids.difference(self._trace_keys) if self._trace_keys else trace_ids
+        _lock_traces(session, unknown)
         named = {trace_key(t): t for t in unknown if t in by_trace}
         unnamed = sorted(unknown.difference(by_trace))
         if named:
@@ -447,7 +455,7 @@ class TraceIngest:
                 kept.append(r)
         touched: dict[str, _Touched] = {}
         if kept:
-            with self.rt.sessions.begin() as session:
+            with self._turn(), self.rt.sessions.begin() as session:
                 touched = self._store_logs(session, kept, res)
         self._process(touched, res)
         m = self.rt.metrics
@@ -921,6 +929,25 @@ def _counted(total: Any, first_seen: Any, finished_at: Any, idle_finished: Any, 
     if isinstance(processed_at, str):  # SQLite returns the stored text
         processed_at = datetime.fromisoformat(processed_at)
     return (int(total), first_seen, finished_at is not None, bool(idle_finished), processed_at)
+
+
+TRACE_LOCKS = 0x6F74  # the class of the advisory locks taken on traces (see _lock_traces)
+
+
+def _lock_traces(session: Session, trace_ids: set[str]) -> None:
+    """On Postgres, lock the traces whose conversation this request looks up, until it commits (advisory
+    locks, in one order). Two requests that look the same trace up then take turns: one naming the trace's
+    conversation and one with a span that does not name it, looking up at once, would each find nothing of
+    the other's (neither committed) and the unnamed span would stay under the trace's own key, apart from
+    its conversation. Taken before any row lock, by requests alone, so no cycle can form with row locks.
+    (SQLite: one process writes, and TraceIngest takes its turns by a lock of its own.)"""
+    if not trace_ids or session.get_bind().dialect.name != "postgresql":
+        return
+    keys = sorted({int(t[:8], 16) - (1 << 31) for t in trace_ids})  # ints of 32 bits, in one order
+    session.connection().exec_driver_sql(
+        "SELECT pg_advisory_xact_lock(%(class)s, k) FROM unnest(%(keys)s::int[]) AS k",
+        {"class": TRACE_LOCKS, "keys": keys},
+    )
 
 
 def _all_rooted(spans: list[dict[str, Any]]) -> bool:
