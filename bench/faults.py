@@ -571,6 +571,15 @@ def adversarial_message(size: int) -> Callable[[Stack, Row], None]:
     return run
 
 
+def _in_threads(work: Callable[[int], None], n: int) -> None:
+    """``work(0)`` ... ``work(n - 1)``, each in a thread of its own, until all are done."""
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def writers(st: Stack, row: Row) -> None:
     pool = conversations("writers", 1000, seed=8)
     rng = random.Random(8)
@@ -585,11 +594,7 @@ def writers(st: Stack, row: Row) -> None:
                 for k, v in seen.items():
                     answers[k] = answers.get(k, 0) + v
 
-    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _in_threads(writer, 4)
     row.sent = len(pool)
     row.stored = st.wait_stored(ids(pool))
     row.note = "4 writers x 40 batches of 200 from 1,000 ids over 2 replicas; answers " + ", ".join(
@@ -683,11 +688,7 @@ def otlp_exporters(st: Stack, row: Row) -> None:
             for c in clients:
                 c.close()
 
-    threads = [threading.Thread(target=exporter, args=(n,)) for n in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _in_threads(exporter, 4)
     row.sent = len(expected)
     complete: dict[str, tuple[int, str]] = {}
     deadline = time.monotonic() + 120
