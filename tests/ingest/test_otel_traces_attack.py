@@ -278,6 +278,9 @@ def test_moving_a_named_trace_while_another_replica_counts_the_same_conversation
     try:
         ingest = a.get(TraceIngest)
         ingest.ingest(_copy([_unnamed(two[0])]))  # waits under trace 2's own key
+        # b has seen both of its traces before: it looks neither up (no lock on them), so it meets a only at
+        # the conversations' rows
+        b.get(TraceIngest)._remember_keys({f"{1:032x}": "conv-1", f"{3:032x}": "conv-2"})
         grow = lambda: b.get(TraceIngest).ingest(_copy([one[1], *later]))  # noqa: E731
         first_count = lambda st: st.lstrip().upper().startswith("INSERT INTO OTEL_CONVERSATIONS")  # noqa: E731
         with _other_replica_after(a, pg_url, first_count, grow) as failed:
@@ -355,3 +358,34 @@ def test_a_trace_named_while_another_replica_stores_its_span_that_names_no_conve
     pg_url: str,
 ) -> None:
     _unnamed_span_beside_its_naming_request(pg_url, unnamed_first=False)
+
+
+def test_a_request_of_many_traces_takes_a_bounded_number_of_trace_locks(pg_url: str) -> None:
+    """Each advisory lock takes a slot of Postgres' shared lock table (64 a connection by default): a request
+    looking up 300 traces its process has not seen takes none, one looking up 10 takes one lock each. Traces
+    of a root span alone (no GenAI content) are finished at once, nothing to judge."""
+    from vigil.ingest.otlp.ingest import MAX_TRACE_LOCKS
+
+    a = _runtime(pg_url)
+    locked: list[int] = []
+
+    def record(_c: Any, _cur: Any, statement: str, params: Any, *_: Any) -> None:
+        if "pg_advisory_xact_lock" in statement:
+            locked.append(len(params["keys"]))
+
+    roots = [
+        {**_conversation(n)[2], "attributes": {"http.route": "/orders"}, "span_id": f"{n:016x}"}
+        for n in range(1000, 1310)
+    ]
+    try:
+        event.listen(a.engine, "before_cursor_execute", record)
+        a.get(TraceIngest).ingest(_copy(roots[:300]))
+        assert locked == []
+        a.get(TraceIngest).ingest(_copy(roots[300:]))
+        assert locked == [10]
+    finally:
+        event.remove(a.engine, "before_cursor_execute", record)
+        a.close()
+    assert 10 < MAX_TRACE_LOCKS < 300
+    rows = _conversation_rows(pg_url, "conversation_key, finished_at IS NOT NULL")
+    assert len(rows) == 310 and all(finished for _, finished in rows)

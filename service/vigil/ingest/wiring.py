@@ -21,7 +21,7 @@ def wire(rt: Runtime) -> None:
     rt.hooks.add_router(otlp_router)
     ingest = TraceIngest(rt)
     rt.provide(ingest)
-    rt.hooks.downstream.append(TraceMarker(rt.metrics, ingest.note_stale))
+    rt.hooks.downstream.append(TraceMarker(rt.metrics, ingest.note_stale, rt.settings.otlp_max_spans_per_conversation))
 
     def trace_view(session: Session, conv: dict[str, Any]) -> None:
         """``conversation_enrichers``: a traced conversation's session, user and the others sharing them."""

@@ -564,7 +564,7 @@ class TraceIngest:
             if doc is None:
                 res.pending.append(key)
                 empty.append(key)
-                if not idle and _all_rooted(spans):
+                if not idle and not t.finished and _all_rooted(spans):
                     ended[key] = len(spans) + len(events)
                 continue
             document = orjson.dumps(doc).decode()  # only JSON types get past this: the dict validates as its JSON would
@@ -671,32 +671,37 @@ class TraceIngest:
 
     def _finish_ended(self, ended: dict[str, int]) -> list[str]:
         """Finish the conversations whose every root has come but no message yet (the root was exported before
-        the spans under it), so that the spans still to come go through the pipeline as they arrive instead of
-        waiting for the idle timeout. A conversation that grew since it was assembled (another request stored
-        spans meanwhile, and left them for this revision) is not finished: returned, to be processed again.
-        Each row by one update that counts its rows once locked, so the other request either saw it finished
-        or stored its spans before it was counted here."""
+        the spans under it, or the trace holds no GenAI content at all), so that spans still to come go through
+        the pipeline as they arrive instead of waiting for the idle timeout. A conversation that grew since it
+        was assembled (another request stored spans meanwhile, and left them for this revision) is not
+        finished: returned, to be processed again. Each update counts the rows once they are locked, so the
+        other request either saw the conversation finished or had its spans counted before."""
         t = OtelConversationRow
-        grown = []
+        grown: list[str] = []
+        readable = _readable(t.span_count, t.event_count, self.rt.settings.otlp_max_spans_per_conversation)
         now = datetime.now(UTC)
         with self.rt.sessions.begin() as session:
-            for key in sorted(ended):  # key order, as every writer of these rows locks them
-                row = session.execute(
+            keys = sorted(ended)
+            if session.get_bind().dialect.name == "postgresql":  # in key order, as every writer of these rows
+                session.execute(
+                    select(t.conversation_key)
+                    .where(among(session, t.conversation_key, keys))
+                    .order_by(t.conversation_key)
+                    .with_for_update()
+                ).all()
+            by_count: dict[int, list[str]] = {}
+            for key in keys:
+                by_count.setdefault(ended[key], []).append(key)
+            for n, group in sorted(by_count.items()):  # most often one group: a root alone, or a root and its events
+                for key, count in session.execute(
                     update(t)
-                    .where(t.conversation_key == key)
-                    .values(
-                        finished_at=case(
-                            (and_(t.finished_at.is_(None), t.span_count + t.event_count <= ended[key]), now),
-                            else_=t.finished_at,
-                        )
-                    )
-                    .returning(t.finished_at, t.span_count + t.event_count)
-                ).first()
-                if row is not None and row[1] > ended[key]:
-                    grown.append(key)
-                elif row is not None and aware(row[0]) == now:
-                    self.rt.metrics.otlp_finished.labels("root").inc()
-        return grown
+                    .where(among(session, t.conversation_key, group))
+                    .values(finished_at=case((and_(t.finished_at.is_(None), readable <= n), now), else_=t.finished_at))
+                    .returning(t.conversation_key, readable)
+                ):
+                    if count > n:
+                        grown.append(key)
+        return sorted(grown)
 
     def _finish_empty(self, keys: list[str]) -> None:
         t = OtelConversationRow
@@ -798,9 +803,10 @@ class TraceMarker:
     """Downstream stage: in the transaction that stores a traced conversation's revision, records that it
     went through the pipeline and, once it is ``finished``, that it is (so the idle finisher skips it)."""
 
-    def __init__(self, metrics: Any, stale: Callable[[Sequence[str]], None] | None = None) -> None:
+    def __init__(self, metrics: Any, stale: Callable[[Sequence[str]], None] | None = None, limit: int = 10**9) -> None:
         self.metrics = metrics
         self.stale = stale
+        self.limit = limit  # spans, and log records, a conversation is read back with at most (see _load)
 
     def on_stored(self, session: Session, stored: Sequence[Checked]) -> None:
         traced = [c.conversation for c in stored if c.conversation.metadata.get("source") == "otlp"]
@@ -815,7 +821,8 @@ class TraceMarker:
         # a later key while waiting for an earlier one, a cycle Postgres breaks by failing one transaction
         locks = session.get_bind().dialect.name == "postgresql"
         wanted = sorted(keys if locks else revisions)
-        rows = select(t.c.conversation_key, t.c.span_count + t.c.event_count, t.c.idle_finished).where(
+        readable = _readable(t.c.span_count, t.c.event_count, self.limit)
+        rows = select(t.c.conversation_key, readable, t.c.idle_finished).where(
             among(session, t.c.conversation_key, wanted)
         )
         if locks:
@@ -932,6 +939,7 @@ def _counted(total: Any, first_seen: Any, finished_at: Any, idle_finished: Any, 
 
 
 TRACE_LOCKS = 0x6F74  # the class of the advisory locks taken on traces (see _lock_traces)
+MAX_TRACE_LOCKS = 64  # traces a request locks at most (see _lock_traces)
 
 
 def _lock_traces(session: Session, trace_ids: set[str]) -> None:
@@ -943,11 +951,22 @@ def _lock_traces(session: Session, trace_ids: set[str]) -> None:
     (SQLite: one process writes, and TraceIngest takes its turns by a lock of its own.)"""
     if not trace_ids or session.get_bind().dialect.name != "postgresql":
         return
-    keys = sorted({int(t[:8], 16) - (1 << 31) for t in trace_ids})  # ints of 32 bits, in one order
+    keys = sorted({int(t[-8:], 16) - (1 << 31) for t in trace_ids})  # ints of 32 bits, in one order
+    if len(keys) > MAX_TRACE_LOCKS:
+        # each advisory lock takes a slot of Postgres' shared lock table (max_locks_per_transaction, 64 by
+        # default, times max_connections): a request looking up more traces than this takes none, and for
+        # it the race above stays possible (see docs/opentelemetry.md)
+        return
     session.connection().exec_driver_sql(
         "SELECT pg_advisory_xact_lock(%(class)s, k) FROM unnest(%(keys)s::int[]) AS k",
         {"class": TRACE_LOCKS, "keys": keys},
     )
+
+
+def _readable(spans: Any, events: Any, limit: int) -> Any:
+    """Of a conversation's counted spans and log records, how many a read-back holds (each at most ``limit``,
+    see ``TraceIngest._load``): what a revision holding every stored one counts."""
+    return case((spans > limit, limit), else_=spans) + case((events > limit, limit), else_=events)
 
 
 def _all_rooted(spans: list[dict[str, Any]]) -> bool:
