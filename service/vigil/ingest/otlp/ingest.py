@@ -578,26 +578,23 @@ class TraceIngest:
                 empty.append(key)  # idle: finished once, not claimed again and again
                 continue
             res.conversations.append(doc["conversation_id"])
+        outgrown: list[str] = []  # processed or finished from fewer spans than another request stored meanwhile
         if convs:
             self.rt.pipeline.process_documents(convs, [], "otlp")
             self.rt.metrics.otlp_conversations.inc(len(convs))
-            stale = self._take_stale([c.conversation_id for c, _, _ in convs if c.status == "finished"])
-            if stale and again < STALE_RETRIES:  # read back with every span stored, and processed again
-                more = IngestResult()
-                self._process({key: _Touched(finished=True) for key in stale}, more, idle, again + 1)
-                for problem in more.problems:
-                    res.problem(problem)
+            outgrown += self._take_stale([c.conversation_id for c, _, _ in convs if c.status == "finished"])
         if idle and empty:  # idle with nothing to judge: finished all the same, so it is not claimed again
             self._finish_empty(empty)
         if ended:
-            grown = self._finish_ended(ended)
-            if grown and again < STALE_RETRIES:
-                more = IngestResult()
-                self._process({key: _Touched(finished=True) for key in grown}, more, idle, again + 1)
-                res.conversations += more.conversations
-                res.pending = [key for key in res.pending if key not in set(more.conversations)]
-                for problem in more.problems:
-                    res.problem(problem)
+            outgrown += self._finish_ended(ended)
+        if outgrown and again < STALE_RETRIES:  # read back with every span stored, and processed again
+            more = IngestResult()
+            self._process({key: _Touched(finished=True) for key in outgrown}, more, idle, again + 1)
+            done = set(more.conversations)
+            res.conversations += [cid for cid in more.conversations if cid not in res.conversations]
+            res.pending = [key for key in res.pending if key not in done]
+            for problem in more.problems:
+                res.problem(problem)
 
     def _last_of(self, key: str | None) -> Last | None:
         if key is None:
