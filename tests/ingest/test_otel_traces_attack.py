@@ -389,3 +389,86 @@ def test_a_request_of_many_traces_takes_a_bounded_number_of_trace_locks(pg_url: 
     assert 10 < MAX_TRACE_LOCKS < 300
     rows = _conversation_rows(pg_url, "conversation_key, finished_at IS NOT NULL")
     assert len(rows) == 310 and all(finished for _, finished in rows)
+
+
+def test_a_request_postgres_fails_to_break_a_deadlock_is_stored_by_its_next_try(pg_url: str) -> None:
+    """The one lock order left open (docs/opentelemetry.md): a move from a trace's own key holds that key's
+    row while the request's count upsert waits for the conversation's. Another transaction holding conv-4's
+    row and then wanting trace 4's closes a cycle; Postgres fails the request's transaction (it waited first,
+    and the other waits a minute before it looks for a cycle), and the request is stored by its next try
+    instead of failing (a 503 to the exporter)."""
+    a = _runtime(pg_url)
+    spans = _conversation(4)
+    earlier = _in_conversation(_conversation(6)[:1], "conv-4", "e")  # conv-4's row exists: trace 6 named it
+    trace_row = f"otel-{4:032x}"
+    engine = db.make_engine(pg_url)
+    outcome: list[Any] = []
+    try:
+        ingest = a.get(TraceIngest)
+        ingest.ingest(_copy(earlier))
+        ingest.ingest(_copy([_unnamed(spans[0])]))  # waits under trace 4's own key
+        assert {k for (k,) in _conversation_rows(pg_url, "conversation_key")} == {"conv-4", trace_row}
+        lock = "SELECT 1 FROM otel_conversations WHERE conversation_key = :k FOR UPDATE"
+        with engine.connect() as other:
+            other.execute(text("SET LOCAL deadlock_timeout = '1min'"))
+            other.execute(text(lock), {"k": "conv-4"})
+
+            def names_the_trace() -> None:
+                try:
+                    outcome.append(ingest.ingest(_copy(spans[1:])))  # moves trace 4's span to conv-4
+                except BaseException as exc:  # noqa: BLE001  (the test reports it)
+                    outcome.append(exc)
+
+            request = threading.Thread(target=names_the_trace)
+            request.start()
+            deadline = time.monotonic() + 60
+            while not _blocked_on_a_lock(pg_url):  # the request holds trace 4's row, waits for conv-4's
+                assert request.is_alive() and time.monotonic() < deadline, outcome
+                time.sleep(0.01)
+            other.execute(text(lock), {"k": trace_row})  # waits until Postgres fails the request's try
+            other.commit()
+            request.join(60)
+        assert not request.is_alive()
+    finally:
+        engine.dispose()
+        retries = a.metrics.registry.get_sample_value("vigil_store_retries_total", {"kind": "deadlock"})
+        a.close()
+    assert len(outcome) == 1 and not isinstance(outcome[0], BaseException), outcome
+    assert outcome[0].stored == len(spans) - 1
+    assert retries == 1
+    assert _conversation_rows(pg_url, "conversation_key, span_count") == [("conv-4", 1 + len(spans))]
+    read = {s["span_id"] for s in _read_after_restart(pg_url, "conv-4")}
+    assert read == {s["span_id"] for s in spans + earlier}
+
+
+def test_a_try_rolled_back_counts_nothing_of_what_the_request_stores(db_url: str) -> None:
+    """The request's first try fails at its last statement (a lost connection, say) after dropping a span
+    over the conversation's limit; its second try stores it. The answer counts that try alone: one span
+    dropped, said once, and every span stored once."""
+    from sqlalchemy.exc import OperationalError
+
+    from tests.support.app import make_settings
+    from vigil.app.runtime import build_runtime
+    from vigil.app.wiring import wire
+
+    settings = make_settings(db_url, otlp_progress_interval_seconds=0, otlp_max_spans_per_conversation=2)
+    rt = wire(build_runtime(settings, registry=CollectorRegistry()), {"api"})
+    spans = _conversation(7)  # two chat spans and the root: one over the limit
+    armed = [True]
+
+    def fails_once(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if armed[0] and "INSERT INTO otel_conversation_traces" in statement:
+            armed[0] = False
+            raise OperationalError(statement, {}, Exception("server closed the connection unexpectedly"))
+
+    event.listen(rt.engine, "before_cursor_execute", fails_once)
+    try:
+        res = rt.get(TraceIngest).ingest(_copy(spans))
+        retries = rt.metrics.registry.get_sample_value("vigil_store_retries_total", {"kind": "other"})
+    finally:
+        event.remove(rt.engine, "before_cursor_execute", fails_once)
+        rt.close()
+    assert not armed[0]
+    assert (res.stored, res.dropped, retries) == (2, 1, 1)
+    assert len([p for p in res.problems if "dropped" in p]) == 1, res.problems
+    assert _conversation_rows(db_url, "conversation_key, span_count") == [("conv-7", 2)]

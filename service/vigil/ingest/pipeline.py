@@ -24,7 +24,7 @@ from vigil.rules import RuleEngine
 from vigil.runtime import DownstreamStage, Envelope
 from vigil.schema import Conversation
 from vigil.settings import Settings
-from vigil.store.db import PERMANENT_DB_ERRORS, retry_transient, storable_text
+from vigil.store.db import PERMANENT_DB_ERRORS, retry_kind, retry_transient, storable_text
 from vigil.store.db import db_detail as _db_detail
 from vigil.store.writes import BatchResult, Checked, DeadLetter, store_conversations, store_dead_letters
 
@@ -165,7 +165,7 @@ class Pipeline:
             lambda: self._store_once(checked, dead),
             s.store_retry_attempts,
             s.store_retry_base_seconds,
-            on_retry=lambda exc: self.metrics.store_retries.labels(_retry_kind(exc)).inc(),
+            on_retry=lambda exc: self.metrics.store_retries.labels(retry_kind(exc)).inc(),
             stopping=self.stopping.is_set,
         )
 
@@ -226,11 +226,6 @@ class Pipeline:
             m.conversations_duplicate.labels(source).inc(result.duplicates)
         for reason, letter_source in result.new_dead_letters:
             m.dead_letters.labels(reason, letter_source).inc()
-
-
-def _retry_kind(exc: BaseException) -> str:
-    code = getattr(getattr(exc, "orig", None), "sqlstate", None)
-    return {"40P01": "deadlock", "40001": "serialization"}.get(code or "", "other")
 
 
 def _letter(

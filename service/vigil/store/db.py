@@ -274,6 +274,12 @@ def transient(exc: BaseException) -> bool:
     return False
 
 
+def retry_kind(exc: BaseException) -> str:
+    """What a retried write ran into, as the ``store_retries_total`` metric names it."""
+    code = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    return {"40P01": "deadlock", "40001": "serialization"}.get(code or "", "other")
+
+
 def retry_transient(
     fn: Callable[[], T],
     attempts: int = 5,

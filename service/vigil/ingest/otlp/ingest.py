@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import orjson
 from pydantic import ValidationError
@@ -36,10 +36,11 @@ from vigil.ingest.otlp.otlp import EXTENDS, STORED_NS, valid_ids, valid_times
 from vigil.ingest.otlp.shared import SharedValues, purge_values, resolve
 from vigil.runtime import Runtime
 from vigil.schema import INCOMING, Conversation
-from vigil.store.db import after_commit, among, aware
+from vigil.store.db import after_commit, among, aware, retry_kind, retry_transient
 from vigil.store.writes import Checked, copy_new_values
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PURGE_EVERY_SECONDS = 60.0
 RECENT_SPANS = 20_000
@@ -162,6 +163,33 @@ class TraceIngest:
     def _turn(self) -> AbstractContextManager[Any]:
         return self._sqlite_turn if self._sqlite_turn is not None else nullcontext()
 
+    def _transaction(self, store: Callable[[Session, IngestResult], T], res: IngestResult) -> T:
+        """Run ``store`` in one transaction, tried again on a deadlock, a serialization failure or a lost
+        connection, with the pipeline's retry policy and settings (``VIGIL_STORE_RETRY_*``): Postgres fails
+        one of two transactions that wait for each other's rows in a cycle, and the request is then stored
+        by its next try instead of answered 503. What a try counts goes to ``res`` only once it commits (a
+        try rolled back leaves nothing, in the database or in this process: what the stores remember, they
+        remember after commit). Raises :class:`~vigil.store.db.StoreUnavailable` when every try failed."""
+        s = self.rt.settings
+
+        def once() -> tuple[T, IngestResult]:
+            part = IngestResult()
+            with self._turn(), self.rt.sessions.begin() as session:
+                return store(session, part), part
+
+        out, part = retry_transient(
+            once,
+            s.store_retry_attempts,
+            s.store_retry_base_seconds,
+            on_retry=lambda exc: self.rt.metrics.store_retries.labels(retry_kind(exc)).inc(),
+            stopping=self.rt.pipeline.stopping.is_set,
+        )
+        res.stored += part.stored
+        res.dropped += part.dropped
+        for problem in part.problems:
+            res.problem(problem)
+        return out
+
     # --- spans -----------------------------------------------------------------------------------
 
     def ingest(self, spans: list[dict[str, Any]]) -> IngestResult:
@@ -187,8 +215,7 @@ class TraceIngest:
                 kept.append(s)
         touched: dict[str, _Touched] = {}
         if kept:
-            with self._turn(), self.rt.sessions.begin() as session:
-                touched, by_trace = self._store(session, kept, res)
+            touched, by_trace = self._transaction(lambda session, part: self._store(session, kept, part), res)
             self._remember_keys(by_trace)
             for key, t in touched.items():  # stored for good: this process may now build on them
                 t.known = self._recall(key, t)
@@ -455,8 +482,7 @@ class TraceIngest:
                 kept.append(r)
         touched: dict[str, _Touched] = {}
         if kept:
-            with self._turn(), self.rt.sessions.begin() as session:
-                touched = self._store_logs(session, kept, res)
+            touched = self._transaction(lambda session, part: self._store_logs(session, kept, part), res)
         self._process(touched, res)
         m = self.rt.metrics
         outcomes = (("stored", res.stored), ("duplicate", len(kept) - res.stored), ("ignored", res.ignored))
