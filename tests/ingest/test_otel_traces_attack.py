@@ -472,3 +472,34 @@ def test_a_try_rolled_back_counts_nothing_of_what_the_request_stores(db_url: str
     assert (res.stored, res.dropped, retries) == (2, 1, 1)
     assert len([p for p in res.problems if "dropped" in p]) == 1, res.problems
     assert _conversation_rows(db_url, "conversation_key, span_count") == [("conv-7", 2)]
+
+
+def test_a_root_exported_alone_is_finished_by_a_second_try_when_the_first_fails(db_url: str) -> None:
+    """A trace's root comes before any span with messages: the conversation is finished at once, so the
+    spans still to come go through the pipeline as they arrive. That update failing once (a deadlock, a
+    lost connection) is tried again, not answered 503 after the spans were stored."""
+    from sqlalchemy.exc import OperationalError
+
+    rt = _runtime(db_url)
+    spans = _conversation(9)
+    armed = [True]
+
+    def fails_once(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if armed[0] and statement.lstrip().upper().startswith("UPDATE OTEL_CONVERSATIONS") and "CASE" in statement:
+            armed[0] = False
+            raise OperationalError(statement, {}, Exception("deadlock detected"))
+
+    event.listen(rt.engine, "before_cursor_execute", fails_once)
+    try:
+        ingest = rt.get(TraceIngest)
+        res = ingest.ingest(_copy(spans[-1:]))  # the root alone
+        retries = rt.metrics.registry.get_sample_value("vigil_store_retries_total", {"kind": "other"})
+        assert not armed[0]
+        assert (res.stored, res.conversations, retries) == (1, [], 1)
+        later = ingest.ingest(_copy(spans[:-1]))  # the chat spans: the conversation is finished already
+    finally:
+        event.remove(rt.engine, "before_cursor_execute", fails_once)
+        rt.close()
+    assert later.conversations == ["conv-9"]
+    rows = _conversation_rows(db_url, "conversation_key, span_count, finished_at IS NOT NULL")
+    assert rows == [("conv-9", len(spans), True)]

@@ -170,25 +170,30 @@ class TraceIngest:
         by its next try instead of answered 503. What a try counts goes to ``res`` only once it commits (a
         try rolled back leaves nothing, in the database or in this process: what the stores remember, they
         remember after commit). Raises :class:`~vigil.store.db.StoreUnavailable` when every try failed."""
-        s = self.rt.settings
 
         def once() -> tuple[T, IngestResult]:
             part = IngestResult()
             with self._turn(), self.rt.sessions.begin() as session:
                 return store(session, part), part
 
-        out, part = retry_transient(
-            once,
-            s.store_retry_attempts,
-            s.store_retry_base_seconds,
-            on_retry=lambda exc: self.rt.metrics.store_retries.labels(retry_kind(exc)).inc(),
-            stopping=self.rt.pipeline.stopping.is_set,
-        )
+        out, part = self._retrying(once)
         res.stored += part.stored
         res.dropped += part.dropped
         for problem in part.problems:
             res.problem(problem)
         return out
+
+    def _retrying(self, transaction: Callable[[], T]) -> T:
+        """``transaction`` (which opens, commits or rolls back its own), tried again as the pipeline's writes
+        are (see :meth:`_transaction`)."""
+        s = self.rt.settings
+        return retry_transient(
+            transaction,
+            s.store_retry_attempts,
+            s.store_retry_base_seconds,
+            on_retry=lambda exc: self.rt.metrics.store_retries.labels(retry_kind(exc)).inc(),
+            stopping=self.rt.pipeline.stopping.is_set,
+        )
 
     # --- spans -----------------------------------------------------------------------------------
 
@@ -698,7 +703,11 @@ class TraceIngest:
         the pipeline as they arrive instead of waiting for the idle timeout. A conversation that grew since it
         was assembled (another request stored spans meanwhile, and left them for this revision) is not
         finished: returned, to be processed again. Each update counts the rows once they are locked, so the
-        other request either saw the conversation finished or had its spans counted before."""
+        other request either saw the conversation finished or had its spans counted before. Tried again on a
+        deadlock or a lost connection (see :meth:`_retrying`)."""
+        return self._retrying(lambda: self._finish_ended_once(ended))
+
+    def _finish_ended_once(self, ended: dict[str, int]) -> list[str]:
         t = OtelConversationRow
         grown: list[str] = []
         readable = _readable(t.span_count, t.event_count, self.rt.settings.otlp_max_spans_per_conversation)
@@ -728,12 +737,16 @@ class TraceIngest:
 
     def _finish_empty(self, keys: list[str]) -> None:
         t = OtelConversationRow
-        with self.rt.sessions.begin() as session:
-            session.execute(
-                update(t)
-                .where(t.conversation_key.in_(keys), t.finished_at.is_(None))
-                .values(finished_at=datetime.now(UTC), claimed_by=None, claim_until=None)
-            )
+
+        def once() -> None:
+            with self.rt.sessions.begin() as session:
+                session.execute(
+                    update(t)
+                    .where(t.conversation_key.in_(keys), t.finished_at.is_(None))
+                    .values(finished_at=datetime.now(UTC), claimed_by=None, claim_until=None)
+                )
+
+        self._retrying(once)
 
     # --- idle conversations ------------------------------------------------------------------------
 
