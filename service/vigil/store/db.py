@@ -16,6 +16,7 @@ import psycopg
 from sqlalchemy import BigInteger, ColumnElement, Engine, String, any_, bindparam, create_engine, event, func, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.errors import VigilError
@@ -61,6 +62,24 @@ def json_text(value: object) -> str:
     return dumps_exact(value)
 
 
+# libpq's connection parameters Vigil sets unless the database URL does (``?connect_timeout=30``, say):
+# without them a database that stops answering (a network partition, a host gone without a reset, a
+# server that accepts connections and never answers) holds every request, consumer batch and pool ping
+# waiting on it for minutes: psycopg gives up connecting after 130 s, a query whose peer is gone waits
+# for the kernel's TCP retransmissions (about 15 minutes). With them a new connection fails after
+# ``connect_timeout`` seconds, and an open one whose sent data or keepalive probes go unacknowledged
+# after ``tcp_user_timeout`` ms or a minute of unanswered probes: the write's retries then run, and the
+# request is answered 503 (a consumer keeps its batch) instead of waiting.
+PG_CONNECT_DEFAULTS: dict[str, object] = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
@@ -70,7 +89,13 @@ def make_engine(url: str) -> Engine:
         # and a busy timeout rides out the writer's short transactions instead of failing.
         kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
     else:
-        kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True)
+        given = make_url(url).query
+        kwargs.update(
+            pool_size=10,
+            max_overflow=20,
+            pool_pre_ping=True,
+            connect_args={k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in given},
+        )
     engine = create_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
 
