@@ -431,3 +431,34 @@ def test_a_json_request_of_the_wrong_shape_names_the_field(body: bytes, where: s
     with pytest.raises(otlp.OtlpError) as err:
         parse(body, 100)
     assert where in str(err.value) and err.value.status == 400
+
+
+def test_a_protobuf_attribute_nested_past_protobufs_limit_is_a_400_that_says_so(server: tuple[str, Runtime]) -> None:
+    """An attribute value of key-value lists 40 deep passes protobuf's limit of 100 nested messages. The
+    answer says that in OTLP's words (the request type under its own name, not the decoder's copy of it)
+    and the request is kept as a dead letter; a span nested within the limit in the same trace is stored."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+    base, rt = server
+
+    def request(depth: int, span_id: str) -> bytes:
+        value = AnyValue(string_value="x")
+        for _ in range(depth):
+            outer = AnyValue()
+            outer.kvlist_value.values.add(key="a").value.CopyFrom(value)
+            value = outer
+        req = ExportTraceServiceRequest.FromString(pb_request((bytes.fromhex(TRACE), bytes.fromhex(span_id))))
+        req.resource_spans[0].scope_spans[0].spans[0].attributes.add(key="gen_ai.x").value.CopyFrom(value)
+        return req.SerializeToString()
+
+    r = httpx.post(f"{base}/v1/traces", content=request(40, "00000000000000f2"), headers=PROTOBUF)
+    assert r.status_code == 400
+    from google.rpc.status_pb2 import Status
+
+    message = Status.FromString(r.content).message
+    assert "opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest" in message, message
+    assert "nested deeper than protobuf's limit of 100" in message and "vigil" not in message, message
+    assert dead_letters(rt)[0]["reason"] == "malformed_otlp"
+    r = httpx.post(f"{base}/v1/traces", content=request(10, "00000000000000f3"), headers=PROTOBUF)
+    assert r.status_code == 200, r.content
+    assert stored_spans(rt) == [(TRACE, "00000000000000f3")]

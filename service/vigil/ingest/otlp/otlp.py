@@ -100,13 +100,27 @@ def parse_protobuf(data: bytes | memoryview, max_spans: int | None = None) -> li
         _check_count(data, max_spans, "spans")
         req.ParseFromString(data)
     except DecodeError as exc:
-        raise OtlpError(f"body is not an OTLP ExportTraceServiceRequest: {exc}") from exc
+        raise OtlpError(f"body is not an OTLP ExportTraceServiceRequest: {_decode_error(exc)}") from exc
     try:
         return spans_of_request(req)
     except UnicodeDecodeError as exc:
         raise OtlpError(f"body is not an OTLP ExportTraceServiceRequest: a string value is not UTF-8 ({exc})") from exc
 
 
+def _decode_error(exc: Exception) -> str:
+    """protobuf's parse error in the words of the OTLP specification: the message types under their own
+    names (not those of the decoder's copy, see :func:`_raw_request_class`), and a nesting too deep said so."""
+    text = str(exc)
+    for standard, raw in _RAW_PACKAGES.items():
+        text = text.replace(f"{raw}.", f"{standard}.")
+    return text.replace(
+        "Exceeded upb_DecodeOptions_MaxDepth",
+        f"messages nested deeper than protobuf's limit of {PROTOBUF_MAX_DEPTH} (an attribute value of key-value "
+        "lists or arrays within each other, most likely)",
+    )
+
+
+PROTOBUF_MAX_DEPTH = 100  # upb's default recursion limit, which the Python runtime parses with
 MAX_ITEMS_SETTING = "VIGIL_OTLP_MAX_SPANS_PER_REQUEST"
 
 
@@ -358,7 +372,7 @@ def parse_logs_protobuf(data: bytes | memoryview, max_records: int | None = None
         _check_count(data, max_records, "log records")
         req.ParseFromString(data)
     except DecodeError as exc:
-        raise OtlpError(f"body is not an OTLP ExportLogsServiceRequest: {exc}") from exc
+        raise OtlpError(f"body is not an OTLP ExportLogsServiceRequest: {_decode_error(exc)}") from exc
     return records_of_request(req)
 
 
