@@ -391,54 +391,121 @@ def test_a_request_of_many_traces_takes_a_bounded_number_of_trace_locks(pg_url: 
     assert len(rows) == 310 and all(finished for _, finished in rows)
 
 
+def _deadlocked_once(
+    rt: Runtime,
+    pg_url: str,
+    request: Callable[[], Any],
+    holds: str,
+    first: Callable[[Any], None],
+    then: Callable[[Any], None],
+) -> list[Any]:
+    """Run ``request`` (an ingest of ``rt``'s) in a thread while another transaction closes a lock cycle with it: that
+    transaction does ``first``; when the request has run a statement starting with ``holds`` (so it holds
+    what it locks), the request waits until the other transaction, doing ``then``, waits on it. The request
+    then waits on ``first``'s lock: the cycle exists before Postgres looks for one (a second after the
+    request began waiting; the other transaction waits a minute before it looks), so the request's try is
+    the one failed. Returns the request's outcome (its result, or what it raised)."""
+    engine = db.make_engine(pg_url)
+    outcome: list[Any] = []
+    held = threading.Event()
+    armed = [True]
+
+    def then_waits(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if armed[0] and statement.lstrip().upper().startswith(holds):
+            armed[0] = False
+            held.set()
+            deadline = time.monotonic() + 60
+            while not _blocked_on_a_lock(pg_url):  # the other transaction waits on what this try holds
+                assert time.monotonic() < deadline, "the other transaction never waited"
+                time.sleep(0.01)
+
+    def run() -> None:
+        try:
+            outcome.append(request())
+        except BaseException as exc:  # noqa: BLE001  (the test reports it)
+            outcome.append(exc)
+
+    event.listen(rt.engine, "after_cursor_execute", then_waits)
+    try:
+        with engine.connect() as other:
+            other.execute(text("SET LOCAL deadlock_timeout = '1min'"))
+            first(other)
+            thread = threading.Thread(target=run)
+            thread.start()
+            assert held.wait(60), outcome
+            then(other)  # waits until Postgres fails the request's try
+            other.rollback()
+            thread.join(60)
+            assert not thread.is_alive()
+    finally:
+        event.remove(rt.engine, "after_cursor_execute", then_waits)
+        engine.dispose()
+    return outcome
+
+
 def test_a_request_postgres_fails_to_break_a_deadlock_is_stored_by_its_next_try(pg_url: str) -> None:
     """The one lock order left open (docs/opentelemetry.md): a move from a trace's own key holds that key's
     row while the request's count upsert waits for the conversation's. Another transaction holding conv-4's
-    row and then wanting trace 4's closes a cycle; Postgres fails the request's transaction (it waited first,
-    and the other waits a minute before it looks for a cycle), and the request is stored by its next try
-    instead of failing (a 503 to the exporter)."""
+    row and wanting trace 4's closes a cycle; Postgres fails the request's transaction, and the request is
+    stored by its next try instead of failing (a 503 to the exporter)."""
     a = _runtime(pg_url)
     spans = _conversation(4)
     earlier = _in_conversation(_conversation(6)[:1], "conv-4", "e")  # conv-4's row exists: trace 6 named it
     trace_row = f"otel-{4:032x}"
-    engine = db.make_engine(pg_url)
-    outcome: list[Any] = []
+    lock = "SELECT 1 FROM otel_conversations WHERE conversation_key = :k FOR UPDATE"
     try:
         ingest = a.get(TraceIngest)
         ingest.ingest(_copy(earlier))
         ingest.ingest(_copy([_unnamed(spans[0])]))  # waits under trace 4's own key
         assert {k for (k,) in _conversation_rows(pg_url, "conversation_key")} == {"conv-4", trace_row}
-        lock = "SELECT 1 FROM otel_conversations WHERE conversation_key = :k FOR UPDATE"
-        with engine.connect() as other:
-            other.execute(text("SET LOCAL deadlock_timeout = '1min'"))
-            other.execute(text(lock), {"k": "conv-4"})
-
-            def names_the_trace() -> None:
-                try:
-                    outcome.append(ingest.ingest(_copy(spans[1:])))  # moves trace 4's span to conv-4
-                except BaseException as exc:  # noqa: BLE001  (the test reports it)
-                    outcome.append(exc)
-
-            request = threading.Thread(target=names_the_trace)
-            request.start()
-            deadline = time.monotonic() + 60
-            while not _blocked_on_a_lock(pg_url):  # the request holds trace 4's row, waits for conv-4's
-                assert request.is_alive() and time.monotonic() < deadline, outcome
-                time.sleep(0.01)
-            other.execute(text(lock), {"k": trace_row})  # waits until Postgres fails the request's try
-            other.commit()
-            request.join(60)
-        assert not request.is_alive()
-    finally:
-        engine.dispose()
+        outcome = _deadlocked_once(
+            a,
+            pg_url,
+            lambda: ingest.ingest(_copy(spans[1:])),  # names the trace: its first span moves to conv-4
+            "DELETE FROM OTEL_CONVERSATIONS",  # the move empties the trace's own row first
+            lambda other: other.execute(text(lock), {"k": "conv-4"}),
+            lambda other: other.execute(text(lock), {"k": trace_row}),
+        )
         retries = a.metrics.registry.get_sample_value("vigil_store_retries_total", {"kind": "deadlock"})
+    finally:
         a.close()
     assert len(outcome) == 1 and not isinstance(outcome[0], BaseException), outcome
-    assert outcome[0].stored == len(spans) - 1
-    assert retries == 1
+    assert (outcome[0].stored, retries) == (len(spans) - 1, 1)
     assert _conversation_rows(pg_url, "conversation_key, span_count") == [("conv-4", 1 + len(spans))]
     read = {s["span_id"] for s in _read_after_restart(pg_url, "conv-4")}
     assert read == {s["span_id"] for s in spans + earlier}
+
+
+def test_a_request_whose_span_copy_deadlocks_is_stored_by_its_next_try(pg_url: str) -> None:
+    """Spans are COPYed on the driver's own connection, so what fails there is psycopg's error, not
+    SQLAlchemy's wrapping of it. Another transaction inserting one of the request's spans (uncommitted),
+    then asking for the lock the request holds on the trace, deadlocks with the request's COPY: that is
+    retried like any deadlock, and the request is stored by its next try."""
+    from vigil.ingest.otlp.ingest import TRACE_LOCKS
+
+    a = _runtime(pg_url)
+    spans = _conversation(5)
+    trace = f"{5:032x}"
+    span = (
+        "INSERT INTO otel_spans (conversation_key, trace_id, span_id, parent_span_id, name, start_ns, end_ns, span,"
+        " received_at) VALUES ('conv-5', :t, :s, NULL, 'chat', 1, 2, '{}', now())"
+    )
+    trace_lock = "SELECT pg_advisory_xact_lock(:c, :k)"  # as _lock_traces takes it: the id's last 8 hex digits
+    try:
+        outcome = _deadlocked_once(
+            a,
+            pg_url,
+            lambda: a.get(TraceIngest).ingest(_copy(spans)),
+            "SELECT PG_ADVISORY_XACT_LOCK",
+            lambda other: other.execute(text(span), {"t": trace, "s": spans[0]["span_id"]}),
+            lambda other: other.execute(text(trace_lock), {"c": TRACE_LOCKS, "k": int(trace[-8:], 16) - (1 << 31)}),
+        )
+        retries = a.metrics.registry.get_sample_value("vigil_store_retries_total", {"kind": "deadlock"})
+    finally:
+        a.close()
+    assert len(outcome) == 1 and not isinstance(outcome[0], BaseException), outcome
+    assert (outcome[0].stored, retries) == (len(spans), 1)
+    assert _conversation_rows(pg_url, "conversation_key, span_count") == [("conv-5", len(spans))]
 
 
 def test_a_try_rolled_back_counts_nothing_of_what_the_request_stores(db_url: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
@@ -64,4 +65,21 @@ def test_connections_get_timeouts_and_keepalives_unless_the_url_sets_its_own(pg_
     with db.make_engine(pg_url).connect() as conn:  # and the connection works
         assert conn.execute(text("SELECT 1")).scalar_one() == 1
     mine = _dsn(f"{pg_url}?connect_timeout=7&keepalives_idle=45")
-    assert (mine["connect_timeout"], mine["keepalives_idle"], mine["tcp_user_timeout"]) == ("7", "45", "30000")
+    assert (mine["connect_timeout"], mine["keepalives_idle"], mine["tcp_user_timeout"]) == ("7", "45", "120000")
+
+
+def test_what_the_environment_or_a_connection_service_sets_is_left_to_libpq(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "4")
+    assert db.pg_connect_args(pg_url) == {k: v for k, v in db.PG_CONNECT_DEFAULTS.items() if k != "connect_timeout"}
+    assert _dsn(pg_url)["connect_timeout"] == "4"
+    monkeypatch.delenv("PGCONNECT_TIMEOUT")
+    services = tmp_path / "pg_service.conf"
+    services.write_text("[vigil]\nconnect_timeout=3\nkeepalives_idle=99\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(services))
+    url = f"{pg_url}?service=vigil"
+    assert db.pg_connect_args(url) == {}
+    dsn = _dsn(url)
+    assert (dsn["connect_timeout"], dsn["keepalives_idle"]) == ("3", "99")
+    assert "tcp_user_timeout" not in dsn

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -62,22 +63,41 @@ def json_text(value: object) -> str:
     return dumps_exact(value)
 
 
-# libpq's connection parameters Vigil sets unless the database URL does (``?connect_timeout=30``, say):
-# without them a database that stops answering (a network partition, a host gone without a reset, a
-# server that accepts connections and never answers) holds every request, consumer batch and pool ping
-# waiting on it for minutes: psycopg gives up connecting after 130 s, a query whose peer is gone waits
-# for the kernel's TCP retransmissions (about 15 minutes). With them a new connection fails after
-# ``connect_timeout`` seconds, and an open one whose sent data or keepalive probes go unacknowledged
-# after ``tcp_user_timeout`` ms or a minute of unanswered probes: the write's retries then run, and the
-# request is answered 503 (a consumer keeps its batch) instead of waiting.
+# libpq's connection parameters Vigil sets unless the database URL does (``?connect_timeout=30``, say),
+# or the environment (``PGCONNECT_TIMEOUT``), or a connection service (``?service=`` or ``PGSERVICE``: then
+# none, as Vigil cannot see what the service file sets): without them a database that stops answering
+# (a network partition, a host gone without a reset, a server that accepts connections and never
+# answers) holds every request, consumer batch and pool ping waiting on it for minutes: psycopg gives up
+# connecting after 130 s, a query whose peer is gone waits for the kernel's TCP retransmissions (about
+# 15 minutes). With them a new connection fails after ``connect_timeout`` seconds, an idle one after a
+# minute of unanswered keepalive probes, and one whose sent data stays unacknowledged (or which the
+# server does not read from) for ``tcp_user_timeout`` ms: the write's retries then run, and the request
+# is answered 503 (a consumer keeps its batch) instead of waiting. The last is two minutes, not less: the
+# kernel also counts a server that stops reading a ``COPY`` while it waits on a lock (measured: a COPY
+# of 80 MB held up 45 s by another transaction's row failed after 30.5 s under a limit of 30 s, and went
+# through at 45.6 s under this one).
 PG_CONNECT_DEFAULTS: dict[str, object] = {
     "connect_timeout": 10,
     "keepalives": 1,
     "keepalives_idle": 30,
     "keepalives_interval": 10,
     "keepalives_count": 3,
-    "tcp_user_timeout": 30_000,
+    "tcp_user_timeout": 120_000,
 }
+PG_ENVIRONMENT = {"connect_timeout": "PGCONNECT_TIMEOUT"}  # the defaults libpq reads from the environment
+
+
+def pg_connect_args(url: str) -> dict[str, object]:
+    """The defaults of ``PG_CONNECT_DEFAULTS`` that neither ``url``'s query, the environment nor a
+    connection service sets."""
+    given = make_url(url).query
+    if "service" in given or os.environ.get("PGSERVICE"):
+        return {}
+    return {
+        k: v
+        for k, v in PG_CONNECT_DEFAULTS.items()
+        if k not in given and not os.environ.get(PG_ENVIRONMENT.get(k, ""), "")
+    }
 
 
 def make_engine(url: str) -> Engine:
@@ -89,13 +109,7 @@ def make_engine(url: str) -> Engine:
         # and a busy timeout rides out the writer's short transactions instead of failing.
         kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
     else:
-        given = make_url(url).query
-        kwargs.update(
-            pool_size=10,
-            max_overflow=20,
-            pool_pre_ping=True,
-            connect_args={k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in given},
-        )
+        kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True, connect_args=pg_connect_args(url))
     engine = create_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
 
@@ -293,15 +307,21 @@ class StoreUnavailable(VigilError):
 
 def transient(exc: BaseException) -> bool:
     """Errors that trying the same transaction again can cure: deadlocks, serialization failures,
-    lock timeouts, a database that is busy, restarting or unreachable. Bad data is never transient."""
+    lock timeouts, a database that is busy, restarting or unreachable. Bad data is never transient.
+
+    psycopg's own errors count as SQLAlchemy's wrapping of them does: a ``COPY`` runs on the driver's
+    connection (see ``store.writes``), so what fails in it (a deadlock on a key another transaction is
+    inserting) comes unwrapped."""
     if isinstance(exc, sa_exc.DBAPIError):
         return isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError) or exc.connection_invalidated
+    if isinstance(exc, psycopg.Error):
+        return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
     return False
 
 
 def retry_kind(exc: BaseException) -> str:
     """What a retried write ran into, as the ``store_retries_total`` metric names it."""
-    code = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    code = getattr(getattr(exc, "orig", exc), "sqlstate", None)
     return {"40P01": "deadlock", "40001": "serialization"}.get(code or "", "other")
 
 
@@ -324,7 +344,7 @@ def retry_transient(
     for attempt in range(1, attempts + 1):
         try:
             return fn()
-        except sa_exc.DBAPIError as exc:
+        except (sa_exc.DBAPIError, psycopg.Error) as exc:
             if not transient(exc):
                 raise
             if on_retry is not None:
@@ -333,6 +353,7 @@ def retry_transient(
                 why = "shutting down" if attempt < attempts else f"giving up after {attempts} attempts"
                 raise StoreUnavailable(f"{why}: {str(exc).splitlines()[0][:300]}") from exc
             delay = min(max_seconds, base_seconds * 2 ** (attempt - 1))
-            log.info("transient database error (attempt %d of %d), retrying: %s", attempt, attempts, exc.orig)
+            cause = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+            log.info("transient database error (attempt %d of %d), retrying: %s", attempt, attempts, cause)
             time.sleep(random.uniform(0, delay))
     raise AssertionError("unreachable")
