@@ -564,9 +564,11 @@ def test_a_root_exported_alone_is_finished_by_a_second_try_when_the_first_fails(
         assert not armed[0]
         assert (res.stored, res.conversations, retries) == (1, [], 1)
         later = ingest.ingest(_copy(spans[:-1]))  # the chat spans: the conversation is finished already
+        finished = rt.metrics.registry.get_sample_value("vigil_otlp_conversations_finished_total", {"how": "root"})
     finally:
         event.remove(rt.engine, "before_cursor_execute", fails_once)
         rt.close()
     assert later.conversations == ["conv-9"]
+    assert finished == 1  # by the root alone, once, though its first try failed
     rows = _conversation_rows(db_url, "conversation_key, span_count, finished_at IS NOT NULL")
     assert rows == [("conv-9", len(spans), True)]

@@ -724,15 +724,20 @@ class TraceIngest:
             by_count: dict[int, list[str]] = {}
             for key in keys:
                 by_count.setdefault(ended[key], []).append(key)
+            finished = 0
             for n, group in sorted(by_count.items()):  # most often one group: a root alone, or a root and its events
-                for key, count in session.execute(
+                for key, count, finished_at in session.execute(
                     update(t)
                     .where(among(session, t.conversation_key, group))
                     .values(finished_at=case((and_(t.finished_at.is_(None), readable <= n), now), else_=t.finished_at))
-                    .returning(t.conversation_key, readable)
+                    .returning(t.conversation_key, readable, t.finished_at)
                 ):
                     if count > n:
                         grown.append(key)
+                    elif finished_at is not None and aware(finished_at) == now:  # finished by this update
+                        finished += 1
+            if finished:  # counted once committed: a try rolled back and tried again counts once
+                after_commit(session, lambda: self.rt.metrics.otlp_finished.labels("root").inc(finished))
         return sorted(grown)
 
     def _finish_empty(self, keys: list[str]) -> None:
