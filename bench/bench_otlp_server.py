@@ -20,9 +20,11 @@ speed, which on a shared VM drifts by ±15% within a minute, is then the same fo
 ratio compares their work, not the minutes they ran in. ``--sequential`` runs the ways one after the
 other, each round in another order (how figures before 5 December 2026 were measured).
 
-``--against DIR`` also serves each OTLP way from another checkout's ``DIR/service`` (the tree before a
+``--against DIR`` also serves every way from another checkout's ``DIR/service`` (the tree before a
 change, say), in the same lockstep: both trees' ratios come from the same minutes, and the benchmark
-prints, per round, this tree's cost over the other's, which spreads far less than either ratio does.
+prints, per round, this tree's cost over the other's, which spreads far less than either ratio does, and
+the other tree's OTLP ways against its own native ingest (a change to what both ways share, the
+database's settings or the pipeline, moves the ratio through native ingest too).
 """
 
 from __future__ import annotations
@@ -185,7 +187,7 @@ def _lockstep(
             (user0, sys0), pg0 = before[way]
             user1, sys1 = _cpu(child.pid)
             used[way] = (user1 - user0, sys1 - sys0, pg_delta(pg0, urls[way][1]()))
-            if way != "native":
+            if not way.startswith("native"):
                 REVISIONS.setdefault(way, []).append(_revisions(served[way][1]) / (n + WARM))
     finally:
         for child, client in served.values():
@@ -213,10 +215,9 @@ def compare(
     del convs, warm_convs
     ways = list(WAYS)
     if against is not None:
-        for way in WAYS:
-            if way != "native":
-                bodies[way + AGAINST], warm[way + AGAINST] = bodies[way], warm[way]
-                ways.append(way + AGAINST)
+        for way in WAYS:  # native ingest too: a change to what both ways share moves the ratio through both
+            bodies[way + AGAINST], warm[way + AGAINST] = bodies[way], warm[way]
+            ways.append(way + AGAINST)
     used: dict[str, list[tuple[float, float, float]]] = {w: [] for w in ways}
     REVISIONS.clear()
     with tempfile.TemporaryDirectory() as d:
@@ -263,6 +264,15 @@ def compare(
                 f"  {way.rstrip(AGAINST):<17} this tree / {against}: {statistics.median(each):.3f} "
                 f"(rounds {', '.join(f'{e:.3f}' for e in each)})"
             )
+    if against is not None:  # each tree's OTLP ways against its own native ingest, round by round
+        theirs_native = [sum(run) for run in used["native" + AGAINST]]
+        for way in WAYS:
+            if way != "native":
+                theirs = [sum(run) / nat for run, nat in zip(used[way + AGAINST], theirs_native, strict=True)]
+                print(
+                    f"  {way:<17} {against}'s own ratio to its native ingest: {statistics.median(theirs):.2f}× "
+                    f"(rounds {', '.join(f'{t:.2f}' for t in theirs)})"
+                )
     return out
 
 
@@ -275,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     order.add_argument("--lockstep", dest="lockstep", action="store_true", default=True, help="(default)")
     order.add_argument("--sequential", dest="lockstep", action="store_false")
     ap.add_argument(
-        "--against", type=Path, metavar="DIR", help="also serve the OTLP ways from DIR/service (another checkout)"
+        "--against", type=Path, metavar="DIR", help="also serve every way from DIR/service (another checkout)"
     )
     args: Any = ap.parse_args(argv)
     if args.against is not None and not (args.against / "service" / "vigil").is_dir():
