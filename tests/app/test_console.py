@@ -104,6 +104,17 @@ def test_home_says_what_is_happening_now(seeded) -> None:
 
         hour, last_day = stored(at - timedelta(hours=1)), stored(day)
         flagged_hour, flagged_day = flagged(at - timedelta(hours=1)), flagged(at - timedelta(days=1))
+        # the seeded week's items, those its outcomes flagged too, entered the queue when their conversation
+        # was received: a day's flag rate is that day's, not the whole week's outcomes counted today
+        late = (
+            select(func.count())
+            .select_from(ReviewItemRow)
+            .join(ConversationRow, ConversationRow.conversation_id == ReviewItemRow.conversation_id)
+        )
+        late = late.where(
+            ReviewItemRow.agent_version == BASELINE, ReviewItemRow.created_at != ConversationRow.received_at
+        )
+        assert s.scalar(late) == 0
     by_version = {t["version"]: t for t in data["traffic"]}
     assert by_version[BASELINE]["conversations"] == {"hour": hour.get(BASELINE, 0), "day": last_day[BASELINE]}
     assert by_version[CANDIDATE]["conversations"] == {"hour": hour[CANDIDATE], "day": last_day[CANDIDATE]}

@@ -67,7 +67,6 @@ def seed_week(
     )
     with rt.sessions.begin() as s:
         s.execute(update(ConversationRow).values(received_at=ConversationRow.started_at))
-        s.execute(update(ReviewItemRow).values(created_at=received))
     sink = rt.hooks.outcome_sink
     if sink is not None:
         sink([o for c in convs for o in sim.outcomes_for(c) if datetime.fromisoformat(o["occurred_at"]) < now])
@@ -75,6 +74,8 @@ def seed_week(
         # hour's outcomes joined before the hour settled)
         with rt.sessions.begin() as s:
             s.execute(update(OutcomeLinkRow).values(linked_at=OutcomeLinkRow.conversation_received_at))
+    with rt.sessions.begin() as s:  # flagged when received, by a finding or by the outcomes joined then
+        s.execute(update(ReviewItemRow).values(created_at=received))
     return len(convs)
 
 
