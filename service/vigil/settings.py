@@ -250,6 +250,13 @@ class Settings(BaseSettings):
         description="An outcome counts toward its conversation's version only if it occurs within this many "
         "hours after the conversation ended.",
     )
+    compare_outcome_settle_hours: float = Field(
+        default=6.0,
+        ge=0,
+        description="Outcome rates in compare and quality count only conversations received at least this many "
+        "hours ago (whole hours), on both sides: outcomes arrive after their conversation, and a version whose "
+        "outcomes are not in yet would otherwise read as having none. 0 counts every conversation.",
+    )
     compare_max_sample: int = Field(
         default=5_000,
         ge=100,

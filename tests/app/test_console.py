@@ -308,3 +308,20 @@ def test_home_and_quality_read_postgres() -> None:
             assert series and sum(p.n for p in series[0].points) > 0
         finally:
             rt.close()
+
+
+def test_a_canary_without_outcomes_yet_is_not_flagged_for_them(seeded) -> None:
+    """The seeded canary's conversations are minutes old and have no outcomes: its outcome rows say "no data"
+    (task success counts graded trials, the others wait for their outcomes) and no red flag names them."""
+    rt, _ = seeded
+    c = logged_in(rt)
+    body = c.get("/v1/compare", params={"baseline": BASELINE, "candidate": CANDIDATE}, headers=REVIEWER).json()
+    rows = {r["signal"]: r for r in body["signals"]}
+    outcome_rows = [r for s, r in rows.items() if s.startswith("outcome:")]
+    assert {r["signal"] for r in outcome_rows} >= {"outcome:task_success", "outcome:thumbs_up"}
+    for r in outcome_rows:
+        assert r["verdict"] == "no data" and r["candidate"]["n"] == 0, r
+        assert r["baseline"]["n"] > 0 and r["baseline"]["value"] > 0, r
+    assert rows["forbidden_tool"]["verdict"] == "worse"  # the real regression still shows
+    labels = {r["label"] for r in outcome_rows}  # "task_success rate", "thumbs_up rate", ...
+    assert body["red_flags"] and not any(n.startswith(tuple(labels)) for n in body["red_flags"])

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
 
 import orjson
 import pytest
@@ -42,7 +43,10 @@ def verdict_row(
 @pytest.fixture
 def loaded(db_url):  # type: ignore[no-untyped-def]
     """v1: 300 clean conversations; v2: cheaper and faster, but 8% cancel delivered orders (forbidden)."""
-    rt = build_runtime(make_settings(db_url, compare_bootstrap_resamples=300), registry=CollectorRegistry())
+    # the escalations are posted right after their conversations: every conversation counts for outcomes
+    # (test_outcome_rates_wait_for_their_outcomes is about the settle time)
+    settings = make_settings(db_url, compare_bootstrap_resamples=300, compare_outcome_settle_hours=0)
+    rt = build_runtime(settings, registry=CollectorRegistry())
     with make_client(rt) as c:
         base = clean(300, "v1", 1)
         cand = cheaper(clean(276, "v2", 2) + with_defect(24, "v2", "cancel_delivered", 3))
@@ -146,6 +150,7 @@ def test_cli_compare_json_and_table(loaded, monkeypatch) -> None:
     monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
     monkeypatch.setenv("VIGIL_RULE_PACKS", rt.settings.rule_packs)
     monkeypatch.setenv("VIGIL_COMPARE_BOOTSTRAP_RESAMPLES", "200")
+    monkeypatch.setenv("VIGIL_COMPARE_OUTCOME_SETTLE_HOURS", "0")
     monkeypatch.setenv("COLUMNS", "200")
     runner = cli_runner()
     result = runner.invoke(app, ["compare", "--baseline", "v1", "--candidate", "v2", "--json"])
@@ -157,6 +162,72 @@ def test_cli_compare_json_and_table(loaded, monkeypatch) -> None:
     assert table.stdout.startswith("v2 vs v1: 4 signals worse, 2 better, 4 red flags")
     missing = runner.invoke(app, ["compare", "--baseline", "v1", "--candidate", "nope"])
     assert missing.exit_code == 2 and "no agent has conversations" in missing.output
+
+
+def test_outcome_rates_wait_for_their_outcomes(db_url, monkeypatch) -> None:
+    """A baseline of two days ago whose outcomes are in against a canary of this hour whose outcomes are
+    not: the canary's outcome rows say "no data" (not a drop to zero, a "worse" verdict and a red flag),
+    and the answer says which conversations the outcome rates count."""
+    from sqlalchemy import update
+
+    from vigil.store.models import ConversationRow
+
+    rt = build_runtime(make_settings(db_url, compare_bootstrap_resamples=200), registry=CollectorRegistry())
+    assert rt.settings.compare_outcome_settle_hours == 6
+    with make_client(rt) as c:
+        base, cand = clean(200, "v1", 1), clean(200, "v2", 2)
+        for batch in (base, cand):
+            assert c.post("/v1/conversations", json=batch, headers=INGEST).status_code == 202
+        outcomes = [
+            {"conversation_id": x["conversation_id"], "type": kind, "idempotency_key": f"{kind}{i}"}
+            for kind, share in (("thumbs_up", base[:80]), ("escalation", base[80:100]))
+            for i, x in enumerate(share)
+        ]
+        assert c.post("/v1/outcomes", json=outcomes, headers=INGEST).status_code == 202
+        two_days_ago = datetime.now(UTC) - timedelta(days=2)
+        with rt.sessions.begin() as s:
+            s.execute(
+                update(ConversationRow).where(ConversationRow.agent_version == "v1").values(received_at=two_days_ago)
+            )
+        r = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        rows = {x["signal"]: x for x in body["signals"]}
+        for signal, x in (("outcome:thumbs_up", 80), ("outcome:escalation", 20)):
+            assert rows[signal]["baseline"]["x"] == x and rows[signal]["baseline"]["n"] == 200
+            assert rows[signal]["candidate"]["n"] == 0 and rows[signal]["verdict"] == "no data"
+        assert not any("thumbs_up" in note for note in body["red_flags"])
+        window = body["outcomes"]
+        assert window["baseline_conversations"] == 200 and window["candidate_conversations"] == 0
+        assert datetime.fromisoformat(window["received_before"]) <= datetime.now(UTC) - timedelta(hours=6)
+        login = c.get("/ui/login").text
+        token = re.search(r'name="csrf" value="([^"]+)"', login)
+        assert token
+        c.post("/ui/login", data={"csrf": token.group(1), "api_key": "rita-key", "next": "/ui/compare"})
+        page = c.get("/ui/compare", params={"baseline": "v1", "candidate": "v2"}).text
+        assert 'id="outcome-window"' in page and "none of the candidate's yet" in page
+
+        monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
+        monkeypatch.setenv("COLUMNS", "200")
+        table = cli_runner().invoke(_cli(), ["compare", "--baseline", "v1", "--candidate", "v2"])
+        assert table.exit_code == 0, table.output
+        assert "Outcome rates count conversations received before" in table.stdout
+        assert "none of the candidate's yet" in table.stdout
+
+    # with no settle time the canary's missing outcomes read as a drop: what the default prevents
+    rt.settings.compare_outcome_settle_hours = 0
+    with make_client(rt) as c:
+        body = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER).json()
+    rows = {x["signal"]: x for x in body["signals"]}
+    assert rows["outcome:thumbs_up"]["verdict"] == "worse" and rows["outcome:thumbs_up"]["candidate"]["n"] == 200
+    assert body["outcomes"]["received_before"] is None
+    rt.close()
+
+
+def _cli():  # type: ignore[no-untyped-def]
+    from vigil.app.cli import app
+
+    return app
 
 
 def independent_pass_hat(path) -> dict[int, float]:  # type: ignore[no-untyped-def]

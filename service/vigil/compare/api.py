@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -40,6 +40,12 @@ def window(rt: Runtime, since: datetime | None, until: datetime | None) -> tuple
     if since is None and until is None:
         since = default_since(rt.settings.read_window_days)
     return since, until
+
+
+def outcomes_before(rt: Runtime) -> datetime | None:
+    """Outcome rates count conversations received before this (``VIGIL_COMPARE_OUTCOME_SETTLE_HOURS`` ago)."""
+    hours = rt.settings.compare_outcome_settle_hours
+    return datetime.now(UTC) - timedelta(hours=hours) if hours > 0 else None
 
 
 def ordered(since: datetime | None, until: datetime | None) -> None:
@@ -88,6 +94,7 @@ def run_compare(
             s.compare_metadata_sample,
             rule_versions(rt),
             per_task,
+            outcomes_before(rt),
         )
         for enrich in rt.hooks.compare_enrichers:  # calibration adds corrected judge rates
             enrich(session, result)
@@ -173,6 +180,7 @@ async def get_quality(
                 start,
                 end,
                 per_task,
+                outcomes_before(rt),
             )
 
     found = await run_in_threadpool(run)

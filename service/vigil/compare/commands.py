@@ -80,6 +80,14 @@ def render(result: dict[str, Any]) -> None:
         if r.get("calibration"):
             table.add_row(*_corrected_row(r["calibration"]))
     out.print(table)
+    ow = result.get("outcomes") or {}
+    if ow.get("received_before"):
+        cand_n = ow.get("candidate_conversations") or 0
+        out.print(
+            f"Outcome rates count conversations received before {ow['received_before']:%Y-%m-%d %H:%M} UTC: "
+            f"{ow.get('baseline_conversations', 0):,} of the baseline's and "
+            + (f"{cand_n:,} of the candidate's." if cand_n else "none of the candidate's yet (no data).")
+        )
     if folded:
         out.print(f"{len(folded)} signals are 0 on both sides: {', '.join(r['signal'] for r in folded)}")
     m = result.get("multiplicity")

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from vigil.schema import OutcomeType
 from vigil.store import rollups
+from vigil.store.db import aware
 from vigil.store.models import ConversationRow, OutcomeLinkRow
 from vigil.store.reads import newest_received
 from vigil.store.signals import finished
@@ -27,6 +28,8 @@ class VersionData:
     rule_conversations: dict[str, int] = field(default_factory=dict)
     forbidden_conversations: int = 0
     outcome_conversations: dict[str, int] = field(default_factory=dict)
+    # conversations old enough for their outcomes to be in (the outcome rates' denominator); None: all
+    outcome_n: int | None = None
     outcome_scores: dict[str, list[float]] = field(default_factory=dict)
     judge: dict[str, tuple[int, int]] = field(default_factory=dict)  # judge -> (sampled scored, failed)
     steps: list[float] = field(default_factory=list)
@@ -57,9 +60,11 @@ def load_version(
     max_sample: int,
     since: datetime | None = None,
     until: datetime | None = None,
+    outcomes_before: datetime | None = None,
 ) -> VersionData:
     """Counts from the hourly rollups (hours overlapping the window); means and p95 from a bounded sample
-    of the newest conversations, read along an index."""
+    of the newest conversations, read along an index. Outcome rates count only the conversations received
+    in whole hours before ``outcomes_before`` (those whose outcomes had time to arrive), when it is given."""
     d = VersionData(agent, version)
     counts = rollups.version_counts(session, agent, version, since, until)
     d.conversations, d.tool_error_conversations = counts.conversations, counts.tool_error
@@ -68,6 +73,11 @@ def load_version(
     d.rule_conversations = dict(counts.rules)
     d.forbidden_conversations = counts.forbidden
     d.outcome_conversations = dict(counts.outcomes)
+    if outcomes_before is not None:
+        cut = rollups.hour_of(outcomes_before)
+        if until is None or cut < aware(until):
+            matured = rollups.version_counts(session, agent, version, since, cut)
+            d.outcome_n, d.outcome_conversations = matured.conversations, dict(matured.outcomes)
     # the offline judge's verdicts are a different instrument: never pooled with the model's
     d.judge = dict(counts.judges)  # keys: judge, or judge + OFFLINE_SUFFIX
     C, L = ConversationRow, OutcomeLinkRow

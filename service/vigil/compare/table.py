@@ -23,6 +23,7 @@ from vigil.compare.signals import VersionData, load_version, versions_of
 from vigil.compare.tasks import load_tasks
 from vigil.errors import VigilError
 from vigil.schema import OutcomeType
+from vigil.store.rollups import hour_of
 from vigil.store.signals import OFFLINE_SUFFIX, RulesFor
 
 Direction = Literal["lower_is_better", "higher_is_better"]
@@ -145,6 +146,9 @@ def build_rows(
         label = f"offline judge {name} failure rate" if judge != name else f"judge {name} failure rate"
         rows.append(_rate_row(f"judge:{judge}", label, bx, bn, cx, cn))
     seen = set(base.outcome_conversations) | set(cand.outcome_conversations)
+    # outcome rates over the conversations whose outcomes had time to arrive (load_version's cut)
+    on0 = n0 if base.outcome_n is None else base.outcome_n
+    on1 = n1 if cand.outcome_n is None else cand.outcome_n
     for name, t in sorted(types.items()):
         if t.kind == "score":
             if base.outcome_scores.get(name) or cand.outcome_scores.get(name):
@@ -160,17 +164,23 @@ def build_rows(
                     )
                 )
             continue
+        direction: Direction = "lower_is_better" if t.kind == "bad" else "higher_is_better"
+        graded = name == "task_success" and (base.every_task or cand.every_task)
+        if graded:
+            # a grade every trial gets, pass or fail: the rate is of the graded trials, whenever the grade came
+            (s0, g0), (s1, g1) = _graded(base), _graded(cand)
+            rows.append(_rate_row(f"outcome:{name}", f"{name} rate", s0, g0, s1, g1, direction))
+            continue
         if name not in seen and name not in ("escalation", "refund_reversal"):
             continue
-        direction: Direction = "lower_is_better" if t.kind == "bad" else "higher_is_better"
         rows.append(
             _rate_row(
                 f"outcome:{name}",
                 f"{name} rate",
                 base.outcome_conversations.get(name, 0),
-                n0,
+                on0,
                 cand.outcome_conversations.get(name, 0),
-                n1,
+                on1,
                 direction,
             )
         )
@@ -190,6 +200,14 @@ def build_rows(
     adjust_for_multiplicity(rows)
     mark_red_flags(rows)
     return rows
+
+
+def _graded(d: VersionData) -> tuple[int, int]:
+    """Successes and graded trials (conversations of a task with a task_success outcome) of a version."""
+    trials = successes = 0
+    for n, x in d.every_task.values():
+        trials, successes = trials + n, successes + x
+    return successes, trials
 
 
 def adjust_for_multiplicity(rows: list[Row]) -> list[Row]:
@@ -257,8 +275,13 @@ def compare(
     metadata_sample: int = 500,
     rule_versions: RuleVersions | None = None,
     per_task: bool = True,
+    outcomes_before: datetime | None = None,
 ) -> dict[str, Any]:
     """The full comparison as a JSON-ready dict (``vigil compare --json`` and ``GET /v1/compare``).
+
+    Outcome rates count, on both sides, only conversations received in whole hours before
+    ``outcomes_before`` (``VIGIL_COMPARE_OUTCOME_SETTLE_HOURS`` ago): a new version's outcomes that have
+    not arrived yet would otherwise read as a rate of zero against a baseline whose outcomes are in.
 
     Rule rows are the rules that apply to the agent at either version (and any rule with findings).
     Per-task rows (paired where tasks are shared), the error and truncation rates and each side's
@@ -271,8 +294,8 @@ def compare(
             "pick two different versions"
         )
     agent = resolve_agent(session, baseline, candidate, agent)
-    base = load_version(session, agent, baseline, types, max_sample, since, until)
-    cand = load_version(session, agent, candidate, types, max_sample, since, until)
+    base = load_version(session, agent, baseline, types, max_sample, since, until, outcomes_before)
+    cand = load_version(session, agent, candidate, types, max_sample, since, until, outcomes_before)
     for d in (base, cand):
         if not d.conversations:
             raise CompareError(f"agent {agent!r} has no finished conversations of version {d.version!r}")
@@ -312,6 +335,7 @@ def compare(
         "baseline": {"version": baseline, "conversations": base.conversations},
         "candidate": {"version": candidate, "conversations": cand.conversations},
         "window": {"since": since, "until": until},
+        "outcomes": _outcome_window(base, cand, outcomes_before),
         "confidence": 1 - stats.ALPHA,
         "multiplicity": {
             "method": MULTIPLICITY,
@@ -332,6 +356,16 @@ def compare(
     }
 
 
+def _outcome_window(base: VersionData, cand: VersionData | None, before: datetime | None) -> dict[str, Any]:
+    """Which conversations the outcome rates count: those received before ``received_before`` (None: all)."""
+    cut = None if base.outcome_n is None and (cand is None or cand.outcome_n is None) else before
+    out: dict[str, Any] = {"received_before": hour_of(cut) if cut is not None else None}
+    for side, d in (("baseline", base), ("candidate", cand)):
+        if d is not None:
+            out[f"{side}_conversations"] = d.conversations if d.outcome_n is None else d.outcome_n
+    return out
+
+
 def quality(
     session: Session,
     agent: str,
@@ -343,15 +377,20 @@ def quality(
     since: datetime | None = None,
     until: datetime | None = None,
     per_task: bool = True,
+    outcomes_before: datetime | None = None,
 ) -> dict[str, Any]:
-    """One version's signals with 95% intervals (``GET /v1/quality``); rules as in :func:`compare`."""
-    d = load_version(session, agent, version, types, max_sample, since, until)
+    """One version's signals with 95% intervals (``GET /v1/quality``); rules and outcomes as in :func:`compare`."""
+    d = load_version(session, agent, version, types, max_sample, since, until, outcomes_before)
     # against an empty baseline: only the version's own estimates are computed
     rows = build_rows(VersionData(agent, version), d, types, rules_for(agent, version), resamples)
     return {
         "agent_id": agent,
         "version": version,
         "window": {"since": since, "until": until},
+        "outcomes": {
+            "received_before": hour_of(outcomes_before) if d.outcome_n is not None and outcomes_before else None,
+            "conversations": d.conversations if d.outcome_n is None else d.outcome_n,
+        },
         "conversations": d.conversations,
         "signals": [
             {
