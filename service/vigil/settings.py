@@ -253,9 +253,12 @@ class Settings(BaseSettings):
     compare_outcome_settle_hours: float = Field(
         default=6.0,
         ge=0,
+        le=8760,
         description="Outcome rates in compare and quality count only conversations received at least this many "
-        "hours ago (whole hours), on both sides: outcomes arrive after their conversation, and a version whose "
-        "outcomes are not in yet would otherwise read as having none. 0 counts every conversation.",
+        "hours ago (whole hours, at most a year), on both sides: outcomes arrive after their conversation, and a "
+        "version whose outcomes are not in yet would otherwise read as having none. Task success counts graded "
+        "trials instead where both versions' conversations are trials of tasks; means of score outcomes count "
+        "every reported score. 0 counts every conversation.",
     )
     compare_max_sample: int = Field(
         default=5_000,
@@ -288,6 +291,7 @@ class Settings(BaseSettings):
     detector_outcome_settle_hours: float = Field(
         default=6.0,
         ge=0,
+        le=8760,
         description="Outcome signals of an hour's conversations reach the detector this many hours after the "
         "hour, counting the outcomes joined by then; later ones show in `vigil compare` only.",
     )

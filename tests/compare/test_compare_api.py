@@ -224,6 +224,71 @@ def test_outcome_rates_wait_for_their_outcomes(db_url, monkeypatch) -> None:
     rt.close()
 
 
+def test_task_success_is_graded_only_where_both_sides_are_tasks(sqlite_url) -> None:
+    """A baseline without task ids beside a candidate of tasks: task success is the share of each side's
+    conversations that succeeded (of those old enough), not "no data" for the side without tasks; a window
+    that starts after the cut has no conversation old enough, and its outcome rows say so, unfolded."""
+    from sqlalchemy import update
+
+    from vigil.compare import present
+    from vigil.store.models import ConversationRow
+
+    rt = build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=200), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        base, cand = clean(100, "v1", 1), clean(100, "v2", 2)
+        for conv in base:
+            conv.pop("task_id", None)
+        assert all(conv.get("task_id") for conv in cand)
+        for batch in (base, cand):
+            assert c.post("/v1/conversations", json=batch, headers=INGEST).status_code == 202
+        graded = [
+            {"conversation_id": x["conversation_id"], "type": "task_success", "value": float(ok), "idempotency_key": k}
+            for side, wins in ((base, 90), (cand, 50))
+            for i, x in enumerate(side)
+            for ok, k in [(i < wins, f"ts-{x['conversation_id']}")]
+        ]
+        assert c.post("/v1/outcomes", json=graded, headers=INGEST).status_code == 202
+        with rt.sessions.begin() as s:
+            s.execute(update(ConversationRow).values(received_at=datetime.now(UTC) - timedelta(days=2)))
+        body = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER).json()
+        row = {x["signal"]: x for x in body["signals"]}["outcome:task_success"]
+        assert (row["baseline"]["x"], row["baseline"]["n"]) == (90, 100)
+        assert (row["candidate"]["x"], row["candidate"]["n"]) == (50, 100) and row["verdict"] == "worse"
+
+        # the window of the last hour: conversations, none old enough for outcomes
+        fresh = clean(50, "v3", 3) + clean(50, "v4", 4)
+        assert c.post("/v1/conversations", json=fresh, headers=INGEST).status_code == 202
+        escalations = [
+            {
+                "conversation_id": x["conversation_id"],
+                "type": "escalation",
+                "idempotency_key": f"e-{x['conversation_id']}",
+            }
+            for x in fresh[::5]
+        ]
+        assert c.post("/v1/outcomes", json=escalations, headers=INGEST).status_code == 202
+        since = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
+        r = c.get("/v1/compare", params={"baseline": "v3", "candidate": "v4", "since": since}, headers=REVIEWER)
+        assert r.status_code == 200, r.text
+        body = r.json()
+    rows = [x for x in body["signals"] if x["signal"].startswith("outcome:") and x["kind"] == "rate"]
+    assert rows and all(x["verdict"] == "no data" for x in rows)
+    shown, folded = present.ordered(body["signals"])
+    assert {x["signal"] for x in rows} <= {x["signal"] for x in shown}
+    assert not any(x["signal"].startswith("outcome:") for x in folded)
+    rt.close()
+
+
+def test_outcome_settle_hours_are_bounded() -> None:
+    from pydantic import ValidationError
+
+    from vigil.settings import Settings
+
+    for name in ("compare_outcome_settle_hours", "detector_outcome_settle_hours"):
+        with pytest.raises(ValidationError, match="less than or equal to 8760"):
+            Settings(**{name: 1e9})
+
+
 def _cli():  # type: ignore[no-untyped-def]
     from vigil.app.cli import app
 

@@ -82,11 +82,15 @@ def render(result: dict[str, Any]) -> None:
     out.print(table)
     ow = result.get("outcomes") or {}
     if ow.get("received_before"):
-        cand_n = ow.get("candidate_conversations") or 0
+
+        def counted(side: str) -> str:
+            n = ow.get(f"{side}_conversations") or 0
+            return f"{n:,} of the {side}'s" if n else f"none of the {side}'s yet (no data)"
+
         out.print(
             f"Outcome rates count conversations received before {ow['received_before']:%Y-%m-%d %H:%M} UTC: "
-            f"{ow.get('baseline_conversations', 0):,} of the baseline's and "
-            + (f"{cand_n:,} of the candidate's." if cand_n else "none of the candidate's yet (no data).")
+            f"{counted('baseline')} and {counted('candidate')}; task success counts graded trials where both "
+            "versions' conversations are trials of tasks."
         )
     if folded:
         out.print(f"{len(folded)} signals are 0 on both sides: {', '.join(r['signal'] for r in folded)}")

@@ -34,9 +34,10 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def both_zero(row: dict[str, Any]) -> bool:
-    """A rate that is zero on both sides (or has no data on either): nothing to look at."""
+    """A rate measured as zero on both sides: nothing to look at. A side with no data (an outcome rate whose
+    outcomes are not in yet) is not zero, and its row stays in the table saying so."""
     b, c = row["baseline"].get("value"), row["candidate"].get("value")
-    return row["kind"] == "rate" and not b and not c
+    return row["kind"] == "rate" and b is not None and c is not None and not b and not c
 
 
 _ORDER = {WORSE: 0, BETTER: 2, GRADER_CHANGED: 3}

@@ -165,9 +165,11 @@ def build_rows(
                 )
             continue
         direction: Direction = "lower_is_better" if t.kind == "bad" else "higher_is_better"
-        graded = name == "task_success" and (base.every_task or cand.every_task)
+        # (one version's quality is built against an empty baseline: its own tasks decide)
+        graded = name == "task_success" and cand.every_task and (base.every_task or not n0)
         if graded:
-            # a grade every trial gets, pass or fail: the rate is of the graded trials, whenever the grade came
+            # a grade every trial gets, pass or fail: where both versions' conversations are trials of tasks, the
+            # rate is of their graded trials (the task rollups, whole days), whenever the grade came
             (s0, g0), (s1, g1) = _graded(base), _graded(cand)
             rows.append(_rate_row(f"outcome:{name}", f"{name} rate", s0, g0, s1, g1, direction))
             continue
