@@ -131,3 +131,43 @@ def test_a_blank_task_links_to_no_side_by_side(sqlite_url: str) -> None:
         assert 'id="side-by-side"' not in ui.get("/ui/review/blank-task").text
         assert 'id="side-by-side"' in ui.get("/ui/review/named-task").text
     rt.close()
+
+
+def test_a_long_system_prompt_opens_with_its_first_lines_and_folds_the_rest(sqlite_url: str) -> None:
+    """A 16 kB policy as the system prompt pushed the conversation three screens down on every τ² review:
+    its first lines show, the rest is one click away (a <details>, no script), and nothing of it is lost."""
+    from vigil.ui.transcript import LONG_SYSTEM, build
+
+    policy = "# Policy\nThe current time is 2025-02-25 12:08.\n\n" + "".join(
+        f"- rule {i}: never do thing {i} without <b>asking</b>\n" for i in range(400)
+    )
+    short = "You are a retail support agent."
+    assert len(policy) > LONG_SYSTEM
+    docs = []
+    for cid, system in (("long-policy", policy), ("short-policy", short)):
+        doc = conversation(cid, None)
+        doc["messages"] = [{"role": "system", "content": system}, *doc["messages"]]  # type: ignore[misc]
+        docs.append(doc)
+    rt = review_runtime(sqlite_url, rule_packs=str(PROJECT_ROOT / "rules" / "default.yaml"))
+    store(rt, docs)
+    with review_client(rt) as ui:
+        _login(ui)
+        html = ui.get("/ui/review/long-policy").text
+        head = html[html.index('id="m0"') : html.index('id="m1"')]
+        assert "The current time is 2025-02-25 12:08." in head.split('<details class="rest"')[0]
+        assert '<details class="rest" id="rest-0">' in head and "more lines" in head
+        assert "rule 399: never do thing 399 without &lt;b&gt;asking&lt;/b&gt;" in head  # folded, escaped, all there
+        assert "details" not in ui.get("/ui/review/short-policy").text.split('id="m0"')[1].split('id="m1"')[0]
+
+    # the opening and the rest are the whole text; evidence inside the prompt keeps it unfolded
+    [view] = build({"messages": [{"role": "system", "content": policy}]}, [])
+    assert view.rest and "".join(s.text for s in view.segments) + view.rest == policy
+    assert view.rest_lines == view.rest.count("\n") + 1
+    finding = {"severity": "high", "evidence": [{"message_index": 0, "start": 9000, "end": 9010}]}
+    [view] = build({"messages": [{"role": "system", "content": policy}]}, [finding])
+    assert view.rest is None and "".join(s.text for s in view.segments) == policy
+    [view] = build({"messages": [{"role": "system", "content": "x" * (LONG_SYSTEM + 1)}]}, [])  # one long line
+    assert (
+        view.rest and len(view.segments[0].text) <= 600 and view.segments[0].text + view.rest == "x" * (LONG_SYSTEM + 1)
+    )
+    rt.close()

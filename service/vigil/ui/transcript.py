@@ -49,6 +49,30 @@ class MessageView:
     findings: list[int]  # findings pointing at the whole message
     severity: str | None  # worst severity among findings touching this message
     reasoning: str | None = None  # the model's reasoning summary (Responses, Anthropic thinking): not said to the user
+    rest: str | None = None  # a long system prompt's text after its opening lines, folded on the page
+    rest_lines: int = 0
+
+
+# A system prompt this long (a τ² policy is 16 kB, recurring in every conversation of the agent) opens
+# with its first lines and folds the rest: the conversation itself starts below the fold otherwise.
+LONG_SYSTEM = 1500
+PREVIEW_LINES = 6
+PREVIEW_CHARS = 600
+
+
+def _preview(text: str) -> tuple[str, str]:
+    """A long text's opening (at most PREVIEW_LINES lines and about PREVIEW_CHARS characters, cut at a line
+    end where there is one) and the rest."""
+    cut = 0
+    for _ in range(PREVIEW_LINES):
+        nl = text.find("\n", cut)
+        if nl == -1 or nl > PREVIEW_CHARS:
+            break
+        cut = nl + 1
+    if not cut:
+        space = text.rfind(" ", 0, PREVIEW_CHARS)
+        cut = space + 1 if space > 0 else PREVIEW_CHARS
+    return text[:cut], text[cut:]
 
 
 TOO_DEEP = "(nested too deeply to lay out here: the conversation's JSON, GET /v1/conversations/{id}, holds it)"
@@ -152,6 +176,9 @@ def build(
         if m.role == "tool" and not spans:
             text = _pretty(text) if text[:1] in ("{", "[") else text
         touching = sorted({k for *_, k, _ in spans} | set(whole))
+        rest = None
+        if m.role == "system" and not spans and len(text) > LONG_SYSTEM:
+            text, rest = _preview(text)
         out.append(
             MessageView(
                 index=i,
@@ -174,6 +201,8 @@ def build(
                 findings=whole,
                 severity=_worst([findings[k].get("severity", "info") for k in touching]),
                 reasoning=r if isinstance(r := (m.model_extra or {}).get("reasoning"), str) and r else None,
+                rest=rest,
+                rest_lines=rest.count("\n") + 1 if rest else 0,
             )
         )
     return out
