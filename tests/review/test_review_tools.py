@@ -171,3 +171,15 @@ def test_a_long_system_prompt_opens_with_its_first_lines_and_folds_the_rest(sqli
         view.rest and len(view.segments[0].text) <= 600 and view.segments[0].text + view.rest == "x" * (LONG_SYSTEM + 1)
     )
     rt.close()
+
+
+def test_an_outcome_says_whether_the_task_succeeded() -> None:
+    """A τ² run's reward as the outcome chip: "task success 0.0" read as a success at a glance."""
+    from vigil.ui.render import outcome_label
+
+    assert outcome_label({"type": "task_success", "value": 1.0}) == "task succeeded"
+    assert outcome_label({"type": "task_success", "value": 0.0}) == "task failed (reward 0)"
+    assert outcome_label({"type": "task_success", "value": 0.25}) == "task failed (reward 0.25)"
+    assert outcome_label({"type": "thumbs_down", "value": 1}) == "thumbs down"
+    assert outcome_label({"type": "csat", "value": 4.5}) == "csat 4.5"
+    assert outcome_label({"type": "escalation", "value": None}) == "escalation"

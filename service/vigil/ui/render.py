@@ -21,6 +21,7 @@ from jinja2 import ChoiceLoader, Environment, FileSystemLoader, select_autoescap
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.money import usd
+from vigil.schema import SUCCESS_TOLERANCE
 from vigil.ui.session import SessionManager
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,22 @@ def environment(request: Request) -> Environment:
         env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.0f}%"
         env.filters["usd"] = usd
         env.filters["when"] = lambda v: "" if v is None else f"{v:%Y-%m-%d %H:%M} UTC"
+        env.filters["outcome"] = outcome_label
         request.app.state.ui_env = env
     return env
+
+
+def outcome_label(o: Any) -> str:
+    """An outcome as a reviewer reads it: a task's grade says whether it succeeded ("task success" on a run
+    that scored 0 read as a success at a glance), other types their name and any value but 1."""
+    kind = str(o["type"] if isinstance(o, dict) else o.type)
+    value = o.get("value") if isinstance(o, dict) else getattr(o, "value", None)
+    if kind == "task_success" and isinstance(value, int | float):
+        return "task succeeded" if value >= 1.0 - SUCCESS_TOLERANCE else f"task failed (reward {value:g})"
+    label = kind.replace("_", " ")
+    if isinstance(value, int | float) and value != 1:
+        return f"{label} {value:g}"
+    return label
 
 
 def is_under(path: str, href: str) -> bool:
