@@ -187,3 +187,32 @@ def test_a_long_transcript_folds_and_its_links_reach_folded_messages(browser, se
     _shot(page, "conversation-window.png")
     context.close()
     assert not failures, "\n".join(failures)
+
+
+def test_real_shapes_fit_the_screen_a_long_task_id_and_a_long_policy(browser, server) -> None:
+    """τ² task ids are one long word ("telecom:[mms_issue]airplane_mode_on|bad_wifi_calling|..."), which widened
+    the queue's table past the screen and hid its other columns; τ² policies (16-23 kB) filled the first
+    screens of every review. The queue fits 1280 pixels, and the review opens on the conversation."""
+    base, rt = server
+    task = "telecom:[mms_issue]" + "|".join(f"break_setting_number_{i}_on" for i in range(8)) + "[PERSONA:None]"
+    policy = "# Telecom Agent Policy\nThe current time is 2025-02-25 12:08:00 EST.\n" + "- a rule\n" * 2_000
+    convs = simulated(6, "v1:0.9", seed=3)
+    for c in convs:
+        c["task_id"] = task
+        c["messages"] = [{"role": "system", "content": policy}, *[m for m in c["messages"] if m["role"] != "system"]]
+    store(rt, convs)
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    _login(page, base)
+    page.goto(f"{base}/ui/queue")
+    assert page.locator("tbody tr").count() >= 1 and task[:20] in page.inner_text("table")
+    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 0, f"the queue is {overflow} px wider than the screen"
+    page.goto(f"{base}/ui/review/{quote(convs[0]['conversation_id'], safe='')}")
+    assert "The current time is 2025-02-25" in page.inner_text("#m0")
+    first_turn = page.locator("#m1").bounding_box()
+    assert first_turn is not None and first_turn["y"] < 800  # the conversation starts on the first screen
+    rest = page.locator("#rest-0")
+    assert not rest.evaluate("d => d.open") and "more lines" in rest.locator("summary").inner_text()
+    rest.locator("summary").click()
+    assert rest.evaluate("d => d.open") and rest.locator(".text").is_visible()
+    page.close()

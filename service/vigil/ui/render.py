@@ -70,6 +70,7 @@ def environment(request: Request) -> Environment:
         env.filters["usd"] = usd
         env.filters["when"] = lambda v: "" if v is None else f"{v:%Y-%m-%d %H:%M} UTC"
         env.filters["outcome"] = outcome_label
+        env.filters["reason_key"] = reason_key
         request.app.state.ui_env = env
     return env
 
@@ -85,6 +86,13 @@ def outcome_label(o: Any) -> str:
     if isinstance(value, int | float) and value != 1:
         return f"{label} {value:g}"
     return label
+
+
+def reason_key(r: Any) -> str:
+    """What a review reason is about: a task_success outcome flags only a failed task, so it says that."""
+    kind = r["kind"] if isinstance(r, dict) else r.kind
+    key = str(r["key"] if isinstance(r, dict) else r.key)
+    return "task failed" if kind == "outcome" and key == "task_success" else key
 
 
 def is_under(path: str, href: str) -> bool:
