@@ -565,3 +565,20 @@ def test_side_by_side_page_keeps_double_review_blind(api, rt) -> None:
     assert page.status_code == 200
     assert 'class="pill label-unsure"' not in page.text  # raj's label on a blind double review
     assert "raj chose" not in page.text and "1 choice(s) by other reviewers" in page.text
+
+
+def test_runs_without_a_user_turn_are_not_near_duplicates_of_each_other(api) -> None:
+    """τ²'s no-user runs have no user message: with no words to compare, four unrelated runs flagged by the
+    same rule made one "near-duplicate" cluster, and one label would have gone to all four."""
+    convs = [c for c in simulated(40, "v1.4.0:1.0", seed=5) if c["metadata"]["simulated_defect"] == "pii_leak"][:4]
+    assert len(convs) == 4
+    for i, c in enumerate(convs):
+        c["conversation_id"] = f"no-user-{i}"
+        c["messages"] = [m for m in c["messages"] if m["role"] != "user"]
+        c.pop("intent", None)
+    assert api.post("/v1/conversations", json=convs, headers=INGEST).status_code == 202
+    clusters = api.get("/v1/review/queue/clusters", headers=REVIEWER).json()["clusters"]
+    queued = {it["conversation_id"] for it in queue_of(api)["items"]}
+    assert {f"no-user-{i}" for i in range(4)} <= queued  # flagged alike, by the same rule
+    clustered = {m["conversation_id"] for c in clusters for m in c["members"]}
+    assert not clustered & {f"no-user-{i}" for i in range(4)}

@@ -88,8 +88,10 @@ def words_of(text: str) -> frozenset[str]:
 
 
 def similarity(a: frozenset[str], b: frozenset[str]) -> float:
-    if not a and not b:
-        return 1.0
+    """Jaccard similarity of two word sets; a text with no words (a run with no user turn, as τ²'s no-user
+    mode records) is like nothing, not like every other empty one: one label must not cover them all."""
+    if not a or not b:
+        return 0.0
     return len(a & b) / len(a | b)
 
 
