@@ -175,7 +175,7 @@ def test_a_long_system_prompt_opens_with_its_first_lines_and_folds_the_rest(sqli
 
 def test_an_outcome_says_whether_the_task_succeeded() -> None:
     """A τ² run's reward as the outcome chip: "task success 0.0" read as a success at a glance."""
-    from vigil.ui.render import outcome_label
+    from vigil.ui.labels import outcome_label
 
     assert outcome_label({"type": "task_success", "value": 1.0}) == "task succeeded"
     assert outcome_label({"type": "task_success", "value": 0.0}) == "task failed (reward 0)"
@@ -188,9 +188,28 @@ def test_an_outcome_says_whether_the_task_succeeded() -> None:
 def test_a_review_reason_of_a_failed_task_says_so() -> None:
     """The queue's chip read "outcome: task_success" for an item a failed task flagged."""
     from vigil.review.policy import Reason
-    from vigil.ui.render import reason_key
+    from vigil.ui.labels import reason_key
 
     assert reason_key({"kind": "outcome", "key": "task_success"}) == "task failed"
     assert reason_key(Reason("outcome", "task_success", 40, "task_success = 0")) == "task failed"
     assert reason_key({"kind": "outcome", "key": "escalation"}) == "escalation"
     assert reason_key({"kind": "finding", "key": "task_success"}) == "task_success"  # a rule of that name
+
+
+def test_the_cli_queue_says_a_failed_task_too(sqlite_url: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tests.support.cli import cli_runner
+    from vigil.app.cli import app
+
+    from tests.support.console import console_runtime
+
+    rt = console_runtime(sqlite_url)  # every stage: the outcome join flags the failed task
+    store(rt, [conversation("failed-run", None)])
+    sink = rt.hooks.outcome_sink
+    assert sink is not None
+    sink([{"conversation_id": "failed-run", "type": "task_success", "value": 0.0, "idempotency_key": "ts-1"}])
+    rt.close()
+    monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
+    monkeypatch.setenv("COLUMNS", "250")
+    out = cli_runner().invoke(app, ["review", "queue"])
+    assert out.exit_code == 0, out.output
+    assert "outcome:task failed" in out.stdout and "outcome:task_success" not in out.stdout

@@ -15,6 +15,7 @@ from rich.markup import escape
 from vigil.review.stage import ReviewStage
 from vigil.runtime import Launcher
 from vigil.tables import print_json, print_table
+from vigil.ui.labels import reason_key
 
 console = Console(stderr=True)
 review_app = typer.Typer(no_args_is_help=True, help="Human review queue: inspect, enqueue, export labels.")
@@ -74,7 +75,7 @@ def queue_cmd(
             it["conversation_id"],
             f"{it['agent_id']} {it['agent_version']}",
             it["state"] + (f" ({it['claimed_by']})" if it["claimed_by"] else ""),
-            ", ".join(f"{r['kind']}:{r['key']}" for r in it["reasons"][:3]),
+            ", ".join(f"{r['kind']}:{reason_key(r)}" for r in it["reasons"][:3]),
             f"{it['received_at']:%m-%d %H:%M}" if it["received_at"] else "",
             it["snippet"],
         ]

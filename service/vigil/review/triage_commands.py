@@ -14,6 +14,7 @@ from rich.markup import escape
 from vigil.review.stage import ReviewStage
 from vigil.runtime import Launcher
 from vigil.tables import print_json, print_table
+from vigil.ui.labels import reason_key
 
 console = Console(stderr=True)
 triage_app = typer.Typer()  # its commands join ``vigil review`` (see commands.register)
@@ -72,7 +73,7 @@ def near_duplicates_cmd(
     if as_json:
         print_json({"clusters": found})
         return
-    rows = [[c["id"], str(c["size"]), f"{c['reason']['kind']}:{c['reason']['key']}", c["snippet"]] for c in found]
+    rows = [[c["id"], str(c["size"]), f"{c['reason']['kind']}:{reason_key(c['reason'])}", c["snippet"]] for c in found]
     print_table(["cluster", "items", "flagged for", "first message"], rows)
 
 
