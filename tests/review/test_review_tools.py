@@ -198,9 +198,8 @@ def test_a_review_reason_of_a_failed_task_says_so() -> None:
 
 def test_the_cli_queue_says_a_failed_task_too(sqlite_url: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from tests.support.cli import cli_runner
-    from vigil.app.cli import app
-
     from tests.support.console import console_runtime
+    from vigil.app.cli import app
 
     rt = console_runtime(sqlite_url)  # every stage: the outcome join flags the failed task
     store(rt, [conversation("failed-run", None)])
