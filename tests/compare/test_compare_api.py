@@ -199,6 +199,14 @@ def test_outcome_rates_wait_for_their_outcomes(db_url, monkeypatch) -> None:
         assert not any("thumbs_up" in note for note in body["red_flags"])
         window = body["outcomes"]
         assert window["baseline_conversations"] == 200 and window["candidate_conversations"] == 0
+        # the conversations behind a row are the ones it counts: the canary's fresh escalation is not listed
+        fresh = cand[0]["conversation_id"]
+        escalated = {"conversation_id": fresh, "type": "escalation", "idempotency_key": "fresh-escalation"}
+        assert c.post("/v1/outcomes", json=[escalated], headers=INGEST).status_code == 202
+        for version, expected in (("v1", 20), ("v2", 0)):
+            params = {"agent": "support-bot", "version": version, "signal": "outcome:escalation"}
+            behind = c.get("/v1/compare/conversations", params=params, headers=REVIEWER).json()
+            assert behind["total"] == expected and "received before" in behind["what"], behind
         assert datetime.fromisoformat(window["received_before"]) <= datetime.now(UTC) - timedelta(hours=6)
         login = c.get("/ui/login").text
         token = re.search(r'name="csrf" value="([^"]+)"', login)

@@ -143,7 +143,15 @@ async def get_conversations_behind(
     def run() -> dict[str, Any]:
         with rt.sessions() as s:
             return conversations_behind(
-                s, agent, version, signal, offset, since, until, rt.settings.compare_metadata_sample
+                s,
+                agent,
+                version,
+                signal,
+                offset,
+                since,
+                until,
+                rt.settings.compare_metadata_sample,
+                outcomes_before(rt),
             )
 
     try:

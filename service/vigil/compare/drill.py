@@ -17,6 +17,7 @@ from vigil.compare.tasks import SUCCESS, ending, latest_range
 from vigil.errors import VigilError
 from vigil.store.models import ConversationRow, FindingRow, OutcomeLinkRow, VerdictRow
 from vigil.store.reads import read_document, summary_dict
+from vigil.store.rollups import hour_of
 from vigil.store.signals import OFFLINE_SUFFIX, finished, real_finding
 
 PAGE = 50
@@ -79,8 +80,10 @@ def conversations_behind(
     since: datetime | None = None,
     until: datetime | None = None,
     metadata_sample: int = 500,
+    outcomes_before: datetime | None = None,
 ) -> dict[str, Any]:
-    """A page of the conversations of ``agent``/``version`` behind ``signal``."""
+    """A page of the conversations of ``agent``/``version`` behind ``signal``; an outcome's, like its row,
+    only those received in whole hours before ``outcomes_before`` (task success's failed trials whenever)."""
     C = ConversationRow
     base: Select[Any] = select(C).where(C.agent_id == agent, C.agent_version == version, finished())
     if since is not None:
@@ -107,6 +110,10 @@ def conversations_behind(
     else:
         cond, what, order = _what(signal)
         q = base if cond is None else base.where(cond)
+        if outcomes_before is not None and signal.startswith("outcome:") and signal != "outcome:task_success":
+            cut = hour_of(outcomes_before)
+            q = q.where(C.received_at < cut)
+            what += f", received before {cut:%Y-%m-%d %H:%M} UTC"
         span = latest_range(session, agent, version, 1, since, until)
         if span is not None:  # start from the version's newest row, not from everyone's
             q = q.where(C.received_at <= span[1])

@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from vigil.compare import present
-from vigil.compare.api import catch_up, run_compare
+from vigil.compare.api import catch_up, outcomes_before, run_compare
 from vigil.compare.drill import PAGE, UnknownSignal, conversations_behind
 from vigil.compare.table import CompareError
 from vigil.http import runtime_of
@@ -98,7 +98,13 @@ async def conversations_page(
     def run() -> dict[str, Any]:
         with rt.sessions() as s:
             return conversations_behind(
-                s, agent, version, signal, offset, metadata_sample=rt.settings.compare_metadata_sample
+                s,
+                agent,
+                version,
+                signal,
+                offset,
+                metadata_sample=rt.settings.compare_metadata_sample,
+                outcomes_before=outcomes_before(rt),
             )
 
     try:
