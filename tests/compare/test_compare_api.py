@@ -199,6 +199,11 @@ def test_outcome_rates_wait_for_their_outcomes(db_url, monkeypatch) -> None:
         assert not any("thumbs_up" in note for note in body["red_flags"])
         window = body["outcomes"]
         assert window["baseline_conversations"] == 200 and window["candidate_conversations"] == 0
+        for version, counted in (("v1", 200), ("v2", 0)):  # one version's quality cuts the same way
+            q = c.get("/v1/quality", params={"agent": "support-bot", "version": version}, headers=REVIEWER).json()
+            assert q["outcomes"] == {"received_before": window["received_before"], "conversations": counted}
+            escalation = {x["signal"]: x for x in q["signals"]}["outcome:escalation"]  # a row always shown
+            assert escalation["n"] == counted and escalation["x"] == (20 if counted else 0)
         # the conversations behind a row are the ones it counts: the canary's fresh escalation is not listed
         fresh = cand[0]["conversation_id"]
         escalated = {"conversation_id": fresh, "type": "escalation", "idempotency_key": "fresh-escalation"}

@@ -146,9 +146,7 @@ def build_rows(
         label = f"offline judge {name} failure rate" if judge != name else f"judge {name} failure rate"
         rows.append(_rate_row(f"judge:{judge}", label, bx, bn, cx, cn))
     seen = set(base.outcome_conversations) | set(cand.outcome_conversations)
-    # outcome rates over the conversations whose outcomes had time to arrive (load_version's cut)
-    on0 = n0 if base.outcome_n is None else base.outcome_n
-    on1 = n1 if cand.outcome_n is None else cand.outcome_n
+    on0, on1 = _outcome_n(base), _outcome_n(cand)  # the conversations whose outcomes had time to arrive
     for name, t in sorted(types.items()):
         if t.kind == "score":
             if base.outcome_scores.get(name) or cand.outcome_scores.get(name):
@@ -337,7 +335,11 @@ def compare(
         "baseline": {"version": baseline, "conversations": base.conversations},
         "candidate": {"version": candidate, "conversations": cand.conversations},
         "window": {"since": since, "until": until},
-        "outcomes": _outcome_window(base, cand, outcomes_before),
+        "outcomes": {
+            "received_before": _cut_used(outcomes_before, base, cand),
+            "baseline_conversations": _outcome_n(base),
+            "candidate_conversations": _outcome_n(cand),
+        },
         "confidence": 1 - stats.ALPHA,
         "multiplicity": {
             "method": MULTIPLICITY,
@@ -358,14 +360,14 @@ def compare(
     }
 
 
-def _outcome_window(base: VersionData, cand: VersionData | None, before: datetime | None) -> dict[str, Any]:
-    """Which conversations the outcome rates count: those received before ``received_before`` (None: all)."""
-    cut = None if base.outcome_n is None and (cand is None or cand.outcome_n is None) else before
-    out: dict[str, Any] = {"received_before": hour_of(cut) if cut is not None else None}
-    for side, d in (("baseline", base), ("candidate", cand)):
-        if d is not None:
-            out[f"{side}_conversations"] = d.conversations if d.outcome_n is None else d.outcome_n
-    return out
+def _outcome_n(d: VersionData) -> int:
+    """The conversations an outcome rate of ``d`` counts: those before load_version's cut, or all."""
+    return d.conversations if d.outcome_n is None else d.outcome_n
+
+
+def _cut_used(before: datetime | None, *sides: VersionData) -> datetime | None:
+    """The hour the outcome rates count conversations before, if load_version cut any side (None: all)."""
+    return hour_of(before) if before is not None and any(d.outcome_n is not None for d in sides) else None
 
 
 def quality(
@@ -389,10 +391,7 @@ def quality(
         "agent_id": agent,
         "version": version,
         "window": {"since": since, "until": until},
-        "outcomes": {
-            "received_before": hour_of(outcomes_before) if d.outcome_n is not None and outcomes_before else None,
-            "conversations": d.conversations if d.outcome_n is None else d.outcome_n,
-        },
+        "outcomes": {"received_before": _cut_used(outcomes_before, d), "conversations": _outcome_n(d)},
         "conversations": d.conversations,
         "signals": [
             {

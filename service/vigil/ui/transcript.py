@@ -50,7 +50,10 @@ class MessageView:
     severity: str | None  # worst severity among findings touching this message
     reasoning: str | None = None  # the model's reasoning summary (Responses, Anthropic thinking): not said to the user
     rest: str | None = None  # a long system prompt's text after its opening lines, folded on the page
-    rest_lines: int = 0
+
+    @property
+    def rest_lines(self) -> int:
+        return self.rest.count("\n") + 1 if self.rest else 0
 
 
 # A system prompt this long (a τ² policy is 16 kB, recurring in every conversation of the agent) opens
@@ -202,7 +205,6 @@ def build(
                 severity=_worst([findings[k].get("severity", "info") for k in touching]),
                 reasoning=r if isinstance(r := (m.model_extra or {}).get("reasoning"), str) and r else None,
                 rest=rest,
-                rest_lines=rest.count("\n") + 1 if rest else 0,
             )
         )
     return out
