@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from vigil.ingest.otlp.assemble import MAX_ID, assemble, conversation_id_of, conversation_key
-from vigil.ingest.otlp.conventions import view
+from vigil.ingest.otlp.conventions import SystemTexts, view
 from vigil.ingest.otlp.messages import json_value, tool_definitions
 from vigil.schema import INCOMING, MAX_INT, Conversation
 
@@ -270,3 +270,47 @@ def test_agent_names_and_versions_with_control_characters_are_escaped_not_refuse
     assert doc["agent_id"] == "support\\x0abot" and doc["agent_version"] == "v2\\x00"
     doc = stored([span({**chat, "gen_ai.agent.name": "  ", "gen_ai.agent.version": "\t"})])
     assert doc["agent_id"] == "unknown-agent" and doc["agent_version"] == "\\x09"
+
+
+def _instructions(text: str) -> str:
+    return orjson.dumps([{"type": "text", "content": text}]).decode()
+
+
+def test_system_instructions_shared_across_conversations_are_read_right_even_when_their_ends_match() -> None:
+    # two policies of one length, the same first and last 64 characters, another middle: the memo keyed
+    # by length and ends must still compare them whole
+    head, tail = "P" * 80, "Q" * 80
+    first, second = _instructions(head + "refunds allowed" + tail), _instructions(head + "refunds refused" + tail)
+    assert len(first) == len(second) and first != second
+    texts = SystemTexts()
+    assert texts.texts(first) == [head + "refunds allowed" + tail]
+    assert texts.texts(second) == [head + "refunds refused" + tail]
+    assert texts.texts(first) == [head + "refunds allowed" + tail]
+    # a copy of the string (another object, as each trace decodes its own) is found, and read the same
+    assert texts.texts("".join(list(first))) is texts.texts(first)
+    # not JSON, or no string at all: read as the conventions read them, not kept
+    assert texts.texts("plain words") == ["plain words"]
+    assert texts.texts([{"type": "text", "content": "a list"}]) == ["a list"]
+
+
+def test_system_instructions_memo_stays_bounded() -> None:
+    texts = SystemTexts()
+    for i in range(SystemTexts.MAX_VALUES * 3):
+        assert texts.texts(_instructions(f"policy {i} " + "x" * 1000)) == [f"policy {i} " + "x" * 1000]
+    assert len(texts._texts) <= SystemTexts.MAX_VALUES
+    big = "y" * (SystemTexts.MAX_CHARS // 8)
+    for i in range(12):
+        assert texts.texts(_instructions(f"{i}{big}")) == [f"{i}{big}"]
+    assert texts._chars <= SystemTexts.MAX_CHARS
+    assert texts._chars == sum(len(raw) for raw, _ in texts._texts.values())
+
+
+def test_two_agents_with_different_instructions_each_keep_their_own_system_message() -> None:
+    for n, policy in enumerate(("Policy of agent A: never refund." * 20, "Policy of agent B: always refund." * 20)):
+        attrs = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.system_instructions": _instructions(policy),
+            "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "hi"}]}]),
+            "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "yo"}]}]),
+        }
+        assert contents(stored([span(attrs, trace=f"{n + 1:032x}")]))[0] == ("system", policy)

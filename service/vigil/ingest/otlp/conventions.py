@@ -21,6 +21,8 @@ A span with none of these is a container (the root HTTP or application span) or 
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +76,50 @@ class SpanView:
     model: str | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
     convention: str = ""
+
+
+class SystemTexts:
+    """The converted text of the latest system instructions seen, in every conversation: an agent's
+    instructions (often a policy of many kilobytes, as JSON) are the same in all its conversations, and
+    are parsed once instead of once per conversation (about 50 µs for τ²'s 15 kB policies).
+
+    A value is looked up by its length and ends, then compared whole (a few µs): hashing the whole
+    string, as a dict keyed by it would, costs half what parsing it does. At most :attr:`MAX_VALUES`
+    values of at most :attr:`MAX_CHARS` characters in all; the oldest go first. The lists returned are
+    shared: read only."""
+
+    MAX_VALUES = 64
+    MAX_CHARS = 4 * 1024 * 1024
+    ENDS = 64
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._texts: OrderedDict[tuple[int, str, str], tuple[str, list[str]]] = OrderedDict()
+        self._chars = 0
+
+    def texts(self, raw: Any) -> list[str]:
+        if not isinstance(raw, str) or len(raw) > self.MAX_CHARS // 4:
+            return [as_text(json_value(raw))]
+        key = (len(raw), raw[: self.ENDS], raw[-self.ENDS :])
+        with self._lock:
+            known = self._texts.get(key)
+            if known is not None and (known[0] is raw or known[0] == raw):
+                self._texts.move_to_end(key)
+                return known[1]
+        texts = [as_text(json_value(raw))]
+        with self._lock:
+            replaced = self._texts.pop(key, None)
+            if replaced is not None:
+                self._chars -= len(replaced[0])
+            self._texts[key] = (raw, texts)
+            self._chars += len(raw)
+            while len(self._texts) > self.MAX_VALUES or self._chars > self.MAX_CHARS:
+                _, (old, _) = self._texts.popitem(last=False)
+                self._chars -= len(old)
+        return texts
+
+
+SYSTEM_TEXTS = SystemTexts()
 
 
 class InputCache:
@@ -139,9 +185,10 @@ class InputCache:
         self.filtered = self.filtered + [m for m in new if m["role"] != "system"]
 
     def system_texts(self, raw: Any) -> list[str]:
-        """System instructions (every span resends the same ones): converted once per distinct value."""
+        """System instructions (every span resends the same ones): converted once per distinct value, in
+        this conversation and, through :data:`SYSTEM_TEXTS`, across the conversations of one agent."""
         if raw is not self._system_raw and raw != self._system_raw:
-            self._system_raw, self._system = raw, [as_text(json_value(raw))]
+            self._system_raw, self._system = raw, SYSTEM_TEXTS.texts(raw)
         return self._system
 
     def keyed(self, msgs: list[dict[str, Any]], key: Any) -> tuple[list[dict[str, Any]], list[tuple[Any, ...]]]:
