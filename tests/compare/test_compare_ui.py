@@ -59,6 +59,33 @@ def logged_in(ui):  # type: ignore[no-untyped-def]
     return ui
 
 
+def test_conversations_behind_a_row_paged_past_the_end_say_so(sqlite_url) -> None:
+    from fastapi.testclient import TestClient
+
+    from vigil.app.server import build_app
+
+    rt = loaded_runtime(sqlite_url)
+    params = {"agent": "support-bot", "version": "v2", "signal": "forbidden_tool"}
+    with TestClient(build_app(rt)) as ui:
+        api = ui.get("/v1/compare/conversations", params=params, headers={"Authorization": "Bearer rita-key"})
+        first = api.json()
+        assert first["total"] == 20 and not first["more"] and not first["past_end"]
+        for offset in (20, 10_000, 2_147_483_647):
+            r = ui.get(
+                "/v1/compare/conversations",
+                params={**params, "offset": offset},
+                headers={"Authorization": "Bearer rita-key"},
+            )
+            body = r.json()
+            # no count is made up from the offset, and no next page is offered
+            assert body["conversations"] == [] and body["total"] is None, body
+            assert body["past_end"] and not body["more"]
+        html = logged_in(ui).get("/ui/compare/conversations", params={**params, "offset": 10_000}).text
+        assert "past the last conversation" in html and "10000 conversations" not in html
+        assert "offset=0" in html  # the way back
+    rt.close()
+
+
 def test_versions_stored_together_order_by_name_and_an_agent_is_picked(sqlite_url) -> None:
     """As in the demo: two versions first stored in one batch; and a second agent stored earlier."""
     from fastapi.testclient import TestClient

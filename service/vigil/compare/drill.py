@@ -118,7 +118,8 @@ def conversations_behind(
         if span is not None:  # start from the version's newest row, not from everyone's
             q = q.where(C.received_at <= span[1])
         page = list(session.scalars(q.order_by(order, C.conversation_id).offset(offset).limit(PAGE + 1)))
-        total = None if len(page) > PAGE else offset + len(page)
+        # the last page tells the total; past it (an offset beyond the end) nothing does
+        total = None if len(page) > PAGE or (offset and not page) else offset + len(page)
         page = page[:PAGE]
     return {
         "agent_id": agent,
@@ -127,6 +128,7 @@ def conversations_behind(
         "what": what,
         "offset": offset,
         "total": total,
-        "more": total is None or total > offset + len(page),
+        "more": bool(page) and (total is None or total > offset + len(page)),
+        "past_end": offset > 0 and not page,
         "conversations": [summary_dict(r) for r in page],
     }
