@@ -91,3 +91,25 @@ def test_a_refused_field_whose_input_json_cannot_write_is_a_422_naming_it(client
     errors = r.json()["detail"]
     assert isinstance(errors, list) and errors and all("loc" in e and "msg" in e for e in errors)
     assert r.text.isascii() or "\\ud800" in r.text
+
+
+def test_a_huge_or_deep_wrong_field_gets_a_small_422_not_its_input_echoed_back(client) -> None:  # type: ignore[no-untyped-def]
+    # a 5 MB field where none belongs: FastAPI's 422 echoed it whole, twice (10 MB back for 5 MB sent)
+    r = client.post("/v1/review/items/c1/comments", json={"text": "a" * 5_000_000}, headers=ADMIN)
+    assert r.status_code == 422 and len(r.content) < 5_000, len(r.content)
+    errors = r.json()["detail"]
+    assert {tuple(e["loc"]) for e in errors} == {("body", "body"), ("body", "text")}
+    extra = next(e for e in errors if e["loc"] == ["body", "text"])
+    assert extra["input"].startswith("a" * 200) and extra["input"].endswith("… (5000000 characters)")
+    # a field nested 900 deep (Python's JSON reader takes it): the echo overflowed the stack, a 500
+    deep = b'{"body": ' + b"[" * 900 + b"]" * 900 + b"}"
+    r = client.post("/v1/review/items/c1/comments", content=deep, headers=JSON)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "body"] and len(r.content) < 2_000
+    # many keys, many items: cut, each cut saying how much it left out
+    wide = {"body": "ok", **{f"k{i}": list(range(1000)) for i in range(100)}}
+    r = client.post("/v1/review/items/c1/comments", json=wide, headers=ADMIN)
+    assert r.status_code == 422 and len(r.content) < 50_000, len(r.content)
+    first = r.json()["detail"][0]
+    assert first["input"][-1] == "… 980 more items"
+    assert client.get("/v1/review/items/c1/comments", headers=ADMIN).json() == []

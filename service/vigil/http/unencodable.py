@@ -21,22 +21,47 @@ SURROGATE_DETAIL = (
 )
 
 
-def printable(value: Any) -> Any:
-    """``value`` with every float JSON cannot write as a string and every lone surrogate escaped."""
+ECHO_CHARS = 200  # of a string the 422 echoes
+ECHO_ITEMS = 20  # of a list or object it echoes
+ECHO_DEPTH = 4  # levels of nesting it echoes
+
+
+def echoed(value: Any, depth: int = 0) -> Any:
+    """What a 422 echoes of an input: writable as JSON (every float JSON cannot write as a string, every
+    lone surrogate escaped) and bounded, however large or deep the input (a 5 MB field was echoed whole,
+    twice; a field nested 900 deep overflowed the stack): strings cut at :data:`ECHO_CHARS`, lists and
+    objects at :data:`ECHO_ITEMS` items and :data:`ECHO_DEPTH` levels, each cut saying what it left out."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, str):
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        text = value[:ECHO_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
+        return text if len(value) <= ECHO_CHARS else f"{text}… ({len(value)} characters)"
+    if isinstance(value, bytes | bytearray):
+        return echoed(bytes(value[: ECHO_CHARS + 1]).decode("utf-8", "backslashreplace"), depth)
     if isinstance(value, dict):
-        return {printable(k): printable(v) for k, v in value.items()}
+        if depth >= ECHO_DEPTH:
+            return f"{{… {len(value)} keys}}"
+        out = {echoed(str(k)): echoed(v, depth + 1) for k, v in list(value.items())[:ECHO_ITEMS]}
+        if len(value) > ECHO_ITEMS:
+            out["…"] = f"{len(value) - ECHO_ITEMS} more keys"
+        return out
     if isinstance(value, list | tuple):
-        return [printable(v) for v in value]
-    return value
+        if depth >= ECHO_DEPTH:
+            return f"[… {len(value)} items]"
+        items = [echoed(v, depth + 1) for v in value[:ECHO_ITEMS]]
+        if len(value) > ECHO_ITEMS:
+            items.append(f"… {len(value) - ECHO_ITEMS} more items")
+        return items
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return echoed(str(value), depth)
 
 
 def validation_response(exc: RequestValidationError) -> JSONResponse:
-    """FastAPI's 422 (``{"detail": [field errors]}``), writable whatever input it echoes."""
-    return JSONResponse({"detail": printable(jsonable_encoder(exc.errors()))}, 422)
+    """FastAPI's 422 (``{"detail": [field errors]}``), each error's input and location echoed bounded and
+    writable (see :func:`echoed`)."""
+    errors = [{k: echoed(v) if k in ("input", "loc", "ctx") else v for k, v in e.items()} for e in exc.errors()]
+    return JSONResponse({"detail": jsonable_encoder(errors)}, 422)
 
 
 def surrogate_response() -> JSONResponse:
