@@ -200,6 +200,21 @@ def test_quality_series_count_every_stored_conversation_with_intervals(seeded) -
     assert c.get("/v1/quality/series", params={"agent": AGENT, "version": BASELINE}).status_code == 401
 
 
+def test_quality_page_says_when_it_shows_another_version_than_the_one_asked_for(seeded) -> None:
+    rt, _ = seeded
+    c = logged_in(rt)
+    asked = c.get("/ui/quality", params={"agent": AGENT, "version": BASELINE, "last": "7d"}).text
+    assert "No counts of" not in asked and f'value="{BASELINE}" selected' in asked
+    # an address kept from before (a version no longer counted) or mistyped: its charts are another's
+    gone = c.get("/ui/quality", params={"agent": AGENT, "version": "v0-retired", "last": "7d"})
+    assert gone.status_code == 200
+    with rt.sessions() as s:
+        newest = quality.versions(s)[AGENT][0]
+    assert f"No counts of {AGENT} version &#39;v0-retired&#39;: showing {newest}." in gone.text
+    other = c.get("/ui/quality", params={"agent": "nobody", "version": BASELINE}).text
+    assert "No counts of agent &#39;nobody&#39;: showing" in other
+
+
 def test_judge_rate_is_charted_raw_and_corrected(seeded, monkeypatch) -> None:
     rt, _ = seeded
     judge = next(iter(rt.judges))

@@ -58,13 +58,23 @@ def home_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
     )
 
 
-def _pick(rt: Any, agent: str | None, version: str | None) -> tuple[dict[str, list[str]], str | None, str | None]:
+def _pick(
+    rt: Any, agent: str | None, version: str | None
+) -> tuple[dict[str, list[str]], str | None, str | None, str | None]:
+    """The agent and version to show (those asked for, if the detector counts them, else the first agent's
+    newest version), and a notice when that is not what was asked for (an address kept from before, or
+    mistyped, must not show another version's charts as if they were its own)."""
     with rt.sessions() as s:
         known = quality.versions(s)
-    agent = agent if agent in known else next(iter(known), None)
-    options = known.get(agent or "", [])
-    version = version if version in options else next(iter(options), None)
-    return known, agent, version
+    picked_agent = agent if agent in known else next(iter(known), None)
+    options = known.get(picked_agent or "", [])
+    picked = version if version in options else next(iter(options), None)
+    notice = None
+    if known and agent and agent not in known:
+        notice = f"No counts of agent {agent!r}: showing {picked_agent} {picked}."
+    elif known and version and version not in options:
+        notice = f"No counts of {picked_agent} version {version!r}: showing {picked}."
+    return known, picked_agent, picked, notice
 
 
 @router.get("/quality")
@@ -78,7 +88,7 @@ def quality_page(
     user: Principal = Depends(ui_user),
 ) -> Response:
     rt = runtime_of(request)
-    known, agent, version = _pick(rt, agent, version)
+    known, agent, version, notice = _pick(rt, agent, version)
     error, series, preset = None, [], None
     start = end = datetime.now(UTC)
     try:
@@ -103,6 +113,7 @@ def quality_page(
         preset=preset,
         presets=list(quality.RANGES),
         error=error,
+        notice=notice,
         charts=drawn,
         quiet=quiet,
         bucket=quality.bucket_for(end - start),
