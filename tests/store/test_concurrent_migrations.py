@@ -38,3 +38,22 @@ def test_three_replicas_migrating_at_once_all_succeed(db_url: str) -> None:
         assert {"conversations", "judge_requests", "review_comments"} <= set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
+
+
+def test_migrating_logs_what_it_migrates_and_nothing_on_every_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Alembic logs nine INFO lines on every start (its plugins set up, the DDL mode) whether or not it
+    # migrates: they came ahead of every `vigil` command's output
+    env = {**os.environ, "VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'v.db'}", "VIGIL_LOG_LEVEL": "INFO"}
+
+    def upgrade() -> str:
+        run = subprocess.run(
+            [sys.executable, "-m", "vigil", "db", "upgrade"], env=env, capture_output=True, timeout=scaled(120)
+        )
+        assert run.returncode == 0, run.stderr.decode(errors="replace")
+        return (run.stdout + run.stderr).decode(errors="replace")
+
+    first = upgrade()
+    assert "Running upgrade  -> 0001" in first
+    assert "setup plugin" not in first and "Context impl" not in first and "Will assume" not in first
+    again = upgrade()
+    assert "alembic" not in again, again

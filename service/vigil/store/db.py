@@ -157,7 +157,24 @@ def downgrade(url: str, revision: str) -> None:
     _migrate(url, revision, up=False)
 
 
+class _AlembicChatter(logging.Filter):
+    """Drops what Alembic logs at INFO on every start whether or not it migrates (its plugins set up, the
+    dialect's DDL mode): nine lines ahead of every ``vigil`` command's output. What it migrates
+    (``Running upgrade ...``) and its warnings still show."""
+
+    CHATTER = ("setup plugin ", "Context impl ", "Will assume ")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or not str(record.msg).startswith(self.CHATTER)
+
+
+_CHATTER = _AlembicChatter()
+
+
 def _migrate(url: str, revision: str, up: bool) -> None:
+    for name in ("alembic.runtime.plugins", "alembic.runtime.migration"):  # before the import: it logs too
+        if _CHATTER not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_CHATTER)
     from alembic import command
     from alembic.util import CommandError
 
