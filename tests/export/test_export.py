@@ -250,6 +250,10 @@ def test_incremental_export_with_watermark(world) -> None:  # type: ignore[no-un
             assert run[key] is None or datetime.fromisoformat(run[key].replace("Z", "+00:00")).utcoffset() is not None
     r = client.post("/v1/exports", params={"format": "csv"}, headers=ADMIN)
     assert r.status_code == 422
+    # options sent as a JSON body were ignored: a native export came back, and a run was recorded
+    r = client.post("/v1/exports", json={"format": "inspect"}, headers=ADMIN)
+    assert r.status_code == 422 and "query parameters" in r.json()["detail"]
+    assert client.get("/v1/exports", headers=ADMIN).json() == runs
 
 
 def test_unacknowledged_api_export_is_exported_again(world) -> None:  # type: ignore[no-untyped-def]

@@ -324,6 +324,8 @@ def test_bulk_skip_and_assign(api) -> None:
         "/v1/review/bulk", json={"action": "assign", "conversation_ids": ids, "assignee": "mallory"}, headers=REVIEWER
     )
     assert bad.status_code == 422 and "not a reviewer" in bad.text
+    nobody = api.post("/v1/review/bulk", json={"action": "assign", "conversation_ids": ids}, headers=REVIEWER)
+    assert nobody.status_code == 422 and nobody.json()["detail"] == "assign needs an assignee: one of admin, raj, rita"
     assert api.get("/v1/review/reviewers", headers=REVIEWER).json() == ["admin", "raj", "rita"]
     r = api.post("/v1/review/bulk", json={"action": "unassign", "conversation_ids": ids[3:]}, headers=REVIEWER)
     assert r.json()["done"] == ids[3:]

@@ -43,6 +43,13 @@ def export_tasks(
     from vigil.export.redact import Redactor
     from vigil.export.run import export
 
+    if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
+        # options sent as a JSON body were ignored: {"format": "inspect"} exported native tasks
+        raise HTTPException(
+            422,
+            "POST /v1/exports takes its options as query parameters (?format=inspect&since=N&all=true), "
+            "not a body: nothing was exported",
+        )
     rt = runtime_of(request)
     try:
         with rt.sessions.begin() as s:

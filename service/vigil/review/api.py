@@ -337,7 +337,10 @@ def bulk(request: Request, body: BulkIn, p: Principal = require("reviewer")) -> 
     """Skip (for you), assign (to a reviewer: their claim-next offers the items to them first and to nobody
     else) or unassign many items at once. Items that cannot be changed are listed under ``skipped``."""
     if body.action == "assign" and body.assignee not in reviewer_names(request):
-        raise HTTPException(422, f"{body.assignee!r} is not a reviewer; one of {', '.join(reviewer_names(request))}")
+        names = ", ".join(reviewer_names(request))
+        if body.assignee is None:
+            raise HTTPException(422, f"assign needs an assignee: one of {names}")
+        raise HTTPException(422, f"{body.assignee!r} is not a reviewer; one of {names}")
     return run(request, lambda s, _st: triage.bulk(s, body.action, body.conversation_ids, p.name, body.assignee))
 
 
