@@ -87,3 +87,16 @@ def test_termination_reason_user_stop_and_real_missing_replies(tmp_path: Path) -
     # a stop turn after an empty assistant message does not hide the missing reply
     silent = _conv(("user", "hi"), ("assistant", ""), ("user", "###STOP###"))
     assert offline_verdict(judge, silent, []).verdict == "fail"
+
+
+def test_a_rule_firing_many_times_is_named_once_with_its_count(tmp_path: Path) -> None:
+    judge = _judge(tmp_path)
+    conv = _conv(("user", "hi"), ("user", "hi"), ("assistant", "Hello!"))
+    findings = [("user-repeated", "user_repetition", "medium", f"repeat {i}") for i in range(1450)]
+    findings.append(("pii-in-reply", "pii_leak", "high", "an email"))
+    got = offline_verdict(judge, conv, findings)
+    assert got.verdict == "fail"
+    # it listed "user-repeated (medium)" 1,450 times, cut at 2,000 characters, before the other rule
+    assert got.rationale is not None and got.rationale.endswith(
+        "fails on pii-in-reply (high); user-repeated (medium) ×1450"
+    )

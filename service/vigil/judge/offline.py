@@ -90,7 +90,13 @@ def offline_verdict(judge: Judge, conv: Conversation, findings: list[tuple[str, 
         categories.append(o.default_category)
     score = round(max(0.0, score), 4)
     if failing:
-        rationale = f"{OFFLINE_LABEL}: fails on " + "; ".join(failing)
+        # one entry per rule and severity, counted: a rule firing 1,450 times in one conversation filled the
+        # rationale with its name 1,450 times over
+        counted: dict[str, int] = {}
+        for reason in failing:
+            counted[reason] = counted.get(reason, 0) + 1
+        parts = [reason if n == 1 else f"{reason} ×{n}" for reason, n in counted.items()]
+        rationale = f"{OFFLINE_LABEL}: fails on " + "; ".join(parts)
         return Parsed("fail", score, list(dict.fromkeys(categories)), rationale[:2000])
     return Parsed("pass", score, [], f"{OFFLINE_LABEL}: no finding at or above {o.fail_at_severity}")
 
