@@ -438,3 +438,54 @@ def test_claim_next_echoes_bounded_filters_into_its_redirect(ui, rt) -> None:
     r = ui.post("/ui/queue/claim", data={"csrf": token, "agent": "a\x00b", "version": "v9"}, follow_redirects=False)
     assert r.status_code == 303 and "%00" not in r.headers["location"] and "version=v9" in r.headers["location"]
     assert ui.get(r.headers["location"]).status_code == 200
+
+
+def test_characters_that_draw_nothing_or_turn_text_are_shown_as_marks(ui, rt) -> None:
+    # a reviewer decides on what the page shows: a right-to-left override drew "refund $05" as "50$ dnufer"
+    # the wrong way round, a terminal colour code's ESC drew nothing
+    conv = {
+        "conversation_id": "bidi-1",
+        "agent_id": "support-bot",
+        "agent_version": "v1",
+        "messages": [
+            {"role": "user", "content": "Please refund my order."},
+            {"role": "assistant", "content": "I issued a refund of \u202e$05\u202c <b>today</b>."},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "refund\u2066", "arguments": '{"a": 1}'}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "\x1b[31mdone\x1b[0m"},
+            {"role": "assistant", "content": "Done 👨\u200d👩\u200d👧 family refund."},
+        ],
+    }
+    store(rt, [conv])
+    _login(ui)
+    html = ui.get("/ui/review/bidi-1").text
+    for raw in ("\u202e", "\u202c", "\u2066", "\x1b"):
+        assert raw not in html
+    assert 'refund of <span class="ctl" title="U+202E RIGHT-TO-LEFT OVERRIDE">U+202E</span>' in html
+    assert '<span class="ctl" title="U+202C POP DIRECTIONAL FORMATTING">U+202C</span> &lt;b&gt;today' in html
+    assert 'title="U+001B ESCAPE">U+001B</span>[31mdone' in html
+    assert 'refund<span class="ctl" title="U+2066 LEFT-TO-RIGHT ISOLATE">' in html  # in a tool's name too
+    assert "&lt;b&gt;today&lt;/b&gt;" in html  # still escaped
+    assert "👨\u200d👩\u200d👧" in html  # joiners are drawn as they are: emoji need them
+    note = re.search(r'id="hidden-note">(.*?)</p>', html)
+    assert note and "holds 5 characters that draw nothing" in note.group(1)
+    plain = ui.get(f"/ui/review/{quote(xss_conversation()['conversation_id'], safe='')}")
+    assert 'id="hidden-note"' not in plain.text
+
+
+def test_visible_escapes_and_marks_only_what_draws_nothing() -> None:
+    from vigil.ui.visible import visible
+
+    assert str(visible("a <b> & 'c'")) == "a &lt;b&gt; &amp; &#39;c&#39;"
+    assert str(visible(None)) == ""
+    assert str(visible("tab\there\nnew line\r\n")) == "tab\there\nnew line\r\n"
+    assert str(visible("x\x85y\x00")) == (
+        'x<span class="ctl" title="U+0085 control character">U+0085</span>y'
+        '<span class="ctl" title="U+0000 NULL">U+0000</span>'
+    )
+    assert str(visible("عربي\u061c")).endswith('title="U+061C ARABIC LETTER MARK">U+061C</span>')

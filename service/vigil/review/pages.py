@@ -215,6 +215,7 @@ def _conversation_page(
         back = _review_url(conversation_id)
         return render_page(request, "error.html", 400, title="Bad request", message=str(exc), status=400, back=back)
     rows = transcript.folded(document, conv["findings"], fold)
+    messages = [m for kind, m in rows if kind == "m"]
     return render_page(
         request,
         "conversation.html",
@@ -222,7 +223,8 @@ def _conversation_page(
         title=f"Conversation {conversation_id}",
         conv=conv,
         item=item,
-        messages=[m for kind, m in rows if kind == "m"],
+        messages=messages,
+        hidden=sum(transcript.hidden_characters(m) for m in messages),
         rows=rows,
         fold=fold,
         tools=transcript.tools(conv["conversation"] or {}),

@@ -23,6 +23,7 @@ from vigil.http.auth import Principal
 from vigil.money import usd
 from vigil.ui.labels import outcome_label, reason_key
 from vigil.ui.session import SessionManager
+from vigil.ui.visible import visible
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ def environment(request: Request) -> Environment:
         env.filters["when"] = lambda v: "" if v is None else f"{v:%Y-%m-%d %H:%M} UTC"
         env.filters["outcome"] = outcome_label
         env.filters["reason_key"] = reason_key
+        env.filters["visible"] = visible
         request.app.state.ui_env = env
     return env
 

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from vigil.rules import SEVERITY_RANK
 from vigil.schema import Conversation, Message
 from vigil.ui.folding import Fold, Gap
+from vigil.ui.visible import hidden_count
 
 
 @dataclass
@@ -277,3 +278,9 @@ def tools(document: dict[str, Any]) -> ToolCard | None:
         max(0, len(offered) - MAX_TOOLS_SHOWN),
         max(0, len(unoffered) - MAX_UNOFFERED_SHOWN),
     )
+
+
+def hidden_characters(m: MessageView) -> int:
+    """Characters of the message a reader cannot see (see :mod:`vigil.ui.visible`), which the page marks."""
+    calls = [t for c in m.calls for t in (c.name, c.arguments)]
+    return hidden_count(*(seg.text for seg in m.segments), m.rest, m.reasoning, m.name, *calls)
