@@ -162,3 +162,52 @@ def test_serve_with_a_bad_setting_says_so_in_a_line(tmp_path: Path, env: dict[st
     assert result.exit_code == 2, result.output
     assert says in result.output and "Traceback" not in result.output and "s3cret" not in result.output
     assert len(result.output.splitlines()) <= 8, result.output
+
+
+TERMINAL_ATTACK = "where is my order \x1b]0;pwned\x07\x1b[2J\x1b[31m red \u202eevil\u202c"
+
+
+def test_a_user_message_cannot_drive_the_terminal_that_lists_it(tmp_path: Path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Conversations are written by an agent's users: a first message holding terminal escape sequences
+    retitled (ESC ] 0 ; ... BEL) and cleared (ESC [ 2 J) the terminal of whoever ran `vigil review
+    near-duplicates`; rich passes ESC through. Every cell prints them written out instead."""
+    import sys
+
+    from prometheus_client import CollectorRegistry
+
+    from tests.support.app import make_settings
+    from tests.support.review import store
+    from vigil import tables
+    from vigil.app.runtime import build_runtime
+    from vigil.app.wiring import wire
+
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    rt = wire(build_runtime(make_settings(url), registry=CollectorRegistry()), {"api"})
+    convs = [
+        {
+            "conversation_id": f"esc-{i}",
+            "agent_id": "support-bot",
+            "agent_version": "v1",
+            "messages": [{"role": "user", "content": TERMINAL_ATTACK}, {"role": "assistant", "content": ""}],
+        }
+        for i in range(2)
+    ]
+    store(rt, convs)
+    rt.close()
+    piped = run(["review", "near-duplicates"], tmp_path, VIGIL_DATABASE_URL=url)
+    assert piped.exit_code == 0, piped.output
+    assert "where is my order" in piped.stdout
+    for raw in ("\x1b", "\x07", "\u202e"):
+        assert raw not in piped.stdout
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\x1b[31m red \\u202eevil\\u202c" in piped.stdout
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    tables.print_table(["first message"], [[TERMINAL_ATTACK]])
+    out = capsys.readouterr().out
+    assert "pwned" in out and "\x1b]0" not in out and "\x1b[2J" not in out
+    # error lines too: an error quoting a file's text
+    with pytest.raises(typer.Exit):
+        from vigil.app.console import fail
+
+        fail(VigilError(f"bad line: {TERMINAL_ATTACK}"))
+    err = capsys.readouterr()
+    assert "\x1b[2J" not in err.out + err.err and "\\x1b[2J" in err.out + err.err

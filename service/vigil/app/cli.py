@@ -16,6 +16,7 @@ from vigil.app.wiring import STAGES
 from vigil.errors import VigilError
 from vigil.runtime import Launcher, Runtime
 from vigil.settings import Settings
+from vigil.tables import terminal_safe
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Vigil: watches LLM agents in production.")
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
@@ -202,7 +203,7 @@ def main() -> None:
     try:
         app()
     except VigilError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        console.print(f"[red]error:[/red] {escape(terminal_safe(str(exc)))}", soft_wrap=True, highlight=False)
         sys.exit(2)
 
 

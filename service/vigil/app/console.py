@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from vigil.settings import Settings
+from vigil.tables import terminal_safe
 
 console = Console(stderr=True)
 
@@ -23,5 +24,5 @@ def load_settings() -> Settings:
 def fail(exc: Exception | str, code: int = 2) -> NoReturn:
     # soft_wrap: an error is one line however narrow the terminal (logs and tests read it whole);
     # escape: the message quotes input ("[/x]", a regex's "[a-z]"), which is text, not markup
-    console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
+    console.print(f"[red]error:[/red] {escape(terminal_safe(str(exc)))}", soft_wrap=True, highlight=False)
     raise typer.Exit(code)

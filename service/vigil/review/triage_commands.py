@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from vigil.review.stage import ReviewStage
 from vigil.runtime import Launcher
-from vigil.tables import print_json, print_table
+from vigil.tables import print_json, print_table, terminal_safe
 from vigil.ui.labels import reason_key
 
 console = Console(stderr=True)
@@ -31,7 +31,7 @@ def _stage(ctx: typer.Context) -> ReviewStage:
 
 
 def _fail(exc: Exception) -> None:
-    console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
+    console.print(f"[red]error:[/red] {escape(terminal_safe(str(exc)))}", soft_wrap=True, highlight=False)
     raise typer.Exit(2)
 
 
