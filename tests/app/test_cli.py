@@ -85,3 +85,31 @@ def test_db_downgrade_takes_the_schema_back_and_refuses_an_unknown_revision(tmp_
     result = run(["db", "downgrade", "no-such-revision"], env)
     assert result.exit_code == 2 and "cannot downgrade to 'no-such-revision'" in result.output
     assert "Traceback" not in result.output
+
+
+def test_the_command_line_starts_without_the_statistics_libraries(tmp_path) -> None:
+    """scipy, statsmodels and pandas take about 1.3 s to import, and every `vigil` command paid it at start
+    (`vigil --version` took 3.8 s): they are imported where intervals are computed, not with the CLI or the
+    stages' wiring. A listing that computes none (the review queue) starts without them."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.waiting import scaled
+
+    heavy = ("scipy", "statsmodels", "pandas")
+    probe = (
+        "import sys, runpy\n"
+        "sys.argv = ['vigil', *sys.argv[1:]]\n"
+        "try:\n"
+        "    runpy.run_module('vigil', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"print('LOADED', sorted(m for m in {heavy!r} if m in sys.modules))\n"
+    )
+    env = {**os.environ, "VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'v.db'}"}
+    for args in (["--version"], ["review", "queue"]):
+        run = subprocess.run(
+            [sys.executable, "-c", probe, *args], env=env, capture_output=True, text=True, timeout=scaled(120)
+        )
+        assert "LOADED []" in run.stdout, (args, run.stdout[-500:], run.stderr[-2000:])

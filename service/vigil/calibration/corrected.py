@@ -16,10 +16,10 @@ check the interval's coverage over many repetitions at once (tests/calibration/t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
-from scipy.stats import norm
 
 from vigil.calibration.stats import CONFIDENCE, Agreement, Estimate, proportion
 
@@ -38,7 +38,7 @@ def rogan_gladen(
         p = np.clip((q + sp - 1) / youden, 0.0, 1.0)
         var = q * (1 - q) / n_q + p**2 * se * (1 - se) / n_pos + (1 - p) ** 2 * sp * (1 - sp) / n_neg
         var = var / youden**2
-        half = norm.ppf(0.5 + confidence / 2) * np.sqrt(var)
+        half = NormalDist().inv_cdf(0.5 + confidence / 2) * np.sqrt(var)
         low = np.clip(p - half, 0.0, 1.0)
         high = np.clip(p + half, 0.0, 1.0)
     nan = np.nan

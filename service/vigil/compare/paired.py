@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import t as student_t
 
 from vigil.compare.stats import pass_at_k, pass_hat_k
 
@@ -62,6 +61,8 @@ EMPTY = Interval(None, None, None, None, 0)
 def _t_interval(value: float, se: float, tasks: int, bounds: tuple[float, float] | None = None) -> Interval:
     if tasks < 2 or math.isnan(se):
         return Interval(value, None, None, None, tasks)
+    from scipy.stats import t as student_t  # scipy takes a second to import: not for every command
+
     q = float(student_t.ppf(1 - ALPHA / 2, tasks - 1))
     low, high = value - q * se, value + q * se
     if bounds is not None:

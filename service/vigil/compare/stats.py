@@ -17,10 +17,9 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
-from scipy.stats import norm, t
-from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint, test_proportions_2indep
 
 ALPHA = 0.05
 SEED = 20240611
@@ -51,6 +50,8 @@ def rate(x: int, n: int) -> Estimate:
     """A proportion with its 95% Wilson interval."""
     if n <= 0:
         return Estimate(None, None, None, 0, 0)
+    from statsmodels.stats.proportion import proportion_confint  # scipy and statsmodels: imported when used
+
     low, high = proportion_confint(x, n, alpha=ALPHA, method="wilson")
     return Estimate(x / n, float(low), float(high), n, x)
 
@@ -60,6 +61,8 @@ def rate_difference(candidate: Estimate, baseline: Estimate) -> Estimate:
     if not candidate.n or not baseline.n:
         return Estimate(None, None, None, 0)
     assert candidate.x is not None and baseline.x is not None
+    from statsmodels.stats.proportion import confint_proportions_2indep
+
     low, high = confint_proportions_2indep(
         candidate.x, candidate.n, baseline.x, baseline.n, method="newcomb", compare="diff", alpha=ALPHA
     )
@@ -78,6 +81,8 @@ def _rate_p_value(x1: int, n1: int, x0: int, n0: int) -> float:
         return 1.0
     with warnings.catch_warnings():  # ratio and odds ratio of a zero rate, which the test does not use
         warnings.simplefilter("ignore", RuntimeWarning)
+        from statsmodels.stats.proportion import test_proportions_2indep
+
         p = float(test_proportions_2indep(x1, n1, x0, n0, method="score", compare="diff").pvalue)
     return 1.0 if math.isnan(p) else p
 
@@ -85,7 +90,7 @@ def _rate_p_value(x1: int, n1: int, x0: int, n0: int) -> float:
 def _normal_p_value(point: float, standard_error: float) -> float:
     if not standard_error or math.isnan(standard_error):
         return 1.0 if point == 0 else 0.0
-    return float(2 * norm.sf(abs(point) / standard_error))
+    return 2 * NormalDist().cdf(-abs(point) / standard_error)  # the lower tail: exact where sf is tiny
 
 
 def p95(values: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -116,6 +121,8 @@ def _percentiles(values: np.ndarray) -> tuple[float, float]:
 def _t_mean(data: np.ndarray) -> tuple[float, float]:
     """Student's t interval of a mean (``data`` of at least two values, not all equal)."""
     point = float(data.mean())
+    from scipy.stats import t
+
     half = float(t.ppf(1 - ALPHA / 2, data.size - 1)) * float(data.std(ddof=1)) / math.sqrt(data.size)
     return point - half, point + half
 
@@ -142,6 +149,8 @@ def _welch(c: np.ndarray, b: np.ndarray, point: float) -> tuple[float, float, fl
     if se == 0:  # both samples constant: the difference is exact
         return point, point, 1.0 if point == 0 else 0.0
     df = (vc + vb) ** 2 / (vc**2 / (c.size - 1) + vb**2 / (b.size - 1))
+    from scipy.stats import t
+
     half = float(t.ppf(1 - ALPHA / 2, df)) * se
     return point - half, point + half, float(2 * t.sf(abs(point) / se, df))
 

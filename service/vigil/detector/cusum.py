@@ -14,8 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from scipy.stats import norm
+from statistics import NormalDist
 
 P_MAX = 0.999
 
@@ -36,7 +35,7 @@ def threshold(arl0: float, cusums: int) -> float:
 
 def upper_bound(x: int, n: int, confidence: float) -> float:
     """One-sided Wilson upper bound of a rate: a cautious baseline (never 0, so log ratios stay finite)."""
-    z = float(norm.ppf(confidence))
+    z = NormalDist().inv_cdf(confidence)
     p = x / n
     centre = p + z * z / (2 * n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))

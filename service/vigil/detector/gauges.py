@@ -7,7 +7,6 @@ from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
-from statsmodels.stats.proportion import proportion_confint
 
 from vigil.detector.hourly import Counts
 from vigil.detector.models import DetectorSeriesRow, QualityCountRow
@@ -50,7 +49,7 @@ class Gauges:
         m = self.metrics
         n, x = sum(c[0] for c in counts), sum(min(c[1], c[0]) for c in counts)
         if n:
-            low, high = proportion_confint(x, n, alpha=0.05, method="wilson")
+            low, high = _wilson(x, n)
             m.quality_rate.labels(*labels).set(x / n)
             m.quality_rate_lower.labels(*labels).set(float(low))
             m.quality_rate_upper.labels(*labels).set(float(high))
@@ -92,3 +91,11 @@ def _totals(s: Session) -> Counts:
             ).group_by(QualityCountRow.agent_id, QualityCountRow.agent_version, QualityCountRow.signal)
         )
     }
+
+
+def _wilson(x: int, n: int) -> tuple[float, float]:
+    """The 95% Wilson interval of ``x`` of ``n`` (statsmodels, a second to import: imported when used)."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    low, high = proportion_confint(x, n, alpha=0.05, method="wilson")
+    return float(low), float(high)

@@ -10,7 +10,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
-from statsmodels.stats.proportion import proportion_confint
 
 from vigil.detector.api import list_alerts
 from vigil.detector.hourly import series_totals
@@ -32,6 +31,8 @@ def wilson(x: int, n: int) -> dict[str, Any]:
     if n <= 0:
         return {"rate": None, "low": None, "high": None, "x": x, "n": 0}
     x = min(max(x, 0), n)
+    from statsmodels.stats.proportion import proportion_confint  # a second to import: when drawn
+
     low, high = proportion_confint(x, n, alpha=0.05, method="wilson")
     return {"rate": x / n, "low": float(low), "high": float(high), "x": x, "n": n}
 

@@ -17,15 +17,13 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
-
-from scipy.stats import norm
-from statsmodels.stats.proportion import proportion_confint
 
 from vigil.schema import SEVERITY_RANK
 
 ALPHA = 0.05
-Z = float(norm.ppf(1 - ALPHA / 2))
+Z = NormalDist().inv_cdf(1 - ALPHA / 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +54,8 @@ class RuleInfo:
 def wilson(x: int, n: int) -> dict[str, Any]:
     if n <= 0:
         return {"value": None, "low": None, "high": None, "x": x, "n": n}
+    from statsmodels.stats.proportion import proportion_confint  # statsmodels takes a second to import
+
     low, high = proportion_confint(x, n, alpha=ALPHA, method="wilson")
     return {"value": x / n, "low": float(low), "high": float(high), "x": x, "n": n}
 

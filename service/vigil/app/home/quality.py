@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
-from statsmodels.stats.proportion import proportion_confint
 
 from vigil.app.home.charts import Point, Span
 from vigil.calibration.corrected import corrected_rate, rogan_gladen
@@ -157,6 +156,8 @@ def _points(counts: dict[datetime, tuple[int, int]], start: datetime, end: datet
     seen = n > 0
     low, high = np.full(len(times), np.nan), np.full(len(times), np.nan)
     if seen.any():
+        from statsmodels.stats.proportion import proportion_confint  # a second to import: when drawn
+
         low[seen], high[seen] = proportion_confint(x[seen], n[seen], alpha=1 - CONFIDENCE, method="wilson")
     return [
         Point(at, int(n[i]), int(x[i]), x[i] / n[i], float(low[i]), float(high[i]))
