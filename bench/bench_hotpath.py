@@ -278,7 +278,7 @@ def run_vigil(bootstrap: str, topic: str, n: int, pg_url: str, admin: psycopg.Co
         **({"rule_packs": RULE_PACKS} if RULE_PACKS else {}),
     )
     rt = wire(build_runtime(s, registry=CollectorRegistry(), roles=("consume",)), {"consume"})
-    settle_heap()  # as every vigil command does once built
+    settle_heap(long_running=True)  # as `vigil consume` does once built
     with rt.sessions() as session:  # the pool's connection exists before the clock starts
         session.execute(text("SELECT 1"))
     clock = Clock()

@@ -225,7 +225,7 @@ def _client(tmp: Path, label: str) -> Any:
     rt = wire(build_runtime(settings, registry=CollectorRegistry()), {"api"})
     app = build_app(rt)
     if os.environ.get("VIGIL_BENCH_SETTLE_HEAP", "1") != "0":
-        settle_heap()  # as `vigil serve` does once its app is built (VIGIL_BENCH_SETTLE_HEAP=0: Python's defaults)
+        settle_heap(long_running=True)  # as `vigil serve` does once built (VIGIL_BENCH_SETTLE_HEAP=0: defaults)
     return TestClient(app), rt
 
 

@@ -62,7 +62,7 @@ settings = Settings(
     otlp_grpc_port=0, judge_mode="offline",
 )
 app = build_app(wire(build_runtime(settings, registry=CollectorRegistry()), {"api"}))
-settle_heap()
+settle_heap(long_running=True)
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning", access_log=False)
 """
 

@@ -243,7 +243,7 @@ def time_reads(url: str, n: int, repeat: int, only: str | None) -> list[tuple[st
     settings = Settings(database_url=url, api_keys=f"bench:admin:{KEY}", metrics_port=0, otlp_grpc_port=0)  # type: ignore[arg-type]
     rt = build_runtime(settings, registry=CollectorRegistry(), migrate=False)
     wire(rt, {"api"})
-    settle_heap()  # as `vigil serve` does once built: full collections then skip the start-up heap
+    settle_heap(long_running=True)  # as `vigil serve` does once built: full collections then skip the start-up heap
     headers = {"Authorization": f"Bearer {KEY}"}
     out = []
     with TestClient(build_app(rt, [])) as c:

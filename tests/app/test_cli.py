@@ -113,3 +113,22 @@ def test_the_command_line_starts_without_the_statistics_libraries(tmp_path) -> N
             [sys.executable, "-c", probe, *args], env=env, capture_output=True, text=True, timeout=scaled(120)
         )
         assert "LOADED []" in run.stdout, (args, run.stdout[-500:], run.stderr[-2000:])
+
+
+def test_a_long_running_process_imports_the_statistics_libraries_before_its_heap_settles() -> None:
+    """Imported after start-up, they would be scanned by every full collection of a server's life, and its
+    first compare page would wait for them; a one-shot command does not import them at all."""
+    import subprocess
+    import sys
+
+    from tests.support.waiting import scaled
+
+    probe = (
+        "import sys\n"
+        "from vigil.app.runtime import STATISTICS, settle_heap\n"
+        "settle_heap(long_running=sys.argv[1] == 'long')\n"
+        "print('LOADED', [n for n in STATISTICS if n in sys.modules])\n"
+    )
+    for how, expected in (("long", "['scipy.stats', 'statsmodels.stats.proportion']"), ("once", "[]")):
+        run = subprocess.run([sys.executable, "-c", probe, how], capture_output=True, text=True, timeout=scaled(120))
+        assert f"LOADED {expected}" in run.stdout, (how, run.stdout, run.stderr[-2000:])

@@ -24,12 +24,12 @@ app.add_typer(db_app, name="db")
 
 
 def _build(settings: Settings, roles: frozenset[str] | None) -> Runtime:
-    from vigil.app.runtime import build_runtime, settle_heap
+    from vigil.app.runtime import LONG_RUNNING, build_runtime, settle_heap
     from vigil.app.wiring import wire
 
     rt = build_runtime(settings, roles=roles or ("replay",))
     rt = wire(rt) if roles is not None else rt
-    settle_heap()
+    settle_heap(long_running=bool(roles and roles & LONG_RUNNING))
     return rt
 
 
@@ -189,7 +189,7 @@ def serve(
         fail(exc)
     from vigil.app.runtime import settle_heap
 
-    settle_heap()
+    settle_heap(long_running=True)
     uvicorn.run(application, host=host or s.host, port=port or s.port, log_level=s.log_level.lower())
 
 
