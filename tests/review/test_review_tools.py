@@ -173,6 +173,42 @@ def test_a_long_system_prompt_opens_with_its_first_lines_and_folds_the_rest(sqli
     rt.close()
 
 
+def test_a_huge_message_opens_with_a_screenful_and_folds_the_rest(sqlite_url: str) -> None:
+    """A tool that returned 900 kB made the review page 234,000 pixels tall: the messages after it, and
+    the answer a reviewer judges, were a long scroll away. Any message over LONG_MESSAGE characters shows
+    its opening and folds the rest; nothing of it is lost, and one a finding points into stays whole."""
+    from vigil.ui.transcript import LONG_MESSAGE, build
+
+    dump = "\n".join(f'{{"row": {i}, "name": "customer {i}", "note": "<i>vip</i>"}}' for i in range(12_000))
+    assert len(dump) > LONG_MESSAGE
+    doc = conversation("huge-tool", None)
+    doc["messages"] = [  # type: ignore[misc]
+        {"role": "user", "content": "List my orders."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "dump_table", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": dump},
+        {"role": "assistant", "content": "You have 12,000 orders."},
+    ]
+    rt = review_runtime(sqlite_url, rule_packs=str(PROJECT_ROOT / "rules" / "default.yaml"))
+    store(rt, [doc])
+    with review_client(rt) as ui:
+        _login(ui)
+        html = ui.get("/ui/review/huge-tool").text
+        tool = html[html.index('id="m2"') : html.index('id="m3"')]
+        opening = tool.split('<details class="rest"')[0]
+        assert "&#34;row&#34;: 0," in opening and "&#34;row&#34;: 40," not in opening  # 40 lines
+        assert "The rest of this message (" in tool and "&lt;i&gt;vip&lt;/i&gt;" in tool
+        assert "&#34;row&#34;: 11999," in tool  # folded, all there
+    [_, _, view, _] = build(doc, [])
+    assert view.rest and "".join(s.text for s in view.segments) + view.rest == dump
+    finding = {"severity": "high", "evidence": [{"message_index": 2, "start": 100_000, "end": 100_010}]}
+    assert build(doc, [finding])[2].rest is None
+    rt.close()
+
+
 def test_an_outcome_says_whether_the_task_succeeded() -> None:
     """A τ² run's reward as the outcome chip: "task success 0.0" read as a success at a glance."""
     from vigil.ui.labels import outcome_label

@@ -62,20 +62,26 @@ class MessageView:
 LONG_SYSTEM = 1500
 PREVIEW_LINES = 6
 PREVIEW_CHARS = 600
+# Any other message this long (a tool that returned a whole database table, a model that looped) opens with
+# a screenful and folds the rest: one 900 kB tool result made the page 234,000 pixels tall, and the
+# messages after it were a long scroll away.
+LONG_MESSAGE = 20_000
+MESSAGE_PREVIEW_LINES = 40
+MESSAGE_PREVIEW_CHARS = 4_000
 
 
-def _preview(text: str) -> tuple[str, str]:
-    """A long text's opening (at most PREVIEW_LINES lines and about PREVIEW_CHARS characters, cut at a line
-    end where there is one) and the rest."""
+def _preview(text: str, lines: int = PREVIEW_LINES, chars: int = PREVIEW_CHARS) -> tuple[str, str]:
+    """A long text's opening (at most ``lines`` lines and about ``chars`` characters, cut at a line end
+    where there is one, else at a space) and the rest."""
     cut = 0
-    for _ in range(PREVIEW_LINES):
+    for _ in range(lines):
         nl = text.find("\n", cut)
-        if nl == -1 or nl > PREVIEW_CHARS:
+        if nl == -1 or nl > chars:
             break
         cut = nl + 1
     if not cut:
-        space = text.rfind(" ", 0, PREVIEW_CHARS)
-        cut = space + 1 if space > 0 else PREVIEW_CHARS
+        space = text.rfind(" ", 0, chars)
+        cut = space + 1 if space > 0 else chars
     return text[:cut], text[cut:]
 
 
@@ -183,6 +189,8 @@ def build(
         rest = None
         if m.role == "system" and not spans and len(text) > LONG_SYSTEM:
             text, rest = _preview(text)
+        elif not spans and len(text) > LONG_MESSAGE:
+            text, rest = _preview(text, MESSAGE_PREVIEW_LINES, MESSAGE_PREVIEW_CHARS)
         out.append(
             MessageView(
                 index=i,
