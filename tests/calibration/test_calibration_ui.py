@@ -160,6 +160,7 @@ def test_calibration_and_export_pages(tmp_path: Path) -> None:
         assert 'href="/ui/calibration"' in html and 'href="/ui/export"' in html
         assert 'id="judge-tj"' in html and 'data-state="calibrated"' in html
         assert "Raw judge failure rate" in html and "Corrected failure rate" in html and "Cohen" in html
+        assert "Corrected with the judge's error rates measured on" in html
         page = ui.get("/ui/export").text
         assert "Exporting needs an admin key" in page
         token = re.search(r'name="csrf" value="([^"]+)"', html).group(1)  # type: ignore[union-attr]
@@ -234,3 +235,23 @@ def test_calibration_and_export_pages_in_a_browser(tmp_path: Path) -> None:
         assert page.locator("table.queue tbody tr").first.inner_text().split("\t")[2] == "verifiers"
         assert errors == []
         browser.close()
+
+
+def test_without_labels_the_page_says_why_there_is_no_corrected_rate(tmp_path: Path) -> None:
+    """Every rate's corrected cell said "no human labels", and the note under the table still read
+    "Corrected with the judge's error rates measured on no labels"."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import delete
+
+    from vigil.app.server import build_app
+
+    rt, _, _ = _loaded(tmp_path)
+    with rt.sessions.begin() as s:
+        s.execute(delete(ReviewLabelRow))
+    with TestClient(build_app(rt)) as ui:
+        _login(ui, "rita-key")
+        html = ui.get("/ui/calibration").text
+        assert "Raw judge failure rate" in html and "measured on no labels" not in html
+        note = re.search(r'id="corrected-how">(.*?)</p>', html)
+        assert note and note.group(1).startswith("No corrected rates yet")
+    rt.close()
