@@ -144,18 +144,26 @@ def test_alerts_page_and_banner_follow_the_detections(seeded) -> None:
     for a in alerts:
         assert f'id="alert-{a.id}"' in page
     assert "CUSUM statistic" in page and "Baseline (version:v1.4.0)" in page
+    # the seeded regression (deliveries cancelled) is one rule's: the forbidden_tool aggregate counts the same
+    # conversations, raised in the same run. One card and one banner line, the aggregate named on the rule's
+    by_signal = {a.signal: a for a in alerts}
+    assert set(by_signal) == {"forbidden_tool", "rule:no-cancel-delivered-order"}
+    rule, aggregate = by_signal["rule:no-cancel-delivered-order"], by_signal["forbidden_tool"]
+    assert page.count('class="card alert-card') == 1
+    assert f'<p class="small twin" id="alert-{aggregate.id}">Also raised as <code>forbidden_tool</code>' in page
     banner = AlertBanner(rt.sessions)
-    assert len(banner()) == len(alerts)
-    first = alerts[0]
+    assert [b["href"] for b in banner()] == [f"/ui/alerts#alert-{rule.id}"]
     with rt.sessions.begin() as s:
-        s.execute(update(DetectionRow).where(DetectionRow.id == first.id).values(ended_at=datetime.now(UTC)))
+        s.execute(update(DetectionRow).where(DetectionRow.id == rule.id).values(ended_at=datetime.now(UTC)))
     try:
-        assert sorted(b["href"] for b in banner()) == sorted(f"/ui/alerts#alert-{a.id}" for a in alerts[1:])
-        assert f'id="alert-{first.id}"' not in c.get("/ui/alerts").text
-        assert f'id="alert-{first.id}"' in c.get("/ui/alerts?show=all").text
+        # the rule's alert ended: the aggregate's stands on its own
+        assert [b["href"] for b in banner()] == [f"/ui/alerts#alert-{aggregate.id}"]
+        page = c.get("/ui/alerts").text
+        assert f'id="alert-{rule.id}"' not in page and page.count('class="card alert-card') == 1
+        assert f'id="alert-{rule.id}"' in c.get("/ui/alerts?show=all").text
     finally:
         with rt.sessions.begin() as s:
-            s.execute(update(DetectionRow).where(DetectionRow.id == first.id).values(ended_at=None))
+            s.execute(update(DetectionRow).where(DetectionRow.id == rule.id).values(ended_at=None))
 
 
 def test_quality_series_count_every_stored_conversation_with_intervals(seeded) -> None:
@@ -340,3 +348,33 @@ def test_a_canary_without_outcomes_yet_is_not_flagged_for_them(seeded) -> None:
     assert rows["forbidden_tool"]["verdict"] == "worse"  # the real regression still shows
     labels = {r["label"] for r in outcome_rows}  # "task_success rate", "thumbs_up rate", ...
     assert body["red_flags"] and not any(n.startswith(tuple(labels)) for n in body["red_flags"])
+
+
+def test_only_an_aggregate_alert_repeating_a_rule_alert_is_folded() -> None:
+    from vigil.detector.pages import fold_twins
+
+    at = datetime(2026, 12, 6, 5, 48, tzinfo=UTC)
+
+    def alert(i: int, signal: str, x: int, n: int = 1000, version: str = "v2", active: bool = True) -> dict[str, Any]:
+        return {
+            "id": i,
+            "signal": signal,
+            "agent_id": "bot",
+            "agent_version": version,
+            "started_at": at,
+            "rate_at_start": x / n,
+            "observations_at_start": n,
+            "active": active,
+        }
+
+    alerts = [
+        alert(1, "forbidden_tool", 30),  # the same count as rule:a: folded into it
+        alert(2, "rule:a", 30),
+        alert(3, "tool_error", 12),  # two rules add up to it, neither alone: stands
+        alert(4, "rule:b", 7),
+        alert(5, "rule:c", 30),  # another rule with the same count: rules are never folded
+        alert(6, "forbidden_tool", 30, version="v3"),  # another version: stands
+    ]
+    shown = fold_twins(alerts)
+    assert [a["id"] for a in shown] == [2, 3, 4, 5, 6]
+    assert [t["id"] for t in shown[0]["twins"]] == [1] and "twins" not in shown[3]

@@ -17,12 +17,14 @@ from vigil.detector.models import DetectionRow, QualityCountRow
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.store.db import aware
+from vigil.store.signals import FORBIDDEN, TOOL_ERROR
 from vigil.ui.links import anchor, baseline_version, behind_link, compare_link, quality_link, queue_link
 from vigil.ui.render import render_page, ui_user
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
 BANNER_ALERTS = 3
+BANNER_SCAN = 50  # active alerts read to fold twins before the newest BANNER_ALERTS are shown
 EVIDENCE_HOURS = 12
 
 
@@ -61,6 +63,32 @@ def evidence(s: Session, alert: dict[str, Any]) -> dict[str, Any]:
     return {"at_start": at_start, "baseline": baseline, "now": now, "hours": hours}
 
 
+AGGREGATES = frozenset({FORBIDDEN, TOOL_ERROR})  # signals counting a conversation any of several rules flag
+
+
+def _start(a: dict[str, Any]) -> tuple[Any, ...]:
+    return (a["agent_id"], a["agent_version"], aware(a["started_at"]), a["rate_at_start"], a["observations_at_start"])
+
+
+def fold_twins(alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The alerts with each aggregate one (``forbidden_tool``, ``tool_error``) that a rule's alert repeats
+    folded into that rule's, as ``twins``: raised in the same detector run on the same version with the same
+    count of the same traffic, they are the same conversations (only that rule made the aggregate fail),
+    and on-call saw one regression as two alerts. The rule's alert is the one shown: it says what failed."""
+    rules: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for a in alerts:
+        if str(a["signal"]).startswith("rule:"):
+            rules.setdefault(_start(a), a)
+    out = []
+    for a in alerts:
+        twin = rules.get(_start(a)) if a["signal"] in AGGREGATES else None
+        if twin is not None and twin["active"] == a["active"]:
+            twin.setdefault("twins", []).append(a)
+        else:
+            out.append(a)
+    return out
+
+
 def links(alert: dict[str, Any]) -> dict[str, str]:
     agent, version, signal = alert["agent_id"], alert["agent_version"], alert["signal"]
     out = {
@@ -78,15 +106,15 @@ def links(alert: dict[str, Any]) -> dict[str, str]:
 def alerts_page(request: Request, show: str = "active", user: Principal = Depends(ui_user)) -> Response:
     with runtime_of(request).sessions() as s:
         data = list_alerts(s, limit=100)
-        shown = data["active"] + (data["past"][:50] if show == "all" else [])
-        for a in shown:
+        active, past = fold_twins(data["active"]), fold_twins(data["past"][:50]) if show == "all" else []
+        for a in active + past:
             a["evidence"], a["links"] = evidence(s, a), links(a)
     return render_page(
         request,
         "alerts.html",
         title="Alerts",
-        active=data["active"],
-        past=data["past"][:50] if show == "all" else [],
+        active=active,
+        past=past,
         past_count=len(data["past"]),
         show=show,
         anchor=anchor,
@@ -100,25 +128,35 @@ class AlertBanner:
     sessions: sessionmaker[Session]
 
     def __call__(self) -> list[dict[str, str]]:
+        d = DetectionRow
         with self.sessions() as s:
-            active = s.scalars(
-                select(DetectionRow)
-                .where(DetectionRow.ended_at.is_(None))
-                .order_by(DetectionRow.started_at.desc(), DetectionRow.id.desc())
-                .limit(BANNER_ALERTS)
+            rows = s.execute(
+                select(
+                    d.id,
+                    d.signal,
+                    d.agent_id,
+                    d.agent_version,
+                    d.started_at,
+                    d.rate.label("rate_at_start"),
+                    d.observations.label("observations_at_start"),
+                )
+                .where(d.ended_at.is_(None))
+                .order_by(d.started_at.desc(), d.id.desc())
+                .limit(BANNER_SCAN)
             ).all()
-            total = len(active)
-            if total == BANNER_ALERTS:
-                where = DetectionRow.ended_at.is_(None)
-                total = s.scalar(select(func.count()).select_from(DetectionRow).where(where)) or total
+            total = len(rows)
+            if total == BANNER_SCAN:
+                total = s.scalar(select(func.count()).select_from(d).where(d.ended_at.is_(None))) or total
+        alerts = fold_twins([{**r._asdict(), "active": True} for r in rows])
+        total -= len(rows) - len(alerts)  # twins folded among the ones read: one regression, one line
         out = [
             {
-                "text": f"Alert: {d.signal} is worse on {d.agent_id} {d.agent_version} "
-                f"since {aware(d.started_at):%Y-%m-%d %H:%M} UTC",
-                "href": f"/ui/alerts#alert-{d.id}",
+                "text": f"Alert: {a['signal']} is worse on {a['agent_id']} {a['agent_version']} "
+                f"since {aware(a['started_at']):%Y-%m-%d %H:%M} UTC",
+                "href": f"/ui/alerts#alert-{a['id']}",
             }
-            for d in active
+            for a in alerts[:BANNER_ALERTS]
         ]
-        if total > len(active):
-            out.append({"text": f"and {total - len(active)} more active alerts", "href": "/ui/alerts"})
+        if total > len(out):
+            out.append({"text": f"and {total - len(out)} more active alerts", "href": "/ui/alerts"})
         return out
