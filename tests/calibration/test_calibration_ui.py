@@ -184,6 +184,10 @@ def test_calibration_and_export_pages(tmp_path: Path) -> None:
         assert f'data-run="{run}" data-state="done"' in ui.get("/ui/export").text
         after = ui.post("/ui/export", data={"csrf": token, "format": "inspect"})
         assert after.status_code == 200 and after.content == b""
+        # nothing new: nothing whose download could be lost, so the run waits for no receipt
+        empty = after.headers["x-vigil-export-run"]
+        assert after.headers["x-vigil-export-state"] == "done"
+        assert f'data-run="{empty}" data-state="done"' in ui.get("/ui/export").text
         assert ui.post("/ui/export/999999/ack", data={"csrf": token}).status_code == 404
     # uncalibrated: a stricter threshold labels every rate as such
     rt.settings.calibration_min_kappa = 0.99
