@@ -25,6 +25,7 @@ from vigil.schema import Conversation
 from vigil.settings import Settings
 from vigil.store.models import OutcomeRow, VerdictRow
 from vigil.store.writes import BatchResult, Checked, DeadLetter
+from vigil.tables import terminal_safe
 
 if TYPE_CHECKING:  # typer and rich are only needed by the command line
     import typer
@@ -225,7 +226,7 @@ class Launcher:
 
         # soft_wrap: an error is one line however narrow the terminal (logs and tests read it whole);
         # escape: the message quotes input ("[/x]", a regex's "[a-z]"), which is text, not markup
-        self.console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        self.console.print(f"[red]error:[/red] {escape(terminal_safe(str(exc)))}", soft_wrap=True, highlight=False)
         raise typer.Exit(code)
 
 

@@ -154,7 +154,7 @@ def test_alerts_page_and_banner_follow_the_detections(seeded) -> None:
     rule, aggregate = by_signal["rule:no-cancel-delivered-order"], by_signal["forbidden_tool"]
     assert page.count('class="card alert-card') == 1
     assert f'<p class="small twin" id="alert-{aggregate.id}">Also raised as <code>forbidden_tool</code>' in page
-    banner = AlertBanner(rt.sessions)
+    banner = next(b for b in rt.hooks.banners if isinstance(b, AlertBanner))  # as wired
     assert [b["href"] for b in banner()] == [f"/ui/alerts#alert-{rule.id}"]
     with rt.sessions.begin() as s:
         s.execute(update(DetectionRow).where(DetectionRow.id == rule.id).values(ended_at=datetime.now(UTC)))
@@ -353,7 +353,7 @@ def test_a_canary_without_outcomes_yet_is_not_flagged_for_them(seeded) -> None:
     assert body["red_flags"] and not any(n.startswith(tuple(labels)) for n in body["red_flags"])
 
 
-def test_only_an_aggregate_alert_repeating_a_rule_alert_is_folded() -> None:
+def test_only_a_forbidden_tool_alert_repeating_a_forbidden_tool_rule_is_folded() -> None:
     from vigil.detector.pages import fold_twins
 
     at = datetime(2026, 12, 6, 5, 48, tzinfo=UTC)
@@ -370,14 +370,20 @@ def test_only_an_aggregate_alert_repeating_a_rule_alert_is_folded() -> None:
             "active": active,
         }
 
+    forbidden = frozenset({"rule:no-refund", "rule:no-delete"})  # rules of type forbidden_tool
     alerts = [
-        alert(1, "forbidden_tool", 30),  # the same count as rule:a: folded into it
-        alert(2, "rule:a", 30),
-        alert(3, "tool_error", 12),  # two rules add up to it, neither alone: stands
-        alert(4, "rule:b", 7),
-        alert(5, "rule:c", 30),  # another rule with the same count: rules are never folded
+        alert(1, "forbidden_tool", 30),  # the same count as rule:no-refund: the same conversations, folded
+        alert(2, "rule:pii", 30),  # not a forbidden-tool rule: an equal count is a coincidence
+        alert(3, "rule:no-refund", 30),
+        alert(4, "tool_error", 7),  # counts tool results, not findings: never folded
+        alert(5, "rule:tool-errors", 7),
         alert(6, "forbidden_tool", 30, version="v3"),  # another version: stands
+        alert(7, "forbidden_tool", 12, version="v4"),  # two rules add up to it, neither alone: stands
+        alert(8, "rule:no-delete", 5, version="v4"),
+        alert(9, "rule:no-refund", 7, version="v4"),
     ]
-    shown = fold_twins(alerts)
-    assert [a["id"] for a in shown] == [2, 3, 4, 5, 6]
-    assert [t["id"] for t in shown[0]["twins"]] == [1] and "twins" not in shown[3]
+    shown = fold_twins(alerts, forbidden)
+    assert [a["id"] for a in shown] == [2, 3, 4, 5, 6, 7, 8, 9]
+    assert [t["id"] for t in shown[1]["twins"]] == [1]
+    assert all("twins" not in a for a in shown if a["id"] != 3)
+    assert [a["id"] for a in fold_twins(alerts[:3], frozenset())] == [1, 2, 3]  # no such rule: nothing folded

@@ -256,6 +256,6 @@ def test_without_labels_the_page_says_why_there_is_no_corrected_rate(tmp_path: P
         _login(ui, "rita-key")
         html = ui.get("/ui/calibration").text
         assert "Raw judge failure rate" in html and "measured on no labels" not in html
-        note = re.search(r'id="corrected-how">(.*?)</p>', html)
+        note = re.search(r'class="muted small corrected-how">(.*?)</p>', html)
         assert note and note.group(1).startswith("No corrected rates yet")
     rt.close()

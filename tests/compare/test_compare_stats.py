@@ -242,3 +242,16 @@ def test_holm_matches_statsmodels() -> None:
         p = list(rng.uniform(0, 0.2, size)) + [0.01, 0.01]  # ties included
         assert stats.holm(p) == pytest.approx(list(multipletests(p, method="holm")[1]))
     assert stats.holm([]) == []
+
+
+def test_the_normal_p_value_keeps_its_far_tail() -> None:
+    """The two-sided normal p-value, computed without scipy: as small as the tail really is, never a 0 a
+    subtraction or the lower tail's cdf would round it to (at z = 10 it is 1.5e-23)."""
+    import math
+
+    from vigil.compare.stats import _normal_p_value
+
+    assert math.isclose(_normal_p_value(1.959963984540054, 1.0), 0.05, rel_tol=1e-12)
+    assert math.isclose(_normal_p_value(-5.0, 1.0), 5.733031437583878e-07, rel_tol=1e-12)
+    assert math.isclose(_normal_p_value(10.0, 1.0), 1.5239706048320995e-23, rel_tol=1e-9)
+    assert _normal_p_value(0.0, 0.0) == 1.0 and _normal_p_value(1.0, 0.0) == 0.0

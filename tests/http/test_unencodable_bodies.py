@@ -113,3 +113,10 @@ def test_a_huge_or_deep_wrong_field_gets_a_small_422_not_its_input_echoed_back(c
     first = r.json()["detail"][0]
     assert first["input"][-1] == "… 980 more items"
     assert client.get("/v1/review/items/c1/comments", headers=ADMIN).json() == []
+
+
+def test_an_echoed_byte_string_says_its_whole_size() -> None:
+    from vigil.http.unencodable import echoed
+
+    assert echoed(b"x" * 5000) == "x" * 200 + "… (5000 bytes)"
+    assert echoed(b"short") == "short"

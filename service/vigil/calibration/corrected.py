@@ -29,7 +29,8 @@ METHOD = "rogan-gladen with delta-method interval"
 def rogan_gladen(
     q: Any, n_q: Any, se: Any, n_pos: Any, sp: Any, n_neg: Any, confidence: float = CONFIDENCE
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Corrected rate, low and high bound (vectorised). NaN where ``Se + Sp <= 1`` or a count is zero."""
+    """Corrected rate, low and high bound (vectorised over the rates and counts; ``confidence`` is one level).
+    NaN where ``Se + Sp <= 1`` or a count is zero."""
     q, se, sp = (np.asarray(x, dtype=float) for x in (q, se, sp))
     n_q, n_pos, n_neg = (np.asarray(x, dtype=float) for x in (n_q, n_pos, n_neg))
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -17,7 +17,6 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 
 import numpy as np
 
@@ -90,7 +89,7 @@ def _rate_p_value(x1: int, n1: int, x0: int, n0: int) -> float:
 def _normal_p_value(point: float, standard_error: float) -> float:
     if not standard_error or math.isnan(standard_error):
         return 1.0 if point == 0 else 0.0
-    return 2 * NormalDist().cdf(-abs(point) / standard_error)  # the lower tail: exact where sf is tiny
+    return math.erfc(abs(point) / standard_error / math.sqrt(2))  # 2 * the upper tail, exact where it is tiny
 
 
 def p95(values: np.ndarray, axis: int = -1) -> np.ndarray:

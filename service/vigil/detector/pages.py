@@ -17,7 +17,7 @@ from vigil.detector.models import DetectionRow, QualityCountRow
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.store.db import aware
-from vigil.store.signals import FORBIDDEN, TOOL_ERROR
+from vigil.store.signals import FORBIDDEN
 from vigil.ui.links import anchor, baseline_version, behind_link, compare_link, quality_link, queue_link
 from vigil.ui.render import render_page, ui_user
 
@@ -63,25 +63,30 @@ def evidence(s: Session, alert: dict[str, Any]) -> dict[str, Any]:
     return {"at_start": at_start, "baseline": baseline, "now": now, "hours": hours}
 
 
-AGGREGATES = frozenset({FORBIDDEN, TOOL_ERROR})  # signals counting a conversation any of several rules flag
+def forbidden_rule_signals(rules: Any) -> frozenset[str]:
+    """The signals (``rule:<id>``) of the rules of type ``forbidden_tool``: what the ``forbidden_tool``
+    aggregate counts a conversation for (any finding of that type)."""
+    return frozenset(f"rule:{r.id}" for r in rules.rules if r.type.name == FORBIDDEN)
 
 
 def _start(a: dict[str, Any]) -> tuple[Any, ...]:
     return (a["agent_id"], a["agent_version"], aware(a["started_at"]), a["rate_at_start"], a["observations_at_start"])
 
 
-def fold_twins(alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The alerts with each aggregate one (``forbidden_tool``, ``tool_error``) that a rule's alert repeats
-    folded into that rule's, as ``twins``: raised in the same detector run on the same version with the same
-    count of the same traffic, they are the same conversations (only that rule made the aggregate fail),
-    and on-call saw one regression as two alerts. The rule's alert is the one shown: it says what failed."""
+def fold_twins(alerts: list[dict[str, Any]], forbidden_rules: frozenset[str]) -> list[dict[str, Any]]:
+    """The alerts with each ``forbidden_tool`` alert that a forbidden-tool rule's alert repeats folded into
+    that rule's, as ``twins``. The aggregate counts the conversations with a finding of any rule of that type
+    (``forbidden_rules``), so a rule of the type whose alert was raised in the same detector run, on the same
+    version, with the same count of the same traffic, flags the same conversations: on-call saw one
+    regression as two alerts. The rule's alert is the one shown: it says what failed. Nothing else is folded
+    (``tool_error`` counts tool results, not findings: an equal count elsewhere is a coincidence)."""
     rules: dict[tuple[Any, ...], dict[str, Any]] = {}
     for a in alerts:
-        if str(a["signal"]).startswith("rule:"):
+        if a["signal"] in forbidden_rules:
             rules.setdefault(_start(a), a)
     out = []
     for a in alerts:
-        twin = rules.get(_start(a)) if a["signal"] in AGGREGATES else None
+        twin = rules.get(_start(a)) if a["signal"] == FORBIDDEN else None
         if twin is not None and twin["active"] == a["active"]:
             twin.setdefault("twins", []).append(a)
         else:
@@ -104,9 +109,12 @@ def links(alert: dict[str, Any]) -> dict[str, str]:
 
 @router.get("/alerts")
 def alerts_page(request: Request, show: str = "active", user: Principal = Depends(ui_user)) -> Response:
-    with runtime_of(request).sessions() as s:
+    rt = runtime_of(request)
+    forbidden = forbidden_rule_signals(rt.rules)
+    with rt.sessions() as s:
         data = list_alerts(s, limit=100)
-        active, past = fold_twins(data["active"]), fold_twins(data["past"][:50]) if show == "all" else []
+        active = fold_twins(data["active"], forbidden)
+        past = fold_twins(data["past"][:50], forbidden) if show == "all" else []
         for a in active + past:
             a["evidence"], a["links"] = evidence(s, a), links(a)
     return render_page(
@@ -126,6 +134,7 @@ class AlertBanner:
     """The banners of active detections (the newest few, the rest as a count): a ``rt.hooks.banners`` source."""
 
     sessions: sessionmaker[Session]
+    forbidden_rules: frozenset[str] = frozenset()  # see fold_twins
 
     def __call__(self) -> list[dict[str, str]]:
         d = DetectionRow
@@ -147,7 +156,7 @@ class AlertBanner:
             total = len(rows)
             if total == BANNER_SCAN:
                 total = s.scalar(select(func.count()).select_from(d).where(d.ended_at.is_(None))) or total
-        alerts = fold_twins([{**r._asdict(), "active": True} for r in rows])
+        alerts = fold_twins([{**r._asdict(), "active": True} for r in rows], self.forbidden_rules)
         total -= len(rows) - len(alerts)  # twins folded among the ones read: one regression, one line
         out = [
             {

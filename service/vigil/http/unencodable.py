@@ -37,7 +37,8 @@ def echoed(value: Any, depth: int = 0) -> Any:
         text = value[:ECHO_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
         return text if len(value) <= ECHO_CHARS else f"{text}… ({len(value)} characters)"
     if isinstance(value, bytes | bytearray):
-        return echoed(bytes(value[: ECHO_CHARS + 1]).decode("utf-8", "backslashreplace"), depth)
+        text = bytes(value[:ECHO_CHARS]).decode("utf-8", "backslashreplace")
+        return text if len(value) <= ECHO_CHARS else f"{text}… ({len(value)} bytes)"
     if isinstance(value, dict):
         if depth >= ECHO_DEPTH:
             return f"{{… {len(value)} keys}}"

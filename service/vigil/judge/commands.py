@@ -14,7 +14,7 @@ from rich.markup import escape
 from vigil.judge.stage import JudgeStage
 from vigil.money import usd
 from vigil.runtime import Launcher
-from vigil.tables import print_json, print_table
+from vigil.tables import print_json, print_table, terminal_safe
 
 console = Console(stderr=True)
 judge_app = typer.Typer(no_args_is_help=True, help="LLM judges: list, validate, run one, resume.")
@@ -121,7 +121,7 @@ def validate(ctx: typer.Context) -> None:
     try:
         judges = load_judges(Launcher.of(ctx).settings())
     except VigilError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        console.print(f"[red]error:[/red] {escape(terminal_safe(str(exc)))}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from None
     for j in judges.values():
         console.print(

@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from vigil.review.stage import ReviewStage
 from vigil.runtime import Launcher
-from vigil.tables import print_json, print_table
+from vigil.tables import print_json, print_table, terminal_safe
 from vigil.ui.labels import reason_key
 
 console = Console(stderr=True)
@@ -211,7 +211,7 @@ def policy_cmd(
         policy = FlaggingPolicy.load(source)
         policy.check_outcome_types(outcome_types(settings.outcome_types), str(source or "flagging policy"))
     except VigilError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        console.print(f"[red]error:[/red] {escape(terminal_safe(str(exc)))}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from None
     sys.stdout.write(orjson.dumps(policy.model_dump(), option=orjson.OPT_INDENT_2).decode() + "\n")
 

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from vigil.app.home import charts, now, quality
-from vigil.detector.pages import fold_twins
+from vigil.detector.pages import fold_twins, forbidden_rule_signals
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
 from vigil.ui.links import anchor, baseline_version, behind_link, compare_link, quality_link, queue_link
@@ -42,8 +42,9 @@ def interval(e: dict[str, Any]) -> str:
 @router.get("")
 @router.get("/")
 def home_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
-    data = now.snapshot(runtime_of(request))
-    data["alerts"] = fold_twins(data["alerts"])  # one regression, one item (as on /ui/alerts)
+    rt = runtime_of(request)
+    data = now.snapshot(rt)
+    data["alerts"] = fold_twins(data["alerts"], forbidden_rule_signals(rt.rules))  # one item, as on /ui/alerts
     return render_page(
         request,
         "home.html",
