@@ -204,8 +204,31 @@ def test_a_huge_message_opens_with_a_screenful_and_folds_the_rest(sqlite_url: st
         assert "&#34;row&#34;: 11999," in tool  # folded, all there
     [_, _, view, _] = build(doc, [])
     assert view.rest and "".join(s.text for s in view.segments) + view.rest == dump
+    # a finding far into it: the opening, then the text around the evidence (highlighted), the rest folded
     finding = {"severity": "high", "evidence": [{"message_index": 2, "start": 100_000, "end": 100_010}]}
-    assert build(doc, [finding])[2].rest is None
+    view = build(doc, [finding])[2]
+    window = "".join(s.text for s in view.segments)
+    assert view.lead is not None and view.middle is not None and view.rest is not None
+    assert view.lead + view.middle + window + view.rest == dump
+    assert len(window) == 2_010 and len(view.lead) <= 4_000
+    [marked] = [s for s in view.segments if s.findings]
+    assert marked.text == dump[100_000:100_010] and marked.findings == [0]
+    # a reply cut off at 900 kB, flagged at its last characters (empty-or-truncated): it kept the whole
+    # message on the page, 234,000 pixels tall
+    cut = {"role": "assistant", "content": "A" * 900_000}
+    flagged = {"severity": "medium", "evidence": [{"message_index": 0, "start": 899_980, "end": 900_000}]}
+    [view] = build({"messages": [cut]}, [flagged])
+    assert view.rest is None and view.lead and view.middle
+    assert len(view.lead) + len(view.middle) + sum(len(s.text) for s in view.segments) == 900_000
+    assert sum(len(s.text) for s in view.segments) == 1_020
+    # evidence near the start of a long message: no opening of its own, the window starts at the top
+    early = {"severity": "low", "evidence": [{"message_index": 0, "start": 10, "end": 20}]}
+    [view] = build({"messages": [cut]}, [early])
+    assert view.lead is None and view.middle is None and len("".join(s.text for s in view.segments)) == 1_020
+    # evidence all over it: nothing worth folding
+    spread = {"severity": "low", "evidence": [{"message_index": 0, "start": 5, "end": 899_995}]}
+    [view] = build({"messages": [cut]}, [spread])
+    assert view.lead is None and view.rest is None and "".join(s.text for s in view.segments) == "A" * 900_000
     rt.close()
 
 

@@ -50,7 +50,11 @@ class MessageView:
     findings: list[int]  # findings pointing at the whole message
     severity: str | None  # worst severity among findings touching this message
     reasoning: str | None = None  # the model's reasoning summary (Responses, Anthropic thinking): not said to the user
-    rest: str | None = None  # a long system prompt's text after its opening lines, folded on the page
+    rest: str | None = None  # a long message's text after what is shown, folded on the page
+    # a long message whose findings point far into it: its opening (``lead``) and what lies between that and
+    # the text around the evidence (``middle``, folded); ``segments`` then hold that text only
+    lead: str | None = None
+    middle: str | None = None
 
     @property
     def rest_lines(self) -> int:
@@ -68,6 +72,9 @@ PREVIEW_CHARS = 600
 LONG_MESSAGE = 20_000
 MESSAGE_PREVIEW_LINES = 40
 MESSAGE_PREVIEW_CHARS = 4_000
+# Around what a finding points at in such a message (a truncated 900 kB reply is flagged at its last
+# characters), this much text is shown on either side; the rest folds.
+EVIDENCE_CONTEXT = 1_000
 
 
 def _preview(text: str, lines: int = PREVIEW_LINES, chars: int = PREVIEW_CHARS) -> tuple[str, str]:
@@ -186,11 +193,13 @@ def build(
         if m.role == "tool" and not spans:
             text = _pretty(text) if text[:1] in ("{", "[") else text
         touching = sorted({k for *_, k, _ in spans} | set(whole))
-        rest = None
+        rest = lead = middle = None
         if m.role == "system" and not spans and len(text) > LONG_SYSTEM:
             text, rest = _preview(text)
         elif not spans and len(text) > LONG_MESSAGE:
             text, rest = _preview(text, MESSAGE_PREVIEW_LINES, MESSAGE_PREVIEW_CHARS)
+        elif m.role != "system" and spans and len(text) > LONG_MESSAGE:
+            text, spans, lead, middle, rest = _around_evidence(text, spans)
         out.append(
             MessageView(
                 index=i,
@@ -214,9 +223,33 @@ def build(
                 severity=_worst([findings[k].get("severity", "info") for k in touching]),
                 reasoning=r if isinstance(r := (m.model_extra or {}).get("reasoning"), str) and r else None,
                 rest=rest,
+                lead=lead,
+                middle=middle,
             )
         )
     return out
+
+
+Spans = list[tuple[int, int, int, str]]
+
+
+def _around_evidence(text: str, spans: Spans) -> tuple[str, Spans, str | None, str | None, str | None]:
+    """A long message's text around its evidence (``EVIDENCE_CONTEXT`` characters either side, the spans
+    shifted into it), its opening and the folded text between them (both None when the text around the
+    evidence starts within the opening), and the folded rest after it (None when it reaches the end). The
+    message as it is, unfolded, when folding would hide little of it."""
+    a = max(0, min(s for s, _, _, _ in spans) - EVIDENCE_CONTEXT)
+    b = min(len(text), max(e for _, e, _, _ in spans) + EVIDENCE_CONTEXT)
+    if len(text) - (b - a) < LONG_MESSAGE // 2:
+        return text, spans, None, None, None
+    head = len(_preview(text, MESSAGE_PREVIEW_LINES, MESSAGE_PREVIEW_CHARS)[0])
+    lead = middle = None
+    if head < a:
+        lead, middle = text[:head], text[head:a]
+    else:
+        a = 0
+    shifted = [(s - a, e - a, k, sev) for s, e, k, sev in spans]
+    return text[a:b], shifted, lead, middle, text[b:] or None
 
 
 def folded(document: dict[str, Any], findings: list[dict[str, Any]], fold: Fold) -> list[tuple[str, Any]]:
@@ -291,4 +324,4 @@ def tools(document: dict[str, Any]) -> ToolCard | None:
 def hidden_characters(m: MessageView) -> int:
     """Characters of the message a reader cannot see (see :mod:`vigil.ui.visible`), which the page marks."""
     calls = [t for c in m.calls for t in (c.name, c.arguments)]
-    return hidden_count(*(seg.text for seg in m.segments), m.rest, m.reasoning, m.name, *calls)
+    return hidden_count(*(seg.text for seg in m.segments), m.lead, m.middle, m.rest, m.reasoning, m.name, *calls)
