@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -114,6 +115,48 @@ def test_the_command_line_starts_without_the_statistics_libraries(tmp_path) -> N
         )
         # the command ran (a start that failed early would load nothing either)
         assert "EXIT 0" in run.stdout and "LOADED []" in run.stdout, (args, run.stdout[-500:], run.stderr[-2000:])
+
+
+def test_commands_that_build_offline_judges_start_without_litellm(tmp_path) -> None:
+    """Telling an offline judge from a live one imported litellm (2.7 s): `vigil status` and `judge list`
+    took 5.7 s. With no key of a known provider set, the judges are offline without it; with a key set,
+    litellm is loaded, because the live judge needs it."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.waiting import scaled
+    from vigil.judge.client import PROVIDER_KEYS
+
+    probe = (
+        "import sys, runpy\n"
+        "sys.argv = ['vigil', *sys.argv[1:]]\n"
+        "try:\n"
+        "    runpy.run_module('vigil', run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    print('EXIT', e.code or 0)\n"
+        "print('LITELLM', 'litellm' in sys.modules)\n"
+    )
+    keys = {k for names in PROVIDER_KEYS.values() for k in names}
+    base = {k: v for k, v in os.environ.items() if k not in keys}
+    base |= {
+        "VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'v.db'}",
+        "VIGIL_JUDGES_DIR": str(Path(__file__).parents[2] / "judges"),
+    }
+    for env, mode, loaded in ((base, "offline", False), ({**base, "OPENAI_API_KEY": "sk-test"}, "live", True)):
+        run = subprocess.run(
+            [sys.executable, "-c", probe, "judge", "list", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=scaled(120),
+        )
+        assert "EXIT 0" in run.stdout and f"LITELLM {loaded}" in run.stdout, (
+            mode,
+            run.stdout[-500:],
+            run.stderr[-2000:],
+        )
+        assert f'"mode": "{mode}"' in run.stdout, (mode, run.stdout[-1500:])
 
 
 def test_a_long_running_process_imports_the_statistics_libraries_before_its_heap_settles() -> None:

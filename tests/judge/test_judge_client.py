@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.judge_fakes import litellm_error
 from vigil.judge.client import (
+    PROVIDER_KEYS,
     LiteLLMClient,
     _litellm,
     classify,
@@ -224,3 +225,24 @@ def test_a_refused_connection_is_classified_as_one() -> None:
         asyncio.run(client.complete("openai/gpt-4o-mini", [{"role": "user", "content": "hi"}], timeout=10))
     err = classify(info.value)
     assert (err.kind, err.reason) == ("retryable", "connection")
+
+
+@pytest.mark.parametrize("provider", sorted(PROVIDER_KEYS))
+def test_a_provider_without_keys_is_known_offline_as_litellm_would_say(
+    provider: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`surely_keyless` answers without importing litellm: it must agree with litellm's own check, with
+    none of the provider's variables set and with each one set alone."""
+    from vigil.judge.client import surely_keyless
+
+    model = f"{provider}/some-model"
+    for name in PROVIDER_KEYS[provider]:
+        monkeypatch.delenv(name, raising=False)
+    assert surely_keyless(model)
+    assert not _litellm().validate_environment(model=model)["keys_in_environment"]
+    for name in PROVIDER_KEYS[provider]:
+        monkeypatch.setenv(name, "k")
+        assert not surely_keyless(model)
+        assert _litellm().validate_environment(model=model)["keys_in_environment"], name
+        monkeypatch.delenv(name)
+    assert not surely_keyless(f"{provider}-like/some-model") and not surely_keyless("gpt-4o-mini")

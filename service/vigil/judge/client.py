@@ -164,9 +164,36 @@ def has_price(model: str) -> bool:
     return info.get("input_cost_per_token") is not None or info.get("output_cost_per_token") is not None
 
 
+# The environment variables litellm's ``validate_environment`` looks for, for the providers most judges
+# use: when none is set, the answer is "no key" without importing litellm (seconds of start-up for
+# every command that builds the judges, such as ``vigil status``). tests/judge check it agrees.
+PROVIDER_KEYS: dict[str, tuple[str, ...]] = {
+    "openai": ("OPENAI_API_KEY",),
+    "anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"),
+    "gemini": ("GOOGLE_API_KEY", "GEMINI_API_KEY"),
+    "mistral": ("MISTRAL_API_KEY",),
+    "groq": ("GROQ_API_KEY",),
+    "deepseek": ("DEEPSEEK_API_KEY",),
+    "together_ai": ("TOGETHERAI_API_KEY",),
+    "openrouter": ("OPENROUTER_API_KEY",),
+    "xai": ("XAI_API_KEY",),
+    "cohere": ("COHERE_API_KEY",),
+    "fireworks_ai": ("FIREWORKS_AI_API_KEY", "FIREWORKS_API_KEY", "FIREWORKSAI_API_KEY", "FIREWORKS_AI_TOKEN"),
+}
+
+
+def surely_keyless(model: str) -> bool:
+    """True if ``model`` names a provider of :data:`PROVIDER_KEYS` and none of its variables is set."""
+    provider, sep, _ = model.partition("/")
+    keys = PROVIDER_KEYS.get(provider) if sep else None
+    return keys is not None and not any(k in os.environ for k in keys)
+
+
 @functools.cache
 def has_credentials(model: str) -> bool:
     """True if the environment holds the provider key(s) ``model`` needs (for ``VIGIL_JUDGE_MODE=auto``)."""
+    if surely_keyless(model):
+        return False
     try:
         env = _litellm().validate_environment(model=model)
     except Exception:  # unknown provider: no key can be configured for it
