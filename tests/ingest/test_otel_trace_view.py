@@ -108,3 +108,47 @@ def test_conversations_of_the_same_user_in_different_sessions_link_each_other_by
             assert f"Same session <code>{session}</code>" in same_session and "No other conversation." in same_session
             assert f"otel-{other}" not in same_session
     rt.close()
+
+
+def test_spans_whose_parents_form_a_cycle_are_shown_once_each_not_dropped() -> None:
+    """A's parent B, B's parent A: neither reaches a root, and the tree listed only the root (without a
+    root, nothing). Each such group now shows from its earliest span, every span once."""
+    from vigil.ingest.otlp.assemble import ordered_tree
+
+    def node(sid: str, parent: str | None, start: float) -> dict[str, Any]:
+        return {"span_id": sid, "parent_span_id": parent, "start_ms": start, "name": sid}
+
+    spans = [node("root", None, 0), node("a", "b", 2), node("b", "a", 1), node("c", "a", 3), node("d", "root", 5)]
+    tree = [(s["span_id"], s["depth"]) for s in ordered_tree(spans)]
+    assert tree == [("root", 0), ("d", 1), ("b", 0), ("a", 1), ("c", 2)]
+    rootless = [(s["span_id"], s["depth"]) for s in ordered_tree([node("a", "b", 2), node("b", "a", 1)])]
+    assert rootless == [("b", 0), ("a", 1)]
+
+
+def test_a_parent_span_id_of_all_zeros_is_no_parent() -> None:
+    """OTLP: an empty or all-zeros parent id means a root. Read as a child, such a root never finished its
+    trace, which waited for the idle timeout instead."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from vigil.ingest.otlp.otlp import parse_json, parse_protobuf
+
+    req = ExportTraceServiceRequest()
+    sp = req.resource_spans.add().scope_spans.add().spans.add()
+    sp.trace_id, sp.span_id, sp.parent_span_id, sp.name = b"\x01" * 16, b"\x02" * 8, bytes(8), "root"
+    assert parse_protobuf(req.SerializeToString())[0]["parent_span_id"] is None
+    body = {
+        "resourceSpans": [
+            {
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {"traceId": "01" * 16, "spanId": "02" * 8, "parentSpanId": "0" * 16, "name": "root"},
+                            {"traceId": "01" * 16, "spanId": "03" * 8, "parentSpanId": "02" * 8, "name": "child"},
+                        ]
+                    }
+                ]
+            }
+        ]
+    }
+    parents = [s["parent_span_id"] for s in parse_json(orjson.dumps(body))]
+    assert parents == [None, "02" * 8]

@@ -314,3 +314,49 @@ def test_two_agents_with_different_instructions_each_keep_their_own_system_messa
             "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "yo"}]}]),
         }
         assert contents(stored([span(attrs, trace=f"{n + 1:032x}")]))[0] == ("system", policy)
+
+
+def test_an_operation_name_that_is_a_list_or_a_map_is_no_operation_and_loses_nothing() -> None:
+    """OTLP allows any value for any attribute. ``gen_ai.operation.name`` sent as an array or a key-value
+    list raised TypeError (unhashable) when assembled, and the whole conversation was lost behind a 200."""
+    for odd in (["chat"], {"name": "chat"}):
+        doc = stored(
+            [
+                span({"gen_ai.input.messages": json.dumps([{"role": "user", "content": "hi"}])}, 1),
+                span(
+                    {"gen_ai.operation.name": odd, "gen_ai.output.messages": '[{"role":"assistant","content":"x"}]'}, 2
+                ),
+                span({"gen_ai.operation.name": odd, "gen_ai.tool.name": "lookup"}, 3),
+            ]
+        )
+        assert ("user", "hi") in contents(doc) and ("assistant", "x") in contents(doc), odd
+
+
+def test_tool_names_longer_than_the_schema_takes_are_cut_not_the_conversation_lost() -> None:
+    """A 300-character tool name (on a tool span, a flattened call, or a definition) failed validation of
+    the assembled document: every message of the conversation was lost. The name is cut to 256."""
+    long = "t" * 300
+    doc = stored(
+        [
+            span(
+                {
+                    "gen_ai.prompt.0.role": "user",
+                    "gen_ai.prompt.0.content": "hi",
+                    "gen_ai.completion.0.role": "assistant",
+                    "gen_ai.completion.0.tool_calls.0.id": "c1",
+                    "gen_ai.completion.0.tool_calls.0.name": long,
+                    "gen_ai.completion.0.tool_calls.0.arguments": "{}",
+                    "gen_ai.tool.definitions": json.dumps([{"name": long, "parameters": {"type": "object"}}]),
+                },
+                1,
+            ),
+            span({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": long, "gen_ai.tool.call.id": "c1"}, 2),
+            span({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "u" * 300}, 3),
+        ]
+    )
+    names = [c["function"]["name"] for m in doc["messages"] for c in m.get("tool_calls") or []]
+    assert names and all(len(n) == 256 for n in names), names
+    assert names[0] == long[:256]
+    tool_messages = [m for m in doc["messages"] if m["role"] == "tool"]
+    assert len(tool_messages) == 2 and tool_messages[0]["tool_call_id"] == "c1"  # still answers its call
+    assert [t["function"]["name"] for t in doc["metadata"]["tools"]] == [long[:256]]

@@ -322,16 +322,27 @@ def assemble(
 
 def ordered_tree(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The stored span list in tree order (each span after its parent, children by start) with its ``depth``;
-    a span whose parent was not kept hangs under the root."""
+    a span whose parent was not kept hangs under the root. Spans whose parents form a cycle (A's parent B,
+    B's parent A: no exporter means it, any may send it) reach no root: each such group is shown from its
+    earliest span, at the top, and every span once."""
     ids = {s["span_id"] for s in spans}
     children: dict[str | None, list[dict[str, Any]]] = {}
     for s in spans:
         parent = s.get("parent_span_id")
         children.setdefault(parent if parent in ids else None, []).append(s)
     out: list[dict[str, Any]] = []
-    stack = [(s, 0) for s in sorted(children.get(None, []), key=lambda s: -s["start_ms"])]
-    while stack:
-        s, depth = stack.pop()
-        out.append({**s, "depth": depth})
-        stack.extend((c, depth + 1) for c in sorted(children.get(s["span_id"], []), key=lambda c: -c["start_ms"]))
+    shown: set[int] = set()
+    tops = sorted(children.get(None, []), key=lambda s: s["start_ms"])
+    for top in [*tops, *sorted(spans, key=lambda s: s["start_ms"])]:
+        stack = [(top, 0)]
+        while stack:
+            s, depth = stack.pop()
+            if id(s) in shown:
+                continue
+            shown.add(id(s))
+            out.append({**s, "depth": depth})
+            kids = sorted(children.get(s["span_id"], []), key=lambda c: -c["start_ms"])
+            stack.extend((c, depth + 1) for c in kids if id(c) not in shown)
+        if len(shown) == len(spans):
+            break
     return out

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vigil.ingest.otlp.messages import as_text, call, json_value, to_messages, tool_definitions
+from vigil.ingest.otlp.messages import as_text, call, json_value, to_messages, tool_definitions, tool_name
 from vigil.ingest.otlp.otlp import EXTENDS
 from vigil.schema import MAX_INT
 
@@ -62,6 +62,9 @@ class ToolRun:
     result: Any
     failed: bool
     error: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = tool_name(self.name)
 
 
 @dataclass(slots=True)
@@ -347,6 +350,8 @@ def _genai(span: dict[str, Any], cache: InputCache) -> SpanView:
     a = span["attributes"]
     out = SpanView(convention="genai")
     op = a.get("gen_ai.operation.name")
+    if not isinstance(op, str):  # a list or key-value list is no operation's name (nor hashable)
+        op = None
     if op == "execute_tool":
         out.role = "tool"
         failed = _failed(span)

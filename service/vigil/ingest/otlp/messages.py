@@ -93,6 +93,15 @@ def as_text(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+MAX_NAME = 256  # what the schema takes of a tool's name (a call's, a definition's)
+
+
+def tool_name(value: Any) -> str:
+    """A tool's name as the schema takes it: a span may name a tool with anything (a list, 300 characters),
+    and one such name must not lose the conversation it belongs to: it is cut, not refused."""
+    return str(value or "unknown_tool")[:MAX_NAME]
+
+
 def call(cid: Any, name: Any, arguments: Any) -> dict[str, Any]:
     if isinstance(arguments, dict):
         args: Any = arguments
@@ -101,7 +110,7 @@ def call(cid: Any, name: Any, arguments: Any) -> dict[str, Any]:
     return {
         "id": str(cid) if cid is not None else None,
         "type": "function",
-        "function": {"name": str(name or "unknown_tool"), "arguments": args},
+        "function": {"name": tool_name(name), "arguments": args},
     }
 
 
@@ -192,7 +201,7 @@ def tool_definitions(value: Any) -> list[dict[str, Any]]:
         name = fn.get("name")
         if not name:
             continue
-        definition: dict[str, Any] = {"name": str(name)}
+        definition: dict[str, Any] = {"name": tool_name(name)}
         if fn.get("description"):
             definition["description"] = str(fn["description"])
         params = json_value(fn.get("parameters", fn.get("input_schema")))

@@ -333,7 +333,8 @@ def spans_of_request(req: Any) -> list[dict[str, Any]]:
                 span = {
                     "trace_id": trace_id,
                     "span_id": sp.span_id.hex(),
-                    "parent_span_id": sp.parent_span_id.hex() or None,
+                    # empty or all zeros: no parent (OTLP), so the span is its trace's root
+                    "parent_span_id": pid.hex() if (pid := sp.parent_span_id) and pid != NO_SPAN else None,
                     "name": sp.name,
                     "kind": sp.kind,
                     "start_ns": sp.start_time_unix_nano,
@@ -592,7 +593,7 @@ def parse_json(data: bytes | memoryview, max_spans: int | None = None) -> list[d
                         {
                             "trace_id": _json_id(_get(sp, "traceId", "trace_id", ""), 16),
                             "span_id": _json_id(_get(sp, "spanId", "span_id", ""), 8),
-                            "parent_span_id": _json_id(_get(sp, "parentSpanId", "parent_span_id", ""), 8) or None,
+                            "parent_span_id": _parent(_json_id(_get(sp, "parentSpanId", "parent_span_id", ""), 8)),
                             "name": str(sp.get("name") or ""),
                             "kind": _enum(sp.get("kind", 0)),
                             "start_ns": _time(_get(sp, "startTimeUnixNano", "start_time_unix_nano", 0)),
@@ -764,6 +765,13 @@ def _json_value(v: dict[str, Any], depth: int = 0) -> Any:
 
 def _resource(attrs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in attrs.items() if k.startswith(("service.", "deployment."))}
+
+
+NO_SPAN = bytes(8)  # a parent span id of all zeros is no parent, as an empty one
+
+
+def _parent(hex_id: str) -> str | None:
+    return hex_id if hex_id and hex_id != "0" * 16 else None
 
 
 STORED_NS = 2**63  # times are stored as signed 64-bit integers: up to the year 2262
