@@ -495,6 +495,21 @@ class Settings(BaseSettings):
             raise ValueError(f"must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, not {v!r}")
         return level
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, v: SecretStr) -> SecretStr:
+        """Read now, so a malformed URL is a setting error naming the variable, not a traceback from deep in
+        start-up; the message never repeats the URL, which may hold a password."""
+        from sqlalchemy.engine import make_url
+
+        try:
+            make_url(v.get_secret_value())
+        except Exception:
+            raise ValueError(
+                "not a database URL (dialect+driver://user:password@host:port/database, or sqlite:///path)"
+            ) from None
+        return v
+
     def parsed_api_keys(self) -> list[ApiKey]:
         """Parse ``VIGIL_API_KEYS``; raises ConfigError on a malformed entry."""
         from vigil.errors import ConfigError

@@ -176,3 +176,23 @@ def test_a_long_running_process_imports_the_statistics_libraries_before_its_heap
     for how, expected in (("long", "['scipy.stats', 'statsmodels.stats.proportion']"), ("once", "[]")):
         run = subprocess.run([sys.executable, "-c", probe, how], capture_output=True, text=True, timeout=scaled(120))
         assert f"LOADED {expected}" in run.stdout, (how, run.stdout, run.stderr[-2000:])
+
+
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["retention", "run", "--dry-run"], ["status"], ["alerts"]])
+def test_a_bad_setting_is_one_line_naming_its_variable_and_value(tmp_path, command: list[str]) -> None:
+    """`vigil db upgrade` and `retention run` printed a 55-line traceback for a bad VIGIL_* value; the
+    others printed pydantic's report, which names the field (`judge_mode`), not the variable set."""
+    env = {"VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'v.db'}", "VIGIL_JUDGE_MODE": "bogus", "VIGIL_PORT": "x"}
+    result = run(command, env)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "errors.pydantic.dev" not in result.output
+    assert "VIGIL_JUDGE_MODE='bogus': Input should be 'auto', 'live' or 'offline'" in result.output, result.output
+    assert "VIGIL_PORT='x'" in result.output
+
+
+@pytest.mark.parametrize("url", ["postgresql://vigil:s3cr3t@db:notaport/vigil", "s3cr3t is no url"])
+def test_a_malformed_database_url_is_named_without_its_password(url: str) -> None:
+    """A port that is not a number raised from SQLAlchemy's URL parser deep in start-up: a traceback."""
+    result = run(["status"], {"VIGIL_DATABASE_URL": url})
+    assert result.exit_code == 2 and "VIGIL_DATABASE_URL: Value error, not a database URL" in result.output
+    assert "s3cr3t" not in result.output and "Traceback" not in result.output

@@ -146,7 +146,7 @@ def test_a_flagging_policy_or_judge_file_that_is_not_utf8_is_refused_naming_it(t
 @pytest.mark.parametrize(
     ("env", "says"),
     [
-        ({"VIGIL_PORT": "abc"}, "port"),
+        ({"VIGIL_PORT": "abc"}, "VIGIL_PORT='abc': Input should be a valid integer"),
         ({"VIGIL_LOG_LEVEL": "bogus"}, "must be one of DEBUG, INFO"),
         ({"VIGIL_DATABASE_URL": "foo://bar"}, "cannot open the database at foo://bar (VIGIL_DATABASE_URL)"),
         (

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from vigil import __version__
-from vigil.app.console import console, fail, load_settings
+from vigil.app.console import checked_settings, console, fail, load_settings
 from vigil.app.home.commands import register as register_home_commands
 from vigil.app.wiring import STAGES
 from vigil.errors import VigilError
@@ -64,7 +64,7 @@ def db_upgrade(revision: str = "head") -> None:
     """Apply Alembic migrations to VIGIL_DATABASE_URL."""
     from vigil.store import db
 
-    s = load_settings()
+    s = checked_settings()
     db.upgrade(s.database_url_str, revision)
     console.print(f"database at {revision}")
 
@@ -74,7 +74,7 @@ def db_downgrade(revision: Annotated[str, typer.Argument(help="The revision an o
     """Take VIGIL_DATABASE_URL's schema back to REVISION before running an older release on it."""
     from vigil.store import db
 
-    s = load_settings()
+    s = checked_settings()
     try:
         db.downgrade(s.database_url_str, revision)
     except VigilError as exc:
@@ -97,7 +97,7 @@ def retention_run(
     (labelled, queued and exported conversations are kept). Also runs periodically in serve and detector."""
     from vigil.store import db, retention
 
-    s = load_settings()
+    s = checked_settings()
     engine = db.make_engine(s.database_url_str)
     try:
         result = retention.run(db.make_sessionmaker(engine), s, dry_run=dry_run)
@@ -120,7 +120,7 @@ def rollups_refresh(
     """Bring the rollups up to date now (serve and detector do it every rollup_interval_seconds)."""
     from vigil.store import db, maintenance, rollup_job
 
-    s = load_settings()
+    s = checked_settings()
     engine = db.make_engine(s.database_url_str)
     sessions = db.make_sessionmaker(engine)
     try:
@@ -154,7 +154,7 @@ def show_settings(
             shown = str(default).replace(str(Settings.model_fields["judges_dir"].default).rsplit("/", 1)[0], ".")
             print(f"| `VIGIL_{name.upper()}` | `{shown}` | {field.description} |")
         return
-    s = load_settings()
+    s = checked_settings()
     for name in Settings.model_fields:
         value = getattr(s, name)
         masked = isinstance(value, SecretStr) and value.get_secret_value()
@@ -179,10 +179,7 @@ def serve(
 
     from vigil.app.server import build_server_app
 
-    try:
-        s = load_settings()
-    except Exception as exc:  # pydantic names the bad VIGIL_* variable: say it in one line and stop
-        fail(exc)
+    s = checked_settings()  # a bad VIGIL_* variable, named: said in one line
     try:
         application = build_server_app(s, demo=demo, demo_rate=demo_rate, demo_versions=demo_versions, workers=workers)
     except VigilError as exc:
