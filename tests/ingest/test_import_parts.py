@@ -188,3 +188,73 @@ def test_a_file_that_is_not_json_from_its_first_byte_is_refused_without_reading_
     (tmp_path / "blank-then-json.jsonl").write_bytes(b"\n\n  " + b'{"messages": []}\n')
     [(_, refused)] = list(read_file_parts(tmp_path / "blank-then-json.jsonl"))
     assert all("starts with byte" not in r.detail for r in refused)  # blank lines first are no reason
+
+
+def _file(tmp_path: Path, rows: list[bytes], name: str = "mixed.jsonl", prefix: bytes = b"") -> Path:
+    path = tmp_path / name
+    path.write_bytes(prefix + b"\n".join(rows) + b"\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [b'{"conversation_id": "odd", "messages": "not a list"}', b'{"foo": 1}'],
+    ids=["messages-not-a-list", "foreign-object"],
+)
+def test_one_record_no_format_reads_is_refused_alone_when_the_format_is_detected(tmp_path: Path, odd: bytes) -> None:
+    """With --format auto, one record no format reads (its `messages` a string, or an object of another
+    kind) made detection fail for the whole file: 'unknown shape', 0 of 10 conversations read, no line
+    named; with a line that is not JSON as well, the file was refused as one 'whose conversations span
+    lines'. The format most lines are in is the file's; the odd line is refused by its number."""
+    rows = [_chat(i) for i in range(10)]
+    rows[4] = odd
+    rows[7] = b"{not json"
+    imported, refused = read_file_partial(_file(tmp_path, rows))
+    assert imported is not None and imported.format == "openai"
+    assert len(imported.conversations) == 8
+    assert [r.line for r in refused] == [5, 8], [str(r) for r in refused]
+    assert refused[0].reason == "schema_invalid" and refused[1].reason == "malformed_json"
+
+
+def test_a_file_mostly_of_records_no_format_reads_is_still_refused_whole(tmp_path: Path) -> None:
+    """The majority decides only when more than half the lines are records some format reads."""
+    rows = [_chat(0), _chat(1), b'{"foo": 1}', b'{"bar": 2}', b'{"baz": 3}']
+    imported, refused = read_file_partial(_file(tmp_path, rows))
+    assert imported is None and len(refused) == 1 and refused[0].line is None
+    assert "unknown shape" in refused[0].detail
+
+
+@pytest.mark.parametrize("name", ["bom.jsonl", "bom.json"])
+def test_a_utf8_byte_order_mark_is_skipped(tmp_path: Path, name: str) -> None:
+    """Windows tools (PowerShell's Out-File, Excel) start files with a UTF-8 byte order mark, which RFC 8259
+    lets a reader ignore; the file was refused whole: 'starts with byte 0xef'."""
+    rows = [_chat(i) for i in range(3)]
+    body = b"[" + b",".join(rows) + b"]" if name.endswith(".json") else b"\r\n".join(rows)
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + body)
+    imported, refused = read_file_partial(path)
+    assert refused == [] and imported is not None and len(imported.conversations) == 3
+
+
+def test_a_pipe_is_read_once(tmp_path: Path) -> None:
+    """`cat f | vigil import /dev/stdin` said the input was empty, and a FIFO hung: the first bytes were read
+    to check the file is JSON, then the whole file was read again from the start, which a pipe cannot do."""
+    import os
+    import threading
+
+    from tests.support.waiting import scaled
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    body = b"\n".join(_chat(i) for i in range(3)) + b"\n"
+    writer = threading.Thread(target=fifo.write_bytes, args=(body,), daemon=True)
+    writer.start()
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.append(read_file_partial(fifo)), daemon=True)
+    reader.start()
+    reader.join(scaled(60))
+    if reader.is_alive():  # opened a second time, with no writer left: it would wait for good
+        os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # let it see the end of the input
+        pytest.fail("reading the FIFO did not finish: it was opened twice")
+    imported, refused = got[0]
+    assert refused == [] and imported is not None and len(imported.conversations) == 3

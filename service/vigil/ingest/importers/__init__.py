@@ -144,8 +144,11 @@ def detect(data: Any) -> str:
     raise ItemError(f"ambiguous shape: it matches {seen}; tried {tried}; pass --format to choose one")
 
 
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark: Windows tools write one; JSON readers may ignore it (RFC 8259)
+
+
 def read_json_or_jsonl(path: Path) -> Any:
-    data = path.read_bytes()
+    data = path.read_bytes().removeprefix(BOM)
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -254,12 +257,19 @@ def read_file_partial(
     be are refused by number. A shape no format reads, or several, is refused whole, as :func:`read_file`
     refuses it."""
     try:
-        opening = _opening(path)
-        if opening is not None:  # not JSON from its first byte: refused without reading it all
-            return None, [Refused(path, None, "malformed_json", opening, b"")]
-        body = path.read_bytes()
+        if path.is_file():
+            opening = _opening(path)
+            if opening is not None:  # not JSON from its first byte: refused without reading it all
+                return None, [Refused(path, None, "malformed_json", opening, b"")]
+            body = path.read_bytes()
+        else:  # a pipe, a FIFO, /dev/stdin: what is read of it is gone, so it is read once, whole
+            body = path.read_bytes()
+            opening = _opening_of(body[:65536])
+            if opening is not None:
+                return None, [Refused(path, None, "malformed_json", opening, b"")]
     except OSError as exc:
         return None, [Refused(path, None, "unreadable", str(exc), b"")]
+    body = body.removeprefix(BOM)
     try:
         data: Any = orjson.loads(body)
     except orjson.JSONDecodeError as whole:
@@ -276,13 +286,36 @@ def _opening(path: Path, peek: int = 65536) -> str | None:
     sparse file of NUL bytes was read whole (6.5 GB of memory, 29 s) before orjson refused it."""
     with path.open("rb") as fh:
         head = fh.read(peek)
-    start = head.lstrip(b" \t\r\n")
+    return _opening_of(head)
+
+
+def _opening_of(head: bytes) -> str | None:
+    """:func:`_opening` of the first bytes of a file; a UTF-8 byte order mark before them is skipped."""
+    start = head.removeprefix(BOM).lstrip(b" \t\r\n")
     if not start or start[:1] in (b"{", b"["):
         return None
     return (
         f"not JSON: the file starts with byte 0x{start[0]:02x} at offset {len(head) - len(start)}; "
         "Vigil reads JSON documents and JSON lines"
     )
+
+
+def _detect_lines(records: list[Any]) -> str:
+    """The format of a file's JSON lines: :func:`detect` of them all, or else, when more than half of them
+    are records some format reads on its own, the format of those (one bad record among 30,000 OpenAI chat
+    records lost the file: no format reads a record whose ``messages`` is a string, so none matched them
+    all). Only a format whose lines are records of their own (:data:`PER_RECORD`) is found the second way:
+    the caller then reads each line alone and refuses the others by number."""
+    try:
+        return detect(records)
+    except ItemError as exc:
+        readable = [r for r in records if matches([r])]
+        if len(readable) * 2 <= len(records):
+            raise exc from None
+        kind = detect(readable)
+        if kind not in PER_RECORD:
+            raise exc from None
+        return kind
 
 
 def _from_lines(
@@ -319,7 +352,7 @@ def _from_lines(
         return None, [Refused(path, None, "malformed_json", why, body)]
     if refused:  # lines that are not JSON: skipping them is safe only where each line is a record
         try:
-            kind = detect(data) if fmt == "auto" else fmt
+            kind = _detect_lines(data) if fmt == "auto" else fmt
         except ItemError:
             kind = "auto"
         if kind not in PER_RECORD:
@@ -333,7 +366,7 @@ def _from_lines(
     kind = fmt
     if fmt == "auto":
         try:
-            kind = detect(data)
+            kind = _detect_lines(data)
         except ItemError:
             kind = "auto"
     from vigil.ingest.importers import responses
