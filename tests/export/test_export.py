@@ -224,6 +224,64 @@ def test_grouped_duplicates_keep_every_reviewers_notes(world) -> None:  # type: 
     EvalTask.model_validate(t)
 
 
+def test_a_one_to_one_disagreement_is_disputed_and_not_exported(world) -> None:  # type: ignore[no-untyped-def]
+    rt, client, _, _, rest = world
+    with rt.sessions.begin() as s:
+        s.add(_label(rest[3], "confirmed_failure", category="tone"))
+        s.add(_label(rest[3], "not_a_failure", reviewer="raj"))
+        s.add(_label(rest[4], "confirmed_failure", category="tone"))  # two against one: confirmed
+        s.add(_label(rest[4], "confirmed_failure", reviewer="raj", category="tone"))
+        s.add(_label(rest[4], "not_a_failure", reviewer="ann"))
+    tasks, _ = _export(client, all="true")
+    exported = {t["source"]["conversation_id"] for t in tasks} | {d for t in tasks for d in t["duplicates"]}
+    assert rest[3] not in exported  # one reviewer's word against another's: disputed, as calibration has it
+    assert rest[4] in exported
+
+
+def test_a_label_stops_counting_once_its_conversation_has_a_newer_revision(world) -> None:  # type: ignore[no-untyped-def]
+    from vigil.calibration.live import live_pairs
+    from vigil.store.models import VerdictRow
+
+    rt, client, ids, convs, _ = world
+    cid = ids["confirm"]
+    conv = convs[cid]
+    rev = conv.effective_revision
+
+    def verdict(revision: int, rationale: str) -> VerdictRow:
+        return VerdictRow(judge="support-generic", judge_version="1", conversation_id=cid, revision=revision,
+                          agent_id=conv.agent_id, agent_version=conv.agent_version, verdict="fail", categories=[],
+                          rationale=rationale, model="scripted", prompt_hash="0" * 64, reason="sampled")  # fmt: skip
+
+    with rt.sessions.begin() as s:
+        s.query(ReviewLabelRow).filter_by(conversation_id=cid).update({"revision": rev})
+        s.add(verdict(rev, "the first run cancelled without asking"))
+
+    def task_of(tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return next((t for t in tasks if cid in [t["source"]["conversation_id"], *t["duplicates"]]), None)
+
+    def calibrated() -> bool:
+        with rt.sessions() as s:
+            return cid in [p.conversation_id for p in live_pairs(s, "support-generic").get("support-generic", [])]
+
+    assert task_of(_export(client, all="true")[0]) is not None and calibrated()
+    # a newer revision is text nobody reviewed: the label given on the old one no longer confirms a failure
+    rt.pipeline.process([conv.model_copy(update={"revision": rev + 1})], "test")
+    assert task_of(_export(client, all="true")[0]) is None and not calibrated()
+    item = client.get(f"/v1/review/items/{cid}", headers=ADMIN).json()
+    assert item["state"] == "available" and item["labels"] == [] and item["review_count"] == 0
+    history = client.get(f"/v1/review/items/{cid}/history", headers=ADMIN).json()
+    assert [(lab["revision"], lab["is_current"]) for lab in history["labels"]] == [(rev, False)]
+    assert {"revision": rev + 1, "labels_superseded": 1} in [e["detail"] for e in history["audit"]]
+    # labelled again on the new revision, it is exported with that revision's verdicts only
+    with rt.sessions.begin() as s:
+        s.add(verdict(rev + 1, "the second run cancelled without asking too"))
+    body = {"label": "confirmed_failure", "category": "missing_confirmation"}
+    assert client.post(f"/v1/review/items/{cid}/labels", json=body, headers=REVIEWER).status_code == 201
+    task = task_of(_export(client, all="true")[0])
+    assert task is not None and task["source"]["revision"] == rev + 1
+    assert [j["rationale"] for j in task["failure"]["judges"]] == ["the second run cancelled without asking too"]
+
+
 def test_incremental_export_with_watermark(world) -> None:  # type: ignore[no-untyped-def]
     rt, client, ids, _, rest = world
     first, h1 = _export(client)

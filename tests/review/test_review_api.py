@@ -89,6 +89,26 @@ def test_claim_extend_release_skip(api, rt) -> None:
     assert api.post(f"/v1/review/items/{nxt}/release?force=true", headers=ADMIN).status_code == 204
 
 
+def test_a_forced_release_says_whose_claim_it_was_and_one_of_nothing_is_refused(api) -> None:
+    _seed(api, 20)
+    cid = api.post("/v1/review/claim", headers=RAJ).json()["conversation_id"]
+    assert api.post(f"/v1/review/items/{cid}/release?force=true", headers=ADMIN).status_code == 204
+    assert api.get(f"/v1/review/items/{cid}", headers=ADMIN).json()["claimed_by"] is None
+
+    def releases() -> list[dict]:
+        audit = api.get("/v1/review/audit", params={"conversation_id": cid}, headers=ADMIN).json()
+        return [e for e in audit if e["action"] == "release"]
+
+    [event] = releases()
+    assert (event["actor"], event["detail"]) == ("admin", {"forced": True, "claimed_by": "raj"})
+    # nobody holds it now: a forced release answers 409 as any release of nothing does, and writes nothing
+    again = api.post(f"/v1/review/items/{cid}/release?force=true", headers=ADMIN)
+    assert again.status_code == 409 and "nobody holds this item" in again.json()["detail"]
+    assert api.post(f"/v1/review/items/{cid}/release", headers=RAJ).status_code == 409
+    assert len(releases()) == 1
+    assert api.post("/v1/review/items/nope/release?force=true", headers=ADMIN).status_code == 404
+
+
 def test_lease_expiry_returns_the_item(api, rt) -> None:
     _seed(api, 20)
     cid = api.post("/v1/review/claim", headers=REVIEWER).json()["conversation_id"]
@@ -106,6 +126,41 @@ def test_lease_expiry_returns_the_item(api, rt) -> None:
     # rita's late extension fails: the item is raj's now
     assert api.post(f"/v1/review/items/{cid}/extend", headers=REVIEWER).status_code == 409
     assert api.post(f"/v1/review/items/{cid}/labels", json={"label": "unsure"}, headers=REVIEWER).status_code == 409
+
+
+def test_a_label_clears_an_expired_claim_and_a_done_item_has_no_lease_to_extend(api, rt) -> None:
+    _seed(api, 20)
+    cid = api.post("/v1/review/claim", headers=RAJ).json()["conversation_id"]
+    with rt.sessions.begin() as s:
+        s.execute(
+            update(ReviewItemRow)
+            .where(ReviewItemRow.conversation_id == cid)
+            .values(lease_until=utcnow() - timedelta(seconds=1))
+        )
+    # raj's lease ran out; rita labels the item, which finishes it and takes raj's stale claim away
+    url = f"/v1/review/items/{cid}/labels"
+    assert api.post(url, json={"label": "not_a_failure"}, headers=REVIEWER).status_code == 201
+    with rt.sessions() as s:
+        row = s.query(ReviewItemRow).filter_by(conversation_id=cid).one()
+        assert (row.status, row.claimed_by, row.lease_until) == ("done", None, None)
+    late = api.post(f"/v1/review/items/{cid}/extend", headers=RAJ)
+    assert late.status_code == 409 and "is done" in late.json()["detail"]
+    item = api.get(f"/v1/review/items/{cid}", headers=ADMIN).json()
+    assert item["state"] == "done" and item["claimed_by"] is None and item["lease_until"] is None
+    # rita may still change her label and skip; nobody holds the item against her
+    relabel = {"label": "confirmed_failure", "category": "tone"}
+    assert api.post(url, json=relabel, headers=REVIEWER).status_code == 201
+    assert api.post(f"/v1/review/items/{cid}/skip", headers=REVIEWER).status_code == 204
+    # a claim left on a done item (stored before this rule) cannot be extended either
+    with rt.sessions.begin() as s:
+        s.execute(
+            update(ReviewItemRow)
+            .where(ReviewItemRow.conversation_id == cid)
+            .values(claimed_by="raj", lease_until=utcnow() - timedelta(seconds=1))
+        )
+    stale = api.post(f"/v1/review/items/{cid}/extend", headers=RAJ)
+    assert stale.status_code == 409 and "is done" in stale.json()["detail"]
+    assert api.post(url, json={"label": "unsure"}, headers=REVIEWER).status_code == 201
 
 
 def test_labels_are_versioned_validated_and_release_the_claim(api) -> None:
@@ -300,6 +355,41 @@ def test_double_review_is_blind_in_the_api(db_url, tmp_path) -> None:
         rt.close()
 
 
+def test_failure_clusters_keep_double_review_blind(db_url, tmp_path) -> None:
+    import re
+
+    policy = tmp_path / "flagging.yaml"
+    policy.write_text("multi_review: {share: 1.0, reviewers: 2}\ntaxonomy: {hallucination: x, other: y}\n")
+    rt = review_runtime(db_url, review_policy=str(policy))
+    try:
+        with review_client(rt) as api:
+            _seed(api, 30)
+            cid = api.post("/v1/review/claim", headers=REVIEWER).json()["conversation_id"]
+            secret = {"label": "confirmed_failure", "category": "hallucination"}
+            assert api.post(f"/v1/review/items/{cid}/labels", json=secret, headers=REVIEWER).status_code == 201
+
+            def listed(headers: dict[str, str]) -> bool:
+                data = api.get("/v1/review/clusters", headers=headers).json()
+                return data["total"] == 1 and any(cid in c["examples"] for c in data["clusters"])
+
+            # raj has not labelled: the clusters would tell him rita's verdict and category
+            assert api.get(f"/v1/review/items/{cid}", headers=RAJ).json()["labels_hidden"] is True
+            assert api.get("/v1/review/clusters", headers=RAJ).json() == {"total": 0, "clusters": [], "by_category": []}
+            assert listed(REVIEWER) and listed(ADMIN)  # rita's own label; admins' API calls see everything
+            page = api.get("/ui/login").text
+            token = re.search(r'name="csrf" value="([^"]+)"', page)
+            assert token
+            api.post("/ui/login", data={"csrf": token.group(1), "api_key": "raj-key", "next": "/ui/clusters"})
+            html = api.get("/ui/clusters").text
+            assert "No confirmed failures yet" in html and cid[:12] not in html
+            # once raj has labelled, the review is open to him, and the clusters with it
+            api.post(f"/v1/review/items/{cid}/labels", json=secret, headers=RAJ)
+            assert listed(RAJ)
+            assert cid[:12] in api.get("/ui/clusters").text
+    finally:
+        rt.close()
+
+
 def test_clusters_group_confirmed_failures(api) -> None:
     convs = _seed(api, 80, seed=3)
     by_defect: dict[str, list[str]] = {}
@@ -337,6 +427,18 @@ def test_clusters_group_confirmed_failures(api) -> None:
     assert top["summary"].startswith("3 of 4 failures: called cancel_pending_order")
     assert set(top["examples"]) == set(cancels)
     assert {"category": "privacy_leak", "count": 1} in data["by_category"]
+
+
+def test_a_tie_between_two_reviewers_is_not_a_confirmed_failure(api) -> None:
+    convs = _seed(api, 80, seed=3)
+    cid = next(c["conversation_id"] for c in convs if c["metadata"]["simulated_defect"] == "cancel_delivered")
+    url = f"/v1/review/items/{cid}/labels"
+    confirmed = {"label": "confirmed_failure", "category": "wrong_action"}
+    assert api.post(url, json=confirmed, headers=REVIEWER).status_code == 201
+    assert api.get("/v1/review/clusters", headers=REVIEWER).json()["total"] == 1
+    assert api.post(url, json={"label": "not_a_failure"}, headers=RAJ).status_code == 201
+    data = api.get("/v1/review/clusters", headers=REVIEWER).json()
+    assert data["total"] == 0 and data["clusters"] == [] and data["by_category"] == []
 
 
 def test_clusters_count_each_conversation_once(api, rt) -> None:

@@ -332,6 +332,49 @@ def test_bulk_skip_and_assign(api) -> None:
     assert all(it["assignee"] is None for it in queue_of(api, status="all")["items"])
 
 
+def test_bulk_assign_and_unassign_leave_an_item_another_reviewer_holds(api) -> None:
+    _seed(api)
+    ids = _ids(queue_of(api))[:3]
+    assert api.post(f"/v1/review/items/{ids[0]}/claim", headers=RAJ).status_code == 200
+    held = [{"conversation_id": ids[0], "why": "raj holds it"}]
+    body = {"action": "assign", "conversation_ids": ids, "assignee": "rita"}
+    out = api.post("/v1/review/bulk", json=body, headers=REVIEWER).json()
+    assert out["done"] == ids[1:] and out["skipped"] == held
+    item = api.get(f"/v1/review/items/{ids[0]}", headers=ADMIN).json()
+    assert item["assignee"] is None and item["claimed_by"] == "raj"
+    # raj may still assign his own item; then rita cannot unassign it while he holds it
+    mine = {"action": "assign", "conversation_ids": [ids[0]], "assignee": "raj"}
+    assert api.post("/v1/review/bulk", json=mine, headers=RAJ).json()["done"] == [ids[0]]
+    out = api.post("/v1/review/bulk", json={"action": "unassign", "conversation_ids": ids}, headers=REVIEWER).json()
+    assert out["done"] == ids[1:] and out["skipped"] == held
+    assert api.get(f"/v1/review/items/{ids[0]}", headers=ADMIN).json()["assignee"] == "raj"
+    audit = api.get("/v1/review/audit", params={"conversation_id": ids[0]}, headers=ADMIN).json()
+    assert [e["actor"] for e in audit if e["action"] in ("assign", "unassign")] == ["raj"]
+
+
+def test_cli_bulk_assign_refuses_a_name_that_is_no_reviewer(sqlite_url, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from tests.support.app import API_KEYS
+    from tests.support.review import store
+    from vigil.app.cli import app
+
+    rt = review_runtime(sqlite_url)
+    store(rt, near_duplicates(2, "cli"))
+    rt.close()
+    monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
+    monkeypatch.setenv("VIGIL_API_KEYS", API_KEYS)
+    runner = CliRunner()
+    r = runner.invoke(app, ["review", "bulk", "assign", "cli-001", "--as", "rita", "--to", "mallory"])
+    # the API's answer, word for word: an item assigned to nobody who can log in would wait for nobody
+    assert r.exit_code == 2, r.output
+    assert "'mallory' is not a reviewer; one of admin, raj, rita" in r.output
+    r = runner.invoke(app, ["review", "queue", "--json"])
+    assert r.exit_code == 0 and "mallory" not in r.output
+    r = runner.invoke(app, ["review", "bulk", "assign", "cli-001", "--as", "rita", "--to", "raj"])
+    assert r.exit_code == 0 and "1 done" in r.output
+
+
 def test_an_id_ending_in_a_sub_resource_name_reaches_its_item(api) -> None:
     """GET /v1/review/items/h%2Fhistory answered the history of "h", and k%2Fcomments the comments of "k":
     routing decodes the slash before matching, so the item itself could not be fetched at all."""

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from tests.support.app import REVIEWER
 from tests.support.review import XSS_PAYLOADS, review_client, review_runtime, simulated, store, xss_conversation
 from vigil.http.auth import Principal
+from vigil.review import failures
 from vigil.ui.render import render_page, ui_user
 from vigil.ui.session import COOKIE
 
@@ -478,6 +479,72 @@ def test_characters_that_draw_nothing_or_turn_text_are_shown_as_marks(ui, rt) ->
     store(rt, [xss_conversation()])
     plain = ui.get(f"/ui/review/{quote(xss_conversation()['conversation_id'], safe='')}")
     assert plain.status_code == 200 and "Transcript" in plain.text and 'id="hidden-note"' not in plain.text
+
+
+def test_reviewers_notes_ids_and_reasons_are_shown_with_marks_too(ui, rt) -> None:
+    # a comment was drawn with marks while the same text as a label's notes or expected behaviour, a manual
+    # reason's note or an id was drawn raw: "$05" read as "50$" in the label history
+    text = "refund of $\u202e05\u202c ok \x1b[31m"
+    cid = "bidi-\u202eid"
+    conv = {
+        "conversation_id": cid,
+        "agent_id": "support-bot",
+        "agent_version": "v\u202e1",
+        "task_id": "task\u202e7",
+        "messages": [{"role": "user", "content": "Please refund."}, {"role": "assistant", "content": "Done."}],
+    }
+    store(rt, [conv])
+    raj = {"Authorization": "Bearer raj-key"}
+    item = ui.post("/v1/review/items", json={"conversation_id": cid, "note": text}, headers=raj)
+    assert item.status_code == 201, item.text
+    body = {"label": "not_a_failure", "notes": text, "expected_behavior": text}
+    assert ui.post(f"/v1/review/items/{quote(cid, safe='')}/labels", json=body, headers=raj).status_code == 201
+    _login(ui)
+    html = ui.get(f"/ui/review/{quote(cid, safe='')}").text
+    history = re.search(r'<ol class="history">(.*?)</ol>', html, re.S)
+    reasons = re.search(r'<ul class="reasons-list">(.*?)</ul>', html, re.S)
+    title = re.search(r'<h1 class="cid-title">(.*?)</h1>\s*<p class="muted">(.*?)</p>', html, re.S)
+    assert history and reasons and title
+    for part in (history.group(1), reasons.group(1), title.group(1), title.group(2)):
+        assert "\u202e" not in part and "\x1b" not in part
+        assert 'title="U+202E RIGHT-TO-LEFT OVERRIDE">U+202E</span>' in part
+    assert history.group(1).count('title="U+001B ESCAPE">U+001B</span>[31m') == 2  # notes and expected
+    queue = ui.get("/ui/queue", params={"status": "all"}).text
+    row = re.search(r'<a class="cid" href="[^"]*">(.*?)</a>', queue)
+    assert row and row.group(1) == 'bidi-<span class="ctl" title="U+202E RIGHT-TO-LEFT OVERRIDE">U+202E</span>id'
+
+
+def test_a_newer_revision_sends_a_labelled_item_back_to_the_queue(ui, rt) -> None:
+    # the label was given on what the reviewer read; revision 2 is other text, so the item needs a new label
+    # and the page says why the old one no longer counts
+    conv = {
+        "conversation_id": "rev-1",
+        "revision": 1,
+        "agent_id": "support-bot",
+        "agent_version": "v1",
+        "messages": [{"role": "user", "content": "Cancel order 1."}, {"role": "assistant", "content": "Done."}],
+    }
+    store(rt, [conv])
+    body = {"label": "confirmed_failure", "category": "wrong_action"}
+    assert ui.post("/v1/review/items/rev-1/labels", json=body, headers=REVIEWER).status_code == 201
+    assert ui.get("/v1/review/items/rev-1", headers=REVIEWER).json()["state"] == "done"
+    assert ui.get("/v1/review/clusters", headers=REVIEWER).json()["total"] == 1
+    store(rt, [{**conv, "revision": 2, "messages": [{"role": "user", "content": "Opening hours?"}]}])
+    item = ui.get("/v1/review/items/rev-1", headers=REVIEWER).json()
+    assert (item["state"], item["review_count"], item["labels"]) == ("available", 0, [])
+    with rt.sessions() as s:  # the API's clusters are kept up to 30 s; what they are computed from:
+        assert failures.clusters(s)["total"] == 0
+    assert ui.get("/v1/review/labels", headers=REVIEWER).json() == []
+    assert ui.post("/v1/review/claim", headers=REVIEWER).json()["conversation_id"] == "rev-1"  # offered again
+    _login(ui)
+    html = ui.get("/ui/review/rev-1").text
+    assert "Labelled on revision 1; the conversation is now at revision 2." in html
+    # storing revision 2 again changes nothing; a label on it counts
+    store(rt, [{**conv, "revision": 2, "messages": [{"role": "user", "content": "Opening hours?"}]}])
+    again = ui.post("/v1/review/items/rev-1/labels", json={"label": "not_a_failure"}, headers=REVIEWER)
+    assert again.status_code == 201
+    item = ui.get("/v1/review/items/rev-1", headers=REVIEWER).json()
+    assert item["state"] == "done" and [lab["revision"] for lab in item["labels"]] == [2]
 
 
 def test_visible_escapes_and_marks_only_what_draws_nothing() -> None:

@@ -261,12 +261,68 @@ def test_triage_pages_pass_axe_and_fit_the_screen(browser, server, viewport) -> 
     assert not failures, "\n".join(failures)
 
 
+@pytest.fixture
+def console_server(sqlite_url: str):  # type: ignore[no-untyped-def]
+    """Every stage's pages (home and compare too), served."""
+    from tests.support.app import served
+    from tests.support.console import console_runtime
+
+    rt = console_runtime(sqlite_url)
+    with served(rt, close=True) as base:
+        yield base, rt
+
+
+def long_values() -> list[dict]:
+    """Valid conversations whose every value is as long as the schema lets it be, in one unbroken run: ids of
+    240 characters, versions of 122, a tool name of 170, words of 300 and more; two of them are near-duplicate
+    runs of one task from two versions (a cluster to review, a side by side, a comparison)."""
+    agent, task = "qa-agent-" + "a" * 200, "task-" + "t" * 240
+    lone = {
+        "conversation_id": "qa-long-" + "x" * 232,
+        "agent_id": agent,
+        "agent_version": "v-" + "9" * 120,
+        "task_id": task,
+        "messages": [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "Cancel_my_order_" + "W" * 400 + " please"},
+            {"role": "assistant", "tool_calls": [{"id": "t1", "type": "function", "function": {
+                "name": "cancel_pending_order_" + "z" * 149, "arguments": '{"order_id": "#' + "9" * 300 + '"}'}}]},
+            {"role": "tool", "tool_call_id": "t1", "content": '{"status": "' + "c" * 500 + '"}'},
+            {"role": "assistant", "content": "Done " + "y" * 600},
+        ],
+    }  # fmt: skip
+    runs = []
+    for i, version in enumerate(("v-" + "9" * 120, "w-" + "8" * 120)):
+        runs.append({
+            "conversation_id": f"qa-longdup-{i}-" + "y" * 220,
+            "agent_id": agent,
+            "agent_version": version,
+            "task_id": task,
+            "messages": [
+                {"role": "system", "content": "You are a retail support agent. Confirm before any write action."},
+                {"role": "user", "content": "Cancel my order " + "Q" * 300 + " please now"},
+                {"role": "assistant", "tool_calls": [{"id": "t1", "type": "function", "function": {
+                    "name": "get_order_details", "arguments": '{"order_id": "#W1234567"}'}}]},
+                {"role": "tool", "tool_call_id": "t1", "content": '{"status": "delivered"}'},
+                {"role": "assistant", "tool_calls": [{"id": "t2", "type": "function", "function": {
+                    "name": "cancel_pending_order", "arguments": '{"order_id": "#W1234567", "reason": "gone"}'}}]},
+                {"role": "tool", "tool_call_id": "t2", "content": '{"status": "cancelled"}'},
+                {"role": "assistant", "content": "Done, cancelled."},
+            ],
+        })  # fmt: skip
+    return [lone, *runs]
+
+
 @pytest.mark.parametrize("viewport", [VIEWPORT, {"width": 390, "height": 844}], ids=["1280x800", "390x844"])
-def test_long_unbroken_text_wraps_inside_the_screen(browser, server, viewport) -> None:  # noqa: F811
+def test_long_unbroken_text_wraps_inside_the_screen(browser, console_server, viewport) -> None:  # noqa: F811
     """A message of one unbroken run (base64 of a zero-padded file: AAAA...) wraps inside its column.
     Kerned, Chromium took 20 s to lay out 150 kB of it (unkerned 0.3 s: measured, not timed here);
-    whatever the text's wrapping rules, the page must not scroll sideways."""
-    base, rt = server
+    whatever the text's wrapping rules, the page must not scroll sideways. Nor may a long valid value
+    anywhere else (a version on the home page, a tool's name, an id in a heading, a version in the
+    pairwise choice): on a phone each such page scrolled sideways, up to 1,791 px wide."""
+    from urllib.parse import quote, urlencode
+
+    base, rt = console_server
     [conv] = simulated(1, "v1.4.0:0.0", seed=3)
     conv["conversation_id"] = "long-line"
     conv["messages"][-1]["content"] = "A" * 20_000
@@ -274,7 +330,8 @@ def test_long_unbroken_text_wraps_inside_the_screen(browser, server, viewport) -
         {"id": "x1", "type": "function", "function": {"name": "lookup", "arguments": '{"blob":"' + "B" * 5_000 + '"}'}}
     ]
     conv["messages"].insert(2, {"role": "tool", "tool_call_id": "x1", "content": "C" * 5_000})
-    store(rt, [conv])
+    lone, run_a, run_b = long_values()
+    store(rt, [conv, lone, run_a, run_b])
     page = browser.new_page(viewport=viewport)
     _login(page, base)
     page.goto(f"{base}/ui/review/long-line")
@@ -283,4 +340,25 @@ def test_long_unbroken_text_wraps_inside_the_screen(browser, server, viewport) -
         "Math.max(...[...document.querySelectorAll('.text, pre.args')].map(e => e.getBoundingClientRect().right))"
     )
     assert 0 < widest <= viewport["width"]
+    page.goto(f"{base}/ui/clusters")
+    cluster = page.locator("a.review-cluster").first.get_attribute("href")
+    assert cluster, "the two runs make a near-duplicate cluster"
+    versions = {"a": run_a["agent_version"], "b": run_b["agent_version"]}
+    wide = []
+    for path in (
+        "/ui",
+        "/ui/queue",
+        "/ui/review/" + quote(lone["conversation_id"], safe=""),
+        "/ui/review/" + quote(run_a["conversation_id"], safe=""),
+        "/ui/compare",
+        "/ui/compare?" + urlencode({"agent": run_a["agent_id"], "baseline": versions["a"], "candidate": versions["b"]}),
+        cluster,
+        "/ui/side-by-side?" + urlencode({"task": run_a["task_id"], **versions}),
+    ):
+        assert page.goto(base + path).ok, path
+        width = page.evaluate("document.documentElement.scrollWidth")
+        if width > viewport["width"]:
+            wide.append(f"{path[:40]}: {width} px wide at {viewport['width']} px")
+    assert "pairwise" in page.content() and versions["b"] in page.content()  # the choice names both versions
     page.close()
+    assert not wide, "\n".join(wide)

@@ -105,7 +105,7 @@ def _sources(
     ids = sorted(confirmed)
     docs: dict[str, tuple[str, int]] = {}
     findings: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    verdicts: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    verdicts: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)  # with the revision judged
     for chunk in _chunks(ids):
         for cid, doc, rev in session.execute(
             select(ConversationRow.conversation_id, ConversationRow.document, ConversationRow.revision).where(
@@ -133,13 +133,16 @@ def _sources(
             .order_by(VerdictRow.id)
         ):
             verdicts[v.conversation_id].append(
-                {
-                    "judge": v.judge,
-                    "judge_version": v.judge_version,
-                    "verdict": v.verdict,
-                    "categories": v.categories,
-                    "rationale": v.rationale,
-                }
+                (
+                    v.revision,
+                    {
+                        "judge": v.judge,
+                        "judge_version": v.judge_version,
+                        "verdict": v.verdict,
+                        "categories": v.categories,
+                        "rationale": v.rationale,
+                    },
+                )
             )
     out = []
     for cid in ids:
@@ -161,13 +164,14 @@ def _sources(
             for r in labels.get(cid, [])
             if r.label == "confirmed_failure"
         ]
+        # what the task is about is the stored revision: findings and verdicts of an older one judged other text
         out.append(
             Source(
                 conv,
                 confirmed[cid],
                 [f for f in findings[cid] if f["revision"] == rev],
                 confirming,
-                verdicts[cid],
+                [v for judged, v in verdicts[cid] if judged == rev],
             )
         )
     return out

@@ -5,28 +5,33 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from vigil.rules import SEVERITY_RANK
 from vigil.store import reads
-from vigil.store.models import FindingRow, ReviewLabelRow
+from vigil.store.models import FindingRow, ReviewItemRow, ReviewLabelRow
 
 # (category, rule id, tool); rule and tool are None for failures no rule finding explains
 _ClusterKey = tuple[str, str | None, str | None]
 
 
-def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) -> dict[str, Any]:
-    """Confirmed failures grouped by (category, rule, tool), largest first.
+def clusters(
+    session: Session, rule_descriptions: dict[str, str] | None = None, hidden: Collection[str] = ()
+) -> dict[str, Any]:
+    """Confirmed failures grouped by (category, rule, tool), largest first; the conversations of ``hidden``
+    left out (see :func:`hidden_from`).
 
     Each conversation counts once, in the cluster of its most severe finding (the earliest among equals),
     so the counts add up to the total and the shares to 100%; ``also`` names the other rules that fired
     on a cluster's conversations.
     """
     confirmed = reads.confirmed_failures(session)
+    if hidden:
+        confirmed = {cid: category for cid, category in confirmed.items() if cid not in hidden}
     total = len(confirmed)
     ids = sorted(confirmed)
     primary, fired = _primary_findings(session, ids)
@@ -53,8 +58,36 @@ def clusters(session: Session, rule_descriptions: dict[str, str] | None = None) 
     }
 
 
+def hidden_from(session: Session, viewer: str) -> frozenset[str]:
+    """Conversations someone labelled ``confirmed_failure`` on a double review still blind to ``viewer``
+    (several reviewers needed, not done, ``viewer`` has no label on it): listing one in a failure cluster
+    would tell them another reviewer's verdict and category before they give theirs. An index range of the
+    open multi-review items, not a read of every label."""
+    mine, confirming = aliased(ReviewLabelRow), aliased(ReviewLabelRow)
+    labelled_by_viewer = select(mine.conversation_id).where(mine.reviewer == viewer, mine.is_current.is_(True))
+    confirmed = (
+        select(confirming.id)
+        .where(
+            confirming.conversation_id == ReviewItemRow.conversation_id,
+            confirming.is_current.is_(True),
+            confirming.label == "confirmed_failure",
+        )
+        .correlate(ReviewItemRow)
+        .exists()
+    )
+    q = select(ReviewItemRow.conversation_id).where(
+        ReviewItemRow.required_reviews > 1,
+        ReviewItemRow.status != "done",
+        ReviewItemRow.conversation_id.not_in(labelled_by_viewer),
+        confirmed,
+    )
+    return frozenset(session.scalars(q))
+
+
 # A labelled conversation's newer revision (findings replaced) shows this late at most.
 CLUSTERS_TTL_SECONDS = 30.0
+# answers kept per newest label: one per distinct set of conversations hidden from a viewer
+MAX_KEPT_VIEWS = 64
 
 
 class ClusterCache:
@@ -67,24 +100,37 @@ class ClusterCache:
     nobody labelled, which would recompute on every request; those of a labelled conversation change
     only with a newer revision of it, which shows within the TTL. The answer is shared between
     requests: callers do not change it.
+
+    With a ``viewer``, the conversations of a double review still blind to them are left out
+    (:func:`hidden_from`); answers are kept per set of hidden conversations, so reviewers who see the
+    same share one, and most see the whole.
     """
 
     def __init__(self, ttl: float = CLUSTERS_TTL_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
         self.clock = clock
         self._lock = threading.Lock()
-        self._entry: tuple[int | None, float, dict[str, Any]] | None = None
+        self._entry: tuple[int | None, float, dict[frozenset[str], dict[str, Any]]] | None = None
 
-    def clusters(self, session: Session, rule_descriptions: dict[str, str] | None = None) -> dict[str, Any]:
+    def clusters(
+        self, session: Session, rule_descriptions: dict[str, str] | None = None, viewer: str | None = None
+    ) -> dict[str, Any]:
+        """The clusters as ``viewer`` may see them (None: everything, for admins' API calls and commands)."""
         key = session.scalar(select(func.max(ReviewLabelRow.id)))
+        hidden = hidden_from(session, viewer) if viewer is not None else frozenset()
         now = self.clock()
         with self._lock:
             entry = self._entry
-        if entry is not None and entry[0] == key and now < entry[1]:
-            return entry[2]
-        value = clusters(session, rule_descriptions)
+        if entry is not None and entry[0] == key and now < entry[1] and hidden in entry[2]:
+            return entry[2][hidden]
+        value = clusters(session, rule_descriptions, hidden) if hidden else clusters(session, rule_descriptions)
         with self._lock:
-            self._entry = (key, now + self.ttl, value)
+            if self._entry is None or self._entry[0] != key or now >= self._entry[1]:
+                self._entry = (key, now + self.ttl, {})
+            kept = self._entry[2]
+            if len(kept) >= MAX_KEPT_VIEWS:
+                kept.clear()
+            kept[hidden] = value
         return value
 
 

@@ -15,7 +15,7 @@ item, whose outcome reasons are checked against the window when the conversation
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -26,7 +26,7 @@ from vigil.metrics import Metrics
 from vigil.review.models import ReviewAuditRow, ReviewReasonRow
 from vigil.review.policy import FlaggingPolicy, Reason
 from vigil.store.db import among, utcnow
-from vigil.store.models import ConversationRow, OutcomeRow, ReviewItemRow
+from vigil.store.models import ConversationRow, OutcomeRow, ReviewItemRow, ReviewLabelRow
 from vigil.store.signals import attributed
 from vigil.store.writes import Checked, copy_rows, insert_new, stored_in_batch
 
@@ -151,6 +151,66 @@ def enqueue(
     return sorted(fresh)
 
 
+def supersede_labels(session: Session, revisions: dict[str, int]) -> list[str]:
+    """Labels given on an older revision of a conversation stop being current once ``revisions`` (conversation
+    id → its newly stored revision) replaces it, and its item goes back to the queue; returns those items.
+
+    A label judges the content its reviewer read: a newer revision (a longer run, a corrected transcript)
+    is content nobody reviewed, so export, calibration, failure clusters and agreement, which read current
+    labels only, must not carry an old verdict over to it (a confirmed failure exported with the new
+    revision's messages). The labels stay in the history, each with the revision it was given on, and the
+    audit log says ``reopened``. One look-up of the batch's current labels, few of which are stale."""
+    L = ReviewLabelRow
+    rows = session.execute(
+        select(L.id, L.conversation_id, L.revision).where(
+            among(session, L.conversation_id, sorted(revisions)), L.is_current.is_(True)
+        )
+    ).all()
+    stale = [r for r in rows if r.revision is None or r.revision < revisions[r.conversation_id]]
+    if not stale:
+        return []
+    session.execute(
+        update(L)
+        .where(among(session, L.id, [r.id for r in stale]))
+        .values(is_current=False)
+        .execution_options(synchronize_session=False)
+    )
+    superseded = Counter(r.conversation_id for r in stale)
+    kept = Counter(r.conversation_id for r in rows) - superseded
+    now = utcnow()
+    items = session.execute(
+        select(ReviewItemRow.conversation_id, ReviewItemRow.required_reviews).where(
+            ReviewItemRow.conversation_id.in_(sorted(superseded))
+        )
+    ).all()
+    for cid, required in items:
+        session.execute(
+            update(ReviewItemRow)
+            .where(ReviewItemRow.conversation_id == cid)
+            .values(
+                review_count=kept[cid],
+                status="done" if kept[cid] >= required else "open",
+                updated_at=now,
+            )
+            .execution_options(synchronize_session=False)
+        )
+    copy_rows(
+        session,
+        ReviewAuditRow.__table__,
+        [
+            {
+                "at": now,
+                "actor": SYSTEM_ACTOR,
+                "action": "reopened",
+                "conversation_id": cid,
+                "detail": {"revision": revisions[cid], "labels_superseded": superseded[cid]},
+            }
+            for cid in sorted(superseded)
+        ],
+    )
+    return sorted(superseded)
+
+
 def _first_kind(reasons: Sequence[Reason]) -> str:
     return max(reasons, key=lambda r: r.weight).kind
 
@@ -179,6 +239,9 @@ class Flagger:
         waited = self._fill_agents(session, agents)
         if waited:
             self._drop_unattributed(session, waited)
+        replaced = {item.conversation_id: item.revision for item in stored if item.replaced}
+        if replaced:
+            supersede_labels(session, replaced)
 
     @staticmethod
     def _fill_agents(session: Session, agents: dict[str, tuple[str, str]]) -> list[str]:

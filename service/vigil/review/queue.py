@@ -234,18 +234,32 @@ def claim(
 def extend(
     session: Session, conversation_id: str, reviewer: str, lease_seconds: int, now: datetime | None = None
 ) -> datetime:
-    """Push the lease out again; works after expiry as long as nobody else claimed the item since."""
+    """Push the lease out again; works after expiry as long as nobody else claimed or labelled the item since.
+
+    Done if the item has every review it needs: a lease on it holds nothing back (and a stale claim
+    renewed there made everyone else's relabel answer "someone holds this item")."""
     now = now or utcnow()
     until = now + timedelta(seconds=lease_seconds)
     done = _changed(
         session,
         update(ReviewItemRow)
-        .where(ReviewItemRow.conversation_id == conversation_id, ReviewItemRow.claimed_by == reviewer)
+        .where(
+            ReviewItemRow.conversation_id == conversation_id,
+            ReviewItemRow.claimed_by == reviewer,
+            ReviewItemRow.status == "open",
+        )
         .values(lease_until=until)
         .execution_options(synchronize_session=False),
     )
     if not done:
-        _item(session, conversation_id)
+        item = _item(session, conversation_id)
+        if item.status == "done":
+            raise Done(
+                f"conversation {conversation_id!r} is done: it has all its reviews, so there is no lease to extend; "
+                "to change your label, label it again (no claim needed)"
+            )
+        if item.claimed_by not in (None, reviewer):
+            raise Conflict(f"you do not hold this item: {item.claimed_by} claimed it after your lease ran out")
         raise Conflict("you do not hold this item; claim it first")
     audit(session, reviewer, "extend", conversation_id, lease_until=until.isoformat())
     return until
@@ -260,21 +274,28 @@ def release(
     now: datetime | None = None,
     action: str = "release",
 ) -> None:
-    """Give the item back. ``force`` (admins) releases another reviewer's claim."""
-    cond = [ReviewItemRow.conversation_id == conversation_id]
-    if not force:
-        cond.append(ReviewItemRow.claimed_by == reviewer)
+    """Give the item back. ``force`` (admins) releases another reviewer's claim; its audit event says it was
+    forced and whose claim it was. Conflict if there is nothing to release (the item is not yours, or with
+    ``force`` nobody holds it), as an unforced release of an item you do not hold is: no event is written."""
+    holder = reviewer
+    if force:
+        claimed_by = _item(session, conversation_id).claimed_by
+        if claimed_by is None:
+            raise Conflict("nobody holds this item: there is nothing to release")
+        holder = claimed_by
     done = _changed(
         session,
         update(ReviewItemRow)
-        .where(*cond)
+        .where(ReviewItemRow.conversation_id == conversation_id, ReviewItemRow.claimed_by == holder)
         .values(claimed_by=None, claimed_at=None, lease_until=None)
         .execution_options(synchronize_session=False),
     )
     if not done:
         _item(session, conversation_id)
+        if force:
+            raise Conflict(f"{holder}'s claim ended meanwhile: nothing was released")
         raise Conflict("you do not hold this item")
-    audit(session, reviewer, action, conversation_id)
+    audit(session, reviewer, action, conversation_id, **({"forced": True, "claimed_by": holder} if force else {}))
 
 
 def skip(session: Session, conversation_id: str, reviewer: str, now: datetime | None = None) -> None:
@@ -342,8 +363,8 @@ def label(
     A conversation that is not in the queue enters it (reason ``manual``). Conflict if another
     reviewer holds the item. The reviewer's current label sent again unchanged (same revision, nothing
     held) is returned as it is: a retried request adds no version. Labelling releases the reviewer's own
-    claim. ``propagated_from``: the conversation whose label this one copies (a near-duplicate cluster
-    labelled at once).
+    claim, and another reviewer's claim whose lease ran out. ``propagated_from``: the conversation whose
+    label this one copies (a near-duplicate cluster labelled at once).
     """
     data = validate_label(data, policy)
     now = now or utcnow()
@@ -428,10 +449,12 @@ def label(
         "updated_at": now,
         "status": "done" if reviewers >= item.required_reviews else "open",
     }
-    if item.claimed_by == reviewer:
+    if item.claimed_by is not None:
+        # the reviewer's own claim, or another's whose lease ran out (a live one was refused above): left on
+        # a finished item, it could be extended there and then blocked everyone's relabel
         values.update(claimed_by=None, claimed_at=None, lease_until=None)
-        if metrics is not None and item.claimed_at is not None:
-            metrics.review_label_seconds.observe(max(0.0, (now - aware(item.claimed_at)).total_seconds()))
+    if item.claimed_by == reviewer and metrics is not None and item.claimed_at is not None:
+        metrics.review_label_seconds.observe(max(0.0, (now - aware(item.claimed_at)).total_seconds()))
     if metrics is not None:
         metrics.review_labels.labels(data.label).inc()
     session.execute(

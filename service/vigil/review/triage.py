@@ -6,6 +6,7 @@ it can and reports the others with the reason, so one held item never blocks the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +22,18 @@ from vigil.store.models import ConversationRow, ReviewItemRow
 MAX_BULK = 500
 MAX_COMMENT = 5000
 BULK_ACTIONS = ("skip", "assign", "unassign")
+REVIEWER_ROLES = ("reviewer", "admin")  # the keys whose names items can be assigned to
+
+
+def check_assignee(assignee: str | None, reviewers: Sequence[str]) -> None:
+    """Invalid unless ``assignee`` is one of ``reviewers`` (the names of reviewer and admin keys): an item
+    assigned to a name nobody logs in with would wait for nobody (the API and the command line say so
+    alike)."""
+    names = ", ".join(reviewers)
+    if not assignee:
+        raise Invalid(f"assign needs an assignee: one of {names}")
+    if assignee not in reviewers:
+        raise Invalid(f"{assignee!r} is not a reviewer; one of {names}")
 
 
 def bulk(
@@ -30,11 +43,15 @@ def bulk(
     actor: str,
     assignee: str | None = None,
     now: datetime | None = None,
+    reviewers: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """``skip`` (for ``actor``), ``assign`` (to ``assignee``) or ``unassign`` each item; returns what was done
-    and what was left, with why."""
+    """``skip`` (for ``actor``), ``assign`` (to ``assignee``, one of ``reviewers`` when given) or ``unassign``
+    each item; returns what was done and what was left, with why. Items another reviewer holds are left as
+    they were, whatever the action."""
     if action not in BULK_ACTIONS:
         raise Invalid(f"action must be one of {', '.join(BULK_ACTIONS)}, not {action!r}")
+    if action == "assign" and reviewers is not None:
+        check_assignee(assignee, reviewers)
     ids = list(dict.fromkeys(c for c in conversation_ids if c))
     if not ids:
         raise Invalid("select at least one item")
@@ -51,7 +68,7 @@ def bulk(
     left: list[dict[str, str]] = []
     for cid in ids:
         item = items.get(cid)
-        why = _why_not(item, action, actor, now)
+        why = _why_not(item, actor, now)
         if why is None and action == "skip":
             try:
                 queue.skip(session, cid, actor, now=now)
@@ -73,13 +90,13 @@ def bulk(
     return {"action": action, "done": done, "skipped": left, "assignee": assignee if action == "assign" else None}
 
 
-def _why_not(item: ReviewItemRow | None, action: str, actor: str, now: datetime) -> str | None:
+def _why_not(item: ReviewItemRow | None, actor: str, now: datetime) -> str | None:
     if item is None:
         return "not in the review queue"
     if item.status == "done":
         return "already done"
     lease = aware(item.lease_until)
-    if action == "skip" and item.claimed_by not in (None, actor) and lease is not None and lease >= now:
+    if item.claimed_by not in (None, actor) and lease is not None and lease >= now:
         return f"{item.claimed_by} holds it"
     return None
 

@@ -43,14 +43,24 @@ def bulk_cmd(
     actor: Annotated[str, typer.Option("--as", help="Reviewer acting (skips are theirs; recorded in the audit).")],
     to: Annotated[str | None, typer.Option(help="For assign: the reviewer to assign the items to.")] = None,
 ) -> None:
-    """Skip, assign or unassign many queue items at once; items that cannot change are listed with why."""
-    from vigil.review.errors import ReviewError
-    from vigil.review.triage import bulk
+    """Skip, assign or unassign many queue items at once; items that cannot change are listed with why.
 
+    ``--to`` must name a reviewer or admin key of ``VIGIL_API_KEYS``, as the API requires (not checked when
+    no keys are set: then there is nobody to check against)."""
+    from vigil.errors import ConfigError
+    from vigil.review.errors import ReviewError
+    from vigil.review.triage import REVIEWER_ROLES, bulk
+
+    launch = Launcher.of(ctx)
+    try:
+        keys = launch.settings().parsed_api_keys()
+    except ConfigError as exc:
+        launch.fail(exc)
+    names = sorted({k.name for k in keys if k.role in REVIEWER_ROLES}) if keys else None
     st = _stage(ctx)
     try:
         with st.sessions.begin() as s:
-            out = bulk(s, action, conversation_ids, actor, to)
+            out = bulk(s, action, conversation_ids, actor, to, reviewers=names)
     except ReviewError as exc:
         _fail(exc)
     console.print(f"{escape(action)}: {len(out['done'])} done, {len(out['skipped'])} left as they were")

@@ -332,12 +332,16 @@ def labels_of_newest(session: Session, max_labels: int) -> dict[str, list[tuple[
 
 
 def confirmed_failures(session: Session) -> dict[str, str]:
-    """Conversation id → category, for conversations whose current labels lean to confirmed_failure."""
+    """Conversation id → category, for conversations whose current labels lean to confirmed_failure.
+
+    More ``confirmed_failure`` than ``not_a_failure`` labels (``unsure`` takes no side). A tie (one reviewer
+    against another) is disputed and left out, as calibration leaves it out: exporting it, or counting it in
+    failure clusters, would take one reviewer's word over the other's."""
     votes = current_labels(session)
     out: dict[str, str] = {}
     for cid, rows in votes.items():
         yes = [r for r in rows if r.label == "confirmed_failure"]
         no = sum(1 for r in rows if r.label == "not_a_failure")
-        if yes and len(yes) >= no:
+        if len(yes) > no:
             out[cid] = Counter(r.category or "other" for r in yes).most_common(1)[0][0]
     return out
