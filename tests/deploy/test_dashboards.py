@@ -24,6 +24,7 @@ REQUIRED_ALERTS = {
     "OutcomeRateRising",
     "DeadLettersRising",
     "ConsumerLagHigh",
+    "IngestStoreFailing",
     "JudgeBudgetExhausted",
     "JudgeErrors",
 }

@@ -41,14 +41,16 @@ def test_a_batch_of_bad_messages_becomes_one_letter_per_partition_and_reason(db_
         malformed = next(d for d in letters if d.reason == "malformed_json" and d.partition == 0)
         assert malformed.offset == 0 and malformed.detail.startswith("167 message(s) at offsets 0, 3, 6,")
         assert malformed.raw_size == sum(len(e.raw) for e in envs if e.partition == 0 and e.raw.startswith(b"{n")) + 166
-    # a redelivered batch writes nothing new; one that grew (more messages polled) replaces its shorter rows
+    # a redelivered batch writes nothing new; one that grew (more messages polled) records only the new ones
     rt.pipeline.process_raw(envs)
     assert _kept(rt)[0] == 4
     more = envs + [Envelope(_bad(i), "kafka", "conv", i % 2, i // 2, f"k{i}") for i in range(1000, 1100)]
     rt.pipeline.process_raw(more)
     with rt.sessions() as s:
-        grown = s.scalars(select(DeadLetterRow).where(DeadLetterRow.partition == 0, DeadLetterRow.offset == 0)).one()
-    assert _kept(rt)[0] == 4 and grown.detail.startswith("184 message(s)")
+        first = s.scalars(select(DeadLetterRow).where(DeadLetterRow.partition == 0, DeadLetterRow.offset == 0)).one()
+        grown = s.scalars(select(DeadLetterRow).where(DeadLetterRow.partition == 0, DeadLetterRow.offset == 501)).one()
+    assert _kept(rt)[0] == 8 and first.detail.startswith("167 message(s)")
+    assert grown.reason == "malformed_json" and grown.detail.startswith("17 message(s) at offsets 501, 504,")
     rt.close()
 
 

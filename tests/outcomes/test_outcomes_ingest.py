@@ -143,9 +143,13 @@ def test_invalid_items_are_named_dead_lettered_and_valid_ones_kept(rt_client) ->
     )
     assert by_index[1]["errors"][0]["field"] == "conversation_id"
     assert by_index[2]["errors"][0]["field"] == "value"
-    dead = c.get("/v1/dead-letters", headers=ADMIN).json()
-    assert len(dead) == 1 and "nps_detractor" in dead[0]["detail"] and "item 2: value" in dead[0]["detail"]
-    assert "nps_detractor" in dead[0]["raw_preview"]
+    dead = {d["reason"]: d for d in c.get("/v1/dead-letters", headers=ADMIN).json()}  # one letter per reason
+    assert sorted(dead) == ["schema_invalid", "unknown_outcome_type"]
+    assert (
+        "nps_detractor" in dead["unknown_outcome_type"]["detail"]
+        and "item 2: value" in dead["schema_invalid"]["detail"]
+    )
+    assert "nps_detractor" in dead["unknown_outcome_type"]["raw_preview"]
     r = c.post("/v1/outcomes", content=b"{not json", headers=INGEST)
     assert r.status_code == 400
     assert c.get("/v1/dead-letters", params={"reason": "malformed_json"}, headers=ADMIN).json()[0]["raw_size"] == 9

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, HTTPException, Query, Request
+from sqlalchemy.orm import Session
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
+from vigil.http.fastjson import OPTIONS, FastJSON
 from vigil.http.params import MAX_OFFSET, Instant
 from vigil.rules import registered_rule_types
-from vigil.schema import Severity, conversation_json_schema
+from vigil.schema import Severity, conversation_json_schema, dumps_exact
 from vigil.store import reads
+from vigil.store.models import ConversationRow
 
 router = APIRouter(tags=["conversations"])
 
@@ -60,8 +64,13 @@ def list_conversations(
             raise HTTPException(422, str(exc)) from None
 
 
-@router.get("/v1/conversations/{conversation_id:path}", dependencies=[require("reviewer")])
-def get_conversation(request: Request, conversation_id: str) -> dict[str, Any]:
+@router.get(
+    "/v1/conversations/{conversation_id:path}",
+    dependencies=[require("reviewer")],
+    response_class=FastJSON,
+    response_model=dict[str, Any],
+)
+def get_conversation(request: Request, conversation_id: str) -> FastJSON:
     rt = runtime_of(request)
     with rt.sessions() as s:
         found = reads.get_conversation(
@@ -71,7 +80,20 @@ def get_conversation(request: Request, conversation_id: str) -> dict[str, Any]:
             raise HTTPException(404, f"no conversation {conversation_id!r}")
         for enrich in rt.hooks.conversation_enrichers:
             enrich(s, found)
-        return found
+        if found["conversation"] is not None:
+            found["conversation"] = orjson.Fragment(_document_json(s, conversation_id, found["conversation"]))
+        return FastJSON(found)
+
+
+def _document_json(session: Session, conversation_id: str, document: dict[str, Any]) -> bytes | str:
+    """The conversation as JSON. Ingest accepts what orjson reads, 1,024 levels deep and integers of any
+    size, and JSON writers stop sooner (orjson at 255 levels and 64 bits, pydantic at about as deep): such a
+    document is answered as it is stored, strict JSON as ingest wrote it, instead of failing with a 500."""
+    try:
+        return orjson.dumps(document, option=OPTIONS)
+    except TypeError:  # orjson.JSONEncodeError: nested too deep, or an integer beyond 64 bits
+        row = session.get(ConversationRow, conversation_id)  # in the session already: no second query
+        return row.document if row is not None else dumps_exact(document)
 
 
 @router.get("/v1/dead-letters", dependencies=[require("admin")])

@@ -22,16 +22,16 @@ def consume(
     max_idle_polls: Annotated[int | None, typer.Option(help="Exit after this many empty polls.")] = None,
 ) -> None:
     """Kafka consumer worker: one member of the VIGIL_KAFKA_GROUP_ID consumer group."""
-    from vigil.ingest.kafka import ConsumerWorker, kafka_consumer, kafka_producer
+    from vigil.ingest.kafka import ConsumerWorker, dead_letter_producer, kafka_consumer
 
     launch = Launcher.of(ctx)
     s = launch.settings()
     rt = launch.runtime({"consume"}, s)
-    dlq = kafka_producer(s.kafka_bootstrap_servers) if s.kafka_dead_letter_topic else None
-    worker = ConsumerWorker(rt, None, None, dlq)
+    worker = ConsumerWorker(rt, None, None)
     handlers = worker.handlers
     try:
         worker.consumer = kafka_consumer(rt, list(handlers))
+        worker.dlq_producer = dead_letter_producer(rt)
     except VigilError as exc:
         launch.fail(exc)
     launch.serve_metrics(rt)

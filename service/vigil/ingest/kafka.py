@@ -20,6 +20,7 @@ import orjson
 from vigil.errors import VigilError
 from vigil.ingest.pipeline import Envelope
 from vigil.runtime import Runtime
+from vigil.store.db import db_detail
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,23 @@ def kafka_producer(bootstrap: str, **overrides: Any):  # type: ignore[no-untyped
     return KafkaProducer(**params)
 
 
+def dead_letter_producer(runtime: Runtime):  # type: ignore[no-untyped-def]
+    """The producer of ``VIGIL_KAFKA_DEAD_LETTER_TOPIC`` (None without one). It reaches for the brokers
+    as it is made: an unreachable one is a :class:`ConsumerError` within ``VIGIL_KAFKA_BOOTSTRAP_TIMEOUT_MS``,
+    as the consumer's is, not a traceback after kafka-python's own 30 s."""
+    from kafka.errors import KafkaError
+
+    s = runtime.settings
+    if not s.kafka_dead_letter_topic:
+        return None
+    if not s.kafka_bootstrap_servers:
+        raise ConsumerError("VIGIL_KAFKA_BOOTSTRAP_SERVERS is not set")
+    try:
+        return kafka_producer(s.kafka_bootstrap_servers, bootstrap_timeout_ms=s.kafka_bootstrap_timeout_ms)
+    except KafkaError as exc:
+        raise ConsumerError(f"cannot reach Kafka at {s.kafka_bootstrap_servers}: {exc}") from None
+
+
 DLQ_VALUE_BYTES = 512 * 1024  # of a bad message's bytes produced to the dead-letter topic (brokers take 1 MB)
 
 
@@ -88,21 +106,20 @@ class ConsumerWorker:
         self.runtime = runtime
         self.consumer = consumer
         s = runtime.settings
-        # conversations stay with this worker (dead letters go to the topic too); other stages add theirs
+        # conversations stay with this worker; other stages add theirs. Whatever a handler returns with
+        # ``dead_letters`` (the pipeline's BatchResult, the outcomes' OutcomeBatch) also goes to the topic.
         self.handlers: dict[str, Handler] = handlers or {
-            s.kafka_conversations_topic: self._conversations,
+            s.kafka_conversations_topic: runtime.pipeline.process_raw,
             **runtime.hooks.topic_handlers,
         }
         self.dlq_producer = dead_letter_producer
         self.stopping = threading.Event()
         self.stored_batches = 0
         self._lag_partitions: set[tuple[str, int]] = set()
-
-    def _conversations(self, envelopes: Sequence[Envelope]) -> Any:
-        result = self.runtime.pipeline.process_raw(envelopes)
-        if self.dlq_producer and result.dead_letters:
-            self._publish_dead_letters(result.dead_letters)
-        return result
+        # The offset committed on each assigned partition as far as this worker knows: lag counts from it,
+        # not from the fetch position, so a batch polled and not yet stored still counts as lag.
+        self._committed: dict[Any, int] = {}
+        self._pending: dict[Any, int] = {}  # the next offset of each partition once the polled batch commits
 
     def _publish_dead_letters(self, letters: Sequence[Any]) -> None:
         """Also produce the batch's dead letters to the dead-letter topic, as a courtesy: they are stored
@@ -156,6 +173,7 @@ class ConsumerWorker:
         try:
             while not self.stopping.is_set():
                 records = self.consumer.poll(timeout_ms=s.kafka_poll_timeout_ms, max_records=s.kafka_batch_size)
+                self._polled(records)
                 self._update_lag()
                 if not records:
                     if self.consumer.assignment() or unassigned_budget <= 0:
@@ -200,16 +218,31 @@ class ConsumerWorker:
 
     def _with_retry(self, handler: Handler, envelopes: list[Envelope]) -> bool:
         delay = 0.5
+        attempt = 0
         while True:
             try:
-                handler(envelopes)
-                return True
-            except Exception:  # storage or broker trouble: retry the same batch, never skip it
+                result = handler(envelopes)
+            except Exception as exc:  # storage or broker trouble: retry the same batch, never skip it
+                attempt += 1
                 self.runtime.metrics.ingest_errors.labels("store").inc()
-                log.exception("storing a batch of %d failed; retrying in %.1fs", len(envelopes), delay)
+                # the traceback once; each retry after it one line (a statement's text can run to megabytes)
+                log.error(
+                    "storing a batch of %d failed (attempt %d); retrying in %.1fs: %s",
+                    len(envelopes),
+                    attempt,
+                    delay,
+                    db_detail(exc),
+                    exc_info=attempt == 1,
+                )
                 if self.stopping.wait(delay * (0.5 + random.random())):
                     return False
+                self._update_lag(fetch_ends=True)  # a stuck batch shows as lag that is not going down
                 delay = min(delay * 2, 30.0)
+                continue
+            letters = getattr(result, "dead_letters", None)
+            if self.dlq_producer and letters:
+                self._publish_dead_letters(letters)
+            return True
 
     def _commit(self) -> None:
         from kafka.errors import CommitFailedError, KafkaError
@@ -222,24 +255,51 @@ class ConsumerWorker:
         except KafkaError:
             self.runtime.metrics.ingest_errors.labels("commit").inc()
             log.exception("offset commit failed")
+        else:
+            self._committed.update(self._pending)
+        self._pending = {}
 
-    def _update_lag(self) -> None:
+    def _polled(self, records: dict[Any, list[Any]]) -> None:
+        """Note where a polled batch starts and ends. A partition this worker has not committed on yet
+        starts at its committed offset (or, with none, where the group's reset put it): its batch's first
+        offset, since the worker commits each batch before it polls the next."""
+        for tp, msgs in (records or {}).items():
+            if msgs:
+                self._committed.setdefault(tp, msgs[0].offset)
+                self._pending[tp] = msgs[-1].offset + 1
+
+    def _update_lag(self, fetch_ends: bool = False) -> None:
+        """``vigil_consumer_lag_messages``: each assigned partition's end offset minus its committed offset,
+        so a consumer stuck on a batch shows the batch and all behind it. Between polls the end offsets are
+        asked of the broker (``fetch_ends``), as no fetch brings them in."""
         m = self.runtime.metrics
         assigned = self.consumer.assignment()
         m.consumer_assigned_partitions.set(len(assigned))
+        for tp in list(self._committed):
+            if tp not in assigned:  # moved to another member: its lag is theirs to report
+                del self._committed[tp]
+        ends: dict[Any, int] = {}
+        if fetch_ends and assigned:
+            try:
+                ends = self.consumer.end_offsets(list(assigned), timeout_ms=2000)
+            except Exception:  # a broker away as well: the last known end offsets serve
+                log.debug("end offsets lookup failed", exc_info=True)
         current: set[tuple[str, int]] = set()
         for tp in assigned:
-            high = self.consumer.highwater(tp)
-            if high is None:
+            known = [h for h in (ends.get(tp), self.consumer.highwater(tp)) if h is not None]
+            if not known:
                 continue
-            try:
-                pos = self.consumer.position(tp, timeout_ms=1000) if hasattr(self.consumer, "position") else None
-            except Exception:  # position lookups can fail during a rebalance; lag is best effort
-                continue
-            if pos is None:
+            high = max(known)  # an end offset never goes back: the larger of the two is the newer
+            done = self._committed.get(tp)
+            if done is None:  # nothing polled here yet: the fetch position is the committed offset
+                try:
+                    done = self.consumer.position(tp, timeout_ms=1000)
+                except Exception:  # position lookups can fail during a rebalance; lag is best effort
+                    continue
+            if done is None:
                 continue
             current.add((tp.topic, tp.partition))
-            m.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, high - pos))
+            m.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, high - done))
         for gone in self._lag_partitions - current:
             with contextlib.suppress(KeyError):
                 m.consumer_lag.remove(gone[0], str(gone[1]))

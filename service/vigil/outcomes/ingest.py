@@ -38,7 +38,7 @@ from vigil.schema import (
     read_items,
 )
 from vigil.settings import Settings
-from vigil.store.db import PERMANENT_DB_ERRORS, after_commit, db_detail, upsert
+from vigil.store.db import PERMANENT_DB_ERRORS, after_commit, among, db_detail, upsert
 from vigil.store.models import OutcomeRow
 from vigil.store.writes import DeadLetter, store_dead_letters
 
@@ -46,6 +46,8 @@ Listener = Callable[[Session, Sequence[OutcomeRow]], None]
 
 log = logging.getLogger(__name__)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+LISTENER_CHUNK = 5_000  # outcomes handed to a listener at once: the most one POST /v1/outcomes holds
 
 # What an idempotency key names; occurred_at is left out because it defaults to arrival time on redelivery.
 IDENTITY = ("conversation_id", "type", "value")
@@ -134,12 +136,18 @@ def _conflict(key: str, stored: tuple[Any, ...], sent: tuple[Any, ...]) -> list[
     ]
 
 
+def _letter(env: Envelope, reason: str, detail: str) -> DeadLetter:
+    """A dead letter of the whole message, at its position."""
+    return DeadLetter(env.source, reason, detail, env.raw, env.topic, env.partition, env.offset, env.key)
+
+
 @dataclass(slots=True)
 class OutcomeBatch:
     received: int = 0
     stored: int = 0
     duplicates: int = 0
     errors: list[ItemError] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)  # as kept: a consumer also sends them on
 
 
 class OutcomeStore:
@@ -225,13 +233,19 @@ class OutcomeStore:
         ins = upsert(session, OutcomeRow)
         stmt = ins.on_conflict_do_nothing(index_elements=["idempotency_key"]).returning(OutcomeRow.id)
         new_ids = list(session.scalars(stmt, list(rows.values())).all())
-        new_rows = list(session.scalars(select(OutcomeRow).where(OutcomeRow.id.in_(new_ids))).all()) if new_ids else []
+        # ``among``, not ``IN``: one parameter however many outcomes (Postgres takes at most 65,535 a
+        # statement, and a message of more outcomes than that would fail here on every redelivery)
+        new_rows = (
+            list(session.scalars(select(OutcomeRow).where(among(session, OutcomeRow.id, new_ids))).all())
+            if new_ids
+            else []
+        )
         identity: dict[str, tuple[Any, ...]] = {k: tuple(r[f] for f in IDENTITY) for k, r in rows.items()}
-        old_keys = set(rows) - {r.idempotency_key for r in new_rows}
+        old_keys = sorted(set(rows) - {r.idempotency_key for r in new_rows})
         if old_keys:
             cols = [getattr(OutcomeRow, f) for f in IDENTITY]
             for key, *stored in session.execute(
-                select(OutcomeRow.idempotency_key, *cols).where(OutcomeRow.idempotency_key.in_(old_keys))
+                select(OutcomeRow.idempotency_key, *cols).where(among(session, OutcomeRow.idempotency_key, old_keys))
             ):
                 identity[key] = tuple(stored)
         conflicts: dict[int, list[dict[str, str]]] = {}
@@ -241,8 +255,12 @@ class OutcomeStore:
                 conflicts[pos] = _conflict(o.key(), identity[o.key()], sent)
         link_outcomes(session, new_rows, self.types, self.settings.outcome_attribution_window_hours, self.metrics)
         if new_rows:
-            for listener in self.listeners:
-                listener(session, new_rows)
+            # a listener reads what it needs of the outcomes' conversations in one look-up: given at most a
+            # request's worth of outcomes at a time, however many one message or poll holds
+            ordered = sorted(new_rows, key=lambda r: r.conversation_id)
+            for start in range(0, len(ordered), LISTENER_CHUNK):
+                for listener in self.listeners:
+                    listener(session, ordered[start : start + LISTENER_CHUNK])
         m = self.metrics
         counts = [(r.type, source) for r in new_rows]
         dupes = len(outcomes) - len(new_rows) - len(conflicts)
@@ -265,14 +283,18 @@ class OutcomeStore:
     ) -> OutcomeBatch:
         """Validate and store decoded items in one transaction.
 
-        Invalid items become one dead letter, items reusing a key for a different outcome another
-        (reason ``idempotency_conflict``); both are named in the returned errors.
+        Invalid items become one dead letter per reason (as a request's conversations do), items reusing a
+        key for a different outcome another (reason ``idempotency_conflict``); all are named in the
+        returned errors.
         """
         valid, errors = self.parse(items, refused)
         dead = []
-        if errors:
-            body = raw if raw is not None else _items_raw([items[e.index] for e in errors])
-            dead.append(DeadLetter(source, errors[0].reason, _detail(errors), body))
+        by_reason: dict[str, list[ItemError]] = {}
+        for e in errors:
+            by_reason.setdefault(e.reason, []).append(e)
+        for reason, errs in by_reason.items():
+            body = raw if raw is not None else _items_raw([items[e.index] for e in errs])
+            dead.append(DeadLetter(source, reason, _detail(errs), body))
         with self.sessions.begin() as session:
             result = self.store(session, [o for _, o in valid], source)
             conflicts = [
@@ -281,10 +303,10 @@ class OutcomeStore:
             if conflicts:
                 body = raw if raw is not None else _items_raw([items[e.index] for e in conflicts])
                 dead.append(DeadLetter(source, "idempotency_conflict", _detail(conflicts), body))
-            store_dead_letters(
+            new_dead = store_dead_letters(
                 session, dead, self.settings.dead_letter_raw_bytes, self.settings.dead_letter_batch_raw_bytes
             )
-        self._count_dead(dead)
+        self._count_dead(new_dead)
         errors = sorted(errors + conflicts, key=lambda e: e.index)
         return OutcomeBatch(len(items), len(result.new), result.duplicates, errors)
 
@@ -303,18 +325,23 @@ class OutcomeStore:
                 half = len(envelopes) // 2
                 a, b = self.handle_envelopes(envelopes[:half]), self.handle_envelopes(envelopes[half:])
                 return OutcomeBatch(
-                    a.received + b.received, a.stored + b.stored, a.duplicates + b.duplicates, a.errors + b.errors
+                    a.received + b.received,
+                    a.stored + b.stored,
+                    a.duplicates + b.duplicates,
+                    a.errors + b.errors,
+                    a.dead_letters + b.dead_letters,
                 )
             if not envelopes:
                 raise
             env = envelopes[0]
             log.warning("database refused an outcomes message: %s", db_detail(exc))
             detail = f"the database refused this message: {db_detail(exc)}"
-            self.ingest_dead(
-                DeadLetter(env.source, "store_rejected", detail, env.raw, env.topic, env.partition, env.offset, env.key)
+            letter = DeadLetter(
+                env.source, "store_rejected", detail, env.raw, env.topic, env.partition, env.offset, env.key
             )
+            self.ingest_dead(letter)
             error = ItemError(0, "store_rejected", [{"field": "(root)", "message": detail}])
-            return OutcomeBatch(errors=[error])
+            return OutcomeBatch(errors=[error], dead_letters=[letter])
 
     def _handle_envelopes(self, envelopes: Sequence[Envelope]) -> OutcomeBatch:
         valid: list[OutcomeIn] = []
@@ -323,21 +350,13 @@ class OutcomeStore:
         dead: list[DeadLetter] = []
         total = OutcomeBatch()
         for n, env in enumerate(envelopes):
+            if not env.raw.strip():  # a tombstone (null value) or a blank message, as on the conversations topic
+                dead.append(_letter(env, "empty", "empty message; an outcome is a JSON object or an array of them"))
+                continue
             try:
                 items, refused = read_items(env.raw)
             except UnreadableJson as exc:
-                dead.append(
-                    DeadLetter(
-                        env.source,
-                        "malformed_json",
-                        str(exc),
-                        env.raw,
-                        env.topic,
-                        env.partition,
-                        env.offset,
-                        env.key,
-                    )
-                )
+                dead.append(_letter(env, "malformed_json", str(exc)))
                 continue
             total.received += len(items)
             ok, errors = self.parse(items, refused)
@@ -353,24 +372,16 @@ class OutcomeStore:
             for n, errors in sorted(failed.items()):
                 errors.sort(key=lambda e: e.index)
                 total.errors.extend(errors)
-                env = envelopes[n]
-                dead.append(
-                    DeadLetter(
-                        env.source,
-                        errors[0].reason,
-                        _detail(errors),
-                        env.raw,
-                        env.topic,
-                        env.partition,
-                        env.offset,
-                        env.key,
-                    )
-                )
-            store_dead_letters(
+                # one letter a message (its offset is its identity), under its first item's reason
+                reasons = list(dict.fromkeys(e.reason for e in errors))
+                also = f"reasons {', '.join(reasons)}: " if len(reasons) > 1 else ""
+                dead.append(_letter(envelopes[n], errors[0].reason, also + _detail(errors)))
+            new_dead = store_dead_letters(
                 session, dead, self.settings.dead_letter_raw_bytes, self.settings.dead_letter_batch_raw_bytes
             )
-        self._count_dead(dead)
+        self._count_dead(new_dead)
         total.stored, total.duplicates = len(result.new), result.duplicates
+        total.dead_letters = dead
         return total
 
     def sink(self, items: list[dict[str, Any]]) -> None:
@@ -381,11 +392,13 @@ class OutcomeStore:
     def ingest_dead(self, letter: DeadLetter) -> None:
         """Keep a body that could not be read at all."""
         with self.sessions.begin() as session:
-            store_dead_letters(
+            new_dead = store_dead_letters(
                 session, [letter], self.settings.dead_letter_raw_bytes, self.settings.dead_letter_batch_raw_bytes
             )
-        self._count_dead([letter])
+        self._count_dead(new_dead)
 
-    def _count_dead(self, dead: list[DeadLetter]) -> None:
-        for d in dead:
-            self.metrics.dead_letters.labels(d.reason, d.source).inc()
+    def _count_dead(self, new_dead: list[tuple[str, str]]) -> None:
+        """Counts the bad messages first recorded now (``store_dead_letters`` says which): a redelivered or
+        replayed one is not counted again."""
+        for reason, source in new_dead:
+            self.metrics.dead_letters.labels(reason, source).inc()

@@ -29,13 +29,13 @@ def link_outcomes(
     if not outcomes:
         return []
     if conversations is None:
-        ids = {o.conversation_id for o in outcomes}
+        ids = sorted({o.conversation_id for o in outcomes})
         conversations = {
             c.conversation_id: c
             for c in session.scalars(
                 select(ConversationRow)
                 .options(load_only(*(getattr(ConversationRow, f) for f in STORED_FIELDS)))
-                .where(ConversationRow.conversation_id.in_(ids))
+                .where(among(session, ConversationRow.conversation_id, ids))
             )
         }
     rows: list[dict[str, Any]] = []

@@ -103,7 +103,13 @@ def pg_connect_args(url: str) -> dict[str, object]:
 def make_engine(url: str) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    kwargs: dict[str, object] = {"json_serializer": json_text, "json_deserializer": orjson.loads}
+    # An error's message leaves out the statement's parameters: they are what clients sent (documents,
+    # keys), and a batch's run to thousands, written again at every retry of a consumer's batch.
+    kwargs: dict[str, object] = {
+        "json_serializer": json_text,
+        "json_deserializer": orjson.loads,
+        "hide_parameters": True,
+    }
     if url.startswith("sqlite"):
         # Reviewers, the judge worker and ingest share one file: WAL lets readers run beside the writer,
         # and a busy timeout rides out the writer's short transactions instead of failing.

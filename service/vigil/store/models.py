@@ -139,6 +139,9 @@ class DeadLetterRow(Base):
     topic: Mapped[str | None] = mapped_column(String(256))
     partition: Mapped[int | None] = mapped_column(Integer)
     offset: Mapped[int | None] = mapped_column(BigInteger)
+    # the last offset of the batch's bad messages the row holds: every message from ``offset`` to it was
+    # read and stored in one batch, so a bad one among them is recorded (here or in its reason's row)
+    last_offset: Mapped[int | None] = mapped_column(BigInteger)
     key: Mapped[str | None] = mapped_column(String(512))
     reason: Mapped[str] = mapped_column(String(64))
     detail: Mapped[str] = mapped_column(Text)

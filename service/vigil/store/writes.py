@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -14,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from vigil.rules import Finding, max_severity
 from vigil.schema import Conversation
-from vigil.store.db import aware, json_text, storable_text, upsert
+from vigil.store.db import among, aware, json_text, storable_text, upsert
 from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow
 
 
@@ -80,6 +81,7 @@ class DeadLetter:
     offset: int | None = None
     key: str | None = None
     messages: int = 1  # the bad messages (or items) the letter holds: what vigil_dead_letters_total counts
+    last_offset: int | None = None  # of a group's messages (None: ``offset`` alone)
 
 
 _TIMESTAMPTZ = 1184
@@ -329,7 +331,9 @@ def store_conversations(session: Session, items: Sequence[Checked]) -> list[Chec
     else:
         table = ConversationRow.__table__
         existing = set(
-            session.scalars(select(table.c.conversation_id).where(table.c.conversation_id.in_(list(best_ids(items)))))
+            session.scalars(
+                select(table.c.conversation_id).where(among(session, table.c.conversation_id, sorted(best_ids(items))))
+            )
         )
         applied_ids = _upsert_conversations_generic(session, rows)
         replaced_ids = applied_ids & existing
@@ -341,8 +345,9 @@ def store_conversations(session: Session, items: Sequence[Checked]) -> list[Chec
     session.info.setdefault(_BATCH_KEY, {}).update((i.conversation.conversation_id, i) for i in applied)
     if replaced_ids:
         previous: dict[str, set[tuple[str, str]]] = {}
+        replaced = sorted(replaced_ids)  # one parameter, not one per conversation (see ``among``)
         old = select(FindingRow.conversation_id, FindingRow.rule_id, FindingRow.message).where(
-            FindingRow.conversation_id.in_(replaced_ids)
+            among(session, FindingRow.conversation_id, replaced)
         )
         for cid, rule_id, message in session.execute(old):
             previous.setdefault(cid, set()).add((rule_id, message))
@@ -351,7 +356,7 @@ def store_conversations(session: Session, items: Sequence[Checked]) -> list[Chec
             if cid in replaced_ids:
                 i.replaced = True
                 i.previous_findings = frozenset(previous.get(cid, ()))
-        session.execute(delete(FindingRow).where(FindingRow.conversation_id.in_(replaced_ids)))
+        session.execute(delete(FindingRow).where(among(session, FindingRow.conversation_id, replaced)))
     finding_rows = [
         {
             "conversation_id": i.conversation.conversation_id,
@@ -428,36 +433,96 @@ def _spans(offsets: list[int]) -> str:
     return ", ".join(out)
 
 
+GROUP_SPAN = 10_000
+"""Offsets one grouped row spans at most: what a batch looks back over to find the bad messages an earlier
+reading of the topic recorded (a batch of ``VIGIL_KAFKA_BATCH_SIZE`` messages usually spans that many)."""
+
+
+def _spanned(group: list[DeadLetter]) -> list[list[DeadLetter]]:
+    """``group`` (sorted by offset) cut where it would span more than ``GROUP_SPAN`` offsets."""
+    out: list[list[DeadLetter]] = []
+    for d in group:
+        start = out[-1][0].offset if out else None
+        if start is None or d.offset is None or d.offset - start > GROUP_SPAN:
+            out.append([d])
+        else:
+            out[-1].append(d)
+    return out
+
+
 def group_dead_letters(letters: Sequence[DeadLetter]) -> list[DeadLetter]:
     """One letter per (source, topic, partition, reason) of a batch, at the group's first position.
 
     A consumer batch of 1,000 bad messages becomes one row per reason, not 1,000: its raw bytes are the
-    messages one per line, its detail names every offset (or key) and the distinct errors. A redelivered
-    batch starts at the same committed offset, so it forms the same groups (or longer ones, which
-    replace the shorter row: see :func:`store_dead_letters`).
+    messages one per line, its detail names every offset (or key) and the distinct errors, and
+    ``last_offset`` where it ends. Messages found recorded already are left out before (see
+    :func:`store_dead_letters`).
     """
     groups: dict[tuple[str, str | None, int | None, str], list[DeadLetter]] = {}
     for d in letters:
         groups.setdefault((d.source, d.topic, d.partition, d.reason), []).append(d)
     out: list[DeadLetter] = []
-    for (source, topic, partition, reason), group in groups.items():
-        if len(group) == 1:
-            out.append(group[0])
-            continue
-        group.sort(key=lambda d: (d.offset is None, d.offset or 0))
-        first = group[0]
-        offsets = [d.offset for d in group if d.offset is not None]
-        where = (
-            f"offsets {_spans(offsets)}"
-            if len(offsets) == len(group)
-            else "keys " + ", ".join(str(d.key) for d in group)
-        )
-        errors = list(dict.fromkeys(d.detail for d in group))
-        detail = f"{len(group)} message(s) at {where}: " + " | ".join(errors)
-        raw = b"\n".join(d.raw for d in group)
-        messages = sum(d.messages for d in group)
-        out.append(DeadLetter(source, reason, detail, raw, topic, partition, first.offset, first.key, messages))
+    for key, whole in groups.items():
+        whole.sort(key=lambda d: (d.offset is None, d.offset or 0))
+        for group in _spanned(whole) if whole[0].offset is not None else [whole]:
+            out.append(_grouped(key, group))
     return out
+
+
+def _grouped(key: tuple[str, str | None, int | None, str], group: list[DeadLetter]) -> DeadLetter:
+    source, topic, partition, reason = key
+    if len(group) == 1:
+        return group[0]
+    first = group[0]
+    offsets = [d.offset for d in group if d.offset is not None]
+    where = (
+        f"offsets {_spans(offsets)}" if len(offsets) == len(group) else "keys " + ", ".join(str(d.key) for d in group)
+    )
+    errors = list(dict.fromkeys(d.detail for d in group))
+    detail = f"{len(group)} message(s) at {where}: " + " | ".join(errors)
+    raw = b"\n".join(d.raw for d in group)
+    messages = sum(d.messages for d in group)
+    last = max(offsets) if len(offsets) == len(group) else None
+    return DeadLetter(source, reason, detail, raw, topic, partition, first.offset, first.key, messages, last)
+
+
+def _unrecorded(session: Session, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
+    """``letters`` less the Kafka messages a row records already: one whose offset lies between a row's
+    first and last offset on its partition was read in that row's batch, and the batch stored every bad
+    message it read with it. So a topic read again, by another consumer group or in batches of another
+    size, records (and counts) none of them twice."""
+    placed: dict[tuple[str, str, int], list[int]] = {}
+    for d in letters:
+        if d.topic is not None and d.partition is not None and d.offset is not None:
+            placed.setdefault((d.source, storable_text(d.topic), d.partition), []).append(d.offset)
+    if not placed:
+        return list(letters)
+    c = DeadLetterRow.__table__.c
+    recorded: set[tuple[str, str, int, int]] = set()
+    for (source, topic, partition), offsets in placed.items():
+        rows = session.execute(
+            select(c.offset, func.coalesce(c.last_offset, c.offset))
+            .where(c.source == source, c.topic == topic, c.partition == partition)
+            .where(c.offset.between(min(offsets) - GROUP_SPAN, max(offsets)))
+            .order_by(c.offset)
+        ).all()
+        starts, reach, furthest = [], [], -1
+        for start, end in rows:
+            furthest = max(furthest, end)
+            starts.append(start)
+            reach.append(furthest)  # the furthest offset any row starting here or before reaches
+        for o in offsets:
+            at = bisect_right(starts, o)
+            if at and reach[at - 1] >= o:
+                recorded.add((source, topic, partition, o))
+    return [
+        d
+        for d in letters
+        if d.topic is None
+        or d.partition is None
+        or d.offset is None
+        or (d.source, storable_text(d.topic), d.partition, d.offset) not in recorded
+    ]
 
 
 def store_dead_letters(
@@ -467,9 +532,11 @@ def store_dead_letters(
     in the rows written, so a counter of them counts messages, not rows.
 
     Each row keeps at most ``keep_bytes`` of its raw bytes and all rows of the batch together at most
-    ``batch_bytes`` (``raw_size`` records the full size). A redelivered Kafka position is kept once;
-    a redelivered batch that grew replaces its shorter group.
+    ``batch_bytes`` (``raw_size`` records the full size). A Kafka message recorded already (a redelivered
+    batch, a topic read again) is left out. Two consumers storing the same batch at once (a rebalance)
+    meet on the row's position: the larger group is kept.
     """
+    letters = _unrecorded(session, letters)
     if not letters:
         return []
     budget = keep_bytes * len(letters) if batch_bytes is None else batch_bytes
@@ -485,6 +552,7 @@ def store_dead_letters(
                 "topic": storable_text(d.topic) if d.topic else d.topic,
                 "partition": d.partition,
                 "offset": d.offset,
+                "last_offset": d.last_offset if d.last_offset is not None else d.offset,
                 "key": storable_text(d.key[:512]) if d.key else d.key,
                 "reason": d.reason,
                 "detail": storable_text(d.detail[:4000]),
@@ -498,7 +566,7 @@ def store_dead_letters(
     ins = upsert(session, table)
     grown = ins.on_conflict_do_update(
         index_elements=["source", "topic", "partition", "offset"],
-        set_={c: ins.excluded[c] for c in ("reason", "detail", "raw", "raw_size", "key")},
+        set_={c: ins.excluded[c] for c in ("reason", "detail", "raw", "raw_size", "key", "last_offset")},
         where=ins.excluded.raw_size > table.c.raw_size,
     )
     c = table.c
