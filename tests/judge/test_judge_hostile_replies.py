@@ -288,3 +288,21 @@ def test_consistent_replies_are_kept() -> None:
     assert parse_verdict('{"verdict":"fail","score":0.8,"categories":[]}', CATEGORIES).verdict == "fail"
     fail = parse_verdict('{"verdict":"fail","score":0,"categories":["other"]}', CATEGORIES)
     assert (fail.verdict, fail.categories) == ("fail", ["other"])
+
+
+@pytest.mark.parametrize("price", [None, PRICE], ids=["litellm-price", "judge-yaml-price"])
+def test_an_impossible_token_count_makes_the_whole_reports_spend_unknown(tmp_path: Path, price: Any) -> None:
+    """-5 prompt tokens and 10 completion tokens: litellm priced the reply from those very counts
+    ($5.25e-06 was charged) and the judge stayed `running`; with a price in judge.yaml the 10 completion
+    tokens alone were charged. The spend of such a reply is unknown, and the judge says so."""
+    client = Usage(-5, 10, 5.25e-06)
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=2, limits=CAP, price=price)
+    assert run(stage) == 2 and client.calls == 2
+    vs = verdicts(rt)
+    assert all((v.verdict, v.prompt_tokens, v.completion_tokens, v.cost_usd) == ("pass", None, None, None) for v in vs)
+    lane = stage.engine.lanes["tj"]
+    assert (
+        lane.budget.spent == 0 and metric(rt, "vigil_judge_cost_usd_total", judge="tj", model="openai/gpt-4o-mini") == 0
+    )
+    assert lane.state == "budget_unknown", (lane.state, lane.detail)
+    assert anomalies(rt) == 2

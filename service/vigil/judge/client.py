@@ -54,7 +54,8 @@ def sanitize_usage(reply: Reply) -> list[str]:
 
     A negative, fractional or non-finite token count and a negative or non-finite cost (NaN, infinity)
     cannot be charged to a budget or added to a counter: they are dropped, as if the provider had
-    reported none; so are zero prompt tokens and a zero cost without usage (no usage reported).
+    reported none; with an impossible token count the whole report is (the other count, and a cost priced
+    from them, are no more to be trusted); so are zero prompt tokens and a zero cost without usage (no usage reported).
     Returns what was dropped (empty for a sane reply), for the caller to count and log.
     """
     dropped: list[str] = []
@@ -66,6 +67,14 @@ def sanitize_usage(reply: Reply) -> list[str]:
         if sane is None:
             dropped.append(f"{name}={value!r}"[:80])
         setattr(reply, name, sane)
+    impossible = [d for d in dropped if d.startswith(("prompt_tokens=", "completion_tokens="))]
+    if impossible:
+        # a usage report with an impossible token count is not to be trusted in part: litellm prices the
+        # reply from those very counts (-5 prompt tokens and 10 completion tokens came back as $5.25e-06),
+        # and a price from judge.yaml would count the other one alone; the spend is unknown
+        if reply.cost_usd is not None:
+            dropped.append(f"cost_usd={reply.cost_usd!r} (priced from {impossible[0]})"[:120])
+        reply.prompt_tokens = reply.completion_tokens = reply.cost_usd = None
     if reply.prompt_tokens == 0:
         # a judge's prompt is never empty: zero prompt tokens is no usage reported (litellm fills in
         # zeros when a provider sends none, and prices them at $0), so the call's tokens and a zero
