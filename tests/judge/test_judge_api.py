@@ -234,3 +234,37 @@ def test_offline_verdicts_are_labelled_everywhere_even_by_a_live_api_process(tmp
         body = c.get(f"/v1/conversations/{convs[0]['conversation_id']}", headers=REVIEWER).json()
         assert [v["judge_label"] for v in body["verdicts"]] == ["offline judge"]
     api_rt.close()
+
+
+def test_a_pairwise_request_that_probes_an_open_circuit_gets_its_answer(tmp_path: Path) -> None:
+    """The two orders were asked together: with the circuit open (cooled), the first was let through as
+    its probe, answered and paid for, while the second was refused, so the caller got a 503 for the very
+    call that closed the circuit. The second order now waits for the probe's answer."""
+    from vigil.judge.client import _litellm
+    from vigil.judge.stage import JudgeStage
+
+    jd = judge_dir(tmp_path / "judges")
+    s = make_settings(
+        f"sqlite:///{tmp_path / 'v.db'}",
+        judges_dir=str(jd),
+        judge_mode="live",
+        judge_circuit_failures=2,
+        judge_circuit_cooldown_seconds=0.5,
+    )
+    rt = build_runtime(s, registry=CollectorRegistry())
+    _litellm()
+    client = Scripted(["litellm.InternalServerError"] * 4, default=_prefers_word("Paris"), via_litellm=True)
+    rt.provide(ClientOverride(client))
+    body = {"input": "What is the capital of France?", "answer_a": "Lyon.", "answer_b": "Paris."}
+    with make_client(rt, {"api"}) as c:
+        r = c.post("/v1/judges/tj/pairwise", json=body, headers=REVIEWER)
+        assert r.status_code in (502, 503), r.text
+        lane = rt.get(JudgeStage).engine.lanes["tj"]
+        assert lane.state == "circuit_open"
+        assert wait_for(lambda: lane.breaker.remaining() == 0, scaled(10))  # cooled: one probe may go
+        calls = len(client.calls)
+        r = c.post("/v1/judges/tj/pairwise", json=body, headers=REVIEWER)
+        assert r.status_code == 200, r.text
+        assert r.json()["result"] == "b" and len(client.calls) == calls + 2  # both orders, once each
+        assert lane.state == "running"
+    rt.close()

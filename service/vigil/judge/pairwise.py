@@ -89,13 +89,21 @@ async def compare(
     """Judge A against B in both orders, store the comparison, and return it as a dict."""
     lane = engine.lanes[judge_name]
     t0 = time.perf_counter()
-    # both orders run to their end before an error is raised: a failed order never leaves the other
-    # calling the model (and spending) after the caller has its answer
-    outcomes = await asyncio.gather(
-        _ask(engine, lane, input_text, answer_a, answer_b),
-        _ask(engine, lane, input_text, answer_b, answer_a),
-        return_exceptions=True,
-    )
+    outcomes: list[Any]
+    if lane.state == "circuit_open":
+        # one call goes through an open circuit, the probe: asked together, the first order was the probe
+        # (answered, and paid for) while the second was refused, and the caller got a 503 for a call that
+        # had closed the circuit. The second order waits for the first's answer instead.
+        outcomes = [await _ask(engine, lane, input_text, answer_a, answer_b)]
+        outcomes.append(await _ask(engine, lane, input_text, answer_b, answer_a))
+    else:
+        # both orders run to their end before an error is raised: a failed order never leaves the other
+        # calling the model (and spending) after the caller has its answer
+        outcomes = await asyncio.gather(
+            _ask(engine, lane, input_text, answer_a, answer_b),
+            _ask(engine, lane, input_text, answer_b, answer_a),
+            return_exceptions=True,
+        )
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
