@@ -246,3 +246,27 @@ def test_a_provider_without_keys_is_known_offline_as_litellm_would_say(
         assert _litellm().validate_environment(model=model)["keys_in_environment"], name
         monkeypatch.delenv(name)
     assert not surely_keyless(f"{provider}-like/some-model") and not surely_keyless("gpt-4o-mini")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Incorrect API key provided: sk-fake. You can find your API key at https://provider.invalid/keys.",
+        "invalid x-api-key",
+        "API key not valid. Please pass a valid API key.",
+        'Error code: 401 - {"error": {"code": "invalid_api_key"}}',
+    ],
+)
+def test_a_key_sent_and_refused_is_a_wrong_key_not_a_missing_one(message: str) -> None:
+    """A 401 for a wrong key stopped the judge as `missing_credentials`, sending the operator to set a
+    key that was set. A key refused is `auth`; a key absent stays `missing_credentials`."""
+    lm = _litellm()
+    err = classify(lm.AuthenticationError(message=message, llm_provider="openai", model="gpt-4o-mini"))
+    assert (err.kind, err.reason) == ("config", "auth"), err
+    missing = (
+        "The api_key client option must be set either by passing api_key to the client or by setting the "
+        "OPENAI_API_KEY environment variable"
+    )
+    assert classify(lm.InternalServerError(message=missing, llm_provider="openai", model="gpt-4o-mini")).reason == (
+        "missing_credentials"
+    )

@@ -236,6 +236,11 @@ _CONFIG_STATUS = {400: "bad_request", 401: "auth", 403: "auth", 404: "unknown_mo
 # Providers report a missing key in different shapes (litellm raises OpenAI's as a 500 and Gemini's as
 # a connection error); retrying cannot fix any of them.
 _CREDENTIALS_RE = re.compile(r"missing credentials|unable to locate credentials|api[ _-]?key", re.IGNORECASE)
+# ... and a key sent but refused, in OpenAI's, Anthropic's and Gemini's words: a wrong key, not a missing one
+_WRONG_KEY_RE = re.compile(
+    r"incorrect api[ _-]?key|invalid[ _-](x-)?api[ _-]?key|api[ _-]?key not valid|invalid authentication",
+    re.IGNORECASE,
+)
 
 
 MAX_RETRY_AFTER = 3600.0  # seconds: a provider's Retry-After beyond this is taken as this
@@ -291,6 +296,8 @@ def _classify(exc: BaseException) -> ProviderError:
         for cls, kind, reason in first:
             if isinstance(exc, cls):
                 return ProviderError(kind, reason, detail, status)  # type: ignore[arg-type]
+    if _WRONG_KEY_RE.search(str(exc)):  # a key was sent and refused: the key is wrong, not missing
+        return ProviderError("config", "auth", detail, status)
     if _CREDENTIALS_RE.search(str(exc)):
         return ProviderError("config", "missing_credentials", detail, status)
     if lm is not None and isinstance(exc, lm.InternalServerError) and "connection error" in str(exc).lower():
