@@ -543,7 +543,16 @@ class Settings(BaseSettings):
             if not matches:
                 raise ConfigError(f"VIGIL_RULE_PACKS: {pattern!r} matches no file")
             paths.extend(Path(m) for m in matches)
-        return paths
+        # a file two patterns name ("rules/default.yaml,rules/*.yaml") is one pack, loaded once: loaded
+        # twice, each of its rules clashed with itself ("id already defined in rules/default.yaml")
+        seen: set[Path] = set()
+        unique = []
+        for path in paths:
+            key = path.resolve()
+            if key not in seen:
+                seen.add(key)
+                unique.append(path)
+        return unique
 
     @property
     def database_url_str(self) -> str:

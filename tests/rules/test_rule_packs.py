@@ -313,3 +313,15 @@ def test_pack_naming_an_unregistered_plugin_type_fails_at_start(tmp_path: Path, 
     pack = write(tmp_path, "pack: house\nrules: [{id: whisper, type: whispering}]\n")
     with pytest.raises(ConfigError, match=re.escape(f"{pack}: rule 'whisper': type: unknown rule type 'whispering'")):
         build_runtime(make_settings(sqlite_url, rule_packs=str(pack)), registry=CollectorRegistry())
+
+
+def test_a_pack_two_patterns_name_is_loaded_once() -> None:
+    """VIGIL_RULE_PACKS="rules/default.yaml,rules/*.yaml" loaded default.yaml twice, and start-up failed
+    on each of its rules clashing with itself ("id already defined in rules/default.yaml")."""
+    rules = PROJECT_ROOT / "rules"
+    both = f"{rules / 'default.yaml'},{rules}/*.yaml,{rules}/../rules/default.yaml"
+    paths = make_settings("sqlite://", rule_packs=both).rule_pack_paths()
+    assert len(paths) == len(set(p.resolve() for p in paths)) == len(list(rules.glob("*.yaml")))
+    assert paths[0].name == "default.yaml"  # in the order given
+    engine = RuleEngine.from_paths(paths)
+    assert len(engine.rules) == len(RuleEngine.from_paths(sorted(rules.glob("*.yaml"))).rules)
