@@ -196,3 +196,14 @@ def test_a_malformed_database_url_is_named_without_its_password(url: str) -> Non
     result = run(["status"], {"VIGIL_DATABASE_URL": url})
     assert result.exit_code == 2 and "VIGIL_DATABASE_URL: Value error, not a database URL" in result.output
     assert "s3cr3t" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--count", "-5"), ("--rate", "-1"), ("--batch", "0")], ids=["count", "rate", "batch"]
+)
+def test_simulate_refuses_negative_counts_rates_and_empty_batches(tmp_path, option: str, value: str) -> None:
+    """`--count -5` printed "simulated 0 conversations" and exited 0; a batch of 0 or -3 and a negative
+    rate ran as if unset."""
+    result = run(["simulate", option, value, "--out", str(tmp_path / "sim.jsonl")])
+    assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output, result.output
+    assert not (tmp_path / "sim.jsonl").exists()

@@ -170,17 +170,17 @@ def _refusals(launch: Launcher, refused: list[Any], done: str, shown: int = 20) 
 
 def simulate(
     ctx: typer.Context,
-    count: Annotated[int, typer.Option(help="Conversations to generate (0 = until stopped).")] = 1000,
+    count: Annotated[int, typer.Option(min=0, help="Conversations to generate (0 = until stopped).")] = 1000,
     versions: Annotated[str, typer.Option(help="version:failure_rate[:weight],...")] = "v1.4.0:0.04,v1.5.0:0.12",
     agent_id: Annotated[str, typer.Option(help="Agent id.")] = "support-bot",
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    rate: Annotated[float, typer.Option(help="Conversations per second (0 = as fast as possible).")] = 0.0,
+    rate: Annotated[float, typer.Option(min=0, help="Conversations per second (0 = as fast as possible).")] = 0.0,
     out: Annotated[Path | None, typer.Option(help="Write JSONL here instead of sending.")] = None,
     url: Annotated[str | None, typer.Option(help="POST to this Vigil base URL (e.g. http://127.0.0.1:8000).")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="VIGIL_API_KEY", help="Key for --url.")] = None,
     to_kafka: Annotated[bool, typer.Option("--to-kafka", help="Produce to the conversations topic.")] = False,
     outcomes: Annotated[bool, typer.Option(help="Also emit outcome signals.")] = True,
-    batch: Annotated[int, typer.Option(help="Conversations per request/batch.")] = 50,
+    batch: Annotated[int, typer.Option(min=1, help="Conversations per request/batch.")] = 50,
 ) -> None:
     """Generate realistic synthetic traffic: several versions, failure rates, tool calls, outcomes."""
     launch = Launcher.of(ctx)
