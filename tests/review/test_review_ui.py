@@ -558,3 +558,32 @@ def test_visible_escapes_and_marks_only_what_draws_nothing() -> None:
         '<span class="ctl" title="U+0000 NULL">U+0000</span>'
     )
     assert str(visible("عربي\u061c")).endswith('title="U+061C ARABIC LETTER MARK">U+061C</span>')
+
+
+def test_a_label_of_a_revision_no_longer_stored_is_refused_and_the_page_sends_what_it_showed(ui, rt) -> None:
+    """The label form carried no revision: a reviewer reading revision 1 who saved after revision 2 arrived
+    (a growing conversation) had the label stamped with revision 2, content they never read, and it
+    counted for export and calibration. The page sends the revision it showed; another one is a 409."""
+    conv = {
+        "conversation_id": "rev-read",
+        "revision": 1,
+        "agent_id": "support-bot",
+        "agent_version": "v1",
+        "messages": [{"role": "user", "content": "Cancel order 1."}, {"role": "assistant", "content": "Done."}],
+    }
+    store(rt, [conv])
+    _login(ui)
+    page = ui.get("/ui/review/rev-read").text
+    assert '<input type="hidden" name="revision" value="1">' in page
+    store(rt, [{**conv, "revision": 2, "messages": [{"role": "user", "content": "Opening hours?"}]}])
+    body = {"label": "confirmed_failure", "category": "wrong_action", "revision": 1}
+    r = ui.post("/v1/review/items/rev-read/labels", json=body, headers=REVIEWER)
+    assert r.status_code == 409 and "you read revision 1, it is now at revision 2" in r.json()["detail"]
+    assert ui.get("/v1/review/labels", headers=REVIEWER).json() == []
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+    form = {"csrf": csrf, "revision": "1", "label": "confirmed_failure", "category": "wrong_action"}
+    r = ui.post("/ui/review/rev-read/label", data=form)
+    assert r.status_code == 409 and "you read revision 1, it is now at revision 2" in r.text
+    assert ui.get("/v1/review/labels", headers=REVIEWER).json() == []
+    ok = ui.post("/v1/review/items/rev-read/labels", json={**body, "revision": 2}, headers=REVIEWER)
+    assert ok.status_code == 201 and ok.json()["revision"] == 2

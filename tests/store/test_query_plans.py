@@ -113,8 +113,14 @@ def recorded(pg_url):  # type: ignore[no-untyped-def]
         claimed = c.post("/v1/review/claim", json={}, headers=REVIEWER)
         if claimed.status_code == 200:
             cid = claimed.json()["conversation_id"]
-            c.post(f"/v1/review/items/{cid}/label", json={"label": "confirmed_failure"}, headers=REVIEWER)
+            labelled = c.post(
+                f"/v1/review/items/{cid}/labels",
+                json={"label": "confirmed_failure", "category": "wrong_action"},
+                headers=REVIEWER,
+            )
+            assert labelled.status_code == 201, labelled.text
             c.get(f"/v1/review/items/{cid}", headers=REVIEWER)
+        assert c.get("/v1/review/clusters", headers=REVIEWER).status_code == 200  # with what is blind to them
         assert c.get("/v1/overview", headers=REVIEWER).status_code == 200  # the console's home page
         assert (
             c.get("/v1/conversations", params={"agent": "support-bot", "version": "v1"}, headers=REVIEWER).status_code

@@ -268,7 +268,7 @@ def skip(request: Request, conversation_id: str, p: Principal = require("reviewe
 @router.post("/items/{conversation_id:path}/labels", response_model=LabelOut, status_code=201)
 def label(request: Request, conversation_id: str, body: LabelIn, p: Principal = require("reviewer")) -> Any:
     """Save your label (a new version if you labelled before). Releases your claim."""
-    data = queue.LabelIn(body.label, body.category, body.severity, body.notes, body.expected_behavior)
+    data = queue.LabelIn(body.label, body.category, body.severity, body.notes, body.expected_behavior, body.revision)
     return run(
         request,
         lambda s, st: insights.label_dict(queue.label(s, conversation_id, p.name, data, st.policy, metrics=st.metrics)),
@@ -380,7 +380,7 @@ def open_cluster(request: Request, cluster_id: str, p: Principal = require("revi
 def label_cluster(request: Request, body: ClusterLabelIn, p: Principal = require("reviewer")) -> Any:
     """Label ``sample`` and apply the label to ``members`` in one action; each copy says it was propagated
     from ``sample`` by you. Members another reviewer holds, done ones and ones you labelled are skipped."""
-    data = queue.LabelIn(body.label, body.category, body.severity, body.notes, body.expected_behavior)
+    data = queue.LabelIn(body.label, body.category, body.severity, body.notes, body.expected_behavior, body.revision)
     return run(
         request,
         lambda s, st: near_dups.label_cluster(s, body.sample, body.members, p.name, data, st.policy, st.metrics),

@@ -180,7 +180,7 @@ def supersede_labels(session: Session, revisions: dict[str, int]) -> list[str]:
     now = utcnow()
     items = session.execute(
         select(ReviewItemRow.conversation_id, ReviewItemRow.required_reviews).where(
-            ReviewItemRow.conversation_id.in_(sorted(superseded))
+            among(session, ReviewItemRow.conversation_id, sorted(superseded))
         )
     ).all()
     for cid, required in items:

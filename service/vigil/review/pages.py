@@ -326,12 +326,14 @@ async def label(request: Request, conversation_id: str) -> Response:
     if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
         return _conversation_page(request, conversation_id, p, 403, notice=STALE_LABEL, draft=draft_of(form))
     st = _stage(request)
+    read = str(form.get("revision", ""))
     data = queue.LabelIn(
         str(form.get("label", "")),
         str(form.get("category") or "") or None,
         str(form.get("severity") or "") or None,
         str(form.get("notes", "")),
         str(form.get("expected_behavior", "")),
+        int(read) if read.isdigit() and len(read) < 19 else None,  # the revision the page showed
     )
     try:
         with st.sessions.begin() as s:

@@ -327,6 +327,7 @@ class LabelIn:
     severity: str | None = None
     notes: str = ""
     expected_behavior: str = ""
+    revision: int | None = None  # the revision the reviewer read, when the caller knows it
 
 
 def validate_label(data: LabelIn, policy: FlaggingPolicy) -> LabelIn:
@@ -345,7 +346,7 @@ def validate_label(data: LabelIn, policy: FlaggingPolicy) -> LabelIn:
             raise Invalid(f"{name} is longer than {MAX_TEXT} characters")
         if "\x00" in getattr(data, name):  # Postgres cannot store it; SQLite would, into every page showing it
             raise Invalid(f"{name} holds a NUL character (\\u0000), which Vigil does not store: nothing was saved")
-    return LabelIn(data.label, category, severity, data.notes.strip(), data.expected_behavior.strip())
+    return LabelIn(data.label, category, severity, data.notes.strip(), data.expected_behavior.strip(), data.revision)
 
 
 def label(
@@ -368,9 +369,19 @@ def label(
     """
     data = validate_label(data, policy)
     now = now or utcnow()
-    conv = session.get(ConversationRow, conversation_id)
+    # read shared-locked, before the item: a newer revision being stored (which locks the conversation,
+    # then its labels and item, to supersede them) is waited for, and then seen, so a label is never
+    # stamped with a revision that is replaced without superseding it (locks in the same order: no cycle)
+    conv = session.scalar(
+        select(ConversationRow).where(ConversationRow.conversation_id == conversation_id).with_for_update(read=True)
+    )
     if conv is None:
         raise NotFound(f"no conversation {conversation_id!r}")
+    if data.revision is not None and data.revision != conv.revision:
+        raise Conflict(
+            f"the conversation changed while you read it: you read revision {data.revision}, it is now at "
+            f"revision {conv.revision}; read it again and label that"
+        )
     # the item row is locked so concurrent labels count each other (review_count, status)
     item = session.scalar(
         select(ReviewItemRow).where(ReviewItemRow.conversation_id == conversation_id).with_for_update()

@@ -117,6 +117,12 @@ class LabelIn(BaseModel):
     expected_behavior: str = Field(
         default="", max_length=20_000, description="What the agent should have done (used by eval export)"
     )
+    revision: int | None = Field(
+        default=None,
+        ge=0,
+        description="The revision you read; a conversation that has a newer one is refused (409), so a label "
+        "never counts for content its reviewer did not see",
+    )
 
 
 class EnqueueIn(BaseModel):
