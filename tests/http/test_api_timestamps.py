@@ -50,3 +50,21 @@ def test_alerts_and_dead_letters_carry_utc(db_url) -> None:
         active = c.get("/v1/alerts", headers=REVIEWER).json()["active"]
         assert utc(active[0]["started_at"]) == started and active[0]["ended_at"] is None
     rt.close()
+
+
+def test_a_conversations_times_read_the_same_in_the_list_and_on_its_own(db_url) -> None:
+    """The list answered `...Z` and, once the conversation route wrote its answer with orjson, the
+    conversation itself `...+00:00`: one field, two formats. Every answer writes UTC as `Z`."""
+    rt = build_runtime(make_settings(db_url), registry=CollectorRegistry())
+    conv = {
+        "conversation_id": "tz-1",
+        "agent_id": "support-bot",
+        "agent_version": "v1",
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+    }
+    with make_client(rt, {"api"}) as c:
+        assert c.post("/v1/conversations", json=conv, headers=INGEST).status_code in (200, 201, 202)
+        listed = c.get("/v1/conversations", headers=REVIEWER).json()["items"][0]["received_at"]
+        one = c.get("/v1/conversations/tz-1", headers=REVIEWER).json()
+        assert listed.endswith("Z") and one["received_at"] == listed, (listed, one["received_at"])
+        utc(one["received_at"])

@@ -95,3 +95,36 @@ def test_an_outcomes_message_failing_for_different_reasons_names_every_reason(sq
     assert row.detail.startswith("reasons unknown_outcome_type, schema_invalid: item 0: type: ")
     assert "item 1: conversation_id" in row.detail
     rt.close()
+
+
+def test_a_message_the_database_refuses_between_undecodable_ones_is_recorded_and_once(db_url: str) -> None:
+    """A batch the database refuses a conversation of is split: its first half stores the batch's
+    undecodable messages (offsets 0 and 5, one row spanning 0-5), a later half the refused one (offset 4).
+    Matched by position alone, the refused message counted as recorded already: stored nowhere, counted
+    nowhere, its offset committed. Read again, neither is recorded twice."""
+    from tests.store.test_store_robustness import refuse_agent
+
+    rt = build_runtime(make_settings(db_url), registry=CollectorRegistry())
+    refuse_agent(rt, "evil")
+    convs = [{**GOOD, "conversation_id": f"s{i}"} for i in range(4)]
+    convs[3]["agent_id"] = "evil"
+    envs = [Envelope(b"not json", "kafka", "t", 0, 0, "m0")]
+    envs += [Envelope(orjson.dumps(c), "kafka", "t", 0, i + 1, c["conversation_id"]) for i, c in enumerate(convs)]
+    envs += [Envelope(b"not json either", "kafka", "t", 0, 5, "m5")]
+
+    def rows() -> list[tuple[str, int]]:
+        with rt.sessions() as s:
+            found = s.scalars(select(DeadLetterRow).order_by(DeadLetterRow.offset, DeadLetterRow.reason))
+            return [(d.reason, d.offset) for d in found]
+
+    def counted(reason: str) -> float:
+        value = rt.metrics.registry.get_sample_value("vigil_dead_letters_total", {"reason": reason, "source": "kafka"})
+        return value or 0.0
+
+    rt.pipeline.process_raw(envs)
+    assert rows() == [("malformed_json", 0), ("store_rejected", 4)]
+    assert (counted("malformed_json"), counted("store_rejected")) == (2, 1)
+    rt.pipeline.process_raw(envs)  # read again: nothing new
+    assert rows() == [("malformed_json", 0), ("store_rejected", 4)]
+    assert (counted("malformed_json"), counted("store_rejected")) == (2, 1)
+    rt.close()

@@ -114,3 +114,63 @@ def test_bad_outcome_messages_are_produced_to_the_dead_letter_topic_too(kafka, p
         (b"schema_invalid", b"2", b"s"),
     ]
     rt.close()
+
+
+def test_lag_after_a_commit_that_failed_counts_what_the_next_commit_wrote(tmp_path) -> None:
+    """A commit that timed out dropped its batch's offsets: the next commit wrote every assigned partition's
+    position, those included, but the lag of the first batch's partition stayed at its size (10) until the
+    partition got new messages. A consumer of the worker's own interface, with a commit that fails once."""
+    from collections import namedtuple
+    from typing import Any
+
+    from kafka.errors import KafkaTimeoutError
+
+    from tests.support.app import make_settings
+    from vigil.app.runtime import build_runtime
+    from vigil.ingest.kafka import ConsumerWorker
+
+    tp, msg = namedtuple("tp", "topic partition"), namedtuple("msg", "offset key value")
+    p0, p1 = tp("t", 0), tp("t", 1)
+
+    class Consumer:
+        def __init__(self) -> None:
+            first = {p0: [msg(o, b"k", b"{}") for o in range(10)]}
+            self.polls: list[dict[Any, Any]] = [first, {p1: [msg(o, b"k", b"{}") for o in range(5)]}, {}, {}]
+            self.commits, self.committed, self.pos = 0, {}, {p0: 0, p1: 0}
+
+        def poll(self, timeout_ms: int, max_records: int) -> dict[Any, Any]:
+            batch = self.polls.pop(0) if self.polls else {}
+            for part, msgs in batch.items():
+                self.pos[part] = msgs[-1].offset + 1
+            return batch
+
+        def assignment(self) -> set[Any]:
+            return {p0, p1}
+
+        def highwater(self, part: Any) -> int:
+            return {p0: 10, p1: 5}[part]
+
+        def position(self, part: Any, timeout_ms: int | None = None) -> int:
+            return self.pos[part]
+
+        def end_offsets(self, parts: Any, timeout_ms: int | None = None) -> dict[Any, int]:
+            return {p0: 10, p1: 5}
+
+        def commit(self) -> None:
+            self.commits += 1
+            if self.commits == 1:
+                raise KafkaTimeoutError("coordinator not available")
+            self.committed = dict(self.pos)  # every assigned partition's position, as kafka-python commits
+
+        def close(self, autocommit: bool = False) -> None:
+            pass
+
+    registry = CollectorRegistry()
+    rt = build_runtime(make_settings(f"sqlite:///{tmp_path / 'v.db'}"), registry=registry)
+    consumer = Consumer()
+    ConsumerWorker(rt, consumer, {"t": lambda envs: None}).run(max_idle_polls=2)
+    assert consumer.committed == {p0: 10, p1: 5}
+    for part in ("0", "1"):
+        lag = registry.get_sample_value("vigil_consumer_lag_messages", {"topic": "t", "partition": part})
+        assert lag == 0, (part, lag)
+    rt.close()

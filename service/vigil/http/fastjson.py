@@ -9,7 +9,8 @@ from typing import Any
 import orjson
 from fastapi.responses import JSONResponse
 
-OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+# UTC times end in "Z", as the answers pydantic writes do: one format across the API
+OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_UTC_Z
 
 
 def _default(value: Any) -> Any:

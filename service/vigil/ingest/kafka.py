@@ -255,6 +255,10 @@ class ConsumerWorker:
         except KafkaError:
             self.runtime.metrics.ingest_errors.labels("commit").inc()
             log.exception("offset commit failed")
+            # kept: the next commit writes every assigned partition's position, these included, and the
+            # lag must then count them committed (dropped, a partition's lag stayed at the failed batch's
+            # size until it got new messages)
+            return
         else:
             self._committed.update(self._pending)
         self._pending = {}

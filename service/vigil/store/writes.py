@@ -487,22 +487,27 @@ def _grouped(key: tuple[str, str | None, int | None, str], group: list[DeadLette
 
 
 def _unrecorded(session: Session, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
-    """``letters`` less the Kafka messages a row records already: one whose offset lies between a row's
-    first and last offset on its partition was read in that row's batch, and the batch stored every bad
-    message it read with it. So a topic read again, by another consumer group or in batches of another
-    size, records (and counts) none of them twice."""
-    placed: dict[tuple[str, str, int], list[int]] = {}
+    """``letters`` less the Kafka messages a row records already: one whose offset lies between the first
+    and last offset of a row of the same reason on its partition was read in that row's batch, which stored
+    every message it refused for that reason with it. So a topic read again, by another consumer group or in
+    batches of another size, records (and counts) none of them twice.
+
+    By reason, because one batch may write rows of several reasons whose spans overlap: a batch the
+    database refuses a conversation of is split, the first half storing the batch's undecodable messages
+    (offsets 0 and 5: one row spanning 0-5) and a later half the refused one (offset 4, ``store_rejected``),
+    which by position alone would count as recorded and be lost."""
+    placed: dict[tuple[str, str, int, str], list[int]] = {}
     for d in letters:
         if d.topic is not None and d.partition is not None and d.offset is not None:
-            placed.setdefault((d.source, storable_text(d.topic), d.partition), []).append(d.offset)
+            placed.setdefault((d.source, storable_text(d.topic), d.partition, d.reason), []).append(d.offset)
     if not placed:
         return list(letters)
     c = DeadLetterRow.__table__.c
-    recorded: set[tuple[str, str, int, int]] = set()
-    for (source, topic, partition), offsets in placed.items():
+    recorded: set[tuple[str, str, int, str, int]] = set()
+    for (source, topic, partition, reason), offsets in placed.items():
         rows = session.execute(
             select(c.offset, func.coalesce(c.last_offset, c.offset))
-            .where(c.source == source, c.topic == topic, c.partition == partition)
+            .where(c.source == source, c.topic == topic, c.partition == partition, c.reason == reason)
             .where(c.offset.between(min(offsets) - GROUP_SPAN, max(offsets)))
             .order_by(c.offset)
         ).all()
@@ -514,14 +519,14 @@ def _unrecorded(session: Session, letters: Sequence[DeadLetter]) -> list[DeadLet
         for o in offsets:
             at = bisect_right(starts, o)
             if at and reach[at - 1] >= o:
-                recorded.add((source, topic, partition, o))
+                recorded.add((source, topic, partition, reason, o))
     return [
         d
         for d in letters
         if d.topic is None
         or d.partition is None
         or d.offset is None
-        or (d.source, storable_text(d.topic), d.partition, d.offset) not in recorded
+        or (d.source, storable_text(d.topic), d.partition, d.reason, d.offset) not in recorded
     ]
 
 
