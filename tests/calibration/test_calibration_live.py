@@ -40,10 +40,12 @@ def _verdict(
     )
 
 
-def _label(cid: str, reviewer: str, label: str, current: bool = True, version: int = 1) -> ReviewLabelRow:
+def _label(
+    cid: str, reviewer: str, label: str, current: bool = True, version: int = 1, revision: int = 1
+) -> ReviewLabelRow:
     return ReviewLabelRow(
         conversation_id=cid,
-        revision=1,
+        revision=revision,
         reviewer=reviewer,
         label=label,
         category="wrong_action" if label == "confirmed_failure" else None,
@@ -84,11 +86,12 @@ def seeded(db_url: str):  # type: ignore[no-untyped-def]
             if is_sampled:
                 sampled.add(cid)
             s.add(ReviewItemRow(conversation_id=cid, agent_id="bot", agent_version="v1", sampled=is_sampled))
-            s.add(_label(cid, "rita", "not_a_failure" if fail else "confirmed_failure", current=False))
-            s.add(_label(cid, "rita", "confirmed_failure" if fail else "not_a_failure", version=2))
+            # labels on revision 2, the one the judge's latest verdict is on
+            s.add(_label(cid, "rita", "not_a_failure" if fail else "confirmed_failure", current=False, revision=2))
+            s.add(_label(cid, "rita", "confirmed_failure" if fail else "not_a_failure", version=2, revision=2))
             if i < 30:  # a second reviewer, who disagrees now and then
                 second = fail if i % 7 else not fail
-                s.add(_label(cid, "raj", "confirmed_failure" if second else "not_a_failure"))
+                s.add(_label(cid, "raj", "confirmed_failure" if second else "not_a_failure", revision=2))
         s.add(_label("c-unsure", "rita", "unsure"))
         s.add(_verdict("c-unsure", "fail"))
         # judge version 2 on a few conversations, and unlabelled sampled traffic of another agent version
@@ -256,5 +259,30 @@ def test_calibration_reads_only_the_newest_pairs(sqlite_url: str) -> None:
         q = next(v for v in body["versions"] if v["judge_version"] == "1")["review_queue"]
         assert q["labels"] == 3
         assert q["agreement"]["confusion"] == {"tp": 0, "fn": 0, "fp": 3, "tn": 0}
+    finally:
+        rt.close()
+
+
+def test_a_label_pairs_only_with_a_verdict_on_its_revision(sqlite_url: str) -> None:
+    """A label on a newer revision is not scored against the judge's verdict on an older one (other text),
+    nor does it take a place in the bounded walk until the judge has judged its revision."""
+    from vigil.calibration import live
+
+    rt = build_runtime(make_settings(sqlite_url, judge_mode="live"), registry=CollectorRegistry())
+    try:
+        with rt.sessions.begin() as s:
+            s.add(_verdict("old", "pass", revision=1))  # revision 1 was fine; revision 2 is not judged yet
+            s.add(_label("old", "rita", "confirmed_failure", revision=2))
+            s.add(_verdict("both", "pass", revision=1))  # judged on both: the label's revision counts
+            s.add(_verdict("both", "fail", revision=2))
+            s.add(_label("both", "rita", "confirmed_failure", revision=2))
+            s.add(_verdict("newer", "fail", revision=3))  # a verdict on a revision nobody labelled yet
+            s.add(_label("newer", "rita", "not_a_failure", revision=2))
+        with rt.sessions() as s:
+            for bound in (None, 10):
+                pairs = live.live_pairs(s, JUDGE, max_pairs=bound)[JUDGE]
+                assert [(p.conversation_id, p.human_fail, p.verdict) for p in pairs] == [("both", True, "fail")]
+            _, window = live.live_pairs_window(s, JUDGE, max_pairs=10)
+            assert window is not None and window.considered == 1
     finally:
         rt.close()

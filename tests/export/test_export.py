@@ -505,3 +505,107 @@ def test_export_ack_migration_matches_the_model(db_url: str) -> None:
         }
     finally:
         engine.dispose()
+
+
+def test_a_newer_revision_confirmed_again_is_exported_again_under_its_own_task_id(world) -> None:  # type: ignore[no-untyped-def]
+    from vigil.export.models import ExportedTaskRow
+
+    rt, client, ids, convs, _ = world
+    cid = ids["confirm"]
+    conv = convs[cid]
+    rev = conv.effective_revision
+    with rt.sessions.begin() as s:
+        s.query(ReviewLabelRow).filter_by(conversation_id=cid).update({"revision": rev})
+
+    def task_of(tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return next((t for t in tasks if cid in [t["source"]["conversation_id"], *t["duplicates"]]), None)
+
+    first, _ = _export(client)
+    old = task_of(first)
+    assert old is not None and old["source"]["revision"] == rev
+    others = {t["task_id"] for t in first} - {old["task_id"]}
+    rt.pipeline.process([conv.model_copy(update={"revision": rev + 1})], "test")
+    assert _export(client)[0] == []  # the label on the old revision no longer confirms anything
+    body = {"label": "confirmed_failure", "category": "missing_confirmation"}
+    assert client.post(f"/v1/review/items/{cid}/labels", json=body, headers=REVIEWER).status_code == 201
+    lost, _ = _export(client, ack=False)  # a pending run of it is exported again, under the same id
+    (new,) = _export(client)[0]
+    assert [t["task_id"] for t in lost] == [new["task_id"]]
+    assert new["source"]["conversation_id"] == cid and new["source"]["revision"] == rev + 1
+    # the same failure (rule, tool, intent) on the new revision: its id says which revision replaced the task
+    assert new["group_key"] == old["group_key"] and new["task_id"] == f"{old['task_id']}-r{rev + 1}"
+    assert _export(client)[0] == []
+    everything, _ = _export(client, all="true")  # the same ids again; the other tasks keep theirs
+    assert task_of(everything) == new and {t["task_id"] for t in everything} == others | {new["task_id"]}
+    (sample,) = [x for x in _export(client, format="inspect")[0] if x["metadata"]["source"]["conversation_id"] == cid]
+    assert sample["id"] == new["task_id"]  # a format that never exported the old revision names it alike
+    with rt.sessions() as s:
+        recorded = s.query(ExportedTaskRow).filter_by(format="native", conversation_id=cid)
+        assert sorted((r.revision, r.task_id) for r in recorded) == [
+            (rev, old["task_id"]),
+            (rev + 1, new["task_id"]),
+        ]
+
+
+def test_exported_task_revision_migration(db_url: str) -> None:
+    import sqlalchemy as sa
+    from alembic import command
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy.dialects import postgresql
+
+    from vigil.app.wiring import metadata
+    from vigil.store import db
+
+    records = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+    runs = sa.table("export_runs", sa.column("id"), sa.column("state"), sa.column("records", records))
+    db.upgrade(db_url, "0015_dead_letter_last_offset")
+    engine = db.make_engine(db_url)
+    cfg = db.alembic_config(engine.url.render_as_string(hide_password=False))
+    try:
+        with engine.begin() as conn:  # exported, and pending, before revisions were recorded
+            conn.execute(
+                sa.text(
+                    "INSERT INTO conversations (conversation_id, revision, schema_version, agent_id, agent_version, "
+                    "received_at, message_count, tool_call_count, tool_error_count, finding_count, document) "
+                    "VALUES ('c1', 3, 1, 'a', 'v1', CURRENT_TIMESTAMP, 1, 0, 0, 0, '{}')"
+                )
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO export_runs (id, format, watermark, tasks, grouped, actor, created_at, state) "
+                    "VALUES (1, 'native', 1, 1, 0, 'cli', CURRENT_TIMESTAMP, 'done'), "
+                    "(2, 'inspect', 1, 1, 0, 'api', CURRENT_TIMESTAMP, 'pending')"
+                )
+            )
+            conn.execute(sa.update(runs).where(runs.c.id == 2).values(records=[["c1", "vigil-a", "k", True]]))
+            conn.execute(
+                sa.text(
+                    "INSERT INTO exported_tasks (format, conversation_id, task_id, group_key, run_id, emitted, "
+                    "created_at) VALUES ('native', 'c1', 'vigil-a', 'k', 1, true, CURRENT_TIMESTAMP)"
+                )
+            )
+        db.upgrade(db_url)
+        with engine.begin() as conn:
+            assert conn.execute(sa.text("SELECT revision FROM exported_tasks")).scalars().all() == [3]
+            assert conn.execute(sa.select(runs.c.records).where(runs.c.id == 2)).scalar() == [
+                ["c1", "vigil-a", "k", True, 3]
+            ]
+            conn.execute(
+                sa.text(
+                    "INSERT INTO exported_tasks (format, conversation_id, revision, task_id, group_key, run_id, "
+                    "emitted, created_at) VALUES ('native', 'c1', 4, 'vigil-a-r4', 'k', 1, true, CURRENT_TIMESTAMP)"
+                )
+            )
+        with engine.connect() as conn:
+            diffs = compare_metadata(MigrationContext.configure(conn), metadata())
+        assert [d for d in diffs if "exported_tasks" in repr(d)] == []
+        command.downgrade(cfg, "0015_dead_letter_last_offset")
+        with engine.connect() as conn:  # one row per format and conversation again: the newest revision's
+            assert conn.execute(sa.text("SELECT task_id FROM exported_tasks")).scalars().all() == ["vigil-a-r4"]
+            assert conn.execute(sa.select(runs.c.records).where(runs.c.id == 2)).scalar() == [
+                ["c1", "vigil-a", "k", True]
+            ]
+        command.upgrade(cfg, "head")
+    finally:
+        engine.dispose()

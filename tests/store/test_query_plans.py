@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import event
 
-from tests.support.app import INGEST, REVIEWER, make_client, make_settings
+from tests.support.app import ADMIN, INGEST, REVIEWER, make_client, make_settings
 from tests.support.traffic import clean, with_defect
 from vigil.app.runtime import build_runtime
 from vigil.ingest.pipeline import Envelope
@@ -121,6 +121,9 @@ def recorded(pg_url):  # type: ignore[no-untyped-def]
             assert labelled.status_code == 201, labelled.text
             c.get(f"/v1/review/items/{cid}", headers=REVIEWER)
         assert c.get("/v1/review/clusters", headers=REVIEWER).status_code == 200  # with what is blind to them
+        exported = c.post("/v1/exports", headers=ADMIN)  # what each confirmed conversation had exported before
+        assert exported.status_code == 200
+        assert c.post(exported.headers["x-vigil-export-ack"], headers=ADMIN).status_code == 200
         assert c.get("/v1/overview", headers=REVIEWER).status_code == 200  # the console's home page
         assert (
             c.get("/v1/conversations", params={"agent": "support-bot", "version": "v1"}, headers=REVIEWER).status_code
@@ -174,6 +177,7 @@ def test_no_hot_query_scans_a_growing_table(recorded) -> None:  # type: ignore[n
     assert len(statements) > 60, len(statements)  # the flows above ran
     assert any("UPDATE review_items" in s and "agent_id IS NULL" in s for s in statements)  # the flagger's fill-in
     assert any("FROM dead_letters" in s and "coalesce" in s for s in statements)  # what a batch recorded before
+    assert any("FROM exported_tasks" in s and "min(" in s for s in statements)  # revisions exported before
     offenders: list[str] = []
     raw = rt.engine.raw_connection()
     try:

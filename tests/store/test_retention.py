@@ -50,8 +50,8 @@ def aged(db_url):  # type: ignore[no-untyped-def]
             s.add(ReviewItemRow(conversation_id=queued, agent_id="support-bot", agent_version="v1", status="open"))
             s.execute(
                 text(
-                    "INSERT INTO exported_tasks (format, conversation_id, task_id, group_key, run_id, emitted, "
-                    "created_at) VALUES ('inspect', :cid, 't', 'g', 1, :yes, :at)"
+                    "INSERT INTO exported_tasks (format, conversation_id, revision, task_id, group_key, run_id, "
+                    "emitted, created_at) VALUES ('inspect', :cid, 1, 't', 'g', 1, :yes, :at)"
                 ),
                 {"cid": exported, "yes": True, "at": OLD},
             )

@@ -2,7 +2,9 @@
 
 Human side: reviewers' current labels (``review_labels.is_current``); ``confirmed_failure`` is fail,
 ``not_a_failure`` pass, ``unsure`` is left out; several reviewers on one conversation give its majority
-(a tie is left out as disputed). Judge side: each judge version's latest verdict on that conversation.
+(a tie is left out as disputed). Judge side: each judge version's latest verdict on the revision the labels
+were given on: a verdict on another revision judged other text (an older run, a corrected transcript), and
+a label whose revision the judge has not judged yet makes no pair.
 Raw production rates come from verdicts the judge gave on its random sample (``reason = "sampled"``),
 never from flagged or outcome-driven requests, which over-represent failures. ``offline`` keeps only the
 verdicts of the offline judge (True) or of the model (False): the two are different judges that share a
@@ -41,10 +43,10 @@ def consensus(labels: list[Any]) -> tuple[bool, str | None] | None:
 
 
 def newest_labelled(judge: str | None, only_sampled: bool, offline: bool | None) -> Select[Any]:
-    """Conversations of the current labels, newest (by label id) first, that the judge has a verdict on:
-    a backward walk of the labels' primary key, which the caller's limit stops."""
+    """Conversations of the current labels, newest (by label id) first, whose labelled revision the judge
+    has a verdict on: a backward walk of the labels' primary key, which the caller's limit stops."""
     V, L = VerdictRow, ReviewLabelRow
-    judged = select(V.id).where(V.conversation_id == L.conversation_id)
+    judged = select(V.id).where(V.conversation_id == L.conversation_id, V.revision == L.revision)
     if judge is not None:
         judged = judged.where(V.judge == judge)
     if offline is not None:
@@ -77,9 +79,10 @@ def live_pairs_window(
     offline: bool | None = None,
     max_pairs: int | None = None,
 ) -> tuple[dict[str, list[Pair]], reads.LabelWindow | None]:
-    """Judge name → human/judge pairs, one per (conversation, judge version).
+    """Judge name → human/judge pairs, one per (conversation, judge version): the labels' consensus and the
+    version's latest verdict on the revision they were given on.
 
-    Reads only labelled conversations the judge gave a verdict on (a join along the conversation id), with
+    Reads only labelled revisions the judge gave a verdict on (a join along the conversation id), with
     the columns it needs: the cost follows the pairs, not every label or verdict ever stored. With
     ``max_pairs``, only the conversations of the judge's newest ``max_pairs`` labels (see
     :func:`newest_labelled`), and the window saying whether the bound left older labels out (None without
@@ -90,21 +93,25 @@ def live_pairs_window(
         vq = vq.where(V.judge == judge)
     if offline is not None:
         vq = vq.where(V.offline.is_(offline))
-    judged = select(V.id).where(V.conversation_id == L.conversation_id)
+    judged = select(V.id).where(V.conversation_id == L.conversation_id, V.revision == L.revision)
     if judge is not None:
         judged = judged.where(V.judge == judge)
-    lq = select(L.conversation_id, L.label, L.category).where(L.is_current.is_(True), judged.exists())
+    lq = select(L.conversation_id, L.revision, L.label, L.category).where(L.is_current.is_(True), judged.exists())
     if max_pairs is not None:
         # the ids themselves: given the subquery, Postgres hashes the 5,000 ids and reads every verdict and
         # label stored; looked up by id, the cost follows the pairs
         ids, window = reads.newest_ids(session, newest_labelled(judge, only_sampled, offline), max_pairs)
         verdict_rows = list(session.execute(vq.where(among(session, V.conversation_id, ids))))
         # every one of these conversations has a verdict of the judge: no look-up per label to check it
-        mine = select(L.conversation_id, L.label, L.category).where(L.is_current.is_(True))
+        mine = select(L.conversation_id, L.revision, L.label, L.category).where(L.is_current.is_(True))
         label_rows = list(session.execute(mine.where(among(session, L.conversation_id, ids)).order_by(L.id)))
     else:
         window = None
-        vq = vq.where(select(L.id).where(L.conversation_id == V.conversation_id, L.is_current.is_(True)).exists())
+        vq = vq.where(
+            select(L.id)
+            .where(L.conversation_id == V.conversation_id, L.revision == V.revision, L.is_current.is_(True))
+            .exists()
+        )
         if only_sampled:
             vq = vq.where(
                 select(ReviewItemRow.id)
@@ -113,21 +120,23 @@ def live_pairs_window(
             )
         verdict_rows = list(session.execute(vq))
         label_rows = list(session.execute(lq.order_by(L.id)))
+    # the labels and the verdict of one revision: current labels share their conversation's stored revision
+    labels: dict[tuple[str, int], list[Any]] = defaultdict(list)
+    for r in label_rows:
+        if r.revision is not None:
+            labels[(r.conversation_id, r.revision)].append(r)
+    humans = {key: c for key, labs in labels.items() if (c := consensus(labs)) is not None}
     latest: dict[tuple[str, str, str], Any] = {}
     for v in verdict_rows:
+        if (v.conversation_id, v.revision) not in humans:
+            continue
         key = (v.judge, v.judge_version, v.conversation_id)
         old = latest.get(key)
         if old is None or (v.revision, v.id) > (old.revision, old.id):
             latest[key] = v
-    labels: dict[str, list[Any]] = defaultdict(list)
-    for r in label_rows:
-        labels[r.conversation_id].append(r)
-    humans = {cid: c for cid, labs in labels.items() if (c := consensus(labs)) is not None}
     out: dict[str, list[Pair]] = defaultdict(list)
     for (name, version, cid), v in sorted(latest.items()):
-        if cid not in humans:
-            continue
-        fail, category = humans[cid]
+        fail, category = humans[(cid, v.revision)]
         out[name].append(Pair(cid, fail, v.verdict, version, category, list(v.categories or [])))
     return dict(out), window
 

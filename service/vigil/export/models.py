@@ -1,9 +1,9 @@
 """Export's tables: what was exported, so export is incremental.
 
-``export_runs`` and ``exported_tasks`` make export incremental: a conversation (or its near-duplicate group)
-is exported once per format. A run made over HTTP stays ``pending`` (its would-be ``exported_tasks`` rows
-kept in ``records``) until the client acknowledges it has the file; only then do its conversations count
-as exported.
+``export_runs`` and ``exported_tasks`` make export incremental: a revision of a conversation (or its
+near-duplicate group) is exported once per format, and a newer revision confirmed again is exported again.
+A run made over HTTP stays ``pending`` (its would-be ``exported_tasks`` rows kept in ``records``) until the
+client acknowledges it has the file; only then do its conversations count as exported.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ class ExportRunRow(Base):
     actor: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     state: Mapped[str] = mapped_column(String(16), default="done", server_default="done")  # pending | done
-    records: Mapped[list[Any] | None]  # pending: [conversation_id, task_id, group_key, emitted] per conversation
+    # pending: [conversation_id, task_id, group_key, emitted, revision] per conversation
+    records: Mapped[list[Any] | None]
     acknowledged_at: Mapped[datetime | None]
 
 
@@ -40,6 +41,7 @@ class ExportedTaskRow(Base):
     id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
     format: Mapped[str] = mapped_column(String(16))
     conversation_id: Mapped[str] = mapped_column(String(256))
+    revision: Mapped[int] = mapped_column(BigInteger)  # the conversation's revision the task was built from
     task_id: Mapped[str] = mapped_column(String(64))
     group_key: Mapped[str] = mapped_column(String(64))
     run_id: Mapped[int] = mapped_column(ID)
@@ -47,7 +49,7 @@ class ExportedTaskRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (
-        UniqueConstraint("format", "conversation_id", name="uq_exported_tasks_once"),
+        UniqueConstraint("format", "conversation_id", "revision", name="uq_exported_tasks_revision"),
         Index("ix_exported_tasks_group", "format", "group_key"),
         Index("ix_exported_tasks_conversation", "conversation_id"),  # retention keeps exported conversations
     )

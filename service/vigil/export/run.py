@@ -4,11 +4,14 @@ A folded group's task keeps the first member's conversation and every member's r
 expected behaviour (each distinct text once).
 
 "Confirmed" is the review stage's own rule (:func:`vigil.store.reads.confirmed_failures`: current
-labels lean to ``confirmed_failure``). Each run records which conversations it covered in
-``exported_tasks`` (unique per format and conversation), so the next run skips them; ``all_`` ignores that
-record and exports everything again. The watermark is the highest review label id a run saw; ``since``
-keeps only failures whose confirming label is newer than a watermark. Nothing is committed here: the caller
-commits after the output is safely written, so a failed write exports the same tasks again next time.
+labels lean to ``confirmed_failure``). Each run records which conversations it covered, and at which
+revision, in ``exported_tasks`` (unique per format, conversation and revision), so the next run skips them
+unless their labels confirm a newer revision; ``all_`` ignores that record and exports everything again. A
+task of a conversation exported before at an older revision (in any format) has ``-r<revision>`` after its
+task id: the newer task is told apart from the one it replaces, while every other task keeps its id. The
+watermark is the highest review label id a run saw; ``since`` keeps only failures whose confirming label is
+newer than a watermark. Nothing is committed here: the caller commits after the output is safely written,
+so a failed write exports the same tasks again next time.
 
 A caller that cannot know whether its output arrived (an HTTP response) passes ``record=False``: the run is
 ``pending`` and keeps its records until :func:`acknowledge`, so an export whose download was lost is
@@ -24,7 +27,7 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from vigil.export.errors import ExportError
@@ -178,17 +181,36 @@ def _sources(
 
 
 def _merged(
-    group: list[Source], rules: dict[str, CompiledRule], duplicates: list[str], min_severity: str
+    group: list[Source], rules: dict[str, CompiledRule], first_task: dict[str, Any], min_severity: str
 ) -> dict[str, Any]:
-    """The group's task: the first member's conversation, with every member's reviewer notes and expected
-    behaviour (each text once), so folding a near-duplicate loses nothing reviewers wrote."""
+    """The group's task: the first member's conversation (and task id), with every member's reviewer notes
+    and expected behaviour (each text once), so folding a near-duplicate loses nothing reviewers wrote."""
     first = group[0]
     labels = [lab for src in group for lab in src.labels]
     task = build(
         Source(first.conversation, first.category, first.findings, labels, first.verdicts), rules, min_severity
     )
-    task["duplicates"] = duplicates
+    task["task_id"], task["duplicates"] = first_task["task_id"], first_task["duplicates"]
     return task
+
+
+def _confirmed_revision(rows: list[Any]) -> int | None:
+    """The revision a conversation's current labels were given on (None: labels from before revisions)."""
+    return max((r.revision for r in rows if r.revision is not None), default=None)
+
+
+def _exported_before(session: Session, ids: list[str]) -> dict[str, int]:
+    """Conversation id → the oldest revision any format exported of it (an index range per chunk)."""
+    E = ExportedTaskRow
+    out: dict[str, int] = {}
+    for chunk in _chunks(sorted(ids)):
+        for cid, rev in session.execute(
+            select(E.conversation_id, func.min(E.revision))
+            .where(E.conversation_id.in_(chunk))
+            .group_by(E.conversation_id)
+        ):
+            out[cid] = rev
+    return out
 
 
 def export(
@@ -217,17 +239,24 @@ def export(
     watermark = max([*newest.values(), since or 0])
     if since is not None:
         confirmed = {cid: cat for cid, cat in confirmed.items() if newest.get(cid, 0) > since}
-    done: set[str] = set()
+    E = ExportedTaskRow
+    done: dict[str, int] = {}  # conversation id → the newest revision exported in this format
     groups: dict[str, str] = {}
-    for cid, key, task_id in session.execute(
-        select(ExportedTaskRow.conversation_id, ExportedTaskRow.group_key, ExportedTaskRow.task_id).where(
-            ExportedTaskRow.format == fmt
-        )
+    emitters: dict[str, set[str]] = defaultdict(set)  # group key → conversations whose own task it was
+    for cid, key, task_id, rev, is_task in session.execute(
+        select(E.conversation_id, E.group_key, E.task_id, E.revision, E.emitted).where(E.format == fmt)
     ):
-        done.add(cid)
+        done[cid] = max(rev, done.get(cid, rev))
         groups.setdefault(key, task_id)
+        if is_task:
+            emitters[key].add(cid)
     if not all_:
-        confirmed = {cid: cat for cid, cat in confirmed.items() if cid not in done}
+        # a newer revision confirmed again is exported again; labels without a revision confirm nothing newer
+        confirmed = {
+            cid: cat
+            for cid, cat in confirmed.items()
+            if cid not in done or (_confirmed_revision(labels[cid]) or 0) > done[cid]
+        }
         known_groups = groups
     else:
         known_groups = {}
@@ -241,16 +270,19 @@ def export(
         _sources(session, confirmed, labels, skipped),
         key=lambda s: newest.get(s.conversation.conversation_id, 0),
     )
+    first_exported = _exported_before(session, [s.conversation.conversation_id for s in sources])
     emitted: dict[str, dict[str, Any]] = {}
     members: dict[str, list[Source]] = defaultdict(list)
     records = []
     for src in sources:
-        cid = src.conversation.conversation_id
+        cid, rev = src.conversation.conversation_id, src.conversation.effective_revision
         try:
             task = build(src, rules, min_severity)
         except UNWRITABLE as exc:
             _unwritable(skipped, cid, exc)
             continue
+        if first_exported.get(cid, rev) < rev:  # replaces a task of an older revision: another id
+            task["task_id"] = f"{task['task_id']}-r{rev}"
         if not task["messages"]:  # the failing turn opens the conversation: nothing to replay before it
             skipped[cid] = "no message before the failing turn to replay (the conversation opens with it)"
             log.warning("export skipped %s: %s", cid, skipped[cid])
@@ -259,18 +291,21 @@ def export(
         if key in emitted:
             emitted[key]["duplicates"].append(cid)
             members[key].append(src)
-        if key in emitted or key in known_groups:
+        # an older revision's own task does not absorb the newer revision: that one replaces it
+        known = key in known_groups and cid not in emitters[key]
+        if key in emitted or known:
             result.grouped += 1
-            records.append((cid, known_groups.get(key) or emitted[key]["task_id"], key, False))
+            task_id = known_groups[key] if known else emitted[key]["task_id"]
+            records.append((cid, task_id, key, False, rev))
             continue
         emitted[key] = task
         members[key].append(src)
-        records.append((cid, task["task_id"], key, True))
+        records.append((cid, task["task_id"], key, True, rev))
     unwritable: set[str] = set()
     for key, task in emitted.items():
         try:
             if len(members[key]) > 1:
-                task = _merged(members[key], rules, task["duplicates"], min_severity)
+                task = _merged(members[key], rules, task, min_severity)
             result.lines.append(dumps(render(redact_task(redactor, task), fmt)))
         except UNWRITABLE as exc:
             for src in members[key]:
@@ -278,13 +313,21 @@ def export(
             unwritable.add(key)
             result.grouped -= len(members[key]) - 1
     records = [r for r in records if r[2] not in unwritable]
-    fresh = [[cid, task_id, key, is_task] for cid, task_id, key, is_task in records if cid not in done]
+    fresh = [
+        [cid, task_id, key, is_task, rev] for cid, task_id, key, is_task, rev in records if rev > done.get(cid, -1)
+    ]
     if record:
         session.add_all(
             ExportedTaskRow(
-                format=fmt, conversation_id=cid, task_id=task_id, group_key=key, run_id=run.id, emitted=is_task
+                format=fmt,
+                conversation_id=cid,
+                revision=rev,
+                task_id=task_id,
+                group_key=key,
+                run_id=run.id,
+                emitted=is_task,
             )
-            for cid, task_id, key, is_task in fresh
+            for cid, task_id, key, is_task, rev in fresh
         )
     elif fresh:
         run.records = fresh
@@ -318,17 +361,18 @@ def acknowledge(session: Session, run_id: int) -> dict[str, Any]:
             {
                 "format": run.format,
                 "conversation_id": cid,
+                "revision": rev,
                 "task_id": task_id,
                 "group_key": key,
                 "run_id": run.id,
                 "emitted": bool(is_task),
                 "created_at": utcnow(),
             }
-            for cid, task_id, key, is_task in run.records or []
+            for cid, task_id, key, is_task, rev in run.records or []
         ]
         if rows:
             ins = upsert(session, ExportedTaskRow)
-            session.execute(ins.on_conflict_do_nothing(index_elements=["format", "conversation_id"]), rows)
+            session.execute(ins.on_conflict_do_nothing(index_elements=["format", "conversation_id", "revision"]), rows)
         run.state, run.records, run.acknowledged_at = "done", None, utcnow()
         session.flush()
     return run_dict(run)
