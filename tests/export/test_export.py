@@ -579,6 +579,16 @@ def test_exported_task_revision_migration(db_url: str) -> None:
                 )
             )
             conn.execute(sa.update(runs).where(runs.c.id == 2).values(records=[["c1", "vigil-a", "k", True]]))
+            # the runs (watermark 1) saw the label on revision 2; revision 3 was confirmed after them: it was
+            # never exported, and the revision stored now (3) would have marked it exported for good
+            conn.execute(
+                sa.text(
+                    "INSERT INTO review_labels (id, conversation_id, revision, reviewer, label, category, notes, "
+                    "expected_behavior, version, is_current, created_at) VALUES "
+                    "(1, 'c1', 2, 'rita', 'confirmed_failure', 'wrong_action', '', '', 1, false, CURRENT_TIMESTAMP), "
+                    "(2, 'c1', 3, 'rita', 'confirmed_failure', 'wrong_action', '', '', 2, true, CURRENT_TIMESTAMP)"
+                )
+            )
             conn.execute(
                 sa.text(
                     "INSERT INTO exported_tasks (format, conversation_id, task_id, group_key, run_id, emitted, "
@@ -587,9 +597,9 @@ def test_exported_task_revision_migration(db_url: str) -> None:
             )
         db.upgrade(db_url)
         with engine.begin() as conn:
-            assert conn.execute(sa.text("SELECT revision FROM exported_tasks")).scalars().all() == [3]
+            assert conn.execute(sa.text("SELECT revision FROM exported_tasks")).scalars().all() == [2]
             assert conn.execute(sa.select(runs.c.records).where(runs.c.id == 2)).scalar() == [
-                ["c1", "vigil-a", "k", True, 3]
+                ["c1", "vigil-a", "k", True, 2]
             ]
             conn.execute(
                 sa.text(

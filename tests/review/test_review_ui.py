@@ -587,3 +587,21 @@ def test_a_label_of_a_revision_no_longer_stored_is_refused_and_the_page_sends_wh
     assert ui.get("/v1/review/labels", headers=REVIEWER).json() == []
     ok = ui.post("/v1/review/items/rev-read/labels", json={**body, "revision": 2}, headers=REVIEWER)
     assert ok.status_code == 201 and ok.json()["revision"] == 2
+
+
+def test_a_revision_field_that_is_no_ascii_number_is_ignored_not_a_500(ui, rt) -> None:
+    """'²' is a digit to str.isdigit but not to int(): the label form answered 500."""
+    conv = {
+        "conversation_id": "rev-odd",
+        "agent_id": "support-bot",
+        "agent_version": "v1",
+        "messages": [{"role": "user", "content": "Cancel order 1."}, {"role": "assistant", "content": "Done."}],
+    }
+    store(rt, [conv])
+    _login(ui)
+    page = ui.get("/ui/review/rev-odd").text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+    form = {"csrf": csrf, "revision": "²", "label": "not_a_failure"}
+    r = ui.post("/ui/review/rev-odd/label", data=form, follow_redirects=False)
+    assert r.status_code in (302, 303), (r.status_code, r.text[:300])
+    assert [lab["label"] for lab in ui.get("/v1/review/labels", headers=REVIEWER).json()] == ["not_a_failure"]

@@ -244,7 +244,8 @@ def export(
     groups: dict[str, str] = {}
     emitters: dict[str, set[str]] = defaultdict(set)  # group key → conversations whose own task it was
     for cid, key, task_id, rev, is_task in session.execute(
-        select(E.conversation_id, E.group_key, E.task_id, E.revision, E.emitted).where(E.format == fmt)
+        # in the order recorded: a group's first task names it, whatever order the database returns rows in
+        select(E.conversation_id, E.group_key, E.task_id, E.revision, E.emitted).where(E.format == fmt).order_by(E.id)
     ):
         done[cid] = max(rev, done.get(cid, rev))
         groups.setdefault(key, task_id)

@@ -28,7 +28,7 @@ from vigil.review.insights import snippet
 from vigil.review.models import ReviewAuditRow, ReviewReasonRow
 from vigil.review.policy import FlaggingPolicy
 from vigil.store import reads
-from vigil.store.db import aware, utcnow
+from vigil.store.db import among, aware, utcnow
 from vigil.store.models import ConversationRow, ReviewItemRow, ReviewLabelRow
 
 WINDOW = 1000
@@ -196,6 +196,15 @@ def label_cluster(
     # copied onto an unrelated conversation would count for calibration and export like a read one
     home = next((c for c in open_clusters(session, reviewer=reviewer, held_by=reviewer) if sample in c.ids), None)
     kin = set(home.ids) if home is not None else set()
+    # every conversation read shared-locked, in id order, before any item is locked (as queue.label reads
+    # the sample's): a newer revision of a member being stored is waited for and then seen, so no copy is
+    # stamped with a revision that is replaced without superseding it (ingest locks conversations first too)
+    session.execute(
+        select(ConversationRow.conversation_id)
+        .where(among(session, ConversationRow.conversation_id, sorted({sample, *rest})))
+        .order_by(ConversationRow.conversation_id)
+        .with_for_update(read=True)
+    ).all()
     queue.label(session, sample, reviewer, data, policy, metrics=metrics)
     labelled, skipped = [sample], []
     mine = set(

@@ -333,7 +333,8 @@ async def label(request: Request, conversation_id: str) -> Response:
         str(form.get("severity") or "") or None,
         str(form.get("notes", "")),
         str(form.get("expected_behavior", "")),
-        int(read) if read.isdigit() and len(read) < 19 else None,  # the revision the page showed
+        # the revision the page showed ("²" is a digit to isdigit, not to int: ASCII only)
+        int(read) if read.isascii() and read.isdigit() and len(read) < 19 else None,
     )
     try:
         with st.sessions.begin() as s:

@@ -447,6 +447,16 @@ def label(
     )
     session.add(row)
     session.flush()
+    # on SQLite the read above takes no lock and runs before the transaction (its first write begins it):
+    # a newer revision may have committed in between. Now this transaction holds the database's write lock,
+    # so what is read is what stays; a changed revision refuses the label (on Postgres the shared lock
+    # above has made this the same revision already)
+    now_at = session.scalar(select(ConversationRow.revision).where(ConversationRow.conversation_id == conversation_id))
+    if now_at != conv.revision:
+        raise Conflict(
+            f"the conversation changed while you read it: you read revision {conv.revision}, it is now at "
+            f"revision {now_at}; read it again and label that"
+        )
     reviewers = (
         session.scalar(
             select(func.count()).where(
