@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
-from vigil.http.fastjson import OPTIONS, FastJSON
+from vigil.http.fastjson import OPTIONS, FastModelJSON
 from vigil.http.params import MAX_OFFSET, Instant
 from vigil.rules import registered_rule_types
 from vigil.schema import Severity, conversation_json_schema, dumps_exact
@@ -67,10 +67,10 @@ def list_conversations(
 @router.get(
     "/v1/conversations/{conversation_id:path}",
     dependencies=[require("reviewer")],
-    response_class=FastJSON,
+    response_class=FastModelJSON,
     response_model=dict[str, Any],
 )
-def get_conversation(request: Request, conversation_id: str) -> FastJSON:
+def get_conversation(request: Request, conversation_id: str) -> FastModelJSON:
     rt = runtime_of(request)
     with rt.sessions() as s:
         found = reads.get_conversation(
@@ -82,7 +82,7 @@ def get_conversation(request: Request, conversation_id: str) -> FastJSON:
             enrich(s, found)
         if found["conversation"] is not None:
             found["conversation"] = orjson.Fragment(_document_json(s, conversation_id, found["conversation"]))
-        return FastJSON(found)
+        return FastModelJSON(found)
 
 
 def _document_json(session: Session, conversation_id: str, document: dict[str, Any]) -> bytes | str:
