@@ -254,6 +254,7 @@ def test_a_pairwise_request_that_probes_an_open_circuit_gets_its_answer(tmp_path
     rt = build_runtime(s, registry=CollectorRegistry())
     _litellm()
     client = Scripted(["litellm.InternalServerError"] * 4, default=_prefers_word("Paris"), via_litellm=True)
+    # failing until the circuit opens
     rt.provide(ClientOverride(client))
     body = {"input": "What is the capital of France?", "answer_a": "Lyon.", "answer_b": "Paris."}
     with make_client(rt, {"api"}) as c:
@@ -261,6 +262,9 @@ def test_a_pairwise_request_that_probes_an_open_circuit_gets_its_answer(tmp_path
         assert r.status_code in (502, 503), r.text
         lane = rt.get(JudgeStage).engine.lanes["tj"]
         assert lane.state == "circuit_open"
+        # how many failures the outage took depends on timing (a retry may be refused once it opened):
+        # the provider is back now, whatever is left of them
+        client.script.clear()
         assert wait_for(lambda: lane.breaker.remaining() == 0, scaled(10))  # cooled: one probe may go
         calls = len(client.calls)
         r = c.post("/v1/judges/tj/pairwise", json=body, headers=REVIEWER)
