@@ -88,6 +88,17 @@ def test_db_downgrade_takes_the_schema_back_and_refuses_an_unknown_revision(tmp_
     assert "Traceback" not in result.output
 
 
+# a script that runs `vigil ARGS...` in this interpreter, prints its exit code, then reports on the modules
+RUN_VIGIL = (
+    "import sys, runpy\n"
+    "sys.argv = ['vigil', *sys.argv[1:]]\n"
+    "try:\n"
+    "    runpy.run_module('vigil', run_name='__main__')\n"
+    "except SystemExit as e:\n"
+    "    print('EXIT', e.code or 0)\n"
+)
+
+
 def test_the_command_line_starts_without_the_statistics_libraries(tmp_path) -> None:
     """scipy, statsmodels and pandas take about 1.3 s to import, and every `vigil` command paid it at start
     (`vigil --version` took 3.8 s): they are imported where intervals are computed, not with the CLI or the
@@ -99,15 +110,7 @@ def test_the_command_line_starts_without_the_statistics_libraries(tmp_path) -> N
     from tests.support.waiting import scaled
 
     heavy = ("scipy", "statsmodels", "pandas")
-    probe = (
-        "import sys, runpy\n"
-        "sys.argv = ['vigil', *sys.argv[1:]]\n"
-        "try:\n"
-        "    runpy.run_module('vigil', run_name='__main__')\n"
-        "except SystemExit as e:\n"
-        "    print('EXIT', e.code or 0)\n"
-        f"print('LOADED', sorted(m for m in {heavy!r} if m in sys.modules))\n"
-    )
+    probe = RUN_VIGIL + f"print('LOADED', sorted(m for m in {heavy!r} if m in sys.modules))\n"
     env = {**os.environ, "VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'v.db'}"}
     for args in (["--version"], ["review", "queue"]):
         run = subprocess.run(
@@ -128,15 +131,7 @@ def test_commands_that_build_offline_judges_start_without_litellm(tmp_path) -> N
     from tests.support.waiting import scaled
     from vigil.judge.client import PROVIDER_KEYS
 
-    probe = (
-        "import sys, runpy\n"
-        "sys.argv = ['vigil', *sys.argv[1:]]\n"
-        "try:\n"
-        "    runpy.run_module('vigil', run_name='__main__')\n"
-        "except SystemExit as e:\n"
-        "    print('EXIT', e.code or 0)\n"
-        "print('LITELLM', 'litellm' in sys.modules)\n"
-    )
+    probe = RUN_VIGIL + "print('LITELLM', 'litellm' in sys.modules)\n"
     keys = {k for names in PROVIDER_KEYS.values() for k in names}
     base = {k: v for k, v in os.environ.items() if k not in keys}
     base |= {
