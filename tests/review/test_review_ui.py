@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
 import pytest
@@ -514,16 +515,21 @@ def test_reviewers_notes_ids_and_reasons_are_shown_with_marks_too(ui, rt) -> Non
     assert row and row.group(1) == 'bidi-<span class="ctl" title="U+202E RIGHT-TO-LEFT OVERRIDE">U+202E</span>id'
 
 
-def test_a_newer_revision_sends_a_labelled_item_back_to_the_queue(ui, rt) -> None:
-    # the label was given on what the reviewer read; revision 2 is other text, so the item needs a new label
-    # and the page says why the old one no longer counts
-    conv = {
-        "conversation_id": "rev-1",
+def _cancelled(cid: str) -> dict[str, Any]:
+    """Revision 1 of a short conversation; tests store a revision 2 of other text over it."""
+    return {
+        "conversation_id": cid,
         "revision": 1,
         "agent_id": "support-bot",
         "agent_version": "v1",
         "messages": [{"role": "user", "content": "Cancel order 1."}, {"role": "assistant", "content": "Done."}],
     }
+
+
+def test_a_newer_revision_sends_a_labelled_item_back_to_the_queue(ui, rt) -> None:
+    # the label was given on what the reviewer read; revision 2 is other text, so the item needs a new label
+    # and the page says why the old one no longer counts
+    conv = _cancelled("rev-1")
     store(rt, [conv])
     body = {"label": "confirmed_failure", "category": "wrong_action"}
     assert ui.post("/v1/review/items/rev-1/labels", json=body, headers=REVIEWER).status_code == 201
@@ -564,13 +570,7 @@ def test_a_label_of_a_revision_no_longer_stored_is_refused_and_the_page_sends_wh
     """The label form carried no revision: a reviewer reading revision 1 who saved after revision 2 arrived
     (a growing conversation) had the label stamped with revision 2, content they never read, and it
     counted for export and calibration. The page sends the revision it showed; another one is a 409."""
-    conv = {
-        "conversation_id": "rev-read",
-        "revision": 1,
-        "agent_id": "support-bot",
-        "agent_version": "v1",
-        "messages": [{"role": "user", "content": "Cancel order 1."}, {"role": "assistant", "content": "Done."}],
-    }
+    conv = _cancelled("rev-read")
     store(rt, [conv])
     _login(ui)
     page = ui.get("/ui/review/rev-read").text
@@ -591,12 +591,7 @@ def test_a_label_of_a_revision_no_longer_stored_is_refused_and_the_page_sends_wh
 
 def test_a_revision_field_that_is_no_ascii_number_is_ignored_not_a_500(ui, rt) -> None:
     """'²' is a digit to str.isdigit but not to int(): the label form answered 500."""
-    conv = {
-        "conversation_id": "rev-odd",
-        "agent_id": "support-bot",
-        "agent_version": "v1",
-        "messages": [{"role": "user", "content": "Cancel order 1."}, {"role": "assistant", "content": "Done."}],
-    }
+    conv = _cancelled("rev-odd")
     store(rt, [conv])
     _login(ui)
     page = ui.get("/ui/review/rev-odd").text

@@ -336,9 +336,7 @@ class OutcomeStore:
             env = envelopes[0]
             log.warning("database refused an outcomes message: %s", db_detail(exc))
             detail = f"the database refused this message: {db_detail(exc)}"
-            letter = DeadLetter(
-                env.source, "store_rejected", detail, env.raw, env.topic, env.partition, env.offset, env.key
-            )
+            letter = _letter(env, "store_rejected", detail)
             self.ingest_dead(letter)
             error = ItemError(0, "store_rejected", [{"field": "(root)", "message": detail}])
             return OutcomeBatch(errors=[error], dead_letters=[letter])

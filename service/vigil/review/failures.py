@@ -134,7 +134,7 @@ class ClusterCache:
             entry = self._entry
         if entry is not None and entry[0] == key and now < entry[1] and hidden in entry[2]:
             return entry[2][hidden]
-        value = clusters(session, rule_descriptions, hidden) if hidden else clusters(session, rule_descriptions)
+        value = clusters(session, rule_descriptions, hidden)
         with self._lock:
             if self._entry is None or self._entry[0] != key or now >= self._entry[1]:
                 self._entry = (key, now + self.ttl, {})

@@ -18,8 +18,7 @@ def stage_of(request: Request) -> ReviewStage:
 
 def reviewer_names(request: Request) -> list[str]:
     """Names of the keys that may review (the people items can be assigned to)."""
-    ring = request.app.state.keyring
-    return sorted({k.name for k in ring.keys if k.role in triage.REVIEWER_ROLES})
+    return triage.reviewer_names(request.app.state.keyring.keys)
 
 
 def labelled_this_session(request: Request) -> int:

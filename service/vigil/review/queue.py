@@ -349,6 +349,13 @@ def validate_label(data: LabelIn, policy: FlaggingPolicy) -> LabelIn:
     return LabelIn(data.label, category, severity, data.notes.strip(), data.expected_behavior.strip(), data.revision)
 
 
+def _revised(read: int | None, now_at: int | None) -> Conflict:
+    return Conflict(
+        f"the conversation changed while you read it: you read revision {read}, it is now at revision {now_at}; "
+        "read it again and label that"
+    )
+
+
 def label(
     session: Session,
     conversation_id: str,
@@ -378,10 +385,7 @@ def label(
     if conv is None:
         raise NotFound(f"no conversation {conversation_id!r}")
     if data.revision is not None and data.revision != conv.revision:
-        raise Conflict(
-            f"the conversation changed while you read it: you read revision {data.revision}, it is now at "
-            f"revision {conv.revision}; read it again and label that"
-        )
+        raise _revised(data.revision, conv.revision)
     # the item row is locked so concurrent labels count each other (review_count, status)
     item = session.scalar(
         select(ReviewItemRow).where(ReviewItemRow.conversation_id == conversation_id).with_for_update()
@@ -453,10 +457,7 @@ def label(
     # above has made this the same revision already)
     now_at = session.scalar(select(ConversationRow.revision).where(ConversationRow.conversation_id == conversation_id))
     if now_at != conv.revision:
-        raise Conflict(
-            f"the conversation changed while you read it: you read revision {conv.revision}, it is now at "
-            f"revision {now_at}; read it again and label that"
-        )
+        raise _revised(conv.revision, now_at)
     reviewers = (
         session.scalar(
             select(func.count()).where(

@@ -6,7 +6,7 @@ it can and reports the others with the reason, so one held item never blocks the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +23,11 @@ MAX_BULK = 500
 MAX_COMMENT = 5000
 BULK_ACTIONS = ("skip", "assign", "unassign")
 REVIEWER_ROLES = ("reviewer", "admin")  # the keys whose names items can be assigned to
+
+
+def reviewer_names(keys: Iterable[Any]) -> list[str]:
+    """The names of ``keys`` (API keys) that may review: the people items can be assigned to."""
+    return sorted({k.name for k in keys if k.role in REVIEWER_ROLES})
 
 
 def check_assignee(assignee: str | None, reviewers: Sequence[str]) -> None:

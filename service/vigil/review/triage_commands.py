@@ -49,14 +49,14 @@ def bulk_cmd(
     no keys are set: then there is nobody to check against)."""
     from vigil.errors import ConfigError
     from vigil.review.errors import ReviewError
-    from vigil.review.triage import REVIEWER_ROLES, bulk
+    from vigil.review.triage import bulk, reviewer_names
 
     launch = Launcher.of(ctx)
     try:
         keys = launch.settings().parsed_api_keys()
     except ConfigError as exc:
         launch.fail(exc)
-    names = sorted({k.name for k in keys if k.role in REVIEWER_ROLES}) if keys else None
+    names = reviewer_names(keys) if keys else None
     st = _stage(ctx)
     try:
         with st.sessions.begin() as s:
