@@ -21,7 +21,8 @@ from vigil.app.cli import app
 from vigil.app.runtime import build_runtime
 from vigil.app.wiring import wire
 from vigil.calibration.calibrate import calibrate
-from vigil.calibration.labelsets import load_labels
+from vigil.calibration.errors import CalibrationError
+from vigil.calibration.labelsets import load_labels, load_verdicts
 from vigil.ingest.importers import load_file
 from vigil.judge.client import ClientOverride
 from vigil.settings import PROJECT_ROOT
@@ -169,3 +170,28 @@ def test_cli_calibrate_that_measured_nothing_is_not_a_pass(tmp_path: Path, monke
     assert r.exit_code == 1, r.output
     assert json.loads(r.stdout)["versions"] == []
     assert "no judge version was measured" in r.output
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ({"human": "pass"}, "needs a conversation or a conversation_id"),
+        ({"conversation_id": "", "human": "pass"}, "needs a conversation or a conversation_id"),
+        ({"conversation_id": 17, "human": "pass"}, "conversation_id must be a string, not 17"),
+        ({"conversation_id": ["c-1"], "human": "fail"}, "conversation_id must be a string, not ['c-1']"),
+    ],
+)
+def test_a_labelled_line_says_what_is_wrong_with_its_conversation_id(tmp_path: Path, line: dict, message: str) -> None:
+    path = tmp_path / "labels.jsonl"
+    path.write_bytes(b'{"conversation_id": "c-0", "human": "fail"}\n' + orjson.dumps(line) + b"\n")
+    with pytest.raises(CalibrationError) as err:
+        load_labels(path)
+    assert str(err.value) == f"{path}:2: {message}"
+
+
+def test_a_verdicts_line_says_what_is_wrong_with_its_conversation_id(tmp_path: Path) -> None:
+    path = tmp_path / "verdicts.jsonl"
+    path.write_bytes(b'{"conversation_id": 42, "verdict": "pass"}\n')
+    with pytest.raises(CalibrationError) as err:
+        load_verdicts(path)
+    assert str(err.value) == f"{path}:1: conversation_id must be a string, not 42"

@@ -73,6 +73,15 @@ def _word(value: Any, allowed: Any, where: str, name: str, expected: str) -> str
     return value
 
 
+def _conversation_id(value: Any, where: str, missing: str) -> str:
+    """A line's ``conversation_id``: absent says what the line needs, another type says what it must be."""
+    if value is None or value == "":
+        raise CalibrationError(f"{where}: {missing}")
+    if not isinstance(value, str):
+        raise CalibrationError(f"{where}: conversation_id must be a string, not {value!r}")
+    return value
+
+
 def numbered(items: list[Any]) -> list[tuple[int, dict[str, Any]]]:
     """Items of a JSON array as numbered rows (1-based), each checked to be an object."""
     for no, obj in enumerate(items, 1):
@@ -126,10 +135,7 @@ def parse_labels(rows: list[tuple[int, dict[str, Any]]], path: str) -> LabelledS
                 raise CalibrationError(f"{where}: conversation{loc}: {first['msg']}") from None
             cid = conv.conversation_id
         else:
-            raw_id = obj.get("conversation_id")
-            if not isinstance(raw_id, str) or not raw_id:
-                raise CalibrationError(f"{where}: needs a conversation or a conversation_id")
-            cid = raw_id
+            cid = _conversation_id(obj.get("conversation_id"), where, "needs a conversation or a conversation_id")
         if cid in seen:
             raise CalibrationError(f"{where}: conversation {cid!r} is labelled twice")
         seen.add(cid)
@@ -151,10 +157,8 @@ def parse_verdicts(rows: list[tuple[int, dict[str, Any]]], path: str) -> dict[st
     out: dict[str, FileVerdict] = {}
     for no, obj in rows:
         where = f"{path}:{no}"
-        cid, verdict = obj.get("conversation_id"), obj.get("verdict")
-        if not isinstance(cid, str) or not cid:
-            raise CalibrationError(f"{where}: needs a conversation_id")
-        verdict = _word(verdict, VERDICTS, where, "verdict", "pass, fail or unscored")
+        cid = _conversation_id(obj.get("conversation_id"), where, "needs a conversation_id")
+        verdict = _word(obj.get("verdict"), VERDICTS, where, "verdict", "pass, fail or unscored")
         assert verdict is not None
         if cid in out:
             raise CalibrationError(f"{where}: conversation {cid!r} has two verdicts")
