@@ -387,3 +387,13 @@ def test_only_a_forbidden_tool_alert_repeating_a_forbidden_tool_rule_is_folded()
     assert [t["id"] for t in shown[1]["twins"]] == [1]
     assert all("twins" not in a for a in shown if a["id"] != 3)
     assert [a["id"] for a in fold_twins(alerts[:3], frozenset())] == [1, 2, 3]  # no such rule: nothing folded
+
+
+def test_status_shows_a_judge_budget_under_a_cent(capsys: pytest.CaptureFixture[str]) -> None:
+    from vigil.app.home.commands import print_status
+
+    judge = {"name": "cheap", "spent_today_usd": 0.0042, "budget_usd": 0.005, "state": "paused"}
+    print_status(
+        {"alerts": [], "traffic": [], "queue": {"open": 0, "labelled": {"hour": 0, "day": 0}}, "judges": [judge]}
+    )
+    assert "judge cheap: $0.0042 of $0.005 today (paused)" in capsys.readouterr().out

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
+from vigil.money import usd
 from vigil.runtime import Launcher
 
 
@@ -51,7 +52,7 @@ def print_status(data: dict[str, Any]) -> None:
         f"review queue: {q['open']} open; labelled {q['labelled']['hour']} last hour, {q['labelled']['day']} last day"
     )
     for j in data["judges"]:
-        typer.echo(f"judge {j['name']}: ${j['spent_today_usd']:.2f} of ${j['budget_usd']:.2f} today ({j['state']})")
+        typer.echo(f"judge {j['name']}: {usd(j['spent_today_usd'])} of {usd(j['budget_usd'])} today ({j['state']})")
 
 
 def register(app: typer.Typer) -> None:
