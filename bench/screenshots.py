@@ -42,6 +42,7 @@ def pages(conversation: str, task: str) -> list[tuple[str, str]]:
         ("clusters", "/ui/clusters"),
         ("compare", f"/ui/compare?agent={AGENT}&baseline={BASELINE}&candidate={CANDIDATE}"),
         ("compare-conversations", f"/ui/compare/conversations?agent={AGENT}&version={CANDIDATE}&signal=forbidden_tool"),
+        ("conversations", f"/ui/conversations?agent={AGENT}&severity=medium"),
         ("calibration", "/ui/calibration"),
         ("export", "/ui/export"),
         ("not-found", "/ui/no-such-page"),

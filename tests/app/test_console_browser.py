@@ -203,6 +203,7 @@ def pages_to_check(base: str, rt: Any) -> list[str]:
         f"/ui/compare/conversations?agent={AGENT}&version={CANDIDATE}&signal=forbidden_tool",
         "/ui/calibration",
         "/ui/export",
+        f"/ui/conversations?agent={AGENT}&severity=low",
         "/ui/nope",
     ]
 

@@ -1,4 +1,5 @@
-"""The console's own pages, which read every stage: the home page (``/ui``) and quality charts (``/ui/quality``).
+"""The console's own pages, which read every stage: the home page (``/ui``), quality charts (``/ui/quality``)
+and finding conversations (``/ui/conversations``).
 
 They live in the app layer because they join what several stages own (detections, traffic, the review
 queue, judge spend, calibration); each stage's own pages stay in its package.
@@ -23,3 +24,4 @@ def wire(rt: Runtime) -> None:
     rt.hooks.add_templates(TEMPLATES)
     rt.hooks.nav[:0] = [e for e in [("Home", "/ui")] if e not in rt.hooks.nav]
     rt.hooks.add_page("Quality", "/ui/quality")
+    rt.hooks.add_page("Conversations", "/ui/conversations")

@@ -1,4 +1,5 @@
-"""``vigil status``: what the console's home page says, on the command line."""
+"""``vigil status``: what the console's home page says, on the command line; ``vigil conversations list|show``:
+what ``/ui/conversations`` finds."""
 
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ def print_status(data: dict[str, Any]) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    register_conversations(app)
+
     @app.command()
     def status(
         ctx: typer.Context,
@@ -71,3 +74,137 @@ def register(app: typer.Typer) -> None:
             print_json(data)
             return
         print_status(data)
+
+
+def _summary_rows(items: list[dict[str, Any]]) -> list[list[str]]:
+    return [
+        [
+            c["conversation_id"],
+            c["agent_id"],
+            c["agent_version"] or "",
+            c["task_id"] or "",
+            c["status"],
+            str(c["received_at"])[:19],
+            str(c["message_count"]),
+            f"{c['tool_error_count']}/{c['tool_call_count']}",
+            usd(c["cost_usd"]),
+            f"{c['finding_count']} ({c['max_severity']})" if c["finding_count"] else "0",
+        ]
+        for c in items
+    ]
+
+
+def register_conversations(app: typer.Typer) -> None:
+    conversations = typer.Typer(no_args_is_help=True, help="Stored conversations: find them, show one.")
+    app.add_typer(conversations, name="conversations")
+
+    @conversations.command("list")
+    def list_conversations(
+        ctx: typer.Context,
+        agent: Annotated[str | None, typer.Option(help="Only this agent.")] = None,
+        version: Annotated[str | None, typer.Option(help="Only this agent version.")] = None,
+        rule: Annotated[str | None, typer.Option(help="Only conversations with a finding of this rule.")] = None,
+        severity: Annotated[
+            str | None, typer.Option(help="Only conversations with a finding at least this bad (info ... critical).")
+        ] = None,
+        since: Annotated[str | None, typer.Option(help="Received at or after (ISO time, UTC unless given).")] = None,
+        until: Annotated[str | None, typer.Option(help="Received before (ISO time).")] = None,
+        limit: Annotated[int, typer.Option(min=1, max=500, help="Conversations per page.")] = 50,
+        cursor: Annotated[str | None, typer.Option(help="The next page: the cursor the previous page printed.")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON (total, items, next_cursor).")] = False,
+    ) -> None:
+        """Stored conversations, newest first; the next page is --cursor of the one printed last."""
+        from vigil.app.home import browse
+        from vigil.errors import VigilError
+        from vigil.tables import print_json, print_table
+
+        launch = Launcher.of(ctx)
+        try:
+            filters = browse.Filters.read(agent, version, rule, severity, since, until)
+        except browse.FindError as exc:
+            launch.fail(exc)
+        try:
+            rt = launch.core()
+        except VigilError as exc:
+            launch.fail(exc)
+        try:
+            with rt.sessions() as s:
+                data = browse.page(s, filters, cursor, rt.settings.list_count_cap, limit)
+        except browse.FindError as exc:
+            launch.fail(exc)
+        if as_json:
+            print_json(data)
+            return
+        typer.echo(f"{data['total_text']} matching", err=True)
+        print_table(
+            [
+                "conversation",
+                "agent",
+                "version",
+                "task",
+                "status",
+                "received",
+                "messages",
+                "tool errors",
+                "cost",
+                "findings",
+            ],
+            _summary_rows(data["items"]),
+        )
+        if data["next_cursor"]:
+            typer.echo(f"older: --cursor {data['next_cursor']}", err=True)
+
+    @conversations.command("show")
+    def show_conversation(
+        ctx: typer.Context,
+        conversation_id: Annotated[str, typer.Argument(help="The conversation's id.")],
+        as_json: Annotated[
+            bool, typer.Option("--json", help="Print the stored document with findings and outcomes.")
+        ] = False,
+    ) -> None:
+        """One stored conversation: its summary, findings and outcomes (--json: the whole document)."""
+        from vigil.errors import VigilError
+        from vigil.store import reads
+        from vigil.tables import print_json, print_table
+
+        launch = Launcher.of(ctx)
+        try:
+            rt = launch.core()
+        except VigilError as exc:
+            launch.fail(exc)
+        with rt.sessions() as s:
+            found = reads.get_conversation(s, conversation_id)
+        if found is None:
+            launch.fail(f"no conversation has the id {conversation_id!r}", code=1)
+        if as_json:
+            print_json(found)
+            return
+        print_table(
+            [
+                "conversation",
+                "agent",
+                "version",
+                "task",
+                "status",
+                "received",
+                "messages",
+                "tool errors",
+                "cost",
+                "findings",
+            ],
+            _summary_rows([found]),
+        )
+        if found["findings"]:
+            typer.echo("")
+            print_table(
+                ["rule", "severity", "message"],
+                [[f["rule_id"], f["severity"], f["message"]] for f in found["findings"]],
+            )
+        if found["outcomes"]:
+            typer.echo("")
+            print_table(
+                ["outcome", "value", "occurred"],
+                [[o["type"], str(o["value"]), str(o["occurred_at"])[:19]] for o in found["outcomes"]],
+            )
+        if found["conversation"] is None:
+            typer.echo("its stored document cannot be read (the summary above is from its row)", err=True)

@@ -1,20 +1,25 @@
-"""``/`` → ``/ui``; ``/ui`` (what is happening now); ``/ui/quality`` (charts).
+"""``/`` → ``/ui``; ``/ui`` (what is happening now); ``/ui/quality`` (charts); ``/ui/conversations`` (find one).
 
-Their JSON: ``GET /v1/overview`` and ``GET /v1/quality/series``.
+Their JSON: ``GET /v1/overview``, ``GET /v1/quality/series`` and ``GET /v1/conversations``.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 
-from vigil.app.home import charts, now, quality
+from vigil.app.home import browse, charts, now, quality
 from vigil.detector.pages import fold_twins, forbidden_rule_signals
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
+from vigil.money import usd
+from vigil.rules import SEVERITY_RANK
+from vigil.ui.forms import go
 from vigil.ui.links import anchor, baseline_version, behind_link, compare_link, quality_link, queue_link
 from vigil.ui.render import render_page, ui_user
 
@@ -124,6 +129,65 @@ def quality_page(
         quality_link=quality_link,
         rate=rate,
         anchor=anchor,
+    )
+
+
+@router.get("/conversations")
+async def conversations_page(
+    request: Request,
+    id: str | None = None,
+    agent: str | None = None,
+    version: str | None = None,
+    rule: str | None = None,
+    severity: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    cursor: str | None = None,
+    user: Principal = Depends(ui_user),
+) -> Response:
+    """Find a conversation by id, or list stored conversations newest first by agent, version, rule,
+    severity and time (keyset pages)."""
+    rt = runtime_of(request)
+    wanted = (id or "").strip()
+    error, notice, found, filters = None, None, None, browse.Filters()
+    try:
+        filters = browse.Filters.read(agent, version, rule, severity, since, until)
+    except browse.FindError as exc:
+        error = str(exc)
+
+    def run() -> tuple[bool, dict[str, Any] | None, dict[str, list[str]]]:
+        with rt.sessions() as s:
+            hit = bool(wanted) and browse.exists(s, wanted)
+            listed = None
+            if not hit and error is None:
+                listed = browse.page(s, filters, cursor, rt.settings.list_count_cap)
+            return hit, listed, quality.versions(s)
+
+    try:
+        hit, found, known = await run_in_threadpool(run)
+    except browse.FindError as exc:  # a cursor this Vigil did not hand out
+        error, hit, known = str(exc), False, {}
+    if hit:
+        return go("/ui/review/" + quote(wanted, safe=""))
+    if wanted:
+        notice = f"No conversation has the id {wanted!r}."
+    return render_page(
+        request,
+        "conversations.html",
+        400 if error else 200,
+        title="Conversations",
+        found=found,
+        filters=filters,
+        wanted=wanted,
+        error=error,
+        notice=notice,
+        known=known,
+        rules=sorted({r.id for r in rt.rules.rules} | ({filters.rule} if filters.rule else set())),
+        severities=list(SEVERITY_RANK),
+        usd=usd,
+        review=lambda cid: "/ui/review/" + quote(cid, safe=""),
+        older=lambda c: "/ui/conversations?" + urlencode({**filters.given, "cursor": c}),
+        newest="/ui/conversations?" + urlencode(filters.given),
     )
 
 
