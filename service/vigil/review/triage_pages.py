@@ -109,6 +109,7 @@ def _cluster_view(
             )
         cluster = found.as_dict()
         sample = near_dups.sample_messages(s, cluster["sample"][0])
+        revision = near_dups.sample_revision(s, cluster["sample"][0])
     return render_page(
         request,
         "cluster_review.html",
@@ -116,6 +117,7 @@ def _cluster_view(
         title=f"Review a cluster of {cluster['size']}",
         cluster=cluster,
         sample=sample,
+        revision=revision,
         taxonomy=st.policy.taxonomy,
         severities=SEVERITIES,
         rubric=st.policy.rubric,
@@ -134,12 +136,15 @@ async def cluster_label(request: Request, cluster_id: str) -> Response:
         return refused.response
     form = await request.form()
     st = stage_of(request)
+    read = str(form.get("revision") or "")
     data = queue.LabelIn(
         str(form.get("label") or ""),
         str(form.get("category") or "") or None,
         str(form.get("severity") or "") or None,
         str(form.get("notes") or ""),
         str(form.get("expected_behavior") or ""),
+        # the sample's revision the page showed (ASCII digits only, as the conversation page's form)
+        int(read) if read.isascii() and read.isdigit() and len(read) < 19 else None,
     )
     members = [str(v) for v in form.getlist("member")]
     try:
