@@ -658,3 +658,43 @@ def test_a_cluster_label_of_a_sample_stored_again_since_the_page_showed_it_is_re
     r = api.post(f"/ui/clusters/{cluster['id']}/label", data=form, follow_redirects=False)
     assert r.status_code == 409 and f"you read revision {read}, it is now at revision {read + 1}" in r.text
     assert api.get("/v1/review/labels", headers=REVIEWER).json() == []
+
+
+def test_a_refused_cluster_label_comes_back_with_the_members_left_unticked_and_the_label_typed(api) -> None:
+    """A refused cluster label (here: the sample grew since the page showed it) showed the page again with
+    every member ticked and the label and notes gone: saving again labelled the members the reviewer had
+    unticked."""
+    import re
+
+    dups = near_duplicates(4, "kept")
+    assert api.post("/v1/conversations", json=dups, headers=INGEST).status_code == 202
+    [cluster] = api.get("/v1/review/queue/clusters", headers=REVIEWER).json()["clusters"]
+    login = api.get("/ui/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', login.text).group(1)  # type: ignore[union-attr]
+    api.post("/ui/login", data={"csrf": token, "api_key": "rita-key", "next": "/ui/queue"})
+    page = api.get(f"/ui/clusters/{cluster['id']}").text
+    members = [m["conversation_id"] for m in cluster["members"]]
+    sample = next(c for c in dups if c["conversation_id"] == cluster["sample"][0])
+    unticked = next(m for m in members if m != sample["conversation_id"])
+    read = int(re.search(r'name="revision" value="(\d+)"', page).group(1))  # type: ignore[union-attr]
+    more = [*sample["messages"], {"role": "user", "content": "And refund it."}]
+    grown = api.post("/v1/conversations", json=[{**sample, "revision": read + 1, "messages": more}], headers=INGEST)
+    assert grown.status_code == 202
+    form = {
+        "csrf": re.search(r'name="csrf" value="([^"]+)"', page).group(1),  # type: ignore[union-attr]
+        "sample": sample["conversation_id"],
+        "revision": str(read),
+        "member": [m for m in members if m != unticked],
+        "label": "confirmed_failure",
+        "category": "privacy_leak",
+        "notes": "emails the receipt to the address on file",
+    }
+    r = api.post(f"/ui/clusters/{cluster['id']}/label", data=form, follow_redirects=False)
+    assert r.status_code == 409, r.text[-500:]
+    box = r'<input type="checkbox" name="member" value="([^"]+)" form="cluster-form"([^>]*)>'
+    boxes = dict(re.findall(box, r.text))
+    assert set(boxes) == set(members)
+    assert " checked" not in boxes[unticked] and all(" checked" in boxes[m] for m in members if m != unticked)
+    assert ">emails the receipt to the address on file</textarea>" in r.text
+    assert 'value="confirmed_failure" data-key="c" required checked' in r.text
+    assert re.search(r'<option value="privacy_leak" data-description="[^"]*" selected>', r.text)
