@@ -698,3 +698,28 @@ def test_a_refused_cluster_label_comes_back_with_the_members_left_unticked_and_t
     assert ">emails the receipt to the address on file</textarea>" in r.text
     assert 'value="confirmed_failure" data-key="c" required checked' in r.text
     assert re.search(r'<option value="privacy_leak" data-description="[^"]*" selected>', r.text)
+
+
+def test_a_cluster_label_refused_as_its_sample_was_claimed_meanwhile_says_who_holds_it(api) -> None:
+    """Another reviewer claiming the sample changes the cluster, so the refused label's page answered 404
+    "Cluster not found ... its items may have been labelled", without the reason nothing was saved."""
+    import re
+
+    dups = near_duplicates(4, "held")
+    assert api.post("/v1/conversations", json=dups, headers=INGEST).status_code == 202
+    [cluster] = api.get("/v1/review/queue/clusters", headers=REVIEWER).json()["clusters"]
+    login = api.get("/ui/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', login.text).group(1)  # type: ignore[union-attr]
+    api.post("/ui/login", data={"csrf": token, "api_key": "rita-key", "next": "/ui/queue"})
+    page = api.get(f"/ui/clusters/{cluster['id']}").text
+    sample = cluster["sample"][0]
+    assert api.post(f"/v1/review/items/{sample}/claim", headers={"Authorization": "Bearer raj-key"}).status_code == 200
+    form = {
+        "csrf": re.search(r'name="csrf" value="([^"]+)"', page).group(1),  # type: ignore[union-attr]
+        "sample": sample,
+        "member": [m["conversation_id"] for m in cluster["members"]],
+        "label": "not_a_failure",
+    }
+    r = api.post(f"/ui/clusters/{cluster['id']}/label", data=form, follow_redirects=False)
+    assert r.status_code == 409 and "Nothing saved: raj holds this item" in r.text
+    assert api.get("/v1/review/labels", headers=REVIEWER).json() == []

@@ -108,12 +108,15 @@ def _cluster_view(
     with st.sessions() as s:
         found = near_dups.find(s, cluster_id, user.name)
         if found is None:
+            gone = "This cluster is no longer open: its items may have been labelled, or the queue moved on."
+            if label_error:  # the refusal's reason, not only that the cluster changed with it (say, a claim)
+                gone = f"Nothing saved: {label_error}. {gone}"
             return render_page(
                 request,
                 "error.html",
-                404,
-                title="Cluster not found",
-                message="This cluster is no longer open: its items may have been labelled, or the queue moved on.",
+                status_code if label_error else 404,
+                title="Label not saved" if label_error else "Cluster not found",
+                message=gone,
                 back="/ui/clusters#open-clusters",
             )
         cluster = found.as_dict()
