@@ -627,3 +627,99 @@ def test_runs_without_a_user_turn_are_not_near_duplicates_of_each_other(api) -> 
     assert {f"no-user-{i}" for i in range(4)} <= queued  # flagged alike, by the same rule
     clustered = {m["conversation_id"] for c in clusters for m in c["members"]}
     assert not clustered & {f"no-user-{i}" for i in range(4)}
+
+
+def test_a_cluster_label_of_a_sample_stored_again_since_the_page_showed_it_is_refused(api) -> None:
+    """The cluster page's form sent no revision: a sample that grew after the reviewer read it got the label
+    stamped with its newer revision, text they never read, and so did its near-duplicates."""
+    import re
+
+    dups = near_duplicates(4, "grow")
+    assert api.post("/v1/conversations", json=dups, headers=INGEST).status_code == 202
+    [cluster] = api.get("/v1/review/queue/clusters", headers=REVIEWER).json()["clusters"]
+    login = api.get("/ui/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', login.text).group(1)  # type: ignore[union-attr]
+    api.post("/ui/login", data={"csrf": token, "api_key": "rita-key", "next": "/ui/queue"})
+    page = api.get(f"/ui/clusters/{cluster['id']}").text
+    shown = re.search(r'<input type="hidden" name="revision" value="(\d+)">', page)
+    assert shown, "the form does not send the revision it showed"
+    read = int(shown.group(1))
+    sample = next(c for c in dups if c["conversation_id"] == cluster["sample"][0])
+    more = [*sample["messages"], {"role": "user", "content": "And refund it."}]
+    grown = api.post("/v1/conversations", json=[{**sample, "revision": read + 1, "messages": more}], headers=INGEST)
+    assert grown.status_code == 202
+    form = {
+        "csrf": re.search(r'name="csrf" value="([^"]+)"', page).group(1),  # type: ignore[union-attr]
+        "sample": sample["conversation_id"],
+        "revision": str(read),
+        "member": [m["conversation_id"] for m in cluster["members"]],
+        "label": "not_a_failure",
+    }
+    r = api.post(f"/ui/clusters/{cluster['id']}/label", data=form, follow_redirects=False)
+    assert r.status_code == 409 and f"you read revision {read}, it is now at revision {read + 1}" in r.text
+    assert api.get("/v1/review/labels", headers=REVIEWER).json() == []
+
+
+def test_a_refused_cluster_label_comes_back_with_the_members_left_unticked_and_the_label_typed(api) -> None:
+    """A refused cluster label (here: the sample grew since the page showed it) showed the page again with
+    every member ticked and the label and notes gone: saving again labelled the members the reviewer had
+    unticked."""
+    import re
+
+    dups = near_duplicates(4, "kept")
+    assert api.post("/v1/conversations", json=dups, headers=INGEST).status_code == 202
+    [cluster] = api.get("/v1/review/queue/clusters", headers=REVIEWER).json()["clusters"]
+    login = api.get("/ui/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', login.text).group(1)  # type: ignore[union-attr]
+    api.post("/ui/login", data={"csrf": token, "api_key": "rita-key", "next": "/ui/queue"})
+    page = api.get(f"/ui/clusters/{cluster['id']}").text
+    members = [m["conversation_id"] for m in cluster["members"]]
+    sample = next(c for c in dups if c["conversation_id"] == cluster["sample"][0])
+    unticked = next(m for m in members if m != sample["conversation_id"])
+    read = int(re.search(r'name="revision" value="(\d+)"', page).group(1))  # type: ignore[union-attr]
+    more = [*sample["messages"], {"role": "user", "content": "And refund it."}]
+    grown = api.post("/v1/conversations", json=[{**sample, "revision": read + 1, "messages": more}], headers=INGEST)
+    assert grown.status_code == 202
+    form = {
+        "csrf": re.search(r'name="csrf" value="([^"]+)"', page).group(1),  # type: ignore[union-attr]
+        "sample": sample["conversation_id"],
+        "revision": str(read),
+        "member": [m for m in members if m != unticked],
+        "label": "confirmed_failure",
+        "category": "privacy_leak",
+        "notes": "emails the receipt to the address on file",
+    }
+    r = api.post(f"/ui/clusters/{cluster['id']}/label", data=form, follow_redirects=False)
+    assert r.status_code == 409, r.text[-500:]
+    box = r'<input type="checkbox" name="member" value="([^"]+)" form="cluster-form"([^>]*)>'
+    boxes = dict(re.findall(box, r.text))
+    assert set(boxes) == set(members)
+    assert " checked" not in boxes[unticked] and all(" checked" in boxes[m] for m in members if m != unticked)
+    assert ">emails the receipt to the address on file</textarea>" in r.text
+    assert 'value="confirmed_failure" data-key="c" required checked' in r.text
+    assert re.search(r'<option value="privacy_leak" data-description="[^"]*" selected>', r.text)
+
+
+def test_a_cluster_label_refused_as_its_sample_was_claimed_meanwhile_says_who_holds_it(api) -> None:
+    """Another reviewer claiming the sample changes the cluster, so the refused label's page answered 404
+    "Cluster not found ... its items may have been labelled", without the reason nothing was saved."""
+    import re
+
+    dups = near_duplicates(4, "held")
+    assert api.post("/v1/conversations", json=dups, headers=INGEST).status_code == 202
+    [cluster] = api.get("/v1/review/queue/clusters", headers=REVIEWER).json()["clusters"]
+    login = api.get("/ui/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', login.text).group(1)  # type: ignore[union-attr]
+    api.post("/ui/login", data={"csrf": token, "api_key": "rita-key", "next": "/ui/queue"})
+    page = api.get(f"/ui/clusters/{cluster['id']}").text
+    sample = cluster["sample"][0]
+    assert api.post(f"/v1/review/items/{sample}/claim", headers={"Authorization": "Bearer raj-key"}).status_code == 200
+    form = {
+        "csrf": re.search(r'name="csrf" value="([^"]+)"', page).group(1),  # type: ignore[union-attr]
+        "sample": sample,
+        "member": [m["conversation_id"] for m in cluster["members"]],
+        "label": "not_a_failure",
+    }
+    r = api.post(f"/ui/clusters/{cluster['id']}/label", data=form, follow_redirects=False)
+    assert r.status_code == 409 and "Nothing saved: raj holds this item" in r.text
+    assert api.get("/v1/review/labels", headers=REVIEWER).json() == []

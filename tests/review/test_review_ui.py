@@ -243,6 +243,22 @@ def test_forms_claim_label_and_next(ui, rt) -> None:
     assert "Claim this item" in ui.get(next_url).text
 
 
+def test_extending_an_item_claiming_another_gave_back_says_so_not_that_someone_holds_it(ui, rt) -> None:
+    store(rt, simulated(30, "v1:0.6", seed=1))
+    _login(ui)
+    token = _csrf(ui.get("/ui/queue").text)
+    first = ui.post("/ui/queue/claim", data={"csrf": token}, follow_redirects=False).headers["location"]
+    # a second tab takes the next item: the first one goes back to the queue, held by nobody
+    second = ui.post("/ui/queue/claim", data={"csrf": token}, follow_redirects=False).headers["location"]
+    assert second != first
+    for action in ("extend", "release"):
+        r = ui.post(f"{first}/{action}", data={"csrf": token}, follow_redirects=False)
+        assert r.headers["location"].endswith("notice=not_held"), r.headers["location"]
+        page = ui.get(r.headers["location"]).text
+        assert "You no longer hold this item" in page and "Someone else holds" not in page
+        assert "Claim this item" in page
+
+
 def test_skipping_a_conversation_outside_the_queue_is_a_404_page(ui, rt) -> None:
     convs = simulated(30, "v1:0.0", seed=5)
     store(rt, convs)

@@ -355,6 +355,13 @@ def _propagate(
     )
 
 
+def sample_revision(session: Session, conversation_id: str) -> int | None:
+    """The revision of the sample the cluster page shows: its form sends it back, and a label of a sample
+    stored again since (a growing conversation) is refused as :func:`queue.label` refuses any other."""
+    conv = session.get(ConversationRow, conversation_id)
+    return conv.revision if conv else None
+
+
 def sample_messages(session: Session, conversation_id: str, limit: int = 12) -> list[dict[str, str]]:
     """The sample's first messages as plain text (role, text), for reading it on the cluster page."""
     conv = session.get(ConversationRow, conversation_id)

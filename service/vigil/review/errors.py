@@ -17,6 +17,10 @@ class Conflict(ReviewError):
     """Another reviewer holds the item, or the caller does not hold it."""
 
 
+class NotHeld(Conflict):
+    """Nobody holds the item any more, the caller included (their claim was given back or released)."""
+
+
 class Done(Conflict):
     """The item has all the reviews it needs: there is nothing to claim (labels can still be changed)."""
 

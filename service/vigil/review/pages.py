@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.review import insights, queue, reviewers, triage
-from vigil.review.errors import Conflict, Done, Invalid, NotFound
+from vigil.review.errors import Conflict, Done, Invalid, NotFound, NotHeld
 from vigil.review.page_kit import bulk_notice, count_labels, labelled_this_session, reviewer_names, stage_of
 from vigil.review.policy import LABELS, SEVERITIES
 from vigil.review.stage import ReviewStage
@@ -42,6 +42,7 @@ NOTICES = {
     "extended": "Lease extended.",
     "claimed": "Claimed: it is yours until the lease runs out.",
     "conflict": "Someone else holds this item.",
+    "not_held": "You no longer hold this item (claiming another item gives back the one you held): claim it to go on.",
     "done": "This item is done: it has all its reviews. You can still change your label below.",
     "queued": "Added to the review queue.",
     "labelled_last": "Label saved. Nothing left to claim with these filters.",
@@ -257,6 +258,8 @@ def _act(request: Request, cid: str, fn: Callable[[Session, ReviewStage], Any], 
             fn(s, st)
     except Done:
         return go(_review_url(cid, "done"))
+    except NotHeld:
+        return go(_review_url(cid, "not_held"))
     except Conflict:
         return go(_review_url(cid, "conflict"))
     except NotFound as exc:

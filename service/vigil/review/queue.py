@@ -19,7 +19,7 @@ from sqlalchemy import ColumnElement, CursorResult, Executable, and_, func, inse
 from sqlalchemy.orm import Session
 
 from vigil.metrics import Metrics
-from vigil.review.errors import Conflict, Done, Invalid, NotFound
+from vigil.review.errors import Conflict, Done, Invalid, NotFound, NotHeld
 from vigil.review.flagger import enqueue
 from vigil.review.models import ReviewAuditRow, ReviewReasonRow, ReviewSkipRow
 from vigil.review.policy import LABELS, SEVERITIES, FlaggingPolicy, Reason
@@ -260,7 +260,7 @@ def extend(
             )
         if item.claimed_by not in (None, reviewer):
             raise Conflict(f"you do not hold this item: {item.claimed_by} claimed it after your lease ran out")
-        raise Conflict("you do not hold this item; claim it first")
+        raise NotHeld("you do not hold this item; claim it first")
     audit(session, reviewer, "extend", conversation_id, lease_until=until.isoformat())
     return until
 
@@ -291,9 +291,11 @@ def release(
         .execution_options(synchronize_session=False),
     )
     if not done:
-        _item(session, conversation_id)
+        item = _item(session, conversation_id)
         if force:
             raise Conflict(f"{holder}'s claim ended meanwhile: nothing was released")
+        if item.claimed_by is None:
+            raise NotHeld("you do not hold this item: nobody does")
         raise Conflict("you do not hold this item")
     audit(session, reviewer, action, conversation_id, **({"forced": True, "claimed_by": holder} if force else {}))
 

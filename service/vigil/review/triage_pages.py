@@ -19,7 +19,7 @@ from vigil.review.page_kit import count_labels, notice_count, reviewer_names, st
 from vigil.review.policy import SEVERITIES
 from vigil.store import reads
 from vigil.ui import folding, transcript
-from vigil.ui.forms import Refused, form_user, go, safe_next
+from vigil.ui.forms import Refused, draft_of, form_user, go, safe_next
 from vigil.ui.render import render_page, ui_user
 
 router = APIRouter(
@@ -92,23 +92,36 @@ def cluster_page(request: Request, cluster_id: str, user: Principal = Depends(ui
 
 
 def _cluster_view(
-    request: Request, cluster_id: str, user: Principal, label_error: str | None = None, status_code: int = 200
+    request: Request,
+    cluster_id: str,
+    user: Principal,
+    label_error: str | None = None,
+    status_code: int = 200,
+    draft: dict[str, str | None] | None = None,
+    ticked: set[str] | None = None,
 ) -> Response:
-    """A near-duplicate cluster: its sample to read, its members, and one label form for all of them."""
+    """A near-duplicate cluster: its sample to read, its members, and one label form for all of them.
+
+    ``draft`` and ``ticked``: the label and the members a refused form carried, shown again as they were
+    (a member the reviewer unticked must not be ticked again behind their back)."""
     st = stage_of(request)
     with st.sessions() as s:
         found = near_dups.find(s, cluster_id, user.name)
         if found is None:
+            gone = "This cluster is no longer open: its items may have been labelled, or the queue moved on."
+            if label_error:  # the refusal's reason, not only that the cluster changed with it (say, a claim)
+                gone = f"Nothing saved: {label_error}. {gone}"
             return render_page(
                 request,
                 "error.html",
-                404,
-                title="Cluster not found",
-                message="This cluster is no longer open: its items may have been labelled, or the queue moved on.",
+                status_code if label_error else 404,
+                title="Label not saved" if label_error else "Cluster not found",
+                message=gone,
                 back="/ui/clusters#open-clusters",
             )
         cluster = found.as_dict()
         sample = near_dups.sample_messages(s, cluster["sample"][0])
+        revision = near_dups.sample_revision(s, cluster["sample"][0])
     return render_page(
         request,
         "cluster_review.html",
@@ -116,10 +129,12 @@ def _cluster_view(
         title=f"Review a cluster of {cluster['size']}",
         cluster=cluster,
         sample=sample,
+        revision=revision,
         taxonomy=st.policy.taxonomy,
         severities=SEVERITIES,
         rubric=st.policy.rubric,
-        filled=None,
+        filled=draft,
+        ticked=ticked,
         label_error=label_error,
         error_field="category" if label_error and "category" in label_error else None,
     )
@@ -134,12 +149,15 @@ async def cluster_label(request: Request, cluster_id: str) -> Response:
         return refused.response
     form = await request.form()
     st = stage_of(request)
+    read = str(form.get("revision") or "")
     data = queue.LabelIn(
         str(form.get("label") or ""),
         str(form.get("category") or "") or None,
         str(form.get("severity") or "") or None,
         str(form.get("notes") or ""),
         str(form.get("expected_behavior") or ""),
+        # the sample's revision the page showed (ASCII digits only, as the conversation page's form)
+        int(read) if read.isascii() and read.isdigit() and len(read) < 19 else None,
     )
     members = [str(v) for v in form.getlist("member")]
     try:
@@ -148,7 +166,8 @@ async def cluster_label(request: Request, cluster_id: str) -> Response:
                 s, str(form.get("sample") or ""), members, p.name, data, st.policy, st.metrics
             )
     except (Invalid, Conflict) as exc:
-        return _cluster_view(request, cluster_id, p, str(exc), 422 if isinstance(exc, Invalid) else 409)
+        status = 422 if isinstance(exc, Invalid) else 409
+        return _cluster_view(request, cluster_id, p, str(exc), status, draft_of(dict(form)), set(members))
     except NotFound as exc:
         return render_page(request, "error.html", 404, title="Not found", message=str(exc), back=back)
     response = go(
