@@ -363,17 +363,25 @@ def test_double_review_is_blind_until_you_label(sqlite_url, tmp_path) -> None:
                 json={"label": "confirmed_failure", "category": "other", "notes": "rita's secret note"},
                 headers=REVIEWER,
             )
+            # a comment says what its author thinks as plainly as a label: hidden alike
+            said = {"body": "clearly a wrong refund, rita thinks"}
+            assert ui.post(f"/v1/review/items/{cid}/comments", json=said, headers=REVIEWER).status_code == 201
+            raj = {"Authorization": "Bearer raj-key"}
+            assert ui.get(f"/v1/review/items/{cid}/comments", headers=raj).json() == []
+            assert len(ui.get(f"/v1/review/items/{cid}/comments", headers=REVIEWER).json()) == 1
             _login(ui, "raj-key")
             url = f"/ui/review/{quote(cid, safe='')}"
             page = ui.get(url).text
             assert "stay hidden until you save yours" in page and "rita&#39;s secret note" not in page
+            assert "rita thinks" not in page and "1 comment by other reviewers hidden" in page
             assert "<b>rita</b> label" not in page  # nor, in the audit log, that rita labelled (as the API hides it)
             assert "(hidden until done)" in ui.get("/ui/queue").text
             token = _csrf(page)
             ui.post(url + "/label", data={"csrf": token, "label": "not_a_failure"})
             page = ui.get(url).text
             assert "rita&#39;s secret note" in page and "stay hidden" not in page
-            assert "<b>rita</b> label" in page
+            assert "<b>rita</b> label" in page and "rita thinks" in page and "hidden until you give" not in page
+            assert len(ui.get(f"/v1/review/items/{cid}/comments", headers=raj).json()) == 1
     finally:
         rt.close()
 

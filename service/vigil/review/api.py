@@ -204,10 +204,18 @@ def history(request: Request, conversation_id: str, p: Principal = require("revi
 
 @router.get("/items/{conversation_id:path}/comments", response_model=list[CommentOut])
 def list_comments(request: Request, conversation_id: str, p: Principal = require("reviewer")) -> Any:
-    """Reviewers' comments on this conversation and its messages, oldest first."""
+    """Reviewers' comments on this conversation and its messages, oldest first (others' hidden while a
+    double review is blind to you)."""
     if (itself := _the_item_itself(request, conversation_id, "comments", p)) is not None:
         return itself
-    return run(request, lambda s, _st: triage.comments(s, conversation_id))
+
+    def go(s: Session, _st: ReviewStage) -> Any:
+        notes = triage.comments(s, conversation_id)
+        if p.can("admin"):
+            return notes
+        return insights.blind_comments(notes, insights.item_detail(s, conversation_id), p.name)
+
+    return run(request, go)
 
 
 @router.post("/items/{conversation_id:path}/comments", response_model=CommentOut, status_code=201)

@@ -314,6 +314,14 @@ def blind_history(hist: dict[str, Any], item: dict[str, Any] | None, viewer: str
     }
 
 
+def blind_comments(comments: list[dict[str, Any]], item: dict[str, Any] | None, viewer: str) -> list[dict[str, Any]]:
+    """A conversation's comments without other reviewers' while the review is blind to ``viewer``: a comment
+    says what its author thinks of the conversation as plainly as their label does."""
+    if not is_blind(item, viewer):
+        return comments
+    return [c for c in comments if c["author"] == viewer]
+
+
 def blind_clause(viewer: str) -> ColumnElement[bool]:
     """Labels ``viewer`` may see: their own, and any on a conversation whose review is not blind to them."""
     mine = aliased(ReviewLabelRow)

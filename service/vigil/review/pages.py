@@ -206,6 +206,7 @@ def _conversation_page(
     # double review is blind: others' labels stay hidden until this reviewer has given theirs
     blind = insights.is_blind(item, user.name)
     hist = insights.blind_history(hist, item, user.name)  # the API's rule: their labels and label events
+    shown_notes = insights.blind_comments(notes, item, user.name)
     document = conv["conversation"] or {"messages": []}
     try:
         fold = folding.pick(len(document.get("messages") or []), *window)
@@ -242,7 +243,8 @@ def _conversation_page(
         blind=blind,
         draft=draft,
         rubric=st.policy.rubric,
-        comments=notes,
+        comments=shown_notes,
+        comments_hidden=len(notes) - len(shown_notes),
         comment_on=comment_on,
         toast=toast,
         label_error=label_error,
