@@ -286,3 +286,30 @@ def test_a_label_pairs_only_with_a_verdict_on_its_revision(sqlite_url: str) -> N
             assert window is not None and window.considered == 1
     finally:
         rt.close()
+
+
+def test_an_open_double_review_gives_no_pair_until_it_is_done(sqlite_url: str) -> None:
+    """One label of a double review still open is not a settled human verdict, and counting it would show
+    its category to the second reviewer in the calibration pages while the review is blind to them."""
+    from vigil.calibration import live
+
+    rt = build_runtime(make_settings(sqlite_url, judge_mode="live"), registry=CollectorRegistry())
+    try:
+        with rt.sessions.begin() as s:
+            for cid, required, status in [("single", 1, "done"), ("double", 2, "open"), ("settled", 2, "done")]:
+                s.add(ReviewItemRow(conversation_id=cid, required_reviews=required, status=status))
+                s.add(_verdict(cid, "fail"))
+            s.add(_label("single", "rita", "confirmed_failure"))
+            s.add(_label("double", "rita", "confirmed_failure"))
+            s.add(_label("settled", "rita", "confirmed_failure"))
+            s.add(_label("settled", "raj", "confirmed_failure"))
+        with rt.sessions() as s:
+            for bound in (None, 10):
+                pairs = live.live_pairs(s, JUDGE, max_pairs=bound)[JUDGE]
+                assert sorted(p.conversation_id for p in pairs) == ["settled", "single"], bound
+        with make_client(rt) as c:
+            got = c.get(f"/v1/judges/{JUDGE}/calibration", headers=REVIEWER).json()
+            q = got["versions"][0]["review_queue"]
+            assert q["labels"] == 2 and q["categories"]["by_category"] == {"wrong_action": {"matched": 2, "n": 2}}
+    finally:
+        rt.close()

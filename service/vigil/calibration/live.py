@@ -2,7 +2,9 @@
 
 Human side: reviewers' current labels (``review_labels.is_current``); ``confirmed_failure`` is fail,
 ``not_a_failure`` pass, ``unsure`` is left out; several reviewers on one conversation give its majority
-(a tie is left out as disputed). Judge side: each judge version's latest verdict on the revision the labels
+(a tie is left out as disputed); a conversation whose double review is still open gives none yet (its
+verdict is not settled, and counting its first label would show that reviewer's category to the second
+while the review is blind). Judge side: each judge version's latest verdict on the revision the labels
 were given on: a verdict on another revision judged other text (an older run, a corrected transcript), and
 a label whose revision the judge has not judged yet makes no pair.
 Raw production rates come from verdicts the judge gave on its random sample (``reason = "sampled"``),
@@ -42,6 +44,14 @@ def consensus(labels: list[Any]) -> tuple[bool, str | None] | None:
     return fail, cats.most_common(1)[0][0] if cats else None
 
 
+def settled() -> Any:
+    """Labels whose conversation is not waiting for more reviewers (a double review still open)."""
+    L, R = ReviewLabelRow, ReviewItemRow
+    return ~(
+        select(R.id).where(R.conversation_id == L.conversation_id, R.required_reviews > 1, R.status != "done").exists()
+    )
+
+
 def newest_labelled(judge: str | None, only_sampled: bool, offline: bool | None) -> Select[Any]:
     """Conversations of the current labels, newest (by label id) first, whose labelled revision the judge
     has a verdict on: a backward walk of the labels' primary key, which the caller's limit stops."""
@@ -51,7 +61,7 @@ def newest_labelled(judge: str | None, only_sampled: bool, offline: bool | None)
         judged = judged.where(V.judge == judge)
     if offline is not None:
         judged = judged.where(V.offline.is_(offline))
-    q = select(L.conversation_id).where(L.is_current.is_(True), judged.exists())
+    q = select(L.conversation_id).where(L.is_current.is_(True), judged.exists(), settled())
     if only_sampled:
         q = q.where(
             select(ReviewItemRow.id)
@@ -96,14 +106,16 @@ def live_pairs_window(
     judged = select(V.id).where(V.conversation_id == L.conversation_id, V.revision == L.revision)
     if judge is not None:
         judged = judged.where(V.judge == judge)
-    lq = select(L.conversation_id, L.revision, L.label, L.category).where(L.is_current.is_(True), judged.exists())
+    lq = select(L.conversation_id, L.revision, L.label, L.category).where(
+        L.is_current.is_(True), judged.exists(), settled()
+    )
     if max_pairs is not None:
         # the ids themselves: given the subquery, Postgres hashes the 5,000 ids and reads every verdict and
         # label stored; looked up by id, the cost follows the pairs
         ids, window = reads.newest_ids(session, newest_labelled(judge, only_sampled, offline), max_pairs)
         verdict_rows = list(session.execute(vq.where(among(session, V.conversation_id, ids))))
         # every one of these conversations has a verdict of the judge: no look-up per label to check it
-        mine = select(L.conversation_id, L.revision, L.label, L.category).where(L.is_current.is_(True))
+        mine = select(L.conversation_id, L.revision, L.label, L.category).where(L.is_current.is_(True), settled())
         label_rows = list(session.execute(mine.where(among(session, L.conversation_id, ids)).order_by(L.id)))
     else:
         window = None
@@ -111,7 +123,7 @@ def live_pairs_window(
             select(L.id)
             .where(L.conversation_id == V.conversation_id, L.revision == V.revision, L.is_current.is_(True))
             .exists()
-        )
+        )  # the labels read below are the settled ones; a verdict without one makes no pair
         if only_sampled:
             vq = vq.where(
                 select(ReviewItemRow.id)
