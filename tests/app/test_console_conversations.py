@@ -164,3 +164,21 @@ def test_cli_lists_and_shows_conversations(tmp_path: Path, monkeypatch: pytest.M
     ]:
         r = runner.invoke(app, ["conversations", "list", *args])
         assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+
+
+def test_a_failing_page_logs_its_address_without_control_characters(
+    ui, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from vigil.store import reads
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(reads, "get_conversation", broken)
+    failing = TestClient(ui.app, raise_server_exceptions=False, cookies=ui.cookies)
+    r = failing.get("/ui/review/%1b%5d0%3bpwned%07%1b%5b2J")  # retitles and clears the terminal tailing the log
+    assert r.status_code == 500 and "RuntimeError" in r.text
+    logged = [rec.getMessage() for rec in caplog.records if "unhandled error" in rec.getMessage()]
+    assert logged == ["unhandled error on GET /ui/review/\\x1b]0;pwned\\x07\\x1b[2J"]

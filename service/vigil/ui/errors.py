@@ -98,7 +98,8 @@ def install(app: Any) -> None:
 
     @app.exception_handler(Exception)
     async def unhandled(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        path = request.url.path.encode("unicode_escape").decode("ascii")  # no control characters in the log
+        log.exception("unhandled error on %s %s", request.method, path)
         if not is_page(request):
             return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, 500)
         return error_page(request, 500, f"The page failed ({type(exc).__name__}); it is logged. Try again, or go back.")
