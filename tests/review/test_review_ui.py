@@ -191,6 +191,44 @@ def test_a_stale_form_token_keeps_the_label_and_other_forms_say_why(ui, rt, monk
     assert "Your session expired" in ui.get(gone.headers["location"]).text
 
 
+def test_a_comment_survives_a_stale_form_an_expired_session_and_a_bad_message_number(ui, rt, monkeypatch) -> None:
+    store(rt, simulated(30, "v1:0.6", seed=1))
+    _login(ui)
+    r = ui.post("/ui/queue/claim", data={"csrf": _csrf(ui.get("/ui/queue").text)}, follow_redirects=False)
+    url = r.headers["location"]
+    cid = unquote(url.rsplit("/", 1)[1])
+    typed = {"csrf": "from-an-old-tab", "body": "The refund went to the <i>wrong</i> card", "message_index": "2"}
+    stale = ui.post(url + "/comment", data=typed)
+    assert stale.status_code == 403 and "your comment was not added" in stale.text
+    assert "The refund went to the &lt;i&gt;wrong&lt;/i&gt; card</textarea>" in stale.text
+    assert '<option value="2" selected>' in stale.text
+    bad = ui.post(url + "/comment", data={**typed, "csrf": _csrf(stale.text), "message_index": "x"})
+    assert bad.status_code == 422 and "wrong&lt;/i&gt; card</textarea>" in bad.text
+    _expire_session(ui, rt, monkeypatch)
+    gone = ui.post(url + "/comment", data={**typed, "csrf": _csrf(bad.text)}, follow_redirects=False)
+    assert gone.status_code == 401 and "your comment was not added" in gone.text
+    assert "wrong&lt;/i&gt; card</textarea>" in gone.text and 'id="draft"' not in gone.text  # no label to carry
+    back = ui.post(
+        "/ui/login",
+        data={
+            "csrf": _csrf(gone.text),
+            "api_key": "rita-key",
+            "next": url,
+            "draft_comment": typed["body"],
+            "draft_comment_on": "2",
+        },
+        follow_redirects=False,
+    )
+    assert back.status_code == 200 and "Your comment was not added yet" in back.text
+    assert "wrong&lt;/i&gt; card</textarea>" in back.text and 'id="draft-notice"' not in back.text
+    added = ui.post(url + "/comment", data={**typed, "csrf": _csrf(back.text)}, follow_redirects=False)
+    assert added.status_code == 303
+    from tests.support.app import ADMIN
+
+    said = ui.get(f"/v1/review/items/{quote(cid, safe='')}/comments", headers=ADMIN).json()
+    assert [(c["body"], c["message_index"]) for c in said] == [(typed["body"], 2)]
+
+
 def api_labels(ui, cid: str) -> list[dict]:  # type: ignore[no-untyped-def]
     from tests.support.app import ADMIN
 

@@ -26,7 +26,7 @@ from vigil.review.policy import LABELS, SEVERITIES
 from vigil.review.stage import ReviewStage
 from vigil.store import reads
 from vigil.ui import folding, transcript
-from vigil.ui.forms import Refused, draft_of, form_user, go
+from vigil.ui.forms import Refused, comment_draft, draft_of, form_user, go, label_draft
 from vigil.ui.render import render_page, sessions_of, ui_user
 
 router = APIRouter(
@@ -53,6 +53,9 @@ TOASTS = {"labelled": "Saved", "commented": "Comment added"}
 EXPIRED_LABEL = "Your session expired, so your label was not saved. Log in again and it is filled in for you to save."
 STALE_LABEL = "The form had expired, so your label was not saved."
 RELOGGED_LABEL = "Logged in again. Your label was not saved yet."
+EXPIRED_COMMENT = "Your session expired, so your comment was not added. Log in again and it is filled in for you."
+STALE_COMMENT = "The form had expired, so your comment was not added: it is below, to add again."
+RELOGGED_COMMENT = "Logged in again. Your comment was not added yet: it is below."
 FILTERS = ("agent", "version", "rule", "verdict", "outcome", "reason", "severity", "search")
 
 
@@ -180,12 +183,14 @@ def _conversation_page(
     notice: str | None = None,
     draft: dict[str, str | None] | None = None,
     label_error: str | None = None,
+    unsent: dict[str, str | None] | None = None,
     toast: str | None = None,
     comment_on: int | None = None,
     window: tuple[str | None, str | None] = (None, None),
 ) -> Response:
     """The conversation with its review box; ``draft``: an unsaved label to fill the form with;
-    ``label_error``: why the label was refused (shown as an error, its field focused); ``window``: the
+    ``label_error``: why the label was refused (shown as an error, its field focused); ``unsent``: a comment
+    that was not added (its text and message, filled in again); ``window``: the
     ``messages`` and ``around`` parameters that pick the shown part of a long transcript."""
     st = _stage(request)
     rt = runtime_of(request)
@@ -246,6 +251,7 @@ def _conversation_page(
         comments=shown_notes,
         comments_hidden=len(notes) - len(shown_notes),
         comment_on=comment_on,
+        unsent=unsent,
         toast=toast,
         label_error=label_error,
         error_field="category" if label_error and "category" in label_error else None,
@@ -369,11 +375,26 @@ async def label(request: Request, conversation_id: str) -> Response:
 
 @router.post("/review/{conversation_id:path}/comment")
 async def comment(request: Request, conversation_id: str) -> Response:
-    try:
-        p, form = await form_user(request, _review_url(conversation_id))
-    except Refused as refused:
-        return refused.response
+    form = dict(await request.form())
     raw_index = str(form.get("message_index") or "").strip()
+    # the typed comment survives every refusal: an expired session, a stale form, a bad message number
+    unsent = comment_draft({"comment": str(form.get("body") or ""), "comment_on": raw_index or None})
+    sessions = sessions_of(request)
+    p = sessions.principal(request)
+    if p is None:
+        return render_page(
+            request,
+            "login.html",
+            401,
+            title="Log in",
+            next=_review_url(conversation_id),
+            error=EXPIRED_COMMENT,
+            draft=unsent,
+        )
+    if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
+        return _conversation_page(
+            request, conversation_id, p, 403, notice=STALE_COMMENT, unsent=unsent, comment_on=_index(raw_index)
+        )
     try:
         with _stage(request).sessions.begin() as s:
             if raw_index and not (raw_index.isascii() and raw_index.isdigit()):
@@ -382,7 +403,15 @@ async def comment(request: Request, conversation_id: str) -> Response:
             triage.add_comment(s, conversation_id, p.name, str(form.get("body") or ""), index)
     except (Invalid, ValueError) as exc:
         why = str(exc) if isinstance(exc, Invalid) else f"message {raw_index!r} is not a message number"
-        return _conversation_page(request, conversation_id, p, 422, notice=f"Comment not added: {why}")
+        return _conversation_page(
+            request,
+            conversation_id,
+            p,
+            422,
+            notice=f"Comment not added: {why}",
+            unsent=unsent,
+            comment_on=_index(raw_index),
+        )
     except NotFound as exc:
         return render_page(request, "error.html", 404, title="Not found", message=str(exc))
     return go(_review_url(conversation_id, "commented") + "#comments")
@@ -409,4 +438,12 @@ def resume_after_login(request: Request, target: str, draft: dict[str, Any]) -> 
     if user is None:
         return None
     cid = unquote(target[len(RELOGGED_PREFIX) :])
-    return _conversation_page(request, cid, user, notice=RELOGGED_LABEL, draft=draft)
+    label, unsent = label_draft(draft), comment_draft(draft)
+    notice = RELOGGED_LABEL if label is not None or unsent is None else RELOGGED_COMMENT
+    on = _index(str(unsent.get("comment_on") or "")) if unsent else None
+    return _conversation_page(request, cid, user, notice=notice, draft=label, unsent=unsent, comment_on=on)
+
+
+def _index(raw: str) -> int | None:
+    """A message number as a form sent it, or None (ASCII digits only)."""
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 10 else None

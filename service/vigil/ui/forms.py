@@ -12,7 +12,9 @@ from vigil.http.auth import Principal
 from vigil.ui.render import render_page, sessions_of
 
 STALE_FORM = "This form had expired (the page was open across a log-in or a restart), so nothing was done."
-DRAFT_FIELDS = ("label", "category", "severity", "notes", "expected_behavior")
+LABEL_FIELDS = ("label", "category", "severity", "notes", "expected_behavior")
+COMMENT_FIELDS = ("comment", "comment_on")  # a comment being added, and the message it is on
+DRAFT_FIELDS = LABEL_FIELDS + COMMENT_FIELDS
 
 
 def go(url: str) -> RedirectResponse:
@@ -46,8 +48,23 @@ async def form_user(request: Request, back: str = "/ui/queue") -> tuple[Principa
 
 
 def draft_of(form: dict[str, Any], prefix: str = "") -> dict[str, str | None] | None:
-    """The label a form carried (``prefix`` draft_ on the log-in form), or None if it carried none."""
+    """The label (or comment) a form carried (``prefix`` draft_ on the log-in form), or None if it carried
+    none."""
     draft = {k: str(form.get(prefix + k) or "") or None for k in DRAFT_FIELDS}
     if not any(draft.values()):
         return None
     return {**draft, "notes": draft["notes"] or "", "expected_behavior": draft["expected_behavior"] or ""}
+
+
+def label_draft(draft: dict[str, str | None] | None) -> dict[str, str | None] | None:
+    """The label part of a draft (None when the draft holds only a comment)."""
+    if draft is None or not any(draft.get(k) for k in LABEL_FIELDS):
+        return None
+    return draft
+
+
+def comment_draft(draft: dict[str, str | None] | None) -> dict[str, str | None] | None:
+    """The comment part of a draft (None when it holds no comment text)."""
+    if draft is None or not draft.get("comment"):
+        return None
+    return {"comment": draft["comment"], "comment_on": draft.get("comment_on")}
