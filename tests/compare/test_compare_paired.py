@@ -121,3 +121,14 @@ def test_vectorized_counts_give_the_same_figures_as_rollouts() -> None:
     c, base = paired.clustered_rate(trials, passes), paired.clustered_rate(trials, np.zeros(40))
     d = paired.interval_difference(c, base)
     assert d.value == pytest.approx(c.value) and d.se == pytest.approx(c.se)
+
+
+def test_differences_without_spread_get_the_exact_permutation_p_value() -> None:
+    # two shared tasks that both broke: d = (-1, -1) has no spread, which is no proof (sign flips: 2/2^2)
+    diff = paired.paired_difference({"a": [0.0], "b": [0.0]}, {"a": [1.0], "b": [1.0]})
+    assert diff.value == -1.0 and diff.p_value == pytest.approx(0.5)
+    # no shared task: 3 tasks all passing against 3 others all failing (relabellings: 2/C(6, 3))
+    unpaired = paired.unpaired_difference({t: [1.0] for t in "abc"}, {t: [0.0] for t in "xyz"})
+    assert unpaired.value == 1.0 and unpaired.p_value == pytest.approx(0.1)
+    same = paired.paired_difference({"a": [1.0], "b": [0.0]}, {"a": [1.0], "b": [0.0]})
+    assert same.value == 0.0 and same.p_value == 1.0

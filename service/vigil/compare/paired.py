@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vigil.compare.stats import pass_at_k, pass_hat_k
+from vigil.compare.stats import pass_at_k, pass_hat_k, spread_free_p_value
 
 ALPHA = 0.05
 
@@ -58,7 +58,11 @@ class Interval:
 EMPTY = Interval(None, None, None, None, 0)
 
 
-def _t_interval(value: float, se: float, tasks: int, bounds: tuple[float, float] | None = None) -> Interval:
+def _t_interval(
+    value: float, se: float, tasks: int, bounds: tuple[float, float] | None = None, unpaired: int | None = None
+) -> Interval:
+    """``value`` with Student's t interval on ``tasks - 1`` degrees of freedom; a difference of two
+    independent sides gives the other side's task count as ``unpaired`` (for the p-value of a zero ``se``)."""
     if tasks < 2 or math.isnan(se):
         return Interval(value, None, None, None, tasks)
     from scipy.stats import t as student_t  # scipy takes a second to import: not for every command
@@ -67,7 +71,8 @@ def _t_interval(value: float, se: float, tasks: int, bounds: tuple[float, float]
     low, high = value - q * se, value + q * se
     if bounds is not None:
         low, high = max(bounds[0], low), min(bounds[1], high)
-    p = float(2 * student_t.sf(abs(value) / se, tasks - 1)) if se > 0 else (1.0 if value == 0 else 0.0)
+    # every task the same value: no t test, the exact permutation test
+    p = float(2 * student_t.sf(abs(value) / se, tasks - 1)) if se > 0 else spread_free_p_value(value, tasks, unpaired)
     return Interval(value, se, low, high, tasks, p)
 
 
@@ -125,14 +130,7 @@ def paired_difference(candidate: Rollouts, baseline: Rollouts) -> Interval:
 
 def unpaired_difference(candidate: Rollouts, baseline: Rollouts) -> Interval:
     """Difference of two clustered means (tasks not shared): Welch-style, each side clustered by task."""
-    c, b = clustered_mean(candidate), clustered_mean(baseline)
-    if c.value is None or b.value is None:
-        return EMPTY
-    value = c.value - b.value
-    if c.se is None or b.se is None:
-        return Interval(value, None, None, None, min(c.tasks, b.tasks))
-    se = math.sqrt(c.se**2 + b.se**2)
-    return _t_interval(value, se, min(c.tasks, b.tasks))
+    return interval_difference(clustered_mean(candidate), clustered_mean(baseline))
 
 
 def difference(candidate: Rollouts, baseline: Rollouts, min_shared: int = 2) -> tuple[Interval, bool]:
@@ -226,7 +224,8 @@ def interval_difference(candidate: Interval, baseline: Interval) -> Interval:
     value = candidate.value - baseline.value
     if candidate.se is None or baseline.se is None:
         return Interval(value, None, None, None, min(candidate.tasks, baseline.tasks))
-    return _t_interval(value, math.sqrt(candidate.se**2 + baseline.se**2), min(candidate.tasks, baseline.tasks))
+    se = math.sqrt(candidate.se**2 + baseline.se**2)
+    return _t_interval(value, se, min(candidate.tasks, baseline.tasks), unpaired=max(candidate.tasks, baseline.tasks))
 
 
 def _log_comb(n: np.ndarray, k: int) -> np.ndarray:
