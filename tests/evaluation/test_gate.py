@@ -149,6 +149,16 @@ def _native(path: Path, rows: list[dict], protocol: dict | None = None) -> Path:
     return path
 
 
+def test_a_run_with_no_scored_rollout_is_bad_input_not_a_regression(tmp_path: Path) -> None:
+    base = _native(tmp_path / "base.jsonl", [{"task_id": f"t{i}", "success": True} for i in range(5)])
+    unscored = _native(tmp_path / "unscored.jsonl", [{"task_id": f"t{i}", "success": None} for i in range(5)])
+    for args in ((base, unscored), (unscored, base)):
+        result = _gate(*args)
+        assert result.exit_code == 2, result.output
+        assert "none of its 5 rollouts has a success score" in result.output
+        assert "Traceback" not in result.output
+
+
 def test_native_results_red_flag_when_cheaper_but_worse(tmp_path: Path) -> None:
     base_rows = [{"task_id": f"t{i}", "success": i % 5 != 0, "steps": 10, "cost_usd": 0.10} for i in range(60)]
     cand_rows = [
