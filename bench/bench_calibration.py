@@ -22,10 +22,9 @@ from vigil.calibration.overview import Calibration
 from vigil.export.redact import Redactor
 from vigil.export.run import export
 from vigil.ingest.simulate import Simulator, parse_versions
-from vigil.judge.models import VerdictRow
-from vigil.review.models import ReviewLabelRow
 from vigil.schema import Conversation
 from vigil.settings import Settings
+from vigil.store.models import ReviewLabelRow, VerdictRow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,6 +34,8 @@ SCENARIOS = [  # true rate, sensitivity, specificity, judged sample, labelled se
     (0.10, 0.85, 0.90, 2000, 300),
     (0.25, 0.90, 0.80, 1000, 200),
     (0.10, 0.70, 0.75, 2000, 150),
+    (0.05, 0.95, 0.99, 5000, 100),  # few labels: about 5 failures, often all caught
+    (0.10, 0.90, 0.95, 1000, 50),
 ]
 
 

@@ -46,6 +46,30 @@ def test_corrected_interval_covers_true_rate(p: float, se: float, sp: float, n_s
     assert float(((q - raw_half <= p) & (p <= q + raw_half)).mean()) < 0.2
 
 
+def test_corrected_interval_covers_when_few_labels_show_no_error() -> None:
+    # 100 randomly labelled conversations at a 5% failure rate: about 5 failures, often all caught, so the
+    # measured Se is 1 and its plain variance 0 (the interval then covered the truth in 82% of runs)
+    p, se, sp, n_sample, n_labels, runs = 0.05, 0.95, 0.99, 5000, 100, 4000
+    rng = np.random.default_rng(20240602)
+    q = rng.binomial(n_sample, se * p + (1 - sp) * (1 - p), runs) / n_sample
+    n_pos = rng.binomial(n_labels, p, runs)
+    n_neg = n_labels - n_pos
+    caught, cleared = rng.binomial(n_pos, se), rng.binomial(n_neg, sp)
+    usable = n_pos > 0
+    est, low, high = rogan_gladen(
+        q[usable],
+        n_sample,
+        (caught / np.maximum(n_pos, 1))[usable],
+        n_pos[usable],
+        (cleared / n_neg)[usable],
+        n_neg[usable],
+    )
+    corrected = np.isfinite(est)  # a lone labelled failure, missed, leaves no judge better than chance
+    assert corrected.mean() > 0.95
+    coverage = float(((low <= p) & (p <= high))[corrected].mean())
+    assert coverage >= 0.93, coverage
+
+
 def test_corrected_rate_from_measured_agreement() -> None:
     # judge fails 350 of 2000 sampled; on 300 labels: 40 of 50 failures caught, 225 of 250 passes right
     measured = agreement_from_counts(tp=40, fn=10, fp=25, tn=225)
@@ -56,9 +80,15 @@ def test_corrected_rate_from_measured_agreement() -> None:
     assert out.corrected.value == pytest.approx((q + sp - 1) / (se + sp - 1))
     assert out.corrected.low < out.corrected.value < out.corrected.high
     est = (q + sp - 1) / (se + sp - 1)
-    var = q * (1 - q) / 2000 + est**2 * se * (1 - se) / 50 + (1 - est) ** 2 * sp * (1 - sp) / 250
+    z = 1.959963984540054
+
+    def var_of(x: int, n: int) -> float:  # Agresti and Coull's
+        r = (x + z * z / 2) / (n + z * z)
+        return r * (1 - r) / (n + z * z)
+
+    var = var_of(350, 2000) + est**2 * var_of(40, 50) + (1 - est) ** 2 * var_of(225, 250)
     var /= (se + sp - 1) ** 2
-    assert out.corrected.high - out.corrected.value == pytest.approx(1.959963984540054 * var**0.5)
+    assert out.corrected.high - out.corrected.value == pytest.approx(z * var**0.5)
     assert out.corrected.value < out.raw.low  # the judge over-reports here
 
 

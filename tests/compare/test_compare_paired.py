@@ -121,3 +121,39 @@ def test_vectorized_counts_give_the_same_figures_as_rollouts() -> None:
     c, base = paired.clustered_rate(trials, passes), paired.clustered_rate(trials, np.zeros(40))
     d = paired.interval_difference(c, base)
     assert d.value == pytest.approx(c.value) and d.se == pytest.approx(c.se)
+
+
+def test_differences_without_spread_get_the_exact_permutation_p_value() -> None:
+    # two shared tasks that both broke: d = (-1, -1) has no spread, which is no proof (sign flips: 2/2^2)
+    diff = paired.paired_difference({"a": [0.0], "b": [0.0]}, {"a": [1.0], "b": [1.0]})
+    assert diff.value == -1.0 and diff.p_value == pytest.approx(0.5)
+    # no shared task: 3 tasks all passing against 3 others all failing (relabellings: 2/C(6, 3))
+    unpaired = paired.unpaired_difference({t: [1.0] for t in "abc"}, {t: [0.0] for t in "xyz"})
+    assert unpaired.value == 1.0 and unpaired.p_value == pytest.approx(0.1)
+    same = paired.paired_difference({"a": [1.0], "b": [0.0]}, {"a": [1.0], "b": [0.0]})
+    assert same.value == 0.0 and same.p_value == 1.0
+
+
+def test_rates_near_zero_or_one_keep_an_honest_interval() -> None:
+    # ten tasks, all passed: Wald's value ± t·se was [1, 1]; the score interval at the effective size is not
+    every = paired.clustered_rate(np.full(10, 1.0), np.full(10, 1.0))
+    assert every.value == 1.0 and every.high == 1.0 and 0.6 < every.low < 0.8
+    none = paired.clustered_mean({f"t{i}": [0.0, 0.0] for i in range(10)}, (0, 1))
+    assert none.low == 0.0 and 0.05 < none.high < 0.3
+    # away from the bounds it is the t interval it replaces
+    half = paired.clustered_rate(np.full(200, 1.0), np.array([float(i % 2) for i in range(200)]))
+    assert half.low == pytest.approx(0.5 - 1.972 * half.se, abs=0.002)
+    assert half.high == pytest.approx(0.5 + 1.972 * half.se, abs=0.002)
+
+
+@pytest.mark.parametrize(("tasks", "rollouts", "rate"), [(10, 1, 0.9), (10, 4, 0.98), (30, 1, 0.98), (30, 4, 0.5)])
+def test_clustered_rate_interval_covers_the_true_rate(tasks: int, rollouts: int, rate: float) -> None:
+    # 2,000 simulated suites, per-task success rates drawn around `rate` (Beta, concentration 4)
+    rng = np.random.default_rng(7)
+    covered = 0
+    for _ in range(2000):
+        p = rng.beta(rate * 4, (1 - rate) * 4, tasks)
+        passes = rng.binomial(rollouts, p).astype(float)
+        i = paired.clustered_rate(np.full(tasks, float(rollouts)), passes)
+        covered += i.low <= rate <= i.high
+    assert covered / 2000 >= 0.93, covered / 2000

@@ -119,6 +119,27 @@ def test_multi_rollout_tasks_cluster_and_pass_hat_k(sqlite_url) -> None:
     rt.close()
 
 
+def test_task_success_counts_each_task_once_on_both_sides_and_in_the_difference(sqlite_url) -> None:
+    """Each task has the same success rate in both versions, only run more often in one: no change."""
+    rt = build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=100), registry=CollectorRegistry())
+    trials = {"v1": {"a": 6, "b": 1, "c": 1, "d": 1}, "v2": {"a": 1, "b": 6, "c": 1, "d": 1}}
+    batch = [
+        conversation(v, task, r, task == "a")
+        for v, counts in trials.items()
+        for task, n in counts.items()
+        for r in range(n)
+    ]
+    with make_client(rt) as c:
+        store(c, batch)
+        body = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER).json()
+    success = rows_of(body)["tasks:success"]
+    # pooled over trials the sides read 6/9 and 1/9 beside a paired difference of 0
+    assert success["paired"] and success["difference"]["value"] == pytest.approx(0.0)
+    assert success["baseline"]["value"] == pytest.approx(0.25) and success["candidate"]["value"] == pytest.approx(0.25)
+    assert success["verdict"] == "not yet distinguishable"
+    rt.close()
+
+
 def test_error_and_truncation_rates_are_their_own_rows(sqlite_url) -> None:
     rt = build_runtime(make_settings(sqlite_url, compare_bootstrap_resamples=100), registry=CollectorRegistry())
 

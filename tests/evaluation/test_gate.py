@@ -89,6 +89,20 @@ def test_fewer_successes_that_is_noise_passes(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
+def test_every_shared_task_moving_alike_is_a_permutation_test_not_proof(tmp_path: Path) -> None:
+    # every task's difference is -1: no spread, so no t test; two tasks are two coin flips (p = 2/2^2),
+    # eight are not (p = 2/2^8)
+    for tasks, exit_code, verdict in ((2, 0, "worse (not after Holm)"), (8, 1, "REGRESSION")):
+        base = _native(tmp_path / f"base{tasks}.jsonl", [{"task_id": f"t{i}", "success": True} for i in range(tasks)])
+        cand = _native(tmp_path / f"cand{tasks}.jsonl", [{"task_id": f"t{i}", "success": False} for i in range(tasks)])
+        result = _gate(base, cand, "--json")
+        assert result.exit_code == exit_code, result.output
+        pass1 = _rows(result)["pass@1 (= pass^1)"]
+        assert pass1["paired"] and pass1["difference"]["value"] == -1.0
+        assert pass1["difference"]["p_value"] == pytest.approx(2 / 2**tasks)
+        assert pass1["verdict"] == verdict
+
+
 def test_runs_without_shared_tasks_and_a_changed_grader(tmp_path: Path) -> None:
     result = _gate(shared_data(*TELECOM_1), shared_data(*TELECOM_4), "--json")
     assert result.exit_code == 0, result.output
@@ -133,6 +147,16 @@ def _native(path: Path, rows: list[dict], protocol: dict | None = None) -> Path:
     }
     path.write_text("\n".join(json.dumps(x) for x in [header, *rows]) + "\n")
     return path
+
+
+def test_a_run_with_no_scored_rollout_is_bad_input_not_a_regression(tmp_path: Path) -> None:
+    base = _native(tmp_path / "base.jsonl", [{"task_id": f"t{i}", "success": True} for i in range(5)])
+    unscored = _native(tmp_path / "unscored.jsonl", [{"task_id": f"t{i}", "success": None} for i in range(5)])
+    for args in ((base, unscored), (unscored, base)):
+        result = _gate(*args)
+        assert result.exit_code == 2, result.output
+        assert "none of its 5 rollouts has a success score" in result.output
+        assert "Traceback" not in result.output
 
 
 def test_native_results_red_flag_when_cheaper_but_worse(tmp_path: Path) -> None:

@@ -8,9 +8,13 @@ one, which accounts for the sampling error of all three estimates:
 
     Var(p) ≈ [Var(q) + p²·Var(Se) + (1 − p)²·Var(Sp)] / (Se + Sp − 1)²
 
-clipped to [0, 1]. It needs a judge better than chance (``Se + Sp > 1``); otherwise no correction is
-possible and the report says so. The functions take NumPy arrays as well as scalars, so a simulation can
-check the interval's coverage over many repetitions at once (tests/calibration/test_calibration_corrected.py).
+clipped to [0, 1]. Each variance is Agresti and Coull's, ``r̃(1 − r̃)/(n + z²)`` with ``r̃ = (x + z²/2)/(n + z²)``:
+the plain ``r(1 − r)/n`` is 0 when a few labels show no miss or no false alarm (5 failures labelled, all
+caught: Se = 1 "exactly"), and with 100 labelled conversations, 5% failing, Se 0.95 and Sp 0.99 the
+interval then covered the true rate in 82% of 4,000 runs. It needs a judge better than chance
+(``Se + Sp > 1``); otherwise no correction is possible and the report says so. The functions take NumPy
+arrays as well as scalars, so a simulation can check the interval's coverage over many repetitions at
+once (tests/calibration/test_calibration_corrected.py).
 """
 
 from __future__ import annotations
@@ -37,13 +41,20 @@ def rogan_gladen(
         youden = se + sp - 1
         valid = (youden > 0) & (n_q > 0) & (n_pos > 0) & (n_neg > 0)
         p = np.clip((q + sp - 1) / youden, 0.0, 1.0)
-        var = q * (1 - q) / n_q + p**2 * se * (1 - se) / n_pos + (1 - p) ** 2 * sp * (1 - sp) / n_neg
+        z = NormalDist().inv_cdf(0.5 + confidence / 2)
+        var = _variance(q, n_q, z) + p**2 * _variance(se, n_pos, z) + (1 - p) ** 2 * _variance(sp, n_neg, z)
         var = var / youden**2
-        half = NormalDist().inv_cdf(0.5 + confidence / 2) * np.sqrt(var)
+        half = z * np.sqrt(var)
         low = np.clip(p - half, 0.0, 1.0)
         high = np.clip(p + half, 0.0, 1.0)
     nan = np.nan
     return np.where(valid, p, nan), np.where(valid, low, nan), np.where(valid, high, nan)
+
+
+def _variance(rate: np.ndarray, n: np.ndarray, z: float) -> np.ndarray:
+    """Agresti and Coull's variance of a proportion: never 0 for a rate of 0 or 1 measured on few items."""
+    adjusted = (rate * n + z * z / 2) / (n + z * z)
+    return adjusted * (1 - adjusted) / (n + z * z)
 
 
 @dataclass(frozen=True, slots=True)

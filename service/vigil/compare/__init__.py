@@ -14,7 +14,7 @@ from vigil.compare.paired import (
     per_task,
     powers_of_two,
 )
-from vigil.compare.stats import holm, pass_at_k, pass_hat_k
+from vigil.compare.stats import holm, pass_at_k, pass_hat_k, spread_free_p_value
 from vigil.compare.tasks import protocol_of
 from vigil.runtime import Runtime, Stage
 
@@ -50,4 +50,5 @@ __all__ = [
     "per_task",
     "powers_of_two",
     "protocol_of",
+    "spread_free_p_value",
 ]

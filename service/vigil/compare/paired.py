@@ -9,7 +9,8 @@ error of about 0.015, although each score's own interval is wider than 0.05.
 With ``r`` rollouts per task the rollouts of one task are not independent: the variance splits into a
 between-task and a within-task part, and every interval here treats tasks, not rollouts, as the sample
 (cluster-robust standard errors, clustered by task). Intervals use Student's t with ``M - 1`` degrees
-of freedom, so a handful of tasks gives an honestly wide interval.
+of freedom, so a handful of tasks gives an honestly wide interval; a rate's gets Wilson's score interval
+at its effective sample size with that quantile (:func:`_bounded`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vigil.compare.stats import pass_at_k, pass_hat_k
+from vigil.compare.stats import pass_at_k, pass_hat_k, spread_free_p_value
 
 ALPHA = 0.05
 
@@ -58,17 +59,48 @@ class Interval:
 EMPTY = Interval(None, None, None, None, 0)
 
 
-def _t_interval(value: float, se: float, tasks: int, bounds: tuple[float, float] | None = None) -> Interval:
+def _t_interval(
+    value: float,
+    se: float,
+    tasks: int,
+    bounds: tuple[float, float] | None = None,
+    unpaired: int | None = None,
+    observations: int | None = None,
+) -> Interval:
+    """``value`` with Student's t interval on ``tasks - 1`` degrees of freedom; a difference of two
+    independent sides gives the other side's task count as ``unpaired`` (for the p-value of a zero ``se``).
+
+    A mean of values within ``bounds`` (a rate, a share of tasks, pass^k) gets the score interval of
+    :func:`_bounded` instead, from its ``observations`` (rollouts, or tasks)."""
     if tasks < 2 or math.isnan(se):
         return Interval(value, None, None, None, tasks)
     from scipy.stats import t as student_t  # scipy takes a second to import: not for every command
 
     q = float(student_t.ppf(1 - ALPHA / 2, tasks - 1))
-    low, high = value - q * se, value + q * se
-    if bounds is not None:
-        low, high = max(bounds[0], low), min(bounds[1], high)
-    p = float(2 * student_t.sf(abs(value) / se, tasks - 1)) if se > 0 else (1.0 if value == 0 else 0.0)
+    if bounds is None:
+        low, high = value - q * se, value + q * se
+    else:
+        low, high = _bounded(value, se, q, observations or tasks, bounds)
+    # every task the same value: no t test, the exact permutation test
+    p = float(2 * student_t.sf(abs(value) / se, tasks - 1)) if se > 0 else spread_free_p_value(value, tasks, unpaired)
     return Interval(value, se, low, high, tasks, p)
+
+
+def _bounded(value: float, se: float, q: float, observations: int, bounds: tuple[float, float]) -> tuple[float, float]:
+    """Wilson's score interval at the effective sample size ``p(1 - p) / se^2`` (Korn and Graubard, 1998),
+    with the t quantile ``q``; ``observations`` when the values have no spread.
+
+    ``value ± q·se`` is Wald's interval: near 0 or 1 it collapses (all 10 tasks passed: [1, 1]) and at a
+    true success rate of 0.9 over 10 single-rollout tasks covered it 66% of the time, 19% at 0.98. This one
+    covers it 92-100% of the time from 5 to 100 tasks, and matches ``value ± q·se`` away from the bounds.
+    """
+    lo, width = bounds[0], bounds[1] - bounds[0]
+    p, s = (value - lo) / width, se / width
+    n = p * (1 - p) / s**2 if s > 0 and 0 < p < 1 else float(observations)
+    q2n = q * q / n
+    centre = (p + q2n / 2) / (1 + q2n)
+    half = q * math.sqrt(p * (1 - p) / n + q2n / (4 * n)) / (1 + q2n)
+    return lo + width * max(0.0, centre - half), lo + width * min(1.0, centre + half)
 
 
 def task_means(rollouts: Rollouts) -> dict[str, float]:
@@ -91,7 +123,7 @@ def clustered_mean(rollouts: Rollouts, bounds: tuple[float, float] | None = None
         return Interval(ybar, None, None, None, m)
     score = np.array([(g - ybar).sum() for g in groups])
     se = math.sqrt(m / (m - 1) * float((score**2).sum())) / n
-    return _t_interval(ybar, se, m, bounds)
+    return _t_interval(ybar, se, m, bounds, observations=n)
 
 
 def variance_components(rollouts: Rollouts) -> dict[str, float | None]:
@@ -125,14 +157,7 @@ def paired_difference(candidate: Rollouts, baseline: Rollouts) -> Interval:
 
 def unpaired_difference(candidate: Rollouts, baseline: Rollouts) -> Interval:
     """Difference of two clustered means (tasks not shared): Welch-style, each side clustered by task."""
-    c, b = clustered_mean(candidate), clustered_mean(baseline)
-    if c.value is None or b.value is None:
-        return EMPTY
-    value = c.value - b.value
-    if c.se is None or b.se is None:
-        return Interval(value, None, None, None, min(c.tasks, b.tasks))
-    se = math.sqrt(c.se**2 + b.se**2)
-    return _t_interval(value, se, min(c.tasks, b.tasks))
+    return interval_difference(clustered_mean(candidate), clustered_mean(baseline))
 
 
 def difference(candidate: Rollouts, baseline: Rollouts, min_shared: int = 2) -> tuple[Interval, bool]:
@@ -202,7 +227,7 @@ def mean_of_tasks(values: np.ndarray, bounds: tuple[float, float] | None = None)
     value = float(values.mean())
     if m < 2:
         return Interval(value, None, None, None, m)
-    return _t_interval(value, float(values.std(ddof=1)) / math.sqrt(m), m, bounds)
+    return _t_interval(value, float(values.std(ddof=1)) / math.sqrt(m), m, bounds, observations=m)
 
 
 def clustered_rate(trials: np.ndarray, passes: np.ndarray) -> Interval:
@@ -216,7 +241,7 @@ def clustered_rate(trials: np.ndarray, passes: np.ndarray) -> Interval:
         return Interval(ybar, None, None, None, m)
     score = passes - trials * ybar
     se = math.sqrt(m / (m - 1) * float((score**2).sum())) / n
-    return _t_interval(ybar, se, m, (0.0, 1.0))
+    return _t_interval(ybar, se, m, (0.0, 1.0), observations=int(n))
 
 
 def interval_difference(candidate: Interval, baseline: Interval) -> Interval:
@@ -226,7 +251,8 @@ def interval_difference(candidate: Interval, baseline: Interval) -> Interval:
     value = candidate.value - baseline.value
     if candidate.se is None or baseline.se is None:
         return Interval(value, None, None, None, min(candidate.tasks, baseline.tasks))
-    return _t_interval(value, math.sqrt(candidate.se**2 + baseline.se**2), min(candidate.tasks, baseline.tasks))
+    se = math.sqrt(candidate.se**2 + baseline.se**2)
+    return _t_interval(value, se, min(candidate.tasks, baseline.tasks), unpaired=max(candidate.tasks, baseline.tasks))
 
 
 def _log_comb(n: np.ndarray, k: int) -> np.ndarray:

@@ -1,11 +1,12 @@
 """The compare table's per-task rows and each side's protocol, from two versions' :class:`TaskData`.
 
-Where the versions share task ids the success rate is compared **paired**: per shared task the
-difference of the two sides' success rates, ``d_i``, and the interval of its mean from
-``sqrt(Var(d_i) / M)`` over the ``M`` shared tasks. With several rollouts per task every interval treats
-tasks, not rollouts, as the sample (clustered by task). pass^k and pass@k appear at k = 2, 4, 8, ...
-up to the fewest rollouts of any repeated task whenever tasks repeat on both sides; the shares of tasks
-where every rollout passed or failed, and the error and truncation rates, are rows of their own.
+The success rate is the mean over tasks of each task's rate. Where the versions share task ids it is
+compared **paired**: per shared task the difference of the two sides' success rates, ``d_i``, and the
+interval of its mean from ``sqrt(Var(d_i) / M)`` over the ``M`` shared tasks. With several rollouts per
+task every interval treats tasks, not rollouts, as the sample (clustered by task). pass^k and pass@k
+appear at k = 2, 4, 8, ... up to the fewest rollouts of any repeated task whenever tasks repeat on both
+sides; the shares of tasks where every rollout passed or failed, and the error and truncation rates, are
+rows of their own.
 
 A row whose *grader* differs between the sides (the grader of task outcomes, a judge's version, the
 rules behind a rule row) is marked ``grader changed`` instead of better or worse: its scores were not
@@ -26,7 +27,6 @@ from vigil.compare.paired import (
     Interval,
     Rollouts,
     clustered_mean,
-    clustered_rate,
     difference,
     interval_difference,
     mean_of_tasks,
@@ -156,11 +156,11 @@ def task_rows(base: TaskData, cand: TaskData) -> tuple[list[TaskRow], dict[str, 
     ks = rollout_ks(base, cand)
     if b.tasks and c.tasks:
         everything_b, everything_c = np.ones(b.n.size, bool), np.ones(c.n.size, bool)
-        _, _, diff, is_paired = _paired(pairs, b.c / b.n, c.c / c.n, everything_b, everything_c)
-        if not is_paired:
-            diff = interval_difference(clustered_rate(c.n, c.c), clustered_rate(b.n, b.c))
-        how = f"paired over {len(shared)} shared tasks" if is_paired else "clustered by task, no shared tasks"
-        sides = (clustered_rate(b.n, b.c), clustered_rate(c.n, c.c), diff, is_paired)
+        # each task counts once on either side, as in the difference of the tasks' rates and in pass@1:
+        # rates pooled over trials would weigh a task by its traffic, and a task run 10 times could then
+        # move a side that the paired difference, one value per task, does not see
+        sides = _paired(pairs, b.c / b.n, c.c / c.n, everything_b, everything_c)
+        how = f"paired over {len(shared)} shared tasks" if sides[3] else "clustered by task, no shared tasks"
         rows.append(_task_row("tasks:success", f"task success ({how})", "higher_is_better", sides))
         for k in ks:
             for key, fn, informational in (("pass^", pass_hat_k_of, False), ("pass@", pass_at_k_of, True)):

@@ -86,9 +86,24 @@ def _rate_p_value(x1: int, n1: int, x0: int, n0: int) -> float:
     return 1.0 if math.isnan(p) else p
 
 
-def _normal_p_value(point: float, standard_error: float) -> float:
+def spread_free_p_value(point: float, n1: int, n2: int | None = None) -> float:
+    """Two-sided p-value of a difference whose samples have no spread: each side constant, or (``n2`` None)
+    ``n1`` paired differences all equal.
+
+    A t or normal test has no standard error to divide by, and the difference is not exact: two tasks
+    that both went from pass to fail are two coin flips, not proof. The exact permutation test is: the
+    observed split is one of the two most extreme of the ``C(n1 + n2, n1)`` relabellings (of the ``2^n1``
+    sign flips when paired), so ``p = 2 / C(n1 + n2, n1)`` (``2 / 2^n1``).
+    """
+    if point == 0:
+        return 1.0
+    ways = 2**n1 if n2 is None else math.comb(n1 + n2, n1)
+    return min(1.0, 2 / ways)
+
+
+def _normal_p_value(point: float, standard_error: float, n1: int, n2: int | None = None) -> float:
     if not standard_error or math.isnan(standard_error):
-        return 1.0 if point == 0 else 0.0
+        return spread_free_p_value(point, n1, n2)
     return math.erfc(abs(point) / standard_error / math.sqrt(2))  # 2 * the upper tail, exact where it is tiny
 
 
@@ -145,8 +160,8 @@ def _welch(c: np.ndarray, b: np.ndarray, point: float) -> tuple[float, float, fl
     """Welch's interval and two-sided p-value of a difference of means."""
     vc, vb = float(c.var(ddof=1)) / c.size, float(b.var(ddof=1)) / b.size
     se = math.sqrt(vc + vb)
-    if se == 0:  # both samples constant: the difference is exact
-        return point, point, 1.0 if point == 0 else 0.0
+    if se == 0:  # both samples constant
+        return point, point, spread_free_p_value(point, c.size, b.size)
     df = (vc + vb) ** 2 / (vc**2 / (c.size - 1) + vb**2 / (b.size - 1))
     from scipy.stats import t
 
@@ -172,7 +187,7 @@ def difference(candidate: Iterable[float], baseline: Iterable[float], stat: Stat
     low, high = _percentiles(diffs)
     if math.isnan(low) or math.isnan(high):  # every resample equal: the difference is exact
         low = high = point
-    p_value = _normal_p_value(point, float(np.std(diffs, ddof=1)))
+    p_value = _normal_p_value(point, float(np.std(diffs, ddof=1)), int(c.size), int(b.size))
     return Estimate(point, low, high, int(c.size + b.size), p_value=p_value)
 
 

@@ -30,6 +30,7 @@ from vigil.compare import (
     pass_k,
     per_task,
     powers_of_two,
+    spread_free_p_value,
 )
 from vigil.evaluation.runs import PROTOCOL_KEYS, Run
 
@@ -150,7 +151,10 @@ def _p95_row(base: dict[str, list[float]], cand: dict[str, list[float]]) -> Row:
             boots.append(_p95([cg[i] for i in ci]) - _p95([bg[i] for i in bi]))
     se = float(np.std(boots, ddof=1))
     lo, hi = np.percentile(boots, [2.5, 97.5])
-    p = 2 * (1 - _phi(abs(point) / se)) if se > 0 else (1.0 if point == 0 else 0.0)
+    if se > 0:
+        p = 2 * (1 - _phi(abs(point) / se))
+    else:  # every task's latencies the same on either side: the exact permutation test
+        p = spread_free_p_value(point, len(shared)) if is_paired else spread_free_p_value(point, len(bg), len(cg))
     diff = Interval(point, se, float(lo), float(hi), len(shared) if is_paired else min(len(bg), len(cg)), p)
     return Row("p95 latency (s)", "seconds", "lower", "harness", b, c, diff, is_paired)
 

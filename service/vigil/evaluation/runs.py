@@ -371,6 +371,11 @@ def read_run(path: Path, engine: RuleEngine) -> Run:
 def _with_rollouts(run: Run) -> Run:
     if not run.rollouts:
         raise EvaluationError(f"{run.path}: no results in the file")
+    if all(r.success is None for r in run.rollouts):
+        # pass@1 needs scores: a run whose grader never scored is not a run to gate (nor a regression)
+        raise EvaluationError(
+            f"{run.path}: none of its {len(run.rollouts)} rollouts has a success score (all unscored)"
+        )
     return run
 
 
