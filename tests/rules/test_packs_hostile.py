@@ -72,3 +72,47 @@ def test_serve_with_a_binary_pack_exits_2_naming_it(tmp_path: Path) -> None:
     result = cli_runner().invoke(app, ["serve", "--no-workers", "--port", str(free_port())], env=env)
     assert result.exit_code == 2, result.output
     assert f"{p}: cannot read rule pack: not UTF-8" in result.output
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    """YAML keeps the last of two equal keys without a word: a rule that said `args:` twice lost its first
+    `tools`, a judge that said `sampling:` twice lost its rate, a policy its first weights. Each file is
+    refused instead, naming the key and both lines."""
+    from vigil.judge.definitions import load_judge
+    from vigil.judge.errors import JudgeDefinitionError
+    from vigil.review.policy import FlaggingPolicy
+
+    pack = tmp_path / "shop.yaml"
+    pack.write_text(
+        "pack: shop\nrules:\n  - id: guard\n    type: forbidden_tool\n    args: {tools: [refund]}\n"
+        "    severity: high\n    args: {tools: [cancel]}\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"(?s)shop\.yaml: cannot read rule pack: .*duplicate key 'args' \(first at line 5\)"
+    ):
+        load_pack(pack)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("findings:\n  rules: {guard: 100}\nfindings:\n  severity: {high: 60}\n")
+    with pytest.raises(
+        ConfigError, match=r"(?s)policy\.yaml: not valid YAML: .*duplicate key 'findings' \(first at line 1\)"
+    ):
+        FlaggingPolicy.load(policy)
+    judge = tmp_path / "my-judge"
+    judge.mkdir()
+    (judge / "judge.yaml").write_text(
+        "version: '1'\nmodel: openai/gpt-4o-mini\nsampling: {rate: 0.5}\ncategories: [other]\nsampling: {salt: x}\n"
+    )
+    (judge / "prompt.md").write_text("Grade {{transcript}}\n")
+    with pytest.raises(JudgeDefinitionError, match=r"(?s)judge\.yaml: not valid YAML: .*duplicate key 'sampling'"):
+        load_judge(judge, {}, 1.0)
+
+
+def test_anchors_and_merge_keys_still_load(tmp_path: Path) -> None:
+    """A merge key may override what it merges: that is YAML, not a key given twice."""
+    p = tmp_path / "ok.yaml"
+    p.write_text(
+        "pack: ok\nrules:\n  - &base {id: a, type: forbidden_tool, severity: low, args: {tools: [x]}}\n"
+        "  - <<: *base\n    id: b\n    severity: high\n"
+    )
+    _spec, rules = load_pack(p)
+    assert [(r.id, r.spec.severity) for r in rules] == [("a", "low"), ("b", "high")]

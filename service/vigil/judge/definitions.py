@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from vigil import config_files
 from vigil.judge.errors import JudgeDefinitionError
 from vigil.rules import SEVERITY_RANK
 from vigil.schema import Severity
@@ -195,7 +196,7 @@ def load_judge(folder: Path, context_files: dict[str, Path], default_budget: flo
         if not p.is_file():
             raise JudgeDefinitionError(f"{p}: missing (a judge needs judge.yaml and prompt.md)")
     try:
-        raw = yaml.safe_load(_text(yaml_path)) or {}
+        raw = config_files.safe_load(_text(yaml_path)) or {}
     except yaml.YAMLError as exc:
         raise JudgeDefinitionError(f"{yaml_path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):

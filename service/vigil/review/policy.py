@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from vigil import config_files
 from vigil.errors import ConfigError
 from vigil.rules import SEVERITY_RANK
 from vigil.schema import SUCCESS_TOLERANCE
@@ -131,7 +132,7 @@ class FlaggingPolicy(_Strict):
         """Read and validate a policy file; a bad file raises ConfigError naming the file and field."""
         p = Path(path) if path else DEFAULT_POLICY
         try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+            data = config_files.load(p) or {}
         except UnicodeDecodeError as exc:
             raise ConfigError(
                 f"flagging policy {p}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
