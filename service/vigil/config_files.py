@@ -2,6 +2,8 @@
 
 PyYAML keeps the last of two equal keys without a word, so a rule that says ``args:`` twice, or a judge
 that says ``sampling:`` twice, silently loses the first: here that is a YAML error naming both lines.
+A file past :data:`MAX_BYTES` is refused before it is parsed (a 50 MB pack took minutes of CPU and
+gigabytes of memory to load, then held start-up).
 """
 
 from __future__ import annotations
@@ -12,8 +14,21 @@ from typing import Any
 import yaml
 from yaml.constructor import ConstructorError
 
+MAX_BYTES = 1 << 20  # 1 MiB: the largest shipped pack is 12 KB
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+
+class TooLarge(yaml.YAMLError):
+    """The file is larger than an operator's configuration file may be."""
+
+    @staticmethod
+    def describe(size: int) -> str:
+        return f"{size:,} bytes, more than the {MAX_BYTES:,} a configuration file may hold"
+
+
+_Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _UniqueKeyLoader(_Base):  # type: ignore[misc]
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Node] = {}
         for key_node, _ in node.value:
@@ -41,5 +56,9 @@ def safe_load(text: str) -> Any:
 
 
 def load(path: Path) -> Any:
-    """Read and parse one file: OSError, UnicodeDecodeError and yaml.YAMLError are the caller's to word."""
+    """Read and parse one file: OSError, UnicodeDecodeError and yaml.YAMLError (:class:`TooLarge`,
+    duplicate keys) are the caller's to word."""
+    size = path.stat().st_size
+    if size > MAX_BYTES:
+        raise TooLarge(TooLarge.describe(size))
     return safe_load(path.read_text(encoding="utf-8"))

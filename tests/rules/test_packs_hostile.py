@@ -116,3 +116,30 @@ def test_anchors_and_merge_keys_still_load(tmp_path: Path) -> None:
     )
     _spec, rules = load_pack(p)
     assert [(r.id, r.spec.severity) for r in rules] == [("a", "low"), ("b", "high")]
+
+
+def test_a_pack_larger_than_a_configuration_file_is_refused_before_parsing(tmp_path: Path) -> None:
+    """A 50 MB pack (a glob that caught a data file, a generated pack gone wrong) took minutes of CPU and
+    gigabytes of memory before start-up went on; any operator file over 1 MiB is refused naming its size."""
+    from vigil import config_files
+    from vigil.judge.definitions import load_judge
+    from vigil.judge.errors import JudgeDefinitionError
+    from vigil.review.policy import FlaggingPolicy
+
+    padding = "#" * (config_files.MAX_BYTES + 1) + "\n"
+    pack = tmp_path / "huge.yaml"
+    pack.write_text("pack: huge\nrules:\n  - {id: a, type: forbidden_tool, args: {tools: [x]}}\n" + padding)
+    with pytest.raises(
+        ConfigError, match=r"huge\.yaml: cannot read rule pack: 1,048,65\d bytes, more than the 1,048,576"
+    ):
+        load_pack(pack)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\n" + padding)
+    with pytest.raises(ConfigError, match=r"policy\.yaml: not valid YAML: 1,048,5\d\d bytes, more than"):
+        FlaggingPolicy.load(policy)
+    judge = tmp_path / "my-judge"
+    judge.mkdir()
+    (judge / "judge.yaml").write_text("version: '1'\nmodel: openai/gpt-4o-mini\n" + padding)
+    (judge / "prompt.md").write_text("Grade {{transcript}}\n")
+    with pytest.raises(JudgeDefinitionError, match=r"judge\.yaml: 1,048,6\d\d bytes, more than the 1,048,576"):
+        load_judge(judge, {}, 1.0)

@@ -195,6 +195,9 @@ def load_judge(folder: Path, context_files: dict[str, Path], default_budget: flo
     for p in (yaml_path, prompt_path):
         if not p.is_file():
             raise JudgeDefinitionError(f"{p}: missing (a judge needs judge.yaml and prompt.md)")
+    size = yaml_path.stat().st_size
+    if size > config_files.MAX_BYTES:
+        raise JudgeDefinitionError(f"{yaml_path}: {config_files.TooLarge.describe(size)}")
     try:
         raw = config_files.safe_load(_text(yaml_path)) or {}
     except yaml.YAMLError as exc:
