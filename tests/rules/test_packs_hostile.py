@@ -143,3 +143,27 @@ def test_a_pack_larger_than_a_configuration_file_is_refused_before_parsing(tmp_p
     (judge / "prompt.md").write_text("Grade {{transcript}}\n")
     with pytest.raises(JudgeDefinitionError, match=r"judge\.yaml: 1,048,6\d\d bytes, more than the 1,048,576"):
         load_judge(judge, {}, 1.0)
+
+
+def test_a_rule_or_judge_scoped_to_no_agent_is_refused(tmp_path: Path) -> None:
+    """`applies_to: {agents: []}` loaded, and the rule (or judge) never ran on any conversation: an empty
+    list of agents or versions is an error naming the rule and the field."""
+    from vigil.judge.definitions import load_judge
+    from vigil.judge.errors import JudgeDefinitionError
+
+    for field in ("agents", "versions"):
+        pack = tmp_path / f"{field}.yaml"
+        pack.write_text(
+            f"pack: shop\nrules:\n  - id: guard\n    type: forbidden_tool\n    applies_to: {{{field}: []}}\n"
+            "    args: {tools: [refund]}\n"
+        )
+        with pytest.raises(ConfigError, match=rf"{field}\.yaml: rule 'guard': applies_to\.{field}: List should have"):
+            load_pack(pack)
+    judge = tmp_path / "my-judge"
+    judge.mkdir()
+    (judge / "judge.yaml").write_text(
+        "version: '1'\nmodel: openai/gpt-4o-mini\ncategories: [other]\napplies_to: {agents: []}\n"
+    )
+    (judge / "prompt.md").write_text("Grade {{transcript}}\n")
+    with pytest.raises(JudgeDefinitionError, match=r"judge\.yaml: applies_to\.agents: List should have"):
+        load_judge(judge, {}, 1.0)

@@ -31,8 +31,9 @@ class _Strict(BaseModel):
 
 
 class AppliesTo(_Strict):
-    agents: list[str] = Field(default_factory=lambda: ["*"], description="Agent id globs.")
-    agent_versions: list[str] = Field(default_factory=lambda: ["*"], description="Agent version globs.")
+    # an empty list would scope the judge to nothing: it loaded, and never judged a conversation
+    agents: list[str] = Field(default_factory=lambda: ["*"], min_length=1, description="Agent id globs.")
+    agent_versions: list[str] = Field(default_factory=lambda: ["*"], min_length=1, description="Agent version globs.")
     exclude_agents: list[str] = Field(default_factory=list, description="Agent id globs left out.")
 
     def matches(self, agent_id: str, agent_version: str) -> bool:

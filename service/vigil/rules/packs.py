@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 
 class AppliesTo(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    agents: list[str] = Field(default_factory=lambda: ["*"], description="Glob patterns of agent ids.")
-    versions: list[str] = Field(default_factory=lambda: ["*"], description="Glob patterns of versions.")
+    # an empty list would scope the rule to nothing: it loaded, and never ran on any conversation
+    agents: list[str] = Field(default_factory=lambda: ["*"], min_length=1, description="Glob patterns of agent ids.")
+    versions: list[str] = Field(default_factory=lambda: ["*"], min_length=1, description="Glob patterns of versions.")
 
     def matches(self, agent: str, version: str) -> bool:
         return any(fnmatch.fnmatchcase(agent, p) for p in self.agents) and any(
