@@ -167,3 +167,25 @@ def test_a_rule_or_judge_scoped_to_no_agent_is_refused(tmp_path: Path) -> None:
     (judge / "prompt.md").write_text("Grade {{transcript}}\n")
     with pytest.raises(JudgeDefinitionError, match=r"judge\.yaml: applies_to\.agents: List should have"):
         load_judge(judge, {}, 1.0)
+
+
+def test_rules_check_validates_packs_before_they_are_deployed(tmp_path: Path) -> None:
+    """`vigil rules check` loads packs as start-up does, without a database: each good pack is listed with
+    its rules and agents; a bad one is one error line naming the file, the rule and the field (exit 2)."""
+    good = tmp_path / "shop.yaml"
+    good.write_text(
+        "pack: shop\nversion: 2\nrules:\n  - id: guard\n    type: forbidden_tool\n"
+        "    applies_to: {agents: [shop-bot]}\n    args: {tools: [refund]}\n"
+        "  - id: spare\n    type: budget\n    enabled: false\n    args: {max_turns: 3}\n"
+    )
+    bad = tmp_path / "typo.yaml"
+    bad.write_text("pack: typo\nrules:\n  - id: guard2\n    type: forbiden_tool\n    args: {tools: [x]}\n")
+    env = {"VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'absent' / 'v.db'}", "VIGIL_RULE_PACKS": str(good)}
+    ok = cli_runner().invoke(app, ["rules", "check"], env=env)
+    assert ok.exit_code == 0, ok.output
+    assert f"ok: {good}: pack shop v2, 1 of 2 rules enabled, agents *, shop-bot" in ok.output
+    result = cli_runner().invoke(app, ["rules", "check", str(good), str(bad)], env=env)
+    assert result.exit_code == 2, result.output
+    assert f"{bad}: rule 'guard2': type: unknown rule type 'forbiden_tool'" in result.output
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+    assert not (tmp_path / "absent").exists()
