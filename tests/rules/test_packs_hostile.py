@@ -189,3 +189,16 @@ def test_rules_check_validates_packs_before_they_are_deployed(tmp_path: Path) ->
     assert f"{bad}: rule 'guard2': type: unknown rule type 'forbiden_tool'" in result.output
     assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
     assert not (tmp_path / "absent").exists()
+
+
+@pytest.mark.parametrize("pattern", ["(?i)full refund|", "(refund)?", "a*", "$", ""])
+def test_a_pattern_that_matches_every_text_is_refused(tmp_path: Path, pattern: str) -> None:
+    """A trailing '|' (or a wholly optional pattern) matches the empty string anywhere: `regex` with
+    `(?i)full refund|` flagged 100 of 100 τ² conversations at high severity, queueing and judging them all.
+    Refused at load naming the rule and field; a pattern for a blank text (`^\\s*$`) still loads."""
+    pack = tmp_path / "p.yaml"
+    pack.write_text(f"pack: p\nrules:\n  - id: talk\n    type: regex\n    args: {{pattern: {json.dumps(pattern)}}}\n")
+    with pytest.raises(ConfigError, match=r"rule 'talk': args\.pattern: .*matches the empty string in any text"):
+        load_pack(pack)
+    pack.write_text("pack: p\nrules:\n  - id: blank\n    type: regex\n    args: {pattern: '^\\s*$'}\n")
+    assert [r.id for r in load_pack(pack)[1]] == ["blank"]
