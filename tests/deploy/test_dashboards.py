@@ -179,3 +179,33 @@ def test_promtool_rule_unit_tests_cover_every_alert() -> None:
     quiet = {c["alertname"] for t in tests for c in t["alert_rule_test"] if not c["exp_alerts"]}
     names = {r["alert"] for r in alert_rules()}
     assert fired == names and quiet == names
+
+
+@pytest.mark.prometheus
+def test_regression_annotation_marks_a_signals_first_detection(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A labelled counter appears when first incremented, already at 1: `changes()` never saw the first
+    detection of a signal and version (in a demo, 4 detections in 30 minutes, 0 annotations). The
+    annotation marks a detection counter that appears as well as one that grows, and only near the time."""
+    (expr,) = [a["expr"] for a in dashboard()["annotations"]["list"] if a.get("name") == "Regressions"]
+    labels = 'agent="a",agent_version="v2",signal="rule:x"'
+    cases = {"4m": "first", "9m": None, "11m": "second", "20m": None}
+    tests = {
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": f"vigil_detections_total{{{labels}}}", "values": "_x3 1x7 2x10"}],
+                "promql_expr_test": [
+                    {
+                        "expr": f"count({expr})",
+                        "eval_time": at,
+                        "exp_samples": [{"labels": "{}", "value": 1}] if what else [],
+                    }
+                    for at, what in cases.items()
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "annotation_test.yaml"
+    path.write_text(yaml.safe_dump(tests))
+    result = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -41,6 +41,9 @@ BAD = [
     ({"config": {"VIGIL_API_KEYS": "ops:admin:k"}}, "/config/VIGIL_API_KEYS", "never inline"),
     ({"extraEnv": [{"name": "VIGIL_API_KEYS", "value": "ops:admin:k"}]}, "/extraEnv/0/value", "never inline"),
     ({"config": {"judge_concurrency": 4}}, "/config", "'judge_concurrency' not allowed"),
+    ({"config": {"VIGIL_JUDGE_CONCURENCY": 4}}, "/config", "'VIGIL_JUDGE_CONCURENCY' not allowed"),
+    ({"config": {"VIGIL_KAFKA_GROUP_ID": "other"}}, "/config/VIGIL_KAFKA_GROUP_ID", "use kafka.groupId"),
+    ({"config": {"VIGIL_PORT": 9000}}, "/config/VIGIL_PORT", "set by the chart"),
     ({"consumer": {"replicas": "three"}}, "/consumer/replicas", "want integer"),
     ({"consumer": {"replicas": -1}}, "/consumer/replicas", "minimum"),
     ({"image": {"repository": "vigil", "pullPolicy": "Sometimes"}}, "/image/pullPolicy", "IfNotPresent"),
@@ -114,3 +117,21 @@ def test_judging_off_runs_no_judge_workers() -> None:
     assert not [n for n in names if "judge" in n]
     env = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-env"))
     assert env["data"]["VIGIL_JUDGE_ENABLED"] == "false"
+
+
+def test_config_takes_every_setting_by_its_exact_name() -> None:
+    """`config` accepted any VIGIL_[A-Z0-9_]+ name: a typo (VIGIL_JUDGE_CONCURENCY) was installed and
+    silently ignored by Vigil, and a name the chart sets itself (VIGIL_KAFKA_GROUP_ID, VIGIL_PORT) was
+    written a second time into the ConfigMap. The schema lists every setting: the chart's own are refused
+    naming the value to use instead, secrets are refused, any other is accepted."""
+    import json
+
+    from vigil.settings import Settings
+
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]
+    names = {"VIGIL_" + name.upper() for name in Settings.model_fields}
+    assert set(schema["properties"]) == names and schema["additionalProperties"] is False
+    refused = {k for k, v in schema["properties"].items() if "const" in v}
+    rendered = render(merged({}))
+    (env,) = [d for d in rendered if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-env")]
+    assert {k for k in env["data"] if k.startswith("VIGIL_")} <= refused

@@ -185,3 +185,22 @@ def test_judge_list_json(env: Settings) -> None:
     assert out.exit_code == 0, out.output
     [j] = orjson.loads(out.stdout)
     assert j["name"] == "tj" and j["mode"] and "queue_depth" in j and "spent_today_usd" in j
+
+
+def test_a_negative_outcome_outside_the_vocabulary_is_refused(
+    env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`negative_outcomes: {types: [escalaton]}` or `below: {reward: 0.5}` validated clean and never
+    triggered: an outcome of a type outside the vocabulary is never stored. Refused like the flagging
+    policy's, naming the file and field; a type declared in VIGIL_OUTCOME_TYPES is accepted."""
+    for field, value, says in (
+        ("types", ["escalaton"], "'escalaton' not an outcome type Vigil knows"),
+        ("below", {"reward": 0.5}, "'reward' not an outcome type Vigil knows (benchmark importers write"),
+    ):
+        judge_dir(tmp_path / "judges", name="typo", sampling={"negative_outcomes": {field: value}})
+        out = cli_runner().invoke(app, ["judge", "validate"])
+        assert out.exit_code == 2, out.output
+        assert f"typo/judge.yaml: sampling.negative_outcomes.{field}: {says}" in out.output.replace("\n", "")
+    monkeypatch.setenv("VIGIL_OUTCOME_TYPES", "reward:good")
+    out = cli_runner().invoke(app, ["judge", "validate"])
+    assert out.exit_code == 0 and "ok: typo v3" in out.output, out.output

@@ -85,3 +85,25 @@ def test_failed_tau2_runs_are_queued_by_their_outcome(rt: Runtime) -> None:
         )
     assert by_outcome == expected_failed
     assert not by_outcome & passed
+
+
+def test_policy_weighing_a_rule_no_pack_defines_is_said_at_start_and_by_the_check(tmp_path, sqlite_url, caplog) -> None:  # type: ignore[no-untyped-def]
+    """`findings.rules: {retail-cancel-only-pendng: 100}` (a misspelt rule id) loaded without a word: the
+    weight applied to nothing and the rule kept its severity's. Start-up logs a warning naming the id and
+    the close one, and `vigil review policy` prints it."""
+    from tests.support.cli import cli_runner
+    from vigil.app.cli import app
+
+    p = tmp_path / "policy.yaml"
+    p.write_text("findings:\n  rules: {retail-cancel-only-pendng: 100}\n")
+    from vigil.settings import PROJECT_ROOT
+
+    packs = str(PROJECT_ROOT / "rules" / "tau2_retail.yaml")
+    with caplog.at_level("WARNING", logger="vigil.review.stage"):
+        review_runtime(sqlite_url, review_policy=str(p), rule_packs=packs).close()
+    said = "'retail-cancel-only-pendng' (did you mean 'retail-cancel-only-pending'?)"
+    assert any(said in r.getMessage() and str(p) in r.getMessage() for r in caplog.records), caplog.text
+    env = {"VIGIL_DATABASE_URL": sqlite_url, "VIGIL_RULE_PACKS": packs}
+    result = cli_runner().invoke(app, ["review", "policy", str(p)], env=env)
+    assert result.exit_code == 0, result.output
+    assert f"warning: findings.rules names no enabled rule of VIGIL_RULE_PACKS: {said}" in result.output

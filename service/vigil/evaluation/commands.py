@@ -1,4 +1,4 @@
-"""``vigil rules evaluate`` and ``vigil gate``."""
+"""``vigil rules check``, ``vigil rules evaluate`` and ``vigil gate``."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from typing import Annotated, Any
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from vigil.runtime import Launcher
 
-rules_app = typer.Typer(no_args_is_help=True, help="Rule packs: how well they find failures.")
+rules_app = typer.Typer(
+    no_args_is_help=True, help="Rule packs: check them before deploying, measure how well they find failures."
+)
 
 
 def _pct(e: dict[str, Any]) -> str:
@@ -75,6 +78,30 @@ def _engine(settings: Any, packs: list[Path] | None) -> Any:
         if name:
             importlib.import_module(name)
     return RuleEngine.from_paths(packs or settings.rule_pack_paths())
+
+
+def check(
+    ctx: typer.Context,
+    packs: Annotated[
+        list[Path] | None, typer.Argument(help="Rule pack YAML files; default: the packs VIGIL_RULE_PACKS names.")
+    ] = None,
+) -> None:
+    """Load and check rule packs as start-up does; exit 2 with the file, rule and field on the first error."""
+    from vigil.errors import VigilError
+    from vigil.rules import load_pack
+
+    launcher = Launcher.of(ctx)
+    try:
+        settings = launcher.settings()
+        paths = packs or settings.rule_pack_paths()
+        _engine(settings, paths)  # plugins, every pack, ids unique across them
+        loaded = [(path, *load_pack(path)) for path in paths]
+    except VigilError as exc:
+        launcher.fail(exc)
+    for path, spec, enabled in loaded:
+        agents = sorted({a for r in spec.rules for a in r.applies_to.agents})
+        line = f"ok: {path}: pack {spec.pack} v{spec.version}, {len(enabled)} of {len(spec.rules)} rules enabled"
+        Console(highlight=False, soft_wrap=True).print(escape(f"{line}, agents {', '.join(agents)}"))
 
 
 def evaluate(
@@ -178,6 +205,7 @@ def gate(
 
 
 def register(app: typer.Typer) -> None:
+    rules_app.command("check")(check)
     rules_app.command("evaluate")(evaluate)
     app.add_typer(rules_app, name="rules")
     app.command("gate")(gate)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,14 +16,15 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from vigil import config_files
 from vigil.judge.errors import JudgeDefinitionError
 from vigil.rules import SEVERITY_RANK
-from vigil.schema import Severity
+from vigil.schema import Severity, outcome_types
 from vigil.settings import Settings
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 PLACEHOLDER_RE = re.compile(r"\{\{\s*([a-z_.A-Z0-9-]+)\s*\}\}")
-DEFAULT_NEGATIVE_TYPES = ["escalation", "thumbs_down", "refund_reversal", "reopened_ticket", "complaint"]
+DEFAULT_NEGATIVE_TYPES = ["escalation", "thumbs_down", "refund_reversal", "reopened_ticket"]
 
 
 class _Strict(BaseModel):
@@ -30,8 +32,9 @@ class _Strict(BaseModel):
 
 
 class AppliesTo(_Strict):
-    agents: list[str] = Field(default_factory=lambda: ["*"], description="Agent id globs.")
-    agent_versions: list[str] = Field(default_factory=lambda: ["*"], description="Agent version globs.")
+    # an empty list would scope the judge to nothing: it loaded, and never judged a conversation
+    agents: list[str] = Field(default_factory=lambda: ["*"], min_length=1, description="Agent id globs.")
+    agent_versions: list[str] = Field(default_factory=lambda: ["*"], min_length=1, description="Agent version globs.")
     exclude_agents: list[str] = Field(default_factory=list, description="Agent id globs left out.")
 
     def matches(self, agent_id: str, agent_version: str) -> bool:
@@ -194,8 +197,11 @@ def load_judge(folder: Path, context_files: dict[str, Path], default_budget: flo
     for p in (yaml_path, prompt_path):
         if not p.is_file():
             raise JudgeDefinitionError(f"{p}: missing (a judge needs judge.yaml and prompt.md)")
+    size = yaml_path.stat().st_size
+    if size > config_files.MAX_BYTES:
+        raise JudgeDefinitionError(f"{yaml_path}: {config_files.TooLarge.describe(size)}")
     try:
-        raw = yaml.safe_load(_text(yaml_path)) or {}
+        raw = config_files.safe_load(_text(yaml_path)) or {}
     except yaml.YAMLError as exc:
         raise JudgeDefinitionError(f"{yaml_path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
@@ -258,10 +264,30 @@ def load_judges(settings: Settings) -> dict[str, Judge]:
     if not root.is_dir():
         return {}
     context_files = parse_context_files(settings.judge_context_files)
+    known = outcome_types(settings.outcome_types)
     judges = {}
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
         judges[folder.name] = load_judge(folder, context_files, settings.judge_default_daily_budget_usd)
+        check_outcome_types(judges[folder.name], known)
     return judges
+
+
+def check_outcome_types(judge: Judge, known: Iterable[str]) -> None:
+    """Refuse negative outcomes outside the outcome vocabulary: an outcome of such a type is never stored,
+    so the judge would wait for it for ever (the flagging policy refuses them alike)."""
+    known = sorted(known)
+    negative = judge.spec.sampling.negative_outcomes
+    if negative is None:  # `negative_outcomes: null`: outcomes never sample this judge
+        return
+    for where, names in (("types", negative.types), ("below", list(negative.below))):
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            hint = " (benchmark importers write the reward as task_success)" if "reward" in unknown else ""
+            raise JudgeDefinitionError(
+                f"{judge.path / 'judge.yaml'}: sampling.negative_outcomes.{where}: "
+                f"{', '.join(map(repr, unknown))} not an outcome type Vigil knows{hint}; known: {', '.join(known)}; "
+                "declare others in VIGIL_OUTCOME_TYPES"
+            )
 
 
 PREAMBLE = """You are an evaluator. You grade one conversation between an AI agent and a user against the \

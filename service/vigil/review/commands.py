@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -203,6 +204,7 @@ def policy_cmd(
     """Validate a flagging policy and print it as the flagger reads it."""
     from vigil.errors import VigilError
     from vigil.review.policy import FlaggingPolicy
+    from vigil.rules import RuleEngine
     from vigil.schema import outcome_types
 
     try:
@@ -213,6 +215,16 @@ def policy_cmd(
     except VigilError as exc:
         console.print(f"[red]error:[/red] {escape(terminal_safe(str(exc)))}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from None
+    try:
+        for plugin in filter(None, (n.strip() for n in settings.rule_plugins.split(","))):
+            importlib.import_module(plugin)
+        rule_ids = [r.id for r in RuleEngine.from_paths(settings.rule_pack_paths()).rules]
+        unknown = policy.unknown_rules(rule_ids)
+        warning = f"findings.rules names no enabled rule of VIGIL_RULE_PACKS: {', '.join(unknown)}" if unknown else ""
+    except (VigilError, ImportError) as exc:
+        warning = f"findings.rules not checked against the rule packs: {exc}"
+    if warning:
+        console.print(f"[yellow]warning:[/yellow] {escape(terminal_safe(warning))}", soft_wrap=True, highlight=False)
     sys.stdout.write(orjson.dumps(policy.model_dump(), option=orjson.OPT_INDENT_2).decode() + "\n")
 
 

@@ -7,6 +7,7 @@ items hash the conversation id with a versioned salt, so every replica and repla
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from vigil import config_files
 from vigil.errors import ConfigError
 from vigil.rules import SEVERITY_RANK
 from vigil.schema import SUCCESS_TOLERANCE
@@ -131,7 +133,7 @@ class FlaggingPolicy(_Strict):
         """Read and validate a policy file; a bad file raises ConfigError naming the file and field."""
         p = Path(path) if path else DEFAULT_POLICY
         try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+            data = config_files.load(p) or {}
         except UnicodeDecodeError as exc:
             raise ConfigError(
                 f"flagging policy {p}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
@@ -157,6 +159,16 @@ class FlaggingPolicy(_Strict):
                 f"{source}: outcomes: {', '.join(map(repr, unknown))} not an outcome type Vigil knows{hint}; "
                 f"known: {', '.join(sorted(known))}; declare others in VIGIL_OUTCOME_TYPES"
             )
+
+    def unknown_rules(self, known: Iterable[str]) -> list[str]:
+        """``findings.rules`` entries that name no rule of ``known``, each with a close id if there is one:
+        such a weight applies to nothing (a misspelt id's rule keeps its severity's weight)."""
+        known = sorted(set(known))
+        out = []
+        for rule in sorted(set(self.findings.rules) - set(known)):
+            close = difflib.get_close_matches(rule, known, n=1)
+            out.append(f"{rule!r} (did you mean {close[0]!r}?)" if close else repr(rule))
+        return out
 
     def finding_reasons(self, findings: Any) -> list[Reason]:
         """Reasons from rule findings (objects or dicts with rule_id, severity, message)."""

@@ -41,6 +41,13 @@ class ReviewStage:
         policy = FlaggingPolicy.load(rt.settings.review_policy or None)
         source = rt.settings.review_policy or "flagging policy"
         policy.check_outcome_types(outcome_types(rt.settings.outcome_types), source)
+        unknown = policy.unknown_rules(r.id for r in rt.rules.rules)
+        if unknown:
+            log.warning(
+                "%s: findings.rules names no enabled rule of the loaded packs: %s; its weight applies to nothing",
+                source,
+                ", ".join(unknown),
+            )
         descriptions = {r.id: r.spec.description or "" for r in rt.rules.rules}
         return cls(
             policy,

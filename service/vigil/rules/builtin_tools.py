@@ -23,12 +23,22 @@ __all__ = ["ArgCondition", "ResultCondition", "field_value", "valid_pattern"]
 
 
 def valid_pattern(v: str | None) -> str | None:
-    """Field validator: a pattern the linear-time engine runs, else a clear validation error."""
+    """Field validator: a pattern the linear-time engine runs and that does not match every text, else a
+    clear validation error."""
     if v is not None:
         try:
-            compile_linear(v)
+            rx = compile_linear(v)
         except UnsupportedPattern as exc:
             raise ValueError(str(exc)) from None
+        # an empty match inside a text of one control character is an empty match anywhere: `yes|`,
+        # `(refund)?`, `a*` or a bare `$` match every message (a must_not_match rule flags them all, an
+        # error_pattern makes every tool result an error); `^\s*$` (a blank text) is not refused
+        found = rx.search("\x01")
+        if found is not None and found.start() == found.end():
+            raise ValueError(
+                "matches the empty string in any text, so it matches every message (an empty alternative "
+                "such as a trailing or doubled '|', or a pattern whose every part is optional)"
+            )
     return v
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vigil import config_files
 from vigil.errors import ConfigError
 from vigil.rules.budget import WATCHDOG, Guard, RuleTimeout
 from vigil.rules.registry import Evidence, Hit, RuleArgs, RuleError, RuleType, get_rule_type
@@ -22,8 +23,9 @@ log = logging.getLogger(__name__)
 
 class AppliesTo(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    agents: list[str] = Field(default_factory=lambda: ["*"], description="Glob patterns of agent ids.")
-    versions: list[str] = Field(default_factory=lambda: ["*"], description="Glob patterns of versions.")
+    # an empty list would scope the rule to nothing: it loaded, and never ran on any conversation
+    agents: list[str] = Field(default_factory=lambda: ["*"], min_length=1, description="Glob patterns of agent ids.")
+    versions: list[str] = Field(default_factory=lambda: ["*"], min_length=1, description="Glob patterns of versions.")
 
     def matches(self, agent: str, version: str) -> bool:
         return any(fnmatch.fnmatchcase(agent, p) for p in self.agents) and any(
@@ -102,7 +104,7 @@ def _fmt_pack(data: Any, exc: ValidationError) -> str:
 def load_pack(path: Path) -> tuple[PackSpec, list[CompiledRule]]:
     """Validate one pack file; every error names the file, the rule id and the field."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = config_files.load(path)
     except UnicodeDecodeError as exc:
         where = f"byte {exc.object[exc.start]:#04x} at offset {exc.start}"
         raise ConfigError(f"{path}: cannot read rule pack: not UTF-8 text ({where})") from None
