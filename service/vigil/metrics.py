@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
 
 # No ``*_created`` series: they double the series count and Prometheus reads the start time elsewhere.
 disable_created_metrics()
@@ -80,6 +80,9 @@ class Metrics:
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        # process_start_time_seconds (and CPU, memory, open files): DeadLettersRising tells a counter born in
+        # this process from one a new Prometheus sees for the first time by it
+        ProcessCollector(registry=r)
         self.agent = LabelGuard(max_label_values, label_idle_seconds, "agent")
         self.version = LabelGuard(max_label_values, label_idle_seconds, "agent_version")
         # configured names (rule ids, outcome types, judge models) and detector signals: see admit()

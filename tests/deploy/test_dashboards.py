@@ -83,6 +83,9 @@ def test_exposed_names_come_from_the_registry() -> None:
         "vigil_quality_rate_lower",
     } <= names
     assert "vigil_findings" not in names and "vigil_nonexistent_total" not in names
+    # DeadLettersRising reads the process's start (a counter born since is new, whoever scrapes it)
+    assert "process_start_time_seconds" in names
+    assert any("process_start_time_seconds" in r["expr"] for r in alert_rules())
 
 
 def test_alerts_and_dashboard_name_only_exposed_metrics() -> None:
