@@ -258,3 +258,27 @@ def test_the_normal_p_value_keeps_its_far_tail() -> None:
     assert math.isclose(_normal_p_value(-5.0, 1.0, 100, 100), 5.733031437583878e-07, rel_tol=1e-12)
     assert math.isclose(_normal_p_value(10.0, 1.0, 100, 100), 1.5239706048320995e-23, rel_tol=1e-9)
     assert _normal_p_value(0.0, 0.0, 2, 3) == 1.0 and _normal_p_value(1.0, 0.0, 2, 3) == pytest.approx(0.2)
+
+
+def test_rows_at_zero_on_both_sides_do_not_dilute_the_holm_family() -> None:
+    """One real difference among 21 rows, 14 of them 0 of 100 on both sides: those can never differ (p = 1
+    whatever happened), and counting them took the real one's adjusted p from 0.024 to 0.071: the headline
+    said no signal got worse while the gate, on the same data, said REGRESSION."""
+    from vigil.compare.table import adjust_for_multiplicity
+
+    def row(signal: str, xb: int, xc: int, p: float, v: str) -> Row:
+        b, c = stats.Estimate(xb / 100, None, None, 100, xb), stats.Estimate(xc / 100, None, None, 100, xc)
+        d = stats.Estimate((xc - xb) / 100, 0.01 if v == WORSE else -0.1, 0.2, 200, p_value=p)
+        return Row(signal, signal, "rate", "lower_is_better", b, c, d, verdict=v)
+
+    real = row("rule:a", 2, 10, 0.0034, WORSE)
+    zeros = [row(f"rule:z{i}", 0, 0, 1.0, UNSURE) for i in range(14)]
+    others = [row(f"rule:o{i}", 5, 6, 0.5, UNSURE) for i in range(6)]
+    adjust_for_multiplicity([real, *zeros, *others])
+    assert real.p_adjusted == pytest.approx(0.0034 * 7) and real.verdict == WORSE
+    assert all(z.p_adjusted == 1.0 for z in zeros)
+    # all events on both sides cannot differ either; one event anywhere can
+    full, one = row("rule:f", 100, 100, 1.0, UNSURE), row("rule:g", 0, 1, 1.0, UNSURE)
+    real.verdict = WORSE
+    adjust_for_multiplicity([real, full, one])
+    assert real.p_adjusted == pytest.approx(0.0034 * 2) and full.p_adjusted == 1.0

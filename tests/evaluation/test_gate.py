@@ -252,3 +252,23 @@ def test_protocol_from_the_conversations_metadata_where_the_header_says_nothing(
     named = _native(tmp_path / "named.jsonl", rows("m2", "rubric v2"), {"model": "m1", "grader": "exact v1"})
     out = orjson.loads(_gate(base, named, "--json").stdout)
     assert {p["key"]: p["same"] for p in out["protocol"]}["model"] and not out["graders_changed"]
+
+
+def test_rows_that_cannot_differ_stay_out_of_the_gates_holm_family() -> None:
+    """A gating row where every task scored the same on both sides (no spread, no difference) has p = 1
+    under any relabelling; leaving it out of Holm's family keeps a real regression a regression."""
+    from vigil.compare.paired import Interval
+    from vigil.evaluation.gate import Row, judge_rows
+
+    def row(signal: str, value: float, se: float, p: float) -> Row:
+        side = Interval(0.5, 0.05, 0.4, 0.6, 40)
+        low, high = value - 2 * se, value + 2 * se
+        return Row(signal, "rate", "higher", None, side, side, Interval(value, se, low, high, 40, p), True)
+
+    real = row("task success", -0.1, 0.04, 0.012)
+    flat = [row(f"flat {i}", 0.0, 0.0, 1.0) for i in range(4)]
+    judge_rows([real, *flat], set())
+    assert real.verdict == "REGRESSION"  # 0.012 over 1 row, not over 5 (0.06)
+    real = row("task success", -0.1, 0.04, 0.012)
+    judge_rows([real, *(row(f"moved {i}", 0.01, 0.05, 0.8) for i in range(4))], set())
+    assert real.verdict == "worse (not after Holm)"  # rows that could differ still count

@@ -210,10 +210,32 @@ def _graded(d: VersionData) -> tuple[int, int]:
     return successes, trials
 
 
+def cannot_differ(r: Row) -> bool:
+    """A rate row with no event, or nothing but events, on both sides: given that, no split of the
+    conversations between the versions could differ, so its p-value is 1 whatever happened. Tarone (1990):
+    leaving such a row out of the family keeps the family-wise error rate, while counting it (one of 14 rows
+    at 0% on both sides of 21) only made every real difference pay for it."""
+    b, c = r.baseline, r.candidate
+    if r.kind != "rate" or b.x is None or c.x is None or not b.n or not c.n:
+        return False
+    return (b.x == 0 and c.x == 0) or (b.x == b.n and c.x == c.n)
+
+
 def adjust_for_multiplicity(rows: list[Row]) -> list[Row]:
     """Holm's step-down adjustment over the rows' p-values; a better/worse verdict whose adjusted
-    p-value is not below 5% becomes "not yet distinguishable"."""
-    tested = [r for r in rows if r.difference.p_value is not None and not r.informational and r.grader_changed is None]
+    p-value is not below 5% becomes "not yet distinguishable". Rows that cannot differ (see
+    :func:`cannot_differ`) are left out of the family; their adjusted p-value is 1."""
+    for r in rows:
+        if r.difference.p_value is not None and cannot_differ(r):
+            r.p_adjusted = 1.0
+    tested = [
+        r
+        for r in rows
+        if r.difference.p_value is not None
+        and not r.informational
+        and r.grader_changed is None
+        and not cannot_differ(r)
+    ]
     if not tested:
         return rows
     adjusted = stats.holm([r.difference.p_value for r in tested if r.difference.p_value is not None])

@@ -222,7 +222,16 @@ def protocol_diff(base: Run, cand: Run) -> list[dict[str, Any]]:
 
 
 def judge_rows(rows: list[Row], changed: set[str]) -> list[Row]:
-    gating = [r for r in rows if r.gating and r.grader not in changed and r.difference.p_value is not None]
+    # a row with no spread and no difference (every task the same on both sides) cannot differ under any
+    # relabelling: its p-value is 1 whatever happened, and Holm's family leaves it out (Tarone, 1990)
+    gating = [
+        r
+        for r in rows
+        if r.gating
+        and r.grader not in changed
+        and r.difference.p_value is not None
+        and not (r.difference.value == 0 and r.difference.se == 0)
+    ]
     p_values = [r.difference.p_value for r in gating]
     adjusted = dict(zip((id(r) for r in gating), holm([1.0 if p is None else p for p in p_values]), strict=True))
     for r in rows:
