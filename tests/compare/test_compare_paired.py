@@ -157,3 +157,20 @@ def test_clustered_rate_interval_covers_the_true_rate(tasks: int, rollouts: int,
         i = paired.clustered_rate(np.full(tasks, float(rollouts)), passes)
         covered += i.low <= rate <= i.high
     assert covered / 2000 >= 0.93, covered / 2000
+
+
+def test_a_difference_of_task_rates_stays_within_minus_one_and_one() -> None:
+    """Two shared tasks whose rates moved by 0 and by 1: the t interval on one degree of freedom reached
+    [-585%, +685%]; a difference of rates cannot leave [-100%, +100%]."""
+    import numpy as np
+
+    from vigil.compare.pairing import _paired, _Pairs
+
+    pairs = _Pairs(np.array([0, 1]), np.array([0, 1]))
+    everything = np.ones(2, bool)
+    _, _, diff, paired = _paired(pairs, np.array([0.0, 0.0]), np.array([0.0, 1.0]), everything, everything)
+    assert paired and diff.value == 0.5 and (diff.low, diff.high) == (-1.0, 1.0)
+    # unpaired (no shared tasks) alike
+    none = _Pairs(np.array([], dtype=int), np.array([], dtype=int))
+    _, _, diff, paired = _paired(none, np.array([0.0, 0.0]), np.array([0.0, 1.0]), everything, everything)
+    assert not paired and diff.low is not None and diff.low >= -1.0 and diff.high is not None and diff.high <= 1.0

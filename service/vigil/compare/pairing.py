@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -114,8 +114,17 @@ def _paired(
     b_side, c_side = mean_of_tasks(b_values[b_mask], UNIT), mean_of_tasks(c_values[c_mask], UNIT)
     both = b_mask[pairs.b] & c_mask[pairs.c]
     if int(both.sum()) >= 2:
-        return b_side, c_side, mean_of_tasks(c_values[pairs.c[both]] - b_values[pairs.b[both]]), True
-    return b_side, c_side, interval_difference(c_side, b_side), False
+        return b_side, c_side, _within_unit(mean_of_tasks(c_values[pairs.c[both]] - b_values[pairs.b[both]])), True
+    return b_side, c_side, _within_unit(interval_difference(c_side, b_side)), False
+
+
+def _within_unit(diff: Interval) -> Interval:
+    """A difference of two values in [0, 1] lies in [-1, 1]: its t interval over a few tasks can reach far
+    past that (two tasks with differences 0 and 1: [-585%, +685%]). Clipped, it still excludes zero exactly
+    when it did."""
+    if diff.low is None or diff.high is None:
+        return diff
+    return replace(diff, low=max(-1.0, diff.low), high=min(1.0, diff.high))
 
 
 def _task_row(
