@@ -1,6 +1,7 @@
 """How long the compare table's per-task rows and protocol take, beside the whole comparison.
 
     python -m bench.bench_compare_tasks [--per-version 10000] [--postgres]
+    python -m bench.bench_compare_tasks --pass-k-only   # the pass@k / pass^k table of heavily run tasks
 
 Stores simulated traffic for two versions (task ids repeat, every conversation has a task_success
 outcome), then times ``load_tasks`` (the per-task and metadata reads, both sides) and the full
@@ -36,11 +37,29 @@ def database(postgres: bool) -> Iterator[str]:
             yield f"sqlite:///{d}/bench.db"
 
 
+def pass_k_table_cost() -> None:
+    """CPU of one side's pass@k / pass^k table: 100 tasks of 20k-40k trials each (a month of a busy task
+    set), where exact binomial integers have thousands of digits."""
+    import random
+
+    from vigil.compare.stats import pass_k_table
+
+    rng = random.Random(1)
+    tasks = {f"t{i}": (n, rng.randint(0, n)) for i in range(100) for n in [rng.randint(20_000, 40_000)]}
+    t0 = time.process_time()
+    out = pass_k_table(tasks, per_task=False)
+    print(f"pass@k / pass^k table, 100 tasks of 20k-40k trials, ks {out['ks']}: {time.process_time() - t0:.3f} s CPU")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--per-version", type=int, default=10_000)
     ap.add_argument("--postgres", action="store_true")
+    ap.add_argument("--pass-k-only", action="store_true", help="Only time the pass@k table of heavily run tasks.")
     args = ap.parse_args()
+    pass_k_table_cost()
+    if args.pass_k_only:
+        return
     from tests.support.app import INGEST, make_client, make_settings
 
     with database(args.postgres) as url:

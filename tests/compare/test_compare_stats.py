@@ -282,3 +282,19 @@ def test_rows_at_zero_on_both_sides_do_not_dilute_the_holm_family() -> None:
     real.verdict = WORSE
     adjust_for_multiplicity([real, full, one])
     assert real.p_adjusted == pytest.approx(0.0034 * 2) and full.p_adjusted == 1.0
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k"), [(2001, 1000, 700), (30_000, 29_990, 16), (40_000, 20_000, 20_000), (5000, 3, 4)]
+)
+def test_pass_k_of_many_trials_agrees_with_exact_integers(n: int, c: int, k: int) -> None:
+    """Beyond EXACT_UP_TO trials the figures come from log-gamma (exact integers of C(40000, 20000) cost
+    5.7 s of CPU for a table of 100 tasks); they agree with the exact fractions to 1e-9."""
+    import math
+    from fractions import Fraction
+
+    exact_hat = float(Fraction(math.comb(c, k), math.comb(n, k)))
+    exact_at = 1 - float(Fraction(math.comb(n - c, k), math.comb(n, k)))
+    assert stats.pass_hat_k(n, c, k) == pytest.approx(exact_hat, abs=1e-9)
+    assert stats.pass_at_k(n, c, k) == pytest.approx(exact_at, abs=1e-9)
+    assert 0.0 <= stats.pass_hat_k(n, c, k) <= 1.0
