@@ -319,21 +319,20 @@ async def skip(request: Request, conversation_id: str) -> Response:
     return go(_review_url(nxt) if nxt else "/ui/queue?notice=" + ("empty" if form.get("next") else "skipped"))
 
 
+def _log_in_again(request: Request, conversation_id: str, why: str, draft: dict[str, str | None] | None) -> Response:
+    """The log-in page for a post whose session expired, carrying what was typed back to the conversation."""
+    return render_page(
+        request, "login.html", 401, title="Log in", next=_review_url(conversation_id), error=why, draft=draft
+    )
+
+
 @router.post("/review/{conversation_id:path}/label")
 async def label(request: Request, conversation_id: str) -> Response:
     form = dict(await request.form())
     sessions = sessions_of(request)
     p = sessions.principal(request)
     if p is None:
-        return render_page(
-            request,
-            "login.html",
-            401,
-            title="Log in",
-            next=_review_url(conversation_id),
-            error=EXPIRED_LABEL,
-            draft=draft_of(form),
-        )
+        return _log_in_again(request, conversation_id, EXPIRED_LABEL, draft_of(form))
     if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
         return _conversation_page(request, conversation_id, p, 403, notice=STALE_LABEL, draft=draft_of(form))
     st = _stage(request)
@@ -382,15 +381,7 @@ async def comment(request: Request, conversation_id: str) -> Response:
     sessions = sessions_of(request)
     p = sessions.principal(request)
     if p is None:
-        return render_page(
-            request,
-            "login.html",
-            401,
-            title="Log in",
-            next=_review_url(conversation_id),
-            error=EXPIRED_COMMENT,
-            draft=unsent,
-        )
+        return _log_in_again(request, conversation_id, EXPIRED_COMMENT, unsent)
     if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
         return _conversation_page(
             request, conversation_id, p, 403, notice=STALE_COMMENT, unsent=unsent, comment_on=_index(raw_index)

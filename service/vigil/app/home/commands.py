@@ -76,6 +76,10 @@ def register(app: typer.Typer) -> None:
         print_status(data)
 
 
+SUMMARY_COLUMNS = ["conversation", "agent", "version", "task", "status", "received", "messages"]
+SUMMARY_COLUMNS += ["tool errors", "cost", "findings"]
+
+
 def _summary_rows(items: list[dict[str, Any]]) -> list[list[str]]:
     return [
         [
@@ -137,18 +141,7 @@ def register_conversations(app: typer.Typer) -> None:
             return
         typer.echo(f"{data['total_text']} matching", err=True)
         print_table(
-            [
-                "conversation",
-                "agent",
-                "version",
-                "task",
-                "status",
-                "received",
-                "messages",
-                "tool errors",
-                "cost",
-                "findings",
-            ],
+            SUMMARY_COLUMNS,
             _summary_rows(data["items"]),
         )
         if data["next_cursor"]:
@@ -180,18 +173,7 @@ def register_conversations(app: typer.Typer) -> None:
             print_json(found)
             return
         print_table(
-            [
-                "conversation",
-                "agent",
-                "version",
-                "task",
-                "status",
-                "received",
-                "messages",
-                "tool errors",
-                "cost",
-                "findings",
-            ],
+            SUMMARY_COLUMNS,
             _summary_rows([found]),
         )
         if found["findings"]:
