@@ -83,11 +83,9 @@ def replay(
     producer: Any = None
     rt: Any = None
     if not dry_run and to_kafka:
-        from vigil.ingest.kafka import kafka_producer
-
         if not s.kafka_bootstrap_servers:
             launch.fail(VigilError("--to-kafka needs VIGIL_KAFKA_BOOTSTRAP_SERVERS"))
-        producer = kafka_producer(s.kafka_bootstrap_servers)
+        producer = _topic_producer(launch, s)
     elif not dry_run:
         rt = launch.runtime({"replay"}, s)
     from vigil.ingest.decode import REASONS
@@ -262,11 +260,9 @@ def _make_sink(  # type: ignore[no-untyped-def]
         return to_http
     s = launch.settings()
     if to_kafka:
-        from vigil.ingest.kafka import kafka_producer
-
         if not s.kafka_bootstrap_servers:
             launch.fail(VigilError("--to-kafka needs VIGIL_KAFKA_BOOTSTRAP_SERVERS"))
-        producer = kafka_producer(s.kafka_bootstrap_servers)
+        producer = _topic_producer(launch, s)
 
         def to_topic(convs: list[dict[str, Any]], outs: list[dict[str, Any]]) -> None:
             for c in convs:
@@ -287,6 +283,16 @@ def _make_sink(  # type: ignore[no-untyped-def]
             sink(outs)
 
     return to_pipeline
+
+
+def _topic_producer(launch: Launcher, s: Any) -> Any:
+    """The ``--to-kafka`` producer; a broker it cannot reach is one line and exit 2, not a traceback."""
+    from vigil.ingest.kafka import settings_producer
+
+    try:
+        return settings_producer(s)
+    except VigilError as exc:
+        launch.fail(exc)
 
 
 def register(app: typer.Typer) -> None:

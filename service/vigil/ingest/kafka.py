@@ -20,6 +20,7 @@ import orjson
 from vigil.errors import VigilError
 from vigil.ingest.pipeline import Envelope
 from vigil.runtime import Runtime
+from vigil.settings import Settings
 from vigil.store.db import db_detail
 
 log = logging.getLogger(__name__)
@@ -79,11 +80,16 @@ def dead_letter_producer(runtime: Runtime):  # type: ignore[no-untyped-def]
     """The producer of ``VIGIL_KAFKA_DEAD_LETTER_TOPIC`` (None without one). It reaches for the brokers
     as it is made: an unreachable one is a :class:`ConsumerError` within ``VIGIL_KAFKA_BOOTSTRAP_TIMEOUT_MS``,
     as the consumer's is, not a traceback after kafka-python's own 30 s."""
+    if not runtime.settings.kafka_dead_letter_topic:
+        return None
+    return settings_producer(runtime.settings)
+
+
+def settings_producer(s: Settings):  # type: ignore[no-untyped-def]
+    """A producer to ``VIGIL_KAFKA_BOOTSTRAP_SERVERS`` (the dead-letter topic, ``--to-kafka``): an unreachable
+    broker is a :class:`ConsumerError` within ``VIGIL_KAFKA_BOOTSTRAP_TIMEOUT_MS``."""
     from kafka.errors import KafkaError
 
-    s = runtime.settings
-    if not s.kafka_dead_letter_topic:
-        return None
     if not s.kafka_bootstrap_servers:
         raise ConsumerError("VIGIL_KAFKA_BOOTSTRAP_SERVERS is not set")
     try:

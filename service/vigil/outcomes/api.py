@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.concurrency import run_in_threadpool
 
 from vigil.http import runtime_of
@@ -14,6 +15,7 @@ from vigil.http.auth import require
 from vigil.http.body import BodyTooLarge, EncodedBody, limited_body
 from vigil.outcomes.ingest import OutcomeIn, OutcomeStore
 from vigil.schema import UnreadableJson, read_items, too_dense
+from vigil.store.db import StoreUnavailable
 from vigil.store.writes import DeadLetter
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,10 @@ async def post_outcomes(request: Request) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "reason": "oversized"}, 413)
     except EncodedBody as exc:
         return JSONResponse({"detail": str(exc), "reason": "unsupported_encoding"}, 415)
+    except (StoreUnavailable, OperationalError, InterfaceError):
+        # answered 503 by the app's handler; counted as POST /v1/conversations counts its own (IngestStoreFailing)
+        runtime_of(request).metrics.ingest_errors.labels("store").inc()
+        raise
 
 
 async def _post_outcomes(store: Any, body: bytes, expansion: float) -> JSONResponse:

@@ -38,7 +38,7 @@ from vigil.schema import (
     read_items,
 )
 from vigil.settings import Settings
-from vigil.store.db import PERMANENT_DB_ERRORS, after_commit, among, db_detail, upsert
+from vigil.store.db import PERMANENT_DB_ERRORS, after_commit, among, db_detail, retry_kind, retry_transient, upsert
 from vigil.store.models import OutcomeRow
 from vigil.store.writes import DeadLetter, store_dead_letters
 
@@ -295,17 +295,31 @@ class OutcomeStore:
         for reason, errs in by_reason.items():
             body = raw if raw is not None else _items_raw([items[e.index] for e in errs])
             dead.append(DeadLetter(source, reason, _detail(errs), body))
-        with self.sessions.begin() as session:
-            result = self.store(session, [o for _, o in valid], source)
-            conflicts = [
-                ItemError(valid[pos][0], "idempotency_conflict", errs) for pos, errs in result.conflicts.items()
-            ]
-            if conflicts:
-                body = raw if raw is not None else _items_raw([items[e.index] for e in conflicts])
-                dead.append(DeadLetter(source, "idempotency_conflict", _detail(conflicts), body))
-            new_dead = store_dead_letters(
-                session, dead, self.settings.dead_letter_raw_bytes, self.settings.dead_letter_batch_raw_bytes
-            )
+
+        def write() -> tuple[Stored, list[ItemError], list[tuple[str, str]]]:
+            with self.sessions.begin() as session:
+                result = self.store(session, [o for _, o in valid], source)
+                conflicts = [
+                    ItemError(valid[pos][0], "idempotency_conflict", errs) for pos, errs in result.conflicts.items()
+                ]
+                letters = list(dead)
+                if conflicts:
+                    body = raw if raw is not None else _items_raw([items[e.index] for e in conflicts])
+                    letters.append(DeadLetter(source, "idempotency_conflict", _detail(conflicts), body))
+                new_dead = store_dead_letters(
+                    session, letters, self.settings.dead_letter_raw_bytes, self.settings.dead_letter_batch_raw_bytes
+                )
+            return result, conflicts, new_dead
+
+        # a deadlock with another batch of the same keys, or a connection lost, is tried again as every other
+        # write is (two requests overlapping in keys deadlocked and one was answered 503 at the first try)
+        s = self.settings
+        result, conflicts, new_dead = retry_transient(
+            write,
+            s.store_retry_attempts,
+            s.store_retry_base_seconds,
+            on_retry=lambda exc: self.metrics.store_retries.labels(retry_kind(exc)).inc(),
+        )
         self._count_dead(new_dead)
         errors = sorted(errors + conflicts, key=lambda e: e.index)
         return OutcomeBatch(len(items), len(result.new), result.duplicates, errors)

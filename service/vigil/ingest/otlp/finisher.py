@@ -15,6 +15,7 @@ import threading
 import uuid
 
 from vigil.ingest.otlp.ingest import TraceIngest
+from vigil.store.db import db_detail
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +33,25 @@ class TraceFinisher:
         return self.ingest.finish_idle(self.owner)
 
     def _run(self) -> None:
+        failures = 0
         while not self._stop.wait(self.interval):
             try:
                 done = self.run_once()
-                if done:
-                    log.info("finished %d idle traced conversations", len(done))
-            except Exception:  # a database hiccup must not end the loop; the next round tries again
-                log.exception("finishing idle traced conversations failed")
+            except Exception as exc:  # a database hiccup must not end the loop; the next round tries again
+                failures += 1
+                # the traceback once; each round after it one line (an outage is a round every few seconds)
+                log.error(
+                    "finishing idle traced conversations failed (round %d): %s",
+                    failures,
+                    db_detail(exc),
+                    exc_info=failures == 1,
+                )
+                continue
+            if failures:
+                log.info("finishing idle traced conversations works again after %d failed round(s)", failures)
+                failures = 0
+            if done:
+                log.info("finished %d idle traced conversations", len(done))
 
     def start_thread(self) -> None:
         self._stop.clear()
