@@ -8,6 +8,7 @@ span lines) are read whole as before.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -168,11 +169,38 @@ def test_vigil_import_to_kafka_in_parts_produces_every_readable_conversation_onc
     env = {"VIGIL_KAFKA_BOOTSTRAP_SERVERS": kafka, "VIGIL_KAFKA_CONVERSATIONS_TOPIC": topic}
     result = cli_runner(env=env).invoke(app, ["import", "--to-kafka", str(path)])
     assert result.exit_code == 2, result.output
-    assert f"produced 23 conversations to {topic}" in result.output and "produced 23, refused 2:" in result.output
+    assert f"produced 23 of 23 conversations to {topic}" in result.output and "produced 23, refused 2:" in result.output
     reader = KafkaConsumer(topic, bootstrap_servers=kafka, auto_offset_reset="earliest", consumer_timeout_ms=8000)
     keys = [m.key.decode() for m in reader]
     reader.close()
     assert sorted(keys) == sorted(f"part-{i}" for i in range(1, 26) if i not in (13, 20))
+
+
+@pytest.mark.kafka
+def test_vigil_import_to_kafka_says_what_the_brokers_did_not_take(
+    tmp_path: Path, kafka: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send that fails after the client's retries was not counted and "produced N" was printed anyway."""
+    import uuid
+
+    from tests.support.services import create_topic
+    from vigil.app.cli import app
+    from vigil.ingest import kafka as kafka_module
+
+    path = _lines(tmp_path)
+    topic = f"import-undelivered-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka, topic, 1)
+    real = kafka_module.kafka_producer
+    # records over 300 bytes are refused: the larger conversations of the file fail, the small ones land
+    monkeypatch.setattr(kafka_module, "kafka_producer", lambda b, **kw: real(b, **kw, max_request_size=300))
+    env = {"VIGIL_KAFKA_BOOTSTRAP_SERVERS": kafka, "VIGIL_KAFKA_CONVERSATIONS_TOPIC": topic}
+    result = cli_runner(env=env).invoke(app, ["import", "--to-kafka", str(path)])
+    assert result.exit_code == 2, result.output
+    found = re.search(r"produced (\d+) of 23 conversations", result.output)
+    assert found and int(found.group(1)) < 23, result.output
+    failed = 23 - int(found.group(1))
+    assert f"{failed} of 23 messages were not delivered to Kafka (first: MessageSizeTooLargeError" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_a_file_that_is_not_json_from_its_first_byte_is_refused_without_reading_it(tmp_path: Path) -> None:

@@ -144,8 +144,11 @@ def replay(
     if producer is not None:
         producer.flush(timeout=120)
         producer.close()
-        console.print(f"produced {read} conversations to {s.kafka_conversations_topic}")
-        _refusals(launch, refused, f"produced {read}")
+        delivered = producer.acked
+        console.print(f"produced {delivered} of {read} conversations to {s.kafka_conversations_topic}")
+        if (problem := producer.problem()) is not None:
+            launch.fail(VigilError(problem))
+        _refusals(launch, refused, f"produced {delivered}")
         return
     console.print(f"{read} conversations: {stored} stored, {dupes} already stored")
     _refusals(launch, refused, f"stored {stored}")
@@ -270,6 +273,9 @@ def _make_sink(  # type: ignore[no-untyped-def]
             for o in outs:
                 producer.send(s.kafka_outcomes_topic, key=o["conversation_id"].encode(), value=orjson.dumps(o))
             producer.flush(timeout=60)
+            if (problem := producer.problem()) is not None:  # stop at the first batch that did not land
+                producer.close()
+                launch.fail(VigilError(problem))
 
         return to_topic
     from vigil.schema import Conversation
@@ -287,10 +293,10 @@ def _make_sink(  # type: ignore[no-untyped-def]
 
 def _topic_producer(launch: Launcher, s: Any) -> Any:
     """The ``--to-kafka`` producer; a broker it cannot reach is one line and exit 2, not a traceback."""
-    from vigil.ingest.kafka import settings_producer
+    from vigil.ingest.kafka import CountedProducer, settings_producer
 
     try:
-        return settings_producer(s)
+        return CountedProducer(settings_producer(s))
     except VigilError as exc:
         launch.fail(exc)
 

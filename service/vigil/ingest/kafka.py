@@ -98,6 +98,57 @@ def settings_producer(s: Settings):  # type: ignore[no-untyped-def]
         raise ConsumerError(f"cannot reach Kafka at {s.kafka_bootstrap_servers}: {exc}") from None
 
 
+class CountedProducer:
+    """A ``--to-kafka`` producer that counts what the brokers acknowledged and what failed after the client's
+    retries: ``vigil replay`` printed "produced N" for sends that never landed, and a flush that gave up
+    ended in a traceback."""
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+        self.sent = self.acked = self.failed = 0
+        self.first_error: str | None = None
+
+    def send(self, topic: str, key: bytes, value: bytes) -> None:
+        self.sent += 1
+        try:
+            future = self.producer.send(topic, key=key, value=value)
+        except Exception as exc:  # refused before it was queued (too large, no metadata in time)
+            self._failed(exc)
+            return
+        future.add_callback(self._acked)
+        future.add_errback(self._failed)
+
+    def _acked(self, _metadata: Any) -> None:
+        self.acked += 1
+
+    def _failed(self, exc: BaseException) -> None:
+        self.failed += 1
+        if self.first_error is None:
+            self.first_error = f"{type(exc).__name__}: {exc}"
+
+    def flush(self, timeout: float) -> None:
+        """Wait for every send; what the client cannot deliver in ``timeout`` counts as failed."""
+        from kafka.errors import KafkaError
+
+        try:
+            self.producer.flush(timeout=timeout)
+        except KafkaError as exc:
+            self._failed(exc)
+            self.failed = max(self.failed, self.sent - self.acked)
+
+    def close(self) -> None:
+        from kafka.errors import KafkaError
+
+        with contextlib.suppress(KafkaError):
+            self.producer.close(timeout=5)
+
+    def problem(self) -> str | None:
+        """What went wrong, in one line (None when every send was acknowledged)."""
+        if not self.failed:
+            return None
+        return f"{self.failed} of {self.sent} messages were not delivered to Kafka (first: {self.first_error})"
+
+
 DLQ_VALUE_BYTES = 512 * 1024  # of a bad message's bytes produced to the dead-letter topic (brokers take 1 MB)
 
 
