@@ -152,3 +152,25 @@ def test_a_conversation_enqueued_after_the_pick_is_kept_and_counts_are_rows_dele
         left = set(s.scalars(select(ConversationRow.conversation_id)))
         assert left & set(ids) == kept | {late}
         assert late in set(s.scalars(select(FindingRow.conversation_id)))  # its findings too
+
+
+@pytest.mark.parametrize("days", ["1000000", "1e308", "inf"])
+def test_a_retention_longer_than_any_time_keeps_everything(aged, monkeypatch, days) -> None:  # type: ignore[no-untyped-def]
+    """A retention of a million days (or ``inf``) overflowed the date: ``vigil retention run`` failed with an
+    OverflowError, and so did every rollup job and every compare read's catch-up, which freeze old hours
+    by the same cutoff."""
+    from vigil.app.cli import app
+    from vigil.store.maintenance import refresh_rollups
+
+    rt, _ids, _kept = aged
+    monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
+    for name in ("CONVERSATIONS", "FINDINGS", "VERDICTS", "DEAD_LETTERS"):
+        monkeypatch.setenv(f"VIGIL_RETENTION_{name}_DAYS", days)
+    r = CliRunner().invoke(app, ["retention", "run", "--json"])
+    assert r.exit_code == 0, r.output
+    body = json.loads(r.stdout.strip().splitlines()[-1])
+    assert body["deleted"] == {} and set(body["cutoffs"].values()) == {None}
+    assert _count(rt, ConversationRow) == 30 and _count(rt, DeadLetterRow) == 3
+    settings = rt.settings.model_copy(update={"retention_conversations_days": float(days)})
+    assert retention.frozen_before(settings) is None
+    assert refresh_rollups(settings, rt.sessions).ran

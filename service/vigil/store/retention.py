@@ -39,7 +39,14 @@ EXPORTED = table("exported_tasks", column("conversation_id"))
 
 
 def cutoff(days: float, now: datetime) -> datetime | None:
-    return now - timedelta(days=days) if days > 0 else None
+    """Rows older than this are past a retention of ``days`` (None: kept forever). A retention reaching
+    before the year 1 (``1e6`` days, ``inf``) keeps everything too, as no stored time is that old."""
+    if days <= 0:
+        return None
+    try:
+        return now - timedelta(days=days)
+    except OverflowError:
+        return None
 
 
 def frozen_before(settings: Settings, now: datetime | None = None) -> datetime | None:
