@@ -174,3 +174,28 @@ def test_a_retention_longer_than_any_time_keeps_everything(aged, monkeypatch, da
     settings = rt.settings.model_copy(update={"retention_conversations_days": float(days)})
     assert retention.frozen_before(settings) is None
     assert refresh_rollups(settings, rt.sessions).ran
+
+
+def test_hours_retention_deleted_from_keep_their_counts_whatever_the_settings_of_the_rollup_job(aged) -> None:  # type: ignore[no-untyped-def]
+    """The rollup job froze hours by its own process's retention setting only. After a run by hand with a
+    shorter retention (or by a replica whose clock ran ahead, or in the cutoff's own hour), a kept
+    conversation stored again had its old hour recomputed from what retention left: at 1M conversations
+    one new revision took its hour from 963 conversations to 316 on compare."""
+    from vigil.store.maintenance import refresh_rollups
+
+    rt, ids, kept = aged
+    old_hour = rollups.hour_of(OLD)
+    with rt.sessions() as s:
+        assert rollups.hourly_series(s, "support-bot", "v1", rollups.CONVERSATIONS, old_hour)[old_hour] == (20, 0)
+    assert retention.run(rt.sessions, rt.settings).deleted["conversations"] == 17  # a one-off run of 90 days
+    forever = rt.settings.model_copy(update={"retention_conversations_days": 0.0})  # serve keeps everything
+
+    again = with_defect(20, "v1", "cancel_delivered", 1)[0]
+    assert again["conversation_id"] == ids[0] and ids[0] in kept
+    again["revision"] = 2
+    with make_client(rt) as c:
+        assert c.post("/v1/conversations", json=[again], headers=INGEST).status_code == 202
+    refresh_rollups(forever.model_copy(update={"rollup_lag_seconds": 0.0}), rt.sessions)
+    with rt.sessions() as s:
+        series = rollups.hourly_series(s, "support-bot", "v1", rollups.CONVERSATIONS, old_hour)
+    assert series[old_hour] == (20, 0)

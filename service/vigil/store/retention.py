@@ -4,7 +4,8 @@ Kept regardless of age: conversations a reviewer labelled or that sit open in th
 conversations exported as eval tasks (with their findings and verdicts), since review, export and
 calibration still read them. The hourly rollups are never deleted: compare and the charts keep
 answering for periods whose raw rows are gone. A conversation deleted here leaves the rollup job's
-membership too; hours older than the retention are no longer recomputed (:mod:`vigil.store.rollup_job`).
+membership too; before deleting, a run records its cutoff (``rollups.RETAINED``), and hours that began
+before it, or before this deployment's retention, are no longer recomputed (:mod:`vigil.store.rollup_job`).
 
 Deletes go by an indexed time column in batches of ``retention_batch_rows`` (each its own transaction),
 so a run never holds long locks and any replica may run it at the same time as another.
@@ -21,6 +22,7 @@ from sqlalchemy import ColumnElement, column, delete, exists, func, or_, select,
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.settings import Settings
+from vigil.store.db import upsert
 from vigil.store.models import (
     ConversationRow,
     DeadLetterRow,
@@ -30,7 +32,7 @@ from vigil.store.models import (
     ReviewLabelRow,
     VerdictRow,
 )
-from vigil.store.rollups import RollupMemberRow
+from vigil.store.rollups import RETAINED, RollupMemberRow, RollupStateRow
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,23 @@ def _deleting(model: Any, key: Any, *still: ColumnElement[bool]) -> Any:
     return remove
 
 
+def _record_cutoff(sessions: sessionmaker[Session], at: datetime, now: datetime) -> None:
+    """Keep the newest cutoff any run deleted conversations before, committed ahead of the first delete:
+    the rollup job freezes the hours before it. Its own settings' cutoff is not enough: a run by hand with
+    a shorter retention, a clock running ahead, or the part of the cutoff's hour already deleted."""
+    with sessions.begin() as s:
+        table = RollupStateRow.__table__
+        ins = upsert(s, table)
+        newest = func.greatest if s.get_bind().dialect.name == "postgresql" else func.max
+        s.execute(
+            ins.on_conflict_do_update(
+                index_elements=["name"],
+                set_={"watermark": newest(table.c.watermark, ins.excluded.watermark), "updated_at": now},
+            ),
+            [{"name": RETAINED, "watermark": at, "updated_at": now}],
+        )
+
+
 def _drop_conversations(at: datetime) -> Any:
     C = ConversationRow
 
@@ -137,6 +156,8 @@ def run(
 
     if (at := cutoff(settings.retention_conversations_days, now)) is not None:
         pick = select(C.conversation_id).where(C.received_at < at, ~kept(C.conversation_id))
+        if not dry_run:
+            _record_cutoff(sessions, at, now)
         out.deleted["conversations"] = _batches(sessions, pick, _drop_conversations(at), batch, dry_run)
     out.cutoffs["conversations"] = at
 

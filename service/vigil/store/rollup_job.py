@@ -33,6 +33,7 @@ from vigil.store.rollups import (
     CONVERSATIONS,
     JUDGE_FAMILY,
     OUTCOME_FAMILY,
+    RETAINED,
     RollupHourRow,
     RollupMemberRow,
     RollupStateRow,
@@ -295,10 +296,11 @@ def _recompute(
 ) -> None:
     """Replace the named families of each (hour, agent, version) by a fresh aggregation.
 
-    Hours before ``frozen_before`` may have lost raw rows to retention; they keep their counts."""
+    Hours that began before ``frozen_before`` may have lost raw rows to retention (the cutoff's own hour
+    too); they keep their counts."""
     C, V, R = ConversationRow, VerdictRow, RollupHourRow
     for (hour, agent, version), families in sorted(dirty.items()):
-        if frozen_before is not None and hour < hour_of(frozen_before):
+        if frozen_before is not None and hour < frozen_before:
             continue
         session.execute(
             delete(R).where(R.hour == hour, R.agent_id == agent, R.agent_version == version, R.family.in_(families))
@@ -337,6 +339,10 @@ def refresh_in(
         return rebuild(session, now)
     start = aware(state.watermark) - lag
     _set_state(session, now, now)
+    retained = session.get(RollupStateRow, RETAINED)
+    if retained is not None and retained.watermark is not None:  # what a retention run did delete before
+        deleted_before = aware(retained.watermark)
+        frozen_before = deleted_before if frozen_before is None else max(frozen_before, deleted_before)
     C, M, L, V = ConversationRow, RollupMemberRow, OutcomeLinkRow, VerdictRow
     changed = session.execute(
         select(
