@@ -199,3 +199,41 @@ def test_hours_retention_deleted_from_keep_their_counts_whatever_the_settings_of
     with rt.sessions() as s:
         series = rollups.hourly_series(s, "support-bot", "v1", rollups.CONVERSATIONS, old_hour)
     assert series[old_hour] == (20, 0)
+
+
+def test_a_conversation_enqueued_while_its_delete_runs_is_kept(aged, request) -> None:  # type: ignore[no-untyped-def]
+    """A reviewer's enqueue still in flight when retention's DELETE ran committed an open item whose
+    conversation was gone: the DELETE saw no item (measured on 1M conversations: even a row lock held by the
+    enqueue only made the DELETE wait, then delete)."""
+    import threading
+
+    from tests.support.waiting import wait_for
+    from vigil.review.flagger import enqueue
+    from vigil.review.policy import FlaggingPolicy, Reason
+
+    rt, ids, kept = aged
+    if rt.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has one writer at a time: the enqueue and the delete cannot overlap")
+    late = ids[3]
+    reviewer = rt.sessions()
+    reviewer.begin()
+    enqueue(reviewer, FlaggingPolicy(), {late: [Reason("manual", "rita", 1.0, "")]}, {late: ("support-bot", "v1")})
+    done: list[retention.RetentionResult] = []
+    worker = threading.Thread(target=lambda: done.append(retention.run(rt.sessions, rt.settings)))
+    worker.start()
+
+    def deleting_or_done() -> bool:
+        if not worker.is_alive():
+            return True
+        with rt.engine.connect() as conn:
+            return bool(conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")))
+
+    wait_for(deleting_or_done, what="retention waiting on the enqueued conversation, or done")
+    reviewer.commit()
+    reviewer.close()
+    worker.join()
+    assert done[0].deleted["conversations"] == 16
+    with rt.sessions() as s:
+        left = set(s.scalars(select(ConversationRow.conversation_id)))
+        assert left & set(ids) == kept | {late}
+        assert s.scalar(select(ReviewItemRow.status).where(ReviewItemRow.conversation_id == late)) == "open"

@@ -80,18 +80,27 @@ class RetentionResult:
         }
 
 
+class _KeptMeanwhile(Exception):
+    """A conversation of the batch was enqueued or labelled while its DELETE ran: the batch is undone."""
+
+
 def _batches(sessions: sessionmaker[Session], pick: Any, remove: Any, batch: int, dry_run: bool) -> int:
     """Select up to ``batch`` keys with ``pick``, delete them with ``remove`` (which deletes only those that
-    still match, and says how many); repeat until none are left. Returns the rows deleted."""
+    still match, and says how many); repeat until none are left. Returns the rows deleted. A batch undone by
+    ``remove`` is picked again (without what is kept now)."""
     total = 0
     while True:
-        with sessions.begin() as s:
-            keys = list(s.scalars(pick.limit(batch)))
-            if not keys:
-                return total
-            if dry_run:  # count every match without deleting (one bounded pass per batch)
-                return total + int(s.scalar(select(func.count()).select_from(pick.subquery())) or 0)
-            total += remove(s, keys)
+        try:
+            with sessions.begin() as s:
+                keys = list(s.scalars(pick.limit(batch)))
+                if not keys:
+                    return total
+                if dry_run:  # count every match without deleting (one bounded pass per batch)
+                    return total + int(s.scalar(select(func.count()).select_from(pick.subquery())) or 0)
+                deleted = remove(s, keys)
+        except _KeptMeanwhile:
+            continue
+        total += deleted
         if len(keys) < batch:
             return total
 
@@ -136,6 +145,20 @@ def _drop_conversations(at: datetime) -> Any:
                 .returning(C.conversation_id)
             )
         )
+        if gone and s.get_bind().dialect.name == "postgresql":
+            # The DELETE waited for whoever held a conversation's row (the flagger locks what it enqueues)
+            # and then deleted it without seeing the item it committed: this statement sees it.
+            L, I = ReviewLabelRow, ReviewItemRow  # noqa: E741
+            if s.scalar(
+                select(
+                    or_(
+                        exists().where(L.conversation_id.in_(gone)),
+                        exists().where(I.conversation_id.in_(gone), I.status == "open"),
+                        exists().where(EXPORTED.c.conversation_id.in_(gone)),
+                    )
+                )
+            ):
+                raise _KeptMeanwhile
         if gone:
             for model in (FindingRow, OutcomeLinkRow, RollupMemberRow):
                 s.execute(delete(model).where(model.conversation_id.in_(gone)))
