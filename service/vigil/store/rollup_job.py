@@ -423,10 +423,12 @@ def refresh(
     now: datetime | None = None,
     frozen_before: datetime | None = None,
     only_if_behind: bool = False,
+    rebuild_all: bool = False,
 ) -> RefreshResult:
     """Bring the rollups up to date in a transaction of their own; on Postgres on one snapshot, and
     skipped (``ran`` False) while another replica's run holds the lock, or with ``only_if_behind`` when
-    nothing was written since the last run (late commits inside the lag are left to the periodic job)."""
+    nothing was written since the last run (late commits inside the lag are left to the periodic job).
+    ``rebuild_all`` computes them from scratch (:func:`rebuild`) under the same snapshot and lock."""
     if only_if_behind:
         with sessions() as session:
             if not behind(session):
@@ -436,6 +438,8 @@ def refresh(
             session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
             if not session.scalar(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": LOCK_KEY}):
                 return RefreshResult(ran=False)
+        if rebuild_all:
+            return rebuild(session, now)
         return refresh_in(session, timedelta(seconds=lag_seconds), now, frozen_before)
 
 
