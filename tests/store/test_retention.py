@@ -237,3 +237,42 @@ def test_a_conversation_enqueued_while_its_delete_runs_is_kept(aged, request) ->
         left = set(s.scalars(select(ConversationRow.conversation_id)))
         assert left & set(ids) == kept | {late}
         assert s.scalar(select(ReviewItemRow.status).where(ReviewItemRow.conversation_id == late)) == "open"
+
+
+def test_enqueueing_a_conversation_retention_is_deleting_answers_404(aged) -> None:  # type: ignore[no-untyped-def]
+    """POST /v1/review/items found the conversation, then waited on its row while retention deleted it, and
+    answered 201 with an item waiting for a conversation that was gone (3 of 554 enqueues at the edge of a
+    retention run over 160k conversations)."""
+    import threading
+
+    from tests.support.app import REVIEWER
+    from tests.support.waiting import wait_for
+
+    rt, ids, _kept = aged
+    if rt.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has one writer at a time: the enqueue and the delete cannot overlap")
+    doomed = ids[4]
+    deleting = rt.engine.connect()
+    deleting.begin()
+    deleting.execute(delete(ConversationRow).where(ConversationRow.conversation_id == doomed))
+    answers: list[int] = []
+    with make_client(rt) as c:
+        body = {"conversation_id": doomed, "note": "look"}
+        worker = threading.Thread(
+            target=lambda: answers.append(c.post("/v1/review/items", json=body, headers=REVIEWER).status_code)
+        )
+        worker.start()
+
+        def waiting_or_done() -> bool:
+            with rt.engine.connect() as conn:
+                return not worker.is_alive() or bool(
+                    conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"))
+                )
+
+        wait_for(waiting_or_done, what="the enqueue waiting on the row being deleted")
+        deleting.commit()
+        deleting.close()
+        worker.join()
+    assert answers == [404]
+    with rt.sessions() as s:
+        assert s.scalar(select(ReviewItemRow).where(ReviewItemRow.conversation_id == doomed)) is None
