@@ -152,3 +152,127 @@ def test_a_conversation_enqueued_after_the_pick_is_kept_and_counts_are_rows_dele
         left = set(s.scalars(select(ConversationRow.conversation_id)))
         assert left & set(ids) == kept | {late}
         assert late in set(s.scalars(select(FindingRow.conversation_id)))  # its findings too
+
+
+@pytest.mark.parametrize("days", ["1000000", "1e308", "inf"])
+def test_a_retention_longer_than_any_time_keeps_everything(aged, monkeypatch, days) -> None:  # type: ignore[no-untyped-def]
+    """A retention of a million days (or ``inf``) overflowed the date: ``vigil retention run`` failed with an
+    OverflowError, and so did every rollup job and every compare read's catch-up, which freeze old hours
+    by the same cutoff."""
+    from vigil.app.cli import app
+    from vigil.store.maintenance import refresh_rollups
+
+    rt, _ids, _kept = aged
+    monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
+    for name in ("CONVERSATIONS", "FINDINGS", "VERDICTS", "DEAD_LETTERS"):
+        monkeypatch.setenv(f"VIGIL_RETENTION_{name}_DAYS", days)
+    r = CliRunner().invoke(app, ["retention", "run", "--json"])
+    assert r.exit_code == 0, r.output
+    body = json.loads(r.stdout.strip().splitlines()[-1])
+    assert body["deleted"] == {} and set(body["cutoffs"].values()) == {None}
+    assert _count(rt, ConversationRow) == 30 and _count(rt, DeadLetterRow) == 3
+    settings = rt.settings.model_copy(update={"retention_conversations_days": float(days)})
+    assert retention.frozen_before(settings) is None
+    assert refresh_rollups(settings, rt.sessions).ran
+
+
+def test_hours_retention_deleted_from_keep_their_counts_whatever_the_settings_of_the_rollup_job(aged) -> None:  # type: ignore[no-untyped-def]
+    """The rollup job froze hours by its own process's retention setting only. After a run by hand with a
+    shorter retention (or by a replica whose clock ran ahead, or in the cutoff's own hour), a kept
+    conversation stored again had its old hour recomputed from what retention left: at 1M conversations
+    one new revision took its hour from 963 conversations to 316 on compare."""
+    from vigil.store.maintenance import refresh_rollups
+
+    rt, ids, kept = aged
+    old_hour = rollups.hour_of(OLD)
+    with rt.sessions() as s:
+        assert rollups.hourly_series(s, "support-bot", "v1", rollups.CONVERSATIONS, old_hour)[old_hour] == (20, 0)
+    assert retention.run(rt.sessions, rt.settings).deleted["conversations"] == 17  # a one-off run of 90 days
+    forever = rt.settings.model_copy(update={"retention_conversations_days": 0.0})  # serve keeps everything
+
+    again = with_defect(20, "v1", "cancel_delivered", 1)[0]
+    assert again["conversation_id"] == ids[0] and ids[0] in kept
+    again["revision"] = 2
+    with make_client(rt) as c:
+        assert c.post("/v1/conversations", json=[again], headers=INGEST).status_code == 202
+    refresh_rollups(forever.model_copy(update={"rollup_lag_seconds": 0.0}), rt.sessions)
+    with rt.sessions() as s:
+        series = rollups.hourly_series(s, "support-bot", "v1", rollups.CONVERSATIONS, old_hour)
+    assert series[old_hour] == (20, 0)
+
+
+def test_a_conversation_enqueued_while_its_delete_runs_is_kept(aged, request) -> None:  # type: ignore[no-untyped-def]
+    """A reviewer's enqueue still in flight when retention's DELETE ran committed an open item whose
+    conversation was gone: the DELETE saw no item (measured on 1M conversations: even a row lock held by the
+    enqueue only made the DELETE wait, then delete)."""
+    import threading
+
+    from tests.support.waiting import wait_for
+    from vigil.review.flagger import enqueue
+    from vigil.review.policy import FlaggingPolicy, Reason
+
+    rt, ids, kept = aged
+    if rt.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has one writer at a time: the enqueue and the delete cannot overlap")
+    late = ids[3]
+    reviewer = rt.sessions()
+    reviewer.begin()
+    enqueue(reviewer, FlaggingPolicy(), {late: [Reason("manual", "rita", 1.0, "")]}, {late: ("support-bot", "v1")})
+    done: list[retention.RetentionResult] = []
+    worker = threading.Thread(target=lambda: done.append(retention.run(rt.sessions, rt.settings)))
+    worker.start()
+
+    def deleting_or_done() -> bool:
+        if not worker.is_alive():
+            return True
+        with rt.engine.connect() as conn:
+            return bool(conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")))
+
+    wait_for(deleting_or_done, what="retention waiting on the enqueued conversation, or done")
+    reviewer.commit()
+    reviewer.close()
+    worker.join()
+    assert done[0].deleted["conversations"] == 16
+    with rt.sessions() as s:
+        left = set(s.scalars(select(ConversationRow.conversation_id)))
+        assert left & set(ids) == kept | {late}
+        assert s.scalar(select(ReviewItemRow.status).where(ReviewItemRow.conversation_id == late)) == "open"
+
+
+def test_enqueueing_a_conversation_retention_is_deleting_answers_404(aged) -> None:  # type: ignore[no-untyped-def]
+    """POST /v1/review/items found the conversation, then waited on its row while retention deleted it, and
+    answered 201 with an item waiting for a conversation that was gone (3 of 554 enqueues at the edge of a
+    retention run over 160k conversations)."""
+    import threading
+
+    from tests.support.app import REVIEWER
+    from tests.support.waiting import wait_for
+
+    rt, ids, _kept = aged
+    if rt.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has one writer at a time: the enqueue and the delete cannot overlap")
+    doomed = ids[4]
+    deleting = rt.engine.connect()
+    deleting.begin()
+    deleting.execute(delete(ConversationRow).where(ConversationRow.conversation_id == doomed))
+    answers: list[int] = []
+    with make_client(rt) as c:
+        body = {"conversation_id": doomed, "note": "look"}
+        worker = threading.Thread(
+            target=lambda: answers.append(c.post("/v1/review/items", json=body, headers=REVIEWER).status_code)
+        )
+        worker.start()
+
+        def waiting_or_done() -> bool:
+            with rt.engine.connect() as conn:
+                return not worker.is_alive() or bool(
+                    conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"))
+                )
+
+        wait_for(waiting_or_done, what="the enqueue waiting on the row being deleted")
+        deleting.commit()
+        deleting.close()
+        worker.join()
+    assert answers == [404]
+    with rt.sessions() as s:
+        assert s.scalar(select(ReviewItemRow).where(ReviewItemRow.conversation_id == doomed)) is None

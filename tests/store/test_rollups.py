@@ -158,3 +158,34 @@ def test_migration_creates_the_rollup_tables_the_models_describe(db_url) -> None
     finally:
         engine.dispose()
     assert [d for d in diffs if "rollup" in repr(d)] == []
+
+
+def test_a_rebuild_by_hand_counts_what_is_committed_while_it_runs(rt, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``vigil rollups refresh --rebuild`` ran each aggregation on its own snapshot, outside the job's lock: a
+    conversation committed between the counts and the membership was a member counted nowhere, for good
+    (measured at 360k conversations with ingest running: 1,231 of 67,081 missing from compare)."""
+    from typer.testing import CliRunner
+
+    from vigil.app.cli import app
+
+    if rt.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite's rebuild holds the write lock from its first statement: nothing commits meanwhile")
+    first, late = clean(10, "v1", 1), clean(1, "v1", 2)
+    with make_client(rt) as c:
+        assert c.post("/v1/conversations", json=first, headers=INGEST).status_code == 202
+        real = rollup_job.from_scratch
+
+        def committed_meanwhile(session):  # type: ignore[no-untyped-def]
+            counted = real(session)
+            assert c.post("/v1/conversations", json=late, headers=INGEST).status_code == 202
+            return counted
+
+        monkeypatch.setattr(rollup_job, "from_scratch", committed_meanwhile)
+        monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
+        r = CliRunner().invoke(app, ["rollups", "refresh", "--rebuild"])
+        assert r.exit_code == 0, r.output
+    monkeypatch.setattr(rollup_job, "from_scratch", real)
+    rollup_job.refresh(rt.sessions, lag_seconds=0)
+    with rt.sessions() as s:
+        assert rollups.version_counts(s, "support-bot", "v1").conversations == 11
+    assert_matches_scratch(rt)

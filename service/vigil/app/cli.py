@@ -124,11 +124,8 @@ def rollups_refresh(
     engine = db.make_engine(s.database_url_str)
     sessions = db.make_sessionmaker(engine)
     try:
-        if rebuild:
-            with sessions.begin() as session:
-                result = rollup_job.rebuild(session)
-        else:
-            result = maintenance.refresh_rollups(s, sessions)
+        # a rebuild on the job's snapshot and lock: what commits meanwhile is left to the next run, not lost
+        result = rollup_job.refresh(sessions, rebuild_all=True) if rebuild else maintenance.refresh_rollups(s, sessions)
     finally:
         engine.dispose()
     if not result.ran:

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -307,6 +308,9 @@ def add_item(request: Request, body: EnqueueIn, p: Principal = require("reviewer
             st.metrics,
             actor=p.name,
         )
+        gone = select(ConversationRow.conversation_id).where(ConversationRow.conversation_id == conv.conversation_id)
+        if s.scalar(gone) is None:  # retention deleted it while the enqueue waited on its row: no item
+            raise NotFound(f"no conversation {body.conversation_id!r}")
         return _item(s, conv.conversation_id, p)
 
     return run(request, go)

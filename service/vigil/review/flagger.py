@@ -50,12 +50,20 @@ def enqueue(
     if not flagged:
         return []
     agents = agents or {}
-    missing = [cid for cid in flagged if cid not in agents]
-    if missing:
+    C = ConversationRow
+    if session.get_bind().dialect.name == "postgresql":
+        # Retention deletes a conversation nothing keeps: a key-share lock on it makes that DELETE wait for
+        # this item to commit and then find it (store.retention). One not stored (yet, or any more) waits.
+        stored = session.execute(
+            select(C.conversation_id, C.agent_id, C.agent_version)
+            .where(among(session, C.conversation_id, sorted(flagged)))
+            .order_by(C.conversation_id)
+            .with_for_update(key_share=True)
+        ).all()
+        agents = {cid: agents.get(cid, (a, v)) for cid, a, v in stored}
+    elif missing := [cid for cid in flagged if cid not in agents]:
         rows = session.execute(
-            select(ConversationRow.conversation_id, ConversationRow.agent_id, ConversationRow.agent_version).where(
-                ConversationRow.conversation_id.in_(missing)
-            )
+            select(C.conversation_id, C.agent_id, C.agent_version).where(C.conversation_id.in_(missing))
         ).all()
         agents = {**agents, **{r[0]: (r[1], r[2]) for r in rows}}
     now = utcnow()

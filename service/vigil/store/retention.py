@@ -4,7 +4,8 @@ Kept regardless of age: conversations a reviewer labelled or that sit open in th
 conversations exported as eval tasks (with their findings and verdicts), since review, export and
 calibration still read them. The hourly rollups are never deleted: compare and the charts keep
 answering for periods whose raw rows are gone. A conversation deleted here leaves the rollup job's
-membership too; hours older than the retention are no longer recomputed (:mod:`vigil.store.rollup_job`).
+membership too; before deleting, a run records its cutoff (``rollups.RETAINED``), and hours that began
+before it, or before this deployment's retention, are no longer recomputed (:mod:`vigil.store.rollup_job`).
 
 Deletes go by an indexed time column in batches of ``retention_batch_rows`` (each its own transaction),
 so a run never holds long locks and any replica may run it at the same time as another.
@@ -21,6 +22,7 @@ from sqlalchemy import ColumnElement, column, delete, exists, func, or_, select,
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.settings import Settings
+from vigil.store.db import upsert
 from vigil.store.models import (
     ConversationRow,
     DeadLetterRow,
@@ -30,7 +32,7 @@ from vigil.store.models import (
     ReviewLabelRow,
     VerdictRow,
 )
-from vigil.store.rollups import RollupMemberRow
+from vigil.store.rollups import RETAINED, RollupMemberRow, RollupStateRow
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,14 @@ EXPORTED = table("exported_tasks", column("conversation_id"))
 
 
 def cutoff(days: float, now: datetime) -> datetime | None:
-    return now - timedelta(days=days) if days > 0 else None
+    """Rows older than this are past a retention of ``days`` (None: kept forever). A retention reaching
+    before the year 1 (``1e6`` days, ``inf``) keeps everything too, as no stored time is that old."""
+    if days <= 0:
+        return None
+    try:
+        return now - timedelta(days=days)
+    except OverflowError:
+        return None
 
 
 def frozen_before(settings: Settings, now: datetime | None = None) -> datetime | None:
@@ -71,18 +80,27 @@ class RetentionResult:
         }
 
 
+class _KeptMeanwhile(Exception):
+    """A conversation of the batch was enqueued or labelled while its DELETE ran: the batch is undone."""
+
+
 def _batches(sessions: sessionmaker[Session], pick: Any, remove: Any, batch: int, dry_run: bool) -> int:
     """Select up to ``batch`` keys with ``pick``, delete them with ``remove`` (which deletes only those that
-    still match, and says how many); repeat until none are left. Returns the rows deleted."""
+    still match, and says how many); repeat until none are left. Returns the rows deleted. A batch undone by
+    ``remove`` is picked again (without what is kept now)."""
     total = 0
     while True:
-        with sessions.begin() as s:
-            keys = list(s.scalars(pick.limit(batch)))
-            if not keys:
-                return total
-            if dry_run:  # count every match without deleting (one bounded pass per batch)
-                return total + int(s.scalar(select(func.count()).select_from(pick.subquery())) or 0)
-            total += remove(s, keys)
+        try:
+            with sessions.begin() as s:
+                keys = list(s.scalars(pick.limit(batch)))
+                if not keys:
+                    return total
+                if dry_run:  # count every match without deleting (one bounded pass per batch)
+                    return total + int(s.scalar(select(func.count()).select_from(pick.subquery())) or 0)
+                deleted = remove(s, keys)
+        except _KeptMeanwhile:
+            continue
+        total += deleted
         if len(keys) < batch:
             return total
 
@@ -99,6 +117,23 @@ def _deleting(model: Any, key: Any, *still: ColumnElement[bool]) -> Any:
     return remove
 
 
+def _record_cutoff(sessions: sessionmaker[Session], at: datetime, now: datetime) -> None:
+    """Keep the newest cutoff any run deleted conversations before, committed ahead of the first delete:
+    the rollup job freezes the hours before it. Its own settings' cutoff is not enough: a run by hand with
+    a shorter retention, a clock running ahead, or the part of the cutoff's hour already deleted."""
+    with sessions.begin() as s:
+        table = RollupStateRow.__table__
+        ins = upsert(s, table)
+        newest = func.greatest if s.get_bind().dialect.name == "postgresql" else func.max
+        s.execute(
+            ins.on_conflict_do_update(
+                index_elements=["name"],
+                set_={"watermark": newest(table.c.watermark, ins.excluded.watermark), "updated_at": now},
+            ),
+            [{"name": RETAINED, "watermark": at, "updated_at": now}],
+        )
+
+
 def _drop_conversations(at: datetime) -> Any:
     C = ConversationRow
 
@@ -110,6 +145,20 @@ def _drop_conversations(at: datetime) -> Any:
                 .returning(C.conversation_id)
             )
         )
+        if gone and s.get_bind().dialect.name == "postgresql":
+            # The DELETE waited for whoever held a conversation's row (the flagger locks what it enqueues)
+            # and then deleted it without seeing the item it committed: this statement sees it.
+            L, I = ReviewLabelRow, ReviewItemRow  # noqa: E741
+            if s.scalar(
+                select(
+                    or_(
+                        exists().where(L.conversation_id.in_(gone)),
+                        exists().where(I.conversation_id.in_(gone), I.status == "open"),
+                        exists().where(EXPORTED.c.conversation_id.in_(gone)),
+                    )
+                )
+            ):
+                raise _KeptMeanwhile
         if gone:
             for model in (FindingRow, OutcomeLinkRow, RollupMemberRow):
                 s.execute(delete(model).where(model.conversation_id.in_(gone)))
@@ -130,6 +179,8 @@ def run(
 
     if (at := cutoff(settings.retention_conversations_days, now)) is not None:
         pick = select(C.conversation_id).where(C.received_at < at, ~kept(C.conversation_id))
+        if not dry_run:
+            _record_cutoff(sessions, at, now)
         out.deleted["conversations"] = _batches(sessions, pick, _drop_conversations(at), batch, dry_run)
     out.cutoffs["conversations"] = at
 

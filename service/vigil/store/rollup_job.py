@@ -33,6 +33,7 @@ from vigil.store.rollups import (
     CONVERSATIONS,
     JUDGE_FAMILY,
     OUTCOME_FAMILY,
+    RETAINED,
     RollupHourRow,
     RollupMemberRow,
     RollupStateRow,
@@ -295,10 +296,11 @@ def _recompute(
 ) -> None:
     """Replace the named families of each (hour, agent, version) by a fresh aggregation.
 
-    Hours before ``frozen_before`` may have lost raw rows to retention; they keep their counts."""
+    Hours that began before ``frozen_before`` may have lost raw rows to retention (the cutoff's own hour
+    too); they keep their counts."""
     C, V, R = ConversationRow, VerdictRow, RollupHourRow
     for (hour, agent, version), families in sorted(dirty.items()):
-        if frozen_before is not None and hour < hour_of(frozen_before):
+        if frozen_before is not None and hour < frozen_before:
             continue
         session.execute(
             delete(R).where(R.hour == hour, R.agent_id == agent, R.agent_version == version, R.family.in_(families))
@@ -337,6 +339,10 @@ def refresh_in(
         return rebuild(session, now)
     start = aware(state.watermark) - lag
     _set_state(session, now, now)
+    retained = session.get(RollupStateRow, RETAINED)
+    if retained is not None and retained.watermark is not None:  # what a retention run did delete before
+        deleted_before = aware(retained.watermark)
+        frozen_before = deleted_before if frozen_before is None else max(frozen_before, deleted_before)
     C, M, L, V = ConversationRow, RollupMemberRow, OutcomeLinkRow, VerdictRow
     changed = session.execute(
         select(
@@ -417,10 +423,12 @@ def refresh(
     now: datetime | None = None,
     frozen_before: datetime | None = None,
     only_if_behind: bool = False,
+    rebuild_all: bool = False,
 ) -> RefreshResult:
     """Bring the rollups up to date in a transaction of their own; on Postgres on one snapshot, and
     skipped (``ran`` False) while another replica's run holds the lock, or with ``only_if_behind`` when
-    nothing was written since the last run (late commits inside the lag are left to the periodic job)."""
+    nothing was written since the last run (late commits inside the lag are left to the periodic job).
+    ``rebuild_all`` computes them from scratch (:func:`rebuild`) under the same snapshot and lock."""
     if only_if_behind:
         with sessions() as session:
             if not behind(session):
@@ -430,6 +438,8 @@ def refresh(
             session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
             if not session.scalar(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": LOCK_KEY}):
                 return RefreshResult(ran=False)
+        if rebuild_all:
+            return rebuild(session, now)
         return refresh_in(session, timedelta(seconds=lag_seconds), now, frozen_before)
 
 

@@ -77,6 +77,11 @@ class RollupMemberRow(Base):
     task_id: Mapped[str | None] = mapped_column(String(256))
 
 
+RETAINED = "retention"
+"""The ``rollup_state`` row whose watermark is the newest cutoff a retention run deleted conversations
+before: hours that began before it may have lost raw rows, so the rollup job keeps their counts."""
+
+
 class RollupStateRow(Base):
     __tablename__ = "rollup_state"
 
