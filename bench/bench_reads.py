@@ -105,18 +105,24 @@ def load(url: str, n: int, chunk: int = 200_000) -> dict[str, int]:
                 at = start + step * i
                 finished = "in_progress" if i % 97 == 0 else "finished"
                 forbidden, pii = i % 23 == 0, i % 7 == 0
-                nf = int(forbidden) + int(pii)
+                rare = i < n // 20 and i % 7 == 3  # a rule found only in the oldest 5% (0.7% of those)
+                nf = int(forbidden) + int(pii) + int(rare)
                 errors = 1 if i % 17 == 0 else 0
                 rows["conversations"].append(
                     (cid, 1, 1, agent, version, f"task-{i % TASKS}", "order_status", finished,
                      at - timedelta(minutes=2), at, at, 6 + i % 9, 2, errors, 2000 + i % 900,
                      0.004 + (i % 50) / 10_000, 900.0 + i % 4000, nf,
-                     "high" if forbidden else ("medium" if pii else None), DOC)
+                     "high" if forbidden else ("medium" if pii or rare else None), DOC)
                 )  # fmt: skip
                 if pii:
                     rows["findings"].append(
                         (cid, 1, agent, version, "pii-email", "pii", "medium", "email address in reply", "[]", "{}", at)
                     )
+                if rare:
+                    rows["findings"].append(
+                        (cid, 1, agent, version, "refund-over-limit", "regex", "medium", "refund above the limit",
+                         "[]", "{}", at)
+                    )  # fmt: skip
                 if forbidden:
                     rows["findings"].append(
                         (cid, 1, agent, version, "forbidden-cancel-delivered", "forbidden_tool", "high",
@@ -211,7 +217,17 @@ def reads(n: int) -> Iterator[tuple[str, str, dict[str, Any]]]:
     yield "GET /v1/conversations", "/v1/conversations", {}
     yield "GET /v1/conversations (agent+version)", "/v1/conversations", {"agent": "support-bot", "version": "v2"}
     yield "GET /v1/conversations (rule)", "/v1/conversations", {"rule": "forbidden-cancel-delivered"}
+    yield (
+        "GET /v1/conversations (rule found only in old conversations)",
+        "/v1/conversations",
+        {"rule": "refund-over-limit"},
+    )
     yield "GET /v1/conversations (severity high)", "/v1/conversations", {"severity": "high"}
+    yield (
+        "GET /ui/conversations (rule found only in old conversations)",
+        "/ui/conversations",
+        {"rule": "refund-over-limit"},
+    )
     yield "GET /v1/conversations/{id}", f"/v1/conversations/c{n // 2:010d}", {}
     yield "GET /v1/review/queue", "/v1/review/queue", {}
     yield "GET /v1/review/queue (done)", "/v1/review/queue", {"status": "done"}

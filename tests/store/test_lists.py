@@ -91,3 +91,30 @@ def test_a_version_whose_traffic_ended_lists_from_its_newest_conversation(db_url
         none = c.get("/v1/conversations", params={"agent": "support-bot", "version": "v9"}, headers=REVIEWER).json()
         assert none["items"] == [] and none["total"] == 0 and none["next_cursor"] is None
     rt.close()
+
+
+def test_a_rule_filter_pages_alike_whether_its_conversations_are_few_or_many(loaded) -> None:  # type: ignore[no-untyped-def]
+    """A rule found in at most list_count_cap conversations is read by key from its findings (one found only
+    in old conversations walked every newer one); more fall back to the index walk: the same pages."""
+    from sqlalchemy import select
+
+    from vigil.store import reads
+    from vigil.store.models import FindingRow
+
+    rt, c = loaded
+    listed = c.get("/v1/conversations", params={"limit": 500}, headers=REVIEWER).json()["items"]
+    full = [it["conversation_id"] for it in listed]
+    with rt.sessions() as s:
+        pairs = set(s.execute(select(FindingRow.rule_id, FindingRow.conversation_id)).all())
+        for rule in {r for r, _ in pairs}:
+            expected = [cid for cid in full if (rule, cid) in pairs]
+            for cap in (10, 2):  # few (read by key) and many (the walk) for every rule here
+                seen: list[str] = []
+                cursor = None
+                while True:
+                    page = reads.list_conversations(s, 2, 0, cursor, cap, rule=rule)
+                    seen += [it["conversation_id"] for it in page["items"]]
+                    assert (page["total"], page["total_capped"]) == (min(len(expected), cap), len(expected) > cap)
+                    if (cursor := page["next_cursor"]) is None:
+                        break
+                assert seen == expected, (rule, cap)
