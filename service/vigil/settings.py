@@ -41,7 +41,11 @@ class Settings(BaseSettings):
 
     database_url: SecretStr = Field(
         default=SecretStr("sqlite:///vigil.db"),
-        description="SQLAlchemy URL. SQLite file by default; postgresql+psycopg://... for Postgres.",
+        description=(
+            "SQLAlchemy URL. SQLite file by default; postgresql+psycopg://... for Postgres (connection timeouts and "
+            "keepalives: see [Kafka and Postgres](kafka-and-postgres.md); the URL's query, `PGCONNECT_TIMEOUT` or a "
+            "named connection service override them)."
+        ),
     )
     api_keys: SecretStr = Field(
         default=SecretStr(""),

@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.support.app import INGEST, make_client, make_settings
+from tests.support.app import ADMIN, INGEST, make_client, make_settings
 from tests.support.cli import cli_runner
 from vigil.app.cli import app
 from vigil.app.runtime import build_runtime
@@ -164,6 +164,33 @@ def test_cli_lists_and_shows_conversations(tmp_path: Path, monkeypatch: pytest.M
     ]:
         r = runner.invoke(app, ["conversations", "list", *args])
         assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+
+
+def test_cli_show_json_answers_what_the_api_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``conversations show ID --json`` is the document ``GET /v1/conversations/{id}`` answers: with the
+    verdicts and review the stages add, and a document deeper than a JSON writer goes (ingest reads 1,024
+    levels, orjson writes 255) printed as stored rather than a traceback."""
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    rt = wire(build_runtime(make_settings(url), registry=CollectorRegistry()), {"api"})
+    deep: Any = 1
+    for _ in range(300):
+        deep = [deep]
+    with make_client(rt) as c:
+        batch = [
+            _conversation("c-2", "v1", cancel_delivered=True),
+            {**_conversation("c-deep", "v1"), "metadata": {"d": deep}},
+        ]
+        assert c.post("/v1/conversations", json=batch, headers=INGEST).status_code in (200, 202)
+        answers = {cid: c.get(f"/v1/conversations/{cid}", headers=ADMIN).json() for cid in ("c-2", "c-deep")}
+    rt.close()
+    monkeypatch.setenv("VIGIL_DATABASE_URL", url)
+    monkeypatch.setenv("VIGIL_RULE_PACKS", str(Path(__file__).resolve().parents[2] / "rules" / "default.yaml"))
+    for cid, answer in answers.items():
+        r = cli_runner().invoke(app, ["conversations", "show", cid, "--json"])
+        assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+        shown = json.loads(r.stdout)
+        assert set(shown) == set(answer) >= {"conversation", "findings", "outcomes", "verdicts", "review"}
+        assert shown["conversation"] == answer["conversation"]
 
 
 def test_a_failing_page_logs_its_address_without_control_characters(

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.cli import cli_runner
 from tests.support.services import missing
 from vigil.app.cli import app
 from vigil.settings import PROJECT_ROOT, Settings
@@ -33,6 +34,14 @@ def test_every_setting_is_in_the_settings_table() -> None:
 def test_every_setting_has_a_description() -> None:
     missing_descriptions = [n for n, f in Settings.model_fields.items() if not f.description]
     assert not missing_descriptions
+
+
+def test_settings_table_is_what_vigil_settings_markdown_prints() -> None:
+    """The table is regenerated with ``vigil settings --markdown``: a hand edit would be lost the next time."""
+    table = CONFIGURATION.split("<!-- settings-table:start -->\n")[1].split("<!-- settings-table:end -->")[0]
+    out = cli_runner().invoke(app, ["settings", "--markdown"])
+    assert out.exit_code == 0, out.output
+    assert table == out.stdout
 
 
 def test_every_command_is_in_the_cli_page() -> None:

@@ -187,6 +187,18 @@ def test_tau_bench_file(tmp_path: Path) -> None:
     assert len(second.messages) == 6
 
 
+def test_tau_bench_runs_as_json_lines_read_the_same_with_one_line_or_several(tmp_path: Path) -> None:
+    """A file of one run per line is read whatever its length: one line is one JSON object, not a list."""
+    runs = tau_bench_runs()
+    for count in (2, 1):
+        path = tmp_path / f"gpt-4o-retail-{count}.jsonl"
+        path.write_bytes(b"\n".join(orjson.dumps(r) for r in runs[:count]) + b"\n")
+        for fmt in ("auto", "tau-bench"):
+            convs = list(load_file(path, fmt))
+            assert [c.task_id for c in convs] == ["retail:3"] * count
+            assert convs[0].outcomes[0].type == "task_success"
+
+
 def test_openai_native_jsonl(tmp_path: Path) -> None:
     full = {
         "conversation_id": "c-1",

@@ -29,6 +29,7 @@ from tests.support.services import free_port
 from vigil.app.runtime import build_runtime
 from vigil.app.server import build_app
 from vigil.app.wiring import wire
+from vigil.errors import ConfigError
 from vigil.ingest.otlp import otlp
 from vigil.ingest.otlp.grpc import GrpcReceiver
 from vigil.ingest.otlp.models import OtelSpanRow
@@ -242,6 +243,22 @@ def grpc_vigil(db_url: str) -> Iterator[tuple[str, Runtime]]:
     yield f"127.0.0.1:{port}", rt
     receiver.stop_server()
     rt.close()
+
+
+def test_a_second_grpc_receiver_on_a_taken_port_is_refused(grpc_vigil: tuple[str, Runtime]) -> None:
+    """gRPC binds with SO_REUSEPORT by default: a second Vigil on the same host and VIGIL_OTLP_GRPC_PORT (another
+    database, a stale process) bound the port too, and the kernel dealt exporters' connections to either
+    one, so traces landed in whichever database. The second receiver is now refused, as a taken port is."""
+    target, rt = grpc_vigil
+    port = int(target.rsplit(":", 1)[1])
+    settings = make_settings(rt.settings.database_url_str, otlp_grpc_port=port)
+    other = wire(build_runtime(settings, registry=CollectorRegistry()), {"api"})
+    try:
+        with pytest.raises(ConfigError, match="VIGIL_OTLP_GRPC_PORT"):
+            other.get(GrpcReceiver).start_server()
+    finally:
+        other.get(GrpcReceiver).stop_server()
+        other.close()
 
 
 def test_grpc_requests_that_are_not_otlp_are_invalid_argument_kept_as_dead_letters(

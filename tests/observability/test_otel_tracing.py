@@ -15,6 +15,7 @@ from vigil.app.runtime import build_runtime
 from vigil.app.wiring import wire
 from vigil.ingest.pipeline import Envelope
 from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.schema import Conversation
 
 
 @pytest.fixture
@@ -72,6 +73,24 @@ def test_batch_and_stage_spans(sqlite_url: str, memory: InMemorySpanExporter) ->
     assert llm.attributes["gen_ai.usage.input_tokens"] == 812
     assert llm.attributes["gen_ai.usage.output_tokens"] == 64
     assert llm.attributes["vigil.judge"] == "helpfulness"
+    rt.close()
+
+
+def test_documents_checked_elsewhere_have_a_rules_span(sqlite_url: str, memory: InMemorySpanExporter) -> None:
+    """HTTP and OTLP batches are decoded before the pipeline: their rules run in a ``vigil.rules`` child."""
+    rt = wire(build_runtime(make_settings(sqlite_url), registry=CollectorRegistry()), {"replay"})
+    spans.shutdown()
+    assert spans.configure(rt.settings, exporter=memory)
+    sim = Simulator(parse_versions("v1:0.5"), seed=4)
+    convs = list(sim.stream(5))
+    items = [(Conversation.model_validate(c), orjson.dumps(c).decode(), None) for c in convs]
+    rt.pipeline.process_documents(items, [], "http")
+    spans.force_flush()
+    finished = {s.name: s for s in memory.get_finished_spans()}
+    batch = finished["vigil.batch"]
+    assert batch.attributes["vigil.source"] == "http"
+    for child in ("vigil.rules", "vigil.store"):
+        assert finished[child].parent.span_id == batch.context.span_id
     rt.close()
 
 

@@ -81,11 +81,11 @@ def get_conversation(request: Request, conversation_id: str) -> FastModelJSON:
         for enrich in rt.hooks.conversation_enrichers:
             enrich(s, found)
         if found["conversation"] is not None:
-            found["conversation"] = orjson.Fragment(_document_json(s, conversation_id, found["conversation"]))
+            found["conversation"] = orjson.Fragment(document_json(s, conversation_id, found["conversation"]))
         return FastModelJSON(found)
 
 
-def _document_json(session: Session, conversation_id: str, document: dict[str, Any]) -> bytes | str:
+def document_json(session: Session, conversation_id: str, document: dict[str, Any]) -> bytes | str:
     """The conversation as JSON. Ingest accepts what orjson reads, 1,024 levels deep and integers of any
     size, and JSON writers stop sooner (orjson at 255 levels and 64 bits, pydantic at about as deep): such a
     document is answered as it is stored, strict JSON as ingest wrote it, instead of failing with a 500."""

@@ -109,10 +109,11 @@ class Pipeline:
         with span("vigil.batch", **{"vigil.source": source, "vigil.batch.size": len(items)}):
             t0 = time.perf_counter()
             checked = []
-            for conv, document, origin in items:
-                item = self.check(conv, document)
-                item.origin = origin
-                checked.append(item)
+            with span("vigil.rules"):
+                for conv, document, origin in items:
+                    item = self.check(conv, document)
+                    item.origin = origin
+                    checked.append(item)
             t1 = time.perf_counter()
             result = self.store(checked, dead, source)
         self._observe(len(items), t0, t1, time.perf_counter())

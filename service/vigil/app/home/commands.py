@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import orjson
 import typer
 
 from vigil.money import usd
@@ -162,11 +163,20 @@ def register_conversations(app: typer.Typer) -> None:
 
         launch = Launcher.of(ctx)
         try:
-            rt = launch.core()
+            # --json answers what GET /v1/conversations/{id} does, so the stages add their parts (verdicts,
+            # review, trace) as they do to the API's answer
+            rt = launch.runtime({"replay"}) if as_json else launch.core()
         except VigilError as exc:
             launch.fail(exc)
         with rt.sessions() as s:
             found = reads.get_conversation(s, conversation_id)
+            if found is not None and as_json:
+                from vigil.http.conversations import document_json
+
+                for enrich in rt.hooks.conversation_enrichers:
+                    enrich(s, found)
+                if found["conversation"] is not None:  # deeper or wider than orjson writes: as it is stored
+                    found["conversation"] = orjson.Fragment(document_json(s, conversation_id, found["conversation"]))
         if found is None:
             launch.fail(f"no conversation has the id {conversation_id!r}", code=1)
         if as_json:

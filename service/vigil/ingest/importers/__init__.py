@@ -108,6 +108,8 @@ def matches(data: Any) -> dict[str, str]:
         found["tau2"] = "an object with simulations"
     if isinstance(data, list) and data and all(isinstance(x, dict) and "traj" in x for x in data):
         found["tau-bench"] = "runs with traj"
+    elif isinstance(data, dict) and "traj" in data:
+        found["tau-bench"] = "a run with traj"
     if safely(lambda: openai.sniff(records)):
         objects = [r for r in records if isinstance(r, dict)]
         anthropic_only = safely(lambda: anthropic.markers(objects)) or []
@@ -194,6 +196,8 @@ def convert_data(
             raise ItemError(f"unknown format {fmt!r}; formats: auto, {', '.join(FORMATS)}")
         if kind == "tau2" and not (isinstance(data, dict) and isinstance(data.get("simulations"), list)):
             raise ItemError("not a τ²-bench results file (expected an object with 'simulations')")
+        if kind == "tau-bench" and isinstance(data, dict) and "traj" in data:
+            data = [data]  # one run: a file of JSON lines holding one line, or one run sent over HTTP
         if kind == "tau-bench" and not (isinstance(data, list) and all(isinstance(x, dict) for x in data)):
             raise ItemError("not a τ-bench trajectory file (expected a list of runs with 'traj')")
         convs.extend(specs[kind].convert(data, source, agent_id, agent_version))

@@ -118,7 +118,9 @@ class GrpcReceiver:
         limit = max(MAX_MESSAGE_BYTES_FLOOR, 2 * s.otlp_max_body_bytes)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="vigil-otlp-grpc"),
-            options=[("grpc.max_receive_message_length", limit)],
+            # gRPC binds with SO_REUSEPORT unless told not to: a second process on the same port would share
+            # the exporters' connections with this one (each storing in its own database) instead of failing
+            options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
             compression=None,
         )
         server.add_generic_rpc_handlers(
@@ -127,7 +129,10 @@ class GrpcReceiver:
                 grpc.method_handlers_generic_handler(LOGS_SERVICE, {"Export": export(export_logs)}),
             )
         )
-        port = server.add_insecure_port(f"{s.host}:{s.otlp_grpc_port}")
+        try:  # a taken port: older grpcio releases answer 0, newer ones raise RuntimeError
+            port = server.add_insecure_port(f"{s.host}:{s.otlp_grpc_port}")
+        except RuntimeError:
+            port = 0
         if port == 0:
             raise ConfigError(f"cannot listen for OTLP/gRPC on {s.host}:{s.otlp_grpc_port} (VIGIL_OTLP_GRPC_PORT)")
         server.start()
