@@ -188,6 +188,26 @@ def test_run_until_idle_does_not_wait_for_an_open_circuit(tmp_path: Path) -> Non
     assert {r.status for r in requests(rt)} == {"pending"}  # left queued for a later run
 
 
+def test_run_until_idle_does_not_wait_for_another_workers_request(tmp_path: Path) -> None:
+    """``vigil judge-worker --once`` beside a running worker waited, silently, until the other worker's lease
+    on a request ran out (up to 300 s): that request is the other worker's to finish."""
+    from sqlalchemy import update
+
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, Scripted(default=PASS), n=3)
+    held = requests(rt)[0].id
+    with rt.sessions.begin() as s:
+        s.execute(
+            update(JudgeRequestRow)
+            .where(JudgeRequestRow.id == held)
+            .values(status="running", lease_owner="another-worker", lease_until=datetime.now(UTC) + timedelta(hours=1))
+        )
+    t0 = time.monotonic()
+    judged = asyncio.run(stage.worker.run_until_idle(60))
+    assert time.monotonic() - t0 < scaled(10)  # it waited out the 60 s timeout for the other worker's request
+    assert judged == 2 and {r.id: r.status for r in requests(rt)}[held] == "running"
+    rt.close()
+
+
 def test_a_probe_that_finds_nothing_due_does_not_wedge_the_circuit(tmp_path: Path) -> None:
     client = Scripted(["litellm.InternalServerError"] * 2, via_litellm=True)
     rt, stage = setup(

@@ -253,6 +253,20 @@ def queue_depth(session: Session, conversation_id: str | None = None) -> dict[st
     return {j: int(n) for j, n in rows}
 
 
+def left_for(session: Session, judges: list[str], owner: str, now: datetime, conversation_id: str | None = None) -> int:
+    """Requests of ``judges`` that ``owner`` could still take or is running: pending ones (due or waiting for a
+    retry), its own running ones, and those whose lease ran out. Another worker's running request is not
+    one: ``--once`` waited up to its lease (300 s) for a request a second worker held."""
+    R = JudgeRequestRow
+    q = select(func.count()).where(
+        R.judge.in_(judges),
+        or_(R.status == "pending", and_(R.status == "running", or_(R.lease_owner == owner, R.lease_until < now))),
+    )
+    if conversation_id is not None:
+        q = q.where(R.conversation_id == conversation_id)
+    return int(session.scalar(q) or 0)
+
+
 def spend_since(session: Session, since: datetime) -> dict[str, tuple[float, int]]:
     """Stored spend and number of priced calls per judge since ``since`` (verdicts and pairwise)."""
     out: dict[str, tuple[float, int]] = {}

@@ -100,7 +100,8 @@ class JudgeWorker:
                     await asyncio.wait_for(self._wake.wait(), max(backoff, self.settings.judge_poll_interval_seconds))
 
     async def run_until_idle(self, timeout: float = 60.0) -> int:
-        """Judge until no request of a running judge is pending or in flight (CLI ``--once``, tests).
+        """Judge until no request of a running judge is pending or in flight here (CLI ``--once``, tests); a
+        request another worker is running is its own (waiting for it waited for its lease, up to 300 s).
 
         Requests waiting for a retry are waited for; those of a paused or stopped judge, or of one whose
         circuit is open (its cooldown may be long), are not: they stay queued for a later run.
@@ -127,8 +128,7 @@ class JudgeWorker:
 
     def _pending(self, judges: list[str]) -> int:
         with self.engine.sessions() as s:
-            depth = store.queue_depth(s, self.only_conversation)
-            return sum(n for j, n in depth.items() if j in judges)
+            return store.left_for(s, judges, self.owner, self.engine.clock(), self.only_conversation)
 
     # --- the loop ---------------------------------------------------------------------------------
 
