@@ -202,3 +202,19 @@ def test_simulate_refuses_negative_counts_rates_and_empty_batches(tmp_path, opti
     result = run(["simulate", option, value, "--out", str(tmp_path / "sim.jsonl")])
     assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output, result.output
     assert not (tmp_path / "sim.jsonl").exists()
+
+
+def test_simulate_runs_have_their_own_conversation_ids_unless_a_seed_repeats_one(tmp_path) -> None:
+    """Every run used seed 0, as `vigil serve --demo` does: `vigil simulate --url` against the demo sent the
+    demo's own conversation ids again, and their outcomes were refused as idempotency conflicts."""
+    import orjson
+
+    def ids(*args: str) -> list[str]:
+        out = tmp_path / f"sim-{len(list(tmp_path.iterdir()))}.jsonl"
+        result = run(["simulate", "--count", "5", "--no-outcomes", "--out", str(out), *args])
+        assert result.exit_code == 0, result.output
+        return [orjson.loads(line)["conversation_id"] for line in out.read_bytes().splitlines()]
+
+    first, second = ids(), ids()
+    assert len(set(first)) == 5 and not set(first) & set(second)
+    assert ids("--seed", "7") == ids("--seed", "7")

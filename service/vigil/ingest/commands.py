@@ -174,7 +174,13 @@ def simulate(
     count: Annotated[int, typer.Option(min=0, help="Conversations to generate (0 = until stopped).")] = 1000,
     versions: Annotated[str, typer.Option(help="version:failure_rate[:weight],...")] = "v1.4.0:0.04,v1.5.0:0.12",
     agent_id: Annotated[str, typer.Option(help="Agent id.")] = "support-bot",
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Random seed (default: a fresh one each run, printed, so a run's conversation ids are its own; "
+            "give one to repeat a run)."
+        ),
+    ] = None,
     rate: Annotated[float, typer.Option(min=0, help="Conversations per second (0 = as fast as possible).")] = 0.0,
     out: Annotated[Path | None, typer.Option(help="Write JSONL here instead of sending.")] = None,
     url: Annotated[str | None, typer.Option(help="POST to this Vigil base URL (e.g. http://127.0.0.1:8000).")] = None,
@@ -191,6 +197,13 @@ def simulate(
         profiles = parse_versions(versions, agent_id)
     except ValueError as exc:
         launch.fail(exc)
+    if seed is None:
+        # the demo and every earlier run used seed 0: the same conversation ids again, whose outcomes were
+        # refused as idempotency conflicts (their times differ) by a Vigil that had stored the first ones
+        import secrets
+
+        seed = secrets.randbelow(2**31)
+        launch.console.print(f"seed {seed} (--seed {seed} repeats this run)", highlight=False)
     sim = Simulator(profiles, seed)
     sink = _make_sink(launch, out, url, api_key, to_kafka)
     try:
