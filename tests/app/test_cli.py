@@ -218,3 +218,24 @@ def test_simulate_runs_have_their_own_conversation_ids_unless_a_seed_repeats_one
     first, second = ids(), ids()
     assert len(set(first)) == 5 and not set(first) & set(second)
     assert ids("--seed", "7") == ids("--seed", "7")
+
+
+def test_a_restarted_demo_sends_new_conversations(tmp_path) -> None:
+    """The demo always used seed 0: restarted on the same database it sent only conversations it had stored
+    before (a 40,000-conversation demo database showed nothing new for 40 minutes)."""
+    from prometheus_client import CollectorRegistry
+    from sqlalchemy import func, select
+
+    from tests.support.app import make_settings
+    from vigil.app.runtime import build_runtime
+    from vigil.app.server import DemoTraffic
+    from vigil.store.models import ConversationRow
+
+    rt = build_runtime(make_settings(f"sqlite:///{tmp_path / 'v.db'}"), registry=CollectorRegistry())
+    try:
+        for _ in range(2):  # two starts of `vigil serve --demo` on one database
+            DemoTraffic(rt, 10.0, "v1:0.1", batch=10)._feed()
+        with rt.sessions() as s:
+            assert s.scalar(select(func.count()).select_from(ConversationRow)) == 20
+    finally:
+        rt.close()

@@ -20,10 +20,14 @@ class DemoTraffic:
     """Feeds simulated conversations through the pipeline while the server runs (``--demo``)."""
 
     def __init__(self, runtime: Runtime, rate: float, versions: str, batch: int = 10) -> None:
+        import secrets
+
         from vigil.ingest.simulate import Simulator, parse_versions
 
         self.runtime = runtime
-        self.sim = Simulator(parse_versions(versions), seed=None or 0)
+        # a fresh seed each start: seed 0 every time made a restarted demo on the same database send the
+        # conversations it had stored before, all duplicates (40,000 of them: 40 minutes of nothing new)
+        self.sim = Simulator(parse_versions(versions), seed=secrets.randbelow(2**31))
         self.rate = rate
         self.batch = batch
         self._task: asyncio.Task[None] | None = None
