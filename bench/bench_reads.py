@@ -223,6 +223,7 @@ def reads(n: int) -> Iterator[tuple[str, str, dict[str, Any]]]:
         {"rule": "refund-over-limit"},
     )
     yield "GET /v1/conversations (severity high)", "/v1/conversations", {"severity": "high"}
+    yield "GET /v1/conversations (severity critical, none stored)", "/v1/conversations", {"severity": "critical"}
     yield (
         "GET /ui/conversations (rule found only in old conversations)",
         "/ui/conversations",

@@ -118,3 +118,29 @@ def test_a_rule_filter_pages_alike_whether_its_conversations_are_few_or_many(loa
                     if (cursor := page["next_cursor"]) is None:
                         break
                 assert seen == expected, (rule, cap)
+
+
+def test_a_severity_list_can_use_the_partial_index_of_severe_conversations(db_url) -> None:  # type: ignore[no-untyped-def]
+    """The severities are written into the statement: a bound list would hide from the planner that only
+    high and critical conversations qualify, and it walked every conversation instead."""
+    from sqlalchemy import text
+
+    from vigil.store import reads
+
+    rt = review_runtime(db_url)
+    try:
+        store(rt, simulated(40, "v1:0.6", seed=3))
+        with rt.sessions() as s:
+            stmt = reads.list_query(min_severity="critical").with_only_columns(text("1"))
+            sql = str(stmt.compile(s.get_bind(), compile_kwargs={"render_postcompile": True}))
+            assert "'critical'" in sql
+            if s.get_bind().dialect.name == "postgresql":
+                s.execute(text("SET LOCAL enable_seqscan = off"))
+                plan = "\n".join(r[0] for r in s.execute(text("EXPLAIN " + sql)))
+                assert "ix_conversations_severe" in plan, plan
+            else:  # SQLite refuses INDEXED BY an index the statement cannot use ("no query solution")
+                forced = sql.replace("FROM conversations", "FROM conversations INDEXED BY ix_conversations_severe")
+                plan = "\n".join(str(r[-1]) for r in s.execute(text("EXPLAIN QUERY PLAN " + forced)))
+                assert "ix_conversations_severe" in plan, plan
+    finally:
+        rt.close()

@@ -92,6 +92,14 @@ class ConversationRow(Base):
         Index("ix_conversations_agent", "agent_id", "agent_version", "received_at"),
         Index("ix_conversations_received", "received_at"),
         Index("ix_conversations_task", "task_id"),
+        # the few conversations a severity=high or critical list reads (partial: the writer pays on them alone)
+        Index(
+            "ix_conversations_severe",
+            "max_severity",
+            "received_at",
+            postgresql_where=text("max_severity IN ('high', 'critical')"),
+            sqlite_where=text("max_severity IN ('high', 'critical')"),
+        ),
     )
 
 
