@@ -374,3 +374,53 @@ def test_one_odd_conversation_never_makes_the_whole_file_unloadable(app, tmp_pat
     with rt.sessions.begin() as s:
         result = export(s, {}, Redactor(), "native")
     assert "opens with it" in result.skipped["opens"]
+
+
+def test_invisible_and_compatibility_characters_do_not_hide_personal_data(app) -> None:  # type: ignore[no-untyped-def]
+    """A zero-width space, a soft hyphen, a no-break space or full-width digits inside an email or a card
+    number read as the plain value to anyone who gets the file, but hid it from every detector: each of
+    these survived the export whole. The detectors read a folded copy; the original characters go."""
+    hidden = [
+        "jane.doe@exam\u200bple.com",
+        "rita@exam\u00adple.org",
+        "4111\u00a01111\u00a01111\u00a01111",
+        "4111\u200b1111\u200b1111\u200b1111",
+        "\uff14\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11",
+        "415\u2011555\u20110123",
+    ]
+    text = "on file: " + "; ".join(hidden)
+    arguments = json.dumps({"note": text}, ensure_ascii=False)
+    _ingest(
+        app,
+        {
+            **_conv("hidden-pii"),
+            "messages": [
+                {"role": "user", "content": text},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "note", "arguments": arguments}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+                {"role": "assistant", "content": "done"},
+            ],
+        },
+    )
+    _, client = app
+    for fmt in FORMATS:
+        [row], _ = _export(client, fmt)
+        exported = json.dumps(row, ensure_ascii=False)
+        for value in hidden:
+            assert value not in exported, (fmt, value)
+        assert exported.count("[REDACTED:card]") == 2 * 3 and exported.count("[REDACTED:email]") == 2 * 2, fmt
+    r = Redactor()
+    assert r.text("write to jane\u200b@example.com now") == "write to [REDACTED:email] now"
+    # a dash as punctuation is no separator: the number beside it is still found
+    assert (
+        r.text("the number I gave\u2014555-123-2002\u2014abroad")
+        == "the number I gave\u2014[REDACTED:phone]\u2014abroad"
+    )
+    plain = "caf\u00e9 \u4e2d\u6587 \u00e9t\u00e9 1\u00a0000 \u20ac"
+    assert r.text(plain) == plain  # folded for the detectors, never rewritten where nothing is redacted
