@@ -619,3 +619,34 @@ def test_exported_task_revision_migration(db_url: str) -> None:
         command.upgrade(cfg, "head")
     finally:
         engine.dispose()
+
+
+TELECOM = (
+    "tau2",
+    "trajectories",
+    "sierra_testrun1_gpt-4.1-2025-04-14_telecom_no-user_gpt-4.1-2025-04-14_4trials_5tasks.json",
+)
+TELECOM_ALL = ("tau2", "trajectories", "sierra_gpt-4.1_telecom_default_gpt-4.1_1trials.json")
+
+
+def test_runs_of_different_tasks_are_never_folded_into_one(sqlite_url: str) -> None:
+    """τ² telecom tasks share a handful of reasons for calling ("You mobile data is not working properly...")
+    and differ in the fault behind them. Grouped by the user's words alone, 18 confirmed failures of 6
+    different tasks became one task and 11 of 11 tasks another: ten regression tests lost for one kept.
+    A conversation's task id now keeps its task apart; the trials of one task still fold."""
+    settings = make_settings(sqlite_url, rule_packs=str(PROJECT_ROOT / "rules" / "*.yaml"))
+    rt = build_runtime(settings, registry=CollectorRegistry())
+    convs = [c for part in (TELECOM, TELECOM_ALL) for c in load_file(shared_data(*part), "auto", None, None)]
+    task_of = {c.conversation_id: c.task_id for c in convs}
+    with make_client(rt) as client:
+        rt.pipeline.process(convs, "test")
+        with rt.sessions.begin() as s:
+            s.add_all(_label(c.conversation_id, "confirmed_failure") for c in convs)
+        tasks, _ = _export(client)
+    rt.close()
+    groups = [[t["source"]["conversation_id"], *t["duplicates"]] for t in tasks]
+    assert sum(len(g) for g in groups) == len(convs)
+    assert all(len({task_of[cid] for cid in g}) == 1 for g in groups), [
+        sorted({task_of[cid] for cid in g}) for g in groups if len({task_of[cid] for cid in g}) > 1
+    ][:2]
+    assert any(len(g) > 1 for g in groups)  # trials of one task failing alike are still one task
