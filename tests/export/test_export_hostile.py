@@ -424,3 +424,31 @@ def test_invisible_and_compatibility_characters_do_not_hide_personal_data(app) -
     )
     plain = "caf\u00e9 \u4e2d\u6587 \u00e9t\u00e9 1\u00a0000 \u20ac"
     assert r.text(plain) == plain  # folded for the detectors, never rewritten where nothing is redacted
+
+
+def test_a_phone_number_that_opens_a_text_is_redacted(app) -> None:  # type: ignore[no-untyped-def]
+    """A phone number with nothing before it (a message that opens with it, a tool result that is the
+    number) was never detected: the check that the number does not continue a '+' or '-' before it read
+    the empty string as one. Such a number left Vigil in every format; the pii_leak rule missed it too."""
+    _ingest(
+        app,
+        {
+            **_conv("opening-phone"),
+            "messages": [
+                {"role": "user", "content": "415-555-0123 is my cell, call me"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "+1 650 555 0199"},
+                {"role": "assistant", "content": "done"},
+            ],
+        },
+    )
+    _, client = app
+    for fmt in FORMATS:
+        [row], _ = _export(client, fmt)
+        exported = json.dumps(row)
+        assert "415-555-0123" not in exported and "650 555 0199" not in exported, fmt
+        assert exported.count("[REDACTED:phone]") == 2, fmt
