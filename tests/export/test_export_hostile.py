@@ -426,6 +426,69 @@ def test_invisible_and_compatibility_characters_do_not_hide_personal_data(app) -
     assert r.text(plain) == plain  # folded for the detectors, never rewritten where nothing is redacted
 
 
+def test_personal_data_in_json_keys_is_redacted(app) -> None:  # type: ignore[no-untyped-def]
+    """Keys were left as they are, so a tool result keyed by its customers' emails or phone numbers, or
+    an argument named by a card number, left Vigil whole in every format. Keys are redacted like values;
+    two keys redacted alike stay two, and a tool's ``required`` still names its redacted properties."""
+    result = json.dumps(
+        {"jane@example.com": {"tier": "gold"}, "rita@example.org": {"tier": "silver"}, "+1 415 555 0123": "mobile"}
+    )
+    arguments = json.dumps({"4111111111111111": "primary", "seats": 2})
+    _ingest(
+        app,
+        {
+            **_conv("keyed-pii"),
+            "metadata": {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "pay",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"4111111111111111": {"type": "string"}, "seats": {"type": "integer"}},
+                                "required": ["4111111111111111"],
+                            },
+                        },
+                    }
+                ]
+            },
+            "messages": [
+                {"role": "user", "content": "who is in the gold tier?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "pay", "arguments": arguments}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": result},
+                {"role": "assistant", "content": "done"},
+            ],
+        },
+    )
+    _, client = app
+    for fmt in FORMATS:
+        [row], _ = _export(client, fmt)
+        exported = json.dumps(row)
+        for leaked in ("jane@example.com", "rita@example.org", "415 555 0123", "4111111111111111"):
+            assert leaked not in exported, (fmt, leaked)
+    [task], _ = _export(client, "native")
+    assert json.loads(task["messages"][2]["content"]) == {
+        "[REDACTED:email]": {"tier": "gold"},
+        "[REDACTED:email] 2": {"tier": "silver"},
+        "[REDACTED:phone]": "mobile",
+    }
+    assert json.loads(task["messages"][1]["tool_calls"][0]["function"]["arguments"]) == {
+        "[REDACTED:card]": "primary",
+        "seats": 2,
+    }
+    [sample], _ = _export(client, "inspect")
+    [tool] = sample["metadata"]["tools"]
+    assert tool["parameters"]["required"] == ["[REDACTED:card]"]
+    assert set(tool["parameters"]["properties"]) == {"[REDACTED:card]", "seats"}
+
+
 def test_a_phone_number_that_opens_a_text_is_redacted(app) -> None:  # type: ignore[no-untyped-def]
     """A phone number with nothing before it (a message that opens with it, a tool result that is the
     number) was never detected: the check that the number does not continue a '+' or '-' before it read

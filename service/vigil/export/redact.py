@@ -164,9 +164,8 @@ class Redactor:
         return n if redacted == written else redacted
 
     def value(self, obj: Any, context: str = "") -> Any:
-        """Redact every string and number inside ``obj`` (dicts, lists, strings), keys left as they are;
-        a value is read under its key (``"phone: 4155550123"``), and strings that hold JSON as
-        :meth:`embedded` does."""
+        """Redact every string and number inside ``obj`` (dicts, lists, strings), keys included; a value is
+        read under its key (``"phone: 4155550123"``), and strings that hold JSON as :meth:`embedded` does."""
         if isinstance(obj, str):
             return self.embedded(obj, context)
         if isinstance(obj, bool) or obj is None:
@@ -174,10 +173,25 @@ class Redactor:
         if isinstance(obj, int | float):
             return self.number(obj, context)
         if isinstance(obj, dict):
-            return {k: self.value(v, f"{k}: ") for k, v in obj.items()}
+            return self._mapping(obj)
         if isinstance(obj, list | tuple):
             return [self.value(v, context) for v in obj]
         return obj
+
+    def _mapping(self, obj: dict[Any, Any]) -> dict[Any, Any]:
+        """Each value redacted under its key, and each key as text: a result keyed by its customers' emails
+        (``{"jane@example.com": {...}}``) is personal data in its keys. Two keys redacted alike stay two
+        (``[REDACTED:email]``, ``[REDACTED:email] 2``): folding them would drop a value."""
+        out: dict[Any, Any] = {}
+        for k, v in obj.items():
+            key = self.text(k) if isinstance(k, str) else k
+            if key != k:
+                n, base = 1, key
+                while key in obj or key in out:
+                    n += 1
+                    key = f"{base} {n}"
+            out[key] = self.value(v, f"{k}: ")
+        return out
 
 
 # Identifiers Vigil generated or keeps as keys, never content: redacting them breaks what they join (a
