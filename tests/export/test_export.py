@@ -650,3 +650,36 @@ def test_runs_of_different_tasks_are_never_folded_into_one(sqlite_url: str) -> N
         sorted({task_of[cid] for cid in g}) for g in groups if len({task_of[cid] for cid in g}) > 1
     ][:2]
     assert any(len(g) > 1 for g in groups)  # trials of one task failing alike are still one task
+
+
+def test_a_label_saved_while_an_export_reads_is_exported_with_it_next_time(world, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An export read the current labels twice: once for the reviewers' words, once to decide what is
+    confirmed. A label saved between the two reads (READ COMMITTED: each read sees what is committed) made
+    the conversation confirmed with none of its confirming labels at hand: its task left without the
+    reviewer's expected behaviour (no rubric), recorded as exported, never exported again with it. One
+    read now decides both: the label counts from the next run, with its words."""
+    from vigil.store import reads
+
+    rt, client, _, _, rest = world
+    cid = rest[0]  # labelled not_a_failure
+    real = reads.current_labels
+    calls = []
+
+    def reads_then_a_reviewer_saves(session: Any, ids: list[str] | None = None) -> Any:
+        out = real(session, ids)
+        if not calls:
+            calls.append(1)
+            with rt.sessions.begin() as s:
+                s.query(ReviewLabelRow).filter_by(conversation_id=cid).update({"is_current": False})
+                relabel = _label(cid, "confirmed_failure", expected_behavior="Ask before cancelling anything.")
+                relabel.version = 2
+                s.add(relabel)
+        return out
+
+    monkeypatch.setattr(reads, "current_labels", reads_then_a_reviewer_saves)
+    first, _ = _export(client)
+    monkeypatch.setattr(reads, "current_labels", real)
+    second, _ = _export(client)
+    [task] = [t for t in first + second if cid in [t["source"]["conversation_id"], *t["duplicates"]]]
+    assert task["review"]["expected_behavior"] == "Ask before cancelling anything."
+    assert {"type": "rubric", "text": "Ask before cancelling anything."} in task["grading"]

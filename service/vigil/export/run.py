@@ -234,7 +234,7 @@ def export(
     if since is not None and since < 0:
         raise ExportError("the watermark must be a non-negative integer")
     labels = reads.current_labels(session)
-    confirmed = reads.confirmed_failures(session)
+    confirmed = reads.confirmed_failures(session, labels)  # one read: a label saved meanwhile waits
     newest = {cid: max(r.id for r in labels[cid]) for cid in confirmed if labels.get(cid)}
     watermark = max([*newest.values(), since or 0])
     if since is not None:
