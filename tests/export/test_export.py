@@ -683,3 +683,39 @@ def test_a_label_saved_while_an_export_reads_is_exported_with_it_next_time(world
     [task] = [t for t in first + second if cid in [t["source"]["conversation_id"], *t["duplicates"]]]
     assert task["review"]["expected_behavior"] == "Ask before cancelling anything."
     assert {"type": "rubric", "text": "Ask before cancelling anything."} in task["grading"]
+
+
+def test_a_revision_stored_while_an_export_reads_is_not_exported_as_confirmed(world, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The labels confirm one revision; the document is read after them. A newer revision stored in between
+    (its ingest supersedes the labels) was exported as the confirmed failure, text nobody reviewed, and
+    recorded as exported at that revision, so the reviewers' verdict on it could change nothing. The
+    export now leaves a conversation whose stored revision is newer than its labels' to the next run."""
+    from vigil.store import reads
+
+    rt, client, ids, convs, _ = world
+    cid = ids["confirm"]
+    conv = convs[cid]
+    rev = conv.effective_revision
+    with rt.sessions.begin() as s:
+        s.query(ReviewLabelRow).filter_by(conversation_id=cid).update({"revision": rev})
+    real = reads.current_labels
+    calls = []
+
+    def reads_then_a_revision_arrives(session: Any, ids: list[str] | None = None) -> Any:
+        out = real(session, ids)
+        if not calls:
+            calls.append(1)
+            rt.pipeline.process([conv.model_copy(update={"revision": rev + 1})], "test")
+        return out
+
+    monkeypatch.setattr(reads, "current_labels", reads_then_a_revision_arrives)
+    tasks, _ = _export(client)
+    assert calls
+    assert all(cid not in [t["source"]["conversation_id"], *t["duplicates"]] for t in tasks)
+    # confirmed on the new revision, it is exported at that revision
+    monkeypatch.setattr(reads, "current_labels", real)
+    body = {"label": "confirmed_failure", "category": "missing_confirmation", "revision": rev + 1}
+    assert client.post(f"/v1/review/items/{cid}/labels", json=body, headers=REVIEWER).status_code == 201
+    tasks, _ = _export(client)
+    [task] = [t for t in tasks if cid in [t["source"]["conversation_id"], *t["duplicates"]]]
+    assert task["source"]["revision"] == rev + 1

@@ -14,12 +14,13 @@ from typing import Any
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
+from sqlalchemy import select
 
 from tests.support.app import ADMIN, INGEST, make_client, make_settings
 from vigil.app.runtime import build_runtime
 from vigil.export.redact import Redactor
 from vigil.export.tasks import group_key
-from vigil.store.models import ReviewLabelRow
+from vigil.store.models import ConversationRow, ReviewLabelRow
 
 FORMATS = ("native", "inspect", "verifiers")
 
@@ -53,7 +54,7 @@ def _ingest(app: tuple[Any, Any], body: bytes | dict[str, Any]) -> None:
         s.add(
             ReviewLabelRow(
                 conversation_id=cid,
-                revision=1,
+                revision=s.scalar(select(ConversationRow.revision).where(ConversationRow.conversation_id == cid)),
                 reviewer="rita",
                 label="confirmed_failure",
                 version=1,

@@ -153,6 +153,9 @@ def _sources(
             skipped[cid] = "conversation not stored"
             continue
         doc, rev = docs[cid]
+        given = _confirmed_revision(labels.get(cid, []))
+        if given is not None and rev > given:
+            continue  # a newer revision stored since the labels were read: nobody has confirmed it yet
         conv = _readable(doc)
         if conv is None:
             skipped[cid] = "stored document cannot be read"
