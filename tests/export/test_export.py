@@ -619,3 +619,103 @@ def test_exported_task_revision_migration(db_url: str) -> None:
         command.upgrade(cfg, "head")
     finally:
         engine.dispose()
+
+
+TELECOM = (
+    "tau2",
+    "trajectories",
+    "sierra_testrun1_gpt-4.1-2025-04-14_telecom_no-user_gpt-4.1-2025-04-14_4trials_5tasks.json",
+)
+TELECOM_ALL = ("tau2", "trajectories", "sierra_gpt-4.1_telecom_default_gpt-4.1_1trials.json")
+
+
+def test_runs_of_different_tasks_are_never_folded_into_one(sqlite_url: str) -> None:
+    """τ² telecom tasks share a handful of reasons for calling ("You mobile data is not working properly...")
+    and differ in the fault behind them. Grouped by the user's words alone, 18 confirmed failures of 6
+    different tasks became one task and 11 of 11 tasks another: ten regression tests lost for one kept.
+    A conversation's task id now keeps its task apart; the trials of one task still fold."""
+    settings = make_settings(sqlite_url, rule_packs=str(PROJECT_ROOT / "rules" / "*.yaml"))
+    rt = build_runtime(settings, registry=CollectorRegistry())
+    convs = [c for part in (TELECOM, TELECOM_ALL) for c in load_file(shared_data(*part), "auto", None, None)]
+    task_of = {c.conversation_id: c.task_id for c in convs}
+    with make_client(rt) as client:
+        rt.pipeline.process(convs, "test")
+        with rt.sessions.begin() as s:
+            s.add_all(_label(c.conversation_id, "confirmed_failure") for c in convs)
+        tasks, _ = _export(client)
+    rt.close()
+    groups = [[t["source"]["conversation_id"], *t["duplicates"]] for t in tasks]
+    assert sum(len(g) for g in groups) == len(convs)
+    assert all(len({task_of[cid] for cid in g}) == 1 for g in groups), [
+        sorted({task_of[cid] for cid in g}) for g in groups if len({task_of[cid] for cid in g}) > 1
+    ][:2]
+    assert any(len(g) > 1 for g in groups)  # trials of one task failing alike are still one task
+
+
+def test_a_label_saved_while_an_export_reads_is_exported_with_it_next_time(world, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An export read the current labels twice: once for the reviewers' words, once to decide what is
+    confirmed. A label saved between the two reads (READ COMMITTED: each read sees what is committed) made
+    the conversation confirmed with none of its confirming labels at hand: its task left without the
+    reviewer's expected behaviour (no rubric), recorded as exported, never exported again with it. One
+    read now decides both: the label counts from the next run, with its words."""
+    from vigil.store import reads
+
+    rt, client, _, _, rest = world
+    cid = rest[0]  # labelled not_a_failure
+    real = reads.current_labels
+    calls = []
+
+    def reads_then_a_reviewer_saves(session: Any, ids: list[str] | None = None) -> Any:
+        out = real(session, ids)
+        if not calls:
+            calls.append(1)
+            with rt.sessions.begin() as s:
+                s.query(ReviewLabelRow).filter_by(conversation_id=cid).update({"is_current": False})
+                relabel = _label(cid, "confirmed_failure", expected_behavior="Ask before cancelling anything.")
+                relabel.version = 2
+                s.add(relabel)
+        return out
+
+    monkeypatch.setattr(reads, "current_labels", reads_then_a_reviewer_saves)
+    first, _ = _export(client)
+    monkeypatch.setattr(reads, "current_labels", real)
+    second, _ = _export(client)
+    [task] = [t for t in first + second if cid in [t["source"]["conversation_id"], *t["duplicates"]]]
+    assert task["review"]["expected_behavior"] == "Ask before cancelling anything."
+    assert {"type": "rubric", "text": "Ask before cancelling anything."} in task["grading"]
+
+
+def test_a_revision_stored_while_an_export_reads_is_not_exported_as_confirmed(world, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The labels confirm one revision; the document is read after them. A newer revision stored in between
+    (its ingest supersedes the labels) was exported as the confirmed failure, text nobody reviewed, and
+    recorded as exported at that revision, so the reviewers' verdict on it could change nothing. The
+    export now leaves a conversation whose stored revision is newer than its labels' to the next run."""
+    from vigil.store import reads
+
+    rt, client, ids, convs, _ = world
+    cid = ids["confirm"]
+    conv = convs[cid]
+    rev = conv.effective_revision
+    with rt.sessions.begin() as s:
+        s.query(ReviewLabelRow).filter_by(conversation_id=cid).update({"revision": rev})
+    real = reads.current_labels
+    calls = []
+
+    def reads_then_a_revision_arrives(session: Any, ids: list[str] | None = None) -> Any:
+        out = real(session, ids)
+        if not calls:
+            calls.append(1)
+            rt.pipeline.process([conv.model_copy(update={"revision": rev + 1})], "test")
+        return out
+
+    monkeypatch.setattr(reads, "current_labels", reads_then_a_revision_arrives)
+    tasks, _ = _export(client)
+    assert calls
+    assert all(cid not in [t["source"]["conversation_id"], *t["duplicates"]] for t in tasks)
+    # confirmed on the new revision, it is exported at that revision
+    monkeypatch.setattr(reads, "current_labels", real)
+    body = {"label": "confirmed_failure", "category": "missing_confirmation", "revision": rev + 1}
+    assert client.post(f"/v1/review/items/{cid}/labels", json=body, headers=REVIEWER).status_code == 201
+    tasks, _ = _export(client)
+    [task] = [t for t in tasks if cid in [t["source"]["conversation_id"], *t["duplicates"]]]
+    assert task["source"]["revision"] == rev + 1

@@ -14,12 +14,13 @@ from typing import Any
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
+from sqlalchemy import select
 
 from tests.support.app import ADMIN, INGEST, make_client, make_settings
 from vigil.app.runtime import build_runtime
 from vigil.export.redact import Redactor
 from vigil.export.tasks import group_key
-from vigil.store.models import ReviewLabelRow
+from vigil.store.models import ConversationRow, ReviewLabelRow
 
 FORMATS = ("native", "inspect", "verifiers")
 
@@ -53,7 +54,7 @@ def _ingest(app: tuple[Any, Any], body: bytes | dict[str, Any]) -> None:
         s.add(
             ReviewLabelRow(
                 conversation_id=cid,
-                revision=1,
+                revision=s.scalar(select(ConversationRow.revision).where(ConversationRow.conversation_id == cid)),
                 reviewer="rita",
                 label="confirmed_failure",
                 version=1,
@@ -374,3 +375,144 @@ def test_one_odd_conversation_never_makes_the_whole_file_unloadable(app, tmp_pat
     with rt.sessions.begin() as s:
         result = export(s, {}, Redactor(), "native")
     assert "opens with it" in result.skipped["opens"]
+
+
+def test_invisible_and_compatibility_characters_do_not_hide_personal_data(app) -> None:  # type: ignore[no-untyped-def]
+    """A zero-width space, a soft hyphen, a no-break space or full-width digits inside an email or a card
+    number read as the plain value to anyone who gets the file, but hid it from every detector: each of
+    these survived the export whole. The detectors read a folded copy; the original characters go."""
+    hidden = [
+        "jane.doe@exam\u200bple.com",
+        "rita@exam\u00adple.org",
+        "4111\u00a01111\u00a01111\u00a01111",
+        "4111\u200b1111\u200b1111\u200b1111",
+        "\uff14\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11",
+        "415\u2011555\u20110123",
+    ]
+    text = "on file: " + "; ".join(hidden)
+    arguments = json.dumps({"note": text}, ensure_ascii=False)
+    _ingest(
+        app,
+        {
+            **_conv("hidden-pii"),
+            "messages": [
+                {"role": "user", "content": text},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "note", "arguments": arguments}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+                {"role": "assistant", "content": "done"},
+            ],
+        },
+    )
+    _, client = app
+    for fmt in FORMATS:
+        [row], _ = _export(client, fmt)
+        exported = json.dumps(row, ensure_ascii=False)
+        for value in hidden:
+            assert value not in exported, (fmt, value)
+        assert exported.count("[REDACTED:card]") == 2 * 3 and exported.count("[REDACTED:email]") == 2 * 2, fmt
+    r = Redactor()
+    assert r.text("write to jane\u200b@example.com now") == "write to [REDACTED:email] now"
+    # a dash as punctuation is no separator: the number beside it is still found
+    assert (
+        r.text("the number I gave\u2014555-123-2002\u2014abroad")
+        == "the number I gave\u2014[REDACTED:phone]\u2014abroad"
+    )
+    plain = "caf\u00e9 \u4e2d\u6587 \u00e9t\u00e9 1\u00a0000 \u20ac"
+    assert r.text(plain) == plain  # folded for the detectors, never rewritten where nothing is redacted
+
+
+def test_personal_data_in_json_keys_is_redacted(app) -> None:  # type: ignore[no-untyped-def]
+    """Keys were left as they are, so a tool result keyed by its customers' emails or phone numbers, or
+    an argument named by a card number, left Vigil whole in every format. Keys are redacted like values;
+    two keys redacted alike stay two, and a tool's ``required`` still names its redacted properties."""
+    result = json.dumps(
+        {"jane@example.com": {"tier": "gold"}, "rita@example.org": {"tier": "silver"}, "+1 415 555 0123": "mobile"}
+    )
+    arguments = json.dumps({"4111111111111111": "primary", "seats": 2})
+    _ingest(
+        app,
+        {
+            **_conv("keyed-pii"),
+            "metadata": {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "pay",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"4111111111111111": {"type": "string"}, "seats": {"type": "integer"}},
+                                "required": ["4111111111111111"],
+                            },
+                        },
+                    }
+                ]
+            },
+            "messages": [
+                {"role": "user", "content": "who is in the gold tier?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "pay", "arguments": arguments}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": result},
+                {"role": "assistant", "content": "done"},
+            ],
+        },
+    )
+    _, client = app
+    for fmt in FORMATS:
+        [row], _ = _export(client, fmt)
+        exported = json.dumps(row)
+        for leaked in ("jane@example.com", "rita@example.org", "415 555 0123", "4111111111111111"):
+            assert leaked not in exported, (fmt, leaked)
+    [task], _ = _export(client, "native")
+    assert json.loads(task["messages"][2]["content"]) == {
+        "[REDACTED:email]": {"tier": "gold"},
+        "[REDACTED:email] 2": {"tier": "silver"},
+        "[REDACTED:phone]": "mobile",
+    }
+    assert json.loads(task["messages"][1]["tool_calls"][0]["function"]["arguments"]) == {
+        "[REDACTED:card]": "primary",
+        "seats": 2,
+    }
+    [sample], _ = _export(client, "inspect")
+    [tool] = sample["metadata"]["tools"]
+    assert tool["parameters"]["required"] == ["[REDACTED:card]"]
+    assert set(tool["parameters"]["properties"]) == {"[REDACTED:card]", "seats"}
+
+
+def test_a_phone_number_that_opens_a_text_is_redacted(app) -> None:  # type: ignore[no-untyped-def]
+    """A phone number with nothing before it (a message that opens with it, a tool result that is the
+    number) was never detected: the check that the number does not continue a '+' or '-' before it read
+    the empty string as one. Such a number left Vigil in every format; the pii_leak rule missed it too."""
+    _ingest(
+        app,
+        {
+            **_conv("opening-phone"),
+            "messages": [
+                {"role": "user", "content": "415-555-0123 is my cell, call me"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "+1 650 555 0199"},
+                {"role": "assistant", "content": "done"},
+            ],
+        },
+    )
+    _, client = app
+    for fmt in FORMATS:
+        [row], _ = _export(client, fmt)
+        exported = json.dumps(row)
+        assert "415-555-0123" not in exported and "650 555 0199" not in exported, fmt
+        assert exported.count("[REDACTED:phone]") == 2, fmt

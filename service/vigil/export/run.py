@@ -153,6 +153,9 @@ def _sources(
             skipped[cid] = "conversation not stored"
             continue
         doc, rev = docs[cid]
+        given = _confirmed_revision(labels.get(cid, []))
+        if given is not None and rev > given:
+            continue  # a newer revision stored since the labels were read: nobody has confirmed it yet
         conv = _readable(doc)
         if conv is None:
             skipped[cid] = "stored document cannot be read"
@@ -234,7 +237,7 @@ def export(
     if since is not None and since < 0:
         raise ExportError("the watermark must be a non-negative integer")
     labels = reads.current_labels(session)
-    confirmed = reads.confirmed_failures(session)
+    confirmed = reads.confirmed_failures(session, labels)  # one read: a label saved meanwhile waits
     newest = {cid: max(r.id for r in labels[cid]) for cid in confirmed if labels.get(cid)}
     watermark = max([*newest.values(), since or 0])
     if since is not None:

@@ -4,7 +4,8 @@ The task holds the conversation up to the failure point: the message the most se
 (the earliest among equals, moved to the nearest assistant turn), or, when no rule fired (the judge, an
 outcome or a reviewer found it), the agent's last turn. The harness replays ``messages`` and grades the
 agent's next turn against ``grading``.
-Near-duplicates share a ``group_key``: the rule at the failure point, its tool, and the user's intent.
+Near-duplicates share a ``group_key``: the rule at the failure point, its tool, the user's intent, and
+the conversation's task id when it has one.
 """
 
 from __future__ import annotations
@@ -79,11 +80,16 @@ def intent_of(conv: Conversation) -> str:
     return _DIGITS.sub("#", _SPACE.sub(" ", text.strip().lower()))[:300]
 
 
-def group_key(category: str, finding: dict[str, Any] | None, intent: str) -> str:
+def group_key(category: str, finding: dict[str, Any] | None, intent: str, task_id: str | None = None) -> str:
+    """Near-duplicates share it. A conversation's ``task_id`` names the task it attempts: runs of two tasks
+    are two failures however alike their user's words (τ² telecom tasks that share one reason for calling
+    differ in the fault behind it), so a task id keeps them apart; without one the key is as it was."""
     if finding is not None:
         parts = ["rule", finding["rule_id"], (finding.get("details") or {}).get("tool") or "", intent]
     else:
         parts = ["category", category, "", intent]
+    if task_id:
+        parts.append(task_id)
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
 
@@ -160,7 +166,7 @@ def build(src: Source, rules: dict[str, CompiledRule], min_severity: str = "medi
     idx, finding = failure_index(conv.messages, src.findings)
     expected = "\n\n".join(_distinct([x.get("expected_behavior", "") for x in src.labels]))
     severities = Counter(x["severity"] for x in src.labels if x.get("severity"))
-    key = group_key(src.category, finding, intent_of(conv))
+    key = group_key(src.category, finding, intent_of(conv), conv.task_id)
     goal = conv.metadata.get("goal")
     return {
         "schema": SCHEMA,

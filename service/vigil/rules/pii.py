@@ -275,7 +275,7 @@ def _phones(text: str, low: str) -> Iterator[tuple[int, int]]:
     for m in _PHONE.finditer(text):
         start, end = m.span()
         prev, nxt = _before(text, start), _after(text, end)
-        if _word(prev) or prev in "+-" or _word(nxt) or nxt == "-":
+        if _word(prev) or (prev and prev in "+-") or _word(nxt) or nxt == "-":
             continue
         if m.group("intl"):
             value = m.group(0)
@@ -285,7 +285,7 @@ def _phones(text: str, low: str) -> Iterator[tuple[int, int]]:
     for m in _SEVEN.finditer(text):
         start, end = m.span()
         prev, nxt = _before(text, start), _after(text, end)
-        if _word(prev) or prev in "+-.:/$€£#" or _word(nxt) or nxt == "-":
+        if _word(prev) or (prev and prev in "+-.:/$€£#") or _word(nxt) or nxt == "-":
             continue
         if nxt == "." and _after(text, end + 1).isdigit():
             continue

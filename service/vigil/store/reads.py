@@ -353,13 +353,15 @@ def labels_of_newest(session: Session, max_labels: int) -> dict[str, list[tuple[
     return newest_labels(session, max_labels)[0]
 
 
-def confirmed_failures(session: Session) -> dict[str, str]:
+def confirmed_failures(session: Session, votes: dict[str, list[ReviewLabelRow]] | None = None) -> dict[str, str]:
     """Conversation id → category, for conversations whose current labels lean to confirmed_failure.
 
     More ``confirmed_failure`` than ``not_a_failure`` labels (``unsure`` takes no side). A tie (one reviewer
     against another) is disputed and left out, as calibration leaves it out: exporting it, or counting it in
-    failure clusters, would take one reviewer's word over the other's."""
-    votes = current_labels(session)
+    failure clusters, would take one reviewer's word over the other's. ``votes``: the current labels a
+    caller already read (:func:`current_labels`), so that it decides on the labels it uses, not on a second
+    read that a label saved in between makes different."""
+    votes = current_labels(session) if votes is None else votes
     out: dict[str, str] = {}
     for cid, rows in votes.items():
         yes = [r for r in rows if r.label == "confirmed_failure"]
