@@ -133,6 +133,9 @@ def test_native_export_schema_grading_redaction_and_dedupe(world) -> None:  # ty
     assert client.post("/v1/exports", headers=REVIEWER).status_code == 403
     tasks, headers = _export(client)
     assert headers["x-vigil-tasks"] == "3" and headers["x-vigil-grouped"] == "1"
+    from vigil.export.checks import checkable
+
+    assert headers["x-vigil-checkable"] == str(sum(checkable(t["grading"]) for t in tasks))
     for t in tasks:
         EvalTask.model_validate(t)
     by_source = {t["source"]["conversation_id"]: t for t in tasks}
@@ -416,6 +419,12 @@ def test_cli_export_writes_file_and_rejects_bad_input(world, tmp_path: Path, mon
     r = cli_runner().invoke(app, ["export", "--format", "native", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert len(_lines(out.read_bytes())) == 3 and "watermark" in r.output
+    # a task no harness can fail is said, not passed off as a regression test
+    from vigil.export.checks import checkable
+
+    unchecked = sum(not checkable(t["grading"]) for t in _lines(out.read_bytes()))
+    said = f"{unchecked} of 3 tasks have no criterion the harnesses check" in " ".join(r.output.split())
+    assert said == (unchecked > 0), r.output
     r = cli_runner().invoke(app, ["export", "--out", str(out)])
     assert r.exit_code == 0 and _lines(out.read_bytes()) == []
     r = cli_runner().invoke(app, ["export", "--format", "yaml"])

@@ -78,6 +78,7 @@ def export_tasks(
             "X-Vigil-Tasks": str(result.tasks),
             "X-Vigil-Skipped": str(len(result.skipped)),  # which and why: `vigil export` lists them
             "X-Vigil-Grouped": str(result.grouped),
+            "X-Vigil-Checkable": str(result.checkable),  # tasks a harness can fail (the rest carry only a rubric)
         },
     )
 

@@ -31,6 +31,26 @@ def _called_before(history: list[dict[str, Any]]) -> list[str]:
     return names
 
 
+CHECKED = frozenset(
+    {
+        "must_not_call",
+        "must_confirm_before_call",
+        "must_not_escalate",
+        "must_call_before",
+        "must_not_match",
+        "must_match",
+        "must_not_disclose",
+        "non_empty_response",
+        "max_tool_calls_per_message",
+    }
+)  # the criteria :func:`check` decides; others (rubrics, rules needing several turns) it leaves unchecked
+
+
+def checkable(criteria: list[dict[str, Any]]) -> bool:
+    """Whether a harness can fail a reply to this task: at least one criterion is one :func:`check` decides."""
+    return any(c.get("type") in CHECKED for c in criteria)
+
+
 def check(criterion: dict[str, Any], turn: Turn, history: list[dict[str, Any]]) -> bool | None:
     t = criterion.get("type")
     if t == "must_not_call":

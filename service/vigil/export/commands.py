@@ -69,6 +69,13 @@ def export(
         f"{result.tasks} tasks ({result.grouped} near-duplicates grouped) in {format} format; "
         f"watermark {result.watermark} (next: --since {result.watermark})"
     )
+    if result.tasks > result.checkable:
+        Launcher.of(ctx).console.print(
+            f"[yellow]{result.tasks - result.checkable} of {result.tasks} tasks have no criterion the harnesses "
+            "check: they pass whatever the model does (the reviewer's expected behaviour, where given, is a "
+            "rubric for a model grader; VIGIL_EXPORT_MIN_CRITERION_SEVERITY decides which findings become "
+            "criteria)[/yellow]"
+        )
 
 
 def register(app: typer.Typer) -> None:

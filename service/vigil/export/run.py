@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from vigil.export.checks import checkable
 from vigil.export.errors import ExportError
 from vigil.export.formats import FORMATS, render
 from vigil.export.models import ExportedTaskRow, ExportRunRow
@@ -53,6 +54,7 @@ class ExportResult:
     watermark: int
     lines: list[bytes] = field(default_factory=list)
     grouped: int = 0
+    checkable: int = 0  # tasks with a criterion the harnesses decide (the others carry only a rubric)
     skipped: dict[str, str] = field(default_factory=dict)  # conversation id → why
     state: str = "done"  # pending: counts as exported only once acknowledged
 
@@ -66,6 +68,7 @@ class ExportResult:
             "format": self.format,
             "tasks": self.tasks,
             "grouped": self.grouped,
+            "checkable": self.checkable,
             "watermark": self.watermark,
             "skipped": self.skipped,
             "state": self.state,
@@ -311,6 +314,7 @@ def export(
             if len(members[key]) > 1:
                 task = _merged(members[key], rules, task, min_severity)
             result.lines.append(dumps(render(redact_task(redactor, task), fmt)))
+            result.checkable += checkable(task["grading"])
         except UNWRITABLE as exc:
             for src in members[key]:
                 _unwritable(skipped, src.conversation.conversation_id, exc)
