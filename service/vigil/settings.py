@@ -111,6 +111,13 @@ class Settings(BaseSettings):
         description="Request bytes an API process reads and decodes at once across all requests; further "
         "requests wait their turn (bounds memory under concurrent large batches).",
     )
+    key_concurrency: int = Field(
+        default=8,
+        ge=0,
+        description="Requests of one API key (or of a UI session, by its key) an API process runs at once, "
+        "ingest endpoints excepted (VIGIL_MAX_INFLIGHT_BYTES bounds those); up to 8 times as many more wait "
+        "their turn and further ones are answered 429, so one key cannot take every worker thread. 0: no bound.",
+    )
     store_retry_attempts: int = Field(
         default=5,
         ge=1,

@@ -182,9 +182,16 @@ def serve(
     except VigilError as exc:
         fail(exc)
     from vigil.app.runtime import settle_heap
+    from vigil.http.protocol import GuardedHttpProtocol
 
     settle_heap(long_running=True)
-    uvicorn.run(application, host=host or s.host, port=port or s.port, log_level=s.log_level.lower())
+    uvicorn.run(
+        application,
+        host=host or s.host,
+        port=port or s.port,
+        log_level=s.log_level.lower(),
+        http=GuardedHttpProtocol,  # uvicorn's own, with limits on slow and oversized requests
+    )
 
 
 for _stage in STAGES:

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import choose_encoder
 from sqlalchemy import text
 from sqlalchemy.exc import DataError, InterfaceError, OperationalError
+from starlette.requests import ClientDisconnect
 
 from vigil import __version__
 from vigil.http import conversations
@@ -90,6 +91,14 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
     @app.exception_handler(InterfaceError)
     async def database_away(request: Request, exc: Exception) -> Response:
         return database_unavailable(request, exc)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        # the client hung up while its body was read: nothing was stored and nobody reads the answer; as an
+        # unhandled error it logged two tracebacks per request, which any ingest key could repeat at will
+        path = request.url.path.encode("unicode_escape").decode("ascii")
+        log.info("client disconnected before its request body was read whole: %s %s", request.method, path)
+        return Response(status_code=400)
 
     @app.exception_handler(UnicodeEncodeError)
     async def lone_surrogate(request: Request, exc: UnicodeEncodeError) -> JSONResponse:

@@ -10,16 +10,17 @@ transcript text as data, never as markup.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from fastapi import HTTPException, Request
+from fastapi import Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, select_autoescape
 
 from vigil.http import runtime_of
-from vigil.http.auth import Principal
+from vigil.http.auth import Principal, key_slots
 from vigil.money import usd
 from vigil.ui.labels import outcome_label, reason_key
 from vigil.ui.session import SessionManager
@@ -47,13 +48,19 @@ def sessions_of(request: Request) -> SessionManager:
     return request.app.state.ui_sessions  # type: ignore[no-any-return]
 
 
-def ui_user(request: Request) -> Principal:
-    """Dependency of UI pages: the logged-in reviewer, or a redirect to the login page."""
+def logged_in(request: Request) -> Principal:
+    """The logged-in reviewer, or a redirect to the login page."""
     p = sessions_of(request).principal(request)
     if p is None:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise HTTPException(303, "log in first", headers={"Location": f"/ui/login?next={quote(target, safe='')}"})
     return p
+
+
+async def ui_user(request: Request, p: Principal = Depends(logged_in)) -> AsyncIterator[Principal]:
+    """Dependency of UI pages: the logged-in reviewer, within their key's share of the process."""
+    async with key_slots(request).hold(p.name):
+        yield p
 
 
 def environment(request: Request) -> Environment:
