@@ -94,8 +94,9 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         default=33_554_432,
         ge=1024,
-        description="Largest POST body (conversations, outcomes, OTLP traces) in bytes; refused with 413 while "
-        "reading, before it is buffered (default 32 MiB: a batch of 1,000 conversations of 32 KB).",
+        description="Largest request body in bytes, on every endpoint (conversations, outcomes and OTLP traces "
+        "also keep a dead letter of what they refuse); refused with 413 while reading, before it is buffered "
+        "(default 32 MiB: a batch of 1,000 conversations of 32 KB).",
     )
     max_json_expansion: float = Field(
         default=8.0,

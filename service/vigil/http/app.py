@@ -18,6 +18,7 @@ from starlette.requests import ClientDisconnect
 from vigil import __version__
 from vigil.http import conversations
 from vigil.http.auth import KeyRing
+from vigil.http.body import LimitBodies
 from vigil.http.guard import NUL_TEXT_DETAIL, RefuseNul
 from vigil.http.unencodable import surrogate_response, validation_response
 from vigil.runtime import Runtime
@@ -48,6 +49,7 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
         lifespan=lifespan,
     )
     app.add_middleware(RefuseNul)
+    app.add_middleware(LimitBodies, limit=runtime.settings.max_request_bytes)
     app.state.runtime = runtime
     app.state.keyring = KeyRing.from_settings(runtime.settings)
     runtime.provide(app.state.keyring)  # the OTLP/gRPC receiver checks the same keys

@@ -13,14 +13,16 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import Request
+from fastapi import HTTPException, Request
 
 from vigil.errors import VigilError
 
 PREFIX_BYTES = 65_536  # of a body refused while reading, kept for its dead letter
 POOL_BUFFERS = 4  # body buffers a process keeps for reuse (see BufferPool)
 POOL_BUFFER_BYTES = 16_777_216  # a buffer grown past this is not kept (OTLP bodies are at most 16 MB by default)
+OWN_LIMIT = "vigil.body_reader"  # scope key: the endpoint reads its body itself, under its own limit
 
 
 class BodyTooLarge(VigilError):
@@ -87,6 +89,58 @@ class ByteBudget:
             async with self._changed:
                 self.free += size
                 self._changed.notify_all()
+
+
+class _Reader:
+    own = False
+
+
+class LimitBodies:
+    """ASGI middleware: the body of a request to any endpoint but those reading theirs with
+    :func:`limited_body` or :func:`pooled_body` (ingest, which keeps a dead letter of what it refuses) is
+    refused with 413 past ``limit`` bytes, as it is read. FastAPI reads and decodes a JSON or form body
+    whole before any dependency runs, the API key check included: a 200 MiB comment sent without a key
+    took 750 MB of memory before its 401."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        reader = scope[OWN_LIMIT] = _Reader()
+        declared = _content_length(scope)
+        received = 0
+
+        async def bounded() -> dict[str, Any]:
+            nonlocal received
+            message: dict[str, Any] = await receive()
+            if reader.own or message["type"] != "http.request":
+                return message
+            received += len(message.get("body", b""))
+            if max(received, declared or 0) > self.limit:
+                told = f"{declared} bytes" if declared is not None else "more bytes"
+                raise HTTPException(
+                    413, f"request body of {told} exceeds the limit of {self.limit} bytes (VIGIL_MAX_REQUEST_BYTES)"
+                )
+            return message
+
+        await self.app(scope, bounded, send)
+
+
+def _content_length(scope: dict[str, Any]) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def _own_limit(request: Request) -> None:
+    reader = request.scope.get(OWN_LIMIT)
+    if reader is not None:
+        reader.own = True
 
 
 def _budget(request: Request, capacity: int) -> ByteBudget:
@@ -171,6 +225,7 @@ async def limited_body(
     Unless the caller inflates bodies itself (``encoded``: OTLP, which bounds what it inflates), a
     compressed body is refused (:class:`EncodedBody`) before anything is read: decoding it as JSON
     would answer a misleading "not valid UTF-8"."""
+    _own_limit(request)
     declared = _checked(request, limit, encoded, setting)
     async with _budget(request, inflight).hold(declared if declared is not None else limit):
         chunks: list[bytes] = []
@@ -192,6 +247,7 @@ async def pooled_body(
     valid only inside the ``async with``: the caller copies (``bytes(body)``) anything it keeps beyond
     it, and hands the view only to readers that copy what they take (protobuf's and orjson's parsers
     do)."""
+    _own_limit(request)
     declared = _checked(request, limit, encoded, setting)
     async with _budget(request, inflight).hold(declared if declared is not None else limit):
         buf = POOL.take()
