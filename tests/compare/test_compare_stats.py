@@ -141,11 +141,15 @@ def test_means_use_student_and_welch_intervals() -> None:
     assert d.value == pytest.approx(cand.mean() - base.mean())
     assert (d.low, d.high) == (pytest.approx(ci.low), pytest.approx(ci.high))
     assert d.p_value == pytest.approx(welch.pvalue)
-    # both samples constant: no t test; the exact permutation test puts this split at 2 of C(5, 2) = 10
+    # both samples constant: no t test; the exact permutation test puts this split alone at the extreme of
+    # C(5, 2) = 10 (sides of unequal size: the swapped split moves the means less)
     exact = stats.difference([2.0, 2.0], [1.0, 1.0, 1.0], stats.mean, 100)
-    assert (exact.value, exact.low, exact.high, exact.p_value) == (1.0, 1.0, 1.0, pytest.approx(0.2))
+    assert (exact.value, exact.low, exact.high, exact.p_value) == (1.0, 1.0, 1.0, pytest.approx(0.1))
     p95 = stats.difference([2.0, 2.0], [1.0, 1.0, 1.0], stats.p95, 100)
-    assert (p95.value, p95.p_value) == (1.0, pytest.approx(0.2))
+    assert (p95.value, p95.p_value) == (1.0, pytest.approx(0.1))
+    # sides as large: the swapped split is as extreme, 2 of C(4, 2) = 6
+    assert stats.spread_free_p_value(1.0, 2, 2) == pytest.approx(2 / 6)
+    assert stats.spread_free_p_value(1.0, 3) == pytest.approx(2 / 8)  # paired: the flips of 3 differences
 
 
 def test_verdicts_and_red_flags() -> None:
@@ -257,7 +261,7 @@ def test_the_normal_p_value_keeps_its_far_tail() -> None:
     assert math.isclose(_normal_p_value(1.959963984540054, 1.0, 100, 100), 0.05, rel_tol=1e-12)
     assert math.isclose(_normal_p_value(-5.0, 1.0, 100, 100), 5.733031437583878e-07, rel_tol=1e-12)
     assert math.isclose(_normal_p_value(10.0, 1.0, 100, 100), 1.5239706048320995e-23, rel_tol=1e-9)
-    assert _normal_p_value(0.0, 0.0, 2, 3) == 1.0 and _normal_p_value(1.0, 0.0, 2, 3) == pytest.approx(0.2)
+    assert _normal_p_value(0.0, 0.0, 2, 3) == 1.0 and _normal_p_value(1.0, 0.0, 2, 3) == pytest.approx(0.1)
 
 
 def test_rows_at_zero_on_both_sides_do_not_dilute_the_holm_family() -> None:

@@ -91,14 +91,16 @@ def spread_free_p_value(point: float, n1: int, n2: int | None = None) -> float:
     ``n1`` paired differences all equal.
 
     A t or normal test has no standard error to divide by, and the difference is not exact: two tasks
-    that both went from pass to fail are two coin flips, not proof. The exact permutation test is: the
-    observed split is one of the two most extreme of the ``C(n1 + n2, n1)`` relabellings (of the ``2^n1``
-    sign flips when paired), so ``p = 2 / C(n1 + n2, n1)`` (``2 / 2^n1``).
+    that both went from pass to fail are two coin flips, not proof. The exact permutation test is: of the
+    ``2^n1`` sign flips (paired) the observed one and its mirror are the most extreme, ``p = 2 / 2^n1``; of
+    the ``C(n1 + n2, n1)`` relabellings of two sides, the observed split alone reaches its difference, and
+    so does the swapped one only when the sides are as large, ``p = 1 / C`` (``2 / C`` when ``n1 == n2``).
     """
     if point == 0:
         return 1.0
-    ways = 2**n1 if n2 is None else math.comb(n1 + n2, n1)
-    return min(1.0, 2 / ways)
+    if n2 is None:
+        return min(1.0, 2 / 2**n1)
+    return min(1.0, (2 if n1 == n2 else 1) / math.comb(n1 + n2, n1))
 
 
 def _normal_p_value(point: float, standard_error: float, n1: int, n2: int | None = None) -> float:
