@@ -718,8 +718,8 @@ def test_a_revision_stored_while_an_export_reads_is_not_exported_as_confirmed(wo
         return out
 
     monkeypatch.setattr(reads, "current_labels", reads_then_a_revision_arrives)
-    tasks, _ = _export(client)
-    assert calls
+    tasks, headers = _export(client)
+    assert calls and headers["x-vigil-skipped"] == "1"  # said, not dropped without a word
     assert all(cid not in [t["source"]["conversation_id"], *t["duplicates"]] for t in tasks)
     # confirmed on the new revision, it is exported at that revision
     monkeypatch.setattr(reads, "current_labels", real)

@@ -157,8 +157,9 @@ def _sources(
             continue
         doc, rev = docs[cid]
         given = _confirmed_revision(labels.get(cid, []))
-        if given is not None and rev > given:
-            continue  # a newer revision stored since the labels were read: nobody has confirmed it yet
+        if given is not None and rev > given:  # stored since the labels were read: nobody has confirmed it yet
+            skipped[cid] = f"revision {rev} was stored after its labels (given on revision {given}): not confirmed"
+            continue
         conv = _readable(doc)
         if conv is None:
             skipped[cid] = "stored document cannot be read"
