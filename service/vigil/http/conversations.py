@@ -13,6 +13,7 @@ from vigil.http.auth import require
 from vigil.http.fastjson import OPTIONS, FastModelJSON
 from vigil.http.params import MAX_OFFSET, Instant
 from vigil.rules import registered_rule_types
+from vigil.runtime import Runtime
 from vigil.schema import Severity, conversation_json_schema, dumps_exact
 from vigil.store import reads
 from vigil.store.models import ConversationRow
@@ -71,18 +72,27 @@ def list_conversations(
     response_model=dict[str, Any],
 )
 def get_conversation(request: Request, conversation_id: str) -> FastModelJSON:
-    rt = runtime_of(request)
+    found = full_conversation(runtime_of(request), conversation_id, "api")
+    if found is None:
+        raise HTTPException(404, f"no conversation {conversation_id!r}")
+    return FastModelJSON(found)
+
+
+def full_conversation(rt: Runtime, conversation_id: str, reader: str) -> dict[str, Any] | None:
+    """A stored conversation as the API answers it: findings, outcomes, what each stage adds (verdicts,
+    review, trace), and the document ready to write (see :func:`document_json`). ``reader`` labels
+    ``vigil_unreadable_documents_total`` when the document cannot be read (None: no such conversation)."""
     with rt.sessions() as s:
         found = reads.get_conversation(
-            s, conversation_id, lambda _cid: rt.metrics.unreadable_documents.labels("api").inc()
+            s, conversation_id, lambda _cid: rt.metrics.unreadable_documents.labels(reader).inc()
         )
         if found is None:
-            raise HTTPException(404, f"no conversation {conversation_id!r}")
+            return None
         for enrich in rt.hooks.conversation_enrichers:
             enrich(s, found)
         if found["conversation"] is not None:
             found["conversation"] = orjson.Fragment(document_json(s, conversation_id, found["conversation"]))
-        return FastModelJSON(found)
+        return found
 
 
 def document_json(session: Session, conversation_id: str, document: dict[str, Any]) -> bytes | str:

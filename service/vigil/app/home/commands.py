@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import orjson
 import typer
 
 from vigil.money import usd
@@ -168,15 +167,15 @@ def register_conversations(app: typer.Typer) -> None:
             rt = launch.runtime({"replay"}) if as_json else launch.core()
         except VigilError as exc:
             launch.fail(exc)
-        with rt.sessions() as s:
-            found = reads.get_conversation(s, conversation_id)
-            if found is not None and as_json:
-                from vigil.http.conversations import document_json
+        if as_json:
+            from vigil.http.conversations import full_conversation
 
-                for enrich in rt.hooks.conversation_enrichers:
-                    enrich(s, found)
-                if found["conversation"] is not None:  # deeper or wider than orjson writes: as it is stored
-                    found["conversation"] = orjson.Fragment(document_json(s, conversation_id, found["conversation"]))
+            found = full_conversation(rt, conversation_id, "cli")
+        else:
+            with rt.sessions() as s:
+                found = reads.get_conversation(
+                    s, conversation_id, lambda _cid: rt.metrics.unreadable_documents.labels("cli").inc()
+                )
         if found is None:
             launch.fail(f"no conversation has the id {conversation_id!r}", code=1)
         if as_json:
