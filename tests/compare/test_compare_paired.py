@@ -104,11 +104,8 @@ def test_vectorized_counts_give_the_same_figures_as_rollouts() -> None:
 
     rng = np.random.default_rng(3)
     counts = [(int(n), int(rng.integers(0, n + 1))) for n in rng.integers(1, 9, size=40)]
-    rollouts = {f"t{i}": [1.0] * c + [0.0] * (n - c) for i, (n, c) in enumerate(counts)}
     trials = np.array([n for n, _ in counts], dtype=float)
     passes = np.array([c for _, c in counts], dtype=float)
-    a, b = paired.clustered_rate(trials, passes), paired.clustered_mean(rollouts, (0, 1))
-    assert (a.value, a.se, a.low, a.high) == pytest.approx((b.value, b.se, b.low, b.high))
     for k in (1, 2, 4, 8):
         keep = trials >= k
         hat = paired.pass_hat_k_of(trials, passes, k)[keep]
@@ -118,7 +115,7 @@ def test_vectorized_counts_give_the_same_figures_as_rollouts() -> None:
         one_each = paired.mean_of_tasks(hat, (0, 1))
         lists = paired.clustered_mean({str(i): [v] for i, v in enumerate(hat)}, (0, 1))
         assert (one_each.value, one_each.se, one_each.low) == pytest.approx((lists.value, lists.se, lists.low))
-    c, base = paired.clustered_rate(trials, passes), paired.clustered_rate(trials, np.zeros(40))
+    c, base = paired.mean_of_tasks(passes / trials, (0, 1)), paired.mean_of_tasks(np.zeros(40), (0, 1))
     d = paired.interval_difference(c, base)
     assert d.value == pytest.approx(c.value) and d.se == pytest.approx(c.se)
 
@@ -136,25 +133,25 @@ def test_differences_without_spread_get_the_exact_permutation_p_value() -> None:
 
 def test_rates_near_zero_or_one_keep_an_honest_interval() -> None:
     # ten tasks, all passed: Wald's value ± t·se was [1, 1]; the score interval at the effective size is not
-    every = paired.clustered_rate(np.full(10, 1.0), np.full(10, 1.0))
+    every = paired.mean_of_tasks(np.full(10, 1.0), (0, 1))
     assert every.value == 1.0 and every.high == 1.0 and 0.6 < every.low < 0.8
     none = paired.clustered_mean({f"t{i}": [0.0, 0.0] for i in range(10)}, (0, 1))
     assert none.low == 0.0 and 0.05 < none.high < 0.3
     # away from the bounds it is the t interval it replaces
-    half = paired.clustered_rate(np.full(200, 1.0), np.array([float(i % 2) for i in range(200)]))
+    half = paired.mean_of_tasks(np.array([float(i % 2) for i in range(200)]), (0, 1))
     assert half.low == pytest.approx(0.5 - 1.972 * half.se, abs=0.002)
     assert half.high == pytest.approx(0.5 + 1.972 * half.se, abs=0.002)
 
 
 @pytest.mark.parametrize(("tasks", "rollouts", "rate"), [(10, 1, 0.9), (10, 4, 0.98), (30, 1, 0.98), (30, 4, 0.5)])
-def test_clustered_rate_interval_covers_the_true_rate(tasks: int, rollouts: int, rate: float) -> None:
+def test_a_task_success_interval_covers_the_true_rate(tasks: int, rollouts: int, rate: float) -> None:
     # 2,000 simulated suites, per-task success rates drawn around `rate` (Beta, concentration 4)
     rng = np.random.default_rng(7)
     covered = 0
     for _ in range(2000):
         p = rng.beta(rate * 4, (1 - rate) * 4, tasks)
         passes = rng.binomial(rollouts, p).astype(float)
-        i = paired.clustered_rate(np.full(tasks, float(rollouts)), passes)
+        i = paired.mean_of_tasks(passes / rollouts, (0, 1))  # each side of the task success row
         covered += i.low <= rate <= i.high
     assert covered / 2000 >= 0.93, covered / 2000
 

@@ -230,20 +230,6 @@ def mean_of_tasks(values: np.ndarray, bounds: tuple[float, float] | None = None)
     return _t_interval(value, float(values.std(ddof=1)) / math.sqrt(m), m, bounds, observations=m)
 
 
-def clustered_rate(trials: np.ndarray, passes: np.ndarray) -> Interval:
-    """:func:`clustered_mean` of 0/1 rollouts given per task as (trials, passes)."""
-    m = int(trials.size)
-    if not m:
-        return EMPTY
-    n = float(trials.sum())
-    ybar = float(passes.sum()) / n
-    if m < 2:
-        return Interval(ybar, None, None, None, m)
-    score = passes - trials * ybar
-    se = math.sqrt(m / (m - 1) * float((score**2).sum())) / n
-    return _t_interval(ybar, se, m, (0.0, 1.0), observations=int(n))
-
-
 def interval_difference(candidate: Interval, baseline: Interval) -> Interval:
     """Candidate minus baseline of two independent task-clustered estimates (Welch-style)."""
     if candidate.value is None or baseline.value is None:
