@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry
 
-from vigil import __version__, observability
+from vigil import __version__, observability, rules
 from vigil.ingest.pipeline import Pipeline
 from vigil.metrics import Metrics
 from vigil.rules import RuleEngine
@@ -21,9 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def load_plugins(settings: Settings) -> None:
-    for name in (n.strip() for n in settings.rule_plugins.split(",")):
-        if name:
-            importlib.import_module(name)
+    rules.load_plugins(settings.rule_plugins)
 
 
 def build_runtime(

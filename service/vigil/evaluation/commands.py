@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -72,11 +71,9 @@ def print_quality(report: dict[str, Any], out: Console, rules: bool = True) -> N
 
 
 def _engine(settings: Any, packs: list[Path] | None) -> Any:
-    from vigil.rules import RuleEngine
+    from vigil.rules import RuleEngine, load_plugins
 
-    for name in (n.strip() for n in settings.rule_plugins.split(",")):
-        if name:
-            importlib.import_module(name)
+    load_plugins(settings.rule_plugins)
     return RuleEngine.from_paths(packs or settings.rule_pack_paths())
 
 

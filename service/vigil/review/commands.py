@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -204,7 +203,7 @@ def policy_cmd(
     """Validate a flagging policy and print it as the flagger reads it."""
     from vigil.errors import VigilError
     from vigil.review.policy import FlaggingPolicy
-    from vigil.rules import RuleEngine
+    from vigil.rules import RuleEngine, load_plugins
     from vigil.schema import outcome_types
 
     try:
@@ -216,8 +215,7 @@ def policy_cmd(
         console.print(f"[red]error:[/red] {escape(terminal_safe(str(exc)))}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from None
     try:
-        for plugin in filter(None, (n.strip() for n in settings.rule_plugins.split(","))):
-            importlib.import_module(plugin)
+        load_plugins(settings.rule_plugins)
         rule_ids = [r.id for r in RuleEngine.from_paths(settings.rule_pack_paths()).rules]
         unknown = policy.unknown_rules(rule_ids)
         warning = f"findings.rules names no enabled rule of VIGIL_RULE_PACKS: {', '.join(unknown)}" if unknown else ""

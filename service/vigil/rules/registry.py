@@ -96,3 +96,12 @@ def get_rule_type(name: str) -> RuleType:
 
 def registered_rule_types() -> dict[str, RuleType]:
     return dict(_REGISTRY)
+
+
+def load_plugins(names: str) -> None:
+    """Import the modules ``VIGIL_RULE_PLUGINS`` names (comma-separated): each registers its rule types."""
+    import importlib
+
+    for name in (n.strip() for n in names.split(",")):
+        if name:
+            importlib.import_module(name)
