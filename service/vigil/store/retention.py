@@ -14,6 +14,7 @@ so a run never holds long locks and any replica may run it at the same time as a
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,7 +23,7 @@ from sqlalchemy import ColumnElement, column, delete, exists, func, or_, select,
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.settings import Settings
-from vigil.store.db import upsert
+from vigil.store.db import among, upsert
 from vigil.store.models import (
     ConversationRow,
     DeadLetterRow,
@@ -58,11 +59,17 @@ def frozen_before(settings: Settings, now: datetime | None = None) -> datetime |
 
 def kept(conversation_id: Any) -> ColumnElement[bool]:
     """A conversation review, export or calibration still needs."""
+    return kept_where(lambda col: col == conversation_id)
+
+
+def kept_where(matches: Callable[[Any], ColumnElement[bool]]) -> ColumnElement[bool]:
+    """Any conversation ``matches`` picks (given a table's conversation id column) is one review, export or
+    calibration still needs: labelled, queued and open, or exported."""
     L, I = ReviewLabelRow, ReviewItemRow  # noqa: E741
     return or_(
-        exists().where(L.conversation_id == conversation_id),
-        exists().where(I.conversation_id == conversation_id, I.status == "open"),
-        exists().where(EXPORTED.c.conversation_id == conversation_id),
+        exists().where(matches(L.conversation_id)),
+        exists().where(matches(I.conversation_id), I.status == "open"),
+        exists().where(matches(EXPORTED.c.conversation_id)),
     )
 
 
@@ -145,20 +152,11 @@ def _drop_conversations(at: datetime) -> Any:
                 .returning(C.conversation_id)
             )
         )
-        if gone and s.get_bind().dialect.name == "postgresql":
-            # The DELETE waited for whoever held a conversation's row (the flagger locks what it enqueues)
-            # and then deleted it without seeing the item it committed: this statement sees it.
-            L, I = ReviewLabelRow, ReviewItemRow  # noqa: E741
-            if s.scalar(
-                select(
-                    or_(
-                        exists().where(L.conversation_id.in_(gone)),
-                        exists().where(I.conversation_id.in_(gone), I.status == "open"),
-                        exists().where(EXPORTED.c.conversation_id.in_(gone)),
-                    )
-                )
-            ):
-                raise _KeptMeanwhile
+        # The DELETE waited for whoever held a conversation's row (the flagger locks what it enqueues) and
+        # then deleted it without seeing the item it committed: this statement sees it.
+        postgres = s.get_bind().dialect.name == "postgresql"
+        if gone and postgres and s.scalar(select(kept_where(lambda col: among(s, col, gone)))):
+            raise _KeptMeanwhile
         if gone:
             for model in (FindingRow, OutcomeLinkRow, RollupMemberRow):
                 s.execute(delete(model).where(model.conversation_id.in_(gone)))
