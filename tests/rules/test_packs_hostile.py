@@ -202,3 +202,19 @@ def test_a_pattern_that_matches_every_text_is_refused(tmp_path: Path, pattern: s
         load_pack(pack)
     pack.write_text("pack: p\nrules:\n  - id: blank\n    type: regex\n    args: {pattern: '^\\s*$'}\n")
     assert [r.id for r in load_pack(pack)[1]] == ["blank"]
+
+
+def test_a_judge_yaml_too_large_or_not_utf8_names_the_file(tmp_path: Path) -> None:
+    from vigil import config_files
+    from vigil.judge.definitions import load_judge
+    from vigil.judge.errors import JudgeDefinitionError
+
+    judge = tmp_path / "my-judge"
+    judge.mkdir()
+    (judge / "prompt.md").write_text("Grade {{transcript}}\n")
+    (judge / "judge.yaml").write_bytes(b"model: x\n# " + b"a" * config_files.MAX_BYTES + b"\n")
+    with pytest.raises(JudgeDefinitionError, match=r"judge\.yaml: [\d,]+ bytes, more than the 1,048,576"):
+        load_judge(judge, {}, 1.0)
+    (judge / "judge.yaml").write_bytes(b"model: caf\xe9\n")
+    with pytest.raises(JudgeDefinitionError, match=r"judge\.yaml: not UTF-8 text \(byte 0xe9 at offset 10\)"):
+        load_judge(judge, {}, 1.0)

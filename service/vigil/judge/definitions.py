@@ -179,9 +179,11 @@ def _text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise JudgeDefinitionError(
-            f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
-        ) from exc
+        raise _not_utf8(path, exc) from exc
+
+
+def _not_utf8(path: Path, exc: UnicodeDecodeError) -> JudgeDefinitionError:
+    return JudgeDefinitionError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})")
 
 
 def _fmt(exc: ValidationError, where: Path) -> str:
@@ -197,11 +199,12 @@ def load_judge(folder: Path, context_files: dict[str, Path], default_budget: flo
     for p in (yaml_path, prompt_path):
         if not p.is_file():
             raise JudgeDefinitionError(f"{p}: missing (a judge needs judge.yaml and prompt.md)")
-    size = yaml_path.stat().st_size
-    if size > config_files.MAX_BYTES:
-        raise JudgeDefinitionError(f"{yaml_path}: {config_files.TooLarge.describe(size)}")
     try:
-        raw = config_files.safe_load(_text(yaml_path)) or {}
+        raw = config_files.load(yaml_path) or {}
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(yaml_path, exc) from exc
+    except config_files.TooLarge as exc:
+        raise JudgeDefinitionError(f"{yaml_path}: {exc}") from exc
     except yaml.YAMLError as exc:
         raise JudgeDefinitionError(f"{yaml_path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
