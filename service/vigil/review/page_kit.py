@@ -37,8 +37,14 @@ def count_labels(request: Request, response: Response, n: int = 1) -> Response:
 def notice_count(request: Request, name: str) -> int:
     """A count a redirect put in the URL for its notice (``?done=3``); anything else (text, a sign, more
     digits than any batch holds) reads as 0: the notice is the page's, never a reason for it to fail."""
-    value = request.query_params.get(name) or ""
-    return int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else 0
+    return form_int(request.query_params.get(name) or "", 9) or 0
+
+
+def form_int(value: str, digits: int = 18) -> int | None:
+    """A whole number a form or an address sent (a revision, a message index, a count): ASCII digits only,
+    at most ``digits`` of them, else None. ``int`` also reads other scripts' digits ("١"), signs, spaces and
+    underscores ("1_0"), and ``isdigit`` passes "²", which ``int`` refuses: no page of Vigil's sends those."""
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= digits else None
 
 
 def bulk_notice(request: Request) -> str | None:

@@ -21,7 +21,14 @@ from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.review import insights, queue, reviewers, triage
 from vigil.review.errors import Conflict, Done, Invalid, NotFound, NotHeld
-from vigil.review.page_kit import bulk_notice, count_labels, labelled_this_session, reviewer_names, stage_of
+from vigil.review.page_kit import (
+    bulk_notice,
+    count_labels,
+    form_int,
+    labelled_this_session,
+    reviewer_names,
+    stage_of,
+)
 from vigil.review.policy import LABELS, SEVERITIES
 from vigil.review.stage import ReviewStage
 from vigil.store import reads
@@ -344,7 +351,7 @@ async def label(request: Request, conversation_id: str) -> Response:
         str(form.get("notes", "")),
         str(form.get("expected_behavior", "")),
         # the revision the page showed ("²" is a digit to isdigit, not to int: ASCII only)
-        int(read) if read.isascii() and read.isdigit() and len(read) < 19 else None,
+        form_int(read),
     )
     try:
         with st.sessions.begin() as s:
@@ -384,13 +391,13 @@ async def comment(request: Request, conversation_id: str) -> Response:
         return _log_in_again(request, conversation_id, EXPIRED_COMMENT, unsent)
     if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
         return _conversation_page(
-            request, conversation_id, p, 403, notice=STALE_COMMENT, unsent=unsent, comment_on=_index(raw_index)
+            request, conversation_id, p, 403, notice=STALE_COMMENT, unsent=unsent, comment_on=form_int(raw_index)
         )
     try:
         with _stage(request).sessions.begin() as s:
-            if raw_index and not (raw_index.isascii() and raw_index.isdigit()):
-                raise ValueError(raw_index)  # int() also reads "١" and " 1_0 " as numbers
-            index = int(raw_index) if raw_index else None
+            index = form_int(raw_index)
+            if raw_index and index is None:
+                raise ValueError(raw_index)
             triage.add_comment(s, conversation_id, p.name, str(form.get("body") or ""), index)
     except (Invalid, ValueError) as exc:
         why = str(exc) if isinstance(exc, Invalid) else f"message {raw_index!r} is not a message number"
@@ -401,7 +408,7 @@ async def comment(request: Request, conversation_id: str) -> Response:
             422,
             notice=f"Comment not added: {why}",
             unsent=unsent,
-            comment_on=_index(raw_index),
+            comment_on=form_int(raw_index),
         )
     except NotFound as exc:
         return render_page(request, "error.html", 404, title="Not found", message=str(exc))
@@ -431,10 +438,5 @@ def resume_after_login(request: Request, target: str, draft: dict[str, Any]) -> 
     cid = unquote(target[len(RELOGGED_PREFIX) :])
     label, unsent = label_draft(draft), comment_draft(draft)
     notice = RELOGGED_LABEL if label is not None or unsent is None else RELOGGED_COMMENT
-    on = _index(str(unsent.get("comment_on") or "")) if unsent else None
+    on = form_int(str(unsent.get("comment_on") or "")) if unsent else None
     return _conversation_page(request, cid, user, notice=notice, draft=label, unsent=unsent, comment_on=on)
-
-
-def _index(raw: str) -> int | None:
-    """A message number as a form sent it, or None (ASCII digits only)."""
-    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 10 else None

@@ -15,7 +15,7 @@ from vigil.review import clusters as near_dups
 from vigil.review import insights, queue, triage
 from vigil.review import side_by_side as sbs
 from vigil.review.errors import Conflict, Invalid, NotFound
-from vigil.review.page_kit import count_labels, notice_count, reviewer_names, stage_of
+from vigil.review.page_kit import count_labels, form_int, notice_count, reviewer_names, stage_of
 from vigil.review.policy import SEVERITIES
 from vigil.store import reads
 from vigil.ui import folding, transcript
@@ -157,7 +157,7 @@ async def cluster_label(request: Request, cluster_id: str) -> Response:
         str(form.get("notes") or ""),
         str(form.get("expected_behavior") or ""),
         # the sample's revision the page showed (ASCII digits only, as the conversation page's form)
-        int(read) if read.isascii() and read.isdigit() and len(read) < 19 else None,
+        form_int(read),
     )
     members = [str(v) for v in form.getlist("member")]
     try:
