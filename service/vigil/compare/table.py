@@ -214,7 +214,8 @@ def cannot_differ(r: Row) -> bool:
     """A rate row with no event, or nothing but events, on both sides: given that, no split of the
     conversations between the versions could differ, so its p-value is 1 whatever happened. Tarone (1990):
     leaving such a row out of the family keeps the family-wise error rate, while counting it (one of 14 rows
-    at 0% on both sides of 21) only made every real difference pay for it."""
+    at 0% on both sides of 21) only made every real difference pay for it. (The gate's rows carry a
+    standard error instead of counts: it asks the same of them as no spread and no difference.)"""
     b, c = r.baseline, r.candidate
     if r.kind != "rate" or b.x is None or c.x is None or not b.n or not c.n:
         return False

@@ -223,7 +223,8 @@ def protocol_diff(base: Run, cand: Run) -> list[dict[str, Any]]:
 
 def judge_rows(rows: list[Row], changed: set[str]) -> list[Row]:
     # a row with no spread and no difference (every task the same on both sides) cannot differ under any
-    # relabelling: its p-value is 1 whatever happened, and Holm's family leaves it out (Tarone, 1990)
+    # relabelling: its p-value is 1 whatever happened, and Holm's family leaves it out (Tarone, 1990; the
+    # compare table's rule, vigil.compare.table.cannot_differ, asks it of counts: its rows carry no spread)
     gating = [
         r
         for r in rows
