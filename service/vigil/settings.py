@@ -109,8 +109,10 @@ class Settings(BaseSettings):
     max_inflight_bytes: int = Field(
         default=67_108_864,
         ge=1024,
-        description="Request bytes an API process reads and decodes at once across all requests; further "
-        "requests wait their turn (bounds memory under concurrent large batches).",
+        description="Request body bytes an API process holds at once across all requests, counted as they "
+        "arrive, not by their declared length (bounds memory under concurrent large batches); a body needing "
+        "more waits its turn, and when the bodies still arriving together need more than this, the youngest "
+        "is answered 503 with Retry-After.",
     )
     key_concurrency: int = Field(
         default=8,

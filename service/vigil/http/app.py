@@ -18,7 +18,7 @@ from starlette.requests import ClientDisconnect
 from vigil import __version__
 from vigil.http import conversations
 from vigil.http.auth import KeyRing
-from vigil.http.body import LimitBodies
+from vigil.http.body import IngestBusy, LimitBodies
 from vigil.http.guard import NUL_TEXT_DETAIL, RefuseNul
 from vigil.http.unencodable import surrogate_response, validation_response
 from vigil.runtime import Runtime
@@ -93,6 +93,11 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
     @app.exception_handler(InterfaceError)
     async def database_away(request: Request, exc: Exception) -> Response:
         return database_unavailable(request, exc)
+
+    @app.exception_handler(IngestBusy)
+    async def ingest_busy(request: Request, exc: IngestBusy) -> Response:
+        log.warning("refused a request body: %s", exc)
+        return JSONResponse({"detail": str(exc), "reason": "busy"}, 503, headers={"Retry-After": "1"})
 
     @app.exception_handler(ClientDisconnect)
     async def client_gone(request: Request, exc: ClientDisconnect) -> Response:

@@ -3,7 +3,7 @@
 A body is refused with 413 as soon as it is known to be too large (a ``Content-Length`` over the limit
 before anything is read, or a chunked body the moment it crosses the limit), so nothing larger than
 ``VIGIL_MAX_REQUEST_BYTES`` is ever buffered. Every POST that takes a body also takes its size from a
-shared byte budget (``VIGIL_MAX_INFLIGHT_BYTES``) before reading and gives it back once answered, so
+shared byte budget (``VIGIL_MAX_INFLIGHT_BYTES``) as it arrives and gives it back once answered, so
 concurrent large batches wait their turn instead of multiplying memory.
 """
 
@@ -69,26 +69,95 @@ def refused_encoding(request: Request) -> str | None:
     return encoding if encoding not in ("", "identity") else None
 
 
+class IngestBusy(VigilError):
+    """Bodies still arriving hold the whole byte budget and each waits for more of it: no one of them can
+    finish. The youngest is refused (503, retry later) so the others can; nothing of it was stored."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(
+            f"request bodies still arriving hold all {capacity} bytes of VIGIL_MAX_INFLIGHT_BYTES and each "
+            "needs more: this one was refused so the others can finish; nothing of it was stored, send it again"
+        )
+
+
+class Lease:
+    """What one request body holds of a :class:`ByteBudget`: it grows as the body arrives."""
+
+    __slots__ = ("budget", "ceiling", "held", "order", "waiting")
+
+    def __init__(self, budget: ByteBudget, ceiling: int, order: int) -> None:
+        self.budget = budget
+        self.ceiling = ceiling  # the most it will need: the declared length, or else the size limit
+        self.held = 0
+        self.order = order
+        self.waiting = False
+
+    async def cover(self, size: int) -> None:
+        """Hold at least ``size`` bytes (what has arrived so far), a step ahead where the budget allows."""
+        if size > self.held:
+            await self.budget._take(self, size)
+
+
 class ByteBudget:
-    """An asyncio semaphore counted in bytes. A single request never waits for more than the whole budget."""
+    """An asyncio semaphore counted in bytes, taken as each body arrives.
+
+    A body holds what it has received, a step ahead, not the length it declared: a client declaring 32
+    MiB and sending a byte a second held half the default budget for hours, and two stalled all ingest.
+    When every body holding bytes waits for more (together they declared more than the budget) none
+    could finish; the youngest is then refused with :class:`IngestBusy`. A body that is alone may grow
+    past the budget (it never waits for more than the whole of it)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.free = capacity
+        self.step = max(65_536, min(1_048_576, capacity // 16))
+        self._leases: set[Lease] = set()
+        self._order = 0
         self._changed = asyncio.Condition()
 
     @asynccontextmanager
-    async def hold(self, size: int) -> AsyncIterator[None]:
-        size = min(size, self.capacity)
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.free >= size)
-            self.free -= size
+    async def lease(self, ceiling: int) -> AsyncIterator[Lease]:
+        self._order += 1
+        lease = Lease(self, ceiling, self._order)
+        self._leases.add(lease)
         try:
-            yield
+            yield lease
         finally:
-            async with self._changed:
-                self.free += size
-                self._changed.notify_all()
+            self._leases.discard(lease)
+            if lease.held:
+                async with self._changed:
+                    self.free += lease.held
+                    lease.held = 0
+                    self._changed.notify_all()
+
+    def _alone(self, lease: Lease) -> bool:
+        return not any(other.held for other in self._leases if other is not lease)
+
+    def _stuck(self, lease: Lease) -> bool:
+        """Every body holding bytes waits for more, and ``lease`` is the youngest of them."""
+        holders = [other for other in self._leases if other.held]
+        return (
+            lease.held > 0
+            and all(other.waiting for other in holders)
+            and max(other.order for other in holders) == lease.order
+        )
+
+    async def _take(self, lease: Lease, size: int) -> None:
+        need = size - lease.held
+        ahead = min(size + self.step, max(size, lease.ceiling)) - lease.held
+        async with self._changed:
+            if self.free < need and not self._alone(lease):
+                lease.waiting = True
+                self._changed.notify_all()  # the others see whether everyone is waiting now
+                try:
+                    await self._changed.wait_for(lambda: self.free >= need or self._alone(lease) or self._stuck(lease))
+                finally:
+                    lease.waiting = False
+                if self.free < need and not self._alone(lease):
+                    raise IngestBusy(self.capacity)
+            got = max(need, min(ahead, self.free))
+            self.free -= got
+            lease.held += got
 
 
 class _Reader:
@@ -220,14 +289,15 @@ async def limited_body(
     setting: str = "VIGIL_MAX_REQUEST_BYTES",
 ) -> AsyncIterator[bytes]:
     """The request body, read only up to ``limit`` bytes (the setting named ``setting``, for the 413's message);
-    holds its size from the shared budget meanwhile.
+    holds what has arrived of it from the shared budget meanwhile (:class:`IngestBusy` if the bodies
+    arriving at once could none of them finish).
 
     Unless the caller inflates bodies itself (``encoded``: OTLP, which bounds what it inflates), a
     compressed body is refused (:class:`EncodedBody`) before anything is read: decoding it as JSON
     would answer a misleading "not valid UTF-8"."""
     _own_limit(request)
     declared = _checked(request, limit, encoded, setting)
-    async with _budget(request, inflight).hold(declared if declared is not None else limit):
+    async with _budget(request, inflight).lease(declared if declared is not None else limit) as lease:
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
@@ -236,6 +306,7 @@ async def limited_body(
                 prefix = b"".join(chunks)[:PREFIX_BYTES]
                 raise BodyTooLarge(declared, limit, prefix + chunk[: PREFIX_BYTES - len(prefix)], setting=setting)
             chunks.append(chunk)
+            await lease.cover(size)
         yield b"".join(chunks)
 
 
@@ -249,7 +320,7 @@ async def pooled_body(
     do)."""
     _own_limit(request)
     declared = _checked(request, limit, encoded, setting)
-    async with _budget(request, inflight).hold(declared if declared is not None else limit):
+    async with _budget(request, inflight).lease(declared if declared is not None else limit) as lease:
         buf = POOL.take()
         try:
             size = 0
@@ -260,6 +331,7 @@ async def pooled_body(
                     raise BodyTooLarge(declared, limit, prefix + chunk[: PREFIX_BYTES - len(prefix)], setting=setting)
                 buf[size:end] = chunk  # past the buffer's end this grows it
                 size = end
+                await lease.cover(size)
             with memoryview(buf) as whole:
                 view = whole[:size].toreadonly()
             try:

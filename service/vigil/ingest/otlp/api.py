@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
-from vigil.http.body import BodyTooLarge, pooled_body
+from vigil.http.body import BodyTooLarge, IngestBusy, pooled_body
 from vigil.ingest.otlp.ingest import TraceIngest
 from vigil.ingest.otlp.otlp import (
     JSON,
@@ -134,6 +134,11 @@ async def _export(request: Request, logs: bool) -> Response:
             return await _store(request, rt, body, media, ctype, logs)
     except BodyTooLarge as exc:
         return await _reject(request, media, 413, str(exc), exc.prefix, exc.kept)
+    except IngestBusy as exc:  # exporters retry a 503 after Retry-After
+        log.warning("refused an OTLP body: %s", exc)
+        busy = _error(media, 503, str(exc))
+        busy.headers["Retry-After"] = "1"
+        return busy
 
 
 async def _store(
