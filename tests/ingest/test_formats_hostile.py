@@ -41,3 +41,44 @@ def test_formatted_bodies_and_files_keep_integers_exact_and_skip_a_byte_order_ma
     lines.write_bytes(body + b"\n" + body.replace(b"toolu_1", b"toolu_2") + b"\n")
     convs = read_file(lines).conversations
     assert [c.args for conv in convs for m in conv.messages for c in m.tool_calls or []] == [{"order": BIG}] * 2
+
+
+MCP_CALL = {
+    "messages": [
+        {"role": "user", "content": "Close ticket 7."},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Closing it."},
+                {"type": "mcp_tool_use", "id": "mcptoolu_1", "name": "close_ticket", "server_name": "desk",
+                 "input": {"ticket": 7}},
+            ],
+        },
+    ]
+}  # fmt: skip
+
+
+def test_an_mcp_connector_call_is_read_as_a_tool_call_never_as_a_reply_without_text(sqlite_url: str) -> None:
+    from tests.support.app import INGEST, make_client, make_settings
+    from vigil.app.runtime import build_runtime
+    from vigil.ingest.importers import convert_data
+    from vigil.schema import Conversation
+
+    imported = convert_data(MCP_CALL)
+    assert imported.format == "anthropic"
+    [conv] = imported.conversations
+    assert [(c.name, c.args) for m in conv.messages for c in m.tool_calls or []] == [("close_ticket", {"ticket": 7})]
+    rt = build_runtime(make_settings(sqlite_url))
+    with make_client(rt) as client:
+        native = {"conversation_id": "mcp-1", "agent_id": "desk", "agent_version": "1", **MCP_CALL}
+        r = client.post("/v1/conversations", json=native, headers=INGEST)
+        assert r.status_code == 422 and r.json()["stored"] == 0, r.text
+        [error] = r.json()["errors"]
+        assert "?format=anthropic" in error["hint"] and "mcp_tool_use" in str(error["errors"])
+        result = {**native, "conversation_id": "mcp-2"}
+        result["messages"] = [{"role": "user", "content": [{"type": "web_search_tool_result", "tool_use_id": "s"}]}]
+        r = client.post("/v1/conversations", json=result, headers=INGEST)
+        assert r.status_code == 422 and "web_search_tool_result" in str(r.json()["errors"]), r.text
+    rt.close()
+    # a document stored before these were refused still reads back as stored
+    assert Conversation.model_validate(native).messages[1].content[1].type == "mcp_tool_use"  # type: ignore[index]
