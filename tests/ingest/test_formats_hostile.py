@@ -82,3 +82,35 @@ def test_an_mcp_connector_call_is_read_as_a_tool_call_never_as_a_reply_without_t
     rt.close()
     # a document stored before these were refused still reads back as stored
     assert Conversation.model_validate(native).messages[1].content[1].type == "mcp_tool_use"  # type: ignore[index]
+
+
+def _llm_run(run_id: str | None, question: str, answer: str, parent: str | None = None) -> dict[str, Any]:
+    return {
+        "id": run_id,
+        "name": "ChatOpenAI",
+        "run_type": "llm",
+        "parent_run_id": parent,
+        "inputs": {"messages": [{"type": "human", "content": question}]},
+        "outputs": {"generations": [[{"text": answer}]]},
+    }
+
+
+def test_langsmith_runs_without_ids_or_sharing_one_are_never_merged() -> None:
+    from vigil.ingest.importers import ImportError_, convert_data
+
+    # two root runs without ids: two conversations (both were langsmith:None, the second stored as a duplicate)
+    convs = convert_data([_llm_run(None, "alpha", "A"), _llm_run(None, "beta", "B")], "langsmith").conversations
+    assert len({c.conversation_id for c in convs}) == 2
+    assert [[m.text for m in c.messages] for c in convs] == [["alpha", "A"], ["beta", "B"]]
+    # two different runs under one id: refused by name (the second replaced the first, its messages lost)
+    root = {"id": "r1", "name": "agent", "run_type": "chain", "inputs": {}, "outputs": {}}
+    tool = {"id": "c1", "name": "lookup", "run_type": "tool", "parent_run_id": "r1", "inputs": {}, "outputs": {}}
+    try:
+        convert_data([root, _llm_run("c1", "q", "a", "r1"), tool], "langsmith")
+    except ImportError_ as exc:
+        assert "run id 'c1'" in str(exc)
+    else:
+        raise AssertionError("two runs with one id were read")
+    # the same run listed twice is read once
+    [conv] = convert_data([root, _llm_run("c1", "q", "a", "r1"), _llm_run("c1", "q", "a", "r1")]).conversations
+    assert [m.text for m in conv.messages] == ["q", "a"]
