@@ -114,3 +114,53 @@ def test_langsmith_runs_without_ids_or_sharing_one_are_never_merged() -> None:
     # the same run listed twice is read once
     [conv] = convert_data([root, _llm_run("c1", "q", "a", "r1"), _llm_run("c1", "q", "a", "r1")]).conversations
     assert [m.text for m in conv.messages] == ["q", "a"]
+
+
+def _span(span_id: str, data: dict[str, Any], second: int, error: Any = None) -> dict[str, Any]:
+    at = f"2026-12-01T09:14:{second:02d}+00:00"
+    return {"object": "trace.span", "id": span_id, "trace_id": "trace_1", "parent_id": None,
+            "started_at": at, "ended_at": at, "span_data": data, "error": error}  # fmt: skip
+
+
+def _call(call_id: str, name: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
+def test_openai_agents_function_spans_are_never_dropped_beside_generations() -> None:
+    from vigil.ingest.importers import convert_data
+
+    generation = {
+        "type": "generation",
+        "input": [{"role": "user", "content": "Refund order 5."}],
+        "output": [{"role": "assistant", "content": None, "tool_calls": [_call("call_1", "lookup")]}],
+    }
+    # a run that stops at its tool (tool_use_behavior="stop_on_first_tool"): no generation shows the result;
+    # then a hand-off to an agent on the Responses model, whose response spans carry only their id
+    spans = [
+        _span("s1", generation, 1),
+        _span("s2", {"type": "function", "name": "lookup", "input": "{}", "output": "delivered"}, 2),
+        _span("s3", {"type": "response", "response_id": "resp_1"}, 3),
+        _span("s4", {"type": "function", "name": "refund", "input": '{"amount": 9999}', "output": "done"}, 4),
+        _span("s5", {"type": "function", "name": "notify", "input": "{}", "output": None}, 5, {"message": "down"}),
+    ]
+    [conv] = convert_data({"data": spans}, "openai-agents").conversations
+    calls = [(c.id, c.name, c.args) for m in conv.messages for c in m.tool_calls or []]
+    assert calls == [("call_1", "lookup", {}), ("s4", "refund", {"amount": 9999}), ("s5", "notify", {})]
+    results = [(m.tool_call_id, m.text, m.is_error) for m in conv.messages if m.role == "tool"]
+    assert results == [("call_1", "delivered", False), ("s4", "done", False), ("s5", "down", True)]
+    # a call the next generation answers keeps that answer, marked failed when its span failed
+    answered = {**generation, "input": [*generation["input"], *generation["output"]]}
+    answered["input"].append({"role": "tool", "tool_call_id": "call_1", "content": "timeout"})
+    answered["output"] = [{"role": "assistant", "content": "The lookup failed."}]
+    spans = [
+        _span("s1", generation, 1),
+        _span("s2", {"type": "function", "name": "lookup", "input": "{}"}, 2, {"message": "timeout"}),
+        _span("s3", answered, 3),
+    ]
+    [conv] = convert_data({"data": spans}, "openai-agents").conversations
+    assert [(m.role, m.text, m.is_error) for m in conv.messages] == [
+        ("user", "Refund order 5.", False),
+        ("assistant", "", False),
+        ("tool", "timeout", True),
+        ("assistant", "The lookup failed.", False),
+    ]
