@@ -323,6 +323,9 @@ class ToolCall(BaseModel):
 # Content blocks of other formats that Vigil's schema would misread as parts without text (a tool call
 # read as an empty reply): refused, naming the format to send them in.
 FOREIGN_PARTS: Final = frozenset({"tool_use", "tool_result", "server_tool_use", "thinking", "redacted_thinking"})
+# Anthropic's MCP connector calls and server tools' results (web_search_tool_result...): refused in what
+# arrives (stored documents holding one, from before, are read back as stored).
+FOREIGN_INCOMING: Final = frozenset({"mcp_tool_use"})
 
 
 class ContentPart(BaseModel):
@@ -333,8 +336,9 @@ class ContentPart(BaseModel):
 
     @field_validator("type")
     @classmethod
-    def _not_foreign(cls, value: str) -> str:
-        if value in FOREIGN_PARTS:
+    def _not_foreign(cls, value: str, info: ValidationInfo) -> str:
+        incoming = _incoming(info) and (value in FOREIGN_INCOMING or value.endswith("_tool_result"))
+        if value in FOREIGN_PARTS or incoming:
             raise ValueError(
                 f"a {value} block is Anthropic Messages, not Vigil's schema (tool calls go in tool_calls): "
                 "send it with ?format=anthropic (or vigil import)"

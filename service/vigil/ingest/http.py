@@ -24,7 +24,7 @@ from vigil.ingest.decode import DecodeError, Item, decode_batch
 from vigil.ingest.importers import FORMATS, MALFORMED
 from vigil.ingest.pipeline import Envelope
 from vigil.runtime import Runtime
-from vigil.schema import Conversation, outcome_types, too_dense
+from vigil.schema import Conversation, loads_exact, outcome_types, too_dense
 from vigil.store.db import StoreUnavailable
 from vigil.store.writes import DeadLetter
 
@@ -182,14 +182,15 @@ def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, a
     import orjson
 
     from vigil.ingest.decode import decode_document, encode_conversation
-    from vigil.ingest.importers import ImportError_, convert_data, malformed
+    from vigil.ingest.importers import BOM, ImportError_, convert_data, malformed
 
     pipeline = rt.pipeline
     refused = _too_dense(rt, body)
     if refused is not None:
         return refused
     try:
-        data = orjson.loads(body)
+        # as Vigil's own schema is read: integers beyond 64 bits kept exact, a byte order mark skipped
+        data = loads_exact(body.removeprefix(BOM))
     except orjson.JSONDecodeError as exc:
         pipeline.store([], [DeadLetter("http", "malformed_json", str(exc), body)], "http")
         return Answer(400, {"detail": f"body is not JSON: {exc}", "reason": "malformed_json"})

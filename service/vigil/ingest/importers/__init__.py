@@ -16,9 +16,10 @@ from typing import Any, Literal
 import orjson
 
 from vigil.ingest.importers.common import ImportError_, ItemError
-from vigil.schema import Conversation
+from vigil.schema import Conversation, loads_exact
 
 __all__ = [
+    "BOM",
     "FORMATS",
     "MALFORMED",
     "Format",
@@ -152,13 +153,13 @@ BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark: Windows tools write one; JSON 
 def read_json_or_jsonl(path: Path) -> Any:
     data = path.read_bytes().removeprefix(BOM)
     try:
-        return orjson.loads(data)
+        return loads_exact(data)
     except orjson.JSONDecodeError:
         items = []
         for n, line in enumerate(data.splitlines(), 1):
             if line.strip():
                 try:
-                    items.append(orjson.loads(line))
+                    items.append(loads_exact(line))
                 except orjson.JSONDecodeError as exc:
                     raise ImportError_(f"{path}:{n}: not JSON: {exc}") from None
         return items
@@ -275,7 +276,7 @@ def read_file_partial(
         return None, [Refused(path, None, "unreadable", str(exc), b"")]
     body = body.removeprefix(BOM)
     try:
-        data: Any = orjson.loads(body)
+        data: Any = loads_exact(body)
     except orjson.JSONDecodeError as whole:
         lines = [(n, line) for n, line in enumerate(body.splitlines(), 1) if line.strip()]
         return _from_lines(path, lines, fmt, agent_id, agent_version, body, whole)
@@ -340,7 +341,7 @@ def _from_lines(
     data: list[Any] = []
     for n, line in lines:
         try:
-            data.append(orjson.loads(line))
+            data.append(loads_exact(line))
         except orjson.JSONDecodeError as exc:
             refused.append(Refused(path, n, "malformed_json", f"not JSON: {exc}", line))
             continue
@@ -452,7 +453,7 @@ def _per_record_kind(path: Path, fmt: str, part_bytes: int, part_lines: int) -> 
             if not line.strip():
                 continue
             try:
-                record = orjson.loads(line)
+                record = loads_exact(line)
             except orjson.JSONDecodeError:
                 if not records:  # a JSON document over several lines
                     return None

@@ -53,7 +53,9 @@ REQUEST_KEYS = frozenset(
 )
 OWN = frozenset({*ENVELOPE, "messages", "system", "tools", "metadata", "response"})
 MEDIA = frozenset({"image", "document", "search_result", "container_upload"})
-ONLY_ANTHROPIC = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking", "server_tool_use"})
+ONLY_ANTHROPIC = frozenset(
+    {"tool_use", "tool_result", "thinking", "redacted_thinking", "server_tool_use", "mcp_tool_use"}
+)
 
 
 def markers(records: list[dict[str, Any]]) -> list[str]:

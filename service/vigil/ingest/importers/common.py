@@ -149,6 +149,52 @@ def mark_failed(history: list[dict[str, Any]], failed: list[str]) -> None:
             m["is_error"] = True
 
 
+def join_executions(
+    history: list[dict[str, Any]], executions: list[tuple[dict[str, Any], dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """``history`` with the tool calls a trace records as executed (each a call and its result message, in
+    the order they ran) joined to it: each answers the first call of its tool in ``history`` not yet
+    answered by another; its result is added after that call when ``history`` has none (a run that stopped
+    at the tool), and marks the result failed when it failed. A call ``history`` never shows (made by a model
+    whose spans carry no content) is added at the end with its result, never dropped."""
+    slots = [
+        (i, c) for i, m in enumerate(history) if m.get("role") == "assistant" for c in as_list(m.get("tool_calls"))
+    ]
+    answered: dict[str, dict[str, Any]] = {}
+    for m in history:
+        if m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str):
+            answered.setdefault(m["tool_call_id"], m)
+    used: set[int] = set()
+    results_after: dict[int, list[dict[str, Any]]] = {}
+    unseen: list[dict[str, Any]] = []
+    for call, result in executions:
+        name = kind_of(call.get("function"), "name")
+        slot = next(
+            (k for k, (_, c) in enumerate(slots) if k not in used and kind_of(c.get("function"), "name") == name), None
+        )
+        if slot is None:
+            unseen += [{"role": "assistant", "content": None, "tool_calls": [call]}, result]
+            continue
+        used.add(slot)
+        at, seen = slots[slot]
+        call_id = seen.get("id") if isinstance(seen, dict) else None
+        if not isinstance(call_id, str):
+            continue
+        if call_id in answered:
+            answered[call_id]["is_error"] = bool(answered[call_id].get("is_error")) or bool(result.get("is_error"))
+        else:
+            results_after.setdefault(at, []).append({**result, "tool_call_id": call_id})
+    out: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []
+    for i, m in enumerate(history):
+        if pending and m.get("role") != "tool":
+            out += pending
+            pending = []
+        out.append(m)
+        pending += results_after.get(i, [])
+    return out + pending + unseen
+
+
 def tool_defs(raw: Any, where: str) -> list[dict[str, Any]] | None:
     """Tool definitions in any of the APIs' shapes, checked; None when absent."""
     if raw is None:

@@ -266,7 +266,10 @@ def _roots(runs: list[Any]) -> list[dict[str, Any]]:
     for n, r in enumerate(runs):
         if not isinstance(r, dict) or not isinstance(r.get("run_type"), str):
             raise ItemError(f"item {n}: expected a run (with run_type)")
-        by_id[str(r.get("id") or f"#{n}")] = dict(r)
+        key = str(r.get("id") or f"#{n}")
+        if key in by_id and by_id[key] != r:  # the same run listed twice is read once; two runs are not one
+            raise ItemError(f"item {n}: run id {key!r} is also the id of another run; each run needs its own id")
+        by_id[key] = dict(r)
     roots = []
     children: dict[str, list[dict[str, Any]]] = {}
     for r in by_id.values():
@@ -302,8 +305,8 @@ def _roots(runs: list[Any]) -> list[dict[str, Any]]:
 
 def convert(data: Any, path: Path, agent_id: str | None, agent_version: str | None) -> Iterator[Conversation]:
     for root in _roots(_runs(data) or []):
-        rid = str(root.get("id"))
-        t = _tree(root, f"run {rid}")
+        rid = str(root.get("id")) if root.get("id") else None
+        t = _tree(root, f"run {rid}" if rid else "a run without an id")
         record: dict[str, Any] = {"usage": t["usage"], "status": "finished"}
         if root.get("start_time"):
             record["started_at"] = root["start_time"]
@@ -320,7 +323,7 @@ def convert(data: Any, path: Path, agent_id: str | None, agent_version: str | No
             agent_version,
             tools=t["tools"],
             metadata=t["metadata"],
-            default_id=f"langsmith:{rid}",
+            default_id=f"langsmith:{rid}" if rid else None,  # without an id: one derived from its messages
             default_agent=str(root.get("name") or path.stem),
         )
-        yield validated(doc, f"run {rid}")
+        yield validated(doc, f"run {rid}" if rid else "a run without an id")

@@ -4,10 +4,11 @@ SDK's backend exporter posts them, a list of them, or JSON lines), one conversat
 ``generation`` spans (models called through Chat Completions) carry the messages: each one's input
 continues the previous one's, so the conversation is the longest run of them plus the last output.
 ``function`` spans are the tool calls with their input and output (an ``error`` marks the result failed);
-without generation content (the Responses model's ``response`` spans export only their id) the
-conversation is the tool calls alone, unless the span also carries its ``input`` and ``response``, as
-processors that keep them write. ``agent`` spans give the agent's name and the tools it was offered
-(names), ``handoff`` spans the hand-offs; the trace's ``group_id`` is its session.
+one no generation shows is added with its result; without generation content (the Responses model's
+``response`` spans export only their id) the conversation is the tool calls alone, unless the span also
+carries its ``input`` and ``response``, as processors that keep them write. ``agent`` spans give the
+agent's name and the tools it was offered (names), ``handoff`` spans the hand-offs; the trace's
+``group_id`` is its session.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from vigil.ingest.importers.common import (
     ItemError,
     dumps_any,
     envelope,
+    join_executions,
     listed,
-    mark_failed,
     number,
     obj,
     text_of,
@@ -149,23 +150,23 @@ def _trace(trace_id: str, trace: dict[str, Any], spans: list[dict[str, Any]], wh
             continue
         else:
             raise ItemError(f"{at}: a span of type {kind!r} is not one Vigil reads")
-    if history:
-        # a failed tool call shows in the next generation's input as an ordinary result: mark it
-        mark_failed(history, [str(c["data"].get("name")) for c in calls if c["span"].get("error")])
-    else:
-        for c in calls:
-            s, data = c["span"], c["data"]
-            call = {
-                "id": s.get("id"),
-                "type": "function",
-                "function": {"name": data.get("name"), "arguments": data.get("input") or "{}"},
-            }
-            history.append({"role": "assistant", "content": None, "tool_calls": [call]})
-            error = s.get("error")
-            output = (
-                data.get("output") if not error else (error.get("message") if isinstance(error, dict) else str(error))
-            )
-            history.append({"role": "tool", "tool_call_id": s.get("id"), "content": output, "is_error": bool(error)})
+    executions = []
+    for c in calls:
+        s, data = c["span"], c["data"]
+        call = {
+            "id": s.get("id"),
+            "type": "function",
+            "function": {"name": data.get("name"), "arguments": data.get("input") or "{}"},
+        }
+        error = s.get("error")
+        output = data.get("output") if not error else (error.get("message") if isinstance(error, dict) else str(error))
+        executions.append(
+            (call, {"role": "tool", "tool_call_id": s.get("id"), "content": output, "is_error": bool(error)})
+        )
+    # a function span is a call that ran: one the generations show is joined to it (a failed call reaches the
+    # next generation as an ordinary result text), one they do not (a Responses model's, whose spans carry
+    # only their id, or the last call of a run that stopped at it) is added
+    history = join_executions(history, executions)
     if not history:
         raise ItemError(
             f"{where}: no generation or function spans with content: the trace holds no conversation "

@@ -1,0 +1,166 @@
+"""Unusual but valid records in each format, read as sent: nothing rounded, dropped or merged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vigil.ingest.importers import read_file
+
+BIG = 2**70 + 1  # beyond 64 bits: orjson alone reads it as the nearest double
+
+
+def _args(conversation: dict[str, Any]) -> list[Any]:
+    return [c["function"]["arguments"] for m in conversation["messages"] for c in m.get("tool_calls") or []]
+
+
+def test_formatted_bodies_and_files_keep_integers_exact_and_skip_a_byte_order_mark(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    from tests.support.app import ADMIN, INGEST, make_client, make_settings
+    from vigil.app.runtime import build_runtime
+
+    body = b'{"messages": [{"role": "user", "content": "Refund my order."}, {"role": "assistant", "content": '
+    body += b'[{"type": "tool_use", "id": "toolu_1", "name": "refund", "input": {"order": %d}}]}]}' % BIG
+    rt = build_runtime(make_settings(sqlite_url))
+    with make_client(rt) as client:
+        r = client.post("/v1/conversations?format=anthropic", content=body, headers=INGEST)
+        assert r.status_code == 202, r.text
+        [cid] = r.json()["conversation_ids"]
+        stored = client.get(f"/v1/conversations/{cid}", headers=ADMIN).json()["conversation"]
+        assert _args(stored) == [{"order": BIG}]
+        # a byte order mark is skipped, as Vigil's own schema skips it
+        r = client.post("/v1/conversations?format=auto", content=b"\xef\xbb\xbf" + body, headers=INGEST)
+        assert r.status_code == 202 and r.json()["format"] == "anthropic", r.text
+    rt.close()
+    path = tmp_path / "calls.json"
+    path.write_bytes(body)
+    [conv] = read_file(path).conversations
+    assert [c.args for m in conv.messages for c in m.tool_calls or []] == [{"order": BIG}]
+    lines = tmp_path / "calls.jsonl"
+    lines.write_bytes(body + b"\n" + body.replace(b"toolu_1", b"toolu_2") + b"\n")
+    convs = read_file(lines).conversations
+    assert [c.args for conv in convs for m in conv.messages for c in m.tool_calls or []] == [{"order": BIG}] * 2
+
+
+MCP_CALL = {
+    "messages": [
+        {"role": "user", "content": "Close ticket 7."},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Closing it."},
+                {"type": "mcp_tool_use", "id": "mcptoolu_1", "name": "close_ticket", "server_name": "desk",
+                 "input": {"ticket": 7}},
+            ],
+        },
+    ]
+}  # fmt: skip
+
+
+def test_an_mcp_connector_call_is_read_as_a_tool_call_never_as_a_reply_without_text(sqlite_url: str) -> None:
+    from tests.support.app import INGEST, make_client, make_settings
+    from vigil.app.runtime import build_runtime
+    from vigil.ingest.importers import convert_data
+    from vigil.schema import Conversation
+
+    imported = convert_data(MCP_CALL)
+    assert imported.format == "anthropic"
+    [conv] = imported.conversations
+    assert [(c.name, c.args) for m in conv.messages for c in m.tool_calls or []] == [("close_ticket", {"ticket": 7})]
+    rt = build_runtime(make_settings(sqlite_url))
+    with make_client(rt) as client:
+        native = {"conversation_id": "mcp-1", "agent_id": "desk", "agent_version": "1", **MCP_CALL}
+        r = client.post("/v1/conversations", json=native, headers=INGEST)
+        assert r.status_code == 422 and r.json()["stored"] == 0, r.text
+        [error] = r.json()["errors"]
+        assert "?format=anthropic" in error["hint"] and "mcp_tool_use" in str(error["errors"])
+        result = {**native, "conversation_id": "mcp-2"}
+        result["messages"] = [{"role": "user", "content": [{"type": "web_search_tool_result", "tool_use_id": "s"}]}]
+        r = client.post("/v1/conversations", json=result, headers=INGEST)
+        assert r.status_code == 422 and "web_search_tool_result" in str(r.json()["errors"]), r.text
+    rt.close()
+    # a document stored before these were refused still reads back as stored
+    assert Conversation.model_validate(native).messages[1].content[1].type == "mcp_tool_use"  # type: ignore[index]
+
+
+def _llm_run(run_id: str | None, question: str, answer: str, parent: str | None = None) -> dict[str, Any]:
+    return {
+        "id": run_id,
+        "name": "ChatOpenAI",
+        "run_type": "llm",
+        "parent_run_id": parent,
+        "inputs": {"messages": [{"type": "human", "content": question}]},
+        "outputs": {"generations": [[{"text": answer}]]},
+    }
+
+
+def test_langsmith_runs_without_ids_or_sharing_one_are_never_merged() -> None:
+    from vigil.ingest.importers import ImportError_, convert_data
+
+    # two root runs without ids: two conversations (both were langsmith:None, the second stored as a duplicate)
+    convs = convert_data([_llm_run(None, "alpha", "A"), _llm_run(None, "beta", "B")], "langsmith").conversations
+    assert len({c.conversation_id for c in convs}) == 2
+    assert [[m.text for m in c.messages] for c in convs] == [["alpha", "A"], ["beta", "B"]]
+    # two different runs under one id: refused by name (the second replaced the first, its messages lost)
+    root = {"id": "r1", "name": "agent", "run_type": "chain", "inputs": {}, "outputs": {}}
+    tool = {"id": "c1", "name": "lookup", "run_type": "tool", "parent_run_id": "r1", "inputs": {}, "outputs": {}}
+    try:
+        convert_data([root, _llm_run("c1", "q", "a", "r1"), tool], "langsmith")
+    except ImportError_ as exc:
+        assert "run id 'c1'" in str(exc)
+    else:
+        raise AssertionError("two runs with one id were read")
+    # the same run listed twice is read once
+    [conv] = convert_data([root, _llm_run("c1", "q", "a", "r1"), _llm_run("c1", "q", "a", "r1")]).conversations
+    assert [m.text for m in conv.messages] == ["q", "a"]
+
+
+def _span(span_id: str, data: dict[str, Any], second: int, error: Any = None) -> dict[str, Any]:
+    at = f"2026-12-01T09:14:{second:02d}+00:00"
+    return {"object": "trace.span", "id": span_id, "trace_id": "trace_1", "parent_id": None,
+            "started_at": at, "ended_at": at, "span_data": data, "error": error}  # fmt: skip
+
+
+def _call(call_id: str, name: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
+def test_openai_agents_function_spans_are_never_dropped_beside_generations() -> None:
+    from vigil.ingest.importers import convert_data
+
+    generation = {
+        "type": "generation",
+        "input": [{"role": "user", "content": "Refund order 5."}],
+        "output": [{"role": "assistant", "content": None, "tool_calls": [_call("call_1", "lookup")]}],
+    }
+    # a run that stops at its tool (tool_use_behavior="stop_on_first_tool"): no generation shows the result;
+    # then a hand-off to an agent on the Responses model, whose response spans carry only their id
+    spans = [
+        _span("s1", generation, 1),
+        _span("s2", {"type": "function", "name": "lookup", "input": "{}", "output": "delivered"}, 2),
+        _span("s3", {"type": "response", "response_id": "resp_1"}, 3),
+        _span("s4", {"type": "function", "name": "refund", "input": '{"amount": 9999}', "output": "done"}, 4),
+        _span("s5", {"type": "function", "name": "notify", "input": "{}", "output": None}, 5, {"message": "down"}),
+    ]
+    [conv] = convert_data({"data": spans}, "openai-agents").conversations
+    calls = [(c.id, c.name, c.args) for m in conv.messages for c in m.tool_calls or []]
+    assert calls == [("call_1", "lookup", {}), ("s4", "refund", {"amount": 9999}), ("s5", "notify", {})]
+    results = [(m.tool_call_id, m.text, m.is_error) for m in conv.messages if m.role == "tool"]
+    assert results == [("call_1", "delivered", False), ("s4", "done", False), ("s5", "down", True)]
+    # a call the next generation answers keeps that answer, marked failed when its span failed
+    answered = {**generation, "input": [*generation["input"], *generation["output"]]}
+    answered["input"].append({"role": "tool", "tool_call_id": "call_1", "content": "timeout"})
+    answered["output"] = [{"role": "assistant", "content": "The lookup failed."}]
+    spans = [
+        _span("s1", generation, 1),
+        _span("s2", {"type": "function", "name": "lookup", "input": "{}"}, 2, {"message": "timeout"}),
+        _span("s3", answered, 3),
+    ]
+    [conv] = convert_data({"data": spans}, "openai-agents").conversations
+    assert [(m.role, m.text, m.is_error) for m in conv.messages] == [
+        ("user", "Refund order 5.", False),
+        ("assistant", "", False),
+        ("tool", "timeout", True),
+        ("assistant", "The lookup failed.", False),
+    ]
