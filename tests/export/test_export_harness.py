@@ -47,16 +47,24 @@ def _forbidden_sample(client: Any, ids: dict[str, str], tmp_path: Path) -> tuple
     return path, sample
 
 
-def _inspect_eval(path: Path, sample_id: str, output: Any, log_dir: Path) -> Any:
+def _inspect_eval(path: Path, sample_id: str, output: Any, log_dir: Path, grader: str | None = None) -> Any:
+    """Inspect's ``eval`` of one sample; the model under test answers ``output``; ``grader``: the grader
+    model's reply (Inspect's ``grader`` role, a scripted ``mockllm``), else no rubric is graded."""
     from inspect_ai import eval as inspect_eval
-    from inspect_ai.model import get_model
+    from inspect_ai.model import ModelOutput, get_model
 
     from vigil.export.harness.inspect_task import vigil_regression
 
     model = get_model("mockllm/model", custom_outputs=[output])
+    roles = {}
+    if grader is not None:
+        roles["grader"] = get_model(
+            "mockllm/grader", custom_outputs=[ModelOutput.from_content("mockllm/grader", grader)]
+        )
     [log] = inspect_eval(
-        vigil_regression(dataset=str(path)),
+        vigil_regression(dataset=str(path), grader_model=None if grader is not None else "none"),
         model=model,
+        model_roles=roles or None,
         sample_id=sample_id,
         log_dir=str(log_dir),
         display="none",
@@ -101,6 +109,7 @@ def test_inspect_eval_command_loads_the_task_and_the_tools(world, tmp_path: Path
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "service"), env_path()])}
     # Inspect resolves a task file relative to the working directory
     cmd = [sys.executable, "-m", "inspect_ai", "eval", INSPECT_TASK.name, "-T", f"dataset={path}"]
+    cmd += ["-T", "grader_model=none"]  # the checks alone (test_export_graded.py runs the grader)
     cmd += ["--model", "mockllm/model", "--sample-id", sample["id"], "--log-dir", str(tmp_path / "logs")]
     cmd += ["--log-format", "json", "--display", "none"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=INSPECT_TASK.parent)
@@ -154,7 +163,11 @@ def test_only_criteria_at_or_above_the_severity_become_hard_criteria() -> None:
     assert [g["type"] for g in task["grading"]] == ["must_not_call"]  # the hand-off is not a criterion
     assert [r["rule_id"] for r in task["failure"]["rules"]] == ["no-cancel", "escalated"]  # still reported
     assert build(Source(conv, "x", findings, [], []), {}, "info")["grading"][1]["type"] == "must_not_escalate"
-    assert build(Source(conv, "x", findings, [], []), {}, "critical")["grading"] == []
+    # no finding is a criterion at "critical", and no reviewer wrote the expected behaviour: the rubric is
+    # derived from what was confirmed, so a grader can still fail the task
+    [derived] = build(Source(conv, "x", findings, [], []), {}, "critical")["grading"]
+    assert derived["type"] == "rubric" and derived["derived"] is True
+    assert derived["derived_from"] == ["category", "rules", "failed_turn"] and "cancel_order" in derived["text"]
     assert [t["function"]["name"] for t in task["tools"]] == ["cancel_order", "transfer_to_human"]
     assert task["tools"][0]["function"]["parameters"]["properties"] == {"id": {"type": "integer"}}
 
@@ -172,12 +185,14 @@ def test_checks_grade_the_next_turn() -> None:
     assert not grade([pii], Turn("mail me at a.b@example.com", []), [])["passed"]
 
 
-def _vf_eval(rows_path: Path, script: Script, out: Path) -> dict[str, Any]:
+def _vf_eval(rows_path: Path, script: Script, out: Path, judge: Script | None = None) -> dict[str, Any]:
     """``vf-eval`` (verifiers' own eval command) on the exported file: the null harness's chat loop, in a
-    subprocess runtime, calling the scripted OpenAI-compatible server, with the toolset serving the tools."""
+    subprocess runtime, calling the scripted OpenAI-compatible server, with the toolset serving the tools;
+    ``judge``: the rubrics' judge, another scripted server (else no judge is set)."""
+    import contextlib
     import shutil
 
-    with fake_openai(script) as (url, _):
+    with fake_openai(script) as (url, _), fake_openai(judge) if judge else contextlib.nullcontext() as judged:
         bin_dir = Path(sys.executable).parent
         env = {
             **os.environ,
@@ -190,6 +205,9 @@ def _vf_eval(rows_path: Path, script: Script, out: Path) -> dict[str, Any]:
         cmd += ["--env.agent.harness.id", "null", "--env.agent.runtime.type", "subprocess", "--model", "scripted"]
         cmd += ["--client.base-url", url, "--client.api-key-var", "VIGIL_TEST_LLM_KEY", "--num-rollouts", "1"]
         cmd += ["--push", "false", "--output-dir", str(out)]
+        if judged:
+            cmd += ["--env.taskset.task.judge.model", "scripted-judge", "--env.taskset.task.judge.base-url", judged[0]]
+            cmd += ["--env.taskset.task.judge.api-key-var", "VIGIL_TEST_LLM_KEY"]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=out.parent)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
         requests = list(script.requests)
@@ -198,7 +216,12 @@ def _vf_eval(rows_path: Path, script: Script, out: Path) -> dict[str, Any]:
     assert episode["ok"], episode.get("errors")
     [trace] = episode["traces"]
     offered = {t["function"]["name"] for t in requests[0].get("tools") or []}
-    return {"reward": trace["rewards"]["criteria_met"]["score"], "info": trace["info"], "offered": offered}
+    return {
+        "reward": trace["rewards"]["criteria_met"]["score"],
+        "info": trace["info"],
+        "offered": offered,
+        "judged": list(judge.requests) if judge else [],
+    }
 
 
 @pytest.mark.slow
@@ -213,7 +236,9 @@ def test_verifiers_runs_the_export_and_a_forbidden_call_fails_it(world, tmp_path
     assert "return_delivered_order_items" in bad["offered"]  # the model under test was given the agent's tools
     assert bad["reward"] == 0.0 and "retail-return-exchange-only-delivered" in bad["info"]["vigil"]["broken"]
     good = _vf_eval(path, Script([], "Only delivered orders can be returned.", relative=True), tmp_path / "good")
-    assert good["reward"] == 1.0 and good["info"]["vigil"] == {"passed": True, "broken": [], "turns": 1}
+    # the reviewer's expected behaviour is a rubric: with no judge set it is listed as not graded
+    assert good["reward"] == 1.0
+    assert good["info"]["vigil"] == {"passed": True, "broken": [], "turns": 1, "ungraded": ["rubric"]}
 
 
 STORED_TOOLS = [

@@ -78,7 +78,9 @@ def export_tasks(
             "X-Vigil-Tasks": str(result.tasks),
             "X-Vigil-Skipped": str(len(result.skipped)),  # which and why: `vigil export` lists them
             "X-Vigil-Grouped": str(result.grouped),
-            "X-Vigil-Checkable": str(result.checkable),  # tasks a harness can fail (the rest carry only a rubric)
+            # tasks a harness fails without a grader model; tasks with a rubric, which a grader model decides
+            "X-Vigil-Checkable": str(result.checkable),
+            "X-Vigil-Model-Graded": str(result.model_graded),
         },
     )
 

@@ -2,11 +2,13 @@
 
 Each check returns True (met), False (broken) or None (not machine-checkable here: a rubric, or a rule
 needing more than one turn). The turn is the assistant's reply to the task's messages: its text and the
-tool calls it asks for (name and arguments); ``history`` is the replayed messages before it.
+tool calls it asks for (name and arguments); ``history`` is the replayed messages before it. A ``rubric``
+criterion is decided by a grader model instead (each harness brings its own: see :mod:`vigil.export.harness`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,9 +48,46 @@ CHECKED = frozenset(
 )  # the criteria :func:`check` decides; others (rubrics, rules needing several turns) it leaves unchecked
 
 
+RUBRIC = "rubric"
+
+
 def checkable(criteria: list[dict[str, Any]]) -> bool:
-    """Whether a harness can fail a reply to this task: at least one criterion is one :func:`check` decides."""
+    """Whether a harness can fail a reply to this task without a grader model: at least one criterion is one
+    :func:`check` decides."""
     return any(c.get("type") in CHECKED for c in criteria)
+
+
+def rubrics(criteria: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The criteria a grader model decides (the reviewer's expected behaviour, or one derived from the failure)."""
+    return [c for c in criteria if c.get("type") == RUBRIC and str(c.get("text") or "").strip()]
+
+
+def model_graded(criteria: list[dict[str, Any]]) -> bool:
+    """Whether a grader model can fail a reply to this task: it carries a rubric."""
+    return bool(rubrics(criteria))
+
+
+def transcript(messages: list[dict[str, Any]]) -> str:
+    """OpenAI-shaped chat messages (or Inspect's: tool calls with ``function`` a name) as text a grader reads:
+    one block per message, headed by its role, tool calls as ``name(arguments)``."""
+    blocks = []
+    for m in messages:
+        tool = (m.get("name") or m.get("function")) if m.get("role") == "tool" else None
+        lines = [f"[{m.get('role')}{f' {tool}' if isinstance(tool, str) else ''}]"]
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "\n".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+        if content:
+            lines.append(str(content))
+        for c in m.get("tool_calls") or []:
+            fn = c.get("function")  # OpenAI: {name, arguments}; Inspect: the name; verifiers: flat name
+            name, args = (fn.get("name"), fn.get("arguments")) if isinstance(fn, dict) else (fn, c.get("arguments"))
+            name = name or c.get("name")
+            lines.append(
+                f"[tool call {name}({args if isinstance(args, str) else json.dumps(args or {}, default=str)})]"
+            )
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 def check(criterion: dict[str, Any], turn: Turn, history: list[dict[str, Any]]) -> bool | None:

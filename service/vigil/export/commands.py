@@ -70,11 +70,14 @@ def export(
         f"watermark {result.watermark} (next: --since {result.watermark})"
     )
     if result.tasks > result.checkable:
+        only_graded = result.tasks - result.checkable
         Launcher.of(ctx).console.print(
-            f"[yellow]{result.tasks - result.checkable} of {result.tasks} tasks have no criterion the harnesses "
-            "check: they pass whatever the model does (the reviewer's expected behaviour, where given, is a "
-            "rubric for a model grader; VIGIL_EXPORT_MIN_CRITERION_SEVERITY decides which findings become "
-            "criteria)[/yellow]"
+            f"[yellow]{only_graded} of {result.tasks} tasks have no criterion the harnesses check mechanically: "
+            "only a grader model can fail them, by their rubric (the reviewer's expected behaviour, or one "
+            "derived from the confirmed failure). Run them with a grader: Inspect -T grader_model=... (default: "
+            "the model under test), verifiers --env.taskset.task.judge.model ...; run with no grader (verifiers "
+            "without a judge, Inspect with grader_model=none) they pass whatever the model does. "
+            "VIGIL_EXPORT_MIN_CRITERION_SEVERITY decides which findings become criteria.[/yellow]"
         )
 
 

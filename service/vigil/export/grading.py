@@ -3,7 +3,9 @@
 Each criterion is a small JSON object an offline harness can check against the agent's new attempt,
 e.g. ``{"type": "must_not_call", "tool": "cancel_order"}``. A rule type without a dedicated shape becomes
 ``{"type": "rule", "rule_type": ..., "args": ...}`` so a harness with Vigil's rules can still re-run it.
-The reviewer's expected behaviour becomes a ``rubric`` criterion for a model grader.
+The reviewer's expected behaviour becomes a ``rubric`` criterion for a model grader. A task left with neither
+(no expected behaviour written, no finding a harness checks) gets a rubric *derived* from what reviewers
+confirmed as the failure (:func:`derived_rubric`), marked ``"derived": true``, so a grader can fail it.
 """
 
 from __future__ import annotations
@@ -110,3 +112,53 @@ def criteria(findings: list[dict[str, Any]], rules: dict[str, CompiledRule], exp
     if expected.strip():
         out.append({"type": "rubric", "text": expected.strip()})
     return out
+
+
+_PIECE = 600  # characters of each piece of evidence a derived rubric quotes: enough to name a failure, bounded
+
+
+def _clip(text: str, n: int = _PIECE) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _turn(turn: dict[str, Any]) -> str:
+    content = turn.get("content")
+    if isinstance(content, list):
+        content = " ".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+    said = [f'said "{_clip(str(content), 400)}"'] if content else []
+    calls = [
+        f"called {c['function'].get('name')}({_clip(str(c['function'].get('arguments') or ''), 200)})"
+        for c in turn.get("tool_calls") or []
+        if isinstance(c.get("function"), dict)
+    ]
+    return " and ".join(said + calls)
+
+
+def derived_rubric(failure: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """A rubric for a task no reviewer wrote an expected behaviour for: the reply must not repeat the failure
+    reviewers confirmed, in the words of what confirmed it: the category, the reviewers' notes, the fired
+    rules' messages (info-level findings, such as a hand-off, are no failure and are left out), the judges'
+    rationales, and the failing turn itself when a rule above info located it (the fallback, the agent's last
+    turn, may be a harmless goodbye after a failure earlier on, so it is not quoted). ``derived_from`` lists
+    which."""
+    confirmed = "The reply must not repeat the failure reviewers confirmed in the original conversation"
+    parts = [f"{confirmed} ({failure['category']})."]
+    used = ["category"]
+    if notes:
+        parts.append("Reviewers noted: " + " / ".join(_clip(n) for n in notes))
+        used.append("notes")
+    rules = [r for r in failure.get("rules") or [] if r.get("severity") != "info" and r.get("message")]
+    if rules:
+        parts.append("Rules that flagged it: " + "; ".join(_clip(str(r["message"]), 300) for r in rules))
+        used.append("rules")
+    rationales = [j["rationale"] for j in failure.get("judges") or [] if j.get("rationale")]
+    if rationales:
+        parts.append("The judge found: " + " / ".join(_clip(str(r)) for r in rationales))
+        used.append("judges")
+    turn = failure.get("failed_turn")
+    located = failure.get("located_by") in {r["rule_id"] for r in rules}
+    if located and turn and (described := _turn(turn)):
+        parts.append(f"The failing turn, not to be repeated: the agent {described}.")
+        used.append("failed_turn")
+    return {"type": "rubric", "text": " ".join(parts), "derived": True, "derived_from": used}

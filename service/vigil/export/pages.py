@@ -105,6 +105,8 @@ async def export_download(request: Request) -> Response:
             "X-Vigil-Watermark": str(result.watermark),
             "X-Vigil-Tasks": str(result.tasks),
             "X-Vigil-Skipped": str(len(result.skipped)),  # which and why: `vigil export` lists them
+            "X-Vigil-Checkable": str(result.checkable),
+            "X-Vigil-Model-Graded": str(result.model_graded),
             "Cache-Control": "no-store",
         },
     )

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from vigil.export.checks import checkable
+from vigil.export.checks import checkable, model_graded
 from vigil.export.errors import ExportError
 from vigil.export.formats import FORMATS, render
 from vigil.export.models import ExportedTaskRow, ExportRunRow
@@ -54,7 +54,8 @@ class ExportResult:
     watermark: int
     lines: list[bytes] = field(default_factory=list)
     grouped: int = 0
-    checkable: int = 0  # tasks with a criterion the harnesses decide (the others carry only a rubric)
+    checkable: int = 0  # tasks with a criterion the harnesses decide themselves (no grader model needed)
+    model_graded: int = 0  # tasks with a rubric: a grader model decides it (the others' verdict is mechanical)
     skipped: dict[str, str] = field(default_factory=dict)  # conversation id → why
     state: str = "done"  # pending: counts as exported only once acknowledged
 
@@ -69,6 +70,7 @@ class ExportResult:
             "tasks": self.tasks,
             "grouped": self.grouped,
             "checkable": self.checkable,
+            "model_graded": self.model_graded,
             "watermark": self.watermark,
             "skipped": self.skipped,
             "state": self.state,
@@ -316,6 +318,7 @@ def export(
                 task = _merged(members[key], rules, task, min_severity)
             result.lines.append(dumps(render(redact_task(redactor, task), fmt)))
             result.checkable += checkable(task["grading"])
+            result.model_graded += model_graded(task["grading"])
         except UNWRITABLE as exc:
             for src in members[key]:
                 _unwritable(skipped, src.conversation.conversation_id, exc)

@@ -78,7 +78,8 @@ class EvalTask(_Strict):
     )
     grading: list[dict[str, Any]] = Field(
         description='Machine-checkable criteria, e.g. {"type": "must_not_call", "tool": "cancel_order"}, from '
-        "findings at or above VIGIL_EXPORT_MIN_CRITERION_SEVERITY, and the reviewer's expected behaviour."
+        "findings at or above VIGIL_EXPORT_MIN_CRITERION_SEVERITY, and the reviewer's expected behaviour as a "
+        'rubric for a grader model; with neither, a rubric derived from the confirmed failure ("derived": true).',
     )
     duplicates: list[str] = Field(description="Conversation ids of near-duplicates folded into this task.")
 

@@ -16,7 +16,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Final
 
-from vigil.export.grading import criteria
+from vigil.export.checks import checkable
+from vigil.export.grading import criteria, derived_rubric
 from vigil.rules import SEVERITY_RANK
 from vigil.rules.packs import CompiledRule
 from vigil.schema import Conversation, Message, dumps_exact
@@ -168,6 +169,26 @@ def build(src: Source, rules: dict[str, CompiledRule], min_severity: str = "medi
     severities = Counter(x["severity"] for x in src.labels if x.get("severity"))
     key = group_key(src.category, finding, intent_of(conv), conv.task_id)
     goal = conv.metadata.get("goal")
+    failure = {
+        "message_index": idx,
+        "failed_turn": _message(conv.messages[idx]) if idx < len(conv.messages) else None,
+        "located_by": finding["rule_id"] if finding else None,
+        "category": src.category,
+        "severity": severities.most_common(1)[0][0] if severities else None,
+        "rules": [
+            {k: f[k] for k in ("rule_id", "rule_type", "severity", "message")}
+            for f in src.findings
+            if not (f.get("details") or {}).get("rule_error")
+        ],
+        "judges": [
+            {k: v.get(k) for k in ("judge", "judge_version", "verdict", "categories", "rationale")}
+            for v in src.verdicts
+        ],
+    }
+    notes = _distinct([x.get("notes", "") for x in src.labels])
+    grading = criteria(hard_findings(src.findings, min_severity), rules, expected)
+    if not expected and not checkable(grading):  # else it would pass whatever the model does
+        grading.append(derived_rubric(failure, notes))
     return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
@@ -183,29 +204,14 @@ def build(src: Source, rules: dict[str, CompiledRule], min_severity: str = "medi
         "goal": goal if isinstance(goal, str) else None,
         "intent": conv.intent,
         "messages": [_message(m) for m in conv.messages[:idx]],
-        "failure": {
-            "message_index": idx,
-            "failed_turn": _message(conv.messages[idx]) if idx < len(conv.messages) else None,
-            "located_by": finding["rule_id"] if finding else None,
-            "category": src.category,
-            "severity": severities.most_common(1)[0][0] if severities else None,
-            "rules": [
-                {k: f[k] for k in ("rule_id", "rule_type", "severity", "message")}
-                for f in src.findings
-                if not (f.get("details") or {}).get("rule_error")
-            ],
-            "judges": [
-                {k: v.get(k) for k in ("judge", "judge_version", "verdict", "categories", "rationale")}
-                for v in src.verdicts
-            ],
-        },
+        "failure": failure,
         "review": {
-            "notes": _distinct([x.get("notes", "") for x in src.labels]),
+            "notes": notes,
             "expected_behavior": expected or None,
         },
         "tools": tools,
         "tools_source": tools_source,
-        "grading": criteria(hard_findings(src.findings, min_severity), rules, expected),
+        "grading": grading,
         "duplicates": [],
     }
 
