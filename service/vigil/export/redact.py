@@ -259,13 +259,17 @@ def redact_task(redactor: Redactor, task: dict[str, Any], names: Iterable[str] =
     failure = task.get("failure")
     turn = failure.get("failed_turn") if isinstance(failure, dict) else None
     redactor = redactor.with_names({*names, *redactor.stated_names([task.get("messages"), turn])})
-    out = _except(redactor, task, _TASK_IDS)
+    # messages and failure are redacted once, below, keeping their own identifiers: redacted here too,
+    # each of their values was counted twice in vigil_export_redactions_total (the failed turn three times)
+    out = _except(redactor, task, (*_TASK_IDS, "messages", "failure"))
     out["messages"] = [_message(redactor, m) for m in task.get("messages") or []]
     if isinstance(failure, dict):
-        red = _except(redactor, failure, _FAILURE_IDS)
+        red = _except(redactor, failure, (*_FAILURE_IDS, "failed_turn", "rules", "judges"))
         if failure.get("failed_turn") is not None:
             red["failed_turn"] = _message(redactor, failure["failed_turn"])
         red["rules"] = [_except(redactor, r, _RULE_IDS) for r in failure.get("rules") or []]
         red["judges"] = [_except(redactor, j, _JUDGE_IDS) for j in failure.get("judges") or []]
         out["failure"] = red
+    elif "failure" in task:
+        out["failure"] = redactor.value(failure)
     return out
