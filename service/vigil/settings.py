@@ -383,6 +383,18 @@ class Settings(BaseSettings):
         description="Extra patterns redacted on export besides the built-in PII and secret detector, as JSON "
         '{"name": "regex", ...} (RE2 syntax); a match becomes [REDACTED:name].',
     )
+    export_redact_names: bool = Field(
+        default=True,
+        description="Redact the personal names a conversation states as data (values of first_name, last_name, "
+        "full_name, user_name... and of name inside a user, customer or passenger record, in its tool calls and "
+        "results) wherever they occur in its exported task, whole and each part; a match becomes "
+        "[REDACTED:name].",
+    )
+    export_redact_name_keys: list[str] = Field(
+        default_factory=list,
+        description="More JSON keys whose string values are personal names, besides the built-in ones, as a JSON "
+        'list (["agent_name", "nickname"]); compared lowercased without separators (nickName is nickname).',
+    )
     # --- end calibration ---
 
     # --- tracing and OTLP ingest ---

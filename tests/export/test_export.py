@@ -728,3 +728,29 @@ def test_a_revision_stored_while_an_export_reads_is_not_exported_as_confirmed(wo
     tasks, _ = _export(client)
     [task] = [t for t in tasks if cid in [t["source"]["conversation_id"], *t["duplicates"]]]
     assert task["source"]["revision"] == rev + 1
+
+
+def test_each_redacted_value_is_counted_once() -> None:
+    """A task's messages and failure were redacted twice (once with the whole task, once keeping their ids),
+    the failed turn three times: vigil_export_redactions_total counted one email in a message as two and one
+    phone number in the failing turn as three. Each is now redacted, and counted, once."""
+    from vigil.export.redact import Redactor, redact_task
+
+    redactor = Redactor()
+    task = {
+        "goal": "Reach the user at 415-555-0199.",
+        "messages": [{"role": "user", "content": "mail jane@example.com"}],
+        "failure": {
+            "message_index": 1,
+            "failed_turn": {"role": "assistant", "content": "call 415-555-0132"},
+            "rules": [{"rule_id": "r", "message": "leaked 4111 1111 1111 1111"}],
+            "judges": [],
+        },
+    }
+    out = redact_task(redactor, task)
+    assert redactor.counts == {"email": 1, "phone": 2, "card": 1}
+    assert out["messages"][0]["content"] == "mail [REDACTED:email]"
+    assert out["failure"]["failed_turn"]["content"] == "call [REDACTED:phone]"
+    assert out["failure"]["rules"] == [{"rule_id": "r", "message": "leaked [REDACTED:card]"}]
+    assert out["goal"] == "Reach the user at [REDACTED:phone]."
+    assert redact_task(redactor, {"failure": "from jane@example.com"})["failure"] == "from [REDACTED:email]"

@@ -186,13 +186,17 @@ def test_every_built_in_rule_type_is_linear_on_hostile_text(rule_type: str) -> N
 def test_the_export_redactor_is_linear_on_hostile_text() -> None:
     from vigil.export.redact import Redactor
 
-    redactor = Redactor({})
+    redactor = Redactor({}).with_names(["Jane Doe", "Li", "Ann Lee Smith", "a", "x" * 90])
 
     def prepare(text: str) -> Callable[[], object]:
         return lambda: redactor.text(text)
 
     worst, timings = growth(prepare, TEXTS["dotted_email"])
-    for shape in TEXTS.values():
+
+    def names(n: int) -> str:  # every word a name, whole or a part, and one that starts a longer name
+        return "Ann Lee Ann-Lee ann_lee " * (n // 24)
+
+    for shape in [*TEXTS.values(), names]:
         w, _ = growth(prepare, shape)
         worst = max(worst, w)
     assert worst <= SLOPE_BOUND, f"redactor grows with slope {worst:.2f}: {timings}"

@@ -56,7 +56,7 @@ def export_tasks(
             result = export(
                 s,
                 {r.id: r for r in rt.rules.rules},
-                Redactor(rt.settings.export_redact_patterns),
+                Redactor.of(rt.settings),
                 format,
                 since,
                 all_,

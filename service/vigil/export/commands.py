@@ -42,7 +42,7 @@ def export(
             result = run(
                 s,
                 {r.id: r for r in rt.rules.rules},
-                Redactor(rt.settings.export_redact_patterns),
+                Redactor.of(rt.settings),
                 format,
                 since,
                 all_,

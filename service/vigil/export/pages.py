@@ -79,7 +79,7 @@ async def export_download(request: Request) -> Response:
             return export(
                 s,
                 {r.id: r for r in rt.rules.rules},
-                Redactor(rt.settings.export_redact_patterns),
+                Redactor.of(rt.settings),
                 fmt,
                 since,
                 every,

@@ -2,8 +2,11 @@
 
 Built in: every kind the detector behind the ``pii_leak`` rule knows (:mod:`vigil.rules.pii`: emails
 however written, phones, Luhn-valid cards, SSNs, IBANs, IP addresses, dates of birth, street addresses,
-keys, tokens and passwords); plus the operator's own patterns from ``VIGIL_EXPORT_REDACT_PATTERNS``,
-run on RE2 like every pattern that sees traffic. A match becomes ``[REDACTED:<kind>]``.
+keys, tokens and passwords); the personal names the conversation states as data (:mod:`vigil.export.names`:
+a profile's ``first_name`` and ``last_name``, a customer's ``full_name``), wherever they occur in its task,
+unless ``VIGIL_EXPORT_REDACT_NAMES`` is off; plus the operator's own patterns from
+``VIGIL_EXPORT_REDACT_PATTERNS``, run on RE2 like every pattern that sees traffic. A match becomes
+``[REDACTED:<kind>]``.
 
 A string that holds a JSON object or array (tool-call arguments, tool results) is redacted value by
 value and written back as JSON: redacting its text would turn a phone number written as a JSON number
@@ -19,18 +22,24 @@ and ``4111 1111 1111 1111`` in ``4111\u00a01111\u00a01111\u00a01111``: so must t
 
 from __future__ import annotations
 
+import copy
 import re
 import unicodedata
 from bisect import bisect_right
 from collections import Counter
+from collections.abc import Iterable
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from vigil.errors import ConfigError
+from vigil.export.names import NAME_KEYS, Names, key_form, stated
 from vigil.rules import pii
 from vigil.rules.patterns import UnsupportedPattern, compile_linear
+
+if TYPE_CHECKING:
+    from vigil.settings import Settings
 
 BUILTIN: list[str] = list(pii.KINDS)
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -100,7 +109,14 @@ class _Folded:
 
 
 class Redactor:
-    def __init__(self, patterns: dict[str, str] | None = None) -> None:
+    """Redacts texts and JSON values. One redactor serves a whole export run (its ``counts`` are the run's);
+    :meth:`with_names` gives the one for a task, which also redacts that conversation's names."""
+
+    def __init__(
+        self, patterns: dict[str, str] | None = None, redact_names: bool = True, name_keys: Iterable[str] = ()
+    ) -> None:
+        self.name_keys = NAME_KEYS | {key_form(k) for k in name_keys} if redact_names else None
+        self.names = Names(())
         self.patterns: dict[str, Any] = {}
         for name, rx in (patterns or {}).items():
             if not NAME_RE.match(name) or name in BUILTIN:
@@ -114,6 +130,22 @@ class Redactor:
                 raise ConfigError(f"VIGIL_EXPORT_REDACT_PATTERNS: {name}: invalid regex: {exc}") from None
         self.counts: Counter[str] = Counter()
 
+    @classmethod
+    def of(cls, settings: Settings) -> Redactor:
+        """The redactor ``VIGIL_EXPORT_REDACT_*`` configure (a bad pattern raises :class:`ConfigError`)."""
+        return cls(settings.export_redact_patterns, settings.export_redact_names, settings.export_redact_name_keys)
+
+    def stated_names(self, obj: Any) -> set[str]:
+        """The personal names ``obj`` states as data (none when name redaction is off)."""
+        return stated(obj, self.name_keys) if self.name_keys is not None else set()
+
+    def with_names(self, values: Iterable[str]) -> Redactor:
+        """This redactor also redacting the names ``values`` (whole and each part), counting into the same
+        ``counts``."""
+        out = copy.copy(self)
+        out.names = Names(values)
+        return out
+
     def text(self, text: str, context: str = "") -> str:
         """``text`` with every match replaced. ``context`` (``"phone: "``, the key a JSON value stands
         under) is read before the text, so detectors that need a keyword see it, and is not returned."""
@@ -123,6 +155,7 @@ class Redactor:
         found: list[tuple[int, int, str]] = [(f.start, f.end, f.kind) for f in pii.detect(full)]
         for name, rx in self.patterns.items():
             found.extend((m.start(), m.end(), name) for m in rx.finditer(full) if m.end() > m.start())
+        found.extend((start, end, "name") for start, end in self.names.find(full))
         spans = [(folded.start(a), folded.end(b), kind) for a, b, kind in found]
         spans = [(a, b, kind) for a, b, kind in spans if b > skip]
         if not spans:
@@ -218,16 +251,25 @@ def _message(redactor: Redactor, m: Any) -> Any:
     return out
 
 
-def redact_task(redactor: Redactor, task: dict[str, Any]) -> dict[str, Any]:
-    """The native task with every string of its content redacted, its identifiers kept as they are."""
-    out = _except(redactor, task, _TASK_IDS)
-    out["messages"] = [_message(redactor, m) for m in task.get("messages") or []]
+def redact_task(redactor: Redactor, task: dict[str, Any], names: Iterable[str] = ()) -> dict[str, Any]:
+    """The native task with every string of its content redacted, its identifiers kept as they are.
+
+    The names its messages state as data, and ``names`` (those of its whole conversation: a profile read
+    after the failing turn names the user who spoke before it), are redacted wherever they occur in it."""
     failure = task.get("failure")
+    turn = failure.get("failed_turn") if isinstance(failure, dict) else None
+    redactor = redactor.with_names({*names, *redactor.stated_names([task.get("messages"), turn])})
+    # messages and failure are redacted once, below, keeping their own identifiers: redacted here too,
+    # each of their values was counted twice in vigil_export_redactions_total (the failed turn three times)
+    out = _except(redactor, task, (*_TASK_IDS, "messages", "failure"))
+    out["messages"] = [_message(redactor, m) for m in task.get("messages") or []]
     if isinstance(failure, dict):
-        red = _except(redactor, failure, _FAILURE_IDS)
+        red = _except(redactor, failure, (*_FAILURE_IDS, "failed_turn", "rules", "judges"))
         if failure.get("failed_turn") is not None:
             red["failed_turn"] = _message(redactor, failure["failed_turn"])
         red["rules"] = [_except(redactor, r, _RULE_IDS) for r in failure.get("rules") or []]
         red["judges"] = [_except(redactor, j, _JUDGE_IDS) for j in failure.get("judges") or []]
         out["failure"] = red
+    elif "failure" in task:
+        out["failure"] = redactor.value(failure)
     return out

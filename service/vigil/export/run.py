@@ -92,6 +92,11 @@ def _unwritable(skipped: dict[str, str], cid: str, exc: BaseException) -> None:
     log.warning("export skipped %s: its task cannot be written: %s", cid, exc)
 
 
+def _said(conv: Conversation) -> list[Any]:
+    """What of a conversation may state a name as data: its messages (tool calls, results) and metadata."""
+    return [conv.metadata, *(m.model_dump(mode="json", exclude_none=True) for m in conv.messages)]
+
+
 def _chunks(ids: list[str]) -> list[list[str]]:
     return [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
 
@@ -316,7 +321,8 @@ def export(
         try:
             if len(members[key]) > 1:
                 task = _merged(members[key], rules, task, min_severity)
-            result.lines.append(dumps(render(redact_task(redactor, task), fmt)))
+            stated = redactor.stated_names([_said(src.conversation) for src in members[key]])
+            result.lines.append(dumps(render(redact_task(redactor, task, stated), fmt)))
             result.checkable += checkable(task["grading"])
             result.model_graded += model_graded(task["grading"])
         except UNWRITABLE as exc:

@@ -12,7 +12,7 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 def wire(rt: Runtime) -> None:
-    Redactor(rt.settings.export_redact_patterns)  # a bad pattern stops start-up, not the first export
+    Redactor.of(rt.settings)  # a bad pattern stops start-up, not the first export
     rt.hooks.add_router(api.router)
     rt.hooks.add_router(pages.router)
     rt.hooks.add_page("Export", "/ui/export")
