@@ -188,3 +188,38 @@ def test_input_cache_reuses_outputs_and_shared_strings_without_changing_messages
     stored, _ = compact(spans)
     assert stored[1]["attributes"]["gen_ai.system_instructions"] == {"$same": "0", "t": ""}
     assert spans[1]["attributes"]["gen_ai.system_instructions"] is spans[0]["attributes"]["gen_ai.system_instructions"]
+
+
+def test_messages_cut_short_or_sent_as_plain_text_are_kept() -> None:
+    """An SDK's attribute length limit cuts a long history mid-message, and some instrumentations record a
+    prompt as plain text: the whole conversation was lost (no messages, no conversation, and the exporter
+    told nothing). The complete messages before the cut are kept; plain text is a message of its side."""
+    history = [
+        {"role": "user", "parts": [{"type": "text", "content": "Cancel order #7"}]},
+        {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "cancel_order", "arguments": {}}]},
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1", "response": "cancelled " * 40}]},
+    ]
+    full = orjson.dumps(history).decode()
+    cut = full[: len(full) - 200]  # the third message cut mid-string
+    first = span(1, {"gen_ai.operation.name": "chat", "gen_ai.input.messages": cut})
+    doc = assemble("k", [first], "v")
+    assert doc is not None
+    conv = Conversation.model_validate(doc)
+    assert [m.role for m in conv.messages] == ["user", "assistant"]
+    assert conv.messages[1].tool_calls[0].name == "cancel_order"
+
+    plain = span(
+        2,
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.input.messages": "Where is my refund?",
+            "gen_ai.output.messages": "It was sent on Monday.",
+        },
+    )
+    conv = Conversation.model_validate(assemble("k2", [plain], "v"))
+    assert [(m.role, m.text) for m in conv.messages] == [
+        ("user", "Where is my refund?"),
+        ("assistant", "It was sent on Monday."),
+    ]
+    for hostile in ("[" * 100_000, "[" + '{"a": ' * 50_000, "[1, 2, {", "not json at all ["):
+        assemble("k3", [span(3, {"gen_ai.operation.name": "chat", "gen_ai.input.messages": hostile})], "v")

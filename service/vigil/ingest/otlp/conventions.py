@@ -144,7 +144,7 @@ class InputCache:
     def messages_of(self, raw: Any, base: Any = None) -> list[dict[str, Any]]:
         """``base``: the string the parser found ``raw`` extends (see ``EXTENDS``), if any."""
         if not isinstance(raw, str) or not raw.startswith("["):
-            return to_messages(raw)
+            return to_messages(raw, "user")
         prev = self.raw
         if raw is prev:  # the same string (see compact): the same messages
             return self.messages
@@ -161,14 +161,14 @@ class InputCache:
                 new = self._extension(rest)
                 self._remember(raw, self.messages + new, new)
                 return self.messages
-        msgs = to_messages(raw)
+        msgs = to_messages(raw, "user")
         self.filtered, self.keys, self._keyed = [], [], 0
         self._remember(raw, msgs, msgs)
         return msgs
 
     def outputs_of(self, raw: Any) -> list[dict[str, Any]]:
         """A span's output messages, kept: the next span's input usually resends them first."""
-        out = to_messages(raw)
+        out = to_messages(raw, "assistant")
         self._out_raw, self._out = (raw, out) if isinstance(raw, str) and raw.startswith("[") else ("", [])
         return out
 

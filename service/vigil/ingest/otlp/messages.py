@@ -124,9 +124,47 @@ def openai_calls(calls: Any) -> list[dict[str, Any]]:
     return out
 
 
-def to_messages(items: Any) -> list[dict[str, Any]]:
-    """Messages in the ``parts`` form or OpenAI's form into Vigil (OpenAI) messages."""
+_SALVAGE = json.JSONDecoder(parse_float=_number, parse_int=_number, parse_constant=str)
+
+
+def _salvaged(text: str) -> list[Any] | None:
+    """The complete items of a JSON array cut short (an SDK's attribute length limit,
+    ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``, cuts a long history mid-message): the messages before the cut
+    are kept instead of the whole attribute being lost. None when not even one item is complete."""
+    at = text.find("[") + 1
+    items: list[Any] = []
+    end = len(text)
+    try:
+        while True:
+            while at < end and text[at] in " \t\r\n":
+                at += 1
+            item, at = _SALVAGE.raw_decode(text, at)
+            items.append(item)
+            while at < end and text[at] in " \t\r\n":
+                at += 1
+            if at >= end or text[at] != ",":
+                break
+            at += 1
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return _repaired(items) if items else None
+    except RecursionError:
+        return None
+
+
+def to_messages(items: Any, role: str | None = None) -> list[dict[str, Any]]:
+    """Messages in the ``parts`` form or OpenAI's form into Vigil (OpenAI) messages.
+
+    Text that is no JSON becomes one message of ``role`` (an instrumentation that records the prompt or the
+    completion as plain text); a JSON array cut short keeps its complete items."""
     items = json_value(items)
+    if isinstance(items, str) and items.strip():
+        salvaged = _salvaged(items) if items.lstrip().startswith("[") else None
+        if salvaged is not None:
+            items = salvaged
+        elif role is not None:
+            items = [{"role": role, "content": items}]
     if isinstance(items, dict):
         items = [items]
     out: list[dict[str, Any]] = []
