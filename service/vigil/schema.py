@@ -334,6 +334,13 @@ class ContentPart(BaseModel):
     type: str
     text: str | None = None
 
+    @property
+    def refusal(self) -> str | None:
+        """A refusal part's text (OpenAI chat: ``{"type": "refusal", "refusal": "..."}``): what the model
+        said, which rules read as they read text."""
+        value = (self.model_extra or {}).get("refusal") if self.type == "refusal" else None
+        return value if isinstance(value, str) else None
+
     @field_validator("type")
     @classmethod
     def _not_foreign(cls, value: str, info: ValidationInfo) -> str:
@@ -364,7 +371,7 @@ class Message(BaseModel):
             return ""
         if isinstance(c, str):
             return c
-        return "\n".join(p.text for p in c if p.text)
+        return "\n".join(t for p in c if (t := p.text or p.refusal))
 
 
 class ToolDef(BaseModel):

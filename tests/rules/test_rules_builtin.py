@@ -815,3 +815,18 @@ def test_export_redaction_covers_international_numbers() -> None:
     r = Redactor()
     text = "Call +44 20 7946 0958 or +33 1 42 68 53 00; order 7602931732 costs +12.50."
     assert r.text(text) == "Call [REDACTED:phone] or [REDACTED:phone]; order 7602931732 costs +12.50."
+
+
+def test_a_refusal_part_is_text_the_rules_read() -> None:
+    """OpenAI chat sends a model's refusal as ``{"type": "refusal", "refusal": "..."}``: stored as sent, its
+    words were invisible to every rule (a refusal quoting a card number leaked it unseen)."""
+    conv = convo(
+        u("Read me back my card"),
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't share 4111 1111 1111 1111."}]},
+    )
+    assert conv.messages[1].text == "I can't share 4111 1111 1111 1111."
+    [hit] = run("regex", conv, pattern=r"can't share")
+    assert hit.evidence[0].message_index == 1
+    assert_spans(conv, [hit])
+    other = convo(u("x"), {"role": "assistant", "content": [{"type": "other", "refusal": "not a refusal part"}]})
+    assert other.messages[1].text == ""
