@@ -724,3 +724,27 @@ def test_a_cluster_label_refused_as_its_sample_was_claimed_meanwhile_says_who_ho
     r = api.post(f"/ui/clusters/{cluster['id']}/label", data=form, follow_redirects=False)
     assert r.status_code == 409 and "Nothing saved: raj holds this item" in r.text
     assert api.get("/v1/review/labels", headers=REVIEWER).json() == []
+
+
+def test_the_side_by_side_link_shows_only_when_another_version_ran_the_task(api) -> None:
+    """The conversation page linked every conversation with a task to the side-by-side page, which for a
+    task run on one version only answered 422 "ran on one version only": a dead end."""
+    import re
+
+    base = {"agent_id": "sbs", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}
+    convs = [
+        {**base, "conversation_id": "sbs-lone", "agent_version": "v1", "task_id": "lone-task"},
+        {**base, "conversation_id": "sbs-old", "agent_version": "v1", "task_id": "shared-task"},
+        {**base, "conversation_id": "sbs-new", "agent_version": "v2", "task_id": "shared-task"},
+    ]
+    assert api.post("/v1/conversations", json=convs, headers=INGEST).status_code == 202
+    login = api.get("/ui/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', login.text).group(1)  # type: ignore[union-attr]
+    api.post("/ui/login", data={"csrf": token, "api_key": "rita-key", "next": "/ui/queue"})
+    lone = api.get("/ui/review/sbs-lone")
+    assert lone.status_code == 200 and 'id="side-by-side"' not in lone.text
+    shared = api.get("/ui/review/sbs-old")
+    link = re.search(r'id="side-by-side" href="([^"]+)"', shared.text)
+    assert link is not None
+    target = api.get(link.group(1).replace("&amp;", "&"))
+    assert target.status_code == 200 and "sbs-new" in target.text

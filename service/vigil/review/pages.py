@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.review import insights, queue, reviewers, triage
+from vigil.review import side_by_side as sbs
 from vigil.review.errors import Conflict, Done, Invalid, NotFound, NotHeld
 from vigil.review.page_kit import (
     bulk_notice,
@@ -214,6 +215,9 @@ def _conversation_page(
         item = insights.item_detail(s, conversation_id)
         hist = insights.history(s, conversation_id)
         notes = triage.comments(s, conversation_id)
+        task = conv.get("task_id")
+        # the link leads somewhere only when another version ran the task (else "ran on one version only")
+        pairable = bool(task and task.strip()) and sbs.has_other_version(s, task, conv["agent_version"])
     mine = next((lab for lab in (item or {}).get("labels", []) if lab["reviewer"] == user.name), None)
     # double review is blind: others' labels stay hidden until this reviewer has given theirs
     blind = insights.is_blind(item, user.name)
@@ -236,6 +240,7 @@ def _conversation_page(
         status_code,
         title=f"Conversation {conversation_id}",
         conv=conv,
+        pairable=pairable,
         item=item,
         messages=messages,
         hidden=sum(transcript.hidden_characters(m) for m in messages),

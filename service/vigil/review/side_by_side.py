@@ -34,6 +34,16 @@ def versions_of_task(session: Session, task_id: str) -> list[dict[str, Any]]:
     return [{"version": v, "conversations": n, "latest": aware(at)} for v, n, at in rows]
 
 
+def has_other_version(session: Session, task_id: str, version: str) -> bool:
+    """Whether a version other than ``version`` ran ``task_id``: something to set beside it."""
+    found = session.scalars(
+        select(ConversationRow.conversation_id)
+        .where(ConversationRow.task_id == task_id, ConversationRow.agent_version != version)
+        .limit(1)
+    ).first()
+    return found is not None
+
+
 def runs(session: Session, task_id: str, version: str, limit: int = PER_VERSION) -> list[str]:
     """Conversation ids of ``task_id`` in ``version``, most recent first."""
     return list(
