@@ -72,6 +72,12 @@ class Settings(BaseSettings):
         default=300_000, ge=1000, description="Consumer max_poll_interval_ms (rebalance timeout)."
     )
     kafka_session_timeout_ms: int = Field(default=10_000, ge=1000, description="Consumer session timeout.")
+    kafka_metadata_max_age_ms: int = Field(
+        default=30_000,
+        ge=1000,
+        description="How often a consumer refreshes topic metadata, so partitions added to a topic are assigned "
+        "by a rebalance within about this long (the client's own default is 5 minutes).",
+    )
     kafka_bootstrap_timeout_ms: int = Field(
         default=30_000, ge=100, description="How long `vigil consume` tries to reach the brokers before it exits 2."
     )

@@ -50,6 +50,7 @@ def kafka_consumer(runtime: Runtime, topics: list[str], client_id: str | None = 
         heartbeat_interval_ms=max(1000, s.kafka_session_timeout_ms // 3),
         request_timeout_ms=max(30_000, s.kafka_session_timeout_ms + 5000),
         bootstrap_timeout_ms=s.kafka_bootstrap_timeout_ms,
+        metadata_max_age_ms=s.kafka_metadata_max_age_ms,
     )
     params.update(overrides)
     from kafka.errors import KafkaError
