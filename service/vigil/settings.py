@@ -110,8 +110,8 @@ class Settings(BaseSettings):
         description="A JSON body (conversations, outcomes, OTLP/JSON) of 64 KiB or more whose objects, arrays "
         "and items would take more than this many times its size in memory once decoded (estimated before "
         "decoding, 96 bytes per object or array and 24 per item; commas and brackets inside strings count too) "
-        "is refused with 413 and kept as a dead letter, as is such a message on the conversations topic (reason "
-        "`oversized`); real conversation batches estimate at about 1. 0: no bound.",
+        "is refused with 413 and kept as a dead letter, as is such a message on the conversations or outcomes topic "
+        "(reason `oversized`); real conversation batches estimate at about 1. 0: no bound.",
     )
     max_inflight_bytes: int = Field(
         default=67_108_864,
