@@ -273,18 +273,25 @@ def decoded_estimate(raw: bytes | memoryview) -> int:
     return JSON_CONTAINER_BYTES * containers + JSON_ITEM_BYTES * int(np.count_nonzero(a == 0x2C))
 
 
-def too_dense(raw: bytes | memoryview, expansion: float, setting: str = "VIGIL_MAX_JSON_EXPANSION") -> str | None:
-    """Why a JSON body is refused before it is decoded (it would take more than ``expansion`` times its
-    own size in memory: a flood of empty objects), or None. Bodies under 64 KiB are not checked."""
+def too_dense(
+    raw: bytes | memoryview,
+    expansion: float,
+    setting: str = "VIGIL_MAX_JSON_EXPANSION",
+    what: str = "body",
+    advice: str = "send fewer values per request",
+) -> str | None:
+    """Why a JSON body (or a Kafka message: ``what``) is refused before it is decoded (it would take more
+    than ``expansion`` times its own size in memory: a flood of empty objects), or None. Bodies under
+    64 KiB are not checked."""
     if expansion <= 0 or len(raw) < EXPANSION_CHECKED_FROM:
         return None
     estimate = decoded_estimate(raw)
     if estimate <= expansion * len(raw):
         return None
     return (
-        f"body of {len(raw)} bytes holds so many JSON objects, arrays and items that decoding it would take "
+        f"{what} of {len(raw)} bytes holds so many JSON objects, arrays and items that decoding it would take "
         f"about {estimate // 1_048_576} MiB, {estimate / len(raw):.0f} times its size (more than {setting}="
-        f"{expansion:g}): send fewer values per request"
+        f"{expansion:g}): {advice}"
     )
 
 

@@ -234,3 +234,54 @@ def test_killing_a_consumer_mid_stream_loses_and_doubles_nothing(kafka, pg_url, 
                     p.kill()
         for f in logs:
             f.close()
+
+
+def add_partitions(bootstrap: str, topic: str, total: int) -> None:
+    """Grow ``topic`` to ``total`` partitions. Tansu does not implement CreatePartitions (kafka-python raises
+    IncompatibleBrokerVersion), so there the topic is deleted and made again with ``total`` partitions: to
+    a running member, both show as the topic's partition set growing between two metadata refreshes."""
+    from kafka.admin import KafkaAdminClient, NewPartitions
+    from kafka.errors import IncompatibleBrokerVersion
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=20000)
+    try:
+        admin.create_partitions({topic: NewPartitions(total)})
+    except IncompatibleBrokerVersion:
+        admin.delete_topics([topic])
+        wait_for(lambda: topic not in admin.list_topics(), 30, what=f"{topic} deleted")
+        create_topic(bootstrap, topic, total)
+    finally:
+        admin.close()
+
+
+def test_running_consumers_see_partitions_added_to_the_topic_within_the_metadata_age(kafka, pg_url) -> None:
+    """The client refreshed topic metadata every 5 minutes (its own default), and the group's leader only
+    rebalances once its metadata shows the new partitions: they went unassigned, and their messages unread,
+    for up to 5 minutes. ``VIGIL_KAFKA_METADATA_MAX_AGE_MS`` (here 2 s) bounds that.
+
+    What is checked is the running consumers' view of the topic, not the rebalance that follows: Tansu
+    answers the leader's SyncGroup after such a rejoin with the previous assignment (the generation stays
+    0), so against it the new partitions stay unassigned however soon they are seen."""
+    topic, group = f"conv-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka, topic, 2)
+    s = topic_settings(kafka, pg_url, topic, group, kafka_metadata_max_age_ms=2000)
+    rt1 = build_runtime(s, registry=CollectorRegistry())
+    rt2 = build_runtime(s, registry=CollectorRegistry(), migrate=False)
+    w1, t1, c1 = start_worker(rt1)
+    w2, t2, c2 = start_worker(rt2)
+    try:
+        wait_for(lambda: c1.assignment() and c2.assignment(), 60, what="both consumers assigned")
+        add_partitions(kafka, topic, 4)
+        # well inside the client's default 5 minutes, however busy the machine
+        wait_for(
+            lambda: c1.partitions_for_topic(topic) == c2.partitions_for_topic(topic) == {0, 1, 2, 3},
+            60,
+            what="both consumers seeing 4 partitions",
+        )
+    finally:
+        w1.stop()
+        w2.stop()
+        t1.join(15)
+        t2.join(15)
+        rt1.close()
+        rt2.close()

@@ -188,3 +188,34 @@ def test_an_outcomes_batch_the_database_refuses_is_split_to_the_message_at_fault
     [letter] = _letters(rt)
     assert (letter.reason, letter.offset) == ("store_rejected", 1) and "cannot contain NUL" in letter.detail
     rt.close()
+
+
+def test_a_message_that_would_decode_to_many_times_its_size_is_a_dead_letter(kafka, pg_url) -> None:
+    """A conversation of 1 MB of empty arrays (within VIGIL_MAX_MESSAGE_BYTES) was decoded and stored: it
+    held 20 MB once decoded, and a batch of 500 of them would hold 10 GB. The API refuses such a body by
+    VIGIL_MAX_JSON_EXPANSION; the conversations topic now does too, and the messages after it go on."""
+    from kafka import TopicPartition
+
+    topic, group = f"conv-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka, topic, 1)
+    s = make_settings(
+        pg_url, kafka_bootstrap_servers=kafka, kafka_conversations_topic=topic, kafka_group_id=group, **FAST
+    )
+    rt = build_runtime(s, registry=CollectorRegistry())
+    good = list(Simulator(parse_versions("v1:0.0"), seed=8).stream(4))
+    dense = dict(good[0], conversation_id="dense", metadata={"x": [[]] * 300_000})
+    p = kafka_producer(kafka)
+    for value in (good[0], good[1], dense, good[2], good[3]):
+        p.send(topic, key=value["conversation_id"].encode(), value=orjson.dumps(value))
+    p.flush(30)
+    p.close()
+    worker = ConsumerWorker(rt, kafka_consumer(rt, [topic]))
+    worker.run(max_idle_polls=10)
+    assert count(rt) == 4
+    [letter] = _letters(rt)
+    assert (letter.reason, letter.offset, letter.key) == ("oversized", 2, "dense")
+    assert "VIGIL_MAX_JSON_EXPANSION=8" in letter.detail and letter.detail.startswith("message of ")
+    reader = KafkaConsumer(bootstrap_servers=kafka, group_id=group)
+    assert reader.committed(TopicPartition(topic, 0)) == 5  # past the letter and the messages after it
+    reader.close()
+    rt.close()

@@ -327,3 +327,29 @@ def test_an_inline_outcome_key_the_outcomes_api_refuses_is_refused_inline_too(ke
     assert why in errors["outcomes.0.idempotency_key"]
     # documents stored before the rule are read back as they are
     assert Conversation.model_validate(doc).outcomes[0].idempotency_key == key
+
+
+def test_a_kafka_outcome_message_that_would_decode_to_many_times_its_size_is_an_oversized_dead_letter(
+    rt_client,
+) -> None:
+    """The outcomes topic had not the API's bound on JSON density: a message of 1 MB of empty objects took
+    27 s and 300 MB to read, and its dead letter's detail listed all 330,000 items' errors (22 MB). A batch
+    of such messages outlasts the poll interval, so the group moved it on and it was read again."""
+    from vigil.outcomes.ingest import OutcomeStore
+    from vigil.runtime import Envelope
+
+    rt, _ = rt_client
+    store = rt.get(OutcomeStore)
+    flood = b"[" + b",".join([b"{}"] * 330_000) + b"]"
+    invalid = orjson.dumps([{"conversation_id": "x"}] * 50)
+    good = b'{"conversation_id": "x", "type": "csat", "value": 3, "idempotency_key": "after"}'
+    result = store.handle_envelopes(
+        [Envelope(raw, "kafka", "outcomes", 0, n) for n, raw in enumerate((flood, invalid, good))]
+    )
+    assert result.stored == 1
+    with rt.sessions() as s:
+        assert [o.idempotency_key for o in s.scalars(select(OutcomeRow))] == ["after"]
+    letters = {d.offset: d for d in result.dead_letters}
+    assert letters[0].reason == "oversized" and "VIGIL_MAX_JSON_EXPANSION=8" in letters[0].detail
+    assert letters[1].reason == "schema_invalid" and letters[1].detail.endswith("; ... and 30 more items")
+    assert letters[1].detail.count("item ") == 20

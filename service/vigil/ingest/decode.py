@@ -6,7 +6,8 @@ One decoder for every way in (HTTP, Kafka, OTLP, replay, simulate), with the sam
   refused (``non_finite_number``), as is a lone UTF-16 surrogate such as ``"\\ud800"``
   (``invalid_unicode``). In a batch only the item holding one is refused, never the whole batch.
 * An escaped NUL (``\\u0000``) becomes U+FFFD: Postgres text cannot hold NUL.
-* A conversation larger than ``VIGIL_MAX_MESSAGE_BYTES`` is refused (``oversized``).
+* A conversation larger than ``VIGIL_MAX_MESSAGE_BYTES`` is refused (``oversized``), and so is one message
+  that would decode to more than ``VIGIL_MAX_JSON_EXPANSION`` times its size.
 * Otherwise the document must validate against the schema (``schema_invalid``).
 * Integers keep their exact value, also beyond 64 bits (rules see ``2**70 + 1``, not the nearest double).
 
@@ -25,7 +26,16 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from vigil.errors import VigilError
-from vigil.schema import INCOMING, UNSTORABLE, Conversation, item_raw, lenient_loads, loads_exact, unstorable
+from vigil.schema import (
+    INCOMING,
+    UNSTORABLE,
+    Conversation,
+    item_raw,
+    lenient_loads,
+    loads_exact,
+    too_dense,
+    unstorable,
+)
 
 # Every reason a message or an item can be refused with; metric labels never take other values.
 REASONS = (
@@ -119,8 +129,12 @@ def _sized(raw: bytes, max_bytes: int) -> bytes:
     return strip_nul(raw)
 
 
-def decode_document(raw: bytes | str, max_bytes: int) -> tuple[Conversation, bytes]:
-    """Validate one JSON conversation; returns it with the bytes to store. Raises DecodeError."""
+def decode_document(raw: bytes | str, max_bytes: int, max_expansion: float = 0.0) -> tuple[Conversation, bytes]:
+    """Validate one JSON conversation; returns it with the bytes to store. Raises DecodeError.
+
+    ``max_expansion`` (``VIGIL_MAX_JSON_EXPANSION``) refuses a message that would decode to more than that
+    many times its size (``oversized``), as the API refuses such a body: a consumer holds a whole batch of
+    decoded messages, and one of 1 MB of empty arrays held 20 MB decoded (a batch of 500 of them 10 GB)."""
     if isinstance(raw, str):
         try:
             raw = raw.encode()
@@ -129,6 +143,9 @@ def decode_document(raw: bytes | str, max_bytes: int) -> tuple[Conversation, byt
     if not raw or raw.isspace():  # a Kafka tombstone (null value) or a blank message: nothing to parse
         raise DecodeError("empty", "empty message; a conversation is a JSON object")
     raw = _sized(raw, max_bytes)
+    why = too_dense(raw, max_expansion, what="message", advice="send fewer values per conversation")
+    if why is not None:
+        raise DecodeError("oversized", why)
     return validate(_parse(raw)), raw
 
 

@@ -48,8 +48,9 @@ def kafka_consumer(runtime: Runtime, topics: list[str], client_id: str | None = 
         max_poll_interval_ms=s.kafka_max_poll_interval_ms,
         session_timeout_ms=s.kafka_session_timeout_ms,
         heartbeat_interval_ms=max(1000, s.kafka_session_timeout_ms // 3),
-        request_timeout_ms=max(30_000, s.kafka_session_timeout_ms + 5000),
+        request_timeout_ms=s.kafka_request_timeout_ms,
         bootstrap_timeout_ms=s.kafka_bootstrap_timeout_ms,
+        metadata_max_age_ms=s.kafka_metadata_max_age_ms,
     )
     params.update(overrides)
     from kafka.errors import KafkaError

@@ -57,10 +57,10 @@ class Pipeline:
     def decode_and_check(self, envelopes: Sequence[Envelope]) -> tuple[list[Checked], list[DeadLetter]]:
         checked: list[Checked] = []
         dead: list[DeadLetter] = []
-        limit = self.settings.max_message_bytes
+        limit, expansion = self.settings.max_message_bytes, self.settings.max_json_expansion
         for env in envelopes:
             try:
-                conv, raw = decode_document(env.raw, limit)
+                conv, raw = decode_document(env.raw, limit, expansion)
             except DecodeError as exc:
                 dead.append(_letter(env, exc.reason, exc.detail))
                 continue
