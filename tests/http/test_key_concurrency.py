@@ -71,3 +71,50 @@ def test_one_key_cannot_take_every_worker(sqlite_url: str, monkeypatch: pytest.M
     finally:
         release.set()
         rt.close()
+
+
+def test_console_forms_take_their_keys_slot_too(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reviewer's forms (an export, labels, comments) took no slot of their key: one session posting
+    exports as fast as it could held every worker thread, while pages of the same key waited their turn."""
+    import re
+
+    from vigil.export import run as export_run
+
+    rt = build_runtime(make_settings(sqlite_url, key_concurrency=1), registry=CollectorRegistry())
+    wire(rt, {"api"})
+    app = build_app(rt, [])
+    release = threading.Event()
+    running: list[int] = []
+    real = export_run.export
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        running.append(1)
+        release.wait(scaled(30))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(export_run, "export", held)
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=scaled(60)) as c:
+            page = await c.get("/ui/login")
+            token = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+            await c.post("/ui/login", data={"csrf": token, "api_key": "admin-key"})
+            page = await c.get("/ui/export")
+            csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+            export = asyncio.create_task(c.post("/ui/export", data={"csrf": csrf, "format": "native"}))
+            await async_wait_for(lambda: len(running) == 1, what="the export running")
+            queue = asyncio.create_task(c.get("/ui/queue"))
+            slots = app.state.key_slots
+            await async_wait_for(lambda: len(slots._waiting["admin"]) == 1, what="the page waiting its turn")
+            assert not queue.done()
+            release.set()
+            answers = await asyncio.gather(export, queue)
+            assert [r.status_code for r in answers] == [200, 200], [r.text[:200] for r in answers]
+            assert slots._running["admin"] == 0
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        rt.close()

@@ -20,7 +20,7 @@ from vigil.export.models import ExportRunRow
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.http.params import MAX_ID
-from vigil.ui.render import render_page, sessions_of, ui_user
+from vigil.ui.render import render_page, session_slot, sessions_of, ui_user
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -62,7 +62,7 @@ def export_page(request: Request, user: Principal = Depends(ui_user), error: str
     )
 
 
-@router.post("/export")
+@router.post("/export", dependencies=[Depends(session_slot)])
 async def export_download(request: Request) -> Response:
     from vigil.export.redact import Redactor
     from vigil.export.run import export
@@ -112,7 +112,7 @@ async def export_download(request: Request) -> Response:
     )
 
 
-@router.post("/export/{run_id}/ack")
+@router.post("/export/{run_id}/ack", dependencies=[Depends(session_slot)])
 async def export_ack(request: Request, run_id: int = PathParam(ge=1, le=MAX_ID)) -> Response:
     """The admin saved the run's file: its conversations count as exported from now on."""
     from vigil.export.run import acknowledge

@@ -35,7 +35,7 @@ from vigil.review.stage import ReviewStage
 from vigil.store import reads
 from vigil.ui import folding, transcript
 from vigil.ui.forms import Refused, comment_draft, draft_of, form_user, go, label_draft
-from vigil.ui.render import render_page, sessions_of, ui_user
+from vigil.ui.render import render_page, session_slot, sessions_of, ui_user
 
 router = APIRouter(
     prefix="/ui",
@@ -139,7 +139,7 @@ def queue_page(
     )
 
 
-@router.post("/queue/claim")
+@router.post("/queue/claim", dependencies=[Depends(session_slot)])
 async def claim_next(request: Request) -> Response:
     try:
         p, form = await form_user(request)
@@ -294,9 +294,9 @@ _LEASE_ACTIONS: dict[str, tuple[Callable[[Session, ReviewStage, str, str], Any],
 }
 
 
-@router.post("/review/{conversation_id:path}/claim")
-@router.post("/review/{conversation_id:path}/extend")
-@router.post("/review/{conversation_id:path}/release")
+@router.post("/review/{conversation_id:path}/claim", dependencies=[Depends(session_slot)])
+@router.post("/review/{conversation_id:path}/extend", dependencies=[Depends(session_slot)])
+@router.post("/review/{conversation_id:path}/release", dependencies=[Depends(session_slot)])
 async def lease_action(request: Request, conversation_id: str) -> Response:
     """Claim, extend or release the reviewer's lease on an item (the path's last word), then back to it."""
     try:
@@ -307,7 +307,7 @@ async def lease_action(request: Request, conversation_id: str) -> Response:
     return _act(request, conversation_id, lambda s, st: fn(s, st, conversation_id, p.name), notice)
 
 
-@router.post("/review/{conversation_id:path}/skip")
+@router.post("/review/{conversation_id:path}/skip", dependencies=[Depends(session_slot)])
 async def skip(request: Request, conversation_id: str) -> Response:
     try:
         p, form = await form_user(request, _review_url(conversation_id))
@@ -338,7 +338,7 @@ def _log_in_again(request: Request, conversation_id: str, why: str, draft: dict[
     )
 
 
-@router.post("/review/{conversation_id:path}/label")
+@router.post("/review/{conversation_id:path}/label", dependencies=[Depends(session_slot)])
 async def label(request: Request, conversation_id: str) -> Response:
     form = dict(await request.form())
     sessions = sessions_of(request)
@@ -384,7 +384,7 @@ async def label(request: Request, conversation_id: str) -> Response:
     return count_labels(request, go(_review_url(conversation_id, "labelled")))
 
 
-@router.post("/review/{conversation_id:path}/comment")
+@router.post("/review/{conversation_id:path}/comment", dependencies=[Depends(session_slot)])
 async def comment(request: Request, conversation_id: str) -> Response:
     form = dict(await request.form())
     raw_index = str(form.get("message_index") or "").strip()

@@ -20,7 +20,7 @@ from vigil.review.policy import SEVERITIES
 from vigil.store import reads
 from vigil.ui import folding, transcript
 from vigil.ui.forms import Refused, draft_of, form_user, go, safe_next
-from vigil.ui.render import render_page, ui_user
+from vigil.ui.render import render_page, session_slot, ui_user
 
 router = APIRouter(
     prefix="/ui",
@@ -29,7 +29,7 @@ router = APIRouter(
 NOTICES = {"chosen": "Your choice is saved."}
 
 
-@router.post("/queue/bulk")
+@router.post("/queue/bulk", dependencies=[Depends(session_slot)])
 async def bulk(request: Request) -> Response:
     """Skip, assign or unassign the items ticked in the queue list, then back to the list."""
     try:
@@ -140,7 +140,7 @@ def _cluster_view(
     )
 
 
-@router.post("/clusters/{cluster_id}/label")
+@router.post("/clusters/{cluster_id}/label", dependencies=[Depends(session_slot)])
 async def cluster_label(request: Request, cluster_id: str) -> Response:
     back = f"/ui/clusters/{quote(cluster_id, safe='')}"
     try:
@@ -243,7 +243,7 @@ def _blind(item: dict[str, Any] | None, viewer: str) -> dict[str, Any] | None:
     return None if item is None else insights.blind_view(item, viewer)
 
 
-@router.post("/side-by-side/choice")
+@router.post("/side-by-side/choice", dependencies=[Depends(session_slot)])
 async def side_by_side_choice(request: Request) -> Response:
     try:
         p, form = await form_user(request, "/ui/queue")

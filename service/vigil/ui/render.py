@@ -63,6 +63,19 @@ async def ui_user(request: Request, p: Principal = Depends(logged_in)) -> AsyncI
         yield p
 
 
+async def session_slot(request: Request) -> AsyncIterator[None]:
+    """Dependency of UI forms (POST): the poster's key's share of the process (``VIGIL_KEY_CONCURRENCY``),
+    as pages take theirs through :func:`ui_user`. Without it one reviewer's session posting exports or
+    labels as fast as it could held every worker thread. A post without a session takes none: the form
+    sends it to the login page."""
+    p = sessions_of(request).principal(request)
+    if p is None:
+        yield
+        return
+    async with key_slots(request).hold(p.name):
+        yield
+
+
 def environment(request: Request) -> Environment:
     env: Environment | None = getattr(request.app.state, "ui_env", None)
     if env is None:
