@@ -561,11 +561,8 @@ def langsmith_run_tree() -> dict[str, Any]:
     (a chat model with tools bound, tools, a failing tool), kept instead of posted."""
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
-    from langchain_core.runnables import RunnableLambda
     from langchain_core.tools import tool
-    from langchain_core.tracers.langchain import LangChainTracer
     from langchain_core.utils.function_calling import convert_to_openai_tool
-    from langsmith import Client
 
     @tool
     def get_order_details(order_id: str) -> str:
@@ -603,6 +600,15 @@ def langsmith_run_tree() -> dict[str, Any]:
                 except ValueError as exc:
                     msgs.append(ToolMessage(str(exc), tool_call_id=c["id"], status="error"))
 
+    return _recorded(agent, {"question": "Cancel #W1"}, "shop_agent")
+
+
+def _recorded(fn: Any, inputs: dict[str, Any], name: str) -> dict[str, Any]:
+    """The run tree of ``fn`` run as ``name`` under LangChain's LangSmith tracer, kept instead of posted."""
+    from langchain_core.runnables import RunnableLambda
+    from langchain_core.tracers.langchain import LangChainTracer
+    from langsmith import Client
+
     class Keep(LangChainTracer):
         roots: list[Any] = []
 
@@ -616,7 +622,7 @@ def langsmith_run_tree() -> dict[str, Any]:
             self.roots.append(run)
 
     tracer = Keep(client=Client(api_key="unused", api_url="http://127.0.0.1:9", info={}))
-    RunnableLambda(agent).with_config(run_name="shop_agent").invoke({"question": "Cancel #W1"}, {"callbacks": [tracer]})
+    RunnableLambda(fn).with_config(run_name=name).invoke(inputs, {"callbacks": [tracer]})
     [root] = tracer.roots
 
     def tree(run: Any) -> dict[str, Any]:
@@ -651,6 +657,129 @@ def test_langsmith_run_tree_and_flat_runs_read_the_same(tmp_path: Path) -> None:
     assert [t.name for t in conv.tools or []] == ["get_order_details", "cancel_pending_order"]
     assert conv.tools and conv.tools[0].description == "Look an order up."
     assert not _flags(conv, "unoffered_tool")
+
+
+def _tool_loop(replies: list[Any], tools: list[Any], steps: int = 9) -> Any:
+    """A tool-calling agent loop as LangGraph's ``ToolNode`` runs it: each tool given the model's tool call
+    (so its run records the call id and returns a ``ToolMessage``); after ``steps`` model calls it stops
+    where it is, as an agent at its step limit does, its last tool's result shown to no model."""
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    by_name = {t.name: t for t in tools}
+    model = GenericFakeChatModel(messages=iter(replies)).bind(tools=[convert_to_openai_tool(t) for t in tools])
+
+    def agent(inp: dict[str, Any]) -> dict[str, Any]:
+        msgs: list[Any] = [HumanMessage(inp["question"])]
+        for _ in range(steps):
+            ai = model.invoke(msgs)
+            msgs.append(ai)
+            if not ai.tool_calls:
+                return {"output": ai.content}
+            for c in ai.tool_calls:
+                try:
+                    msgs.append(by_name[c["name"]].invoke({**c, "type": "tool_call"}))
+                except ValueError as exc:  # the model is told as plain text, as a handler that catches it does
+                    msgs.append(ToolMessage(str(exc), tool_call_id=c["id"]))
+        return {"output": "Agent stopped due to max iterations."}
+
+    return agent
+
+
+def _ai_calls(*calls: tuple[str, str, dict[str, Any]]) -> Any:
+    from langchain_core.messages import AIMessage
+
+    return AIMessage(content="", tool_calls=[{"id": i, "name": n, "args": a} for i, n, a in calls])
+
+
+def test_langsmith_tool_run_no_model_shows_is_kept_with_its_result() -> None:
+    """An agent that stopped at its tool: the call and its result reached no later model call, and once any
+    llm run carried messages a tool run only marked failures, so the cancellation vanished from the rules."""
+    from langchain_core.tools import tool
+
+    @tool
+    def cancel_pending_order(order_id: str) -> str:
+        """Cancel a pending order."""
+        return f"cancelled {order_id}"
+
+    call = ("c1", "cancel_pending_order", {"order_id": "#W1"})
+    tree = _recorded(_tool_loop([_ai_calls(call)], [cancel_pending_order], steps=1), {"question": "Cancel #W1"}, "a")
+    assert [r["run_type"] for r in tree["child_runs"]] == ["llm", "tool"]
+    [conv] = convert_data(tree, "langsmith").conversations
+    assert [m.role for m in conv.messages] == ["user", "assistant", "tool"]
+    assert _calls(conv) == [call] and _results(conv) == [("c1", "cancelled #W1", False)]
+    assert _flags(conv, "forbidden_tool", tools=["cancel_pending_order"])
+    # the model's output not recorded (a stream cut off): the tool run alone gives the call, under its call id
+    tree["child_runs"][0]["outputs"] = None
+    [conv] = convert_data(_flatten(tree), "langsmith").conversations
+    assert [m.role for m in conv.messages] == ["user", "assistant", "tool"]
+    assert _calls(conv) == [call] and _results(conv) == [("c1", "cancelled #W1", False)]
+
+
+def test_langsmith_agent_used_as_a_tool_is_its_own_conversation() -> None:
+    """An agent called as a tool runs its own model and tools inside the tool run: those calls are the inner
+    agent's, read as a conversation of its own (named by the tool, linked to the call), never as the outer
+    agent's calls; the outer agent's call of it keeps its result."""
+    from langchain_core.messages import AIMessage
+    from langchain_core.runnables import RunnableLambda
+    from langchain_core.tools import tool
+
+    @tool
+    def close_account(account: str) -> str:
+        """Close an account."""
+        return f"closed {account}"
+
+    inner = _tool_loop(
+        [_ai_calls(("i1", "close_account", {"account": "A7"})), AIMessage("Closed A7.")], [close_account]
+    )
+
+    @tool
+    def account_agent(task: str) -> str:
+        """Hand a task to the account agent."""
+        return str(RunnableLambda(inner).invoke({"question": task})["output"])
+
+    outer = _tool_loop([_ai_calls(("o1", "account_agent", {"task": "close A7"}))], [account_agent], steps=1)
+    tree = _recorded(outer, {"question": "Please close my account A7"}, "front_desk")
+    for shape in (tree, _flatten(json.loads(json.dumps(tree)))):
+        first, second = convert_data(shape, "langsmith").conversations
+        assert first.conversation_id == f"langsmith:{tree['id']}" and first.agent_id == "front_desk"
+        assert _calls(first) == [("o1", "account_agent", {"task": "close A7"})]
+        assert _results(first) == [("o1", "Closed A7.", False)]
+        assert [t.name for t in first.tools or []] == ["account_agent"]
+        assert not _flags(first, "forbidden_tool", tools=["close_account"])
+        tool_run = tree["child_runs"][1]
+        assert second.conversation_id == f"langsmith:{tool_run['id']}" and second.agent_id == "account_agent"
+        assert second.metadata["caller_run_id"] == tree["id"] and second.metadata["tool_call_id"] == "o1"
+        assert _calls(second) == [("i1", "close_account", {"account": "A7"})]
+        assert _results(second) == [("i1", "closed A7", False)]
+        assert _flags(second, "forbidden_tool", tools=["close_account"])
+
+
+def test_langsmith_failed_tool_run_marks_its_own_result() -> None:
+    """Two calls of one tool, the second failing, its error reaching the model as plain text: the failed run
+    marked the first result of that tool's name, the call that succeeded."""
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+
+    @tool
+    def cancel_pending_order(order_id: str) -> str:
+        """Cancel a pending order."""
+        if order_id == "#W2":
+            raise ValueError("order is not pending")
+        return f"cancelled {order_id}"
+
+    calls = [("c1", "cancel_pending_order", {"order_id": "#W1"}), ("c2", "cancel_pending_order", {"order_id": "#W2"})]
+    loop = _tool_loop([_ai_calls(*calls), AIMessage("One was cancelled.")], [cancel_pending_order])
+    tree = _recorded(loop, {"question": "Cancel #W1 and #W2"}, "shop_agent")
+    assert [bool(r["error"]) for r in tree["child_runs"] if r["run_type"] == "tool"] == [False, True]
+    [conv] = convert_data(tree, "langsmith").conversations
+    assert _calls(conv) == calls
+    assert _results(conv) == [("c1", "cancelled #W1", False), ("c2", "order is not pending", True)]
+    # the last step failing, no model shown it: its result is kept, failed, with the run's error text
+    [conv] = convert_data({**tree, "child_runs": tree["child_runs"][:3]}, "langsmith").conversations
+    assert [(r[0], r[2]) for r in _results(conv)] == [("c1", False), ("c2", True)]
+    assert "order is not pending" in _results(conv)[1][1]
 
 
 def test_langsmith_llm_runs_alone_and_unknown_messages() -> None:

@@ -116,6 +116,40 @@ def test_langsmith_runs_without_ids_or_sharing_one_are_never_merged() -> None:
     assert [m.text for m in conv.messages] == ["q", "a"]
 
 
+def _tool_run(run_id: str, parent: str, call_id: str | None, order: int, error: str | None = None) -> dict[str, Any]:
+    return {"id": run_id, "name": "lookup", "run_type": "tool", "parent_run_id": parent, "dotted_order": f"r.{order}",
+            "extra": {"tool_call_id": call_id}, "inputs": {"order": run_id}, "outputs": {"output": "found"},
+            "error": error}  # fmt: skip
+
+
+def test_langsmith_tool_runs_answer_their_own_call_id_and_nested_tools_stay_inside() -> None:
+    """Parallel calls of one tool finish in any order: each tool run answers the call its ``tool_call_id``
+    names (a failure marked the first result of the tool's name); tool runs inside a tool run are that
+    tool's work, not calls of the agent."""
+    from vigil.ingest.importers import convert_data
+
+    root = {"id": "r", "name": "agent", "run_type": "chain", "inputs": {}, "outputs": {}}
+    calls = [{"id": c, "name": "lookup", "args": {}} for c in ("c1", "c2")]
+    ask = {"type": "human", "content": "find both"}
+    reply = {"message": {"type": "ai", "content": "", "tool_calls": calls}}
+    first = {"id": "m1", "run_type": "llm", "parent_run_id": "r", "dotted_order": "r.0",
+             "inputs": {"messages": [ask]}, "outputs": {"generations": [[reply]]}}  # fmt: skip
+    seen = [ask, {"type": "ai", "content": "", "tool_calls": calls}]
+    seen += [{"type": "tool", "tool_call_id": c, "content": "found"} for c in ("c1", "c2")]
+    second = {"id": "m2", "run_type": "llm", "parent_run_id": "r", "dotted_order": "r.3",
+              "inputs": {"messages": seen}, "outputs": {"generations": [[{"text": "Found one."}]]}}  # fmt: skip
+    runs = [root, first, _tool_run("t2", "r", "c2", 1, error="KeyError('c2')"), _tool_run("t1", "r", "c1", 2), second]
+    [conv] = convert_data(runs, "langsmith").conversations
+    assert [(m.tool_call_id, m.is_error) for m in conv.messages if m.role == "tool"] == [("c1", False), ("c2", True)]
+    # a tool that runs another tool: one call of the agent, the inner run its own work
+    outer = _tool_run("t3", "r", None, 4)
+    runs = [root, outer, _tool_run("t4", "t3", None, 5)]
+    [conv] = convert_data(runs, "langsmith").conversations
+    assert [c.id for m in conv.messages for c in m.tool_calls or []] == ["t3"]
+    [conv] = convert_data([{**outer, "parent_run_id": None}], "langsmith").conversations  # a tool run alone
+    assert [(m.role, m.text) for m in conv.messages] == [("assistant", ""), ("tool", "found")]
+
+
 def _span(span_id: str, data: dict[str, Any], second: int, error: Any = None) -> dict[str, Any]:
     at = f"2026-12-01T09:14:{second:02d}+00:00"
     return {"object": "trace.span", "id": span_id, "trace_id": "trace_1", "parent_id": None,

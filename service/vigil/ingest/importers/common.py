@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -153,10 +154,11 @@ def join_executions(
     history: list[dict[str, Any]], executions: list[tuple[dict[str, Any], dict[str, Any]]]
 ) -> list[dict[str, Any]]:
     """``history`` with the tool calls a trace records as executed (each a call and its result message, in
-    the order they ran) joined to it: each answers the first call of its tool in ``history`` not yet
-    answered by another; its result is added after that call when ``history`` has none (a run that stopped
-    at the tool), and marks the result failed when it failed. A call ``history`` never shows (made by a model
-    whose spans carry no content) is added at the end with its result, never dropped."""
+    the order they ran) joined to it: each answers the call in ``history`` with its call id, else the first
+    call of its tool not yet answered by another; its result is added after that call when ``history`` has
+    none (a run that stopped at the tool), and marks the result failed when it failed. A call ``history``
+    never shows (made by a model whose spans carry no content) is added at the end with its result, never
+    dropped."""
     slots = [
         (i, c) for i, m in enumerate(history) if m.get("role") == "assistant" for c in as_list(m.get("tool_calls"))
     ]
@@ -164,14 +166,28 @@ def join_executions(
     for m in history:
         if m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str):
             answered.setdefault(m["tool_call_id"], m)
+    by_id = {c["id"]: k for k, (_, c) in reversed(list(enumerate(slots))) if isinstance(kind_of(c, "id"), str)}
+    # a call id names its slot before any call is matched by tool name, so a name never takes another's slot
+    chosen: list[int | None] = []
     used: set[int] = set()
+    for call, _ in executions:
+        slot = by_id.get(kind_of(call, "id") or "")
+        if slot is not None and slot in used:
+            slot = None
+        chosen.append(slot)
+        if slot is not None:
+            used.add(slot)
+    # each tool's slots in order, taken from the front: linear in the calls, however many share a name
+    by_name: dict[str | None, deque[int]] = {}
+    for k, (_, c) in enumerate(slots):
+        by_name.setdefault(kind_of(c.get("function"), "name") if isinstance(c, dict) else None, deque()).append(k)
     results_after: dict[int, list[dict[str, Any]]] = {}
     unseen: list[dict[str, Any]] = []
-    for call, result in executions:
-        name = kind_of(call.get("function"), "name")
-        slot = next(
-            (k for k, (_, c) in enumerate(slots) if k not in used and kind_of(c.get("function"), "name") == name), None
-        )
+    for (call, result), slot in zip(executions, chosen, strict=True):
+        free = by_name.get(kind_of(call.get("function"), "name"), deque())
+        while slot is None and free:
+            k = free.popleft()
+            slot = None if k in used else k
         if slot is None:
             unseen += [{"role": "assistant", "content": None, "tool_calls": [call]}, result]
             continue

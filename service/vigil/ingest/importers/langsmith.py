@@ -6,9 +6,12 @@ Messages come from the ``llm`` runs: their ``inputs.messages`` (LangChain's seri
 ``{"type": "human", ...}`` dicts, or OpenAI chat messages from wrapped clients) and their output
 (``generations``, ``choices`` or ``messages``); each call's input continues the previous one's. A root
 chain whose ``outputs.messages`` hold more (a LangGraph agent's final state) gives the whole history.
-Tool calls are the AI messages' ``tool_calls``; a ``tool`` run that failed marks its result as an error;
-the tools bound to the model (``extra.invocation_params.tools``) are the tools offered. A message type
-Vigil does not know is refused by name.
+Tool calls are the AI messages' ``tool_calls``; every ``tool`` run of the agent is a call that ran,
+joined to the call it answers (by ``extra.tool_call_id``, else by tool name) or added with its result when
+no model's messages show it, and marks its result failed when it failed. The agent's tool runs are those
+no other tool run contains: an agent used as a tool (a tool run whose work calls a model) is a
+conversation of its own. The tools bound to the model (``extra.invocation_params.tools``) are the tools
+offered. A message type Vigil does not know is refused by name.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from typing import Any
 from vigil.ingest.importers.common import (
     ItemError,
     envelope,
+    join_executions,
     listed,
-    mark_failed,
     number,
     obj,
     text_of,
@@ -173,24 +176,84 @@ def _llm_turn(run: dict[str, Any], where: str) -> list[dict[str, Any]]:
 
 
 def _walk(run: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """``run`` and the runs of its agent below it, in the order they ran: a ``tool`` run below it is one of
+    the agent's calls, and what runs inside that tool (an agent used as a tool, its model and its tools) is
+    the tool's own work, not the agent's."""
     yield run
     where = f"run {run.get('id')}.child_runs"
     children = [c for c in listed(run.get("child_runs"), where, "runs") if isinstance(c, dict)]
     for child in sorted(children, key=lambda c: str(c.get("dotted_order") or c.get("start_time") or "")):
-        yield from _walk(child)
+        if child.get("run_type") == "tool":
+            yield child
+        else:
+            yield from _walk(child)
+
+
+def _is_model(run: dict[str, Any]) -> bool:
+    return run.get("run_type") in ("llm", "chat_model")
+
+
+def agents(root: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """``root``, then every ``tool`` run below it whose own work calls a model (an agent used as a tool),
+    each with the agent whose call it is: each is one conversation, its tool runs the calls of that agent
+    alone."""
+    yield root, None
+    yield from _nested(root, root)
+
+
+def _nested(run: dict[str, Any], caller: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
+    for inner in _walk(run):
+        if inner is not run and inner.get("run_type") == "tool":
+            if any(_is_model(r) for r in _walk(inner)):
+                yield inner, caller
+                yield from _nested(inner, inner)
+            else:
+                yield from _nested(inner, caller)
+
+
+def _execution(run: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The call a ``tool`` run made and its result: the call id is the model's (``extra.tool_call_id``, set
+    when the tool was given the model's tool call) or else the run's own id."""
+    tool_call_id = obj(run.get("extra")).get("tool_call_id")
+    call_id = tool_call_id if isinstance(tool_call_id, str) else str(run.get("id"))
+    inputs = obj(run.get("inputs"))
+    args = inputs["input"] if list(inputs) == ["input"] else inputs  # a one-string tool logs {"input": ...}
+    fn = {"name": run.get("name"), "arguments": args if isinstance(args, dict | str) else str(args)}
+    outputs = obj(run.get("outputs"))
+    out = outputs.get("output", outputs or None)
+    error = run.get("error")
+    failed = bool(error)
+    if error:
+        content: Any = error if isinstance(error, str) else text_of(error)
+    elif _is_tool_message(out):
+        result = message(out, f"{where}.outputs.output")
+        content, failed = result.get("content"), bool(result.get("is_error"))
+    else:
+        content = text_of(out)
+    call = {"id": call_id, "type": "function", "function": fn}
+    return call, {"role": "tool", "tool_call_id": call_id, "content": content, "is_error": failed}
+
+
+def _is_tool_message(out: Any) -> bool:
+    """A tool's output that is a ``ToolMessage`` (a tool given the model's tool call returns one)."""
+    if not isinstance(out, dict):
+        return False
+    ids = out.get("id")
+    if out.get("lc") == 1 and isinstance(ids, list) and ids:
+        return ids[-1] in ("ToolMessage", "ToolMessageChunk")
+    return out.get("type") == "tool" and "tool_call_id" in out
 
 
 def _tree(root: dict[str, Any], where: str) -> dict[str, Any]:
     history: list[dict[str, Any]] = []
     tools: dict[str, dict[str, Any]] = {}
-    failed: list[str] = []
     tool_runs: list[dict[str, Any]] = []
     prompt = completion = 0
     saw_usage = False
-    for run in _walk(root):
+    runs = list(_walk(root))
+    for run in runs:
         at = f"{where} run {run.get('id')}"
-        kind = run.get("run_type")
-        if kind in ("llm", "chat_model"):
+        if _is_model(run):
             turn = _llm_turn(run, at)
             if turn:
                 history = _merge(history, turn)
@@ -202,38 +265,20 @@ def _tree(root: dict[str, Any], where: str) -> dict[str, Any]:
                 saw_usage = True
                 prompt += number(run.get("prompt_tokens"))
                 completion += number(run.get("completion_tokens"))
-        elif kind == "tool":
+        elif run.get("run_type") == "tool" and run is not root:
             tool_runs.append(run)
-            if run.get("error"):
-                failed.append(str(run.get("name")))
+    if root.get("run_type") == "tool" and not any(_is_model(r) for r in runs):
+        tool_runs = [root]  # a tool run alone is one call; the tool runs inside it are its own work
     outputs = obj(root.get("outputs"))
     if root.get("run_type") == "chain" and isinstance(outputs.get("messages"), list):
         final = [message(m, f"{where}.outputs.messages.{i}") for i, m in enumerate(outputs["messages"])]
         if len(final) >= len(history):
             history = _merge(history, final) if history else final
-    if history:
-        mark_failed(history, failed)
-    else:
-        for run in tool_runs:
-            call_id = str(run.get("id"))
-            args = obj(run.get("inputs")).get("input", obj(run.get("inputs")))
-            fn = {"name": run.get("name"), "arguments": args if isinstance(args, dict | str) else str(args)}
-            history.append(
-                {
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": [{"id": call_id, "type": "function", "function": fn}],
-                }
-            )
-            out = run.get("error") or obj(run.get("outputs")).get("output")
-            content = (
-                out
-                if isinstance(out, str) or out is None
-                else text_of(out.get("kwargs", out).get("content") if isinstance(out, dict) else out)
-            )
-            history.append(
-                {"role": "tool", "tool_call_id": call_id, "content": content, "is_error": bool(run.get("error"))}
-            )
+    # every tool run is a call that ran: one the model's messages show is joined to it (a failure often
+    # reaches the model as an ordinary result text), one they do not (the last step of a run that stopped
+    # at its tool, or a model whose output was not recorded) is added with its result
+    executions = [_execution(run, f"{where} run {run.get('id')}") for run in tool_runs]
+    history = join_executions(history, executions)
     if not history:
         raise ItemError(f"{where}: no llm run with messages and no tool run: the run tree holds no conversation")
     extra = obj(root.get("extra"))
@@ -304,26 +349,30 @@ def _roots(runs: list[Any]) -> list[dict[str, Any]]:
 
 
 def convert(data: Any, path: Path, agent_id: str | None, agent_version: str | None) -> Iterator[Conversation]:
-    for root in _roots(_runs(data) or []):
-        rid = str(root.get("id")) if root.get("id") else None
-        t = _tree(root, f"run {rid}" if rid else "a run without an id")
-        record: dict[str, Any] = {"usage": t["usage"], "status": "finished"}
-        if root.get("start_time"):
-            record["started_at"] = root["start_time"]
-        if root.get("end_time"):
-            record["ended_at"] = root["end_time"]
-        else:
-            record["status"] = "in_progress"
-        doc = envelope(
-            {k: v for k, v in record.items() if v is not None},
-            path,
-            "langsmith",
-            t["messages"],
-            agent_id,
-            agent_version,
-            tools=t["tools"],
-            metadata=t["metadata"],
-            default_id=f"langsmith:{rid}" if rid else None,  # without an id: one derived from its messages
-            default_agent=str(root.get("name") or path.stem),
-        )
-        yield validated(doc, f"run {rid}" if rid else "a run without an id")
+    for tree in _roots(_runs(data) or []):
+        for root, caller in agents(tree):
+            rid = str(root.get("id")) if root.get("id") else None
+            t = _tree(root, f"run {rid}" if rid else "a run without an id")
+            if caller is not None:  # an agent used as a tool: the call it answers, in its caller's conversation
+                t["metadata"]["caller_run_id"] = caller.get("id")
+                t["metadata"]["tool_call_id"] = _execution(root, f"run {rid}")[0]["id"]
+            record: dict[str, Any] = {"usage": t["usage"], "status": "finished"}
+            if root.get("start_time"):
+                record["started_at"] = root["start_time"]
+            if root.get("end_time"):
+                record["ended_at"] = root["end_time"]
+            else:
+                record["status"] = "in_progress"
+            doc = envelope(
+                {k: v for k, v in record.items() if v is not None},
+                path,
+                "langsmith",
+                t["messages"],
+                agent_id,
+                agent_version,
+                tools=t["tools"],
+                metadata=t["metadata"],
+                default_id=f"langsmith:{rid}" if rid else None,  # without an id: one derived from its messages
+                default_agent=str(root.get("name") or path.stem),
+            )
+            yield validated(doc, f"run {rid}" if rid else "a run without an id")
