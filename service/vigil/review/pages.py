@@ -217,7 +217,9 @@ def _conversation_page(
         notes = triage.comments(s, conversation_id)
         task = conv.get("task_id")
         # the link leads somewhere only when another version ran the task (else "ran on one version only")
-        pairable = bool(task and task.strip()) and sbs.has_other_version(s, task, conv["agent_version"])
+        pairable = (
+            isinstance(task, str) and bool(task.strip()) and sbs.has_other_version(s, task, conv["agent_version"])
+        )
     mine = next((lab for lab in (item or {}).get("labels", []) if lab["reviewer"] == user.name), None)
     # double review is blind: others' labels stay hidden until this reviewer has given theirs
     blind = insights.is_blind(item, user.name)
