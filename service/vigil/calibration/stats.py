@@ -4,23 +4,27 @@ Every figure comes with a 95% interval from a maintained library rather than a h
 
 - proportions (true-positive and true-negative rates, precision, percent agreement, position-bias rate):
   Wilson score intervals, ``statsmodels.stats.proportion.proportion_confint(method="wilson")``;
-- Cohen's kappa and its asymptotic interval: ``statsmodels.stats.inter_rater.cohens_kappa``;
+- Cohen's kappa: ``statsmodels.stats.inter_rater.cohens_kappa``; its interval on a 2x2 table (a judge
+  or a reviewer against people, fail or pass) is Donner & Eliasziw's goodness-of-fit interval
+  (:func:`goodness_of_fit_interval`, no library has it), on larger tables statsmodels' asymptotic one;
 - Fleiss' kappa: ``statsmodels.stats.inter_rater.fleiss_kappa``, with a percentile bootstrap over items
   (``scipy.stats.bootstrap``) for its interval.
 
-Neither kappa interval is valid on a handful of items (the asymptotic one assumes a large sample, a
-bootstrap over three items has almost nothing to resample), and both collapse to a single point when every
-item agrees: below :data:`MIN_KAPPA_INTERVAL_N` items, or when the interval would have zero width, a kappa
-keeps its value but has no interval (``low`` and ``high`` None) and a ``note`` saying why.
+No kappa interval is valid on a handful of items (the asymptotic one assumes a large sample, a bootstrap
+over three items has almost nothing to resample), and the asymptotic and bootstrap ones collapse to a single
+point when every item agrees: below :data:`MIN_KAPPA_INTERVAL_N` items, or when the interval would have zero
+width, a kappa keeps its value but has no interval (``low`` and ``high`` None) and a ``note`` saying why.
 
 The positive class is "fail": a true positive is a conversation both the judge and the human call a failure.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -78,10 +82,64 @@ def cohens_kappa(table: np.ndarray) -> Estimate:
     kappa = float(r["kappa"])
     if n < MIN_KAPPA_INTERVAL_N:
         return Estimate(kappa, None, None, None, n, TOO_SMALL)
+    if table.shape == (2, 2):
+        low, high = goodness_of_fit_interval(int(table[0, 0]), int(table[0, 1] + table[1, 0]), int(table[1, 1]))
+        if low - 1e-9 <= kappa <= high + 1e-9:
+            return _interval(kappa, low, high, n)
+        # the raters' "fail" rates differ too much for the common-correlation model: the large-sample
+        # interval of Cohen's kappa itself (only on many items, where the difference can show)
     std = float(r["std_kappa"])
     if not np.isfinite(std):
         return Estimate(kappa, None, None, None, n)
     return _interval(kappa, float(r["kappa_low"]), float(r["kappa_upp"]), n)
+
+
+CHI2_CRITICAL = NormalDist().inv_cdf((1 + CONFIDENCE) / 2) ** 2  # chi-square's 95% point, 1 df: 3.841
+
+
+def goodness_of_fit_interval(both: int, one: int, neither: int) -> tuple[float, float]:
+    """95% interval of a 2x2 kappa by Donner & Eliasziw's goodness-of-fit method.
+
+    A. Donner and M. Eliasziw, "A goodness-of-fit approach to inference procedures for the kappa
+    statistic: confidence interval construction, significance-testing and sample size estimation",
+    Statistics in Medicine 11 (1992) 1511-1519. Under the common-correlation model (both raters say "fail"
+    with probability p, their verdicts correlate by kappa) an item is rated fail by both, by one, or by
+    neither with probabilities p² + p(1-p)κ, 2p(1-p)(1-κ) and (1-p)² + p(1-p)κ. With p at its estimate
+    (2·both + one) / 2n, the interval is every κ that Pearson's chi-square test of the three counts
+    against those probabilities does not reject at 5% (one degree of freedom): the two roots of
+    chi-square(κ) = 3.841 around the estimate 1 - one / (2n·p(1-p)), which the paper writes as a
+    cubic's roots; a limit is the end of κ's range when even that end fits (the upper one is 1 when no
+    item is disagreed on). Unlike the asymptotic interval it has its nominal coverage on few items and
+    at high agreement (bench/kappa_coverage.py), and it never collapses to a point.
+
+    ``both``, ``one`` and ``neither``: the items both raters, exactly one, and neither called a failure;
+    at least one item must be rated each way (p strictly between 0 and 1).
+    """
+    n = both + one + neither
+    p = (2 * both + one) / (2 * n)
+    if not 0 < p < 1:
+        raise ValueError("a goodness-of-fit interval needs items rated both ways")
+    s = p * (1 - p)
+    estimate = 1 - one / (2 * n * s)
+
+    def misfit(k: float) -> float:
+        stat = float(-n)
+        for count, prob in ((both, p * p + s * k), (one, 2 * s * (1 - k)), (neither, (1 - p) ** 2 + s * k)):
+            if count:
+                stat += count * count / (n * prob) if prob > 0 else math.inf
+        return stat - CHI2_CRITICAL
+
+    def limit(end: float) -> float:
+        # the statistic is convex in κ, zero at the estimate and infinite where an observed cell's
+        # probability reaches 0: one root between the estimate and each end, or none if the end fits
+        if misfit(end) <= 0:
+            return end
+        return float(brentq(misfit, estimate, end, xtol=1e-12))
+
+    from scipy.optimize import brentq
+
+    lowest = max(-p / (1 - p), -(1 - p) / p) + 1e-12  # below it a concordant probability is negative
+    return limit(lowest) if estimate > lowest else estimate, limit(1.0) if estimate < 1 else 1.0
 
 
 def _interval(value: float, low: float, high: float, n: int) -> Estimate:
