@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from tests.judge.test_judge_worker import metric, requests, setup, verdicts
 from tests.support.judge_fakes import PASS, Scripted
@@ -20,6 +21,7 @@ from tests.support.waiting import scaled
 from vigil.judge.client import Reply
 from vigil.judge.limits import Budget
 from vigil.judge.parse import parse_pairwise, parse_verdict
+from vigil.store.models import PairwiseRow
 
 CATEGORIES = ["wrong_action", "other"]
 PRICE = {"input_per_1k_usd": 1.0, "output_per_1k_usd": 1.0}
@@ -306,3 +308,48 @@ def test_an_impossible_token_count_makes_the_whole_reports_spend_unknown(tmp_pat
     )
     assert lane.state == "budget_unknown", (lane.state, lane.detail)
     assert anomalies(rt) == 2
+
+
+# --- pairwise replies -------------------------------------------------------------------------------
+
+
+def _pairwise_replies(messages: list[dict[str, str]]) -> str:
+    """Both orders prefer answer A: one reply with a NUL in its rationale, the other 100 KB long."""
+    user = messages[1]["content"]
+    if "alpha" in user[user.index("answer-1>") : user.index("answer-2>")]:
+        return '{"winner": "1", "rationale": "a \\u0000 b"}'
+    return '{"winner": "2", "rationale": "second"}' + " " * 100_000
+
+
+def test_a_pairwise_reply_the_database_cannot_hold_is_stored_and_answered(db_url: str, tmp_path: Path) -> None:
+    """A NUL in a pairwise rationale made Postgres refuse the comparison's row (jsonb holds no NUL): the
+    caller got a 500 for two paid calls, and their spend was never stored, so no budget counted it."""
+    from prometheus_client import CollectorRegistry
+
+    from tests.support.app import REVIEWER, make_client, make_settings
+    from tests.support.judge_fakes import judge_dir
+    from vigil.app.runtime import build_runtime
+    from vigil.judge import store
+    from vigil.judge.client import ClientOverride
+    from vigil.store.db import utcnow
+
+    jd = judge_dir(tmp_path / "judges")
+    rt = build_runtime(make_settings(db_url, judges_dir=str(jd), judge_mode="live"), registry=CollectorRegistry())
+    client = Scripted(default=_pairwise_replies)
+    rt.provide(ClientOverride(client))
+    body = {"input": "q", "answer_a": "alpha", "answer_b": "beta"}
+    with make_client(rt, {"api"}) as c:
+        r = c.post("/v1/judges/tj/pairwise", json=body, headers=REVIEWER)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert (got["result"], got["cost_usd"]) == ("a", 0.002)
+        assert got["rationales"] == ["a \ufffd b", "second"]
+        listed = c.get("/v1/judges/tj/pairwise", headers=REVIEWER).json()
+        assert listed["total"] == 1 and listed["items"][0]["rationales"][0] == "a \ufffd b"
+    with rt.sessions() as s:
+        [raw_1, raw_2] = s.scalars(select(PairwiseRow.raw_replies)).one()
+        assert store.spend_since(s, utcnow().replace(hour=0, minute=0, second=0, microsecond=0))["tj"] == (0.002, 1)
+    assert raw_1 == '{"winner": "1", "rationale": "a \\u0000 b"}'  # the escape is text, kept as sent
+    assert 64 * 1024 <= len(raw_2) <= 64 * 1024 + 200 and "truncated" in raw_2  # capped like a verdict's
+    assert len(client.calls) == 2
+    rt.close()
