@@ -353,3 +353,70 @@ def test_a_pairwise_reply_the_database_cannot_hold_is_stored_and_answered(db_url
     assert 64 * 1024 <= len(raw_2) <= 64 * 1024 + 200 and "truncated" in raw_2  # capped like a verdict's
     assert len(client.calls) == 2
     rt.close()
+
+
+# --- replies the provider ended early -------------------------------------------------------------
+
+
+def _openai_reply(content: str | None, finish: str) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 50, "completion_tokens": 200, "total_tokens": 250},
+    }
+
+
+def test_a_reply_cut_short_says_why_not_invalid_json(tmp_path: Path) -> None:
+    """A reply cut at max_tokens (cut-off JSON, or nothing at all from a reasoning model that spent its
+    tokens thinking) was stored as ``invalid_json`` / ``empty_reply``, blaming the model for the judge's
+    max_tokens; one stopped by the provider's content filter likewise. The provider's finish_reason says
+    which: ``truncated`` and ``content_filtered``."""
+    from tests.support.fake_openai import Script, fake_openai
+    from vigil.judge.client import LiteLLMClient
+
+    replies = [
+        (PASS[:25], "length"),
+        (None, "length"),
+        (None, "content_filter"),
+        ("not json", "stop"),
+    ]
+    script = Script()
+    script.reply = lambda body: _openai_reply(*replies.pop(0))  # type: ignore[method-assign]
+    with fake_openai(script) as (url, _):
+        extra = {"extra_params": {"api_base": url, "api_key": "sk-test"}}
+        rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, LiteLLMClient(), n=4, limits=CAP, **extra)
+        assert run(stage) == 4
+    got = sorted((v.unscored_reason or "", v.rationale or "") for v in verdicts(rt))
+    assert [reason for reason, _ in got] == ["content_filtered", "invalid_json", "truncated", "truncated"]
+    assert "content filter" in got[0][1] and all("max_tokens (200)" in why for _, why in got[2:])
+    assert metric(rt, "vigil_judge_errors_total", judge="tj", **{"class": "rejected"}) == 1
+    assert metric(rt, "vigil_judge_errors_total", judge="tj", **{"class": "parse"}) == 3
+    assert {(r.status, r.attempts) for r in requests(rt)} == {("done", 1)}  # paid calls: never retried
+
+
+class CutShort:
+    """Answers every call with a reply cut at max_tokens."""
+
+    async def complete(self, model: str, messages: list[dict[str, str]], **params: Any) -> Reply:
+        return Reply('{"winner": "1", "rati', 50, 200, 0.001, finish_reason="length")
+
+
+def test_a_pairwise_reply_cut_short_says_why(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from tests.support.app import REVIEWER, make_client, make_settings
+    from tests.support.judge_fakes import judge_dir
+    from vigil.app.runtime import build_runtime
+    from vigil.judge.client import ClientOverride
+
+    jd = judge_dir(tmp_path / "judges")
+    settings = make_settings(f"sqlite:///{tmp_path / 'v.db'}", judges_dir=str(jd), judge_mode="live")
+    rt = build_runtime(settings, registry=CollectorRegistry())
+    rt.provide(ClientOverride(CutShort()))
+    with make_client(rt, {"api"}) as c:
+        got = c.post("/v1/judges/tj/pairwise", json={"input": "q", "answer_a": "a", "answer_b": "b"}, headers=REVIEWER)
+    assert (got.json()["result"], got.json()["unscored_reason"]) == ("unscored", "truncated")
+    rt.close()

@@ -15,7 +15,7 @@ from vigil.judge import store
 from vigil.judge.engine import JudgeEngine, JudgeUnavailable, Lane
 from vigil.judge.errors import ProviderError
 from vigil.judge.offline import findings_of, offline_prompt_hash, offline_raw, offline_verdict
-from vigil.judge.parse import Parsed, parse_verdict
+from vigil.judge.parse import Parsed, cut_short, parse_verdict
 from vigil.judge.prompt import build_messages
 from vigil.judge.verdicts import Outcome
 from vigil.schema import Conversation
@@ -51,7 +51,12 @@ async def attempt(engine: JudgeEngine, lane: Lane, req: store.Claimed, probes: s
     except ProviderError as err:
         return _failed(engine, lane, req, err)
     parsed = parse_verdict(reply.text, judge.spec.categories)
-    if parsed.verdict == "unscored" and parsed.unscored_reason != "judge_abstained":
+    cut = cut_short(parsed.unscored_reason, reply.finish_reason)
+    if cut is not None:
+        why = f"max_tokens ({judge.spec.max_tokens})" if cut == "truncated" else "the provider's content filter"
+        parsed = Parsed.unscored(cut, f"the reply was cut short by {why} (finish_reason {reply.finish_reason})")
+        engine.metrics.judge_errors.labels(lane.name, "rejected" if cut == "content_filtered" else "parse").inc()
+    elif parsed.verdict == "unscored" and parsed.unscored_reason != "judge_abstained":
         engine.metrics.judge_errors.labels(lane.name, "parse").inc()
     fields = base_fields(lane, judge.prompt_hash)
     fields.update(

@@ -28,6 +28,7 @@ class Reply:
     completion_tokens: int | None = None
     cost_usd: float | None = None
     latency_ms: float | None = None
+    finish_reason: str | None = None  # why the provider ended the reply: stop, length, content_filter, ...
 
 
 MAX_TOKENS = 2**31 - 1  # what the verdict's token columns hold; a larger count is no real call's
@@ -142,6 +143,7 @@ class LiteLLMClient:
                 cost = None
         choice = resp.choices[0] if resp.choices else None
         text = choice.message.content if choice is not None else None
+        finish = getattr(choice, "finish_reason", None)
         try:
             cost = float(cost) if cost is not None else None
         except (TypeError, ValueError):  # not a number: unknown; the engine checks the figures' range
@@ -152,6 +154,7 @@ class LiteLLMClient:
             getattr(usage, "completion_tokens", None),
             cost,
             latency,
+            finish if isinstance(finish, str) else None,
         )
 
 

@@ -23,7 +23,7 @@ from vigil.judge.engine import (
 )
 from vigil.judge.errors import ProviderError
 from vigil.judge.offline import OFFLINE_LABEL, offline_pairwise, offline_prompt_hash
-from vigil.judge.parse import PairChoice, parse_pairwise
+from vigil.judge.parse import PairChoice, cut_short, parse_pairwise
 from vigil.judge.prompt import build_pairwise_messages
 from vigil.store.db import storable_text
 from vigil.store.models import PairwiseRow
@@ -65,8 +65,10 @@ async def _ask(engine: JudgeEngine, lane: Lane, input_text: str, first: str, sec
             "ct": None,
             "cost": None,
         }
+    parsed = parse_pairwise(reply.text)
+    cut = cut_short(parsed.unscored_reason, reply.finish_reason)
     return {
-        "choice": parse_pairwise(reply.text),
+        "choice": PairChoice(None, None, cut) if cut else parsed,
         "raw": reply.text,
         "pt": reply.prompt_tokens,
         "ct": reply.completion_tokens,
