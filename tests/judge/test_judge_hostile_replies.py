@@ -420,3 +420,57 @@ def test_a_pairwise_reply_cut_short_says_why(tmp_path: Path) -> None:
         got = c.post("/v1/judges/tj/pairwise", json={"input": "q", "answer_a": "a", "answer_b": "b"}, headers=REVIEWER)
     assert (got.json()["result"], got.json()["unscored_reason"]) == ("unscored", "truncated")
     rt.close()
+
+
+AZURE_FILTERED = (
+    "The response was filtered due to the prompt triggering Azure OpenAI's content management policy. "
+    "Please modify your prompt and retry."
+)
+
+
+def test_a_content_filter_refusal_from_a_compatible_endpoint_does_not_stop_the_judge(tmp_path: Path) -> None:
+    """An Azure deployment behind an OpenAI-compatible proxy refuses a prompt its filter flags with a 400,
+    which litellm raises as a plain BadRequestError: it was a configuration error, so one conversation
+    stopped the judge for all, and after each `vigil judge resume` the same request went first and
+    stopped it again. It is the content filter's refusal of that one request: unscored content_filtered."""
+    from tests.support.fake_openai import Script, fake_openai
+    from vigil.judge.client import LiteLLMClient
+
+    faults: list[Any] = [(400, AZURE_FILTERED)]
+    script = Script(fault=lambda: faults.pop(0) if faults else None)
+    script.reply = lambda body: _openai_reply(PASS, "stop")  # type: ignore[method-assign]
+    with fake_openai(script) as (url, _):
+        extra = {"extra_params": {"api_base": url, "api_key": "sk-test"}}
+        settings = {"judge_max_attempts": 2}
+        rt, stage = setup(
+            f"sqlite:///{tmp_path / 'v.db'}", tmp_path, LiteLLMClient(), n=3, limits=CAP, settings=settings, **extra
+        )
+        assert run(stage) == 3
+    lane = stage.engine.lanes["tj"]
+    assert lane.state == "running", lane.detail
+    assert sorted((v.verdict, v.unscored_reason or "") for v in verdicts(rt)) == [
+        ("pass", ""),
+        ("pass", ""),
+        ("unscored", "content_filtered"),
+    ]
+    assert {(r.status, r.attempts) for r in requests(rt)} == {("done", 1)}
+
+
+class _Status400(Exception):
+    status_code = 400
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (AZURE_FILTERED, "content_filtered"),
+        ('{"code": "content_filter", "message": "blocked"}', "content_filtered"),
+        ("Your request was rejected as a result of our safety system.", "content_filtered"),
+        ("Unsupported value: 'temperature' does not support 0 with this model.", "bad_request"),
+    ],
+)
+def test_a_400_is_a_content_filter_only_when_it_says_so(message: str, reason: str) -> None:
+    from vigil.judge.client import classify
+
+    err = classify(_Status400(message))
+    assert err.reason == reason and err.kind == ("rejected" if reason == "content_filtered" else "config")
