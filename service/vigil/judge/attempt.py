@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from vigil.judge import store
-from vigil.judge.engine import JudgeEngine, JudgeUnavailable, Lane
+from vigil.judge.engine import JudgeEngine, JudgeUnavailable, Lane, LeaseRunningOut
 from vigil.judge.errors import ProviderError
 from vigil.judge.offline import findings_of, offline_prompt_hash, offline_raw, offline_verdict
 from vigil.judge.parse import Parsed, cut_short, parse_verdict
@@ -45,9 +45,11 @@ async def attempt(engine: JudgeEngine, lane: Lane, req: store.Claimed, probes: s
             # the judge may have stopped or paused while this request waited for a slot
             if not engine.accepting(lane) and req.id not in probes:
                 raise JudgeUnavailable(lane.name, lane.state, lane.detail)
-            reply, latency_ms = await engine.call(lane, messages, probe=req.id in probes)
+            reply, latency_ms = await engine.call(lane, messages, probe=req.id in probes, lease_until=req.lease_until)
     except JudgeUnavailable as exc:
         return Outcome(req, "release", delay=settings.judge_poll_interval_seconds, error=str(exc))
+    except LeaseRunningOut as exc:  # back to the queue, to be claimed again with a fresh lease; no call made
+        return Outcome(req, "release", error=str(exc))
     except ProviderError as err:
         return _failed(engine, lane, req, err)
     parsed = parse_verdict(reply.text, judge.spec.categories)
