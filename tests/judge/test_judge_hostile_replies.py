@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from tests.judge.test_judge_worker import metric, requests, setup, verdicts
 from tests.support.judge_fakes import PASS, Scripted
@@ -20,6 +21,7 @@ from tests.support.waiting import scaled
 from vigil.judge.client import Reply
 from vigil.judge.limits import Budget
 from vigil.judge.parse import parse_pairwise, parse_verdict
+from vigil.store.models import PairwiseRow
 
 CATEGORIES = ["wrong_action", "other"]
 PRICE = {"input_per_1k_usd": 1.0, "output_per_1k_usd": 1.0}
@@ -306,3 +308,169 @@ def test_an_impossible_token_count_makes_the_whole_reports_spend_unknown(tmp_pat
     )
     assert lane.state == "budget_unknown", (lane.state, lane.detail)
     assert anomalies(rt) == 2
+
+
+# --- pairwise replies -------------------------------------------------------------------------------
+
+
+def _pairwise_replies(messages: list[dict[str, str]]) -> str:
+    """Both orders prefer answer A: one reply with a NUL in its rationale, the other 100 KB long."""
+    user = messages[1]["content"]
+    if "alpha" in user[user.index("answer-1>") : user.index("answer-2>")]:
+        return '{"winner": "1", "rationale": "a \\u0000 b"}'
+    return '{"winner": "2", "rationale": "second"}' + " " * 100_000
+
+
+def test_a_pairwise_reply_the_database_cannot_hold_is_stored_and_answered(db_url: str, tmp_path: Path) -> None:
+    """A NUL in a pairwise rationale made Postgres refuse the comparison's row (jsonb holds no NUL): the
+    caller got a 500 for two paid calls, and their spend was never stored, so no budget counted it."""
+    from prometheus_client import CollectorRegistry
+
+    from tests.support.app import REVIEWER, make_client, make_settings
+    from tests.support.judge_fakes import judge_dir
+    from vigil.app.runtime import build_runtime
+    from vigil.judge import store
+    from vigil.judge.client import ClientOverride
+    from vigil.store.db import utcnow
+
+    jd = judge_dir(tmp_path / "judges")
+    rt = build_runtime(make_settings(db_url, judges_dir=str(jd), judge_mode="live"), registry=CollectorRegistry())
+    client = Scripted(default=_pairwise_replies)
+    rt.provide(ClientOverride(client))
+    body = {"input": "q", "answer_a": "alpha", "answer_b": "beta"}
+    with make_client(rt, {"api"}) as c:
+        r = c.post("/v1/judges/tj/pairwise", json=body, headers=REVIEWER)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert (got["result"], got["cost_usd"]) == ("a", 0.002)
+        assert got["rationales"] == ["a \ufffd b", "second"]
+        listed = c.get("/v1/judges/tj/pairwise", headers=REVIEWER).json()
+        assert listed["total"] == 1 and listed["items"][0]["rationales"][0] == "a \ufffd b"
+    with rt.sessions() as s:
+        [raw_1, raw_2] = s.scalars(select(PairwiseRow.raw_replies)).one()
+        assert store.spend_since(s, utcnow().replace(hour=0, minute=0, second=0, microsecond=0))["tj"] == (0.002, 1)
+    assert raw_1 == '{"winner": "1", "rationale": "a \\u0000 b"}'  # the escape is text, kept as sent
+    assert 64 * 1024 <= len(raw_2) <= 64 * 1024 + 200 and "truncated" in raw_2  # capped like a verdict's
+    assert len(client.calls) == 2
+    rt.close()
+
+
+# --- replies the provider ended early -------------------------------------------------------------
+
+
+def _openai_reply(content: str | None, finish: str) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 50, "completion_tokens": 200, "total_tokens": 250},
+    }
+
+
+def test_a_reply_cut_short_says_why_not_invalid_json(tmp_path: Path) -> None:
+    """A reply cut at max_tokens (cut-off JSON, or nothing at all from a reasoning model that spent its
+    tokens thinking) was stored as ``invalid_json`` / ``empty_reply``, blaming the model for the judge's
+    max_tokens; one stopped by the provider's content filter likewise. The provider's finish_reason says
+    which: ``truncated`` and ``content_filtered``."""
+    from tests.support.fake_openai import Script, fake_openai
+    from vigil.judge.client import LiteLLMClient
+
+    replies = [
+        (PASS[:25], "length"),
+        (None, "length"),
+        (None, "content_filter"),
+        ("not json", "stop"),
+    ]
+    script = Script()
+    script.reply = lambda body: _openai_reply(*replies.pop(0))  # type: ignore[method-assign]
+    with fake_openai(script) as (url, _):
+        extra = {"extra_params": {"api_base": url, "api_key": "sk-test"}}
+        rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, LiteLLMClient(), n=4, limits=CAP, **extra)
+        assert run(stage) == 4
+    got = sorted((v.unscored_reason or "", v.rationale or "") for v in verdicts(rt))
+    assert [reason for reason, _ in got] == ["content_filtered", "invalid_json", "truncated", "truncated"]
+    assert "content filter" in got[0][1] and all("max_tokens (200)" in why for _, why in got[2:])
+    assert metric(rt, "vigil_judge_errors_total", judge="tj", **{"class": "rejected"}) == 1
+    assert metric(rt, "vigil_judge_errors_total", judge="tj", **{"class": "parse"}) == 3
+    assert {(r.status, r.attempts) for r in requests(rt)} == {("done", 1)}  # paid calls: never retried
+
+
+class CutShort:
+    """Answers every call with a reply cut at max_tokens."""
+
+    async def complete(self, model: str, messages: list[dict[str, str]], **params: Any) -> Reply:
+        return Reply('{"winner": "1", "rati', 50, 200, 0.001, finish_reason="length")
+
+
+def test_a_pairwise_reply_cut_short_says_why(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from tests.support.app import REVIEWER, make_client, make_settings
+    from tests.support.judge_fakes import judge_dir
+    from vigil.app.runtime import build_runtime
+    from vigil.judge.client import ClientOverride
+
+    jd = judge_dir(tmp_path / "judges")
+    settings = make_settings(f"sqlite:///{tmp_path / 'v.db'}", judges_dir=str(jd), judge_mode="live")
+    rt = build_runtime(settings, registry=CollectorRegistry())
+    rt.provide(ClientOverride(CutShort()))
+    with make_client(rt, {"api"}) as c:
+        got = c.post("/v1/judges/tj/pairwise", json={"input": "q", "answer_a": "a", "answer_b": "b"}, headers=REVIEWER)
+    assert (got.json()["result"], got.json()["unscored_reason"]) == ("unscored", "truncated")
+    rt.close()
+
+
+AZURE_FILTERED = (
+    "The response was filtered due to the prompt triggering Azure OpenAI's content management policy. "
+    "Please modify your prompt and retry."
+)
+
+
+def test_a_content_filter_refusal_from_a_compatible_endpoint_does_not_stop_the_judge(tmp_path: Path) -> None:
+    """An Azure deployment behind an OpenAI-compatible proxy refuses a prompt its filter flags with a 400,
+    which litellm raises as a plain BadRequestError: it was a configuration error, so one conversation
+    stopped the judge for all, and after each `vigil judge resume` the same request went first and
+    stopped it again. It is the content filter's refusal of that one request: unscored content_filtered."""
+    from tests.support.fake_openai import Script, fake_openai
+    from vigil.judge.client import LiteLLMClient
+
+    faults: list[Any] = [(400, AZURE_FILTERED)]
+    script = Script(fault=lambda: faults.pop(0) if faults else None)
+    script.reply = lambda body: _openai_reply(PASS, "stop")  # type: ignore[method-assign]
+    with fake_openai(script) as (url, _):
+        extra = {"extra_params": {"api_base": url, "api_key": "sk-test"}}
+        settings = {"judge_max_attempts": 2}
+        rt, stage = setup(
+            f"sqlite:///{tmp_path / 'v.db'}", tmp_path, LiteLLMClient(), n=3, limits=CAP, settings=settings, **extra
+        )
+        assert run(stage) == 3
+    lane = stage.engine.lanes["tj"]
+    assert lane.state == "running", lane.detail
+    assert sorted((v.verdict, v.unscored_reason or "") for v in verdicts(rt)) == [
+        ("pass", ""),
+        ("pass", ""),
+        ("unscored", "content_filtered"),
+    ]
+    assert {(r.status, r.attempts) for r in requests(rt)} == {("done", 1)}
+
+
+class _Status400(Exception):
+    status_code = 400
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (AZURE_FILTERED, "content_filtered"),
+        ('{"code": "content_filter", "message": "blocked"}', "content_filtered"),
+        ("Your request was rejected as a result of our safety system.", "content_filtered"),
+        ("Unsupported value: 'temperature' does not support 0 with this model.", "bad_request"),
+    ],
+)
+def test_a_400_is_a_content_filter_only_when_it_says_so(message: str, reason: str) -> None:
+    from vigil.judge.client import classify
+
+    err = classify(_Status400(message))
+    assert err.reason == reason and err.kind == ("rejected" if reason == "content_filtered" else "config")

@@ -22,6 +22,7 @@ from vigil.judge.client import ClientOverride
 from vigil.judge.models import JudgeRequestRow, JudgeStatusRow
 from vigil.judge.wiring import wire
 from vigil.schema import Conversation
+from vigil.store.db import aware
 from vigil.store.models import VerdictRow
 
 FAST = {"judge_retry_base_seconds": 0.04, "judge_retry_max_seconds": 1.0, "judge_poll_interval_seconds": 0.02}
@@ -617,6 +618,47 @@ def test_requests_waiting_for_the_rate_limit_are_not_claimed_past_their_lease(tm
     )
     assert asyncio.run(stage.worker.run_until_idle(scaled(90))) == 4
     assert len(client.calls) == 4  # one call per request
+    assert {(r.status, r.attempts) for r in requests(rt)} == {("done", 1)}
+
+
+def test_a_request_that_waited_for_a_call_slot_is_not_sent_past_its_lease(tmp_path: Path) -> None:
+    """Claimed requests beyond the calls in flight wait for a slot, unbounded: one that got its slot with
+    less of its lease left than a call may take was sent all the same, so a slow reply outlived the lease,
+    another worker took the request over and called the model for it again. It is now put back instead,
+    and claimed again with a fresh lease."""
+    now = [datetime.now(UTC)]
+    stolen: list[store.Claimed] = []
+
+    class Slow:
+        """Each reply takes 16 s of the test's clock; then another worker looks for requests to take over."""
+
+        calls = 0
+
+        async def complete(self, model: str, messages: list[dict[str, str]], **params: Any) -> Any:
+            from tests.support.judge_fakes import PASS
+            from vigil.judge.client import Reply
+
+            Slow.calls += 1
+            now[0] += timedelta(seconds=16)
+            with rt.sessions.begin() as s:
+                stolen.extend(store.claim(s, "tj", 10, "other-worker", now[0], 30))
+            return Reply(PASS, 120, 30, 0.001)
+
+    rt, stage = setup(
+        f"sqlite:///{tmp_path / 'v.db'}",
+        tmp_path,
+        Slow(),
+        settings={"judge_lease_seconds": 30},
+        timeout_seconds=20,
+        limits={"concurrency": 1},  # one call at a time: the second request claimed waits for the first
+    )
+    stage.engine.clock = lambda: now[0]
+    feed(rt, 2)
+    now[0] = max(aware(r.next_attempt_at) for r in requests(rt))  # due now
+    judged = asyncio.run(stage.worker.run_until_idle(scaled(30)))
+    assert stolen == []  # no lease ran out while its request's call was in flight
+    assert judged == 2
+    assert Slow.calls == 2  # one call per request
     assert {(r.status, r.attempts) for r in requests(rt)} == {("done", 1)}
 
 

@@ -33,8 +33,9 @@ class Script:
     relative: bool = False
     _baseline: int | None = None
     # provider trouble on demand: called per request; an int answers that HTTP status (429 with
-    # Retry-After: 1), a float hangs that many seconds before the normal reply, None replies normally
-    fault: Callable[[], int | float | None] | None = None
+    # Retry-After: 1), (status, message) that status with the provider's error message, a float hangs
+    # that many seconds before the normal reply, None replies normally
+    fault: Callable[[], int | tuple[int, str] | float | None] | None = None
 
     def reply(self, body: dict[str, Any]) -> dict[str, Any]:
         self.requests.append(body)
@@ -89,8 +90,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
         trouble = self.script.fault() if self.script.fault else None
+        if isinstance(trouble, tuple):
+            trouble, message = trouble
+        else:
+            message = f"fake provider status {trouble}"
         if isinstance(trouble, int):
-            err = json.dumps({"error": {"message": f"fake provider status {trouble}", "type": "fake"}}).encode()
+            err = json.dumps({"error": {"message": message, "type": "fake"}}).encode()
             self.send_response(trouble)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(err)))

@@ -12,10 +12,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from vigil.judge import store
-from vigil.judge.engine import JudgeEngine, JudgeUnavailable, Lane
+from vigil.judge.engine import JudgeEngine, JudgeUnavailable, Lane, LeaseRunningOut
 from vigil.judge.errors import ProviderError
 from vigil.judge.offline import findings_of, offline_prompt_hash, offline_raw, offline_verdict
-from vigil.judge.parse import Parsed, parse_verdict
+from vigil.judge.parse import Parsed, cut_short, parse_verdict
 from vigil.judge.prompt import build_messages
 from vigil.judge.verdicts import Outcome
 from vigil.schema import Conversation
@@ -45,13 +45,20 @@ async def attempt(engine: JudgeEngine, lane: Lane, req: store.Claimed, probes: s
             # the judge may have stopped or paused while this request waited for a slot
             if not engine.accepting(lane) and req.id not in probes:
                 raise JudgeUnavailable(lane.name, lane.state, lane.detail)
-            reply, latency_ms = await engine.call(lane, messages, probe=req.id in probes)
+            reply, latency_ms = await engine.call(lane, messages, probe=req.id in probes, lease_until=req.lease_until)
     except JudgeUnavailable as exc:
         return Outcome(req, "release", delay=settings.judge_poll_interval_seconds, error=str(exc))
+    except LeaseRunningOut as exc:  # back to the queue, to be claimed again with a fresh lease; no call made
+        return Outcome(req, "release", error=str(exc))
     except ProviderError as err:
         return _failed(engine, lane, req, err)
     parsed = parse_verdict(reply.text, judge.spec.categories)
-    if parsed.verdict == "unscored" and parsed.unscored_reason != "judge_abstained":
+    cut = cut_short(parsed.unscored_reason, reply.finish_reason)
+    if cut is not None:
+        why = f"max_tokens ({judge.spec.max_tokens})" if cut == "truncated" else "the provider's content filter"
+        parsed = Parsed.unscored(cut, f"the reply was cut short by {why} (finish_reason {reply.finish_reason})")
+        engine.metrics.judge_errors.labels(lane.name, "rejected" if cut == "content_filtered" else "parse").inc()
+    elif parsed.verdict == "unscored" and parsed.unscored_reason != "judge_abstained":
         engine.metrics.judge_errors.labels(lane.name, "parse").inc()
     fields = base_fields(lane, judge.prompt_hash)
     fields.update(

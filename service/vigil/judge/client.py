@@ -28,6 +28,7 @@ class Reply:
     completion_tokens: int | None = None
     cost_usd: float | None = None
     latency_ms: float | None = None
+    finish_reason: str | None = None  # why the provider ended the reply: stop, length, content_filter, ...
 
 
 MAX_TOKENS = 2**31 - 1  # what the verdict's token columns hold; a larger count is no real call's
@@ -142,6 +143,7 @@ class LiteLLMClient:
                 cost = None
         choice = resp.choices[0] if resp.choices else None
         text = choice.message.content if choice is not None else None
+        finish = getattr(choice, "finish_reason", None)
         try:
             cost = float(cost) if cost is not None else None
         except (TypeError, ValueError):  # not a number: unknown; the engine checks the figures' range
@@ -152,6 +154,7 @@ class LiteLLMClient:
             getattr(usage, "completion_tokens", None),
             cost,
             latency,
+            finish if isinstance(finish, str) else None,
         )
 
 
@@ -243,6 +246,16 @@ _WRONG_KEY_RE = re.compile(
 )
 
 
+# A provider's content filter refusing one prompt, in the words litellm maps only for its own provider
+# names (Azure's, say): behind an OpenAI-compatible endpoint it arrives as a plain 400, which must not
+# stop the judge for every conversation (after a resume the same request would stop it again).
+_CONTENT_FILTER_RE = re.compile(
+    r"content[ _]management[ _]policy|content_policy_violation|content_filter|responsibleaipolicyviolation"
+    r"|rejected as a result of (our|the) safety system|flagged as potentially violating",
+    re.IGNORECASE,
+)
+
+
 MAX_RETRY_AFTER = 3600.0  # seconds: a provider's Retry-After beyond this is taken as this
 
 
@@ -296,6 +309,8 @@ def _classify(exc: BaseException) -> ProviderError:
         for cls, kind, reason in first:
             if isinstance(exc, cls):
                 return ProviderError(kind, reason, detail, status)  # type: ignore[arg-type]
+    if status == 400 and _CONTENT_FILTER_RE.search(str(exc)):
+        return ProviderError("rejected", "content_filtered", detail, status)
     if _WRONG_KEY_RE.search(str(exc)):  # a key was sent and refused: the key is wrong, not missing
         return ProviderError("config", "auth", detail, status)
     if _CREDENTIALS_RE.search(str(exc)):

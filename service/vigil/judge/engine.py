@@ -48,6 +48,11 @@ class JudgeUnavailable(JudgeError):
         self.retry_after = retry_after
 
 
+class LeaseRunningOut(JudgeError):
+    """A claimed request waited for a call slot until too little of its lease is left for the call: sent
+    now, it could still be in flight when another worker takes the request over and pays for it again."""
+
+
 @dataclass
 class Lane:
     """One judge's live state in this process."""
@@ -303,13 +308,21 @@ class JudgeEngine:
     # --- one model call, under the judge's limits -----------------------------------------------
 
     async def call(
-        self, lane: Lane, messages: list[dict[str, str]], timeout: float | None = None, probe: bool = False
+        self,
+        lane: Lane,
+        messages: list[dict[str, str]],
+        timeout: float | None = None,
+        probe: bool = False,
+        lease_until: datetime | None = None,
     ) -> tuple[Reply, float]:
-        """One attempt: call slot, budget, rate limit, timeout. Raises :class:`ProviderError` (classified)."""
+        """One attempt: call slot, budget, rate limit, timeout. Raises :class:`ProviderError` (classified),
+        or :class:`LeaseRunningOut` when the call could outlive ``lease_until`` (a claimed request's lease)."""
         async with self.calling(lane, probe):
-            return await self._call(lane, messages, timeout)
+            return await self._call(lane, messages, timeout, lease_until)
 
-    async def _call(self, lane: Lane, messages: list[dict[str, str]], timeout: float | None) -> tuple[Reply, float]:
+    async def _call(
+        self, lane: Lane, messages: list[dict[str, str]], timeout: float | None, lease_until: datetime | None = None
+    ) -> tuple[Reply, float]:
         reserved = lane.budget.reserve()
         if reserved is None:  # the cap, or calls in flight that may reach it
             lane.breaker.cancel_probe()
@@ -318,6 +331,11 @@ class JudgeEngine:
         spec = lane.judge.spec
         timeout = timeout or spec.timeout_seconds
         await lane.limiter.acquire()
+        # the waits for a call slot and a rate token are unbounded: past them, the call (and the outer
+        # second below) must end within the lease, or another worker may take the request and call again
+        if lease_until is not None and self.clock() + timedelta(seconds=timeout + 1.0) > lease_until:
+            lane.budget.release(reserved)
+            raise LeaseRunningOut(f"waited for a call slot until less than {timeout:g} s of its lease was left")
         t0 = time.perf_counter()
         try:
             params: dict[str, Any] = {

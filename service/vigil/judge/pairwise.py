@@ -13,6 +13,7 @@ import time
 from datetime import datetime
 from typing import Any
 
+from vigil.judge.attempt import capped_reply
 from vigil.judge.engine import (
     INTERACTIVE_ATTEMPTS,
     INTERACTIVE_MAX_DELAY_SECONDS,
@@ -22,8 +23,9 @@ from vigil.judge.engine import (
 )
 from vigil.judge.errors import ProviderError
 from vigil.judge.offline import OFFLINE_LABEL, offline_pairwise, offline_prompt_hash
-from vigil.judge.parse import PairChoice, parse_pairwise
+from vigil.judge.parse import PairChoice, cut_short, parse_pairwise
 from vigil.judge.prompt import build_pairwise_messages
+from vigil.store.db import storable_text
 from vigil.store.models import PairwiseRow
 
 _BACK = {"1": "b", "2": "a", "tie": "tie"}  # second order shows B first
@@ -63,13 +65,19 @@ async def _ask(engine: JudgeEngine, lane: Lane, input_text: str, first: str, sec
             "ct": None,
             "cost": None,
         }
+    parsed = parse_pairwise(reply.text)
+    cut = cut_short(parsed.unscored_reason, reply.finish_reason)
     return {
-        "choice": parse_pairwise(reply.text),
+        "choice": PairChoice(None, None, cut) if cut else parsed,
         "raw": reply.text,
         "pt": reply.prompt_tokens,
         "ct": reply.completion_tokens,
         "cost": reply.cost_usd,
     }
+
+
+def _storable(text: str | None) -> str | None:
+    return None if text is None else storable_text(text)
 
 
 def _sum(values: list[Any]) -> Any:
@@ -131,8 +139,10 @@ async def compare(
         first_choice=one,
         second_choice=two,
         unscored_reason=unscored,
-        rationales=[c1.rationale, c2.rationale],
-        raw_replies=[first["raw"], second["raw"]],
+        # what the model sent, as every database holds it (Postgres' jsonb refuses NUL) and capped like a
+        # verdict's raw reply: a row refused here lost the answer and the spend of two paid calls
+        rationales=[_storable(c1.rationale), _storable(c2.rationale)],
+        raw_replies=[_storable(capped_reply(first["raw"])), _storable(capped_reply(second["raw"]))],
         prompt_tokens=_sum([first["pt"], second["pt"]]),
         completion_tokens=_sum([first["ct"], second["ct"]]),
         cost_usd=_sum([first["cost"], second["cost"]]),

@@ -13,6 +13,10 @@ from typing import Any
 
 import orjson
 
+# A reply the provider ended early does not parse for that reason: cut at the judge's max_tokens (a
+# reasoning model can spend them all before writing a word), or stopped by its content filter.
+CUT_SHORT = {"length": "truncated", "content_filter": "content_filtered"}
+_UNREADABLE = {"empty_reply", "invalid_json", "not_an_object"}
 VERDICT_KEYS = {"verdict", "score", "categories", "rationale"}
 PAIRWISE_KEYS = {"winner", "rationale"}
 MAX_RATIONALE = 2000
@@ -75,6 +79,13 @@ def _has_duplicate_keys(body: str) -> bool:
     except (ValueError, RecursionError):  # orjson accepted it; nothing else to learn here
         return False
     return False
+
+
+def cut_short(unscored_reason: str | None, finish_reason: str | None) -> str | None:
+    """``truncated`` or ``content_filtered`` for a reply that could not be read because the provider ended it
+    early (its ``finish_reason``), else None: ``invalid_json`` would blame the model for the judge's
+    ``max_tokens``."""
+    return CUT_SHORT.get(finish_reason or "") if unscored_reason in _UNREADABLE else None
 
 
 def _rationale(value: Any) -> str | None | bool:

@@ -121,6 +121,7 @@ class Claimed:
     attempts: int
     document: str | None = None
     stored_revision: int | None = None
+    lease_until: datetime | None = None  # when another worker may take it over
 
 
 def claim(
@@ -134,6 +135,7 @@ def claim(
 ) -> list[Claimed]:
     """Take up to ``limit`` due requests of ``judge`` (pending and due, or running with an expired lease)."""
     R = JudgeRequestRow
+    lease_until = now + timedelta(seconds=lease)
     due = select(R.id).where(
         R.judge == judge,
         or_(
@@ -153,13 +155,13 @@ def claim(
         .values(
             status="running",
             lease_owner=owner,
-            lease_until=now + timedelta(seconds=lease),
+            lease_until=lease_until,
             attempts=R.attempts + 1,
         )
         .returning(R.id, R.judge, R.conversation_id, R.revision, R.agent_id, R.agent_version, R.reason, R.attempts)
         .execution_options(synchronize_session=False)
     )
-    claimed = [Claimed(*row) for row in session.execute(stmt).all()]
+    claimed = [Claimed(*row, lease_until=lease_until) for row in session.execute(stmt).all()]
     if claimed:
         docs = {
             cid: (rev, doc)
