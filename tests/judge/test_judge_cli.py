@@ -204,3 +204,36 @@ def test_a_negative_outcome_outside_the_vocabulary_is_refused(
     monkeypatch.setenv("VIGIL_OUTCOME_TYPES", "reward:good")
     out = cli_runner().invoke(app, ["judge", "validate"])
     assert out.exit_code == 0 and "ok: typo v3" in out.output, out.output
+
+
+def test_worker_once_says_which_requests_wait_for_a_removed_judge(env: Settings, tmp_path: Path) -> None:
+    """Requests queued for a judge whose definition was then removed or renamed stayed pending for good, in no
+    metric, and ``--once`` exited 0 as if nothing waited."""
+    from prometheus_client import generate_latest
+
+    from vigil.judge.wiring import wire
+    from vigil.judge.worker import JudgeWorker
+
+    rt = build_runtime(env, registry=CollectorRegistry())
+    rt.roles = frozenset({"api"})
+    convs = [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:1.0"), 4).stream(2)]
+    rt.pipeline.process(convs, "test")
+    with rt.sessions.begin() as s:
+        judges = wire(rt)
+        for c in convs:
+            judges.sampler.enqueue_manual(s, rt.get(JudgeStage).engine.judges["tj"], c.conversation_id)
+    rt.close()
+    judge_dir(tmp_path / "judges", name="renamed")  # tj's definition is now another judge's
+    import shutil
+
+    shutil.rmtree(tmp_path / "judges" / "tj")
+    out = cli_runner().invoke(app, ["judge-worker", "--once"])
+    assert out.exit_code == 3, out.output
+    assert "2 requests wait for judge tj, which no definition" in out.output.replace("\n", " ")
+    registry = CollectorRegistry()
+    rt = build_runtime(Settings(), registry=registry)
+    rt.roles = frozenset({"judge-worker"})
+    worker = JudgeWorker(wire(rt).engine)
+    worker._housekeeping()
+    assert 'vigil_judge_queue_depth{judge="tj"} 2.0' in generate_latest(registry).decode()
+    rt.close()

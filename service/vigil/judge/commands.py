@@ -61,6 +61,14 @@ def judge_worker(
                     + (f" ({pending} requests wait)" if pending else ""),
                     soft_wrap=True,
                 )
+        for name in sorted(set(waiting) - set(stage.engine.lanes)):  # a judge removed or renamed
+            blocked += waiting[name]
+            console.print(
+                f"[yellow]{waiting[name]} requests wait for judge {escape(name)}, which no definition in "
+                "VIGIL_JUDGES_DIR defines (removed or renamed?)[/yellow]: they stay queued until it is defined "
+                "again",
+                soft_wrap=True,
+            )
         if blocked:  # a scheduled run must not look successful while work cannot proceed
             raise typer.Exit(3)
         return

@@ -57,6 +57,7 @@ class JudgeWorker:
         self._probes: set[int] = set()
         self.judged = 0
         self.only_conversation = only_conversation  # ``vigil judge run``: claim nothing else
+        self._undefined: set[str] = set()  # judges with queued requests that no definition here defines
 
     # --- lifecycle (the ``background`` protocol of ``vigil serve``) -------------------------------
 
@@ -196,6 +197,14 @@ class JudgeWorker:
             depth = store.queue_depth(s)
             eng.observe_spend(store.spend_since(s, eng.day_start()))
             statuses = store.load_status(s, eng.lanes)
+            # a removed or renamed judge's requests stay queued: its depth is still exported (and alerts on)
+            for name in sorted(set(depth) - set(eng.lanes)):
+                self.metrics.judge_queue_depth.labels(name).set(depth[name])
+                if name not in self._undefined:
+                    log.warning("%d judge requests wait for judge %s, which no definition defines", depth[name], name)
+            for name in self._undefined - set(depth) - set(eng.lanes):
+                self.metrics.judge_queue_depth.labels(name).set(0)
+            self._undefined = set(depth) - set(eng.lanes)
             for name, lane in eng.lanes.items():
                 self.metrics.judge_queue_depth.labels(name).set(depth.get(name, 0))
                 row = statuses.get(name)
