@@ -138,6 +138,8 @@ def test_bodies_that_could_never_all_finish_refuse_the_youngest(sqlite_url: str,
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
         detail = refused.json()["detail" if make is batch else "message"]
         assert "VIGIL_MAX_INFLIGHT_BYTES" in detail and "send it again" in detail
+        stage = "http" if make is batch else "otlp"
+        assert app.state.runtime.metrics.ingest_errors.labels(stage)._value.get() == 1  # on-call sees it
         assert budget.free == BUDGET
         again = await post(c, second, second, path)  # sent again, alone, it goes through
         assert again.status_code in (200, 202), again.text

@@ -97,6 +97,7 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
     @app.exception_handler(IngestBusy)
     async def ingest_busy(request: Request, exc: IngestBusy) -> Response:
         log.warning("refused a request body: %s", exc)
+        request.app.state.runtime.metrics.ingest_errors.labels("http").inc()
         return JSONResponse({"detail": str(exc), "reason": "busy"}, 503, headers={"Retry-After": "1"})
 
     @app.exception_handler(ClientDisconnect)

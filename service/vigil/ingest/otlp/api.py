@@ -136,6 +136,7 @@ async def _export(request: Request, logs: bool) -> Response:
         return await _reject(request, media, 413, str(exc), exc.prefix, exc.kept)
     except IngestBusy as exc:  # exporters retry a 503 after Retry-After
         log.warning("refused an OTLP body: %s", exc)
+        rt.metrics.ingest_errors.labels("otlp").inc()
         busy = _error(media, 503, str(exc))
         busy.headers["Retry-After"] = "1"
         return busy
