@@ -124,8 +124,10 @@ def test_a_blank_task_links_to_no_side_by_side(sqlite_url: str) -> None:
     doc["task_id"] = "  "
     named = conversation("named-task", None)
     named["task_id"] = "t-1"
+    other = conversation("named-task-v2", None)  # the link shows only when another version ran the task
+    other.update(task_id="t-1", agent_version="v2")
     rt = review_runtime(sqlite_url)
-    store(rt, [doc, named])
+    store(rt, [doc, named, other])
     with review_client(rt) as ui:
         _login(ui)
         assert 'id="side-by-side"' not in ui.get("/ui/review/blank-task").text
