@@ -206,3 +206,30 @@ def test_no_console_form_or_error_page_queries_the_database_on_the_event_loop(wa
     w.call("POST", "/ui/export/999/ack", {"csrf": admin})
     w.call("POST", "/ui/export/1/ack", {"csrf": admin})
     w.assert_no_stall()
+
+
+def test_no_console_page_queries_the_database_on_the_event_loop(watched: Watched) -> None:
+    """The pages whose handlers were ``async def`` (conversations, compare and its drill-down) read their
+    data in a worker thread but rendered on the event loop, and rendering reads the database too: the
+    banners of active alerts."""
+    w = watched
+    w.log_in("rita-key")
+    for path in (
+        "/ui",
+        "/ui/queue",
+        f"/ui/review/{w.ids[0]}",
+        "/ui/conversations",
+        "/ui/conversations?id=nope",
+        f"/ui/conversations?id={w.ids[0]}",
+        "/ui/conversations?since=nope",
+        "/ui/compare",
+        "/ui/compare?agent=a&baseline=v1&candidate=v2",
+        "/ui/compare/conversations?agent=a&version=v1&signal=rule:nope",
+        "/ui/compare/conversations?agent=a&version=v1&signal=tasks:success",
+        "/ui/clusters",
+        "/ui/progress",
+        "/ui/alerts",
+        "/ui/export",
+    ):
+        w.call("GET", path)
+    w.assert_no_stall()
