@@ -1,4 +1,8 @@
-"""``GET /ui/compare``: the compare table in the reviewer UI (template ``compare.html``)."""
+"""``GET /ui/compare``: the compare table in the reviewer UI (template ``compare.html``).
+
+Its handlers are plain ``def`` (run in a worker thread): the compare, its drill-down and the page's
+render (the session, the alert banners) all read the database, which must not happen on the event loop.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
-from starlette.concurrency import run_in_threadpool
 
 from vigil.compare import present
 from vigil.compare.api import catch_up, outcomes_before, run_compare
@@ -42,7 +45,7 @@ def versions(rt: Any) -> dict[str, list[str]]:
 
 
 @router.get("/compare")
-async def compare_page(
+def compare_page(
     request: Request,
     agent: str | None = None,
     baseline: str | None = None,
@@ -50,7 +53,7 @@ async def compare_page(
     user: Principal = Depends(ui_user),
 ) -> Response:
     rt = runtime_of(request)
-    known = await run_in_threadpool(versions, rt)
+    known = versions(rt)
     agent = agent or next(iter(known), None)  # the agent whose version is newest
     options = known.get(agent or "", [])
     if agent and not baseline and not candidate and len(options) >= 2:
@@ -60,7 +63,7 @@ async def compare_page(
     folded: list[dict[str, Any]] = []
     if baseline and candidate:
         try:
-            result = await run_in_threadpool(run_compare, rt, baseline, candidate, agent)
+            result = run_compare(rt, baseline, candidate, agent)
             shown, folded = present.ordered(result["signals"])
         except CompareError as exc:
             error = str(exc)
@@ -85,7 +88,7 @@ async def compare_page(
 
 
 @router.get("/compare/conversations")
-async def conversations_page(
+def conversations_page(
     request: Request,
     agent: str,
     version: str,
@@ -94,10 +97,9 @@ async def conversations_page(
     user: Principal = Depends(ui_user),
 ) -> Response:
     rt = runtime_of(request)
-
-    def run() -> dict[str, Any]:
+    try:
         with rt.sessions() as s:
-            return conversations_behind(
+            found = conversations_behind(
                 s,
                 agent,
                 version,
@@ -106,9 +108,6 @@ async def conversations_page(
                 metadata_sample=rt.settings.compare_metadata_sample,
                 outcomes_before=outcomes_before(rt),
             )
-
-    try:
-        found = await run_in_threadpool(run)
     except UnknownSignal as exc:
         return render_page(request, "error.html", 404, title="Not found", message=str(exc))
     return render_page(

@@ -2,10 +2,14 @@
 
 A download from ``/ui/export`` is a pending run: the browser may not have saved it, so its conversations
 count as exported only when the admin marks the run as saved (``POST /ui/export/{run_id}/ack``).
+
+Both forms are plain ``def`` handlers (FastAPI runs them in a worker thread): an export reads every
+confirmed failure, and neither it nor a row lock held on a run may stall the event loop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,20 +17,21 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi import Path as PathParam
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
-from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
 
 from vigil.export.errors import ExportError
 from vigil.export.models import ExportRunRow
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.http.params import MAX_ID
+from vigil.ui.forms import posted
 from vigil.ui.render import render_page, session_slot, sessions_of, ui_user
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
 
-async def _admin_form(request: Request, back: str) -> tuple[Principal, dict[str, Any]]:
-    form = dict(await request.form())
+def _admin(request: Request, form: Mapping[str, Any], back: str) -> Principal:
+    """The admin posting ``form`` (the session's row is read: off the event loop), or an HTTP refusal."""
     sessions = sessions_of(request)
     p = sessions.principal(request)
     if p is None:
@@ -35,7 +40,7 @@ async def _admin_form(request: Request, back: str) -> tuple[Principal, dict[str,
         raise HTTPException(403, "missing or stale form token: reload the page and try again")
     if not p.can("admin"):
         raise HTTPException(403, "exporting needs an admin key")
-    return p, form
+    return p
 
 
 def _watermark(raw: str) -> int | None:
@@ -63,11 +68,11 @@ def export_page(request: Request, user: Principal = Depends(ui_user), error: str
 
 
 @router.post("/export", dependencies=[Depends(session_slot)])
-async def export_download(request: Request) -> Response:
+def export_download(request: Request, form: FormData = Depends(posted)) -> Response:
     from vigil.export.redact import Redactor
     from vigil.export.run import export
 
-    p, form = await _admin_form(request, "/ui/export")
+    p = _admin(request, form, "/ui/export")
     rt = runtime_of(request)
     fmt = str(form.get("format") or "native")
     since_raw = str(form.get("since") or "").strip()
@@ -90,8 +95,7 @@ async def export_download(request: Request) -> Response:
             )
 
     try:
-        # an export reads every confirmed failure: off the event loop
-        result = await run_in_threadpool(run, _watermark(since_raw))
+        result = run(_watermark(since_raw))
     except (ValueError, ExportError) as exc:
         return render_page(request, "error.html", 422, title="Export failed", message=str(exc), back="/ui/export")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -113,11 +117,13 @@ async def export_download(request: Request) -> Response:
 
 
 @router.post("/export/{run_id}/ack", dependencies=[Depends(session_slot)])
-async def export_ack(request: Request, run_id: int = PathParam(ge=1, le=MAX_ID)) -> Response:
+def export_ack(
+    request: Request, run_id: int = PathParam(ge=1, le=MAX_ID), form: FormData = Depends(posted)
+) -> Response:
     """The admin saved the run's file: its conversations count as exported from now on."""
     from vigil.export.run import acknowledge
 
-    await _admin_form(request, "/ui/export")
+    _admin(request, form, "/ui/export")
     rt = runtime_of(request)
     try:
         with rt.sessions.begin() as s:

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from starlette.datastructures import FormData
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
@@ -34,7 +35,7 @@ from vigil.review.policy import LABELS, SEVERITIES
 from vigil.review.stage import ReviewStage
 from vigil.store import reads
 from vigil.ui import folding, transcript
-from vigil.ui.forms import Refused, comment_draft, draft_of, form_user, go, label_draft
+from vigil.ui.forms import Refused, comment_draft, draft_of, form_user, go, label_draft, posted
 from vigil.ui.render import render_page, session_slot, sessions_of, ui_user
 
 router = APIRouter(
@@ -140,9 +141,9 @@ def queue_page(
 
 
 @router.post("/queue/claim", dependencies=[Depends(session_slot)])
-async def claim_next(request: Request) -> Response:
+def claim_next(request: Request, posted_form: FormData = Depends(posted)) -> Response:
     try:
-        p, form = await form_user(request)
+        p, form = form_user(request, posted_form)
     except Refused as refused:
         return refused.response
     # a filter is at most an id's length (search: MAX_SEARCH), and one holding a control character
@@ -299,10 +300,10 @@ _LEASE_ACTIONS: dict[str, tuple[Callable[[Session, ReviewStage, str, str], Any],
 @router.post("/review/{conversation_id:path}/claim", dependencies=[Depends(session_slot)])
 @router.post("/review/{conversation_id:path}/extend", dependencies=[Depends(session_slot)])
 @router.post("/review/{conversation_id:path}/release", dependencies=[Depends(session_slot)])
-async def lease_action(request: Request, conversation_id: str) -> Response:
+def lease_action(request: Request, conversation_id: str, posted_form: FormData = Depends(posted)) -> Response:
     """Claim, extend or release the reviewer's lease on an item (the path's last word), then back to it."""
     try:
-        p, _ = await form_user(request, _review_url(conversation_id))
+        p, _ = form_user(request, posted_form, _review_url(conversation_id))
     except Refused as refused:
         return refused.response
     fn, notice = _LEASE_ACTIONS[request.url.path.rsplit("/", 1)[1]]
@@ -310,9 +311,9 @@ async def lease_action(request: Request, conversation_id: str) -> Response:
 
 
 @router.post("/review/{conversation_id:path}/skip", dependencies=[Depends(session_slot)])
-async def skip(request: Request, conversation_id: str) -> Response:
+def skip(request: Request, conversation_id: str, posted_form: FormData = Depends(posted)) -> Response:
     try:
-        p, form = await form_user(request, _review_url(conversation_id))
+        p, form = form_user(request, posted_form, _review_url(conversation_id))
     except Refused as refused:
         return refused.response
     st = _stage(request)
@@ -341,8 +342,8 @@ def _log_in_again(request: Request, conversation_id: str, why: str, draft: dict[
 
 
 @router.post("/review/{conversation_id:path}/label", dependencies=[Depends(session_slot)])
-async def label(request: Request, conversation_id: str) -> Response:
-    form = dict(await request.form())
+def label(request: Request, conversation_id: str, posted_form: FormData = Depends(posted)) -> Response:
+    form = dict(posted_form)
     sessions = sessions_of(request)
     p = sessions.principal(request)
     if p is None:
@@ -387,8 +388,8 @@ async def label(request: Request, conversation_id: str) -> Response:
 
 
 @router.post("/review/{conversation_id:path}/comment", dependencies=[Depends(session_slot)])
-async def comment(request: Request, conversation_id: str) -> Response:
-    form = dict(await request.form())
+def comment(request: Request, conversation_id: str, posted_form: FormData = Depends(posted)) -> Response:
+    form = dict(posted_form)
     raw_index = str(form.get("message_index") or "").strip()
     # the typed comment survives every refusal: an expired session, a stale form, a bad message number
     unsent = comment_draft({"comment": str(form.get("body") or ""), "comment_on": raw_index or None})

@@ -8,6 +8,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
+from starlette.datastructures import FormData
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
@@ -19,7 +20,7 @@ from vigil.review.page_kit import count_labels, form_int, notice_count, reviewer
 from vigil.review.policy import SEVERITIES
 from vigil.store import reads
 from vigil.ui import folding, transcript
-from vigil.ui.forms import Refused, draft_of, form_user, go, safe_next
+from vigil.ui.forms import Refused, draft_of, form_user, go, posted, safe_next
 from vigil.ui.render import render_page, session_slot, ui_user
 
 router = APIRouter(
@@ -30,13 +31,12 @@ NOTICES = {"chosen": "Your choice is saved."}
 
 
 @router.post("/queue/bulk", dependencies=[Depends(session_slot)])
-async def bulk(request: Request) -> Response:
+def bulk(request: Request, form: FormData = Depends(posted)) -> Response:
     """Skip, assign or unassign the items ticked in the queue list, then back to the list."""
     try:
-        p, _ = await form_user(request)
+        p, _ = form_user(request, form)
     except Refused as refused:
         return refused.response
-    form = await request.form()
     ids = [str(v) for v in form.getlist("ids")]
     action = str(form.get("action") or "")
     assignee = str(form.get("assignee") or "") or None
@@ -141,13 +141,12 @@ def _cluster_view(
 
 
 @router.post("/clusters/{cluster_id}/label", dependencies=[Depends(session_slot)])
-async def cluster_label(request: Request, cluster_id: str) -> Response:
+def cluster_label(request: Request, cluster_id: str, form: FormData = Depends(posted)) -> Response:
     back = f"/ui/clusters/{quote(cluster_id, safe='')}"
     try:
-        p, _ = await form_user(request, back)
+        p, _ = form_user(request, form, back)
     except Refused as refused:
         return refused.response
-    form = await request.form()
     st = stage_of(request)
     read = str(form.get("revision") or "")
     data = queue.LabelIn(
@@ -244,9 +243,9 @@ def _blind(item: dict[str, Any] | None, viewer: str) -> dict[str, Any] | None:
 
 
 @router.post("/side-by-side/choice", dependencies=[Depends(session_slot)])
-async def side_by_side_choice(request: Request) -> Response:
+def side_by_side_choice(request: Request, posted_form: FormData = Depends(posted)) -> Response:
     try:
-        p, form = await form_user(request, "/ui/queue")
+        p, form = form_user(request, posted_form, "/ui/queue")
     except Refused as refused:
         return refused.response
     ca, cb = str(form.get("conversation_a") or ""), str(form.get("conversation_b") or "")

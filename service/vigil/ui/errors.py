@@ -1,6 +1,8 @@
 """Error pages under ``/ui``: a styled page with a way back instead of the API's JSON.
 
-API paths keep their JSON bodies (``{"detail": ...}``); only requests for ``/ui`` pages get HTML.
+API paths keep their JSON bodies (``{"detail": ...}``); only requests for ``/ui`` pages get HTML. A page
+reads the database (the session, the banners), so it is rendered in a worker thread, never on the event
+loop: with the database slow or away, a wait there stalled every request of the process.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sqlalchemy.exc import InterfaceError, OperationalError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from vigil.http.app import database_unavailable
@@ -74,14 +77,16 @@ def install(app: Any) -> None:
         message = not_found_message(request, exc.detail) if exc.status_code == 404 else str(exc.detail)
         if exc.status_code == 405:
             message = f"{request.method} is not something {request.url.path} does; go back and use its links."
-        return error_page(request, exc.status_code, message)
+        return await run_in_threadpool(error_page, request, exc.status_code, message)
 
     @app.exception_handler(RequestValidationError)
     async def bad_parameters(request: Request, exc: RequestValidationError) -> Response:
         if not is_page(request):
             return validation_response(exc)
         wrong = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
-        return error_page(request, 400, f"This address has a parameter the page cannot use ({wrong}).")
+        return await run_in_threadpool(
+            error_page, request, 400, f"This address has a parameter the page cannot use ({wrong})."
+        )
 
     @app.exception_handler(StoreUnavailable)
     @app.exception_handler(OperationalError)
@@ -90,8 +95,8 @@ def install(app: Any) -> None:
         answer = database_unavailable(request, exc)
         if not is_page(request):
             return answer
-        page = error_page(
-            request, 503, "The database is not answering just now; nothing was changed. Try again shortly."
+        page = await run_in_threadpool(
+            error_page, request, 503, "The database is not answering just now; nothing was changed. Try again shortly."
         )
         page.headers["Retry-After"] = answer.headers["Retry-After"]
         return page
@@ -102,4 +107,5 @@ def install(app: Any) -> None:
         log.exception("unhandled error on %s %s", request.method, path)
         if not is_page(request):
             return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, 500)
-        return error_page(request, 500, f"The page failed ({type(exc).__name__}); it is logged. Try again, or go back.")
+        why = f"The page failed ({type(exc).__name__}); it is logged. Try again, or go back."
+        return await run_in_threadpool(error_page, request, 500, why)

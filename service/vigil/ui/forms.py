@@ -1,12 +1,20 @@
-"""Form posts of the UI: who posts (session and CSRF checked), where to go next, a label carried across log-in."""
+"""Form posts of the UI: who posts (session and CSRF checked), where to go next, a label carried across log-in.
+
+A form handler is a plain ``def``: FastAPI runs it in a worker thread, so its database work (the session's
+row, the queue, the page it renders) never runs on the event loop, where a wait on the database (a row
+lock, SQLite's busy timeout) stalled every request of the process, probes and ingest included. Reading
+the posted body is the one async step: the :func:`posted` dependency does it on the loop.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import Request
 from fastapi.responses import RedirectResponse, Response
+from starlette.datastructures import FormData
 
 from vigil.http.auth import Principal
 from vigil.ui.render import render_page, sessions_of
@@ -35,16 +43,22 @@ class Refused(Exception):
         self.response = response
 
 
-async def form_user(request: Request, back: str = "/ui/queue") -> tuple[Principal, dict[str, Any]]:
-    """The poster and the form; raises Refused (a log-in redirect, or a 403 page) when they cannot post."""
-    form = dict(await request.form())
+async def posted(request: Request) -> FormData:
+    """Dependency of form handlers: the posted form, read on the event loop (the handler then runs in a
+    worker thread)."""
+    return await request.form()
+
+
+def form_user(request: Request, form: Mapping[str, Any], back: str = "/ui/queue") -> tuple[Principal, dict[str, Any]]:
+    """The poster and the form (as a dict); raises Refused (a log-in redirect, or a 403 page) when they
+    cannot post. It reads the session's row: call it off the event loop."""
     sessions = sessions_of(request)
     p = sessions.principal(request)
     if p is None:
         raise Refused(go("/ui/login?" + urlencode({"next": safe_next(back), "expired": "1"})))
     if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
         raise Refused(render_page(request, "error.html", 403, title="Form expired", message=STALE_FORM, back=back))
-    return p, form
+    return p, dict(form)
 
 
 def draft_of(form: dict[str, Any], prefix: str = "") -> dict[str, str | None] | None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
+from starlette.datastructures import FormData
 
 from vigil.http import runtime_of
-from vigil.ui.forms import Refused, draft_of, form_user, go, safe_next
+from vigil.ui.forms import Refused, draft_of, form_user, go, posted, safe_next
 from vigil.ui.render import STATIC, render_page, sessions_of
 from vigil.ui.session import UI_ROLES
 
@@ -46,8 +47,9 @@ def login_page(request: Request, next: str | None = None, error: str | None = No
 
 
 @router.post("/login")
-async def login(request: Request) -> Response:
-    form = dict(await request.form())
+def login(request: Request, posted_form: FormData = Depends(posted)) -> Response:
+    """Log in (a worker thread: the session's row is written, and the page resumed after it read)."""
+    form = dict(posted_form)
     sessions = sessions_of(request)
     target = safe_next(str(form.get("next", "")))
     draft = draft_of(form, "draft_")
@@ -79,9 +81,9 @@ async def login(request: Request) -> Response:
 
 
 @router.post("/logout")
-async def logout(request: Request) -> Response:
+def logout(request: Request, form: FormData = Depends(posted)) -> Response:
     try:
-        await form_user(request)
+        form_user(request, form)
     except Refused as refused:
         return refused.response
     response = go("/ui/login")

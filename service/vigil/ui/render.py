@@ -4,7 +4,8 @@ A stage adds a page by registering a router (``rt.hooks.add_router``), a nav ent
 (``rt.hooks.add_page(label, path)``), and a template folder (``rt.hooks.add_templates``)
 whose templates ``{% extends "base.html" %}``; its handlers take ``user: Principal = Depends(ui_user)``
 and return ``render_page(request, "its_page.html", ...)``. Templates autoescape everything: pass
-transcript text as data, never as markup.
+transcript text as data, never as markup. A handler is a plain ``def`` (FastAPI runs it in a worker
+thread): rendering reads the database (the session, the banners), which must not run on the event loop.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from urllib.parse import quote
 from fastapi import Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, select_autoescape
+from starlette.concurrency import run_in_threadpool
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, key_slots
@@ -67,8 +69,8 @@ async def session_slot(request: Request) -> AsyncIterator[None]:
     """Dependency of UI forms (POST): the poster's key's share of the process (``VIGIL_KEY_CONCURRENCY``),
     as pages take theirs through :func:`ui_user`. Without it one reviewer's session posting exports or
     labels as fast as it could held every worker thread. A post without a session takes none: the form
-    sends it to the login page."""
-    p = sessions_of(request).principal(request)
+    sends it to the login page. The session's row is read in a worker thread, not on the event loop."""
+    p = await run_in_threadpool(sessions_of(request).principal, request)
     if p is None:
         yield
         return

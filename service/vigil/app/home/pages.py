@@ -10,7 +10,6 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 
 from vigil.app.home import browse, charts, now, quality
@@ -133,7 +132,7 @@ def quality_page(
 
 
 @router.get("/conversations")
-async def conversations_page(
+def conversations_page(
     request: Request,
     id: str | None = None,
     agent: str | None = None,
@@ -146,7 +145,8 @@ async def conversations_page(
     user: Principal = Depends(ui_user),
 ) -> Response:
     """Find a conversation by id, or list stored conversations newest first by agent, version, rule,
-    severity and time (keyset pages)."""
+    severity and time (keyset pages). A plain ``def``: its reads and its render (the banners read the
+    database too) run in a worker thread, off the event loop."""
     rt = runtime_of(request)
     wanted = (id or "").strip()
     error, notice, found, filters = None, None, None, browse.Filters()
@@ -164,7 +164,7 @@ async def conversations_page(
             return hit, listed, quality.versions(s)
 
     try:
-        hit, found, known = await run_in_threadpool(run)
+        hit, found, known = run()
     except browse.FindError as exc:  # a cursor this Vigil did not hand out
         error, hit, known = str(exc), False, {}
     if hit:
