@@ -152,3 +152,32 @@ def test_api_ui_and_cli_say_n_too_small(tmp_path: Path, monkeypatch: pytest.Monk
     r = cli_runner().invoke(app, [*args, "--verdicts", str(_jsonl(tmp_path / "v.jsonl", verdicts))])
     assert r.exit_code in (0, 1), r.output
     assert "Cohen's kappa" in r.stdout and "1.000  [n too small]" in r.stdout
+
+
+def test_api_calibration_runs_no_sql_on_the_event_loop(sqlite_url: str) -> None:
+    """``POST /v1/judges/{name}/calibration`` read the labelled conversations, and saved the run, on the event
+    loop: a database that waited stalled every other request of the process (probes, ingest) meanwhile."""
+    import asyncio
+
+    from sqlalchemy import event
+
+    rt = build_runtime(make_settings(sqlite_url, calibration_min_labels=1), registry=CollectorRegistry())
+    on_loop: list[str] = []
+
+    def watch(*args: Any) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # a worker thread
+        on_loop.append(" ".join(str(args[2]).split())[:80])
+
+    with make_client(rt) as client:
+        event.listen(rt.engine, "before_cursor_execute", watch)
+        labels = [{"conversation_id": f"c{i}", "human": "fail" if i % 3 else "pass"} for i in range(12)]
+        verdicts = [{"conversation_id": f"c{i}", "verdict": "fail" if i % 2 else "pass"} for i in range(12)]
+        for body in ({"labels": labels, "verdicts": verdicts, "save": True}, {"labels": labels, "save": False}):
+            r = client.post(f"/v1/judges/{JUDGE}/calibration", json=body, headers=ADMIN)
+            assert r.status_code == 200, r.text
+        event.remove(rt.engine, "before_cursor_execute", watch)
+    rt.close()
+    assert not on_loop, on_loop

@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from vigil.calibration.errors import CalibrationError
 from vigil.calibration.overview import Calibration, save_run
@@ -68,16 +69,24 @@ async def calibrate_judge(request: Request, name: str, body: CalibrateBody) -> d
     from vigil.calibration.labelsets import numbered, parse_labels, parse_verdicts
 
     rt = runtime_of(request)
-    try:
+
+    def parsed() -> tuple[Any, Any]:  # up to 20,000 items each: CPU work, off the event loop
         labels = parse_labels(numbered(body.labels), "labels")
         labels.path = body.source
         verdicts = parse_verdicts(numbered(body.verdicts), "verdicts") if body.verdicts is not None else None
+        return labels, verdicts
+
+    def saved() -> Any:
+        with rt.sessions.begin() as s:
+            return save_run(s, name, body.source, result["mode"], result)
+
+    try:
+        labels, verdicts = await run_in_threadpool(parsed)
         result = await calibrate(rt, name, labels, verdicts)
     except CalibrationError as exc:
         raise HTTPException(422, str(exc)) from None
-    if body.save:
-        with rt.sessions.begin() as s:
-            result["run_ids"] = save_run(s, name, body.source, result["mode"], result)
+    if body.save:  # a database that waits must not stall every other request of the process
+        result["run_ids"] = await run_in_threadpool(saved)
     for v in result["versions"]:
         rt.metrics.calibration_runs.labels(v["state"]).inc()
     return result

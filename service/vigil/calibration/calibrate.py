@@ -159,10 +159,12 @@ async def calibrate(
             raise CalibrationError(
                 f"no judge {judge!r} to run (judges: {known}); pass a verdicts file to measure its verdicts"
             )
-        missing = resolve_conversations(rt.sessions, labels.items)
+        # database reads and the statistics run in a worker thread: the API awaits this on its event loop
+        missing = await asyncio.to_thread(resolve_conversations, rt.sessions, labels.items)
         pairs, _ = await run_judge(engine, rt.rules, judge, labels)
         mode = "offline" if engine.lanes[judge].offline else "live"
-    result = report(judge, labels.path, pairs, Thresholds(s.calibration_min_labels, s.calibration_min_kappa))
+    thresholds = Thresholds(s.calibration_min_labels, s.calibration_min_kappa)
+    result = await asyncio.to_thread(report, judge, labels.path, pairs, thresholds)
     result.update(mode=mode, unsure=labels.unsure, missing=missing)
     if pairwise is not None:
         result["position_bias"] = position_bias(*pairwise)
