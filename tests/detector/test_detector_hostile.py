@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import select
@@ -48,5 +50,26 @@ def test_an_odd_version_name_does_not_stop_the_detector_for_every_agent(sqlite_u
         assert versions == {"v1", "v1²"}
         with make_client(rt) as c:
             assert c.get("/ui/", headers=REVIEWER).status_code == 200
+    finally:
+        rt.close()
+
+
+def test_a_pass_on_a_clock_running_ahead_shows_in_the_cursor_gauge(sqlite_url) -> None:
+    """One pass by a replica whose clock ran 3 h ahead moved the fold cursor there: later passes folded
+    nothing stored before it (600 regressed conversations were never counted) while last_run stayed fresh,
+    so DetectorNotRunning kept quiet. The cursor is exported for the alert to see."""
+    rt = build_runtime(make_settings(sqlite_url, **FAST), registry=CollectorRegistry())
+    try:
+        det = build_detector(rt)
+        store(rt, clean(30, "v1", 1))
+        start = datetime.now(UTC)
+        det.tick(start)
+        cursor = rt.metrics.registry.get_sample_value("vigil_detector_cursor_timestamp_seconds")
+        assert cursor is not None and abs(cursor - start.timestamp()) < 1
+        ahead = start + timedelta(hours=3)
+        det.tick(ahead)
+        det.tick(start + timedelta(seconds=15))  # the next pass, on a clock that is right
+        cursor = rt.metrics.registry.get_sample_value("vigil_detector_cursor_timestamp_seconds")
+        assert cursor == ahead.timestamp()
     finally:
         rt.close()
