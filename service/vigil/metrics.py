@@ -448,6 +448,13 @@ class Metrics:
             namespace=NS,
             registry=r,
         )
+        self.detector_cursor = Gauge(
+            "detector_cursor_timestamp_seconds",
+            "How far stored conversations have been folded (by received_at). Ahead of the clock, a pass ran on "
+            "a clock that was ahead: what is stored until the clock catches up is not folded.",
+            namespace=NS,
+            registry=r,
+        )
         self.detections = Counter(
             "detections_total",
             "Regressions the detector started.",

@@ -9,8 +9,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.detector.hourly import Counts
-from vigil.detector.models import DetectorSeriesRow, QualityCountRow
+from vigil.detector.models import DetectorLeaseRow, DetectorSeriesRow, QualityCountRow
 from vigil.metrics import Metrics
+from vigil.store.db import aware
 from vigil.store.signals import Key
 
 
@@ -31,6 +32,7 @@ class Gauges:
                 for r in s.scalars(select(DetectorSeriesRow).where(DetectorSeriesRow.last_seen >= live_since))
             }
             totals = _totals(s)
+            cursor = s.scalar(select(DetectorLeaseRow.cursor))
         # series whose labels fold into "other" share one set of gauges: their summed counts, the
         # largest statistic, and detected if any of them is (never one overwriting another)
         groups: dict[Key, list[Key]] = {}
@@ -44,6 +46,8 @@ class Gauges:
             self._remove(gone)
         self.exported = exported
         m.detector_last_run.set(now.timestamp())
+        if cursor is not None:
+            m.detector_cursor.set(aware(cursor).timestamp())
 
     def _set(self, labels: Key, rows: list[DetectorSeriesRow], counts: list[tuple[int, int]]) -> None:
         m = self.metrics

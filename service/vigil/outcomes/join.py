@@ -63,10 +63,12 @@ def link_outcomes(
     if not rows:
         return []
     linked = among(session, OutcomeLinkRow.outcome_id, list(by_id))
-    existing = set(session.scalars(select(OutcomeLinkRow.outcome_id).where(linked)))
+    existing = dict(session.execute(select(OutcomeLinkRow.outcome_id, OutcomeLinkRow.attributed).where(linked)).all())
     rows.sort(key=lambda r: r["outcome_id"])  # one lock order for every writer
     fresh = [r for r in rows if r["outcome_id"] not in existing]
     stale = [r for r in rows if r["outcome_id"] in existing]
+    # a newer revision that ends later can bring an outcome into the window: it counts then, once
+    entering = [r for r in stale if r["attributed"] and not existing[r["outcome_id"]]]
     if fresh and not copy_new_rows(session, OutcomeLinkRow.__table__, fresh):  # type: ignore[arg-type]
         ins = upsert(session, OutcomeLinkRow)
         inserted = set(
@@ -78,7 +80,7 @@ def link_outcomes(
         fresh = [r for r in fresh if r["outcome_id"] in inserted]
     if stale:
         session.execute(update(OutcomeLinkRow), stale)
-    counts = [(r["type"], r["agent_id"], r["agent_version"], r["attributed"]) for r in fresh]
+    counts = [(r["type"], r["agent_id"], r["agent_version"], r["attributed"]) for r in fresh + entering]
 
     def count() -> None:
         for t, agent, version, inside in counts:

@@ -79,7 +79,8 @@ def is_outcome(signal: str) -> bool:
 
 def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
     """Natural order of version names (v1.10 after v1.9): breaks ties of versions first seen together."""
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", version) if p)
+    # isdecimal, not isdigit: superscripts and circled digits are digits int() cannot read (a version "v1²")
+    return tuple((0, int(p)) if p.isdecimal() else (1, p) for p in re.split(r"(\d+)", version) if p)
 
 
 # Clients' clocks drift; an outcome stamped slightly before its conversation started still belongs to it.
