@@ -273,7 +273,8 @@ class Metrics:
         )
         self.judge_errors = Counter(
             "judge_errors_total",
-            "Judge model call errors by class (retryable, config, rejected, parse, gave_up).",
+            "Judge model call errors by class "
+            "(retryable, config, rejected, parse, gave_up, usage_anomaly, bad_request).",
             ["judge", "class"],
             namespace=NS,
             registry=r,

@@ -272,3 +272,28 @@ def test_a_pairwise_request_that_probes_an_open_circuit_gets_its_answer(tmp_path
         assert r.json()["result"] == "b" and len(client.calls) == calls + 2  # both orders, once each
         assert lane.state == "running"
     rt.close()
+
+
+def test_a_request_the_provider_refused_shows_its_reason_and_message_and_the_judge_runs_on(tmp_path: Path) -> None:
+    """`vigil serve` judges in-process; the provider answers one conversation's content with a 400. That
+    conversation's verdict says so (unscored, `bad_request`, the provider's message) where verdicts show,
+    the judge stays `running` and the rest are judged."""
+    from tests.judge.test_judge_bad_request import POISON, REFUSED, refuse_poisoned
+
+    rt = runtime(tmp_path, Scripted(default=refuse_poisoned), mode="live")
+    convs = sim(5)
+    convs[0]["intent"] = POISON
+    cid = convs[0]["conversation_id"]
+    with make_client(rt, {"serve"}) as c:
+        assert c.post("/v1/conversations", content=orjson.dumps(convs), headers=INGEST).status_code == 202
+        wait_for(lambda: c.get("/v1/verdicts", headers=REVIEWER).json()["total"] == 5)
+        [v] = c.get(f"/v1/conversations/{cid}", headers=REVIEWER).json()["verdicts"]
+        assert (v["verdict"], v["unscored_reason"]) == ("unscored", "bad_request")
+        assert REFUSED in v["rationale"]
+        listed = c.get("/v1/verdicts?verdict=unscored", headers=REVIEWER).json()["items"]
+        assert [(i["conversation_id"], i["unscored_reason"]) for i in listed] == [(cid, "bad_request")]
+        [info] = c.get("/v1/judges", headers=REVIEWER).json()
+        assert info["state"] == "running"
+        metrics = c.get("/metrics").text
+        assert 'vigil_judge_errors_total{class="bad_request",judge="tj"} 1.0' in metrics
+    rt.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -131,6 +132,72 @@ def test_worker_once_exits_non_zero_when_a_configuration_error_blocks_work(
     monkeypatch.setenv("VIGIL_JUDGE_MODE", "offline")  # nothing blocks: the same queue is judged, exit 0
     out = cli_runner().invoke(app, ["judge-worker", "--once"])
     assert out.exit_code == 0 and "2 verdicts stored" in out.output, out.output
+
+
+def _queue_for_a_proxied_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, n: int) -> list[str]:
+    """A live judge behind an OpenAI-compatible endpoint at ``url``, and ``n`` conversations queued for it; the
+    first has intent ``poisoned-image-part``."""
+    model = {"model": "openai/gpt-4o-mini", "extra_params": {"api_base": url, "api_key": "sk-test"}}
+    monkeypatch.setenv("VIGIL_JUDGES_DIR", str(judge_dir(tmp_path / "live", sampling={"rate": 1.0}, **model)))
+    monkeypatch.setenv("VIGIL_JUDGE_MODE", "live")
+    monkeypatch.setenv("VIGIL_JUDGE_POLL_INTERVAL_SECONDS", "0.05")
+    rt = build_runtime(Settings(), registry=CollectorRegistry())
+    from vigil.judge.wiring import wire
+
+    rt.roles = frozenset({"api"})
+    wire(rt)
+    convs = [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:0.0"), 4).stream(n)]
+    convs[0].intent = "poisoned-image-part"
+    rt.pipeline.process(convs, "test")
+    rt.close()
+    return [c.conversation_id for c in convs]
+
+
+def test_worker_once_rejects_the_one_request_a_provider_refuses_and_judges_the_rest(
+    env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The provider answers 400 to one conversation's content only (through litellm, a BadRequestError): it
+    stopped the judge, ``--once`` exited 3 and the same request stopped it again after each resume. Now
+    it alone is rejected (``bad_request``, with the provider's message) and the others are judged."""
+    from tests.support.fake_openai import Script, fake_openai
+    from tests.support.judge_fakes import PASS
+
+    refused = "Invalid image_url: the image could not be decoded"
+    script = Script(calls=[], answer=PASS)
+    script.fault_for = lambda body: (400, refused) if "poisoned-image-part" in orjson.dumps(body).decode() else None
+    with fake_openai(script) as (url, _):
+        ids = _queue_for_a_proxied_model(tmp_path, monkeypatch, url, 4)
+        out = cli_runner().invoke(app, ["judge-worker", "--once"])
+    assert out.exit_code == 0, out.output
+    assert "4 verdicts stored" in out.output
+    rt = build_runtime(Settings(), registry=CollectorRegistry())
+    from vigil.judge import store
+
+    with rt.sessions() as s:
+        rejected = store.verdicts_for(s, ids[0])
+        assert [(v.verdict, v.unscored_reason) for v in rejected] == [("unscored", "bad_request")]
+        assert refused in (rejected[0].rationale or "")
+        assert [v.verdict for i in ids[1:] for v in store.verdicts_for(s, i)] == ["pass"] * 3
+    rt.close()
+
+
+def test_worker_once_exits_3_when_a_400_comes_back_for_every_request(
+    env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parameter the endpoint does not take fails every request: a configuration error, found with a
+    second request; the judge stops, ``--once`` exits 3 and every request waits."""
+    from tests.support.fake_openai import Script, fake_openai
+
+    refused: list[dict[str, Any]] = []
+    script = Script(calls=[])
+    script.fault_for = lambda body: refused.append(body) or (400, "Unrecognized request argument supplied: frobnicate")
+    with fake_openai(script) as (url, _):
+        _queue_for_a_proxied_model(tmp_path, monkeypatch, url, 3)
+        out = cli_runner().invoke(app, ["judge-worker", "--once"])
+    assert len(refused) == 2 and script.requests == []  # a second request confirmed it; no third was sent
+    assert out.exit_code == 3, out.output
+    assert "judge tj is stopped_config_error" in out.output and "(3 requests wait)" in out.output
+    assert "frobnicate" in out.output
 
 
 def test_worker_once_exits_non_zero_while_the_daily_budget_is_reached(

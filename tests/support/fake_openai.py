@@ -36,6 +36,8 @@ class Script:
     # Retry-After: 1), (status, message) that status with the provider's error message, a float hangs
     # that many seconds before the normal reply, None replies normally
     fault: Callable[[], int | tuple[int, str] | float | None] | None = None
+    # the same, chosen by the request's body (a provider that refuses one request's content)
+    fault_for: Callable[[dict[str, Any]], int | tuple[int, str] | float | None] | None = None
 
     def reply(self, body: dict[str, Any]) -> dict[str, Any]:
         self.requests.append(body)
@@ -90,6 +92,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
         trouble = self.script.fault() if self.script.fault else None
+        if trouble is None and self.script.fault_for is not None:
+            trouble = self.script.fault_for(body)
         if isinstance(trouble, tuple):
             trouble, message = trouble
         else:

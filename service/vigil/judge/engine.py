@@ -17,7 +17,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from vigil.judge.client import LLMClient, Reply, classify, has_credentials, has_price, sanitize_usage
 from vigil.judge.definitions import Judge
 from vigil.judge.errors import JudgeError, ProviderError
-from vigil.judge.limits import Budget, CircuitBreaker, Decision, RateLimiter, decide, utc_day
+from vigil.judge.limits import (
+    BadRequestCheck,
+    Budget,
+    CircuitBreaker,
+    Decision,
+    Found,
+    RateLimiter,
+    decide,
+    utc_day,
+)
 from vigil.judge.offline import OFFLINE_LABEL, OFFLINE_MODEL
 from vigil.metrics import Metrics
 from vigil.money import usd
@@ -76,6 +85,14 @@ class Lane:
     # the cost the provider reported for the last reply, when it was impossible (negative, NaN, infinite)
     # and no judge.yaml price could stand in: why the spend is unknown although the model has a price
     bad_cost: str | None = None
+    # 400s of the worker's requests that the next call is to tell apart (one pending at a time), until
+    # their requests' attempts collect them (see JudgeEngine.settle)
+    checks: list[BadRequestCheck] = field(default_factory=list)
+
+    @property
+    def check(self) -> BadRequestCheck | None:
+        """The 400 waiting for the judge's next call to say whose fault it is, if any."""
+        return next((c for c in self.checks if c.found is None), None)
 
     @property
     def name(self) -> str:
@@ -116,6 +133,8 @@ class JudgeEngine:
         self._gate_loop: asyncio.AbstractEventLoop | None = None
         self._windows: asyncio.Condition | None = None
         self.lanes: dict[str, Lane] = {}
+        # called when a worker's call starts a BadRequestCheck: the worker claims another request to decide it
+        self.on_check: Callable[[], None] = lambda: None
         for name, judge in judges.items():
             lane = Lane(
                 judge,
@@ -187,6 +206,45 @@ class JudgeEngine:
             log.warning("judge %s: %s -> %s%s", lane.name, lane.state, state, f" ({detail})" if detail else "")
         lane.state, lane.detail, lane.changed_at, lane.dirty = state, detail, self.clock(), True
         self._publish(lane)
+        if state not in ACTIVE:  # no call comes to tell: a stop blames the configuration
+            self._decide(lane, "config" if state == "stopped_config_error" else "undecided")
+
+    def _decide(self, lane: Lane, found: Found) -> None:
+        check = lane.check
+        if check is not None and check.decide(found):
+            if found != "undecided":  # undecided: put back uncounted, to be tried again
+                self.metrics.judge_errors.labels(lane.name, "bad_request" if found == "request" else "config").inc()
+            log.warning(
+                "judge %s: the 400 of request %d was %s",
+                lane.name,
+                check.request,
+                "its own (another request succeeded)" if found == "request" else f"not told apart ({found})",
+            )
+
+    def no_other_request(self, lane: Lane) -> None:
+        """The worker found no other request to tell a pending 400 apart: the judge stops, as for any
+        configuration error; after a resume the request is tried again, with others by then."""
+        check = lane.check
+        if check is not None:
+            why = "no other request was waiting to show whether the configuration or this request is at fault"
+            self.set_state(lane, "stopped_config_error", f"{check.error.reason}: {check.error.detail} ({why})")
+
+    def check_of(self, lane: Lane, err: ProviderError) -> BadRequestCheck | None:
+        """The check ``err`` started (raised by :meth:`call` for a worker's request), if it did."""
+        return next((c for c in lane.checks if c.error is err), None)
+
+    async def settle(self, lane: Lane, check: BadRequestCheck, lease_until: datetime | None) -> Found:
+        """Wait, holding no call slot, for the judge's next call to decide ``check``; ``undecided`` when
+        the request's lease (less a call's timeout) runs out first, so no other worker takes it meanwhile."""
+        lease = self.settings.judge_lease_seconds
+        seconds = lease if lease_until is None else (lease_until - self.clock()).total_seconds()
+        try:
+            found = await check.wait(seconds - lane.judge.spec.timeout_seconds - 1.0)
+            if found == "undecided":
+                self._decide(lane, "undecided")
+            return found
+        finally:
+            lane.checks.remove(check)
 
     def _publish(self, lane: Lane) -> None:
         for s in STATES:
@@ -314,14 +372,24 @@ class JudgeEngine:
         timeout: float | None = None,
         probe: bool = False,
         lease_until: datetime | None = None,
+        request: int | None = None,
     ) -> tuple[Reply, float]:
         """One attempt: call slot, budget, rate limit, timeout. Raises :class:`ProviderError` (classified),
-        or :class:`LeaseRunningOut` when the call could outlive ``lease_until`` (a claimed request's lease)."""
+        or :class:`LeaseRunningOut` when the call could outlive ``lease_until`` (a claimed request's lease).
+
+        A worker's call (``request``, its id) that gets a plain 400 (``bad_request``) does not stop the
+        judge at once: it starts a :class:`BadRequestCheck` (see :meth:`check_of`, :meth:`settle`) that
+        the judge's next call decides; a second 400 meanwhile stops it."""
         async with self.calling(lane, probe):
-            return await self._call(lane, messages, timeout, lease_until)
+            return await self._call(lane, messages, timeout, lease_until, request)
 
     async def _call(
-        self, lane: Lane, messages: list[dict[str, str]], timeout: float | None, lease_until: datetime | None = None
+        self,
+        lane: Lane,
+        messages: list[dict[str, str]],
+        timeout: float | None,
+        lease_until: datetime | None = None,
+        request: int | None = None,
     ) -> tuple[Reply, float]:
         reserved = lane.budget.reserve()
         if reserved is None:  # the cap, or calls in flight that may reach it
@@ -354,6 +422,8 @@ class JudgeEngine:
         except Exception as exc:
             lane.budget.release(reserved)
             err = classify(exc)
+            if self._suspect(lane, err, request):
+                raise err from exc
             self.metrics.judge_errors.labels(lane.name, err.kind).inc()
             if err.kind == "retryable":
                 lane.window = 1
@@ -361,12 +431,15 @@ class JudgeEngine:
                 if lane.breaker.is_open:
                     self.set_state(lane, "circuit_open", f"{lane.breaker.failures} failures in a row: {err.reason}")
             elif err.kind == "config":
-                self.set_state(lane, "stopped_config_error", f"{err.reason}: {err.detail}")
+                confirms = lane.check is not None and err.reason == "bad_request"
+                also = "; another request got a 400 just before, so the configuration is at fault" if confirms else ""
+                self.set_state(lane, "stopped_config_error", f"{err.reason}: {err.detail}{also}")
             raise err from exc
         finally:
             elapsed = time.perf_counter() - t0
             self.metrics.judge_latency_seconds.labels(lane.name).observe(elapsed)
         lane.breaker.success()
+        self._decide(lane, "request")  # the provider took this request: a pending 400 was its request's own
         lane.window = min(max(1, spec.limits.concurrency), lane.window * 2)
         dropped = self._check_usage(lane, reply)
         if reply.cost_usd is None and spec.price is not None:
@@ -379,6 +452,19 @@ class JudgeEngine:
         self._account(lane, reply)
         self.refresh(lane)
         return reply, elapsed * 1000
+
+    def _suspect(self, lane: Lane, err: ProviderError, request: int | None) -> bool:
+        """Whether ``err`` starts a check instead of stopping the judge: a plain 400 of a worker's request
+        while the judge runs and no other 400 is being told apart (a second one confirms the first)."""
+        if err.reason != "bad_request" or request is None or lane.state not in ACTIVE or lane.check is not None:
+            return False
+        lane.checks.append(BadRequestCheck(request, err))
+        lane.window = 1
+        self.on_check()
+        log.warning(
+            "judge %s: request %d got %s; trying another request before stopping the judge", lane.name, request, err
+        )
+        return True
 
     def _check_usage(self, lane: Lane, reply: Reply) -> list[str]:
         """Impossible usage figures (negative, NaN, infinite) become unknown; counted and logged once per

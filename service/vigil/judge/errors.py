@@ -21,8 +21,10 @@ class ProviderError(JudgeError):
     """A model call failed, classified once (see :func:`vigil.judge.client.classify`).
 
     ``retryable``: 429, 5xx, timeouts, connection errors. ``config``: bad key, unknown model, bad
-    request shape: the judge stops until an operator acts. ``rejected``: the provider refused this
-    one request (context too long, content filter): the verdict is ``unscored`` with that reason.
+    request shape: the judge stops until an operator acts (a worker's plain 400, ``bad_request``, only
+    once another request shows it is not that one request's own: see ``JudgeEngine.call``).
+    ``rejected``: the provider refused this one request (context too long, content filter): the verdict
+    is ``unscored`` with that reason.
     """
 
     def __init__(
