@@ -150,6 +150,29 @@ def test_langsmith_tool_runs_answer_their_own_call_id_and_nested_tools_stay_insi
     assert [(m.role, m.text) for m in conv.messages] == [("assistant", ""), ("tool", "found")]
 
 
+def test_langsmith_tool_run_answers_a_model_call_that_carries_no_id() -> None:
+    """A model whose tool calls carry no id (the trace's ids are the tool runs' own): the tool run's result
+    answers the call, which takes the run's id; before, the result (a refund of 9999) was dropped."""
+    from vigil.ingest.importers import convert_data
+
+    root = {"id": "r", "name": "agent", "run_type": "chain", "inputs": {}, "outputs": {}}
+    calls = [{"name": "issue_refund", "args": {"amount": 9999}}, {"name": "lookup", "args": {}}]
+    ask = {"type": "human", "content": "refund"}
+    out = {"generations": [[{"message": {"type": "ai", "content": "", "tool_calls": calls}}]]}
+    first = {"id": "m1", "run_type": "llm", "parent_run_id": "r", "dotted_order": "r.0", "inputs": {"messages": [ask]},
+             "outputs": out}  # fmt: skip
+    refund = {"id": "t1", "name": "issue_refund", "run_type": "tool", "parent_run_id": "r", "dotted_order": "r.1",
+              "inputs": {"amount": 9999}, "outputs": {"output": "refunded 9999"}}  # fmt: skip
+    lookup = {**_tool_run("t2", "r", None, 2, error="KeyError('x')"), "extra": {}}
+    [conv] = convert_data([root, first, refund, lookup], "langsmith").conversations
+    assert [(m.role, m.text, m.tool_call_id, m.is_error) for m in conv.messages if m.role == "tool"] == [
+        ("tool", "refunded 9999", "t1", False),
+        ("tool", "KeyError('x')", "t2", True),
+    ]
+    [turn] = [m for m in conv.messages if m.tool_calls]
+    assert [(c.id, c.name) for c in turn.tool_calls or []] == [("t1", "issue_refund"), ("t2", "lookup")]
+
+
 def _span(span_id: str, data: dict[str, Any], second: int, error: Any = None) -> dict[str, Any]:
     at = f"2026-12-01T09:14:{second:02d}+00:00"
     return {"object": "trace.span", "id": span_id, "trace_id": "trace_1", "parent_id": None,

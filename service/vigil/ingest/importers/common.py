@@ -193,9 +193,18 @@ def join_executions(
             continue
         used.add(slot)
         at, seen = slots[slot]
-        call_id = seen.get("id") if isinstance(seen, dict) else None
-        if not isinstance(call_id, str):
+        if not isinstance(seen, dict):
+            unseen += [{"role": "assistant", "content": None, "tool_calls": [call]}, result]
             continue
+        call_id = seen.get("id")
+        if not isinstance(call_id, str):
+            # a model whose calls carry no id (the trace's call ids are the tool runs' own): the call takes the
+            # run's id so its result answers it, else the result would be lost
+            call_id = kind_of(call, "id")
+            if not isinstance(call_id, str) or call_id in by_id or call_id in answered:
+                call_id = f"vigil-call-{slot}"
+            seen["id"] = call_id
+            by_id[call_id] = slot
         if call_id in answered:
             answered[call_id]["is_error"] = bool(answered[call_id].get("is_error")) or bool(result.get("is_error"))
         else:
