@@ -1,5 +1,7 @@
-"""A compressed body sent to an endpoint that reads JSON as is gets a 415 that says so (it used to be a
-400 claiming the body was "not valid UTF-8"), is not stored, and the same body uncompressed is taken."""
+"""A body sent gzip or deflate to /v1/conversations or /v1/outcomes is inflated and stored as if sent as is
+(it was refused with 415); one that inflates past VIGIL_MAX_REQUEST_BYTES, or is not valid, is refused and
+kept as a dead letter; an encoding Vigil cannot undo is a 415 that names it (it used to be a 400 claiming
+the body was "not valid UTF-8"), and leaves nothing."""
 
 from __future__ import annotations
 
@@ -20,37 +22,99 @@ CONV = {
     "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
 }
 OUTCOME = {"conversation_id": "gz-1", "type": "thumbs_down", "idempotency_key": "k1"}
+LIMIT = 200_000
 
 
 @pytest.fixture
-def client(sqlite_url: str):  # type: ignore[no-untyped-def]
-    rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
+def rt(sqlite_url: str):  # type: ignore[no-untyped-def]
+    rt = build_runtime(make_settings(sqlite_url, max_request_bytes=LIMIT), registry=CollectorRegistry())
+    yield rt
+    rt.close()
+
+
+@pytest.fixture
+def client(rt):  # type: ignore[no-untyped-def]
     with make_client(rt) as c:
         yield c
-    rt.close()
+
+
+def _letters(client) -> list[dict]:  # type: ignore[no-untyped-def]
+    r = client.get("/v1/dead-letters", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return body["items"] if isinstance(body, dict) else body
+
+
+def _post(client, path: str, body: bytes, encoding: str | None = None):  # type: ignore[no-untyped-def]
+    headers = {**ADMIN, "Content-Type": "application/json"}
+    if encoding is not None:
+        headers["Content-Encoding"] = encoding
+    return client.post(path, content=body, headers=headers)
+
+
+def _gzip_members(b: bytes) -> bytes:
+    half = len(b) // 2
+    return gzip.compress(b[:half]) + gzip.compress(b[half:])
 
 
 @pytest.mark.parametrize(("path", "doc"), [("/v1/conversations", CONV), ("/v1/outcomes", OUTCOME)])
 @pytest.mark.parametrize(
     ("encoding", "pack"),
-    [
-        ("gzip", gzip.compress),
-        ("deflate", zlib.compress),
-        ("br", lambda b: b"\x0b\x02\x80" + b),
-        ("GZIP", gzip.compress),
-    ],
+    [("gzip", gzip.compress), ("deflate", zlib.compress), ("GZIP", gzip.compress), ("x-gzip", _gzip_members)],
 )
-def test_a_compressed_body_is_a_415_naming_its_encoding_and_leaves_nothing(client, path, doc, encoding, pack) -> None:  # type: ignore[no-untyped-def]
-    body = pack(orjson.dumps(doc))
-    headers = {**ADMIN, "Content-Type": "application/json", "Content-Encoding": encoding}
-    r = client.post(path, content=body, headers=headers)
+def test_a_gzip_or_deflate_body_is_stored_as_if_sent_as_is(client, path, doc, encoding, pack) -> None:  # type: ignore[no-untyped-def]
+    r = _post(client, path, pack(orjson.dumps(doc)), encoding)
+    assert r.status_code == 202, r.text
+    assert r.json()["stored"] == 1
+    again = _post(client, path, orjson.dumps(doc))  # the same, sent as is: already there
+    assert again.status_code == 202 and again.json()["stored"] == 0 and again.json()["duplicates"] == 1
+
+
+@pytest.mark.parametrize(("path", "doc"), [("/v1/conversations", CONV), ("/v1/outcomes", OUTCOME)])
+@pytest.mark.parametrize(("encoding", "pack"), [("br", lambda b: b"\x0b\x02\x80" + b), ("zstd", lambda b: b)])
+def test_an_encoding_vigil_cannot_undo_is_a_415_naming_it_and_leaves_nothing(client, path, doc, encoding, pack) -> None:  # type: ignore[no-untyped-def]
+    r = _post(client, path, pack(orjson.dumps(doc)), encoding)
     assert r.status_code == 415, r.text
-    assert r.json()["reason"] == "unsupported_encoding" and encoding.lower() in r.json()["detail"]
-    plain = client.post(path, content=orjson.dumps(doc), headers={**ADMIN, "Content-Type": "application/json"})
+    assert r.json()["reason"] == "unsupported_encoding" and encoding in r.json()["detail"]
+    plain = _post(client, path, orjson.dumps(doc))
     assert plain.status_code == 202, plain.text
     assert plain.json()["stored"] == 1 and plain.json()["duplicates"] == 0  # the refused copy left nothing
 
 
+@pytest.mark.parametrize("path", ["/v1/conversations", "/v1/outcomes"])
+def test_a_gzip_bomb_stops_at_the_request_limit_and_is_kept_as_a_dead_letter(rt, client, path) -> None:  # type: ignore[no-untyped-def]
+    bomb = gzip.compress(b"[" + b" " * 50_000_000 + b"]")  # 50 MB of spaces in about 50 KB
+    assert len(bomb) < LIMIT
+    r = _post(client, path, bomb, "gzip")
+    assert r.status_code == 413, r.text
+    assert r.json()["reason"] == "oversized" and "VIGIL_MAX_REQUEST_BYTES" in r.json()["detail"]
+    [letter] = _letters(client)
+    assert letter["reason"] == "oversized" and "decompressed" in letter["detail"]
+
+
+@pytest.mark.parametrize("path", ["/v1/conversations", "/v1/outcomes"])
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b"\x1f\x8b\x08\x00garbage-not-deflate", "not valid gzip"),
+        (gzip.compress(orjson.dumps(CONV))[:-12], "truncated"),
+        (gzip.compress(orjson.dumps(CONV)) + b"{trailing}", "followed by"),
+    ],
+)
+def test_broken_gzip_is_a_400_kept_as_a_dead_letter(rt, client, path, body, why) -> None:  # type: ignore[no-untyped-def]
+    r = _post(client, path, body, "gzip")
+    assert r.status_code == 400, r.text
+    assert r.json()["reason"] == "invalid_encoding" and why in r.json()["detail"]
+    [letter] = _letters(client)
+    assert letter["reason"] == "invalid_encoding" and why in letter["detail"]
+
+
 def test_identity_encoding_is_read_as_is(client) -> None:  # type: ignore[no-untyped-def]
-    headers = {**ADMIN, "Content-Type": "application/json", "Content-Encoding": "identity"}
-    assert client.post("/v1/conversations", content=orjson.dumps(CONV), headers=headers).status_code == 202
+    assert _post(client, "/v1/conversations", orjson.dumps(CONV), "identity").status_code == 202
+
+
+def test_a_gzip_body_that_is_not_json_is_kept_inflated_for_replay(rt, client) -> None:  # type: ignore[no-untyped-def]
+    r = _post(client, "/v1/conversations", gzip.compress(b'{"conversation_id": '), "gzip")
+    assert r.status_code == 400, r.text
+    [letter] = _letters(client)
+    assert letter["reason"] == "malformed_json"

@@ -16,8 +16,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import HTTPException, Request
+from starlette.concurrency import run_in_threadpool
 
 from vigil.errors import VigilError
+from vigil.http.encoding import INFLATABLE, Undecodable, inflate
 
 PREFIX_BYTES = 65_536  # of a body refused while reading, kept for its dead letter
 POOL_BUFFERS = 4  # body buffers a process keeps for reuse (see BufferPool)
@@ -55,12 +57,11 @@ class BodyTooLarge(VigilError):
 
 
 class EncodedBody(VigilError):
-    """A body sent with a ``Content-Encoding`` (gzip, deflate, ...) to an endpoint that reads it as is."""
+    """A body sent with a ``Content-Encoding`` the endpoint cannot undo (brotli, zstd, ...)."""
 
     def __init__(self, encoding: str) -> None:
         super().__init__(
-            f"Content-Encoding {encoding[:40]!r} is not accepted here: send the body uncompressed "
-            "(only the OTLP endpoints /v1/traces and /v1/logs take gzip)"
+            f"Content-Encoding {encoding[:40]!r} is not accepted here: send the body as gzip, deflate or uncompressed"
         )
 
 
@@ -227,9 +228,9 @@ def _declared(request: Request) -> int | None:
 
 def _checked(request: Request, limit: int, encoded: bool, setting: str) -> int | None:
     """The body's declared length, after refusing before reading what its headers already rule out: a
-    compressed body the caller does not inflate itself, a declared length over ``limit``."""
+    compressed body neither the caller nor :func:`limited_body` inflates, a declared length over ``limit``."""
     encoding = None if encoded else refused_encoding(request)
-    if encoding is not None:
+    if encoding is not None and encoding not in INFLATABLE:
         raise EncodedBody(encoding)
     declared = _declared(request)
     if declared is not None and declared > limit:
@@ -292,11 +293,14 @@ async def limited_body(
     holds what has arrived of it from the shared budget meanwhile (:class:`IngestBusy` if the bodies
     arriving at once could none of them finish).
 
-    Unless the caller inflates bodies itself (``encoded``: OTLP, which bounds what it inflates), a
-    compressed body is refused (:class:`EncodedBody`) before anything is read: decoding it as JSON
-    would answer a misleading "not valid UTF-8"."""
+    Unless the caller inflates bodies itself (``encoded``: OTLP, which bounds what it inflates), a body
+    sent as gzip or deflate is inflated here (off the event loop), to at most ``limit`` bytes, and the
+    inflated bytes are held from the budget too; one that cannot be undone is :class:`Undecodable` (its
+    ``status`` says why). Another encoding is refused (:class:`EncodedBody`) before anything is read:
+    decoding it as JSON would answer a misleading "not valid UTF-8"."""
     _own_limit(request)
     declared = _checked(request, limit, encoded, setting)
+    encoding = None if encoded else refused_encoding(request)
     async with _budget(request, inflight).lease(declared if declared is not None else limit) as lease:
         chunks: list[bytes] = []
         size = 0
@@ -307,7 +311,18 @@ async def limited_body(
                 raise BodyTooLarge(declared, limit, prefix + chunk[: PREFIX_BYTES - len(prefix)], setting=setting)
             chunks.append(chunk)
             await lease.cover(size)
-        yield b"".join(chunks)
+        body = b"".join(chunks)
+        if encoding is None:
+            yield body
+            return
+        del chunks
+        try:
+            data = await run_in_threadpool(inflate, body, encoding, limit, setting)
+        except Undecodable as exc:
+            exc.body = body[:PREFIX_BYTES]
+            raise
+        await lease.cover(size + len(data))
+        yield bytes(data)
 
 
 @asynccontextmanager

@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.http.body import BodyTooLarge, EncodedBody, limited_body
+from vigil.http.encoding import Undecodable, reason_of
 from vigil.ingest.decode import DecodeError, Item, decode_batch
 from vigil.ingest.importers import FORMATS, MALFORMED
 from vigil.ingest.pipeline import Envelope
@@ -246,9 +247,11 @@ def unavailable(rt: Runtime, exc: Exception) -> JSONResponse:
     dependencies=[require("ingest")],
     responses={
         202: {"description": "All items accepted"},
-        400: {"description": "Empty body or not JSON (kept as a dead letter), or an unknown format"},
-        413: {"description": "Body over VIGIL_MAX_REQUEST_BYTES, or more than 1000 items"},
-        415: {"description": "A compressed body (Content-Encoding): send it uncompressed"},
+        400: {
+            "description": "Empty body, not JSON or broken gzip/deflate (kept as a dead letter), or an unknown format"
+        },
+        413: {"description": "Body (as inflated) over VIGIL_MAX_REQUEST_BYTES, or more than 1000 items"},
+        415: {"description": "A Content-Encoding other than gzip or deflate: send it as gzip, deflate or uncompressed"},
         422: {"description": "Some items invalid; valid ones kept"},
         503: {"description": "Storage busy or unavailable; nothing stored, retry after Retry-After"},
     },
@@ -299,6 +302,13 @@ async def ingest_conversations(
         return JSONResponse({"detail": str(exc), "reason": "oversized"}, 413)
     except EncodedBody as exc:
         return JSONResponse({"detail": str(exc), "reason": "unsupported_encoding"}, 415)
+    except Undecodable as exc:  # gzip or deflate that cannot be undone: a note of what was sent, as for a large one
+        letter = DeadLetter("http", reason_of(exc), str(exc), exc.body)
+        try:
+            await run_in_threadpool(rt.pipeline.store, [], [letter], "http")
+        except StoreUnavailable:
+            log.warning("keeping a note of an undecodable request failed")
+        return JSONResponse({"detail": str(exc), "reason": reason_of(exc)}, exc.status)
     except StoreUnavailable as exc:
         return unavailable(rt, exc)
     return JSONResponse(answer.body, status_code=answer.status)

@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.http.body import BodyTooLarge, EncodedBody, limited_body
+from vigil.http.encoding import Undecodable, reason_of
 from vigil.outcomes.ingest import OutcomeIn, OutcomeStore
 from vigil.schema import UnreadableJson, read_items, too_dense
 from vigil.store.db import StoreUnavailable
@@ -59,6 +60,12 @@ async def post_outcomes(request: Request) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "reason": "oversized"}, 413)
     except EncodedBody as exc:
         return JSONResponse({"detail": str(exc), "reason": "unsupported_encoding"}, 415)
+    except Undecodable as exc:  # gzip or deflate that cannot be undone: a note of what was sent
+        try:
+            await run_in_threadpool(store.ingest_dead, DeadLetter("http", reason_of(exc), str(exc), exc.body))
+        except Exception:
+            log.warning("keeping a note of an undecodable outcomes request failed", exc_info=True)
+        return JSONResponse({"detail": str(exc), "reason": reason_of(exc)}, exc.status)
     except (StoreUnavailable, OperationalError, InterfaceError):
         # answered 503 by the app's handler; counted as POST /v1/conversations counts its own (IngestStoreFailing)
         runtime_of(request).metrics.ingest_errors.labels("store").inc()

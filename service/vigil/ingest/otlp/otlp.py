@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import re
 import threading
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import orjson
 
 from vigil.errors import VigilError
+from vigil.http.encoding import Undecodable, inflate
 
 HEX_TRACE = re.compile(r"^[0-9a-f]{32}$")
 HEX_SPAN = re.compile(r"^[0-9a-f]{16}$")
@@ -37,54 +37,11 @@ class OtlpError(VigilError):
 
 
 def decompress(body: bytes | memoryview, encoding: str | None, limit: int) -> bytes | memoryview:
-    enc = (encoding or "identity").strip().lower()
-    if enc in ("", "identity"):
-        data = body
-    elif enc == "gzip":
-        data = _inflate(body, limit, 16 + zlib.MAX_WBITS, "gzip", members=True)
-    elif enc == "deflate":
-        data = _inflate(body, limit, zlib.MAX_WBITS, "deflate", members=False)
-    else:
-        raise OtlpError(f"Content-Encoding {encoding!r} is not supported (gzip, deflate or none)", 415)
-    if len(data) > limit:
-        raise OtlpError(f"request body of {len(data)} bytes exceeds {limit} bytes (VIGIL_OTLP_MAX_BODY_BYTES)", 413)
-    return data
-
-
-GZIP_MAGIC = b"\x1f\x8b"
-
-
-def _inflate(body: bytes | memoryview, limit: int, wbits: int, name: str, members: bool) -> bytes | memoryview:
-    """A compressed body inflated whole, never to more than ``limit`` bytes (a bomb stops there: 413).
-
-    gzip may hold several members one after the other (RFC 1952, as ``cat a.gz b.gz`` makes): each is
-    read, under one bound for all. A stream cut short (no end of stream, or its CRC and length missing)
-    or followed by anything but another member (or gzip's zero padding) is refused: reading only what
-    inflates would store part of the request and acknowledge all of it."""
-    parts: list[bytes] = []
-    size = 0
-    rest = body
-    while True:
-        decomp = zlib.decompressobj(wbits)
-        try:
-            out = decomp.decompress(rest, limit - size + 1)
-        except zlib.error as exc:
-            raise OtlpError(f"body is not valid {name}: {exc}") from exc
-        size += len(out)
-        if size > limit:
-            raise OtlpError(f"decompressed body exceeds {limit} bytes (VIGIL_OTLP_MAX_BODY_BYTES)", 413)
-        parts.append(out)
-        if not decomp.eof:
-            raise OtlpError(
-                f"truncated {name} stream: the body ends before the end of the compressed data "
-                f"(after {size} decompressed bytes)"
-            )
-        rest = decomp.unused_data
-        if not rest or (members and not rest.strip(b"\0")):
-            break
-        if not (members and rest.startswith(GZIP_MAGIC)):
-            raise OtlpError(f"{name} stream is followed by {len(rest)} bytes that are not {name}")
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+    """``body`` inflated (gzip, deflate or none), never to more than ``limit`` bytes (a bomb stops there: 413)."""
+    try:
+        return inflate(body, encoding, limit, "VIGIL_OTLP_MAX_BODY_BYTES")
+    except Undecodable as exc:
+        raise OtlpError(str(exc), exc.status) from exc
 
 
 # --- protobuf ---------------------------------------------------------------
