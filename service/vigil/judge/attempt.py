@@ -14,10 +14,9 @@ from pydantic import ValidationError
 from vigil.judge import store
 from vigil.judge.engine import JudgeEngine, JudgeUnavailable, Lane, LeaseRunningOut
 from vigil.judge.errors import ProviderError
-from vigil.judge.limits import BadRequestCheck
 from vigil.judge.offline import findings_of, offline_prompt_hash, offline_raw, offline_verdict
-from vigil.judge.parse import Parsed, cut_short, parse_verdict
-from vigil.judge.prompt import build_messages
+from vigil.judge.parse import MAX_RATIONALE, Parsed, cut_short, parse_verdict
+from vigil.judge.prompt import build_messages, check_messages
 from vigil.judge.verdicts import Outcome
 from vigil.schema import Conversation
 
@@ -47,16 +46,13 @@ async def attempt(engine: JudgeEngine, lane: Lane, req: store.Claimed, probes: s
             if not engine.accepting(lane) and req.id not in probes:
                 raise JudgeUnavailable(lane.name, lane.state, lane.detail)
             reply, latency_ms = await engine.call(
-                lane, messages, probe=req.id in probes, lease_until=req.lease_until, request=req.id
+                lane, messages, probe=req.id in probes, lease_until=req.lease_until, check=check_messages(judge)
             )
     except JudgeUnavailable as exc:
         return Outcome(req, "release", delay=settings.judge_poll_interval_seconds, error=str(exc))
     except LeaseRunningOut as exc:  # back to the queue, to be claimed again with a fresh lease; no call made
         return Outcome(req, "release", error=str(exc))
     except ProviderError as err:
-        check = engine.check_of(lane, err)
-        if check is not None:
-            return await _told_apart(engine, lane, req, err, check)
         return _failed(engine, lane, req, err)
     parsed = parse_verdict(reply.text, judge.spec.categories)
     cut = cut_short(parsed.unscored_reason, reply.finish_reason)
@@ -104,28 +100,9 @@ def _failed(engine: JudgeEngine, lane: Lane, req: store.Claimed, err: ProviderEr
         return Outcome(req, "verdict", Parsed.unscored("gave_up", why), base_fields(lane, judge.prompt_hash))
     if decision.action == "stop_judge":
         return Outcome(req, "release", error=str(err))
-    return Outcome(
-        req,
-        "verdict",
-        Parsed.unscored(err.reason, err.detail[:500]),
-        base_fields(lane, judge.prompt_hash),
-    )
-
-
-async def _told_apart(
-    engine: JudgeEngine, lane: Lane, req: store.Claimed, err: ProviderError, check: BadRequestCheck
-) -> Outcome:
-    """The outcome of a 400 that may be this request's own, once the judge's next call has told.
-
-    Its own: an ``unscored`` verdict with reason ``bad_request`` and the provider's message (it would get
-    the same 400 again); the configuration's: put back, uncounted, as the judge stops; not told (the judge
-    paused, or the lease ran short): put back, uncounted, to be tried again."""
-    found = await engine.settle(lane, check, req.lease_until)
-    if found == "request":
-        why = f"the provider refused this request (other requests were judged): {err.detail}"[:2000]
-        return Outcome(req, "verdict", Parsed.unscored("bad_request", why), base_fields(lane, lane.judge.prompt_hash))
-    delay = 0.0 if found == "config" else engine.settings.judge_poll_interval_seconds
-    return Outcome(req, "release", delay=delay, error=str(err))
+    fields = base_fields(lane, judge.prompt_hash)
+    fields.update(err.spent)  # a 400 the judge's check request told apart: the check request's spend
+    return Outcome(req, "verdict", Parsed.unscored(err.reason, err.detail[:MAX_RATIONALE]), fields)
 
 
 def failed_unexpectedly(engine: JudgeEngine, lane: Lane, req: store.Claimed, exc: Exception) -> Outcome:

@@ -131,38 +131,6 @@ class CircuitBreaker:
         self.probing = False
 
 
-Found = Literal["request", "config", "undecided"]
-
-
-class BadRequestCheck:
-    """A 400 (reason ``bad_request``) one request got: its own (an image part, a tool schema or characters
-    the provider refuses) or the judge's configuration's (a wrong ``api_base`` path, a parameter the model
-    does not take)? The judge's next call tells: a reply means the request was at fault (``request``), a
-    configuration error that the configuration was (``config``: the judge stops)."""
-
-    def __init__(self, request: int, error: ProviderError) -> None:
-        self.request = request
-        self.error = error
-        self.found: Found | None = None
-        self._decided = asyncio.Event()
-
-    def decide(self, found: Found) -> bool:
-        """Settle the check once; False if it was settled already."""
-        if self.found is not None:
-            return False
-        self.found = found
-        self._decided.set()
-        return True
-
-    async def wait(self, seconds: float) -> Found:
-        """What the next call showed, or ``undecided`` after ``seconds``."""
-        try:
-            await asyncio.wait_for(self._decided.wait(), max(0.0, seconds))
-        except TimeoutError:
-            self.decide("undecided")
-        return self.found or "undecided"
-
-
 def utc_day(now: datetime) -> date:
     return now.astimezone(UTC).date()
 
