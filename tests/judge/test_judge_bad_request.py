@@ -12,6 +12,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.judge.test_judge_worker import metric, requests, setup, verdicts
@@ -47,10 +48,10 @@ def feed(rt: Any, n: int, poisoned: int | None, seed: int = 1, in_a_row: int = 1
 
 
 def is_check(messages: list[dict[str, str]]) -> bool:
-    """Whether ``messages`` are the judge's check request."""
+    """Whether ``messages`` are the judge's check request (for a verdict or for a pairwise call)."""
     from vigil.judge.prompt import CHECK_CONVERSATION
 
-    return f"agent: {CHECK_CONVERSATION.agent_id} " in messages[-1]["content"]
+    return CHECK_CONVERSATION.messages[0].text in messages[-1]["content"]
 
 
 def checks(client: Scripted) -> int:
@@ -165,3 +166,103 @@ def test_a_configuration_turning_bad_mid_run_costs_one_check_request(tmp_path: P
     assert stored == 10 and checks(client) == 1
     assert len(client.calls) <= 10 + 16 + 1  # at most what was in flight when the 400s began, and the check
     assert [r.attempts for r in requests(rt) if r.status == "pending"] == [0] * 50
+
+
+def pairwise_or_verdict(messages: list[dict[str, str]]) -> Any:
+    """Refuses the poisoned content; otherwise answers a pairwise prompt (the first answer wins) or a
+    verdict prompt (pass)."""
+    if any(POISON in str(m.get("content")) for m in messages):
+        return bad_request()
+    return '{"winner": "1", "rationale": "first"}' if "answer-1>" in messages[-1]["content"] else PASS
+
+
+def test_a_pairwise_request_the_provider_refuses_does_not_stop_the_judge(tmp_path: Path) -> None:
+    """``vigil serve`` answers pairwise requests and judges conversations in-process. A 400 for one pairwise
+    request's content stopped the judge: that request got a 409, every later pairwise request a 409, and no
+    conversation was judged until an operator resumed it. Now the check request tells the 400 apart:
+    that comparison is stored unscored (``bad_request``), the rest are answered and judged."""
+    from tests.judge.test_judge_api import runtime, sim
+    from tests.support.app import INGEST, REVIEWER, make_client
+    from tests.support.waiting import wait_for
+
+    client = Scripted(default=pairwise_or_verdict)
+    rt = runtime(tmp_path, client, mode="live")
+    poisoned = {"input": f"Describe the picture ({POISON})", "answer_a": "A cat.", "answer_b": "A dog."}
+    fine = {"input": "What is the capital of France?", "answer_a": "Paris.", "answer_b": "Lyon."}
+    with make_client(rt, {"serve"}) as c:
+        r = c.post("/v1/judges/tj/pairwise", json=poisoned, headers=REVIEWER)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert (got["result"], got["unscored_reason"], got["winner"]) == ("unscored", "bad_request", None)
+        assert 1 <= checks(client) <= 2 and got["cost_usd"] == pytest.approx(0.001 * checks(client))
+        [info] = c.get("/v1/judges", headers=REVIEWER).json()
+        assert info["state"] == "running", info["state_detail"]
+        for _ in range(2):
+            r = c.post("/v1/judges/tj/pairwise", json=fine, headers=REVIEWER)
+            assert r.status_code == 200 and r.json()["result"] == "position_bias", r.text
+        convs = sim(4)
+        assert c.post("/v1/conversations", content=orjson.dumps(convs), headers=INGEST).status_code == 202
+        wait_for(lambda: c.get("/v1/verdicts", headers=REVIEWER).json()["total"] == 4)
+        listed = c.get("/v1/judges/tj/pairwise", headers=REVIEWER).json()
+        assert listed["total"] == 3
+        metrics = c.get("/metrics").text
+        # each order's call was refused
+        assert 'vigil_judge_errors_total{class="bad_request",judge="tj"} 2.0' in metrics
+        assert 'vigil_judge_pairwise_total{judge="tj",result="unscored"} 1.0' in metrics
+    # the poisoned request's two orders (refused), four calls for the two others, one per conversation
+    assert len(client.calls) - checks(client) == 2 + 4 + 4 and checks(client) <= 2
+    rt.close()
+
+
+def test_a_pairwise_400_for_every_request_still_stops_the_judge(tmp_path: Path) -> None:
+    """A parameter the model does not take fails pairwise requests and the check request alike: the judge
+    stops (409), as a configuration error must."""
+    from tests.judge.test_judge_api import runtime
+    from tests.support.app import REVIEWER, make_client
+    from vigil.judge.stage import JudgeStage
+
+    client = Scripted(default=lambda messages: bad_request("Unrecognized request argument supplied: frobnicate"))
+    rt = runtime(tmp_path, client, mode="live")
+    with make_client(rt, {"api"}) as c:
+        r = c.post("/v1/judges/tj/pairwise", json={"input": "q", "answer_a": "a", "answer_b": "b"}, headers=REVIEWER)
+        assert r.status_code == 409 and "frobnicate" in r.json()["detail"], r.text
+    lane = rt.get(JudgeStage).engine.lanes["tj"]
+    assert lane.state == "stopped_config_error" and "frobnicate" in (lane.detail or "")
+    assert checks(client) >= 1 and len(client.calls) <= 4  # both orders and at most one check each
+    rt.close()
+
+
+def test_a_calibration_run_judges_past_a_conversation_the_provider_refuses(tmp_path: Path) -> None:
+    """``vigil calibrate`` runs the judge on a labelled set: one conversation it could not send made the
+    whole run fail (CalibrationError) and stopped the judge. Now that conversation is unscored and the
+    report counts the others."""
+    from prometheus_client import CollectorRegistry
+
+    from tests.support.app import make_settings
+    from tests.support.judge_fakes import judge_dir
+    from vigil.app.runtime import build_runtime
+    from vigil.app.wiring import wire
+    from vigil.calibration.calibrate import calibrate
+    from vigil.calibration.labelsets import LabelledItem, LabelledSet
+    from vigil.judge.client import ClientOverride
+    from vigil.judge.stage import JudgeStage
+
+    settings = make_settings(
+        f"sqlite:///{tmp_path / 'v.db'}",
+        judges_dir=str(judge_dir(tmp_path / "judges")),
+        judge_mode="live",
+        calibration_min_labels=2,
+    )
+    rt = build_runtime(settings, registry=CollectorRegistry())
+    client = Scripted(default=refuse_poisoned)
+    rt.provide(ClientOverride(client))
+    wire(rt, {"api"})
+    convs = [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:0.2"), 3).stream(6)]
+    convs[2].intent = POISON
+    labels = LabelledSet("inline", [LabelledItem(c.conversation_id, False, conversation=c) for c in convs])
+    result = asyncio.run(calibrate(rt, "tj", labels))
+    (v,) = result["versions"]
+    assert v["unscored"] == 1, v
+    assert rt.get(JudgeStage).engine.lanes["tj"].state == "running"
+    assert len(client.calls) - checks(client) == 6 and checks(client) == 1
+    rt.close()

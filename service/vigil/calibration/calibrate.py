@@ -24,6 +24,7 @@ from vigil.judge import (
     Parsed,
     ProviderError,
     build_messages,
+    check_messages,
     offline_verdict,
     parse_verdict,
 )
@@ -63,9 +64,11 @@ async def judge_one(engine: JudgeEngine, rules: RuleEngine, judge: str, conv: Co
         findings = [(f.rule_id, f.rule_type, f.severity, f.message) for f in rules.evaluate(conv)]
         return offline_verdict(lane.judge, conv, findings)
     try:
-        reply, _ms, _attempts = await engine.call_with_retries(lane, build_messages(lane.judge, conv))
+        reply, _ms, _attempts = await engine.call_with_retries(
+            lane, build_messages(lane.judge, conv), check=check_messages(lane.judge)
+        )
     except ProviderError as err:
-        if err.kind == "rejected":
+        if err.kind == "rejected":  # including a 400 the judge's check request showed to be this one's own
             return Parsed.unscored(err.reason, err.detail[:500])
         raise
     return parse_verdict(reply.text, lane.judge.spec.categories)

@@ -16,7 +16,7 @@ from vigil.judge.engine import JudgeEngine, JudgeUnavailable
 from vigil.judge.errors import ProviderError
 from vigil.judge.offline import offline_verdict
 from vigil.judge.parse import Parsed, parse_verdict
-from vigil.judge.prompt import build_messages
+from vigil.judge.prompt import build_messages, check_messages
 from vigil.judge.stage import JudgeStage
 from vigil.runtime import Runtime, Stage
 
@@ -47,6 +47,7 @@ __all__ = [
     "Parsed",
     "ProviderError",
     "build_messages",
+    "check_messages",
     "offline_verdict",
     "parse_verdict",
 ]

@@ -529,11 +529,13 @@ class JudgeEngine:
         max_attempts: int | None = None,
         max_delay: float | None = None,
         timeout: float | None = None,
+        check: list[dict[str, str]] | None = None,
     ) -> tuple[Reply, float, int]:
         """A call outside the worker (pairwise, calibration), retried inline under the same policy,
         bounded by ``max_attempts`` / ``max_delay`` / ``timeout`` when given. It takes a slot of the
         judge's concurrency like the worker's calls, and an open circuit refuses it
-        (:class:`JudgeUnavailable`) instead of calling the provider."""
+        (:class:`JudgeUnavailable`) instead of calling the provider. ``check``: as for :meth:`call`, the
+        judge's check request that tells a plain 400 apart (one request's own: a ``rejected`` error)."""
         attempts = 0
         spec = lane.judge.spec
         while True:
@@ -545,7 +547,7 @@ class JudgeEngine:
                 probe = lane.state == "circuit_open"
                 self.check_available(lane)  # after the wait for a slot: the state may have changed
                 try:
-                    reply, ms = await self.call(lane, messages, timeout, probe=probe)
+                    reply, ms = await self.call(lane, messages, timeout, probe=probe, check=check)
                     return reply, ms, attempts
                 except ProviderError as err:
                     d = self.policy(err, attempts, max_attempts)

@@ -170,3 +170,9 @@ CHECK_CONVERSATION = Conversation(
 def check_messages(judge: Judge) -> list[dict[str, str]]:
     """The judge's check request, as :func:`build_messages` renders a conversation for it."""
     return build_messages(judge, CHECK_CONVERSATION)
+
+
+def check_pairwise_messages(judge: Judge) -> list[dict[str, str]]:
+    """The judge's check request for a pairwise call: the same exchange as two answers to compare."""
+    question, answer = (m.text for m in CHECK_CONVERSATION.messages)
+    return build_pairwise_messages(judge, question, answer, "I cannot say.")
