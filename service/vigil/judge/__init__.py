@@ -12,6 +12,8 @@ from __future__ import annotations
 import typing
 
 from vigil.judge import models
+from vigil.judge.attempt import ask
+from vigil.judge.client import Reply
 from vigil.judge.engine import JudgeEngine, JudgeUnavailable
 from vigil.judge.errors import ProviderError
 from vigil.judge.offline import offline_verdict
@@ -46,6 +48,8 @@ __all__ = [
     "JudgeUnavailable",
     "Parsed",
     "ProviderError",
+    "Reply",
+    "ask",
     "build_messages",
     "check_messages",
     "offline_verdict",

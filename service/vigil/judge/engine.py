@@ -388,7 +388,8 @@ class JudgeEngine:
             err = classify(exc)
             if defer_400 and err.reason == "bad_request" and lane.state in TELLING:
                 raise _Unsettled(err) from exc  # counted once told apart
-            self.metrics.judge_errors.labels(lane.name, err.kind).inc()
+            # a reply that cannot be read is no sign of an outage: the provider answered
+            self.metrics.judge_errors.labels(lane.name, "parse" if err.kind == "unreadable" else err.kind).inc()
             if err.kind == "retryable":
                 lane.window = 1
                 lane.breaker.failure(err.retry_after)

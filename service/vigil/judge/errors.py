@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from vigil.errors import ConfigError, VigilError
 
-ErrorClass = Literal["retryable", "config", "rejected"]
+ErrorClass = Literal["retryable", "config", "rejected", "unreadable"]
 
 
 class JudgeError(VigilError):
@@ -24,7 +24,9 @@ class ProviderError(JudgeError):
     request shape: the judge stops until an operator acts (a plain 400, ``bad_request``, only once the
     judge's check request shows it is not that one request's own: see ``JudgeEngine.call``).
     ``rejected``: the provider refused this one request (context too long, content filter, a 400 the
-    check request was spared): the verdict is ``unscored`` with that reason.
+    check request was spared): the verdict is ``unscored`` with that reason. ``unreadable``: the provider
+    answered (HTTP 200, and may have charged for it) but the client could not read the reply: asked again
+    at most ``VIGIL_JUDGE_REASKS`` times, then ``unscored``, never retried as if the provider were down.
     """
 
     def __init__(

@@ -34,11 +34,12 @@ def decide(
 
     Retryable errors wait ``base * 2**(attempts-1)`` capped at ``cap``, with equal jitter (half fixed,
     half random, so replicas hitting the same 429 spread out but the wait still grows), until
-    ``max_attempts``. Configuration errors stop the judge; rejected requests become ``unscored``.
+    ``max_attempts``. Configuration errors stop the judge; rejected requests and replies that cannot be
+    read become ``unscored``.
     """
     if err.kind == "config":
         return Decision("stop_judge")
-    if err.kind == "rejected":
+    if err.kind in ("rejected", "unreadable"):
         return Decision("unscored")
     if attempts >= max_attempts:
         return Decision("give_up")

@@ -57,7 +57,7 @@ async def _ask(engine: JudgeEngine, lane: Lane, input_text: str, first: str, sec
             check=check_pairwise_messages(lane.judge),
         )
     except ProviderError as err:
-        if err.kind != "rejected":
+        if err.kind not in ("rejected", "unreadable"):  # a refused request, or a reply that cannot be read
             raise
         spent = err.spent  # a 400 the judge's check request told apart: what the check request cost
         return {
