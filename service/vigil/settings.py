@@ -200,6 +200,13 @@ class Settings(BaseSettings):
         ge=1,
         description="Attempts of a request on retryable errors before it gets an unscored verdict (gave_up).",
     )
+    judge_reasks: int = Field(
+        default=1,
+        ge=0,
+        le=5,
+        description="Times a judge's request is sent again, within one attempt, when the reply cannot be read "
+        "(not the JSON verdict object, or a body the client cannot read); then the verdict is unscored.",
+    )
     judge_retry_base_seconds: float = Field(
         default=2.0,
         gt=0,

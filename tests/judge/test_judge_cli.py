@@ -184,8 +184,8 @@ def test_worker_once_rejects_the_one_request_a_provider_refuses_and_judges_the_r
 def test_worker_once_exits_3_when_a_400_comes_back_for_every_request(
     env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A parameter the endpoint does not take fails every request: a configuration error, found with a
-    second request; the judge stops, ``--once`` exits 3 and every request waits."""
+    """A parameter the endpoint does not take fails every request: a configuration error, found with the judge's
+    check request; the judge stops, ``--once`` exits 3 and every request waits."""
     from tests.support.fake_openai import Script, fake_openai
 
     refused: list[dict[str, Any]] = []
@@ -194,7 +194,7 @@ def test_worker_once_exits_3_when_a_400_comes_back_for_every_request(
     with fake_openai(script) as (url, _):
         _queue_for_a_proxied_model(tmp_path, monkeypatch, url, 3)
         out = cli_runner().invoke(app, ["judge-worker", "--once"])
-    assert len(refused) == 2 and script.requests == []  # a second request confirmed it; no third was sent
+    assert len(refused) == 2 and script.requests == []  # the check request confirmed it; no third was sent
     assert out.exit_code == 3, out.output
     assert "judge tj is stopped_config_error" in out.output and "(3 requests wait)" in out.output
     assert "frobnicate" in out.output

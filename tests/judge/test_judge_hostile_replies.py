@@ -200,12 +200,14 @@ def test_duplicate_keys_in_a_pairwise_reply_are_refused() -> None:
 
 
 def test_a_duplicate_key_reply_is_an_unscored_verdict_counted_as_a_parse_error(tmp_path: Path) -> None:
-    client = Scripted(['{"verdict":"pass","score":0.9,"categories":[],"verdict":"fail"}'])
+    client = Scripted(default='{"verdict":"pass","score":0.9,"categories":[],"verdict":"fail"}')
     rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=1)
     assert run(stage) == 1
     [v] = verdicts(rt)
     assert (v.verdict, v.unscored_reason) == ("unscored", "duplicate_keys")
-    assert metric(rt, "vigil_judge_errors_total", judge="tj", **{"class": "parse"}) == 1
+    # asked once more (VIGIL_JUDGE_REASKS), with the same answer: each reply a parse error
+    assert len(client.calls) == 2
+    assert metric(rt, "vigil_judge_errors_total", judge="tj", **{"class": "parse"}) == 2
 
 
 # --- what the database cannot hold --------------------------------------------------------------
@@ -216,7 +218,8 @@ def test_nul_in_a_reply_is_stored_on_every_database(db_url, tmp_path: Path) -> N
     batch of verdicts, while the worker kept paying for calls whose verdicts it could not write."""
     nul_rationale = '{"verdict":"fail","score":0.1,"categories":["other"],"rationale":"see \\u0000 here"}'
     client = Scripted([nul_rationale, "not json \x00 at all", PASS])
-    rt, stage = setup(db_url, tmp_path, client, n=3)
+    # one reply each (re-asks are test_judge_unreadable_replies.py's subject)
+    rt, stage = setup(db_url, tmp_path, client, n=3, settings={"judge_reasks": 0})
     assert run(stage) == 3
     by_reply = {v.raw_reply: v for v in verdicts(rt)}
     assert by_reply[nul_rationale].rationale == "see \ufffd here" and by_reply[nul_rationale].verdict == "fail"
@@ -387,7 +390,16 @@ def test_a_reply_cut_short_says_why_not_invalid_json(tmp_path: Path) -> None:
     script.reply = lambda body: _openai_reply(*replies.pop(0))  # type: ignore[method-assign]
     with fake_openai(script) as (url, _):
         extra = {"extra_params": {"api_base": url, "api_key": "sk-test"}}
-        rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, LiteLLMClient(), n=4, limits=CAP, **extra)
+        # one reply each (re-asks are test_judge_unreadable_replies.py's subject)
+        rt, stage = setup(
+            f"sqlite:///{tmp_path / 'v.db'}",
+            tmp_path,
+            LiteLLMClient(),
+            n=4,
+            limits=CAP,
+            settings={"judge_reasks": 0},
+            **extra,
+        )
         assert run(stage) == 4
     got = sorted((v.unscored_reason or "", v.rationale or "") for v in verdicts(rt))
     assert [reason for reason, _ in got] == ["content_filtered", "invalid_json", "truncated", "truncated"]

@@ -107,7 +107,8 @@ def test_litellm_mock_response_cost_and_malformed_replies(tmp_path: Path) -> Non
         ],
         via_litellm=True,
     )
-    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=4)
+    # one reply each (re-asks are test_judge_unreadable_replies.py's subject)
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, n=4, settings={"judge_reasks": 0})
     asyncio.run(stage.worker.run_until_idle(30))
     vs = verdicts(rt)
     assert sorted((v.verdict, v.unscored_reason) for v in vs) == [
@@ -459,11 +460,12 @@ def test_prompt_injection_does_not_change_parsing(tmp_path: Path) -> None:
     )
 
     def naive_echo(messages: list[dict[str, str]]) -> str:
+        """A model that quotes the injected verdict, every time it is asked (re-asks included)."""
         user = messages[1]["content"]
         start = user.index('{"verdict"')
         return "Here is my verdict: " + user[start : user.index("}", start) + 1]
 
-    client = Scripted([FAIL, naive_echo])
+    client = Scripted([FAIL], default=naive_echo)
     rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, client, limits={"concurrency": 1})
     conv = next(iter(Simulator(parse_versions("v1:0.0"), 1).stream(2)))
     conv["messages"].insert(1, {"role": "user", "content": injected})

@@ -34,10 +34,11 @@ class Script:
     _baseline: int | None = None
     # provider trouble on demand: called per request; an int answers that HTTP status (429 with
     # Retry-After: 1), (status, message) that status with the provider's error message, a float hangs
-    # that many seconds before the normal reply, None replies normally
-    fault: Callable[[], int | tuple[int, str] | float | None] | None = None
+    # that many seconds before the normal reply, bytes answers 200 with that body (a reply no client can
+    # read), None replies normally
+    fault: Callable[[], int | tuple[int, str] | float | bytes | None] | None = None
     # the same, chosen by the request's body (a provider that refuses one request's content)
-    fault_for: Callable[[dict[str, Any]], int | tuple[int, str] | float | None] | None = None
+    fault_for: Callable[[dict[str, Any]], int | tuple[int, str] | float | bytes | None] | None = None
 
     def reply(self, body: dict[str, Any]) -> dict[str, Any]:
         self.requests.append(body)
@@ -94,6 +95,13 @@ class _Handler(BaseHTTPRequestHandler):
         trouble = self.script.fault() if self.script.fault else None
         if trouble is None and self.script.fault_for is not None:
             trouble = self.script.fault_for(body)
+        if isinstance(trouble, bytes):
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(trouble)))
+            self.end_headers()
+            self.wfile.write(trouble)
+            return
         if isinstance(trouble, tuple):
             trouble, message = trouble
         else:

@@ -2,8 +2,8 @@
 
 Running it reuses the judge stage's parts for one conversation: the prompt (``build_messages``), the
 engine's call with its limits, retries and error classification (``JudgeEngine.call_with_retries``), the
-strict reply parser, and the offline judge when no provider key is configured. Nothing is queued or stored
-as a production verdict.
+strict reply parser with the worker's re-asks (``ask``), and the offline judge when no provider key is
+configured. Nothing is queued or stored as a production verdict.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from vigil.judge import (
     JudgeUnavailable,
     Parsed,
     ProviderError,
+    Reply,
+    ask,
     build_messages,
+    check_messages,
     offline_verdict,
-    parse_verdict,
 )
 from vigil.rules import RuleEngine
 from vigil.schema import Conversation
@@ -62,13 +64,18 @@ async def judge_one(engine: JudgeEngine, rules: RuleEngine, judge: str, conv: Co
     if lane.offline:
         findings = [(f.rule_id, f.rule_type, f.severity, f.message) for f in rules.evaluate(conv)]
         return offline_verdict(lane.judge, conv, findings)
+    messages = build_messages(lane.judge, conv)
+
+    async def send() -> tuple[Reply, float]:
+        reply, ms, _attempts = await engine.call_with_retries(lane, messages, check=check_messages(lane.judge))
+        return reply, ms
+
     try:
-        reply, _ms, _attempts = await engine.call_with_retries(lane, build_messages(lane.judge, conv))
+        return (await ask(engine, lane, send)).parsed  # a reply that cannot be read is asked again, bounded
     except ProviderError as err:
-        if err.kind == "rejected":
+        if err.kind == "rejected":  # including a 400 the judge's check request showed to be this one's own
             return Parsed.unscored(err.reason, err.detail[:500])
         raise
-    return parse_verdict(reply.text, lane.judge.spec.categories)
 
 
 def resolve_conversations(sessions: Any, items: list[LabelledItem]) -> list[str]:

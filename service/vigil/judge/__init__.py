@@ -12,11 +12,13 @@ from __future__ import annotations
 import typing
 
 from vigil.judge import models
+from vigil.judge.attempt import ask
+from vigil.judge.client import Reply
 from vigil.judge.engine import JudgeEngine, JudgeUnavailable
 from vigil.judge.errors import ProviderError
 from vigil.judge.offline import offline_verdict
 from vigil.judge.parse import Parsed, parse_verdict
-from vigil.judge.prompt import build_messages
+from vigil.judge.prompt import build_messages, check_messages
 from vigil.judge.stage import JudgeStage
 from vigil.runtime import Runtime, Stage
 
@@ -46,7 +48,10 @@ __all__ = [
     "JudgeUnavailable",
     "Parsed",
     "ProviderError",
+    "Reply",
+    "ask",
     "build_messages",
+    "check_messages",
     "offline_verdict",
     "parse_verdict",
 ]

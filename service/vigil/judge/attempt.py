@@ -7,17 +7,19 @@ the reason), a retry after a delay, or a release back to the queue.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from vigil.judge import store
+from vigil.judge.client import Reply
 from vigil.judge.engine import JudgeEngine, JudgeUnavailable, Lane, LeaseRunningOut
 from vigil.judge.errors import ProviderError
-from vigil.judge.limits import BadRequestCheck
 from vigil.judge.offline import findings_of, offline_prompt_hash, offline_raw, offline_verdict
-from vigil.judge.parse import Parsed, cut_short, parse_verdict
-from vigil.judge.prompt import build_messages
+from vigil.judge.parse import MALFORMED, MAX_RATIONALE, Parsed, cut_short, parse_verdict
+from vigil.judge.prompt import build_messages, check_messages
 from vigil.judge.verdicts import Outcome
 from vigil.schema import Conversation
 
@@ -37,6 +39,12 @@ async def attempt(engine: JudgeEngine, lane: Lane, req: store.Claimed, probes: s
         return await _offline(engine, lane, req, conv)
     messages = build_messages(judge, conv)
     settings = engine.settings
+
+    async def send() -> tuple[Reply, float]:
+        return await engine.call(
+            lane, messages, probe=req.id in probes, lease_until=req.lease_until, check=check_messages(judge)
+        )
+
     try:
         # claimed requests beyond the limits wait here, so a freed slot starts the next call at once
         async with (
@@ -46,35 +54,99 @@ async def attempt(engine: JudgeEngine, lane: Lane, req: store.Claimed, probes: s
             # the judge may have stopped or paused while this request waited for a slot
             if not engine.accepting(lane) and req.id not in probes:
                 raise JudgeUnavailable(lane.name, lane.state, lane.detail)
-            reply, latency_ms = await engine.call(
-                lane, messages, probe=req.id in probes, lease_until=req.lease_until, request=req.id
-            )
+            answer = await ask(engine, lane, send)
     except JudgeUnavailable as exc:
         return Outcome(req, "release", delay=settings.judge_poll_interval_seconds, error=str(exc))
     except LeaseRunningOut as exc:  # back to the queue, to be claimed again with a fresh lease; no call made
         return Outcome(req, "release", error=str(exc))
     except ProviderError as err:
-        check = engine.check_of(lane, err)
-        if check is not None:
-            return await _told_apart(engine, lane, req, err, check)
         return _failed(engine, lane, req, err)
-    parsed = parse_verdict(reply.text, judge.spec.categories)
+    fields = base_fields(lane, judge.prompt_hash)
+    fields.update(
+        raw_reply=capped_reply(answer.text),
+        prompt_tokens=answer.prompt_tokens,
+        completion_tokens=answer.completion_tokens,
+        cost_usd=answer.cost_usd,
+        latency_ms=answer.latency_ms,
+    )
+    return Outcome(req, "verdict", answer.parsed, fields)
+
+
+@dataclass(slots=True)
+class Answer:
+    """One judgement of a request: the verdict read from the last reply, that reply's text, and what all the
+    calls it took spent (the figures known; a reply the client could not read reports none)."""
+
+    parsed: Parsed
+    text: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost_usd: float | None = None
+    latency_ms: float = 0.0
+
+    def add(self, reply: Reply, latency_ms: float) -> None:
+        self.text = reply.text
+        self.prompt_tokens = _plus(self.prompt_tokens, reply.prompt_tokens)
+        self.completion_tokens = _plus(self.completion_tokens, reply.completion_tokens)
+        self.cost_usd = _plus(self.cost_usd, reply.cost_usd)
+        self.latency_ms += latency_ms
+
+
+def _plus(a: Any, b: Any) -> Any:
+    return a if b is None else b if a is None else a + b
+
+
+async def ask(engine: JudgeEngine, lane: Lane, send: Callable[[], Awaitable[tuple[Reply, float]]]) -> Answer:
+    """Send the judge's request (``send``) and read the verdict from the reply.
+
+    A reply that is not the verdict object asked for (:data:`~vigil.judge.parse.MALFORMED`), or that the
+    client could not read at all (``unreadable_reply``), is asked again, the same request, at most
+    ``VIGIL_JUDGE_REASKS`` times; then the verdict is ``unscored`` with the last reason, the last reply kept
+    and the rationale saying what each reply was. Every reply's spend counts. The request is sent as it
+    is, never with the bad reply and a request to fix it: that would ask the model to pick a verdict-shaped
+    object out of its own text, which the strict parser refuses to do. A re-ask that cannot be sent or fails
+    (the judge paused, the lease short, a provider error) ends the re-asks with what the replies so far gave.
+    """
+    answer = Answer(Parsed.unscored("empty_reply"))
+    unread: list[str] = []
+    for n in range(engine.settings.judge_reasks + 1):
+        try:
+            reply, latency_ms = await send()
+        except ProviderError as err:
+            if err.kind != "unreadable":
+                if n:  # a re-ask that failed: the replies so far stand
+                    break
+                raise
+            answer.parsed = Parsed.unscored(err.reason, err.detail[:MAX_RATIONALE])
+        except (JudgeUnavailable, LeaseRunningOut):
+            if not n:
+                raise
+            break
+        else:
+            answer.add(reply, latency_ms)
+            answer.parsed = _read(engine, lane, reply)
+        reason = answer.parsed.unscored_reason
+        if reason != "unreadable_reply" and reason not in MALFORMED:
+            return answer
+        unread.append(str(reason))
+    if len(unread) > 1:
+        last = answer.parsed.rationale
+        why = f"asked {len(unread)} times, no reply was the JSON verdict object ({', '.join(unread)})"
+        answer.parsed.rationale = (why + (f"; the last: {last}" if last else ""))[:MAX_RATIONALE]
+    return answer
+
+
+def _read(engine: JudgeEngine, lane: Lane, reply: Reply) -> Parsed:
+    """The verdict a reply gives, strictly parsed; each reply that gives none counts as a parse error."""
+    parsed = parse_verdict(reply.text, lane.judge.spec.categories)
     cut = cut_short(parsed.unscored_reason, reply.finish_reason)
     if cut is not None:
-        why = f"max_tokens ({judge.spec.max_tokens})" if cut == "truncated" else "the provider's content filter"
+        why = f"max_tokens ({lane.judge.spec.max_tokens})" if cut == "truncated" else "the provider's content filter"
         parsed = Parsed.unscored(cut, f"the reply was cut short by {why} (finish_reason {reply.finish_reason})")
         engine.metrics.judge_errors.labels(lane.name, "rejected" if cut == "content_filtered" else "parse").inc()
     elif parsed.verdict == "unscored" and parsed.unscored_reason != "judge_abstained":
         engine.metrics.judge_errors.labels(lane.name, "parse").inc()
-    fields = base_fields(lane, judge.prompt_hash)
-    fields.update(
-        raw_reply=capped_reply(reply.text),
-        prompt_tokens=reply.prompt_tokens,
-        completion_tokens=reply.completion_tokens,
-        cost_usd=reply.cost_usd,
-        latency_ms=latency_ms,
-    )
-    return Outcome(req, "verdict", parsed, fields)
+    return parsed
 
 
 async def _offline(engine: JudgeEngine, lane: Lane, req: store.Claimed, conv: Conversation) -> Outcome:
@@ -104,28 +176,9 @@ def _failed(engine: JudgeEngine, lane: Lane, req: store.Claimed, err: ProviderEr
         return Outcome(req, "verdict", Parsed.unscored("gave_up", why), base_fields(lane, judge.prompt_hash))
     if decision.action == "stop_judge":
         return Outcome(req, "release", error=str(err))
-    return Outcome(
-        req,
-        "verdict",
-        Parsed.unscored(err.reason, err.detail[:500]),
-        base_fields(lane, judge.prompt_hash),
-    )
-
-
-async def _told_apart(
-    engine: JudgeEngine, lane: Lane, req: store.Claimed, err: ProviderError, check: BadRequestCheck
-) -> Outcome:
-    """The outcome of a 400 that may be this request's own, once the judge's next call has told.
-
-    Its own: an ``unscored`` verdict with reason ``bad_request`` and the provider's message (it would get
-    the same 400 again); the configuration's: put back, uncounted, as the judge stops; not told (the judge
-    paused, or the lease ran short): put back, uncounted, to be tried again."""
-    found = await engine.settle(lane, check, req.lease_until)
-    if found == "request":
-        why = f"the provider refused this request (other requests were judged): {err.detail}"[:2000]
-        return Outcome(req, "verdict", Parsed.unscored("bad_request", why), base_fields(lane, lane.judge.prompt_hash))
-    delay = 0.0 if found == "config" else engine.settings.judge_poll_interval_seconds
-    return Outcome(req, "release", delay=delay, error=str(err))
+    fields = base_fields(lane, judge.prompt_hash)
+    fields.update(err.spent)  # a 400 the judge's check request told apart: the check request's spend
+    return Outcome(req, "verdict", Parsed.unscored(err.reason, err.detail[:MAX_RATIONALE]), fields)
 
 
 def failed_unexpectedly(engine: JudgeEngine, lane: Lane, req: store.Claimed, exc: Exception) -> Outcome:

@@ -256,6 +256,17 @@ _CONTENT_FILTER_RE = re.compile(
 )
 
 
+# A 200 whose body litellm could not make a completion of (not JSON, no choices, a message content that is
+# not text), in litellm's words: it raises them as a 500 of its own, but the provider answered (and may
+# have charged for the reply), so retrying as for an outage (backoff, VIGIL_JUDGE_MAX_ATTEMPTS, the circuit
+# breaker) only pays for the same reply again
+_UNREADABLE_RE = re.compile(
+    r"Invalid response object|Empty or invalid response from LLM endpoint"
+    r"|provider returned (a response with no 'choices'|'choices' that is not a list)"
+    r"|Expecting [^:]{1,40}: line \d+ column \d+ \(char \d+\)|Unterminated string starting at: line \d+"
+)
+
+
 MAX_RETRY_AFTER = 3600.0  # seconds: a provider's Retry-After beyond this is taken as this
 
 
@@ -284,7 +295,7 @@ def retry_after(exc: BaseException) -> float | None:
 
 
 def classify(exc: BaseException) -> ProviderError:
-    """Sort any failure of a model call into retryable / config / rejected, once, here."""
+    """Sort any failure of a model call into retryable / config / rejected / unreadable, once, here."""
     if isinstance(exc, ProviderError):
         return exc
     err = _classify(exc)
@@ -315,6 +326,8 @@ def _classify(exc: BaseException) -> ProviderError:
         return ProviderError("config", "auth", detail, status)
     if _CREDENTIALS_RE.search(str(exc)):
         return ProviderError("config", "missing_credentials", detail, status)
+    if lm is not None and isinstance(exc, lm.InternalServerError) and _UNREADABLE_RE.search(str(exc)):
+        return ProviderError("unreadable", "unreadable_reply", detail, status)
     if lm is not None and isinstance(exc, lm.InternalServerError) and "connection error" in str(exc).lower():
         # litellm reports a refused or dropped connection as a 500: it is the network, not the provider
         return ProviderError("retryable", "connection", detail, status)

@@ -17,16 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from vigil.judge.client import LLMClient, Reply, classify, has_credentials, has_price, sanitize_usage
 from vigil.judge.definitions import Judge
 from vigil.judge.errors import JudgeError, ProviderError
-from vigil.judge.limits import (
-    BadRequestCheck,
-    Budget,
-    CircuitBreaker,
-    Decision,
-    Found,
-    RateLimiter,
-    decide,
-    utc_day,
-)
+from vigil.judge.limits import Budget, CircuitBreaker, Decision, RateLimiter, decide, utc_day
 from vigil.judge.offline import OFFLINE_LABEL, OFFLINE_MODEL
 from vigil.metrics import Metrics
 from vigil.money import usd
@@ -39,6 +30,9 @@ STATES = ("running", "budget_unknown", "paused_budget", "stopped_config_error", 
 # States in which a judge takes requests. budget_unknown: judging goes on, but no price is known for the
 # model, so the spend (and the daily cap) cannot be counted.
 ACTIVE = ("running", "budget_unknown")
+# States in which the judge's check request may tell a plain 400 apart (see JudgeEngine.call); stopped or
+# paused, it does not call
+TELLING = (*ACTIVE, "circuit_open")
 
 
 # Interactive calls (pairwise over HTTP) hold a request open: one retry after a short wait, then the error.
@@ -60,6 +54,18 @@ class JudgeUnavailable(JudgeError):
 class LeaseRunningOut(JudgeError):
     """A claimed request waited for a call slot until too little of its lease is left for the call: sent
     now, it could still be in flight when another worker takes the request over and pays for it again."""
+
+
+class _Unsettled(Exception):
+    """A plain 400 whose fault the judge's check request is to tell (raised inside the engine only)."""
+
+    def __init__(self, error: ProviderError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+# what the judge's check request got: its reply, or the error that came instead
+Checked = tuple[Reply | None, ProviderError | JudgeError | None]
 
 
 @dataclass
@@ -85,14 +91,9 @@ class Lane:
     # the cost the provider reported for the last reply, when it was impossible (negative, NaN, infinite)
     # and no judge.yaml price could stand in: why the spend is unknown although the model has a price
     bad_cost: str | None = None
-    # 400s of the worker's requests that the next call is to tell apart (one pending at a time), until
-    # their requests' attempts collect them (see JudgeEngine.settle)
-    checks: list[BadRequestCheck] = field(default_factory=list)
-
-    @property
-    def check(self) -> BadRequestCheck | None:
-        """The 400 waiting for the judge's next call to say whose fault it is, if any."""
-        return next((c for c in self.checks if c.found is None), None)
+    # the judge's check request in flight, telling whose fault a plain 400 is (see JudgeEngine.call): 400s
+    # that come back meanwhile wait for its answer instead of sending another
+    checking: asyncio.Future[Checked] | None = None
 
     @property
     def name(self) -> str:
@@ -133,8 +134,6 @@ class JudgeEngine:
         self._gate_loop: asyncio.AbstractEventLoop | None = None
         self._windows: asyncio.Condition | None = None
         self.lanes: dict[str, Lane] = {}
-        # called when a worker's call starts a BadRequestCheck: the worker claims another request to decide it
-        self.on_check: Callable[[], None] = lambda: None
         for name, judge in judges.items():
             lane = Lane(
                 judge,
@@ -206,45 +205,6 @@ class JudgeEngine:
             log.warning("judge %s: %s -> %s%s", lane.name, lane.state, state, f" ({detail})" if detail else "")
         lane.state, lane.detail, lane.changed_at, lane.dirty = state, detail, self.clock(), True
         self._publish(lane)
-        if state not in ACTIVE:  # no call comes to tell: a stop blames the configuration
-            self._decide(lane, "config" if state == "stopped_config_error" else "undecided")
-
-    def _decide(self, lane: Lane, found: Found) -> None:
-        check = lane.check
-        if check is not None and check.decide(found):
-            if found != "undecided":  # undecided: put back uncounted, to be tried again
-                self.metrics.judge_errors.labels(lane.name, "bad_request" if found == "request" else "config").inc()
-            log.warning(
-                "judge %s: the 400 of request %d was %s",
-                lane.name,
-                check.request,
-                "its own (another request succeeded)" if found == "request" else f"not told apart ({found})",
-            )
-
-    def no_other_request(self, lane: Lane) -> None:
-        """The worker found no other request to tell a pending 400 apart: the judge stops, as for any
-        configuration error; after a resume the request is tried again, with others by then."""
-        check = lane.check
-        if check is not None:
-            why = "no other request was waiting to show whether the configuration or this request is at fault"
-            self.set_state(lane, "stopped_config_error", f"{check.error.reason}: {check.error.detail} ({why})")
-
-    def check_of(self, lane: Lane, err: ProviderError) -> BadRequestCheck | None:
-        """The check ``err`` started (raised by :meth:`call` for a worker's request), if it did."""
-        return next((c for c in lane.checks if c.error is err), None)
-
-    async def settle(self, lane: Lane, check: BadRequestCheck, lease_until: datetime | None) -> Found:
-        """Wait, holding no call slot, for the judge's next call to decide ``check``; ``undecided`` when
-        the request's lease (less a call's timeout) runs out first, so no other worker takes it meanwhile."""
-        lease = self.settings.judge_lease_seconds
-        seconds = lease if lease_until is None else (lease_until - self.clock()).total_seconds()
-        try:
-            found = await check.wait(seconds - lane.judge.spec.timeout_seconds - 1.0)
-            if found == "undecided":
-                self._decide(lane, "undecided")
-            return found
-        finally:
-            lane.checks.remove(check)
 
     def _publish(self, lane: Lane) -> None:
         for s in STATES:
@@ -372,16 +332,20 @@ class JudgeEngine:
         timeout: float | None = None,
         probe: bool = False,
         lease_until: datetime | None = None,
-        request: int | None = None,
+        check: list[dict[str, str]] | None = None,
     ) -> tuple[Reply, float]:
         """One attempt: call slot, budget, rate limit, timeout. Raises :class:`ProviderError` (classified),
         or :class:`LeaseRunningOut` when the call could outlive ``lease_until`` (a claimed request's lease).
 
-        A worker's call (``request``, its id) that gets a plain 400 (``bad_request``) does not stop the
-        judge at once: it starts a :class:`BadRequestCheck` (see :meth:`check_of`, :meth:`settle`) that
-        the judge's next call decides; a second 400 meanwhile stops it."""
+        ``check``: the judge's check request for this kind of call (:func:`~vigil.judge.prompt.check_messages`).
+        A call given one that gets a plain 400 (``bad_request``) does not stop the judge at once: the check
+        request tells whose fault the 400 is (see :meth:`_tell_apart`)."""
         async with self.calling(lane, probe):
-            return await self._call(lane, messages, timeout, lease_until, request)
+            try:
+                return await self._call(lane, messages, timeout, lease_until, defer_400=check is not None)
+            except _Unsettled as exc:
+                assert check is not None
+                raise await self._tell_apart(lane, exc.error, check, timeout, lease_until) from exc
 
     async def _call(
         self,
@@ -389,7 +353,7 @@ class JudgeEngine:
         messages: list[dict[str, str]],
         timeout: float | None,
         lease_until: datetime | None = None,
-        request: int | None = None,
+        defer_400: bool = False,
     ) -> tuple[Reply, float]:
         reserved = lane.budget.reserve()
         if reserved is None:  # the cap, or calls in flight that may reach it
@@ -422,24 +386,22 @@ class JudgeEngine:
         except Exception as exc:
             lane.budget.release(reserved)
             err = classify(exc)
-            if self._suspect(lane, err, request):
-                raise err from exc
-            self.metrics.judge_errors.labels(lane.name, err.kind).inc()
+            if defer_400 and err.reason == "bad_request" and lane.state in TELLING:
+                raise _Unsettled(err) from exc  # counted once told apart
+            # a reply that cannot be read is no sign of an outage: the provider answered
+            self.metrics.judge_errors.labels(lane.name, "parse" if err.kind == "unreadable" else err.kind).inc()
             if err.kind == "retryable":
                 lane.window = 1
                 lane.breaker.failure(err.retry_after)
                 if lane.breaker.is_open:
                     self.set_state(lane, "circuit_open", f"{lane.breaker.failures} failures in a row: {err.reason}")
             elif err.kind == "config":
-                confirms = lane.check is not None and err.reason == "bad_request"
-                also = "; another request got a 400 just before, so the configuration is at fault" if confirms else ""
-                self.set_state(lane, "stopped_config_error", f"{err.reason}: {err.detail}{also}")
+                self.set_state(lane, "stopped_config_error", f"{err.reason}: {err.detail}")
             raise err from exc
         finally:
             elapsed = time.perf_counter() - t0
             self.metrics.judge_latency_seconds.labels(lane.name).observe(elapsed)
         lane.breaker.success()
-        self._decide(lane, "request")  # the provider took this request: a pending 400 was its request's own
         lane.window = min(max(1, spec.limits.concurrency), lane.window * 2)
         dropped = self._check_usage(lane, reply)
         if reply.cost_usd is None and spec.price is not None:
@@ -453,18 +415,82 @@ class JudgeEngine:
         self.refresh(lane)
         return reply, elapsed * 1000
 
-    def _suspect(self, lane: Lane, err: ProviderError, request: int | None) -> bool:
-        """Whether ``err`` starts a check instead of stopping the judge: a plain 400 of a worker's request
-        while the judge runs and no other 400 is being told apart (a second one confirms the first)."""
-        if err.reason != "bad_request" or request is None or lane.state not in ACTIVE or lane.check is not None:
-            return False
-        lane.checks.append(BadRequestCheck(request, err))
-        lane.window = 1
-        self.on_check()
-        log.warning(
-            "judge %s: request %d got %s; trying another request before stopping the judge", lane.name, request, err
+    async def _tell_apart(
+        self,
+        lane: Lane,
+        err: ProviderError,
+        check: list[dict[str, str]],
+        timeout: float | None,
+        lease_until: datetime | None,
+    ) -> JudgeError:
+        """Whose fault a plain 400 is, told by the judge's check request (a built-in two-message
+        conversation, with the judge's own prompt, model and parameters, that any working configuration
+        answers); returns the error the call raises.
+
+        Answered: the 400 is the request's own, a ``rejected`` error (reason ``bad_request``) that carries
+        what the check request spent (``spent``, for the caller that sent it: it is stored with that
+        request's outcome). A 400 again: the configuration is at fault, the judge stops and the 400 is
+        returned as the configuration error it is. The check failing otherwise (a timeout, a 5xx) tells
+        nothing: a ``retryable`` error, so the request is tried again later under the retry policy. One
+        check request at a time per judge: 400s that come back while it is in flight share its answer."""
+        lane.window = 1  # no more calls into what may be a wrong configuration until this is told
+        running = lane.checking
+        mine = running is None or running.done() or running.get_loop() is not asyncio.get_running_loop()
+        if mine:
+            log.warning("judge %s: %s; sending the judge's check request to tell whose fault it is", lane.name, err)
+            lane.checking = asyncio.ensure_future(self._check(lane, check, timeout, lease_until))
+        checking = lane.checking
+        assert checking is not None
+        left = None if lease_until is None else (lease_until - self.clock()).total_seconds() - 1.0
+        try:
+            reply, failure = await asyncio.wait_for(asyncio.shield(checking), left)
+        except TimeoutError:
+            return LeaseRunningOut("the lease ran short while the judge's check request told a 400 apart")
+        if failure is None or (isinstance(failure, ProviderError) and failure.kind == "rejected"):
+            self.metrics.judge_errors.labels(lane.name, "bad_request").inc()
+            own = ProviderError(
+                "rejected",
+                "bad_request",
+                f"the provider refused this request; the judge's check request, with the same model and "
+                f"parameters, was answered: {err.detail}",
+                err.status,
+            )
+            if mine and reply is not None:
+                own.spent = {
+                    "prompt_tokens": reply.prompt_tokens,
+                    "completion_tokens": reply.completion_tokens,
+                    "cost_usd": reply.cost_usd,
+                }
+            return own
+        # not told: the request is put back, uncounted
+        if isinstance(failure, LeaseRunningOut):
+            return LeaseRunningOut(f"{err.reason} not told apart: {failure}")
+        if isinstance(failure, JudgeUnavailable):
+            return JudgeUnavailable(lane.name, failure.state, lane.detail, failure.retry_after)
+        if isinstance(failure, ProviderError) and failure.kind == "config":
+            self.metrics.judge_errors.labels(lane.name, "config").inc()
+            return err
+        return ProviderError(
+            "retryable",
+            err.reason,
+            f"{err.detail} (not told apart from a configuration error: the judge's check request failed: {failure})",
+            err.status,
         )
-        return True
+
+    async def _check(
+        self, lane: Lane, check: list[dict[str, str]], timeout: float | None, lease_until: datetime | None
+    ) -> Checked:
+        """Send the judge's check request: its reply, or why it got none."""
+        try:
+            reply, _ms = await self._call(lane, check, timeout, lease_until, defer_400=True)
+        except _Unsettled as exc:  # a 400 for the check request as well: the configuration is at fault
+            self.metrics.judge_errors.labels(lane.name, "config").inc()
+            why = "the judge's check request got this 400 too, so the configuration is at fault, not one request"
+            self.set_state(lane, "stopped_config_error", f"{exc.error.reason}: {exc.error.detail}; {why}")
+            return None, exc.error
+        except (ProviderError, JudgeUnavailable, LeaseRunningOut) as exc:
+            return None, exc
+        return reply, None
 
     def _check_usage(self, lane: Lane, reply: Reply) -> list[str]:
         """Impossible usage figures (negative, NaN, infinite) become unknown; counted and logged once per
@@ -504,11 +530,13 @@ class JudgeEngine:
         max_attempts: int | None = None,
         max_delay: float | None = None,
         timeout: float | None = None,
+        check: list[dict[str, str]] | None = None,
     ) -> tuple[Reply, float, int]:
         """A call outside the worker (pairwise, calibration), retried inline under the same policy,
         bounded by ``max_attempts`` / ``max_delay`` / ``timeout`` when given. It takes a slot of the
         judge's concurrency like the worker's calls, and an open circuit refuses it
-        (:class:`JudgeUnavailable`) instead of calling the provider."""
+        (:class:`JudgeUnavailable`) instead of calling the provider. ``check``: as for :meth:`call`, the
+        judge's check request that tells a plain 400 apart (one request's own: a ``rejected`` error)."""
         attempts = 0
         spec = lane.judge.spec
         while True:
@@ -520,7 +548,7 @@ class JudgeEngine:
                 probe = lane.state == "circuit_open"
                 self.check_available(lane)  # after the wait for a slot: the state may have changed
                 try:
-                    reply, ms = await self.call(lane, messages, timeout, probe=probe)
+                    reply, ms = await self.call(lane, messages, timeout, probe=probe, check=check)
                     return reply, ms, attempts
                 except ProviderError as err:
                     d = self.policy(err, attempts, max_attempts)

@@ -34,11 +34,12 @@ def decide(
 
     Retryable errors wait ``base * 2**(attempts-1)`` capped at ``cap``, with equal jitter (half fixed,
     half random, so replicas hitting the same 429 spread out but the wait still grows), until
-    ``max_attempts``. Configuration errors stop the judge; rejected requests become ``unscored``.
+    ``max_attempts``. Configuration errors stop the judge; rejected requests and replies that cannot be
+    read become ``unscored``.
     """
     if err.kind == "config":
         return Decision("stop_judge")
-    if err.kind == "rejected":
+    if err.kind in ("rejected", "unreadable"):
         return Decision("unscored")
     if attempts >= max_attempts:
         return Decision("give_up")
@@ -129,38 +130,6 @@ class CircuitBreaker:
             # opened so that the probe comes after the cooldown and after what the provider asked for
             self.opened_at = self.clock() + max(0.0, (retry_after or 0.0) - self.cooldown)
         self.probing = False
-
-
-Found = Literal["request", "config", "undecided"]
-
-
-class BadRequestCheck:
-    """A 400 (reason ``bad_request``) one request got: its own (an image part, a tool schema or characters
-    the provider refuses) or the judge's configuration's (a wrong ``api_base`` path, a parameter the model
-    does not take)? The judge's next call tells: a reply means the request was at fault (``request``), a
-    configuration error that the configuration was (``config``: the judge stops)."""
-
-    def __init__(self, request: int, error: ProviderError) -> None:
-        self.request = request
-        self.error = error
-        self.found: Found | None = None
-        self._decided = asyncio.Event()
-
-    def decide(self, found: Found) -> bool:
-        """Settle the check once; False if it was settled already."""
-        if self.found is not None:
-            return False
-        self.found = found
-        self._decided.set()
-        return True
-
-    async def wait(self, seconds: float) -> Found:
-        """What the next call showed, or ``undecided`` after ``seconds``."""
-        try:
-            await asyncio.wait_for(self._decided.wait(), max(0.0, seconds))
-        except TimeoutError:
-            self.decide("undecided")
-        return self.found or "undecided"
 
 
 def utc_day(now: datetime) -> date:

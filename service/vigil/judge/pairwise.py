@@ -24,7 +24,7 @@ from vigil.judge.engine import (
 from vigil.judge.errors import ProviderError
 from vigil.judge.offline import OFFLINE_LABEL, offline_pairwise, offline_prompt_hash
 from vigil.judge.parse import PairChoice, cut_short, parse_pairwise
-from vigil.judge.prompt import build_pairwise_messages
+from vigil.judge.prompt import build_pairwise_messages, check_pairwise_messages
 from vigil.store.db import storable_text
 from vigil.store.models import PairwiseRow
 
@@ -54,16 +54,18 @@ async def _ask(engine: JudgeEngine, lane: Lane, input_text: str, first: str, sec
             max_attempts=INTERACTIVE_ATTEMPTS,
             max_delay=INTERACTIVE_MAX_DELAY_SECONDS,
             timeout=min(lane.judge.spec.timeout_seconds, INTERACTIVE_TIMEOUT_SECONDS),
+            check=check_pairwise_messages(lane.judge),
         )
     except ProviderError as err:
-        if err.kind != "rejected":
+        if err.kind not in ("rejected", "unreadable"):  # a refused request, or a reply that cannot be read
             raise
+        spent = err.spent  # a 400 the judge's check request told apart: what the check request cost
         return {
             "choice": PairChoice(None, None, err.reason),
             "raw": None,
-            "pt": None,
-            "ct": None,
-            "cost": None,
+            "pt": spent.get("prompt_tokens"),
+            "ct": spent.get("completion_tokens"),
+            "cost": spent.get("cost_usd"),
         }
     parsed = parse_pairwise(reply.text)
     cut = cut_short(parsed.unscored_reason, reply.finish_reason)

@@ -17,6 +17,17 @@ import orjson
 # reasoning model can spend them all before writing a word), or stopped by its content filter.
 CUT_SHORT = {"length": "truncated", "content_filter": "content_filtered"}
 _UNREADABLE = {"empty_reply", "invalid_json", "not_an_object"}
+# Replies that are not the verdict object asked for: asked again (VIGIL_JUDGE_REASKS) before they stand. Not
+# a reply cut short (the same max_tokens cuts it again), one that abstains, nor one that contradicts itself
+# (the object asked for, saying nothing to count)
+MALFORMED = _UNREADABLE | {
+    "duplicate_keys",
+    "unknown_fields",
+    "bad_verdict",
+    "bad_rationale",
+    "bad_score",
+    "bad_categories",
+}
 VERDICT_KEYS = {"verdict", "score", "categories", "rationale"}
 PAIRWISE_KEYS = {"winner", "rationale"}
 MAX_RATIONALE = 2000

@@ -151,3 +151,28 @@ def build_pairwise_messages(
         {"role": "system", "content": PAIRWISE_PREAMBLE.format(tag=tag)},
         {"role": "user", "content": user},
     ]
+
+
+# The judge's check request: a two-message conversation that any working configuration answers, judged with
+# the judge's own prompt, model and parameters. A plain 400 does not say whether one request's content or
+# the configuration is at fault; whether this request gets one too does (see ``JudgeEngine.call``).
+CHECK_CONVERSATION = Conversation(
+    conversation_id="vigil-check",
+    agent_id="vigil-check",
+    agent_version="1",
+    messages=[
+        Message(role="user", content="Has my order shipped?"),
+        Message(role="assistant", content="Yes: it shipped yesterday and should arrive on Friday."),
+    ],
+)
+
+
+def check_messages(judge: Judge) -> list[dict[str, str]]:
+    """The judge's check request, as :func:`build_messages` renders a conversation for it."""
+    return build_messages(judge, CHECK_CONVERSATION)
+
+
+def check_pairwise_messages(judge: Judge) -> list[dict[str, str]]:
+    """The judge's check request for a pairwise call: the same exchange as two answers to compare."""
+    question, answer = (m.text for m in CHECK_CONVERSATION.messages)
+    return build_pairwise_messages(judge, question, answer, "I cannot say.")

@@ -58,7 +58,6 @@ class JudgeWorker:
         self.judged = 0
         self.only_conversation = only_conversation  # ``vigil judge run``: claim nothing else
         self._undefined: set[str] = set()  # judges with queued requests that no definition here defines
-        engine.on_check = self._wake_up
 
     # --- lifecycle (the ``background`` protocol of ``vigil serve``) -------------------------------
 
@@ -115,18 +114,11 @@ class JudgeWorker:
         while loop.time() < deadline:
             claimed = await self.tick(force_housekeeping=True)
             if self._tasks:
-                # a request whose 400 is being told apart waits for another to be claimed: wake for that too
-                self._wake.clear()
-                checking = any(lane.check is not None for lane in self.engine.lanes.values())
-                woken = asyncio.ensure_future(self._wake.wait())
                 await asyncio.wait(
-                    [*self._tasks, woken],
-                    timeout=max(0.0, min(deadline - loop.time(), self.settings.judge_poll_interval_seconds))
-                    if checking
-                    else max(0.0, deadline - loop.time()),
+                    list(self._tasks),
+                    timeout=max(0.0, deadline - loop.time()),
                     return_when=asyncio.FIRST_COMPLETED,
                 )
-                woken.cancel()
             await self._flush()
             if not claimed and not self._tasks:
                 waiting = [n for n, lane in self.engine.lanes.items() if self.engine.accepting(lane)]
@@ -174,9 +166,6 @@ class JudgeWorker:
                 self._probes.update(r.id for r in claimed)
                 if not claimed:
                     lane.breaker.cancel_probe()
-            if not claimed and lane.check is not None and lane.in_flight <= 1:
-                # only the request whose 400 is being told apart is here, and no other is due to tell
-                self.engine.no_other_request(lane)
             for req in claimed:
                 lane.in_flight += 1
                 self.in_flight += 1
@@ -188,9 +177,6 @@ class JudgeWorker:
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
-        self._wake.set()
-
-    def _wake_up(self) -> None:
         self._wake.set()
 
     def _claim(self, judge: str, limit: int) -> list[store.Claimed]:
