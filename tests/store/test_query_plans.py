@@ -10,6 +10,7 @@ it would slow down as the table grows. Small, bounded tables (state, leases, def
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -81,7 +82,7 @@ def recorded(pg_url):  # type: ignore[no-untyped-def]
         outcomes = [
             {"conversation_id": x["conversation_id"], "type": "escalation", "idempotency_key": f"e{i}"}
             for i, x in enumerate(early)
-        ]
+        ] + [{"conversation_id": "never-stored", "type": "escalation"}]  # waits in vain: retention drops it
         c.post("/v1/outcomes", json=outcomes, headers=INGEST)
         for offset in (7, 3):  # a consumer's bad message, and one before it: is it recorded already?
             rt.pipeline.process_raw([Envelope(b"{not json", "kafka", "conversations", 0, offset, "k")])
@@ -136,6 +137,7 @@ def recorded(pg_url):  # type: ignore[no-untyped-def]
         series = c.get("/v1/quality/series", params={"agent": "support-bot", "version": "v2"}, headers=REVIEWER)
         assert series.status_code == 200
         retention.run(rt.sessions, rt.settings)
+        retention.run(rt.sessions, rt.settings, now=datetime.now(UTC) + timedelta(days=400))  # everything past it
         _traced(rt)
         event.remove(rt.engine, "before_cursor_execute", record)
         yield rt, statements
@@ -178,6 +180,8 @@ def test_no_hot_query_scans_a_growing_table(recorded) -> None:  # type: ignore[n
     assert any("UPDATE review_items" in s and "agent_id IS NULL" in s for s in statements)  # the flagger's fill-in
     assert any("FROM dead_letters" in s and "coalesce" in s for s in statements)  # what a batch recorded before
     assert any("FROM exported_tasks" in s and "min(" in s for s in statements)  # revisions exported before
+    assert any(s.startswith("DELETE FROM outcomes") for s in statements)  # retention, unjoined and not
+    assert any(s.startswith("DELETE FROM review_items") for s in statements)  # items that waited in vain
     offenders: list[str] = []
     raw = rt.engine.raw_connection()
     try:
