@@ -507,8 +507,8 @@ class Settings(BaseSettings):
     retention_conversations_days: float = Field(
         default=90.0,
         ge=0,
-        description="Conversations (and their findings, outcomes, outcome links) older than this are deleted; "
-        "labelled and exported conversations are kept. 0 keeps them forever.",
+        description="Conversations (and their findings, outcomes, outcome links, judge requests) older than this "
+        "are deleted; labelled and exported conversations are kept. 0 keeps them forever.",
     )
     retention_unjoined_outcomes_days: float = Field(
         default=30.0,

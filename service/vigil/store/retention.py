@@ -2,9 +2,10 @@
 
 Kept regardless of age: conversations a reviewer labelled or that sit open in the review queue, and
 conversations exported as eval tasks (with their findings, verdicts and outcomes), since review, export and
-calibration still read them. An outcome goes with its conversation; one whose conversation is not stored
-(it has not come yet, or was deleted before outcomes went with it) goes ``retention_unjoined_outcomes_days``
-after it was received, with the review item that waited for that conversation. The hourly rollups are
+calibration still read them. A conversation's outcomes and judge requests go with it; an outcome whose
+conversation is not stored (it has not come yet, or was deleted before outcomes went with it) goes
+``retention_unjoined_outcomes_days`` after it was received, with the review item that waited for that
+conversation. The hourly rollups are
 never deleted: compare and the charts keep answering for periods whose raw rows are gone. A conversation
 deleted here leaves the rollup job's membership too; before deleting, a run records its cutoff
 (``rollups.RETAINED``), and hours that began before it, or before this deployment's retention, are no
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 
 # written by the export stage; named here only to keep what it exported
 EXPORTED = table("exported_tasks", column("conversation_id"))
+# written by the judge stage; named here only to delete a deleted conversation's requests
+JUDGE_REQUESTS = table("judge_requests", column("conversation_id"))
 # written by the review stage; named here only to drop what hangs off an item that waited in vain
 REASONS = table("review_reasons", column("conversation_id"))
 AUDIT = table("review_audit", column("conversation_id"))
@@ -175,6 +178,7 @@ def _drop_conversations(at: datetime) -> Any:
         if gone:
             for model in (FindingRow, OutcomeRow, OutcomeLinkRow, RollupMemberRow):
                 s.execute(delete(model).where(model.conversation_id.in_(gone)))
+            s.execute(delete(JUDGE_REQUESTS).where(JUDGE_REQUESTS.c.conversation_id.in_(gone)))
         return len(gone)
 
     return remove
