@@ -514,8 +514,14 @@ class Settings(BaseSettings):
     retention_conversations_days: float = Field(
         default=90.0,
         ge=0,
-        description="Conversations (and their findings, outcome links) older than this are deleted; labelled "
-        "and exported conversations are kept. 0 keeps them forever.",
+        description="Conversations (and their findings, outcomes, outcome links, judge requests) older than this "
+        "are deleted; labelled and exported conversations are kept. 0 keeps them forever.",
+    )
+    retention_unjoined_outcomes_days: float = Field(
+        default=30.0,
+        ge=0,
+        description="Outcomes whose conversation is not stored (not arrived yet, or deleted) are deleted this "
+        "long after they were received, with review items still waiting for that conversation. 0: forever.",
     )
     retention_findings_days: float = Field(
         default=90.0, ge=0, description="Findings older than this are deleted (of kept conversations too). 0: forever."

@@ -1,24 +1,30 @@
-"""Every query the write path, the API, the rollup job and retention issue has an index to use.
+"""Every query the write path, the API, the rollup job, the detector and retention issue has an index to use.
 
 The test records each statement sent to Postgres while it ingests (new and replaced conversations,
 outcomes before and after their conversation), flags, reads every list and aggregate, reviews, runs the
-rollup job and retention; then it asks Postgres to plan each one again with sequential scans priced out
-(``enable_seqscan = off``). A plan that still scans a growing table sequentially has no index to use:
-it would slow down as the table grows. Small, bounded tables (state, leases, definitions) may be scanned.
+rollup job, detector passes (a fold and a recount), the alerts, quality and home pages, and retention;
+then it asks Postgres to plan each one again with sequential scans priced out (``enable_seqscan = off``).
+A plan that still scans a growing table sequentially has no index to use: it would slow down as the
+table grows. Small, bounded tables (state, leases, definitions) may be scanned.
 """
 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from sqlalchemy import event
 
 from tests.support.app import ADMIN, INGEST, REVIEWER, make_client, make_settings
 from tests.support.traffic import clean, with_defect
 from vigil.app.runtime import build_runtime
+from vigil.app.server import build_app
+from vigil.detector.models import DetectionRow
+from vigil.detector.wiring import build_detector
 from vigil.ingest.pipeline import Envelope
 from vigil.store import retention, rollup_job
 
@@ -45,6 +51,7 @@ GROWING = {
     "otel_conversations",
     "otel_conversation_traces",
     "otel_values",
+    "quality_counts",
 }
 SKIP = re.compile(r"^\s*(COPY|CREATE|TRUNCATE|SET|SHOW|BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|SELECT pg_)", re.I)
 
@@ -65,7 +72,8 @@ def _explainable(sql: str) -> bool:
 
 @pytest.fixture
 def recorded(pg_url):  # type: ignore[no-untyped-def]
-    rt = build_runtime(make_settings(pg_url, compare_bootstrap_resamples=100), registry=CollectorRegistry())
+    settings = make_settings(pg_url, compare_bootstrap_resamples=100, detector_settle_seconds=0.0)
+    rt = build_runtime(settings, registry=CollectorRegistry())
     statements: dict[str, Any] = {}
 
     def record(_conn, _cursor, statement, parameters, _context, executemany):  # type: ignore[no-untyped-def]
@@ -77,11 +85,21 @@ def recorded(pg_url):  # type: ignore[no-untyped-def]
         early = v2[:5]  # their outcomes arrive first: the review items wait for the conversation
         c.post("/v1/conversations", json=v1, headers=INGEST)
         rollup_job.refresh(rt.sessions, lag_seconds=0)  # the first run rebuilds from scratch: not recorded
+        detector = build_detector(rt)
+        detector.tick()  # takes the lease: counts the history and sums it once, not recorded
+        with rt.sessions.begin() as s:  # an alert, for the alerts page's evidence
+            s.add(
+                DetectionRow(
+                    agent_id="support-bot", agent_version="v1", signal="tool_error", baseline="self",
+                    baseline_rate=0.01, rate=0.2, observations=40, statistic=13.0, threshold=12.9,
+                    started_at=datetime.now(UTC),
+                )
+            )  # fmt: skip
         event.listen(rt.engine, "before_cursor_execute", record)
         outcomes = [
             {"conversation_id": x["conversation_id"], "type": "escalation", "idempotency_key": f"e{i}"}
             for i, x in enumerate(early)
-        ]
+        ] + [{"conversation_id": "never-stored", "type": "escalation"}]  # waits in vain: retention drops it
         c.post("/v1/outcomes", json=outcomes, headers=INGEST)
         for offset in (7, 3):  # a consumer's bad message, and one before it: is it recorded already?
             rt.pipeline.process_raw([Envelope(b"{not json", "kafka", "conversations", 0, offset, "k")])
@@ -135,7 +153,17 @@ def recorded(pg_url):  # type: ignore[no-untyped-def]
         assert c.get("/v1/rules/quality", params={"outcome": "escalation"}, headers=REVIEWER).status_code == 200
         series = c.get("/v1/quality/series", params={"agent": "support-bot", "version": "v2"}, headers=REVIEWER)
         assert series.status_code == 200
+        detector.tick()  # folds v2: baselines, statistics, gauges
+        detector.tick(datetime.now(UTC) + timedelta(hours=2))  # and recounts the hours that closed
+        ui = TestClient(build_app(rt))
+        token = re.search(r'name="csrf" value="([^"]+)"', ui.get("/ui/login").text)
+        assert token
+        ui.post("/ui/login", data={"csrf": token.group(1), "api_key": "rita-key", "next": "/ui"})
+        assert "tool_error" in ui.get("/ui/alerts").text  # with the alert's evidence
+        assert ui.get("/ui/quality", params={"agent": "support-bot", "version": "v2"}).status_code == 200
+        assert ui.get("/ui").status_code == 200  # the home page: a day's traffic from the detector's hours
         retention.run(rt.sessions, rt.settings)
+        retention.run(rt.sessions, rt.settings, now=datetime.now(UTC) + timedelta(days=400))  # everything past it
         _traced(rt)
         event.remove(rt.engine, "before_cursor_execute", record)
         yield rt, statements
@@ -178,6 +206,10 @@ def test_no_hot_query_scans_a_growing_table(recorded) -> None:  # type: ignore[n
     assert any("UPDATE review_items" in s and "agent_id IS NULL" in s for s in statements)  # the flagger's fill-in
     assert any("FROM dead_letters" in s and "coalesce" in s for s in statements)  # what a batch recorded before
     assert any("FROM exported_tasks" in s and "min(" in s for s in statements)  # revisions exported before
+    assert any(s.startswith("DELETE FROM outcomes") for s in statements)  # retention, unjoined and not
+    assert any("FROM quality_counts" in s and "hour >=" in s for s in statements)  # a baseline's newest hours
+    assert any("FROM quality_totals" in s for s in statements)  # every series' counts: one row each
+    assert any(s.startswith("DELETE FROM review_items") for s in statements)  # items that waited in vain
     offenders: list[str] = []
     raw = rt.engine.raw_connection()
     try:

@@ -20,6 +20,8 @@ from vigil.store.models import (
     ConversationRow,
     DeadLetterRow,
     FindingRow,
+    OutcomeLinkRow,
+    OutcomeRow,
     ReviewItemRow,
     ReviewLabelRow,
     VerdictRow,
@@ -164,7 +166,7 @@ def test_a_retention_longer_than_any_time_keeps_everything(aged, monkeypatch, da
 
     rt, _ids, _kept = aged
     monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
-    for name in ("CONVERSATIONS", "FINDINGS", "VERDICTS", "DEAD_LETTERS"):
+    for name in ("CONVERSATIONS", "UNJOINED_OUTCOMES", "FINDINGS", "VERDICTS", "DEAD_LETTERS"):
         monkeypatch.setenv(f"VIGIL_RETENTION_{name}_DAYS", days)
     r = CliRunner().invoke(app, ["retention", "run", "--json"])
     assert r.exit_code == 0, r.output
@@ -276,3 +278,72 @@ def test_enqueueing_a_conversation_retention_is_deleting_answers_404(aged) -> No
     assert answers == [404]
     with rt.sessions() as s:
         assert s.scalar(select(ReviewItemRow).where(ReviewItemRow.conversation_id == doomed)) is None
+
+
+def test_outcomes_go_with_their_conversation_and_unjoined_ones_after_their_retention(aged) -> None:  # type: ignore[no-untyped-def]
+    """Retention deleted conversations and their outcome links but never an outcome: every outcome stayed,
+    those of deleted conversations, those whose conversation never came (and the review items they left
+    waiting for it), so ``outcomes`` grew by 0.42 rows per conversation forever."""
+    rt, ids, kept = aged
+    fresh = ids[19]  # one of the old ones, stored again: its outcome stays
+    with rt.sessions.begin() as s:
+        again = update(ConversationRow).where(ConversationRow.conversation_id == fresh)
+        s.execute(again.values(received_at=datetime.now(UTC)))
+    orphan = ids[18]  # deleted before retention deleted outcomes: its outcome has been waiting since
+    with rt.sessions.begin() as s:
+        s.execute(delete(ConversationRow).where(ConversationRow.conversation_id == orphan))
+    good = [{"conversation_id": cid, "type": "task_success", "value": 1.0} for cid in ids]  # flags nothing
+    early = [
+        {"conversation_id": "never-came", "type": "escalation"},  # flags an item that waits for the conversation
+        {"conversation_id": "never-came-either", "type": "task_success", "value": 1.0},
+        {"conversation_id": "comes-later", "type": "escalation"},  # received lately: waits on
+    ]
+    with make_client(rt) as c:
+        assert c.post("/v1/outcomes", json=good + early, headers=INGEST).status_code == 202
+    with rt.sessions.begin() as s:
+        old = OutcomeRow.conversation_id != "comes-later"
+        s.execute(update(OutcomeRow).where(old).values(received_at=OLD, occurred_at=OLD))
+        waiting = select(ReviewItemRow.conversation_id).where(ReviewItemRow.agent_id.is_(None))
+        assert set(s.scalars(waiting)) == {"never-came", "comes-later"}
+        s.execute(update(ReviewItemRow).where(ReviewItemRow.agent_id.is_(None), old).values(created_at=OLD))
+
+    dry = retention.run(rt.sessions, rt.settings, dry_run=True)
+    done = retention.run(rt.sessions, rt.settings)
+    with rt.sessions() as s:
+        left = set(s.scalars(select(OutcomeRow.conversation_id)))
+        assert left == kept | {fresh, "comes-later"}
+        assert set(s.scalars(select(OutcomeLinkRow.conversation_id))) == kept | {fresh}
+        assert set(s.scalars(waiting)) == {"comes-later"}
+        for hanging in ("review_reasons", "review_audit"):
+            never = text(f"SELECT conversation_id FROM {hanging} WHERE conversation_id LIKE 'never%'")
+            assert s.scalars(never).all() == []
+    assert dry.deleted.get("unjoined_outcomes") == 3  # the orphan's and the two that never came
+    assert done.deleted["conversations"] == 15 and done.deleted.get("unjoined_outcomes") == 3
+    again = retention.run(rt.sessions, rt.settings)
+    assert again.deleted["unjoined_outcomes"] == 0 and again.deleted["conversations"] == 0
+
+    # the conversation that came later is joined, and its outcome stays with it however old it gets
+    comes = dict(clean(1, "v1", 9)[0], conversation_id="comes-later")
+    with make_client(rt) as c:
+        assert c.post("/v1/conversations", json=[comes], headers=INGEST).status_code == 202
+    with rt.sessions.begin() as s:
+        s.execute(update(OutcomeRow).values(received_at=OLD))
+        s.execute(
+            update(rollups.RollupStateRow).where(rollups.RollupStateRow.name.like("%outcomes%")).values(watermark=None)
+        )
+    assert retention.run(rt.sessions, rt.settings).deleted["unjoined_outcomes"] == 0
+    with rt.sessions() as s:
+        assert set(s.scalars(select(OutcomeRow.conversation_id))) == kept | {fresh, "comes-later"}
+
+
+def test_a_deleted_conversations_judge_requests_go_with_it(aged) -> None:  # type: ignore[no-untyped-def]
+    """Retention deleted conversations but never their judge requests, pending or done: 201,500 requests per
+    1M conversations stored, 19,500 of them of conversations long deleted, stayed forever
+    (bench.bench_retention)."""
+    rt, ids, kept = aged
+    requests = text("SELECT DISTINCT conversation_id FROM judge_requests")
+    with rt.sessions() as s:
+        assert set(ids) <= set(s.scalars(requests))  # the flagger's defects: one request each
+    assert retention.run(rt.sessions, rt.settings).deleted["conversations"] == 17
+    with rt.sessions() as s:
+        assert set(s.scalars(requests)) & set(ids) == kept

@@ -93,8 +93,9 @@ def retention_run(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would be deleted; delete nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Delete conversations, findings, verdicts and dead letters older than their retention settings
-    (labelled, queued and exported conversations are kept). Also runs periodically in serve and detector."""
+    """Delete conversations (with their outcomes), outcomes whose conversation never came, findings, verdicts
+    and dead letters older than their retention settings (labelled, queued and exported conversations are
+    kept). Also runs periodically in serve and detector."""
     from vigil.store import db, retention
 
     s = checked_settings()

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from vigil.detector.cusum import upper_bound
-from vigil.detector.hourly import Counts
-from vigil.detector.models import DetectorSeriesRow, QualityCountRow
+from vigil.detector.hourly import Counts, all_totals, counts_since
+from vigil.detector.models import DetectorSeriesRow
 from vigil.settings import Settings
 from vigil.store.db import aware
 from vigil.store.signals import Key, version_key
@@ -27,12 +27,16 @@ class Baseline:
 
 
 def baselines(s: Session, settings: Settings, now: datetime) -> dict[Key, Baseline]:
-    """The baseline of every series with enough traffic behind one (series without one warm up)."""
-    q = _sums()
-    totals = _counts(s, q)
+    """The baseline of every series with enough traffic behind one (series without one warm up).
+
+    A version's own older traffic is its total less its hours since the cutoff: the running totals and a
+    range of the newest hours, never every hour stored.
+    """
+    totals = all_totals(s)
     first = _first_seen(s)
     cutoff = now - timedelta(hours=settings.detector_self_baseline_hours)
-    own = _counts(s, q.where(QualityCountRow.hour < cutoff.replace(minute=0, second=0, microsecond=0)))
+    recent = counts_since(s, cutoff.replace(minute=0, second=0, microsecond=0))
+    own = {key: (n - recent.get(key, (0, 0))[0], x - recent.get(key, (0, 0))[1]) for key, (n, x) in totals.items()}
     order: dict[str, list[str]] = {}
     for agent, version in sorted(first, key=lambda av: (first[av], version_key(av[1]))):
         order.setdefault(agent, []).append(version)
@@ -60,21 +64,6 @@ def _choose(settings: Settings, key: Key, versions: list[str], totals: Counts, o
     if n >= minimum:
         return Baseline("self", upper_bound(min(x, n), n, confidence))
     return None
-
-
-def _sums() -> Select[str, str, str, int, int, datetime]:
-    return select(
-        QualityCountRow.agent_id,
-        QualityCountRow.agent_version,
-        QualityCountRow.signal,
-        func.sum(QualityCountRow.n),
-        func.sum(QualityCountRow.x),
-        func.min(QualityCountRow.hour),
-    ).group_by(QualityCountRow.agent_id, QualityCountRow.agent_version, QualityCountRow.signal)
-
-
-def _counts(s: Session, q: Select[str, str, str, int, int, datetime]) -> Counts:
-    return {(agent, version, signal): (int(n), int(x)) for agent, version, signal, n, x, _ in s.execute(q)}
 
 
 def _first_seen(s: Session) -> dict[tuple[str, str], datetime]:

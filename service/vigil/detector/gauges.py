@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.detector.hourly import Counts
-from vigil.detector.models import DetectorLeaseRow, DetectorSeriesRow, QualityCountRow
+from vigil.detector.models import DetectorLeaseRow, DetectorSeriesRow, QualityTotalRow
 from vigil.metrics import Metrics
 from vigil.store.db import aware
 from vigil.store.signals import Key
@@ -31,7 +31,7 @@ class Gauges:
                 (r.agent_id, r.agent_version, r.signal): r
                 for r in s.scalars(select(DetectorSeriesRow).where(DetectorSeriesRow.last_seen >= live_since))
             }
-            totals = _totals(s)
+            totals = _totals(s, live_since)
             cursor = s.scalar(select(DetectorLeaseRow.cursor))
         # series whose labels fold into "other" share one set of gauges: their summed counts, the
         # largest statistic, and detected if any of them is (never one overwriting another)
@@ -81,20 +81,12 @@ class Gauges:
                 gauge.remove(*labels)
 
 
-def _totals(s: Session) -> Counts:
-    """Every series' stored counts over all hours."""
-    return {
-        (a, v, sig): (int(n), int(x))
-        for a, v, sig, n, x in s.execute(
-            select(
-                QualityCountRow.agent_id,
-                QualityCountRow.agent_version,
-                QualityCountRow.signal,
-                func.sum(QualityCountRow.n),
-                func.sum(QualityCountRow.x),
-            ).group_by(QualityCountRow.agent_id, QualityCountRow.agent_version, QualityCountRow.signal)
-        )
-    }
+def _totals(s: Session, live_since: datetime) -> Counts:
+    """The stored counts over all hours of every series seen since ``live_since`` (their running totals)."""
+    T, S = QualityTotalRow, DetectorSeriesRow
+    same = and_(S.agent_id == T.agent_id, S.agent_version == T.agent_version, S.signal == T.signal)
+    q = select(T.agent_id, T.agent_version, T.signal, T.n, T.x).join(S, same).where(S.last_seen >= live_since)
+    return {(a, v, sig): (int(n), int(x)) for a, v, sig, n, x in s.execute(q)}
 
 
 def _wilson(x: int, n: int) -> tuple[float, float]:

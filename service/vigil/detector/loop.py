@@ -20,6 +20,7 @@ from vigil.detector.baselines import Baseline, baselines
 from vigil.detector.cusum import threshold
 from vigil.detector.fold import Folder
 from vigil.detector.gauges import Gauges
+from vigil.detector.hourly import rebuild_totals
 from vigil.detector.models import DetectorLeaseRow
 from vigil.metrics import Metrics
 from vigil.settings import Settings
@@ -72,17 +73,25 @@ class Detector:
         """Fold new data if this process holds the lease, then refresh gauges. Returns leadership."""
         now = now or datetime.now(UTC)
         with self.sessions.begin() as s:
+            before = lease.current(s)
+            taken = before is None or before.holder != self.holder
             held = lease.acquire(s, self.holder, self.settings.detector_lease_seconds, now)
             if held is not None:
-                self._lead(s, held, now)
+                self._lead(s, held, now, taken)
         self.is_leader = self.led_last_pass = held is not None
         self.metrics.detector_leader.set(1 if self.is_leader else 0)
         self.metrics.detector_ticks.labels("leader" if self.is_leader else "follower").inc()
         self.refresh(now)
         return self.is_leader
 
-    def _lead(self, s: Session, held: DetectorLeaseRow, now: datetime) -> None:
-        """Fold what was stored up to the settle time, move the lease's cursor there, retire quiet series."""
+    def _lead(self, s: Session, held: DetectorLeaseRow, now: datetime, taken: bool = False) -> None:
+        """Fold what was stored up to the settle time, move the lease's cursor there, retire quiet series.
+
+        ``taken``: another replica held the lease last. Its version may fold counts without keeping their
+        totals (a rolling upgrade), so the series' hours are summed again, once.
+        """
+        if taken:
+            rebuild_totals(s)
         until = now - timedelta(seconds=self.settings.detector_settle_seconds)
         cursor = aware(held.cursor) if held.cursor else None
         if self.folder.advance(s, cursor, until, now):

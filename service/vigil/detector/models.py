@@ -1,4 +1,4 @@
-"""Detector tables: hourly aggregated counts, per-series CUSUM state, detections, the leader lease."""
+"""Detector tables: hourly aggregated counts and their totals, per-series CUSUM state, detections, the leader lease."""
 
 from __future__ import annotations
 
@@ -21,6 +21,22 @@ class QualityCountRow(Base):
     agent_version: Mapped[str] = mapped_column(String(128), primary_key=True)
     signal: Mapped[str] = mapped_column(String(128), primary_key=True)
     hour: Mapped[datetime] = mapped_column(primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger, default=0)
+    x: Mapped[int] = mapped_column(BigInteger, default=0)
+
+    # the recent hours of every series: a baseline's newest hours, the home page's last day
+    __table_args__ = (Index("ix_quality_counts_hour", "hour"),)
+
+
+class QualityTotalRow(Base):
+    """Every hour of one series' ``quality_counts`` summed, kept up to date by whatever changes them
+    (:mod:`vigil.detector.hourly`): gauges, baselines and alerts read one row a series, not every hour."""
+
+    __tablename__ = "quality_totals"
+
+    agent_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    agent_version: Mapped[str] = mapped_column(String(128), primary_key=True)
+    signal: Mapped[str] = mapped_column(String(128), primary_key=True)
     n: Mapped[int] = mapped_column(BigInteger, default=0)
     x: Mapped[int] = mapped_column(BigInteger, default=0)
 

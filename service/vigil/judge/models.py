@@ -35,6 +35,8 @@ class JudgeRequestRow(Base):
     __table_args__ = (
         UniqueConstraint("judge", "conversation_id", "revision", name="uq_judge_requests_once"),
         Index("ix_judge_requests_due", "status", "next_attempt_at"),
+        # a conversation's requests whatever the judge: retention deletes them with it, a claim finds newer ones
+        Index("ix_judge_requests_conversation", "conversation_id"),
     )
 
 

@@ -138,6 +138,9 @@ class OutcomeRow(Base):
     received_at: Mapped[datetime] = mapped_column(default=utcnow)
     source: Mapped[str] = mapped_column(String(32), default="api")
 
+    # retention walks the outcomes that passed its cutoff since its last run, in (received_at, id) order
+    __table_args__ = (Index("ix_outcomes_received", "received_at", "id"),)
+
 
 class DeadLetterRow(Base):
     __tablename__ = "dead_letters"

@@ -1,11 +1,15 @@
 """Storage that rolls over: rows older than each table's retention are deleted in small batches.
 
 Kept regardless of age: conversations a reviewer labelled or that sit open in the review queue, and
-conversations exported as eval tasks (with their findings and verdicts), since review, export and
-calibration still read them. The hourly rollups are never deleted: compare and the charts keep
-answering for periods whose raw rows are gone. A conversation deleted here leaves the rollup job's
-membership too; before deleting, a run records its cutoff (``rollups.RETAINED``), and hours that began
-before it, or before this deployment's retention, are no longer recomputed (:mod:`vigil.store.rollup_job`).
+conversations exported as eval tasks (with their findings, verdicts and outcomes), since review, export and
+calibration still read them. A conversation's outcomes and judge requests go with it; an outcome whose
+conversation is not stored (it has not come yet, or was deleted before outcomes went with it) goes
+``retention_unjoined_outcomes_days`` after it was received, with the review item that waited for that
+conversation. The hourly rollups are
+never deleted: compare and the charts keep answering for periods whose raw rows are gone. A conversation
+deleted here leaves the rollup job's membership too; before deleting, a run records its cutoff
+(``rollups.RETAINED``), and hours that began before it, or before this deployment's retention, are no
+longer recomputed (:mod:`vigil.store.rollup_job`).
 
 Deletes go by an indexed time column in batches of ``retention_batch_rows`` (each its own transaction),
 so a run never holds long locks and any replica may run it at the same time as another.
@@ -19,16 +23,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, column, delete, exists, func, or_, select, table
+from sqlalchemy import ColumnElement, and_, column, delete, exists, func, or_, select, table, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.settings import Settings
-from vigil.store.db import among, upsert
+from vigil.store.db import among, aware, upsert
 from vigil.store.models import (
     ConversationRow,
     DeadLetterRow,
     FindingRow,
     OutcomeLinkRow,
+    OutcomeRow,
     ReviewItemRow,
     ReviewLabelRow,
     VerdictRow,
@@ -39,6 +44,16 @@ log = logging.getLogger(__name__)
 
 # written by the export stage; named here only to keep what it exported
 EXPORTED = table("exported_tasks", column("conversation_id"))
+# written by the judge stage; named here only to delete a deleted conversation's requests
+JUDGE_REQUESTS = table("judge_requests", column("conversation_id"))
+# written by the review stage; named here only to drop what hangs off an item that waited in vain
+REASONS = table("review_reasons", column("conversation_id"))
+AUDIT = table("review_audit", column("conversation_id"))
+
+UNJOINED = "retention_unjoined_outcomes"
+"""The ``rollup_state`` row whose watermark is the cutoff of the last completed unjoined-outcome pass: the
+next one walks only the outcomes received since (those past it were deleted, or are joined and go with
+their conversation)."""
 
 
 def cutoff(days: float, now: datetime) -> datetime | None:
@@ -62,13 +77,15 @@ def kept(conversation_id: Any) -> ColumnElement[bool]:
     return kept_where(lambda col: col == conversation_id)
 
 
-def kept_where(matches: Callable[[Any], ColumnElement[bool]]) -> ColumnElement[bool]:
+def kept_where(matches: Callable[[Any], ColumnElement[bool]], waiting: bool = True) -> ColumnElement[bool]:
     """Any conversation ``matches`` picks (given a table's conversation id column) is one review, export or
-    calibration still needs: labelled, queued and open, or exported."""
+    calibration still needs: labelled, queued and open, or exported. ``waiting=False`` leaves out the open
+    items still waiting for their conversation (nobody can review those)."""
     L, I = ReviewLabelRow, ReviewItemRow  # noqa: E741
+    open_item = (I.status == "open",) if waiting else (I.status == "open", I.agent_id.is_not(None))
     return or_(
         exists().where(matches(L.conversation_id)),
-        exists().where(matches(I.conversation_id), I.status == "open"),
+        exists().where(matches(I.conversation_id), *open_item),
         exists().where(matches(EXPORTED.c.conversation_id)),
     )
 
@@ -124,10 +141,11 @@ def _deleting(model: Any, key: Any, *still: ColumnElement[bool]) -> Any:
     return remove
 
 
-def _record_cutoff(sessions: sessionmaker[Session], at: datetime, now: datetime) -> None:
+def _record_cutoff(sessions: sessionmaker[Session], at: datetime, now: datetime, name: str = RETAINED) -> None:
     """Keep the newest cutoff any run deleted conversations before, committed ahead of the first delete:
     the rollup job freezes the hours before it. Its own settings' cutoff is not enough: a run by hand with
-    a shorter retention, a clock running ahead, or the part of the cutoff's hour already deleted."""
+    a shorter retention, a clock running ahead, or the part of the cutoff's hour already deleted. (The
+    unjoined-outcome pass keeps its own, ``UNJOINED``, once it has walked up to it.)"""
     with sessions.begin() as s:
         table = RollupStateRow.__table__
         ins = upsert(s, table)
@@ -137,7 +155,7 @@ def _record_cutoff(sessions: sessionmaker[Session], at: datetime, now: datetime)
                 index_elements=["name"],
                 set_={"watermark": newest(table.c.watermark, ins.excluded.watermark), "updated_at": now},
             ),
-            [{"name": RETAINED, "watermark": at, "updated_at": now}],
+            [{"name": name, "watermark": at, "updated_at": now}],
         )
 
 
@@ -158,11 +176,80 @@ def _drop_conversations(at: datetime) -> Any:
         if gone and postgres and s.scalar(select(kept_where(lambda col: among(s, col, gone)))):
             raise _KeptMeanwhile
         if gone:
-            for model in (FindingRow, OutcomeLinkRow, RollupMemberRow):
+            for model in (FindingRow, OutcomeRow, OutcomeLinkRow, RollupMemberRow):
                 s.execute(delete(model).where(model.conversation_id.in_(gone)))
+            s.execute(delete(JUDGE_REQUESTS).where(JUDGE_REQUESTS.c.conversation_id.in_(gone)))
         return len(gone)
 
     return remove
+
+
+def _unjoined() -> ColumnElement[bool]:
+    """The outcome's conversation is not stored, and no reviewer labelled it, nor export exported it."""
+    O = OutcomeRow  # noqa: E741
+    return and_(
+        ~exists().where(ConversationRow.conversation_id == O.conversation_id),
+        ~kept_where(lambda col: col == O.conversation_id, waiting=False),
+    )
+
+
+def _drop_unjoined(s: Session, ids: list[int]) -> int:
+    """Delete the outcomes of ``ids`` that are still unjoined, and the items left waiting for their conversation."""
+    O, I, C = OutcomeRow, ReviewItemRow, ConversationRow  # noqa: E741
+    gone = sorted(set(s.scalars(delete(O).where(among(s, O.id, ids), _unjoined()).returning(O.conversation_id))))
+    if not gone:
+        return 0
+    # A conversation stored meanwhile joined these outcomes in a transaction this DELETE could not see;
+    # this statement sees it once committed: undo the batch (it is picked again without them).
+    postgres = s.get_bind().dialect.name == "postgresql"
+    if postgres and s.scalar(select(exists().where(among(s, C.conversation_id, gone)))):
+        raise _KeptMeanwhile
+    waited = list(
+        s.scalars(
+            delete(I)
+            .where(
+                among(s, I.conversation_id, gone),
+                I.agent_id.is_(None),
+                I.status == "open",
+                ~exists().where(O.conversation_id == I.conversation_id),  # an outcome still waits with it
+                ~exists().where(C.conversation_id == I.conversation_id),
+            )
+            .returning(I.conversation_id)
+        )
+    )
+    for hanging in (REASONS, AUDIT) if waited else ():
+        s.execute(delete(hanging).where(among(s, hanging.c.conversation_id, waited)))
+    return len(gone)
+
+
+def _unjoined_outcomes(sessions: sessionmaker[Session], at: datetime, now: datetime, batch: int, dry_run: bool) -> int:
+    """Delete the outcomes received before ``at`` whose conversation is not stored. Walks only those received
+    since the last completed pass's cutoff, in (received_at, id) order: the joined ones it passes are left
+    to go with their conversation, so a pass reads what crossed the cutoff since, not every older outcome."""
+    O = OutcomeRow  # noqa: E741
+    with sessions() as s:
+        since = aware(s.scalar(select(RollupStateRow.watermark).where(RollupStateRow.name == UNJOINED)))
+    window = [O.received_at < at] + ([O.received_at >= since] if since is not None else [])
+    if dry_run:
+        with sessions() as s:
+            return int(s.scalar(select(func.count()).select_from(O).where(*window, _unjoined())) or 0)
+    total, after = 0, None
+    while True:
+        pick = select(O.received_at, O.id).where(*window)
+        if after is not None:
+            pick = pick.where(tuple_(O.received_at, O.id) > tuple_(*after))
+        try:
+            with sessions.begin() as s:
+                keys = s.execute(pick.order_by(O.received_at, O.id).limit(batch)).all()
+                deleted = _drop_unjoined(s, [k.id for k in keys]) if keys else 0
+        except _KeptMeanwhile:
+            continue
+        total += deleted
+        if len(keys) < batch:
+            break
+        after = tuple(keys[-1])
+    _record_cutoff(sessions, at, now, UNJOINED)
+    return total
 
 
 def run(
@@ -181,6 +268,10 @@ def run(
             _record_cutoff(sessions, at, now)
         out.deleted["conversations"] = _batches(sessions, pick, _drop_conversations(at), batch, dry_run)
     out.cutoffs["conversations"] = at
+
+    if (at := cutoff(settings.retention_unjoined_outcomes_days, now)) is not None:
+        out.deleted["unjoined_outcomes"] = _unjoined_outcomes(sessions, at, now, batch, dry_run)
+    out.cutoffs["unjoined_outcomes"] = at
 
     if (at := cutoff(settings.retention_findings_days, now)) is not None:
         pick = select(F.id).where(F.created_at < at, ~kept(F.conversation_id))
