@@ -9,6 +9,13 @@ from sqlalchemy import inspect, text
 from vigil.store import db
 
 
+def _head() -> str:
+    """The newest revision the migrations hold (a release adding one must not break this test)."""
+    from alembic.script import ScriptDirectory
+
+    return str(ScriptDirectory.from_config(db.alembic_config("sqlite://")).get_current_head())
+
+
 def test_a_database_at_the_removed_trigram_revision_upgrades_and_loses_its_indexes(db_url: str) -> None:
     db.upgrade(db_url, "0010_assign_lapse")
     engine = db.make_engine(db_url)
@@ -26,9 +33,7 @@ def test_a_database_at_the_removed_trigram_revision_upgrades_and_loses_its_index
             )
         db.upgrade(db_url)
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
-                "0017_conversations_severe"
-            ]
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [_head()]
             assert conn.execute(text("SELECT conversation_id FROM conversations")).scalars().all() == ["kept"]
         names = {i["name"] for i in inspect(engine).get_indexes("conversations")}
         assert "ix_conversations_task_trgm" not in names
@@ -50,8 +55,6 @@ def test_a_fresh_database_reaches_the_single_head(db_url: str) -> None:
     engine = db.make_engine(db_url)
     try:
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
-                "0017_conversations_severe"
-            ]
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [_head()]
     finally:
         engine.dispose()
