@@ -88,3 +88,24 @@ def test_every_test_the_docs_name_exists() -> None:
             if not source.exists() or not re.search(rf"^(async )?def {name}\(", source.read_text(), re.M):
                 missing.append(f"{page.name}: {path}::{name}")
     assert named >= 40 and not missing, missing
+
+
+def _architecture(text: str) -> str:
+    return text.split("## Architecture")[1].split("\n## ")[0]
+
+
+def test_architecture_names_every_stage_and_shared_layer() -> None:
+    """The README's and the overview's architecture name each package of ``STAGES`` (a stage left out of
+    them was invisible to a reader: ``evaluation/``, the release gate) and the overview every shared layer."""
+    from vigil.app.wiring import STAGES
+
+    packages = {f"{stage.name}/" for stage in STAGES}
+    for page, text in (("README.md", README), ("docs/index.md", (DOCS / "index.md").read_text())):
+        section = _architecture(text)
+        absent = sorted(p for p in packages if f"`{p}`" not in section)
+        assert not absent, f"{page}: the architecture section does not name {absent}"
+    layers = {p.stem for p in (PROJECT_ROOT / "service" / "vigil").glob("*.py") if not p.stem.startswith("_")}
+    layers |= {"rules/", "store/", "http/", "ui/"}
+    overview = _architecture((DOCS / "index.md").read_text())
+    absent = sorted(name for name in layers if f"`{name}`" not in overview)
+    assert not absent, f"docs/index.md: the shared layers named do not include {absent}"
