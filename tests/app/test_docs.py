@@ -109,3 +109,18 @@ def test_architecture_names_every_stage_and_shared_layer() -> None:
     overview = _architecture((DOCS / "index.md").read_text())
     absent = sorted(name for name in layers if f"`{name}`" not in overview)
     assert not absent, f"docs/index.md: the shared layers named do not include {absent}"
+
+
+def test_every_migration_the_docs_name_is_a_revision() -> None:
+    """A migration named in backticks is what ``vigil db downgrade REV`` takes: a revision id, not a file name
+    (review.md named ``0009_triage_comments``, whose revision is ``0009_triage``)."""
+    versions = PROJECT_ROOT / "service" / "vigil" / "migrations" / "versions"
+    found = (re.search(r'^revision = "([^"]+)"', p.read_text(), re.M) for p in versions.glob("*.py"))
+    revisions = {m.group(1) for m in found if m}
+    named = {
+        (page.name, rev)
+        for page in [PROJECT_ROOT / "README.md", *DOCS.glob("*.md")]
+        for rev in re.findall(r"`(\d{4}_[a-z0-9_]+)`", page.read_text())
+    }
+    assert len(named) >= 5
+    assert not {(page, rev) for page, rev in named if rev not in revisions}
