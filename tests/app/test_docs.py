@@ -124,3 +124,18 @@ def test_every_migration_the_docs_name_is_a_revision() -> None:
     }
     assert len(named) >= 5
     assert not {(page, rev) for page, rev in named if rev not in revisions}
+
+
+def test_queue_sorts_are_all_documented() -> None:
+    """``vigil review queue --sort`` takes every sort of the queue (``updated`` was taken but named nowhere)."""
+    import typer.main
+
+    from vigil.review.insights import SORTS
+
+    queue = typer.main.get_command(app).commands["review"].commands["queue"]  # type: ignore[attr-defined]
+    (option,) = [p for p in queue.params if p.name == "sort"]
+    row = next(line for line in CLI.splitlines() if line.startswith("| `vigil review queue [--json]`"))
+    sorts = row.split("`--sort` (")[1].split(")")[0]
+    for name in SORTS:
+        assert name in option.help, name
+        assert f"`{name}`" in sorts, name
