@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.support.cli import cli_runner
 from tests.support.services import missing
@@ -139,3 +140,94 @@ def test_queue_sorts_are_all_documented() -> None:
     for name in SORTS:
         assert name in option.help, name
         assert f"`{name}`" in sorts, name
+
+
+PAGES = [PROJECT_ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def _commands() -> dict[str, Any]:
+    """Every command path (``review queue``) with its click command; groups included."""
+    import typer.main
+
+    found: dict[str, Any] = {}
+
+    def walk(cmd: Any, path: list[str]) -> None:
+        found[" ".join(path)] = cmd
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+def _options(cmd: Any) -> set[str]:
+    return {o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")} | {"--help"}
+
+
+def _snippets(text: str) -> list[str]:
+    """Code spans and the lines of code blocks: where the docs show a command as typed."""
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
+    spans = re.findall(r"`([^`\n]+)`", re.sub(r"```[a-z]*\n.*?```", "", text, flags=re.S))
+    return spans + [line for block in blocks for line in block.splitlines()]
+
+
+def test_every_command_and_option_the_docs_show_exists() -> None:
+    """A ``vigil ...`` command in any page names a real command, and each option shown with it is one of
+    that command's (an option renamed or removed would otherwise live on in the docs)."""
+    commands = _commands()
+    shown, wrong = 0, []
+    for page in PAGES:
+        for snippet in _snippets(page.read_text()):
+            for m in re.finditer(r"\bvigil((?: [a-z][a-z-]*)+)(.*)", snippet):
+                words = m.group(1).split()
+                paths = (" ".join(words[:i]) for i in range(len(words), 0, -1))
+                path = next((p for p in paths if p in commands), None)
+                if path is None:
+                    wrong.append(f"{page.name}: no command `vigil {m.group(1).strip()}`")
+                    continue
+                shown += 1
+                # what follows the command up to a shell pipe, a comment or the next command
+                rest = re.split(r" \| | # |;|&&", m.group(0))[0]
+                for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*|-[a-zA-Z])\b", rest):
+                    if flag not in _options(commands[path]):
+                        wrong.append(f"{page.name}: `vigil {path}` has no option {flag}")
+    assert shown >= 100 and not wrong, wrong
+
+
+def _cli_page_parts() -> list[str]:
+    """docs/cli.md cut into table rows, paragraphs and ``### `vigil ...``` sections."""
+    parts: list[str] = []
+    for section in re.split(r"\n(?=#)", CLI):
+        if section.startswith("### "):
+            parts.append(section)
+        else:
+            parts += [line for line in section.splitlines() if line.startswith("|")]
+            parts += [p for p in section.split("\n\n") if not p.startswith("|")]
+    return parts
+
+
+def test_every_command_and_option_is_on_the_cli_page() -> None:
+    """Each command and each of its options is on docs/cli.md, next to the command: in its table row or
+    its section (``vigil review queue --sort updated`` was taken and named nowhere)."""
+    commands = _commands()
+    leaves = {path: cmd for path, cmd in commands.items() if path and not hasattr(cmd, "commands")}
+    aliases = {
+        path
+        for path, cmd in leaves.items()
+        for other, twin in leaves.items()
+        if other < path and (cmd.help, _options(cmd)) == (twin.help, _options(twin))
+    }
+    parts = _cli_page_parts()
+    missing = []
+    for path, cmd in leaves.items():
+        if path in aliases:
+            continue
+        near = " ".join(p for p in parts if f"`vigil {path}" in p)
+        if not near:
+            missing.append(f"vigil {path}")
+            continue
+        for p in cmd.params:
+            names = [o for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+            if names and not any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", near) for o in names):
+                missing.append(f"vigil {path} {names[0]}")
+    assert not missing, f"missing from docs/cli.md: {missing}"
