@@ -231,3 +231,40 @@ def test_every_command_and_option_is_on_the_cli_page() -> None:
             if names and not any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", near) for o in names):
                 missing.append(f"vigil {path} {names[0]}")
     assert not missing, f"missing from docs/cli.md: {missing}"
+
+
+# names the docs spell like metrics that are not: the verifiers taskset, the Inspect task, a plugin module
+NOT_METRICS = {"vigil_verifiers", "vigil_regression", "vigil_rules"}
+SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("", "_bucket", "_count", "_sum"), "info": ("_info",)}
+
+
+def _metrics() -> dict[str, tuple[str, ...]]:
+    """Every name a real ``Metrics`` registry exposes (a histogram's family name too) with its labels."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from vigil.metrics import Metrics
+
+    made = [m for m in vars(Metrics(CollectorRegistry())).values() if isinstance(m, MetricWrapperBase)]
+    return {m._name + suffix: m._labelnames for m in made for suffix in SUFFIXES[m._type]}
+
+
+def test_every_metric_the_docs_name_is_exported_with_those_labels() -> None:
+    """A metric named on any page exists under that name, and ``name{a,b}`` or ``name{a="x"}`` uses only
+    its labels; and every metric Vigil exports is named on some page, with a word on when it appears."""
+    metrics = _metrics()
+    text = "\n".join(page.read_text() for page in PAGES)
+    named = set(re.findall(r"\bvigil_[a-z0-9_]*[a-z0-9](?![\w*])", text)) - NOT_METRICS  # vigil_otlp_*: a family
+    assert not named - set(metrics), f"the docs name metrics Vigil does not export: {sorted(named - set(metrics))}"
+    wrong = [
+        f"{name}{{{labels}}}"
+        for name, labels in re.findall(r"\b(vigil_[a-z0-9_]+)\{([^}]*)\}", text)
+        for label in re.findall(r"([a-z_]+)\s*(?:=~|!~|!=|=|,|$)", labels)
+        if label not in metrics[name]
+    ]
+    assert not wrong, f"the docs give metrics labels they do not have: {wrong}"
+    families = {re.sub(r"_(total|bucket|count|sum|info)$", "", n) for n in metrics}
+    unnamed = sorted(f for f in families if not re.search(rf"\b{f}(_total|_info)?\b", text))
+    assert not unnamed, f"metrics no page names: {unnamed}"
+    core = (DOCS / "index.md").read_text().split("### Core metrics")[1].split("\n## ")[0]
+    assert "only once" in core and "# TYPE" in core  # a labelled series appears with its first event
