@@ -268,3 +268,36 @@ def test_every_metric_the_docs_name_is_exported_with_those_labels() -> None:
     assert not unnamed, f"metrics no page names: {unnamed}"
     core = (DOCS / "index.md").read_text().split("### Core metrics")[1].split("\n## ")[0]
     assert "only once" in core and "# TYPE" in core  # a labelled series appears with its first event
+
+
+def test_every_api_route_and_parameter_the_docs_name_exists(tmp_path: Path) -> None:
+    """``GET /v1/...`` on any page is a route of the API with that method, and ``?name=`` after it one of
+    its query parameters (the OpenAPI document the running app serves is the reference)."""
+    from prometheus_client import CollectorRegistry
+
+    from tests.support.app import make_client, make_settings
+    from vigil.app.runtime import build_runtime
+
+    rt = build_runtime(make_settings(f"sqlite:///{tmp_path / 'v.db'}"), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        paths = c.get("/openapi.json").json()["paths"]
+    rt.close()
+    routes = [
+        (method.upper(), re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", path) + "$"), op)
+        for path, ops in paths.items()
+        for method, op in ops.items()
+    ]
+    named, wrong = 0, []
+    shown = re.compile(r"\b(GET|POST|PUT|PATCH|DELETE) (/v1/[^\s`?\[\]),;]*)\[?(\?[^\s`)]*)?")
+    for page in PAGES:
+        for method, path, query in shown.findall(page.read_text()):
+            named += 1
+            found = [op for m, rx, op in routes if m == method and rx.match(path.rstrip(".:"))]
+            if not found:
+                wrong.append(f"{page.name}: no route {method} {path}")
+                continue
+            known = {p["name"] for p in found[0].get("parameters", []) if p["in"] == "query"}
+            for name in re.findall(r"[?&]([a-z_]+)=", query):
+                if name not in known:
+                    wrong.append(f"{page.name}: {method} {path} has no parameter {name}")
+    assert named >= 100 and not wrong, wrong
