@@ -301,3 +301,19 @@ def test_every_api_route_and_parameter_the_docs_name_exists(tmp_path: Path) -> N
                 if name not in known:
                     wrong.append(f"{page.name}: {method} {path} has no parameter {name}")
     assert named >= 100 and not wrong, wrong
+
+
+def test_every_variable_the_docs_name_is_a_setting_or_read_by_the_code() -> None:
+    """``VIGIL_X`` on any page is a setting (or a family of them, ``VIGIL_KAFKA_*``), else a variable the
+    tests, benchmarks or commands read (``VIGIL_TEST_TIME_SCALE``): never one nothing reads, such as a
+    setting since removed or an opt-in no test has (``VIGIL_LIVE_LLM``)."""
+    settings = {f"VIGIL_{name.upper()}" for name in Settings.model_fields}
+    code = "\n".join(
+        p.read_text() for folder in ("service", "tests", "bench") for p in (PROJECT_ROOT / folder).rglob("*.py")
+    )
+    unknown = set()
+    for page in PAGES:
+        for name in set(re.findall(r"\bVIGIL_[A-Z0-9_]*[A-Z0-9]\b(?!_\*)", page.read_text())):
+            if name not in settings and not re.search(rf"[\"']{name}[\"']", code):
+                unknown.add(f"{page.name}: {name}")
+    assert not unknown, sorted(unknown)
