@@ -317,3 +317,33 @@ def test_every_variable_the_docs_name_is_a_setting_or_read_by_the_code() -> None
             if name not in settings and not re.search(rf"[\"']{name}[\"']", code):
                 unknown.add(f"{page.name}: {name}")
     assert not unknown, sorted(unknown)
+
+
+UNITS = {"ms": 0.001, "s": 1, "minutes": 60, "hours": 3600, "days": 86400, "KiB": 1024, "MiB": 1024**2}
+SETTING_UNITS = {"_MS": 0.001, "_SECONDS": 1, "_HOURS": 3600, "_DAYS": 86400}
+
+
+def test_defaults_the_docs_give_in_passing_are_the_settings_defaults() -> None:
+    """``VIGIL_X`` (N unit) in running text says the default: it must be the setting's, in its unit or
+    another (``VIGIL_OUTCOME_ATTRIBUTION_WINDOW_HOURS`` (7 days) is 168 hours)."""
+    fields = {f"VIGIL_{name.upper()}": field for name, field in Settings.model_fields.items()}
+    given = re.compile(
+        r"`(VIGIL_[A-Z0-9_]+)`\s*\((?:default\s+`([a-z_]+)`|(?:default\s+)?([0-9][0-9,]*(?:\.[0-9]+)?)\s*([A-Za-z]+)?)"
+    )
+    checked, wrong = 0, []
+    for page in PAGES:
+        text = page.read_text().split("<!-- settings-table:end -->")[-1]  # the table is checked whole above
+        for name, word, number, unit in given.findall(text):
+            default = fields[name].default if name in fields else None
+            if default is None or (unit and unit not in UNITS) or (number and not isinstance(default, int | float)):
+                continue
+            if word:
+                ok = str(default) == word
+            else:
+                scale = next((v for suffix, v in SETTING_UNITS.items() if name.endswith(suffix)), 1)
+                value = float(number.replace(",", "")) * (UNITS[unit] / scale if unit else 1)
+                ok = isinstance(default, int | float) and abs(value - default) < 1e-9
+            checked += 1
+            if not ok:
+                wrong.append(f"{page.name}: {name} ({word or number} {unit}) but the default is {default!r}")
+    assert checked >= 20 and not wrong, wrong
