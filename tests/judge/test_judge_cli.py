@@ -56,6 +56,7 @@ def test_validate_list_run_and_worker_once(env: Settings, tmp_path: Path) -> Non
     verdict = orjson.loads(ran.stdout[ran.stdout.index("{") :])
     assert verdict["conversation_id"] == convs[0].conversation_id and verdict["judge_label"] == "offline judge"
     assert verdict["reason"] == "manual"
+    assert verdict["created_at"].endswith("Z")  # as GET /v1/verdicts writes it
     assert f"tj v3 (offline judge): {verdict['verdict']}" in ran.output  # said in words, not only in the JSON
     again = runner.invoke(app, ["judge", "run", "tj", convs[0].conversation_id])
     assert again.exit_code == 0, again.output

@@ -6,7 +6,6 @@ import asyncio
 import signal
 from typing import Annotated
 
-import orjson
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -181,7 +180,7 @@ def run(
         raise typer.Exit(1)
     v = mine[-1]
     console.print(escape(f"{judge} v{v['judge_version']} ({v['judge_label']}): {v['verdict']}"), highlight=False)
-    typer.echo(orjson.dumps(v, option=orjson.OPT_INDENT_2).decode())
+    print_json(v)
 
 
 @judge_app.command("resume")
