@@ -515,7 +515,8 @@ class Settings(BaseSettings):
         default=90.0,
         ge=0,
         description="Conversations (and their findings, outcomes, outcome links, judge requests) older than this "
-        "are deleted; labelled and exported conversations are kept. 0 keeps them forever.",
+        "are deleted; labelled, queued (open in the review queue) and exported conversations are kept. "
+        "0 keeps them forever.",
     )
     retention_unjoined_outcomes_days: float = Field(
         default=30.0,
@@ -524,12 +525,16 @@ class Settings(BaseSettings):
         "long after they were received, with review items still waiting for that conversation. 0: forever.",
     )
     retention_findings_days: float = Field(
-        default=90.0, ge=0, description="Findings older than this are deleted (of kept conversations too). 0: forever."
+        default=90.0,
+        ge=0,
+        description="Findings older than this are deleted, also of conversations still stored; never of labelled, "
+        "queued or exported conversations. 0: forever.",
     )
     retention_verdicts_days: float = Field(
         default=180.0,
         ge=0,
-        description="Judge verdicts older than this are deleted; of kept conversations never. 0: forever.",
+        description="Judge verdicts older than this are deleted; never of labelled, queued or exported "
+        "conversations. 0: forever.",
     )
     retention_dead_letters_days: float = Field(
         default=14.0, ge=0, description="Dead letters older than this are deleted. 0 keeps them forever."

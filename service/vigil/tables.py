@@ -28,7 +28,9 @@ def terminal_safe(text: str) -> str:
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    """``--json`` as the API writes it: UTC times end in ``Z`` (pydantic's form, which the API answers in)."""
+    options = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS | orjson.OPT_UTC_Z
+    sys.stdout.write(orjson.dumps(data, option=options).decode() + "\n")
 
 
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:

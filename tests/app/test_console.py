@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -132,6 +133,11 @@ def test_home_says_what_is_happening_now(seeded) -> None:
     result = CliRunner().invoke(_cli(), ["status", "--json"], env={"VIGIL_DATABASE_URL": rt.settings.database_url_str})
     assert result.exit_code == 0, result.output
     assert '"alerts"' in result.stdout and CANDIDATE in result.stdout
+    # --json prints the same data as the API, times in the same form ("...Z", not "+00:00")
+    assert json.loads(result.stdout)["alerts"] == data["alerts"]
+    listed = CliRunner().invoke(_cli(), ["alerts", "--json"], env={"VIGIL_DATABASE_URL": rt.settings.database_url_str})
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.stdout) == c.get("/v1/alerts", headers=REVIEWER).json()
 
 
 def _cli() -> Any:

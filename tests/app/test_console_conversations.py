@@ -191,6 +191,7 @@ def test_cli_show_json_answers_what_the_api_answers(tmp_path: Path, monkeypatch:
         shown = json.loads(r.stdout)
         assert set(shown) == set(answer) >= {"conversation", "findings", "outcomes", "verdicts", "review"}
         assert shown["conversation"] == answer["conversation"]
+        assert shown == answer  # times too: the API's RFC 3339 UTC form ("...Z"), not "+00:00"
 
 
 def test_a_failing_page_logs_its_address_without_control_characters(

@@ -68,3 +68,43 @@ def test_a_conversations_times_read_the_same_in_the_list_and_on_its_own(db_url) 
         one = c.get("/v1/conversations/tz-1", headers=REVIEWER).json()
         assert listed.endswith("Z") and one["received_at"] == listed, (listed, one["received_at"])
         utc(one["received_at"])
+
+
+def test_judge_answers_carry_utc(db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Verdicts, pairwise comparisons and a judge's state time were written bare on SQLite
+    (``"created_at": "2026-12-06T19:03:55.751579"``: no zone), on /v1/verdicts, a conversation's verdicts,
+    /v1/judges, /v1/overview and the pairwise list, while every other answer says UTC."""
+    import asyncio
+
+    from tests.support.judge_fakes import judge_dir
+    from vigil.ingest.simulate import Simulator, parse_versions
+    from vigil.judge import store
+    from vigil.judge.wiring import wire
+    from vigil.schema import Conversation
+
+    jd = judge_dir(tmp_path / "judges", sampling={"rate": 1.0})
+    settings = make_settings(db_url, judges_dir=str(jd), judge_mode="offline")
+    worker_rt = build_runtime(settings, registry=CollectorRegistry())
+    worker_rt.roles = frozenset({"judge-worker"})
+    stage = wire(worker_rt)
+    convs = [Conversation.model_validate(c) for c in Simulator(parse_versions("v1:0.5"), 3).stream(2)]
+    worker_rt.pipeline.process(convs, "test")
+    asyncio.run(stage.worker.run_until_idle(20))
+    worker_rt.close()
+    rt = build_runtime(settings, registry=CollectorRegistry())
+    with rt.sessions.begin() as s:  # the state a worker process stored, as an API process reads it
+        store.save_status(s, "tj", "running", "ok", "host:1", datetime.now(UTC))
+    with make_client(rt, {"api"}) as c:
+        body = {"input": "capital of France", "answer_a": "Paris.", "answer_b": "No idea"}
+        assert c.post("/v1/judges/tj/pairwise", json=body, headers=REVIEWER).status_code == 200
+        verdicts = c.get("/v1/verdicts", headers=REVIEWER).json()["items"]
+        one = c.get(f"/v1/conversations/{convs[0].conversation_id}", headers=REVIEWER).json()["verdicts"]
+        [judge] = c.get("/v1/judges", headers=REVIEWER).json()
+        [overview] = c.get("/v1/overview", headers=REVIEWER).json()["judges"]
+        [pair] = c.get("/v1/judges/tj/pairwise", headers=REVIEWER).json()["items"]
+    rt.close()
+    assert len(verdicts) == 2 and one
+    recent = datetime.now(UTC) - timedelta(minutes=10)
+    for text in [v["created_at"] for v in verdicts + one] + [judge["state_since"], pair["created_at"]]:
+        assert utc(text) > recent
+    assert overview["state_since"] == judge["state_since"]

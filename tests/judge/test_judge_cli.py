@@ -56,7 +56,14 @@ def test_validate_list_run_and_worker_once(env: Settings, tmp_path: Path) -> Non
     verdict = orjson.loads(ran.stdout[ran.stdout.index("{") :])
     assert verdict["conversation_id"] == convs[0].conversation_id and verdict["judge_label"] == "offline judge"
     assert verdict["reason"] == "manual"
+    assert verdict["created_at"].endswith("Z")  # as GET /v1/verdicts writes it
     assert f"tj v3 (offline judge): {verdict['verdict']}" in ran.output  # said in words, not only in the JSON
+    again = runner.invoke(app, ["judge", "run", "tj", convs[0].conversation_id])
+    assert again.exit_code == 0, again.output
+    # the revision is judged once: the same verdict, and said so rather than passed off as a new judgement
+    assert orjson.loads(again.stdout[again.stdout.index("{") :])["id"] == verdict["id"]
+    assert f"revision {convs[0].revision} was already queued or judged by tj" in again.output
+    assert "already" not in ran.output
     listed = runner.invoke(app, ["judge", "list"])
     assert listed.exit_code == 0 and "offline judge" in listed.output and "tj" in listed.output
     assert runner.invoke(app, ["judge", "run", "nope", "x"]).exit_code == 2

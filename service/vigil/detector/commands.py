@@ -52,16 +52,15 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         """List the detector's current and past detections."""
-        import orjson
 
         from vigil.detector.api import list_alerts
-        from vigil.tables import print_table
+        from vigil.tables import print_json, print_table
 
         rt = Launcher.of(ctx).core()
         with rt.sessions() as session:
             found = list_alerts(session, True if active else None)
         if as_json:
-            typer.echo(orjson.dumps(found, option=orjson.OPT_INDENT_2).decode())
+            print_json(found)
             return
         rows = [
             [

@@ -20,6 +20,7 @@ from vigil.judge.errors import ProviderError
 from vigil.judge.offline import OFFLINE_LABEL
 from vigil.judge.pairwise import compare, pairwise_dict
 from vigil.judge.stage import JudgeStage, verdict_dict
+from vigil.store.db import aware
 from vigil.store.models import PairwiseRow, VerdictRow
 
 router = APIRouter(tags=["judge"])
@@ -66,7 +67,7 @@ def judge_info(stage: JudgeStage, session: Session, names: list[str]) -> list[di
                 "judge_label": OFFLINE_LABEL if offline else sp.model,
                 "state": state,
                 "state_detail": detail,
-                "state_since": since,
+                "state_since": aware(since),  # a stored state comes back naive from SQLite
                 "worker": worker,
                 "sample_rate": sp.sampling.rate,
                 "salt": j.salt,

@@ -6,7 +6,6 @@ import asyncio
 import signal
 from typing import Annotated
 
-import orjson
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -154,10 +153,17 @@ def run(
         raise typer.Exit(2)
     with rt.sessions.begin() as s:
         try:
-            stage.sampler.enqueue_manual(s, stage.engine.judges[judge], conversation_id)
+            requested = stage.sampler.enqueue_manual(s, stage.engine.judges[judge], conversation_id)
         except LookupError:
             console.print(f"[red]error:[/red] no conversation {escape(repr(conversation_id))}")
             raise typer.Exit(2) from None
+        if requested is None:  # each (judge, conversation, revision) is requested once: say so, not a new verdict
+            from vigil.store.models import ConversationRow
+
+            stored = s.get(ConversationRow, conversation_id)
+            revision = stored.revision if stored is not None else "?"
+            said = f"revision {revision} was already queued or judged by {judge}: not requested again, its verdict is"
+            console.print(f"[yellow]{escape(said)}[/yellow]", highlight=False)
     only = {judge: stage.engine.lanes[judge]}
     stage.engine.lanes, others = only, stage.engine.lanes
     try:
@@ -174,7 +180,7 @@ def run(
         raise typer.Exit(1)
     v = mine[-1]
     console.print(escape(f"{judge} v{v['judge_version']} ({v['judge_label']}): {v['verdict']}"), highlight=False)
-    typer.echo(orjson.dumps(v, option=orjson.OPT_INDENT_2).decode())
+    print_json(v)
 
 
 @judge_app.command("resume")

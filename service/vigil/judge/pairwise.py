@@ -25,7 +25,7 @@ from vigil.judge.errors import ProviderError
 from vigil.judge.offline import OFFLINE_LABEL, offline_pairwise, offline_prompt_hash
 from vigil.judge.parse import PairChoice, cut_short, parse_pairwise
 from vigil.judge.prompt import build_pairwise_messages, check_pairwise_messages
-from vigil.store.db import storable_text
+from vigil.store.db import aware, storable_text
 from vigil.store.models import PairwiseRow
 
 _BACK = {"1": "b", "2": "a", "tie": "tie"}  # second order shows B first
@@ -161,7 +161,7 @@ async def compare(
 
 def pairwise_dict(row: PairwiseRow) -> dict[str, Any]:
     result = "unscored" if row.unscored_reason else ("position_bias" if row.position_bias else row.winner)
-    created: datetime = row.created_at
+    created: datetime = aware(row.created_at)  # SQLite hands stored UTC back naive
     return {
         "id": row.id,
         "judge": row.judge,

@@ -12,6 +12,7 @@ from vigil.judge.offline import OFFLINE_LABEL
 from vigil.judge.sampling import JudgeSampler
 from vigil.judge.store import verdicts_for
 from vigil.judge.worker import JudgeWorker
+from vigil.store.db import aware
 from vigil.store.models import VerdictRow
 
 
@@ -51,5 +52,5 @@ def verdict_dict(v: VerdictRow) -> dict[str, Any]:
         "latency_ms": v.latency_ms,
         "attempts": v.attempts,
         "reason": v.reason,
-        "created_at": v.created_at,
+        "created_at": aware(v.created_at),  # SQLite hands stored UTC back naive
     }

@@ -43,9 +43,9 @@ def queue_cmd(
     search: Annotated[
         str | None, typer.Option("--search", "-q", help="Part of the conversation id, task, user id or message text.")
     ] = None,
-    sort: Annotated[str, typer.Option(help="priority, flagged, received, agent, version, messages or findings.")] = (
-        "priority"
-    ),
+    sort: Annotated[
+        str, typer.Option(help="priority, flagged, received, agent, version, messages, findings or updated.")
+    ] = "priority",
     ascending: Annotated[bool, typer.Option("--asc", help="Ascending order (default: descending for times).")] = False,
     limit: Annotated[int, typer.Option(help="Items to show.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (counts and items).")] = False,
