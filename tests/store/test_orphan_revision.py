@@ -27,7 +27,7 @@ def test_a_database_at_the_removed_trigram_revision_upgrades_and_loses_its_index
         db.upgrade(db_url)
         with engine.connect() as conn:
             assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
-                "0017_conversations_severe"
+                "0018_detector_feeds"
             ]
             assert conn.execute(text("SELECT conversation_id FROM conversations")).scalars().all() == ["kept"]
         names = {i["name"] for i in inspect(engine).get_indexes("conversations")}
@@ -51,7 +51,7 @@ def test_a_fresh_database_reaches_the_single_head(db_url: str) -> None:
     try:
         with engine.connect() as conn:
             assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
-                "0017_conversations_severe"
+                "0018_detector_feeds"
             ]
     finally:
         engine.dispose()
