@@ -18,12 +18,13 @@ from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
 
-from sqlalchemy import and_, case, func, select
+from sqlalchemy import ColumnElement, and_, case, func, select, true
 from sqlalchemy.orm import Session
 
 from vigil.store.models import ConversationRow, FindingRow, OutcomeLinkRow, VerdictRow
 from vigil.store.signals import (
     FORBIDDEN,
+    JUDGE,
     OUTCOME,
     TOOL_ERROR,
     Key,
@@ -36,6 +37,10 @@ from vigil.store.signals import (
 )
 
 
+def _in_range(col, start: datetime | None, end: datetime):  # type: ignore[no-untyped-def]
+    return and_(col >= start, col < end) if start is not None else col < end
+
+
 def range_counts(
     session: Session, start: datetime | None, end: datetime, rules_for: RulesFor
 ) -> dict[Key, tuple[int, int]]:
@@ -44,11 +49,18 @@ def range_counts(
     Outcome signals are not among them (see :func:`outcome_counts`). A version's ``rule:<id>``
     signals are those of the rules whose ``applies_to`` matches it.
     """
+    return conversation_counts(session, start, end, rules_for) | judge_counts(session, start, end)
+
+
+def conversation_counts(
+    session: Session, start: datetime | None, end: datetime, rules_for: RulesFor
+) -> dict[Key, tuple[int, int]]:
+    """The conversation signals of :func:`range_counts`."""
     out: dict[Key, tuple[int, int]] = {}
     failures: dict[Key, int] = defaultdict(int)
 
     def in_range(col):  # type: ignore[no-untyped-def]
-        return and_(col >= start, col < end) if start is not None else col < end
+        return _in_range(col, start, end)
 
     conv_q = (
         select(
@@ -93,6 +105,12 @@ def range_counts(
     for (agent, version), n in totals.items():
         for signal in conversation_signals(rules_for(agent, version)):
             out[(agent, version, signal)] = (n, failures.get((agent, version, signal), 0))
+    return out
+
+
+def judge_counts(session: Session, start: datetime | None, end: datetime) -> dict[Key, tuple[int, int]]:
+    """The judge signals of :func:`range_counts`: sampled verdicts written in ``[start, end)``."""
+    out: dict[Key, tuple[int, int]] = {}
     judge_q = (
         select(
             VerdictRow.agent_id,
@@ -101,27 +119,32 @@ def range_counts(
             func.count(),
             func.sum(case((VerdictRow.verdict == "fail", 1), else_=0)),
         )
-        .where(in_range(VerdictRow.created_at), sampled_verdict())
+        .where(_in_range(VerdictRow.created_at, start, end), sampled_verdict())
         .group_by(VerdictRow.agent_id, VerdictRow.agent_version, VerdictRow.judge)
     )
     for agent, version, judge, n, x in session.execute(judge_q):
-        out[(agent, version, f"judge:{judge}")] = (int(n), int(x or 0))
+        out[(agent, version, f"{JUDGE}{judge}")] = (int(n), int(x or 0))
     return out
 
 
 def outcome_counts(
-    session: Session, start: datetime, end: datetime, bad_outcomes: Iterable[str], joined_before: datetime
+    session: Session,
+    start: datetime,
+    end: datetime,
+    bad_outcomes: Iterable[str],
+    joined_before: datetime,
+    among: ColumnElement[bool] | None = None,
 ) -> dict[Key, tuple[int, int]]:
-    """``(n, x)`` per (agent, version, ``outcome:<type>``) for the conversations stored in ``[start, end)``:
-    ``n`` of them finished, ``x`` with that bad outcome (within the attribution window) joined before
-    ``joined_before``. Every agent version with conversations gets every bad type, so no failure is
-    ever counted without its conversation.
+    """``(n, x)`` per (agent, version, ``outcome:<type>``) for the conversations stored in ``[start, end)``
+    (and ``among``, if given): ``n`` of them finished, ``x`` with that bad outcome (within the attribution
+    window) joined before ``joined_before``. Every agent version with conversations gets every bad type,
+    so no failure is ever counted without its conversation.
     """
     bad = list(bad_outcomes)
     if not bad:
         return {}
     C, L = ConversationRow, OutcomeLinkRow
-    stored = and_(C.received_at >= start, C.received_at < end, finished())
+    stored = and_(C.received_at >= start, C.received_at < end, finished(), true() if among is None else among)
     totals = session.execute(
         select(C.agent_id, C.agent_version, func.count()).where(stored).group_by(C.agent_id, C.agent_version)
     ).all()

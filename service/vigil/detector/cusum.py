@@ -63,19 +63,23 @@ class Cusum:
     def weights(self) -> list[tuple[float, float]]:
         return [(math.log(p1 / self.p0), math.log((1 - p1) / (1 - self.p0))) for p1 in self.p1s]
 
-    def update(self, stats: Sequence[float], n: int, x: int) -> list[float]:
+    def update(self, stats: Sequence[float], n: int, x: int, flips: int = 0) -> list[float]:
         """New statistics after ``n`` observations with ``x`` failures (one per tuned shift).
 
         Failures always come with their observations: a batch of failures alone would read as a
         run of certain failures (the detector credits late outcomes to their conversations' hour
-        instead). The cap bounds how long a fixed version takes to clear its alarm.
+        instead). ``flips`` corrects observations fed before: that many successes turned failures
+        (negative: failures turned successes), each adding the difference of the two ratios, so the
+        sum is the one of the corrected outcomes. The cap bounds how long a fixed version takes to
+        clear its alarm.
         """
         if not 0 <= x <= n:
             raise ValueError(f"a batch needs 0 <= failures <= observations, got {x} of {n}")
         if len(stats) != len(self.p1s):
             stats = [0.0] * len(self.p1s)
         return [
-            min(self.cap, max(0.0, s + x * a + (n - x) * b)) for s, (a, b) in zip(stats, self.weights(), strict=True)
+            min(self.cap, max(0.0, s + x * a + (n - x) * b + flips * (a - b)))
+            for s, (a, b) in zip(stats, self.weights(), strict=True)
         ]
 
     def alarmed(self, stats: Sequence[float]) -> bool:

@@ -1,6 +1,7 @@
 """Folds newly stored data into hourly counts and per-series CUSUMs, opening and ending detections.
 
-Conversation and judge signals are folded as their rows are stored. Outcome signals wait: an hour's
+Conversation and judge signals are folded as their rows are stored; a conversation counts once however
+many revisions of it are stored (:mod:`vigil.detector.feeds`). Outcome signals wait: an hour's
 conversations are counted with their outcomes, once, when ``VIGIL_DETECTOR_OUTCOME_SETTLE_HOURS``
 have passed after the hour (:meth:`Folder._settle`). Feeding conversations first and their
 outcomes later would read as a run of successes and then a burst of failures: a false alarm.
@@ -16,24 +17,27 @@ from sqlalchemy.orm import Session
 
 from vigil.detector import alerts
 from vigil.detector.baselines import Baseline, baselines
-from vigil.detector.counts import outcome_counts, range_counts
+from vigil.detector.counts import conversation_counts, judge_counts, outcome_counts, range_counts
 from vigil.detector.cusum import Cusum
+from vigil.detector.feeds import Fed, feed, mark_outcomes_fed, outcomes_unfed, prune
 from vigil.detector.hourly import (
     HOUR,
     Counts,
+    add_changes,
     add_counts,
     floor_hour,
     hours,
     series_rows,
+    set_conversation_counts,
     set_outcome_counts,
-    store_recount,
+    store_judge_recount,
 )
 from vigil.detector.models import DetectorSeriesRow
 from vigil.metrics import Metrics
 from vigil.settings import Settings
 from vigil.store.db import aware
 from vigil.store.models import ConversationRow, VerdictRow
-from vigil.store.signals import RulesFor
+from vigil.store.signals import Key, RulesFor
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +62,13 @@ class Folder:
         self.threshold = threshold
         self.outcome_settle = timedelta(hours=settings.detector_outcome_settle_hours)
 
-    def advance(self, s: Session, cursor: datetime | None, until: datetime, now: datetime) -> bool:
+    def advance(
+        self, s: Session, cursor: datetime | None, until: datetime, now: datetime, fed_since: datetime | None = None
+    ) -> bool:
         """Fold what was stored in ``[cursor, until)``; with no cursor yet, count the whole history.
 
+        ``fed_since``: where the record of what each conversation was fed as begins (default: the cursor);
+        the conversations stored before it were counted without it.
         Returns whether the cursor moves to ``until`` (not when it is there already).
         """
         if cursor is None:
@@ -72,10 +80,19 @@ class Folder:
             self._fold(s, a, b, now)
         hour = floor_hour(cursor)
         while hour + HOUR <= until:
-            self._reconcile(s, hour, now)
+            self._reconcile(s, hour, now, fed_since or cursor)
             hour += HOUR
+        if floor_hour(cursor) + HOUR <= until and self.settings.retention_conversations_days > 0:
+            # once an hour: the record of conversations past retention goes (a revision of one counts anew)
+            prune(s, floor_hour(now - timedelta(days=self.settings.retention_conversations_days)))
         self._settle(s, cursor, until, now)
         return True
+
+    def begin_record(self, s: Session, cursor: datetime) -> None:
+        """The first pass that records what it feeds (after an upgrade): the hour the cursor is in was counted
+        pass by pass, with each revision read; recount it up to the cursor, where the record begins."""
+        hour = floor_hour(cursor)
+        set_conversation_counts(s, hour, conversation_counts(s, hour, cursor, self.rules_for))
 
     def _backfill(self, s: Session, until: datetime, now: datetime) -> None:
         """First run: count the history into hourly buckets; statistics start from zero."""
@@ -104,53 +121,77 @@ class Folder:
         hour = floor_hour(after - settle - HOUR) if after is not None else floor_hour(since or until)
         while hour + HOUR + settle <= until:
             settled_at = hour + HOUR + settle
-            if after is None or settled_at > after:
+            if after is None:
                 inc = outcome_counts(s, hour, hour + HOUR, self.bad_outcomes, settled_at)
                 set_outcome_counts(s, hour, inc)
-                if after is None:
-                    for row in series_rows(s, inc, until).values():
-                        row.last_seen = max(aware(row.last_seen), hour + HOUR)
-                else:
-                    self._apply(s, inc, hour, hour + HOUR, now, at=until)
+                for row in series_rows(s, inc, until).values():
+                    row.last_seen = max(aware(row.last_seen), hour + HOUR)
+            elif settled_at > after:
+                # a conversation counts in the first hour that settled with it, not again when a newer revision
+                # moved it to a later one
+                mark_outcomes_fed(s, hour)
+                inc = outcome_counts(s, hour, hour + HOUR, self.bad_outcomes, settled_at, outcomes_unfed(hour))
+                set_outcome_counts(s, hour, inc)
+                self._apply(s, inc, hour, hour + HOUR, now, at=until)
             hour += HOUR
 
     def _fold(self, s: Session, a: datetime, b: datetime, now: datetime) -> None:
-        inc = range_counts(s, a, b, self.rules_for)
-        add_counts(s, a, inc)
-        self._apply(s, inc, a, b, now)
+        judged = judge_counts(s, a, b)
+        add_counts(s, a, judged)
+        fed = feed(s, a, b, self.rules_for)
+        add_changes(s, fed.changes)
+        self._apply(s, judged | fed.counts, a, b, now, fed.flips)
 
-    def _reconcile(self, s: Session, hour: datetime, now: datetime) -> None:
-        """Recount an hour once it has closed and store the exact counts.
+    def _reconcile(self, s: Session, hour: datetime, now: datetime, fed_since: datetime) -> None:
+        """Once an hour has closed, store its exact judge counts and feed what its passes missed.
 
-        A replica's transaction can commit rows stamped before the cursor had passed them; the
-        recount finds them and feeds them to the statistics as a late batch.
+        A replica's transaction can commit rows stamped before the cursor had passed them: the recount
+        finds such verdicts, the record of what was fed such conversations (and such newer revisions),
+        and both reach the statistics as a late batch.
         """
-        late = store_recount(s, hour, range_counts(s, hour, hour + HOUR, self.rules_for))
-        if late:
-            log.info("detector: %d series had rows committed after their hour was folded", len(late))
-            self._apply(s, late, hour, hour + HOUR, now)
+        late = store_judge_recount(s, hour, judge_counts(s, hour, hour + HOUR))
+        fed = feed(s, max(hour, fed_since), hour + HOUR, self.rules_for) if hour + HOUR > fed_since else Fed()
+        add_changes(s, fed.changes)
+        if late or fed:
+            series = late.keys() | fed.counts.keys() | fed.flips.keys()
+            log.info("detector: rows of %d series were committed after their hour was folded", len(series))
+            self._apply(s, late | fed.counts, hour, hour + HOUR, now, fed.flips)
 
     def _apply(
-        self, s: Session, inc: Counts, a: datetime, b: datetime, now: datetime, at: datetime | None = None
+        self,
+        s: Session,
+        inc: Counts,
+        a: datetime,
+        b: datetime,
+        now: datetime,
+        flips: dict[Key, int] | None = None,
+        at: datetime | None = None,
     ) -> None:
-        """Fold a batch of counts of ``[a, b)`` into each series' CUSUMs; start and end detections.
+        """Fold a batch of counts of ``[a, b)`` and corrections (``flips``) into each series' CUSUMs; start
+        and end detections.
 
         ``at`` is when the batch became known (default ``b``): outcome signals are fed after their
         hour settled, and their series must not look older than the version's other series.
         """
-        if not inc:
+        flips = flips or {}
+        keys = inc.keys() | flips.keys()
+        if not keys:
             return
-        series = series_rows(s, inc, a if at is None else at)
+        series = series_rows(s, keys, a if at is None else at)
         at = at or b
         bases = baselines(s, self.settings, now)
         opened = []
-        for key, (n, x) in inc.items():
-            if self._step(s, series[key], bases.get(key), n, x, at):
+        for key in sorted(keys):
+            n, x = inc.get(key, (0, 0))
+            if self._step(s, series[key], bases.get(key), n, x, flips.get(key, 0), at):
                 opened.append(key)
         alerts.count_opened(s, self.metrics, opened)
 
-    def _step(self, s: Session, row: DetectorSeriesRow, base: Baseline | None, n: int, x: int, at: datetime) -> bool:
-        """Feed one series ``x`` failures in ``n`` observations; returns whether that opened a detection."""
+    def _step(
+        self, s: Session, row: DetectorSeriesRow, base: Baseline | None, n: int, x: int, flips: int, at: datetime
+    ) -> bool:
+        """Feed one series ``x`` failures in ``n`` observations and ``flips`` corrected ones (see
+        :meth:`Cusum.update`); returns whether that opened a detection."""
         row.last_seen = max(aware(row.last_seen), at) if row.last_seen else at
         if base is None:
             row.statistics, row.baseline, row.baseline_rate = [], None, None
@@ -160,7 +201,8 @@ class Folder:
         cfg = self.settings
         cusum = Cusum.design(base.rate, self.ratios, cfg.detector_min_abs_shift, cfg.detector_arl0)
         previous = list(row.statistics or []) if row.baseline == base.label else []
-        stats = cusum.update(previous, n, x)
+        # a correction needs the observation it corrects: statistics started afresh never had it
+        stats = cusum.update(previous, n, x, flips if previous else 0)
         row.statistics, row.baseline, row.baseline_rate = stats, base.label, base.rate
         opened = False
         if cusum.alarmed(stats) and row.detection_id is None:

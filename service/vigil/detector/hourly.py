@@ -9,19 +9,20 @@ lease (:func:`rebuild_totals`): a replica of an older version may have folded co
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import ColumnElement, delete, func, insert, select, tuple_
 from sqlalchemy.orm import Session
 
 from vigil.detector.models import DetectorSeriesRow, QualityCountRow, QualityTotalRow
-from vigil.store.db import upsert
-from vigil.store.signals import OUTCOME, Key
+from vigil.store.db import aware, upsert
+from vigil.store.signals import JUDGE, OUTCOME, Key
 
 HOUR = timedelta(hours=1)
 
 Counts = dict[Key, tuple[int, int]]  # (observations, failures) per series
+Changes = dict[tuple[datetime, Key], tuple[int, int]]  # (observations, failures) to add per hour and series
 
 
 def hours(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime]]:
@@ -101,46 +102,81 @@ def _store_hour(s: Session, hour: datetime, stored: dict[Key, QualityCountRow], 
 
 def set_outcome_counts(s: Session, hour: datetime, inc: Counts) -> None:
     """Store ``inc`` as the hour's outcome counts; outcome series it leaves out count zero."""
-    stored = {
-        (r.agent_id, r.agent_version, r.signal): r
-        for r in s.scalars(
-            select(QualityCountRow).where(QualityCountRow.hour == hour, QualityCountRow.signal.like(f"{OUTCOME}%"))
-        )
-    }
-    _store_hour(s, hour, stored, inc)
+    _store(s, hour, inc, QualityCountRow.signal.like(f"{OUTCOME}%"))
 
 
-def store_recount(s: Session, hour: datetime, recount: Counts) -> Counts:
-    """Store an hour's exact (non-outcome) counts; returns what they add to the statistics' view of it.
+def set_conversation_counts(s: Session, hour: datetime, recount: Counts) -> None:
+    """Store ``recount`` as the hour's conversation signal counts (neither outcome nor judge signals)."""
+    _store(
+        s, hour, recount, QualityCountRow.signal.not_like(f"{OUTCOME}%"), QualityCountRow.signal.not_like(f"{JUDGE}%")
+    )
 
-    Rows moved to a later hour by a newer revision drop out of this one, so each conversation counts once.
-    """
-    stored = {
-        (r.agent_id, r.agent_version, r.signal): r
-        for r in s.scalars(
-            select(QualityCountRow).where(QualityCountRow.hour == hour, QualityCountRow.signal.not_like(f"{OUTCOME}%"))
-        )
-    }
+
+def store_judge_recount(s: Session, hour: datetime, recount: Counts) -> Counts:
+    """Store an hour's exact judge counts; returns what they add to the statistics' view of it
+    (verdicts a replica committed after the pass that read their hour)."""
+    before = _store(s, hour, recount, QualityCountRow.signal.like(f"{JUDGE}%"))
     late: Counts = {}
     for key, (n, x) in recount.items():
-        row = stored.get(key)
-        if row is not None and (n > row.n or x > row.x):
-            # a newer revision can turn a conversation already fed as a success into a failure;
-            # the statistics only take the new conversations' failures (the stored count is exact)
-            more = max(0, n - row.n)
-            late[key] = (more, min(more, max(0, x - row.x)))
-    late.update(_store_hour(s, hour, stored, recount))
+        was_n, was_x = before.get(key, (0, 0))
+        if n > was_n:  # verdicts are only ever added: the new ones
+            late[key] = (n - was_n, min(n - was_n, max(0, x - was_x)))
     return late
 
 
-def series_rows(s: Session, inc: Counts, start: datetime) -> dict[Key, DetectorSeriesRow]:
-    """The series rows of ``inc``'s keys, created (first seen at ``start``) where missing."""
-    agents = {k[0] for k in inc}
+def _store(s: Session, hour: datetime, counts: Counts, *which: ColumnElement[bool]) -> Counts:
+    """Store ``counts`` as the hour's counts of the signals ``which`` selects (those it leaves out count
+    zero), and the totals with them; returns the counts stored before."""
+    stored = {
+        (r.agent_id, r.agent_version, r.signal): r
+        for r in s.scalars(select(QualityCountRow).where(QualityCountRow.hour == hour, *which))
+    }
+    before = {key: (r.n, r.x) for key, r in stored.items()}
+    _store_hour(s, hour, stored, counts)
+    return before
+
+
+def add_changes(s: Session, changes: Changes) -> None:
+    """Add ``changes`` to the stored counts of their hours, and what they changed to the totals. They may be
+    negative (a conversation a newer revision moved to another hour, or whose failure it took back); a count
+    never goes below zero."""
+    changes = {k: c for k, c in changes.items() if c[0] or c[1]}
+    if not changes:
+        return
+    C = QualityCountRow
+    wanted = sorted(changes)  # one lock order for every writer
+    stored: dict[tuple[datetime, Key], QualityCountRow] = {}
+    for part in range(0, len(wanted), 500):
+        keys = [(h, a, v, sig) for h, (a, v, sig) in wanted[part : part + 500]]
+        for r in s.scalars(select(C).where(tuple_(C.hour, C.agent_id, C.agent_version, C.signal).in_(keys))):
+            stored[(aware(r.hour), (r.agent_id, r.agent_version, r.signal))] = r
+    totals: Counts = {}
+    for hour_key in wanted:
+        dn, dx = changes[hour_key]
+        hour, key = hour_key
+        row = stored.get(hour_key)
+        if row is None:
+            n, x = max(0, dn), max(0, dx)
+            if n or x:
+                s.add(C(agent_id=key[0], agent_version=key[1], signal=key[2], hour=hour, n=n, x=x))
+            was = (0, 0)
+        else:
+            was = (row.n, row.x)
+            n, x = max(0, row.n + dn), max(0, row.x + dx)
+            row.n, row.x = n, x
+        tn, tx = totals.get(key, (0, 0))
+        totals[key] = (tn + n - was[0], tx + x - was[1])
+    _add_totals(s, {k: c for k, c in totals.items() if c[0] or c[1]})
+
+
+def series_rows(s: Session, keys: Collection[Key], start: datetime) -> dict[Key, DetectorSeriesRow]:
+    """The series rows of ``keys``, created (first seen at ``start``) where missing."""
+    agents = {k[0] for k in keys}
     series = {
         (r.agent_id, r.agent_version, r.signal): r
         for r in s.scalars(select(DetectorSeriesRow).where(DetectorSeriesRow.agent_id.in_(agents)))
     }
-    for key in inc:
+    for key in keys:
         if key not in series:
             row = DetectorSeriesRow(
                 agent_id=key[0],

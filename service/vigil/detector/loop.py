@@ -94,8 +94,12 @@ class Detector:
             rebuild_totals(s)
         until = now - timedelta(seconds=self.settings.detector_settle_seconds)
         cursor = aware(held.cursor) if held.cursor else None
-        if self.folder.advance(s, cursor, until, now):
+        if cursor is not None and held.fed_since is None:  # the first pass since the record began (an upgrade)
+            self.folder.begin_record(s, cursor)
+            held.fed_since = cursor
+        if self.folder.advance(s, cursor, until, now, aware(held.fed_since)):
             held.cursor = until
+            held.fed_since = held.fed_since or until
         alerts.retire(s, now, self.settings.detector_retire_hours)
 
     def baselines(self, s: Session, now: datetime) -> dict[Key, Baseline]:

@@ -1,4 +1,5 @@
-"""Detector tables: hourly aggregated counts and their totals, per-series CUSUM state, detections, the leader lease."""
+"""Detector tables: hourly aggregated counts and their totals, what each conversation was fed as, per-series
+CUSUM state, detections, the leader lease."""
 
 from __future__ import annotations
 
@@ -41,6 +42,26 @@ class QualityTotalRow(Base):
     x: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
+class DetectorFeedRow(Base):
+    """What one conversation was fed to the statistics and the hourly counts as (:mod:`vigil.detector.feeds`).
+
+    ``failed``: its conversation signals that failed (None: none did). ``outcome_hour``: the hour whose
+    settled outcome signals counted it (None: not yet).
+    """
+
+    __tablename__ = "detector_feeds"
+
+    conversation_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    agent_id: Mapped[str] = mapped_column(String(256))
+    agent_version: Mapped[str] = mapped_column(String(128))
+    revision: Mapped[int] = mapped_column(BigInteger)
+    hour: Mapped[datetime]
+    failed: Mapped[list[Any] | None]
+    outcome_hour: Mapped[datetime | None]
+
+    __table_args__ = (Index("ix_detector_feeds_hour", "hour"),)
+
+
 class DetectorSeriesRow(Base):
     """The sequential test's state for one signal of one agent version."""
 
@@ -81,7 +102,8 @@ class DetectionRow(Base):
 
 
 class DetectorLeaseRow(Base):
-    """Elects the one active detector; ``cursor`` is how far stored data has been folded in."""
+    """Elects the one active detector; ``cursor`` is how far stored data has been folded in, ``fed_since``
+    where the record of what each conversation was fed as (``detector_feeds``) begins."""
 
     __tablename__ = "detector_lease"
 
@@ -89,3 +111,4 @@ class DetectorLeaseRow(Base):
     holder: Mapped[str] = mapped_column(String(256))
     lease_until: Mapped[datetime]
     cursor: Mapped[datetime | None]
+    fed_since: Mapped[datetime | None]

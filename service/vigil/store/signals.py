@@ -25,6 +25,7 @@ RulesFor = Callable[[str, str], Iterable[str]]  # (agent, version) -> ids of the
 FORBIDDEN = "forbidden_tool"
 TOOL_ERROR = "tool_error"
 OUTCOME = "outcome:"
+JUDGE = "judge:"
 OFFLINE_SUFFIX = ":offline"  # a judge's offline verdicts: their own signal, never pooled with the model's
 
 

@@ -128,14 +128,7 @@ def insert_new(
         if col.name not in rows[0] and col.default is not None and getattr(col.default, "arg", None) is not None:
             raise ValueError(f"insert_new: {table.name}.{col.name} has a default the rows must give")
     conn = session.connection()
-    types = _column_types(conn.connection.driver_connection, table.name)  # type: ignore[arg-type]
-    params: dict[str, list[Any]] = {}
-    for i, c in enumerate(cols):
-        values = [r[c] for r in rows]
-        if types[c][0] in _JSON_OIDS:
-            values = [None if v is None else Jsonb(v, json_text) for v in values]
-        params[f"c{i}"] = values
-    arrays = ", ".join(f"%(c{i})s::{types[c][1]}[]" for i, c in enumerate(cols))
+    arrays, params = _unnest(conn, table, cols, rows)
     names = ", ".join(f'"{c}"' for c in cols)
     keys = ", ".join(f'"{c}"' for c in conflict)
     out = ", ".join(f'"{c}"' for c in returning)
@@ -144,6 +137,42 @@ def insert_new(
         f"ON CONFLICT ({keys}) DO NOTHING RETURNING {out}"
     )
     return [tuple(r) for r in conn.exec_driver_sql(sql, params).all()]
+
+
+def upsert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]], conflict: Sequence[str]) -> None:
+    """``INSERT rows ON CONFLICT (conflict) DO UPDATE`` the other columns the rows give; on Postgres one
+    statement of one array parameter per column, as :func:`insert_new` (an executemany sends one statement
+    a row). Rows give the same columns and never the same key twice."""
+    if not rows:
+        return
+    cols = [c.name for c in table.columns if c.name in rows[0]]
+    changed = [c for c in cols if c not in conflict]
+    if session.get_bind().dialect.name != "postgresql":
+        ins = upsert(session, table)
+        stmt = ins.on_conflict_do_update(index_elements=list(conflict), set_={c: ins.excluded[c] for c in changed})
+        session.execute(stmt, list(rows))
+        return
+    conn = session.connection()
+    arrays, params = _unnest(conn, table, cols, rows)
+    names = ", ".join(f'"{c}"' for c in cols)
+    keys = ", ".join(f'"{c}"' for c in conflict)
+    sets = ", ".join(f'"{c}" = excluded."{c}"' for c in changed)
+    conn.exec_driver_sql(
+        f"INSERT INTO {table.name} ({names}) SELECT * FROM unnest({arrays}) ON CONFLICT ({keys}) DO UPDATE SET {sets}",
+        params,
+    )
+
+
+def _unnest(conn: Any, table: Table, cols: list[str], rows: Sequence[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """``unnest``'s arguments for ``rows``' ``cols``: one typed array parameter per column."""
+    types = _column_types(conn.connection.driver_connection, table.name)
+    params: dict[str, list[Any]] = {}
+    for i, c in enumerate(cols):
+        values = [r[c] for r in rows]
+        if types[c][0] in _JSON_OIDS:
+            values = [None if v is None else Jsonb(v, json_text) for v in values]
+        params[f"c{i}"] = values
+    return ", ".join(f"%(c{i})s::{types[c][1]}[]" for i, c in enumerate(cols)), params
 
 
 def copy_rows(session: Session, table: Table, rows: list[dict[str, Any]]) -> None:
