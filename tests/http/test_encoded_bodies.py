@@ -118,3 +118,44 @@ def test_a_gzip_body_that_is_not_json_is_kept_inflated_for_replay(rt, client) ->
     assert r.status_code == 400, r.text
     [letter] = _letters(client)
     assert letter["reason"] == "malformed_json"
+
+
+class _CountingZlib:
+    """``zlib`` as the inflater sees it, counting the compressed bytes it hands zlib (each one is copied)."""
+
+    MAX_WBITS = zlib.MAX_WBITS
+    error = zlib.error
+
+    def __init__(self) -> None:
+        self.given = 0
+
+    def decompressobj(self, wbits: int) -> object:
+        real = zlib.decompressobj(wbits)
+        counter = self
+
+        class Counted:
+            def decompress(self, data: bytes, max_length: int = 0) -> bytes:
+                counter.given += len(data)
+                return real.decompress(data, max_length)
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+        return Counted()
+
+
+def test_many_gzip_members_take_time_in_proportion_to_the_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each member was handed everything after it, copied again at its end: 100,000 empty members (2 MB)
+    took 10 s, 1.7 million (a 32 MiB body) would take most of an hour. The bytes zlib is handed now grow
+    with the body, not with the square of its members."""
+    from vigil.http import encoding
+
+    def handed(members: int) -> int:
+        counting = _CountingZlib()
+        monkeypatch.setattr(encoding, "zlib", counting)
+        body = gzip.compress(orjson.dumps(CONV)) + gzip.compress(b"", mtime=0) * members
+        assert encoding.inflate(body, "gzip", LIMIT) == orjson.dumps(CONV)
+        return counting.given
+
+    small, large = handed(5_000), handed(10_000)
+    assert large < 2.5 * small, f"twice the members handed zlib {large / small:.1f} times the bytes"
