@@ -159,3 +159,75 @@ def test_many_gzip_members_take_time_in_proportion_to_the_body(monkeypatch: pyte
 
     small, large = handed(5_000), handed(10_000)
     assert large < 2.5 * small, f"twice the members handed zlib {large / small:.1f} times the bytes"
+
+
+@pytest.mark.parametrize("path", ["/v1/conversations", "/v1/outcomes"])
+def test_gzip_bombs_sent_at_once_hold_no_more_than_the_in_flight_budget(sqlite_url: str, path: str) -> None:
+    """A body was inflated whole, up to the limit, before its inflated bytes were taken from
+    VIGIL_MAX_INFLIGHT_BYTES (and a bomb's never were): 40 bombs of 32 KB sent at once to a live server
+    held 1.8 GB, 40 that inflated to just under the limit 2.1 GB, where the budget is 64 MiB. A body's
+    inflated bytes are now taken a step at a time before they are made: bombs sent together wait their
+    turn, or the youngest is answered 503 (send it again), as bodies still arriving do."""
+    import asyncio
+    import tracemalloc
+
+    import httpx
+
+    from tests.support.waiting import scaled
+    from vigil.app.server import build_app
+    from vigil.app.wiring import wire
+
+    budget, limit, bombs = 4 * 1_048_576, 1_000_000, 32
+    settings = make_settings(sqlite_url, max_request_bytes=limit, max_inflight_bytes=budget)
+    rt = build_runtime(settings, registry=CollectorRegistry())
+    wire(rt, {"api"})
+    app = build_app(rt, [])
+    bomb = gzip.compress(b"[" + b" " * (3 * limit) + b"]")
+    assert len(bomb) < 5_000
+
+    async def main() -> tuple[list[int], int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=scaled(120)) as c:
+            assert (await _post_async(c, path, bomb)).status_code == 413  # the first request's own costs aside
+            tracemalloc.start()
+            try:
+                before = tracemalloc.get_traced_memory()[0]
+                answers = await asyncio.gather(*(_post_async(c, path, bomb) for _ in range(bombs)))
+                peak = tracemalloc.get_traced_memory()[1] - before
+            finally:
+                tracemalloc.stop()
+        return [a.status_code for a in answers], peak
+
+    try:
+        codes, peak = asyncio.run(main())
+    finally:
+        rt.close()
+    assert set(codes) <= {413, 503} and 413 in codes, codes  # 503: busy, send it again
+    assert app.state.body_budget.free == budget  # everything given back
+    assert peak < 3 * budget, f"{bombs} bombs of {len(bomb)} bytes held {peak / 1e6:.1f} MB at once"
+
+
+def _post_async(c, path: str, body: bytes):  # type: ignore[no-untyped-def]
+    headers = {**ADMIN, "Content-Type": "application/json", "Content-Encoding": "gzip"}
+    return c.post(path, content=body, headers=headers)
+
+
+def test_a_body_inflated_in_several_steps_is_stored_whole(sqlite_url: str) -> None:
+    """With a small budget a body is inflated in steps of 64 KiB: every conversation of it is stored, and
+    every byte taken from the budget is given back."""
+    settings = make_settings(sqlite_url, max_request_bytes=LIMIT, max_inflight_bytes=1_048_576)
+    rt = build_runtime(settings, registry=CollectorRegistry())
+    pad = "step " * 1_000
+    batch = [{**CONV, "conversation_id": f"gz-step-{i}", "metadata": {"pad": pad}} for i in range(30)]
+    body = orjson.dumps(batch)
+    assert 2 * 65_536 < len(body) < LIMIT
+    try:
+        with make_client(rt) as c:
+            r = _post(c, "/v1/conversations", gzip.compress(body), "gzip")
+            assert r.status_code == 202, r.text
+            assert r.json()["stored"] == 30
+            got = c.get("/v1/conversations/gz-step-29", headers=ADMIN)
+            assert got.status_code == 200 and got.json()["conversation"]["metadata"]["pad"] == pad
+            assert c.app.state.body_budget.free == 1_048_576  # type: ignore[attr-defined]
+    finally:
+        rt.close()
