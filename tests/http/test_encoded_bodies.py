@@ -231,3 +231,19 @@ def test_a_body_inflated_in_several_steps_is_stored_whole(sqlite_url: str) -> No
             assert c.app.state.body_budget.free == 1_048_576  # type: ignore[attr-defined]
     finally:
         rt.close()
+
+
+@pytest.mark.parametrize("path", ["/v1/conversations", "/v1/outcomes"])
+def test_a_refused_compressed_body_is_labelled_as_sent_compressed_in_its_dead_letter(rt, client, path) -> None:  # type: ignore[no-untyped-def]
+    """The letter of a gzip body that could not be inflated keeps its start as sent, still compressed, and
+    said nothing of it: an admin saw binary in its preview and a ``raw_size`` of 65536 for a body of
+    150 KB. Its detail now names the encoding, the size sent and what the letter keeps."""
+    import os
+
+    body = gzip.compress(os.urandom(150_000))[:-8]  # random bytes do not compress: about 150 KB, cut short
+    r = _post(client, path, body, "gzip")
+    assert r.status_code == 400 and r.json()["reason"] == "invalid_encoding", r.text
+    [letter] = _letters(client)
+    assert "truncated gzip stream" in letter["detail"]
+    assert f"sent with Content-Encoding gzip ({len(body)} bytes)" in letter["detail"], letter["detail"]
+    assert "still compressed" in letter["detail"]

@@ -350,7 +350,7 @@ async def _inflated(lease: Lease, body: bytes, encoding: str, limit: int, settin
             total += len(part)
     except Undecodable as exc:
         parts.clear()  # not kept alive by the error's frames while its dead letter is stored
-        exc.body = body[:PREFIX_BYTES]
+        exc.body, exc.sent, exc.encoding = body[:PREFIX_BYTES], len(body), encoding
         raise
     finally:
         inflater.close()

@@ -25,6 +25,16 @@ class Undecodable(VigilError):
         super().__init__(message)
         self.status = status
         self.body = b""  # the start of the body as sent, for a dead letter (set by the reader)
+        self.sent = 0  # the size of the body as sent (set by the reader)
+        self.encoding = ""  # its Content-Encoding (set by the reader)
+
+    @property
+    def kept(self) -> str:
+        """What a dead letter of the body keeps, for its detail: the letter's bytes are still compressed."""
+        return (
+            f"sent with Content-Encoding {self.encoding[:40]} ({self.sent} bytes): the letter keeps the start of "
+            "the body as sent, still compressed"
+        )
 
 
 def encoding_of(value: str | None) -> str | None:

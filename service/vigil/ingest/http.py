@@ -303,7 +303,7 @@ async def ingest_conversations(
     except EncodedBody as exc:
         return JSONResponse({"detail": str(exc), "reason": "unsupported_encoding"}, 415)
     except Undecodable as exc:  # gzip or deflate that cannot be undone: a note of what was sent, as for a large one
-        letter = DeadLetter("http", reason_of(exc), str(exc), exc.body)
+        letter = DeadLetter("http", reason_of(exc), f"{exc}; {exc.kept}", exc.body)
         try:
             await run_in_threadpool(rt.pipeline.store, [], [letter], "http")
         except StoreUnavailable:

@@ -62,7 +62,8 @@ async def post_outcomes(request: Request) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "reason": "unsupported_encoding"}, 415)
     except Undecodable as exc:  # gzip or deflate that cannot be undone: a note of what was sent
         try:
-            await run_in_threadpool(store.ingest_dead, DeadLetter("http", reason_of(exc), str(exc), exc.body))
+            letter = DeadLetter("http", reason_of(exc), f"{exc}; {exc.kept}", exc.body)
+            await run_in_threadpool(store.ingest_dead, letter)
         except Exception:
             log.warning("keeping a note of an undecodable outcomes request failed", exc_info=True)
         return JSONResponse({"detail": str(exc), "reason": reason_of(exc)}, exc.status)
