@@ -247,3 +247,14 @@ def test_a_refused_compressed_body_is_labelled_as_sent_compressed_in_its_dead_le
     assert "truncated gzip stream" in letter["detail"]
     assert f"sent with Content-Encoding gzip ({len(body)} bytes)" in letter["detail"], letter["detail"]
     assert "still compressed" in letter["detail"]
+
+
+def test_the_api_document_says_both_endpoints_take_gzip_and_deflate(client) -> None:  # type: ignore[no-untyped-def]
+    """The OpenAPI document said nothing of compressed bodies for /v1/outcomes (nor its 400, 413 and 415
+    answers), and for /v1/conversations only in the descriptions of its errors."""
+    spec = client.get("/openapi.json").json()
+    for path in ("/v1/conversations", "/v1/outcomes"):
+        op = spec["paths"][path]["post"]
+        said = op["requestBody"].get("description", "")
+        assert "Content-Encoding" in said and "gzip" in said and "deflate" in said, (path, said)
+        assert {"400", "413", "415", "503"} <= set(op["responses"]), (path, sorted(op["responses"]))

@@ -25,6 +25,11 @@ PREFIX_BYTES = 65_536  # of a body refused while reading, kept for its dead lett
 POOL_BUFFERS = 4  # body buffers a process keeps for reuse (see BufferPool)
 POOL_BUFFER_BYTES = 16_777_216  # a buffer grown past this is not kept (OTLP bodies are at most 16 MB by default)
 OWN_LIMIT = "vigil.body_reader"  # scope key: the endpoint reads its body itself, under its own limit
+ENCODED_BODIES = (
+    "JSON, sent as is or with Content-Encoding gzip (several members too), x-gzip or deflate: inflated to at "
+    "most VIGIL_MAX_REQUEST_BYTES (413 past it), its inflated bytes held from VIGIL_MAX_INFLIGHT_BYTES; "
+    "another encoding is a 415"
+)  # the request body's description in the API document, for the endpoints that read theirs with limited_body
 
 
 class BodyTooLarge(VigilError):
