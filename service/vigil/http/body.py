@@ -25,6 +25,7 @@ PREFIX_BYTES = 65_536  # of a body refused while reading, kept for its dead lett
 POOL_BUFFERS = 4  # body buffers a process keeps for reuse (see BufferPool)
 POOL_BUFFER_BYTES = 16_777_216  # a buffer grown past this is not kept (OTLP bodies are at most 16 MB by default)
 OWN_LIMIT = "vigil.body_reader"  # scope key: the endpoint reads its body itself, under its own limit
+LEASE = "vigil.body_lease"  # scope key: what a body read with pooled_body holds of the budget (see inflate_held)
 ENCODED_BODIES = (
     "JSON, sent as is or with Content-Encoding gzip (several members too), x-gzip or deflate: inflated to at "
     "most VIGIL_MAX_REQUEST_BYTES (413 past it), its inflated bytes held from VIGIL_MAX_INFLIGHT_BYTES; "
@@ -336,7 +337,17 @@ async def limited_body(
         yield data
 
 
-async def _inflated(lease: Lease, body: bytes, encoding: str, limit: int, setting: str) -> bytes:
+async def inflate_held(request: Request, body: memoryview, encoding: str, limit: int, setting: str) -> bytes:
+    """For an endpoint that inflates the body it read with :func:`pooled_body` itself (``encoded``: OTLP):
+    ``body`` inflated as :func:`limited_body` inflates, its inflated bytes held from the same lease as the
+    compressed body, which the caller still holds."""
+    lease: Lease = request.scope[LEASE]
+    data = await _inflated(lease, body, encoding, limit, setting)
+    await lease.keep(len(body) + len(data))
+    return data
+
+
+async def _inflated(lease: Lease, body: bytes | memoryview, encoding: str, limit: int, setting: str) -> bytes:
     """``body`` inflated off the event loop a step at a time, never past ``limit`` bytes, each step's
     bytes taken from the budget before they are made (waiting, or :class:`IngestBusy`, as a body still
     arriving does): inflated whole before they were counted, 40 bombs of 32 KB each sent at once held
@@ -355,7 +366,7 @@ async def _inflated(lease: Lease, body: bytes, encoding: str, limit: int, settin
             total += len(part)
     except Undecodable as exc:
         parts.clear()  # not kept alive by the error's frames while its dead letter is stored
-        exc.body, exc.sent, exc.encoding = body[:PREFIX_BYTES], len(body), encoding
+        exc.body, exc.sent, exc.encoding = bytes(body[:PREFIX_BYTES]), len(body), encoding
         raise
     finally:
         inflater.close()
@@ -377,6 +388,7 @@ async def pooled_body(
     _own_limit(request)
     declared = _checked(request, limit, encoded, setting)
     async with _budget(request, inflight).lease(declared if declared is not None else limit) as lease:
+        request.scope[LEASE] = lease
         buf = POOL.take()
         try:
             size = 0
