@@ -302,3 +302,24 @@ def test_openai_agents_a_result_shown_for_an_id_less_call_is_not_repeated() -> N
         ("assistant", "It was delivered.", None),
     ]
     assert [c.id for m in conv.messages for c in m.tool_calls or []] == ["s2"]
+
+
+def test_a_tool_run_whose_id_is_another_tools_call_id_answers_its_own_tool() -> None:
+    """A tool run whose own id happens to be the id of a call of another tool: it answered that call (a
+    lookup's output recorded as the result of a refund that never ran) and left its own call unanswered. An
+    id names a call of the same tool (or of an unnamed one); the run answers the call of its own tool."""
+    from vigil.ingest.importers import convert_data
+
+    root = {"id": "r", "name": "agent", "run_type": "chain", "inputs": {}, "outputs": {}}
+    calls = [{"name": "lookup", "args": {}}, {"id": "t1", "name": "issue_refund", "args": {"amount": 9999}}]
+    ask = {"type": "human", "content": "refund"}
+    said = {"type": "ai", "content": "", "tool_calls": calls}
+    first = {"id": "m1", "run_type": "llm", "parent_run_id": "r", "dotted_order": "r.0", "inputs": {"messages": [ask]},
+             "outputs": {"generations": [[{"message": said}]]}}  # fmt: skip
+    lookup = {"id": "t1", "name": "lookup", "run_type": "tool", "parent_run_id": "r", "dotted_order": "r.1",
+              "inputs": {}, "outputs": {"output": "looked"}}  # fmt: skip
+    [conv] = convert_data([root, first, lookup], "langsmith").conversations
+    [turn] = [m for m in conv.messages if m.tool_calls]
+    ids = {c.name: c.id for c in turn.tool_calls or []}
+    assert ids["issue_refund"] == "t1" and ids["lookup"] not in (None, "t1"), ids
+    assert [(m.text, m.tool_call_id) for m in conv.messages if m.role == "tool"] == [("looked", ids["lookup"])]

@@ -168,12 +168,13 @@ def join_executions(
             answered.setdefault(m["tool_call_id"], m)
     by_id = {c["id"]: k for k, (_, c) in reversed(list(enumerate(slots))) if isinstance(kind_of(c, "id"), str)}
     shown = _shown_results(history)
-    # a call id names its slot before any call is matched by tool name, so a name never takes another's slot
+    # a call id names its slot before any call is matched by tool name, so a name never takes another's slot;
+    # an id names a call of the same tool (a run's own id may be another tool's call id by chance)
     chosen: list[int | None] = []
     used: set[int] = set()
     for call, _ in executions:
         slot = by_id.get(kind_of(call, "id") or "")
-        if slot is not None and slot in used:
+        if slot is not None and (slot in used or _other_tool(call, slots[slot][1])):
             slot = None
         chosen.append(slot)
         if slot is not None:
@@ -223,6 +224,13 @@ def join_executions(
         out.append(m)
         pending += results_after.get(i, [])
     return out + pending + unseen
+
+
+def _other_tool(call: dict[str, Any], seen: Any) -> bool:
+    """Whether ``call`` (as run) and ``seen`` (as the model asked for it) name two different tools."""
+    ran = kind_of(call.get("function"), "name")
+    asked = kind_of(seen.get("function"), "name") if isinstance(seen, dict) else None
+    return ran is not None and asked is not None and ran != asked
 
 
 def _shown_results(history: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
