@@ -323,3 +323,23 @@ def test_a_tool_run_whose_id_is_another_tools_call_id_answers_its_own_tool() -> 
     ids = {c.name: c.id for c in turn.tool_calls or []}
     assert ids["issue_refund"] == "t1" and ids["lookup"] not in (None, "t1"), ids
     assert [(m.text, m.tool_call_id) for m in conv.messages if m.role == "tool"] == [("looked", ids["lookup"])]
+
+
+def test_the_id_given_to_a_call_without_one_is_no_other_calls_id() -> None:
+    """A call without an id whose run's id is taken is named ``vigil-call-<n>``: a record whose own calls
+    already used that name got two calls under one id, the lookup's result answering the refund again."""
+    from vigil.ingest.importers import convert_data
+
+    root = {"id": "r", "name": "agent", "run_type": "chain", "inputs": {}, "outputs": {}}
+    calls = [{"name": "lookup", "args": {}}, {"id": "vigil-call-0", "name": "issue_refund", "args": {"amount": 9999}}]
+    said = {"type": "ai", "content": "", "tool_calls": calls}
+    first = {"id": "m1", "run_type": "llm", "parent_run_id": "r", "dotted_order": "r.0",
+             "inputs": {"messages": [{"type": "human", "content": "refund"}]},
+             "outputs": {"generations": [[{"message": said}]]}}  # fmt: skip
+    lookup = {"id": "vigil-call-0", "name": "lookup", "run_type": "tool", "parent_run_id": "r", "dotted_order": "r.1",
+              "inputs": {}, "outputs": {"output": "looked"}}  # fmt: skip
+    [conv] = convert_data([root, first, lookup], "langsmith").conversations
+    [turn] = [m for m in conv.messages if m.tool_calls]
+    ids = [c.id for c in turn.tool_calls or []]
+    assert len(set(ids)) == 2 and ids[1] == "vigil-call-0", ids
+    assert [(m.text, m.tool_call_id) for m in conv.messages if m.role == "tool"] == [("looked", ids[0])]

@@ -205,7 +205,7 @@ def join_executions(
             # (under the run's id, or without one, after the call) is that result, not another to add
             call_id = kind_of(call, "id")
             if not isinstance(call_id, str) or call_id in by_id or (call_id in answered and id(seen) in shown):
-                call_id = f"vigil-call-{slot}"
+                call_id = _unused(f"vigil-call-{slot}", by_id, answered)
             seen["id"] = call_id
             by_id[call_id] = slot
             if call_id not in answered and id(seen) in shown:
@@ -249,6 +249,15 @@ def _shown_results(history: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
             j += 1
         out.update((id(c), r) for c, r in zip(calls, results, strict=False))
     return out
+
+
+def _unused(call_id: str, *taken: dict[str, Any]) -> str:
+    """``call_id``, or with a suffix when a call or result of the record goes by it already."""
+    found, n = call_id, 1
+    while any(found in t for t in taken):
+        n += 1
+        found = f"{call_id}-{n}"
+    return found
 
 
 def tool_defs(raw: Any, where: str) -> list[dict[str, Any]] | None:
