@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from vigil.ingest.importers import read_file
 
 BIG = 2**70 + 1  # beyond 64 bits: orjson alone reads it as the nearest double
@@ -221,3 +223,123 @@ def test_openai_agents_function_spans_are_never_dropped_beside_generations() -> 
         ("tool", "timeout", True),
         ("assistant", "The lookup failed.", False),
     ]
+
+
+def _idless_langsmith(shown: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A LangSmith trace of a model whose tool call has no id; the next model run is shown ``shown`` as the
+    tool's result (None: no next model run)."""
+    root = {"id": "r", "name": "agent", "run_type": "chain", "inputs": {}, "outputs": {}}
+    ask = {"type": "human", "content": "refund"}
+    ai = {"type": "ai", "content": "", "tool_calls": [{"name": "issue_refund", "args": {"amount": 9999}}]}
+    first = {"id": "m1", "run_type": "llm", "parent_run_id": "r", "dotted_order": "r.0", "inputs": {"messages": [ask]},
+             "outputs": {"generations": [[{"message": ai}]]}}  # fmt: skip
+    refund = {"id": "t1", "name": "issue_refund", "run_type": "tool", "parent_run_id": "r", "dotted_order": "r.1",
+              "inputs": {"amount": 9999}, "outputs": {"output": "refunded 9999"}, "error": "PaymentError"}  # fmt: skip
+    runs = [root, first, refund]
+    if shown is not None:
+        runs.append(
+            {
+                "id": "m2",
+                "run_type": "llm",
+                "parent_run_id": "r",
+                "dotted_order": "r.2",
+                "inputs": {"messages": [ask, ai, shown]},
+                "outputs": {"generations": [[{"text": "Done."}]]},
+            }  # fmt: skip
+        )
+    return runs
+
+
+@pytest.mark.parametrize(
+    "shown",
+    [{"type": "tool", "content": "refunded 9999"}, {"type": "tool", "content": "refunded 9999", "tool_call_id": "t1"}],
+    ids=["result-without-id", "result-with-the-run-id"],
+)
+def test_a_tool_result_the_model_was_shown_answers_its_id_less_call_once(shown: dict[str, Any]) -> None:
+    """A model whose tool calls carry no id, its tool run, and the next model run shown the result (without
+    an id, or with the run's): the run's result was added a second time after the call (the call taking the
+    run's id, or ``vigil-call-0`` beside an answer to ``t1``), so every such result was stored twice. The
+    result shown answers the call, which takes the run's id, and the run's failure marks it."""
+    from vigil.ingest.importers import convert_data
+
+    [conv] = convert_data(_idless_langsmith(shown), "langsmith").conversations
+    assert [(m.role, m.text, m.tool_call_id, m.is_error) for m in conv.messages] == [
+        ("user", "refund", None, False),
+        ("assistant", "", None, False),
+        ("tool", "refunded 9999", "t1", True),
+        ("assistant", "Done.", None, False),
+    ]
+    [turn] = [m for m in conv.messages if m.tool_calls]
+    assert [(c.id, c.name) for c in turn.tool_calls or []] == [("t1", "issue_refund")]
+
+
+def test_openai_agents_a_result_shown_for_an_id_less_call_is_not_repeated() -> None:
+    """The same through the OpenAI Agents importer: a generation whose tool call has no id, its function span,
+    and the next generation shown the result without an id."""
+    from vigil.ingest.importers import convert_data
+
+    call = {"type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    asked = [{"role": "user", "content": "Where is order 5?"}]
+    called = [{"role": "assistant", "content": None, "tool_calls": [call]}]
+    spans = [
+        _span("s1", {"type": "generation", "input": asked, "output": called}, 1),
+        _span("s2", {"type": "function", "name": "lookup", "input": "{}", "output": "delivered"}, 2),
+        _span(
+            "s3",
+            {
+                "type": "generation",
+                "input": [*asked, *called, {"role": "tool", "content": "delivered"}],
+                "output": [{"role": "assistant", "content": "It was delivered."}],
+            },
+            3,
+        ),
+    ]
+    [conv] = convert_data({"data": spans}, "openai-agents").conversations
+    assert [(m.role, m.text, m.tool_call_id) for m in conv.messages] == [
+        ("user", "Where is order 5?", None),
+        ("assistant", "", None),
+        ("tool", "delivered", "s2"),
+        ("assistant", "It was delivered.", None),
+    ]
+    assert [c.id for m in conv.messages for c in m.tool_calls or []] == ["s2"]
+
+
+def test_a_tool_run_whose_id_is_another_tools_call_id_answers_its_own_tool() -> None:
+    """A tool run whose own id happens to be the id of a call of another tool: it answered that call (a
+    lookup's output recorded as the result of a refund that never ran) and left its own call unanswered. An
+    id names a call of the same tool (or of an unnamed one); the run answers the call of its own tool."""
+    from vigil.ingest.importers import convert_data
+
+    root = {"id": "r", "name": "agent", "run_type": "chain", "inputs": {}, "outputs": {}}
+    calls = [{"name": "lookup", "args": {}}, {"id": "t1", "name": "issue_refund", "args": {"amount": 9999}}]
+    ask = {"type": "human", "content": "refund"}
+    said = {"type": "ai", "content": "", "tool_calls": calls}
+    first = {"id": "m1", "run_type": "llm", "parent_run_id": "r", "dotted_order": "r.0", "inputs": {"messages": [ask]},
+             "outputs": {"generations": [[{"message": said}]]}}  # fmt: skip
+    lookup = {"id": "t1", "name": "lookup", "run_type": "tool", "parent_run_id": "r", "dotted_order": "r.1",
+              "inputs": {}, "outputs": {"output": "looked"}}  # fmt: skip
+    [conv] = convert_data([root, first, lookup], "langsmith").conversations
+    [turn] = [m for m in conv.messages if m.tool_calls]
+    ids = {c.name: c.id for c in turn.tool_calls or []}
+    assert ids["issue_refund"] == "t1" and ids["lookup"] not in (None, "t1"), ids
+    assert [(m.text, m.tool_call_id) for m in conv.messages if m.role == "tool"] == [("looked", ids["lookup"])]
+
+
+def test_the_id_given_to_a_call_without_one_is_no_other_calls_id() -> None:
+    """A call without an id whose run's id is taken is named ``vigil-call-<n>``: a record whose own calls
+    already used that name got two calls under one id, the lookup's result answering the refund again."""
+    from vigil.ingest.importers import convert_data
+
+    root = {"id": "r", "name": "agent", "run_type": "chain", "inputs": {}, "outputs": {}}
+    calls = [{"name": "lookup", "args": {}}, {"id": "vigil-call-0", "name": "issue_refund", "args": {"amount": 9999}}]
+    said = {"type": "ai", "content": "", "tool_calls": calls}
+    first = {"id": "m1", "run_type": "llm", "parent_run_id": "r", "dotted_order": "r.0",
+             "inputs": {"messages": [{"type": "human", "content": "refund"}]},
+             "outputs": {"generations": [[{"message": said}]]}}  # fmt: skip
+    lookup = {"id": "vigil-call-0", "name": "lookup", "run_type": "tool", "parent_run_id": "r", "dotted_order": "r.1",
+              "inputs": {}, "outputs": {"output": "looked"}}  # fmt: skip
+    [conv] = convert_data([root, first, lookup], "langsmith").conversations
+    [turn] = [m for m in conv.messages if m.tool_calls]
+    ids = [c.id for c in turn.tool_calls or []]
+    assert len(set(ids)) == 2 and ids[1] == "vigil-call-0", ids
+    assert [(m.text, m.tool_call_id) for m in conv.messages if m.role == "tool"] == [("looked", ids[0])]

@@ -19,12 +19,18 @@ from fastapi import HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
 from vigil.errors import VigilError
-from vigil.http.encoding import INFLATABLE, Undecodable, inflate
+from vigil.http.encoding import INFLATABLE, Inflater, Undecodable
 
 PREFIX_BYTES = 65_536  # of a body refused while reading, kept for its dead letter
 POOL_BUFFERS = 4  # body buffers a process keeps for reuse (see BufferPool)
 POOL_BUFFER_BYTES = 16_777_216  # a buffer grown past this is not kept (OTLP bodies are at most 16 MB by default)
 OWN_LIMIT = "vigil.body_reader"  # scope key: the endpoint reads its body itself, under its own limit
+LEASE = "vigil.body_lease"  # scope key: what a body read with pooled_body holds of the budget (see inflate_held)
+ENCODED_BODIES = (
+    "JSON, sent as is or with Content-Encoding gzip (several members too), x-gzip or deflate: inflated to at "
+    "most VIGIL_MAX_REQUEST_BYTES (413 past it), its inflated bytes held from VIGIL_MAX_INFLIGHT_BYTES; "
+    "another encoding is a 415"
+)  # the request body's description in the API document, for the endpoints that read theirs with limited_body
 
 
 class BodyTooLarge(VigilError):
@@ -97,6 +103,15 @@ class Lease:
         """Hold at least ``size`` bytes (what has arrived so far), a step ahead where the budget allows."""
         if size > self.held:
             await self.budget._take(self, size)
+
+    async def keep(self, size: int) -> None:
+        """Hold only ``size`` bytes from now on, giving back the rest (a compressed body, once inflated)."""
+        if size < self.held:
+            budget = self.budget
+            async with budget._changed:
+                budget.free += self.held - size
+                self.held = size
+                budget._changed.notify_all()
 
 
 class ByteBudget:
@@ -316,13 +331,50 @@ async def limited_body(
             yield body
             return
         del chunks
-        try:
-            data = await run_in_threadpool(inflate, body, encoding, limit, setting)
-        except Undecodable as exc:
-            exc.body = body[:PREFIX_BYTES]
-            raise
-        await lease.cover(size + len(data))
-        yield bytes(data)
+        data = await _inflated(lease, body, encoding, limit, setting)
+        del body
+        await lease.keep(len(data))
+        yield data
+
+
+async def inflate_held(request: Request, body: memoryview, encoding: str, limit: int, setting: str) -> bytes:
+    """For an endpoint that inflates the body it read with :func:`pooled_body` itself (``encoded``: OTLP):
+    ``body`` inflated as :func:`limited_body` inflates, its inflated bytes held from the same lease as the
+    compressed body, which the caller still holds."""
+    lease: Lease = request.scope[LEASE]
+    data = await _inflated(lease, body, encoding, limit, setting)
+    await lease.keep(len(body) + len(data))
+    return data
+
+
+async def _inflated(lease: Lease, body: bytes | memoryview, encoding: str, limit: int, setting: str) -> bytes:
+    """``body`` inflated off the event loop a step at a time, never past ``limit`` bytes, each step's
+    bytes taken from the budget before they are made (waiting, or :class:`IngestBusy`, as a body still
+    arriving does): inflated whole before they were counted, 40 bombs of 32 KB each sent at once held
+    2.1 GB where ``VIGIL_MAX_INFLIGHT_BYTES`` is 64 MiB. (Joining the steps' parts copies them for a
+    moment, as joining a body's chunks does, uncounted.) An :class:`Undecodable` body's error keeps its
+    start, for a dead letter."""
+    inflater = Inflater(body, encoding, limit, setting)
+    parts: list[bytes] = []
+    total = 0
+    try:
+        while not inflater.done:
+            want = min(lease.budget.step, limit - total + 1)
+            await lease.cover(len(body) + total + want)
+            part = await run_in_threadpool(inflater.read, want)
+            parts.append(part)
+            total += len(part)
+    except Undecodable as exc:
+        parts.clear()  # not kept alive by the error's frames while its dead letter is stored
+        exc.body, exc.sent, exc.encoding = bytes(body[:PREFIX_BYTES]), len(body), encoding
+        raise
+    finally:
+        inflater.close()
+    if len(parts) <= 1:
+        return parts[0] if parts else b""
+    data = b"".join(parts)
+    parts.clear()
+    return data
 
 
 @asynccontextmanager
@@ -336,6 +388,7 @@ async def pooled_body(
     _own_limit(request)
     declared = _checked(request, limit, encoded, setting)
     async with _budget(request, inflight).lease(declared if declared is not None else limit) as lease:
+        request.scope[LEASE] = lease
         buf = POOL.take()
         try:
             size = 0

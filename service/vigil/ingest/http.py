@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
-from vigil.http.body import BodyTooLarge, EncodedBody, limited_body
+from vigil.http.body import ENCODED_BODIES, BodyTooLarge, EncodedBody, limited_body
 from vigil.http.encoding import Undecodable, reason_of
 from vigil.ingest.decode import DecodeError, Item, decode_batch
 from vigil.ingest.importers import FORMATS, MALFORMED
@@ -257,6 +257,7 @@ def unavailable(rt: Runtime, exc: Exception) -> JSONResponse:
     },
     openapi_extra={
         "requestBody": {
+            "description": ENCODED_BODIES,
             "content": {
                 "application/json": {
                     "schema": {
@@ -266,7 +267,7 @@ def unavailable(rt: Runtime, exc: Exception) -> JSONResponse:
                         ]
                     }
                 }
-            }
+            },
         }
     },
 )
@@ -303,7 +304,7 @@ async def ingest_conversations(
     except EncodedBody as exc:
         return JSONResponse({"detail": str(exc), "reason": "unsupported_encoding"}, 415)
     except Undecodable as exc:  # gzip or deflate that cannot be undone: a note of what was sent, as for a large one
-        letter = DeadLetter("http", reason_of(exc), str(exc), exc.body)
+        letter = DeadLetter("http", reason_of(exc), f"{exc}; {exc.kept}", exc.body)
         try:
             await run_in_threadpool(rt.pipeline.store, [], [letter], "http")
         except StoreUnavailable:

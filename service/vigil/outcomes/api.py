@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
-from vigil.http.body import BodyTooLarge, EncodedBody, limited_body
+from vigil.http.body import ENCODED_BODIES, BodyTooLarge, EncodedBody, limited_body
 from vigil.http.encoding import Undecodable, reason_of
 from vigil.outcomes.ingest import OutcomeIn, OutcomeStore
 from vigil.schema import UnreadableJson, read_items, too_dense
@@ -36,11 +36,16 @@ def _store(request: Request) -> OutcomeStore:
     dependencies=[require("ingest")],
     responses={
         202: {"description": "All items accepted"},
+        400: {"description": "Empty body, not JSON or broken gzip/deflate (kept as a dead letter)"},
+        413: {"description": "Body (as inflated) over VIGIL_MAX_REQUEST_BYTES, or more than 5000 items"},
+        415: {"description": "A Content-Encoding other than gzip or deflate: send it as gzip, deflate or uncompressed"},
         422: {"description": "Some items invalid; valid ones kept"},
+        503: {"description": "Storage busy or unavailable; nothing stored, retry after Retry-After"},
     },
     openapi_extra={
         "requestBody": {
-            "content": {"application/json": {"schema": {"oneOf": [_ONE, {"type": "array", "items": _ONE}]}}}
+            "description": ENCODED_BODIES,
+            "content": {"application/json": {"schema": {"oneOf": [_ONE, {"type": "array", "items": _ONE}]}}},
         }
     },
 )
@@ -62,7 +67,8 @@ async def post_outcomes(request: Request) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "reason": "unsupported_encoding"}, 415)
     except Undecodable as exc:  # gzip or deflate that cannot be undone: a note of what was sent
         try:
-            await run_in_threadpool(store.ingest_dead, DeadLetter("http", reason_of(exc), str(exc), exc.body))
+            letter = DeadLetter("http", reason_of(exc), f"{exc}; {exc.kept}", exc.body)
+            await run_in_threadpool(store.ingest_dead, letter)
         except Exception:
             log.warning("keeping a note of an undecodable outcomes request failed", exc_info=True)
         return JSONResponse({"detail": str(exc), "reason": reason_of(exc)}, exc.status)

@@ -167,12 +167,14 @@ def join_executions(
         if m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str):
             answered.setdefault(m["tool_call_id"], m)
     by_id = {c["id"]: k for k, (_, c) in reversed(list(enumerate(slots))) if isinstance(kind_of(c, "id"), str)}
-    # a call id names its slot before any call is matched by tool name, so a name never takes another's slot
+    shown = _shown_results(history)
+    # a call id names its slot before any call is matched by tool name, so a name never takes another's slot;
+    # an id names a call of the same tool (a run's own id may be another tool's call id by chance)
     chosen: list[int | None] = []
     used: set[int] = set()
     for call, _ in executions:
         slot = by_id.get(kind_of(call, "id") or "")
-        if slot is not None and slot in used:
+        if slot is not None and (slot in used or _other_tool(call, slots[slot][1])):
             slot = None
         chosen.append(slot)
         if slot is not None:
@@ -199,12 +201,16 @@ def join_executions(
         call_id = seen.get("id")
         if not isinstance(call_id, str):
             # a model whose calls carry no id (the trace's call ids are the tool runs' own): the call takes the
-            # run's id so its result answers it, else the result would be lost
+            # run's id so its result answers it, else the result would be lost; the result the model was shown
+            # (under the run's id, or without one, after the call) is that result, not another to add
             call_id = kind_of(call, "id")
-            if not isinstance(call_id, str) or call_id in by_id or call_id in answered:
-                call_id = f"vigil-call-{slot}"
+            if not isinstance(call_id, str) or call_id in by_id or (call_id in answered and id(seen) in shown):
+                call_id = _unused(f"vigil-call-{slot}", by_id, answered)
             seen["id"] = call_id
             by_id[call_id] = slot
+            if call_id not in answered and id(seen) in shown:
+                answered[call_id] = shown[id(seen)]
+                answered[call_id]["tool_call_id"] = call_id
         if call_id in answered:
             answered[call_id]["is_error"] = bool(answered[call_id].get("is_error")) or bool(result.get("is_error"))
         else:
@@ -218,6 +224,40 @@ def join_executions(
         out.append(m)
         pending += results_after.get(i, [])
     return out + pending + unseen
+
+
+def _other_tool(call: dict[str, Any], seen: Any) -> bool:
+    """Whether ``call`` (as run) and ``seen`` (as the model asked for it) name two different tools."""
+    ran = kind_of(call.get("function"), "name")
+    asked = kind_of(seen.get("function"), "name") if isinstance(seen, dict) else None
+    return ran is not None and asked is not None and ran != asked
+
+
+def _shown_results(history: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The result ``history`` shows for each tool call that carries no id (by ``id()`` of the call): the
+    tool messages without a call id right after the call's message, in the order of its calls without one."""
+    out: dict[int, dict[str, Any]] = {}
+    for i, m in enumerate(history):
+        if m.get("role") != "assistant":
+            continue
+        calls = [c for c in as_list(m.get("tool_calls")) if isinstance(c, dict) and not isinstance(c.get("id"), str)]
+        results: list[dict[str, Any]] = []
+        j = i + 1
+        while calls and j < len(history) and history[j].get("role") == "tool":
+            if not isinstance(history[j].get("tool_call_id"), str) or not history[j]["tool_call_id"]:
+                results.append(history[j])
+            j += 1
+        out.update((id(c), r) for c, r in zip(calls, results, strict=False))
+    return out
+
+
+def _unused(call_id: str, *taken: dict[str, Any]) -> str:
+    """``call_id``, or with a suffix when a call or result of the record goes by it already."""
+    found, n = call_id, 1
+    while any(found in t for t in taken):
+        n += 1
+        found = f"{call_id}-{n}"
+    return found
 
 
 def tool_defs(raw: Any, where: str) -> list[dict[str, Any]] | None:

@@ -11,7 +11,8 @@ from starlette.concurrency import run_in_threadpool
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
-from vigil.http.body import BodyTooLarge, IngestBusy, pooled_body
+from vigil.http.body import BodyTooLarge, IngestBusy, inflate_held, pooled_body
+from vigil.http.encoding import Undecodable, encoding_of
 from vigil.ingest.otlp.ingest import TraceIngest
 from vigil.ingest.otlp.otlp import (
     JSON,
@@ -149,8 +150,15 @@ async def _store(
     what is kept of it (a dead letter) is copied."""
     s = rt.settings
     try:
-        # decompressing and parsing protobuf is CPU work: off the event loop
-        data = await run_in_threadpool(decompress, body, request.headers.get("content-encoding"), s.otlp_max_body_bytes)
+        # inflating and parsing protobuf is CPU work: off the event loop (inflated bytes held from the budget)
+        encoding = encoding_of(request.headers.get("content-encoding"))
+        if encoding is None:
+            data: bytes | memoryview = decompress(body, None, s.otlp_max_body_bytes)
+        else:
+            try:
+                data = await inflate_held(request, body, encoding, s.otlp_max_body_bytes, "VIGIL_OTLP_MAX_BODY_BYTES")
+            except Undecodable as exc:
+                raise OtlpError(str(exc), exc.status) from None
         if media == JSON and (why := await run_in_threadpool(too_dense, data, s.max_json_expansion)) is not None:
             raise OtlpError(why, 413)  # a flood of empty objects: refused before it is decoded
         # too many spans or log records: 413 before they are decoded (see otlp.too_many)
