@@ -76,7 +76,12 @@ class Inflater:
         if enc in ("gzip", "x-gzip"):
             self._wbits, self._name, self._members = 16 + zlib.MAX_WBITS, "gzip", True
         elif enc == "deflate":
-            self._wbits, self._name, self._members = zlib.MAX_WBITS, "deflate", False
+            # RFC 9110's deflate is a zlib stream; some clients send the bare deflate data without its header
+            self._wbits, self._name, self._members = (
+                zlib.MAX_WBITS if _zlib_header(bytes(body[:2])) else -zlib.MAX_WBITS,
+                "deflate",
+                False,
+            )
         else:
             raise Undecodable(f"Content-Encoding {encoding!r} is not supported (gzip, deflate or none)", 415)
         self._view = memoryview(body)
@@ -146,6 +151,11 @@ class Inflater:
             self.done = True
             return
         raise Undecodable(f"{self._name} stream is followed by {len(rest)} bytes that are not {self._name}")
+
+
+def _zlib_header(head: bytes) -> bool:
+    """``head`` starts a zlib stream (RFC 1950: method 8, a header check that divides by 31)."""
+    return len(head) == 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
 
 
 def reason_of(exc: Undecodable) -> str:
