@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+from kafka.record.memory_records import MemoryRecords
 from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select
 
@@ -123,3 +124,67 @@ def test_batches_of_every_compression_codec_are_stored(kafka, pg_url) -> None:
     with Running(rt) as running:
         running.wait(lambda: stored_ids(rt) == sent, "20 conversations, 5 in each codec")
     assert letters(rt) == []
+
+
+def test_a_batch_in_a_codec_without_its_library_is_a_dead_letter_and_the_partition_goes_on(
+    kafka, pg_url, monkeypatch
+) -> None:
+    """A consumer installed without a codec's library (or a codec it does not know) met a batch in it:
+    `vigil consume` stopped with UnsupportedCodecError, and again after every restart."""
+    import kafka.codec as codecs
+
+    topic = fresh_topic(kafka)
+    registry = CollectorRegistry()
+    rt = runtime_for(kafka, pg_url, topic, registry)
+    before, unreadable, after = conversations(3, 1), conversations(4, 2), conversations(3, 3)
+    plain = kafka_producer(kafka)
+    send(plain, topic, before)
+    snappy = kafka_producer(kafka, compression_type="snappy", linger_ms=200)
+    send(snappy, topic, unreadable)  # one batch of 4, at offsets 3-6
+    snappy.close()
+    send(plain, topic, after)
+    plain.close()
+    monkeypatch.setattr(codecs, "has_snappy", lambda: False)  # as on an install without python-snappy
+    with Running(rt) as running:
+        running.wait(lambda: len(stored_ids(rt)) == 6, "the 6 readable conversations stored")
+        running.wait(lambda: letters(rt), "the unreadable batch's dead letter")
+    assert stored_ids(rt) == {c["conversation_id"] for c in before + after}
+    [letter] = letters(rt)
+    assert (letter.reason, letter.topic, letter.partition, letter.offset, letter.last_offset) == (
+        "undecodable_batch",
+        topic,
+        0,
+        3,
+        6,
+    )
+    assert "snappy" in letter.detail and "codec not found" in letter.detail
+    batch = MemoryRecords(letter.raw).next_batch()  # kept as fetched: still compressed, whole
+    assert (batch.base_offset, batch.compression_type, batch.records_count) == (3, 2, 4)
+    counted = registry.get_sample_value("vigil_dead_letters_total", {"reason": "undecodable_batch", "source": "kafka"})
+    assert counted == 4
+
+
+def test_a_batch_whose_payload_does_not_decompress_is_a_dead_letter(kafka, pg_url, monkeypatch) -> None:
+    """A producer wrote a gzip batch whose payload is cut short (its checksum covers the damage, so the
+    broker and the consumer's check take it): reading it raised out of poll() and stopped the consumer."""
+    import kafka.codec as codecs
+    import kafka.record.default_records as records
+
+    topic = fresh_topic(kafka)
+    rt = runtime_for(kafka, pg_url, topic)
+    good = conversations(5, 4)
+    plain = kafka_producer(kafka)
+    send(plain, topic, good[:2])
+    monkeypatch.setattr(records, "gzip_encode", lambda data: codecs.gzip_encode(data)[:-40])
+    broken = kafka_producer(kafka, compression_type="gzip")
+    broken.send(topic, key=b"cut", value=orjson.dumps(conversations(1, 5)[0]))
+    broken.flush(30)
+    broken.close()
+    monkeypatch.undo()
+    send(plain, topic, good[2:])
+    plain.close()
+    with Running(rt) as running:
+        running.wait(lambda: len(stored_ids(rt)) == 5 and letters(rt), "5 conversations and a dead letter")
+    [letter] = letters(rt)
+    assert (letter.reason, letter.offset, letter.last_offset) == ("undecodable_batch", 2, 2)
+    assert "gzip" in letter.detail

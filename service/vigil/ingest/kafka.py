@@ -18,10 +18,12 @@ from typing import Any
 import orjson
 
 from vigil.errors import VigilError
+from vigil.ingest.kafka_batches import GuardUnavailable, Refused, guard
 from vigil.ingest.pipeline import Envelope
 from vigil.runtime import Runtime
 from vigil.settings import Settings
 from vigil.store.db import db_detail
+from vigil.store.writes import DeadLetter
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,11 @@ def kafka_consumer(runtime: Runtime, topics: list[str], client_id: str | None = 
         consumer = KafkaConsumer(**params)
     except KafkaError as exc:
         raise ConsumerError(f"cannot reach Kafka at {s.kafka_bootstrap_servers}: {exc}") from None
+    try:
+        guard(consumer)  # a batch it cannot read becomes a dead letter, not an exception out of poll()
+    except GuardUnavailable as exc:
+        consumer.close()
+        raise ConsumerError(f"this kafka-python cannot be used (Vigil needs kafka-python 3.0.x): {exc}") from None
     consumer.subscribe(topics)
     return consumer
 
@@ -250,9 +257,26 @@ class ConsumerWorker:
 
     def _handle(self, records: dict[Any, list[Any]]) -> bool:
         by_topic: dict[str, list[Envelope]] = {}
+        refused: list[DeadLetter] = []  # batches that could not be read, from any topic
         for tp, msgs in records.items():
             bucket = by_topic.setdefault(tp.topic, [])
             for m in msgs:
+                if isinstance(m.value, Refused):
+                    r = m.value
+                    refused.append(
+                        DeadLetter(
+                            "kafka",
+                            r.reason,
+                            r.detail,
+                            r.raw,
+                            tp.topic,
+                            tp.partition,
+                            r.first_offset,
+                            messages=r.messages,
+                            last_offset=r.last_offset,
+                        )  # fmt: skip
+                    )
+                    continue
                 key = m.key.decode("utf-8", "replace") if isinstance(m.key, bytes) else m.key
                 bucket.append(
                     Envelope(
@@ -264,7 +288,11 @@ class ConsumerWorker:
                         key,
                     )
                 )
+        if refused and not self._with_retry(self._store_refused, refused):
+            return False
         for topic, envelopes in by_topic.items():
+            if not envelopes:  # its batch could not be read
+                continue
             handler = self.handlers.get(topic)
             if handler is None:
                 log.warning("no handler for topic %s; %d messages skipped", topic, len(envelopes))
@@ -274,7 +302,11 @@ class ConsumerWorker:
         self.stored_batches += 1
         return True
 
-    def _with_retry(self, handler: Handler, envelopes: list[Envelope]) -> bool:
+    def _store_refused(self, letters: Sequence[Any]) -> Any:
+        """Keep what could not be read as dead letters (and count them), as a handler keeps its bad messages."""
+        return self.runtime.pipeline.store([], list(letters), "kafka")
+
+    def _with_retry(self, handler: Handler, envelopes: Sequence[Any]) -> bool:
         delay = 0.5
         attempt = 0
         while True:
