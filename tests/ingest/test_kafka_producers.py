@@ -57,7 +57,17 @@ class Running:
         consumer = kafka_consumer(rt, [rt.settings.kafka_conversations_topic], client_id=f"t-{uuid.uuid4().hex[:6]}")
         self.worker = ConsumerWorker(rt, consumer, dead_letter_producer=dead_letter_producer)
         self.error: BaseException | None = None
+        self.largest = 0  # bytes of the largest message the consumer handed to a topic's handler
+        for topic, handler in list(self.worker.handlers.items()):
+            self.worker.handlers[topic] = self._measured(handler)
         self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _measured(self, handler):  # type: ignore[no-untyped-def]
+        def measured(envelopes):  # type: ignore[no-untyped-def]
+            self.largest = max([self.largest, *(len(e.raw) for e in envelopes)])
+            return handler(envelopes)
+
+        return measured
 
     def _run(self) -> None:
         try:
@@ -188,3 +198,58 @@ def test_a_batch_whose_payload_does_not_decompress_is_a_dead_letter(kafka, pg_ur
     [letter] = letters(rt)
     assert (letter.reason, letter.offset, letter.last_offset) == ("undecodable_batch", 2, 2)
     assert "gzip" in letter.detail
+
+
+def test_a_compression_bomb_is_refused_without_being_inflated(kafka, pg_url) -> None:
+    """A zstd batch of a few KB inflating to 64 MiB: kafka-python inflated every batch whole (a 32 KB batch
+    of 1 GiB took `vigil consume` from 234 MB to 3.4 GB, and a 1 MB batch can hold some 30 GiB)."""
+    topic = fresh_topic(kafka)
+    registry = CollectorRegistry()
+    rt = runtime_for(kafka, pg_url, topic, registry, kafka_max_inflated_batch_bytes=2 << 20)
+    good = conversations(2, 6)
+    plain = kafka_producer(kafka)
+    send(plain, topic, good[:1])
+    bomb = kafka_producer(kafka, compression_type="zstd", max_request_size=128 << 20)
+    bomb.send(topic, key=b"bomb", value=b" " * (64 << 20)).get(60)
+    bomb.close()
+    send(plain, topic, good[1:])
+    plain.close()
+    with Running(rt) as running:
+        running.wait(lambda: len(stored_ids(rt)) == 2 and letters(rt), "2 conversations and a dead letter")
+    [letter] = letters(rt)
+    assert (letter.reason, letter.offset, letter.last_offset) == ("oversized_batch", 1, 1)
+    assert "2097152" in letter.detail and "VIGIL_KAFKA_MAX_INFLATED_BATCH_BYTES" in letter.detail
+    batch = MemoryRecords(letter.raw).next_batch()  # what the broker holds: a small zstd batch
+    assert (batch.base_offset, batch.compression_type) == (1, 4) and letter.raw_size < 64 << 10
+    assert running.largest < 1 << 20  # the 64 MiB message was never handed over
+    counted = registry.get_sample_value("vigil_dead_letters_total", {"reason": "oversized_batch", "source": "kafka"})
+    assert counted == 1
+
+
+OVERSIZED = ("vigil_dead_letters_total", {"reason": "oversized", "source": "kafka"})
+
+
+def test_large_messages_in_many_small_compressed_batches_are_refused_as_they_leave_their_batch(kafka, pg_url) -> None:
+    """Each batch inflates within bounds, but each holds a message of 4 MiB: a poll handed every one of them
+    over whole (a fetch of 1 MB holds hundreds of such batches: 40 of 60 MiB took a consumer to 23 GB, and
+    the kernel killed it), to be refused as oversized only then."""
+    topic = fresh_topic(kafka)
+    registry = CollectorRegistry()
+    rt = runtime_for(kafka, pg_url, topic, registry)  # VIGIL_MAX_MESSAGE_BYTES: 1,000,000
+    good = conversations(2, 7)
+    plain = kafka_producer(kafka)
+    send(plain, topic, good[:1])
+    large = kafka_producer(kafka, compression_type="zstd", max_request_size=16 << 20)
+    for n in range(8):
+        large.send(topic, key=f"large-{n}".encode(), value=b"x" * (4 << 20)).get(60)  # a batch each
+    large.close()
+    send(plain, topic, good[1:])
+    plain.close()
+    with Running(rt) as running:
+        running.wait(lambda: len(stored_ids(rt)) == 2, "the 2 conversations around them")
+        running.wait(lambda: registry.get_sample_value(*OVERSIZED) == 8, "8 messages in dead letters")
+    rows = letters(rt)
+    assert {d.reason for d in rows} == {"oversized"} and rows[0].offset == 1
+    assert max(d.last_offset for d in rows) == 8 and rows[0].key == "large-0"
+    assert "4194304 bytes exceeds the limit of 1000000" in rows[0].detail
+    assert running.largest <= 1_000_000  # none of them was handed over whole

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from vigil.errors import VigilError
-from vigil.ingest.kafka_batches import GuardUnavailable, Refused, guard
+from vigil.ingest.kafka_batches import KEEP_BYTES, GuardUnavailable, Refused, guard
 from vigil.ingest.pipeline import Envelope
 from vigil.runtime import Runtime
 from vigil.settings import Settings
@@ -62,7 +62,8 @@ def kafka_consumer(runtime: Runtime, topics: list[str], client_id: str | None = 
     except KafkaError as exc:
         raise ConsumerError(f"cannot reach Kafka at {s.kafka_bootstrap_servers}: {exc}") from None
     try:
-        guard(consumer)  # a batch it cannot read becomes a dead letter, not an exception out of poll()
+        # batches inflate within a bound; one it cannot read becomes a dead letter, not an exception out of poll()
+        guard(consumer, s.kafka_max_inflated_batch_bytes, s.max_message_bytes)
     except GuardUnavailable as exc:
         consumer.close()
         raise ConsumerError(f"this kafka-python cannot be used (Vigil needs kafka-python 3.0.x): {exc}") from None
@@ -157,7 +158,7 @@ class CountedProducer:
         return f"{failed} of {self.sent} messages were not delivered to Kafka (first: {self.first_error})"
 
 
-DLQ_VALUE_BYTES = 512 * 1024  # of a bad message's bytes produced to the dead-letter topic (brokers take 1 MB)
+DLQ_VALUE_BYTES = KEEP_BYTES  # of a bad message's bytes produced to the dead-letter topic (brokers take 1 MB)
 
 
 class ConsumerWorker:
@@ -200,9 +201,9 @@ class ConsumerWorker:
                 ("vigil-source-topic", (d.topic or "").encode()),
                 ("vigil-source-partition", str(d.partition).encode()),
                 ("vigil-source-offset", str(d.offset).encode()),
-                ("vigil-raw-size", str(len(d.raw)).encode()),
+                ("vigil-raw-size", str(d.raw_size).encode()),
             ]
-            if len(value) < len(d.raw):
+            if len(value) < d.raw_size:
                 headers.append(("vigil-truncated", b"true"))
             try:
                 key = (d.key or "").encode("utf-8", "replace") or None
@@ -261,23 +262,12 @@ class ConsumerWorker:
         for tp, msgs in records.items():
             bucket = by_topic.setdefault(tp.topic, [])
             for m in msgs:
+                key = m.key.decode("utf-8", "replace") if isinstance(m.key, bytes) else m.key
                 if isinstance(m.value, Refused):
                     r = m.value
-                    refused.append(
-                        DeadLetter(
-                            "kafka",
-                            r.reason,
-                            r.detail,
-                            r.raw,
-                            tp.topic,
-                            tp.partition,
-                            r.first_offset,
-                            messages=r.messages,
-                            last_offset=r.last_offset,
-                        )  # fmt: skip
-                    )
+                    where = (tp.topic, tp.partition, r.first_offset, key, r.messages, r.last_offset, r.size)
+                    refused.append(DeadLetter("kafka", r.reason, r.detail, r.raw, *where))
                     continue
-                key = m.key.decode("utf-8", "replace") if isinstance(m.key, bytes) else m.key
                 bucket.append(
                     Envelope(
                         m.value if m.value is not None else b"",
@@ -288,7 +278,9 @@ class ConsumerWorker:
                         key,
                     )
                 )
-        if refused and not self._with_retry(self._store_refused, refused):
+        # refused first: a message refused here is then no message of a handler's dead letter recorded before it
+        letters: list[Any] = []
+        if refused and not self._with_retry(self._store_refused, refused, letters):
             return False
         for topic, envelopes in by_topic.items():
             if not envelopes:  # its batch could not be read
@@ -297,8 +289,11 @@ class ConsumerWorker:
             if handler is None:
                 log.warning("no handler for topic %s; %d messages skipped", topic, len(envelopes))
                 continue
-            if not self._with_retry(handler, envelopes):
+            if not self._with_retry(handler, envelopes, letters):
                 return False
+        if self.dlq_producer and letters:  # in the order of the topics, whoever refused them
+            letters.sort(key=lambda d: (d.topic or "", d.partition if d.partition is not None else -1, d.offset or 0))
+            self._publish_dead_letters(letters)
         self.stored_batches += 1
         return True
 
@@ -306,7 +301,8 @@ class ConsumerWorker:
         """Keep what could not be read as dead letters (and count them), as a handler keeps its bad messages."""
         return self.runtime.pipeline.store([], list(letters), "kafka")
 
-    def _with_retry(self, handler: Handler, envelopes: Sequence[Any]) -> bool:
+    def _with_retry(self, handler: Handler, envelopes: Sequence[Any], letters: list[Any]) -> bool:
+        """Store with ``handler`` until it succeeds (False: stopped meanwhile); its dead letters join ``letters``."""
         delay = 0.5
         attempt = 0
         while True:
@@ -329,9 +325,7 @@ class ConsumerWorker:
                 self._update_lag(fetch_ends=True)  # a stuck batch shows as lag that is not going down
                 delay = min(delay * 2, 30.0)
                 continue
-            letters = getattr(result, "dead_letters", None)
-            if self.dlq_producer and letters:
-                self._publish_dead_letters(letters)
+            letters.extend(getattr(result, "dead_letters", None) or ())
             return True
 
     def _commit(self) -> None:
