@@ -88,6 +88,13 @@ class Settings(BaseSettings):
     kafka_bootstrap_timeout_ms: int = Field(
         default=30_000, ge=100, description="How long `vigil consume` tries to reach the brokers before it exits 2."
     )
+    kafka_isolation_level: Literal["read_committed", "read_uncommitted"] = Field(
+        default="read_committed",
+        description="What the consumer reads of transactional producers' messages: `read_committed`, only "
+        "those of committed transactions (it waits for an open transaction to end; a broker that reports "
+        "aborted transactions has their messages skipped); `read_uncommitted`, every message as written, "
+        "those of transactions still open or later aborted too. No effect on other producers' messages.",
+    )
     kafka_max_inflated_batch_bytes: int = Field(
         default=67_108_864,
         ge=1_048_576,

@@ -53,6 +53,7 @@ def kafka_consumer(runtime: Runtime, topics: list[str], client_id: str | None = 
         request_timeout_ms=s.kafka_request_timeout_ms,
         bootstrap_timeout_ms=s.kafka_bootstrap_timeout_ms,
         metadata_max_age_ms=s.kafka_metadata_max_age_ms,
+        isolation_level=s.kafka_isolation_level,
     )
     params.update(overrides)
     from kafka.errors import KafkaError
