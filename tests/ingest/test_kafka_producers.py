@@ -283,3 +283,33 @@ def test_messages_of_an_open_transaction_are_stored_once_it_commits(kafka, pg_ur
         tx.close(timeout=5)
         plain.close(timeout=5)
     assert letters(rt) == []
+
+
+def test_a_transaction_marker_is_committed_past_and_leaves_no_lag(kafka, pg_url) -> None:
+    """A transaction ends with a marker in the log, which no poll returns: the worker committed only after
+    the messages it stored, so the group's offset and vigil_consumer_lag_messages stayed one behind each
+    partition's last transaction (as many behind as an aborted transaction held, read committed) until the
+    next message came."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    topic = fresh_topic(kafka)
+    registry = CollectorRegistry()
+    rt = runtime_for(kafka, pg_url, topic, registry)
+    convs = conversations(3, 10)
+    tx = KafkaProducer(bootstrap_servers=kafka, transactional_id=f"tx-{uuid.uuid4().hex[:8]}")
+    try:
+        tx.init_transactions()
+        tx.begin_transaction()
+        send(tx, topic, convs)
+        tx.commit_transaction()  # offsets 0-2, and its marker at 3
+    finally:
+        tx.close(timeout=5)
+    lag = ("vigil_consumer_lag_messages", {"topic": topic, "partition": "0"})
+    with Running(rt) as running:
+        running.wait(lambda: len(stored_ids(rt)) == 3, "the transaction's 3 conversations")
+        running.wait(lambda: registry.get_sample_value(*lag) == 0, "no lag once the marker is passed")
+    reader = KafkaConsumer(bootstrap_servers=kafka, group_id=rt.settings.kafka_group_id)
+    try:
+        assert reader.committed(TopicPartition(topic, 0)) == 4  # past the marker, not at it
+    finally:
+        reader.close()

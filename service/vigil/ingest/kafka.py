@@ -241,6 +241,8 @@ class ConsumerWorker:
             while not self.stopping.is_set():
                 records = self.consumer.poll(timeout_ms=s.kafka_poll_timeout_ms, max_records=s.kafka_batch_size)
                 self._polled(records)
+                if not records:
+                    self._commit_passed()
                 self._update_lag()
                 if not records:
                     if self.consumer.assignment() or unassigned_budget <= 0:
@@ -347,6 +349,31 @@ class ConsumerWorker:
         else:
             self._committed.update(self._pending)
         self._pending = {}
+
+    def _commit_passed(self) -> None:
+        """Commit where a partition's reading has moved past what held no message: a transaction's commit or
+        abort marker, an aborted transaction's messages (read committed). No poll returns them, so the
+        group's offset, and the lag, stayed behind them until the next message was stored."""
+        from kafka.errors import KafkaError
+        from kafka.structs import OffsetAndMetadata
+
+        passed: dict[Any, int] = {}
+        for tp, done in self._committed.items():
+            try:
+                position = self.consumer.position(tp, timeout_ms=1000)
+            except Exception:  # moved elsewhere meanwhile (a rebalance): its new owner commits it
+                continue
+            if position is not None and position > done:
+                passed[tp] = position
+        if not passed:
+            return
+        try:
+            self.consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in passed.items()})
+        except KafkaError as exc:  # tried again at the next empty poll
+            self.runtime.metrics.ingest_errors.labels("commit").inc()
+            log.warning("committing past %d partition(s) with no messages failed: %s", len(passed), exc)
+            return
+        self._committed.update(passed)
 
     def _polled(self, records: dict[Any, list[Any]]) -> None:
         """Note where a polled batch starts and ends. A partition this worker has not committed on yet
