@@ -313,3 +313,26 @@ def test_a_transaction_marker_is_committed_past_and_leaves_no_lag(kafka, pg_url)
         assert reader.committed(TopicPartition(topic, 0)) == 4  # past the marker, not at it
     finally:
         reader.close()
+
+
+def test_a_message_refused_for_its_size_and_one_for_its_density_are_both_kept(kafka, pg_url) -> None:
+    """Messages refused for their size as they leave their batch, kept apart from the pipeline's letters of
+    the same reason (`oversized`): their letter spanned offsets 1-3, so the pipeline's letter of offset 2
+    (a message of empty arrays, refused for what it would take decoded) counted as recorded and was lost."""
+    topic = fresh_topic(kafka)
+    registry = CollectorRegistry()
+    rt = runtime_for(kafka, pg_url, topic, registry)
+    good = conversations(2, 12)
+    p = kafka_producer(kafka, compression_type="zstd", max_request_size=16 << 20)
+    send(p, topic, good[:1])
+    p.send(topic, key=b"large-1", value=b"x" * (2 << 20))
+    p.send(topic, key=b"dense", value=b"[" + b"[]," * 40_000 + b"[]]")
+    p.send(topic, key=b"large-3", value=b"x" * (2 << 20))
+    send(p, topic, good[1:])
+    p.close()
+    with Running(rt) as running:
+        running.wait(lambda: len(stored_ids(rt)) == 2, "the 2 conversations around them")
+        running.wait(lambda: registry.get_sample_value(*OVERSIZED) == 3, "3 oversized messages counted")
+    rows = letters(rt)
+    assert [(d.offset, d.last_offset, d.reason) for d in rows] == [(1, 3, "oversized")]
+    assert "3 message(s) at offsets 1-3" in rows[0].detail and "VIGIL_MAX_JSON_EXPANSION" in rows[0].detail

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from vigil.errors import VigilError
-from vigil.ingest.kafka_batches import KEEP_BYTES, GuardUnavailable, Refused, guard
+from vigil.ingest.kafka_batches import BATCH_REASONS, KEEP_BYTES, GuardUnavailable, Refused, guard
 from vigil.ingest.pipeline import Envelope
 from vigil.runtime import Runtime
 from vigil.settings import Settings
@@ -266,22 +266,19 @@ class ConsumerWorker:
             bucket = by_topic.setdefault(tp.topic, [])
             for m in msgs:
                 key = m.key.decode("utf-8", "replace") if isinstance(m.key, bytes) else m.key
-                if isinstance(m.value, Refused):
-                    r = m.value
+                r = m.value
+                if isinstance(r, Refused) and r.reason in BATCH_REASONS:  # a letter of its own: no handler's reason
                     where = (tp.topic, tp.partition, r.first_offset, key, r.messages, r.last_offset, r.size)
                     refused.append(DeadLetter("kafka", r.reason, r.detail, r.raw, *where))
                     continue
-                bucket.append(
-                    Envelope(
-                        m.value if m.value is not None else b"",
-                        "kafka",
-                        tp.topic,
-                        tp.partition,
-                        m.offset,
-                        key,
+                if isinstance(r, Refused):  # one message: its handler keeps it, with its others of that reason
+                    envelope = Envelope(
+                        r.raw, "kafka", tp.topic, tp.partition, m.offset, key, (r.reason, r.detail, r.size)
                     )
-                )
-        # refused first: a message refused here is then no message of a handler's dead letter recorded before it
+                else:
+                    envelope = Envelope(r if r is not None else b"", "kafka", tp.topic, tp.partition, m.offset, key)
+                bucket.append(envelope)
+        # the batches' letters apart: their reasons are no handler's, and each spans its own batch's offsets only
         letters: list[Any] = []
         if refused and not self._with_retry(self._store_refused, refused, letters):
             return False

@@ -34,6 +34,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+BATCH_REASONS = ("undecodable_batch", "oversized_batch")  # a whole batch's; a handler refuses messages for others
 KEEP_BYTES = 512 * 1024  # of a refused message's bytes, for its dead letter (and the dead-letter topic)
 STEP = 1 << 20  # bytes inflated at a time
 
