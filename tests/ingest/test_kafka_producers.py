@@ -336,3 +336,35 @@ def test_a_message_refused_for_its_size_and_one_for_its_density_are_both_kept(ka
     rows = letters(rt)
     assert [(d.offset, d.last_offset, d.reason) for d in rows] == [(1, 3, "oversized")]
     assert "3 message(s) at offsets 1-3" in rows[0].detail and "VIGIL_MAX_JSON_EXPANSION" in rows[0].detail
+
+
+def test_tombstones_headers_and_schema_registry_framing(kafka, pg_url) -> None:
+    """What producers with a schema registry, compacted topics or headers send: a tombstone (null value)
+    and a key alone are `empty` dead letters; headers change nothing; JSON in the registry's wire format
+    (magic byte 0, a 4-byte schema id, the JSON, as JSON Schema serializers write) was a malformed_json
+    dead letter, each such conversation lost; an Avro value in that format said only where it failed."""
+    topic = fresh_topic(kafka)
+    registry = CollectorRegistry()
+    rt = runtime_for(kafka, pg_url, topic, registry)
+    convs = conversations(4, 11)
+    p = kafka_producer(kafka)
+    p.send(topic, key=convs[0]["conversation_id"].encode(), value=None)  # 0: a tombstone
+    p.send(topic, key=b"only-a-key")  # 1: no value at all
+    headers = [("content-type", b"application/json"), ("schema.version", b"3"), ("trace", b"")]
+    p.send(topic, key=b"h", value=orjson.dumps(convs[0]), headers=headers)  # 2: headers
+    framed = b"\x00" + (42).to_bytes(4, "big")
+    p.send(topic, key=b"json", value=framed + orjson.dumps(convs[1]))  # 3: JSON Schema serializer
+    p.send(topic, key=b"json-array", value=framed + b" \n" + orjson.dumps(convs[2]))  # 4: with blanks before it
+    avro = framed + b"\x02\x0cconv-1\x0eagent-a"  # 5: an Avro record's bytes
+    p.send(topic, key=b"avro", value=avro)
+    p.send(topic, key=b"plain", value=orjson.dumps(convs[3]))  # 6
+    p.flush(30)
+    p.close()
+    with Running(rt) as running:
+        running.wait(lambda: len(stored_ids(rt)) == 4 and len(letters(rt)) == 2, "4 conversations, 2 letters")
+    assert stored_ids(rt) == {c["conversation_id"] for c in convs}
+    rows = letters(rt)  # the batch's two empty messages share a letter
+    assert [(d.offset, d.last_offset, d.reason) for d in rows] == [(0, 1, "empty"), (5, 5, "malformed_json")]
+    assert rows[0].key == convs[0]["conversation_id"] and "empty message" in rows[0].detail
+    assert "schema id 42" in rows[1].detail and "not JSON" in rows[1].detail and rows[1].raw == avro
+    assert registry.get_sample_value("vigil_dead_letters_total", {"reason": "empty", "source": "kafka"}) == 2

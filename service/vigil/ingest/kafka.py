@@ -276,7 +276,9 @@ class ConsumerWorker:
                         r.raw, "kafka", tp.topic, tp.partition, m.offset, key, (r.reason, r.detail, r.size)
                     )
                 else:
-                    envelope = Envelope(r if r is not None else b"", "kafka", tp.topic, tp.partition, m.offset, key)
+                    value, why = unframed(r if r is not None else b"")
+                    refusal = None if why is None else ("malformed_json", why, len(value))
+                    envelope = Envelope(value, "kafka", tp.topic, tp.partition, m.offset, key, refusal)
                 bucket.append(envelope)
         # the batches' letters apart: their reasons are no handler's, and each spans its own batch's offsets only
         letters: list[Any] = []
@@ -423,6 +425,25 @@ class ConsumerWorker:
             self.consumer.close(autocommit=False)
         except Exception:  # closing a consumer whose broker is gone must not mask the real error
             log.debug("consumer close failed", exc_info=True)
+
+
+_BLANKS = b" \t\r\n"
+
+
+def unframed(value: bytes) -> tuple[bytes, str | None]:
+    """A value in a schema registry's wire format (magic byte 0, a 4-byte schema id, the payload): its payload
+    if that is JSON, as a JSON Schema serializer writes it, or why it is refused (an Avro or Protobuf payload).
+    Any other value is returned as it is: no JSON starts with a zero byte."""
+    if len(value) < 5 or value[0] != 0:
+        return value, None
+    first = next((b for b in value[5:69] if b not in _BLANKS), None)
+    if first in (0x7B, 0x5B):  # { or [
+        return value[5:], None
+    schema = int.from_bytes(value[1:5], "big")
+    return value, (
+        f"a schema registry's wire format (magic byte 0, schema id {schema}) whose payload is not JSON (Avro or "
+        "Protobuf, which Vigil does not read): produce JSON, plain or with a JSON Schema serializer"
+    )
 
 
 def produce_conversations(producer: Any, topic: str, items: Sequence[tuple[str, bytes]]) -> None:
