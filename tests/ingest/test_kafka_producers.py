@@ -52,9 +52,10 @@ def runtime_for(bootstrap: str, db: str, topic: str, registry: CollectorRegistry
 class Running:
     """A consumer worker on its own thread, as `vigil consume` runs it; ``error`` is what stopped it."""
 
-    def __init__(self, rt, dead_letter_producer: Any = None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, rt, dead_letter_producer: Any = None, topics: list[str] | None = None) -> None:  # type: ignore[no-untyped-def]
         self.rt = rt
-        consumer = kafka_consumer(rt, [rt.settings.kafka_conversations_topic], client_id=f"t-{uuid.uuid4().hex[:6]}")
+        topics = topics or [rt.settings.kafka_conversations_topic]
+        consumer = kafka_consumer(rt, topics, client_id=f"t-{uuid.uuid4().hex[:6]}")
         self.worker = ConsumerWorker(rt, consumer, dead_letter_producer=dead_letter_producer)
         self.error: BaseException | None = None
         self.largest = 0  # bytes of the largest message the consumer handed to a topic's handler
@@ -368,3 +369,37 @@ def test_tombstones_headers_and_schema_registry_framing(kafka, pg_url) -> None:
     assert rows[0].key == convs[0]["conversation_id"] and "empty message" in rows[0].detail
     assert "schema id 42" in rows[1].detail and "not JSON" in rows[1].detail and rows[1].raw == avro
     assert registry.get_sample_value("vigil_dead_letters_total", {"reason": "empty", "source": "kafka"}) == 2
+
+
+def test_the_outcomes_topic_reads_framed_json_and_refuses_what_it_cannot_read(kafka, pg_url) -> None:
+    """The outcomes topic is read by the same consumer: a JSON outcome in a schema registry's wire format
+    was a malformed_json dead letter, and a message over VIGIL_MAX_MESSAGE_BYTES is refused as it leaves its
+    compressed batch, kept by the outcomes handler with its full size."""
+    from vigil.app.wiring import wire
+    from vigil.store.models import OutcomeRow
+
+    topic = fresh_topic(kafka)
+    outcomes = fresh_topic(kafka)
+    registry = CollectorRegistry()
+    rt = wire(runtime_for(kafka, pg_url, topic, registry, kafka_outcomes_topic=outcomes), {"consume"})
+    cid = conversations(1, 13)[0]["conversation_id"]
+    framed = b"\x00" + (7).to_bytes(4, "big")
+    p = kafka_producer(kafka, compression_type="gzip", max_request_size=16 << 20)
+    values = [
+        framed + orjson.dumps({"conversation_id": cid, "type": "escalation", "idempotency_key": "framed"}),
+        b"[" + b" " * (2 << 20) + b"]",  # 2 MiB: over VIGIL_MAX_MESSAGE_BYTES
+        orjson.dumps({"conversation_id": cid, "type": "thumbs_down", "idempotency_key": "plain"}),
+    ]
+    for value in values:
+        p.send(outcomes, key=cid.encode(), value=value).get(30)
+    p.close()
+
+    def kept() -> set[str]:
+        with rt.sessions() as s:
+            return set(s.scalars(select(OutcomeRow.idempotency_key)).all())
+
+    with Running(rt, topics=[outcomes]) as running:
+        running.wait(lambda: kept() == {"framed", "plain"} and letters(rt), "2 outcomes and a dead letter")
+    [letter] = letters(rt)
+    assert (letter.topic, letter.offset, letter.reason, letter.raw_size) == (outcomes, 1, "oversized", (2 << 20) + 2)
+    assert running.largest <= 1_000_000
