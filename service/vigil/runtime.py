@@ -47,6 +47,10 @@ class Envelope:
     partition: int | None = None
     offset: int | None = None
     key: str | None = None
+    # refused before its handler read it (reason, detail, size): the handler keeps it as a dead letter with
+    # its others, and ``raw`` may hold only its first bytes (the Kafka consumer: a message too large to hand
+    # over, a payload in a format Vigil does not read)
+    refused: tuple[str, str, int] | None = None
 
 
 class DownstreamStage(Protocol):

@@ -88,8 +88,26 @@ class Settings(BaseSettings):
     kafka_bootstrap_timeout_ms: int = Field(
         default=30_000, ge=100, description="How long `vigil consume` tries to reach the brokers before it exits 2."
     )
+    kafka_isolation_level: Literal["read_committed", "read_uncommitted"] = Field(
+        default="read_committed",
+        description="What the consumer reads of transactional producers' messages: `read_committed`, only "
+        "those of committed transactions (it waits for an open transaction to end; a broker that reports "
+        "aborted transactions has their messages skipped); `read_uncommitted`, every message as written, "
+        "those of transactions still open or later aborted too. No effect on other producers' messages.",
+    )
+    kafka_max_inflated_batch_bytes: int = Field(
+        default=67_108_864,
+        ge=1_048_576,
+        description="Largest a compressed record batch may inflate to when the consumer reads it; one that "
+        "inflates further is inflated no further and kept as an `oversized_batch` dead letter (its compressed "
+        "bytes). kafka-python inflated batches whole: a zstd batch of 32 KB inflating to 1 GiB took a consumer "
+        "from 234 MB to 3.4 GB.",
+    )
     max_message_bytes: int = Field(
-        default=1_000_000, ge=1024, description="Conversations larger than this are dead-lettered."
+        default=1_000_000,
+        ge=1024,
+        description="Conversations larger than this are dead-lettered (`oversized`); so is any larger message "
+        "on a Kafka topic, conversations or outcomes, as it leaves its batch.",
     )
     dead_letter_raw_bytes: int = Field(
         default=16_384,

@@ -76,3 +76,19 @@ def test_one_request_keeps_at_most_the_batch_cap_of_raw_bytes(db_url: str) -> No
         assert (s.scalar(select(func.sum(func.length(DeadLetterRow.raw)))) or 0) <= 6000
     assert rows == 2 and kept < len(body) / 4
     rt.close()
+
+
+def test_letters_of_messages_summing_past_2_gib_are_stored(db_url: str) -> None:
+    """A consumer batch of 40 refused messages of 60 MiB (kept by their first bytes) made one letter whose
+    size, 2.4 GiB, overflowed the 32-bit raw_size column: its insert was refused on every try, holding the
+    consumer on that batch for good. Such a size is stored as the column's largest value."""
+    from vigil.store.writes import DeadLetter
+
+    registry = CollectorRegistry()
+    rt = build_runtime(make_settings(db_url), registry=registry)
+    letters = [DeadLetter("kafka", "oversized", "60 MiB", b"x" * 100, "conv", 0, o, size=60 << 20) for o in range(40)]
+    rt.pipeline.store([], letters, "kafka")
+    with rt.sessions() as s:
+        [row] = s.scalars(select(DeadLetterRow)).all()
+    assert (row.offset, row.last_offset, row.raw_size) == (0, 39, 2**31 - 1)
+    assert registry.get_sample_value("vigil_dead_letters_total", {"reason": "oversized", "source": "kafka"}) == 40

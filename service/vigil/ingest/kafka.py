@@ -18,10 +18,12 @@ from typing import Any
 import orjson
 
 from vigil.errors import VigilError
+from vigil.ingest.kafka_batches import BATCH_REASONS, KEEP_BYTES, GuardUnavailable, Refused, guard
 from vigil.ingest.pipeline import Envelope
 from vigil.runtime import Runtime
 from vigil.settings import Settings
 from vigil.store.db import db_detail
+from vigil.store.writes import DeadLetter
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ def kafka_consumer(runtime: Runtime, topics: list[str], client_id: str | None = 
         request_timeout_ms=s.kafka_request_timeout_ms,
         bootstrap_timeout_ms=s.kafka_bootstrap_timeout_ms,
         metadata_max_age_ms=s.kafka_metadata_max_age_ms,
+        isolation_level=s.kafka_isolation_level,
     )
     params.update(overrides)
     from kafka.errors import KafkaError
@@ -59,6 +62,12 @@ def kafka_consumer(runtime: Runtime, topics: list[str], client_id: str | None = 
         consumer = KafkaConsumer(**params)
     except KafkaError as exc:
         raise ConsumerError(f"cannot reach Kafka at {s.kafka_bootstrap_servers}: {exc}") from None
+    try:
+        # batches inflate within a bound; one it cannot read becomes a dead letter, not an exception out of poll()
+        guard(consumer, s.kafka_max_inflated_batch_bytes, s.max_message_bytes)
+    except GuardUnavailable as exc:
+        consumer.close()
+        raise ConsumerError(f"this kafka-python cannot be used (Vigil needs kafka-python 3.0.x): {exc}") from None
     consumer.subscribe(topics)
     return consumer
 
@@ -150,7 +159,7 @@ class CountedProducer:
         return f"{failed} of {self.sent} messages were not delivered to Kafka (first: {self.first_error})"
 
 
-DLQ_VALUE_BYTES = 512 * 1024  # of a bad message's bytes produced to the dead-letter topic (brokers take 1 MB)
+DLQ_VALUE_BYTES = KEEP_BYTES  # of a bad message's bytes produced to the dead-letter topic (brokers take 1 MB)
 
 
 class ConsumerWorker:
@@ -193,9 +202,9 @@ class ConsumerWorker:
                 ("vigil-source-topic", (d.topic or "").encode()),
                 ("vigil-source-partition", str(d.partition).encode()),
                 ("vigil-source-offset", str(d.offset).encode()),
-                ("vigil-raw-size", str(len(d.raw)).encode()),
+                ("vigil-raw-size", str(d.raw_size).encode()),
             ]
-            if len(value) < len(d.raw):
+            if len(value) < d.raw_size:
                 headers.append(("vigil-truncated", b"true"))
             try:
                 key = (d.key or "").encode("utf-8", "replace") or None
@@ -232,6 +241,8 @@ class ConsumerWorker:
             while not self.stopping.is_set():
                 records = self.consumer.poll(timeout_ms=s.kafka_poll_timeout_ms, max_records=s.kafka_batch_size)
                 self._polled(records)
+                if not records:
+                    self._commit_passed()
                 self._update_lag()
                 if not records:
                     if self.consumer.assignment() or unassigned_budget <= 0:
@@ -250,31 +261,50 @@ class ConsumerWorker:
 
     def _handle(self, records: dict[Any, list[Any]]) -> bool:
         by_topic: dict[str, list[Envelope]] = {}
+        refused: list[DeadLetter] = []  # batches that could not be read, from any topic
         for tp, msgs in records.items():
             bucket = by_topic.setdefault(tp.topic, [])
             for m in msgs:
                 key = m.key.decode("utf-8", "replace") if isinstance(m.key, bytes) else m.key
-                bucket.append(
-                    Envelope(
-                        m.value if m.value is not None else b"",
-                        "kafka",
-                        tp.topic,
-                        tp.partition,
-                        m.offset,
-                        key,
+                r = m.value
+                if isinstance(r, Refused) and r.reason in BATCH_REASONS:  # a letter of its own: no handler's reason
+                    where = (tp.topic, tp.partition, r.first_offset, key, r.messages, r.last_offset, r.size)
+                    refused.append(DeadLetter("kafka", r.reason, r.detail, r.raw, *where))
+                    continue
+                if isinstance(r, Refused):  # one message: its handler keeps it, with its others of that reason
+                    envelope = Envelope(
+                        r.raw, "kafka", tp.topic, tp.partition, m.offset, key, (r.reason, r.detail, r.size)
                     )
-                )
+                else:
+                    value, why = unframed(r if r is not None else b"")
+                    refusal = None if why is None else ("malformed_json", why, len(value))
+                    envelope = Envelope(value, "kafka", tp.topic, tp.partition, m.offset, key, refusal)
+                bucket.append(envelope)
+        # the batches' letters apart: their reasons are no handler's, and each spans its own batch's offsets only
+        letters: list[Any] = []
+        if refused and not self._with_retry(self._store_refused, refused, letters):
+            return False
         for topic, envelopes in by_topic.items():
+            if not envelopes:  # its batch could not be read
+                continue
             handler = self.handlers.get(topic)
             if handler is None:
                 log.warning("no handler for topic %s; %d messages skipped", topic, len(envelopes))
                 continue
-            if not self._with_retry(handler, envelopes):
+            if not self._with_retry(handler, envelopes, letters):
                 return False
+        if self.dlq_producer and letters:  # in the order of the topics, whoever refused them
+            letters.sort(key=lambda d: (d.topic or "", d.partition if d.partition is not None else -1, d.offset or 0))
+            self._publish_dead_letters(letters)
         self.stored_batches += 1
         return True
 
-    def _with_retry(self, handler: Handler, envelopes: list[Envelope]) -> bool:
+    def _store_refused(self, letters: Sequence[Any]) -> Any:
+        """Keep what could not be read as dead letters (and count them), as a handler keeps its bad messages."""
+        return self.runtime.pipeline.store([], list(letters), "kafka")
+
+    def _with_retry(self, handler: Handler, envelopes: Sequence[Any], letters: list[Any]) -> bool:
+        """Store with ``handler`` until it succeeds (False: stopped meanwhile); its dead letters join ``letters``."""
         delay = 0.5
         attempt = 0
         while True:
@@ -297,9 +327,7 @@ class ConsumerWorker:
                 self._update_lag(fetch_ends=True)  # a stuck batch shows as lag that is not going down
                 delay = min(delay * 2, 30.0)
                 continue
-            letters = getattr(result, "dead_letters", None)
-            if self.dlq_producer and letters:
-                self._publish_dead_letters(letters)
+            letters.extend(getattr(result, "dead_letters", None) or ())
             return True
 
     def _commit(self) -> None:
@@ -320,6 +348,31 @@ class ConsumerWorker:
         else:
             self._committed.update(self._pending)
         self._pending = {}
+
+    def _commit_passed(self) -> None:
+        """Commit where a partition's reading has moved past what held no message: a transaction's commit or
+        abort marker, an aborted transaction's messages (read committed). No poll returns them, so the
+        group's offset, and the lag, stayed behind them until the next message was stored."""
+        from kafka.errors import KafkaError
+        from kafka.structs import OffsetAndMetadata
+
+        passed: dict[Any, int] = {}
+        for tp, done in self._committed.items():
+            try:
+                position = self.consumer.position(tp, timeout_ms=1000)
+            except Exception:  # moved elsewhere meanwhile (a rebalance): its new owner commits it
+                continue
+            if position is not None and position > done:
+                passed[tp] = position
+        if not passed:
+            return
+        try:
+            self.consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in passed.items()})
+        except KafkaError as exc:  # tried again at the next empty poll
+            self.runtime.metrics.ingest_errors.labels("commit").inc()
+            log.warning("committing past %d partition(s) with no messages failed: %s", len(passed), exc)
+            return
+        self._committed.update(passed)
 
     def _polled(self, records: dict[Any, list[Any]]) -> None:
         """Note where a polled batch starts and ends. A partition this worker has not committed on yet
@@ -372,6 +425,25 @@ class ConsumerWorker:
             self.consumer.close(autocommit=False)
         except Exception:  # closing a consumer whose broker is gone must not mask the real error
             log.debug("consumer close failed", exc_info=True)
+
+
+_BLANKS = b" \t\r\n"
+
+
+def unframed(value: bytes) -> tuple[bytes, str | None]:
+    """A value in a schema registry's wire format (magic byte 0, a 4-byte schema id, the payload): its payload
+    if that is JSON, as a JSON Schema serializer writes it, or why it is refused (an Avro or Protobuf payload).
+    Any other value is returned as it is: no JSON starts with a zero byte."""
+    if len(value) < 5 or value[0] != 0:
+        return value, None
+    first = next((b for b in value[5:69] if b not in _BLANKS), None)
+    if first in (0x7B, 0x5B):  # { or [
+        return value[5:], None
+    schema = int.from_bytes(value[1:5], "big")
+    return value, (
+        f"a schema registry's wire format (magic byte 0, schema id {schema}) whose payload is not JSON (Avro or "
+        "Protobuf, which Vigil does not read): produce JSON, plain or with a JSON Schema serializer"
+    )
 
 
 def produce_conversations(producer: Any, topic: str, items: Sequence[tuple[str, bytes]]) -> None:

@@ -59,6 +59,9 @@ class Pipeline:
         dead: list[DeadLetter] = []
         limit, expansion = self.settings.max_message_bytes, self.settings.max_json_expansion
         for env in envelopes:
+            if env.refused is not None:
+                dead.append(_letter(env, env.refused[0], env.refused[1]))
+                continue
             try:
                 conv, raw = decode_document(env.raw, limit, expansion)
             except DecodeError as exc:
@@ -243,7 +246,9 @@ def _letter(
         key = conversation.conversation_id if conversation else None
         return DeadLetter(source, reason, detail, raw, key=key)
     raw = origin.raw if isinstance(origin.raw, bytes) else origin.raw.encode()
-    return DeadLetter(origin.source, reason, detail, raw, origin.topic, origin.partition, origin.offset, origin.key)
+    size = origin.refused[2] if origin.refused is not None else None
+    where = (origin.topic, origin.partition, origin.offset, origin.key)
+    return DeadLetter(origin.source, reason, detail, raw, *where, size=size)
 
 
 def _rank(severity: str) -> int:

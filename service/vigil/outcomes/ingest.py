@@ -148,7 +148,8 @@ def _conflict(key: str, stored: tuple[Any, ...], sent: tuple[Any, ...]) -> list[
 
 def _letter(env: Envelope, reason: str, detail: str) -> DeadLetter:
     """A dead letter of the whole message, at its position."""
-    return DeadLetter(env.source, reason, detail, env.raw, env.topic, env.partition, env.offset, env.key)
+    size = env.refused[2] if env.refused is not None else None
+    return DeadLetter(env.source, reason, detail, env.raw, env.topic, env.partition, env.offset, env.key, size=size)
 
 
 @dataclass(slots=True)
@@ -372,6 +373,9 @@ class OutcomeStore:
         dead: list[DeadLetter] = []
         total = OutcomeBatch()
         for n, env in enumerate(envelopes):
+            if env.refused is not None:  # by the consumer: too large, or not JSON
+                dead.append(_letter(env, env.refused[0], env.refused[1]))
+                continue
             if not env.raw.strip():  # a tombstone (null value) or a blank message, as on the conversations topic
                 dead.append(_letter(env, "empty", "empty message; an outcome is a JSON object or an array of them"))
                 continue

@@ -82,6 +82,13 @@ class DeadLetter:
     key: str | None = None
     messages: int = 1  # the bad messages (or items) the letter holds: what vigil_dead_letters_total counts
     last_offset: int | None = None  # of a group's messages (None: ``offset`` alone)
+    size: int | None = None  # of what was refused when ``raw`` holds only its first bytes (None: ``len(raw)``)
+
+    @property
+    def raw_size(self) -> int:
+        """The size stored: the column is a 32-bit integer, so 2 GiB and more is stored as 2**31 - 1 (a
+        letter of many large messages summed past it, its insert refused, held its consumer forever)."""
+        return min(len(self.raw) if self.size is None else self.size, 2**31 - 1)
 
 
 _TIMESTAMPTZ = 1184
@@ -512,7 +519,8 @@ def _grouped(key: tuple[str, str | None, int | None, str], group: list[DeadLette
     raw = b"\n".join(d.raw for d in group)
     messages = sum(d.messages for d in group)
     last = max(offsets) if len(offsets) == len(group) else None
-    return DeadLetter(source, reason, detail, raw, topic, partition, first.offset, first.key, messages, last)
+    size = None if all(d.size is None for d in group) else sum(d.raw_size for d in group) + len(group) - 1
+    return DeadLetter(source, reason, detail, raw, topic, partition, first.offset, first.key, messages, last, size)
 
 
 def _unrecorded(session: Session, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
@@ -577,7 +585,7 @@ def store_dead_letters(
     rows = []
     messages: dict[tuple[Any, ...], list[int]] = {}
     for d in group_dead_letters(letters):
-        messages.setdefault((d.source, d.topic, d.partition, d.offset, d.reason, len(d.raw)), []).append(d.messages)
+        messages.setdefault((d.source, d.topic, d.partition, d.offset, d.reason, d.raw_size), []).append(d.messages)
         raw = d.raw[: max(0, min(keep_bytes, budget))]
         budget -= len(raw)
         rows.append(
@@ -591,7 +599,7 @@ def store_dead_letters(
                 "reason": d.reason,
                 "detail": storable_text(d.detail[:4000]),
                 "raw": raw,
-                "raw_size": len(d.raw),
+                "raw_size": d.raw_size,
                 "created_at": datetime.now(UTC),
             }
         )
