@@ -305,7 +305,8 @@ def test_outcomes_go_with_their_conversation_and_unjoined_ones_after_their_reten
         s.execute(update(OutcomeRow).where(old).values(received_at=OLD, occurred_at=OLD))
         waiting = select(ReviewItemRow.conversation_id).where(ReviewItemRow.agent_id.is_(None))
         assert set(s.scalars(waiting)) == {"never-came", "comes-later"}
-        s.execute(update(ReviewItemRow).where(ReviewItemRow.agent_id.is_(None), old).values(created_at=OLD))
+        aged = ReviewItemRow.conversation_id != "comes-later"
+        s.execute(update(ReviewItemRow).where(ReviewItemRow.agent_id.is_(None), aged).values(created_at=OLD))
 
     dry = retention.run(rt.sessions, rt.settings, dry_run=True)
     done = retention.run(rt.sessions, rt.settings)
