@@ -157,6 +157,7 @@ def test_cli_compare_json_and_table(loaded, monkeypatch) -> None:
     assert result.exit_code == 0, result.output
     body = orjson.loads(result.stdout)
     assert {s["signal"]: s["verdict"] for s in body["signals"]}["forbidden_tool"] == "worse"
+    assert body["window"]["since"].endswith("Z"), body["window"]  # as GET /v1/compare writes it
     table = runner.invoke(app, ["compare", "--baseline", "v1", "--candidate", "v2", "--agent", "support-bot"])
     assert table.exit_code == 0 and "forbidden tool call rate" in table.stdout and "red flag" in table.stdout
     assert table.stdout.startswith("v2 vs v1: 4 signals worse, 2 better, 4 red flags")

@@ -108,3 +108,26 @@ def test_judge_answers_carry_utc(db_url, tmp_path) -> None:  # type: ignore[no-u
     for text in [v["created_at"] for v in verdicts + one] + [judge["state_since"], pair["created_at"]]:
         assert utc(text) > recent
     assert overview["state_since"] == judge["state_since"]
+
+
+def test_compare_and_quality_write_utc_as_z_like_every_other_answer(sqlite_url) -> None:
+    """/v1/compare and /v1/quality wrote their window as `...+00:00` while every other answer (the
+    conversations, dead letters, queue, overview) writes `...Z`."""
+    from vigil.ingest.simulate import Simulator, parse_versions
+
+    rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
+    convs = list(Simulator(parse_versions("v1:0.5,v2:0.5"), 3).stream(40))
+    with make_client(rt, {"api"}) as c:
+        for conv in convs:
+            assert c.post("/v1/conversations", json=conv, headers=INGEST).status_code in (200, 201, 202)
+        listed = c.get("/v1/conversations", headers=REVIEWER).json()["items"][0]["received_at"]
+        compared = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v2"}, headers=REVIEWER)
+        agent = convs[0]["agent_id"]
+        quality = c.get("/v1/quality", params={"agent": agent, "version": "v1"}, headers=REVIEWER)
+    rt.close()
+    assert listed.endswith("Z"), listed
+    for answer in (compared, quality):
+        assert answer.status_code == 200, answer.text
+        since = answer.json()["window"]["since"]
+        assert since.endswith("Z"), (answer.url, since)
+        utc(since)

@@ -139,6 +139,8 @@ def register(app: typer.Typer) -> None:
         except VigilError as exc:
             launch.fail(exc)
         if as_json:
-            typer.echo(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
+            typer.echo(
+                orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS | orjson.OPT_UTC_Z).decode()
+            )
         else:
             render(result)

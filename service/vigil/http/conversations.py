@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
-from vigil.http.fastjson import OPTIONS, FastModelJSON
+from vigil.http.fastjson import OPTIONS, FastJSON
 from vigil.http.params import MAX_OFFSET, Instant
 from vigil.rules import registered_rule_types
 from vigil.runtime import Runtime
@@ -68,14 +68,14 @@ def list_conversations(
 @router.get(
     "/v1/conversations/{conversation_id:path}",
     dependencies=[require("reviewer")],
-    response_class=FastModelJSON,
+    response_class=FastJSON,
     response_model=dict[str, Any],
 )
-def get_conversation(request: Request, conversation_id: str) -> FastModelJSON:
+def get_conversation(request: Request, conversation_id: str) -> FastJSON:
     found = full_conversation(runtime_of(request), conversation_id, "api")
     if found is None:
         raise HTTPException(404, f"no conversation {conversation_id!r}")
-    return FastModelJSON(found)
+    return FastJSON(found)
 
 
 def full_conversation(rt: Runtime, conversation_id: str, reader: str) -> dict[str, Any] | None:

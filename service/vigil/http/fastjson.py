@@ -9,7 +9,8 @@ from typing import Any
 import orjson
 from fastapi.responses import JSONResponse
 
-OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+# UTC times end in "Z", as pydantic writes them in every answer with a response model: one form across the API
+OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_UTC_Z
 
 
 def _default(value: Any) -> Any:
@@ -25,11 +26,3 @@ class FastJSON(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content, option=OPTIONS, default=_default)
-
-
-class FastModelJSON(FastJSON):
-    """:class:`FastJSON` for an answer FastAPI wrote through its response model before: UTC times end in
-    ``Z`` as pydantic writes them (jsonable_encoder, which the other answers match, writes ``+00:00``)."""
-
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content, option=OPTIONS | orjson.OPT_UTC_Z, default=_default)
