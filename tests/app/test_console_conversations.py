@@ -166,6 +166,36 @@ def test_cli_lists_and_shows_conversations(tmp_path: Path, monkeypatch: pytest.M
         assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
 
 
+def test_a_conversation_sent_without_a_status_shows_none_of_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``status`` is optional: a conversation sent without one printed ``None`` in its status column in
+    ``vigil conversations show`` and ``list`` and on ``/ui/conversations``; the cell is blank, as a missing
+    task's is."""
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    rt = wire(build_runtime(make_settings(url), registry=CollectorRegistry()), {"api"})
+    finished = dict(_conversation("c-done", "v1"), status="finished", task_id="t-1")
+    with make_client(rt) as c:
+        assert c.post("/v1/conversations", json=[_conversation("c-bare", "v1"), finished], headers=INGEST).is_success
+        token = re.search(r'name="csrf" value="([^"]+)"', c.get("/ui/login").text)
+        assert token
+        c.post("/ui/login", data={"csrf": token.group(1), "api_key": "rita-key", "next": "/ui"})
+        page = c.get("/ui/conversations").text
+    rt.close()
+    cells = re.findall(r'<td data-label="Status">([^<]*)</td>', page)
+    assert sorted(cells) == ["", "finished"], cells
+    monkeypatch.setenv("VIGIL_DATABASE_URL", url)
+    runner = cli_runner()
+    shown = runner.invoke(app, ["conversations", "show", "c-bare"])
+    assert shown.exit_code == 0, shown.output
+    header, row = shown.stdout.splitlines()[:2]
+    assert dict(zip(header.split("\t"), row.split("\t"), strict=True))["status"] == "", row
+    done = runner.invoke(app, ["conversations", "show", "c-done"]).stdout.splitlines()[1].split("\t")
+    assert done[3:5] == ["t-1", "finished"], done
+    listed = runner.invoke(app, ["conversations", "list"]).stdout
+    assert "None" not in listed and "c-bare\tsupport-bot\tv1\t\t\t" in listed, listed
+
+
 def test_cli_show_json_answers_what_the_api_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``conversations show ID --json`` is the document ``GET /v1/conversations/{id}`` answers: with the
     verdicts and review the stages add, and a document deeper than a JSON writer goes (ingest reads 1,024

@@ -87,7 +87,7 @@ def _summary_rows(items: list[dict[str, Any]]) -> list[list[str]]:
             c["agent_id"],
             c["agent_version"] or "",
             c["task_id"] or "",
-            c["status"],
+            c["status"] or "",
             str(c["received_at"])[:19],
             str(c["message_count"]),
             f"{c['tool_error_count']}/{c['tool_call_count']}",
