@@ -121,6 +121,31 @@ def test_broken_gzip_is_a_400_kept_as_a_dead_letter(rt, client, path, body, why)
     assert letter["reason"] == "invalid_encoding" and why in letter["detail"]
 
 
+@pytest.mark.parametrize("path", ["/v1/conversations", "/v1/outcomes"])
+@pytest.mark.parametrize(
+    ("body", "encoding"),
+    [
+        (b"", None),
+        (b"", "gzip"),
+        (b"", "deflate"),
+        (gzip.compress(b""), "gzip"),
+        (zlib.compress(b""), "deflate"),
+        (b" \n", None),
+        (gzip.compress(b" \n"), "gzip"),
+    ],
+    ids=["plain", "gzip-no-bytes", "deflate-no-bytes", "gzip-of-nothing", "deflate-of-nothing", "blank", "gzip-blank"],
+)
+def test_an_empty_body_is_empty_however_it_was_sent(client, path, body, encoding) -> None:  # type: ignore[no-untyped-def]
+    """No bytes sent with ``Content-Encoding: gzip`` or ``deflate`` were a 400 ``invalid_encoding`` ("truncated
+    gzip stream") on both routes, and /v1/outcomes answered an empty body without a reason and kept no letter
+    of it (a blank one was ``malformed_json``), while /v1/conversations answers ``empty`` and keeps one."""
+    r = _post(client, path, body, encoding)
+    assert r.status_code == 400, r.text
+    assert r.json()["reason"] == "empty" and "empty body" in r.json()["detail"], r.text
+    [letter] = _letters(client)
+    assert letter["reason"] == "empty", letter
+
+
 def test_identity_encoding_is_read_as_is(client) -> None:  # type: ignore[no-untyped-def]
     assert _post(client, "/v1/conversations", orjson.dumps(CONV), "identity").status_code == 202
 

@@ -92,7 +92,9 @@ class Inflater:
         self._piece = FIRST_PIECE
         self._decomp = zlib.decompressobj(self._wbits)
         self.size = 0  # inflated bytes so far
-        self.done = False
+        # no bytes at all is an empty body whatever its header says (a client that compresses only bodies it
+        # has still names the encoding), answered as one sent as is, not as a truncated stream
+        self.done = not len(self._view)
 
     def read(self, most: int) -> bytes:
         """Up to ``most`` more inflated bytes, fewer only at the end (then :attr:`done`)."""

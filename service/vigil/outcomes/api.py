@@ -79,8 +79,10 @@ async def post_outcomes(request: Request) -> JSONResponse:
 
 
 async def _post_outcomes(store: Any, body: bytes, expansion: float) -> JSONResponse:
-    if not body:
-        return JSONResponse({"detail": "empty body; send an outcome object or an array of them"}, 400)
+    if not body.strip():  # as POST /v1/conversations answers one: a 400 with its reason, and a letter of it
+        empty = "empty body; send an outcome object or an array of them"
+        await run_in_threadpool(store.ingest_dead, DeadLetter("http", "empty", empty, body))
+        return JSONResponse({"detail": empty, "reason": "empty"}, 400)
     # decoding it would take far more memory than its size; counting is CPU work on up to 32 MiB: off the loop
     why = await run_in_threadpool(too_dense, body, expansion)
     if why is not None:
