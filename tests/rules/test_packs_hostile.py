@@ -191,6 +191,33 @@ def test_rules_check_validates_packs_before_they_are_deployed(tmp_path: Path) ->
     assert not (tmp_path / "absent").exists()
 
 
+def test_rules_check_reads_each_pack_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vigil rules check` read and validated every pack twice (once to build the engine, once to list it):
+    each pack's regexes compiled twice, a large pack's YAML parsed twice. Each is read once."""
+    from vigil import config_files
+
+    reads: list[Path] = []
+    load = config_files.load
+
+    def counted(path: Path) -> object:
+        reads.append(Path(path))
+        return load(path)
+
+    monkeypatch.setattr(config_files, "load", counted)
+    packs = []
+    for name in ("shop", "desk"):
+        pack = tmp_path / f"{name}.yaml"
+        pack.write_text(
+            f"pack: {name}\nrules:\n  - id: {name}-guard\n    type: forbidden_tool\n    args: {{tools: [x]}}\n"
+        )
+        packs.append(pack)
+    env = {"VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'absent' / 'v.db'}"}
+    result = cli_runner().invoke(app, ["rules", "check", *map(str, packs)], env=env)
+    assert result.exit_code == 0, result.output
+    assert [line.split(":")[0] for line in result.output.splitlines()] == ["ok", "ok"]
+    assert sorted(reads) == sorted(packs), reads
+
+
 @pytest.mark.parametrize("pattern", ["(?i)full refund|", "(refund)?", "a*", "$", ""])
 def test_a_pattern_that_matches_every_text_is_refused(tmp_path: Path, pattern: str) -> None:
     """A trailing '|' (or a wholly optional pattern) matches the empty string anywhere: `regex` with

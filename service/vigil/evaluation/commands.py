@@ -85,19 +85,22 @@ def check(
 ) -> None:
     """Load and check rule packs as start-up does; exit 2 with the file, rule and field on the first error."""
     from vigil.errors import VigilError
-    from vigil.rules import load_pack
+    from vigil.rules import RuleEngine, load_packs, load_plugins
 
     launcher = Launcher.of(ctx)
     try:
         settings = launcher.settings()
-        paths = packs or settings.rule_pack_paths()
-        _engine(settings, paths)  # plugins, every pack, ids unique across them
-        loaded = [(path, *load_pack(path)) for path in paths]
+        load_plugins(settings.rule_plugins)
+        loaded = load_packs(packs or settings.rule_pack_paths())  # every pack, ids unique across them
+        RuleEngine.from_packs(loaded)
     except VigilError as exc:
         launcher.fail(exc)
-    for path, spec, enabled in loaded:
+    for pack in loaded:
+        spec = pack.spec
         agents = sorted({a for r in spec.rules for a in r.applies_to.agents})
-        line = f"ok: {path}: pack {spec.pack} v{spec.version}, {len(enabled)} of {len(spec.rules)} rules enabled"
+        line = (
+            f"ok: {pack.path}: pack {spec.pack} v{spec.version}, {len(pack.rules)} of {len(spec.rules)} rules enabled"
+        )
         Console(highlight=False, soft_wrap=True).print(escape(f"{line}, agents {', '.join(agents)}"))
 
 

@@ -134,6 +134,27 @@ def load_pack(path: Path) -> tuple[PackSpec, list[CompiledRule]]:
     return pack, compiled
 
 
+@dataclass(frozen=True, slots=True)
+class LoadedPack:
+    path: Path
+    spec: PackSpec
+    rules: list[CompiledRule]  # the enabled ones
+
+
+def load_packs(paths: list[Path]) -> list[LoadedPack]:
+    """Each pack file validated, in order, rule ids unique across them; the first error names the file."""
+    loaded: list[LoadedPack] = []
+    origin: dict[str, Path] = {}
+    for p in paths:
+        spec, rules = load_pack(p)
+        for rule in rules:
+            if rule.id in origin:
+                raise ConfigError(f"{p}: rule {rule.id!r}: id: already defined in {origin[rule.id]}")
+            origin[rule.id] = p
+        loaded.append(LoadedPack(p, spec, rules))
+    return loaded
+
+
 class RuleEngine:
     """Runs every applicable rule of the loaded packs on a conversation."""
 
@@ -149,15 +170,12 @@ class RuleEngine:
 
     @classmethod
     def from_paths(cls, paths: list[Path]) -> RuleEngine:
-        rules: list[CompiledRule] = []
-        origin: dict[str, Path] = {}
-        for p in paths:
-            for rule in load_pack(p)[1]:
-                if rule.id in origin:
-                    raise ConfigError(f"{p}: rule {rule.id!r}: id: already defined in {origin[rule.id]}")
-                origin[rule.id] = p
-                rules.append(rule)
-        return cls(rules)
+        return cls.from_packs(load_packs(paths))
+
+    @classmethod
+    def from_packs(cls, packs: list[LoadedPack]) -> RuleEngine:
+        """The engine of packs :func:`load_packs` read."""
+        return cls([rule for pack in packs for rule in pack.rules])
 
     def rules_for(self, agent: str, version: str) -> list[CompiledRule]:
         key = (agent, version)
