@@ -144,7 +144,9 @@ class Settings(BaseSettings):
         description="Request body bytes an API process holds at once across all requests, counted as they "
         "arrive, not by their declared length (bounds memory under concurrent large batches); a body needing "
         "more waits its turn, and when the bodies still arriving together need more than this, the youngest "
-        "is answered 503 with Retry-After.",
+        "is answered 503 with Retry-After. A /v1/conversations body being decoded, converted and stored holds "
+        "21 times its size (what its objects take), at most all of this, waiting while other decoding bodies "
+        "hold what it needs: the process holds about twice this at most.",
     )
     key_concurrency: int = Field(
         default=8,

@@ -4,7 +4,8 @@ A body is refused with 413 as soon as it is known to be too large (a ``Content-L
 before anything is read, or a chunked body the moment it crosses the limit), so nothing larger than
 ``VIGIL_MAX_REQUEST_BYTES`` is ever buffered. Every POST that takes a body also takes its size from a
 shared byte budget (``VIGIL_MAX_INFLIGHT_BYTES``) as it arrives and gives it back once answered, so
-concurrent large batches wait their turn instead of multiplying memory.
+concurrent large batches wait their turn instead of multiplying memory. An endpoint that decodes its
+body into objects holds what they take too (:func:`hold_decoded`) while it decodes, checks and stores.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ PREFIX_BYTES = 65_536  # of a body refused while reading, kept for its dead lett
 POOL_BUFFERS = 4  # body buffers a process keeps for reuse (see BufferPool)
 POOL_BUFFER_BYTES = 16_777_216  # a buffer grown past this is not kept (OTLP bodies are at most 16 MB by default)
 OWN_LIMIT = "vigil.body_reader"  # scope key: the endpoint reads its body itself, under its own limit
-LEASE = "vigil.body_lease"  # scope key: what a body read with pooled_body holds of the budget (see inflate_held)
+LEASE = "vigil.body_lease"  # scope key: what a body holds of the budget (see inflate_held, hold_decoded)
 ENCODED_BODIES = (
     "JSON, sent as is or with Content-Encoding gzip (several members too), x-gzip or deflate: inflated to at "
     "most VIGIL_MAX_REQUEST_BYTES (413 past it), its inflated bytes held from VIGIL_MAX_INFLIGHT_BYTES; "
@@ -90,7 +91,7 @@ class IngestBusy(VigilError):
 class Lease:
     """What one request body holds of a :class:`ByteBudget`: it grows as the body arrives."""
 
-    __slots__ = ("budget", "ceiling", "held", "order", "waiting")
+    __slots__ = ("budget", "ceiling", "decoding", "held", "order", "waiting")
 
     def __init__(self, budget: ByteBudget, ceiling: int, order: int) -> None:
         self.budget = budget
@@ -98,11 +99,18 @@ class Lease:
         self.held = 0
         self.order = order
         self.waiting = False
+        self.decoding = False  # read whole, and holding what its decoded objects take
 
     async def cover(self, size: int) -> None:
         """Hold at least ``size`` bytes (what has arrived so far), a step ahead where the budget allows."""
         if size > self.held:
             await self.budget._take(self, size)
+
+    async def decode(self, size: int) -> None:
+        """Hold ``size`` bytes in all (at most the whole budget) while the body is decoded: waits while
+        other bodies being decoded hold what it needs, never for bodies still arriving (a stalled body
+        holding a little of the budget must not stop every decode), so it may take more than is free."""
+        await self.budget._take_decoded(self, max(self.held, min(size, self.budget.capacity)))
 
     async def keep(self, size: int) -> None:
         """Hold only ``size`` bytes from now on, giving back the rest (a compressed body, once inflated)."""
@@ -121,7 +129,9 @@ class ByteBudget:
     MiB and sending a byte a second held half the default budget for hours, and two stalled all ingest.
     When every body holding bytes waits for more (together they declared more than the budget) none
     could finish; the youngest is then refused with :class:`IngestBusy`. A body that is alone may grow
-    past the budget (it never waits for more than the whole of it)."""
+    past the budget (it never waits for more than the whole of it). A body read whole and being decoded
+    (:meth:`Lease.decode`) holds what its objects take as well, at most the whole budget; it waits only
+    for other decoding bodies, so at most one takes more than is free at any moment."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -149,6 +159,9 @@ class ByteBudget:
     def _alone(self, lease: Lease) -> bool:
         return not any(other.held for other in self._leases if other is not lease)
 
+    def _others_decoding(self, lease: Lease) -> bool:
+        return any(other.decoding and other.held for other in self._leases if other is not lease)
+
     def _stuck(self, lease: Lease) -> bool:
         """Every body holding bytes waits for more, and ``lease`` is the youngest of them."""
         holders = [other for other in self._leases if other.held]
@@ -174,6 +187,16 @@ class ByteBudget:
             got = max(need, min(ahead, self.free))
             self.free -= got
             lease.held += got
+
+    async def _take_decoded(self, lease: Lease, size: int) -> None:
+        need = size - lease.held
+        async with self._changed:
+            # not marked waiting: those decoding finish without waiting on anyone, so this wait ends and
+            # bodies still arriving are not stuck behind it
+            await self._changed.wait_for(lambda: self.free >= need or not self._others_decoding(lease))
+            lease.decoding = True
+            self.free -= need
+            lease.held += need
 
 
 class _Reader:
@@ -317,6 +340,7 @@ async def limited_body(
     declared = _checked(request, limit, encoded, setting)
     encoding = None if encoded else refused_encoding(request)
     async with _budget(request, inflight).lease(declared if declared is not None else limit) as lease:
+        request.scope[LEASE] = lease
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
@@ -335,6 +359,14 @@ async def limited_body(
         del body
         await lease.keep(len(data))
         yield data
+
+
+async def hold_decoded(request: Request, size: int) -> None:
+    """For an endpoint that decodes the body it read with :func:`limited_body` into objects: hold ``size``
+    bytes of the budget in all, the body's own included (at most the whole budget), until it is answered.
+    Waits while other bodies being decoded hold what it needs; a body decoded alone always goes ahead."""
+    lease: Lease = request.scope[LEASE]
+    await lease.decode(size)
 
 
 async def inflate_held(request: Request, body: memoryview, encoding: str, limit: int, setting: str) -> bytes:
