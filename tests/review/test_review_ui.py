@@ -662,3 +662,17 @@ def test_a_revision_field_that_is_no_ascii_number_is_ignored_not_a_500(ui, rt) -
     r = ui.post("/ui/review/rev-odd/label", data=form, follow_redirects=False)
     assert r.status_code in (302, 303), (r.status_code, r.text[:300])
     assert [lab["label"] for lab in ui.get("/v1/review/labels", headers=REVIEWER).json()] == ["not_a_failure"]
+
+
+def test_a_queue_page_past_the_end_says_so_and_links_back(ui, rt) -> None:
+    """``?page=99`` of a one-page queue said "Nothing here" above no pager, as if the queue were empty."""
+    store(rt, simulated(40, "v1:0.6", seed=5))
+    _login(ui)
+    first = ui.get("/ui/queue").text
+    assert 'class="cid"' in first
+    past = ui.get("/ui/queue", params={"page": 99, "agent": "support-bot"}).text
+    assert 'class="cid"' not in past and "Nothing here" not in past
+    assert "Page 99 is past the end" in past
+    assert 'href="/ui/queue?agent=support-bot&amp;status=open&amp;page=1"' in past
+    empty = ui.get("/ui/queue", params={"agent": "nobody"}).text
+    assert "Nothing here" in empty and "past the end" not in empty
