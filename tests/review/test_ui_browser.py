@@ -216,3 +216,18 @@ def test_real_shapes_fit_the_screen_a_long_task_id_and_a_long_policy(browser, se
     rest.locator("summary").click()
     assert rest.evaluate("d => d.open") and rest.locator(".text").is_visible()
     page.close()
+
+
+def test_queue_state_words_are_not_broken_mid_word(browser, server) -> None:
+    """The long-value rule (break anywhere) reached the state pill: at 1280 px every "available" showed as
+    "avail" over "able"."""
+    base, rt = server
+    store(rt, simulated(40, "v1.4.0:0.3,v1.5.0:0.6", seed=11))
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    _login(page, base)
+    lines = page.eval_on_selector_all(
+        "td[data-label=State] .pill, td[data-label=Labels] .pill",
+        "els => els.map(e => { const r = document.createRange(); r.selectNodeContents(e);"
+        " return [e.textContent, r.getClientRects().length]; })",
+    )
+    assert lines and all(n == 1 for _, n in lines), lines
