@@ -676,3 +676,42 @@ def test_a_queue_page_past_the_end_says_so_and_links_back(ui, rt) -> None:
     assert 'href="/ui/queue?agent=support-bot&amp;status=open&amp;page=1"' in past
     empty = ui.get("/ui/queue", params={"agent": "nobody"}).text
     assert "Nothing here" in empty and "past the end" not in empty
+
+
+def _version_of(rt, url: str) -> str:  # type: ignore[no-untyped-def]
+    from sqlalchemy import select
+
+    from vigil.store.models import ReviewItemRow
+
+    cid = unquote(url.split("?")[0].removeprefix("/ui/review/"))
+    with rt.sessions() as s:
+        return str(s.scalar(select(ReviewItemRow.agent_version).where(ReviewItemRow.conversation_id == cid)))
+
+
+def test_save_and_next_and_skip_claim_from_the_queue_the_reviewer_filtered(ui, rt) -> None:
+    """Claim next from a queue filtered to one version, then "Save & next" (or "Skip") claimed the next
+    item of the whole queue: the reviewer was thrown into the other version's items."""
+    store(rt, simulated(80, "v1.4.0:0.5,v1.5.0:0.5", seed=3))
+    _login(ui)
+    token = _csrf(ui.get("/ui/queue").text)
+    url = ui.post("/ui/queue/claim", data={"csrf": token, "version": "v1.4.0"}, follow_redirects=False)
+    url = url.headers["location"]
+    seen = [_version_of(rt, url)]
+    page = ui.get(url).text
+    assert "filtered to version v1.4.0" in page
+    assert '<input type="hidden" name="version" value="v1.4.0">' in page  # "Next item" keeps the filter too
+    for _ in range(4):
+        r = ui.post(
+            url.split("?")[0] + "/label",
+            data={"csrf": token, "label": "not_a_failure", "next": "1"},
+            follow_redirects=False,
+        )
+        url = r.headers["location"]
+        assert url.startswith("/ui/review/"), url
+        seen.append(_version_of(rt, url))
+    r = ui.post(url.split("?")[0] + "/skip", data={"csrf": token, "next": "1"}, follow_redirects=False)
+    seen.append(_version_of(rt, r.headers["location"]))
+    assert set(seen) == {"v1.4.0"}, seen
+    # claiming from the unfiltered queue forgets the filter
+    ui.post("/ui/queue/claim", data={"csrf": token}, follow_redirects=False)
+    assert "filtered to" not in ui.get(r.headers["location"].split("?")[0]).text
