@@ -271,3 +271,26 @@ def test_every_page_linked_from_home_loads_without_a_console_error(browser, seed
     page.goto(f"{base}/ui/login")
     page.wait_for_load_state("networkidle")
     assert errors == []
+
+
+def test_a_long_unbroken_value_echoed_in_a_notice_or_error_wraps_inside_the_page(browser, seeded) -> None:
+    """A 400-character id, agent, version or time typed into a filter comes back in the page's notice or
+    error; it wraps there rather than widening the page to 3,500 px of sideways scroll."""
+    base, _, _ = seeded
+    context = browser.new_context(viewport=DESKTOP)
+    page = login(context, base)
+    long = "q" * 400
+    wide: list[str] = []
+    for path in (
+        f"/ui/conversations?id={long}",
+        f"/ui/conversations?since={long}",
+        f"/ui/quality?agent={long}",
+        f"/ui/compare?agent={AGENT}&baseline={long}&candidate={CANDIDATE}",
+    ):
+        page.goto(base + path)
+        assert long in page.locator("main").inner_text(), path
+        width = page.evaluate("document.documentElement.scrollWidth")
+        if width > DESKTOP["width"]:
+            wide.append(f"{path[:40]}…: {width} px")
+    context.close()
+    assert wide == []

@@ -105,6 +105,7 @@ def test_an_id_opens_its_conversation_or_says_there_is_none(ui) -> None:
     assert odd.status_code == 303 and odd.headers["location"].startswith("/ui/review/x%22%3E%3Cscript%3E")
     miss = ui.get("/ui/conversations", params={"id": "c-99"})
     assert miss.status_code == 200 and "No conversation has the id &#39;c-99&#39;." in miss.text
+    assert miss.text.count("No conversation has the id") == 1  # said once, beside the form, not also atop the page
 
 
 def test_ingested_ids_and_bad_filters_are_text_not_markup(ui) -> None:

@@ -111,6 +111,35 @@ def test_versions_stored_together_order_by_name_and_an_agent_is_picked(sqlite_ur
     rt.close()
 
 
+def test_an_agent_with_one_version_is_not_the_default_and_says_why_nothing_compares(sqlite_url) -> None:
+    """After importing a benchmark run as its own agent (one version, stored last), /ui/compare opened on
+    that agent and showed an empty page; picking the other agent then sent the first one's version as
+    both sides and was refused."""
+    from fastapi.testclient import TestClient
+
+    from vigil.app.server import build_app
+
+    rt = loaded_runtime(sqlite_url)
+    solo = clean(20, "tau2-gpt41", 9)
+    for c in solo:
+        c["agent_id"] = "tau2-retail"
+    rt.pipeline.process([Conversation.model_validate(c) for c in solo], "test")
+    with TestClient(build_app(rt)) as ui:
+        html = logged_in(ui).get("/ui/compare").text
+        assert '<option value="support-bot" selected>' in html
+        assert "baseline <b>v1</b>" in html and "candidate <b>v2</b>" in html
+        one = ui.get("/ui/compare", params={"agent": "tau2-retail"}).text
+        assert "tau2-retail has one version (tau2-gpt41): nothing to compare it with yet." in one
+        unknown = ui.get("/ui/compare", params={"agent": "<b>nobody</b>"}).text
+        assert "No conversations of agent &lt;b&gt;nobody&lt;/b&gt; are stored" in unknown
+        switched = ui.get(
+            "/ui/compare", params={"agent": "support-bot", "baseline": "tau2-gpt41", "candidate": "tau2-gpt41"}
+        ).text
+        assert "compared with itself" not in switched
+        assert "baseline <b>v1</b>" in switched and "candidate <b>v2</b>" in switched
+    rt.close()
+
+
 @pytest.mark.browser
 def test_compare_page_in_a_browser(sqlite_url) -> None:
     try:

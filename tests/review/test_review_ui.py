@@ -662,3 +662,56 @@ def test_a_revision_field_that_is_no_ascii_number_is_ignored_not_a_500(ui, rt) -
     r = ui.post("/ui/review/rev-odd/label", data=form, follow_redirects=False)
     assert r.status_code in (302, 303), (r.status_code, r.text[:300])
     assert [lab["label"] for lab in ui.get("/v1/review/labels", headers=REVIEWER).json()] == ["not_a_failure"]
+
+
+def test_a_queue_page_past_the_end_says_so_and_links_back(ui, rt) -> None:
+    """``?page=99`` of a one-page queue said "Nothing here" above no pager, as if the queue were empty."""
+    store(rt, simulated(40, "v1:0.6", seed=5))
+    _login(ui)
+    first = ui.get("/ui/queue").text
+    assert 'class="cid"' in first
+    past = ui.get("/ui/queue", params={"page": 99, "agent": "support-bot"}).text
+    assert 'class="cid"' not in past and "Nothing here" not in past
+    assert "Page 99 is past the end" in past
+    assert 'href="/ui/queue?agent=support-bot&amp;status=open&amp;page=1"' in past
+    empty = ui.get("/ui/queue", params={"agent": "nobody"}).text
+    assert "Nothing here" in empty and "past the end" not in empty
+
+
+def _version_of(rt, url: str) -> str:  # type: ignore[no-untyped-def]
+    from sqlalchemy import select
+
+    from vigil.store.models import ReviewItemRow
+
+    cid = unquote(url.split("?")[0].removeprefix("/ui/review/"))
+    with rt.sessions() as s:
+        return str(s.scalar(select(ReviewItemRow.agent_version).where(ReviewItemRow.conversation_id == cid)))
+
+
+def test_save_and_next_and_skip_claim_from_the_queue_the_reviewer_filtered(ui, rt) -> None:
+    """Claim next from a queue filtered to one version, then "Save & next" (or "Skip") claimed the next
+    item of the whole queue: the reviewer was thrown into the other version's items."""
+    store(rt, simulated(80, "v1.4.0:0.5,v1.5.0:0.5", seed=3))
+    _login(ui)
+    token = _csrf(ui.get("/ui/queue").text)
+    url = ui.post("/ui/queue/claim", data={"csrf": token, "version": "v1.4.0"}, follow_redirects=False)
+    url = url.headers["location"]
+    seen = [_version_of(rt, url)]
+    page = ui.get(url).text
+    assert "filtered to version v1.4.0" in page
+    assert '<input type="hidden" name="version" value="v1.4.0">' in page  # "Next item" keeps the filter too
+    for _ in range(4):
+        r = ui.post(
+            url.split("?")[0] + "/label",
+            data={"csrf": token, "label": "not_a_failure", "next": "1"},
+            follow_redirects=False,
+        )
+        url = r.headers["location"]
+        assert url.startswith("/ui/review/"), url
+        seen.append(_version_of(rt, url))
+    r = ui.post(url.split("?")[0] + "/skip", data={"csrf": token, "next": "1"}, follow_redirects=False)
+    seen.append(_version_of(rt, r.headers["location"]))
+    assert set(seen) == {"v1.4.0"}, seen
+    # claiming from the unfiltered queue forgets the filter
+    ui.post("/ui/queue/claim", data={"csrf": token}, follow_redirects=False)
+    assert "filtered to" not in ui.get(r.headers["location"].split("?")[0]).text

@@ -216,3 +216,50 @@ def test_real_shapes_fit_the_screen_a_long_task_id_and_a_long_policy(browser, se
     rest.locator("summary").click()
     assert rest.evaluate("d => d.open") and rest.locator(".text").is_visible()
     page.close()
+
+
+def test_queue_state_words_are_not_broken_mid_word(browser, server) -> None:
+    """The long-value rule (break anywhere) reached the state pill: at 1280 px every "available" showed as
+    "avail" over "able"."""
+    base, rt = server
+    store(rt, simulated(40, "v1.4.0:0.3,v1.5.0:0.6", seed=11))
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    _login(page, base)
+    lines = page.eval_on_selector_all(
+        "td[data-label=State] .pill, td[data-label=Labels] .pill",
+        "els => els.map(e => { const r = document.createRange(); r.selectNodeContents(e);"
+        " return [e.textContent, r.getClientRects().length]; })",
+    )
+    assert lines and all(n == 1 for _, n in lines), lines
+
+
+def test_taking_the_next_item_or_skipping_asks_before_dropping_typed_notes(browser, server) -> None:
+    """Notes typed on the label form were dropped without a word by ``n`` (next item) or ``s`` (skip)."""
+    base, rt = server
+    store(rt, simulated(40, "v1.4.0:0.3,v1.5.0:0.6", seed=11))
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    asked: list[str] = []
+    answer = {"accept": False}
+
+    def reply(d) -> None:  # type: ignore[no-untyped-def]
+        asked.append(d.message)
+        d.accept() if answer["accept"] else d.dismiss()
+
+    page.on("dialog", reply)
+    _login(page, base)
+    page.keyboard.press("n")
+    page.wait_for_url(f"{base}/ui/review/**")
+    here = page.url
+    page.keyboard.press("n")  # nothing typed: no question
+    page.wait_for_url(lambda u: u != here)
+    assert asked == []
+    here = page.url
+    page.fill("textarea[name=notes]", "the refund went to the wrong card")
+    page.keyboard.press("Escape")
+    for n, key in enumerate(("n", "s"), 1):
+        page.keyboard.press(key)  # confirm() blocks the key's handler until the dialog is answered
+        assert len(asked) == n and "not saved" in asked[-1]
+        assert page.url == here and page.input_value("textarea[name=notes]") == "the refund went to the wrong card"
+    answer["accept"] = True
+    page.keyboard.press("n")
+    page.wait_for_url(lambda u: u != here)

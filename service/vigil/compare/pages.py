@@ -54,8 +54,12 @@ def compare_page(
 ) -> Response:
     rt = runtime_of(request)
     known = versions(rt)
-    agent = agent or next(iter(known), None)  # the agent whose version is newest
+    # the agent whose version is newest among those with two to compare (a benchmark imported as its own
+    # agent has one version and shows nothing)
+    agent = agent or next((a for a, vs in known.items() if len(vs) >= 2), next(iter(known), None))
     options = known.get(agent or "", [])
+    if options and baseline not in options and candidate not in options:
+        baseline = candidate = None  # neither side is this agent's: the form kept the previous agent's versions
     if agent and not baseline and not candidate and len(options) >= 2:
         candidate, baseline = options[0], options[1]
     result, error = None, None

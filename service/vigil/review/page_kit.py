@@ -1,5 +1,5 @@
-"""What the review stage's page modules share: the stage of a request, the session's label counter, and
-the notice a bulk action leaves on the queue page."""
+"""What the review stage's page modules share: the stage of a request, the session's label counter and
+queue filter, and the notice a bulk action leaves on the queue page."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from vigil.http import runtime_of
-from vigil.review import triage
+from vigil.review import queue, triage
 from vigil.review.stage import ReviewStage
 from vigil.ui.render import sessions_of
 
@@ -32,6 +32,38 @@ def count_labels(request: Request, response: Response, n: int = 1) -> Response:
     request.state.vigil_session_dirty = True
     sessions.save(request, response)
     return response
+
+
+FILTERS = ("agent", "version", "rule", "verdict", "outcome", "reason", "severity", "search")
+
+
+def queue_filter_of(values: dict[str, str]) -> dict[str, str]:
+    """The queue filters among ``values``, each at most an id's length (search: MAX_SEARCH); one holding a
+    control character matches nothing and is dropped: none is echoed back whole into a redirect or a cookie
+    (a 100 kB field made a 100 kB header)."""
+    kept = {k: str(values.get(k) or "").strip()[:256] for k in FILTERS}
+    return {k: v for k, v in kept.items() if v and not any(c < " " or c == "\x7f" for c in v)}
+
+
+def remember_queue_filter(request: Request, response: Response, kept: dict[str, str]) -> Response:
+    """Keep the filters claim-next was given in the session, so "Save & next" and "Skip" claim from the
+    queue the reviewer filtered, not the whole queue; claiming from an unfiltered queue forgets them."""
+    sessions = sessions_of(request)
+    data = sessions.read(request)
+    if data.get("queue_filter", {}) != kept:
+        data["queue_filter"] = kept
+        request.state.vigil_session_dirty = True
+        sessions.save(request, response)
+    return response
+
+
+def remembered_queue_filter(request: Request) -> dict[str, str]:
+    raw = sessions_of(request).read(request).get("queue_filter")
+    return queue_filter_of(raw) if isinstance(raw, dict) else {}
+
+
+def remembered_filter(request: Request) -> queue.QueueFilter:
+    return queue.QueueFilter(**remembered_queue_filter(request))  # type: ignore[arg-type]
 
 
 def notice_count(request: Request, name: str) -> int:

@@ -24,10 +24,15 @@ from vigil.review import insights, queue, reviewers, triage
 from vigil.review import side_by_side as sbs
 from vigil.review.errors import Conflict, Done, Invalid, NotFound, NotHeld
 from vigil.review.page_kit import (
+    FILTERS,
     bulk_notice,
     count_labels,
     form_int,
     labelled_this_session,
+    queue_filter_of,
+    remember_queue_filter,
+    remembered_filter,
+    remembered_queue_filter,
     reviewer_names,
     stage_of,
 )
@@ -65,7 +70,6 @@ RELOGGED_LABEL = "Logged in again. Your label was not saved yet."
 EXPIRED_COMMENT = "Your session expired, so your comment was not added. Log in again and it is filled in for you."
 STALE_COMMENT = "The form had expired, so your comment was not added: it is below, to add again."
 RELOGGED_COMMENT = "Logged in again. Your comment was not added yet: it is below."
-FILTERS = ("agent", "version", "rule", "verdict", "outcome", "reason", "severity", "search")
 
 
 def _stage(request: Request) -> ReviewStage:
@@ -154,10 +158,10 @@ def claim_next(request: Request, posted_form: FormData = Depends(posted)) -> Res
     with st.sessions.begin() as s:
         cid = queue.claim_next(s, p.name, st.lease_seconds, f, assignment_hours=st.assignment_hours)
     st.metrics.review_claims.labels("claimed" if cid else "empty").inc()
+    kept = queue_filter_of(values)
     if cid is None:
-        kept = {k: v for k, v in values.items() if v and not any(c < " " or c == "\x7f" for c in v)}
-        return go("/ui/queue?" + urlencode({**kept, "notice": "empty"}))
-    return go(_review_url(cid))
+        return remember_queue_filter(request, go("/ui/queue?" + urlencode({**kept, "notice": "empty"})), kept)
+    return remember_queue_filter(request, go(_review_url(cid)), kept)
 
 
 @router.get("/review/{conversation_id:path}")
@@ -271,6 +275,7 @@ def _conversation_page(
         label_error=label_error,
         error_field="category" if label_error and "category" in label_error else None,
         session_labelled=labelled_this_session(request),
+        queue_filter=remembered_queue_filter(request),
     )
 
 
@@ -321,7 +326,9 @@ def skip(request: Request, conversation_id: str, posted_form: FormData = Depends
         with st.sessions.begin() as s:
             queue.skip(s, conversation_id, p.name)
             nxt = (
-                queue.claim_next(s, p.name, st.lease_seconds, assignment_hours=st.assignment_hours)
+                queue.claim_next(
+                    s, p.name, st.lease_seconds, remembered_filter(request), assignment_hours=st.assignment_hours
+                )
                 if form.get("next")
                 else None
             )
@@ -331,7 +338,9 @@ def skip(request: Request, conversation_id: str, posted_form: FormData = Depends
         return render_page(
             request, "error.html", 404, title="Not skipped", message=str(exc), back=_review_url(conversation_id)
         )
-    return go(_review_url(nxt) if nxt else "/ui/queue?notice=" + ("empty" if form.get("next") else "skipped"))
+    notice = "empty" if form.get("next") else "skipped"
+    back = "/ui/queue?" + urlencode({**remembered_queue_filter(request), "notice": notice})
+    return go(_review_url(nxt) if nxt else back)
 
 
 def _log_in_again(request: Request, conversation_id: str, why: str, draft: dict[str, str | None] | None) -> Response:
@@ -365,7 +374,9 @@ def label(request: Request, conversation_id: str, posted_form: FormData = Depend
         with st.sessions.begin() as s:
             queue.label(s, conversation_id, p.name, data, st.policy, metrics=st.metrics)
             nxt = (
-                queue.claim_next(s, p.name, st.lease_seconds, assignment_hours=st.assignment_hours)
+                queue.claim_next(
+                    s, p.name, st.lease_seconds, remembered_filter(request), assignment_hours=st.assignment_hours
+                )
                 if form.get("next")
                 else None
             )
@@ -383,7 +394,8 @@ def label(request: Request, conversation_id: str, posted_form: FormData = Depend
     except NotFound as exc:
         return render_page(request, "error.html", 404, title="Not found", message=str(exc))
     if form.get("next"):
-        return count_labels(request, go(_review_url(nxt, "labelled") if nxt else "/ui/queue?notice=labelled_last"))
+        last = "/ui/queue?" + urlencode({**remembered_queue_filter(request), "notice": "labelled_last"})
+        return count_labels(request, go(_review_url(nxt, "labelled") if nxt else last))
     return count_labels(request, go(_review_url(conversation_id, "labelled")))
 
 

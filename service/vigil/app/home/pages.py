@@ -149,7 +149,7 @@ def conversations_page(
     database too) run in a worker thread, off the event loop."""
     rt = runtime_of(request)
     wanted = (id or "").strip()
-    error, notice, found, filters = None, None, None, browse.Filters()
+    error, missing, found, filters = None, None, None, browse.Filters()
     try:
         filters = browse.Filters.read(agent, version, rule, severity, since, until)
     except browse.FindError as exc:
@@ -170,7 +170,7 @@ def conversations_page(
     if hit:
         return go("/ui/review/" + quote(wanted, safe=""))
     if wanted:
-        notice = f"No conversation has the id {wanted!r}."
+        missing = f"No conversation has the id {wanted!r}."
     return render_page(
         request,
         "conversations.html",
@@ -180,7 +180,7 @@ def conversations_page(
         filters=filters,
         wanted=wanted,
         error=error,
-        notice=notice,
+        missing=missing,  # not ``notice``: the base template would say it a second time atop the page
         known=known,
         rules=sorted({r.id for r in rt.rules.rules} | ({filters.rule} if filters.rule else set())),
         severities=list(SEVERITY_RANK),

@@ -134,6 +134,22 @@
   });
 
   document.addEventListener("submit", checkLabel);
+  // notes typed on the label form are lost by taking the next item, skipping or releasing: ask first
+  function unsavedText() {
+    var form = labelForm();
+    if (!form) { return false; }
+    return Array.prototype.some.call(form.querySelectorAll("textarea"), function (t) {
+      return t.value.trim() !== t.defaultValue.trim();
+    });
+  }
+  document.addEventListener("submit", function (ev) {
+    var form = ev.target;
+    if (ev.defaultPrevented || form === labelForm() || !unsavedText()) { return; }
+    var leaves = form.id === "claim-next-form" || /\/(skip|release)$/.test(form.getAttribute("action") || "");
+    if (leaves && !window.confirm("Your notes are not saved. Leave this item without saving them?")) {
+      ev.preventDefault();
+    }
+  });
   document.addEventListener("change", function (ev) {
     var t = ev.target;
     if (t.id === "category") { describeCategory(t); }
