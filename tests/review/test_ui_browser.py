@@ -263,3 +263,54 @@ def test_taking_the_next_item_or_skipping_asks_before_dropping_typed_notes(brows
     answer["accept"] = True
     page.keyboard.press("n")
     page.wait_for_url(lambda u: u != here)
+
+
+def test_leaving_the_item_by_a_link_warns_only_about_unsaved_typed_notes(browser, server) -> None:
+    """Following a nav link off the label page dropped typed notes without a word; now the browser's
+    leave-page question comes up, and only while the form holds text it was not saved with."""
+    base, rt = server
+    store(rt, simulated(40, "v1.4.0:0.3,v1.5.0:0.6", seed=11))
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    asked: list[str] = []
+
+    def reply(d) -> None:  # type: ignore[no-untyped-def]
+        asked.append(d.type)
+        d.accept() if d.type == "confirm" else d.dismiss()
+
+    page.on("dialog", reply)
+    _login(page, base)
+    queue = page.locator("nav.nav-wide a", has_text="Queue")
+    page.keyboard.press("n")
+    page.wait_for_url(f"{base}/ui/review/**")
+    page.keyboard.press("c")  # a label picked but no text typed: nothing to lose in the notes
+    queue.click()  # nothing typed: no question
+    page.wait_for_url(f"{base}/ui/queue**")
+    assert asked == []
+
+    page.keyboard.press("n")
+    page.wait_for_url(f"{base}/ui/review/**")
+    here = page.url
+    page.click("textarea[name=notes]")
+    page.keyboard.type("the refund went to the wrong card")
+    with page.expect_event("dialog", timeout=10_000):
+        queue.click()  # the browser asks; staying keeps the page and the text
+    assert asked == ["beforeunload"]
+    assert page.url == here and page.input_value("textarea[name=notes]") == "the refund went to the wrong card"
+
+    page.keyboard.press("Escape")
+    page.keyboard.press("n")  # the reviewer already said yes to leaving: the browser does not ask again
+    page.wait_for_url(lambda u: u != here)
+    assert asked == ["beforeunload", "confirm"]
+
+    here = page.url
+    page.click("textarea[name=notes]")
+    page.keyboard.type("looked fine to me")
+    page.keyboard.press("Escape")
+    page.keyboard.press("r")
+    page.click("#save")  # saving is no leaving (staying would have kept the save from going through)
+    page.wait_for_url(lambda u: u.startswith(here) and u.endswith("notice=labelled"), timeout=10_000)
+    assert asked == ["beforeunload", "confirm"]
+    assert page.input_value("textarea[name=notes]") == "looked fine to me"
+    queue.click()  # after saving, the notes on the page are the saved ones: no question
+    page.wait_for_url(f"{base}/ui/queue**")
+    assert asked == ["beforeunload", "confirm"]

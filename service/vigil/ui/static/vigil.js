@@ -146,9 +146,24 @@
     var form = ev.target;
     if (ev.defaultPrevented || form === labelForm() || !unsavedText()) { return; }
     var leaves = form.id === "claim-next-form" || /\/(skip|release)$/.test(form.getAttribute("action") || "");
-    if (leaves && !window.confirm("Your notes are not saved. Leave this item without saving them?")) {
+    if (!leaves) { return; }
+    if (window.confirm("Your notes are not saved. Leave this item without saving them?")) {
+      leaving = true;
+    } else {
       ev.preventDefault();
     }
+  });
+  // any other way off the page (a link, back, closing the tab) gets the browser's own question while typed
+  // notes are unsaved; saving them, or a leave the reviewer already agreed to above, does not
+  var leaving = false;
+  document.addEventListener("submit", function (ev) {
+    if (!ev.defaultPrevented && ev.target === labelForm()) { leaving = true; }
+  });
+  window.addEventListener("pageshow", function () { leaving = false; });
+  window.addEventListener("beforeunload", function (ev) {
+    if (leaving || !unsavedText()) { return; }
+    ev.preventDefault();
+    ev.returnValue = "";
   });
   document.addEventListener("change", function (ev) {
     var t = ev.target;
