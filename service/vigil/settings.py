@@ -144,9 +144,10 @@ class Settings(BaseSettings):
         description="Request body bytes an API process holds at once across all requests, counted as they "
         "arrive, not by their declared length (bounds memory under concurrent large batches); a body needing "
         "more waits its turn, and when the bodies still arriving together need more than this, the youngest "
-        "is answered 503 with Retry-After. A /v1/conversations body being decoded, converted and stored holds "
-        "21 times its size (what its objects take), at most all of this, waiting while other decoding bodies "
-        "hold what it needs: the process holds about twice this at most.",
+        "is answered 503 with Retry-After. A body being decoded, converted and stored holds what its objects "
+        "take, at most all of this: 21 times its size for /v1/conversations, 22 for /v1/outcomes, 17 and 18 "
+        "for OTLP/JSON spans and log records, 4 and 12 for protobuf ones; it waits while other decoding "
+        "bodies hold what it needs: the process holds about twice this at most.",
     )
     key_concurrency: int = Field(
         default=8,

@@ -205,3 +205,88 @@ def test_a_body_being_decoded_holds_what_its_objects_take(sqlite_url: str, monke
         run(sqlite_url, scenario)
     finally:
         release.set()
+
+
+def outcomes(prefix: str, n: int) -> bytes:
+    return orjson.dumps(
+        [
+            {"conversation_id": f"{prefix}-{i}", "type": "escalation", "idempotency_key": f"{prefix}-{i}"}
+            for i in range(n)
+        ]
+    )
+
+
+def otlp_logs(prefix: str, n: int, pad: int) -> bytes:
+    """An OTLP protobuf logs request of ``n`` GenAI message events, each with a ``pad``-character body."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+    req = ExportLogsServiceRequest()
+    records = req.resource_logs.add().scope_logs.add().log_records
+    for i in range(n):
+        r = records.add(event_name="gen_ai.user.message", time_unix_nano=1_700_000_000_000_000_000)
+        r.trace_id = bytes.fromhex(f"{prefix}{i:04x}".ljust(32, "0"))
+        r.span_id = (i + 1).to_bytes(8, "big")
+        r.body.kvlist_value.values.add(key="content").value.string_value = "x" * pad
+    return req.SerializeToString()
+
+
+@pytest.mark.parametrize("path", ["/v1/outcomes", "/v1/traces", "/v1/logs"])
+def test_an_outcomes_or_otlp_body_being_decoded_holds_what_its_objects_take(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Decoded, a batch of outcomes takes about 21 times its bytes, OTLP/JSON spans 15 to 17 times and
+    protobuf log records 6 to 12 times (bench.bench_decoded_memory): held as bytes alone, 20 such bodies
+    at once took a server several times what the budget allows (docs/scaling.md)."""
+    from vigil.ingest.otlp.api import DECODED_BYTES_PER_BODY_BYTE as OTLP_FACTORS
+    from vigil.ingest.otlp.ingest import TraceIngest
+    from vigil.outcomes.api import DECODED_BYTES_PER_BODY_BYTE as OUTCOMES_FACTOR
+    from vigil.outcomes.ingest import OutcomeStore
+
+    if path == "/v1/outcomes":
+        first, second, factor = outcomes("oc1", 1_500), outcomes("oc2", 1_500), OUTCOMES_FACTOR
+        owner, method, ctype = OutcomeStore, "ingest", "application/json"
+    elif path == "/v1/traces":
+        first, second, factor = otlp("aa", 2, 50_000), otlp("bb", 2, 50_000), OTLP_FACTORS[False, "application/json"]
+        owner, method, ctype = TraceIngest, "ingest", "application/json"
+    else:
+        first, second = otlp_logs("cc", 2, 50_000), otlp_logs("dd", 2, 50_000)
+        factor = OTLP_FACTORS[True, "application/x-protobuf"]
+        owner, method, ctype = TraceIngest, "ingest_logs", "application/x-protobuf"
+    # its bytes fit the budget several times, its objects do not
+    assert len(first) * factor > BUDGET > 2 * len(first)
+    entered, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    async def scenario(c: httpx.AsyncClient, app: Any) -> None:
+        target = app.state.runtime.get(owner)
+        real = getattr(target, method)
+
+        def paused(*args: Any, **kwargs: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 1:
+                entered.set()
+                release.wait(scaled(60))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(target, method, paused)
+        headers = {**INGEST, "Content-Type": ctype}
+        older = asyncio.create_task(c.post(path, content=first, headers=headers))
+        await async_wait_for(entered.is_set, what="the first body being stored")
+        budget: ByteBudget = app.state.body_budget
+        assert budget.free == 0  # alone, it holds the whole budget while decoded (before: only its bytes)
+        younger = asyncio.create_task(c.post(path, content=second, headers=headers))
+        await async_wait_for(
+            lambda: len(calls) > 1 or any(lease.waiting for lease in budget._leases), what="the second body"
+        )
+        assert len(calls) == 1 and not younger.done()  # it waits its turn instead of being decoded meanwhile
+        release.set()
+        done = await asyncio.wait_for(asyncio.gather(older, younger), scaled(30))
+        expected = 202 if path == "/v1/outcomes" else 200
+        assert [r.status_code for r in done] == [expected, expected], [r.text for r in done]
+        assert len(calls) == 2
+        assert budget.free == BUDGET
+
+    try:
+        run(sqlite_url, scenario)
+    finally:
+        release.set()

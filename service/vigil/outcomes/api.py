@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
-from vigil.http.body import ENCODED_BODIES, BodyTooLarge, EncodedBody, limited_body
+from vigil.http.body import ENCODED_BODIES, BodyTooLarge, EncodedBody, hold_decoded, limited_body
 from vigil.http.encoding import Undecodable, reason_of
 from vigil.outcomes.ingest import OutcomeIn, OutcomeStore
 from vigil.schema import UnreadableJson, read_items, too_dense
@@ -25,6 +25,9 @@ router = APIRouter(tags=["outcomes"])
 _ONE = OutcomeIn.model_json_schema()
 
 MAX_BATCH = 5000
+# Python memory a request takes per byte of its body while it is parsed, validated and stored, the body
+# included: measured 20.3 to 21.8 on batches of 500 and 5,000 outcomes (bench.bench_decoded_memory outcomes)
+DECODED_BYTES_PER_BODY_BYTE = 22
 
 
 def _store(request: Request) -> OutcomeStore:
@@ -56,6 +59,7 @@ async def post_outcomes(request: Request) -> JSONResponse:
     s = runtime_of(request).settings
     try:
         async with limited_body(request, s.max_request_bytes, s.max_inflight_bytes) as body:
+            await hold_decoded(request, len(body) * DECODED_BYTES_PER_BODY_BYTE)
             return await _post_outcomes(store, body, s.max_json_expansion)
     except BodyTooLarge as exc:  # a note of what was read of it, as for conversations
         try:

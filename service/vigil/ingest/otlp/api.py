@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vigil.http import runtime_of
 from vigil.http.auth import require
-from vigil.http.body import BodyTooLarge, IngestBusy, inflate_held, pooled_body
+from vigil.http.body import BodyTooLarge, IngestBusy, hold_decoded, inflate_held, pooled_body
 from vigil.http.encoding import Undecodable, encoding_of
 from vigil.ingest.otlp.ingest import TraceIngest
 from vigil.ingest.otlp.otlp import (
@@ -31,6 +31,12 @@ from vigil.store.writes import DeadLetter
 log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["ingest"])
+
+# Python memory a request takes per byte of its (inflated) body while it is parsed, assembled and stored,
+# the body included, by (logs, media): measured on requests of 512 GenAI spans, or the log records of
+# their messages, made from the τ² results files (bench.bench_decoded_memory otlp): protobuf spans 2.5 to
+# 3.5, protobuf log records 6.2 to 11.5, JSON spans 14.6 to 16.8, JSON log records 16.3 to 17.6.
+DECODED_BYTES_PER_BODY_BYTE = {(False, PROTOBUF): 4, (True, PROTOBUF): 12, (False, JSON): 17, (True, JSON): 18}
 
 
 def _answer(media: str, rejected: int = 0, message: str = "", status: int = 200, logs: bool = False) -> Response:
@@ -161,6 +167,10 @@ async def _store(
                 raise OtlpError(str(exc), exc.status) from None
         if media == JSON and (why := await run_in_threadpool(too_dense, data, s.max_json_expansion)) is not None:
             raise OtlpError(why, 413)  # a flood of empty objects: refused before it is decoded
+        # what its decoded spans or records take, held while they are decoded and stored (the compressed
+        # body, which the pooled buffer still holds, besides)
+        decoded = len(data) * DECODED_BYTES_PER_BODY_BYTE[logs, media]
+        await hold_decoded(request, decoded + (len(body) if encoding is not None else 0))
         # too many spans or log records: 413 before they are decoded (see otlp.too_many)
         items, media = await run_in_threadpool(parse_logs if logs else parse, data, ctype, s.otlp_max_spans_per_request)
     except OtlpError as exc:
