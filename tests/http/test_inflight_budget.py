@@ -164,29 +164,40 @@ def test_a_body_larger_than_the_budget_still_goes_through_alone() -> None:
     asyncio.run(scenario())
 
 
+class PauseFirst:
+    """``target.method`` patched so that its first call waits until :meth:`release` (the others go on)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, target: Any, method: str) -> None:
+        self.entered, self.released = threading.Event(), threading.Event()
+        self.calls: list[int] = []
+        real = getattr(target, method)
+
+        def paused(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(1)
+            if len(self.calls) == 1:
+                self.entered.set()
+                self.released.wait(scaled(60))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(target, method, paused)
+
+    def release(self) -> None:
+        self.released.set()
+
+
 def test_a_body_being_decoded_holds_what_its_objects_take(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A body's parsed, converted and checked objects take about 20 times its bytes: 20 τ² files of 2.7 MB
     sent at once, held as bytes alone (54 MB of the 64 MiB budget), took the server from 229 to 935 MB."""
     first = batch("dec1", 2, 50_000)  # about 100 KB: its bytes fit the budget ten times, its objects do not
     second = batch("dec2", 2, 50_000)
     assert len(first) * DECODED_BYTES_PER_BODY_BYTE > BUDGET > 2 * len(first)
-    entered, release = threading.Event(), threading.Event()
-    calls: list[int] = []
+    pause: list[PauseFirst] = []
 
     async def scenario(c: httpx.AsyncClient, app: Any) -> None:
-        pipeline = app.state.runtime.pipeline
-        real = pipeline.process_documents
-
-        def paused(*args: Any, **kwargs: Any) -> Any:
-            calls.append(1)
-            if len(calls) == 1:
-                entered.set()
-                release.wait(scaled(60))
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(pipeline, "process_documents", paused)
+        pause.append(PauseFirst(monkeypatch, app.state.runtime.pipeline, "process_documents"))
+        calls = pause[0].calls
         older = post(c, first, first)
-        await async_wait_for(entered.is_set, what="the first body being stored")
+        await async_wait_for(pause[0].entered.is_set, what="the first body being stored")
         budget: ByteBudget = app.state.body_budget
         assert budget.free == 0  # alone, it holds the whole budget while decoded (before: only its 100 KB)
         younger = post(c, second, second)
@@ -194,7 +205,7 @@ def test_a_body_being_decoded_holds_what_its_objects_take(sqlite_url: str, monke
             lambda: len(calls) > 1 or any(lease.waiting for lease in budget._leases), what="the second body"
         )
         assert len(calls) == 1 and not younger.done()  # it waits its turn instead of being decoded meanwhile
-        release.set()
+        pause[0].release()
         done = await asyncio.wait_for(asyncio.gather(older, younger), scaled(30))
         assert [r.status_code for r in done] == [202, 202], [r.text for r in done]
         for cid in ("dec1-1", "dec2-1"):
@@ -204,7 +215,8 @@ def test_a_body_being_decoded_holds_what_its_objects_take(sqlite_url: str, monke
     try:
         run(sqlite_url, scenario)
     finally:
-        release.set()
+        for p in pause:
+            p.release()
 
 
 def outcomes(prefix: str, n: int) -> bytes:
@@ -254,24 +266,14 @@ def test_an_outcomes_or_otlp_body_being_decoded_holds_what_its_objects_take(
         owner, method, ctype = TraceIngest, "ingest_logs", "application/x-protobuf"
     # its bytes fit the budget several times, its objects do not
     assert len(first) * factor > BUDGET > 2 * len(first)
-    entered, release = threading.Event(), threading.Event()
-    calls: list[int] = []
+    pause: list[PauseFirst] = []
 
     async def scenario(c: httpx.AsyncClient, app: Any) -> None:
-        target = app.state.runtime.get(owner)
-        real = getattr(target, method)
-
-        def paused(*args: Any, **kwargs: Any) -> Any:
-            calls.append(1)
-            if len(calls) == 1:
-                entered.set()
-                release.wait(scaled(60))
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(target, method, paused)
+        pause.append(PauseFirst(monkeypatch, app.state.runtime.get(owner), method))
+        calls = pause[0].calls
         headers = {**INGEST, "Content-Type": ctype}
         older = asyncio.create_task(c.post(path, content=first, headers=headers))
-        await async_wait_for(entered.is_set, what="the first body being stored")
+        await async_wait_for(pause[0].entered.is_set, what="the first body being stored")
         budget: ByteBudget = app.state.body_budget
         assert budget.free == 0  # alone, it holds the whole budget while decoded (before: only its bytes)
         younger = asyncio.create_task(c.post(path, content=second, headers=headers))
@@ -279,7 +281,7 @@ def test_an_outcomes_or_otlp_body_being_decoded_holds_what_its_objects_take(
             lambda: len(calls) > 1 or any(lease.waiting for lease in budget._leases), what="the second body"
         )
         assert len(calls) == 1 and not younger.done()  # it waits its turn instead of being decoded meanwhile
-        release.set()
+        pause[0].release()
         done = await asyncio.wait_for(asyncio.gather(older, younger), scaled(30))
         expected = 202 if path == "/v1/outcomes" else 200
         assert [r.status_code for r in done] == [expected, expected], [r.text for r in done]
@@ -289,4 +291,5 @@ def test_an_outcomes_or_otlp_body_being_decoded_holds_what_its_objects_take(
     try:
         run(sqlite_url, scenario)
     finally:
-        release.set()
+        for p in pause:
+            p.release()
