@@ -159,6 +159,7 @@ def test_alerts_page_and_banner_follow_the_detections(seeded) -> None:
     assert set(by_signal) == {"forbidden_tool", "rule:no-cancel-delivered-order"}
     rule, aggregate = by_signal["rule:no-cancel-delivered-order"], by_signal["forbidden_tool"]
     assert page.count('class="card alert-card') == 1
+    assert ">Its conversations in the queue</a>" in page  # the rule's: the queue filters to it
     assert f'<p class="small twin" id="alert-{aggregate.id}">Also raised as <code>forbidden_tool</code>' in page
     banner = next(b for b in rt.hooks.banners if isinstance(b, AlertBanner))  # as wired
     assert [b["href"] for b in banner()] == [f"/ui/alerts#alert-{rule.id}"]
@@ -169,6 +170,9 @@ def test_alerts_page_and_banner_follow_the_detections(seeded) -> None:
         assert [b["href"] for b in banner()] == [f"/ui/alerts#alert-{aggregate.id}"]
         page = c.get("/ui/alerts").text
         assert f'id="alert-{rule.id}"' not in page and page.count('class="card alert-card') == 1
+        # the queue has no filter for forbidden_tool: its button says it lists the version's queue
+        assert ">This version&#39;s queue</a>" in page and "Its conversations in the queue" not in page
+        assert ">This version&#39;s queue</a>" in c.get("/ui").text
         assert f'id="alert-{rule.id}"' in c.get("/ui/alerts?show=all").text
     finally:
         with rt.sessions.begin() as s:

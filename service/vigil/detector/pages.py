@@ -18,7 +18,7 @@ from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.store.db import aware
 from vigil.store.signals import FORBIDDEN
-from vigil.ui.links import anchor, baseline_version, behind_link, compare_link, quality_link, queue_link
+from vigil.ui.links import anchor, baseline_version, behind_link, compare_link, quality_link, queue_label, queue_link
 from vigil.ui.render import render_page, ui_user
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -98,6 +98,7 @@ def links(alert: dict[str, Any]) -> dict[str, str]:
     agent, version, signal = alert["agent_id"], alert["agent_version"], alert["signal"]
     out = {
         "queue": queue_link(agent, version, signal),
+        "queue_label": queue_label(signal),
         "behind": behind_link(agent, version, signal),
         "chart": quality_link(agent, version),
     }

@@ -24,6 +24,18 @@ def queue_link(agent: str, version: str, signal: str) -> str:
     return "/ui/queue?" + urlencode(params)
 
 
+def queue_narrows(signal: str) -> bool:
+    """Whether :func:`queue_link` lists only the conversations behind ``signal`` (else the version's queue)."""
+    kind, _, name = signal.partition(":")
+    return (kind in ("rule", "outcome") and bool(name)) or kind == "judge"
+
+
+def queue_label(signal: str, narrowed: str = "Its conversations in the queue") -> str:
+    """The words of a link to :func:`queue_link`: ``narrowed`` where the queue narrows to the signal, and
+    what it is otherwise (``forbidden_tool`` and ``tool_error`` have no queue filter: the version's queue)."""
+    return narrowed if queue_narrows(signal) else "This version's queue"
+
+
 def behind_link(agent: str, version: str, signal: str) -> str:
     """Every stored conversation behind ``signal`` of this version, queued or not (the compare stage's list)."""
     return "/ui/compare/conversations?" + urlencode({"agent": agent, "version": version, "signal": signal})

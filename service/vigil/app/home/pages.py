@@ -19,7 +19,7 @@ from vigil.http.auth import Principal, require
 from vigil.money import usd
 from vigil.rules import SEVERITY_RANK
 from vigil.ui.forms import go
-from vigil.ui.links import anchor, baseline_version, behind_link, compare_link, quality_link, queue_link
+from vigil.ui.links import anchor, baseline_version, behind_link, compare_link, quality_link, queue_label, queue_link
 from vigil.ui.render import render_page, ui_user
 
 root = APIRouter(include_in_schema=False)
@@ -55,6 +55,7 @@ def home_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
         title="Now",
         **data,
         queue_link=queue_link,
+        queue_label=queue_label,
         behind_link=behind_link,
         quality_link=quality_link,
         rate=rate,
@@ -125,6 +126,7 @@ def quality_page(
         quiet=quiet,
         bucket=quality.bucket_for(end - start),
         queue_link=queue_link,
+        queue_label=queue_label,
         quality_link=quality_link,
         rate=rate,
         anchor=anchor,
