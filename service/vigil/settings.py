@@ -545,6 +545,13 @@ class Settings(BaseSettings):
         description="Outcomes whose conversation is not stored (not arrived yet, or deleted) are deleted this "
         "long after they were received, with review items still waiting for that conversation. 0: forever.",
     )
+    retention_open_review_days: float = Field(
+        default=90.0,
+        ge=0,
+        description="Open review items nobody labelled, claimed or began to review this long after they entered "
+        "the queue leave it, so their conversations no longer stay as queued ones and go by the conversations' "
+        "retention. 0 keeps them in the queue forever.",
+    )
     retention_findings_days: float = Field(
         default=90.0,
         ge=0,

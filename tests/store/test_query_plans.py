@@ -210,6 +210,7 @@ def test_no_hot_query_scans_a_growing_table(recorded) -> None:  # type: ignore[n
     assert any("FROM quality_counts" in s and "hour >=" in s for s in statements)  # a baseline's newest hours
     assert any("FROM quality_totals" in s for s in statements)  # every series' counts: one row each
     assert any(s.startswith("DELETE FROM review_items") for s in statements)  # items that waited in vain
+    assert any(s.startswith("DELETE FROM review_items") and "review_count" in s for s in statements)  # expired
     offenders: list[str] = []
     raw = rt.engine.raw_connection()
     try:

@@ -166,7 +166,7 @@ def test_a_retention_longer_than_any_time_keeps_everything(aged, monkeypatch, da
 
     rt, _ids, _kept = aged
     monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
-    for name in ("CONVERSATIONS", "UNJOINED_OUTCOMES", "FINDINGS", "VERDICTS", "DEAD_LETTERS"):
+    for name in ("CONVERSATIONS", "UNJOINED_OUTCOMES", "FINDINGS", "VERDICTS", "DEAD_LETTERS", "OPEN_REVIEW"):
         monkeypatch.setenv(f"VIGIL_RETENTION_{name}_DAYS", days)
     r = CliRunner().invoke(app, ["retention", "run", "--json"])
     assert r.exit_code == 0, r.output
@@ -348,3 +348,60 @@ def test_a_deleted_conversations_judge_requests_go_with_it(aged) -> None:  # typ
     assert retention.run(rt.sessions, rt.settings).deleted["conversations"] == 17
     with rt.sessions() as s:
         assert set(s.scalars(requests)) & set(ids) == kept
+
+
+def _queue(s, cid: str, created_at: datetime, **values) -> None:  # type: ignore[no-untyped-def]
+    s.add(
+        ReviewItemRow(conversation_id=cid, agent_id="support-bot", agent_version="v1", created_at=created_at, **values)
+    )
+
+
+@pytest.fixture
+def queued_long_ago(aged):  # type: ignore[no-untyped-def]
+    """Open items nobody reviewed for 100 days: one free, one a reviewer holds now, one a double review
+    half done; a finished one; and the fixture's own item queued today."""
+    rt, ids, kept = aged
+    labelled, young = ids[0], ids[1]
+    expired, claimed, finished = ids[3], ids[4], ids[6]
+    now = datetime.now(UTC)
+    with rt.sessions.begin() as s:
+        _queue(s, expired, OLD)
+        _queue(s, claimed, OLD, claimed_by="rita", claimed_at=now, lease_until=now + timedelta(hours=1))
+        _queue(s, labelled, OLD, required_reviews=2, review_count=1)
+        _queue(s, finished, OLD, status="done", review_count=1)
+        s.add(ReviewLabelRow(conversation_id=finished, reviewer="rita", label="not_a_failure", version=1))
+    return rt, {"expired": expired, "claimed": claimed, "labelled": labelled, "finished": finished, "young": young}
+
+
+def test_open_items_nobody_reviewed_expire_and_their_conversations_go(queued_long_ago) -> None:  # type: ignore[no-untyped-def]
+    """With nobody reviewing, the flagger's open items pinned their conversations (with findings, verdicts and
+    outcomes) forever: the queue and the database grew without bound. An open item past
+    ``retention_open_review_days`` leaves the queue, and retention deletes its conversation as any other;
+    what a reviewer holds, labelled, or finished stays, and so does a younger item."""
+    rt, items = queued_long_ago
+    assert rt.settings.retention_open_review_days == 90
+
+    dry = retention.run(rt.sessions, rt.settings, dry_run=True)
+    assert dry.deleted["open_review_items"] == 1
+    assert _count(rt, ReviewItemRow) == 5
+
+    done = retention.run(rt.sessions, rt.settings)
+    assert done.deleted["open_review_items"] == 1 and done.cutoffs["open_review_items"] is not None
+    with rt.sessions() as s:
+        queued = set(s.scalars(select(ReviewItemRow.conversation_id)))
+        stored = set(s.scalars(select(ConversationRow.conversation_id)))
+        findings = set(s.scalars(select(FindingRow.conversation_id)))
+    assert queued == set(items.values()) - {items["expired"]}
+    assert items["expired"] not in stored and items["expired"] not in findings
+    assert {items["claimed"], items["labelled"], items["finished"], items["young"]} <= stored
+    assert retention.run(rt.sessions, rt.settings).deleted["open_review_items"] == 0
+
+
+def test_open_review_retention_zero_keeps_queued_items_forever(queued_long_ago) -> None:  # type: ignore[no-untyped-def]
+    rt, items = queued_long_ago
+    forever = rt.settings.model_copy(update={"retention_open_review_days": 0.0})
+    done = retention.run(rt.sessions, forever)
+    assert "open_review_items" not in done.deleted and done.cutoffs["open_review_items"] is None
+    with rt.sessions() as s:
+        assert set(s.scalars(select(ReviewItemRow.conversation_id))) == set(items.values())
+        assert items["expired"] in set(s.scalars(select(ConversationRow.conversation_id)))

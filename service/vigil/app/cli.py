@@ -95,7 +95,8 @@ def retention_run(
 ) -> None:
     """Delete conversations (with their outcomes), outcomes whose conversation never came, findings, verdicts
     and dead letters older than their retention settings (labelled, queued and exported conversations are
-    kept). Also runs periodically in serve and detector."""
+    kept), after taking open review items nobody reviewed out of the queue once they are older than theirs.
+    Also runs periodically in serve and detector."""
     from vigil.store import db, retention
 
     s = checked_settings()

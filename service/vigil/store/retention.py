@@ -2,10 +2,13 @@
 
 Kept regardless of age: conversations a reviewer labelled or that sit open in the review queue, and
 conversations exported as eval tasks (with their findings, verdicts and outcomes), since review, export and
-calibration still read them. A conversation's outcomes and judge requests go with it; an outcome whose
-conversation is not stored (it has not come yet, or was deleted before outcomes went with it) goes
-``retention_unjoined_outcomes_days`` after it was received, with the review item that waited for that
-conversation. The hourly rollups are
+calibration still read them. An open item nobody labelled, holds or began to review leaves the queue
+``retention_open_review_days`` after it entered (with its reasons, skips and audit): with nobody reviewing,
+the flagger's share of traffic would otherwise stay queued, and stored, for good.
+
+A conversation's outcomes and judge requests go with it; an outcome whose conversation is not stored (it
+has not come yet, or was deleted before outcomes went with it) goes ``retention_unjoined_outcomes_days``
+after it was received, with the review item that waited for that conversation. The hourly rollups are
 never deleted: compare and the charts keep answering for periods whose raw rows are gone. A conversation
 deleted here leaves the rollup job's membership too; before deleting, a run records its cutoff
 (``rollups.RETAINED``), and hours that began before it, or before this deployment's retention, are no
@@ -49,6 +52,7 @@ JUDGE_REQUESTS = table("judge_requests", column("conversation_id"))
 # written by the review stage; named here only to drop what hangs off an item that waited in vain
 REASONS = table("review_reasons", column("conversation_id"))
 AUDIT = table("review_audit", column("conversation_id"))
+SKIPS = table("review_skips", column("conversation_id"))
 
 UNJOINED = "retention_unjoined_outcomes"
 """The ``rollup_state`` row whose watermark is the cutoff of the last completed unjoined-outcome pass: the
@@ -184,6 +188,35 @@ def _drop_conversations(at: datetime) -> Any:
     return remove
 
 
+def _unreviewed(at: datetime, now: datetime) -> list[ColumnElement[bool]]:
+    """An item open in the queue since before ``at`` whose conversation is stored, that no reviewer labelled
+    (any version, of any revision), began a multiple review of, or holds now (a lease that ran out holds
+    nothing)."""
+    I, L = ReviewItemRow, ReviewLabelRow  # noqa: E741
+    return [
+        I.status == "open",
+        I.created_at < at,
+        I.agent_id.is_not(None),
+        I.review_count == 0,
+        or_(I.claimed_by.is_(None), I.lease_until < now),
+        ~exists().where(L.conversation_id == I.conversation_id),
+    ]
+
+
+def _expire_open_items(at: datetime, now: datetime) -> Any:
+    """``remove`` for ``_batches``: deletes the picked items still unreviewed (a reviewer may have claimed or
+    labelled one since the pick: the DELETE checks again), and what hangs off them."""
+    I = ReviewItemRow  # noqa: E741
+
+    def remove(s: Session, ids: list[int]) -> int:
+        gone = list(s.scalars(delete(I).where(among(s, I.id, ids), *_unreviewed(at, now)).returning(I.conversation_id)))
+        for hanging in (REASONS, SKIPS, AUDIT) if gone else ():
+            s.execute(delete(hanging).where(among(s, hanging.c.conversation_id, gone)))
+        return len(gone)
+
+    return remove
+
+
 def _unjoined() -> ColumnElement[bool]:
     """The outcome's conversation is not stored, and no reviewer labelled it, nor export exported it."""
     O = OutcomeRow  # noqa: E741
@@ -259,8 +292,14 @@ def run(
     now = now or datetime.now(UTC)
     batch = settings.retention_batch_rows
     out = RetentionResult(dry_run=dry_run)
-    C, F, V, D = ConversationRow, FindingRow, VerdictRow, DeadLetterRow
+    C, F, V, D, I = ConversationRow, FindingRow, VerdictRow, DeadLetterRow, ReviewItemRow  # noqa: E741
     pick: Any
+
+    # first: the conversations of the items that leave the queue go by the conversations' retention below
+    if (at := cutoff(settings.retention_open_review_days, now)) is not None:
+        pick = select(I.id).where(*_unreviewed(at, now))
+        out.deleted["open_review_items"] = _batches(sessions, pick, _expire_open_items(at, now), batch, dry_run)
+    out.cutoffs["open_review_items"] = at
 
     if (at := cutoff(settings.retention_conversations_days, now)) is not None:
         pick = select(C.conversation_id).where(C.received_at < at, ~kept(C.conversation_id))
