@@ -363,9 +363,9 @@ async def limited_body(
 
 async def hold_decoded(request: Request, size: int) -> None:
     """For an endpoint that decodes the body it read with :func:`limited_body` or :func:`pooled_body` into
-    objects: hold ``size``
-    bytes of the budget in all, the body's own included (at most the whole budget), until it is answered.
-    Waits while other bodies being decoded hold what it needs; a body decoded alone always goes ahead."""
+    objects: hold ``size`` bytes of the budget in all, the body's own included (at most the whole budget),
+    until it is answered. Waits while other bodies being decoded hold what it needs; a body decoded alone
+    always goes ahead."""
     lease: Lease = request.scope[LEASE]
     await lease.decode(size)
 
