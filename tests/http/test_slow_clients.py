@@ -40,6 +40,8 @@ async def echo_size(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     if scope["path"] == "/slow":
         await asyncio.sleep(3 * SHORT.body_idle_seconds)
+    elif scope["path"] == "/between":  # reads between two of the server's checks on the waiting client
+        await asyncio.sleep(1.5 * SHORT.body_idle_seconds)
     size = 0
     while True:
         message = await receive()
@@ -172,3 +174,33 @@ def test_a_client_waiting_for_100_continue_is_not_cut_off(port: int) -> None:
         s.sendall(body)
         got = read_until_closed(s)
     assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"5000"), got[:300]
+
+
+def test_a_client_given_100_continue_between_the_servers_checks_has_its_full_time(port: int) -> None:
+    # the server last looked at the waiting client one idle period in; the app reads half a period later
+    # and "100 Continue" goes out; the client takes a moment before its body. Its time starts at the 100
+    # (the server once still counted from its last look and cut it off at the next, half a period later)
+    body = b"b" * 5000
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(
+            b"POST /between HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
+        s.settimeout(scaled(20))
+        assert s.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        time.sleep(0.7 * SHORT.body_idle_seconds)  # the client's own pause, inside its idle period
+        s.sendall(body)
+        got = read_until_closed(s)
+    assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"5000"), got[:300]
+
+
+def test_a_client_given_100_continue_that_sends_nothing_is_still_cut_off(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(
+            b"POST /between HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 5000\r\n\r\n"
+        )
+        s.settimeout(scaled(20))
+        assert s.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        got = read_until_closed(s)
+    assert got.startswith(b"HTTP/1.1 408 ") and got.endswith(b"the request body did not arrive in time"), got

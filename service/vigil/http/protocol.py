@@ -85,6 +85,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._body_bytes = 0
         self._body_seen = 0.0
         self._timed: _TimedFlow | None = None
+        self._continue_seen = False  # a check found the client waiting for our "100 Continue"
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -117,6 +118,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._paused_at_start = self._paused()
         self._body_bytes = 0
         self._body_seen = self._started
+        self._continue_seen = False
         self._arm(self._deadline() - self._started)
         super().on_headers_complete()
 
@@ -163,11 +165,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         cycle = self.cycle
-        if not self._in_head and cycle is not None and cycle.waiting_for_100_continue:
-            # the client waits for our "100 Continue", which goes out once the app reads: its time starts then
-            self._started = self._body_seen = self.loop.time()
+        waiting = not self._in_head and cycle is not None and cycle.waiting_for_100_continue
+        if waiting or (self._continue_seen and not self._in_head):
+            # the client waits for our "100 Continue", which goes out once the app reads: its time starts then.
+            # The first check after it went out starts the clock (the moment it went out is not known, and
+            # counting from an earlier check would cut off a client that had had less than its full time)
+            self._continue_seen = waiting
+            self._started = self.loop.time()
             self._paused_at_start = self._paused()
-            self._arm(self.limits.body_grace_seconds)
+            if self._body_bytes == 0:
+                self._body_seen = self._started
+            self._arm(self.limits.body_grace_seconds if waiting else self._deadline() - self._started)
             return
         if self.flow.read_paused or (self._in_head and cycle is not None and not cycle.response_complete):
             # the server is not reading, or is still answering the previous request
