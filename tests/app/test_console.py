@@ -363,24 +363,24 @@ def test_a_canary_without_outcomes_yet_is_not_flagged_for_them(seeded) -> None:
     assert body["red_flags"] and not any(n.startswith(tuple(labels)) for n in body["red_flags"])
 
 
-def test_only_a_forbidden_tool_alert_repeating_a_forbidden_tool_rule_is_folded() -> None:
+def _alert(i: int, signal: str, x: int, n: int = 1000, version: str = "v2", active: bool = True) -> dict[str, Any]:
+    return {
+        "id": i,
+        "signal": signal,
+        "agent_id": "bot",
+        "agent_version": version,
+        "started_at": datetime(2026, 12, 6, 5, 48, tzinfo=UTC),
+        "rate_at_start": x / n,
+        "observations_at_start": n,
+        "active": active,
+    }
+
+
+def test_only_an_aggregate_alert_repeating_a_rule_that_feeds_it_is_folded() -> None:
     from vigil.detector.pages import fold_twins
 
-    at = datetime(2026, 12, 6, 5, 48, tzinfo=UTC)
-
-    def alert(i: int, signal: str, x: int, n: int = 1000, version: str = "v2", active: bool = True) -> dict[str, Any]:
-        return {
-            "id": i,
-            "signal": signal,
-            "agent_id": "bot",
-            "agent_version": version,
-            "started_at": at,
-            "rate_at_start": x / n,
-            "observations_at_start": n,
-            "active": active,
-        }
-
-    forbidden = frozenset({"rule:no-refund", "rule:no-delete"})  # rules of type forbidden_tool
+    alert = _alert
+    fed_by = {"forbidden_tool": frozenset({"rule:no-refund", "rule:no-delete"})}  # rules of type forbidden_tool
     alerts = [
         alert(1, "forbidden_tool", 30),  # the same count as rule:no-refund: the same conversations, folded
         alert(2, "rule:pii", 30),  # not a forbidden-tool rule: an equal count is a coincidence
@@ -391,12 +391,38 @@ def test_only_a_forbidden_tool_alert_repeating_a_forbidden_tool_rule_is_folded()
         alert(7, "forbidden_tool", 12, version="v4"),  # two rules add up to it, neither alone: stands
         alert(8, "rule:no-delete", 5, version="v4"),
         alert(9, "rule:no-refund", 7, version="v4"),
+        alert(10, "forbidden_tool", 40, version="v5", active=False),  # ended while the rule's stands
+        alert(11, "rule:no-delete", 40, version="v5"),
     ]
-    shown = fold_twins(alerts, forbidden)
-    assert [a["id"] for a in shown] == [2, 3, 4, 5, 6, 7, 8, 9]
+    shown = fold_twins(alerts, fed_by)
+    assert [a["id"] for a in shown] == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     assert [t["id"] for t in shown[1]["twins"]] == [1]
     assert all("twins" not in a for a in shown if a["id"] != 3)
-    assert [a["id"] for a in fold_twins(alerts[:3], frozenset())] == [1, 2, 3]  # no such rule: nothing folded
+    assert [a["id"] for a in fold_twins(alerts[:3], {})] == [1, 2, 3]  # no rule feeds it: nothing folded
+    # the fold follows what feeds each aggregate, not the name forbidden_tool: an aggregate fed by other
+    # rules folds into them alone, each into its own rule
+    fed_by = {**fed_by, "any_pii": frozenset({"rule:pii"})}
+    more = [alert(1, "forbidden_tool", 30), alert(2, "rule:pii", 30), alert(3, "rule:no-refund", 30)]
+    more.append(alert(12, "any_pii", 30))
+    shown = fold_twins(more, fed_by)
+    assert [(a["id"], [t["id"] for t in a.get("twins", [])]) for a in shown] == [(2, [12]), (3, [1])]
+
+
+def test_the_shipped_rules_fold_forbidden_tool_only_into_forbidden_tool_rules() -> None:
+    """What feeds each aggregate, read from the rule packs: the rules of type ``forbidden_tool`` feed
+    ``forbidden_tool``; ``tool-errors`` (``tool_error_rate``) does not feed ``tool_error``, nor does any
+    other kind (budget, user_repetition, pii_leak, groundedness, require_confirmation, tool_order, ...) feed
+    an aggregate: each of those regressions raises its rule's alert alone."""
+    from vigil.detector.pages import fed_by_rules
+    from vigil.rules import RuleEngine
+    from vigil.settings import PROJECT_ROOT
+
+    rules = RuleEngine.from_paths(sorted((PROJECT_ROOT / "rules").glob("*.yaml")))
+    fed_by = fed_by_rules(rules)
+    forbidden = {f"rule:{r.id}" for r in rules.rules if r.type.name == "forbidden_tool"}
+    assert len(forbidden) > 1 and fed_by == {"forbidden_tool": forbidden}
+    kinds = {r.type.name for r in rules.rules}
+    assert {"tool_error_rate", "budget", "user_repetition", "pii_leak", "tool_order"} <= kinds
 
 
 def test_status_shows_a_judge_budget_under_a_cent(capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,7 +27,15 @@ from vigil.detector.hourly import HOUR, Changes, Counts, floor_hour
 from vigil.detector.models import DetectorFeedRow
 from vigil.store.db import among, aware
 from vigil.store.models import ConversationRow, FindingRow
-from vigil.store.signals import FORBIDDEN, TOOL_ERROR, Key, RulesFor, conversation_signals, finished, real_finding
+from vigil.store.signals import (
+    FINDING_AGGREGATES,
+    TOOL_ERROR,
+    Key,
+    RulesFor,
+    conversation_signals,
+    finished,
+    real_finding,
+)
 from vigil.store.writes import upsert_rows
 
 PAGE = 5_000  # conversations read, and their rows written, per statement
@@ -153,17 +161,19 @@ class _Tally:
 
 
 def _failing_rules(s: Session, ids: list[str]) -> dict[str, set[str]]:
-    """The rule signals (and ``forbidden_tool``) each of these conversations fails, from its findings."""
+    """The rule signals (and the aggregates counted from findings: ``forbidden_tool``) each of these
+    conversations fails, from its findings."""
     q = (
         select(FindingRow.conversation_id, FindingRow.rule_id, FindingRow.rule_type)
         .where(among(s, FindingRow.conversation_id, ids), real_finding())
         .distinct()
     )
+    aggregate_of = {kind: signal for signal, kind in FINDING_AGGREGATES.items()}
     out: dict[str, set[str]] = defaultdict(set)
     for cid, rule, kind in s.execute(q):
         out[cid].add(f"rule:{rule}")
-        if kind == "forbidden_tool":
-            out[cid].add(FORBIDDEN)
+        if kind in aggregate_of:
+            out[cid].add(aggregate_of[kind])
     return out
 
 

@@ -53,7 +53,7 @@ def wire(rt: Runtime) -> Detector | None:
     rt.hooks.add_router(pages.router)
     rt.hooks.add_page("Alerts", "/ui/alerts")
     rt.hooks.add_templates(TEMPLATES)
-    banner = pages.AlertBanner(rt.sessions, pages.forbidden_rule_signals(rt.rules))
+    banner = pages.AlertBanner(rt.sessions, tuple(pages.fed_by_rules(rt.rules).items()))
     if banner not in rt.hooks.banners:
         rt.hooks.banners.append(banner)
     rt.hooks.verdict_listeners.append(sampled_verdict_counter(rt.metrics))

@@ -28,6 +28,13 @@ OUTCOME = "outcome:"
 JUDGE = "judge:"
 OFFLINE_SUFFIX = ":offline"  # a judge's offline verdicts: their own signal, never pooled with the model's
 
+# The aggregate signals counted from findings, each with the rule type whose findings it counts: a
+# conversation fails it with a finding of any rule of that type. Each such rule's ``rule:<id>`` counts a
+# subset of the aggregate's conversations (the alerts fold on that: ``vigil.detector.pages.fold_twins``).
+# ``tool_error`` is not one: it counts conversations with a failed tool result (``is_error``), whatever the
+# rules find; the ``tool_error_rate`` rule flags a different set (a share of failed calls over a minimum).
+FINDING_AGGREGATES: dict[str, str] = {FORBIDDEN: "forbidden_tool"}
+
 
 def finished():  # type: ignore[no-untyped-def]
     """Growing conversations are counted once finished (or when they never say)."""
@@ -67,7 +74,7 @@ def sampled_verdict():  # type: ignore[no-untyped-def]
 
 def conversation_signals(rule_ids: Iterable[str]) -> list[str]:
     """The signals whose failures are known when the conversation is stored."""
-    return [f"rule:{r}" for r in rule_ids] + [FORBIDDEN, TOOL_ERROR]
+    return [f"rule:{r}" for r in rule_ids] + [*FINDING_AGGREGATES, TOOL_ERROR]
 
 
 def outcome_signals(bad_outcomes: Iterable[str]) -> list[str]:

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from vigil.app.home import browse, charts, now, quality
-from vigil.detector.pages import fold_twins, forbidden_rule_signals
+from vigil.detector.pages import fed_by_rules, fold_twins
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
 from vigil.money import usd
@@ -48,7 +48,7 @@ def interval(e: dict[str, Any]) -> str:
 def home_page(request: Request, user: Principal = Depends(ui_user)) -> Response:
     rt = runtime_of(request)
     data = now.snapshot(rt)
-    data["alerts"] = fold_twins(data["alerts"], forbidden_rule_signals(rt.rules))  # one item, as on /ui/alerts
+    data["alerts"] = fold_twins(data["alerts"], fed_by_rules(rt.rules))  # one item, as on /ui/alerts
     return render_page(
         request,
         "home.html",
