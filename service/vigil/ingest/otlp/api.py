@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from vigil.errors import without_frames
 from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.http.body import BodyTooLarge, IngestBusy, hold_decoded, inflate_held, pooled_body
@@ -55,22 +56,6 @@ def _error(media: str, status: int, message: str) -> Response:
 
         return Response(Status(code=3, message=message).SerializeToString(), status, media_type=PROTOBUF)
     return Response(orjson.dumps({"code": 3, "message": message}), status, media_type=JSON)
-
-
-def _without_frames(exc: BaseException) -> None:
-    """Drop the frames an error raised in a worker thread carries (its traceback, and its causes').
-
-    Raised through the thread pool, the traceback holds the frames of decompressing and parsing, whose
-    locals are the inflated body (up to ``VIGIL_OTLP_MAX_BODY_BYTES``), and the pool's frames refer back
-    to the error: a cycle that only a full garbage collection frees, which a busy server rarely runs.
-    Measured: each gzip body refused after inflating to 15 MB kept those 15 MB (60 of them, under 1 MB
-    sent, took a server from 240 MB to 1.1 GB). A refused request's answer needs only the message."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        e.__traceback__ = None
-        e = e.__cause__ or e.__context__
 
 
 _REASONS = {400: "malformed_otlp", 413: "oversized", 415: "unsupported_media"}
@@ -174,7 +159,11 @@ async def _store(
         # too many spans or log records: 413 before they are decoded (see otlp.too_many)
         items, media = await run_in_threadpool(parse_logs if logs else parse, data, ctype, s.otlp_max_spans_per_request)
     except OtlpError as exc:
-        _without_frames(exc)
+        # raised in a worker thread, its traceback holds the frames of decompressing and parsing, whose locals
+        # are the inflated body (up to VIGIL_OTLP_MAX_BODY_BYTES), in a cycle through the thread pool's frames:
+        # each gzip body refused after inflating to 15 MB kept those 15 MB until a full collection (60 of
+        # them, under 1 MB sent, took a server from 240 MB to 1.1 GB). The answer needs only the message.
+        without_frames(exc)
         (rt.metrics.otlp_log_records if logs else rt.metrics.otlp_spans).labels("malformed_request").inc()
         return await _reject(request, media, exc.status, str(exc), bytes(body))
     ingest = rt.get(TraceIngest)

@@ -28,6 +28,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from vigil.errors import without_frames
 from vigil.ingest.otlp.assemble import assemble, conversation_id_of, is_relevant
 from vigil.ingest.otlp.compact import Last, compact, expand, literal, referenced
 from vigil.ingest.otlp.conventions import session_and_user
@@ -1139,7 +1140,10 @@ def _insert_spans(
         if plain:
             try:
                 conn.exec_driver_sql(sql, params)
-            except IntegrityError:
+            except IntegrityError as exc:
+                # its frames reach this request's spans and values, in a cycle through SQLAlchemy's: freed
+                # now rather than at the collector's next run
+                without_frames(exc)
                 plain = False
             else:
                 inserted += [(v[0], v[1], v[2]) for v in chunk]
