@@ -405,3 +405,35 @@ def test_open_review_retention_zero_keeps_queued_items_forever(queued_long_ago) 
     with rt.sessions() as s:
         assert set(s.scalars(select(ReviewItemRow.conversation_id))) == set(items.values())
         assert items["expired"] in set(s.scalars(select(ConversationRow.conversation_id)))
+
+
+def test_reviewers_comments_go_with_their_conversation(queued_long_ago) -> None:  # type: ignore[no-untyped-def]
+    """Retention deleted a conversation but kept every comment reviewers wrote on it: free text about a
+    conversation that no longer exists (and that a conversation stored again under its id showed as its own),
+    kept forever. Comments go with their conversation, also one whose open item expired first; those on a
+    conversation review, export or calibration keeps stay with it."""
+    from vigil.review.triage import add_comment
+
+    rt, items = queued_long_ago
+    ids = [items["expired"], items["claimed"], items["labelled"], items["finished"], items["young"]]
+    with rt.sessions() as s:
+        plain = s.scalars(
+            select(ConversationRow.conversation_id).where(
+                ConversationRow.received_at < datetime.now(UTC) - timedelta(days=90),
+                ConversationRow.conversation_id.not_in(ids),
+                ~retention.kept(ConversationRow.conversation_id),
+            )
+        ).first()
+    assert plain is not None
+    with rt.sessions.begin() as s:
+        for cid in [plain, *ids]:
+            add_comment(s, cid, "rita", f"the customer's address is in message 2 of {cid}")
+            add_comment(s, cid, "sam", "agreed", message_index=0)
+    comments = text("SELECT DISTINCT conversation_id FROM review_comments")
+    retention.run(rt.sessions, rt.settings)
+    with rt.sessions() as s:
+        stored = set(s.scalars(select(ConversationRow.conversation_id)))
+        commented = set(s.scalars(comments))
+    assert plain not in stored and items["expired"] not in stored
+    assert commented == set(ids) - {items["expired"]}
+    assert commented <= stored

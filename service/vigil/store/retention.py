@@ -6,13 +6,13 @@ calibration still read them. An open item nobody labelled, holds or began to rev
 ``retention_open_review_days`` after it entered (with its reasons, skips and audit): with nobody reviewing,
 the flagger's share of traffic would otherwise stay queued, and stored, for good.
 
-A conversation's outcomes and judge requests go with it; an outcome whose conversation is not stored (it
-has not come yet, or was deleted before outcomes went with it) goes ``retention_unjoined_outcomes_days``
-after it was received, with the review item that waited for that conversation. The hourly rollups are
-never deleted: compare and the charts keep answering for periods whose raw rows are gone. A conversation
-deleted here leaves the rollup job's membership too; before deleting, a run records its cutoff
-(``rollups.RETAINED``), and hours that began before it, or before this deployment's retention, are no
-longer recomputed (:mod:`vigil.store.rollup_job`).
+A conversation's outcomes, judge requests and reviewers' comments go with it; an outcome whose
+conversation is not stored (it has not come yet, or was deleted before outcomes went with it) goes
+``retention_unjoined_outcomes_days`` after it was received, with the review item that waited for that
+conversation. The hourly rollups are never deleted: compare and the charts keep answering for periods
+whose raw rows are gone. A conversation deleted here leaves the rollup job's membership too; before
+deleting, a run records its cutoff (``rollups.RETAINED``), and hours that began before it, or before this
+deployment's retention, are no longer recomputed (:mod:`vigil.store.rollup_job`).
 
 Deletes go by an indexed time column in batches of ``retention_batch_rows`` (each its own transaction),
 so a run never holds long locks and any replica may run it at the same time as another.
@@ -53,6 +53,8 @@ JUDGE_REQUESTS = table("judge_requests", column("conversation_id"))
 REASONS = table("review_reasons", column("conversation_id"))
 AUDIT = table("review_audit", column("conversation_id"))
 SKIPS = table("review_skips", column("conversation_id"))
+# written by the review stage; named here only to delete a deleted conversation's reviewers' comments
+COMMENTS = table("review_comments", column("conversation_id"))
 
 UNJOINED = "retention_unjoined_outcomes"
 """The ``rollup_state`` row whose watermark is the cutoff of the last completed unjoined-outcome pass: the
@@ -182,7 +184,8 @@ def _drop_conversations(at: datetime) -> Any:
         if gone:
             for model in (FindingRow, OutcomeRow, OutcomeLinkRow, RollupMemberRow):
                 s.execute(delete(model).where(model.conversation_id.in_(gone)))
-            s.execute(delete(JUDGE_REQUESTS).where(JUDGE_REQUESTS.c.conversation_id.in_(gone)))
+            for hanging in (JUDGE_REQUESTS, COMMENTS):
+                s.execute(delete(hanging).where(hanging.c.conversation_id.in_(gone)))
         return len(gone)
 
     return remove
