@@ -437,3 +437,39 @@ def test_reviewers_comments_go_with_their_conversation(queued_long_ago) -> None:
     assert plain not in stored and items["expired"] not in stored
     assert commented == set(ids) - {items["expired"]}
     assert commented <= stored
+
+
+def test_an_item_assigned_to_a_reviewer_stays_in_the_queue(queued_long_ago) -> None:  # type: ignore[no-untyped-def]
+    """An open item someone assigned to a reviewer, who had not claimed it yet, expired after
+    ``retention_open_review_days`` like one nobody looked at, and its conversation went with it: a person's
+    decision that it needs a look vanished without a word. An assigned item stays (whether or not the
+    assignment lapsed for claim-next), as a claimed one does; unassigned, it expires again."""
+    rt, items = queued_long_ago
+    assigned, lapsed = items["expired"], items["finished"]
+    long_ago = datetime.now(UTC) - timedelta(days=30)  # past VIGIL_REVIEW_ASSIGNMENT_HOURS: anyone's to claim
+    with rt.sessions.begin() as s:
+        s.execute(delete(ReviewItemRow).where(ReviewItemRow.conversation_id == lapsed))
+        s.execute(delete(ReviewLabelRow).where(ReviewLabelRow.conversation_id == lapsed))
+        _queue(s, lapsed, OLD, assignee="sam", assigned_at=long_ago)
+        s.execute(
+            update(ReviewItemRow)
+            .where(ReviewItemRow.conversation_id == assigned)
+            .values(assignee="rita", assigned_at=datetime.now(UTC))
+        )
+
+    assert retention.run(rt.sessions, rt.settings, dry_run=True).deleted["open_review_items"] == 0
+    assert retention.run(rt.sessions, rt.settings).deleted["open_review_items"] == 0
+    with rt.sessions() as s:
+        queued = set(s.scalars(select(ReviewItemRow.conversation_id).where(ReviewItemRow.status == "open")))
+        stored = set(s.scalars(select(ConversationRow.conversation_id)))
+    assert {assigned, lapsed} <= queued and {assigned, lapsed} <= stored
+
+    with rt.sessions.begin() as s:  # unassigned: nobody is meant to look at it any more
+        s.execute(
+            update(ReviewItemRow)
+            .where(ReviewItemRow.conversation_id == assigned)
+            .values(assignee=None, assigned_at=None)
+        )
+    assert retention.run(rt.sessions, rt.settings).deleted["open_review_items"] == 1
+    with rt.sessions() as s:
+        assert assigned not in set(s.scalars(select(ConversationRow.conversation_id)))

@@ -2,9 +2,9 @@
 
 Kept regardless of age: conversations a reviewer labelled or that sit open in the review queue, and
 conversations exported as eval tasks (with their findings, verdicts and outcomes), since review, export and
-calibration still read them. An open item nobody labelled, holds or began to review leaves the queue
-``retention_open_review_days`` after it entered (with its reasons, skips and audit): with nobody reviewing,
-the flagger's share of traffic would otherwise stay queued, and stored, for good.
+calibration still read them. An open item nobody labelled, holds, assigned or began to review leaves the
+queue ``retention_open_review_days`` after it entered (with its reasons, skips and audit): with nobody
+reviewing, the flagger's share of traffic would otherwise stay queued, and stored, for good.
 
 A conversation's outcomes, judge requests and reviewers' comments go with it; an outcome whose
 conversation is not stored (it has not come yet, or was deleted before outcomes went with it) goes
@@ -193,14 +193,17 @@ def _drop_conversations(at: datetime) -> Any:
 
 def _unreviewed(at: datetime, now: datetime) -> list[ColumnElement[bool]]:
     """An item open in the queue since before ``at`` whose conversation is stored, that no reviewer labelled
-    (any version, of any revision), began a multiple review of, or holds now (a lease that ran out holds
-    nothing)."""
+    (any version, of any revision), began a multiple review of, holds now (a lease that ran out holds
+    nothing), or was assigned to. An assignment is a person's decision that someone should look at the item:
+    it keeps the item after it lapsed for claim-next (``review_assignment_hours`` only opens it to everyone),
+    until it is unassigned."""
     I, L = ReviewItemRow, ReviewLabelRow  # noqa: E741
     return [
         I.status == "open",
         I.created_at < at,
         I.agent_id.is_not(None),
         I.review_count == 0,
+        I.assignee.is_(None),
         or_(I.claimed_by.is_(None), I.lease_until < now),
         ~exists().where(L.conversation_id == I.conversation_id),
     ]
