@@ -15,7 +15,10 @@ deleting, a run records its cutoff (``rollups.RETAINED``), and hours that began 
 deployment's retention, are no longer recomputed (:mod:`vigil.store.rollup_job`).
 
 Deletes go by an indexed time column in batches of ``retention_batch_rows`` (each its own transaction),
-so a run never holds long locks and any replica may run it at the same time as another.
+so a run never holds long locks and any replica may run it at the same time as another. A batch's ids go to
+Postgres as one array (``db.among``), not a parameter each: building and parsing statements of thousands
+of parameters held the interpreter for half a run, and ``serve`` runs retention in a thread beside its
+requests.
 """
 
 from __future__ import annotations
@@ -142,7 +145,7 @@ def _deleting(model: Any, key: Any, *still: ColumnElement[bool]) -> Any:
     counts the second once."""
 
     def remove(s: Session, keys: list[Any]) -> int:
-        return len(s.scalars(delete(model).where(key.in_(keys), *still).returning(key)).all())
+        return len(s.scalars(delete(model).where(among(s, key, keys), *still).returning(key)).all())
 
     return remove
 
@@ -172,7 +175,7 @@ def _drop_conversations(at: datetime) -> Any:
         gone = list(
             s.scalars(
                 delete(C)
-                .where(C.conversation_id.in_(ids), C.received_at < at, ~kept(C.conversation_id))
+                .where(among(s, C.conversation_id, ids), C.received_at < at, ~kept(C.conversation_id))
                 .returning(C.conversation_id)
             )
         )
@@ -183,9 +186,9 @@ def _drop_conversations(at: datetime) -> Any:
             raise _KeptMeanwhile
         if gone:
             for model in (FindingRow, OutcomeRow, OutcomeLinkRow, RollupMemberRow):
-                s.execute(delete(model).where(model.conversation_id.in_(gone)))
+                s.execute(delete(model).where(among(s, model.conversation_id, gone)))
             for hanging in (JUDGE_REQUESTS, COMMENTS):
-                s.execute(delete(hanging).where(hanging.c.conversation_id.in_(gone)))
+                s.execute(delete(hanging).where(among(s, hanging.c.conversation_id, gone)))
         return len(gone)
 
     return remove
