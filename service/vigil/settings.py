@@ -548,8 +548,8 @@ class Settings(BaseSettings):
     retention_open_review_days: float = Field(
         default=90.0,
         ge=0,
-        description="Open review items nobody labelled, claimed or began to review this long after they entered "
-        "the queue leave it, so their conversations no longer stay as queued ones and go by the conversations' "
+        description="Open review items nobody labelled, claimed, assigned or began to review this long after they "
+        "entered the queue leave it, so their conversations no longer stay as queued ones and go by the conversations' "
         "retention. 0 keeps them in the queue forever.",
     )
     retention_findings_days: float = Field(

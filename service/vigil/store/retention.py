@@ -2,20 +2,23 @@
 
 Kept regardless of age: conversations a reviewer labelled or that sit open in the review queue, and
 conversations exported as eval tasks (with their findings, verdicts and outcomes), since review, export and
-calibration still read them. An open item nobody labelled, holds or began to review leaves the queue
-``retention_open_review_days`` after it entered (with its reasons, skips and audit): with nobody reviewing,
-the flagger's share of traffic would otherwise stay queued, and stored, for good.
+calibration still read them. An open item nobody labelled, holds, assigned or began to review leaves the
+queue ``retention_open_review_days`` after it entered (with its reasons, skips and audit): with nobody
+reviewing, the flagger's share of traffic would otherwise stay queued, and stored, for good.
 
-A conversation's outcomes and judge requests go with it; an outcome whose conversation is not stored (it
-has not come yet, or was deleted before outcomes went with it) goes ``retention_unjoined_outcomes_days``
-after it was received, with the review item that waited for that conversation. The hourly rollups are
-never deleted: compare and the charts keep answering for periods whose raw rows are gone. A conversation
-deleted here leaves the rollup job's membership too; before deleting, a run records its cutoff
-(``rollups.RETAINED``), and hours that began before it, or before this deployment's retention, are no
-longer recomputed (:mod:`vigil.store.rollup_job`).
+A conversation's outcomes, judge requests and reviewers' comments go with it; an outcome whose
+conversation is not stored (it has not come yet, or was deleted before outcomes went with it) goes
+``retention_unjoined_outcomes_days`` after it was received, with the review item that waited for that
+conversation. The hourly rollups are never deleted: compare and the charts keep answering for periods
+whose raw rows are gone. A conversation deleted here leaves the rollup job's membership too; before
+deleting, a run records its cutoff (``rollups.RETAINED``), and hours that began before it, or before this
+deployment's retention, are no longer recomputed (:mod:`vigil.store.rollup_job`).
 
 Deletes go by an indexed time column in batches of ``retention_batch_rows`` (each its own transaction),
-so a run never holds long locks and any replica may run it at the same time as another.
+so a run never holds long locks and any replica may run it at the same time as another. A batch's ids go to
+Postgres as one array (``db.among``), not a parameter each: building and parsing statements of thousands
+of parameters held the interpreter for half a run, and ``serve`` runs retention in a thread beside its
+requests.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ JUDGE_REQUESTS = table("judge_requests", column("conversation_id"))
 REASONS = table("review_reasons", column("conversation_id"))
 AUDIT = table("review_audit", column("conversation_id"))
 SKIPS = table("review_skips", column("conversation_id"))
+# written by the review stage; named here only to delete a deleted conversation's reviewers' comments
+COMMENTS = table("review_comments", column("conversation_id"))
 
 UNJOINED = "retention_unjoined_outcomes"
 """The ``rollup_state`` row whose watermark is the cutoff of the last completed unjoined-outcome pass: the
@@ -140,7 +145,7 @@ def _deleting(model: Any, key: Any, *still: ColumnElement[bool]) -> Any:
     counts the second once."""
 
     def remove(s: Session, keys: list[Any]) -> int:
-        return len(s.scalars(delete(model).where(key.in_(keys), *still).returning(key)).all())
+        return len(s.scalars(delete(model).where(among(s, key, keys), *still).returning(key)).all())
 
     return remove
 
@@ -170,7 +175,7 @@ def _drop_conversations(at: datetime) -> Any:
         gone = list(
             s.scalars(
                 delete(C)
-                .where(C.conversation_id.in_(ids), C.received_at < at, ~kept(C.conversation_id))
+                .where(among(s, C.conversation_id, ids), C.received_at < at, ~kept(C.conversation_id))
                 .returning(C.conversation_id)
             )
         )
@@ -181,8 +186,9 @@ def _drop_conversations(at: datetime) -> Any:
             raise _KeptMeanwhile
         if gone:
             for model in (FindingRow, OutcomeRow, OutcomeLinkRow, RollupMemberRow):
-                s.execute(delete(model).where(model.conversation_id.in_(gone)))
-            s.execute(delete(JUDGE_REQUESTS).where(JUDGE_REQUESTS.c.conversation_id.in_(gone)))
+                s.execute(delete(model).where(among(s, model.conversation_id, gone)))
+            for hanging in (JUDGE_REQUESTS, COMMENTS):
+                s.execute(delete(hanging).where(among(s, hanging.c.conversation_id, gone)))
         return len(gone)
 
     return remove
@@ -190,14 +196,17 @@ def _drop_conversations(at: datetime) -> Any:
 
 def _unreviewed(at: datetime, now: datetime) -> list[ColumnElement[bool]]:
     """An item open in the queue since before ``at`` whose conversation is stored, that no reviewer labelled
-    (any version, of any revision), began a multiple review of, or holds now (a lease that ran out holds
-    nothing)."""
+    (any version, of any revision), began a multiple review of, holds now (a lease that ran out holds
+    nothing), or was assigned to. An assignment is a person's decision that someone should look at the item:
+    it keeps the item after it lapsed for claim-next (``review_assignment_hours`` only opens it to everyone),
+    until it is unassigned."""
     I, L = ReviewItemRow, ReviewLabelRow  # noqa: E741
     return [
         I.status == "open",
         I.created_at < at,
         I.agent_id.is_not(None),
         I.review_count == 0,
+        I.assignee.is_(None),
         or_(I.claimed_by.is_(None), I.lease_until < now),
         ~exists().where(L.conversation_id == I.conversation_id),
     ]
