@@ -1,0 +1,81 @@
+"""A write error handled and not raised again leaves nothing for the garbage collector.
+
+SQLAlchemy keeps the error it raises in a local of a frame it was raised through: a cycle through the
+error's traceback, which holds every frame from the write up to the one that caught it and their locals
+(the batch, its decoded documents, the statement's parameters). Freed only when the collector next runs,
+whatever the catcher did with the error: a busy writer retrying deadlocks or a locked database piled up
+its batches between two collections, outside every memory budget.
+"""
+
+from __future__ import annotations
+
+import gc
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+from sqlalchemy import text
+
+import vigil.ingest.pipeline as pipeline_module
+from tests.support.app import make_settings
+from tests.support.traffic import clean
+from vigil.app.runtime import build_runtime
+from vigil.runtime import Envelope
+
+
+@contextmanager
+def garbage_frames() -> Iterator[list[str]]:
+    """The names of Vigil's frames that the block left for the garbage collector (filled on exit)."""
+    held: list[str] = []
+    gc.collect()
+    gc.disable()
+    try:
+        yield held
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        frames = [o for o in gc.garbage if isinstance(o, types.FrameType)]
+        held += sorted({f.f_code.co_name for f in frames if "/vigil/" in f.f_code.co_filename})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
+def _fail_first(monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
+    """The pipeline's first ``times`` writes fail as a locked SQLite database does, through SQLAlchemy."""
+    calls: list[int] = []
+    real: Callable[..., Any] = pipeline_module.store_conversations
+
+    def store(session: Any, checked: Any) -> Any:
+        calls.append(1)
+        if len(calls) <= times:  # an OperationalError raised and wrapped by SQLAlchemy, as "database is locked" is
+            session.execute(text("SELECT * FROM a_table_that_is_not_there"))
+        return real(session, checked)
+
+    monkeypatch.setattr(pipeline_module, "store_conversations", store)
+    return calls
+
+
+def _envelopes(n: int) -> list[Envelope]:
+    return [Envelope(orjson.dumps(c), "kafka", "conversations", 0, i) for i, c in enumerate(clean(n, "v1", seed=7))]
+
+
+def test_a_retried_write_leaves_nothing_for_the_garbage_collector(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write tried again (a deadlock, a serialization failure, a locked database) kept the batch it
+    failed on, through the caught error's frames, until the collector next ran."""
+    rt = build_runtime(make_settings(sqlite_url, store_retry_base_seconds=0.001), registry=CollectorRegistry())
+    try:
+        envelopes = _envelopes(20)
+        calls = _fail_first(monkeypatch, 1)
+        with garbage_frames() as held:
+            result = rt.pipeline.process_raw(envelopes)
+        assert len(calls) == 2 and len(result.stored) == 20
+        assert not held, f"frames of Vigil's left for the garbage collector: {held}"
+    finally:
+        rt.close()
