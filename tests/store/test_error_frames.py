@@ -114,3 +114,62 @@ def test_a_batch_the_consumer_stores_again_leaves_nothing_for_the_garbage_collec
         assert not held, f"frames of Vigil's left for the garbage collector: {held}"
     finally:
         rt.close()
+
+
+def test_a_batch_split_to_find_a_refused_message_leaves_nothing_for_the_garbage_collector(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch the database refuses for what one message holds is split until that message is found (a
+    ``store_rejected`` dead letter): each split's error kept the part of the batch it failed on, alive
+    through the halves' writes and then until the collector ran."""
+    rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
+    try:
+        envelopes = _envelopes(20)
+        poison = orjson.loads(envelopes[13].raw)["conversation_id"]
+        real: Callable[..., Any] = pipeline_module.store_conversations
+
+        def store(session: Any, checked: Any) -> Any:
+            if any(c.conversation.conversation_id == poison for c in checked):  # refused as a NOT NULL column is
+                session.execute(text("CREATE TEMP TABLE IF NOT EXISTS refusing (x INTEGER NOT NULL)"))
+                session.execute(text("INSERT INTO refusing VALUES (NULL)"))
+            return real(session, checked)
+
+        monkeypatch.setattr(pipeline_module, "store_conversations", store)
+        with garbage_frames() as held:
+            result = rt.pipeline.process_raw(envelopes)
+        assert len(result.stored) == 19 and [d.reason for d in result.dead_letters] == ["store_rejected"]
+        assert not held, f"frames of Vigil's left for the garbage collector: {held}"
+    finally:
+        rt.close()
+
+
+def test_an_outcomes_batch_split_to_find_a_refused_message_leaves_nothing_for_the_garbage_collector(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outcomes topic's handler splits a refused batch the same way."""
+    from vigil.app.wiring import wire
+    from vigil.outcomes.ingest import OutcomeStore
+
+    rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
+    try:
+        wire(rt, {"api"})
+        outcomes = rt.get(OutcomeStore)
+        envelopes = [
+            Envelope(orjson.dumps({"conversation_id": f"c{i}", "type": "csat", "value": 4}), "kafka", "outcomes", 0, i)
+            for i in range(20)
+        ]
+        real = outcomes.store
+
+        def store(session: Any, items: Any, source: str) -> Any:
+            if any(o.conversation_id == "c13" for o in items):  # refused as a NOT NULL column is
+                session.execute(text("CREATE TEMP TABLE IF NOT EXISTS refusing (x INTEGER NOT NULL)"))
+                session.execute(text("INSERT INTO refusing VALUES (NULL)"))
+            return real(session, items, source)
+
+        monkeypatch.setattr(outcomes, "store", store)
+        with garbage_frames() as held:
+            result = outcomes.handle_envelopes(envelopes)
+        assert result.stored == 19 and [d.reason for d in result.dead_letters] == ["store_rejected"]
+        assert not held, f"frames of Vigil's left for the garbage collector: {held}"
+    finally:
+        rt.close()
