@@ -28,17 +28,21 @@ from vigil.runtime import Envelope
 
 
 @contextmanager
-def garbage_frames() -> Iterator[list[str]]:
-    """The names of Vigil's frames that the block left for the garbage collector (filled on exit)."""
+def garbage_frames(finished: frozenset[str] = frozenset()) -> Iterator[list[str]]:
+    """The names of Vigil's frames that the block left for the garbage collector (filled on exit), and of
+    those named in ``finished`` (functions the block ran to their end) still alive at all: an error that
+    something else still refers to (an answered request's future) is not garbage yet, but will be."""
     held: list[str] = []
     gc.collect()
     gc.disable()
     try:
         yield held
+        alive = [o for o in gc.get_objects() if isinstance(o, types.FrameType) and o.f_code.co_name in finished]
         gc.set_debug(gc.DEBUG_SAVEALL)
         gc.collect()
-        frames = [o for o in gc.garbage if isinstance(o, types.FrameType)]
+        frames = [o for o in gc.garbage if isinstance(o, types.FrameType)] + alive
         held += sorted({f.f_code.co_name for f in frames if "/vigil/" in f.f_code.co_filename})
+        del alive, frames
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
@@ -171,5 +175,34 @@ def test_an_outcomes_batch_split_to_find_a_refused_message_leaves_nothing_for_th
             result = outcomes.handle_envelopes(envelopes)
         assert result.stored == 19 and [d.reason for d in result.dead_letters] == ["store_rejected"]
         assert not held, f"frames of Vigil's left for the garbage collector: {held}"
+    finally:
+        rt.close()
+
+
+def test_a_request_answered_503_leaves_nothing_for_the_garbage_collector(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """During an outage every write gives up (StoreUnavailable) and the request is answered 503, to be sent
+    again: the error kept the request's decoded body (up to the in-flight budget) until the collector ran,
+    so clients retrying through an outage piled up bodies outside the budget."""
+    import logging
+
+    from tests.support.app import INGEST, make_client
+    from vigil.ingest import http
+
+    rt = build_runtime(make_settings(sqlite_url, store_retry_attempts=1), registry=CollectorRegistry())
+    # a record kept by pytest's log capture would hold the error (its argument) alive
+    quiet = logging.getLogger("test_error_frames.quiet")
+    quiet.propagate = False
+    monkeypatch.setattr(http, "log", quiet)
+    try:
+        with make_client(rt) as client:
+            _fail_first(monkeypatch, 1)
+            body = orjson.dumps(clean(20, "v1", seed=7))
+            headers = {"content-type": "application/json", **INGEST}
+            with garbage_frames(frozenset({"ingest_body", "process_documents", "_store_once"})) as held:
+                r = client.post("/v1/conversations", content=body, headers=headers)
+            assert r.status_code == 503, r.text
+            assert not held, f"frames of Vigil's left for the garbage collector: {held}"
     finally:
         rt.close()
