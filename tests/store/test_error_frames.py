@@ -206,3 +206,31 @@ def test_a_request_answered_503_leaves_nothing_for_the_garbage_collector(
             assert not held, f"frames of Vigil's left for the garbage collector: {held}"
     finally:
         rt.close()
+
+
+def test_an_outcomes_request_answered_503_leaves_nothing_for_the_garbage_collector(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for the endpoints whose 503 the app's handler answers (outcomes, OTLP, the console)."""
+    from tests.support.app import INGEST, make_client
+    from vigil.outcomes.ingest import OutcomeStore
+
+    rt = build_runtime(make_settings(sqlite_url, store_retry_attempts=1), registry=CollectorRegistry())
+    try:
+        with make_client(rt) as client:
+            outcomes = rt.get(OutcomeStore)
+            real = outcomes.store
+
+            def store(session: Any, items: Any, source: str) -> Any:
+                session.execute(text("SELECT * FROM a_table_that_is_not_there"))
+                return real(session, items, source)
+
+            monkeypatch.setattr(outcomes, "store", store)
+            body = orjson.dumps([{"conversation_id": f"c{i}", "type": "csat", "value": 4} for i in range(20)])
+            headers = {"content-type": "application/json", **INGEST}
+            with garbage_frames(frozenset({"ingest", "write", "_post_outcomes"})) as held:
+                r = client.post("/v1/outcomes", content=body, headers=headers)
+            assert r.status_code == 503, r.text
+            assert not held, f"frames of Vigil's left for the garbage collector: {held}"
+    finally:
+        rt.close()
