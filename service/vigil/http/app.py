@@ -16,6 +16,7 @@ from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 from starlette.requests import ClientDisconnect
 
 from vigil import __version__
+from vigil.errors import without_frames
 from vigil.http import conversations
 from vigil.http.auth import KeyRing
 from vigil.http.body import IngestBusy, LimitBodies
@@ -138,6 +139,9 @@ def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
         request.url.path.encode("unicode_escape").decode("ascii"),
         db_detail(exc),
     )
+    # its frames (and its cause's) hold what the request had decoded (outcomes, spans, a page's rows), in a cycle
+    # through SQLAlchemy's: freed with the answer rather than at the collector's next run
+    without_frames(exc)
     retry = str(max(1, round(rt.settings.store_retry_after_seconds)))
     return JSONResponse(
         {"detail": "the database is unavailable; nothing was changed, try again later"},

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from vigil.errors import without_frames
 from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.http.body import ENCODED_BODIES, BodyTooLarge, EncodedBody, hold_decoded, limited_body
@@ -237,6 +238,9 @@ def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, a
 def unavailable(rt: Runtime, exc: Exception) -> JSONResponse:
     """Nothing of the request was stored or acknowledged: the client sends it again later."""
     log.warning("storing a request failed; answered 503: %s", exc)
+    # its frames (and its cause's) hold the request's decoded conversations, in a cycle through SQLAlchemy's: freed
+    # with the answer rather than at the collector's next run, outside the in-flight budget the body was held to
+    without_frames(exc)
     rt.metrics.ingest_errors.labels("store").inc()
     retry = str(max(1, round(rt.settings.store_retry_after_seconds)))
     return JSONResponse(

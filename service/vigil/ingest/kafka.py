@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from vigil.errors import VigilError
+from vigil.errors import VigilError, without_frames
 from vigil.ingest.kafka_batches import BATCH_REASONS, KEEP_BYTES, GuardUnavailable, Refused, guard
 from vigil.ingest.pipeline import Envelope
 from vigil.runtime import Runtime
@@ -322,6 +322,9 @@ class ConsumerWorker:
                     db_detail(exc),
                     exc_info=attempt == 1,
                 )
+                # its frames hold the batch's decoded documents, in a cycle through SQLAlchemy's: freed before the
+                # wait rather than kept through it and then until the collector's next run
+                without_frames(exc)
                 if self.stopping.wait(delay * (0.5 + random.random())):
                     return False
                 self._update_lag(fetch_ends=True)  # a stuck batch shows as lag that is not going down

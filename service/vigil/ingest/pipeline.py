@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from vigil.errors import without_frames
 from vigil.ingest.decode import DecodeError, decode_document, encode_conversation
 from vigil.metrics import Metrics
 from vigil.observability import span
@@ -135,6 +136,7 @@ class Pipeline:
         except PERMANENT_DB_ERRORS as exc:
             if not checked and dead:  # the dead letters themselves: kept without what names them
                 log.warning("database refused %d dead letter(s): %s; kept without key or detail", len(dead), exc)
+                without_frames(exc)
                 plain = [replace(d, key=None, detail=storable_text(ascii(d.detail))) for d in dead]
                 result = self._store_retrying([], plain)
                 self._count(result, source)
@@ -147,8 +149,12 @@ class Pipeline:
                 if len(rejected) + len(dead) == 0:
                     raise
                 log.warning("database refused a conversation: %s", _db_detail(exc))
+                without_frames(exc)
                 result = self._store_retrying([], dead + rejected)
             else:
+                # its frames hold this part of the batch, in a cycle through SQLAlchemy's: freed before the halves
+                # are written rather than kept through them and then until the collector's next run
+                without_frames(exc)
                 half = len(checked) // 2
                 first = self.store(checked[:half], dead, source)
                 second = self.store(checked[half:], [], source)

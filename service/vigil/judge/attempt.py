@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from vigil.errors import without_frames
 from vigil.judge import store
 from vigil.judge.client import Reply
 from vigil.judge.engine import JudgeEngine, JudgeUnavailable, Lane, LeaseRunningOut
@@ -60,6 +61,9 @@ async def attempt(engine: JudgeEngine, lane: Lane, req: store.Claimed, probes: s
     except LeaseRunningOut as exc:  # back to the queue, to be claimed again with a fresh lease; no call made
         return Outcome(req, "release", error=str(exc))
     except ProviderError as err:
+        # its frames (and the provider's error it wraps) hold the prompt, the conversation and its document, in a
+        # cycle through the client's: freed now rather than at the collector's next run (see without_frames)
+        without_frames(err)
         return _failed(engine, lane, req, err)
     fields = base_fields(lane, judge.prompt_hash)
     fields.update(
@@ -115,9 +119,11 @@ async def ask(engine: JudgeEngine, lane: Lane, send: Callable[[], Awaitable[tupl
         except ProviderError as err:
             if err.kind != "unreadable":
                 if n:  # a re-ask that failed: the replies so far stand
+                    without_frames(err)
                     break
                 raise
             answer.parsed = Parsed.unscored(err.reason, err.detail[:MAX_RATIONALE])
+            without_frames(err)  # asked again: its frames hold the prompt (see attempt)
         except (JudgeUnavailable, LeaseRunningOut):
             if not n:
                 raise

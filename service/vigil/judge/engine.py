@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from vigil.errors import without_frames
 from vigil.judge.client import LLMClient, Reply, classify, has_credentials, has_price, sanitize_usage
 from vigil.judge.definitions import Judge
 from vigil.judge.errors import JudgeError, ProviderError
@@ -554,6 +555,7 @@ class JudgeEngine:
                     d = self.policy(err, attempts, max_attempts)
                     if d.action != "retry":
                         raise
+                    without_frames(err)  # tried again: its frames hold the prompt, in a cycle through the client's
             await asyncio.sleep(min(d.delay, max_delay) if max_delay is not None else d.delay)
 
     def next_attempt(self, delay: float) -> datetime:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from vigil.errors import without_frames
 from vigil.metrics import Metrics
 from vigil.outcomes.join import link_outcomes
 from vigil.runtime import Envelope
@@ -347,6 +348,9 @@ class OutcomeStore:
             return self._handle_envelopes(envelopes)
         except PERMANENT_DB_ERRORS as exc:
             if len(envelopes) > 1:
+                # its frames hold this part of the batch, in a cycle through SQLAlchemy's: freed before the halves
+                # are handled rather than kept through them and then until the collector's next run
+                without_frames(exc)
                 half = len(envelopes) // 2
                 a, b = self.handle_envelopes(envelopes[:half]), self.handle_envelopes(envelopes[half:])
                 return OutcomeBatch(
@@ -361,6 +365,7 @@ class OutcomeStore:
             env = envelopes[0]
             log.warning("database refused an outcomes message: %s", db_detail(exc))
             detail = f"the database refused this message: {db_detail(exc)}"
+            without_frames(exc)
             letter = _letter(env, "store_rejected", detail)
             self.ingest_dead(letter)
             error = ItemError(0, "store_rejected", [{"field": "(root)", "message": detail}])
