@@ -535,8 +535,8 @@ class Settings(BaseSettings):
     retention_conversations_days: float = Field(
         default=90.0,
         ge=0,
-        description="Conversations (and their findings, outcomes, outcome links, judge requests) older than this "
-        "are deleted; labelled, queued (open in the review queue) and exported conversations are kept. "
+        description="Conversations (and their findings, outcomes, outcome links, judge requests, reviewers' comments) "
+        "older than this are deleted; labelled, queued (open in the review queue) and exported conversations are kept. "
         "0 keeps them forever.",
     )
     retention_unjoined_outcomes_days: float = Field(

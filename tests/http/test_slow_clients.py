@@ -42,6 +42,8 @@ async def echo_size(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await asyncio.sleep(3 * SHORT.body_idle_seconds)
     elif scope["path"] == "/between":  # reads between two of the server's checks on the waiting client
         await asyncio.sleep(1.5 * SHORT.body_idle_seconds)
+    elif scope["path"] == "/early":  # reads before the server's first check on the waiting client
+        await asyncio.sleep(0.6 * SHORT.body_idle_seconds)
     size = 0
     while True:
         message = await receive()
@@ -204,3 +206,21 @@ def test_a_client_given_100_continue_that_sends_nothing_is_still_cut_off(port: i
         assert s.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
         got = read_until_closed(s)
     assert got.startswith(b"HTTP/1.1 408 ") and got.endswith(b"the request body did not arrive in time"), got
+
+
+def test_a_client_given_100_continue_before_the_servers_first_check_has_its_full_time(port: int) -> None:
+    # the app reads (and "100 Continue" goes out) a little while after the head, before the server first
+    # looks at the waiting client; the client takes a moment before its body. Its time starts at the 100
+    # (the server once still counted from the head and cut it off at its first look, soon after the 100)
+    body = b"b" * 5000
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(
+            b"POST /early HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
+        s.settimeout(scaled(20))
+        assert s.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        time.sleep(0.7 * SHORT.body_idle_seconds)  # the client's own pause, inside its idle period
+        s.sendall(body)
+        got = read_until_closed(s)
+    assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"5000"), got[:300]

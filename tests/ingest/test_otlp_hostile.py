@@ -532,24 +532,13 @@ def test_a_request_sent_again_leaves_nothing_for_the_garbage_collector(server: t
     request's decoded spans and their column values until the collector next ran: 15 MB for a request of
     512 spans, so 20 such requests at once took a server from 222 MB to 549 MB where the byte budget
     allowed about 410. A request's objects are freed with its answer."""
-    import gc
-    import types
+    from tests.support.frames import garbage_frames
 
     base, rt = server
     body = json_request(*(json_span(f"{i + 1:016x}") for i in range(50)))
     assert httpx.post(f"{base}/v1/traces", content=body, headers=JSON).status_code == 200
-    gc.collect()
-    gc.disable()
-    try:
+    with garbage_frames() as held:
         r = httpx.post(f"{base}/v1/traces", content=body, headers=JSON)
         assert r.status_code == 200, r.text
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        frames = [o for o in gc.garbage if isinstance(o, types.FrameType)]
-        held = sorted({f.f_code.co_name for f in frames if "/vigil/" in f.f_code.co_filename})
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
     assert not held, f"frames of Vigil's left for the garbage collector: {held}"
     assert len(stored_spans(rt)) == 50

@@ -9,32 +9,11 @@ the judge's policy) piled up a prompt for every failed call.
 from __future__ import annotations
 
 import asyncio
-import gc
-import types
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from tests.judge.test_judge_worker import requests, setup
+from tests.support.frames import garbage_frames
 from tests.support.judge_fakes import PASS, Scripted
-
-
-@contextmanager
-def garbage_frames() -> Iterator[list[str]]:
-    """The names of Vigil's frames that the block left for the garbage collector (filled on exit)."""
-    held: list[str] = []
-    gc.collect()
-    gc.disable()
-    try:
-        yield held
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        frames = [o for o in gc.garbage if isinstance(o, types.FrameType)]
-        held += sorted({f.f_code.co_name for f in frames if "/vigil/" in f.f_code.co_filename})
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
 
 
 def test_a_failed_call_leaves_its_prompt_for_no_one(tmp_path: Path) -> None:

@@ -9,10 +9,7 @@ its batches between two collections, outside every memory budget.
 
 from __future__ import annotations
 
-import gc
-import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -22,31 +19,10 @@ from sqlalchemy import text
 
 import vigil.ingest.pipeline as pipeline_module
 from tests.support.app import make_settings
+from tests.support.frames import garbage_frames
 from tests.support.traffic import clean
 from vigil.app.runtime import build_runtime
 from vigil.runtime import Envelope
-
-
-@contextmanager
-def garbage_frames(finished: frozenset[str] = frozenset()) -> Iterator[list[str]]:
-    """The names of Vigil's frames that the block left for the garbage collector (filled on exit), and of
-    those named in ``finished`` (functions the block ran to their end) still alive at all: an error that
-    something else still refers to (an answered request's future) is not garbage yet, but will be."""
-    held: list[str] = []
-    gc.collect()
-    gc.disable()
-    try:
-        yield held
-        alive = [o for o in gc.get_objects() if isinstance(o, types.FrameType) and o.f_code.co_name in finished]
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        frames = [o for o in gc.garbage if isinstance(o, types.FrameType)] + alive
-        held += sorted({f.f_code.co_name for f in frames if "/vigil/" in f.f_code.co_filename})
-        del alive, frames
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
 
 
 def _fail_first(monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:

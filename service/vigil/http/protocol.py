@@ -85,7 +85,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._body_bytes = 0
         self._body_seen = 0.0
         self._timed: _TimedFlow | None = None
-        self._continue_seen = False  # a check found the client waiting for our "100 Continue"
+        # the client asked for our "100 Continue" and no check has counted from it yet (see _expired)
+        self._continue_seen = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -118,7 +119,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._paused_at_start = self._paused()
         self._body_bytes = 0
         self._body_seen = self._started
-        self._continue_seen = False
+        # the 100 may go out before the first check (the app reads within the first period): that check
+        # starts the clock too, else it counts from the head and cuts off a client given little time
+        self._continue_seen = self.expect_100_continue
         self._arm(self._deadline() - self._started)
         super().on_headers_complete()
 
@@ -166,7 +169,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         cycle = self.cycle
         waiting = not self._in_head and cycle is not None and cycle.waiting_for_100_continue
-        if waiting or (self._continue_seen and not self._in_head):
+        # answered without its body read (a 401, say), the client is owed no more time for it
+        answered = cycle is not None and cycle.response_started
+        if waiting or (self._continue_seen and not self._in_head and not answered):
             # the client waits for our "100 Continue", which goes out once the app reads: its time starts then.
             # The first check after it went out starts the clock (the moment it went out is not known, and
             # counting from an earlier check would cut off a client that had had less than its full time)
