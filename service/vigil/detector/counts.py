@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from vigil.store.models import ConversationRow, FindingRow, OutcomeLinkRow, VerdictRow
 from vigil.store.signals import (
-    FINDING_AGGREGATES,
+    AGGREGATE_OF_TYPE,
     JUDGE,
     OUTCOME,
     TOOL_ERROR,
@@ -90,7 +90,6 @@ def conversation_counts(
     )
     for agent, version, rule, x in session.execute(rule_q):
         failures[(agent, version, f"rule:{rule}")] = int(x)
-    aggregate_of = {kind: signal for signal, kind in FINDING_AGGREGATES.items()}
     aggregate_q = (
         select(
             FindingRow.agent_id,
@@ -99,11 +98,11 @@ def conversation_counts(
             func.count(func.distinct(FindingRow.conversation_id)),
         )
         .join(ConversationRow, ConversationRow.conversation_id == FindingRow.conversation_id)
-        .where(joined, FindingRow.rule_type.in_(aggregate_of))
+        .where(joined, FindingRow.rule_type.in_(AGGREGATE_OF_TYPE))
         .group_by(FindingRow.agent_id, FindingRow.agent_version, FindingRow.rule_type)
     )
     for agent, version, kind, x in session.execute(aggregate_q):
-        failures[(agent, version, aggregate_of[kind])] = int(x)
+        failures[(agent, version, AGGREGATE_OF_TYPE[kind])] = int(x)
     for (agent, version), n in totals.items():
         for signal in conversation_signals(rules_for(agent, version)):
             out[(agent, version, signal)] = (n, failures.get((agent, version, signal), 0))

@@ -28,7 +28,7 @@ from vigil.detector.models import DetectorFeedRow
 from vigil.store.db import among, aware
 from vigil.store.models import ConversationRow, FindingRow
 from vigil.store.signals import (
-    FINDING_AGGREGATES,
+    AGGREGATE_OF_TYPE,
     TOOL_ERROR,
     Key,
     RulesFor,
@@ -168,12 +168,11 @@ def _failing_rules(s: Session, ids: list[str]) -> dict[str, set[str]]:
         .where(among(s, FindingRow.conversation_id, ids), real_finding())
         .distinct()
     )
-    aggregate_of = {kind: signal for signal, kind in FINDING_AGGREGATES.items()}
     out: dict[str, set[str]] = defaultdict(set)
     for cid, rule, kind in s.execute(q):
         out[cid].add(f"rule:{rule}")
-        if kind in aggregate_of:
-            out[cid].add(aggregate_of[kind])
+        if kind in AGGREGATE_OF_TYPE:
+            out[cid].add(AGGREGATE_OF_TYPE[kind])
     return out
 
 

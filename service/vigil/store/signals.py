@@ -34,6 +34,9 @@ OFFLINE_SUFFIX = ":offline"  # a judge's offline verdicts: their own signal, nev
 # ``tool_error`` is not one: it counts conversations with a failed tool result (``is_error``), whatever the
 # rules find; the ``tool_error_rate`` rule flags a different set (a share of failed calls over a minimum).
 FINDING_AGGREGATES: dict[str, str] = {FORBIDDEN: "forbidden_tool"}
+# the same table by rule type; one aggregate per type, so no entry of the table above is lost
+AGGREGATE_OF_TYPE: dict[str, str] = {kind: signal for signal, kind in FINDING_AGGREGATES.items()}
+assert len(AGGREGATE_OF_TYPE) == len(FINDING_AGGREGATES), "two aggregates count the same rule type"
 
 
 def finished():  # type: ignore[no-untyped-def]
