@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import ctypes
 import gc
 import itertools
@@ -33,24 +32,14 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.bench_judge import database
+from bench.bench_pipeline import rss_mb
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@contextlib.contextmanager
-def database(kind: str) -> Iterator[str]:
-    if kind == "postgres":
-        from tests.support.services import postgres_database
-
-        with postgres_database() as url:
-            yield url
-    else:
-        with tempfile.TemporaryDirectory() as d:
-            yield f"sqlite:///{d}/bench.db"
 
 
 def judges_every_conversation(target: Path) -> Path:
@@ -112,14 +101,6 @@ def feed(url: str, judges: Path, rate: float) -> None:
 
 
 # --- the worker (this process) ----------------------------------------------------------------------
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 _MALLINFO2 = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
