@@ -87,12 +87,23 @@ def test_two_consumers_in_one_group_split_the_partitions(kafka, pg_url) -> None:
             lambda: len(c1.assignment()) + len(c2.assignment()) == 4 and c1.assignment() and c2.assignment(),
             60,
         ), "group never balanced over both consumers"
-        convs = list(Simulator(parse_versions("v1:0.3"), seed=11).stream(400))
-        produce(kafka, topic, convs)
-        wait_for(lambda: count(rt1) == 400, 60, what="400 stored conversations")
+        stream = list(Simulator(parse_versions("v1:0.3"), seed=11).stream(800))
+        convs: list[dict] = []
+        # in rounds until both have stored a batch: on a busy machine a consumer that missed its heartbeats
+        # leaves the group for a rebalance, and the other may take a whole round meanwhile
+        for start in range(0, len(stream), 200):
+            convs += stream[start : start + 200]
+            produce(kafka, topic, stream[start : start + 200])
+            wait_for(lambda n=len(convs): count(rt1) == n, 60, what=f"{len(convs)} stored conversations")
+            if w1.stored_batches and w2.stored_batches:
+                break
+        assert w1.stored_batches > 0 and w2.stored_batches > 0, (w1.stored_batches, w2.stored_batches)
+        assert wait_for(
+            lambda: len(c1.assignment()) + len(c2.assignment()) == 4 and c1.assignment() and c2.assignment(),
+            60,
+        ), "group not balanced over both consumers at the end"
         a1, a2 = {tp.partition for tp in c1.assignment()}, {tp.partition for tp in c2.assignment()}
         assert a1.isdisjoint(a2) and a1 | a2 == {0, 1, 2, 3}
-        assert w1.stored_batches > 0 and w2.stored_batches > 0
         assert count(rt1, FindingRow) == expected_findings(convs)
     finally:
         w1.stop()
