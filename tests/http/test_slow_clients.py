@@ -178,18 +178,25 @@ def test_a_client_waiting_for_100_continue_is_not_cut_off(port: int) -> None:
     assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"5000"), got[:300]
 
 
-def test_a_client_given_100_continue_between_the_servers_checks_has_its_full_time(port: int) -> None:
-    # the server last looked at the waiting client one idle period in; the app reads half a period later
-    # and "100 Continue" goes out; the client takes a moment before its body. Its time starts at the 100
-    # (the server once still counted from its last look and cut it off at the next, half a period later)
+def given_continue(s: socket.socket, path: bytes, length: int) -> None:
+    """Send a head asking ``path`` for "100 Continue", and wait for it."""
+    s.sendall(
+        b"POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n"
+        b"Content-Length: %d\r\n\r\n" % (path, length)
+    )
+    s.settimeout(scaled(20))
+    assert s.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+@pytest.mark.parametrize("path", [b"/between", b"/early"])
+def test_a_client_given_100_continue_has_its_full_time_from_it(port: int, path: bytes) -> None:
+    # /between: the server last looked at the waiting client one idle period in, and the app reads half a
+    # period later; /early: the app reads before the server's first look. Either way "100 Continue" goes out
+    # and the client takes a moment before its body. Its time starts at the 100 (the server once counted
+    # from its last look, or from the head, and cut the client off at its next look, soon after the 100)
     body = b"b" * 5000
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(
-            b"POST /between HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body)
-        )
-        s.settimeout(scaled(20))
-        assert s.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        given_continue(s, path, len(body))
         time.sleep(0.7 * SHORT.body_idle_seconds)  # the client's own pause, inside its idle period
         s.sendall(body)
         got = read_until_closed(s)
@@ -198,29 +205,6 @@ def test_a_client_given_100_continue_between_the_servers_checks_has_its_full_tim
 
 def test_a_client_given_100_continue_that_sends_nothing_is_still_cut_off(port: int) -> None:
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(
-            b"POST /between HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n"
-            b"Content-Length: 5000\r\n\r\n"
-        )
-        s.settimeout(scaled(20))
-        assert s.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        given_continue(s, b"/between", 5000)
         got = read_until_closed(s)
     assert got.startswith(b"HTTP/1.1 408 ") and got.endswith(b"the request body did not arrive in time"), got
-
-
-def test_a_client_given_100_continue_before_the_servers_first_check_has_its_full_time(port: int) -> None:
-    # the app reads (and "100 Continue" goes out) a little while after the head, before the server first
-    # looks at the waiting client; the client takes a moment before its body. Its time starts at the 100
-    # (the server once still counted from the head and cut it off at its first look, soon after the 100)
-    body = b"b" * 5000
-    with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(
-            b"POST /early HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body)
-        )
-        s.settimeout(scaled(20))
-        assert s.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
-        time.sleep(0.7 * SHORT.body_idle_seconds)  # the client's own pause, inside its idle period
-        s.sendall(body)
-        got = read_until_closed(s)
-    assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"5000"), got[:300]
