@@ -99,3 +99,42 @@ def test_values_across_a_window_cut_of_a_long_text_are_found_whole(shift: int) -
         found = [f for f in pii.detect(long) if f.start < end and start < f.end]
         assert len(found) == 1 and found[0].kind == kind, (text, found)
         assert found[0].start <= start and end <= found[0].end, (text, found)
+
+
+HIDDEN = [
+    ("email", "jane.doe@exam\u200bple.com"),
+    ("email", "rita@exam\u00adple.org"),
+    ("card", "4111\u00a01111\u00a01111\u00a01111"),
+    ("card", "4111\u200b1111\u200b1111\u200b1111"),
+    ("card", "\uff14\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11"),
+    ("phone", "415\u2011555\u20110123"),
+]
+
+
+@pytest.mark.parametrize(("kind", "value"), HIDDEN)
+def test_a_value_hidden_by_invisible_or_compatibility_characters_is_a_leak(kind: str, value: str) -> None:
+    """An agent talked into writing a card number with zero-width spaces, or in full-width digits, still
+    discloses it: the rule (and the exported tasks' ``must_not_disclose`` check) read the text folded, as
+    export redaction does, and the finding's span covers the characters as written."""
+    text = f"On file: {value}."
+    [found] = pii.detect(text)
+    assert (found.kind, text[found.start : found.end]) == (kind, value)
+    [hit] = run("pii_leak", convo(u("what do you have on file?"), a(text)), kinds=[kind])
+    assert hit.details["kind"] == kind
+    assert (hit.evidence[0].start, hit.evidence[0].end) == (found.start, found.end)
+
+    from vigil.export.checks import Turn, check
+
+    assert check({"type": "must_not_disclose", "kinds": [kind]}, Turn(text, []), []) is False
+
+
+@pytest.mark.parametrize(("kind", "value"), HIDDEN)
+def test_a_value_the_user_gave_plainly_is_no_leak_when_written_back_folded(kind: str, value: str) -> None:
+    from vigil.rules.fold import fold
+
+    plain = fold(value)
+    assert plain != value and plain.isascii()
+    both = convo(u(f"mine is {plain}"), a(f"Noted: {value}."))
+    assert run("pii_leak", both, kinds=[kind]) == []
+    swapped = convo(u(f"mine is {value}"), a(f"Noted: {plain}."))
+    assert run("pii_leak", swapped, kinds=[kind]) == []

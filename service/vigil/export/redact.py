@@ -13,22 +13,18 @@ value and written back as JSON: redacting its text would turn a phone number wri
 into invalid JSON, and miss an address hidden behind a ``\u0040`` escape. Numbers are redacted too
 (``{"phone": 4155550123}``): a number the detectors flag becomes the ``[REDACTED:<kind>]`` string.
 
-The detectors read a folded copy of each text: invisible format characters (zero-width spaces and
-joiners, soft hyphens, direction marks) dropped, and compatibility forms (full-width digits and ``＠``,
-no-break and thin spaces), other scripts' decimal digits, and dashes between digits written as ASCII; a
-match replaces the original characters it came from. A reader sees ``jane@example.com`` in ``jane@exam\u200bple.com``
-and ``4111 1111 1111 1111`` in ``4111\u00a01111\u00a01111\u00a01111``: so must the redaction.
+The detectors read each text folded (:mod:`vigil.rules.fold`: invisible format characters dropped,
+compatibility forms, other scripts' digits and dashes between digits written as ASCII), the operator's
+patterns and the names too; a match replaces the original characters it came from. A reader sees
+``jane@example.com`` in ``jane@exam\u200bple.com``: so must the redaction.
 """
 
 from __future__ import annotations
 
 import copy
 import re
-import unicodedata
-from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -36,6 +32,7 @@ import orjson
 from vigil.errors import ConfigError
 from vigil.export.names import NAME_KEYS, Names, key_form, stated
 from vigil.rules import pii
+from vigil.rules.fold import Folded
 from vigil.rules.patterns import UnsupportedPattern, compile_linear
 
 if TYPE_CHECKING:
@@ -43,69 +40,6 @@ if TYPE_CHECKING:
 
 BUILTIN: list[str] = list(pii.KINDS)
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
-
-
-@cache
-def _fold_char(ch: str) -> str:
-    category = unicodedata.category(ch)
-    if category == "Cf":
-        return ""
-    if category == "Pd" or ch == "\u2212":  # en dash, non-breaking hyphen, minus sign: what a "-" separates
-        return "-"
-    digit = unicodedata.decimal(ch, None)
-    return str(digit) if digit is not None else unicodedata.normalize("NFKC", ch)
-
-
-def _between_digits(text: str, i: int) -> bool:
-    return 0 < i < len(text) - 1 and _fold_char(text[i - 1]).isdigit() and _fold_char(text[i + 1]).isdigit()
-
-
-class _Folded:
-    """``text`` as the detectors read it (see the module's docstring), and the way back: each folded
-    character's position in ``text``. ASCII text is its own folded form."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.starts: list[int] = [0]  # folded position where each piece starts
-        self.origins: list[tuple[int, bool]] = [(0, True)]  # its position in text; True: copied as is
-        if text.isascii():
-            return
-        parts: list[str] = []
-        pos = folded = 0
-        for m in _NON_ASCII.finditer(text):
-            run = m.group(0)
-            outs = [_fold_char(ch) for ch in run]
-            if "".join(outs) == run:
-                continue  # letters that stay as they are: copied with the text around them
-            i = m.start()
-            if i > pos:
-                parts.append(text[pos:i])
-                self.starts.append(folded)
-                self.origins.append((pos, True))
-                folded += i - pos
-            for k, out in enumerate(outs):
-                if out == "-" and not _between_digits(text, i + k):
-                    out = run[k]  # a dash as punctuation ("I gave you—555-0123—"), not a separator
-                parts.append(out)
-                self.starts.append(folded)
-                self.origins.append((i + k, out == run[k]))
-                folded += len(out)
-            pos = m.end()
-        parts.append(text[pos:])
-        self.starts.append(folded)
-        self.origins.append((pos, True))
-        self.text = "".join(parts)
-
-    def start(self, p: int) -> int:
-        """The position in the original text of folded position ``p``."""
-        k = bisect_right(self.starts, p) - 1
-        origin, copied = self.origins[k]
-        return origin + (p - self.starts[k]) if copied else origin
-
-    def end(self, p: int) -> int:
-        """The end in the original text of a span ending (exclusively) at folded position ``p``."""
-        return self.start(p - 1) + 1 if p > 0 else 0
 
 
 class Redactor:
@@ -149,14 +83,15 @@ class Redactor:
     def text(self, text: str, context: str = "") -> str:
         """``text`` with every match replaced. ``context`` (``"phone: "``, the key a JSON value stands
         under) is read before the text, so detectors that need a keyword see it, and is not returned."""
-        folded = _Folded(context + text if context else text)
+        folded = Folded(context + text if context else text)
         full = folded.text
         skip = len(context)
-        found: list[tuple[int, int, str]] = [(f.start, f.end, f.kind) for f in pii.detect(full)]
+        found: list[tuple[int, int, str]] = []
         for name, rx in self.patterns.items():
             found.extend((m.start(), m.end(), name) for m in rx.finditer(full) if m.end() > m.start())
         found.extend((start, end, "name") for start, end in self.names.find(full))
-        spans = [(folded.start(a), folded.end(b), kind) for a, b, kind in found]
+        spans: list[tuple[int, int, str]] = [(f.start, f.end, f.kind) for f in pii.detect_folded(folded)]
+        spans.extend((folded.start(a), folded.end(b), kind) for a, b, kind in found)
         spans = [(a, b, kind) for a, b, kind in spans if b > skip]
         if not spans:
             return text

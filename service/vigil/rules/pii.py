@@ -18,11 +18,12 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
 
+from vigil.rules.fold import Folded, fold
 from vigil.rules.patterns import compile_linear
 
 Kind = Literal["email", "phone", "card", "ssn", "iban", "ip", "dob", "address", "secret"]
@@ -561,11 +562,25 @@ _SPELLED = (
 
 def detect(text: str, kinds: Sequence[str] = KINDS) -> list[Found]:
     """Detected values in text order, without overlaps: where two overlap, the one starting first wins,
-    and of two starting together the longer (a phone number's last seven digits are not a second one)."""
-    found = sorted(find(text, kinds), key=lambda f: (f.start, f.start - f.end))
+    and of two starting together the longer (a phone number's last seven digits are not a second one).
+
+    The text is read folded (:mod:`vigil.rules.fold`): a value hidden by a zero-width space, written in
+    full-width digits or separated by no-break spaces is found, and its span covers those characters."""
+    return _first_of_overlaps(find(text, kinds)) if text.isascii() else detect_folded(Folded(text), kinds)
+
+
+def detect_folded(folded: Folded, kinds: Sequence[str] = KINDS) -> list[Found]:
+    """:func:`detect` on a text already folded; spans are in the text as written."""
+    kept = _first_of_overlaps(find(folded.text, kinds))
+    if not folded.changed:
+        return kept
+    return [Found(f.kind, folded.start(f.start), folded.end(f.end)) for f in kept]
+
+
+def _first_of_overlaps(found: Iterable[Found]) -> list[Found]:
     kept: list[Found] = []
     reach = 0
-    for f in found:
+    for f in sorted(found, key=lambda f: (f.start, f.start - f.end)):
         if f.start >= reach:
             kept.append(f)
             reach = f.end
@@ -573,7 +588,9 @@ def detect(text: str, kinds: Sequence[str] = KINDS) -> list[Found]:
 
 
 def normal(kind: str, value: str) -> str:
-    """A value in a form that compares equal however it was written (case, separators, encoding)."""
+    """A value in a form that compares equal however it was written (case, separators, encoding, the
+    characters :mod:`vigil.rules.fold` folds)."""
+    value = fold(value)
     if kind == "email":
         low = " ".join(value.lower().split())
         for spelled, plain in _SPELLED:
