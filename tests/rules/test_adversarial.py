@@ -11,6 +11,7 @@ then); the rule time budget (VIGIL_RULE_TIMEOUT_MS) is what protects production 
 
 from __future__ import annotations
 
+import base64
 import math
 import time
 from collections.abc import Callable
@@ -28,6 +29,11 @@ REPEATS = 3
 FLOOR_SECONDS = 0.005
 CAP_SECONDS = 3.0
 SLOPE_BOUND = 1.5
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
 
 # Hostile shapes of text, each a function of its size in characters.
 TEXTS: dict[str, Callable[[int], str]] = {
@@ -52,6 +58,9 @@ TEXTS: dict[str, Callable[[int], str]] = {
     "iban": lambda n: "GB82 " * (n // 5),
     "dotted_digits": lambda n: "4.2" * (n // 3),
     "idn": lambda n: "é." * (n // 2 - 1) + "@",
+    "base64_runs": lambda n: "QUJDREVGR0hJSktM " * (n // 17),  # each decodes to printable text
+    "base64_emails": lambda n: " ".join(_b64(b"mail j%d@example.com" % i) for i in range(n // 33)),
+    "base64_zero_width": lambda n: "QUJD\u200bREVG" * (n // 9),
     "wide_at": lambda n: "a" + " " * (n // 2 - 10) + "[at]" + " " * (n // 2 - 10) + "b dot com",
 }
 

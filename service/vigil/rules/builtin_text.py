@@ -91,14 +91,19 @@ def pii_leak(view: ConversationView, args: PiiLeakArgs) -> Iterator[Hit]:
             if args.except_user_provided:
                 if user_values is None:
                     user_text = "\n".join(t for _, t in view.user_turns)
-                    user_values = {
-                        pii.normal(u.kind, user_text[u.start : u.end]) for u in find_pii(user_text, args.kinds)
-                    }
-                if pii.normal(found.kind, text[found.start : found.end]) in user_values:
+                    user_values = {pii.value_of(u, user_text) for u in find_pii(user_text, args.kinds)}
+                if pii.value_of(found, text) in user_values:
                     continue
             # The quote is left out so that findings do not copy the personal data they report.
             kind = found.kind
-            yield Hit(f"{kind} in assistant text", [Evidence(i, found.start, found.end, None)], {"kind": kind})
+            if found.decoded is not None:
+                yield Hit(
+                    f"{kind} in assistant text (base64-encoded)",
+                    [Evidence(i, found.start, found.end, None)],
+                    {"kind": kind, "encoding": "base64"},
+                )
+            else:
+                yield Hit(f"{kind} in assistant text", [Evidence(i, found.start, found.end, None)], {"kind": kind})
 
 
 class RegexArgs(RuleArgs):

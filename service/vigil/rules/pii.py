@@ -15,9 +15,12 @@ RE2 has no lookarounds: boundaries are checked by hand on the characters around 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import importlib
 import pkgutil
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -32,11 +35,13 @@ KINDS: tuple[Kind, ...] = ("email", "phone", "card", "ssn", "iban", "ip", "dob",
 
 @dataclass(frozen=True, slots=True)
 class Found:
-    """One detected value: its kind and its character span in the text."""
+    """One detected value: its kind and its character span in the text; ``decoded``: the value itself when
+    the span is an encoded run it was found in (base64), else None (the value is the span's text)."""
 
     kind: Kind
     start: int
     end: int
+    decoded: str | None = None
 
 
 def _rx(pattern: str, ignore_case: bool = False) -> Any:
@@ -566,15 +571,72 @@ def detect(text: str, kinds: Sequence[str] = KINDS) -> list[Found]:
 
     The text is read folded (:mod:`vigil.rules.fold`): a value hidden by a zero-width space, written in
     full-width digits or separated by no-break spaces is found, and its span covers those characters."""
-    return _first_of_overlaps(find(text, kinds)) if text.isascii() else detect_folded(Folded(text), kinds)
+    return _first_of_overlaps(_everything(text, kinds)) if text.isascii() else detect_folded(Folded(text), kinds)
 
 
 def detect_folded(folded: Folded, kinds: Sequence[str] = KINDS) -> list[Found]:
     """:func:`detect` on a text already folded; spans are in the text as written."""
-    kept = _first_of_overlaps(find(folded.text, kinds))
+    kept = _first_of_overlaps(_everything(folded.text, kinds))
     if not folded.changed:
         return kept
-    return [Found(f.kind, folded.start(f.start), folded.end(f.end)) for f in kept]
+    return [Found(f.kind, folded.start(f.start), folded.end(f.end), f.decoded) for f in kept]
+
+
+def _everything(text: str, kinds: Sequence[str]) -> Iterator[Found]:
+    yield from encoded(text, kinds)  # first: of two equal spans, a run that decodes to an email is an email
+    yield from find(text, kinds)
+
+
+# A run of base64, standard or URL-safe, padded or not: a JWT's payload, a "Basic" credential, a data blob.
+_BASE64 = _rx(r"[A-Za-z0-9+/_\-]{12,}={0,2}")
+MIN_DECODED = 8  # bytes; the shortest value worth finding in a blob ("a@bc.de" is 7)
+_BLANKS = str.maketrans("\n\r\t", "   ")
+
+
+def _decoded(run: str) -> str | None:
+    """``run`` decoded as base64, if it is base64 of at least ``MIN_DECODED`` bytes of printable UTF-8 text
+    (random bytes rarely are: hashes, hex and identifiers decode to binary and are skipped)."""
+    body = run.rstrip("=")
+    if body.islower() or body.isupper() or body.isdigit():
+        return None  # base64 of text mixes cases; words, identifiers and numbers do not
+    urlsafe, standard = "-" in body or "_" in body, "+" in body or "/" in body
+    if (urlsafe and standard) or len(body) % 4 == 1:
+        return None
+    try:
+        raw = base64.b64decode(body + "=" * (-len(body) % 4), altchars=b"-_" if urlsafe else None, validate=True)
+        text = raw.decode("utf-8")
+    except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+    return text if len(raw) >= MIN_DECODED and text.translate(_BLANKS).isprintable() else None
+
+
+def encoded(text: str, kinds: Sequence[str] = KINDS) -> Iterator[Found]:
+    """Values of ``kinds`` inside base64 runs of ``text`` (one level: a value encoded twice is not looked
+    for), each spanning its whole run. An agent asked to "encode it so nobody can read it" still discloses
+    what anyone can decode. The decoded runs are scanned as one text (a scan per run would cost its set-up
+    thousands of times in a text of many short runs), each run apart from the next by a NUL no value
+    spans (decoded text is printable)."""
+    runs: list[tuple[int, int]] = []
+    plains: list[str] = []
+    starts: list[int] = []
+    at = 0
+    for m in _BASE64.finditer(text):
+        plain = _decoded(m.group(0))
+        if plain is not None:
+            runs.append(m.span())
+            plains.append(plain)
+            starts.append(at)
+            at += len(plain) + len(_APART)
+    if not plains:
+        return
+    joined = _APART.join(plains)
+    for f in _first_of_overlaps(find(joined, kinds)):
+        k = bisect_right(starts, f.start) - 1
+        if f.end <= starts[k] + len(plains[k]):
+            yield Found(f.kind, runs[k][0], runs[k][1], joined[f.start : f.end])
+
+
+_APART = "\n\x00\n"
 
 
 def _first_of_overlaps(found: Iterable[Found]) -> list[Found]:
@@ -585,6 +647,11 @@ def _first_of_overlaps(found: Iterable[Found]) -> list[Found]:
             kept.append(f)
             reach = f.end
     return kept
+
+
+def value_of(found: Found, text: str) -> str:
+    """The value ``found`` stands for, in its :func:`normal` form (decoded when it was found encoded)."""
+    return normal(found.kind, found.decoded if found.decoded is not None else text[found.start : found.end])
 
 
 def normal(kind: str, value: str) -> str:
