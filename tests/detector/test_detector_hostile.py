@@ -6,15 +6,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from tests.support.app import REVIEWER, make_client, make_settings
 from tests.support.traffic import clean
 from vigil.app.runtime import build_runtime
-from vigil.detector.models import DetectorSeriesRow
+from vigil.detector import loop
+from vigil.detector.models import DetectorSeriesRow, QualityCountRow
 from vigil.detector.wiring import build_detector
 from vigil.schema import Conversation
-from vigil.store.signals import version_key
+from vigil.store.signals import TOOL_ERROR, version_key
 
 FAST = {"detector_min_baseline": 200, "detector_settle_seconds": 0.0, "detector_outcome_settle_hours": 1.0}
 
@@ -55,9 +56,9 @@ def test_an_odd_version_name_does_not_stop_the_detector_for_every_agent(sqlite_u
 
 
 def test_a_pass_on_a_clock_running_ahead_shows_in_the_cursor_gauge(sqlite_url) -> None:
-    """One pass by a replica whose clock ran 3 h ahead moved the fold cursor there: later passes folded
-    nothing stored before it (600 regressed conversations were never counted) while last_run stayed fresh,
-    so DetectorNotRunning kept quiet. The cursor is exported for the alert to see."""
+    """A pass given a time ahead (as a replica whose clock ran 3 h ahead once did) moves the fold cursor
+    there and the cursor gauge shows it, so DetectorNotRunning can fire. Replicas read the database's clock
+    now (the next test), so only a database whose clock runs ahead does this."""
     rt = build_runtime(make_settings(sqlite_url, **FAST), registry=CollectorRegistry())
     try:
         det = build_detector(rt)
@@ -71,5 +72,40 @@ def test_a_pass_on_a_clock_running_ahead_shows_in_the_cursor_gauge(sqlite_url) -
         det.tick(start + timedelta(seconds=15))  # the next pass, on a clock that is right
         cursor = rt.metrics.registry.get_sample_value("vigil_detector_cursor_timestamp_seconds")
         assert cursor == ahead.timestamp()
+    finally:
+        rt.close()
+
+
+class _ThreeHoursAhead(datetime):
+    @classmethod
+    def now(cls, tz=None):  # type: ignore[no-untyped-def,override]
+        return datetime.now(tz) + timedelta(hours=3)
+
+
+def _counted(rt) -> int:  # type: ignore[no-untyped-def]
+    with rt.sessions() as s:
+        return int(
+            s.scalar(select(func.coalesce(func.sum(QualityCountRow.n), 0)).where(QualityCountRow.signal == TOOL_ERROR))
+        )
+
+
+def test_a_replica_whose_clock_runs_ahead_folds_by_the_database_clock(db_url, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A replica whose host clock ran 3 h ahead took another replica's live lease (its expiry looked past)
+    and moved the fold cursor 3 h ahead: every conversation stored in those 3 h was never folded, so a
+    regression in them raised nothing. Replicas now read the database's clock for the lease and the cursor."""
+    rt = build_runtime(make_settings(db_url, **FAST), registry=CollectorRegistry())
+    try:
+        right, skewed = build_detector(rt), build_detector(rt)
+        store(rt, clean(30, "v1", 1))
+        assert right.tick() is True
+        monkeypatch.setattr(loop, "datetime", _ThreeHoursAhead)
+        assert skewed.tick() is False  # the other replica's lease is live, whatever this host's clock says
+        right.release()
+        assert skewed.tick() is True
+        cursor = rt.metrics.registry.get_sample_value("vigil_detector_cursor_timestamp_seconds")
+        assert cursor is not None and cursor <= datetime.now(UTC).timestamp() + 1
+        store(rt, [{**c, "conversation_id": f"later-{c['conversation_id']}"} for c in clean(20, "v1", 2)])
+        assert skewed.tick() is True
+        assert _counted(rt) == 50
     finally:
         rt.close()

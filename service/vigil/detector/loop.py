@@ -24,7 +24,7 @@ from vigil.detector.hourly import rebuild_totals
 from vigil.detector.models import DetectorLeaseRow
 from vigil.metrics import Metrics
 from vigil.settings import Settings
-from vigil.store.db import aware
+from vigil.store.db import aware, clock
 from vigil.store.signals import Key, RulesFor
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,13 @@ class Detector:
     # --- one pass -------------------------------------------------------------------------------
 
     def tick(self, now: datetime | None = None) -> bool:
-        """Fold new data if this process holds the lease, then refresh gauges. Returns leadership."""
-        now = now or datetime.now(UTC)
+        """Fold new data if this process holds the lease, then refresh gauges. Returns leadership.
+
+        ``now`` (tests) defaults to the database's clock, not this host's: a replica whose clock runs ahead
+        would take a live lease early and move the fold cursor past conversations not yet stored (never
+        folded after), one running behind would let its lease lapse while it still folds."""
         with self.sessions.begin() as s:
+            now = now or clock(s)
             before = lease.current(s)
             taken = before is None or before.holder != self.holder
             held = lease.acquire(s, self.holder, self.settings.detector_lease_seconds, now)
@@ -116,7 +120,7 @@ class Detector:
 
     def release(self) -> None:
         with self.sessions.begin() as s:
-            lease.release(s, self.holder, datetime.now(UTC))
+            lease.release(s, self.holder, clock(s))
         self.is_leader = False
         self.metrics.detector_leader.set(0)
 

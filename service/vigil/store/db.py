@@ -14,7 +14,19 @@ from typing import Any, TypeVar, overload
 
 import orjson
 import psycopg
-from sqlalchemy import BigInteger, ColumnElement, Engine, String, any_, bindparam, create_engine, event, func, select
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Engine,
+    String,
+    any_,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    select,
+    text,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
@@ -308,6 +320,15 @@ def after_commit(session: Session, fn: Callable[[], None]) -> None:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def clock(session: Session) -> datetime:
+    """The database's clock, in UTC: one clock for every replica whatever its host's says. On Postgres the
+    time the session's transaction began (``now()``); on SQLite the host's, read by SQLite, in ms."""
+    if session.get_bind().dialect.name == "sqlite":
+        stamp = session.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
+        return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
+    return aware(session.execute(select(func.now())).scalar_one())
 
 
 @overload
