@@ -678,6 +678,42 @@ def test_a_queue_page_past_the_end_says_so_and_links_back(ui, rt) -> None:
     assert "Nothing here" in empty and "past the end" not in empty
 
 
+def test_a_queue_page_deeper_than_numbered_pages_says_so_and_older_goes_on_by_keyset(sqlite_url: str) -> None:
+    """``?page=`` past ``list_max_offset`` showed the deepest numbered page under the number asked for, and
+    that page's *Older* link led to itself: the rest of the queue could not be reached from the UI."""
+    rt = review_runtime(sqlite_url, list_max_offset=100)  # pages 1 to 3 by number, 50 items each
+    try:
+        store(rt, simulated(400, "v1:0.9", seed=3))
+        with review_client(rt) as ui:
+            _login(ui)
+            open_items = ui.get("/v1/review/queue", params={"limit": 500}, headers=REVIEWER).json()
+            assert open_items["total"] > 200
+            order = [it["conversation_id"] for it in open_items["items"]]
+
+            deep = ui.get("/ui/queue", params={"page": 4})
+            assert deep.status_code == 400, deep.status_code
+            assert 'class="cid"' not in deep.text
+            assert "Page 4 is past the deepest numbered page (3)" in deep.text
+            assert 'href="/ui/queue?status=open&amp;page=3"' in deep.text
+            assert ui.get("/ui/queue", params={"page": 0}).status_code == 400
+
+            third = ui.get("/ui/queue", params={"page": 3}).text
+            older = re.search(r'<a href="(/ui/queue\?[^"]*)">Older', third)
+            assert older, "no Older link on the deepest numbered page"
+            url = older.group(1).replace("&amp;", "&")
+            assert "cursor=" in url and "page=" not in url
+            fourth = ui.get(url)
+            assert fourth.status_code == 200
+            shown = re.findall(r'href="/ui/review/([^"?]+)"', fourth.text)
+            assert [unquote(c) for c in dict.fromkeys(shown)][:50] == order[150:200]
+            assert "past page 3" in fourth.text
+            assert ui.get("/ui/queue", params={"cursor": "nonsense"}).status_code == 400
+            by_agent = ui.get("/ui/queue", params={"page": 3, "sort": "agent"}).text
+            assert "Older" not in by_agent and "deepest numbered page of a sorted list" in by_agent
+    finally:
+        rt.close()
+
+
 def _version_of(rt, url: str) -> str:  # type: ignore[no-untyped-def]
     from sqlalchemy import select
 
