@@ -9,7 +9,7 @@ from urllib.parse import quote, unquote, urlencode
 import pytest
 from fastapi import APIRouter, Depends, Request
 
-from tests.support.app import REVIEWER
+from tests.support.app import ADMIN, REVIEWER
 from tests.support.review import XSS_PAYLOADS, review_client, review_runtime, simulated, store, xss_conversation
 from vigil.http.auth import Principal
 from vigil.review import failures
@@ -712,6 +712,36 @@ def test_a_queue_page_deeper_than_numbered_pages_says_so_and_older_goes_on_by_ke
             assert "Older" not in by_agent and "deepest numbered page of a sorted list" in by_agent
     finally:
         rt.close()
+
+
+def test_every_claim_the_ui_makes_is_counted_in_the_claims_metric(ui, rt) -> None:
+    """*Save & next*, *Skip & next* and a conversation page's *Claim* each claim an item, yet only the
+    queue's *Claim next* counted in ``vigil_review_claims_total``: the metric saw a fraction of the claims
+    the audit log holds (a reviewer working through the queue with *Save & next* counted once)."""
+    store(rt, simulated(40, "v1:0.6", seed=5))
+    _login(ui)
+
+    def claims(result: str = "claimed") -> float:
+        m = re.search(rf'^vigil_review_claims_total{{result="{result}"}} (\S+)$', ui.get("/metrics").text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    first = ui.post("/ui/queue/claim", data={"csrf": _csrf(ui.get("/ui/queue").text)}, follow_redirects=False)
+    page = ui.get(first.headers["location"]).text
+    cid = unquote(first.headers["location"].split("?")[0].removeprefix("/ui/review/"))
+    form = {"csrf": _csrf(page), "revision": "1", "label": "not_a_failure", "next": "1"}
+    saved = ui.post(f"/ui/review/{quote(cid, safe='')}/label", data=form, follow_redirects=False)
+    nxt = unquote(saved.headers["location"].split("?")[0].removeprefix("/ui/review/"))
+    assert nxt != cid
+    skipped = ui.post(
+        f"/ui/review/{quote(nxt, safe='')}/skip", data={"csrf": _csrf(page), "next": "1"}, follow_redirects=False
+    )
+    third = unquote(skipped.headers["location"].split("?")[0].removeprefix("/ui/review/"))
+    assert third not in (cid, nxt)
+    ui.post(f"/ui/review/{quote(third, safe='')}/release", data={"csrf": _csrf(page)})
+    ui.post(f"/ui/review/{quote(third, safe='')}/claim", data={"csrf": _csrf(page)})
+    audit = ui.get("/v1/review/audit", params={"actor": "rita", "action": "claim"}, headers=ADMIN).json()
+    assert len(audit) == 4
+    assert claims() == 4.0
 
 
 def _version_of(rt, url: str) -> str:  # type: ignore[no-untyped-def]

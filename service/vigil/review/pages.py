@@ -349,8 +349,26 @@ def lease_action(request: Request, conversation_id: str, posted_form: FormData =
         p, _ = form_user(request, posted_form, _review_url(conversation_id))
     except Refused as refused:
         return refused.response
-    fn, notice = _LEASE_ACTIONS[request.url.path.rsplit("/", 1)[1]]
-    return _act(request, conversation_id, lambda s, st: fn(s, st, conversation_id, p.name), notice)
+    action = request.url.path.rsplit("/", 1)[1]
+    fn, notice = _LEASE_ACTIONS[action]
+
+    def act(s: Session, st: ReviewStage) -> Any:
+        if action != "claim":
+            return fn(s, st, conversation_id, p.name)
+        try:
+            fn(s, st, conversation_id, p.name)
+        except Conflict:
+            st.metrics.review_claims.labels("conflict").inc()
+            raise
+        st.metrics.review_claims.labels("claimed").inc()
+
+    return _act(request, conversation_id, act, notice)
+
+
+def _count_claim_next(st: ReviewStage, form: dict[str, Any], cid: str | None) -> None:
+    """*Save & next* and *Skip & next* claim the next item as *Claim next* does, and count the same."""
+    if form.get("next"):
+        st.metrics.review_claims.labels("claimed" if cid else "empty").inc()
 
 
 @router.post("/review/{conversation_id:path}/skip", dependencies=[Depends(session_slot)])
@@ -376,6 +394,7 @@ def skip(request: Request, conversation_id: str, posted_form: FormData = Depends
         return render_page(
             request, "error.html", 404, title="Not skipped", message=str(exc), back=_review_url(conversation_id)
         )
+    _count_claim_next(st, form, nxt)
     notice = "empty" if form.get("next") else "skipped"
     back = "/ui/queue?" + urlencode({**remembered_queue_filter(request), "notice": notice})
     return go(_review_url(nxt) if nxt else back)
@@ -431,6 +450,7 @@ def label(request: Request, conversation_id: str, posted_form: FormData = Depend
         )
     except NotFound as exc:
         return render_page(request, "error.html", 404, title="Not found", message=str(exc))
+    _count_claim_next(st, form, nxt)
     if form.get("next"):
         last = "/ui/queue?" + urlencode({**remembered_queue_filter(request), "notice": "labelled_last"})
         return count_labels(request, go(_review_url(nxt, "labelled") if nxt else last))
