@@ -504,6 +504,20 @@ def test_claim_next_echoes_bounded_filters_into_its_redirect(ui, rt) -> None:
     assert ui.get(r.headers["location"]).status_code == 200
 
 
+@pytest.mark.parametrize("url", ["/ui/queue?agent=a%00b", "/ui/conversations?id=%00", "/ui/review/ab%00cd"])
+def test_a_nul_in_a_page_address_gets_the_400_page_not_the_apis_json(ui, url: str) -> None:
+    """The NUL guard answered every path with the API's JSON: a browser showed ``{"detail": ...}`` for a
+    page, where the console's other unreadable parameters get a 400 page with links home and to the queue."""
+    _login(ui)
+    r = ui.get(url)
+    assert r.status_code == 400
+    assert r.headers["content-type"].startswith("text/html")
+    assert "NUL" in r.text and '<a href="/ui">Home</a>' in r.text and '"detail"' not in r.text
+    assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+    api = ui.get("/v1/review/queue?agent=a%00b", headers=REVIEWER)
+    assert api.status_code == 400 and "NUL" in api.json()["detail"]
+
+
 def test_characters_that_draw_nothing_or_turn_text_are_shown_as_marks(ui, rt) -> None:
     # a reviewer decides on what the page shows: a right-to-left override drew "refund $05" as "50$ dnufer"
     # the wrong way round, a terminal colour code's ESC drew nothing
