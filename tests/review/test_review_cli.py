@@ -68,3 +68,28 @@ def test_listings_print_json_and_full_ids_when_piped(sqlite_url, monkeypatch) ->
     assert r.exit_code == 0 and set(orjson.loads(r.stdout)) >= {"reviewers", "agreement"}
     r = runner.invoke(app, ["alerts", "--json"])
     assert r.exit_code == 0 and set(orjson.loads(r.stdout)) == {"active", "past"}
+
+
+def test_review_queue_limit_is_bounded_and_the_next_page_is_a_cursor(sqlite_url, monkeypatch) -> None:
+    """``--limit 0`` died with an IndexError traceback, ``--limit -1`` printed the whole queue (SQLite reads
+    LIMIT -1 as none) and any large limit read every item at once: the queue had no way to page."""
+    rt = review_runtime(sqlite_url)
+    store(rt, simulated(60, "v1:0.9", seed=4))
+    rt.close()
+    monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
+    runner = cli_runner()
+    for bad in ("0", "-1", "501"):
+        r = runner.invoke(app, ["review", "queue", "--limit", bad])
+        assert r.exit_code == 2 and "--limit" in r.output and "Traceback" not in r.output, (bad, r.output)
+    everything = orjson.loads(runner.invoke(app, ["review", "queue", "--limit", "500", "--json"]).stdout)
+    order = [it["conversation_id"] for it in everything["items"]]
+    assert len(order) > 10
+    first = runner.invoke(app, ["review", "queue", "--limit", "5"])
+    assert first.exit_code == 0
+    cursor = first.stderr.split("older: --cursor ")[1].split()[0]
+    page = orjson.loads(runner.invoke(app, ["review", "queue", "--limit", "5", "--cursor", cursor, "--json"]).stdout)
+    assert [it["conversation_id"] for it in page["items"]] == order[5:10]
+    r = runner.invoke(app, ["review", "queue", "--cursor", "nonsense"])
+    assert r.exit_code == 2 and "cursor" in r.output
+    r = runner.invoke(app, ["review", "queue", "--cursor", cursor, "--sort", "agent"])
+    assert r.exit_code == 2 and "cursor" in r.output

@@ -9,7 +9,7 @@ from urllib.parse import quote, unquote, urlencode
 import pytest
 from fastapi import APIRouter, Depends, Request
 
-from tests.support.app import REVIEWER
+from tests.support.app import ADMIN, REVIEWER
 from tests.support.review import XSS_PAYLOADS, review_client, review_runtime, simulated, store, xss_conversation
 from vigil.http.auth import Principal
 from vigil.review import failures
@@ -504,6 +504,20 @@ def test_claim_next_echoes_bounded_filters_into_its_redirect(ui, rt) -> None:
     assert ui.get(r.headers["location"]).status_code == 200
 
 
+@pytest.mark.parametrize("url", ["/ui/queue?agent=a%00b", "/ui/conversations?id=%00", "/ui/review/ab%00cd"])
+def test_a_nul_in_a_page_address_gets_the_400_page_not_the_apis_json(ui, url: str) -> None:
+    """The NUL guard answered every path with the API's JSON: a browser showed ``{"detail": ...}`` for a
+    page, where the console's other unreadable parameters get a 400 page with links home and to the queue."""
+    _login(ui)
+    r = ui.get(url)
+    assert r.status_code == 400
+    assert r.headers["content-type"].startswith("text/html")
+    assert "NUL" in r.text and '<a href="/ui">Home</a>' in r.text and '"detail"' not in r.text
+    assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+    api = ui.get("/v1/review/queue?agent=a%00b", headers=REVIEWER)
+    assert api.status_code == 400 and "NUL" in api.json()["detail"]
+
+
 def test_characters_that_draw_nothing_or_turn_text_are_shown_as_marks(ui, rt) -> None:
     # a reviewer decides on what the page shows: a right-to-left override drew "refund $05" as "50$ dnufer"
     # the wrong way round, a terminal colour code's ESC drew nothing
@@ -676,6 +690,72 @@ def test_a_queue_page_past_the_end_says_so_and_links_back(ui, rt) -> None:
     assert 'href="/ui/queue?agent=support-bot&amp;status=open&amp;page=1"' in past
     empty = ui.get("/ui/queue", params={"agent": "nobody"}).text
     assert "Nothing here" in empty and "past the end" not in empty
+
+
+def test_a_queue_page_deeper_than_numbered_pages_says_so_and_older_goes_on_by_keyset(sqlite_url: str) -> None:
+    """``?page=`` past ``list_max_offset`` showed the deepest numbered page under the number asked for, and
+    that page's *Older* link led to itself: the rest of the queue could not be reached from the UI."""
+    rt = review_runtime(sqlite_url, list_max_offset=100)  # pages 1 to 3 by number, 50 items each
+    try:
+        store(rt, simulated(400, "v1:0.9", seed=3))
+        with review_client(rt) as ui:
+            _login(ui)
+            open_items = ui.get("/v1/review/queue", params={"limit": 500}, headers=REVIEWER).json()
+            assert open_items["total"] > 200
+            order = [it["conversation_id"] for it in open_items["items"]]
+
+            deep = ui.get("/ui/queue", params={"page": 4})
+            assert deep.status_code == 400, deep.status_code
+            assert 'class="cid"' not in deep.text
+            assert "Page 4 is past the deepest numbered page (3)" in deep.text
+            assert 'href="/ui/queue?status=open&amp;page=3"' in deep.text
+            assert ui.get("/ui/queue", params={"page": 0}).status_code == 400
+
+            third = ui.get("/ui/queue", params={"page": 3}).text
+            older = re.search(r'<a href="(/ui/queue\?[^"]*)">Older', third)
+            assert older, "no Older link on the deepest numbered page"
+            url = older.group(1).replace("&amp;", "&")
+            assert "cursor=" in url and "page=" not in url
+            fourth = ui.get(url)
+            assert fourth.status_code == 200
+            shown = re.findall(r'href="/ui/review/([^"?]+)"', fourth.text)
+            assert [unquote(c) for c in dict.fromkeys(shown)][:50] == order[150:200]
+            assert "past page 3" in fourth.text
+            assert ui.get("/ui/queue", params={"cursor": "nonsense"}).status_code == 400
+            by_agent = ui.get("/ui/queue", params={"page": 3, "sort": "agent"}).text
+            assert "Older" not in by_agent and "deepest numbered page of a sorted list" in by_agent
+    finally:
+        rt.close()
+
+
+def test_every_claim_the_ui_makes_is_counted_in_the_claims_metric(ui, rt) -> None:
+    """*Save & next*, *Skip & next* and a conversation page's *Claim* each claim an item, yet only the
+    queue's *Claim next* counted in ``vigil_review_claims_total``: the metric saw a fraction of the claims
+    the audit log holds (a reviewer working through the queue with *Save & next* counted once)."""
+    store(rt, simulated(40, "v1:0.6", seed=5))
+    _login(ui)
+
+    def claims(result: str = "claimed") -> float:
+        m = re.search(rf'^vigil_review_claims_total{{result="{result}"}} (\S+)$', ui.get("/metrics").text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    first = ui.post("/ui/queue/claim", data={"csrf": _csrf(ui.get("/ui/queue").text)}, follow_redirects=False)
+    page = ui.get(first.headers["location"]).text
+    cid = unquote(first.headers["location"].split("?")[0].removeprefix("/ui/review/"))
+    form = {"csrf": _csrf(page), "revision": "1", "label": "not_a_failure", "next": "1"}
+    saved = ui.post(f"/ui/review/{quote(cid, safe='')}/label", data=form, follow_redirects=False)
+    nxt = unquote(saved.headers["location"].split("?")[0].removeprefix("/ui/review/"))
+    assert nxt != cid
+    skipped = ui.post(
+        f"/ui/review/{quote(nxt, safe='')}/skip", data={"csrf": _csrf(page), "next": "1"}, follow_redirects=False
+    )
+    third = unquote(skipped.headers["location"].split("?")[0].removeprefix("/ui/review/"))
+    assert third not in (cid, nxt)
+    ui.post(f"/ui/review/{quote(third, safe='')}/release", data={"csrf": _csrf(page)})
+    ui.post(f"/ui/review/{quote(third, safe='')}/claim", data={"csrf": _csrf(page)})
+    audit = ui.get("/v1/review/audit", params={"actor": "rita", "action": "claim"}, headers=ADMIN).json()
+    assert len(audit) == 4
+    assert claims() == 4.0
 
 
 def _version_of(rt, url: str) -> str:  # type: ignore[no-untyped-def]

@@ -20,6 +20,12 @@ def _has_nul(raw: bytes) -> bool:
     return b"\x00" in raw or b"%00" in raw
 
 
+def holds_nul(scope: dict[str, Any]) -> bool:
+    """Whether an HTTP request's path or query string holds NUL (raw or %00)."""
+    raw_path = scope.get("raw_path") or scope.get("path", "").encode("utf-8", "surrogateescape")
+    return _has_nul(raw_path) or "\x00" in scope.get("path", "") or _has_nul(scope.get("query_string", b""))
+
+
 class RefuseNul:
     """ASGI middleware: 400 for an HTTP request whose path or query string holds NUL (raw or %00)."""
 
@@ -27,12 +33,10 @@ class RefuseNul:
         self.app = app
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            raw_path = scope.get("raw_path") or scope.get("path", "").encode("utf-8", "surrogateescape")
-            if _has_nul(raw_path) or "\x00" in scope.get("path", "") or _has_nul(scope.get("query_string", b"")):
-                body = orjson.dumps({"detail": NUL_DETAIL})
-                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-                await send({"type": "http.response.start", "status": 400, "headers": headers})
-                await send({"type": "http.response.body", "body": body})
-                return
+        if scope["type"] == "http" and holds_nul(scope):
+            body = orjson.dumps({"detail": NUL_DETAIL})
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 400, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
         await self.app(scope, receive, send)

@@ -47,12 +47,17 @@ def queue_cmd(
         str, typer.Option(help="priority, flagged, received, agent, version, messages, findings or updated.")
     ] = "priority",
     ascending: Annotated[bool, typer.Option("--asc", help="Ascending order (default: descending for times).")] = False,
-    limit: Annotated[int, typer.Option(help="Items to show.")] = 20,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (counts and items).")] = False,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="Items to show.")] = 20,
+    cursor: Annotated[
+        str | None, typer.Option(help="The next page: the cursor the previous page printed (default order).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (counts, items, next_cursor).")] = False,
 ) -> None:
-    """Show queue counts and the highest-priority items."""
+    """Show queue counts and the highest-priority items; the next page is --cursor of the one printed last."""
+    from vigil.review.errors import Invalid
     from vigil.review.insights import SORTS, STATUSES, list_queue
     from vigil.review.queue import QueueFilter
+    from vigil.store.reads import BadCursor
 
     if status not in STATUSES:
         console.print(f"[red]error:[/red] --status must be one of {', '.join(STATUSES)}")
@@ -62,11 +67,17 @@ def queue_cmd(
         raise typer.Exit(2)
     st = _stage(ctx)
     f = QueueFilter(agent, version, rule, reason=reason, severity=severity, search=search)
-    with st.sessions() as s:
-        data = list_queue(s, f, status, limit, sort=sort, descending=False if ascending else None)
+    try:
+        with st.sessions() as s:
+            data = list_queue(s, f, status, limit, cursor=cursor, sort=sort, descending=False if ascending else None)
+    except (BadCursor, Invalid) as exc:
+        console.print(f"[red]error:[/red] {escape(terminal_safe(str(exc)))}", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
     if as_json:
         print_json(data)
         return
+    if data["next_cursor"]:
+        console.print(f"older: --cursor {data['next_cursor']}", soft_wrap=True, highlight=False)
     c = data["count_text"]
     console.print(f"available {c['available']} · claimed {c['claimed']} · done {c['done']} · waiting {c['waiting']}")
     rows = [

@@ -85,11 +85,14 @@ def queue_page(
     request: Request,
     status: str = "open",
     page: int = 1,
+    cursor: str | None = None,
     notice: str | None = None,
     sort: str | None = None,
     order: str | None = None,
     user: Principal = Depends(ui_user),
 ) -> Response:
+    """The queue, 50 items a page: numbered pages as deep as ``list_max_offset`` reaches, and past the deepest
+    one ``cursor`` pages on by position in the default order (keyset: flat at any depth)."""
     if status not in insights.STATUSES:
         status = "open"
     if sort not in insights.SORTS:
@@ -99,25 +102,54 @@ def queue_page(
     f = queue.QueueFilter(**picked)
     per_page = 50
     settings = runtime_of(request).settings
-    page = max(1, min(page, settings.list_max_offset // per_page + 1))  # deeper pages: narrow the filters
-    st = _stage(request)
-    with st.sessions() as s:
-        data = insights.list_queue(
-            s,
-            f,
-            status,
-            per_page,
-            (page - 1) * per_page,
-            count_cap=settings.list_count_cap,
-            sort=sort,
-            descending=descending,
-        )
-        options = insights.filter_options(s, list(st.rule_descriptions))
+    deepest = settings.list_max_offset // per_page + 1
     base = {k: v for k, v in picked.items() if v}
     sorting = {"sort": sort, "order": order} if sort else {}
 
     def qs(**kw: Any) -> str:
         return urlencode({k: v for k, v in {**base, "status": status, **sorting, **kw}.items() if v is not None})
+
+    if cursor is None and not 1 <= page <= deepest:
+        # a page past the deepest is not shown as another: it would list the deepest under the wrong number
+        there = min(max(page, 1), deepest)
+        why = (
+            f"Page {page} is past the deepest numbered page ({deepest}): go on from page {deepest} with Older →, "
+            "or narrow the filters."
+            if page > deepest
+            else f"Page {page} does not exist: pages are numbered from 1."
+        )
+        back = f"/ui/queue?{qs(page=there)}"
+        return render_page(request, "error.html", 400, title="No such page", message=why, back=back)
+    st = _stage(request)
+    try:
+        with st.sessions() as s:
+            data = insights.list_queue(
+                s,
+                f,
+                status,
+                per_page,
+                0 if cursor else (page - 1) * per_page,
+                cursor=cursor,
+                count_cap=settings.list_count_cap,
+                sort=sort,
+                descending=descending,
+            )
+            options = insights.filter_options(s, list(st.rule_descriptions))
+    except (reads.BadCursor, Invalid) as exc:
+        back = f"/ui/queue?{qs()}"
+        return render_page(request, "error.html", 400, title="Bad request", message=str(exc), back=back)
+    pages = max(1, -(-data["total"] // per_page))
+    full = len(data["items"]) == per_page
+    newer = older = None
+    if cursor:
+        newer = qs()
+        older = qs(cursor=data["next_cursor"]) if data["next_cursor"] else None
+    else:
+        newer = qs(page=page - 1) if page > 1 else None
+        if full and (page < pages or data["total_capped"]):
+            # past the deepest numbered page the keyset cursor goes on (the default order only has one)
+            more = qs(page=page + 1) if page < deepest else None
+            older = more or (qs(cursor=data["next_cursor"]) if data["next_cursor"] else None)
 
     def sort_qs(column: str) -> str:
         """The link of a column header: sort by it, or flip the order when it is the current sort."""
@@ -134,7 +166,13 @@ def queue_page(
         filters=picked,
         options=options,
         page=page,
-        pages=max(1, -(-data["total"] // per_page)),
+        pages=pages,
+        deepest=deepest,
+        cursor=cursor,
+        newer=newer,
+        older=older,
+        # a sorted list has no cursor: past its deepest numbered page there is no Older link, and the page says why
+        sorted_too_deep=full and older is None and not cursor and page == deepest,
         notice=NOTICES.get(notice or "") or bulk_notice(request),
         qs=qs,
         sort_qs=sort_qs,
@@ -311,8 +349,26 @@ def lease_action(request: Request, conversation_id: str, posted_form: FormData =
         p, _ = form_user(request, posted_form, _review_url(conversation_id))
     except Refused as refused:
         return refused.response
-    fn, notice = _LEASE_ACTIONS[request.url.path.rsplit("/", 1)[1]]
-    return _act(request, conversation_id, lambda s, st: fn(s, st, conversation_id, p.name), notice)
+    action = request.url.path.rsplit("/", 1)[1]
+    fn, notice = _LEASE_ACTIONS[action]
+
+    def act(s: Session, st: ReviewStage) -> Any:
+        if action != "claim":
+            return fn(s, st, conversation_id, p.name)
+        try:
+            fn(s, st, conversation_id, p.name)
+        except Conflict:
+            st.metrics.review_claims.labels("conflict").inc()
+            raise
+        st.metrics.review_claims.labels("claimed").inc()
+
+    return _act(request, conversation_id, act, notice)
+
+
+def _count_claim_next(st: ReviewStage, form: dict[str, Any], cid: str | None) -> None:
+    """*Save & next* and *Skip & next* claim the next item as *Claim next* does, and count the same."""
+    if form.get("next"):
+        st.metrics.review_claims.labels("claimed" if cid else "empty").inc()
 
 
 @router.post("/review/{conversation_id:path}/skip", dependencies=[Depends(session_slot)])
@@ -338,6 +394,7 @@ def skip(request: Request, conversation_id: str, posted_form: FormData = Depends
         return render_page(
             request, "error.html", 404, title="Not skipped", message=str(exc), back=_review_url(conversation_id)
         )
+    _count_claim_next(st, form, nxt)
     notice = "empty" if form.get("next") else "skipped"
     back = "/ui/queue?" + urlencode({**remembered_queue_filter(request), "notice": notice})
     return go(_review_url(nxt) if nxt else back)
@@ -393,6 +450,7 @@ def label(request: Request, conversation_id: str, posted_form: FormData = Depend
         )
     except NotFound as exc:
         return render_page(request, "error.html", 404, title="Not found", message=str(exc))
+    _count_claim_next(st, form, nxt)
     if form.get("next"):
         last = "/ui/queue?" + urlencode({**remembered_queue_filter(request), "notice": "labelled_last"})
         return count_labels(request, go(_review_url(nxt, "labelled") if nxt else last))

@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from vigil.http.app import database_unavailable
+from vigil.http.guard import holds_nul
 from vigil.http.unencodable import validation_response
 from vigil.store.db import StoreUnavailable
 from vigil.ui.render import SECURITY_HEADERS, render_page
@@ -36,9 +37,27 @@ TITLES = {
 }
 
 
-def is_page(request: Request) -> bool:
-    path = request.url.path
+NUL_PAGE = "This address holds a NUL character (%00), which no page can use: remove it and try again."
+
+
+def is_page_path(path: str) -> bool:
     return (path == "/ui" or path.startswith("/ui/")) and not path.startswith("/ui/static/")
+
+
+def is_page(request: Request) -> bool:
+    return is_page_path(request.url.path)
+
+
+def bare_page(status: int, message: str) -> HTMLResponse:
+    """An error page without the layout, which reads the database (the session, the banners)."""
+    title = html.escape(TITLES.get(status, f"Error {status}"))
+    body = (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title} · Vigil</title>'
+        '<link rel="stylesheet" href="/ui/static/vigil.css"></head><body><main id="main">'
+        f'<h1>{title}</h1><p class="error">{html.escape(message)}</p>'
+        '<p><a href="/ui">Home</a> <a href="/ui/queue">Review queue</a></p></main></body></html>'
+    )
+    return HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)
 
 
 def error_page(request: Request, status: int, message: str) -> Response:
@@ -51,14 +70,22 @@ def error_page(request: Request, status: int, message: str) -> Response:
             log.exception("error page failed to render")
         else:
             log.debug("error page rendered bare: %s", exc)
-        title = html.escape(TITLES.get(status, f"Error {status}"))
-        body = (
-            f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title} · Vigil</title>'
-            '<link rel="stylesheet" href="/ui/static/vigil.css"></head><body><main id="main">'
-            f'<h1>{title}</h1><p class="error">{html.escape(message)}</p>'
-            '<p><a href="/ui">Home</a></p></main></body></html>'
-        )
-        return HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)
+        return bare_page(status, message)
+
+
+class NulPages:
+    """ASGI middleware around ``RefuseNul``: a page's address holding NUL gets the 400 page, not the API's JSON.
+
+    The bare page: answered before routing, on the event loop, where the layout's database reads must not run."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and is_page_path(scope.get("path", "")) and holds_nul(scope):
+            await bare_page(400, NUL_PAGE)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def not_found_message(request: Request, detail: Any) -> str:
@@ -69,6 +96,7 @@ def not_found_message(request: Request, detail: Any) -> str:
 
 def install(app: Any) -> None:
     """Register the handlers: HTTP errors, bad query parameters and unhandled errors of UI pages."""
+    app.add_middleware(NulPages)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
