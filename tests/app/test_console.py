@@ -377,7 +377,7 @@ def _alert(i: int, signal: str, x: int, n: int = 1000, version: str = "v2", acti
 
 
 def test_only_an_aggregate_alert_repeating_a_rule_that_feeds_it_is_folded() -> None:
-    from vigil.detector.pages import fold_twins
+    from vigil.detector.twins import fold_twins
 
     alert = _alert
     fed_by = {"forbidden_tool": frozenset({"rule:no-refund", "rule:no-delete"})}  # rules of type forbidden_tool
@@ -413,7 +413,7 @@ def test_the_shipped_rules_fold_forbidden_tool_only_into_forbidden_tool_rules() 
     ``forbidden_tool``; ``tool-errors`` (``tool_error_rate``) does not feed ``tool_error``, nor does any
     other kind (budget, user_repetition, pii_leak, groundedness, require_confirmation, tool_order, ...) feed
     an aggregate: each of those regressions raises its rule's alert alone."""
-    from vigil.detector.pages import fed_by_rules
+    from vigil.detector.twins import fed_by_rules
     from vigil.rules import RuleEngine
     from vigil.settings import PROJECT_ROOT
 

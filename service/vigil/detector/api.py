@@ -1,14 +1,17 @@
-"""``GET /v1/alerts``: current and past detections, with when they started and ended."""
+"""``GET /v1/alerts``: current and past detections, with when they started and ended, and which of them
+repeat each other (``folded_into`` / ``folds``: :mod:`vigil.detector.twins`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from vigil.detector.models import DetectionRow, DetectorSeriesRow
+from vigil.detector.twins import FedBy, fed_by_rules, mark_twins
 from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.store.db import aware
@@ -37,11 +40,14 @@ def detection_dict(d: DetectionRow) -> dict[str, Any]:
 
 def list_alerts(
     s: Session,
+    fed_by: FedBy,
     active: bool | None = None,
     agent: str | None = None,
     version: str | None = None,
     limit: int = 100,
 ) -> dict[str, Any]:
+    """The newest ``limit`` detections, each marked with the alerts it repeats or is repeated by
+    (:func:`vigil.detector.twins.mark_twins`; ``fed_by`` is :func:`~vigil.detector.twins.fed_by_rules`)."""
     q = select(DetectionRow)
     if active is True:
         q = q.where(DetectionRow.ended_at.is_(None))
@@ -63,7 +69,18 @@ def list_alerts(
         if out["active"] and live is not None:
             out["statistic_now"] = max(live.statistics or [0.0])
         items.append(out)
+    mark_twins(items, fed_by, _cut_twins(s, q, rows, limit))
     return {"active": [i for i in items if i["active"]], "past": [i for i in items if not i["active"]]}
+
+
+def _cut_twins(s: Session, q: Select[DetectionRow], rows: Sequence[DetectionRow], limit: int) -> list[Any]:
+    """The detections past a full page that started with its last one. Alerts that repeat each other
+    started together, and the page is in order of start: only the last start's alerts can be cut in two."""
+    if len(rows) < limit:
+        return []
+    listed = [d.id for d in rows]
+    more = q.where(DetectionRow.started_at == rows[-1].started_at, DetectionRow.id.not_in(listed))
+    return [detection_dict(d) for d in s.scalars(more)]
 
 
 @router.get("/v1/alerts", dependencies=[require("reviewer")])
@@ -74,6 +91,9 @@ def alerts(
     version: str | None = None,
     limit: int = Query(100, ge=1, le=1000),
 ) -> dict[str, Any]:
-    """Regressions the detector raised: ``active`` ones (still held) and ``past`` ones with their end."""
-    with runtime_of(request).sessions() as s:
-        return list_alerts(s, active, agent, version, limit)
+    """Regressions the detector raised: ``active`` ones (still held) and ``past`` ones with their end. Every
+    detection is listed; one that repeats another (an aggregate's alert raised with the same conversations
+    as a rule's that feeds it) names it: ``folded_into`` on the aggregate's, ``folds`` on the rule's."""
+    rt = runtime_of(request)
+    with rt.sessions() as s:
+        return list_alerts(s, fed_by_rules(rt.rules), active, agent, version, limit)

@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import sys
+from typing import Annotated, Any
 
 import typer
 
 from vigil.runtime import Launcher
+
+ALERT_COLUMNS = ["id", "state", "agent", "version", "signal", "rate", "baseline", "started", "ended", "folded into"]
+
+
+def alert_rows(alerts: list[dict[str, Any]], indent: bool) -> list[list[str]]:
+    """``vigil alerts``' rows: every alert, each one folded into another (``folded_into``) right under it,
+    its signal indented on a terminal (piped, the signal stays as it is and ``folded into`` says it)."""
+    listed = {a["id"] for a in alerts}
+    under: dict[int, list[dict[str, Any]]] = {}
+    for a in alerts:
+        if a.get("folded_into") in listed:
+            under.setdefault(a["folded_into"], []).append(a)
+
+    def row(d: dict[str, Any], folded: bool) -> list[str]:
+        return [
+            str(d["id"]),
+            "ACTIVE" if d["active"] else "past",
+            d["agent_id"],
+            d["agent_version"],
+            f"└ {d['signal']}" if folded and indent else d["signal"],
+            f"{100 * d['rate_at_start']:.2f}%",
+            f"{100 * d['baseline_rate']:.2f}% ({d['baseline']})",
+            str(d["started_at"])[:19],
+            str(d["ended_at"] or "")[:19],
+            "" if d.get("folded_into") is None else str(d["folded_into"]),
+        ]
+
+    out = []
+    for a in alerts:
+        if a.get("folded_into") in listed:
+            continue
+        out.append(row(a, False))
+        out.extend(row(t, True) for t in under.get(a["id"], []))
+    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -51,28 +86,16 @@ def register(app: typer.Typer) -> None:
         active: Annotated[bool, typer.Option("--active", help="Only active detections.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
-        """List the detector's current and past detections."""
+        """List the detector's current and past detections; one that repeats another is listed under it."""
 
         from vigil.detector.api import list_alerts
+        from vigil.detector.twins import fed_by_rules
         from vigil.tables import print_json, print_table
 
         rt = Launcher.of(ctx).core()
         with rt.sessions() as session:
-            found = list_alerts(session, True if active else None)
+            found = list_alerts(session, fed_by_rules(rt.rules), True if active else None)
         if as_json:
             print_json(found)
             return
-        rows = [
-            [
-                "ACTIVE" if d["active"] else "past",
-                d["agent_id"],
-                d["agent_version"],
-                d["signal"],
-                f"{100 * d['rate_at_start']:.2f}%",
-                f"{100 * d['baseline_rate']:.2f}% ({d['baseline']})",
-                str(d["started_at"])[:19],
-                str(d["ended_at"] or "")[:19],
-            ]
-            for d in found["active"] + found["past"]
-        ]
-        print_table(["state", "agent", "version", "signal", "rate", "baseline", "started", "ended"], rows)
+        print_table(ALERT_COLUMNS, alert_rows(found["active"] + found["past"], indent=sys.stdout.isatty()))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -15,10 +14,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from vigil.detector.api import list_alerts
 from vigil.detector.hourly import series_totals
 from vigil.detector.models import DetectionRow, QualityCountRow
+from vigil.detector.twins import fed_by_rules, fold_twins
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.store.db import aware
-from vigil.store.signals import FINDING_AGGREGATES
 from vigil.ui.links import anchor, baseline_version, behind_link, compare_link, quality_link, queue_label, queue_link
 from vigil.ui.render import render_page, ui_user
 
@@ -64,48 +63,6 @@ def evidence(s: Session, alert: dict[str, Any]) -> dict[str, Any]:
     return {"at_start": at_start, "baseline": baseline, "now": now, "hours": hours}
 
 
-def fed_by_rules(rules: Any) -> dict[str, frozenset[str]]:
-    """Each aggregate signal counted from findings (``store.signals.FINDING_AGGREGATES``) with the signals
-    (``rule:<id>``) of the loaded rules whose findings it counts: those of the rule type it names. An
-    aggregate no loaded rule feeds is left out. ``tool_error`` is never among them (it counts tool results)."""
-    out = {
-        signal: frozenset(f"rule:{r.id}" for r in rules.rules if r.type.name == kind)
-        for signal, kind in FINDING_AGGREGATES.items()
-    }
-    return {signal: fed for signal, fed in out.items() if fed}
-
-
-def _start(a: dict[str, Any]) -> tuple[Any, ...]:
-    return (a["agent_id"], a["agent_version"], aware(a["started_at"]), a["rate_at_start"], a["observations_at_start"])
-
-
-def fold_twins(alerts: list[dict[str, Any]], fed_by: Mapping[str, frozenset[str]]) -> list[dict[str, Any]]:
-    """The alerts with each aggregate alert that a rule's alert repeats folded into that rule's, as ``twins``.
-
-    ``fed_by`` maps an aggregate signal to the rule signals whose findings it counts (:func:`fed_by_rules`):
-    the aggregate fails a conversation with a finding of any of them, so each rule's conversations are a
-    subset of the aggregate's. A rule's alert raised in the same detector run, on the same version, with the
-    same count of the same traffic, therefore flags the very conversations the aggregate does (only that rule
-    made it fail): on-call saw one regression as two alerts. The rule's alert is the one shown: it says what
-    failed, and its queue link narrows to it. An aggregate's alert is folded only into a rule that feeds it
-    (``rule:pii`` with the same count as ``forbidden_tool`` is a coincidence). ``tool_error`` folds into
-    nothing, ``rule:tool-errors`` included: it counts failed tool results, not findings, so that rule's
-    conversations are not a subset of its own and an equal count proves nothing."""
-    rules: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for a in alerts:
-        for aggregate, fed in fed_by.items():
-            if a["signal"] in fed:
-                rules.setdefault((aggregate, *_start(a)), a)
-    out = []
-    for a in alerts:
-        twin = rules.get((a["signal"], *_start(a))) if a["signal"] in fed_by else None
-        if twin is not None and twin["active"] == a["active"]:
-            twin.setdefault("twins", []).append(a)
-        else:
-            out.append(a)
-    return out
-
-
 def links(alert: dict[str, Any]) -> dict[str, str]:
     agent, version, signal = alert["agent_id"], alert["agent_version"], alert["signal"]
     out = {
@@ -125,7 +82,7 @@ def alerts_page(request: Request, show: str = "active", user: Principal = Depend
     rt = runtime_of(request)
     fed_by = fed_by_rules(rt.rules)
     with rt.sessions() as s:
-        data = list_alerts(s, limit=100)
+        data = list_alerts(s, fed_by, limit=100)
         active = fold_twins(data["active"], fed_by)
         past = fold_twins(data["past"][:50], fed_by) if show == "all" else []
         for a in active + past:

@@ -9,6 +9,7 @@ from vigil.detector import pages
 from vigil.detector.api import router
 from vigil.detector.loop import Detector
 from vigil.detector.sampled import sampled_verdict_counter
+from vigil.detector.twins import fed_by_rules
 from vigil.runtime import Runtime
 from vigil.store.signals import conversation_signals, outcome_signals
 
@@ -53,7 +54,7 @@ def wire(rt: Runtime) -> Detector | None:
     rt.hooks.add_router(pages.router)
     rt.hooks.add_page("Alerts", "/ui/alerts")
     rt.hooks.add_templates(TEMPLATES)
-    banner = pages.AlertBanner(rt.sessions, tuple(pages.fed_by_rules(rt.rules).items()))
+    banner = pages.AlertBanner(rt.sessions, tuple(fed_by_rules(rt.rules).items()))
     if banner not in rt.hooks.banners:
         rt.hooks.banners.append(banner)
     rt.hooks.verdict_listeners.append(sampled_verdict_counter(rt.metrics))

@@ -30,7 +30,7 @@ OFFLINE_SUFFIX = ":offline"  # a judge's offline verdicts: their own signal, nev
 
 # The aggregate signals counted from findings, each with the rule type whose findings it counts: a
 # conversation fails it with a finding of any rule of that type. Each such rule's ``rule:<id>`` counts a
-# subset of the aggregate's conversations (the alerts fold on that: ``vigil.detector.pages.fold_twins``).
+# subset of the aggregate's conversations (the alerts fold on that: ``vigil.detector.twins``).
 # ``tool_error`` is not one: it counts conversations with a failed tool result (``is_error``), whatever the
 # rules find; the ``tool_error_rate`` rule flags a different set (a share of failed calls over a minimum).
 FINDING_AGGREGATES: dict[str, str] = {FORBIDDEN: "forbidden_tool"}

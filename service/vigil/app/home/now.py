@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from vigil.detector.api import list_alerts
 from vigil.detector.models import QualityCountRow
 from vigil.detector.pages import evidence
+from vigil.detector.twins import fed_by_rules
 from vigil.judge.api import judge_info
 from vigil.judge.stage import JudgeStage
 from vigil.runtime import Runtime
@@ -124,7 +125,7 @@ def snapshot(rt: Runtime, now: datetime | None = None) -> dict[str, Any]:
     """Everything the home page shows, read in one session."""
     now = now or datetime.now(UTC)
     with rt.sessions() as s:
-        alerts = list_alerts(s, active=True, limit=50)["active"]
+        alerts = list_alerts(s, fed_by_rules(rt.rules), active=True, limit=50)["active"]
         for a in alerts:
             a["evidence"] = evidence(s, a)
         return {

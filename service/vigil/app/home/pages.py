@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from vigil.app.home import browse, charts, now, quality
-from vigil.detector.pages import fed_by_rules, fold_twins
+from vigil.detector.twins import fed_by_rules, fold_twins
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
 from vigil.money import usd
