@@ -552,6 +552,13 @@ class Settings(BaseSettings):
         "entered the queue leave it, so their conversations no longer stay as queued ones and go by the conversations' "
         "retention. 0 keeps them in the queue forever.",
     )
+    retention_expired_review_days: float = Field(
+        default=365.0,
+        ge=0,
+        description="An open review item that expired leaves one 'expired' audit event (its reasons, when it was "
+        "flagged and expired, how many assigns, skips, comments and other events it had, who acted on it) in place "
+        "of its own; that record is deleted this long after the item expired. 0 keeps the records forever.",
+    )
     retention_findings_days: float = Field(
         default=90.0,
         ge=0,

@@ -166,7 +166,15 @@ def test_a_retention_longer_than_any_time_keeps_everything(aged, monkeypatch, da
 
     rt, _ids, _kept = aged
     monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
-    for name in ("CONVERSATIONS", "UNJOINED_OUTCOMES", "FINDINGS", "VERDICTS", "DEAD_LETTERS", "OPEN_REVIEW"):
+    for name in (
+        "CONVERSATIONS",
+        "UNJOINED_OUTCOMES",
+        "FINDINGS",
+        "VERDICTS",
+        "DEAD_LETTERS",
+        "OPEN_REVIEW",
+        "EXPIRED_REVIEW",
+    ):
         monkeypatch.setenv(f"VIGIL_RETENTION_{name}_DAYS", days)
     r = CliRunner().invoke(app, ["retention", "run", "--json"])
     assert r.exit_code == 0, r.output
