@@ -1,5 +1,6 @@
 """How the review queue ages out (SQLite and Postgres): an open item that expires leaves one ``expired`` audit
-event behind, itself kept ``retention_expired_review_days``."""
+event behind (itself kept ``retention_expired_review_days``), and an assignment nobody acts on is released
+after ``review_assignment_timeout_hours`` so the item can expire."""
 
 from __future__ import annotations
 
@@ -131,3 +132,70 @@ def _ui_login(api, key: str) -> None:  # type: ignore[no-untyped-def]
     assert csrf, "no CSRF token on the log-in page"
     r = api.post("/ui/login", data={"csrf": csrf.group(1), "api_key": key}, follow_redirects=False)
     assert r.status_code == 303, r.text
+
+
+def _assign(api, rt, cid: str, to: str, hours_ago: float) -> None:  # type: ignore[no-untyped-def]
+    r = api.post("/v1/review/bulk", json={"action": "assign", "assignee": to, "conversation_ids": [cid]}, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["done"] == [cid], r.text
+    at = datetime.now(UTC) - timedelta(hours=hours_ago)
+    with rt.sessions.begin() as s:
+        s.execute(update(ReviewItemRow).where(ReviewItemRow.conversation_id == cid).values(assigned_at=at))
+        s.execute(text("UPDATE review_audit SET at = :at WHERE conversation_id = :c"), {"at": at, "c": cid})
+
+
+def _assignees(rt, *ids: str) -> dict[str, str | None]:  # type: ignore[no-untyped-def]
+    """The assignee of each of ``ids`` still in the queue."""
+    with rt.sessions() as s:
+        rows = s.execute(
+            select(ReviewItemRow.conversation_id, ReviewItemRow.assignee).where(ReviewItemRow.conversation_id.in_(ids))
+        )
+        return {cid: assignee for cid, assignee in rows}
+
+
+def test_an_assignment_nobody_acts_on_is_released_and_the_item_can_expire(api, rt) -> None:  # type: ignore[no-untyped-def]
+    """An item assigned to a reviewer never left the queue until someone unassigned it: a reviewer who left
+    kept their items, and their conversations, for good. After ``review_assignment_timeout_hours`` without an
+    event of the assignee on the item, the retention job releases the assignment (an ``assignment_timeout``
+    event, counted in ``vigil_review_assignments_timed_out_total``), and the item expires as any other; an
+    assignee who claimed or commented since, or a younger assignment, keeps it. 0 never releases."""
+    abandoned, busy, recent = _open_items(api, rt, 3)
+    timeout = rt.settings.review_assignment_timeout_hours
+    assert timeout == 14 * 24
+    _assign(api, rt, abandoned, "raj", timeout + 1)
+    _assign(api, rt, busy, "raj", timeout + 1)
+    _assign(api, rt, recent, "rita", timeout - 1)
+    assert api.post(f"/v1/review/items/{busy}/comments", json={"body": "on it"}, headers=RAJ).status_code == 201
+
+    never = rt.settings.model_copy(update={"review_assignment_timeout_hours": 0.0})
+    done = retention.run(rt.sessions, never, metrics=rt.metrics)
+    assert done.released == {} and done.deleted["open_review_items"] == 0
+    assert retention.run(rt.sessions, rt.settings, dry_run=True).released == {"assignments": 1}
+    assert _assignees(rt, abandoned, busy, recent) == {abandoned: "raj", busy: "raj", recent: "rita"}
+
+    done = retention.run(rt.sessions, rt.settings, metrics=rt.metrics)
+    assert done.released == {"assignments": 1} and done.deleted["open_review_items"] == 1
+    assert _assignees(rt, abandoned, busy, recent) == {busy: "raj", recent: "rita"}
+    timed_out = rt.metrics.registry.get_sample_value("vigil_review_assignments_timed_out_total")
+    assert timed_out == 1.0
+    (expired,) = _audit(api, conversation_id=abandoned)
+    assert expired["action"] == "expired" and expired["detail"]["events"]["assignment_timeout"] == 1
+    released = _audit(api, action="assignment_timeout")
+    assert [(e["conversation_id"], e["actor"]) for e in released] == []  # summed up in the expired record
+
+    with rt.sessions.begin() as s:  # a young item: released, it stays in the queue for anyone
+        s.execute(
+            update(ReviewItemRow).where(ReviewItemRow.conversation_id == busy).values(created_at=datetime.now(UTC))
+        )
+        s.execute(text("UPDATE review_audit SET at = :at WHERE conversation_id = :c"), {"at": OLD, "c": busy})
+    assert retention.run(rt.sessions, rt.settings, metrics=rt.metrics).released == {"assignments": 1}
+    assert _assignees(rt, abandoned, busy, recent) == {busy: None, recent: "rita"}
+    (event,) = _audit(api, action="assignment_timeout")
+    assert (event["conversation_id"], event["actor"]) == (busy, "retention")
+    assert event["detail"]["assignee"] == "raj" and event["detail"]["after_hours"] == timeout
+    assert datetime.fromisoformat(event["detail"]["last_activity_at"]) == OLD
+    assert rt.metrics.registry.get_sample_value("vigil_review_assignments_timed_out_total") == 2.0
+    hist = api.get(f"/v1/review/items/{busy}/history", headers=REVIEWER).json()
+    assert hist["audit"][-1]["action"] == "assignment_timeout"
+    _ui_login(api, "rita-key")
+    shown = re.search(r'<span class="timeout-record">(.*?)</span>', api.get(f"/ui/review/{quote(busy, safe='')}").text)
+    assert shown and shown.group(1) == "(released raj's assignment: nothing from them on it for 336.0 hours)"

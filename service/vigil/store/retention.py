@@ -33,6 +33,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, column, delete, exists, func, or_, select, table, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
+from vigil.metrics import Metrics
 from vigil.settings import Settings
 from vigil.store.db import among, aware, upsert
 from vigil.store.models import (
@@ -50,6 +51,8 @@ from vigil.store.review_retention import (
     REASONS,
     expire_open_items,
     expired_records,
+    release_assignments,
+    stale_assignment,
     unreviewed,
 )
 from vigil.store.rollups import RETAINED, RollupMemberRow, RollupStateRow
@@ -108,11 +111,13 @@ class RetentionResult:
     dry_run: bool = False
     deleted: dict[str, int] = field(default_factory=dict)
     cutoffs: dict[str, datetime | None] = field(default_factory=dict)
+    released: dict[str, int] = field(default_factory=dict)  # rows changed, not deleted (assignments)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "dry_run": self.dry_run,
             "deleted": self.deleted,
+            "released": self.released,
             "cutoffs": {k: v.isoformat() if v else None for k, v in self.cutoffs.items()},
         }
 
@@ -267,16 +272,29 @@ def _unjoined_outcomes(sessions: sessionmaker[Session], at: datetime, now: datet
 
 
 def run(
-    sessions: sessionmaker[Session], settings: Settings, dry_run: bool = False, now: datetime | None = None
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    dry_run: bool = False,
+    now: datetime | None = None,
+    metrics: Metrics | None = None,
 ) -> RetentionResult:
-    """Delete what is past retention (``vigil retention run``; also periodically in serve and detector)."""
+    """Delete what is past retention (``vigil retention run``; also periodically in serve and detector), after
+    releasing review assignments nobody acted on for ``review_assignment_timeout_hours``."""
     now = now or datetime.now(UTC)
     batch = settings.retention_batch_rows
     out = RetentionResult(dry_run=dry_run)
     C, F, V, D, I = ConversationRow, FindingRow, VerdictRow, DeadLetterRow, ReviewItemRow  # noqa: E741
     pick: Any
 
-    # first: the conversations of the items that leave the queue go by the conversations' retention below
+    # first: an assignment released here no longer keeps its item from expiring below
+    if (at := cutoff(settings.review_assignment_timeout_hours / 24, now)) is not None:
+        pick = select(I.id).where(*stale_assignment(at, now))
+        release = release_assignments(at, now, settings.review_assignment_timeout_hours)
+        out.released["assignments"] = n = _batches(sessions, pick, release, batch, dry_run)
+        if metrics is not None and not dry_run:
+            metrics.review_assignments_timed_out.inc(n)
+
+    # then: the conversations of the items that leave the queue go by the conversations' retention below
     if (at := cutoff(settings.retention_open_review_days, now)) is not None:
         pick = select(I.id).where(*unreviewed(at, now))
         expire = expire_open_items(at, now, settings.retention_open_review_days)
@@ -316,6 +334,6 @@ def run(
         pick = select(D.id).where(D.created_at < at)
         out.deleted["dead_letters"] = _batches(sessions, pick, _deleting(D, D.id), batch, dry_run)
     out.cutoffs["dead_letters"] = at
-    if any(out.deleted.values()):
-        log.info("retention%s: %s", " (dry run)" if dry_run else "", out.deleted)
+    if any(out.deleted.values()) or any(out.released.values()):
+        log.info("retention%s: deleted %s, released %s", " (dry run)" if dry_run else "", out.deleted, out.released)
     return out

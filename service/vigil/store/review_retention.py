@@ -7,6 +7,10 @@ event stays in their place: the item's reasons, when it was flagged and expired,
 action it had and who acted on it. That record is a row of a few hundred bytes per expired item, and goes in
 its turn ``retention_expired_review_days`` after the item expired.
 
+An assignment nobody acts on (no claim, comment, label, skip or other event of the assignee on the item) for
+``review_assignment_timeout_hours`` is released: the item goes back to the pool with an ``assignment_timeout``
+event, and can expire as any other.
+
 The review stage owns these tables; they are named here only to keep their history when retention deletes.
 """
 
@@ -16,7 +20,7 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, column, delete, exists, func, insert, or_, select, table
+from sqlalchemy import ColumnElement, column, delete, exists, func, insert, or_, select, table, update
 from sqlalchemy.orm import Session
 from sqlalchemy.types import DateTime, Integer, String
 
@@ -39,6 +43,7 @@ ACTOR = "retention"
 """The actor of the events retention writes: its own, so deleting old records reads an index range of them
 (``ix_review_audit_actor``), not every system event."""
 EXPIRED = "expired"
+TIMED_OUT = "assignment_timeout"
 SYSTEM_ACTORS = ("vigil", ACTOR)  # the flagger's and retention's events: nobody looked at the item
 MAX_LISTED = 20  # reasons and reviewers an expired record names (the counts stay whole)
 
@@ -48,7 +53,7 @@ def unreviewed(at: datetime, now: datetime) -> list[ColumnElement[bool]]:
     (any version, of any revision), began a multiple review of, holds now (a lease that ran out holds
     nothing), or is assigned to. An assignment is a person's decision that someone should look at the item:
     it keeps the item after it lapsed for claim-next (``review_assignment_hours`` only opens it to everyone),
-    until it is unassigned."""
+    until it is unassigned, or released after ``review_assignment_timeout_hours`` without activity."""
     I, L = ReviewItemRow, ReviewLabelRow  # noqa: E741
     return [
         I.status == "open",
@@ -133,6 +138,79 @@ def _records(s: Session, cids: list[str]) -> dict[str, dict[str, Any]]:
             last_activity[cid] = last_at
             rec["last_activity_at"] = last_at.isoformat()
     return {cid: out[cid] for cid in cids}
+
+
+def stale_assignment(at: datetime, now: datetime) -> list[ColumnElement[bool]]:
+    """An open item assigned before ``at`` whose assignee left no audit event on it since, that nobody holds."""
+    I = ReviewItemRow  # noqa: E741
+    return [
+        I.status == "open",
+        I.assignee.is_not(None),
+        I.assigned_at < at,
+        or_(I.claimed_by.is_(None), I.lease_until < now),
+        ~exists().where(AUDIT.c.conversation_id == I.conversation_id, AUDIT.c.actor == I.assignee, AUDIT.c.at >= at),
+    ]
+
+
+def release_assignments(at: datetime, now: datetime, hours: float) -> Any:
+    """``remove`` for the retention job's batches: releases the picked assignments still stale when the UPDATE
+    runs (the assignee may have claimed the item since the pick, or someone assigned it anew), each with an
+    ``assignment_timeout`` event saying whose it was."""
+    I, A = ReviewItemRow, AUDIT.c  # noqa: E741
+
+    def remove(s: Session, ids: list[int]) -> int:
+        held = s.execute(
+            select(I.id, I.conversation_id, I.assignee, I.assigned_at).where(
+                among(s, I.id, ids), *stale_assignment(at, now)
+            )
+        ).all()
+        if not held:
+            return 0
+        freed = set(
+            s.scalars(
+                update(I)
+                .where(among(s, I.id, [h.id for h in held]), *stale_assignment(at, now))
+                .values(assignee=None, assigned_at=None, updated_at=now)
+                .returning(I.id)
+                .execution_options(synchronize_session=False)
+            )
+        )
+        held = [h for h in held if h.id in freed]
+        if not held:
+            return 0
+        last = {
+            (cid, actor): aware(when)
+            for cid, actor, when in s.execute(
+                select(A.conversation_id, A.actor, func.max(A.at))
+                .where(among(s, A.conversation_id, [h.conversation_id for h in held]))
+                .group_by(A.conversation_id, A.actor)
+            )
+        }
+        s.execute(
+            insert(AUDIT),
+            [
+                {
+                    "at": now,
+                    "actor": ACTOR,
+                    "action": TIMED_OUT,
+                    "conversation_id": h.conversation_id,
+                    "detail": {
+                        "assignee": h.assignee,
+                        "assigned_at": aware(h.assigned_at).isoformat() if h.assigned_at else None,
+                        "after_hours": hours,
+                        "last_activity_at": _iso(last.get((h.conversation_id, h.assignee))),
+                    },
+                }
+                for h in held
+            ],
+        )
+        return len(held)
+
+    return remove
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at is not None else None
 
 
 def expired_records(at: datetime) -> list[ColumnElement[bool]]:
