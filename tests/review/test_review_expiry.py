@@ -199,3 +199,18 @@ def test_an_assignment_nobody_acts_on_is_released_and_the_item_can_expire(api, r
     _ui_login(api, "rita-key")
     shown = re.search(r'<span class="timeout-record">(.*?)</span>', api.get(f"/ui/review/{quote(busy, safe='')}").text)
     assert shown and shown.group(1) == "(released raj's assignment: nothing from them on it for 336.0 hours)"
+
+
+def test_a_conversation_that_expires_twice_keeps_both_records(api, rt) -> None:  # type: ignore[no-untyped-def]
+    """A conversation flagged again after its item expired, whose new item expired too, lost the first
+    ``expired`` record with the second item's audit events (it counted only as one more event of the item):
+    each record stays until its own retention."""
+    (cid,) = _open_items(api, rt, 1)
+    retention.run(rt.sessions, rt.settings)
+    with rt.sessions.begin() as s:
+        s.add(ReviewItemRow(conversation_id=cid, agent_id="support-bot", agent_version="v1", created_at=OLD))
+    assert api.post(f"/v1/review/items/{cid}/skip", headers=REVIEWER).status_code == 204
+    assert retention.run(rt.sessions, rt.settings).deleted["open_review_items"] == 1
+    first, second = reversed(_audit(api, conversation_id=cid))
+    assert (first["action"], second["action"]) == ("expired", "expired")
+    assert first["detail"]["events"] == {"enqueued": 1} and second["detail"]["events"] == {"skip": 1}

@@ -51,6 +51,7 @@ from vigil.store.review_retention import (
     REASONS,
     expire_open_items,
     expired_records,
+    not_a_record,
     release_assignments,
     stale_assignment,
     unreviewed,
@@ -236,8 +237,9 @@ def _drop_unjoined(s: Session, ids: list[int]) -> int:
             .returning(I.conversation_id)
         )
     )
-    for hanging in (REASONS, AUDIT) if waited else ():
-        s.execute(delete(hanging).where(among(s, hanging.c.conversation_id, waited)))
+    if waited:
+        s.execute(delete(REASONS).where(among(s, REASONS.c.conversation_id, waited)))
+        s.execute(delete(AUDIT).where(among(s, AUDIT.c.conversation_id, waited), not_a_record()))
     return len(gone)
 
 

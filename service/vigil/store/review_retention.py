@@ -20,7 +20,7 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, column, delete, exists, func, insert, or_, select, table, update
+from sqlalchemy import ColumnElement, and_, column, delete, exists, func, insert, or_, select, table, update
 from sqlalchemy.orm import Session
 from sqlalchemy.types import DateTime, Integer, String
 
@@ -46,6 +46,12 @@ EXPIRED = "expired"
 TIMED_OUT = "assignment_timeout"
 SYSTEM_ACTORS = ("vigil", ACTOR)  # the flagger's and retention's events: nobody looked at the item
 MAX_LISTED = 20  # reasons and reviewers an expired record names (the counts stay whole)
+
+
+def not_a_record() -> ColumnElement[bool]:
+    """An audit event other than an ``expired`` record: a conversation queued again after its item expired
+    may expire again, and each record stays until its own retention."""
+    return ~and_(AUDIT.c.actor == ACTOR, AUDIT.c.action == EXPIRED)
 
 
 def unreviewed(at: datetime, now: datetime) -> list[ColumnElement[bool]]:
@@ -80,8 +86,9 @@ def expire_open_items(at: datetime, now: datetime, days: float) -> Any:
             return 0
         cids = [g.conversation_id for g in gone]
         records = _records(s, cids)
-        for hanging in (REASONS, SKIPS, AUDIT):
+        for hanging in (REASONS, SKIPS):
             s.execute(delete(hanging).where(among(s, hanging.c.conversation_id, cids)))
+        s.execute(delete(AUDIT).where(among(s, AUDIT.c.conversation_id, cids), not_a_record()))
         s.execute(
             insert(AUDIT),
             [
@@ -123,7 +130,7 @@ def _records(s: Session, cids: list[str]) -> dict[str, dict[str, Any]]:
     A = AUDIT.c  # noqa: N806
     for cid, actor, action, n, last in s.execute(
         select(A.conversation_id, A.actor, A.action, func.count(), func.max(A.at))
-        .where(among(s, A.conversation_id, cids))
+        .where(among(s, A.conversation_id, cids), not_a_record())
         .group_by(A.conversation_id, A.actor, A.action)
         .order_by(A.conversation_id, A.actor, A.action)
     ):
