@@ -353,6 +353,12 @@ class Metrics:
             registry=r,
             buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 3600),
         )
+        self.review_assignments_timed_out = Counter(
+            "review_assignments_timed_out_total",
+            "Assignments the retention job released after VIGIL_REVIEW_ASSIGNMENT_TIMEOUT_HOURS without activity.",
+            namespace=NS,
+            registry=r,
+        )
         # --- end review metrics ---
 
         # --- outcomes and detector metrics ---

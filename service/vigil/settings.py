@@ -282,6 +282,14 @@ class Settings(BaseSettings):
         description="How long an item assigned to a reviewer is kept for them: after this many hours without "
         "their label, claim-next offers it to everyone again (0 = assignments never lapse).",
     )
+    review_assignment_timeout_hours: float = Field(
+        default=336.0,
+        ge=0,
+        description="An assignment whose reviewer did nothing on the item (no claim, comment, skip, label...) for "
+        "this many hours is released by the retention job, with an 'assignment_timeout' audit event: the item is "
+        "anyone's again and can leave the queue after VIGIL_RETENTION_OPEN_REVIEW_DAYS (0 = assignments are kept "
+        "until unassigned). 14 days: past a holiday, and well inside the open-review retention.",
+    )
     review_session_secret: SecretStr = Field(
         default=SecretStr(""),
         description="Key that signs reviewer UI session cookies; empty = random per process "
@@ -551,6 +559,13 @@ class Settings(BaseSettings):
         description="Open review items nobody labelled, claimed, assigned or began to review this long after they "
         "entered the queue leave it, so their conversations no longer stay as queued ones and go by the conversations' "
         "retention. 0 keeps them in the queue forever.",
+    )
+    retention_expired_review_days: float = Field(
+        default=365.0,
+        ge=0,
+        description="An open review item that expired leaves one 'expired' audit event (its reasons, when it was "
+        "flagged and expired, how many assigns, skips, comments and other events it had, who acted on it) in place "
+        "of its own; that record is deleted this long after the item expired. 0 keeps the records forever.",
     )
     retention_findings_days: float = Field(
         default=90.0,

@@ -139,6 +139,8 @@ def recorded(pg_url):  # type: ignore[no-untyped-def]
             assert labelled.status_code == 201, labelled.text
             c.get(f"/v1/review/items/{cid}", headers=REVIEWER)
         assert c.get("/v1/review/clusters", headers=REVIEWER).status_code == 200  # with what is blind to them
+        assign = {"action": "assign", "assignee": "raj", "conversation_ids": [q["items"][-1]["conversation_id"]]}
+        assert c.post("/v1/review/bulk", json=assign, headers=ADMIN).json()["done"]  # released by retention below
         exported = c.post("/v1/exports", headers=ADMIN)  # what each confirmed conversation had exported before
         assert exported.status_code == 200
         assert c.post(exported.headers["x-vigil-export-ack"], headers=ADMIN).status_code == 200
@@ -164,6 +166,7 @@ def recorded(pg_url):  # type: ignore[no-untyped-def]
         assert ui.get("/ui").status_code == 200  # the home page: a day's traffic from the detector's hours
         retention.run(rt.sessions, rt.settings)
         retention.run(rt.sessions, rt.settings, now=datetime.now(UTC) + timedelta(days=400))  # everything past it
+        retention.run(rt.sessions, rt.settings, now=datetime.now(UTC) + timedelta(days=800))  # and expired records
         _traced(rt)
         event.remove(rt.engine, "before_cursor_execute", record)
         yield rt, statements
@@ -211,6 +214,8 @@ def test_no_hot_query_scans_a_growing_table(recorded) -> None:  # type: ignore[n
     assert any("FROM quality_totals" in s for s in statements)  # every series' counts: one row each
     assert any(s.startswith("DELETE FROM review_items") for s in statements)  # items that waited in vain
     assert any(s.startswith("DELETE FROM review_items") and "review_count" in s for s in statements)  # expired
+    assert any(s.startswith("UPDATE review_items") and "assigned_at <" in s for s in statements)  # assignment timeout
+    assert any(s.startswith("DELETE FROM review_audit") and "actor" in s for s in statements)  # expired records
     offenders: list[str] = []
     raw = rt.engine.raw_connection()
     try:

@@ -166,7 +166,15 @@ def test_a_retention_longer_than_any_time_keeps_everything(aged, monkeypatch, da
 
     rt, _ids, _kept = aged
     monkeypatch.setenv("VIGIL_DATABASE_URL", rt.settings.database_url_str)
-    for name in ("CONVERSATIONS", "UNJOINED_OUTCOMES", "FINDINGS", "VERDICTS", "DEAD_LETTERS", "OPEN_REVIEW"):
+    for name in (
+        "CONVERSATIONS",
+        "UNJOINED_OUTCOMES",
+        "FINDINGS",
+        "VERDICTS",
+        "DEAD_LETTERS",
+        "OPEN_REVIEW",
+        "EXPIRED_REVIEW",
+    ):
         monkeypatch.setenv(f"VIGIL_RETENTION_{name}_DAYS", days)
     r = CliRunner().invoke(app, ["retention", "run", "--json"])
     assert r.exit_code == 0, r.output
@@ -446,7 +454,9 @@ def test_an_item_assigned_to_a_reviewer_stays_in_the_queue(queued_long_ago) -> N
     assignment lapsed for claim-next), as a claimed one does; unassigned, it expires again."""
     rt, items = queued_long_ago
     assigned, lapsed = items["expired"], items["finished"]
-    long_ago = datetime.now(UTC) - timedelta(days=30)  # past VIGIL_REVIEW_ASSIGNMENT_HOURS: anyone's to claim
+    # past VIGIL_REVIEW_ASSIGNMENT_HOURS (anyone's to claim), inside VIGIL_REVIEW_ASSIGNMENT_TIMEOUT_HOURS (still
+    # sam's: tests/review/test_review_expiry.py releases one past it)
+    long_ago = datetime.now(UTC) - timedelta(days=5)
     with rt.sessions.begin() as s:
         s.execute(delete(ReviewItemRow).where(ReviewItemRow.conversation_id == lapsed))
         s.execute(delete(ReviewLabelRow).where(ReviewLabelRow.conversation_id == lapsed))

@@ -111,7 +111,10 @@ def retention_run(
     verb = "would delete" if dry_run else "deleted"
     for table, n in result.deleted.items():
         console.print(f"{table}: {verb} {n:,} rows older than {result.cutoffs[table]:%Y-%m-%d %H:%M} UTC")
-    if not result.deleted:
+    for what, n in result.released.items():
+        hours = s.review_assignment_timeout_hours
+        console.print(f"{what}: {'would release' if dry_run else 'released'} {n:,} idle for {hours:g} hours")
+    if not result.deleted and not result.released:
         console.print("every retention is 0 (keep forever): nothing to do")
 
 

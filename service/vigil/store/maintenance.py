@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from vigil.metrics import Metrics
 from vigil.settings import Settings
 from vigil.store import retention, rollup_job
 
@@ -39,8 +40,8 @@ def refresh_rollups(
 class Maintenance:
     """Runs the rollup job every ``rollup_interval_seconds`` and retention every ``retention_interval_seconds``."""
 
-    def __init__(self, settings: Settings, sessions: sessionmaker[Session]) -> None:
-        self.settings, self.sessions = settings, sessions
+    def __init__(self, settings: Settings, sessions: sessionmaker[Session], metrics: Metrics | None = None) -> None:
+        self.settings, self.sessions, self.metrics = settings, sessions, metrics
         self._task: asyncio.Task[None] | None = None
         self._next_retention = 0.0
         self.jobs: list[tuple[str, Callable[[], object]]] = [
@@ -57,7 +58,7 @@ class Maintenance:
         if time.monotonic() >= self._next_retention:
             self._next_retention = time.monotonic() + self.settings.retention_interval_seconds
             try:
-                retention.run(self.sessions, self.settings)
+                retention.run(self.sessions, self.settings, metrics=self.metrics)
             except Exception:
                 log.exception("retention pass failed")
 

@@ -3,8 +3,9 @@
 Kept regardless of age: conversations a reviewer labelled or that sit open in the review queue, and
 conversations exported as eval tasks (with their findings, verdicts and outcomes), since review, export and
 calibration still read them. An open item nobody labelled, holds, assigned or began to review leaves the
-queue ``retention_open_review_days`` after it entered (with its reasons, skips and audit): with nobody
-reviewing, the flagger's share of traffic would otherwise stay queued, and stored, for good.
+queue ``retention_open_review_days`` after it entered (its reasons, skips and audit events replaced by one
+``expired`` audit event, kept ``retention_expired_review_days``: :mod:`vigil.store.review_retention`): with
+nobody reviewing, the flagger's share of traffic would otherwise stay queued, and stored, for good.
 
 A conversation's outcomes, judge requests and reviewers' comments go with it; an outcome whose
 conversation is not stored (it has not come yet, or was deleted before outcomes went with it) goes
@@ -32,6 +33,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, column, delete, exists, func, or_, select, table, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
+from vigil.metrics import Metrics
 from vigil.settings import Settings
 from vigil.store.db import among, aware, upsert
 from vigil.store.models import (
@@ -44,6 +46,16 @@ from vigil.store.models import (
     ReviewLabelRow,
     VerdictRow,
 )
+from vigil.store.review_retention import (
+    AUDIT,
+    REASONS,
+    expire_open_items,
+    expired_records,
+    not_a_record,
+    release_assignments,
+    stale_assignment,
+    unreviewed,
+)
 from vigil.store.rollups import RETAINED, RollupMemberRow, RollupStateRow
 
 log = logging.getLogger(__name__)
@@ -52,10 +64,6 @@ log = logging.getLogger(__name__)
 EXPORTED = table("exported_tasks", column("conversation_id"))
 # written by the judge stage; named here only to delete a deleted conversation's requests
 JUDGE_REQUESTS = table("judge_requests", column("conversation_id"))
-# written by the review stage; named here only to drop what hangs off an item that waited in vain
-REASONS = table("review_reasons", column("conversation_id"))
-AUDIT = table("review_audit", column("conversation_id"))
-SKIPS = table("review_skips", column("conversation_id"))
 # written by the review stage; named here only to delete a deleted conversation's reviewers' comments
 COMMENTS = table("review_comments", column("conversation_id"))
 
@@ -104,11 +112,13 @@ class RetentionResult:
     dry_run: bool = False
     deleted: dict[str, int] = field(default_factory=dict)
     cutoffs: dict[str, datetime | None] = field(default_factory=dict)
+    released: dict[str, int] = field(default_factory=dict)  # rows changed, not deleted (assignments)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "dry_run": self.dry_run,
             "deleted": self.deleted,
+            "released": self.released,
             "cutoffs": {k: v.isoformat() if v else None for k, v in self.cutoffs.items()},
         }
 
@@ -194,38 +204,6 @@ def _drop_conversations(at: datetime) -> Any:
     return remove
 
 
-def _unreviewed(at: datetime, now: datetime) -> list[ColumnElement[bool]]:
-    """An item open in the queue since before ``at`` whose conversation is stored, that no reviewer labelled
-    (any version, of any revision), began a multiple review of, holds now (a lease that ran out holds
-    nothing), or was assigned to. An assignment is a person's decision that someone should look at the item:
-    it keeps the item after it lapsed for claim-next (``review_assignment_hours`` only opens it to everyone),
-    until it is unassigned."""
-    I, L = ReviewItemRow, ReviewLabelRow  # noqa: E741
-    return [
-        I.status == "open",
-        I.created_at < at,
-        I.agent_id.is_not(None),
-        I.review_count == 0,
-        I.assignee.is_(None),
-        or_(I.claimed_by.is_(None), I.lease_until < now),
-        ~exists().where(L.conversation_id == I.conversation_id),
-    ]
-
-
-def _expire_open_items(at: datetime, now: datetime) -> Any:
-    """``remove`` for ``_batches``: deletes the picked items still unreviewed (a reviewer may have claimed or
-    labelled one since the pick: the DELETE checks again), and what hangs off them."""
-    I = ReviewItemRow  # noqa: E741
-
-    def remove(s: Session, ids: list[int]) -> int:
-        gone = list(s.scalars(delete(I).where(among(s, I.id, ids), *_unreviewed(at, now)).returning(I.conversation_id)))
-        for hanging in (REASONS, SKIPS, AUDIT) if gone else ():
-            s.execute(delete(hanging).where(among(s, hanging.c.conversation_id, gone)))
-        return len(gone)
-
-    return remove
-
-
 def _unjoined() -> ColumnElement[bool]:
     """The outcome's conversation is not stored, and no reviewer labelled it, nor export exported it."""
     O = OutcomeRow  # noqa: E741
@@ -259,8 +237,9 @@ def _drop_unjoined(s: Session, ids: list[int]) -> int:
             .returning(I.conversation_id)
         )
     )
-    for hanging in (REASONS, AUDIT) if waited else ():
-        s.execute(delete(hanging).where(among(s, hanging.c.conversation_id, waited)))
+    if waited:
+        s.execute(delete(REASONS).where(among(s, REASONS.c.conversation_id, waited)))
+        s.execute(delete(AUDIT).where(among(s, AUDIT.c.conversation_id, waited), not_a_record()))
     return len(gone)
 
 
@@ -295,20 +274,40 @@ def _unjoined_outcomes(sessions: sessionmaker[Session], at: datetime, now: datet
 
 
 def run(
-    sessions: sessionmaker[Session], settings: Settings, dry_run: bool = False, now: datetime | None = None
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    dry_run: bool = False,
+    now: datetime | None = None,
+    metrics: Metrics | None = None,
 ) -> RetentionResult:
-    """Delete what is past retention (``vigil retention run``; also periodically in serve and detector)."""
+    """Delete what is past retention (``vigil retention run``; also periodically in serve and detector), after
+    releasing review assignments nobody acted on for ``review_assignment_timeout_hours``."""
     now = now or datetime.now(UTC)
     batch = settings.retention_batch_rows
     out = RetentionResult(dry_run=dry_run)
     C, F, V, D, I = ConversationRow, FindingRow, VerdictRow, DeadLetterRow, ReviewItemRow  # noqa: E741
     pick: Any
 
-    # first: the conversations of the items that leave the queue go by the conversations' retention below
+    # first: an assignment released here no longer keeps its item from expiring below
+    if (at := cutoff(settings.review_assignment_timeout_hours / 24, now)) is not None:
+        pick = select(I.id).where(*stale_assignment(at, now))
+        release = release_assignments(at, now, settings.review_assignment_timeout_hours)
+        out.released["assignments"] = n = _batches(sessions, pick, release, batch, dry_run)
+        if metrics is not None and not dry_run:
+            metrics.review_assignments_timed_out.inc(n)
+
+    # then: the conversations of the items that leave the queue go by the conversations' retention below
     if (at := cutoff(settings.retention_open_review_days, now)) is not None:
-        pick = select(I.id).where(*_unreviewed(at, now))
-        out.deleted["open_review_items"] = _batches(sessions, pick, _expire_open_items(at, now), batch, dry_run)
+        pick = select(I.id).where(*unreviewed(at, now))
+        expire = expire_open_items(at, now, settings.retention_open_review_days)
+        out.deleted["open_review_items"] = _batches(sessions, pick, expire, batch, dry_run)
     out.cutoffs["open_review_items"] = at
+
+    if (at := cutoff(settings.retention_expired_review_days, now)) is not None:
+        pick = select(AUDIT.c.id).where(*expired_records(at))
+        remove = _deleting(AUDIT, AUDIT.c.id, *expired_records(at))
+        out.deleted["expired_review_records"] = _batches(sessions, pick, remove, batch, dry_run)
+    out.cutoffs["expired_review_records"] = at
 
     if (at := cutoff(settings.retention_conversations_days, now)) is not None:
         pick = select(C.conversation_id).where(C.received_at < at, ~kept(C.conversation_id))
@@ -337,6 +336,6 @@ def run(
         pick = select(D.id).where(D.created_at < at)
         out.deleted["dead_letters"] = _batches(sessions, pick, _deleting(D, D.id), batch, dry_run)
     out.cutoffs["dead_letters"] = at
-    if any(out.deleted.values()):
-        log.info("retention%s: %s", " (dry run)" if dry_run else "", out.deleted)
+    if any(out.deleted.values()) or any(out.released.values()):
+        log.info("retention%s: deleted %s, released %s", " (dry run)" if dry_run else "", out.deleted, out.released)
     return out
