@@ -33,7 +33,7 @@ from sqlalchemy import ColumnElement, and_, column, delete, exists, func, or_, s
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.settings import Settings
-from vigil.store.db import among, aware, upsert
+from vigil.store.db import among, aware, clock, upsert
 from vigil.store.models import (
     ConversationRow,
     DeadLetterRow,
@@ -297,8 +297,13 @@ def _unjoined_outcomes(sessions: sessionmaker[Session], at: datetime, now: datet
 def run(
     sessions: sessionmaker[Session], settings: Settings, dry_run: bool = False, now: datetime | None = None
 ) -> RetentionResult:
-    """Delete what is past retention (``vigil retention run``; also periodically in serve and detector)."""
-    now = now or datetime.now(UTC)
+    """Delete what is past retention (``vigil retention run``; also periodically in serve and detector).
+
+    ``now`` (tests) defaults to the database's clock, as review leases are written by: run on a host whose
+    clock ran ahead, an old open item a reviewer held looked free, and went with its conversation."""
+    if now is None:
+        with sessions() as s:
+            now = clock(s)
     batch = settings.retention_batch_rows
     out = RetentionResult(dry_run=dry_run)
     C, F, V, D, I = ConversationRow, FindingRow, VerdictRow, DeadLetterRow, ReviewItemRow  # noqa: E741
