@@ -76,3 +76,28 @@ def test_a_worker_on_a_skewed_clock_judges_within_its_leases_and_keeps_the_budge
         assert all(aware(v.created_at).date() == today for v in verdicts(rt))
     finally:
         rt.close()
+
+
+def test_a_worker_started_on_a_clock_running_ahead_sees_a_resume_asked_after_it_stopped(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A judge stopped at start (no provider key) by a worker 3 h ahead ignored a resume asked through a
+    replica on the right time for 3 h: the request looked older than the stop."""
+    from vigil.judge import store
+    from vigil.judge.client import LiteLLMClient
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_ADMIN_KEY", raising=False)
+    monkeypatch.setattr(db, "datetime", skewed(3))
+    rt, stage = setup(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, LiteLLMClient())
+    try:
+        lane = stage.engine.lanes["tj"]
+        assert lane.state == "stopped_config_error"
+        stage.worker._housekeeping()
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-fixed")
+        with rt.sessions.begin() as s:  # asked through a replica whose clock is right
+            store.request_resume(s, "tj", datetime.now(UTC) + timedelta(seconds=1))
+        stage.worker._housekeeping()
+        assert lane.state == "running"
+    finally:
+        rt.close()

@@ -133,6 +133,7 @@ class JudgeEngine:
         # The database's clock, not this host's: leases, retry times and the budget's day are compared by
         # every worker, so all must read one clock. ``clock`` (tests) is a time of their own instead.
         self._offset = timedelta(0)
+        self._measured = False
         self.clock: Callable[[], datetime] = clock or self._database_time
         self._client = client
         self._gates: dict[str, asyncio.Semaphore] = {}
@@ -329,6 +330,10 @@ class JudgeEngine:
         host = utcnow()
         now = database_clock(session)
         self._offset = now - host
+        if not self._measured:  # what was stamped on the host's clock before the first reading moves with it
+            self._measured = True
+            for lane in self.lanes.values():
+                lane.changed_at += self._offset
         return now
 
     def day_start(self, now: datetime | None = None) -> datetime:
