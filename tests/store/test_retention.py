@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from tests.compare.test_compare_api import verdict_row
 from tests.support.app import INGEST, make_client, make_settings
+from tests.support.clocks import skewed
 from tests.support.traffic import clean, with_defect
 from vigil.app.runtime import build_runtime
 from vigil.store import retention, rollup_job, rollups
@@ -509,3 +510,14 @@ def test_a_batch_goes_to_postgres_as_one_array_not_a_parameter_per_row(aged) -> 
     deletes = [(stmt, n) for stmt, n in issued if stmt.lstrip().startswith("DELETE")]
     assert any("DELETE FROM conversations" in stmt for stmt, _ in deletes)
     assert all(n < 10 for _stmt, n in issued), max(issued, key=lambda x: x[1])
+
+
+def test_a_run_on_a_clock_running_ahead_keeps_the_item_a_reviewer_holds(queued_long_ago, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Run on a host 3 h ahead, retention saw rita's live lease (1 h left) as run out and deleted the old
+    item she was reviewing, with its conversation. It reads the database's clock now."""
+    rt, items = queued_long_ago
+    monkeypatch.setattr(retention, "datetime", skewed(3))
+    assert retention.run(rt.sessions, rt.settings).deleted["open_review_items"] == 1  # the free one only
+    with rt.sessions() as s:
+        assert s.get(ConversationRow, items["claimed"]) is not None
+        assert s.scalar(select(ReviewItemRow.claimed_by).where(ReviewItemRow.conversation_id == items["claimed"]))

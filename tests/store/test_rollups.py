@@ -12,6 +12,7 @@ from sqlalchemy import select, update
 
 from tests.compare.test_compare_api import verdict_row
 from tests.support.app import INGEST, REVIEWER, make_client, make_settings
+from tests.support.clocks import skewed
 from tests.support.traffic import clean, with_defect
 from vigil.app.runtime import build_runtime
 from vigil.store import rollup_job, rollups
@@ -188,4 +189,19 @@ def test_a_rebuild_by_hand_counts_what_is_committed_while_it_runs(rt, monkeypatc
     rollup_job.refresh(rt.sessions, lag_seconds=0)
     with rt.sessions() as s:
         assert rollups.version_counts(s, "support-bot", "v1").conversations == 11
+    assert_matches_scratch(rt)
+
+
+def test_a_run_on_a_clock_running_ahead_leaves_no_conversation_uncounted(rt, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A run on a host 3 h ahead moved the watermark 3 h ahead: the next runs, on the right time, looked
+    only past it, and conversations stored meanwhile were never counted (compare missed them)."""
+    with make_client(rt) as c:
+        assert c.post("/v1/conversations", json=clean(20, "v1", 1), headers=INGEST).status_code == 202
+        rollup_job.refresh(rt.sessions, lag_seconds=0)
+        monkeypatch.setattr(rollup_job, "datetime", skewed(3))
+        rollup_job.refresh(rt.sessions, lag_seconds=0)
+        monkeypatch.setattr(rollup_job, "datetime", datetime)
+        later = [{**x, "conversation_id": f"later-{x['conversation_id']}"} for x in clean(10, "v1", 2)]
+        assert c.post("/v1/conversations", json=later, headers=INGEST).status_code == 202
+        rollup_job.refresh(rt.sessions, lag_seconds=0)
     assert_matches_scratch(rt)

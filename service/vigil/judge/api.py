@@ -40,7 +40,7 @@ def _engine(request: Request, name: str) -> JudgeEngine:
 def judge_info(stage: JudgeStage, session: Session, names: list[str]) -> list[dict[str, Any]]:
     eng = stage.engine
     depth = store.queue_depth(session)
-    spent = store.spend_since(session, eng.day_start())
+    spent = store.spend_since(session, eng.day_start(eng.now(session)))
     statuses = store.load_status(session, names)
     out = []
     for name in names:
@@ -117,7 +117,7 @@ def resume_judge(request: Request, name: str) -> dict[str, Any]:
     """Resume a judge stopped by a configuration error (after fixing the key or model)."""
     eng = _engine(request, name)
     with runtime_of(request).sessions.begin() as s:
-        store.request_resume(s, name, eng.clock())
+        store.request_resume(s, name, eng.now(s))
     stage = _stage(request)
     if stage.worker is not None and eng.lanes[name].state == "stopped_config_error":
         eng.resume(eng.lanes[name])

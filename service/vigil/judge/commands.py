@@ -193,7 +193,7 @@ def resume(ctx: typer.Context, judge: Annotated[str, typer.Argument(help="Judge 
         console.print(f"[red]error:[/red] no judge {escape(repr(judge))}")
         raise typer.Exit(2)
     with rt.sessions.begin() as s:
-        request_resume(s, judge, rt.get(JudgeStage).engine.clock())
+        request_resume(s, judge, rt.get(JudgeStage).engine.now(s))
     console.print(f"resume requested for {escape(judge)}", highlight=False)
 
 

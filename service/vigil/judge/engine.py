@@ -23,6 +23,7 @@ from vigil.judge.offline import OFFLINE_LABEL, OFFLINE_MODEL
 from vigil.metrics import Metrics
 from vigil.money import usd
 from vigil.settings import Settings
+from vigil.store.db import clock as database_clock
 from vigil.store.db import utcnow
 
 log = logging.getLogger(__name__)
@@ -123,13 +124,17 @@ class JudgeEngine:
         metrics: Metrics,
         sessions: sessionmaker[Session],
         client: LLMClient | None = None,
-        clock: Callable[[], datetime] = utcnow,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.settings = settings
         self.judges = judges
         self.metrics = metrics
         self.sessions = sessions
-        self.clock = clock
+        # The database's clock, not this host's: leases, retry times and the budget's day are compared by
+        # every worker, so all must read one clock. ``clock`` (tests) is a time of their own instead.
+        self._offset = timedelta(0)
+        self._measured = False
+        self.clock: Callable[[], datetime] = clock or self._database_time
         self._client = client
         self._gates: dict[str, asyncio.Semaphore] = {}
         self._gate_loop: asyncio.AbstractEventLoop | None = None
@@ -143,7 +148,7 @@ class JudgeEngine:
                 CircuitBreaker(settings.judge_circuit_failures, settings.judge_circuit_cooldown_seconds),
                 Budget(judge.daily_budget_usd),
             )
-            lane.changed_at = clock()
+            lane.changed_at = self.clock()
             if lane.offline:
                 lane.detail = self._offline_detail(lane)
             else:
@@ -311,13 +316,34 @@ class JudgeEngine:
         if self._check_credentials(lane):
             self.set_state(lane, lane.active_state, self._active_detail(lane))
 
-    def day_start(self) -> datetime:
-        now = self.clock().astimezone(UTC)
+    def _database_time(self) -> datetime:
+        """The database's clock as last read by :meth:`now`, moved on by this host's clock since."""
+        return utcnow() + self._offset
+
+    def now(self, session: Session) -> datetime:
+        """The database's clock, read in ``session``'s transaction (once per transaction that compares or
+        writes leases, retry times or the budget's day); :attr:`clock` follows it between reads. A worker
+        whose host clock ran ahead took requests other workers were still running (judged and paid twice);
+        one running behind wrote leases and retry times already past for the others."""
+        if self.clock != self._database_time:  # a clock of the tests' own
+            return self.clock()
+        host = utcnow()
+        now = database_clock(session)
+        self._offset = now - host
+        if not self._measured:  # what was stamped on the host's clock before the first reading moves with it
+            self._measured = True
+            for lane in self.lanes.values():
+                lane.changed_at += self._offset
+        return now
+
+    def day_start(self, now: datetime | None = None) -> datetime:
+        """Midnight UTC of the budget's day, on the database's clock (``now``, read in the transaction)."""
+        now = (now or self.clock()).astimezone(UTC)
         return now.replace(hour=0, minute=0, second=0, microsecond=0)
 
-    def observe_spend(self, stored: dict[str, tuple[float, int]]) -> None:
+    def observe_spend(self, stored: dict[str, tuple[float, int]], now: datetime | None = None) -> None:
         """Fold in spend stored by every worker today; a fresh worker also learns the cost of a call."""
-        today = utc_day(self.clock())
+        today = utc_day(now or self.clock())
         for name, lane in self.lanes.items():
             total, calls = stored.get(name, (0.0, 0))
             lane.budget.observe(today, total)
@@ -558,8 +584,8 @@ class JudgeEngine:
                     without_frames(err)  # tried again: its frames hold the prompt, in a cycle through the client's
             await asyncio.sleep(min(d.delay, max_delay) if max_delay is not None else d.delay)
 
-    def next_attempt(self, delay: float) -> datetime:
-        return self.clock() + timedelta(seconds=delay)
+    def next_attempt(self, delay: float, now: datetime | None = None) -> datetime:
+        return (now or self.clock()) + timedelta(seconds=delay)
 
 
 def _add(counter: Any, amount: float | None) -> None:

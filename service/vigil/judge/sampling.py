@@ -18,7 +18,7 @@ from vigil.judge import store
 from vigil.judge.definitions import Judge
 from vigil.judge.models import JudgeRequestRow
 from vigil.metrics import OTHER, Metrics
-from vigil.store.db import utcnow
+from vigil.store.db import clock as database_clock
 from vigil.store.models import ConversationRow
 from vigil.store.writes import Checked, stored_in_batch
 
@@ -43,13 +43,13 @@ class JudgeSampler:
         self,
         judges: dict[str, Judge],
         metrics: Metrics,
-        clock: Callable[[], datetime] = utcnow,
+        clock: Callable[[], datetime] | None = None,
         min_versions: int = 50,
         min_per_hour_cap: int = 250,
     ) -> None:
         self.judges = judges
         self.metrics = metrics
-        self.clock = clock
+        self.clock = clock  # tests: a time of their own; otherwise the database's (see _now)
         self.min_versions = min_versions
         self.min_per_hour_cap = min_per_hour_cap
         self._hour: datetime | None = None
@@ -66,7 +66,7 @@ class JudgeSampler:
         """
         if not self.judges or not stored:
             return
-        now = self.clock()
+        now = self._now(session)
         negative = self._stored_outcomes(session, stored)
         # only a conversation stored before can have requests; a first revision needs no lookup
         prior = store.requests_for(session, self.judges, [i.conversation.conversation_id for i in stored if i.replaced])
@@ -210,6 +210,11 @@ class JudgeSampler:
             out.setdefault(cid, []).append((type_, value))
         return out
 
+    def _now(self, session: Session) -> datetime:
+        """The database's clock, once per batch: a request enqueued by a replica whose host clock ran ahead
+        was not due for the other workers until theirs caught up (3 h ahead: judged 3 h late)."""
+        return self.clock() if self.clock is not None else database_clock(session)
+
     def _row(
         self, judge: Judge, cid: str, revision: int, agent: str, version: str, reason: str, now: datetime
     ) -> dict[str, Any]:
@@ -272,7 +277,7 @@ class JudgeSampler:
         """``outcome_listeners`` entry: a negative outcome for a stored conversation enqueues a judgement."""
         if not self.judges or not outcomes:
             return
-        now = self.clock()
+        now = self._now(session)
         ids = {o.conversation_id for o in outcomes}
         batch = stored_in_batch(session)  # what the batch just stored is not read back
         convs: dict[str, Any] = {cid: batch[cid] for cid in ids if cid in batch}
@@ -316,6 +321,10 @@ class JudgeSampler:
             raise LookupError(conversation_id)
         fresh = self._enqueue(
             session,
-            [self._row(judge, c.conversation_id, c.revision, c.agent_id, c.agent_version, "manual", self.clock())],
+            [
+                self._row(
+                    judge, c.conversation_id, c.revision, c.agent_id, c.agent_version, "manual", self._now(session)
+                )
+            ],
         )
         return fresh[0] if fresh else None

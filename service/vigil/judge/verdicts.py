@@ -50,9 +50,9 @@ def write(
 ) -> tuple[list[VerdictRow], set[tuple[str, str]]]:
     """Store the batch's outcomes; returns the new verdicts and the (judge, conversation) pairs among
     them that had a verdict already (a newer revision judged again)."""
-    now = engine.clock()
     rows: list[VerdictRow] = []
     with engine.sessions.begin() as s:
+        now = engine.now(s)
         for o in batch:
             r = o.req
             if o.kind == "verdict" and o.parsed is not None:
@@ -60,9 +60,11 @@ def write(
                     continue  # our lease ran out and another worker has it: it writes the verdict
                 rows.append(_verdict_row(o, o.parsed, now))
             elif o.kind == "retry":
-                store.reschedule(s, r.id, owner, engine.next_attempt(o.delay), storable(o.error))
+                store.reschedule(s, r.id, owner, engine.next_attempt(o.delay, now), storable(o.error))
             elif o.kind == "release":
-                store.reschedule(s, r.id, owner, engine.next_attempt(o.delay), storable(o.error), refund_attempt=True)
+                store.reschedule(
+                    s, r.id, owner, engine.next_attempt(o.delay, now), storable(o.error), refund_attempt=True
+                )
         again: set[tuple[str, str]] = set()
         if rows:
             again = store.judged_before(s, {(v.judge, v.conversation_id) for v in rows})

@@ -129,7 +129,7 @@ class JudgeWorker:
 
     def _pending(self, judges: list[str]) -> int:
         with self.engine.sessions() as s:
-            return store.left_for(s, judges, self.owner, self.engine.clock(), self.only_conversation)
+            return store.left_for(s, judges, self.owner, self.engine.now(s), self.only_conversation)
 
     # --- the loop ---------------------------------------------------------------------------------
 
@@ -186,7 +186,7 @@ class JudgeWorker:
                 judge,
                 limit,
                 self.owner,
-                self.engine.clock(),
+                self.engine.now(s),
                 self.settings.judge_lease_seconds,
                 self.only_conversation,
             )
@@ -194,8 +194,9 @@ class JudgeWorker:
     def _housekeeping(self) -> None:
         eng = self.engine
         with eng.sessions.begin() as s:
+            now = eng.now(s)
             depth = store.queue_depth(s)
-            eng.observe_spend(store.spend_since(s, eng.day_start()))
+            eng.observe_spend(store.spend_since(s, eng.day_start(now)), now)
             statuses = store.load_status(s, eng.lanes)
             # a removed or renamed judge's requests stay queued: its depth is still exported (and alerts on)
             for name in sorted(set(depth) - set(eng.lanes)):
@@ -214,7 +215,7 @@ class JudgeWorker:
                     eng.resume(lane)
                 eng.refresh(lane)
                 if lane.dirty or row is None or row.state != lane.state:
-                    store.save_status(s, name, lane.state, lane.detail, self.owner, eng.clock())
+                    store.save_status(s, name, lane.state, lane.detail, self.owner, now)
                     lane.dirty = False
 
     # --- one request ------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from vigil.review.insights import snippet
 from vigil.review.models import ReviewAuditRow, ReviewReasonRow
 from vigil.review.policy import FlaggingPolicy
 from vigil.store import reads
-from vigil.store.db import among, aware, utcnow
+from vigil.store.db import among, aware, clock
 from vigil.store.models import ConversationRow, ReviewItemRow, ReviewLabelRow
 
 WINDOW = 1000
@@ -121,7 +121,7 @@ def open_clusters(
     """Near-duplicate clusters among the ``window`` highest-priority open items, largest first
     (with ``reviewer``: items they have labelled or skipped are left out, as claim-next leaves them;
     with ``held_by``: the items that reviewer holds count as open)."""
-    now = utcnow()
+    now = clock(session)
     open_ = queue.claimable(now)
     if held_by is not None:
         open_ = or_(open_, and_(ReviewItemRow.status == "open", ReviewItemRow.claimed_by == held_by))
@@ -216,7 +216,7 @@ def label_cluster(
             )
         )
     )
-    now = utcnow()
+    now = clock(session)
     items = {
         row.conversation_id: row
         for row in session.execute(

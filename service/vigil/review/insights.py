@@ -16,7 +16,7 @@ from vigil.review.errors import Invalid
 from vigil.review.models import ReviewAuditRow, ReviewReasonRow
 from vigil.review.queue import QueueFilter, aware, claimable
 from vigil.store import reads
-from vigil.store.db import utcnow
+from vigil.store.db import clock
 from vigil.store.models import ConversationRow, ReviewItemRow, ReviewLabelRow
 
 STATUSES = ("open", "available", "claimed", "done", "waiting", "all")
@@ -139,7 +139,7 @@ def list_queue(
     :data:`SORTS` (default: priority, or last update for done items); ``descending`` defaults to True for
     priority and times, False for names and counts. Page the default order with ``cursor`` (the previous
     page's ``next_cursor``, keyset: flat at any depth); a sorted list pages with a bounded ``offset``."""
-    now = now or utcnow()
+    now = now or clock(session)
     clauses = filters.clauses()
     counts, capped = _state_counts(session, clauses, now, count_cap)
     by_reason = _open_by_reason(session, clauses, now, count_cap)
@@ -277,7 +277,7 @@ def _open_by_reason(session: Session, clauses: list[ColumnElement[bool]], now: d
 
 
 def item_detail(session: Session, conversation_id: str, now: datetime | None = None) -> dict[str, Any] | None:
-    now = now or utcnow()
+    now = now or clock(session)
     item = session.scalar(select(ReviewItemRow).where(ReviewItemRow.conversation_id == conversation_id))
     if item is None:
         return None

@@ -23,7 +23,7 @@ from vigil.review.errors import Conflict, Done, Invalid, NotFound, NotHeld
 from vigil.review.flagger import enqueue
 from vigil.review.models import ReviewAuditRow, ReviewReasonRow, ReviewSkipRow
 from vigil.review.policy import LABELS, SEVERITIES, FlaggingPolicy, Reason
-from vigil.store.db import aware, upsert, utcnow
+from vigil.store.db import aware, clock, upsert, utcnow
 from vigil.store.models import ConversationRow, FindingRow, OutcomeRow, ReviewItemRow, ReviewLabelRow, VerdictRow
 
 MAX_TEXT = 20_000
@@ -158,7 +158,7 @@ def claim_next(
     the reviewer come first; another reviewer's assigned items are theirs until the assignment is
     ``assignment_hours`` old (0: for good), then anyone's.
     """
-    now = now or utcnow()
+    now = now or clock(session)
     held: list[str] = []
     if release_others:
         held = list(session.scalars(select(ReviewItemRow.conversation_id).where(ReviewItemRow.claimed_by == reviewer)))
@@ -200,7 +200,7 @@ def claim(
 ) -> datetime:
     """Claim one named item (or renew one's own claim); Conflict if another reviewer holds it, Done if it
     has every review it needs."""
-    now = now or utcnow()
+    now = now or clock(session)
     until = now + timedelta(seconds=lease_seconds)
     item = _item(session, conversation_id)
     if item.status == "done":
@@ -238,7 +238,7 @@ def extend(
 
     Done if the item has every review it needs: a lease on it holds nothing back (and a stale claim
     renewed there made everyone else's relabel answer "someone holds this item")."""
-    now = now or utcnow()
+    now = now or clock(session)
     until = now + timedelta(seconds=lease_seconds)
     done = _changed(
         session,
@@ -303,7 +303,7 @@ def release(
 def skip(session: Session, conversation_id: str, reviewer: str, now: datetime | None = None) -> None:
     """Release the item and never offer it to this reviewer again through claim-next."""
     item = _item(session, conversation_id)
-    now = now or utcnow()
+    now = now or clock(session)
     lease = aware(item.lease_until)
     if item.claimed_by and item.claimed_by != reviewer and lease is not None and lease >= now:
         raise Conflict(f"{item.claimed_by} holds this item")
@@ -377,7 +377,7 @@ def label(
     label this one copies (a near-duplicate cluster labelled at once).
     """
     data = validate_label(data, policy)
-    now = now or utcnow()
+    now = now or clock(session)
     # read shared-locked, before the item: a newer revision being stored (which locks the conversation,
     # then its labels and item, to supersede them) is waited for, and then seen, so a label is never
     # stamped with a revision that is replaced without superseding it (locks in the same order: no cycle)

@@ -10,14 +10,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from vigil.store import reads
-from vigil.store.db import utcnow
+from vigil.store.db import clock
 from vigil.store.models import ReviewItemRow, ReviewLabelRow
 
 
 def progress(session: Session, max_labels: int, now: datetime | None = None) -> dict[str, Any]:
     """Per reviewer: current labels by kind, labels in the last day and week, items held; agreement (on
     the conversations of the newest ``max_labels`` current labels)."""
-    now = now or utcnow()
+    now = now or clock(session)
     people: dict[str, dict[str, Any]] = defaultdict(
         lambda: {"labels": 0, "by_label": {}, "last_24h": 0, "last_7d": 0, "changed": 0, "holding": 0}
     )

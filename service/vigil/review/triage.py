@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from vigil.review import queue
 from vigil.review.errors import Conflict, Invalid, NotFound
 from vigil.review.models import ReviewCommentRow
-from vigil.store.db import aware, utcnow
+from vigil.store.db import aware, clock, utcnow
 from vigil.store.models import ConversationRow, ReviewItemRow
 
 MAX_BULK = 500
@@ -64,7 +64,7 @@ def bulk(
         raise Invalid(f"at most {MAX_BULK} items at once, not {len(ids)}")
     if action == "assign" and not assignee:
         raise Invalid("say whom to assign the items to")
-    now = now or utcnow()
+    now = now or clock(session)
     items = {
         i.conversation_id: i
         for i in session.scalars(select(ReviewItemRow).where(ReviewItemRow.conversation_id.in_(ids)))

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.metrics import Metrics
 from vigil.settings import Settings
-from vigil.store.db import among, aware, upsert
+from vigil.store.db import among, aware, clock, upsert
 from vigil.store.models import (
     ConversationRow,
     DeadLetterRow,
@@ -281,8 +281,13 @@ def run(
     metrics: Metrics | None = None,
 ) -> RetentionResult:
     """Delete what is past retention (``vigil retention run``; also periodically in serve and detector), after
-    releasing review assignments nobody acted on for ``review_assignment_timeout_hours``."""
-    now = now or datetime.now(UTC)
+    releasing review assignments nobody acted on for ``review_assignment_timeout_hours``.
+
+    ``now`` (tests) defaults to the database's clock, as review leases are written by: run on a host whose
+    clock ran ahead, an old open item a reviewer held looked free, and went with its conversation."""
+    if now is None:
+        with sessions() as s:
+            now = clock(s)
     batch = settings.retention_batch_rows
     out = RetentionResult(dry_run=dry_run)
     C, F, V, D, I = ConversationRow, FindingRow, VerdictRow, DeadLetterRow, ReviewItemRow  # noqa: E741

@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, case, delete, func, insert, or_, select, text, true
 from sqlalchemy.orm import Session, sessionmaker
 
-from vigil.store.db import aware, upsert
+from vigil.store.db import aware, clock, upsert
 from vigil.store.models import ConversationRow, FindingRow, OutcomeLinkRow, VerdictRow
 from vigil.store.rollups import (
     CONV_FAMILY,
@@ -264,7 +264,7 @@ def _set_state(session: Session, watermark: datetime | None, now: datetime) -> N
 
 def rebuild(session: Session, now: datetime | None = None) -> RefreshResult:
     """Empty the rollups and aggregate every base row again (in the caller's transaction)."""
-    now = now or datetime.now(UTC)
+    now = now or clock(session)  # on SQLite a read of no table: the write below still begins the transaction
     _set_state(session, None, now)  # first statement a write: SQLite then holds the write lock throughout
     for model in (RollupHourRow, RollupTaskRow, RollupVersionRow, RollupMemberRow):
         session.execute(delete(model))
@@ -332,8 +332,11 @@ def _recompute_tasks(session: Session, dirty: set[tuple[str, str, str]], frozen_
 def refresh_in(
     session: Session, lag: timedelta, now: datetime | None = None, frozen_before: datetime | None = None
 ) -> RefreshResult:
-    """One incremental run in the caller's transaction (a rebuild when the rollups were never built)."""
-    now = now or datetime.now(UTC)
+    """One incremental run in the caller's transaction (a rebuild when the rollups were never built).
+
+    ``now`` (tests) defaults to the database's clock: a run on a host whose clock ran ahead moved the
+    watermark as far, and conversations stored before the real time caught up were never counted."""
+    now = now or clock(session)
     state = session.get(RollupStateRow, STATE)
     if state is None or state.watermark is None:
         return rebuild(session, now)

@@ -37,7 +37,7 @@ from vigil.ingest.otlp.otlp import EXTENDS, STORED_NS, valid_ids, valid_times
 from vigil.ingest.otlp.shared import SharedValues, purge_values, resolve
 from vigil.runtime import Runtime
 from vigil.schema import INCOMING, Conversation
-from vigil.store.db import after_commit, among, aware, retry_kind, retry_transient
+from vigil.store.db import after_commit, among, aware, clock, retry_kind, retry_transient
 from vigil.store.writes import Checked, copy_new_values
 
 log = logging.getLogger(__name__)
@@ -426,15 +426,16 @@ class TraceIngest:
         pipeline."""
         if not counts:
             return {}
-        now = datetime.now(UTC)
         # when it last grew, to within a tenth of the idle timeout: the requests of a trace in flight then
         # change only its counts, which no index holds (Postgres updates the row in place, HOT, instead of
         # adding an entry to each of its four indexes on every request)
-        stale = now - timedelta(seconds=self.rt.settings.otlp_trace_idle_seconds / 10)
+        stale_seconds = self.rt.settings.otlp_trace_idle_seconds / 10
         keys = sorted(counts)  # one lock order for every replica
         if session.get_bind().dialect.name == "postgresql":
             # one array per column: a statement of a few parameters, however many conversations a busy
-            # exporter's request touches (a multi-row VALUES of thousands costs more to build than to run)
+            # exporter's request touches (a multi-row VALUES of thousands costs more to build than to run).
+            # The times are the database's (now()), which the idle finisher compares them with: a replica
+            # whose clock ran behind had its conversations finished while spans still came
             no_labels = (None, None)
             result = session.connection().exec_driver_sql(
                 _COUNT_PG,
@@ -444,13 +445,15 @@ class TraceIngest:
                     "events": [counts[k][1] for k in keys],
                     "sessions": [labels.get(k, no_labels)[0] for k in keys],
                     "users": [labels.get(k, no_labels)[1] for k in keys],
-                    "now": now,
-                    "stale": stale,
+                    "stale": stale_seconds,
                 },
             )
             return {key: _counted(*rest) for key, *rest in result}
         # SQLite: the same upsert as multi-row VALUES written out, its parameters passed to the driver as
-        # they are (SQLAlchemy's insertmanyvalues builds and processes a parameter dict per row)
+        # they are (SQLAlchemy's insertmanyvalues builds and processes a parameter dict per row). Every
+        # replica of a SQLite database runs on its host, so the host's clock is the database's
+        now = datetime.now(UTC)
+        stale = now - timedelta(seconds=stale_seconds)
         conn = session.connection()
         dialect = conn.dialect
         at_proc = OtelConversationRow.__table__.c.last_seen_at.type.dialect_impl(dialect).bind_processor(dialect)
@@ -764,12 +767,14 @@ class TraceIngest:
         replica expires after ``VIGIL_OTLP_FINISH_LEASE_SECONDS``. Returns the conversation ids processed.
         """
         s = self.rt.settings
-        now = now or datetime.now(UTC)
-        cutoff = now - timedelta(seconds=s.otlp_trace_idle_seconds)
         t = OtelConversationRow
-        free = or_(t.claim_until.is_(None), t.claim_until < now)
         claimed: list[str] = []
         with self.rt.sessions.begin() as session:
+            # the database's clock, as the count upsert writes last_seen_at by (Postgres): a replica whose
+            # clock ran ahead took live claims and finished conversations spans were still coming to
+            now = now or clock(session)
+            cutoff = now - timedelta(seconds=s.otlp_trace_idle_seconds)
+            free = or_(t.claim_until.is_(None), t.claim_until < now)
             keys = session.scalars(
                 select(t.conversation_key)
                 .where(t.finished_at.is_(None), t.last_seen_at < cutoff, free)
@@ -912,13 +917,14 @@ class TraceMarker:
 _COUNT_PG = """
 INSERT INTO otel_conversations AS t
     (conversation_key, span_count, event_count, first_seen_at, last_seen_at, idle_finished, session_id, user_id)
-SELECT k, s, e, %(now)s, %(now)s, false, si, ui
+SELECT k, s, e, now(), now(), false, si, ui
 FROM unnest(%(keys)s::varchar[], %(spans)s::int[], %(events)s::int[], %(sessions)s::varchar[], %(users)s::varchar[])
     AS u(k, s, e, si, ui)
 ON CONFLICT (conversation_key) DO UPDATE SET
     span_count = t.span_count + excluded.span_count,
     event_count = t.event_count + excluded.event_count,
-    last_seen_at = CASE WHEN t.last_seen_at < %(stale)s THEN excluded.last_seen_at ELSE t.last_seen_at END,
+    last_seen_at = CASE WHEN t.last_seen_at < now() - %(stale)s * interval '1 second'
+        THEN excluded.last_seen_at ELSE t.last_seen_at END,
     session_id = coalesce(t.session_id, excluded.session_id),
     user_id = coalesce(t.user_id, excluded.user_id)
 RETURNING conversation_key, t.span_count + t.event_count, t.first_seen_at,
