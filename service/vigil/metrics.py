@@ -163,6 +163,14 @@ class Metrics:
         self.consumer_assigned_partitions = Gauge(
             "consumer_assigned_partitions", "Partitions assigned to this consumer.", namespace=NS, registry=r
         )
+        self.consumer_broker_answered = Gauge(
+            "consumer_broker_answered_timestamp_seconds",
+            "When a Kafka broker last answered this consumer (records fetched, or the end offsets an idle consumer "
+            "asks for every 10 s). Stops moving while no broker answers: the lag and assigned partitions then keep "
+            "their last values.",
+            namespace=NS,
+            registry=r,
+        )
         self.dead_letters = Counter(
             "dead_letters_total",
             "Messages (or request items) set aside as dead letters; a batch's share one stored row per reason.",

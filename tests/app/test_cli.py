@@ -239,3 +239,23 @@ def test_a_restarted_demo_sends_new_conversations(tmp_path) -> None:
             assert s.scalar(select(func.count()).select_from(ConversationRow)) == 20
     finally:
         rt.close()
+
+
+def test_a_worker_whose_metrics_port_is_taken_says_which_setting_to_change(tmp_path) -> None:
+    """Two workers on one host (the docs' `vigil consume &`, once per partition) both took port 9108: the second
+    died with a traceback ending in "Address already in use", naming neither the port nor the setting."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {
+            "VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'v.db'}",
+            "VIGIL_METRICS_HOST": "127.0.0.1",
+            "VIGIL_METRICS_PORT": str(port),
+        }
+        result = run(["judge-worker"], env)
+    assert result.exit_code == 2, result.output
+    assert f"127.0.0.1:{port}" in result.output and "VIGIL_METRICS_PORT" in result.output
+    assert "Traceback" not in result.output

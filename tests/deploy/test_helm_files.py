@@ -98,3 +98,18 @@ def test_mounted_rules_and_judges_load_like_the_repository(tmp_path: Path) -> No
     mounted = load_judges(make_settings("sqlite://", judges_dir=str(judges_dir)))
     original = load_judges(make_settings("sqlite://", judges_dir=str(PROJECT_ROOT / "judges")))
     assert mounted.keys() == original.keys() and mounted
+
+
+def test_alerts_link_to_the_runbook_where_on_call_reads_it() -> None:
+    """Each alert's runbook_url was the repository path ``docs/runbook.md#alert``: in a page or chat message
+    sent by Alertmanager that is no link anyone can open. ``runbookUrl`` names the page as the team reads it."""
+    values = load_values(CHART / "ci" / "production-values.yaml")
+    values["metrics"]["prometheusRule"]["runbookUrl"] = "https://docs.example.com/vigil/runbook/"
+    rule = one(render(values), "PrometheusRule")
+    links = {r["alert"]: r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert links and all(
+        url == f"https://docs.example.com/vigil/runbook/#{alert.lower()}" for alert, url in links.items()
+    ), links
+    source = yaml.safe_load((PROJECT_ROOT / "dashboards" / "alerts.yaml").read_text())["groups"]
+    del values["metrics"]["prometheusRule"]["runbookUrl"]
+    assert one(render(values), "PrometheusRule")["spec"]["groups"] == source  # unset: the rules as written

@@ -15,6 +15,7 @@ from tests.ingest.test_kafka_consumer import count, produce, start_worker, topic
 from tests.support.services import create_topic, free_port, kafka_broker
 from tests.support.waiting import wait_for
 from vigil.app.runtime import build_runtime
+from vigil.ingest import kafka as kafka_ingest
 from vigil.ingest.simulate import Simulator, parse_versions
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres]
@@ -101,6 +102,47 @@ def test_a_consumer_drops_a_hung_brokers_connections_within_the_request_timeout_
             proxy.resume()
             produce(bootstrap, topic, convs[5:])
             wait_for(lambda: count(rt) == 10, 90, what="the rest stored once the broker answers")
+        finally:
+            worker.stop()
+            thread.join(30)
+            proxy.close()
+            rt.close()
+
+
+def test_a_consumer_says_when_no_broker_has_answered_it(pg_url, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the brokers out of reach (stopped, hung, or a network policy in the way), a consumer's gauges kept
+    their last values: its partitions stayed assigned and its lag at 0 while nothing was read, and no alert could
+    tell. ``vigil_consumer_broker_answered_timestamp_seconds`` moves while a broker answers, even on a quiet
+    topic, stops while none does, and moves again once one does."""
+    monkeypatch.setattr(kafka_ingest, "BROKER_PROBE_SECONDS", 0.2, raising=False)
+    port = free_port()
+    with kafka_broker(advertised_port=port) as real:
+        proxy = HangingProxy(port, real)
+        bootstrap = f"127.0.0.1:{port}"
+        topic, group = f"conv-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+        create_topic(bootstrap, topic, 1)
+        rt = build_runtime(
+            topic_settings(bootstrap, pg_url, topic, group, kafka_request_timeout_ms=5000),
+            registry=CollectorRegistry(),
+        )
+        worker, thread, _ = start_worker(rt)
+
+        def answered() -> float:
+            return rt.metrics.registry.get_sample_value("vigil_consumer_broker_answered_timestamp_seconds") or 0.0
+
+        try:
+            wait_for(lambda: rt.metrics.consumer_assigned_partitions._value.get() == 1, 60, what="an assignment")
+            quiet = answered()
+            wait_for(lambda: answered() > quiet, 30, what="a broker answering a consumer of a quiet topic")
+            before = proxy.closed_by_clients
+            proxy.hang()
+            wait_for(lambda: proxy.closed_by_clients > before, 20, what="the consumer dropping the hung connections")
+            stalled, dropped = answered(), proxy.closed_by_clients
+            # its next connections hang as well, and are dropped in turn: no broker answered meanwhile
+            wait_for(lambda: proxy.closed_by_clients > dropped, 30, what="the consumer dropping its next connections")
+            assert answered() == stalled, "the consumer says a broker answered while none could"
+            proxy.resume()
+            wait_for(lambda: answered() > stalled, 90, what="the broker answering again")
         finally:
             worker.stop()
             thread.join(30)

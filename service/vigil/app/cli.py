@@ -36,7 +36,10 @@ def _build(settings: Settings, roles: frozenset[str] | None) -> Runtime:
 def _serve_metrics(rt: Runtime) -> None:
     from vigil.app.server import start_metrics_server
 
-    start_metrics_server(rt)
+    try:
+        start_metrics_server(rt)
+    except VigilError as exc:
+        fail(exc)
 
 
 def launcher() -> Launcher:

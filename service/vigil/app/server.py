@@ -58,9 +58,18 @@ class DemoTraffic:
 def start_metrics_server(rt: Runtime) -> None:
     from prometheus_client import start_http_server
 
-    if rt.settings.metrics_port:
-        start_http_server(rt.settings.metrics_port, addr=rt.settings.metrics_host, registry=rt.metrics.registry)
-        log.info("metrics on %s:%d/metrics", rt.settings.metrics_host, rt.settings.metrics_port)
+    from vigil.errors import ConfigError
+
+    s = rt.settings
+    if s.metrics_port:
+        try:
+            start_http_server(s.metrics_port, addr=s.metrics_host, registry=rt.metrics.registry)
+        except OSError as exc:  # another worker on this host has it: the default is the same for every role
+            raise ConfigError(
+                f"cannot serve /metrics on {s.metrics_host}:{s.metrics_port} ({exc.strerror or exc}): give each "
+                "worker on one host its own VIGIL_METRICS_PORT, or 0 for none"
+            ) from exc
+        log.info("metrics on %s:%d/metrics", s.metrics_host, s.metrics_port)
 
 
 def build_server_app(

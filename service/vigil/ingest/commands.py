@@ -29,12 +29,12 @@ def consume(
     rt = launch.runtime({"consume"}, s)
     worker = ConsumerWorker(rt, None, None)
     handlers = worker.handlers
+    launch.serve_metrics(rt)  # first: a port another worker holds must not make this one join the group and leave
     try:
         worker.consumer = kafka_consumer(rt, list(handlers))
         worker.dlq_producer = dead_letter_producer(rt)
     except VigilError as exc:
         launch.fail(exc)
-    launch.serve_metrics(rt)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     signal.signal(signal.SIGINT, lambda *_: worker.stop())
     launch.console.print(f"consuming {', '.join(handlers)} as group {s.kafka_group_id}")

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -160,6 +161,9 @@ class CountedProducer:
 
 
 DLQ_VALUE_BYTES = KEEP_BYTES  # of a bad message's bytes produced to the dead-letter topic (brokers take 1 MB)
+# An idle consumer asks the brokers for its partitions' end offsets this often: its lag stays current, and an
+# answer shows the brokers can be reached (an empty poll does not tell a quiet topic from an unreachable broker).
+BROKER_PROBE_SECONDS = 10.0
 
 
 class ConsumerWorker:
@@ -187,6 +191,7 @@ class ConsumerWorker:
         # not from the fetch position, so a batch polled and not yet stored still counts as lag.
         self._committed: dict[Any, int] = {}
         self._pending: dict[Any, int] = {}  # the next offset of each partition once the polled batch commits
+        self._probed_at = 0.0
 
     def _publish_dead_letters(self, letters: Sequence[Any]) -> None:
         """Also produce the batch's dead letters to the dead-letter topic, as a courtesy: they are stored
@@ -238,12 +243,15 @@ class ConsumerWorker:
         # but never wait for an assignment longer than the rebalance timeout allows, several times over
         unassigned_budget = 4 * s.kafka_max_poll_interval_ms // max(1, s.kafka_poll_timeout_ms) + 10
         try:
+            self._broker_answered()  # the client reached the brokers to be built
             while not self.stopping.is_set():
                 records = self.consumer.poll(timeout_ms=s.kafka_poll_timeout_ms, max_records=s.kafka_batch_size)
                 self._polled(records)
-                if not records:
+                if records:
+                    self._broker_answered()
+                else:
                     self._commit_passed()
-                self._update_lag()
+                self._update_lag(fetch_ends=not records and self._probe_due())
                 if not records:
                     if self.consumer.assignment() or unassigned_budget <= 0:
                         idle += 1
@@ -397,11 +405,17 @@ class ConsumerWorker:
             if tp not in assigned:  # moved to another member: its lag is theirs to report
                 del self._committed[tp]
         ends: dict[Any, int] = {}
-        if fetch_ends and assigned:
+        if fetch_ends:
+            from kafka.structs import TopicPartition
+
+            # with nothing assigned (a spare consumer) the first partition of each topic answers for the brokers
+            asked = list(assigned) or [TopicPartition(topic, 0) for topic in self.handlers]
             try:
-                ends = self.consumer.end_offsets(list(assigned), timeout_ms=2000)
+                ends = self.consumer.end_offsets(asked, timeout_ms=2000)
             except Exception:  # a broker away as well: the last known end offsets serve
                 log.debug("end offsets lookup failed", exc_info=True)
+            else:
+                self._broker_answered()
         current: set[tuple[str, int]] = set()
         for tp in assigned:
             known = [h for h in (ends.get(tp), self.consumer.highwater(tp)) if h is not None]
@@ -422,6 +436,16 @@ class ConsumerWorker:
             with contextlib.suppress(KeyError):
                 m.consumer_lag.remove(gone[0], str(gone[1]))
         self._lag_partitions = current
+
+    def _probe_due(self) -> bool:
+        now = time.monotonic()
+        if now - self._probed_at < BROKER_PROBE_SECONDS:
+            return False
+        self._probed_at = now
+        return True
+
+    def _broker_answered(self) -> None:
+        self.runtime.metrics.consumer_broker_answered.set(time.time())
 
     def _close(self) -> None:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +23,9 @@ log = logging.getLogger(__name__)
 
 # the open-items gauge runs a COUNT at scrape time; at most once per this many seconds
 GAUGE_TTL_SECONDS = 10.0
+# how long a scrape waits for that COUNT before it reports the last one: a database that stops answering
+# held scrapes (and the workers' liveness probe) for the connect timeout, 10 s, past both their timeouts
+GAUGE_WAIT_SECONDS = 1.0
 
 
 @dataclass
@@ -35,6 +39,8 @@ class ReviewStage:
     assignment_hours: float = 0.0  # 0: an assignment never lapses
     failure_clusters: ClusterCache = field(default_factory=ClusterCache)
     _gauge: tuple[float, float] = (0.0, 0.0)
+    _counting: threading.Thread | None = field(default=None, repr=False, compare=False)
+    _gauge_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
     def from_runtime(cls, rt: Runtime) -> ReviewStage:
@@ -60,19 +66,30 @@ class ReviewStage:
         )
 
     def open_items(self) -> float:
-        at, value = self._gauge
-        if time.monotonic() - at > GAUGE_TTL_SECONDS:
-            try:
-                with self.sessions() as s:
-                    value = float(
-                        s.scalar(
-                            select(func.count())
-                            .select_from(ReviewItemRow)
-                            .where(ReviewItemRow.status == "open", ReviewItemRow.agent_id.is_not(None))
-                        )
-                        or 0
+        """Open items, counted at most every ``GAUGE_TTL_SECONDS`` in a thread of its own: a scrape waits
+        ``GAUGE_WAIT_SECONDS`` for the count and otherwise reports the last one."""
+        with self._gauge_lock:
+            stale = time.monotonic() - self._gauge[0] > GAUGE_TTL_SECONDS
+            if stale and (self._counting is None or not self._counting.is_alive()):
+                self._counting = threading.Thread(target=self._count_open, name="review-queue-gauge", daemon=True)
+                self._counting.start()
+            counting = self._counting
+        if stale and counting is not None:
+            counting.join(GAUGE_WAIT_SECONDS)
+        return self._gauge[1]
+
+    def _count_open(self) -> None:
+        value = self._gauge[1]
+        try:
+            with self.sessions() as s:
+                value = float(
+                    s.scalar(
+                        select(func.count())
+                        .select_from(ReviewItemRow)
+                        .where(ReviewItemRow.status == "open", ReviewItemRow.agent_id.is_not(None))
                     )
-            except SQLAlchemyError:
-                log.warning("review queue gauge: database unavailable; keeping the last value")
-            self._gauge = (time.monotonic(), value)
-        return value
+                    or 0
+                )
+        except SQLAlchemyError:
+            log.warning("review queue gauge: database unavailable; keeping the last value")
+        self._gauge = (time.monotonic(), value)
