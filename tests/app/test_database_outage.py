@@ -48,7 +48,14 @@ def test_reads_answer_503_while_the_database_is_away_and_recover(pg_url: str, ca
                 assert page.status_code == 503 and "text/html" in page.headers["content-type"]
                 assert "database is not answering" in page.text and page.headers["Retry-After"] == "7"
                 assert c.get("/healthz").status_code == 200  # alive, not ready
-                assert c.get("/readyz").status_code == 503
+                ready = c.get("/readyz")
+                assert ready.status_code == 503
+                # anyone may ask /readyz: it says the database is away, not where the database is
+                assert ready.json() == {"status": "unavailable", "database": "unreachable", "error": "OperationalError"}
+                assert "127.0.0.1" not in ready.text and "5432" not in ready.text and name not in ready.text
+                assert any(
+                    "readiness" in r.getMessage() and "OperationalError" in r.getMessage() for r in caplog.records
+                )
             assert not [r for r in caplog.records if r.exc_info], "a traceback per request floods the log"
         finally:
             _connections(name, allowed=True)

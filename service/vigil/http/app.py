@@ -63,13 +63,24 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
         # answered on the event loop itself: no wait for a worker thread while requests are being checked
         return {"status": "ok"}
 
+    app.state.unready = None  # the reason the last readiness check failed, while it fails
+
     @app.get("/readyz", tags=["ops"])
     def readyz() -> Response:
         try:
             with runtime.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
         except Exception as exc:  # readiness reports any failure to reach the database
-            return JSONResponse({"status": "unavailable", "database": str(exc)[:200]}, 503)
+            # the answer needs no key: it says the database is away, the log says why (its text names the
+            # database's host, port and name); logged when the reason changes, not on every probe
+            reason = db_detail(exc)
+            if app.state.unready != reason:
+                log.warning("not ready: readiness check could not reach the database: %s", reason)
+                app.state.unready = reason
+            return JSONResponse({"status": "unavailable", "database": "unreachable", "error": type(exc).__name__}, 503)
+        if app.state.unready is not None:
+            log.info("ready: the database answers again")
+            app.state.unready = None
         return JSONResponse({"status": "ready", "rules": len(runtime.rules.rules)})
 
     @app.get("/metrics", tags=["ops"])
