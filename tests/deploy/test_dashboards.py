@@ -201,6 +201,7 @@ def test_regression_annotation_marks_a_signals_first_detection(tmp_path) -> None
     detection of a signal and version (in a demo, 4 detections in 30 minutes, 0 annotations). The
     annotation marks a detection counter that appears as well as one that grows, and only near the time."""
     (expr,) = [a["expr"] for a in dashboard()["annotations"]["list"] if a.get("name") == "Regressions"]
+    expr = expr.replace('"$namespace"', '".*"')  # what Grafana sends for the variable's default, All
     labels = 'agent="a",agent_version="v2",signal="rule:x"'
     cases = {"4m": "first", "9m": None, "11m": "second", "20m": None}
     tests = {
@@ -223,3 +224,16 @@ def test_regression_annotation_marks_a_signals_first_detection(tmp_path) -> None
     path.write_text(yaml.safe_dump(tests))
     result = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_dashboard_query_is_scoped_to_the_chosen_namespace() -> None:
+    """Two releases in one Prometheus (staging and production) summed into one chart: the dashboard's
+    namespace variable (all by default, which also matches series without the label) scopes every query."""
+    d = dashboard()
+    names = [v["name"] for v in d["templating"]["list"]]
+    assert names.index("namespace") < names.index("agent")
+    for query in dashboard_queries(d):
+        if query == "label_values(vigil_conversations_processed_total, namespace)":
+            continue
+        for name in re.findall(r"\b(?:vigil_[a-z_]+|ALERTS)\b(?:\{[^}]*\})?", query):
+            assert 'namespace=~"$namespace"' in name, (name, query)
