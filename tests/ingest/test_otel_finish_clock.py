@@ -72,3 +72,19 @@ def test_a_replica_whose_clock_runs_behind_does_not_get_its_conversations_finish
         assert rt.get(TraceIngest).finish_idle("right") == []
     finally:
         rt.close()
+
+
+@pytest.mark.postgres
+def test_a_replica_whose_clock_runs_ahead_purges_no_conversation_still_growing(pg_url: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A conversation's last growth is stamped on the database's clock; the purge of old buffered spans read
+    its cutoff from the host's, so a replica 3 h ahead with a 2 h span retention deleted a trace it had just
+    stored spans of, while they still came."""
+    rt = replica(pg_url, otlp_span_retention_hours=2.0)
+    try:
+        monkeypatch.setattr(otlp_ingest, "datetime", skewed(3))
+        key = _open_trace(rt, 4)  # the first request of a process also purges
+        monkeypatch.setattr(otlp_ingest, "datetime", datetime)
+        with rt.sessions() as s:
+            assert s.get(OtelConversationRow, key) is not None
+    finally:
+        rt.close()

@@ -811,8 +811,11 @@ class TraceIngest:
             if now - self._last_purge < PURGE_EVERY_SECONDS:
                 return
             self._last_purge = now
-        cutoff = datetime.now(UTC) - timedelta(hours=self.rt.settings.otlp_span_retention_hours)
         try:
+            # the database's clock, as a conversation's last growth is stamped by (Postgres): on a replica whose
+            # clock ran ahead by more than the retention, the conversations still growing were deleted
+            with self.rt.sessions() as session:
+                cutoff = clock(session) - timedelta(hours=self.rt.settings.otlp_span_retention_hours)
             purge_conversations(self.rt.sessions, cutoff)
             with self.rt.sessions.begin() as session:
                 stray = cutoff - timedelta(hours=self.rt.settings.otlp_span_retention_hours)  # rows of no conversation
