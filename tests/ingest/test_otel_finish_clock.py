@@ -72,3 +72,44 @@ def test_a_replica_whose_clock_runs_behind_does_not_get_its_conversations_finish
         assert rt.get(TraceIngest).finish_idle("right") == []
     finally:
         rt.close()
+
+
+@pytest.mark.postgres
+def test_a_replica_whose_clock_runs_ahead_purges_no_conversation_still_growing(pg_url: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A conversation's last growth is stamped on the database's clock; the purge of old buffered spans read
+    its cutoff from the host's, so a replica 3 h ahead with a 2 h span retention deleted a trace it had just
+    stored spans of, while they still came."""
+    rt = replica(pg_url, otlp_span_retention_hours=2.0)
+    try:
+        monkeypatch.setattr(otlp_ingest, "datetime", skewed(3))
+        key = _open_trace(rt, 4)  # the first request of a process also purges
+        monkeypatch.setattr(otlp_ingest, "datetime", datetime)
+        with rt.sessions() as s:
+            assert s.get(OtelConversationRow, key) is not None
+    finally:
+        rt.close()
+
+
+@pytest.mark.postgres
+def test_a_replica_whose_clock_runs_behind_shows_a_long_conversations_progress(pg_url: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A conversation's start is stamped on the database's clock; a replica 3 h behind held every request of
+    a trace that began 2 h ago as "processed less than the progress interval (1 h) ago", so nothing of it went
+    through the pipeline until its root came or it went idle."""
+    rt = replica(pg_url, otlp_progress_interval_seconds=3600.0)
+    try:
+        monkeypatch.setattr(otlp_ingest, "datetime", skewed(-3))
+        key = _open_trace(rt, 5)  # began a moment ago: waits for the interval
+        with rt.sessions.begin() as s:  # began 2 h ago, never through the pipeline
+            s.execute(
+                update(OtelConversationRow)
+                .where(OtelConversationRow.conversation_key == key)
+                .values(first_seen_at=datetime.now(UTC) - timedelta(hours=2), processed_at=None)
+            )
+        span = chat_span(
+            f"{5:032x}", "00000000000000a2", "00000000000000ff", 10**18 + 5000, **{"gen_ai.output.messages": MSGS}
+        )
+        res = rt.get(TraceIngest).ingest([span])
+        monkeypatch.setattr(otlp_ingest, "datetime", datetime)
+        assert key not in res.pending
+    finally:
+        rt.close()

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from sqlalchemy import select, update
+
 from tests.review.test_review_api import RAJ, _seed
-from tests.support.app import REVIEWER
+from tests.support.app import ADMIN, REVIEWER
 from tests.support.clocks import skewed
 from tests.support.review import queue_of
-from vigil.store import db
+from vigil.store import db, retention
+from vigil.store.models import ReviewItemRow
 
 
 def test_a_replica_whose_clock_runs_ahead_shows_and_keeps_another_reviewers_claim(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -45,3 +48,30 @@ def test_a_replica_whose_clock_runs_behind_writes_leases_the_others_respect(api,
         assert datetime.fromisoformat(lease) > datetime.now(UTC) + timedelta(minutes=5)
     assert api.get(f"/v1/review/items/{cid}", headers=RAJ).json()["state"] == "claimed"
     assert api.post(f"/v1/review/items/{cid}/claim", headers=RAJ).status_code == 409
+
+
+def test_an_assignee_working_through_a_replica_whose_clock_runs_behind_keeps_the_assignment(  # type: ignore[no-untyped-def]
+    api, rt, monkeypatch
+) -> None:
+    """Retention releases an assignment with no event of the assignee since the timeout's cutoff, on the
+    database's clock; an event written through a replica 3 h behind was stamped 3 h in the past, so raj's
+    claim a moment ago looked older than a 2 h timeout and his assignment was released under him."""
+    _seed(api, 20)
+    cid = queue_of(api)["items"][0]["conversation_id"]
+    assign = {"action": "assign", "assignee": "raj", "conversation_ids": [cid]}
+    r = api.post("/v1/review/bulk", json=assign, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["done"] == [cid], r.text
+    with rt.sessions.begin() as s:  # assigned 5 h ago
+        s.execute(
+            update(ReviewItemRow)
+            .where(ReviewItemRow.conversation_id == cid)
+            .values(assigned_at=datetime.now(UTC) - timedelta(hours=5))
+        )
+    monkeypatch.setattr(db, "datetime", skewed(-3))
+    assert api.post(f"/v1/review/items/{cid}/claim", headers=RAJ).status_code == 200
+    assert api.post(f"/v1/review/items/{cid}/release", headers=RAJ).status_code == 204
+    monkeypatch.setattr(db, "datetime", datetime)
+    two_hours = rt.settings.model_copy(update={"review_assignment_timeout_hours": 2.0})
+    assert retention.run(rt.sessions, two_hours).released == {"assignments": 0}
+    with rt.sessions() as s:
+        assert s.scalar(select(ReviewItemRow.assignee).where(ReviewItemRow.conversation_id == cid)) == "raj"

@@ -23,7 +23,7 @@ from vigil.review.errors import Conflict, Done, Invalid, NotFound, NotHeld
 from vigil.review.flagger import enqueue
 from vigil.review.models import ReviewAuditRow, ReviewReasonRow, ReviewSkipRow
 from vigil.review.policy import LABELS, SEVERITIES, FlaggingPolicy, Reason
-from vigil.store.db import aware, clock, upsert, utcnow
+from vigil.store.db import aware, clock, upsert
 from vigil.store.models import ConversationRow, FindingRow, OutcomeRow, ReviewItemRow, ReviewLabelRow, VerdictRow
 
 MAX_TEXT = 20_000
@@ -134,10 +134,15 @@ def not_done_by(reviewer: str) -> list[ColumnElement[bool]]:
     ]
 
 
-def audit(session: Session, actor: str, action: str, conversation_id: str | None, **detail: Any) -> None:
+def audit(
+    session: Session, actor: str, action: str, conversation_id: str | None, *, at: datetime | None = None, **detail: Any
+) -> None:
+    """One audit event, stamped ``at`` (the caller's ``now``), else on the database's clock: retention reads a
+    reviewer's last event on the item against that clock to time out an assignment, and an event stamped on
+    a replica running 3 h behind looked 3 h old (``vigil.store.review_retention.stale_assignment``)."""
     session.execute(
         insert(ReviewAuditRow).values(
-            at=utcnow(), actor=actor, action=action, conversation_id=conversation_id, detail=detail
+            at=at or clock(session), actor=actor, action=action, conversation_id=conversation_id, detail=detail
         )
     )
 
@@ -191,7 +196,7 @@ def claim_next(
         if cid is not None:
             break
     if cid is not None:
-        audit(session, reviewer, "claim", cid, lease_seconds=lease_seconds)
+        audit(session, reviewer, "claim", cid, at=now, lease_seconds=lease_seconds)
     return cid
 
 
@@ -227,7 +232,7 @@ def claim(
         if item.status == "done":
             raise Done(f"conversation {conversation_id!r} was just finished by another reviewer")
         raise Conflict(f"{item.claimed_by} holds this item until {aware(item.lease_until):%H:%M:%S} UTC")
-    audit(session, reviewer, "claim", conversation_id, lease_seconds=lease_seconds)
+    audit(session, reviewer, "claim", conversation_id, at=now, lease_seconds=lease_seconds)
     return until
 
 
@@ -261,7 +266,7 @@ def extend(
         if item.claimed_by not in (None, reviewer):
             raise Conflict(f"you do not hold this item: {item.claimed_by} claimed it after your lease ran out")
         raise NotHeld("you do not hold this item; claim it first")
-    audit(session, reviewer, "extend", conversation_id, lease_until=until.isoformat())
+    audit(session, reviewer, "extend", conversation_id, at=now, lease_until=until.isoformat())
     return until
 
 
@@ -297,7 +302,8 @@ def release(
         if item.claimed_by is None:
             raise NotHeld("you do not hold this item: nobody does")
         raise Conflict("you do not hold this item")
-    audit(session, reviewer, action, conversation_id, **({"forced": True, "claimed_by": holder} if force else {}))
+    forced = {"forced": True, "claimed_by": holder} if force else {}
+    audit(session, reviewer, action, conversation_id, at=now, **forced)
 
 
 def skip(session: Session, conversation_id: str, reviewer: str, now: datetime | None = None) -> None:
@@ -319,7 +325,7 @@ def skip(session: Session, conversation_id: str, reviewer: str, now: datetime | 
         .values(conversation_id=conversation_id, reviewer=reviewer, created_at=now)
         .on_conflict_do_nothing()
     )
-    audit(session, reviewer, "skip", conversation_id)
+    audit(session, reviewer, "skip", conversation_id, at=now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,6 +498,7 @@ def label(
         reviewer,
         "label",
         conversation_id,
+        at=now,
         version=row.version,
         label=data.label,
         category=data.category,

@@ -87,7 +87,7 @@ def bulk(
                 .values(assignee=who, assigned_at=now if who else None, updated_at=now)
                 .execution_options(synchronize_session=False)
             )
-            queue.audit(session, actor, action, cid, **({"assignee": who} if who else {}))
+            queue.audit(session, actor, action, cid, at=now, **({"assignee": who} if who else {}))
         if why is None:
             done.append(cid)
         else:

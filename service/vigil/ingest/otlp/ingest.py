@@ -387,9 +387,11 @@ class TraceIngest:
             if key in totals:
                 # the row as the upsert found it once locked, not as read before: a revision that finished
                 # it may have committed meanwhile, and these spans must then go through the pipeline at once
-                _, _, finished, idle_finished, processed_at = totals[key]
+                _, first_seen, finished, idle_finished, processed_at = totals[key]
                 t.finished, t.idle_finished = finished, idle_finished
-                t.processed_at = processed_at or t.processed_at
+                # never processed: it began when the upsert first counted it (Postgres: on the database's clock)
+                began = first_seen if isinstance(first_seen, datetime) else None
+                t.processed_at = processed_at or began or t.processed_at
             # another replica stored spans of it meanwhile, or this request resent some: read them all
             t.fresh = t.fresh and t.stored == len(t.spans) == t.total
         self._link(session, inserted, totals)
@@ -558,6 +560,14 @@ class TraceIngest:
                 self._stale.clear()
             self._stale.update(keys)
 
+    def _clock(self) -> datetime:
+        """Now on the clock a conversation's start and processing are stamped by: the database's on Postgres
+        (``now()`` in the count upsert), the host's on SQLite (every replica of it runs on its host)."""
+        with self.rt.sessions() as session:
+            if session.get_bind().dialect.name == "postgresql":
+                return clock(session)
+        return datetime.now(UTC)
+
     def _take_stale(self, keys: Sequence[str]) -> list[str]:
         with self._lock:
             found = sorted(self._stale.intersection(keys))
@@ -574,16 +584,18 @@ class TraceIngest:
         """
         s = self.rt.settings
         interval = timedelta(seconds=s.otlp_progress_interval_seconds)
-        now = datetime.now(UTC)
+        now: datetime | None = None  # read when a conversation may wait: the clock its times are stamped by
         convs: list[tuple[Conversation, str, None]] = []
         empty: list[str] = []
         ended: dict[str, int] = {}  # every trace's root came, no messages yet: spans and events assembled
         for key in sorted(touched):
             t = touched[key]
-            recent = t.processed_at is not None and now - aware(t.processed_at) < interval
-            if not idle and recent and not t.has_root and not t.finished and not t.idle_finished:
-                res.pending.append(key)
-                continue
+            may_wait = not idle and not t.has_root and not t.finished and not t.idle_finished
+            if may_wait and t.processed_at is not None:
+                now = now or self._clock()
+                if now - aware(t.processed_at) < interval:
+                    res.pending.append(key)
+                    continue
             spans, events = (t.known, list[dict[str, Any]]()) if t.known is not None else self._load(key)
             try:
                 doc = assemble(
@@ -811,8 +823,11 @@ class TraceIngest:
             if now - self._last_purge < PURGE_EVERY_SECONDS:
                 return
             self._last_purge = now
-        cutoff = datetime.now(UTC) - timedelta(hours=self.rt.settings.otlp_span_retention_hours)
         try:
+            # the database's clock, as a conversation's last growth is stamped by (Postgres): on a replica whose
+            # clock ran ahead by more than the retention, the conversations still growing were deleted
+            with self.rt.sessions() as session:
+                cutoff = clock(session) - timedelta(hours=self.rt.settings.otlp_span_retention_hours)
             purge_conversations(self.rt.sessions, cutoff)
             with self.rt.sessions.begin() as session:
                 stray = cutoff - timedelta(hours=self.rt.settings.otlp_span_retention_hours)  # rows of no conversation
@@ -860,13 +875,16 @@ class TraceMarker:
         if not traced:
             return
         t = OtelConversationRow.__table__
-        now = datetime.now(UTC)
+        # processed_at on the clock the conversation's start is stamped by (Postgres: the database's), which the
+        # progress interval compares them with
+        postgres = session.get_bind().dialect.name == "postgresql"
+        now = clock(session) if postgres else datetime.now(UTC)
         keys = {c.conversation_id for c in traced}
         revisions = {c.conversation_id: c.revision for c in traced if c.status == "finished"}
         # the rows locked in key order first (Postgres; SQLite's writer holds the whole database), as the count
         # upsert of another replica's request locks them: two UPDATEs (newly finished, then the rest) would hold
         # a later key while waiting for an earlier one, a cycle Postgres breaks by failing one transaction
-        locks = session.get_bind().dialect.name == "postgresql"
+        locks = postgres
         wanted = sorted(keys if locks else revisions)
         readable = _readable(t.c.span_count, t.c.event_count, self.limit)
         rows = select(t.c.conversation_key, readable, t.c.idle_finished).where(
