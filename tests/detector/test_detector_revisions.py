@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 
 from tests.support.app import make_settings
 from tests.support.traffic import clean, mixed
@@ -208,7 +208,8 @@ def test_the_first_pass_after_the_upgrade_recounts_its_hour_and_feeds_nothing_tw
         hour = now - timedelta(hours=2)
         received(rt, convs, hour + timedelta(minutes=10))
         det.tick(hour + timedelta(minutes=20))
-        with rt.sessions.begin() as s:  # as that release left it: 5 revisions counted again
+        with rt.sessions.begin() as s:  # as that release left it: no record, 5 revisions counted again
+            s.execute(delete(DetectorFeedRow))
             s.execute(update(DetectorLeaseRow).values(fed_since=None))
             q = QualityCountRow
             s.execute(update(q).where(q.signal == TOOL_ERROR).values(n=q.n + 5))
@@ -220,3 +221,23 @@ def test_the_first_pass_after_the_upgrade_recounts_its_hour_and_feeds_nothing_tw
             assert lease.fed_since is not None and aware(lease.fed_since) == hour + timedelta(minutes=20)
     finally:
         rt.close()
+
+
+def test_rows_committed_after_the_first_pass_but_stamped_before_its_cursor_count_when_the_hour_closes(rt) -> None:
+    """A writer's transaction may commit rows stamped before the first pass's cursor (a slow commit, a settle
+    time shorter than it): the pass that closes the hour counts them, as it does after any other pass."""
+    det = build_detector(rt)
+    hour = floor_hour(datetime.now(UTC)) - timedelta(hours=3)
+    first, late = clean(30, "v1", 1), clean(20, "v1", 2)
+    assert not {c["conversation_id"] for c in first} & {c["conversation_id"] for c in late}
+    store(rt, first)
+    received(rt, first, hour + timedelta(minutes=10))
+    det.tick(hour + timedelta(minutes=20))  # the first pass: no cursor yet
+    assert stored(rt, "v1", TOOL_ERROR) == {hour: (30, 0)}
+    store(rt, late)
+    received(rt, late, hour + timedelta(minutes=15))  # committed now, stamped before the cursor
+    det.tick(hour + timedelta(hours=2))
+    assert stored(rt, "v1", TOOL_ERROR) == {hour: (50, 0)}
+    assert recorded(rt) == 50
+    det.tick(hour + timedelta(hours=2, minutes=30))  # and never again
+    assert stored(rt, "v1", TOOL_ERROR) == {hour: (50, 0)}

@@ -42,6 +42,11 @@ from vigil.store.signals import Key, RulesFor
 log = logging.getLogger(__name__)
 
 
+def record_begins(until: datetime) -> datetime:
+    """Where the record of what was fed begins when the first pass folds up to ``until``: the hour it is in."""
+    return floor_hour(until)
+
+
 class Folder:
     """The leader's work in one pass: count what was stored since the cursor and feed the statistics."""
 
@@ -95,14 +100,27 @@ class Folder:
         set_conversation_counts(s, hour, conversation_counts(s, hour, cursor, self.rules_for))
 
     def _backfill(self, s: Session, until: datetime, now: datetime) -> None:
-        """First run: count the history into hourly buckets; statistics start from zero."""
+        """First run: count the history into hourly buckets; statistics start from zero.
+
+        The hour ``until`` is in is counted as a pass counts, with the record of what each conversation was
+        fed as (the record begins at that hour, :func:`record_begins`): rows a writer commits later, stamped
+        before ``until``, are found when the hour closes (:meth:`_reconcile`) instead of never counted.
+        """
         firsts = [s.scalar(select(func.min(c))) for c in (ConversationRow.received_at, VerdictRow.created_at)]
         known = [aware(f) for f in firsts if f is not None]
         if not known:
             return
+        current = record_begins(until)
         for a, b in hours(min(known), until):
-            inc = range_counts(s, a, b, self.rules_for)
-            add_counts(s, a, inc)
+            if a < current:
+                inc = range_counts(s, a, b, self.rules_for)
+                add_counts(s, a, inc)
+            else:
+                inc = judge_counts(s, a, b)
+                add_counts(s, a, inc)
+                fed = feed(s, a, b, self.rules_for)
+                add_changes(s, fed.changes)
+                inc = inc | fed.counts
             for row in series_rows(s, inc, a).values():
                 row.last_seen = max(aware(row.last_seen), b)
         self._settle(s, None, until, now, since=min(known))

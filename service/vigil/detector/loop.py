@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from vigil.detector import alerts, lease
 from vigil.detector.baselines import Baseline, baselines
 from vigil.detector.cusum import threshold
-from vigil.detector.fold import Folder
+from vigil.detector.fold import Folder, record_begins
 from vigil.detector.gauges import Gauges
 from vigil.detector.hourly import rebuild_totals
 from vigil.detector.models import DetectorLeaseRow
@@ -103,7 +103,7 @@ class Detector:
             held.fed_since = cursor
         if self.folder.advance(s, cursor, until, now, aware(held.fed_since)):
             held.cursor = until
-            held.fed_since = held.fed_since or until
+            held.fed_since = held.fed_since or record_begins(until)
         alerts.retire(s, now, self.settings.detector_retire_hours)
 
     def baselines(self, s: Session, now: datetime) -> dict[Key, Baseline]:
