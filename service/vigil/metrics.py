@@ -171,6 +171,14 @@ class Metrics:
             namespace=NS,
             registry=r,
         )
+        self.worker_heartbeat_age = Gauge(
+            "worker_heartbeat_age_seconds",
+            "Seconds since a worker's loop (consume, judge-worker, detector) last finished an iteration or moved "
+            "on within long work; its /healthz answers 503 past VIGIL_LIVENESS_STALL_SECONDS (plus the loop's own "
+            "wait). Stays 0 in `vigil serve`, whose /healthz is the API's.",
+            namespace=NS,
+            registry=r,
+        )
         self.dead_letters = Counter(
             "dead_letters_total",
             "Messages (or request items) set aside as dead letters; a batch's share one stored row per reason.",

@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.errors import ConfigError
+from vigil.heartbeat import Heartbeat
 from vigil.metrics import Metrics
 from vigil.rules import RuleEngine
 from vigil.schema import Conversation
@@ -164,6 +165,7 @@ class Runtime:
     pipeline: Pipeline
     roles: frozenset[str] = frozenset({"serve"})
     judges: dict[str, JudgeInfo] = field(default_factory=dict)
+    heartbeat: Heartbeat = field(default_factory=Heartbeat)  # the worker loop's, for /healthz on the metrics port
     _components: dict[type, object] = field(default_factory=dict, repr=False)
 
     def provide(self, component: object) -> None:

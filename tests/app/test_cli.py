@@ -259,3 +259,32 @@ def test_a_worker_whose_metrics_port_is_taken_says_which_setting_to_change(tmp_p
     assert result.exit_code == 2, result.output
     assert f"127.0.0.1:{port}" in result.output and "VIGIL_METRICS_PORT" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args", [["conversations", "list"], ["alerts", "--json"], ["--version"]])
+def test_output_whose_reader_went_first_ends_quietly_as_sigpipe_would(tmp_path, args: list[str]) -> None:
+    """`vigil conversations list | head -1`: the reader gone, Click ended the command with status 1, as if it
+    had failed. Now it ends as `cat` or `grep` do, with a shell's status for SIGPIPE (141) and no noise."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.waiting import scaled
+
+    env = {**os.environ, "VIGIL_DATABASE_URL": f"sqlite:///{tmp_path / 'v.db'}"}
+    reader = subprocess.Popen([sys.executable, "-c", "import os; os.close(0)"], stdin=subprocess.PIPE)
+    assert reader.wait(timeout=scaled(60)) == 0  # gone before the command writes a byte: its writes all fail
+    assert reader.stdin is not None
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "vigil", *args],
+            stdout=reader.stdin,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+            timeout=scaled(120),
+        )
+    finally:
+        reader.stdin.close()
+    assert run.returncode == 141, (run.returncode, run.stderr[-2000:])
+    assert not any(noise in run.stderr for noise in ("Traceback", "BrokenPipe", "Broken pipe", "Exception ignored"))

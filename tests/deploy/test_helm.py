@@ -77,6 +77,8 @@ def test_pods_are_locked_down_and_probed(values_file: Path) -> None:
                     assert "secretKeyRef" in env.get("valueFrom", {}), f"{env['name']}: not from a Secret"
             if doc["kind"] == "Deployment":
                 assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+                if doc["metadata"]["labels"]["app.kubernetes.io/component"] != "api":  # its loop's heartbeat
+                    assert c["livenessProbe"]["httpGet"]["port"] == "metrics"
                 if doc["metadata"]["labels"]["app.kubernetes.io/component"] == "api":
                     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
 

@@ -185,7 +185,8 @@ spec:
             timeoutSeconds: 3
             failureThreshold: 3
           {{- else }}
-          {{- /* workers answer on their metrics port; the process is alive while it serves */}}
+          {{- /* workers answer on their metrics port, from their loop's heartbeat: 503 once it stalls past
+               config.VIGIL_LIVENESS_STALL_SECONDS (default 300 s) or has ended */}}
           livenessProbe:
             httpGet: {path: /healthz, port: metrics}
             initialDelaySeconds: 20

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.markup import escape
@@ -208,12 +208,38 @@ for _stage in STAGES:
 register_home_commands(app)
 
 
+# The status of a process killed by SIGPIPE as a shell reports it (128 + 13): what `cat` or `grep` end with
+# when the reader of their output goes first (`vigil conversations list | head -1`).
+CLOSED_PIPE_STATUS = 141
+
+
 def main() -> None:
+    """The ``vigil`` command. Output whose reader has gone ends the command quietly with status 141, as a
+    process killed by SIGPIPE; SIGPIPE itself stays ignored (Python's default), or a worker writing to a
+    socket its peer closed would be killed instead of seeing the error it handles."""
     try:
-        app()
+        try:
+            app()
+        finally:
+            sys.stdout.flush()  # what is still buffered, now rather than at exit, where a closed pipe is noise
+    except BrokenPipeError:
+        _output_closed()
+    except SystemExit:
+        # how Click (and the copy Typer carries) ends a command on EPIPE: stdout wrapped, status 1
+        if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            _output_closed()
+        raise
     except VigilError as exc:
         console.print(f"[red]error:[/red] {escape(terminal_safe(str(exc)))}", soft_wrap=True, highlight=False)
         sys.exit(2)
+
+
+def _output_closed() -> NoReturn:
+    """Python's advice for a closed stdout: point it at /dev/null, so the flush at exit does not fail again."""
+    import os
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(CLOSED_PIPE_STATUS)
 
 
 if __name__ == "__main__":

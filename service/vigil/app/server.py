@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
@@ -55,21 +59,63 @@ class DemoTraffic:
             await asyncio.sleep(self.batch / self.rate)
 
 
-def start_metrics_server(rt: Runtime) -> None:
-    from prometheus_client import start_http_server
+def worker_http_app(rt: Runtime) -> Callable[..., Iterable[bytes]]:
+    """A worker's metrics port: ``/healthz`` answers from its loop's heartbeat (200, or 503 with the reason in
+    one line), every other path is Prometheus' exposition as before. Served from a thread of its own, the
+    port answers while the loop is wedged: the heartbeat is what tells the liveness probe so."""
+    from prometheus_client import make_wsgi_app
+
+    metrics = make_wsgi_app(rt.metrics.registry)
+    heartbeat, stall = rt.heartbeat, rt.settings.liveness_stall_seconds
+    rt.metrics.worker_heartbeat_age.set_function(heartbeat.age)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/healthz":
+            return metrics(environ, start_response)  # type: ignore[no-any-return]
+        problem = heartbeat.problem(stall)
+        body = f"{problem or 'ok'}\n".encode()
+        headers = [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))]
+        start_response("503 Service Unavailable" if problem else "200 OK", headers)
+        return [body]
+
+    return app
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # a probe every few seconds is not news
+        pass
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+def start_metrics_server(rt: Runtime) -> WSGIServer | None:
+    """Serve the worker's port (:func:`worker_http_app`) from a daemon thread; None with the port 0 (off)."""
+    import socket
+    import threading
 
     from vigil.errors import ConfigError
 
     s = rt.settings
-    if s.metrics_port:
-        try:
-            start_http_server(s.metrics_port, addr=s.metrics_host, registry=rt.metrics.registry)
-        except OSError as exc:  # another worker on this host has it: the default is the same for every role
-            raise ConfigError(
-                f"cannot serve /metrics on {s.metrics_host}:{s.metrics_port} ({exc.strerror or exc}): give each "
-                "worker on one host its own VIGIL_METRICS_PORT, or 0 for none"
-            ) from exc
-        log.info("metrics on %s:%d/metrics", s.metrics_host, s.metrics_port)
+    if not s.metrics_port:
+        return None
+    try:
+        family, _, _, _, address = socket.getaddrinfo(
+            s.metrics_host, s.metrics_port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        server_class = type("WorkerServer", (_ThreadingServer,), {"address_family": family})
+        httpd: WSGIServer = make_server(
+            str(address[0]), s.metrics_port, worker_http_app(rt), server_class, _QuietHandler
+        )
+    except OSError as exc:  # another worker on this host has it: the default is the same for every role
+        raise ConfigError(
+            f"cannot serve /metrics on {s.metrics_host}:{s.metrics_port} ({exc.strerror or exc}): give each "
+            "worker on one host its own VIGIL_METRICS_PORT, or 0 for none"
+        ) from exc
+    threading.Thread(target=httpd.serve_forever, name="vigil-metrics", daemon=True).start()
+    log.info("metrics on %s:%d/metrics, liveness on /healthz", s.metrics_host, s.metrics_port)
+    return httpd
 
 
 def build_server_app(

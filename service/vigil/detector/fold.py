@@ -10,6 +10,7 @@ outcomes later would read as a run of successes and then a burst of failures: a 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
@@ -58,8 +59,11 @@ class Folder:
         bad_outcomes: list[str],
         ratios: list[float],
         threshold: float,
+        progress: Callable[[], None] = lambda: None,
     ) -> None:
+        """``progress`` is called after each hour folded: a pass over a long backlog beats the worker's heartbeat."""
         self.settings = settings
+        self.progress = progress
         self.metrics = metrics
         self.rules_for = rules_for
         self.bad_outcomes = bad_outcomes
@@ -83,6 +87,7 @@ class Folder:
             return False
         for a, b in hours(cursor, until):
             self._fold(s, a, b, now)
+            self.progress()
         hour = floor_hour(cursor)
         while hour + HOUR <= until:
             self._reconcile(s, hour, now, fed_since or cursor)
@@ -123,6 +128,7 @@ class Folder:
                 inc = inc | fed.counts
             for row in series_rows(s, inc, a).values():
                 row.last_seen = max(aware(row.last_seen), b)
+            self.progress()
         self._settle(s, None, until, now, since=min(known))
 
     def _settle(

@@ -22,6 +22,7 @@ from vigil.detector.fold import Folder, record_begins
 from vigil.detector.gauges import Gauges
 from vigil.detector.hourly import rebuild_totals
 from vigil.detector.models import DetectorLeaseRow
+from vigil.heartbeat import Heartbeat
 from vigil.metrics import Metrics
 from vigil.settings import Settings
 from vigil.store.db import aware, clock
@@ -48,8 +49,10 @@ class Detector:
         rules_for: RulesFor,
         bad_outcomes: list[str],
         holder: str | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.settings = settings
+        self.heartbeat = heartbeat or Heartbeat()
         self.sessions = sessions
         self.metrics = metrics
         self.rules_for = rules_for
@@ -57,7 +60,7 @@ class Detector:
         self.holder = holder or lease.holder_id()
         self.ratios = parse_ratios(settings.detector_shifts)
         self.h = threshold(settings.detector_arl0, len(self.ratios))
-        self.folder = Folder(settings, metrics, rules_for, bad_outcomes, self.ratios, self.h)
+        self.folder = Folder(settings, metrics, rules_for, bad_outcomes, self.ratios, self.h, self.heartbeat.beat)
         self.gauges = Gauges(metrics)
         self.is_leader = self.led_last_pass = False
         self._stopping = threading.Event()
@@ -125,13 +128,17 @@ class Detector:
         self.metrics.detector_leader.set(0)
 
     def run(self, stop: threading.Event | None = None, once: bool = False) -> None:
-        """Standalone loop (``vigil detector``) until ``stop`` is set."""
+        """Standalone loop (``vigil detector``) until ``stop`` is set; each pass beats the heartbeat, and so does
+        each hour a long pass folds (``/healthz`` of the metrics port)."""
         stop = stop or self._stopping
+        interval = self.settings.detector_interval_seconds
         try:
-            while True:
-                self._safe_tick()
-                if once or stop.wait(self.settings.detector_interval_seconds):
-                    return
+            with self.heartbeat.loop():
+                while True:
+                    self._safe_tick()
+                    self.heartbeat.beat(idle=interval)  # the wait for the next pass is not a stall
+                    if once or stop.wait(interval):
+                        return
         finally:
             self.release()
 

@@ -237,33 +237,37 @@ class ConsumerWorker:
 
         Polls made while the group is still assigning partitions do not count as idle: joining can
         take up to the rebalance timeout, and a batch job must not give up before it has begun.
+        Every poll, empty or not, beats the runtime's heartbeat (``/healthz`` of the metrics port).
         """
         s = self.runtime.settings
+        heartbeat = self.runtime.heartbeat
         idle = 0
         # but never wait for an assignment longer than the rebalance timeout allows, several times over
         unassigned_budget = 4 * s.kafka_max_poll_interval_ms // max(1, s.kafka_poll_timeout_ms) + 10
         try:
             self._broker_answered()  # the client reached the brokers to be built
-            while not self.stopping.is_set():
-                records = self.consumer.poll(timeout_ms=s.kafka_poll_timeout_ms, max_records=s.kafka_batch_size)
-                self._polled(records)
-                if records:
-                    self._broker_answered()
-                else:
-                    self._commit_passed()
-                self._update_lag(fetch_ends=not records and self._probe_due())
-                if not records:
-                    if self.consumer.assignment() or unassigned_budget <= 0:
-                        idle += 1
+            with heartbeat.loop():
+                while not self.stopping.is_set():
+                    heartbeat.beat()  # the iteration before finished (the first: the loop began)
+                    records = self.consumer.poll(timeout_ms=s.kafka_poll_timeout_ms, max_records=s.kafka_batch_size)
+                    self._polled(records)
+                    if records:
+                        self._broker_answered()
                     else:
-                        unassigned_budget -= 1
-                    if max_idle_polls is not None and idle >= max_idle_polls:
+                        self._commit_passed()
+                    self._update_lag(fetch_ends=not records and self._probe_due())
+                    if not records:
+                        if self.consumer.assignment() or unassigned_budget <= 0:
+                            idle += 1
+                        else:
+                            unassigned_budget -= 1
+                        if max_idle_polls is not None and idle >= max_idle_polls:
+                            return
+                        continue
+                    idle = 0
+                    if not self._handle(records):
                         return
-                    continue
-                idle = 0
-                if not self._handle(records):
-                    return
-                self._commit()
+                    self._commit()
         finally:
             self._close()
 
@@ -333,7 +337,9 @@ class ConsumerWorker:
                 # its frames hold the batch's decoded documents, in a cycle through SQLAlchemy's: freed before the
                 # wait rather than kept through it and then until the collector's next run
                 without_frames(exc)
-                if self.stopping.wait(delay * (0.5 + random.random())):
+                wait = delay * (0.5 + random.random())
+                self.runtime.heartbeat.beat(idle=wait)  # waiting out a database that is away is not a stall
+                if self.stopping.wait(wait):
                     return False
                 self._update_lag(fetch_ends=True)  # a stuck batch shows as lag that is not going down
                 delay = min(delay * 2, 30.0)

@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from vigil.heartbeat import Heartbeat
 from vigil.judge import store, verdicts
 from vigil.judge.attempt import attempt, failed_unexpectedly
 from vigil.judge.engine import JudgeEngine, Lane
@@ -40,8 +41,12 @@ class JudgeWorker:
         verdict_listeners: list[Any] | None = None,
         owner: str | None = None,
         only_conversation: str | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.engine = engine
+        # beaten by each turn of :meth:`run`, which claims and writes; the judge calls run beside it as tasks,
+        # so a slow provider never holds it up, and a loop that stops turning (the event loop blocked) shows
+        self.heartbeat = heartbeat or Heartbeat()
         self.settings = engine.settings
         self.metrics = engine.metrics
         self.listeners = verdict_listeners if verdict_listeners is not None else []
@@ -80,6 +85,10 @@ class JudgeWorker:
         await self._flush()
 
     async def run(self) -> None:
+        with self.heartbeat.loop():
+            await self._run()
+
+    async def _run(self) -> None:
         backoff = 0.0  # while the database is away: a line per failure, at growing intervals
         while not self._stopping:
             try:
@@ -95,10 +104,12 @@ class JudgeWorker:
                 backoff = min(30.0, max(1.0, backoff * 2))
                 log.exception("judge worker tick failed; trying again in %.0f s", backoff)
                 claimed = 0
+            idle = max(backoff, self.settings.judge_poll_interval_seconds) if not claimed else 0.0
+            self.heartbeat.beat(idle=idle)
             if not claimed:
                 self._wake.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), max(backoff, self.settings.judge_poll_interval_seconds))
+                    await asyncio.wait_for(self._wake.wait(), idle)
 
     async def run_until_idle(self, timeout: float = 60.0) -> int:
         """Judge until no request of a running judge is pending or in flight here (CLI ``--once``, tests); a

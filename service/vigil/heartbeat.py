@@ -1,0 +1,64 @@
+"""A worker loop's heartbeat: what ``/healthz`` on a worker's metrics port answers from.
+
+Each long-running loop (``vigil consume``, ``vigil judge-worker``, ``vigil detector``) runs inside
+:meth:`Heartbeat.loop` and calls :meth:`Heartbeat.beat` at the end of every iteration, idle ones included,
+and within long work (a detector pass folds many hours, a batch waits on a database that is away). The
+metrics server runs in a thread of its own, so it answers while the loop is wedged; :meth:`Heartbeat.problem`
+is what lets it say so, and Kubernetes' liveness probe then restarts the process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+
+class Heartbeat:
+    """The monotonic time a loop last finished an iteration, the wait it announced, and the thread it runs on."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # one tuple, replaced whole: the metrics server's thread reads it while the loop writes it
+        self._last: tuple[float, float] = (clock(), 0.0)
+        self._thread: threading.Thread | None = None
+        self._ended: str | None = None
+
+    def beat(self, idle: float = 0.0) -> None:
+        """An iteration finished (or long work moved on); the next beat may be ``idle`` seconds away on top of
+        the stall bound: the loop's own wait between passes, which is not a stall."""
+        self._last = (self._clock(), max(0.0, idle))
+
+    def age(self) -> float:
+        """Seconds since the last beat (the ``vigil_worker_heartbeat_age_seconds`` gauge)."""
+        return max(0.0, self._clock() - self._last[0])
+
+    @contextmanager
+    def loop(self) -> Iterator[None]:
+        """Run a loop under watch: its thread must stay alive, and once it ends, however, it is not alive."""
+        self._thread, self._ended = threading.current_thread(), None
+        self.beat()
+        try:
+            yield
+        except BaseException as exc:
+            self._ended = f"the worker loop ended: {type(exc).__name__}: {exc}"[:300]
+            raise
+        else:
+            self._ended = "the worker loop has ended"
+
+    def problem(self, stall_seconds: float) -> str | None:
+        """Why the loop is not alive (one short line), or None while it is."""
+        if self._ended is not None:
+            return self._ended
+        thread = self._thread
+        if thread is not None and not thread.is_alive():
+            return f"the worker loop's thread {thread.name} is no longer running"
+        at, idle = self._last
+        age = self._clock() - at
+        if age > stall_seconds + idle:
+            return (
+                f"the worker loop is stalled: no iteration finished for {age:.0f} s "
+                f"(VIGIL_LIVENESS_STALL_SECONDS={stall_seconds:g})"
+            )
+        return None
