@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import select
 
 from tests.detector.test_detector_hostile import FAST, _counted, store
+from tests.ingest.test_otel_finish import replica
+from tests.ingest.test_otel_finish_clock import _open_trace
 from tests.support.app import make_settings
 from tests.support.clocks import skewed
 from tests.support.traffic import clean
@@ -20,6 +22,7 @@ from vigil.app.runtime import build_runtime
 from vigil.app.wiring import wire
 from vigil.detector.wiring import build_detector
 from vigil.ingest.otlp import ingest as otlp_ingest
+from vigil.ingest.otlp.models import OtelSpanRow
 from vigil.outcomes import ingest as outcomes_ingest
 from vigil.outcomes import join
 from vigil.outcomes.ingest import OutcomeStore
@@ -90,6 +93,23 @@ def test_a_replica_whose_clock_runs_behind_stores_conversations_the_detector_cou
         monkeypatch.undo()
         assert detector.tick() is True
         assert _counted(rt) == 50
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("hours", SKEW)
+def test_buffered_spans_are_stamped_on_the_database_clock(db_url, monkeypatch, hours) -> None:  # type: ignore[no-untyped-def]
+    """The purge of stray buffered spans cuts off on the database's clock: spans a replica 3 h behind
+    stored were stamped 3 h older, and went that much sooner."""
+    rt = replica(db_url)
+    try:
+        host_clock(monkeypatch, hours)
+        _open_trace(rt, 7)
+        monkeypatch.undo()
+        with rt.sessions() as s:
+            spans = s.scalars(select(OtelSpanRow.received_at)).all()
+        assert spans
+        on_database_clock(rt, *spans)
     finally:
         rt.close()
 
