@@ -27,6 +27,7 @@ from vigil.outcomes import ingest as outcomes_ingest
 from vigil.outcomes import join
 from vigil.outcomes.ingest import OutcomeStore
 from vigil.review import side_by_side, triage
+from vigil.review.models import ReviewCommentRow, ReviewPairwiseRow
 from vigil.store import db, retention, rollup_job, writes
 from vigil.store.db import aware, clock
 from vigil.store.models import ConversationRow, OutcomeLinkRow, OutcomeRow
@@ -93,6 +94,28 @@ def test_a_replica_whose_clock_runs_behind_stores_conversations_the_detector_cou
         monkeypatch.undo()
         assert detector.tick() is True
         assert _counted(rt) == 50
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("hours", SKEW)
+def test_reviewers_comments_and_choices_are_stamped_on_the_database_clock(db_url, monkeypatch, hours) -> None:  # type: ignore[no-untyped-def]
+    """A comment or a side-by-side choice made through a replica 3 h off was stamped on its host's clock,
+    beside the audit event that records it on the database's."""
+    rt = _runtime(db_url)
+    try:
+        a, b = clean(1, "v1", 1)[0], clean(1, "v2", 1)[0]
+        b = {**b, "conversation_id": f"other-{b['conversation_id']}", "task_id": a["task_id"]}
+        store(rt, [a, b])
+        host_clock(monkeypatch, hours)
+        with rt.sessions.begin() as s:
+            triage.add_comment(s, a["conversation_id"], "rita", "the refund went to the wrong card")
+            side_by_side.choose(s, "rita", a["conversation_id"], b["conversation_id"], "a")
+        monkeypatch.undo()
+        with rt.sessions() as s:
+            comment = s.scalar(select(ReviewCommentRow.created_at))
+            choice = s.scalar(select(ReviewPairwiseRow.created_at))
+        on_database_clock(rt, comment, choice)
     finally:
         rt.close()
 
