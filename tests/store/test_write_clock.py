@@ -28,7 +28,7 @@ from vigil.outcomes import join
 from vigil.outcomes.ingest import OutcomeStore
 from vigil.review import side_by_side, triage
 from vigil.review.models import ReviewCommentRow, ReviewPairwiseRow
-from vigil.store import db, retention, rollup_job, writes
+from vigil.store import db, maintenance, retention, rollup_job, writes
 from vigil.store.db import aware, clock
 from vigil.store.models import ConversationRow, OutcomeLinkRow, OutcomeRow
 
@@ -116,6 +116,33 @@ def test_reviewers_comments_and_choices_are_stamped_on_the_database_clock(db_url
             comment = s.scalar(select(ReviewCommentRow.created_at))
             choice = s.scalar(select(ReviewPairwiseRow.created_at))
         on_database_clock(rt, comment, choice)
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("hours", SKEW)
+def test_the_rollups_freeze_hours_by_the_database_clock(db_url, monkeypatch, hours) -> None:  # type: ignore[no-untyped-def]
+    """The hours the rollup job no longer recomputes (before the conversations' retention cutoff) were cut
+    on the host's clock while its watermark and retention's deletes run on the database's: a job on a host
+    3 h behind recomputed up to 3 h of hours retention had emptied (their counts lost); 3 h ahead froze
+    hours whose rows were all still there."""
+    rt = _runtime(db_url, retention_conversations_days=1.0)
+    try:
+        store(rt, clean(3, "v1", 1))
+        maintenance.refresh_rollups(rt.settings, rt.sessions)  # the first run rebuilds
+        seen: list[datetime | None] = []
+        recompute = rollup_job._recompute
+
+        def spy(session, dirty, frozen_before):  # type: ignore[no-untyped-def]
+            seen.append(frozen_before)
+            return recompute(session, dirty, frozen_before)
+
+        monkeypatch.setattr(rollup_job, "_recompute", spy)
+        host_clock(monkeypatch, hours)
+        maintenance.refresh_rollups(rt.settings, rt.sessions)
+        monkeypatch.undo()
+        assert len(seen) == 1 and seen[0] is not None
+        on_database_clock(rt, seen[0] + timedelta(days=1))
     finally:
         rt.close()
 
