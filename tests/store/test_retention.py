@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -103,7 +104,7 @@ def test_retention_deletes_old_rows_and_keeps_what_others_need(aged) -> None:  #
     assert retention.run(rt.sessions, rt.settings).deleted["conversations"] == 0
 
     # a refresh after retention leaves the frozen hours alone
-    rollup_job.refresh(rt.sessions, lag_seconds=0, frozen_before=retention.frozen_before(rt.settings))
+    rollup_job.refresh(rt.sessions, lag_seconds=0, frozen_before=partial(retention.frozen_before, rt.settings))
     with rt.sessions() as s:
         assert rollups.version_counts(s, "support-bot", "v1").conversations == 30
 
@@ -183,7 +184,7 @@ def test_a_retention_longer_than_any_time_keeps_everything(aged, monkeypatch, da
     assert body["deleted"] == {} and set(body["cutoffs"].values()) == {None}
     assert _count(rt, ConversationRow) == 30 and _count(rt, DeadLetterRow) == 3
     settings = rt.settings.model_copy(update={"retention_conversations_days": float(days)})
-    assert retention.frozen_before(settings) is None
+    assert retention.frozen_before(settings, datetime.now(UTC)) is None
     assert refresh_rollups(settings, rt.sessions).ran
 
 

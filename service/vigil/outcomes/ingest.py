@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -40,7 +40,16 @@ from vigil.schema import (
     too_dense,
 )
 from vigil.settings import Settings
-from vigil.store.db import PERMANENT_DB_ERRORS, after_commit, among, db_detail, retry_kind, retry_transient, upsert
+from vigil.store.db import (
+    PERMANENT_DB_ERRORS,
+    after_commit,
+    among,
+    db_detail,
+    retry_kind,
+    retry_transient,
+    upsert,
+    write_clock,
+)
 from vigil.store.models import OutcomeRow
 from vigil.store.writes import DeadLetter, store_dead_letters
 
@@ -227,7 +236,7 @@ class OutcomeStore:
         """
         if not outcomes:
             return Stored()
-        now = datetime.now(UTC)
+        now = write_clock(session)  # the database's clock, which retention's walk of outcomes runs on
         rows: dict[str, dict[str, Any]] = {}
         for o in outcomes:
             rows.setdefault(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select, update
@@ -11,7 +10,7 @@ from sqlalchemy.orm import Session, load_only
 
 from vigil.metrics import Metrics
 from vigil.schema import OutcomeType
-from vigil.store.db import after_commit, among, upsert
+from vigil.store.db import after_commit, among, upsert, write_clock
 from vigil.store.models import ConversationRow, OutcomeLinkRow, OutcomeRow
 from vigil.store.signals import STORED_FIELDS, StoredConversation, attributed
 from vigil.store.writes import Checked, copy_new_rows
@@ -57,11 +56,13 @@ def link_outcomes(
                 "happened": kind.happened(o.value) if kind else o.value > 0,
                 "attributed": attributed(o, conv, window_hours),
                 "conversation_received_at": conv.received_at,
-                "linked_at": datetime.now(UTC),
             }
         )
     if not rows:
         return []
+    now = write_clock(session)  # the database's clock, which the rollup watermark runs on
+    for r in rows:
+        r["linked_at"] = now
     linked = among(session, OutcomeLinkRow.outcome_id, list(by_id))
     existing = dict(session.execute(select(OutcomeLinkRow.outcome_id, OutcomeLinkRow.attributed).where(linked)).all())
     rows.sort(key=lambda r: r["outcome_id"])  # one lock order for every writer

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, load_only
 from vigil.metrics import Metrics
 from vigil.review.models import ReviewAuditRow, ReviewReasonRow
 from vigil.review.policy import FlaggingPolicy, Reason
-from vigil.store.db import among, utcnow
+from vigil.store.db import among, write_clock
 from vigil.store.models import ConversationRow, OutcomeRow, ReviewItemRow, ReviewLabelRow
 from vigil.store.signals import attributed
 from vigil.store.writes import Checked, copy_rows, insert_new, stored_in_batch
@@ -66,7 +66,7 @@ def enqueue(
             select(C.conversation_id, C.agent_id, C.agent_version).where(C.conversation_id.in_(missing))
         ).all()
         agents = {**agents, **{r[0]: (r[1], r[2]) for r in rows}}
-    now = utcnow()
+    now = write_clock(session)
     items = [
         {
             "conversation_id": cid,
@@ -185,7 +185,7 @@ def supersede_labels(session: Session, revisions: dict[str, int]) -> list[str]:
     )
     superseded = Counter(r.conversation_id for r in stale)
     kept = Counter(r.conversation_id for r in rows) - superseded
-    now = utcnow()
+    now = write_clock(session)
     items = session.execute(
         select(ReviewItemRow.conversation_id, ReviewItemRow.required_reviews).where(
             among(session, ReviewItemRow.conversation_id, sorted(superseded))
@@ -316,7 +316,7 @@ class Flagger:
         dropped = [r for r in reasons if (r.conversation_id, r.key) not in kept]
         if not dropped:
             return
-        now = utcnow()
+        now = write_clock(session)
         by_cid: dict[str, list[ReviewReasonRow]] = defaultdict(list)
         for r in dropped:
             by_cid[r.conversation_id].append(r)

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from vigil.review import queue
 from vigil.review.errors import Invalid, NotFound
 from vigil.review.models import ReviewPairwiseRow
-from vigil.store.db import aware, utcnow
+from vigil.store.db import aware, clock
 from vigil.store.models import ConversationRow
 
 CHOICES = ("a", "b", "tie")
@@ -133,7 +133,7 @@ def choose(
         reviewer=reviewer,
         choice=choice,
         notes=notes.strip(),
-        created_at=utcnow(),
+        created_at=clock(session),
     )
     session.add(choice_row)
     session.flush()

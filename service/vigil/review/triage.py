@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from vigil.review import queue
 from vigil.review.errors import Conflict, Invalid, NotFound
 from vigil.review.models import ReviewCommentRow
-from vigil.store.db import aware, clock, utcnow
+from vigil.store.db import aware, clock
 from vigil.store.models import ConversationRow, ReviewItemRow
 
 MAX_BULK = 500
@@ -123,7 +123,11 @@ def add_comment(
     if message_index is not None and not 0 <= message_index < conv.message_count:
         raise Invalid(f"message {message_index} is not in this conversation (it has {conv.message_count})")
     row = ReviewCommentRow(
-        conversation_id=conversation_id, message_index=message_index, author=author, body=text, created_at=utcnow()
+        conversation_id=conversation_id,
+        message_index=message_index,
+        author=author,
+        body=text,
+        created_at=clock(session),
     )
     session.add(row)
     session.flush()

@@ -17,6 +17,7 @@ import psycopg
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
+    DateTime,
     Engine,
     String,
     any_,
@@ -30,7 +31,9 @@ from sqlalchemy import (
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.functions import FunctionElement
 
 from vigil.errors import VigilError, without_frames
 from vigil.schema import dumps_exact
@@ -329,6 +332,40 @@ def clock(session: Session) -> datetime:
         stamp = session.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
         return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
     return aware(session.execute(select(func.now())).scalar_one())
+
+
+_STAMP = "vigil.write_clock"
+
+
+def write_clock(session: Session) -> datetime:
+    """The time a write stamps its rows with (``received_at``, ``linked_at``): the database's clock (see
+    :func:`clock`), read once per transaction, whatever the rows and statements. Those times are compared
+    with other replicas' (the detector's cursor, the rollup watermark, retention's cutoffs), so an ingest
+    host's clock running behind must not store rows behind them, nor one running ahead rows in the future."""
+    held = session.info.get(_STAMP)
+    if held is not None and held[0] is session.get_transaction():
+        return held[1]
+    now = clock(session)
+    session.info[_STAMP] = (session.get_transaction(), now)
+    return now
+
+
+class db_now(FunctionElement[datetime]):  # noqa: N801 (a SQL function, named as one)
+    """The database's clock as a column default (a row the ORM writes without the time): ``now()`` on
+    Postgres, the time SQLite reads in the format SQLAlchemy stores times in there (so they compare as text)."""
+
+    type = DateTime(timezone=True)
+    inherit_cache = True
+
+
+@compiles(db_now)
+def _db_now(element: db_now, compiler: Any, **kw: Any) -> str:
+    return "now()"
+
+
+@compiles(db_now, "sqlite")
+def _db_now_sqlite(element: db_now, compiler: Any, **kw: Any) -> str:
+    return "strftime('%Y-%m-%d %H:%M:%f000', 'now')"
 
 
 @overload

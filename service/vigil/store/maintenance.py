@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,7 +33,7 @@ def refresh_rollups(
     return rollup_job.refresh(
         sessions,
         0.0 if only_if_behind else settings.rollup_lag_seconds,
-        frozen_before=retention.frozen_before(settings),
+        frozen_before=partial(retention.frozen_before, settings),  # on the job's clock, the database's
         only_if_behind=only_if_behind,
     )
 

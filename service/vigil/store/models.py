@@ -32,7 +32,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from vigil.store.db import json_text, utcnow
+from vigil.store.db import db_now, json_text, utcnow
 
 JsonType = JSON().with_variant(JSONB(), "postgresql")
 
@@ -77,7 +77,7 @@ class ConversationRow(Base):
     status: Mapped[str | None] = mapped_column(String(16))
     started_at: Mapped[datetime | None]
     ended_at: Mapped[datetime | None]
-    received_at: Mapped[datetime] = mapped_column(default=utcnow)
+    received_at: Mapped[datetime] = mapped_column(default=db_now())
     message_count: Mapped[int] = mapped_column(Integer)
     tool_call_count: Mapped[int] = mapped_column(Integer)
     tool_error_count: Mapped[int] = mapped_column(Integer)
@@ -135,7 +135,7 @@ class OutcomeRow(Base):
     type: Mapped[str] = mapped_column(String(64))
     value: Mapped[float] = mapped_column(Float, default=1.0)
     occurred_at: Mapped[datetime]
-    received_at: Mapped[datetime] = mapped_column(default=utcnow)
+    received_at: Mapped[datetime] = mapped_column(default=db_now())
     source: Mapped[str] = mapped_column(String(32), default="api")
 
     # retention walks the outcomes that passed its cutoff since its last run, in (received_at, id) order

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, column, delete, exists, func, or_, select, table, tuple_
@@ -84,9 +84,10 @@ def cutoff(days: float, now: datetime) -> datetime | None:
         return None
 
 
-def frozen_before(settings: Settings, now: datetime | None = None) -> datetime | None:
-    """Hours before this may have lost raw rows: the rollup job no longer recomputes them."""
-    return cutoff(settings.retention_conversations_days, now or datetime.now(UTC))
+def frozen_before(settings: Settings, now: datetime) -> datetime | None:
+    """Hours before this may have lost raw rows: the rollup job no longer recomputes them (``now``: the
+    database's clock, which retention cuts off by)."""
+    return cutoff(settings.retention_conversations_days, now)
 
 
 def kept(conversation_id: Any) -> ColumnElement[bool]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -329,14 +329,22 @@ def _recompute_tasks(session: Session, dirty: set[tuple[str, str, str]], frozen_
         _add_tasks(session, task_counts(session, scope))
 
 
+Frozen = datetime | Callable[[datetime], datetime | None] | None
+"""Hours before it are no longer recomputed: a time, or one computed from the job's clock."""
+
+
 def refresh_in(
-    session: Session, lag: timedelta, now: datetime | None = None, frozen_before: datetime | None = None
+    session: Session, lag: timedelta, now: datetime | None = None, frozen_before: Frozen = None
 ) -> RefreshResult:
     """One incremental run in the caller's transaction (a rebuild when the rollups were never built).
 
     ``now`` (tests) defaults to the database's clock: a run on a host whose clock ran ahead moved the
-    watermark as far, and conversations stored before the real time caught up were never counted."""
+    watermark as far, and conversations stored before the real time caught up were never counted.
+    ``frozen_before`` given as a function of that clock (the conversations' retention cutoff) is read on it
+    too: on the host's, a run on a host running behind recomputed hours retention had emptied."""
     now = now or clock(session)
+    if callable(frozen_before):
+        frozen_before = frozen_before(now)
     state = session.get(RollupStateRow, STATE)
     if state is None or state.watermark is None:
         return rebuild(session, now)
@@ -424,7 +432,7 @@ def refresh(
     sessions: sessionmaker[Session],
     lag_seconds: float = 300.0,
     now: datetime | None = None,
-    frozen_before: datetime | None = None,
+    frozen_before: Frozen = None,
     only_if_behind: bool = False,
     rebuild_all: bool = False,
 ) -> RefreshResult:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from vigil.rules import Finding, max_severity
 from vigil.schema import Conversation
-from vigil.store.db import among, aware, json_text, storable_text, upsert
+from vigil.store.db import among, aware, json_text, storable_text, upsert, write_clock
 from vigil.store.models import ConversationRow, DeadLetterRow, FindingRow, OutcomeRow
 
 
@@ -357,7 +357,7 @@ def store_conversations(session: Session, items: Sequence[Checked]) -> list[Chec
     if not items:
         return []
     items = newest_per_conversation(items)
-    now = datetime.now(UTC)
+    now = write_clock(session)  # the database's clock, which the detector's cursor and the rollups run on
     # Every writer locks rows in one order (by key): two batches that overlap then queue, never deadlock.
     # (Only the writes are ordered; downstream stages see the batch in its own order.)
     rows = sorted((_row(i, now) for i in items), key=lambda r: str(r["conversation_id"]))
@@ -582,6 +582,7 @@ def store_dead_letters(
     if not letters:
         return []
     budget = keep_bytes * len(letters) if batch_bytes is None else batch_bytes
+    now = write_clock(session)
     rows = []
     messages: dict[tuple[Any, ...], list[int]] = {}
     for d in group_dead_letters(letters):
@@ -600,7 +601,7 @@ def store_dead_letters(
                 "detail": storable_text(d.detail[:4000]),
                 "raw": raw,
                 "raw_size": d.raw_size,
-                "created_at": datetime.now(UTC),
+                "created_at": now,
             }
         )
     rows.sort(key=lambda r: (str(r["source"]), str(r["topic"] or ""), str(r["partition"]), str(r["offset"])))

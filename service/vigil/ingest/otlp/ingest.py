@@ -37,7 +37,7 @@ from vigil.ingest.otlp.otlp import EXTENDS, STORED_NS, valid_ids, valid_times
 from vigil.ingest.otlp.shared import SharedValues, purge_values, resolve
 from vigil.runtime import Runtime
 from vigil.schema import INCOMING, Conversation
-from vigil.store.db import after_commit, among, aware, clock, retry_kind, retry_transient
+from vigil.store.db import after_commit, among, aware, clock, retry_kind, retry_transient, write_clock
 from vigil.store.writes import Checked, copy_new_values
 
 log = logging.getLogger(__name__)
@@ -325,7 +325,7 @@ class TraceIngest:
         by_trace = self._keys(session, {s["trace_id"] for s in spans}, by_trace, moves, moved)
         touched: dict[str, _Touched] = {}
         rows: list[tuple[str, dict[str, Any]]] = []
-        now = datetime.now(UTC)
+        now = write_clock(session)  # the database's clock, which the purge of stray spans cuts off by
         for s, cid in zip(spans, named, strict=True):
             key = cid or by_trace.get(s["trace_id"]) or trace_key(s["trace_id"])
             touched.setdefault(key, _Touched(moved_from=moved.get(key))).spans.append(s)
@@ -505,7 +505,7 @@ class TraceIngest:
     def _store_logs(self, session: Session, records: list[dict[str, Any]], res: IngestResult) -> dict[str, _Touched]:
         moves = _Moves()
         by_trace = self._keys(session, {r["trace_id"] for r in records}, {}, moves)
-        now = datetime.now(UTC)
+        now = write_clock(session)
         rows = []
         for r in records:
             key = by_trace.get(r["trace_id"]) or trace_key(r["trace_id"])
