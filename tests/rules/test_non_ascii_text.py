@@ -1,4 +1,4 @@
-"""Non-ASCII text (a third of real replies has a curly apostrophe or an em dash) read cheaply with the
+"""Non-ASCII text (two thirds of real replies have a curly apostrophe or an em dash) read cheaply with the
 same answers: rule patterns searched on its bytes give google-re2's own matches, spans and groups, and
 a text nothing in it folds is its own folded form."""
 

@@ -51,7 +51,7 @@ class LinearRegex:
     ``str`` it encodes the text to UTF-8 and maps every match's byte offsets back to characters, in
     Python. In ASCII text (``str.isascii`` costs nothing) bytes and characters coincide, so the search
     runs on the text's bytes directly and hands back the same match objects with the same spans. Other
-    text (a curly apostrophe or an em dash makes a third of real replies non-ASCII) is searched on its
+    text (a curly apostrophe or an em dash makes two thirds of real replies non-ASCII) is searched on its
     UTF-8 bytes with google-re2's own steps, each match's offsets counted back to characters more
     cheaply. Anything else (bytes, ``sub``, ``split``) goes to ``google-re2`` unchanged.
     """
