@@ -287,9 +287,15 @@ MAX_SCANS = 256
 
 
 class _Source:
-    """Where the assistant's facts may come from: tool results and user (and system) turns."""
+    """Where the assistant's facts may come from: tool results and user (and system) turns.
 
-    __slots__ = ("text", "plain_numbers", "tokens", "seen", "scans", "_words")
+    A word is found when it is a whole token of a source message or, failing that, a substring of the
+    source (a scan, counted against MAX_SCANS). A token is a substring too, so while fewer distinct
+    facts than the cap were asked for, the cap cannot bind and one substring test answers for a word
+    without splitting the source into tokens; past that many, the tokens are built and the scans the
+    words asked so far would have cost are counted, and the answers go on as the cap makes them."""
+
+    __slots__ = ("text", "plain_numbers", "tokens", "seen", "scans", "_words", "_found_words")
 
     def __init__(self, text: str, words: Iterator[frozenset[str]]) -> None:
         self.text = text
@@ -298,11 +304,14 @@ class _Source:
         self._words: Iterator[frozenset[str]] | None = words
         self.seen: dict[tuple[str, str], bool | None] = {}
         self.scans = 0
+        self._found_words: dict[str, bool] | None = {}  # words answered by a substring test alone
 
     def _scan(self, kind: str, value: str, find: Callable[[], bool]) -> bool | None:
         key = (kind, value)
         if key in self.seen:
             return self.seen[key]
+        if self._found_words is not None and len(self._found_words) + len(self.seen) >= MAX_SCANS:
+            self._count_scans(self._found_words)  # the cap may bind from here: count as it counts
         if self.scans >= MAX_SCANS:
             return None
         self.scans += 1
@@ -321,6 +330,28 @@ class _Source:
 
     def word(self, word: str) -> bool | None:
         """Whether ``word`` occurs in the source; a whole token of it is found without a scan."""
+        found_words = self._found_words
+        if found_words is not None:
+            found = found_words.get(word)
+            if found is None and len(found_words) + len(self.seen) < MAX_SCANS:
+                found = found_words[word] = word in self.text
+            if found is not None:
+                return found
+            self._count_scans(found_words)
+        if self._token(word):
+            return True
+        src = self.text
+        return self._scan("word", word, lambda: word in src)
+
+    def _count_scans(self, found_words: dict[str, bool]) -> None:
+        """The scans the words answered so far would have cost: those that are no whole token."""
+        self._found_words = None
+        for word, found in found_words.items():
+            if not found or not self._token(word):
+                self.seen["word", word] = found
+                self.scans += 1
+
+    def _token(self, word: str) -> bool:
         if any(word in t for t in self.tokens):
             return True
         while self._words is not None:  # the words of the next source message, from the shared text pass
@@ -331,8 +362,7 @@ class _Source:
             self.tokens.append(words)
             if word in words:
                 return True
-        src = self.text
-        return self._scan("word", word, lambda: word in src)
+        return False
 
 
 def _ungrounded(kind: str, i: int, text: str, start: int, end: int) -> Hit:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from bisect import bisect_right
-from functools import cache
+from functools import cache, lru_cache
 
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 
@@ -28,6 +28,18 @@ def fold_char(ch: str) -> str:
         return "-"
     digit = unicodedata.decimal(ch, None)
     return str(digit) if digit is not None else unicodedata.normalize("NFKC", ch)
+
+
+def _fold_chars(run: str) -> tuple[str, ...] | None:
+    """Each character of a run of non-ASCII characters folded, or None when none changes."""
+    outs = tuple(fold_char(ch) for ch in run)
+    return None if "".join(outs) == run else outs
+
+
+# Short runs (a curly apostrophe, an em dash, an accented letter) recur in nearly every text: their
+# folding is kept, for a bounded number of them.
+_KEPT_RUN = 8
+_fold_run = lru_cache(maxsize=4096)(_fold_chars)
 
 
 def _between_digits(text: str, i: int) -> bool:
@@ -47,23 +59,29 @@ class Folded:
         pos = folded = 0
         for m in _NON_ASCII.finditer(text):
             run = m.group(0)
-            outs = [fold_char(ch) for ch in run]
-            if "".join(outs) == run:
+            outs = _fold_run(run) if len(run) <= _KEPT_RUN else _fold_chars(run)
+            if outs is None:
                 continue  # letters that stay as they are: copied with the text around them
             i = m.start()
+            kept = [
+                run[k] if out == "-" and not _between_digits(text, i + k) else out  # a dash as punctuation
+                for k, out in enumerate(outs)  # ("I gave you—555-0123—"), not a separator
+            ]
+            if "".join(kept) == run:
+                continue  # only dashes between words: copied as well
             if i > pos:
                 parts.append(text[pos:i])
                 self.starts.append(folded)
                 self.origins.append((pos, True))
                 folded += i - pos
-            for k, out in enumerate(outs):
-                if out == "-" and not _between_digits(text, i + k):
-                    out = run[k]  # a dash as punctuation ("I gave you—555-0123—"), not a separator
+            for k, out in enumerate(kept):
                 parts.append(out)
                 self.starts.append(folded)
                 self.origins.append((i + k, out == run[k]))
                 folded += len(out)
             pos = m.end()
+        if not parts:
+            return  # nothing folds (curly quotes, accented letters): the text is its own folded form
         parts.append(text[pos:])
         self.starts.append(folded)
         self.origins.append((pos, True))
