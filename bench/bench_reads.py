@@ -5,6 +5,12 @@ dead letters), build the rollups with the real job, then time every API read and
     python -m bench.bench_reads --rows 1000000            # Postgres on 127.0.0.1:5432, database vigil_bench_reads
     python -m bench.bench_reads --rows 10000000 --repeat 20
     python -m bench.bench_reads --reuse                   # time the reads again on the loaded database
+    python -m bench.bench_reads --reuse --writes 20 --only compare   # while 20 conversations/s are stored
+    python -m bench.bench_reads --reuse --writes 100 --gap 5 --only compare   # a read every 5 s meanwhile
+
+With ``--writes`` a thread stores conversations (with findings and verdicts) at that rate while the reads
+are timed, and the rollup job runs every ``rollup_interval_seconds`` beside them as serve's or the
+detector's upkeep does: the rollups' watermark is then behind at every read, as in production.
 
 Prints a p50/p95 table (milliseconds, in-process ASGI client, one request at a time).
 """
@@ -15,6 +21,7 @@ import argparse
 import os
 import re
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -250,7 +257,47 @@ def reads(n: int) -> Iterator[tuple[str, str, dict[str, Any]]]:
     yield "GET /v1/overview", "/v1/overview", {}
 
 
-def time_reads(url: str, n: int, repeat: int, only: str | None) -> list[tuple[str, int, float, float]]:
+def write_traffic(url: str, per_second: float, stop: threading.Event) -> int:
+    """Store canary conversations (a finding every 7th, a verdict every 5th) at ``per_second`` until stopped."""
+    done = 0
+    with psycopg.connect(_plain(url), autocommit=True) as conn:
+        t0 = time.monotonic()
+        while not stop.is_set():
+            due = int((time.monotonic() - t0) * per_second)
+            for i in range(done, due):
+                cid, version = f"w{os.getpid()}-{i:08d}", "v3" if i % 2 else "v4"
+                conn.execute(
+                    "INSERT INTO conversations (conversation_id, revision, schema_version, agent_id, agent_version, "
+                    "task_id, intent, status, started_at, ended_at, received_at, message_count, tool_call_count, "
+                    "tool_error_count, tokens, cost_usd, latency_ms, finding_count, max_severity, document) VALUES "
+                    "(%s, 1, 1, 'support-bot', %s, %s, 'order_status', 'finished', now(), now(), now(), 8, 2, "
+                    "%s, 2000, 0.005, 1200, %s, %s, %s)",
+                    (cid, version, f"task-{i % TASKS}", int(i % 17 == 0), int(i % 7 == 0),
+                     "medium" if i % 7 == 0 else None, DOC),
+                )  # fmt: skip
+                if i % 7 == 0:
+                    conn.execute(
+                        "INSERT INTO findings (conversation_id, revision, agent_id, agent_version, rule_id, rule_type, "
+                        "severity, message, evidence, details, created_at) VALUES (%s, 1, 'support-bot', %s, "
+                        "'pii-email', 'pii', 'medium', 'email address in reply', '[]', '{}', now())",
+                        (cid, version),
+                    )
+                if i % 5 == 0:
+                    conn.execute(
+                        "INSERT INTO verdicts (judge, judge_version, conversation_id, revision, agent_id, "
+                        "agent_version, verdict, categories, model, offline, prompt_hash, attempts, reason, "
+                        "created_at) VALUES "
+                        "('helpful', '1', %s, 1, 'support-bot', %s, %s, '[]', 'm', false, 'h', 1, 'sampled', now())",
+                        (cid, version, "fail" if i % 15 == 0 else "pass"),
+                    )
+            done = max(done, due)
+            stop.wait(0.05)
+    return done
+
+
+def time_reads(
+    url: str, n: int, repeat: int, only: str | None, writes: float = 0.0, gap: float = 0.0
+) -> list[tuple[str, int, float, float]]:
     from fastapi.testclient import TestClient
 
     from vigil.app.runtime import build_runtime, settle_heap
@@ -263,6 +310,16 @@ def time_reads(url: str, n: int, repeat: int, only: str | None) -> list[tuple[st
     settle_heap(long_running=True)  # as `vigil serve` does once built: full collections then skip the start-up heap
     headers = {"Authorization": f"Bearer {KEY}"}
     out = []
+    stop = threading.Event()
+    upkeep: list[threading.Thread] = []
+    if writes:  # production: traffic arrives, and serve's or the detector's upkeep runs the rollup job
+        from vigil.store.maintenance import Maintenance
+
+        upkeep.append(threading.Thread(target=write_traffic, args=(url, writes, stop), daemon=True))
+        job = Maintenance(settings, rt.sessions)
+        rt.provide(job)  # as `vigil serve` wires it: reads find it
+        upkeep.append(job.thread(stop))
+        upkeep[0].start()
     with TestClient(build_app(rt, [])) as c:
         page = c.get("/ui/login")
         token = re.search(r'name="csrf" value="([^"]+)"', page.text)
@@ -279,6 +336,7 @@ def time_reads(url: str, n: int, repeat: int, only: str | None) -> list[tuple[st
             took = []
             status = 0
             for _ in range(repeat + 1):  # the first request warms caches and is not counted
+                stop.wait(gap)  # a reader's pause: what is written meanwhile, the next read finds
                 t0 = time.perf_counter()
                 r = c.get(path, params=params, headers=headers, follow_redirects=False)
                 took.append((time.perf_counter() - t0) * 1000)
@@ -287,6 +345,9 @@ def time_reads(url: str, n: int, repeat: int, only: str | None) -> list[tuple[st
             p95 = statistics.quantiles(took, n=20)[-1] if len(took) >= 2 else took[0]
             out.append((name, status, statistics.median(took), p95))
             print(f"  {name}: {status} p50 {statistics.median(took):,.0f} ms p95 {p95:,.0f} ms", flush=True)
+    stop.set()
+    for t in upkeep:
+        t.join()
     rt.close()
     return out
 
@@ -300,6 +361,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=10, help="timed requests per read")
     ap.add_argument("--reuse", action="store_true", help="keep the loaded database; only time the reads")
     ap.add_argument("--only", help="time only reads whose name contains this")
+    ap.add_argument("--writes", type=float, default=0.0, help="conversations stored per second while timing")
+    ap.add_argument("--gap", type=float, default=0.0, help="seconds between timed requests")
     args = ap.parse_args()
     if not args.reuse:
         create_database(args.url)
@@ -323,7 +386,7 @@ def main() -> None:
         per = f"{size / rows:,.0f} B/row" if rows > 0 else ""
         print(f"  {name:24} {rows:>12,} rows {size / 2**20:>10,.1f} MiB  {per}")
     print(f"\nreads at {args.rows:,} conversations ({args.repeat} requests each, after one warm-up):")
-    results = time_reads(args.url, args.rows, args.repeat, args.only)
+    results = time_reads(args.url, args.rows, args.repeat, args.only, args.writes, args.gap)
     print("\n| read | status | p50 ms | p95 ms |\n|---|---|---|---|")
     for name, status, p50, p95 in results:
         print(f"| {name} | {status} | {p50:,.0f} | {p95:,.0f} |")

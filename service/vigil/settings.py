@@ -525,13 +525,21 @@ class Settings(BaseSettings):
     rollup_interval_seconds: float = Field(
         default=30.0,
         gt=0,
-        description="How often serve and the detector bring the hourly rollups up to date (reads also catch up "
-        "before answering).",
+        description="How often serve and the detector bring the hourly rollups up to date (reads never do: they "
+        "count what was written since from the tables, see rollup_read_tail_rows).",
     )
     rollup_lag_seconds: float = Field(
         default=300.0,
         ge=0,
         description="Each rollup refresh looks this far behind its watermark, for writes that committed late.",
+    )
+    rollup_read_tail_rows: int = Field(
+        default=10_000,
+        ge=0,
+        description="Compare, quality and the version lists count up to this many conversations, outcome links "
+        "and verdicts (each) written since the rollup job's last run from the tables, so their figures are "
+        "current; with more (the job stopped or far behind) they show the rollups alone and say up to when. "
+        "0: the rollups alone.",
     )
     list_count_cap: int = Field(
         default=10_000,

@@ -768,6 +768,21 @@ def _version_of(rt, url: str) -> str:  # type: ignore[no-untyped-def]
         return str(s.scalar(select(ReviewItemRow.agent_version).where(ReviewItemRow.conversation_id == cid)))
 
 
+def test_skip_and_next_says_the_item_was_skipped(ui, rt) -> None:
+    """*Skip & next* opened the next item with no word of what happened to the skipped one, where
+    *Save & next* says "Saved"."""
+    store(rt, simulated(40, "v1:0.6", seed=5))
+    _login(ui)
+    first = ui.post("/ui/queue/claim", data={"csrf": _csrf(ui.get("/ui/queue").text)}, follow_redirects=False)
+    url = first.headers["location"].split("?")[0]
+    page = ui.get(url).text
+    assert 'id="toast"' not in page
+    r = ui.post(url + "/skip", data={"csrf": _csrf(page), "next": "1"}, follow_redirects=False)
+    nxt = r.headers["location"]
+    assert nxt.startswith("/ui/review/") and nxt.split("?")[0] != url
+    assert 'class="toast" id="toast" role="status">Skipped: this is the next item<' in ui.get(nxt).text
+
+
 def test_save_and_next_and_skip_claim_from_the_queue_the_reviewer_filtered(ui, rt) -> None:
     """Claim next from a queue filtered to one version, then "Save & next" (or "Skip") claimed the next
     item of the whole queue: the reviewer was thrown into the other version's items."""

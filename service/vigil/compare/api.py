@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from vigil.compare.drill import UnknownSignal, conversations_behind
@@ -19,7 +22,8 @@ from vigil.http.fastjson import FastJSON
 from vigil.http.params import MAX_OFFSET, Instant
 from vigil.runtime import Runtime
 from vigil.schema import outcome_types
-from vigil.store.maintenance import refresh_rollups
+from vigil.store import retention, rollup_tail
+from vigil.store.maintenance import Maintenance
 from vigil.store.rollups import default_since
 
 router = APIRouter(tags=["compare"])
@@ -30,9 +34,16 @@ def applicable_rules(rt: Runtime) -> RulesFor:
     return lambda agent, version: [r.id for r in rt.rules.rules_for(agent, version)]
 
 
-def catch_up(rt: Runtime) -> None:
-    """Bring the rollups up to date before an aggregate read (cheap: only rows since the last run)."""
-    refresh_rollups(rt.settings, rt.sessions, only_if_behind=True)
+@contextmanager
+def counting(rt: Runtime) -> Iterator[tuple[Session, rollup_tail.Tail]]:
+    """A session whose rollup reads also count what was written since the rollup job's last run (a bounded
+    tail; the job itself is serve's and the detector's, never a request's), and that tail."""
+    with rt.sessions() as session:
+        tail = rollup_tail.attach(session, rt.settings.rollup_read_tail_rows, retention.frozen_before(rt.settings))
+        upkeep = rt.find(Maintenance)
+        if upkeep is not None and (tail.rows or not tail.current):
+            upkeep.wake()  # this process runs the job: have it catch up now, for the next read's sake
+        yield session, tail
 
 
 def window(rt: Runtime, since: datetime | None, until: datetime | None) -> tuple[datetime | None, datetime | None]:
@@ -77,9 +88,8 @@ def run_compare(
     per_task: bool = False,
 ) -> dict[str, Any]:
     s = rt.settings
-    catch_up(rt)
     since, until = window(rt, since, until)
-    with rt.sessions() as session:
+    with counting(rt) as (session, tail):
         result = compare(
             session,
             baseline,
@@ -99,6 +109,7 @@ def run_compare(
         for enrich in rt.hooks.compare_enrichers:  # calibration adds corrected judge rates
             enrich(session, result)
         result["headline"] = headline(result)
+        result["counts"] = tail.freshness()
         return result
 
 
@@ -174,10 +185,9 @@ async def get_quality(
     rt = runtime_of(request)
 
     def run() -> dict[str, Any]:
-        catch_up(rt)
         start, end = window(rt, since, until)
-        with rt.sessions() as session:
-            return quality(
+        with counting(rt) as (session, tail):
+            found = quality(
                 session,
                 agent,
                 version,
@@ -190,6 +200,8 @@ async def get_quality(
                 per_task,
                 outcomes_before(rt),
             )
+            found["counts"] = tail.freshness()
+            return found
 
     found = await run_in_threadpool(run)
     if not found["conversations"]:

@@ -131,9 +131,12 @@ def register(app: typer.Typer) -> None:
 
         from vigil.compare.api import run_compare
         from vigil.errors import VigilError
+        from vigil.store.maintenance import refresh_rollups
 
         launch = Launcher.of(ctx)
         rt = launch.runtime({"replay"})
+        # a one-off command, not a request: it may bring the rollups up to date itself (no upkeep runs here)
+        refresh_rollups(rt.settings, rt.sessions, only_if_behind=True)
         try:
             result = run_compare(rt, baseline, candidate, agent, per_task=True)
         except VigilError as exc:

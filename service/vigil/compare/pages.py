@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
 from vigil.compare import present
-from vigil.compare.api import catch_up, outcomes_before, run_compare
+from vigil.compare.api import counting, outcomes_before, run_compare
 from vigil.compare.drill import PAGE, UnknownSignal, conversations_behind
 from vigil.compare.table import CompareError
 from vigil.http import runtime_of
@@ -34,8 +34,7 @@ def versions(rt: Any) -> dict[str, list[str]]:
     time; like the detector, ``v1.5.0`` then counts as newer than ``v1.4.0``. Agents come in the
     order of their newest version.
     """
-    catch_up(rt)
-    with rt.sessions() as s:
+    with counting(rt) as (s, _tail):
         seen = rollups.versions_seen(s)
     seen.sort(key=lambda r: (r[2], version_key(r[1])), reverse=True)
     out: dict[str, list[str]] = {}

@@ -63,7 +63,7 @@ NOTICES = {
     "commented": "Comment added.",
 }
 # shown as a short-lived toast rather than a notice
-TOASTS = {"labelled": "Saved", "commented": "Comment added"}
+TOASTS = {"labelled": "Saved", "commented": "Comment added", "skipped_next": "Skipped: this is the next item"}
 EXPIRED_LABEL = "Your session expired, so your label was not saved. Log in again and it is filled in for you to save."
 STALE_LABEL = "The form had expired, so your label was not saved."
 RELOGGED_LABEL = "Logged in again. Your label was not saved yet."
@@ -397,7 +397,7 @@ def skip(request: Request, conversation_id: str, posted_form: FormData = Depends
     _count_claim_next(st, form, nxt)
     notice = "empty" if form.get("next") else "skipped"
     back = "/ui/queue?" + urlencode({**remembered_queue_filter(request), "notice": notice})
-    return go(_review_url(nxt) if nxt else back)
+    return go(_review_url(nxt, "skipped_next") if nxt else back)
 
 
 def _log_in_again(request: Request, conversation_id: str, why: str, draft: dict[str, str | None] | None) -> Response:

@@ -21,15 +21,18 @@ from vigil.store import retention, rollup_job
 
 log = logging.getLogger(__name__)
 
+POLL = 0.25  # how often a waiting pass looks for a read's wake-up
+MIN_SPACING = 1.0  # seconds between the starts of two passes, however often reads wake it
+
 
 def refresh_rollups(
     settings: Settings, sessions: sessionmaker[Session], only_if_behind: bool = False
 ) -> rollup_job.RefreshResult:
     """The rollup job with this deployment's lag and retention.
 
-    ``only_if_behind`` is the catch-up of a read: it runs only when something was written since the last
-    run and looks no further back than that run (no lag), so a read does at most one interval's work;
-    late commits inside the lag are the periodic job's."""
+    ``only_if_behind`` is the catch-up of a one-off command (``vigil compare``): it runs only when something
+    was written since the last run and looks no further back than that run (no lag); late commits inside
+    the lag are the periodic job's. Requests never run it: they count the tail (:mod:`vigil.store.rollup_tail`)."""
     return rollup_job.refresh(
         sessions,
         0.0 if only_if_behind else settings.rollup_lag_seconds,
@@ -45,6 +48,7 @@ class Maintenance:
         self.settings, self.sessions, self.metrics = settings, sessions, metrics
         self._task: asyncio.Task[None] | None = None
         self._next_retention = 0.0
+        self._wake = threading.Event()
         self.jobs: list[tuple[str, Callable[[], object]]] = [
             ("rollups", lambda: refresh_rollups(settings, sessions)),
         ]
@@ -63,10 +67,23 @@ class Maintenance:
             except Exception:
                 log.exception("retention pass failed")
 
+    def wake(self) -> None:
+        """A read counted rows the rollups do not hold yet: run the job soon rather than at the next interval,
+        so the next read's tail is short (the read does not wait; wakes between two runs make one run)."""
+        self._wake.set()
+
+    def _due(self, started: float) -> bool:
+        """Whether the next pass is due: the interval is up, or a read woke it and a second has passed."""
+        since = time.monotonic() - started
+        return since >= self.settings.rollup_interval_seconds or (self._wake.is_set() and since >= MIN_SPACING)
+
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
+            started = time.monotonic()
+            self._wake.clear()
             self.tick()
-            stop.wait(self.settings.rollup_interval_seconds)
+            while not stop.is_set() and not self._due(started):
+                stop.wait(POLL)
 
     def thread(self, stop: threading.Event) -> threading.Thread:
         t = threading.Thread(target=self.run, args=(stop,), name="vigil-maintenance", daemon=True)
@@ -78,8 +95,11 @@ class Maintenance:
 
     async def _loop(self) -> None:
         while True:
+            started = time.monotonic()
+            self._wake.clear()
             await asyncio.to_thread(self.tick)
-            await asyncio.sleep(self.settings.rollup_interval_seconds)
+            while not self._due(started):
+                await asyncio.sleep(POLL)
 
     async def stop(self) -> None:
         if self._task:

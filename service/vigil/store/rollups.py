@@ -7,7 +7,9 @@ failures) keyed by the verdict's hour. ``rollup_tasks`` holds trials and success
 version, task) for pass^k, ``rollup_versions`` when each version was first and last seen.
 
 The job (:mod:`vigil.store.rollup_job`) keeps them equal to a from-scratch aggregation of the base tables
-(:func:`vigil.store.rollup_job.rebuild`), including when a conversation is stored again.
+(:func:`vigil.store.rollup_job.rebuild`), including when a conversation is stored again. Reads never run
+it: a session with a tail attached (:mod:`vigil.store.rollup_tail`) counts the hours and tasks written
+since its last run from the base tables instead.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy import BigInteger, DateTime, Index, Integer, String, func, select
+from sqlalchemy import BigInteger, DateTime, Index, Integer, String, and_, func, not_, or_, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from vigil.store.db import aware
@@ -75,6 +77,30 @@ class RollupMemberRow(Base):
     agent_id: Mapped[str] = mapped_column(String(256))
     agent_version: Mapped[str] = mapped_column(String(128))
     task_id: Mapped[str | None] = mapped_column(String(256))
+
+
+TAIL_KEY = "vigil.rollup_tail"
+"""Where a read session keeps its :class:`vigil.store.rollup_tail.Tail` (``session.info``)."""
+
+
+class Tail(Protocol):
+    """What :class:`vigil.store.rollup_tail.Tail` gives the reads below."""
+
+    first_seen: dict[tuple[str, str], datetime]
+
+    def recounted(self, agent: str, version: str) -> dict[datetime, set[str]]: ...
+
+    def counts(
+        self, session: Session, agent: str, version: str
+    ) -> dict[tuple[datetime, str, str, str], tuple[str, int, int]]: ...
+
+    def task_days(
+        self, session: Session, agent: str, version: str
+    ) -> tuple[set[str], datetime | None, dict[tuple[str, datetime], tuple[int, int]]]: ...
+
+
+def tail_of(session: Session) -> Tail | None:
+    return session.info.get(TAIL_KEY)
 
 
 RETAINED = "retention"
@@ -135,9 +161,21 @@ def version_counts(
         .where(R.agent_id == agent, R.agent_version == version)
         .group_by(R.signal)
     )
-    out = VersionCounts()
+    tail = tail_of(session)
+    recounted = tail.recounted(agent, version) if tail is not None else {}
+    if recounted:  # these hours' families are counted from the base tables below instead
+        q = q.where(not_(or_(*[and_(R.hour == h, R.family.in_(sorted(f))) for h, f in sorted(recounted.items())])))
+    sums: dict[str, tuple[int, int]] = defaultdict(lambda: (0, 0))
     for signal, n, x in session.execute(_window(q, R.hour, since, until)):
-        n, x = int(n or 0), int(x or 0)
+        sums[signal] = (int(n or 0), int(x or 0))
+    if tail is not None:
+        lo, hi = (hour_of(since) if since else None), (aware(until) if until else None)
+        for (h, _a, _v, signal), (_f, n, x) in tail.counts(session, agent, version).items():
+            if (lo is None or h >= lo) and (hi is None or h < hi):
+                had = sums[signal]
+                sums[signal] = (had[0] + n, had[1] + x)
+    out = VersionCounts()
+    for signal, (n, x) in sums.items():
         if signal == CONVERSATIONS:
             out.conversations = n
         elif signal == "tool_error":
@@ -169,23 +207,41 @@ def task_counts(
         .where(T.agent_id == agent, T.agent_version == version)
         .group_by(T.task_id)
     )
-    if since is not None:
-        q = q.where(T.day >= day_of(since))
-    if until is not None:
-        q = q.where(T.day < aware(until))
-    return {t: (int(n), int(s or 0)) for t, n, s in session.execute(q) if n and int(n) >= min_trials}
+    lo = day_of(since) if since is not None else None
+    hi = aware(until) if until is not None else None
+    if lo is not None:
+        q = q.where(T.day >= lo)
+    if hi is not None:
+        q = q.where(T.day < hi)
+    tail = tail_of(session)
+    tasks, start, fresh = tail.task_days(session, agent, version) if tail is not None else (set(), None, {})
+    if tasks:  # tasks written since the job's last run: counted from the base tables below instead
+        redone = T.task_id.in_(sorted(tasks))
+        q = q.where(not_(and_(redone, T.day >= start)) if start is not None else not_(redone))
+    sums: dict[str, tuple[int, int]] = {t: (int(n or 0), int(s or 0)) for t, n, s in session.execute(q)}
+    for (t, day), (n, s) in fresh.items():
+        if (lo is None or day >= lo) and (hi is None or day < hi):
+            had = sums.get(t, (0, 0))
+            sums[t] = (had[0] + n, had[1] + s)
+    return {t: (n, s) for t, (n, s) in sums.items() if n and n >= min_trials}
 
 
 def agents_of(session: Session, version: str) -> list[str]:
     """Agents that have conversations of ``version``."""
     q = select(RollupVersionRow.agent_id).where(RollupVersionRow.agent_version == version)
-    return sorted(session.scalars(q))
+    tail = tail_of(session)
+    new = {a for a, v in tail.first_seen if v == version} if tail is not None else set()
+    return sorted(set(session.scalars(q)) | new)
 
 
 def versions_seen(session: Session) -> list[tuple[str, str, datetime]]:
     """(agent, version, first seen) of every version."""
     V = RollupVersionRow
-    return [(a, v, aware(t)) for a, v, t in session.execute(select(V.agent_id, V.agent_version, V.first_seen))]
+    seen = {(a, v): aware(t) for a, v, t in session.execute(select(V.agent_id, V.agent_version, V.first_seen))}
+    tail = tail_of(session)
+    for key, at in (tail.first_seen if tail is not None else {}).items():
+        seen[key] = min(seen.get(key, at), at)
+    return [(a, v, t) for (a, v), t in seen.items()]
 
 
 def hourly_series(
