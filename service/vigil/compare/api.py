@@ -23,6 +23,7 @@ from vigil.http.params import MAX_OFFSET, Instant
 from vigil.runtime import Runtime
 from vigil.schema import outcome_types
 from vigil.store import retention, rollup_tail
+from vigil.store.db import clock
 from vigil.store.maintenance import Maintenance
 from vigil.store.rollups import default_since
 
@@ -39,7 +40,9 @@ def counting(rt: Runtime) -> Iterator[tuple[Session, rollup_tail.Tail]]:
     """A session whose rollup reads also count what was written since the rollup job's last run (a bounded
     tail; the job itself is serve's and the detector's, never a request's), and that tail."""
     with rt.sessions() as session:
-        tail = rollup_tail.attach(session, rt.settings.rollup_read_tail_rows, retention.frozen_before(rt.settings))
+        tail = rollup_tail.attach(
+            session, rt.settings.rollup_read_tail_rows, retention.frozen_before(rt.settings, clock(session))
+        )
         upkeep = rt.find(Maintenance)
         if upkeep is not None and (tail.rows or not tail.current):
             upkeep.wake()  # this process runs the job: have it catch up now, for the next read's sake
