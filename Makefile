@@ -13,8 +13,10 @@ $(BIN)/vigil: pyproject.toml constraints.txt
 demo: $(BIN)/vigil
 	$(BIN)/vigil serve --demo
 
+# The suite runs in one process per core, at most TEST_WORKERS of them.
+TEST_WORKERS ?= 4
 test: $(BIN)/vigil
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses $(TEST_WORKERS)
 
 lint: $(BIN)/vigil
 	$(BIN)/ruff check service tests bench

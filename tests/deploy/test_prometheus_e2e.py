@@ -85,6 +85,7 @@ def test_regression_reaches_firing_in_prometheus(tmp_path: Path) -> None:
             "VIGIL_DETECTOR_SETTLE_SECONDS": "0",
             "VIGIL_DETECTOR_MIN_BASELINE": "300",
             "VIGIL_LOG_LEVEL": "WARNING",
+            "VIGIL_OTLP_GRPC_PORT": "0",  # the standard port may be another Vigil's (a demo, a parallel test)
         }
     )
     config = tmp_path / "prometheus.yml"
