@@ -521,3 +521,21 @@ def test_metrics(api) -> None:
     assert 'vigil_review_claims_total{result="claimed"} 1.0' in text
     open_items = queue_of(api)["counts"]["open"]
     assert f"vigil_review_queue_open_items {float(open_items)}" in text
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "known"),
+    [("severity", "hihg", "critical"), ("reason", "findings", "judge_fail")],
+)
+def test_a_filter_value_no_item_can_have_is_a_422_not_an_empty_queue(api, field: str, value: str, known: str) -> None:
+    """A mistyped severity or reason answered an empty queue (and claim-next 204, nothing left to claim), so a
+    reviewer could not tell a typo from a queue with nothing to review; the answer names the known values."""
+    _seed(api)
+    r = api.get("/v1/review/queue", params={field: value}, headers=REVIEWER)
+    assert r.status_code == 422, r.text
+    assert value in r.text and known in r.text
+    r = api.post("/v1/review/claim", json={field: value}, headers=REVIEWER)
+    assert r.status_code == 422, r.text
+    assert value in r.text and known in r.text
+    # a known value matches regardless of case, as before
+    assert api.get("/v1/review/queue", params={field: known.upper()}, headers=REVIEWER).status_code == 200

@@ -810,3 +810,20 @@ def test_save_and_next_and_skip_claim_from_the_queue_the_reviewer_filtered(ui, r
     # claiming from the unfiltered queue forgets the filter
     ui.post("/ui/queue/claim", data={"csrf": token}, follow_redirects=False)
     assert "filtered to" not in ui.get(r.headers["location"].split("?")[0]).text
+
+
+def test_a_queue_filter_no_item_can_have_says_so_instead_of_an_empty_queue(ui, rt) -> None:
+    """/ui/queue?severity=hihg listed nothing, as if nothing were flagged; claiming with it said the queue
+    was empty. Both now lead to a 400 page naming the value and the known ones."""
+    store(rt, simulated(30, "v1:0.6", seed=1))
+    _login(ui)
+    r = ui.get("/ui/queue", params={"severity": "hihg"})
+    assert r.status_code == 400, r.text
+    assert "hihg" in r.text and "critical" in r.text
+    r = ui.post(
+        "/ui/queue/claim", data={"csrf": _csrf(ui.get("/ui/queue").text), "reason": "findings"}, follow_redirects=False
+    )
+    assert r.status_code == 303 and "/ui/review/" not in r.headers["location"]  # nothing claimed
+    page = ui.get(r.headers["location"])
+    assert page.status_code == 400 and "findings" in page.text and "judge_fail" in page.text
+    assert ui.get("/ui/queue", params={"severity": "High"}).status_code == 200

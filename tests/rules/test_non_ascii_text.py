@@ -105,3 +105,33 @@ def test_a_text_nothing_in_it_folds_is_kept_as_it_is() -> None:
     folded = Folded(text)
     assert not folded.changed and folded.text is text
     assert Folded("555—0123").changed and Folded("555—0123").text == "555-0123"
+
+
+def test_a_google_re2_without_the_internals_the_fast_paths_read_runs_the_rules_on_google_re2_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fast paths read google-re2's internals; where a release lacks them (the module is checked at
+    import), patterns compile to google-re2's own objects and rules find the same spans."""
+    import importlib
+
+    from vigil.rules import patterns
+
+    assert patterns.FAST_PATHS  # the pinned release has them
+    fast = [m.span() for m in compile_linear(r"\w+’s").finditer(TEXTS[0])]
+    import sys
+    import types
+
+    public = types.ModuleType("re2")  # google-re2's public names only
+    for name in ("compile", "Options", "error", "escape"):
+        setattr(public, name, getattr(re2, name))
+    monkeypatch.setitem(sys.modules, "re2", public)
+    try:
+        reloaded = importlib.reload(patterns)
+        assert not reloaded.FAST_PATHS
+        rx = reloaded.compile_linear(r"\w+’s")
+        assert type(rx) is not reloaded.LinearRegex
+        assert [m.span() for m in rx.finditer(TEXTS[0])] == fast == [(0, 4), (9, 19)]
+        assert reloaded.Pattern("customer’s").search(TEXTS[0]) == (9, 19)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(patterns)

@@ -49,5 +49,7 @@ async def get_rule_quality(
     window = since or utcnow() - timedelta(days=30)
     result = await run_in_threadpool(rule_quality, rt, outcome, polarity, window, agent, version)
     if not result["conversations"]:
-        raise HTTPException(404, f"no stored conversation since {window.isoformat()} has the outcome {outcome!r}")
+        # name the agent and version too: without them the answer read as if the outcome were never recorded
+        of = (f" of agent {agent!r}" if agent else "") + (f" at version {version!r}" if version else "")
+        raise HTTPException(404, f"no stored conversation{of} since {window.isoformat()} has the outcome {outcome!r}")
     return result

@@ -127,6 +127,8 @@ def list_queue(
 
     Agent, version, rule, severity and outcome match regardless of case."""
     f = queue.QueueFilter(agent, version, rule, verdict, outcome, reason, severity, q)
+    with _errors():
+        f.check()
     desc = None if order is None else order == "desc"
     settings = runtime_of(request).settings
     if offset > settings.list_max_offset:
@@ -163,6 +165,8 @@ def claim_next(request: Request, body: ClaimFilters | None = None, p: Principal 
     """Claim the highest-priority available item (optionally filtered) with a lease."""
     b = body or ClaimFilters()
     f = queue.QueueFilter(b.agent, b.version, b.rule, b.verdict, b.outcome, b.reason, b.severity, b.q)
+    with _errors():
+        f.check()
 
     def go(s: Session, st: ReviewStage) -> Any:
         cid = queue.claim_next(

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, aliased
 
 from vigil.review.errors import Invalid
 from vigil.review.models import ReviewAuditRow, ReviewReasonRow
+from vigil.review.policy import REASON_KINDS
 from vigil.review.queue import QueueFilter, aware, claimable
 from vigil.store import reads
 from vigil.store.db import clock
@@ -253,9 +254,6 @@ def _state_counts(
     if capped:
         capped.add("all")
     return counts, capped
-
-
-REASON_KINDS = ("finding", "judge_fail", "judge_low_score", "outcome", "sample", "manual")
 
 
 def _open_by_reason(session: Session, clauses: list[ColumnElement[bool]], now: datetime, cap: int) -> dict[str, int]:

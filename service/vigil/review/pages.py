@@ -122,6 +122,7 @@ def queue_page(
         return render_page(request, "error.html", 400, title="No such page", message=why, back=back)
     st = _stage(request)
     try:
+        f.check()
         with st.sessions() as s:
             data = insights.list_queue(
                 s,
@@ -192,6 +193,10 @@ def claim_next(request: Request, posted_form: FormData = Depends(posted)) -> Res
     # matches nothing: neither is echoed back whole into the redirect (a 100 kB field made a 100 kB header)
     values = {k: str(form.get(k) or "")[:256] for k in FILTERS}
     f = queue.QueueFilter(**{k: v or None for k, v in values.items()})
+    try:
+        f.check()
+    except Invalid:  # the queue page with these filters says which value no item can have
+        return go("/ui/queue?" + urlencode(queue_filter_of(values)))
     st = _stage(request)
     with st.sessions.begin() as s:
         cid = queue.claim_next(s, p.name, st.lease_seconds, f, assignment_hours=st.assignment_hours)

@@ -32,6 +32,8 @@ DEFAULT_RUBRIC = {
     "unsure": "The transcript does not settle it; say what is missing in the notes.",
 }
 SEVERITIES = tuple(SEVERITY_RANK)
+# the kinds of Reason an item is flagged for (the queue's reason filter takes one of them)
+REASON_KINDS = ("finding", "judge_fail", "judge_low_score", "outcome", "sample", "manual")
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,11 +22,12 @@ from vigil.metrics import Metrics
 from vigil.review.errors import Conflict, Done, Invalid, NotFound, NotHeld
 from vigil.review.flagger import enqueue
 from vigil.review.models import ReviewAuditRow, ReviewReasonRow, ReviewSkipRow
-from vigil.review.policy import LABELS, SEVERITIES, FlaggingPolicy, Reason
+from vigil.review.policy import LABELS, REASON_KINDS, SEVERITIES, FlaggingPolicy, Reason
 from vigil.store.db import aware, clock, upsert
 from vigil.store.models import ConversationRow, FindingRow, OutcomeRow, ReviewItemRow, ReviewLabelRow, VerdictRow
 
 MAX_TEXT = 20_000
+VERDICTS = ("pass", "fail", "unscored")
 
 
 def _changed(session: Session, stmt: Executable) -> int:
@@ -51,6 +52,16 @@ class QueueFilter:
     reason: str | None = None
     severity: str | None = None
     search: str | None = None
+
+    def check(self) -> None:
+        """Raise Invalid for a severity, verdict or reason kind no item can have: a mistyped one would otherwise read
+        as an empty queue (and claim-next as nothing left to claim)."""
+        if self.severity and self.severity.lower() not in SEVERITIES:
+            raise Invalid(f"severity must be one of {', '.join(SEVERITIES)}, not {self.severity!r}")
+        if self.verdict and self.verdict.lower() not in VERDICTS:
+            raise Invalid(f"verdict must be one of {', '.join(VERDICTS)}, not {self.verdict!r}")
+        if self.reason and self.reason.lower() not in REASON_KINDS:
+            raise Invalid(f"reason must be one of {', '.join(REASON_KINDS)}, not {self.reason!r}")
 
     def clauses(self) -> list[ColumnElement[bool]]:
         out: list[ColumnElement[bool]] = []

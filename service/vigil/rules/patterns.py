@@ -138,17 +138,25 @@ class LinearRegex:
         return self._run(_UNANCHORED, text, pos, endpos)
 
 
-_NULL_SPAN = re2._NULL_SPAN
-_chars_to_bytes = re2._re2.CharLenToBytes  # (data, byte offset, characters) -> their length in bytes
-_bytes_to_chars = re2._re2.BytesToCharLen  # (data, byte offset, byte end) -> characters between
-_Match = re2._Match
-_UNANCHORED, _ANCHOR_START, _ANCHOR_BOTH = re2._Anchor.UNANCHORED, re2._Anchor.ANCHOR_START, re2._Anchor.ANCHOR_BOTH
+try:  # google-re2's internals the fast paths above use; a release without them runs google-re2 as it is
+    _NULL_SPAN = re2._NULL_SPAN
+    _chars_to_bytes = re2._re2.CharLenToBytes  # (data, byte offset, characters) -> their length in bytes
+    _bytes_to_chars = re2._re2.BytesToCharLen  # (data, byte offset, byte end) -> characters between
+    _Match = re2._Match
+    _UNANCHORED, _ANCHOR_START, _ANCHOR_BOTH = (
+        re2._Anchor.UNANCHORED,
+        re2._Anchor.ANCHOR_START,
+        re2._Anchor.ANCHOR_BOTH,
+    )
+    FAST_PATHS = callable(getattr(re2.compile("a")._regexp, "Match", None))
+except AttributeError:
+    FAST_PATHS = False
 
 
 def compile_linear(pattern: str, ignore_case: bool = False) -> Any:
     """``pattern`` compiled for RE2; raises UnsupportedPattern with what RE2 objects to."""
     try:
-        return LinearRegex(re2.compile(pattern, _options(ignore_case)))
+        rx = re2.compile(pattern, _options(ignore_case))
     except re2.error as exc:
         reason = exc.args[0] if exc.args else exc
         if isinstance(reason, bytes):
@@ -157,6 +165,7 @@ def compile_linear(pattern: str, ignore_case: bool = False) -> Any:
             f"not a pattern the linear-time engine (RE2) runs: {reason} "
             "(lookarounds and backreferences are not supported)"
         ) from None
+    return LinearRegex(rx) if FAST_PATHS else rx
 
 
 def needles(pattern: str) -> tuple[str, ...] | None:
