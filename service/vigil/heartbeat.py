@@ -1,25 +1,30 @@
-"""A worker loop's heartbeat: what ``/healthz`` on a worker's metrics port answers from.
+"""A worker loop's heartbeat: what ``/healthz`` answers from.
 
-Each long-running loop (``vigil consume``, ``vigil judge-worker``, ``vigil detector``) runs inside
-:meth:`Heartbeat.loop` and calls :meth:`Heartbeat.beat` at the end of every iteration, idle ones included,
-and within long work (a detector pass folds many hours, a batch waits on a database that is away). The
-metrics server runs in a thread of its own, so it answers while the loop is wedged; :meth:`Heartbeat.problem`
-is what lets it say so, and Kubernetes' liveness probe then restarts the process.
+Each long-running loop (the consumer of ``vigil consume``, the judge worker, the detector) has a heartbeat of
+its own, named after it (:meth:`vigil.runtime.Runtime.heartbeat`), runs inside :meth:`Heartbeat.loop` and
+calls :meth:`Heartbeat.beat` at the end of every iteration, idle ones included, and within long work (a
+detector pass folds many hours, a batch waits on a database that is away). A worker's metrics server runs in
+a thread of its own, so it answers while the loop is wedged; :meth:`Heartbeat.problem` is what lets it say
+so, and Kubernetes' liveness probe then restarts the process. ``vigil serve`` runs its judge worker and
+detector in-process: its API's ``/healthz`` answers from theirs (:func:`check`). One heartbeat per loop: a
+loop that beats must not hide another's stall.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 
 class Heartbeat:
     """The monotonic time a loop last finished an iteration, the wait it announced, and the thread it runs on."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, name: str = "worker") -> None:
         self._clock = clock
+        self.name = name  # the loop's, in what :meth:`problem` says
         # one tuple, replaced whole: the metrics server's thread reads it while the loop writes it
         self._last: tuple[float, float] = (clock(), 0.0)
         self._thread: threading.Thread | None = None
@@ -42,10 +47,10 @@ class Heartbeat:
         try:
             yield
         except BaseException as exc:
-            self._ended = f"the worker loop ended: {type(exc).__name__}: {exc}"[:300]
+            self._ended = f"the {self.name} loop ended: {type(exc).__name__}: {exc}"[:300]
             raise
         else:
-            self._ended = "the worker loop has ended"
+            self._ended = f"the {self.name} loop has ended"
 
     def problem(self, stall_seconds: float) -> str | None:
         """Why the loop is not alive (one short line), or None while it is."""
@@ -53,12 +58,22 @@ class Heartbeat:
             return self._ended
         thread = self._thread
         if thread is not None and not thread.is_alive():
-            return f"the worker loop's thread {thread.name} is no longer running"
+            return f"the {self.name} loop's thread {thread.name} is no longer running"
         at, idle = self._last
         age = self._clock() - at
         if age > stall_seconds + idle:
             return (
-                f"the worker loop is stalled: no iteration finished for {age:.0f} s "
+                f"the {self.name} loop is stalled: no iteration finished for {age:.0f} s "
                 f"(VIGIL_LIVENESS_STALL_SECONDS={stall_seconds:g})"
             )
         return None
+
+
+def check(beats: Mapping[str, Heartbeat], stall_seconds: float) -> tuple[dict[str, str], dict[str, Any]]:
+    """Each loop's problem (only those not alive, by name) and every loop's age: what ``/healthz`` says.
+    Cheap (a clock read and a look at a thread per loop): probes ask often, and while the database is away."""
+    problems = {name: p for name, beat in beats.items() if (p := beat.problem(stall_seconds)) is not None}
+    loops: dict[str, Any] = {name: {"age_seconds": round(beat.age(), 3)} for name, beat in sorted(beats.items())}
+    for name, p in problems.items():
+        loops[name]["problem"] = p
+    return problems, loops

@@ -173,9 +173,11 @@ class Metrics:
         )
         self.worker_heartbeat_age = Gauge(
             "worker_heartbeat_age_seconds",
-            "Seconds since a worker's loop (consume, judge-worker, detector) last finished an iteration or moved "
-            "on within long work; its /healthz answers 503 past VIGIL_LIVENESS_STALL_SECONDS (plus the loop's own "
-            "wait). Stays 0 in `vigil serve`, whose /healthz is the API's.",
+            "Seconds since a loop (consumer, judge, detector) last finished an iteration or moved on within long "
+            "work; the process's /healthz (a worker's metrics port; the API's in `vigil serve`, which runs the judge "
+            "and detector loops in-process) answers 503 past VIGIL_LIVENESS_STALL_SECONDS (plus the loop's own "
+            "wait).",
+            ["loop"],
             namespace=NS,
             registry=r,
         )

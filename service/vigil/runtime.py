@@ -165,7 +165,8 @@ class Runtime:
     pipeline: Pipeline
     roles: frozenset[str] = frozenset({"serve"})
     judges: dict[str, JudgeInfo] = field(default_factory=dict)
-    heartbeat: Heartbeat = field(default_factory=Heartbeat)  # the worker loop's, for /healthz on the metrics port
+    # each long-running loop's, by name ("consumer", "judge", "detector"): what /healthz answers from
+    heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
     _components: dict[type, object] = field(default_factory=dict, repr=False)
 
     def provide(self, component: object) -> None:
@@ -180,6 +181,17 @@ class Runtime:
 
     def find(self, kind: type[T]) -> T | None:
         return self._components.get(kind)  # type: ignore[return-value]
+
+    def heartbeat(self, loop: str) -> Heartbeat:
+        """The heartbeat of the loop named ``loop``, made on first ask: from then on ``/healthz`` (the worker's
+        metrics port, or the API's in ``vigil serve``) answers 503 while it stalls or once it has ended, and
+        ``vigil_worker_heartbeat_age_seconds{loop}`` shows its age. One per loop: a loop that beats must not
+        hide another's stall."""
+        beat = self.heartbeats.get(loop)
+        if beat is None:
+            beat = self.heartbeats[loop] = Heartbeat(name=loop)
+            self.metrics.worker_heartbeat_age.labels(loop).set_function(beat.age)
+        return beat
 
     def has_role(self, *roles: str) -> bool:
         return bool(self.roles & set(roles))

@@ -110,7 +110,7 @@ def test_a_consumer_whose_poll_blocks_answers_503_until_it_returns(tmp_path) -> 
             consumer.released.set()
             assert wait_for(lambda: answers(port, 200, "ok"), what="200 again once the poll returned")
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=scaled(5)) as r:
-                assert "vigil_worker_heartbeat_age_seconds " in r.read().decode()  # /metrics as before
+                assert 'vigil_worker_heartbeat_age_seconds{loop="consumer"} ' in r.read().decode()  # /metrics as before
         finally:
             worker.stop()
             consumer.released.set()

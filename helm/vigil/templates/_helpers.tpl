@@ -170,6 +170,8 @@ spec:
               protocol: TCP
             {{- end }}
           {{- if .http }}
+          {{- /* the API's /healthz needs no database; with api.args running `vigil serve` without --no-workers
+               it also answers 503 once an in-process loop (judge worker, detector) stalls or ends */}}
           startupProbe:
             httpGet: {path: /healthz, port: http}
             periodSeconds: 2

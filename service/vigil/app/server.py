@@ -60,22 +60,24 @@ class DemoTraffic:
 
 
 def worker_http_app(rt: Runtime) -> Callable[..., Iterable[bytes]]:
-    """A worker's metrics port: ``/healthz`` answers from its loop's heartbeat (200, or 503 with the reason in
-    one line), every other path is Prometheus' exposition as before. Served from a thread of its own, the
-    port answers while the loop is wedged: the heartbeat is what tells the liveness probe so."""
+    """A worker's metrics port: ``/healthz`` answers from its loops' heartbeats (200 ``ok``, or 503 with each
+    failing loop's reason on a line of its own), every other path is Prometheus' exposition as before. Served
+    from a thread of its own, the port answers while a loop is wedged: the heartbeat is what tells the liveness
+    probe so."""
     from prometheus_client import make_wsgi_app
 
+    from vigil.heartbeat import check
+
     metrics = make_wsgi_app(rt.metrics.registry)
-    heartbeat, stall = rt.heartbeat, rt.settings.liveness_stall_seconds
-    rt.metrics.worker_heartbeat_age.set_function(heartbeat.age)
+    beats, stall = rt.heartbeats, rt.settings.liveness_stall_seconds
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("PATH_INFO") != "/healthz":
             return metrics(environ, start_response)  # type: ignore[no-any-return]
-        problem = heartbeat.problem(stall)
-        body = f"{problem or 'ok'}\n".encode()
+        problems, _ = check(beats, stall)
+        body = "\n".join([*problems.values(), ""] if problems else ["ok", ""]).encode()
         headers = [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))]
-        start_response("503 Service Unavailable" if problem else "200 OK", headers)
+        start_response("503 Service Unavailable" if problems else "200 OK", headers)
         return [body]
 
     return app

@@ -153,9 +153,13 @@ class Detector:
         self._task = asyncio.create_task(self._loop())
 
     async def _loop(self) -> None:
-        while True:
-            await asyncio.to_thread(self._safe_tick)
-            await asyncio.sleep(self.settings.detector_interval_seconds)
+        """The in-process loop of ``vigil serve``: beats as :meth:`run` does, for the API's ``/healthz``."""
+        interval = self.settings.detector_interval_seconds
+        with self.heartbeat.loop():
+            while True:
+                await asyncio.to_thread(self._safe_tick)
+                self.heartbeat.beat(idle=interval)  # the wait for the next pass is not a stall
+                await asyncio.sleep(interval)
 
     async def stop(self) -> None:
         if self._task:

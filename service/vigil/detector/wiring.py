@@ -45,7 +45,8 @@ def build_detector(rt: Runtime) -> Detector:
     def rules_for(agent: str, version: str) -> list[str]:
         return [r.id for r in rt.rules.rules_for(agent, version)]
 
-    return Detector(rt.settings, rt.sessions, rt.metrics, rules_for, bad_outcomes(rt), heartbeat=rt.heartbeat)
+    beat = rt.heartbeat("detector")
+    return Detector(rt.settings, rt.sessions, rt.metrics, rules_for, bad_outcomes(rt), heartbeat=beat)
 
 
 def wire(rt: Runtime) -> Detector | None:

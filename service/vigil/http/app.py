@@ -17,6 +17,7 @@ from starlette.requests import ClientDisconnect
 
 from vigil import __version__
 from vigil.errors import without_frames
+from vigil.heartbeat import check
 from vigil.http import conversations
 from vigil.http.auth import KeyRing
 from vigil.http.body import IngestBusy, LimitBodies
@@ -59,9 +60,15 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
         app.include_router(router)
 
     @app.get("/healthz", tags=["ops"])
-    async def healthz() -> dict[str, str]:
+    async def healthz() -> JSONResponse:
+        """Liveness: 200, or 503 naming each in-process loop (``vigil serve``'s judge worker and detector) that
+        has stalled past VIGIL_LIVENESS_STALL_SECONDS or ended, with the reason. No database query: a database
+        that is away makes the process unready (``/readyz``), not dead. ``--no-workers`` runs no loops."""
         # answered on the event loop itself: no wait for a worker thread while requests are being checked
-        return {"status": "ok"}
+        problems, loops = check(runtime.heartbeats, runtime.settings.liveness_stall_seconds)
+        if problems:
+            return JSONResponse({"status": "failing", "failing": problems, "loops": loops}, 503)
+        return JSONResponse({"status": "ok", "loops": loops})
 
     app.state.unready = None  # the reason the last readiness check failed, while it fails
 

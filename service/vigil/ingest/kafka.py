@@ -175,6 +175,9 @@ class ConsumerWorker:
         dead_letter_producer: Any = None,
     ) -> None:
         self.runtime = runtime
+        # made with the worker, so a consumer that never reaches its loop (a broker client that hangs being built)
+        # stalls /healthz of its metrics port too
+        self.heartbeat = runtime.heartbeat("consumer")
         self.consumer = consumer
         s = runtime.settings
         # conversations stay with this worker; other stages add theirs. Whatever a handler returns with
@@ -237,10 +240,10 @@ class ConsumerWorker:
 
         Polls made while the group is still assigning partitions do not count as idle: joining can
         take up to the rebalance timeout, and a batch job must not give up before it has begun.
-        Every poll, empty or not, beats the runtime's heartbeat (``/healthz`` of the metrics port).
+        Every poll, empty or not, beats the consumer loop's heartbeat (``/healthz`` of the metrics port).
         """
         s = self.runtime.settings
-        heartbeat = self.runtime.heartbeat
+        heartbeat = self.heartbeat
         idle = 0
         # but never wait for an assignment longer than the rebalance timeout allows, several times over
         unassigned_budget = 4 * s.kafka_max_poll_interval_ms // max(1, s.kafka_poll_timeout_ms) + 10
@@ -338,7 +341,7 @@ class ConsumerWorker:
                 # wait rather than kept through it and then until the collector's next run
                 without_frames(exc)
                 wait = delay * (0.5 + random.random())
-                self.runtime.heartbeat.beat(idle=wait)  # waiting out a database that is away is not a stall
+                self.heartbeat.beat(idle=wait)  # waiting out a database that is away is not a stall
                 if self.stopping.wait(wait):
                     return False
                 self._update_lag(fetch_ends=True)  # a stuck batch shows as lag that is not going down

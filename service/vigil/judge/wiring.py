@@ -44,7 +44,7 @@ def wire(rt: Runtime, client: LLMClient | None = None) -> JudgeStage:
     rt.hooks.conversation_enrichers.append(stage.enrich)
     rt.hooks.add_router(router)
     if judges and rt.has_role(*WORKER_ROLES):
-        stage.worker = JudgeWorker(engine, rt.hooks.verdict_listeners, heartbeat=rt.heartbeat)
+        stage.worker = JudgeWorker(engine, rt.hooks.verdict_listeners, heartbeat=rt.heartbeat("judge"))
         rt.hooks.background.append(stage.worker)
     rt.judges = {
         name: JudgeInfo(name, j.version, engine.lanes[name].model, engine.lanes[name].offline)

@@ -1,0 +1,136 @@
+"""``vigil serve`` runs its judge worker and detector in-process: its API's ``/healthz`` answers from their
+loops' heartbeats, one per loop.
+
+It used to answer 200 whatever those loops did, so a wedged or dead in-process judge worker or detector went
+unnoticed; and the two shared one heartbeat, so one loop's beats would have hidden the other's stall."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.support.app import make_settings
+from tests.support.judge_fakes import Scripted, judge_dir
+from tests.support.waiting import wait_for
+from vigil.app.runtime import build_runtime
+from vigil.app.server import build_app, build_server_app
+from vigil.app.wiring import wire
+from vigil.detector.loop import Detector
+from vigil.judge.client import ClientOverride
+from vigil.judge.stage import JudgeStage
+from vigil.runtime import Runtime
+
+BOUND = 0.3  # VIGIL_LIVENESS_STALL_SECONDS of these tests: seconds, so that a wedge shows quickly
+
+
+def settings(tmp_path: Path, **overrides: Any) -> Any:
+    judges = judge_dir(tmp_path / "judges", **{"sampling": {"rate": 1.0}})
+    return make_settings(
+        f"sqlite:///{tmp_path / 'v.db'}",
+        judges_dir=str(judges),
+        judge_mode="live",
+        judge_poll_interval_seconds=0.02,
+        detector_interval_seconds=3600,  # one pass, then a wait far past the bound: not a stall
+        liveness_stall_seconds=BOUND,
+        **overrides,
+    )
+
+
+def serve_runtime(tmp_path: Path) -> Runtime:
+    from prometheus_client import CollectorRegistry
+
+    rt = build_runtime(settings(tmp_path), registry=CollectorRegistry())
+    rt.provide(ClientOverride(Scripted()))
+    return wire(rt, {"serve"})
+
+
+@contextmanager
+def serving(rt: Runtime) -> Iterator[TestClient]:
+    """The API as ``vigil serve`` runs it: its in-process loops started with the app, stopped with it."""
+    with TestClient(build_app(rt, list(rt.hooks.background))) as client:
+        yield client
+
+
+def health(client: TestClient, status: int) -> dict[str, Any] | None:
+    r = client.get("/healthz")
+    return r.json() if r.status_code == status else None  # type: ignore[no-any-return]
+
+
+def test_a_blocked_in_process_judge_loop_answers_503_naming_it_until_it_turns_again(tmp_path) -> None:
+    rt = serve_runtime(tmp_path)
+    worker = rt.get(JudgeStage).worker
+    assert worker is not None
+    blocked, released = threading.Event(), threading.Event()
+    tick = worker.tick
+
+    async def gated_tick(force_housekeeping: bool = False) -> int:
+        while blocked.is_set() and not released.is_set():  # a claim that does not return; the event loop runs on
+            await asyncio.sleep(0.01)
+        return await tick(force_housekeeping)
+
+    worker.tick = gated_tick  # type: ignore[method-assign]
+    with serving(rt) as client:
+        try:
+            ok = wait_for(lambda: health(client, 200), what="200 while both loops turn")
+            assert ok["status"] == "ok" and set(ok["loops"]) == {"judge", "detector"}, ok
+            assert all(loop["age_seconds"] >= 0 for loop in ok["loops"].values())
+            metrics = client.get("/metrics").text
+            assert 'vigil_worker_heartbeat_age_seconds{loop="judge"}' in metrics
+            assert 'vigil_worker_heartbeat_age_seconds{loop="detector"}' in metrics
+            blocked.set()
+            body = wait_for(lambda: health(client, 503), what="503 while the judge loop is blocked")
+            assert body["status"] == "failing" and set(body["failing"]) == {"judge"}, body
+            reason = body["failing"]["judge"]
+            assert "the judge loop is stalled" in reason and "VIGIL_LIVENESS_STALL_SECONDS" in reason, reason
+            assert body["loops"]["judge"]["problem"] == reason and "problem" not in body["loops"]["detector"]
+        finally:
+            released.set()
+        wait_for(lambda: health(client, 200), what="200 once the judge loop turns again")
+    rt.close()
+
+
+def test_a_loop_that_beats_does_not_hide_another_loops_stall(tmp_path) -> None:
+    """The detector's pass blocks while the judge worker keeps turning: one shared heartbeat said 200."""
+    rt = serve_runtime(tmp_path)
+    detector = rt.get(Detector)
+    released = threading.Event()
+    tick = detector.tick
+
+    def gated_tick(now: Any = None) -> bool:
+        released.wait()  # a pass that does not return (run off the event loop, as serve runs it)
+        return tick(now)
+
+    detector.tick = gated_tick  # type: ignore[method-assign]
+    with serving(rt) as client:
+        try:
+            # the judge loop turns meanwhile (a probe the machine's load delayed past the bound may catch a turn
+            # of it late: the next one does not)
+            body = wait_for(
+                lambda: (b := health(client, 503)) and set(b["failing"]) == {"detector"} and b,
+                what="503 naming the detector alone while its pass blocks",
+            )
+            assert "the detector loop is stalled" in body["failing"]["detector"], body
+            assert "problem" not in body["loops"]["judge"] and body["loops"]["judge"]["age_seconds"] < BOUND
+        finally:
+            released.set()
+        # the pass ends; the wait for the next one (an hour) is not a stall
+        ok = wait_for(lambda: health(client, 200), what="200 once the pass ended")
+        assert ok["loops"]["detector"]["age_seconds"] >= 0
+    rt.close()
+
+
+def test_an_api_without_workers_runs_no_loops_and_answers_200(tmp_path) -> None:
+    """``vigil serve --no-workers``: judges are configured, but the judge worker and detector run elsewhere."""
+    app = build_server_app(settings(tmp_path), workers=False)
+    rt: Runtime = app.state.runtime
+    assert rt.heartbeats == {}
+    with TestClient(app) as client:
+        r = client.get("/healthz")
+        assert r.status_code == 200 and r.json() == {"status": "ok", "loops": {}}, r.text
+    rt.close()
