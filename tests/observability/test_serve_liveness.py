@@ -116,7 +116,7 @@ def test_a_loop_that_beats_does_not_hide_another_loops_stall(tmp_path) -> None:
                 what="503 naming the detector alone while its pass blocks",
             )
             assert "the detector loop is stalled" in body["failing"]["detector"], body
-            assert "problem" not in body["loops"]["judge"] and body["loops"]["judge"]["age_seconds"] < BOUND
+            assert "problem" not in body["loops"]["judge"], body
         finally:
             released.set()
         # the pass ends; the wait for the next one (an hour) is not a stall
