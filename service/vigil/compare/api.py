@@ -134,8 +134,8 @@ async def get_compare(
                 run_compare, runtime_of(request), baseline, candidate, agent, since, until, per_task
             )
         )
-    except SameVersion as exc:
-        raise HTTPException(400, str(exc)) from None
+    except SameVersion as exc:  # a refused parameter, like the API's other 422s
+        raise HTTPException(422, str(exc)) from None
     except CompareError as exc:
         raise HTTPException(404, str(exc)) from None
 
