@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BeforeValidator
 
-from vigil.schema import in_utc
+from vigil.schema import Severity, in_utc
 
 MAX_OFFSET = 2**31 - 1  # far past any list's length; an offset beyond the rows simply returns none
 MAX_ID = 2**63 - 1  # ids and watermarks are 64-bit integers in every supported database
@@ -17,3 +17,12 @@ MAX_PAGE = 1_000_000
 # a query time in UTC; one whose offset moves it past year 1 or 9999 is refused (converting it later was a 500)
 Instant = Annotated[datetime, AfterValidator(in_utc)]
 """A since/until query parameter: ISO 8601, naive meaning UTC."""
+
+
+def _lower(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
+
+
+# a severity filter in any case (``HIGH`` as ``high``), as the review queue's; an unknown one is a 422 naming the five
+AnyCaseSeverity = Annotated[Severity, BeforeValidator(_lower)]
+"""A severity query parameter: info, low, medium, high or critical, in any case."""
