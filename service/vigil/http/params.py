@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Annotated
 
 from pydantic import AfterValidator, BeforeValidator
+from pydantic_core import PydanticCustomError
 
 from vigil.schema import Severity, in_utc
 
@@ -26,3 +27,15 @@ def _lower(value: object) -> object:
 # a severity filter in any case (``HIGH`` as ``high``), as the review queue's; an unknown one is a 422 naming the five
 AnyCaseSeverity = Annotated[Severity, BeforeValidator(_lower)]
 """A severity query parameter: info, low, medium, high or critical, in any case."""
+
+
+def _given(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError("empty", "the parameter is empty: it needs a value")
+    return value
+
+
+# a required text parameter sent empty (``agent=``) is a 422 saying so; it was looked up as the empty
+# name and answered a 404 ("agent '' has no finished conversations") that read as if the data were missing
+Given = Annotated[str, AfterValidator(_given)]
+"""A required text query parameter: not empty nor only whitespace."""
