@@ -86,6 +86,8 @@ def test_filters_narrow_the_list_and_the_next_page_keeps_them(ui) -> None:
     assert sorted(_listed(cancelled)) == [f"c-{i:02d}" for i in range(0, 60, 3)]
     severe = ui.get("/ui/conversations", params={"severity": "high", "version": "v1", "agent": "support-bot"}).text
     assert sorted(_listed(severe)) == [f"c-{i:02d}" for i in range(3, 60, 6)]
+    shouted = ui.get("/ui/conversations", params={"severity": "HIGH", "version": "v1", "agent": "support-bot"}).text
+    assert sorted(_listed(shouted)) == sorted(_listed(severe))  # any case, as the API and the review queue
     assert ui.get("/ui/conversations", params={"agent": "nobody"}).text.count("No stored conversation matches") == 1
     # the link to older conversations carries the filters
     page = ui.get("/ui/conversations", params={"version": "v2", "since": "2000-01-01T00:00"}).text
@@ -152,6 +154,7 @@ def test_cli_lists_and_shows_conversations(tmp_path: Path, monkeypatch: pytest.M
     assert {c["conversation_id"] for c in first["items"] + rest["items"]} == {f"c-{i}" for i in range(5)}
     r = runner.invoke(app, ["conversations", "list", "--severity", "high"])
     assert r.exit_code == 0 and "c-2\tsupport-bot\tv1" in r.stdout and "c-1\t" not in r.stdout
+    assert runner.invoke(app, ["conversations", "list", "--severity", "High"]).stdout == r.stdout
     r = runner.invoke(app, ["conversations", "show", "c-2"])
     assert r.exit_code == 0 and "no-cancel-delivered-order\thigh" in r.stdout
     r = runner.invoke(app, ["conversations", "show", "c-2", "--json"])

@@ -270,9 +270,14 @@ def test_a_rule_that_applies_to_one_side_only_is_a_changed_grader(sqlite_url, tm
 
 
 def test_a_version_compared_with_itself_is_refused(eighty_to_ninety) -> None:
+    """A 422, as the API's other refused parameters are, with the sentence saying why."""
     _, c = eighty_to_ninety
     r = c.get("/v1/compare", params={"baseline": "v1", "candidate": "v1"}, headers=REVIEWER)
-    assert r.status_code == 400 and "compared with itself" in r.json()["detail"]
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == (
+        "baseline and candidate are both 'v1': a version compared with itself shows no difference; "
+        "pick two different versions"
+    )
 
 
 def test_the_conversations_behind_a_row(db_url) -> None:

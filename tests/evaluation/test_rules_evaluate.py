@@ -137,7 +137,18 @@ def test_evaluate_stored_traffic_matches_files_and_api(sqlite_url: str) -> None:
     bad = _json(runner.invoke(app, ["rules", "evaluate", "--stored", "--json", "--outcome", "escalation"], env=env))
     assert bad["conversations"] == 40 and bad["failures"] == 0 and bad["without_outcome"] == 0
     nobody = runner.invoke(app, ["rules", "evaluate", "--stored", "--agent", "nobody"], env=env)
-    assert nobody.exit_code == 2 and "no conversation has the outcome" in nobody.output
+    assert nobody.exit_code == 2, nobody.output
+    # the filter that matched nothing is named: the outcome itself is recorded
+    assert "no conversation of agent 'nobody' has the outcome 'task_success'" in nobody.output
+    agent = next(iter(load_file(path))).agent_id
+    args = ["rules", "evaluate", "--stored", "--outcome", "task_success", "--agent", agent, "--version", "v9"]
+    unknown_version = runner.invoke(app, args, env=env)
+    assert unknown_version.exit_code == 2, unknown_version.output
+    assert f"no conversation of agent {agent!r} at version 'v9' has the outcome 'task_success'" in (
+        unknown_version.output
+    )
+    future = runner.invoke(app, ["rules", "evaluate", "--stored", "--since", "2999-01-01T00:00:00"], env=env)
+    assert future.exit_code == 2 and "no conversation since 2999-01-01T00:00:00" in future.output, future.output
     with make_client(rt) as client:
         r = client.get("/v1/rules/quality", params={"outcome": "task_success"}, headers=REVIEWER)
         assert r.status_code == 200, r.text

@@ -135,6 +135,18 @@ def test_list_filters(client) -> None:
     assert pii["total"] == expected > 0
     crit = client.get("/v1/conversations", params={"severity": "critical"}, headers=REVIEWER).json()
     assert crit["total"] == expected
+    # a severity in any case, as the review queue takes it; an unknown one is a 422 naming the five
+    for spelt in ("CRITICAL", "Critical"):
+        r = client.get("/v1/conversations", params={"severity": spelt}, headers=REVIEWER)
+        assert r.status_code == 200, r.text
+        assert r.json()["total"] == expected
+    high = [client.get("/v1/conversations", params={"severity": s}, headers=REVIEWER).json() for s in ("HIGH", "high")]
+    assert high[0]["total"] == high[1]["total"] > 0
+    for unknown in ("severe", "HIGHEST", ""):
+        r = client.get("/v1/conversations", params={"severity": unknown}, headers=REVIEWER)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["query", "severity"]
+        assert "'info', 'low', 'medium', 'high' or 'critical'" in r.json()["detail"][0]["msg"]
     assert client.get("/v1/conversations/nope", headers=REVIEWER).status_code == 404
 
 

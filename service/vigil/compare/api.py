@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from sqlalchemy.orm import Session
@@ -19,7 +19,7 @@ from vigil.compare.table import CompareError, RulesFor, SameVersion, compare, qu
 from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.http.fastjson import FastJSON
-from vigil.http.params import MAX_OFFSET, Instant
+from vigil.http.params import MAX_OFFSET, Given, Instant
 from vigil.runtime import Runtime
 from vigil.schema import outcome_types
 from vigil.store import retention, rollup_tail
@@ -119,8 +119,8 @@ def run_compare(
 @router.get("/v1/compare", dependencies=[require("reviewer")], response_class=FastJSON)
 async def get_compare(
     request: Request,
-    baseline: str = Query(..., description="Baseline agent version."),
-    candidate: str = Query(..., description="Candidate agent version."),
+    baseline: Annotated[Given, Query(description="Baseline agent version.")],
+    candidate: Annotated[Given, Query(description="Candidate agent version.")],
     agent: str | None = Query(None, description="Agent id; needed when both versions exist for several agents."),
     since: Instant | None = Query(None, description="Window start (default: read_window_days ago)."),
     until: Instant | None = Query(None, description="Window end (default: now)."),
@@ -134,8 +134,8 @@ async def get_compare(
                 run_compare, runtime_of(request), baseline, candidate, agent, since, until, per_task
             )
         )
-    except SameVersion as exc:
-        raise HTTPException(400, str(exc)) from None
+    except SameVersion as exc:  # a refused parameter, like the API's other 422s
+        raise HTTPException(422, str(exc)) from None
     except CompareError as exc:
         raise HTTPException(404, str(exc)) from None
 
@@ -143,9 +143,11 @@ async def get_compare(
 @router.get("/v1/compare/conversations", dependencies=[require("reviewer")])
 async def get_conversations_behind(
     request: Request,
-    agent: str,
-    version: str,
-    signal: str = Query(..., description="A signal of the compare table, e.g. rule:<id>, judge:<name>, tasks:success."),
+    agent: Given,
+    version: Given,
+    signal: Annotated[
+        Given, Query(description="A signal of the compare table, e.g. rule:<id>, judge:<name>, tasks:success.")
+    ],
     offset: int = Query(0, ge=0, le=MAX_OFFSET),
     since: Instant | None = None,
     until: Instant | None = None,
@@ -177,8 +179,8 @@ async def get_conversations_behind(
 @router.get("/v1/quality", dependencies=[require("reviewer")], response_class=FastJSON)
 async def get_quality(
     request: Request,
-    agent: str,
-    version: str,
+    agent: Given,
+    version: Given,
     since: Instant | None = Query(None, description="Window start (default: read_window_days ago)."),
     until: Instant | None = Query(None, description="Window end (default: now)."),
     per_task: bool = Query(False, description="Also list each task's pass@k and pass^k (thousands of rows at volume)."),

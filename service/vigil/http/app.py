@@ -22,6 +22,7 @@ from vigil.http import conversations
 from vigil.http.auth import KeyRing
 from vigil.http.body import IngestBusy, LimitBodies
 from vigil.http.guard import NUL_TEXT_DETAIL, RefuseNul
+from vigil.http.head import HeadAsGet
 from vigil.http.unencodable import surrogate_response, validation_response
 from vigil.runtime import Runtime
 from vigil.schema import Conversation
@@ -52,6 +53,7 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
     )
     app.add_middleware(RefuseNul)
     app.add_middleware(LimitBodies, limit=runtime.settings.max_request_bytes)
+    app.add_middleware(HeadAsGet)  # outermost of these: every guard and check runs as for the GET
     app.state.runtime = runtime
     app.state.keyring = KeyRing.from_settings(runtime.settings)
     runtime.provide(app.state.keyring)  # the OTLP/gRPC receiver checks the same keys

@@ -11,10 +11,10 @@ from sqlalchemy.orm import Session
 from vigil.http import runtime_of
 from vigil.http.auth import require
 from vigil.http.fastjson import OPTIONS, FastJSON
-from vigil.http.params import MAX_OFFSET, Instant
+from vigil.http.params import MAX_OFFSET, AnyCaseSeverity, Instant
 from vigil.rules import registered_rule_types
 from vigil.runtime import Runtime
-from vigil.schema import Severity, conversation_json_schema, dumps_exact
+from vigil.schema import conversation_json_schema, dumps_exact
 from vigil.store import reads
 from vigil.store.models import ConversationRow
 
@@ -33,7 +33,7 @@ def list_conversations(
     agent: str | None = None,
     version: str | None = None,
     rule: str | None = None,
-    severity: Severity | None = Query(None, description="Minimum severity of any finding."),
+    severity: AnyCaseSeverity | None = Query(None, description="Minimum severity of any finding (any case)."),
     since: Instant | None = None,
     until: Instant | None = None,
     limit: int = Query(50, ge=1, le=500),

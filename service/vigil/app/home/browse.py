@@ -59,8 +59,10 @@ class Filters:
             if v and v.strip()
         }
         sev = given.get("severity")
-        if sev is not None and sev not in SEVERITY_RANK:
-            raise FindError(f"severity must be one of {', '.join(SEVERITY_RANK)}, not {sev!r}")
+        if sev is not None:
+            if sev.lower() not in SEVERITY_RANK:
+                raise FindError(f"severity must be one of {', '.join(SEVERITY_RANK)}, not {sev!r}")
+            sev = given["severity"] = sev.lower()  # any case, as the review queue and the API take it
         try:
             start, end = parse_time(given.get("since"), "since"), parse_time(given.get("until"), "until")
         except RangeError as exc:

@@ -16,6 +16,7 @@ from vigil.app.home import browse, charts, now, quality
 from vigil.detector.twins import fed_by_rules, fold_twins
 from vigil.http import runtime_of
 from vigil.http.auth import Principal, require
+from vigil.http.params import Given
 from vigil.money import usd
 from vigil.rules import SEVERITY_RANK
 from vigil.ui.forms import go
@@ -202,8 +203,8 @@ def overview(request: Request) -> dict[str, Any]:
 @api.get("/v1/quality/series", dependencies=[require("reviewer")])
 def quality_series(
     request: Request,
-    agent: str,
-    version: str,
+    agent: Given,
+    version: Given,
     since: str | None = Query(None, description="ISO time; default 7 days before until"),
     until: str | None = Query(None, description="ISO time; default now"),
 ) -> dict[str, Any]:
