@@ -138,19 +138,25 @@ class LinearRegex:
         return self._run(_UNANCHORED, text, pos, endpos)
 
 
-try:  # google-re2's internals the fast paths above use; a release without them runs google-re2 as it is
+def has_internals(module: Any) -> bool:
+    """Whether ``module`` (google-re2) has the internals the fast paths above read; a release without them
+    runs google-re2 as it is (:func:`compile_linear` hands out its own compiled objects)."""
+    try:
+        anchors = (module._Anchor.UNANCHORED, module._Anchor.ANCHOR_START, module._Anchor.ANCHOR_BOTH)
+        steps = (module._Match, module._re2.CharLenToBytes, module._re2.BytesToCharLen)
+        match = getattr(module.compile("a")._regexp, "Match", None)
+        return module._NULL_SPAN is not None and None not in anchors and all(map(callable, (*steps, match)))
+    except AttributeError:
+        return False
+
+
+FAST_PATHS = has_internals(re2)
+if FAST_PATHS:
     _NULL_SPAN = re2._NULL_SPAN
     _chars_to_bytes = re2._re2.CharLenToBytes  # (data, byte offset, characters) -> their length in bytes
     _bytes_to_chars = re2._re2.BytesToCharLen  # (data, byte offset, byte end) -> characters between
     _Match = re2._Match
-    _UNANCHORED, _ANCHOR_START, _ANCHOR_BOTH = (
-        re2._Anchor.UNANCHORED,
-        re2._Anchor.ANCHOR_START,
-        re2._Anchor.ANCHOR_BOTH,
-    )
-    FAST_PATHS = callable(getattr(re2.compile("a")._regexp, "Match", None))
-except AttributeError:
-    FAST_PATHS = False
+    _UNANCHORED, _ANCHOR_START, _ANCHOR_BOTH = re2._Anchor.UNANCHORED, re2._Anchor.ANCHOR_START, re2._Anchor.ANCHOR_BOTH
 
 
 def compile_linear(pattern: str, ignore_case: bool = False) -> Any:
