@@ -8,18 +8,8 @@ import json
 from urllib.parse import urlsplit
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from tests.support.app import REVIEWER, make_client, make_settings, served
-from vigil.app.runtime import build_runtime
-
-
-@pytest.fixture
-def client(sqlite_url):  # type: ignore[no-untyped-def]
-    rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
-    with make_client(rt) as c:
-        yield c
-    rt.close()
+from tests.support.app import REVIEWER, served
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/readyz", "/ui/login", "/ui/static/vigil.css"])
