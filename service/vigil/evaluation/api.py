@@ -49,7 +49,6 @@ async def get_rule_quality(
     window = since or utcnow() - timedelta(days=30)
     result = await run_in_threadpool(rule_quality, rt, outcome, polarity, window, agent, version)
     if not result["conversations"]:
-        # name the agent and version too: without them the answer read as if the outcome were never recorded
-        of = (f" of agent {agent!r}" if agent else "") + (f" at version {version!r}" if version else "")
-        raise HTTPException(404, f"no stored conversation{of} since {window.isoformat()} has the outcome {outcome!r}")
+        scope = sources.stored_scope(agent, version, window)
+        raise HTTPException(404, f"no stored conversation{scope} has the outcome {outcome!r}")
     return result

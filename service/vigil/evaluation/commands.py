@@ -163,13 +163,8 @@ def evaluate(
     except VigilError as exc:
         launcher.fail(exc)
     if not obs:
-        # name the filters too (as /v1/rules/quality's 404 does): without them the message read as if the
-        # outcome were never recorded, when the agent or version matched no stored traffic
-        of = (f" of agent {agent!r}" if stored and agent else "") + (
-            f" at version {version!r}" if stored and version else ""
-        )
-        when = f" since {since.isoformat()}" if stored and since else ""
-        launcher.fail(f"no conversation{of}{when} has the outcome {outcome!r} ({left_out} without it)")
+        scope = sources.stored_scope(agent, version, since) if stored else ""
+        launcher.fail(f"no conversation{scope} has the outcome {outcome!r} ({left_out} without it)")
     report = quality.evaluate(
         obs, sources.rule_infos(engine), outcome, sources.review_threshold(policy), left_out
     ).as_dict()

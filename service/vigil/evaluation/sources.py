@@ -120,6 +120,14 @@ def from_conversations(
     return obs, left_out
 
 
+def stored_scope(agent: str | None, version: str | None, since: datetime | None) -> str:
+    """The stored traffic :func:`from_store` read, as words (`` of agent 'a' at version 'v' since …``): what
+    a report that found no conversation with the outcome names, so it does not read as if the outcome were
+    never recorded when it is the agent, version or window that matched nothing."""
+    of = (f" of agent {agent!r}" if agent else "") + (f" at version {version!r}" if version else "")
+    return of + (f" since {since.isoformat()}" if since else "")
+
+
 def from_store(
     session: Session,
     engine: RuleEngine,
