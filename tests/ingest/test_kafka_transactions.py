@@ -164,6 +164,31 @@ def test_read_committed_skips_aborted_transactions_and_commits_past_them(kafka, 
         plain.close(timeout=5)
 
 
+def test_a_partition_holding_only_an_aborted_transaction_is_committed_past_it(kafka, pg_url) -> None:
+    """Read committed, a partition that holds nothing but an aborted transaction (a producer whose every
+    transaction failed) gives the worker no message to store: its group offset stayed where it was, so the
+    group showed the aborted messages as lag to anything reading its offsets, and they were fetched again
+    after every restart. The worker commits it past them and the marker when its reading moves there."""
+    topic = fresh_topic(kafka)
+    registry = CollectorRegistry()
+    rt = runtime_for(kafka, pg_url, topic, registry)
+    aborts = BrokerAborts()
+    tx = transactional(kafka)
+    group = Group(kafka, rt.settings.kafka_group_id)
+    try:
+        abort(tx, topic, 0, conversations(2, 25), aborts)  # 0-1, marker 2
+        running = Running(rt)
+        aborts.install(running.worker.consumer)
+        with running:
+            running.wait(lambda: aborts.supplied, "a fetch answer holding the aborted transaction")
+            running.wait(lambda: not group.behind(topic, 1), "the committed offset at the partition's end")
+            running.wait(lambda: lag(registry, topic, 0) == 0, "no lag")
+        assert stored_ids(rt) == set() and letters(rt) == []
+    finally:
+        group.close()
+        tx.close(timeout=5)
+
+
 def test_read_uncommitted_stores_aborted_and_open_transactions(kafka, pg_url) -> None:
     """Read uncommitted, every message is stored as written: an open transaction's while it is open (read
     committed holds them until it ends), and kept when it is then aborted; the group's offsets still pass
