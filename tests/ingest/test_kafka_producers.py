@@ -259,8 +259,7 @@ def test_large_messages_in_many_small_compressed_batches_are_refused_as_they_lea
 def test_messages_of_an_open_transaction_are_stored_once_it_commits(kafka, pg_url) -> None:
     """A transactional producer's messages are not the producer's until it commits: read uncommitted (the
     client's default), Vigil stored them while the transaction was open, and would keep them had it been
-    aborted. (The test broker does not report aborted transactions in its fetch answers, so the skipping
-    of an aborted transaction's messages is the client's, untested here; it holds back open ones.)"""
+    aborted. (Aborted transactions: test_kafka_transactions.)"""
     from kafka import KafkaProducer
 
     topic = fresh_topic(kafka, partitions=2)

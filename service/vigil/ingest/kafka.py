@@ -372,17 +372,35 @@ class ConsumerWorker:
     def _commit_passed(self) -> None:
         """Commit where a partition's reading has moved past what held no message: a transaction's commit or
         abort marker, an aborted transaction's messages (read committed). No poll returns them, so the
-        group's offset, and the lag, stayed behind them until the next message was stored."""
+        group's offset, and the lag, stayed behind them until the next message was stored. A partition
+        nothing was polled from yet (one holding only aborted transactions) is asked its group offset once,
+        when its reading has moved at all."""
         from kafka.errors import KafkaError
         from kafka.structs import OffsetAndMetadata
 
         passed: dict[Any, int] = {}
-        for tp, done in self._committed.items():
+        ask = True  # a coordinator that does not answer is asked once per pass, not once per partition
+        for tp in self.consumer.assignment() | self._committed.keys():
             try:
                 position = self.consumer.position(tp, timeout_ms=1000)
             except Exception:  # moved elsewhere meanwhile (a rebalance): its new owner commits it
                 continue
-            if position is not None and position > done:
+            if not position:  # nothing passed yet
+                continue
+            done = self._committed.get(tp)
+            if done is None:
+                if not ask:
+                    continue
+                try:
+                    done = self.consumer.committed(tp, timeout_ms=1000)
+                except Exception:  # asked again at the next poll that returns nothing
+                    ask = False
+                    continue
+                if done is None:  # the group has none: whatever was passed is committed
+                    done = 0
+                else:
+                    self._committed[tp] = done
+            if position > done:
                 passed[tp] = position
         if not passed:
             return
