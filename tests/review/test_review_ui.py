@@ -795,6 +795,8 @@ def test_save_and_next_and_skip_claim_from_the_queue_the_reviewer_filtered(ui, r
     page = ui.get(url).text
     assert "filtered to version v1.4.0" in page
     assert '<input type="hidden" name="version" value="v1.4.0">' in page  # "Next item" keeps the filter too
+    # the "Queue" crumb atop the page goes back to the filtered queue, not the whole one
+    assert 'id="crumb-queue" href="/ui/queue?version=v1.4.0"' in page
     for _ in range(4):
         r = ui.post(
             url.split("?")[0] + "/label",
