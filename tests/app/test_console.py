@@ -179,6 +179,30 @@ def test_alerts_page_and_banner_follow_the_detections(seeded) -> None:
             s.execute(update(DetectionRow).where(DetectionRow.id == rule.id).values(ended_at=None))
 
 
+def test_alerts_page_narrows_to_the_labels_of_a_notifications_alert(seeded) -> None:
+    """A notification names agent, agent_version and signal; /ui/alerts ignored them and listed every
+    alert, and one that had ended meanwhile only behind "Show past alerts"."""
+    rt, alerts = seeded
+    c = logged_in(rt)
+    by_signal = {a.signal: a for a in alerts}
+    rule = by_signal["rule:no-cancel-delivered-order"]
+    # the aggregate's alert (ForbiddenToolCallsRising) lands on the rule's card it is folded into
+    page = c.get("/ui/alerts", params={"agent": AGENT, "version": CANDIDATE, "signal": "forbidden_tool"}).text
+    assert f'id="alert-{rule.id}"' in page and page.count('class="card alert-card') == 1
+    assert 'id="narrowed"' in page
+    other = c.get("/ui/alerts", params={"agent": AGENT, "version": BASELINE}).text
+    assert 'class="card alert-card' not in other and "no past ones" in other
+    assert 'class="card alert-card' not in c.get("/ui/alerts", params={"signal": "rule:pii-in-reply"}).text
+    with rt.sessions.begin() as s:
+        s.execute(update(DetectionRow).where(DetectionRow.id == rule.id).values(ended_at=datetime.now(UTC)))
+    try:  # ended since the notification: still there, among the past ones
+        page = c.get("/ui/alerts", params={"version": CANDIDATE, "signal": rule.signal}).text
+        assert f'id="alert-{rule.id}"' in page and ">ended<" in page
+    finally:
+        with rt.sessions.begin() as s:
+            s.execute(update(DetectionRow).where(DetectionRow.id == rule.id).values(ended_at=None))
+
+
 def test_quality_series_count_every_stored_conversation_with_intervals(seeded) -> None:
     rt, _ = seeded
     c = client(rt)
