@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from sqlalchemy import func, select, update
@@ -201,6 +202,17 @@ def test_alerts_page_narrows_to_the_labels_of_a_notifications_alert(seeded) -> N
     finally:
         with rt.sessions.begin() as s:
             s.execute(update(DetectionRow).where(DetectionRow.id == rule.id).values(ended_at=None))
+
+
+def test_a_charts_alert_count_links_to_those_alerts(seeded) -> None:
+    """A chart said "1 alert" in plain text: the alert's evidence was a trip through the menu away."""
+    rt, alerts = seeded
+    c = logged_in(rt)
+    page = c.get("/ui/quality", params={"agent": AGENT, "version": CANDIDATE, "last": "7d"}).text
+    signal = "rule:no-cancel-delivered-order"
+    wanted = "/ui/alerts?" + urlencode({"agent": AGENT, "version": CANDIDATE, "signal": signal})
+    assert f' · <a class="bad to-alerts" href="{wanted.replace("&", "&amp;")}">1 alert</a>' in page
+    assert f'id="alert-{next(a.id for a in alerts if a.signal == signal)}"' in c.get(wanted).text
 
 
 def test_quality_series_count_every_stored_conversation_with_intervals(seeded) -> None:
