@@ -204,6 +204,17 @@ def test_alerts_page_narrows_to_the_labels_of_a_notifications_alert(seeded) -> N
             s.execute(update(DetectionRow).where(DetectionRow.id == rule.id).values(ended_at=None))
 
 
+def test_an_alerts_intervals_carry_their_unit(seeded) -> None:
+    """The rates read "30.00% [21.89, 39.58]": the interval's bounds had no unit and nothing said what
+    interval it was."""
+    rt, _alerts = seeded
+    page = logged_in(rt).get("/ui/alerts").text
+    bounds = re.findall(r'<span class="muted">\[([^\]]*)\] · ', page)
+    assert len(bounds) >= 3  # raised, now, baseline
+    assert all(re.fullmatch(r"\d+\.\d\d%, \d+\.\d\d%", b) for b in bounds), bounds
+    assert "95% Wilson interval" in page
+
+
 def test_a_charts_alert_count_links_to_those_alerts(seeded) -> None:
     """A chart said "1 alert" in plain text: the alert's evidence was a trip through the menu away."""
     rt, alerts = seeded
