@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from sqlalchemy import func, select, update
@@ -177,6 +178,52 @@ def test_alerts_page_and_banner_follow_the_detections(seeded) -> None:
     finally:
         with rt.sessions.begin() as s:
             s.execute(update(DetectionRow).where(DetectionRow.id == rule.id).values(ended_at=None))
+
+
+def test_alerts_page_narrows_to_the_labels_of_a_notifications_alert(seeded) -> None:
+    """A notification names agent, agent_version and signal; /ui/alerts ignored them and listed every
+    alert, and one that had ended meanwhile only behind "Show past alerts"."""
+    rt, alerts = seeded
+    c = logged_in(rt)
+    by_signal = {a.signal: a for a in alerts}
+    rule = by_signal["rule:no-cancel-delivered-order"]
+    # the aggregate's alert (ForbiddenToolCallsRising) lands on the rule's card it is folded into
+    page = c.get("/ui/alerts", params={"agent": AGENT, "version": CANDIDATE, "signal": "forbidden_tool"}).text
+    assert f'id="alert-{rule.id}"' in page and page.count('class="card alert-card') == 1
+    assert 'id="narrowed"' in page
+    other = c.get("/ui/alerts", params={"agent": AGENT, "version": BASELINE}).text
+    assert 'class="card alert-card' not in other and "no past ones" in other
+    assert 'class="card alert-card' not in c.get("/ui/alerts", params={"signal": "rule:pii-in-reply"}).text
+    with rt.sessions.begin() as s:
+        s.execute(update(DetectionRow).where(DetectionRow.id == rule.id).values(ended_at=datetime.now(UTC)))
+    try:  # ended since the notification: still there, among the past ones
+        page = c.get("/ui/alerts", params={"version": CANDIDATE, "signal": rule.signal}).text
+        assert f'id="alert-{rule.id}"' in page and ">ended<" in page
+    finally:
+        with rt.sessions.begin() as s:
+            s.execute(update(DetectionRow).where(DetectionRow.id == rule.id).values(ended_at=None))
+
+
+def test_an_alerts_intervals_carry_their_unit(seeded) -> None:
+    """The rates read "30.00% [21.89, 39.58]": the interval's bounds had no unit and nothing said what
+    interval it was."""
+    rt, _alerts = seeded
+    page = logged_in(rt).get("/ui/alerts").text
+    bounds = re.findall(r'<span class="muted">\[([^\]]*)\] · ', page)
+    assert len(bounds) >= 3  # raised, now, baseline
+    assert all(re.fullmatch(r"\d+\.\d\d%, \d+\.\d\d%", b) for b in bounds), bounds
+    assert "95% Wilson interval" in page
+
+
+def test_a_charts_alert_count_links_to_those_alerts(seeded) -> None:
+    """A chart said "1 alert" in plain text: the alert's evidence was a trip through the menu away."""
+    rt, alerts = seeded
+    c = logged_in(rt)
+    page = c.get("/ui/quality", params={"agent": AGENT, "version": CANDIDATE, "last": "7d"}).text
+    signal = "rule:no-cancel-delivered-order"
+    wanted = "/ui/alerts?" + urlencode({"agent": AGENT, "version": CANDIDATE, "signal": signal})
+    assert f' · <a class="bad to-alerts" href="{wanted.replace("&", "&amp;")}">1 alert</a>' in page
+    assert f'id="alert-{next(a.id for a in alerts if a.signal == signal)}"' in c.get(wanted).text
 
 
 def test_quality_series_count_every_stored_conversation_with_intervals(seeded) -> None:

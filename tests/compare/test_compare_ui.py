@@ -86,6 +86,34 @@ def test_conversations_behind_a_row_paged_past_the_end_say_so(sqlite_url) -> Non
     rt.close()
 
 
+def test_conversations_behind_a_row_lead_on_to_the_queue_chart_and_alerts(sqlite_url) -> None:
+    """The list of a row's conversations was a dead end: no way on to its queue, chart or alerts but the
+    browser's back button and the top menu, and a rule's row did not say what the rule checks."""
+    from urllib.parse import urlencode
+
+    from fastapi.testclient import TestClient
+
+    from vigil.app.server import build_app
+
+    rt = loaded_runtime(sqlite_url)
+    rule = "no-cancel-delivered-order"
+    params = {"agent": "support-bot", "version": "v2", "signal": f"rule:{rule}"}
+    with TestClient(build_app(rt)) as ui:
+        html = logged_in(ui).get("/ui/compare/conversations", params=params).text
+        onward = re.findall(r'<a class="button (to-[a-z]+)" href="([^"]+)"', html)
+        hrefs = {k: v.replace("&amp;", "&") for k, v in onward}
+        assert hrefs == {
+            "to-queue": "/ui/queue?" + urlencode({**params, "rule": rule}),
+            "to-chart": "/ui/quality?agent=support-bot&version=v2#signal-rule-" + rule,
+            "to-alerts": "/ui/alerts?" + urlencode(params),
+        }
+        for href in hrefs.values():
+            assert ui.get(href.split("#")[0]).status_code == 200, href
+        described = next(r.spec.description for r in rt.rules.rules if r.id == rule)
+        assert f'id="rule-description">The rule: {described}</p>' in html
+    rt.close()
+
+
 def test_versions_stored_together_order_by_name_and_an_agent_is_picked(sqlite_url) -> None:
     """As in the demo: two versions first stored in one batch; and a second agent stored earlier."""
     from fastapi.testclient import TestClient

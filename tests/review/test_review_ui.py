@@ -795,6 +795,8 @@ def test_save_and_next_and_skip_claim_from_the_queue_the_reviewer_filtered(ui, r
     page = ui.get(url).text
     assert "filtered to version v1.4.0" in page
     assert '<input type="hidden" name="version" value="v1.4.0">' in page  # "Next item" keeps the filter too
+    # the "Queue" crumb atop the page goes back to the filtered queue, not the whole one
+    assert 'id="crumb-queue" href="/ui/queue?version=v1.4.0"' in page
     for _ in range(4):
         r = ui.post(
             url.split("?")[0] + "/label",
@@ -827,3 +829,27 @@ def test_a_queue_filter_no_item_can_have_says_so_instead_of_an_empty_queue(ui, r
     page = ui.get(r.headers["location"])
     assert page.status_code == 400 and "findings" in page.text and "judge_fail" in page.text
     assert ui.get("/ui/queue", params={"severity": "High"}).status_code == 200
+
+
+def test_a_finding_says_what_its_rule_checks_and_links_to_the_rules_conversations_and_chart(ui, rt) -> None:
+    """A finding showed only the rule's id: what the rule checks, its other conversations and its rate
+    over time were each a search away from the page a reviewer reads it on."""
+    from sqlalchemy import select
+
+    from vigil.store.models import FindingRow
+
+    store(rt, simulated(40, "v1.5.0:0.6", seed=1))
+    with rt.sessions() as s:
+        cid, agent, version, rule = s.execute(
+            select(FindingRow.conversation_id, FindingRow.agent_id, FindingRow.agent_version, FindingRow.rule_id)
+            .where(FindingRow.rule_id == "no-cancel-delivered-order")
+            .limit(1)
+        ).one()
+    _login(ui)
+    html = ui.get(f"/ui/review/{quote(cid, safe='')}").text
+    described = next(r.spec.description for r in rt.rules.rules if r.id == rule)
+    assert described and f'class="small muted rule-description">{described}</div>' in html
+    listed = "/ui/conversations?" + urlencode({"agent": agent, "version": version, "rule": rule})
+    chart = "/ui/quality?" + urlencode({"agent": agent, "version": version}) + f"#signal-rule-{rule}"
+    assert f'class="rule-conversations" href="{listed.replace("&", "&amp;")}"' in html
+    assert f'class="rule-chart" href="{chart.replace("&", "&amp;")}"' in html

@@ -22,6 +22,7 @@ from vigil.http.params import MAX_OFFSET
 from vigil.money import usd
 from vigil.store import rollups
 from vigil.store.signals import version_key
+from vigil.ui.links import anchor, quality_link, queue_label, queue_link
 from vigil.ui.render import render_page, ui_user
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -90,6 +91,27 @@ def compare_page(
     )
 
 
+def onward(agent: str, version: str, signal: str) -> list[tuple[str, str, str]]:
+    """Where the list of a signal's conversations leads on: (id, words, address) of the queue narrowed
+    to them, the signal's chart and the version's alerts on it."""
+    return [
+        ("to-queue", queue_label(signal), queue_link(agent, version, signal)),
+        ("to-chart", "Its rate over time", quality_link(agent, version) + "#" + anchor(signal)),
+        (
+            "to-alerts",
+            "Alerts on it",
+            "/ui/alerts?" + urlencode({"agent": agent, "version": version, "signal": signal}),
+        ),
+    ]
+
+
+def _rule_description(rt: Any, signal: str) -> str | None:
+    kind, _, name = signal.partition(":")
+    if kind != "rule":
+        return None
+    return next((r.spec.description or None for r in rt.rules.rules if r.id == name), None)
+
+
 @router.get("/compare/conversations")
 def conversations_page(
     request: Request,
@@ -120,6 +142,8 @@ def conversations_page(
         found=found,
         usd=usd,
         review=lambda cid: "/ui/review/" + quote(cid, safe=""),
+        onward=onward(agent, version, signal),
+        rule_description=_rule_description(rt, signal),
         page=lambda o: (
             "/ui/compare/conversations?"
             + urlencode({"agent": agent, "version": version, "signal": signal, "offset": o})

@@ -77,14 +77,34 @@ def links(alert: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _matches(alert: dict[str, Any], signal: str | None) -> bool:
+    """Whether a card is the one a link naming ``signal`` means: its own signal, or one folded into it
+    (``forbidden_tool`` raised with the rule that fed it is shown on the rule's card)."""
+    return not signal or alert["signal"] == signal or any(t["signal"] == signal for t in alert.get("twins") or [])
+
+
 @router.get("/alerts")
-def alerts_page(request: Request, show: str = "active", user: Principal = Depends(ui_user)) -> Response:
+def alerts_page(
+    request: Request,
+    show: str = "active",
+    agent: str | None = None,
+    version: str | None = None,
+    signal: str | None = None,
+    user: Principal = Depends(ui_user),
+) -> Response:
+    """``agent``, ``version`` and ``signal`` (an alert rule's labels ``agent``, ``agent_version`` and
+    ``signal``) narrow the page to one regression; narrowed, it lists the ended alerts too, since a link
+    from a notification may be followed after its detection ended."""
     rt = runtime_of(request)
     fed_by = fed_by_rules(rt.rules)
+    agent, version, signal = agent or None, version or None, signal or None
+    narrowed = {k: v for k, v in (("agent", agent), ("version", version), ("signal", signal)) if v}
+    if narrowed:
+        show = "all"
     with rt.sessions() as s:
-        data = list_alerts(s, fed_by, limit=100)
-        active = fold_twins(data["active"], fed_by)
-        past = fold_twins(data["past"][:50], fed_by) if show == "all" else []
+        data = list_alerts(s, fed_by, agent=agent, version=version, limit=100)
+        active = [a for a in fold_twins(data["active"], fed_by) if _matches(a, signal)]
+        past = [a for a in fold_twins(data["past"], fed_by) if _matches(a, signal)][:50] if show == "all" else []
         for a in active + past:
             a["evidence"], a["links"] = evidence(s, a), links(a)
     return render_page(
@@ -95,6 +115,7 @@ def alerts_page(request: Request, show: str = "active", user: Principal = Depend
         past=past,
         past_count=len(data["past"]),
         show=show,
+        narrowed=narrowed,
         anchor=anchor,
     )
 

@@ -41,6 +41,7 @@ from vigil.review.stage import ReviewStage
 from vigil.store import reads
 from vigil.ui import folding, transcript
 from vigil.ui.forms import Refused, comment_draft, draft_of, form_user, go, label_draft, posted
+from vigil.ui.links import anchor, quality_link
 from vigil.ui.render import render_page, session_slot, sessions_of, ui_user
 
 router = APIRouter(
@@ -319,6 +320,12 @@ def _conversation_page(
         error_field="category" if label_error and "category" in label_error else None,
         session_labelled=labelled_this_session(request),
         queue_filter=remembered_queue_filter(request),
+        rule_descriptions=st.rule_descriptions,
+        rule_conversations=lambda rule: (
+            "/ui/conversations?"
+            + urlencode({"agent": conv["agent_id"], "version": conv["agent_version"], "rule": rule})
+        ),
+        rule_chart=lambda rule: quality_link(conv["agent_id"], conv["agent_version"]) + "#" + anchor(f"rule:{rule}"),
     )
 
 
