@@ -295,3 +295,41 @@ def test_a_judge_worker_whose_event_loop_is_blocked_answers_503_until_it_runs_ag
             released.set()
         wait_for(lambda: answers(port, 200, "ok"), what="200 once it runs again")
     rt.close()
+
+
+def raw(port: int, method: str, path: str) -> tuple[str, dict[str, str], bytes]:
+    """One request on a connection of its own, the answer read to its close: status line, headers, and every
+    byte after the headers (a HEAD's must be none)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=scaled(5)) as sock:
+        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode().split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    headers.pop("date", None)
+    return status, headers, rest
+
+
+def test_head_on_a_workers_port_answers_as_get_without_the_body(tmp_path) -> None:
+    """A HEAD got ``/healthz``'s body after its headers, and a 405 from the exposition on ``/metrics``."""
+    rt = runtime(tmp_path)
+    beat = rt.heartbeat("consumer")
+    with worker_port(rt) as port:
+        for path in ("/healthz", "/metrics"):
+            status, headers, body = raw(port, "GET", path)
+            assert status.endswith("200 OK") and body, (path, status)
+            head = raw(port, "HEAD", path)
+            assert head[0] == status and head[2] == b"", (path, head)
+            assert head[1].keys() == headers.keys() and head[1]["content-type"] == headers["content-type"], head
+            assert int(head[1]["content-length"]) > 0, head
+        assert raw(port, "HEAD", "/healthz")[1] == raw(port, "GET", "/healthz")[1]
+        with beat.loop():  # the loop ends: a HEAD says 503 too
+            pass
+        status, headers, body = raw(port, "HEAD", "/healthz")
+        assert status.endswith("503 Service Unavailable") and body == b"", (status, body)
+        assert headers == raw(port, "GET", "/healthz")[1]
+    rt.close()
