@@ -62,9 +62,10 @@ class Heartbeat:
         at, idle = self._last
         age = self._clock() - at
         if age > stall_seconds + idle:
+            waits = f" beyond its own wait of {idle:g} s" if idle else ""
             return (
                 f"the {self.name} loop is stalled: no iteration finished for {age:.0f} s "
-                f"(VIGIL_LIVENESS_STALL_SECONDS={stall_seconds:g})"
+                f"(VIGIL_LIVENESS_STALL_SECONDS={stall_seconds:g}{waits})"
             )
         return None
 

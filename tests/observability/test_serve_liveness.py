@@ -26,6 +26,8 @@ from vigil.ingest.otlp.finisher import TraceFinisher
 from vigil.judge.client import ClientOverride
 from vigil.judge.stage import JudgeStage
 from vigil.runtime import Runtime
+from vigil.store.maintenance import Maintenance
+from vigil.store.rollups import RollupStateRow
 
 BOUND = 0.3  # VIGIL_LIVENESS_STALL_SECONDS of these tests: seconds, so that a wedge shows quickly
 
@@ -174,4 +176,90 @@ def test_a_trace_finisher_sweep_that_hangs_or_a_finisher_that_stopped_answers_50
         body = wait_for(lambda: health(client, 503), what="503 once the finisher's thread ended")
         assert set(body["failing"]) == {"trace_finisher"}, body
         assert body["failing"]["trace_finisher"] == "the trace_finisher loop has ended", body
+    rt.close()
+
+
+UPKEEP = 0.2  # VIGIL_ROLLUP_INTERVAL_SECONDS of the upkeep tests: its loop's bound is this plus BOUND
+
+
+def test_an_upkeep_pass_that_hangs_or_an_upkeep_loop_that_died_answers_503_naming_it(tmp_path) -> None:
+    """The rollup and retention loop ran unwatched: a pass stuck in a statement, or a loop that had died (its
+    task ended by an error), still said 200 while the rollups fell behind and old rows piled up."""
+    rt = serve_runtime(tmp_path, rollup_interval_seconds=UPKEEP)
+    upkeep = rt.get(Maintenance)
+    hang, released, broken, passes = threading.Event(), threading.Event(), threading.Event(), [0]
+    tick = upkeep.tick
+
+    def gated_tick() -> None:
+        if hang.is_set():
+            released.wait()  # a pass that does not return (a statement waiting on a lock nobody releases)
+        if broken.is_set():
+            raise RuntimeError("the upkeep loop's state is broken")
+        tick()
+        passes[0] += 1
+
+    upkeep.tick = gated_tick  # type: ignore[method-assign]
+    with serving(rt) as client:
+        try:
+            ok = wait_for(lambda: passes[0] >= 2 and health(client, 200), what="200 while upkeep passes run")
+            assert "maintenance" in ok["loops"], ok
+            assert 'vigil_worker_heartbeat_age_seconds{loop="maintenance"}' in client.get("/metrics").text
+            hang.set()
+            body = wait_for(
+                lambda: (b := health(client, 503)) and "maintenance" in b["failing"] and b,
+                what="503 naming the upkeep loop while its pass hangs",
+            )
+            reason = body["failing"]["maintenance"]
+            assert "the maintenance loop is stalled" in reason and "VIGIL_LIVENESS_STALL_SECONDS" in reason, body
+            hang.clear()
+        finally:
+            released.set()
+        wait_for(lambda: health(client, 200), what="200 once the pass returned")
+        broken.set()  # the next pass raises out of the loop: its task ends
+        body = wait_for(
+            lambda: (b := health(client, 503)) and "maintenance" in b["failing"] and b,
+            what="503 naming the upkeep loop once it died",
+        )
+        assert body["failing"]["maintenance"] == (
+            "the maintenance loop ended: RuntimeError: the upkeep loop's state is broken"
+        ), body
+    rt.close()
+
+
+def test_a_long_upkeep_pass_that_moves_on_is_not_a_stall(tmp_path) -> None:
+    """A rebuild of the rollups (the first pass on a store) whose statements are slow runs for more than twice
+    the loop's bound; each statement it begins beats, so no probe meanwhile names the upkeep loop (a beat per
+    pass alone did)."""
+    from sqlalchemy import event
+
+    interval = 0.7  # the loop's bound: this plus BOUND, a second
+    rt = serve_runtime(tmp_path, rollup_interval_seconds=interval)
+    upkeep = rt.get(Maintenance)
+    slowed, passes, failing = [0], [0], []
+
+    def slow_statement(_state: Any) -> None:  # after the beat: the statement takes this long to run
+        if slowed[0] < 12:
+            slowed[0] += 1
+            threading.Event().wait((interval + BOUND) / 5)  # a fifth of the bound each; twelve of them, 2.4 bounds
+
+    event.listen(upkeep.sessions, "do_orm_execute", slow_statement)
+    tick = upkeep.tick
+
+    def counted_tick() -> None:
+        tick()
+        passes[0] += 1
+
+    upkeep.tick = counted_tick  # type: ignore[method-assign]
+    with serving(rt) as client:
+
+        def probe() -> bool:
+            r = client.get("/healthz").json()
+            if "maintenance" in r.get("failing", {}):
+                failing.append(r["failing"]["maintenance"])
+            return passes[0] >= 1 and slowed[0] >= 12
+
+        wait_for(probe, interval=0.02, what="the first pass, twelve slow statements long, to end")
+        assert not failing, failing
+        with rt.sessions() as session:  # the pass was the rebuild, and it completed
+            assert session.get(RollupStateRow, "hourly").watermark is not None
     rt.close()
