@@ -23,6 +23,7 @@ from vigil.app.server import build_app, build_server_app
 from vigil.app.wiring import wire
 from vigil.detector.loop import Detector
 from vigil.ingest.otlp.finisher import TraceFinisher
+from vigil.ingest.otlp.grpc import GrpcReceiver
 from vigil.judge.client import ClientOverride
 from vigil.judge.stage import JudgeStage
 from vigil.runtime import Runtime
@@ -262,4 +263,91 @@ def test_a_long_upkeep_pass_that_moves_on_is_not_a_stall(tmp_path) -> None:
         assert not failing, failing
         with rt.sessions() as session:  # the pass was the rebuild, and it completed
             assert session.get(RollupStateRow, "hourly").watermark is not None
+    rt.close()
+
+
+PROBE = 0.1  # the gRPC receiver's probe_seconds in these tests: its loop's bound is this plus BOUND
+
+
+def grpc_runtime(tmp_path: Path) -> tuple[Runtime, GrpcReceiver]:
+    """Serve with the OTLP/gRPC receiver on a free port, probed every PROBE seconds."""
+    from tests.support.services import free_port
+
+    rt = serve_runtime(tmp_path, otlp_grpc_port=free_port(), host="127.0.0.1")
+    receiver = rt.get(GrpcReceiver)
+    receiver.probe_seconds = PROBE
+    return rt, receiver
+
+
+def test_a_grpc_server_that_terminated_under_serve_answers_503_naming_it(tmp_path) -> None:
+    """The OTLP/gRPC receiver's server could stop serving while /healthz said 200: exporters got refused
+    connections and nothing restarted the process."""
+    import time
+
+    rt, receiver = grpc_runtime(tmp_path)
+    with serving(rt) as client:
+        wait_for(lambda: "otlp_grpc" in client.get("/healthz").json()["loops"], what="the receiver's loop listed")
+        # its own probes reach it (the server's core answers a method no service has) for many of its bounds
+        started, failing = time.monotonic(), list[str]()
+
+        def watched() -> bool:
+            if reason := client.get("/healthz").json().get("failing", {}).get("otlp_grpc"):
+                failing.append(reason)
+            return time.monotonic() - started > 5 * (PROBE + BOUND)
+
+        wait_for(watched, interval=0.02, what="five of the receiver's bounds")
+        assert not failing, failing
+        assert 'vigil_worker_heartbeat_age_seconds{loop="otlp_grpc"}' in client.get("/metrics").text
+        receiver.server.stop(0)  # the server terminates, not by the receiver's stop
+        body = wait_for(
+            lambda: (b := health(client, 503)) and "otlp_grpc" in b["failing"] and b,
+            what="503 naming the gRPC receiver once its server terminated",
+        )
+        target = f"127.0.0.1:{receiver.port}"
+        expected = f"the otlp_grpc loop ended: ServerStopped: the OTLP/gRPC server on {target} terminated"
+        assert body["failing"]["otlp_grpc"] == expected, body
+    rt.close()
+
+
+def test_a_grpc_server_that_no_longer_answers_its_probe_answers_503_until_it_does(tmp_path) -> None:
+    rt, receiver = grpc_runtime(tmp_path)
+    wedged, probes = threading.Event(), [0]
+    answers = receiver._answers  # noqa: SLF001
+
+    def probed(probe: Any) -> bool:
+        probes[0] += 1
+        return not wedged.is_set() and answers(probe)  # unanswered while wedged, as a wedged server's
+
+    receiver._answers = probed  # type: ignore[method-assign]  # noqa: SLF001
+    with serving(rt) as client:
+        wait_for(lambda: probes[0] >= 2 and health(client, 200), what="200 while the server answers")
+        wedged.set()
+        body = wait_for(
+            lambda: (b := health(client, 503)) and "otlp_grpc" in b["failing"] and b,
+            what="503 naming the gRPC receiver while it does not answer",
+        )
+        assert "the otlp_grpc loop is stalled" in body["failing"]["otlp_grpc"], body
+        wedged.clear()
+        wait_for(
+            lambda: "otlp_grpc" not in client.get("/healthz").json().get("failing", {}),
+            what="the receiver alive again once it answers",
+        )
+    rt.close()
+
+
+def test_a_grpc_receiver_that_could_not_bind_is_not_a_failing_loop(tmp_path) -> None:
+    """A taken port: serve keeps serving HTTP ingest, so /healthz must not restart it for that."""
+    import socket
+
+    from tests.support.services import free_port
+
+    port = free_port()
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        rt = serve_runtime(tmp_path, otlp_grpc_port=port, host="127.0.0.1")
+        with serving(rt) as client:
+            assert rt.get(GrpcReceiver).server is None
+            assert "otlp_grpc" not in client.get("/healthz").json()["loops"]
     rt.close()
