@@ -1,12 +1,13 @@
 """A worker loop's heartbeat: what ``/healthz`` answers from.
 
-Each long-running loop (the consumer of ``vigil consume``, the judge worker, the detector) has a heartbeat of
-its own, named after it (:meth:`vigil.runtime.Runtime.heartbeat`), runs inside :meth:`Heartbeat.loop` and
-calls :meth:`Heartbeat.beat` at the end of every iteration, idle ones included, and within long work (a
-detector pass folds many hours, a batch waits on a database that is away). A worker's metrics server runs in
-a thread of its own, so it answers while the loop is wedged; :meth:`Heartbeat.problem` is what lets it say
-so, and Kubernetes' liveness probe then restarts the process. ``vigil serve`` runs its judge worker and
-detector in-process: its API's ``/healthz`` answers from theirs (:func:`check`). One heartbeat per loop: a
+Each long-running loop (the consumer of ``vigil consume``, the judge worker, the detector, the idle-trace
+finisher, the rollup and retention upkeep, the OTLP/gRPC receiver's watch) has a heartbeat of its own, named
+after it (:meth:`vigil.runtime.Runtime.heartbeat`), runs inside :meth:`Heartbeat.loop` and calls
+:meth:`Heartbeat.beat` at the end of every iteration, idle ones included, and within long work (a detector
+pass folds many hours, a batch waits on a database that is away). A worker's metrics server runs in a thread
+of its own, so it answers while the loop is wedged; :meth:`Heartbeat.problem` is what lets it say so, and
+Kubernetes' liveness probe then restarts the process. ``vigil serve`` runs its judge worker, detector and the
+others in-process: its API's ``/healthz`` answers from theirs (:func:`check`). One heartbeat per loop: a
 loop that beats must not hide another's stall.
 """
 
@@ -62,9 +63,10 @@ class Heartbeat:
         at, idle = self._last
         age = self._clock() - at
         if age > stall_seconds + idle:
+            waits = f" beyond its own wait of {idle:g} s" if idle else ""
             return (
                 f"the {self.name} loop is stalled: no iteration finished for {age:.0f} s "
-                f"(VIGIL_LIVENESS_STALL_SECONDS={stall_seconds:g})"
+                f"(VIGIL_LIVENESS_STALL_SECONDS={stall_seconds:g}{waits})"
             )
         return None
 

@@ -165,7 +165,8 @@ class Runtime:
     pipeline: Pipeline
     roles: frozenset[str] = frozenset({"serve"})
     judges: dict[str, JudgeInfo] = field(default_factory=dict)
-    # each long-running loop's, by name ("consumer", "judge", "detector"): what /healthz answers from
+    # each long-running loop's, by name ("consumer", "judge", "detector", "trace_finisher", "maintenance",
+    # "otlp_grpc"): what /healthz answers from
     heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
     _components: dict[type, object] = field(default_factory=dict, repr=False)
 

@@ -200,10 +200,11 @@ class Settings(BaseSettings):
         description="A worker (`vigil consume`, `vigil judge-worker`, `vigil detector`) answers 503 on `/healthz` "
         "of its metrics port, and its liveness probe restarts it, once its loop has finished no iteration for this "
         "long beyond its own wait between passes, or has ended; `vigil serve` answers so on its API's `/healthz` "
-        "for the judge worker and detector it runs in-process, naming each such loop. Long work beats as it goes "
-        "(each hour a detector pass folds, each retry of a batch the database refused; judge calls run beside the "
-        "loop), so this bounds one step: a consumer's batch, which Kafka itself bounds by "
-        "VIGIL_KAFKA_MAX_POLL_INTERVAL_MS.",
+        "for the loops it runs in-process (judge worker, detector, idle-trace finisher, rollup and retention "
+        "upkeep, OTLP/gRPC receiver), naming each such loop. Long work beats as it goes (each hour a detector "
+        "pass folds, each retry of a batch the database refused, each statement of a rollup rebuild or retention "
+        "run; judge calls run beside the loop), so this bounds one step: a consumer's batch, which Kafka itself "
+        "bounds by VIGIL_KAFKA_MAX_POLL_INTERVAL_MS.",
     )
     log_level: str = Field(default="INFO", description="Log level.")
     migrate_on_start: bool = Field(default=True, description="Run Alembic migrations when a role starts.")

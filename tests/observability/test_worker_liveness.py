@@ -178,6 +178,7 @@ def test_a_loop_whose_thread_ended_under_it_is_not_alive() -> None:
 def test_a_detector_pass_that_blocks_answers_503_and_its_wait_between_passes_does_not(tmp_path) -> None:
     from vigil.app.wiring import wire
     from vigil.detector.loop import Detector
+    from vigil.store.maintenance import Maintenance
 
     rt = wire(runtime(tmp_path, detector_interval_seconds=3600), {"detector"})
     detector = rt.get(Detector)
@@ -193,9 +194,10 @@ def test_a_detector_pass_that_blocks_answers_503_and_its_wait_between_passes_doe
     stop = threading.Event()
     loop = threading.Thread(target=detector.run, args=(stop,), name="detector-loop")
     with worker_port(rt) as port:
+        upkeep = rt.get(Maintenance).thread(stop)  # rollups and retention beside it, as `vigil detector` runs them
         loop.start()
         try:
-            wait_for(lambda: answers(port, 503, "stalled"), what="503 while a pass blocks")
+            wait_for(lambda: answers(port, 503, "the detector loop is stalled"), what="503 while a pass blocks")
             released.set()
             wait_for(lambda: answers(port, 200, "ok"), what="200 once the pass ended")
             # VIGIL_DETECTOR_INTERVAL_SECONDS between passes, far past the bound: not a stall
@@ -205,6 +207,7 @@ def test_a_detector_pass_that_blocks_answers_503_and_its_wait_between_passes_doe
             stop.set()
             released.set()
             loop.join(scaled(60))
+            upkeep.join(scaled(60))
     rt.close()
 
 
@@ -294,4 +297,65 @@ def test_a_judge_worker_whose_event_loop_is_blocked_answers_503_until_it_runs_ag
         finally:
             released.set()
         wait_for(lambda: answers(port, 200, "ok"), what="200 once it runs again")
+    rt.close()
+
+
+def raw(port: int, method: str, path: str) -> tuple[str, dict[str, str], bytes]:
+    """One request on a connection of its own, the answer read to its close: status line, headers, and every
+    byte after the headers (a HEAD's must be none)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=scaled(5)) as sock:
+        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode().split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    headers.pop("date", None)
+    return status, headers, rest
+
+
+def test_head_on_a_workers_port_answers_as_get_without_the_body(tmp_path) -> None:
+    """A HEAD got ``/healthz``'s body after its headers, and a 405 from the exposition on ``/metrics``."""
+    rt = runtime(tmp_path)
+    beat = rt.heartbeat("consumer")
+    with worker_port(rt) as port:
+        for path in ("/healthz", "/metrics"):
+            status, headers, body = raw(port, "GET", path)
+            assert status.endswith("200 OK") and body, (path, status)
+            head = raw(port, "HEAD", path)
+            assert head[0] == status and head[2] == b"", (path, head)
+            assert head[1].keys() == headers.keys() and head[1]["content-type"] == headers["content-type"], head
+            assert int(head[1]["content-length"]) > 0, head
+        assert raw(port, "HEAD", "/healthz")[1] == raw(port, "GET", "/healthz")[1]
+        with beat.loop():  # the loop ends: a HEAD says 503 too
+            pass
+        status, headers, body = raw(port, "HEAD", "/healthz")
+        assert status.endswith("503 Service Unavailable") and body == b"", (status, body)
+        assert headers == raw(port, "GET", "/healthz")[1]
+    rt.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread dies so
+def test_the_detectors_upkeep_thread_that_died_answers_503_naming_it(tmp_path) -> None:
+    """`vigil detector` runs rollups and retention in a thread beside its loop: one that died said 200."""
+    from vigil.app.wiring import wire
+    from vigil.store.maintenance import Maintenance
+
+    rt = wire(runtime(tmp_path, liveness_stall_seconds=3600), {"detector"})  # the bound plays no part
+    upkeep = rt.get(Maintenance)
+
+    def broken_tick() -> None:
+        raise RuntimeError("the upkeep's state is broken")
+
+    upkeep.tick = broken_tick  # type: ignore[method-assign]
+    stop = threading.Event()
+    with worker_port(rt) as port:
+        thread = upkeep.thread(stop)
+        thread.join(scaled(30))
+        assert not thread.is_alive()
+        status, reason = healthz(port)
+        assert status == 503 and reason == "the maintenance loop ended: RuntimeError: the upkeep's state is broken\n"
     rt.close()

@@ -61,7 +61,8 @@ class DemoTraffic:
 
 def worker_http_app(rt: Runtime) -> Callable[..., Iterable[bytes]]:
     """A worker's metrics port: ``/healthz`` answers from its loops' heartbeats (200 ``ok``, or 503 with each
-    failing loop's reason on a line of its own), every other path is Prometheus' exposition as before. Served
+    failing loop's reason on a line of its own), every other path is Prometheus' exposition as before; HEAD
+    answers as GET does, without the body. Served
     from a thread of its own, the port answers while a loop is wedged: the heartbeat is what tells the liveness
     probe so."""
     from prometheus_client import make_wsgi_app
@@ -80,7 +81,32 @@ def worker_http_app(rt: Runtime) -> Callable[..., Iterable[bytes]]:
         start_response("503 Service Unavailable" if problems else "200 OK", headers)
         return [body]
 
-    return app
+    return head_as_get(app)
+
+
+def head_as_get(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    """A HEAD request answered as its GET, status and headers (``Content-Length`` included) without the body.
+    wsgiref sends whatever the app returns: ``/healthz`` wrote its body after a HEAD's headers (a keep-alive
+    client then read it as the next answer), and prometheus_client's exposition answered HEAD with a 405."""
+
+    def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") != "HEAD":
+            return app(environ, start_response)
+        answer: list[Any] = []
+        body = app({**environ, "REQUEST_METHOD": "GET"}, lambda *args: answer.extend(args))
+        try:
+            size = sum(len(chunk) for chunk in body)  # wsgiref counts a GET's body; a HEAD's is empty
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+        status, headers, *rest = answer
+        if not any(name.lower() == "content-length" for name, _ in headers):
+            headers = [*headers, ("Content-Length", str(size))]
+        start_response(status, headers, *rest)
+        return []
+
+    return wrapped
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -42,7 +42,7 @@ def wire(rt: Runtime, roles: Iterable[str] | None = None) -> Runtime:
     for stage in STAGES:
         stage.wire(rt)
     if rt.has_role("serve", "detector"):
-        upkeep = Maintenance(rt.settings, rt.sessions, rt.metrics)
+        upkeep = Maintenance(rt.settings, rt.sessions, rt.metrics, rt.heartbeat("maintenance"))
         rt.provide(upkeep)
         if rt.has_role("serve"):
             rt.hooks.background.append(upkeep)

@@ -63,9 +63,10 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> JSONResponse:
-        """Liveness: 200, or 503 naming each in-process loop (``vigil serve``'s judge worker and detector) that
-        has stalled past VIGIL_LIVENESS_STALL_SECONDS or ended, with the reason. No database query: a database
-        that is away makes the process unready (``/readyz``), not dead. ``--no-workers`` runs no loops."""
+        """Liveness: 200, or 503 naming each in-process loop (``vigil serve``'s judge worker, detector, trace
+        finisher, upkeep and OTLP/gRPC receiver) that has stalled past VIGIL_LIVENESS_STALL_SECONDS or ended,
+        with the reason. No database query: a database that is away makes the process unready (``/readyz``),
+        not dead. ``--no-workers`` runs only the gRPC receiver's loop (while it serves)."""
         # answered on the event loop itself: no wait for a worker thread while requests are being checked
         problems, loops = check(runtime.heartbeats, runtime.settings.liveness_stall_seconds)
         if problems:

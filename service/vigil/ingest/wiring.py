@@ -34,7 +34,7 @@ def wire(rt: Runtime) -> None:
     rt.hooks.conversation_enrichers.append(trace_view)
     s = rt.settings
     if rt.has_role("serve", "consume"):
-        finisher = TraceFinisher(ingest, s.otlp_finish_interval_seconds)
+        finisher = TraceFinisher(ingest, s.otlp_finish_interval_seconds, rt.heartbeat("trace_finisher"))
         rt.provide(finisher)
         if rt.has_role("serve"):
             rt.hooks.background.append(finisher)

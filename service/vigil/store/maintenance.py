@@ -2,6 +2,11 @@
 
 Both jobs are safe on every replica at once: the rollup job takes an advisory lock (another replica's
 run is skipped), retention deletes in small batches that any replica may repeat.
+
+The loop beats the ``maintenance`` heartbeat (``/healthz``) as each statement of its jobs begins and as each
+pass ends, every beat allowing ``rollup_interval_seconds`` (the wait between passes) on top of the liveness
+bound. A rebuild or a retention backlog that runs for an hour keeps beating as long as it moves on; a
+statement (or the work between two) that takes longer than that, or a loop that ended, fails it.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import event
+from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 
+from vigil.heartbeat import Heartbeat
 from vigil.metrics import Metrics
 from vigil.settings import Settings
 from vigil.store import retention, rollup_job
@@ -41,17 +48,42 @@ def refresh_rollups(
     )
 
 
+def beating(sessions: sessionmaker[Session], progress: Callable[[], None]) -> sessionmaker[Session]:
+    """Sessions like ``sessions``' that call ``progress`` as each statement begins: the jobs' progress points
+    (a batch of retention, a step of a rebuild, an hour recomputed), without a hook in each. Sessions of their
+    own: statements elsewhere in the process (requests, the consumer's stores) do not beat."""
+    made: sessionmaker[Session] = sessionmaker(class_=sessions.class_, **sessions.kw)
+
+    def began(_state: ORMExecuteState) -> None:
+        progress()
+
+    event.listen(made, "do_orm_execute", began)
+    return made
+
+
 class Maintenance:
     """Runs the rollup job every ``rollup_interval_seconds`` and retention every ``retention_interval_seconds``."""
 
-    def __init__(self, settings: Settings, sessions: sessionmaker[Session], metrics: Metrics | None = None) -> None:
-        self.settings, self.sessions, self.metrics = settings, sessions, metrics
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        metrics: Metrics | None = None,
+        heartbeat: Heartbeat | None = None,
+    ) -> None:
+        self.settings, self.metrics = settings, metrics
+        self.heartbeat = heartbeat or Heartbeat(name="maintenance")
+        self.sessions = beating(sessions, self._progress)
         self._task: asyncio.Task[None] | None = None
         self._next_retention = 0.0
         self._wake = threading.Event()
         self.jobs: list[tuple[str, Callable[[], object]]] = [
-            ("rollups", lambda: refresh_rollups(settings, sessions)),
+            ("rollups", lambda: refresh_rollups(settings, self.sessions)),
         ]
+
+    def _progress(self) -> None:
+        """The jobs moved on, or a pass ended: the next beat may be the wait between passes away."""
+        self.heartbeat.beat(idle=self.settings.rollup_interval_seconds)
 
     def tick(self) -> None:
         """One pass: the rollups, and retention when its interval has come round."""
@@ -78,12 +110,14 @@ class Maintenance:
         return since >= self.settings.rollup_interval_seconds or (self._wake.is_set() and since >= MIN_SPACING)
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            started = time.monotonic()
-            self._wake.clear()
-            self.tick()
-            while not stop.is_set() and not self._due(started):
-                stop.wait(POLL)
+        with self.heartbeat.loop():
+            while not stop.is_set():
+                started = time.monotonic()
+                self._wake.clear()
+                self.tick()
+                self._progress()
+                while not stop.is_set() and not self._due(started):
+                    stop.wait(POLL)
 
     def thread(self, stop: threading.Event) -> threading.Thread:
         t = threading.Thread(target=self.run, args=(stop,), name="vigil-maintenance", daemon=True)
@@ -94,12 +128,14 @@ class Maintenance:
         self._task = asyncio.create_task(self._loop())
 
     async def _loop(self) -> None:
-        while True:
-            started = time.monotonic()
-            self._wake.clear()
-            await asyncio.to_thread(self.tick)
-            while not self._due(started):
-                await asyncio.sleep(POLL)
+        with self.heartbeat.loop():
+            while True:
+                started = time.monotonic()
+                self._wake.clear()
+                await asyncio.to_thread(self.tick)
+                self._progress()
+                while not self._due(started):
+                    await asyncio.sleep(POLL)
 
     async def stop(self) -> None:
         if self._task:

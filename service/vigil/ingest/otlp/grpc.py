@@ -8,16 +8,24 @@ and is kept as a dead letter (source ``otlp``), like a 400 or 413 over HTTP: req
 are read by the HTTP receiver's code, not by gRPC's deserializer (whose failure answers ``INTERNAL``).
 One over ``VIGIL_OTLP_MAX_BODY_BYTES`` is ``INVALID_ARGUMENT`` too, its first 64 KiB kept (``oversized``);
 past twice that gRPC itself refuses the message (``RESOURCE_EXHAUSTED``) before Vigil sees it.
+
+Once serving, a thread watches the server under the ``otlp_grpc`` heartbeat (``/healthz``): every
+``probe_seconds`` it calls a method no service has over loopback, which gRPC's own serving thread answers
+``UNIMPLEMENTED`` without the handlers' pool (a pool busy storing while the database is away is no stall), and
+beats on the answer. A server that no longer answers stalls it; one that terminated other than by
+:meth:`GrpcReceiver.stop_server` ends it. ``/healthz`` itself only reads the heartbeat.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from concurrent import futures
 from typing import Any, NoReturn
 
-from vigil.errors import ConfigError
+from vigil.errors import ConfigError, VigilError
+from vigil.heartbeat import Heartbeat
 from vigil.http.body import PREFIX_BYTES, BodyTooLarge
 from vigil.ingest.otlp.ingest import TraceIngest
 from vigil.ingest.otlp.otlp import OtlpError
@@ -30,6 +38,13 @@ MAX_MESSAGE_BYTES_FLOOR = 4 * 1024 * 1024
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
 _REASONS = {413: "oversized"}  # else malformed_otlp, as over HTTP
+PROBE_SECONDS = 10.0  # between two liveness probes of the server; its heartbeat allows this beyond the bound
+PROBE_TIMEOUT = 5.0  # a loopback call the server's own thread answers: far longer only when it is wedged
+PROBE_METHOD = "/vigil.liveness.v1.Probe/Probe"  # no service has it: answered UNIMPLEMENTED, no handler runs
+
+
+class ServerStopped(VigilError):
+    """The gRPC server terminated while Vigil still meant it to serve."""
 
 
 class GrpcReceiver:
@@ -39,6 +54,11 @@ class GrpcReceiver:
         self.keyring = keyring
         self.server: Any = None
         self.port = 0
+        self.probe_seconds = PROBE_SECONDS
+        # made once the server serves: a receiver that could not bind (HTTP ingest still serves) is no failure
+        self.heartbeat: Heartbeat | None = None
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def _principal(self, context: Any) -> None:
         import grpc
@@ -138,12 +158,56 @@ class GrpcReceiver:
         server.start()
         self.server, self.port = server, port
         log.info("OTLP/gRPC on %s:%d", s.host, port)
+        self._stopping.clear()
+        self.heartbeat = self.rt.heartbeat("otlp_grpc")
+        self._watcher = threading.Thread(
+            target=self._watch, args=(server, self.heartbeat), name="vigil-otlp-grpc-watch", daemon=True
+        )
+        self._watcher.start()
         return port
 
+    def _target(self) -> str:
+        """Where this process reaches its own server: loopback for a wildcard bind."""
+        host = self.rt.settings.host.strip("[]")
+        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    def _watch(self, server: Any, heartbeat: Heartbeat) -> None:
+        """Beat while the server answers a probe; end (a failing ``/healthz``) once it terminated unasked."""
+        import grpc
+
+        target = self._target()
+        try:
+            with heartbeat.loop():
+                heartbeat.beat(idle=self.probe_seconds)
+                # no proxy: an HTTP(S)_PROXY in the environment must not carry a call to this very process
+                with grpc.insecure_channel(target, options=[("grpc.enable_http_proxy", 0)]) as channel:
+                    probe = channel.unary_unary(PROBE_METHOD)
+                    while server.wait_for_termination(self.probe_seconds):  # True: still serving
+                        if self._answers(probe):
+                            heartbeat.beat(idle=self.probe_seconds)
+                if not self._stopping.is_set():
+                    raise ServerStopped(f"the OTLP/gRPC server on {target} terminated")
+        except ServerStopped as exc:  # the heartbeat keeps the reason: /healthz fails until a restart
+            log.error("%s; OTLP/gRPC ingest is down until the process restarts", exc)
+
+    def _answers(self, probe: Any) -> bool:
+        import grpc
+
+        try:
+            probe(b"", timeout=min(PROBE_TIMEOUT, self.rt.settings.liveness_stall_seconds))
+        except grpc.RpcError as exc:
+            return exc.code() is grpc.StatusCode.UNIMPLEMENTED  # type: ignore[no-any-return]
+        return True
+
     def stop_server(self, grace: float = 5.0) -> None:
+        self._stopping.set()
         if self.server is not None:
             self.server.stop(grace).wait(grace + 1)
             self.server = None
+        if self._watcher is not None:
+            self._watcher.join(grace + 1)
+            self._watcher = None
 
     # the ``background`` protocol of ``vigil serve``
     async def start(self) -> None:
