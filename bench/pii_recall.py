@@ -5,6 +5,15 @@
 A labelled value counts as found when one detected span of its kind covers it whole (redaction then
 leaves nothing of it). A detected span that covers no labelled value is a false positive: in a
 negative text (order ids, timestamps, prices, prose) every detection is one. Prints a Markdown table.
+
+    python -m bench.pii_recall --split
+
+The same corpus with every text cut in two, as two consecutive assistant messages (streamed chunks:
+nothing between them), at every place inside each labelled value: a value counts as found when a
+value split across the two (:mod:`vigil.rules.pii_split`, as export redaction reads them) covers it
+whole. Negative texts are cut at every place, and every value found across a cut is a false positive.
+A last line says how many cut values ``pii_leak`` flags at all: a finding of the value's kind overlaps
+it, across the cut or inside one message (``sk-proj-`` then the rest of the key: the rest alone is a key).
 """
 
 from __future__ import annotations
@@ -17,7 +26,8 @@ from typing import Any
 
 import yaml
 
-from vigil.rules.pii import detect
+from vigil.rules.pii import KINDS, detect
+from vigil.rules.pii_split import splits
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "rules" / "pii_corpus.yaml"
 
@@ -75,6 +85,47 @@ def score(corpus: dict[str, Any]) -> dict[str, Score]:
     return dict(scores)
 
 
+def split_score(corpus: dict[str, Any]) -> dict[str, Score]:
+    """Scores by category of every text cut in two inside each labelled value (negatives: everywhere)."""
+    scores: dict[str, Score] = defaultdict(Score)
+    flagged = 0
+
+    def across(text: str, cut: int, extending: bool = True) -> list[tuple[str, int, int]]:
+        texts = [text[:cut], text[cut:]]
+        inside = [detect(t) for t in texts]
+        found = [(f.kind, f.parts[0].start, cut + f.parts[-1].end) for f in splits(texts, KINDS, inside, extending)]
+        if not extending:
+            found += [(f.kind, f.start, f.end) for f in inside[0]] + [
+                (f.kind, cut + f.start, cut + f.end) for f in inside[1]
+            ]
+        return found
+
+    for case in corpus["positives"]:
+        text, s = case["text"], scores[case["category"]]
+        for kind, value in case["values"]:
+            start = text.find(str(value))
+            end = start + len(str(value))
+            for cut in range(start + 1, end):
+                found = across(text, cut)
+                s.values += 1
+                s.detections += len(found)
+                if any(k == kind and a <= start and end <= b for k, a, b in found):
+                    s.found += 1
+                else:
+                    s.missed.append(f"{kind} {text[start:cut]!r} + {text[cut:end]!r} in {text!r}")
+                s.false_positives += sum(1 for _, a, b in found if not (a < end and start < b))
+                flagged += any(k == kind and a < end and start < b for k, a, b in across(text, cut, False))
+    for case in corpus["negatives"]:
+        text, s = case["text"], scores[f"negative:{case['category']}"]
+        for cut in range(1, len(text)):
+            for kind, a, b in across(text, cut):
+                s.detections += 1
+                s.false_positives += 1
+                s.spurious.append(f"{kind} {text[a:cut]!r} + {text[cut:b]!r} in {text!r}")
+    print(f"pii_leak flags {flagged} of {totals(scores).values} cut values (across the cut or inside one message)")
+    return dict(scores)
+
+
 def _shown(text: str, spans: list[Any]) -> str:
     return ", ".join(f"{f.kind} {text[f.start : f.end]!r}" for f in spans) or "nothing"
 
@@ -92,8 +143,9 @@ def totals(scores: dict[str, Score]) -> Score:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--split", action="store_true", help="each text cut in two, inside each labelled value")
     args = parser.parse_args()
-    scores = score(load(args.corpus))
+    scores = (split_score if args.split else score)(load(args.corpus))
     print("| category | values | found | recall | detections | false positives | precision |")
     print("|---|---|---|---|---|---|---|")
     for name, s in sorted(scores.items(), key=lambda kv: (kv[0].startswith("negative:"), kv[0])):

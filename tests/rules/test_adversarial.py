@@ -295,3 +295,44 @@ def test_rules_that_each_spend_most_of_their_budget_are_not_stopped() -> None:
     engine = RuleEngine(rules)
     engine.timeout_seconds = 0.1
     assert engine.evaluate(conversation("hello there")) == []
+
+
+def _chain(texts: list[str], user_between: bool = False) -> Conversation:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "?"}]
+    for t in texts:
+        messages.append({"role": "assistant", "content": t})
+        if user_between:
+            messages.append({"role": "user", "content": "go on"})
+    return Conversation.model_validate(
+        {"conversation_id": "hostile", "agent_id": "a", "agent_version": "v", "messages": messages}
+    )
+
+
+# Consecutive assistant messages, read across their boundaries (vigil.rules.pii_split), each a function of
+# the conversation's size in characters: many tiny chunks, two huge replies, digits at every boundary.
+CHAINS: dict[str, Callable[[int], Conversation]] = {
+    "tiny_chunks": lambda n: _chain(["ab. "] * (n // 4)),
+    "tiny_digit_chunks": lambda n: _chain(["4111 1111"] * (n // 9)),
+    "digit_per_chunk": lambda n: _chain(["1"] * (n // 8)),
+    "tiny_emails": lambda n: _chain(["jane.doe", "@example.com "] * (n // 21), user_between=True),
+    "huge_replies": lambda n: _chain(["1 " * (n // 4), "2 " * (n // 4)]),
+    "huge_digit_runs": lambda n: _chain(["4" * (n // 2), "1" * (n // 2)]),
+    "many_mid_size": lambda n: _chain(["word " * 120 + "4111 1111"] * (n // 609)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", sorted(CHAINS))
+def test_pii_leak_is_linear_across_message_boundaries(shape: str) -> None:
+    rtype = registered_rule_types()["pii_leak"]
+    args = rtype.args_model.model_validate({"kinds": ["email", "phone", "card", "ssn", "iban", "ip", "secret"]})
+
+    def prepare(convo: Conversation) -> Callable[[], object]:
+        return lambda: list(rtype.fn(ConversationView(convo), args))
+
+    worst, timings = growth(prepare, CHAINS[shape])  # type: ignore[arg-type]  # a conversation, not a text
+    if worst > SLOPE_BOUND:  # once more, as for the rule types above: a busy machine can cost the largest size
+        worst, timings = min((worst, timings), growth(prepare, CHAINS[shape]), key=lambda r: r[0])  # type: ignore[arg-type]
+    shown = ", ".join(f"{n}: {t * 1000:.1f} ms" for n, t in timings)
+    assert len(timings) > 1, f"pii_leak across boundaries takes over {CAP_SECONDS} s at the smallest size: {shown}"
+    assert worst <= SLOPE_BOUND, f"pii_leak across boundaries grows with slope {worst:.2f}: {shown}"

@@ -46,3 +46,23 @@ def test_a_text_with_too_few_digits_is_not_searched_for_phones_or_cards(monkeypa
     assert searched == []
     pii.detect("Your order #W1234567 ships on the 3rd.", ("email", "phone", "card"))
     assert searched == ["Your order #W1234567 ships on the 3rd."]
+
+
+@pytest.mark.parametrize("kinds", [("email", "phone", "card"), tuple(k for k in pii.KINDS if k != "secret")])
+def test_boundaries_skipped_for_their_characters_hold_no_split_value(
+    kinds: tuple[pii.Kind, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every text of the corpus cut in two at every place: what is found across the cut is the same whether
+    or not the boundaries no value can cross (``?`` then ``T``) are skipped."""
+    from vigil.rules import pii_split
+
+    pairs = [(t[:cut], t[cut:]) for t in TEXTS if len(t) < 300 for cut in range(1, len(t))]
+    inside = [(pii.detect(x, kinds), pii.detect(y, kinds)) for x, y in pairs]
+
+    def found() -> list[list[pii_split.Split]]:
+        return [pii_split.splits(pair, kinds, both) for pair, both in zip(pairs, inside, strict=True)]
+
+    gated = found()
+    monkeypatch.setattr(pii_split, "_could_hold", lambda ch: True)
+    assert gated == found()
+    assert sum(map(len, gated)) > 100

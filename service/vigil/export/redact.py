@@ -31,7 +31,7 @@ import orjson
 
 from vigil.errors import ConfigError
 from vigil.export.names import NAME_KEYS, Names, key_form, stated
-from vigil.rules import pii
+from vigil.rules import pii, pii_split
 from vigil.rules.fold import Folded
 from vigil.rules.patterns import UnsupportedPattern, compile_linear
 
@@ -80,9 +80,11 @@ class Redactor:
         out.names = Names(values)
         return out
 
-    def text(self, text: str, context: str = "") -> str:
+    def text(self, text: str, context: str = "", extra: Iterable[tuple[int, int, str, bool]] = ()) -> str:
         """``text`` with every match replaced. ``context`` (``"phone: "``, the key a JSON value stands
-        under) is read before the text, so detectors that need a keyword see it, and is not returned."""
+        under) is read before the text, so detectors that need a keyword see it, and is not returned.
+        ``extra``: spans of ``text`` to replace besides, found outside it (the part of a value split across
+        messages), each ``(start, end, kind, counted)``: a value's other parts are not counted again."""
         folded = Folded(context + text if context else text)
         full = folded.text
         skip = len(context)
@@ -90,20 +92,21 @@ class Redactor:
         for name, rx in self.patterns.items():
             found.extend((m.start(), m.end(), name) for m in rx.finditer(full) if m.end() > m.start())
         found.extend((start, end, "name") for start, end in self.names.find(full))
-        spans: list[tuple[int, int, str]] = [(f.start, f.end, f.kind) for f in pii.detect_folded(folded)]
-        spans.extend((folded.start(a), folded.end(b), kind) for a, b, kind in found)
-        spans = [(a, b, kind) for a, b, kind in spans if b > skip]
+        spans: list[tuple[int, int, str, bool]] = [(f.start, f.end, f.kind, True) for f in pii.detect_folded(folded)]
+        spans.extend((folded.start(a), folded.end(b), kind, True) for a, b, kind in found)
+        spans.extend((a + skip, b + skip, kind, counted) for a, b, kind, counted in extra)
+        spans = [s for s in spans if s[1] > skip]
         if not spans:
             return text
         spans.sort(key=lambda s: (s[0], -(s[1] - s[0])))
         out, pos = [], 0
-        for start, end, kind in spans:
+        for start, end, kind, counted in spans:
             start, end = max(start - skip, 0), end - skip
             if start < pos:  # overlaps a longer match already replaced
                 continue
             out.append(text[pos:start])
             out.append(f"[REDACTED:{kind}]")
-            self.counts[kind] += 1
+            self.counts[kind] += counted
             pos = end
         out.append(text[pos:])
         return "".join(out)
@@ -176,11 +179,16 @@ def _except(redactor: Redactor, obj: Any, keep: tuple[str, ...]) -> Any:
     return {k: v if k in keep else redactor.value(v) for k, v in obj.items()}
 
 
-def _message(redactor: Redactor, m: Any) -> Any:
-    """A message redacted, its tool call ids and the id of the call a tool result answers kept."""
+def _message(redactor: Redactor, m: Any, split: list[tuple[int, int, str, bool]] | None = None) -> Any:
+    """A message redacted, its tool call ids and the id of the call a tool result answers kept; ``split``:
+    the spans of its text that hold part of a value split across messages."""
     if not isinstance(m, dict):
         return redactor.value(m)
-    out = _except(redactor, m, ("role", "tool_call_id"))
+    if split:
+        out = _except(redactor, m, ("role", "tool_call_id", "content"))
+        out["content"] = redactor.text(m["content"], extra=split)
+    else:
+        out = _except(redactor, m, ("role", "tool_call_id"))
     if isinstance(m.get("tool_calls"), list):
         out["tool_calls"] = [_except(redactor, c, ("id", "type")) for c in m["tool_calls"]]
     return out
@@ -197,14 +205,40 @@ def redact_task(redactor: Redactor, task: dict[str, Any], names: Iterable[str] =
     # messages and failure are redacted once, below, keeping their own identifiers: redacted here too,
     # each of their values was counted twice in vigil_export_redactions_total (the failed turn three times)
     out = _except(redactor, task, (*_TASK_IDS, "messages", "failure"))
-    out["messages"] = [_message(redactor, m) for m in task.get("messages") or []]
+    messages = task.get("messages") or []
+    split = _split_spans([*messages, turn])
+    out["messages"] = [_message(redactor, m, split.get(i)) for i, m in enumerate(messages)]
     if isinstance(failure, dict):
         red = _except(redactor, failure, (*_FAILURE_IDS, "failed_turn", "rules", "judges"))
         if failure.get("failed_turn") is not None:
-            red["failed_turn"] = _message(redactor, failure["failed_turn"])
+            red["failed_turn"] = _message(redactor, failure["failed_turn"], split.get(len(messages)))
         red["rules"] = [_except(redactor, r, _RULE_IDS) for r in failure.get("rules") or []]
         red["judges"] = [_except(redactor, j, _JUDGE_IDS) for j in failure.get("judges") or []]
         out["failure"] = red
     elif "failure" in task:
         out["failure"] = redactor.value(failure)
+    return out
+
+
+def _split_spans(messages: list[Any]) -> dict[int, list[tuple[int, int, str, bool]]]:
+    """The parts of values split across consecutive assistant messages (:mod:`vigil.rules.pii_split`), by
+    message: the span of each message's ``content`` string that holds one. The failed turn follows the
+    task's messages directly (they are the conversation up to it), so a value it completes is found too.
+    A value that extends one found inside a message (``jane@example.co`` then ``m``) is replaced whole.
+    Content given as a list of parts is not read across messages."""
+
+    def role_text(m: Any) -> tuple[str, str]:
+        if not isinstance(m, dict):
+            return "", ""
+        content = m.get("content")
+        return str(m.get("role")), content if isinstance(content, str) else ""
+
+    pairs = [role_text(m) for m in messages]
+    out: dict[int, list[tuple[int, int, str, bool]]] = {}
+    for chain in pii_split.chains(pairs):
+        texts = [pairs[i][1] for i in chain]
+        inside = [pii.detect_folded(Folded(t)) for t in texts]
+        for split in pii_split.splits(texts, pii.KINDS, inside, extending=True):
+            for n, part in enumerate(split.parts):
+                out.setdefault(chain[part.index], []).append((part.start, part.end, split.kind, n == 0))
     return out

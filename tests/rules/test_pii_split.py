@@ -1,0 +1,170 @@
+"""A value split across consecutive assistant messages is a leak like any other: ``pii_leak`` finds it across
+the boundary, once, with every part's span, and export redaction replaces every part."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.rules.test_rules_builtin import a, convo, run, u
+from vigil.rules import pii, pii_split
+
+ALL_KINDS = list(pii.KINDS)
+
+
+def _split_hits(*messages: dict[str, Any], **args: Any) -> list[Any]:
+    return run("pii_leak", convo(*messages), **{"kinds": ALL_KINDS, **args})
+
+
+def _written(conv_messages: tuple[dict[str, Any], ...], hit: Any) -> str:
+    """The value as the parts of its evidence hold it, in message order."""
+    return "".join(conv_messages[e.message_index]["content"][e.start : e.end] for e in reversed(hit.evidence))
+
+
+@pytest.mark.parametrize(
+    ("kind", "first", "second", "value"),
+    [
+        ("email", "You can write to her at jane.doe", "@example.com, she answers fast.", "jane.doe@example.com"),
+        ("phone", "Her mobile is (415) 555-", "0123, after six.", "(415) 555-0123"),
+        ("card", "The card on file is 4111 1111", "1111 1111.", "4111 11111111 1111"),  # two replies: read spaced
+        ("card", "The card on file is 4111 1111 11", "11 1111, expiring 04/27.", "4111 1111 1111 1111"),  # streamed
+        ("ssn", "His SSN is 123-45-", "6789, as on the form.", "123-45-6789"),
+        ("iban", "Wire it to GB82 WEST 1234", "5698 7654 32 today.", "GB82 WEST 12345698 7654 32"),
+        ("ip", "The admin console is at 192.168.", "10.24 on the office network.", "192.168.10.24"),
+        ("dob", "She was born on March 14", ", 1985, in Leeds.", "March 14, 1985"),
+        ("address", "Ship it to 1600 Pennsylvania", " Avenue NW, Washington, DC 20500.", "1600 Pennsylvania Avenue NW"),
+        ("secret", "Use the key sk-proj-4fGh8KlmN2", "pQrS7tUvW9xYz1AbCd in the header.", None),
+        ("secret", "The admin password is hun", "ter2!x9 for now.", "hunter2!x9"),
+    ],
+)
+def test_a_value_split_across_two_replies_is_found(kind: str, first: str, second: str, value: str | None) -> None:
+    messages = (u("What do you have on file?"), a(first), a(second))
+    [hit] = run("pii_leak", convo(*messages), kinds=ALL_KINDS)
+    assert hit.details == {"kind": kind, "split_across": [1, 2]}
+    assert "split across assistant messages 1, 2" in hit.message
+    assert [e.message_index for e in hit.evidence] == [2, 1]  # the completing message first
+    assert all(e.quote is None for e in hit.evidence)
+    first_part, second_part = hit.evidence[1], hit.evidence[0]
+    assert first_part.end == len(first) and second_part.start == 0
+    written = _written(messages, hit)
+    assert written.replace(" ", "") == (value or "sk-proj-4fGh8KlmN2pQrS7tUvW9xYz1AbCd").replace(" ", "")
+
+
+def test_a_value_streamed_as_several_chunks_is_found_once() -> None:
+    chunks = ("Your card: 4111", " 1111", " 1111", " 1111", ", exp 04/27.")
+    messages = (u("Read me my card"), *(a(c) for c in chunks))
+    [hit] = run("pii_leak", convo(*messages))
+    assert hit.details == {"kind": "card", "split_across": [1, 2, 3, 4]}
+    assert _written(messages, hit) == "4111 1111 1111 1111"
+
+
+def test_a_user_turn_between_replies_does_not_hide_a_split_value() -> None:
+    [hit] = run("pii_leak", convo(u("Her number?"), a("Call her at (415) 555-"), u("go on"), a("0123.")))
+    assert hit.details == {"kind": "phone", "split_across": [1, 3]}
+
+
+def test_numbers_across_a_boundary_that_form_no_valid_value_are_not_reported() -> None:
+    first, second = "The first code is 4111 1111", "2222 3333 is the second one."
+    assert not pii.luhn_ok("4111111122223333")  # read together they fail the Luhn check
+    assert _split_hits(u("Codes?"), a(first), a(second)) == []
+    assert _split_hits(u("Codes?"), a("Order 1234"), a("5678 shipped on the 3rd.")) == []  # under the digit gate
+    # a signed amount streamed in two: read as written, not as "+1 0 000 000" (a phone number's shape)
+    assert _split_hits(u("Reach?"), a("Reach: +1"), a("0 000 000 users.")) == []
+
+
+def test_a_value_inside_one_message_is_not_reported_again_at_its_boundary() -> None:
+    """``jane@example.co`` is an address of its own; read on into the next chunk it is ``jane@example.com``:
+    one leak, reported where it was found."""
+    hits = run("pii_leak", convo(u("?"), a("Mail jane@example.co"), a("m or call 4111 1111 1111 1111"), a("5 more")))
+    assert [(h.details, [(e.message_index, e.start, e.end) for e in h.evidence]) for h in hits] == [
+        ({"kind": "email"}, [(1, 5, 20)]),
+        ({"kind": "card"}, [(2, 10, 29)]),
+    ]
+
+
+def test_a_tool_result_between_replies_ends_the_chain() -> None:
+    tool_call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    conv = convo(
+        u("?"),
+        a("Your card is 4111 1111", tool_calls=[tool_call]),
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        a("1111 1111"),
+    )
+    assert run("pii_leak", conv) == []
+
+
+def test_a_split_value_the_user_gave_is_not_a_leak() -> None:
+    messages = (u("My email is Jane.Doe@example.com"), a("I found jane.doe"), a("@example.com on file."))
+    assert run("pii_leak", convo(*messages)) == []
+    [hit] = run("pii_leak", convo(*messages), except_user_provided=False)
+    assert hit.details == {"kind": "email", "split_across": [1, 2]}
+
+
+def test_a_split_value_after_a_long_reply_is_found() -> None:
+    long = "Thanks for waiting. " * 3000 + "The card on file is 4111 1111"
+    [hit] = run("pii_leak", convo(u("?"), a(long), a("1111 1111.")))
+    assert hit.details["split_across"] == [1, 2]
+    assert long[hit.evidence[1].start :] == "4111 1111"
+
+
+def test_a_window_edge_inside_a_word_does_not_make_a_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read from its second character, ``94111 1111 11`` + ``11 1111`` is a Luhn-valid card; as written it
+    is not one (its first group has five digits)."""
+    monkeypatch.setattr(pii_split, "REACH", 12)
+    assert _split_hits(u("?"), a("94111 1111 11"), a("11 1111")) == []
+    assert _split_hits(u("?"), a(" 4111 1111 11"), a("11 1111")) != []
+
+
+def test_hidden_characters_in_a_split_value_are_folded() -> None:
+    messages = (u("?"), a("Write to jane\u200b.doe"), a("＠example.com."))
+    [hit] = run("pii_leak", convo(*messages))
+    assert hit.details == {"kind": "email", "split_across": [1, 2]}
+    assert _written(messages, hit) == "jane\u200b.doe＠example.com"
+
+
+def test_export_redaction_replaces_every_part_of_a_split_value() -> None:
+    from vigil.export.redact import Redactor, redact_task
+
+    redactor = Redactor()
+    task = {
+        "messages": [
+            {"role": "user", "content": "What is on file?"},
+            {"role": "assistant", "content": "Your card is 4111 1111"},
+            {"role": "user", "content": "and?"},
+        ],
+        "failure": {
+            "message_index": 3,
+            "failed_turn": {"role": "assistant", "content": "1111 1111, and 4111 2222."},
+            "rules": [],
+            "judges": [],
+        },
+    }
+    out = redact_task(redactor, task)
+    assert out["messages"][1]["content"] == "Your card is [REDACTED:card]"
+    assert out["failure"]["failed_turn"]["content"] == "[REDACTED:card], and 4111 2222."
+    assert redactor.counts == {"card": 1}  # one value, counted once
+
+
+def test_export_redaction_replaces_a_value_that_runs_on_into_the_next_message_whole() -> None:
+    from vigil.export.redact import Redactor, redact_task
+
+    redactor = Redactor()
+    task = {
+        "messages": [{"role": "assistant", "content": "Mail jane@example.co"}],
+        "failure": {"failed_turn": {"role": "assistant", "content": "m today."}, "rules": [], "judges": []},
+    }
+    out = redact_task(redactor, task)
+    assert out["messages"][0]["content"] == "Mail [REDACTED:email]"
+    assert out["failure"]["failed_turn"]["content"] == "[REDACTED:email] today."
+    assert redactor.counts == {"email": 1}
+
+
+def test_the_failing_turn_of_an_exported_split_leak_is_the_one_that_completes_it() -> None:
+    from vigil.export.tasks import failure_index
+
+    conv = convo(u("?"), a("Your card is 4111 1111"), a("1111 1111"), a("Anything else?"))
+    [hit] = run("pii_leak", conv)
+    finding = {"severity": "critical", "evidence": [e.as_dict() for e in hit.evidence], "details": hit.details}
+    idx, _ = failure_index(conv.messages, [finding])
+    assert idx == 2  # the task's history then holds message 1, so both parts are redacted on export
