@@ -7,13 +7,16 @@ Every figure comes with a 95% interval from a maintained library rather than a h
 - Cohen's kappa: ``statsmodels.stats.inter_rater.cohens_kappa``; its interval on a 2x2 table (a judge
   or a reviewer against people, fail or pass) is Donner & Eliasziw's goodness-of-fit interval
   (:func:`goodness_of_fit_interval`, no library has it), on larger tables statsmodels' asymptotic one;
-- Fleiss' kappa: ``statsmodels.stats.inter_rater.fleiss_kappa``, with a percentile bootstrap over items
-  (``scipy.stats.bootstrap``) for its interval.
+- Fleiss' kappa: ``statsmodels.stats.inter_rater.fleiss_kappa``; its interval on fail or pass (every item
+  rated by the same number of reviewers) is the likelihood-ratio interval of the beta-binomial's intraclass
+  correlation (:func:`beta_binomial_interval`, Donner & Eliasziw's approach carried to m raters), on three
+  categories or more a percentile bootstrap over items (``scipy.stats.bootstrap``).
 
 No kappa interval is valid on a handful of items (the asymptotic one assumes a large sample, a bootstrap
-over three items has almost nothing to resample), and the asymptotic and bootstrap ones collapse to a single
-point when every item agrees: below :data:`MIN_KAPPA_INTERVAL_N` items, or when the interval would have zero
-width, a kappa keeps its value but has no interval (``low`` and ``high`` None) and a ``note`` saying why.
+over three items has almost nothing to resample), and the asymptotic and bootstrap ones (left on three
+categories or more) collapse to a single point when every item agrees: below :data:`MIN_KAPPA_INTERVAL_N`
+items, or when the interval would have zero width, a kappa keeps its value but has no interval (``low``
+and ``high`` None) and a ``note`` saying why.
 
 The positive class is "fail": a true positive is a conversation both the judge and the human call a failure.
 """
@@ -204,7 +207,13 @@ def agreement(human_fail: Sequence[bool], judge_fail: Sequence[bool]) -> Agreeme
 
 
 def fleiss(table: np.ndarray, resamples: int = 1000, seed: int = 0) -> Estimate:
-    """Fleiss' kappa of an items × categories count table (every row the same number of ratings)."""
+    """Fleiss' kappa of an items × categories count table (every row the same number of ratings).
+
+    Its interval on two categories (fail or pass, every item rated by the same number of reviewers) is
+    :func:`goodness_of_fit_interval` with two ratings an item (Fleiss' kappa is then the intraclass kappa
+    it is built around), :func:`beta_binomial_interval` with three or more; on three categories or more a
+    percentile bootstrap over items (``resamples`` resamples, ``seed`` for reproducibility).
+    """
     from scipy.stats import bootstrap
     from statsmodels.stats.inter_rater import fleiss_kappa
 
@@ -217,6 +226,15 @@ def fleiss(table: np.ndarray, resamples: int = 1000, seed: int = 0) -> Estimate:
     value = float(fleiss_kappa(table))
     if n < MIN_KAPPA_INTERVAL_N:
         return Estimate(value, None, None, None, n, TOO_SMALL)
+    raters = table.sum(1)
+    if (totals > 0).sum() == 2 and (raters == raters[0]).all():
+        first = table[:, np.flatnonzero(totals > 0)[0]].astype(int)
+        counts = np.bincount(first, minlength=int(raters[0]) + 1)
+        if len(counts) == 3:  # two ratings an item: Donner and Eliasziw's own interval
+            low, high = goodness_of_fit_interval(int(counts[2]), int(counts[1]), int(counts[0]))
+        else:
+            low, high = beta_binomial_interval(counts)
+        return _interval(value, min(low, value), max(high, value), n)  # the interval always holds kappa
 
     def stat(idx: np.ndarray) -> float:
         sub = table[idx.astype(int)]
@@ -235,6 +253,75 @@ def fleiss(table: np.ndarray, resamples: int = 1000, seed: int = 0) -> Estimate:
     )
     ci = res.confidence_interval
     return _interval(value, float(ci.low), float(ci.high), n)
+
+
+def beta_binomial_log_likelihood(counts: np.ndarray, p: float, rho: np.ndarray) -> np.ndarray:
+    """Log-likelihood of ``counts[x]`` items rated "fail" by x of m raters, at each intraclass correlation in
+    ``rho``, under the (extended) beta-binomial of mean ``p``: P(x) = C(m, x) · Π_{r<x} (p + rθ) ·
+    Π_{r<m-x} (1 - p + rθ) / Π_{r<m} (1 + rθ), θ = ρ / (1 - ρ) (Prentice 1986; a beta-binomial for ρ > 0,
+    defined down to θ = -min(p, 1 - p) / (m - 1)). -inf where an observed count has probability 0."""
+    m = len(counts) - 1
+    theta = np.asarray(rho, dtype=float)[..., None] / (1 - np.asarray(rho, dtype=float)[..., None])
+    r = np.arange(m)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        up = np.log(np.clip(p + r * theta, 0, None))  # log(p + rθ) for r < m
+        down = np.log(np.clip(1 - p + r * theta, 0, None))
+        norm = np.log1p(r * theta).sum(-1)
+    out = np.zeros(theta.shape[:-1])
+    for x in np.flatnonzero(counts):
+        logp = math.log(math.comb(m, int(x))) + up[..., :x].sum(-1) + down[..., : m - x].sum(-1) - norm
+        out = out + counts[x] * logp
+    return np.where(np.isnan(out), -np.inf, out)
+
+
+def beta_binomial_interval(counts: np.ndarray) -> tuple[float, float]:
+    """95% likelihood-ratio interval of the intraclass kappa of binary ratings, m raters per item.
+
+    ``counts[x]``: the items on which x of m raters said "fail" (m ≥ 2). Donner and Eliasziw's
+    goodness-of-fit approach (:func:`goodness_of_fit_interval`) carried to m raters: under the
+    common-correlation model an item's number of "fail" ratings is beta-binomial with mean p and intraclass
+    correlation ρ (Fleiss' kappa estimates ρ); with p at its estimate, the interval is every ρ whose
+    log-likelihood is within 3.841 / 2 of the highest (the likelihood-ratio test does not reject it at 5%,
+    one degree of freedom), found by a grid and a root search on each side of the best ρ. A limit is the
+    end of ρ's range when even that end fits (the upper one is 1 when every item is agreed on). In
+    simulation (bench/kappa_coverage.py) it covers 90% or more in every cell from 20 items, where the
+    percentile bootstrap covered 81%, and never collapses to a point.
+    """
+    from scipy.optimize import brentq
+
+    counts = np.asarray(counts, dtype=float)
+    m = len(counts) - 1
+    n = counts.sum()
+    p = float((counts * np.arange(m + 1)).sum() / (n * m))
+    if m < 2 or not 0 < p < 1:
+        raise ValueError("a beta-binomial interval needs two or more raters and items rated both ways")
+    theta = -min(p, 1 - p) / (m - 1)
+    lowest, highest = theta / (1 + theta) + 1e-12, 1 - 1e-12
+    grid = np.linspace(lowest, highest, 401)
+    ll = beta_binomial_log_likelihood(counts, p, grid)
+    best = int(np.argmax(ll))
+    top = float(ll[best])
+    # refine the best ρ between its grid neighbours (the log-likelihood is smooth and single-peaked there)
+    a, b = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
+    for _ in range(60):
+        c, d = a + (b - a) / 3, b - (b - a) / 3
+        if beta_binomial_log_likelihood(counts, p, np.array(c)) < beta_binomial_log_likelihood(counts, p, np.array(d)):
+            a = c
+        else:
+            b = d
+    mle = (a + b) / 2
+    top = max(top, float(beta_binomial_log_likelihood(counts, p, np.array(mle))))
+
+    def misfit(rho: float) -> float:
+        return 2 * (top - float(beta_binomial_log_likelihood(counts, p, np.array(rho)))) - CHI2_CRITICAL
+
+    def limit(end: float) -> float:
+        if misfit(end) <= 0:
+            return end
+        return float(brentq(lambda r: min(misfit(r), 1e300), mle, end, xtol=1e-12))
+
+    low, high = limit(lowest), limit(highest)
+    return max(low, -1.0), 1.0 if high >= highest else high
 
 
 def inter_rater(items: dict[str, list[tuple[str, str]]]) -> dict[str, Any]:
