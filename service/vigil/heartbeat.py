@@ -37,8 +37,14 @@ class Heartbeat:
         self._last = (self._clock(), max(0.0, idle))
 
     def age(self) -> float:
-        """Seconds since the last beat (the ``vigil_worker_heartbeat_age_seconds`` gauge)."""
+        """Seconds since the last beat (the ``vigil_worker_heartbeat_age_seconds`` gauge). It keeps growing once
+        the loop has ended: nothing beats any more."""
         return max(0.0, self._clock() - self._last[0])
+
+    def bound(self, stall_seconds: float) -> float:
+        """The age past which the loop is stalled: ``stall_seconds`` plus the wait its last beat announced (the
+        ``vigil_worker_heartbeat_bound_seconds`` gauge)."""
+        return stall_seconds + self._last[1]
 
     @contextmanager
     def loop(self) -> Iterator[None]:

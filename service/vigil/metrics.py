@@ -173,10 +173,26 @@ class Metrics:
         )
         self.worker_heartbeat_age = Gauge(
             "worker_heartbeat_age_seconds",
-            "Seconds since a loop (consumer, judge, detector) last finished an iteration or moved on within long "
-            "work; the process's /healthz (a worker's metrics port; the API's in `vigil serve`, which runs the judge "
-            "and detector loops in-process) answers 503 past VIGIL_LIVENESS_STALL_SECONDS (plus the loop's own "
-            "wait).",
+            "Seconds since a loop (consumer, judge, detector, trace_finisher, maintenance, otlp_grpc) last "
+            "finished an iteration or moved on within long work; the process's /healthz (a worker's metrics port; "
+            "the API's in `vigil serve`, which runs the judge and detector loops in-process) answers 503 past "
+            "VIGIL_LIVENESS_STALL_SECONDS (plus the loop's own wait). Keeps growing once the loop has ended.",
+            ["loop"],
+            namespace=NS,
+            registry=r,
+        )
+        self.worker_heartbeat_bound = Gauge(
+            "worker_heartbeat_bound_seconds",
+            "The heartbeat age past which a loop counts as stalled: VIGIL_LIVENESS_STALL_SECONDS plus the wait "
+            "between passes its last beat announced (the finisher's sweep interval, the rollup interval, ...).",
+            ["loop"],
+            namespace=NS,
+            registry=r,
+        )
+        self.worker_loop_up = Gauge(
+            "worker_loop_up",
+            "1 while a loop is alive as /healthz judges it; 0 once it is stalled (its heartbeat age past its bound) "
+            "or has ended (returned, raised, or its thread is gone), which its age alone shows only a bound later.",
             ["loop"],
             namespace=NS,
             registry=r,

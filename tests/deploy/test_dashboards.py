@@ -27,6 +27,7 @@ REQUIRED_ALERTS = {
     "IngestStoreFailing",
     "JudgeBudgetExhausted",
     "JudgeErrors",
+    "VigilLoopStalled",
 }
 SAMPLE_SUFFIXES = {
     "counter": ("_total", "_created"),

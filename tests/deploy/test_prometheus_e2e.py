@@ -124,6 +124,13 @@ def test_regression_reaches_firing_in_prometheus(tmp_path: Path) -> None:
             time.sleep(1)
         assert "ForbiddenToolCallsRising" in got, (got, httpx.get(f"{url}/metrics").text[-2000:])
         assert got["ForbiddenToolCallsRising"][0]["agent_version"] == "v1.5.0"
+        assert "VigilLoopStalled" not in got, got  # serve's loops all turn, as Prometheus scrapes them
+        loops = httpx.get(f"{prom_url}/api/v1/query", params={"query": "vigil_worker_loop_up"}).json()["data"]
+        assert {r["metric"]["loop"] for r in loops["result"]} >= {"judge", "detector", "maintenance"}, loops
+        assert all(r["value"][1] == "1" for r in loops["result"]), loops
+        groups = httpx.get(f"{prom_url}/api/v1/rules").json()["data"]["groups"]
+        failing = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] == "err"]
+        assert not failing, failing
         assert all(a["agent_version"] == "v1.5.0" for alerts in got.values() for a in alerts)
         alerts = httpx.get(f"{url}/v1/alerts", headers={"Authorization": f"Bearer {KEY}"}).json()
         assert {a["agent_version"] for a in alerts["active"]} == {"v1.5.0"}

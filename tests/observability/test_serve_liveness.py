@@ -180,6 +180,61 @@ def test_a_trace_finisher_sweep_that_hangs_or_a_finisher_that_stopped_answers_50
     rt.close()
 
 
+def loop_metrics(rt: Runtime, loop: str) -> dict[str, float]:
+    """The loop's age, bound and up, as its process exports them."""
+    names = {"age": "heartbeat_age_seconds", "bound": "heartbeat_bound_seconds", "up": "loop_up"}
+    values = {k: rt.metrics.registry.get_sample_value(f"vigil_worker_{n}", {"loop": loop}) for k, n in names.items()}
+    assert None not in values.values(), values
+    return values  # type: ignore[return-value]
+
+
+def test_a_loops_metrics_say_what_healthz_says_of_it_stalled_or_ended(tmp_path) -> None:
+    """Only ``/healthz`` knew a loop had failed: its age grew past a bound Prometheus never saw (this loop's is
+    the stall bound plus its sweep interval), and a loop that had ended showed an age still within it."""
+    interval = 0.05
+    rt = serve_runtime(tmp_path, otlp_finish_interval_seconds=interval)
+    finisher = rt.get(TraceFinisher)
+    hang, released, sweeps = threading.Event(), threading.Event(), [0]
+    run_once = finisher.run_once
+
+    def gated_run_once() -> list[str]:
+        if hang.is_set():
+            released.wait()  # a sweep that does not return
+        sweeps[0] += 1
+        return run_once()
+
+    def failing(client: TestClient) -> dict[str, str]:
+        r = client.get("/healthz").json()
+        return r.get("failing", {})  # type: ignore[no-any-return]
+
+    finisher.run_once = gated_run_once  # type: ignore[method-assign]
+    with serving(rt) as client:
+        try:
+            # (a beat the machine's load delayed past this short bound may fail a probe: the next one passes)
+            ok = wait_for(
+                lambda: sweeps[0] >= 2 and (m := loop_metrics(rt, "trace_finisher"))["up"] == 1.0 and m,
+                what="up while the finisher sweeps",
+            )
+            assert ok["bound"] == BOUND + interval, ok
+            exposed = client.get("/metrics").text
+            assert 'vigil_worker_heartbeat_bound_seconds{loop="trace_finisher"}' in exposed
+            assert 'vigil_worker_loop_up{loop="trace_finisher"}' in exposed
+            hang.set()
+            wait_for(lambda: "trace_finisher" in failing(client), what="503 naming the finisher while a sweep hangs")
+            stalled = loop_metrics(rt, "trace_finisher")
+            assert stalled["up"] == 0.0 and stalled["age"] > stalled["bound"] == BOUND + interval, stalled
+            hang.clear()
+        finally:
+            released.set()
+        wait_for(lambda: loop_metrics(rt, "trace_finisher")["up"] == 1.0, what="up once the sweep returned")
+        finisher.stop_thread()
+        wait_for(lambda: "trace_finisher" in failing(client), what="503 once the finisher's thread ended")
+        ended = loop_metrics(rt, "trace_finisher")
+        assert failing(client)["trace_finisher"] == "the trace_finisher loop has ended"
+        assert ended["up"] == 0.0, ended  # at once, however young its age still is
+    rt.close()
+
+
 UPKEEP = 0.2  # VIGIL_ROLLUP_INTERVAL_SECONDS of the upkeep tests: its loop's bound is this plus BOUND
 
 
