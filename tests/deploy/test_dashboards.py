@@ -171,6 +171,21 @@ def test_dashboard_is_provisionable_and_covers_the_topics() -> None:
 
 
 @pytest.mark.prometheus
+def test_the_active_alerts_panel_lists_every_alert() -> None:
+    """The dashboard's table of firing alerts names each alert rule; one left out of its filter never shows."""
+    filters = [
+        set(m.group(1).split("|"))
+        for q in dashboard_queries(dashboard())
+        if q.startswith("ALERTS{")
+        for m in [re.search(r'alertname=~"([^"]+)"', q)]
+        if m
+    ]
+    assert filters, "no panel lists firing alerts"
+    every = {r["alert"] for r in alert_rules()}
+    for names in filters:
+        assert names == every, f"left out: {sorted(every - names)}; unknown: {sorted(names - every)}"
+
+
 def test_promtool_checks_rules_and_config() -> None:
     tool = promtool()
     for args in (["check", "rules", "alerts.yaml"], ["check", "config", "prometheus.yml"]):
