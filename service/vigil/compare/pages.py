@@ -109,7 +109,7 @@ def _rule_description(rt: Any, signal: str) -> str | None:
     kind, _, name = signal.partition(":")
     if kind != "rule":
         return None
-    return next((r.spec.description or None for r in rt.rules.rules if r.id == name), None)
+    return next((r.description or None for r in rt.rules.rules if r.id == name), None)
 
 
 @router.get("/compare/conversations")
