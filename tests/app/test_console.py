@@ -480,3 +480,36 @@ def test_status_shows_a_judge_budget_under_a_cent(capsys: pytest.CaptureFixture[
         {"alerts": [], "traffic": [], "queue": {"open": 0, "labelled": {"hour": 0, "day": 0}}, "judges": [judge]}
     )
     assert "judge cheap: $0.0042 of $0.005 today (paused)" in capsys.readouterr().out
+
+
+def test_every_empty_state_says_what_to_do_next(tmp_path) -> None:
+    """ "No labels yet." on Progress led nowhere, and "Show past alerts (0)" linked to an empty list: each
+    empty page now names its next step (a link where there is a page for it)."""
+    rt = console_runtime(f"sqlite:///{tmp_path / 'empty.db'}", judges_dir=str(tmp_path / "no-judges"))
+    try:
+        c = logged_in(rt)
+        pages = {
+            path: c.get(path)
+            for path in (
+                "/ui",
+                "/ui/progress",
+                "/ui/alerts",
+                "/ui/export",
+                "/ui/clusters",
+                "/ui/calibration",
+                "/ui/compare",
+            )
+        }
+    finally:
+        rt.close()
+    for path, r in pages.items():
+        assert r.status_code == 200, path
+    html = {path: r.text for path, r in pages.items()}
+    assert re.search(r'id="no-labels">No labels yet\. <a href="/ui/queue">', html["/ui/progress"])
+    assert "show=all" not in html["/ui/alerts"] and 'id="no-past">No past alerts<' in html["/ui/alerts"]
+    assert re.search(r'id="no-exports">[^<]*<a href="/ui/queue">', html["/ui/export"])
+    assert re.search(r'id="no-clusters">[^<]*<a href="/ui/queue">', html["/ui/clusters"])
+    assert re.search(r'id="no-failures">[^<]*<a href="/ui/queue">', html["/ui/clusters"])
+    assert "VIGIL_JUDGES_DIR" in html["/ui/calibration"] and "VIGIL_JUDGES_DIR" in html["/ui"]
+    assert re.search(r'id="no-traffic">[^<]*<a href="/ui/conversations">', html["/ui"])
+    assert "POST /v1/conversations" in html["/ui/compare"]
