@@ -20,7 +20,16 @@ from vigil.http.params import Given
 from vigil.money import usd
 from vigil.rules import SEVERITY_RANK
 from vigil.ui.forms import go
-from vigil.ui.links import anchor, baseline_version, behind_link, compare_link, quality_link, queue_label, queue_link
+from vigil.ui.links import (
+    anchor,
+    baseline_version,
+    behind_link,
+    compare_link,
+    quality_link,
+    queue_label,
+    queue_link,
+    review_link,
+)
 from vigil.ui.render import render_page, ui_user
 
 root = APIRouter(include_in_schema=False)
@@ -174,6 +183,7 @@ def conversations_page(
         return go("/ui/review/" + quote(wanted, safe=""))
     if wanted:
         missing = f"No conversation has the id {wanted!r}."
+    here = "/ui/conversations" + (f"?{request.url.query}" if request.url.query else "")
     return render_page(
         request,
         "conversations.html",
@@ -188,7 +198,7 @@ def conversations_page(
         rules=sorted({r.id for r in rt.rules.rules} | ({filters.rule} if filters.rule else set())),
         severities=list(SEVERITY_RANK),
         usd=usd,
-        review=lambda cid: "/ui/review/" + quote(cid, safe=""),
+        review=lambda cid: review_link(cid, here),
         older=lambda c: "/ui/conversations?" + urlencode({**filters.given, "cursor": c}),
         newest="/ui/conversations?" + urlencode(filters.given),
     )
