@@ -143,6 +143,30 @@ def quality_page(
     )
 
 
+NAMED = 12  # known agents or versions a "no match" names; more are counted
+
+
+def _names(values: list[str]) -> str:
+    more = len(values) - NAMED
+    return ", ".join(values[:NAMED]) + (f" and {more} more" if more > 0 else "")
+
+
+def unknown_filters(filters: browse.Filters, known: dict[str, list[str]]) -> list[str]:
+    """Why a list may be empty: an agent or version no conversation is counted under, with the known ones
+    (the detector's series, as the fields' suggestions: a typo said only "no stored conversation matches")."""
+    out: list[str] = []
+    if not known:  # nothing counted yet: nothing to name, and no reason to say a name is wrong
+        return out
+    if filters.agent and filters.agent not in known:
+        out.append(f"No agent {filters.agent!r} is known; agents: {_names(list(known))}.")
+    elif filters.version:
+        versions = known.get(filters.agent, []) if filters.agent else sorted({v for vs in known.values() for v in vs})
+        if filters.version not in versions:
+            whose = f"{filters.agent}'s versions" if filters.agent else "versions"
+            out.append(f"No version {filters.version!r} is known; {whose}: {_names(versions) or 'none'}.")
+    return out
+
+
 @router.get("/conversations")
 def conversations_page(
     request: Request,
@@ -199,6 +223,7 @@ def conversations_page(
         severities=list(SEVERITY_RANK),
         usd=usd,
         review=lambda cid: review_link(cid, here),
+        unknown=unknown_filters(filters, known),
         older=lambda c: "/ui/conversations?" + urlencode({**filters.given, "cursor": c}),
         newest="/ui/conversations?" + urlencode(filters.given),
     )
