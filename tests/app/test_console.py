@@ -480,3 +480,56 @@ def test_status_shows_a_judge_budget_under_a_cent(capsys: pytest.CaptureFixture[
         {"alerts": [], "traffic": [], "queue": {"open": 0, "labelled": {"hour": 0, "day": 0}}, "judges": [judge]}
     )
     assert "judge cheap: $0.0042 of $0.005 today (paused)" in capsys.readouterr().out
+
+
+def test_every_empty_state_says_what_to_do_next(tmp_path) -> None:
+    """ "No labels yet." on Progress led nowhere, and "Show past alerts (0)" linked to an empty list: each
+    empty page now names its next step (a link where there is a page for it)."""
+    rt = console_runtime(f"sqlite:///{tmp_path / 'empty.db'}", judges_dir=str(tmp_path / "no-judges"))
+    try:
+        c = logged_in(rt)
+        pages = {
+            path: c.get(path)
+            for path in (
+                "/ui",
+                "/ui/progress",
+                "/ui/alerts",
+                "/ui/export",
+                "/ui/clusters",
+                "/ui/calibration",
+                "/ui/compare",
+            )
+        }
+    finally:
+        rt.close()
+    for path, r in pages.items():
+        assert r.status_code == 200, path
+    html = {path: r.text for path, r in pages.items()}
+    assert re.search(r'id="no-labels">No labels yet\. <a href="/ui/queue">', html["/ui/progress"])
+    assert "show=all" not in html["/ui/alerts"] and 'id="no-past">No past alerts<' in html["/ui/alerts"]
+    assert re.search(r'id="no-exports">[^<]*<a href="/ui/queue">', html["/ui/export"])
+    assert re.search(r'id="no-clusters">[^<]*<a href="/ui/queue">', html["/ui/clusters"])
+    assert re.search(r'id="no-failures">[^<]*<a href="/ui/queue">', html["/ui/clusters"])
+    assert "VIGIL_JUDGES_DIR" in html["/ui/calibration"] and "VIGIL_JUDGES_DIR" in html["/ui"]
+    assert re.search(r'id="no-traffic">[^<]*<a href="/ui/conversations">', html["/ui"])
+    assert "POST /v1/conversations" in html["/ui/compare"]
+
+
+def test_a_mistyped_agent_or_version_names_the_known_ones(seeded) -> None:
+    """A mistyped agent or version said only "No stored conversation matches", while the fields' suggestions
+    knew the agents and versions: the empty list names them."""
+    rt, _ = seeded
+    c = logged_in(rt)
+    html = c.get("/ui/conversations", params={"agent": "suport-bot"}).text
+    assert "No stored conversation matches." in html
+    assert f"No agent &#39;suport-bot&#39; is known; agents: {AGENT}." in html
+    html = c.get("/ui/conversations", params={"agent": AGENT, "version": "v1.5"}).text
+    named = re.search(r"No version &#39;v1\.5&#39; is known; ([^:]+)&#39;s versions: ([^<]+)\.<", html)
+    assert named and named.group(1) == AGENT and {BASELINE, CANDIDATE} <= set(named.group(2).split(", "))
+    assert '<a href="/ui/conversations">Clear the filters</a>' in html
+    html = c.get("/ui/conversations", params={"version": "v9"}).text
+    assert "No version &#39;v9&#39; is known; versions: " in html
+    matched = c.get(
+        "/ui/conversations", params={"agent": AGENT, "version": CANDIDATE, "until": "2000-01-01T00:00"}
+    ).text
+    assert "No stored conversation matches." in matched and "is known" not in matched  # known names: nothing to say

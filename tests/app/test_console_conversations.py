@@ -244,3 +244,36 @@ def test_a_failing_page_logs_its_address_without_control_characters(
     assert r.status_code == 500 and "RuntimeError" in r.text
     logged = [rec.getMessage() for rec in caplog.records if "unhandled error" in rec.getMessage()]
     assert logged == ["unhandled error on GET /ui/review/\\x1b]0;pwned\\x07\\x1b[2J"]
+
+
+def test_a_conversation_opened_from_a_list_has_a_crumb_back_to_it(ui) -> None:
+    """The conversation page's crumb was always "Queue ›", also when it was opened from Conversations or
+    Compare; the lists' links now say where they came from, and the crumb leads back there."""
+    listed = ui.get("/ui/conversations", params={"version": "v1"}).text
+    link = re.search(r'href="(/ui/review/c-01\?from=[^"]+)"', listed)
+    assert link, "no link to c-01 saying where it came from"
+    page = ui.get(link.group(1).replace("&amp;", "&")).text
+    assert '<a id="crumb-back" href="/ui/conversations?version=v1">Conversations</a> ›' in page
+    assert 'id="crumb-queue"' not in page
+    behind = "/ui/compare/conversations?agent=support-bot&version=v2&signal=forbidden_tool&offset=0"
+    page = ui.get("/ui/review/c-00", params={"from": behind}).text
+    assert f'<a id="crumb-back" href="{behind.replace("&", "&amp;")}">Compare</a> ›' in page
+    for elsewhere in (
+        "https://example.com/ui/conversations",
+        "//example.com/ui/conversations",
+        "/ui/queue?x=1",
+        "javascript:alert(1)",
+        "/ui/conversations\n?x",
+        "/ui/conversations" + "?a=1" * 1000,
+        "",
+    ):
+        page = ui.get("/ui/review/c-00", params={"from": elsewhere}).text
+        assert 'id="crumb-back"' not in page and '<a id="crumb-queue" href="/ui/queue">Queue</a> ›' in page, elsewhere
+    assert '<a id="crumb-queue" href="/ui/queue">Queue</a> ›' in ui.get("/ui/review/c-00").text
+
+
+def test_conversations_behind_a_signal_link_to_pages_with_a_crumb_back(ui) -> None:
+    html = ui.get(
+        "/ui/compare/conversations", params={"agent": "support-bot", "version": "v2", "signal": "forbidden_tool"}
+    ).text
+    assert re.search(r'href="/ui/review/c-\d\d\?from=%2Fui%2Fcompare%2Fconversations%3Fagent%3Dsupport-bot', html)

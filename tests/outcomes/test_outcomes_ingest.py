@@ -17,16 +17,20 @@ from vigil.outcomes.ingest import OutcomeStore
 from vigil.schema import Conversation
 from vigil.store.models import DeadLetterRow, OutcomeLinkRow, OutcomeRow
 
+# the conversations happened two days ago and their outcomes hours after them: an outcome dated ahead of
+# now is refused
+START = datetime.now(UTC) - timedelta(days=2)
+
 
 def convs(n: int, versions: str = "v1:0.0", seed: int = 1) -> list[dict]:
-    return list(Simulator(parse_versions(versions), seed).stream(n))
+    return list(Simulator(parse_versions(versions), seed).stream(n, start=START))
 
 
 def outcome(cid: str, kind: str = "escalation", hours_after: float = 1.0, key: str | None = None, **kw) -> dict:
     o = {
         "conversation_id": cid,
         "type": kind,
-        "occurred_at": (datetime.now(UTC) + timedelta(hours=hours_after)).isoformat(),
+        "occurred_at": (START + timedelta(hours=hours_after)).isoformat(),
     }
     if key:
         o["idempotency_key"] = key
@@ -347,3 +351,25 @@ def test_outcomes_topic_handler_on_a_real_broker(kafka, sqlite_url) -> None:
         reasons = sorted(d.reason for d in s.scalars(select(DeadLetterRow)))
     assert reasons == ["idempotency_conflict", "malformed_json", "unknown_outcome_type"]
     rt.close()
+
+
+def test_an_outcome_dated_ahead_of_now_is_refused_naming_the_field(rt_client) -> None:
+    """An outcome dated two days ahead was stored and shown as having happened then. Up to five minutes
+    ahead (clients' clocks drift) is taken; further is a 422 naming occurred_at, the rest of the batch kept."""
+    rt, c = rt_client
+    cid = convs(1)[0]["conversation_id"]
+    now = datetime.now(UTC)
+    skewed = {"conversation_id": cid, "type": "thumbs_up", "occurred_at": (now + timedelta(minutes=2)).isoformat()}
+    ahead = {"conversation_id": cid, "type": "refund_reversal", "occurred_at": (now + timedelta(hours=48)).isoformat()}
+    r = c.post("/v1/outcomes", json=[skewed, ahead, outcome(cid)], headers=INGEST)
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert (body["accepted"], body["rejected"]) == (2, 1)
+    [error] = body["errors"]
+    assert (error["index"], error["reason"]) == (1, "occurred_in_future")
+    assert error["errors"][0]["field"] == "occurred_at" and "in the future" in error["errors"][0]["message"]
+    with rt.sessions() as s:
+        stored = s.scalars(select(OutcomeRow.type).where(OutcomeRow.conversation_id == cid)).all()
+    assert sorted(stored) == ["escalation", "thumbs_up"]
+    dead = c.get("/v1/dead-letters", params={"reason": "occurred_in_future"}, headers=ADMIN).json()
+    assert len(dead) == 1 and "occurred_at" in dead[0]["detail"]

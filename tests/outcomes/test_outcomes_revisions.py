@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -29,7 +29,7 @@ def test_an_outcome_a_revision_brings_into_the_window_counts_once(rt_client) -> 
     linked: an escalation 30 h after a conversation that a later revision extended by 10 h was attributed
     to the version and stayed out of the counter (and the dashboard) for good."""
     rt, c = rt_client
-    conv = next(Simulator(parse_versions("v1:0.0"), 1).stream(1))
+    conv = next(Simulator(parse_versions("v1:0.0"), 1).stream(1, start=datetime.now(UTC) - timedelta(days=3)))
     cid, ended = conv["conversation_id"], datetime.fromisoformat(conv["ended_at"])
     late = {"conversation_id": cid, "type": "escalation", "occurred_at": (ended + timedelta(hours=30)).isoformat()}
     assert c.post("/v1/conversations", json=conv, headers=INGEST).status_code == 202

@@ -8,6 +8,7 @@ from urllib.parse import quote, unquote, urlencode
 
 import pytest
 from fastapi import APIRouter, Depends, Request
+from markupsafe import escape
 
 from tests.support.app import ADMIN, REVIEWER
 from tests.support.review import XSS_PAYLOADS, review_client, review_runtime, simulated, store, xss_conversation
@@ -829,6 +830,28 @@ def test_a_queue_filter_no_item_can_have_says_so_instead_of_an_empty_queue(ui, r
     page = ui.get(r.headers["location"])
     assert page.status_code == 400 and "findings" in page.text and "judge_fail" in page.text
     assert ui.get("/ui/queue", params={"severity": "High"}).status_code == 200
+
+
+def test_every_finding_says_what_its_rule_checks(ui, rt) -> None:
+    """A pii-in-reply or tool-errors finding showed no "what it checks" line: their rules had no description."""
+    from sqlalchemy import select
+
+    from vigil.store.models import FindingRow
+
+    store(rt, simulated(60, "v1.5.0:0.8", seed=2))
+    with rt.sessions() as s:
+        found = s.execute(
+            select(FindingRow.conversation_id, FindingRow.rule_id)
+            .where(FindingRow.rule_id.in_(["pii-in-reply", "tool-errors", "user-repeated", "empty-or-truncated"]))
+            .limit(200)
+        ).all()
+    shown: dict[str, str] = dict((rule, cid) for cid, rule in found)
+    assert {"pii-in-reply", "tool-errors"} <= set(shown)
+    _login(ui)
+    for rule, cid in shown.items():
+        html = ui.get(f"/ui/review/{quote(cid, safe='')}").text
+        described = next(r.description for r in rt.rules.rules if r.id == rule)
+        assert f'class="small muted rule-description">{escape(described)}</div>' in html, rule
 
 
 def test_a_finding_says_what_its_rule_checks_and_links_to_the_rules_conversations_and_chart(ui, rt) -> None:

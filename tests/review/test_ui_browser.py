@@ -314,3 +314,55 @@ def test_leaving_the_item_by_a_link_warns_only_about_unsaved_typed_notes(browser
     queue.click()  # after saving, the notes on the page are the saved ones: no question
     page.wait_for_url(f"{base}/ui/queue**")
     assert asked == ["beforeunload", "confirm"]
+
+
+def _covers(page) -> float:  # type: ignore[no-untyped-def]
+    """The share of the screen's height the label form covers."""
+    box = page.locator("#label-form").bounding_box()
+    return float(page.evaluate("h => Math.max(0, innerHeight - h)", box["y"])) / page.viewport_size["height"]
+
+
+def test_on_a_phone_the_label_form_is_a_folded_sheet_over_a_readable_transcript(browser, server) -> None:
+    """At 390 px the label form, fixed at the bottom, covered about half the screen over the transcript.
+    It starts folded to a bar; tapping it, a label key, or saving without a label opens it."""
+    base, rt = server
+    store(rt, simulated(40, "v1.4.0:0.3,v1.5.0:0.6", seed=11))
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    _login(page, base)
+    page.keyboard.press("n")
+    page.wait_for_url(f"{base}/ui/review/**")
+    toggle = page.locator("#label-form .sheet-toggle")
+    assert toggle.get_attribute("aria-expanded") == "false"
+    assert _covers(page) < 0.1
+    page.locator("section.transcript").evaluate("el => el.scrollIntoView({block: 'start'})")
+    for share in (0.3, 0.6, 0.88):  # down the screen it is the transcript one reads, not the form
+        hit = page.evaluate("y => !!document.elementFromPoint(30, y).closest('section.transcript')", 844 * share)
+        assert hit, share
+    _shot(page, "conversation-phone.png")
+
+    toggle.click()
+    assert toggle.get_attribute("aria-expanded") == "true" and _covers(page) > 0.3
+    _shot(page, "conversation-phone-open.png")
+    toggle.click()
+    assert toggle.get_attribute("aria-expanded") == "false"
+    page.keyboard.press("c")  # a label key opens it on the label it chose
+    assert toggle.get_attribute("aria-expanded") == "true"
+    assert page.locator("input[value=confirmed_failure]").is_checked()
+    toggle.click()
+    page.locator("input[value=confirmed_failure]").evaluate("el => { el.checked = false; }")
+    page.evaluate("document.activeElement.blur()")
+    assert toggle.get_attribute("aria-expanded") == "false"
+    page.keyboard.press("Enter")  # nothing chosen: the form opens on what is missing
+    assert toggle.get_attribute("aria-expanded") == "true"
+    assert page.locator("#label-missing").is_visible()
+
+
+def test_on_a_wide_screen_the_label_form_has_no_sheet_bar(browser, server) -> None:
+    base, rt = server
+    store(rt, simulated(10, "v1.4.0:0.3", seed=11))
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    _login(page, base)
+    page.keyboard.press("n")
+    page.wait_for_url(f"{base}/ui/review/**")
+    assert not page.locator("#label-form .sheet-toggle").is_visible()
+    assert page.locator("#label-form #save-next").is_visible()

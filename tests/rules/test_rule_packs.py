@@ -42,6 +42,35 @@ def test_shipped_packs_load_together() -> None:
     assert not any(r.pack.startswith("tau2") for r in engine.rules_for("support-bot", "v1"))
 
 
+def test_every_shipped_rule_says_what_it_checks() -> None:
+    """Half the default pack's rules (pii-in-reply, tool-errors, ...) had no description, so the
+    conversation page's finding showed no line saying what the rule checks."""
+    missing = [
+        f"{p.name}: {spec.id}" for p in SHIPPED for spec in load_pack(p)[0].rules if not spec.description.strip()
+    ]
+    assert not missing, "rules without a description: " + ", ".join(missing)
+
+
+def test_a_rule_without_a_description_is_described_by_its_type(tmp_path: Path) -> None:
+    p = write(
+        tmp_path,
+        """
+        pack: custom
+        rules:
+          - id: said
+            type: escalation
+            description: Handed to a person.
+          - id: unsaid
+            type: tool_calls_per_message
+        """,
+    )
+    said, unsaid = RuleEngine.from_paths([p]).rules
+    assert said.description == "Handed to a person."
+    assert unsaid.description == (
+        "One action at a time: at most max_calls tool calls per assistant message, no text beside them."
+    )
+
+
 def test_tau2_packs_require_confirmation_of_every_write_tool() -> None:
     import json
 

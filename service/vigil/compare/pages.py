@@ -7,7 +7,7 @@ render (the session, the alert banners) all read the database, which must not ha
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
@@ -22,7 +22,7 @@ from vigil.http.params import MAX_OFFSET
 from vigil.money import usd
 from vigil.store import rollups
 from vigil.store.signals import version_key
-from vigil.ui.links import anchor, quality_link, queue_label, queue_link
+from vigil.ui.links import anchor, quality_link, queue_label, queue_link, review_link
 from vigil.ui.render import render_page, ui_user
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -109,7 +109,7 @@ def _rule_description(rt: Any, signal: str) -> str | None:
     kind, _, name = signal.partition(":")
     if kind != "rule":
         return None
-    return next((r.spec.description or None for r in rt.rules.rules if r.id == name), None)
+    return next((r.description or None for r in rt.rules.rules if r.id == name), None)
 
 
 @router.get("/compare/conversations")
@@ -135,18 +135,21 @@ def conversations_page(
             )
     except UnknownSignal as exc:
         return render_page(request, "error.html", 404, title="Not found", message=str(exc))
+
+    def page(at: int) -> str:
+        return "/ui/compare/conversations?" + urlencode(
+            {"agent": agent, "version": version, "signal": signal, "offset": at}
+        )
+
     return render_page(
         request,
         "compare_conversations.html",
         title=f"{version}: conversations {found['what']}",
         found=found,
         usd=usd,
-        review=lambda cid: "/ui/review/" + quote(cid, safe=""),
+        review=lambda cid: review_link(cid, page(offset)),  # the conversation's crumb leads back here
         onward=onward(agent, version, signal),
         rule_description=_rule_description(rt, signal),
-        page=lambda o: (
-            "/ui/compare/conversations?"
-            + urlencode({"agent": agent, "version": version, "signal": signal, "offset": o})
-        ),
+        page=page,
         per_page=PAGE,
     )

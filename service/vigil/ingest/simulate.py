@@ -4,13 +4,17 @@ Each conversation is a retail support exchange of about 12 messages and 4 tool c
 version has a failure rate; a failing conversation carries one realistic defect (cancelling a
 delivered order, writing without confirmation, leaking an email, a tool erroring, the user having
 to repeat themselves, a truncated reply). Outcome signals follow defects with higher probability.
+
+Nothing is stamped after the simulator's clock: a conversation that would end later ends now, and an
+outcome whose delay has not yet passed happened now (the simulator sends it at once, after its
+conversation).
 """
 
 from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -57,8 +61,15 @@ def _call(cid: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
 
 
 class Simulator:
-    def __init__(self, profiles: list[VersionProfile], seed: int = 0, outcome_rate_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        profiles: list[VersionProfile],
+        seed: int = 0,
+        outcome_rate_scale: float = 1.0,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.profiles = profiles
+        self.now = now
         self.rng = random.Random(seed)
         self.weights = [p.weight for p in profiles]
         self.outcome_scale = outcome_rate_scale
@@ -66,7 +77,7 @@ class Simulator:
 
     def stream(self, count: int | None = None, start: datetime | None = None) -> Iterator[dict[str, Any]]:
         n = 0
-        t = start or datetime.now(UTC)
+        t = start or self.now()
         while count is None or n < count:
             profile = self.rng.choices(self.profiles, self.weights)[0]
             yield self.conversation(profile, t)
@@ -197,16 +208,22 @@ class Simulator:
         msgs.append({"role": "assistant", "content": final})
         cid = str(uuid.UUID(int=self.rng.getrandbits(128)))
         tokens = 900 + 140 * len(msgs) + r.randint(0, 400)
+        task_id = f"cancel-order-{self.rng.randint(1, 50)}"
+        ended = at + timedelta(seconds=r.uniform(20, 120))
+        # conversations are stamped 50 ms apart however fast they are made: 1,000 of them ended 50 s ahead
+        late = ended - self.now()
+        if late > timedelta(0):
+            at, ended = at - late, ended - late
         return {
             "conversation_id": cid,
             "revision": 1,
             "status": "finished",
             "agent_id": p.agent_id,
             "agent_version": p.version,
-            "task_id": f"cancel-order-{self.rng.randint(1, 50)}",
+            "task_id": task_id,
             "intent": "cancel_order",
             "started_at": at.isoformat(),
-            "ended_at": (at + timedelta(seconds=r.uniform(20, 120))).isoformat(),
+            "ended_at": ended.isoformat(),
             "messages": msgs,
             "usage": {
                 "prompt_tokens": tokens - 200,
@@ -229,6 +246,7 @@ class Simulator:
         s = self.outcome_scale
         out = []
         ended = datetime.fromisoformat(conv["ended_at"])
+        now = max(self.now(), ended)
         for kind, p_bad, p_good, delay_h in (
             ("escalation", 0.30, 0.03, 0.1),
             ("thumbs_down", 0.35, 0.04, 0.01),
@@ -242,7 +260,8 @@ class Simulator:
                         "conversation_id": conv["conversation_id"],
                         "type": kind,
                         "value": 1.0,
-                        "occurred_at": (ended + timedelta(hours=delay_h * r.uniform(0.5, 1.5))).isoformat(),
+                        # a refund reversal 48 h on, sent with its conversation, was dated two days ahead
+                        "occurred_at": min(ended + timedelta(hours=delay_h * r.uniform(0.5, 1.5)), now).isoformat(),
                         "idempotency_key": f"{conv['conversation_id']}:{kind}",
                     }
                 )

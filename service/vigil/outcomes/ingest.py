@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -48,6 +48,7 @@ from vigil.store.db import (
     retry_kind,
     retry_transient,
     upsert,
+    utcnow,
     write_clock,
 )
 from vigil.store.models import OutcomeRow
@@ -59,6 +60,10 @@ log = logging.getLogger(__name__)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 LISTENER_CHUNK = 5_000  # outcomes handed to a listener at once: the most one POST /v1/outcomes holds
+
+# How far ahead of this host's clock an outcome may be dated: clients' clocks drift by seconds, while a
+# time hours or days ahead is a wrong time (the console showed outcomes that had not happened yet)
+FUTURE_ALLOWANCE = timedelta(minutes=5)
 
 # What an idempotency key names; occurred_at is left out because it defaults to arrival time on redelivery.
 IDENTITY = ("conversation_id", "type", "value")
@@ -224,6 +229,15 @@ class OutcomeStore:
                         ],
                     )
                 )
+                continue
+            if outcome.occurred_at is not None and outcome.occurred_at > (latest := utcnow() + FUTURE_ALLOWANCE):
+                message = (
+                    f"occurred_at {outcome.occurred_at.isoformat()} is in the future: at most "
+                    f"{FUTURE_ALLOWANCE.seconds // 60} minutes ahead of this server's clock "
+                    f"({latest.isoformat(timespec='seconds')}) is taken; send the outcome once it has happened, "
+                    "or leave occurred_at out for the time it arrives"
+                )
+                errors.append(ItemError(index, "occurred_in_future", [{"field": "occurred_at", "message": message}]))
                 continue
             valid.append((index, outcome))
         return valid, errors

@@ -41,7 +41,7 @@ from vigil.review.stage import ReviewStage
 from vigil.store import reads
 from vigil.ui import folding, transcript
 from vigil.ui.forms import Refused, comment_draft, draft_of, form_user, go, label_draft, posted
-from vigil.ui.links import anchor, quality_link
+from vigil.ui.links import anchor, back_crumb, quality_link
 from vigil.ui.render import render_page, session_slot, sessions_of, ui_user
 
 router = APIRouter(
@@ -320,6 +320,7 @@ def _conversation_page(
         error_field="category" if label_error and "category" in label_error else None,
         session_labelled=labelled_this_session(request),
         queue_filter=remembered_queue_filter(request),
+        back=back_crumb(request.query_params.get("from")),
         rule_descriptions=st.rule_descriptions,
         rule_conversations=lambda rule: (
             "/ui/conversations?"

@@ -54,7 +54,7 @@ class ReviewStage:
                 source,
                 ", ".join(unknown),
             )
-        descriptions = {r.id: r.spec.description or "" for r in rt.rules.rules}
+        descriptions = {r.id: r.description for r in rt.rules.rules}
         return cls(
             policy,
             Flagger(policy, rt.metrics, rt.settings.outcome_attribution_window_hours),

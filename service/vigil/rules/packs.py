@@ -80,6 +80,13 @@ class CompiledRule:
     type: RuleType
     args: RuleArgs
 
+    @property
+    def description(self) -> str:
+        """What the rule checks: its pack's words, else the first line of its rule type's doc."""
+        if self.spec.description:
+            return self.spec.description
+        return " ".join(self.type.doc.split("\n\n")[0].replace("``", "").split())
+
 
 def _fmt(exc: ValidationError, prefix: str = "") -> str:
     return "; ".join(f"{prefix}{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors())

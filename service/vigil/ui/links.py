@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 
 def queue_link(agent: str, version: str, signal: str) -> str:
@@ -58,3 +58,22 @@ def baseline_version(baseline: str) -> str | None:
 def anchor(signal: str) -> str:
     """The element id of a signal's chart on the quality page (``rule:pii-in-reply`` → ``signal-rule-pii-in-reply``)."""
     return "signal-" + re.sub(r"[^A-Za-z0-9_-]", "-", signal)
+
+
+# pages a conversation is opened from, by the path its ``from`` parameter starts with: the crumb back
+BACK_TO = (("/ui/compare/conversations", "Compare"), ("/ui/conversations", "Conversations"))
+BACK_MAX = 2048  # a page's address with its filters; longer is not one of ours
+
+
+def review_link(cid: str, came_from: str | None = None) -> str:
+    """A conversation's page; ``came_from``, the address of the list it is opened from, is its crumb back."""
+    return "/ui/review/" + quote(cid, safe="") + ("?" + urlencode({"from": came_from}) if came_from else "")
+
+
+def back_crumb(came_from: str | None) -> tuple[str, str] | None:
+    """(words, address) of the crumb back to the page named by ``from``: one of :data:`BACK_TO`'s, on this
+    server; anything else (another host, another page) is None, and the page's crumb is the queue."""
+    if not came_from or len(came_from) > BACK_MAX or not came_from.isprintable():
+        return None
+    path = came_from.split("?", 1)[0]
+    return next(((words, came_from) for start, words in BACK_TO if path == start), None)

@@ -20,7 +20,16 @@ from vigil.http.params import Given
 from vigil.money import usd
 from vigil.rules import SEVERITY_RANK
 from vigil.ui.forms import go
-from vigil.ui.links import anchor, baseline_version, behind_link, compare_link, quality_link, queue_label, queue_link
+from vigil.ui.links import (
+    anchor,
+    baseline_version,
+    behind_link,
+    compare_link,
+    quality_link,
+    queue_label,
+    queue_link,
+    review_link,
+)
 from vigil.ui.render import render_page, ui_user
 
 root = APIRouter(include_in_schema=False)
@@ -134,6 +143,30 @@ def quality_page(
     )
 
 
+NAMED = 12  # known agents or versions a "no match" names; more are counted
+
+
+def _names(values: list[str]) -> str:
+    more = len(values) - NAMED
+    return ", ".join(values[:NAMED]) + (f" and {more} more" if more > 0 else "")
+
+
+def unknown_filters(filters: browse.Filters, known: dict[str, list[str]]) -> list[str]:
+    """Why a list may be empty: an agent or version no conversation is counted under, with the known ones
+    (the detector's series, as the fields' suggestions: a typo said only "no stored conversation matches")."""
+    out: list[str] = []
+    if not known:  # nothing counted yet: nothing to name, and no reason to say a name is wrong
+        return out
+    if filters.agent and filters.agent not in known:
+        out.append(f"No agent {filters.agent!r} is known; agents: {_names(list(known))}.")
+    elif filters.version:
+        versions = known.get(filters.agent, []) if filters.agent else sorted({v for vs in known.values() for v in vs})
+        if filters.version not in versions:
+            whose = f"{filters.agent}'s versions" if filters.agent else "versions"
+            out.append(f"No version {filters.version!r} is known; {whose}: {_names(versions) or 'none'}.")
+    return out
+
+
 @router.get("/conversations")
 def conversations_page(
     request: Request,
@@ -174,6 +207,7 @@ def conversations_page(
         return go("/ui/review/" + quote(wanted, safe=""))
     if wanted:
         missing = f"No conversation has the id {wanted!r}."
+    here = "/ui/conversations" + (f"?{request.url.query}" if request.url.query else "")
     return render_page(
         request,
         "conversations.html",
@@ -188,7 +222,8 @@ def conversations_page(
         rules=sorted({r.id for r in rt.rules.rules} | ({filters.rule} if filters.rule else set())),
         severities=list(SEVERITY_RANK),
         usd=usd,
-        review=lambda cid: "/ui/review/" + quote(cid, safe=""),
+        review=lambda cid: review_link(cid, here),
+        unknown=unknown_filters(filters, known),
         older=lambda c: "/ui/conversations?" + urlencode({**filters.given, "cursor": c}),
         newest="/ui/conversations?" + urlencode(filters.given),
     )

@@ -40,6 +40,7 @@
     var error = document.getElementById("category-error");
     if (picked && picked.value === "confirmed_failure" && category && !category.value) {
       ev.preventDefault();
+      unfold(form, true);
       if (error) { error.hidden = false; }
       category.setAttribute("aria-invalid", "true");
       category.focus();
@@ -48,6 +49,7 @@
     var missing = document.getElementById("label-missing");
     if (!picked) {
       ev.preventDefault();
+      unfold(form, true);
       if (missing) { missing.hidden = false; }
       var first = form.querySelector('input[name="label"]');
       if (first) { first.focus(); }
@@ -204,7 +206,29 @@
     });
   }
 
+  // the label form on a phone: a bottom sheet folded to its bar until tapped, focused or given a label key
+  function unfold(form, open) {
+    var toggle = form.querySelector(".sheet-toggle");
+    form.classList.toggle("collapsed", !open);
+    if (toggle) { toggle.setAttribute("aria-expanded", open ? "true" : "false"); }
+  }
+  function sheet() {
+    var form = labelForm();
+    if (!form || !form.querySelector(".sheet-toggle")) { return; }
+    form.classList.add("sheet");
+    // something to read or fix in it (a draft, an error) keeps it open
+    unfold(form, !!form.querySelector('[role="alert"]:not([hidden]), [aria-invalid="true"]'));
+    form.querySelector(".sheet-toggle").addEventListener("click", function () {
+      unfold(form, form.classList.contains("collapsed"));
+    });
+    form.addEventListener("focusin", function (ev) {
+      if (!ev.target.classList.contains("sheet-toggle")) { unfold(form, true); }
+    });
+    form.addEventListener("change", function () { unfold(form, true); });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    sheet();
     flagged = Array.prototype.slice.call(document.querySelectorAll(".msg.flagged"));
     var invalid = document.querySelector('[aria-invalid="true"]');
     if (invalid) { invalid.focus(); }
