@@ -116,6 +116,25 @@ def test_a_window_edge_inside_a_word_does_not_make_a_value(monkeypatch: pytest.M
     assert _split_hits(u("?"), a(" 4111 1111 11"), a("11 1111")) != []
 
 
+@pytest.mark.parametrize(
+    "texts",
+    [
+        ["", "Write to jane.doe", "@example.com."],
+        ["Write to jane.doe", "", "@example.com."],
+        ["Write to jane.doe", "@example.com.", ""],
+        ["", "Write to jane.doe", "", "", "@example.com.", ""],
+    ],
+)
+def test_empty_texts_in_a_chain_are_passed_over(texts: list[str]) -> None:
+    """``splits`` took the ends of an empty text first or last for boundaries, and read the character before
+    or after them (without ``secret``): IndexError. Its callers pass no empty text; the function is public."""
+    for kinds in (pii.KINDS, ("email", "phone", "card")):  # without secret, boundaries are read by their characters
+        inside = [pii.detect(t, kinds) for t in texts]
+        [split] = pii_split.splits(texts, kinds, inside)
+        assert split.kind == "email" and split.value == "jane.doe@example.com"
+        assert "".join(texts[p.index][p.start : p.end] for p in split.parts) == "jane.doe@example.com"
+
+
 def test_hidden_characters_in_a_split_value_are_folded() -> None:
     messages = (u("?"), a("Write to jane\u200b.doe"), a("＠example.com."))
     [hit] = run("pii_leak", convo(*messages))
