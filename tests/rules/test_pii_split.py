@@ -179,6 +179,24 @@ def test_export_redaction_replaces_a_value_that_runs_on_into_the_next_message_wh
     assert redactor.counts == {"email": 1}
 
 
+def test_export_redaction_still_reads_a_json_reply_value_by_value_beside_a_split() -> None:
+    """A reply holding a JSON object next to a reply a secret could run on from was read across the boundary
+    as raw text (``hunter2`` + ``{"contact":``), so its values were no longer read as JSON: an address
+    written with JSON escapes stayed in the export."""
+    from vigil.export.redact import Redactor, redact_task
+
+    redactor = Redactor()
+    reply = '{"contact": "jane\\u002edoe\\u0040example.com", "phone": "4155550123"}'
+    task = {
+        "messages": [{"role": "user", "content": "?"}, {"role": "assistant", "content": "password: hunter2"}],
+        "failure": {"failed_turn": {"role": "assistant", "content": reply}, "rules": [], "judges": []},
+    }
+    out = redact_task(redactor, task)
+    assert out["messages"][1]["content"] == "password: [REDACTED:secret]"
+    assert out["failure"]["failed_turn"]["content"] == '{"contact":"[REDACTED:email]","phone":"[REDACTED:phone]"}'
+    assert redactor.counts == {"secret": 1, "email": 1, "phone": 1}
+
+
 def test_the_failing_turn_of_an_exported_split_leak_is_the_one_that_completes_it() -> None:
     from vigil.export.tasks import failure_index
 
