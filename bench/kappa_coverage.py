@@ -470,6 +470,16 @@ def fleiss_grid(runs: int, seed: int, m: int = 3, resamples: int = 1000, ns: tup
     print("Seconds for the whole grid, all datasets: " + ", ".join(f"{k} {v:.1f}" for k, v in took.items()))
 
 
+def clock(fn: Callable[[], object], reps: int) -> float:
+    """The median time of ``reps`` calls of ``fn``, in seconds."""
+    took = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        took.append(time.perf_counter() - t0)
+    return float(np.median(took))
+
+
 def timing() -> None:
     """Time per interval of one table, the way a calibration report computes it."""
     from scipy.stats import bootstrap as sp_bootstrap
@@ -490,14 +500,6 @@ def timing() -> None:
             counts = np.stack([(idx == i).sum(axis) for i in range(4)], -1)
             k, _ = cohen(counts)
             return np.where(defined(counts), k, 1.0)
-
-        def clock(fn: Callable[[], object], reps: int) -> float:
-            took = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                fn()
-                took.append(time.perf_counter() - t0)
-            return float(np.median(took))
 
         sm = clock(lambda x=table: cohens_kappa(x, return_results=True), 50)
         vigil = clock(lambda x=table: stats.cohens_kappa(x), 50)
@@ -529,14 +531,6 @@ def fleiss_timing() -> None:
         def before(t: np.ndarray = table) -> object:
             fleiss_kappa(t)
             return sp_bootstrap((np.arange(len(t)),), stat, n_resamples=1000, method="percentile", vectorized=False)
-
-        def clock(fn: Callable[[], object], reps: int) -> float:
-            took = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                fn()
-                took.append(time.perf_counter() - t0)
-            return float(np.median(took))
 
         old = clock(before, 3)
         now = clock(lambda t=table: stats.fleiss(t), 20)

@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from typer.testing import CliRunner
 
 from tests.support.app import REVIEWER
@@ -202,6 +202,41 @@ def test_alerts_page_narrows_to_the_labels_of_a_notifications_alert(seeded) -> N
     finally:
         with rt.sessions.begin() as s:
             s.execute(update(DetectionRow).where(DetectionRow.id == rule.id).values(ended_at=None))
+
+
+def test_alerts_page_narrowed_to_a_signal_finds_it_behind_a_hundred_newer_alerts(seeded) -> None:
+    """Narrowed to a signal, the page read the version's newest 100 detections and kept those of the signal:
+    a notification's alert behind 100 newer ones of other signals (a version that flapped on many rules)
+    was not there, and the page said the detector raised none."""
+    rt, alerts = seeded
+    rule = next(a for a in alerts if a.signal == "rule:no-cancel-delivered-order")
+    later = datetime.now(UTC) + timedelta(hours=1)
+    with rt.sessions.begin() as s:
+        newer = [
+            DetectionRow(
+                agent_id=AGENT,
+                agent_version=CANDIDATE,
+                signal="rule:pii-in-reply",
+                baseline="version:" + BASELINE,
+                baseline_rate=0.01,
+                rate=0.2,
+                observations=100,
+                statistic=9.0,
+                threshold=5.0,
+                started_at=later + timedelta(minutes=i),
+                ended_at=later + timedelta(minutes=i, seconds=30),
+                end_reason="recovered",
+            )
+            for i in range(110)
+        ]
+        s.add_all(newer)
+    try:
+        page = logged_in(rt).get("/ui/alerts", params={"agent": AGENT, "version": CANDIDATE, "signal": rule.signal})
+        assert f'id="alert-{rule.id}"' in page.text
+        assert page.text.count('class="card alert-card') == 1
+    finally:
+        with rt.sessions.begin() as s:
+            s.execute(delete(DetectionRow).where(DetectionRow.id.in_([d.id for d in newer])))
 
 
 def test_an_alerts_intervals_carry_their_unit(seeded) -> None:

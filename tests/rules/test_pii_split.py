@@ -116,6 +116,25 @@ def test_a_window_edge_inside_a_word_does_not_make_a_value(monkeypatch: pytest.M
     assert _split_hits(u("?"), a(" 4111 1111 11"), a("11 1111")) != []
 
 
+@pytest.mark.parametrize(
+    "texts",
+    [
+        ["", "Write to jane.doe", "@example.com."],
+        ["Write to jane.doe", "", "@example.com."],
+        ["Write to jane.doe", "@example.com.", ""],
+        ["", "Write to jane.doe", "", "", "@example.com.", ""],
+    ],
+)
+def test_empty_texts_in_a_chain_are_passed_over(texts: list[str]) -> None:
+    """``splits`` took the ends of an empty text first or last for boundaries, and read the character before
+    or after them (without ``secret``): IndexError. Its callers pass no empty text; the function is public."""
+    for kinds in (pii.KINDS, ("email", "phone", "card")):  # without secret, boundaries are read by their characters
+        inside = [pii.detect(t, kinds) for t in texts]
+        [split] = pii_split.splits(texts, kinds, inside)
+        assert split.kind == "email" and split.value == "jane.doe@example.com"
+        assert "".join(texts[p.index][p.start : p.end] for p in split.parts) == "jane.doe@example.com"
+
+
 def test_hidden_characters_in_a_split_value_are_folded() -> None:
     messages = (u("?"), a("Write to jane\u200b.doe"), a("＠example.com."))
     [hit] = run("pii_leak", convo(*messages))
@@ -158,6 +177,24 @@ def test_export_redaction_replaces_a_value_that_runs_on_into_the_next_message_wh
     assert out["messages"][0]["content"] == "Mail [REDACTED:email]"
     assert out["failure"]["failed_turn"]["content"] == "[REDACTED:email] today."
     assert redactor.counts == {"email": 1}
+
+
+def test_export_redaction_still_reads_a_json_reply_value_by_value_beside_a_split() -> None:
+    """A reply holding a JSON object next to a reply a secret could run on from was read across the boundary
+    as raw text (``hunter2`` + ``{"contact":``), so its values were no longer read as JSON: an address
+    written with JSON escapes stayed in the export."""
+    from vigil.export.redact import Redactor, redact_task
+
+    redactor = Redactor()
+    reply = '{"contact": "jane\\u002edoe\\u0040example.com", "phone": "4155550123"}'
+    task = {
+        "messages": [{"role": "user", "content": "?"}, {"role": "assistant", "content": "password: hunter2"}],
+        "failure": {"failed_turn": {"role": "assistant", "content": reply}, "rules": [], "judges": []},
+    }
+    out = redact_task(redactor, task)
+    assert out["messages"][1]["content"] == "password: [REDACTED:secret]"
+    assert out["failure"]["failed_turn"]["content"] == '{"contact":"[REDACTED:email]","phone":"[REDACTED:phone]"}'
+    assert redactor.counts == {"secret": 1, "email": 1, "phone": 1}
 
 
 def test_the_failing_turn_of_an_exported_split_leak_is_the_one_that_completes_it() -> None:

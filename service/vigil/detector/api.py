@@ -3,7 +3,7 @@ repeat each other (``folded_into`` / ``folds``: :mod:`vigil.detector.twins`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -45,10 +45,14 @@ def list_alerts(
     agent: str | None = None,
     version: str | None = None,
     limit: int = 100,
+    signals: Collection[str] | None = None,
 ) -> dict[str, Any]:
-    """The newest ``limit`` detections, each marked with the alerts it repeats or is repeated by
-    (:func:`vigil.detector.twins.mark_twins`; ``fed_by`` is :func:`~vigil.detector.twins.fed_by_rules`)."""
+    """The newest ``limit`` detections (of ``signals`` only, when given), each marked with the alerts it
+    repeats or is repeated by (:func:`vigil.detector.twins.mark_twins`; ``fed_by`` is
+    :func:`~vigil.detector.twins.fed_by_rules`)."""
     q = select(DetectionRow)
+    if signals is not None:
+        q = q.where(DetectionRow.signal.in_(sorted(signals)))
     if active is True:
         q = q.where(DetectionRow.ended_at.is_(None))
     elif active is False:

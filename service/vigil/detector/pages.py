@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from vigil.detector.api import list_alerts
 from vigil.detector.hourly import series_totals
 from vigil.detector.models import DetectionRow, QualityCountRow
-from vigil.detector.twins import fed_by_rules, fold_twins
+from vigil.detector.twins import fed_by_rules, fold_twins, kin
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
 from vigil.store.db import aware
@@ -102,7 +102,10 @@ def alerts_page(
     if narrowed:
         show = "all"
     with rt.sessions() as s:
-        data = list_alerts(s, fed_by, agent=agent, version=version, limit=100)
+        # the signal's own and its twins' only: filtered after a page of every signal's, an alert behind 100
+        # newer ones of other signals was missing from the page its notification links to
+        signals = kin(signal, fed_by) if signal else None
+        data = list_alerts(s, fed_by, agent=agent, version=version, limit=100, signals=signals)
         active = [a for a in fold_twins(data["active"], fed_by) if _matches(a, signal)]
         past = [a for a in fold_twins(data["past"], fed_by) if _matches(a, signal)][:50] if show == "all" else []
         for a in active + past:

@@ -27,6 +27,13 @@ def fed_by_rules(rules: Any) -> dict[str, frozenset[str]]:
     return {signal: fed for signal, fed in out.items() if fed}
 
 
+def kin(signal: str, fed_by: FedBy) -> frozenset[str]:
+    """``signal`` and the signals whose alerts it can fold with: the rules that feed it (an aggregate) or
+    the aggregates it feeds (a rule). What a page narrowed to ``signal`` reads before it folds."""
+    feeds = {aggregate for aggregate, fed in fed_by.items() if signal in fed}
+    return frozenset({signal, *fed_by.get(signal, ()), *feeds})
+
+
 def _start(a: Mapping[str, Any]) -> tuple[Any, ...]:
     return (a["agent_id"], a["agent_version"], aware(a["started_at"]), a["rate_at_start"], a["observations_at_start"])
 

@@ -114,17 +114,15 @@ class Redactor:
     def embedded(self, text: str, context: str = "") -> str:
         """``text`` redacted; one that holds a JSON object or array redacted value by value and written
         back as JSON (unchanged when nothing in it is redacted), so the result is still JSON."""
-        if text[:1] not in ("{", "[") and text.lstrip()[:1] not in ("{", "["):
+        parsed = _structured(text)
+        if parsed is None:
             return self.text(text, context)
-        from vigil.schema import dumps_exact, loads_exact
+        from vigil.schema import dumps_exact
 
         try:
-            parsed = loads_exact(text)
-            if not isinstance(parsed, dict | list):
-                return self.text(text, context)
             redacted = self.value(parsed, context)
             return text if redacted == parsed else dumps_exact(redacted)
-        except (orjson.JSONDecodeError, ValueError, RecursionError):  # not JSON, or nested too deep to walk
+        except (ValueError, RecursionError):  # nested too deep to walk
             return self.text(text, context)
 
     def number(self, n: int | float, context: str = "") -> int | float | str:
@@ -163,6 +161,19 @@ class Redactor:
                     key = f"{base} {n}"
             out[key] = self.value(v, f"{k}: ")
         return out
+
+
+def _structured(text: str) -> dict[Any, Any] | list[Any] | None:
+    """The JSON object or array ``text`` holds, which :meth:`Redactor.embedded` redacts value by value; else None."""
+    if text[:1] not in ("{", "[") and text.lstrip()[:1] not in ("{", "["):
+        return None
+    from vigil.schema import loads_exact
+
+    try:
+        parsed = loads_exact(text)
+    except (orjson.JSONDecodeError, ValueError, RecursionError):  # not JSON, or nested too deep to read
+        return None
+    return parsed if isinstance(parsed, dict | list) else None
 
 
 # Identifiers Vigil generated or keeps as keys, never content: redacting them breaks what they join (a
@@ -225,13 +236,16 @@ def _split_spans(messages: list[Any]) -> dict[int, list[tuple[int, int, str, boo
     message: the span of each message's ``content`` string that holds one. The failed turn follows the
     task's messages directly (they are the conversation up to it), so a value it completes is found too.
     A value that extends one found inside a message (``jane@example.co`` then ``m``) is replaced whole.
-    Content given as a list of parts is not read across messages."""
+    Content given as a list of parts, or as a JSON object or array (redacted value by value, its escapes read),
+    is not read across messages."""
 
     def role_text(m: Any) -> tuple[str, str]:
         if not isinstance(m, dict):
             return "", ""
         content = m.get("content")
-        return str(m.get("role")), content if isinstance(content, str) else ""
+        if not isinstance(content, str) or _structured(content) is not None:
+            return str(m.get("role")), ""
+        return str(m.get("role")), content
 
     pairs = [role_text(m) for m in messages]
     out: dict[int, list[tuple[int, int, str, bool]]] = {}

@@ -74,7 +74,8 @@ def splits(
     detector found in each text alone) unless ``extending``, in text order without overlaps. Part indexes
     are positions in ``texts``."""
     chain = _Chain(texts)
-    joints = chain.offsets[1:-1]
+    # an empty text's boundaries are its neighbour's, or the chain's own ends: each once, none at an end
+    joints = sorted({p for p in chain.offsets[1:-1] if 0 < p < chain.length})
     if "secret" not in kinds:
         joints = [p for p in joints if _could_hold(chain.char(p - 1)) and _could_hold(chain.char(p))]
     if not joints:
