@@ -373,3 +373,41 @@ def test_an_outcome_dated_ahead_of_now_is_refused_naming_the_field(rt_client) ->
     assert sorted(stored) == ["escalation", "thumbs_up"]
     dead = c.get("/v1/dead-letters", params={"reason": "occurred_in_future"}, headers=ADMIN).json()
     assert len(dead) == 1 and "occurred_at" in dead[0]["detail"]
+
+
+def test_an_outcomes_message_dated_ahead_is_a_dead_letter_at_its_offset(rt_client) -> None:
+    """On the outcomes topic an item dated ahead makes its message a dead letter at its offset, under
+    occurred_in_future; its message's other items and the other messages are stored. A time without an
+    offset is read as UTC; one at +14:00 is compared in UTC."""
+    from vigil.runtime import Envelope
+
+    rt, _ = rt_client
+    cid = convs(1)[0]["conversation_id"]
+    now = datetime.now(UTC)
+    ahead = {"conversation_id": cid, "type": "escalation", "occurred_at": (now + timedelta(hours=2)).isoformat()}
+    naive_ahead = {
+        "conversation_id": cid,
+        "type": "thumbs_down",
+        "occurred_at": (now + timedelta(minutes=30)).replace(tzinfo=None).isoformat(),
+    }
+    # 13:00 at +14:00 is 23:00 the day before in UTC: ahead of no clock
+    far_east = {
+        "conversation_id": cid,
+        "type": "thumbs_up",
+        "occurred_at": now.astimezone(timezone(timedelta(hours=14))).isoformat(),
+    }
+    good = outcome(cid, "csat", value=4.0)
+    result = rt.get(OutcomeStore).handle_envelopes(
+        [
+            Envelope(orjson.dumps([good, ahead]), "kafka", "outcomes", 0, 41),
+            Envelope(orjson.dumps(naive_ahead), "kafka", "outcomes", 0, 42),
+            Envelope(orjson.dumps(far_east), "kafka", "outcomes", 0, 43),
+        ]
+    )
+    assert (result.received, result.stored) == (4, 2)
+    assert [(e.index, e.reason) for e in result.errors] == [(1, "occurred_in_future"), (0, "occurred_in_future")]
+    with rt.sessions() as s:
+        stored = sorted(s.scalars(select(OutcomeRow.type).where(OutcomeRow.conversation_id == cid)))
+        dead = [(d.offset, d.last_offset, d.reason) for d in s.scalars(select(DeadLetterRow))]
+    assert stored == ["csat", "thumbs_up"]
+    assert dead == [(41, 42, "occurred_in_future")]  # neighbouring offsets of one reason: one letter
