@@ -411,3 +411,24 @@ def test_an_outcomes_message_dated_ahead_is_a_dead_letter_at_its_offset(rt_clien
         dead = [(d.offset, d.last_offset, d.reason) for d in s.scalars(select(DeadLetterRow))]
     assert stored == ["csat", "thumbs_up"]
     assert dead == [(41, 42, "occurred_in_future")]  # neighbouring offsets of one reason: one letter
+
+
+def test_an_outcome_dated_ahead_without_an_offset_is_told_it_was_read_as_utc(rt_client) -> None:
+    """A producer sending its local wall time without an offset, east of UTC, is hours ahead: the error said
+    only "in the future", leaving the producer to guess that the time had been read as UTC."""
+    rt, c = rt_client
+    cid = convs(1)[0]["conversation_id"]
+    local = datetime.now(timezone(timedelta(hours=9))).replace(tzinfo=None, microsecond=0).isoformat()
+    offset = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    r = c.post(
+        "/v1/outcomes",
+        json=[
+            {"conversation_id": cid, "type": "escalation", "occurred_at": local},
+            {"conversation_id": cid, "type": "thumbs_down", "occurred_at": offset},
+        ],
+        headers=INGEST,
+    )
+    assert r.status_code == 422, r.text
+    naive, aware = (e["errors"][0]["message"] for e in r.json()["errors"])
+    assert f"{local!r} has no UTC offset, so it is read as UTC" in naive
+    assert "UTC offset" not in aware and "in the future" in aware
