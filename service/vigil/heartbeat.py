@@ -30,6 +30,7 @@ class Heartbeat:
         self._last: tuple[float, float] = (clock(), 0.0)
         self._thread: threading.Thread | None = None
         self._ended: str | None = None
+        self._returned = False
 
     def beat(self, idle: float = 0.0) -> None:
         """An iteration finished (or long work moved on); the next beat may be ``idle`` seconds away on top of
@@ -49,7 +50,7 @@ class Heartbeat:
     @contextmanager
     def loop(self) -> Iterator[None]:
         """Run a loop under watch: its thread must stay alive, and once it ends, however, it is not alive."""
-        self._thread, self._ended = threading.current_thread(), None
+        self._thread, self._ended, self._returned = threading.current_thread(), None, False
         self.beat()
         try:
             yield
@@ -58,6 +59,13 @@ class Heartbeat:
             raise
         else:
             self._ended = f"the {self.name} loop has ended"
+            self._returned = True
+
+    def up(self, stall_seconds: float) -> bool:
+        """What ``vigil_worker_loop_up`` exports: alive as :meth:`problem` judges it, or returned. A loop returns
+        only once its process stops it (a shutdown, a batch run's end), and the metrics port answers until the
+        process exits: counted down, every rolling deploy scraped in that window paged VigilLoopStalled."""
+        return self._returned or self.problem(stall_seconds) is None
 
     def problem(self, stall_seconds: float) -> str | None:
         """Why the loop is not alive (one short line), or None while it is."""

@@ -192,7 +192,8 @@ class Metrics:
         self.worker_loop_up = Gauge(
             "worker_loop_up",
             "1 while a loop is alive as /healthz judges it; 0 once it is stalled (its heartbeat age past its bound) "
-            "or has ended (returned, raised, or its thread is gone), which its age alone shows only a bound later.",
+            "or has ended on an error or lost its thread, which its age alone shows only a bound later. A loop "
+            "that returned (stopped as asked: a shutdown) stays 1.",
             ["loop"],
             namespace=NS,
             registry=r,

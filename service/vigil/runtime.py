@@ -187,15 +187,15 @@ class Runtime:
         """The heartbeat of the loop named ``loop``, made on first ask: from then on ``/healthz`` (the worker's
         metrics port, or the API's in ``vigil serve``) answers 503 while it stalls or once it has ended;
         ``vigil_worker_heartbeat_age_seconds{loop}`` shows its age, ``..._bound_seconds{loop}`` the age past
-        which it is stalled and ``vigil_worker_loop_up{loop}`` what ``/healthz`` says of it (the VigilLoopStalled
-        alert). One per loop: a loop that beats must not hide another's stall."""
+        which it is stalled and ``vigil_worker_loop_up{loop}`` what ``/healthz`` says of it, a loop stopped as asked
+        apart (the VigilLoopStalled alert). One per loop: a loop that beats must not hide another's stall."""
         beat = self.heartbeats.get(loop)
         if beat is None:
             beat = self.heartbeats[loop] = Heartbeat(name=loop)
             stall = self.settings.liveness_stall_seconds
             self.metrics.worker_heartbeat_age.labels(loop).set_function(beat.age)
             self.metrics.worker_heartbeat_bound.labels(loop).set_function(lambda: beat.bound(stall))
-            self.metrics.worker_loop_up.labels(loop).set_function(lambda: float(beat.problem(stall) is None))
+            self.metrics.worker_loop_up.labels(loop).set_function(lambda: float(beat.up(stall)))
         return beat
 
     def has_role(self, *roles: str) -> bool:

@@ -277,3 +277,13 @@ def test_conversations_behind_a_signal_link_to_pages_with_a_crumb_back(ui) -> No
         "/ui/compare/conversations", params={"agent": "support-bot", "version": "v2", "signal": "forbidden_tool"}
     ).text
     assert re.search(r'href="/ui/review/c-\d\d\?from=%2Fui%2Fcompare%2Fconversations%3Fagent%3Dsupport-bot', html)
+
+
+def test_a_list_too_long_to_lead_back_to_gives_its_rows_no_crumb_address(ui) -> None:
+    """Each of the 50 rows carried the list's whole address as from=, however long, while the conversation
+    page takes one of at most 2,048 characters: a 6 kB query made a list page of 50 times that."""
+    padded = {"version": "v1", "agent": "support-bot", "pad": "x" * 3000}
+    listed = ui.get("/ui/conversations", params=padded).text
+    assert 'href="/ui/review/c-01"' in listed and "from=" not in listed
+    short = ui.get("/ui/conversations", params={"version": "v1", "agent": "support-bot"}).text
+    assert re.search(r'href="/ui/review/c-01\?from=', short)

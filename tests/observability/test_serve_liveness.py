@@ -229,9 +229,40 @@ def test_a_loops_metrics_say_what_healthz_says_of_it_stalled_or_ended(tmp_path) 
         wait_for(lambda: loop_metrics(rt, "trace_finisher")["up"] == 1.0, what="up once the sweep returned")
         finisher.stop_thread()
         wait_for(lambda: "trace_finisher" in failing(client), what="503 once the finisher's thread ended")
-        ended = loop_metrics(rt, "trace_finisher")
+        stopped = loop_metrics(rt, "trace_finisher")
         assert failing(client)["trace_finisher"] == "the trace_finisher loop has ended"
-        assert ended["up"] == 0.0, ended  # at once, however young its age still is
+        # stopped as asked, as on shutdown: the metrics port still answers then, and must not page
+        assert stopped["up"] == 1.0, stopped
+    rt.close()
+
+
+def test_a_loop_stopped_as_asked_is_not_down_while_one_that_raised_is_at_once(tmp_path) -> None:
+    """A worker's metrics port answers until the process exits, after its loops have returned on SIGTERM: they
+    were counted down (vigil_worker_loop_up 0), so a rolling deploy scraped in that window paged
+    VigilLoopStalled. A loop that raised is down at once, however young its age."""
+    rt = serve_runtime(tmp_path)
+    stopped, crashed = rt.heartbeat("stopped"), rt.heartbeat("crashed")
+
+    def run_stopped() -> None:
+        with stopped.loop():
+            stopped.beat()
+
+    def run_crashed() -> None:
+        try:
+            with crashed.loop():
+                raise RuntimeError("boom")
+        except RuntimeError:
+            pass
+
+    for target in (run_stopped, run_crashed):
+        t = threading.Thread(target=target)
+        t.start()
+        t.join()
+    assert stopped.problem(BOUND) == "the stopped loop has ended"  # /healthz still says so
+    assert loop_metrics(rt, "stopped")["up"] == 1.0
+    down = loop_metrics(rt, "crashed")
+    assert down["up"] == 0.0, down
+    assert crashed.problem(BOUND) == "the crashed loop ended: RuntimeError: boom"
     rt.close()
 
 

@@ -373,3 +373,62 @@ def test_an_outcome_dated_ahead_of_now_is_refused_naming_the_field(rt_client) ->
     assert sorted(stored) == ["escalation", "thumbs_up"]
     dead = c.get("/v1/dead-letters", params={"reason": "occurred_in_future"}, headers=ADMIN).json()
     assert len(dead) == 1 and "occurred_at" in dead[0]["detail"]
+
+
+def test_an_outcomes_message_dated_ahead_is_a_dead_letter_at_its_offset(rt_client) -> None:
+    """On the outcomes topic an item dated ahead makes its message a dead letter at its offset, under
+    occurred_in_future; its message's other items and the other messages are stored. A time without an
+    offset is read as UTC; one at +14:00 is compared in UTC."""
+    from vigil.runtime import Envelope
+
+    rt, _ = rt_client
+    cid = convs(1)[0]["conversation_id"]
+    now = datetime.now(UTC)
+    ahead = {"conversation_id": cid, "type": "escalation", "occurred_at": (now + timedelta(hours=2)).isoformat()}
+    naive_ahead = {
+        "conversation_id": cid,
+        "type": "thumbs_down",
+        "occurred_at": (now + timedelta(minutes=30)).replace(tzinfo=None).isoformat(),
+    }
+    # 13:00 at +14:00 is 23:00 the day before in UTC: ahead of no clock
+    far_east = {
+        "conversation_id": cid,
+        "type": "thumbs_up",
+        "occurred_at": now.astimezone(timezone(timedelta(hours=14))).isoformat(),
+    }
+    good = outcome(cid, "csat", value=4.0)
+    result = rt.get(OutcomeStore).handle_envelopes(
+        [
+            Envelope(orjson.dumps([good, ahead]), "kafka", "outcomes", 0, 41),
+            Envelope(orjson.dumps(naive_ahead), "kafka", "outcomes", 0, 42),
+            Envelope(orjson.dumps(far_east), "kafka", "outcomes", 0, 43),
+        ]
+    )
+    assert (result.received, result.stored) == (4, 2)
+    assert [(e.index, e.reason) for e in result.errors] == [(1, "occurred_in_future"), (0, "occurred_in_future")]
+    with rt.sessions() as s:
+        stored = sorted(s.scalars(select(OutcomeRow.type).where(OutcomeRow.conversation_id == cid)))
+        dead = [(d.offset, d.last_offset, d.reason) for d in s.scalars(select(DeadLetterRow))]
+    assert stored == ["csat", "thumbs_up"]
+    assert dead == [(41, 42, "occurred_in_future")]  # neighbouring offsets of one reason: one letter
+
+
+def test_an_outcome_dated_ahead_without_an_offset_is_told_it_was_read_as_utc(rt_client) -> None:
+    """A producer sending its local wall time without an offset, east of UTC, is hours ahead: the error said
+    only "in the future", leaving the producer to guess that the time had been read as UTC."""
+    rt, c = rt_client
+    cid = convs(1)[0]["conversation_id"]
+    local = datetime.now(timezone(timedelta(hours=9))).replace(tzinfo=None, microsecond=0).isoformat()
+    offset = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    r = c.post(
+        "/v1/outcomes",
+        json=[
+            {"conversation_id": cid, "type": "escalation", "occurred_at": local},
+            {"conversation_id": cid, "type": "thumbs_down", "occurred_at": offset},
+        ],
+        headers=INGEST,
+    )
+    assert r.status_code == 422, r.text
+    naive, aware = (e["errors"][0]["message"] for e in r.json()["errors"])
+    assert f"{local!r} has no UTC offset, so it is read as UTC" in naive
+    assert "UTC offset" not in aware and "in the future" in aware

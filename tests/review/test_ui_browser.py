@@ -316,6 +316,15 @@ def test_leaving_the_item_by_a_link_warns_only_about_unsaved_typed_notes(browser
     assert asked == ["beforeunload", "confirm"]
 
 
+def _next_item(browser, base: str, width: int, height: int):  # type: ignore[no-untyped-def]
+    """A reviewer's page, at this screen size, on the item ``n`` claims from the queue."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    _login(page, base)
+    page.keyboard.press("n")
+    page.wait_for_url(f"{base}/ui/review/**")
+    return page
+
+
 def _covers(page) -> float:  # type: ignore[no-untyped-def]
     """The share of the screen's height the label form covers."""
     box = page.locator("#label-form").bounding_box()
@@ -327,10 +336,7 @@ def test_on_a_phone_the_label_form_is_a_folded_sheet_over_a_readable_transcript(
     It starts folded to a bar; tapping it, a label key, or saving without a label opens it."""
     base, rt = server
     store(rt, simulated(40, "v1.4.0:0.3,v1.5.0:0.6", seed=11))
-    page = browser.new_page(viewport={"width": 390, "height": 844})
-    _login(page, base)
-    page.keyboard.press("n")
-    page.wait_for_url(f"{base}/ui/review/**")
+    page = _next_item(browser, base, 390, 844)
     toggle = page.locator("#label-form .sheet-toggle")
     assert toggle.get_attribute("aria-expanded") == "false"
     assert _covers(page) < 0.1
@@ -360,9 +366,6 @@ def test_on_a_phone_the_label_form_is_a_folded_sheet_over_a_readable_transcript(
 def test_on_a_wide_screen_the_label_form_has_no_sheet_bar(browser, server) -> None:
     base, rt = server
     store(rt, simulated(10, "v1.4.0:0.3", seed=11))
-    page = browser.new_page(viewport={"width": 1280, "height": 800})
-    _login(page, base)
-    page.keyboard.press("n")
-    page.wait_for_url(f"{base}/ui/review/**")
+    page = _next_item(browser, base, 1280, 800)
     assert not page.locator("#label-form .sheet-toggle").is_visible()
     assert page.locator("#label-form #save-next").is_visible()

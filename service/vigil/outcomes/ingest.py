@@ -149,6 +149,19 @@ def _detail(errors: Sequence[ItemError]) -> str:
     return shown + (f"; ... and {more} more items" if more > 0 else "")
 
 
+def _naive_hint(item: Any) -> str:
+    """What to say of an ``occurred_at`` sent without an offset: it is read as UTC, so a producer's local time
+    east of UTC is hours ahead (the usual cause of an occurred_in_future)."""
+    sent = item.get("occurred_at") if isinstance(item, dict) else None
+    if not isinstance(sent, str):
+        return ""
+    try:
+        naive = datetime.fromisoformat(sent.replace("z", "Z")).tzinfo is None
+    except ValueError:
+        return ""
+    return f" ({sent!r} has no UTC offset, so it is read as UTC: send the offset, e.g. +02:00)" if naive else ""
+
+
 def _conflict(key: str, stored: tuple[Any, ...], sent: tuple[Any, ...]) -> list[dict[str, str]]:
     return [
         {
@@ -235,7 +248,7 @@ class OutcomeStore:
                     f"occurred_at {outcome.occurred_at.isoformat()} is in the future: at most "
                     f"{FUTURE_ALLOWANCE.seconds // 60} minutes ahead of this server's clock "
                     f"({latest.isoformat(timespec='seconds')}) is taken; send the outcome once it has happened, "
-                    "or leave occurred_at out for the time it arrives"
+                    "or leave occurred_at out for the time it arrives" + _naive_hint(item)
                 )
                 errors.append(ItemError(index, "occurred_in_future", [{"field": "occurred_at", "message": message}]))
                 continue

@@ -66,8 +66,11 @@ BACK_MAX = 2048  # a page's address with its filters; longer is not one of ours
 
 
 def review_link(cid: str, came_from: str | None = None) -> str:
-    """A conversation's page; ``came_from``, the address of the list it is opened from, is its crumb back."""
-    return "/ui/review/" + quote(cid, safe="") + ("?" + urlencode({"from": came_from}) if came_from else "")
+    """A conversation's page; ``came_from``, the address of the list it is opened from, is its crumb back. An
+    address longer than :func:`back_crumb` takes is left out: each of a list's 50 rows carried it, a page
+    of 50 times the request's query for a crumb that would be the queue's anyway."""
+    back = came_from and len(came_from) <= BACK_MAX
+    return "/ui/review/" + quote(cid, safe="") + ("?" + urlencode({"from": came_from}) if back else "")
 
 
 def back_crumb(came_from: str | None) -> tuple[str, str] | None:
