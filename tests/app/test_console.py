@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 from sqlalchemy import delete, func, select, update
@@ -20,7 +20,7 @@ from vigil.app.home import charts, now, quality
 from vigil.calibration.overview import Calibration
 from vigil.calibration.stats import agreement_from_counts
 from vigil.detector.models import DetectionRow, QualityCountRow
-from vigil.detector.pages import AlertBanner
+from vigil.detector.pages import AlertBanner, chart_range
 from vigil.store.models import ConversationRow, ReviewItemRow, VerdictRow
 
 pytestmark = pytest.mark.slow  # a week of traffic is seeded once per module
@@ -568,3 +568,43 @@ def test_a_mistyped_agent_or_version_names_the_known_ones(seeded) -> None:
         "/ui/conversations", params={"agent": AGENT, "version": CANDIDATE, "until": "2000-01-01T00:00"}
     ).text
     assert "No stored conversation matches." in matched and "is known" not in matched  # known names: nothing to say
+
+
+def test_an_alerts_chart_link_frames_the_regression(seeded) -> None:
+    """A card's "Chart" opened the default week: a canary's regression of the last hours was a dot or two at
+    the right edge. The link now starts shortly before the hours the card's evidence holds."""
+    rt, alerts = seeded
+    c = logged_in(rt)
+    rule = next(a for a in alerts if a.signal == "rule:no-cancel-delivered-order")
+    page = c.get("/ui/alerts").text
+    card = page[page.index(f'id="alert-{rule.id}"') :]
+    href = re.search(r'<a class="button" href="([^"]+)">Chart</a>', card)
+    assert href, card[:2000]
+    link = urlsplit(href.group(1).replace("&amp;", "&"))
+    params = parse_qs(link.query)
+    assert "until" not in params and "last" not in params  # active: up to now
+    since = datetime.fromisoformat(params["since"][0]).replace(tzinfo=UTC)
+    started = rule.started_at.replace(tzinfo=UTC) if rule.started_at.tzinfo is None else rule.started_at
+    assert started - timedelta(hours=14) <= since <= started - timedelta(hours=2)
+    chart = c.get(f"{link.path}?{link.query}")
+    assert (
+        chart.status_code == 200
+        and "per 1 h" in chart.text
+        and 'id="signal-rule-no-cancel-delivered-order"' in chart.text
+    )
+
+
+def test_an_ended_alerts_chart_link_ends_after_it() -> None:
+    now = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+    first = {"hour": datetime(2026, 12, 1, 3, 0, tzinfo=UTC)}
+    alert = {
+        "started_at": datetime(2026, 12, 1, 9, 30, tzinfo=UTC),
+        "ended_at": datetime(2026, 12, 2, 1, 5, tzinfo=UTC),
+    }
+    assert chart_range({**alert, "evidence": {"hours": [first]}}, now) == {
+        "since": "2026-12-01T01:00",
+        "until": "2026-12-02T03:05",
+    }
+    assert chart_range({**alert, "evidence": {"hours": []}}, now)["since"] == "2026-12-01T07:00"
+    old = {"started_at": now - timedelta(days=200), "ended_at": None, "evidence": {"hours": []}}
+    assert chart_range(old, now) == {"since": f"{now - timedelta(days=92):%Y-%m-%dT%H:%M}"}  # the longest chart

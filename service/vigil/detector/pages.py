@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -26,6 +26,9 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 BANNER_ALERTS = 3
 BANNER_SCAN = 50  # active alerts read to fold twins before the newest BANNER_ALERTS are shown
 EVIDENCE_HOURS = 12
+CHART_LEAD = timedelta(hours=2)  # a card's chart starts this long before the version's first counted hour shown
+CHART_TAIL = timedelta(hours=2)  # and an ended alert's runs this long past its end
+CHART_MAX = timedelta(days=92)  # the quality page's longest range
 
 
 def wilson(x: int, n: int) -> dict[str, Any]:
@@ -63,13 +66,32 @@ def evidence(s: Session, alert: dict[str, Any]) -> dict[str, Any]:
     return {"at_start": at_start, "baseline": baseline, "now": now, "hours": hours}
 
 
-def links(alert: dict[str, Any]) -> dict[str, str]:
+def chart_range(alert: dict[str, Any], now: datetime) -> dict[str, str]:
+    """The quality page's ``since`` (and ``until``, for an ended alert) that frame an alert: from shortly before
+    the earliest hour its evidence holds (the version's first traffic, for a canary out an hour ago; else
+    the hours before the start) to now, or shortly after its end. The default week drew a new version's
+    regression as a dot at the right edge."""
+    start = aware(alert["started_at"])
+    hours = [h["hour"] for h in (alert.get("evidence") or {}).get("hours") or []]
+    since = min([start.replace(minute=0, second=0, microsecond=0), *hours]) - CHART_LEAD
+    end = aware(alert["ended_at"]) + CHART_TAIL if alert.get("ended_at") else None
+    if end is not None and end >= now:
+        end = None  # ended within the tail: up to now
+    if (end or now) - since > CHART_MAX:  # an alert older than the longest chart: its last CHART_MAX
+        since = (end or now) - CHART_MAX
+    out = {"since": f"{since:%Y-%m-%dT%H:%M}"}
+    if end is not None:
+        out["until"] = f"{end:%Y-%m-%dT%H:%M}"
+    return out
+
+
+def links(alert: dict[str, Any], now: datetime | None = None) -> dict[str, str]:
     agent, version, signal = alert["agent_id"], alert["agent_version"], alert["signal"]
     out = {
         "queue": queue_link(agent, version, signal),
         "queue_label": queue_label(signal),
         "behind": behind_link(agent, version, signal),
-        "chart": quality_link(agent, version),
+        "chart": quality_link(agent, version, **chart_range(alert, now or datetime.now(UTC))),
     }
     base = baseline_version(alert["baseline"])
     if base:
@@ -109,7 +131,8 @@ def alerts_page(
         active = [a for a in fold_twins(data["active"], fed_by) if _matches(a, signal)]
         past = [a for a in fold_twins(data["past"], fed_by) if _matches(a, signal)][:50] if show == "all" else []
         for a in active + past:
-            a["evidence"], a["links"] = evidence(s, a), links(a)
+            a["evidence"] = evidence(s, a)
+            a["links"] = links(a)
     return render_page(
         request,
         "alerts.html",
