@@ -17,11 +17,13 @@ from tests.support.app import REVIEWER
 from tests.support.console import AGENT, BASELINE, CANDIDATE, console_runtime, raise_alert, seed_week
 from tests.support.services import postgres_database
 from vigil.app.home import charts, now, quality
+from vigil.app.home.pages import _wider
 from vigil.calibration.overview import Calibration
 from vigil.calibration.stats import agreement_from_counts
 from vigil.detector.models import DetectionRow, QualityCountRow
 from vigil.detector.pages import AlertBanner, chart_range
 from vigil.store.models import ConversationRow, ReviewItemRow, VerdictRow
+from vigil.ui.links import quality_link
 
 pytestmark = pytest.mark.slow  # a week of traffic is seeded once per module
 
@@ -608,3 +610,22 @@ def test_an_ended_alerts_chart_link_ends_after_it() -> None:
     assert chart_range({**alert, "evidence": {"hours": []}}, now)["since"] == "2026-12-01T07:00"
     old = {"started_at": now - timedelta(days=200), "ended_at": None, "evidence": {"hours": []}}
     assert chart_range(old, now) == {"since": f"{now - timedelta(days=92):%Y-%m-%dT%H:%M}"}  # the longest chart
+
+
+def test_a_quality_range_without_traffic_links_to_a_wider_one_and_the_conversations(seeded) -> None:
+    """ "No traffic of … in this range" was a dead end: it links to a longer range and to the version's list."""
+    rt, _ = seeded
+    c = logged_in(rt)
+    params = {"agent": AGENT, "version": CANDIDATE, "since": "2020-01-01T00:00", "until": "2020-01-02T00:00"}
+    html = c.get("/ui/quality", params=params).text
+    wider = quality_link(AGENT, CANDIDATE, since="2019-12-26T00:00", until="2020-01-02T00:00")
+    listed = "/ui/conversations?" + urlencode({"agent": AGENT, "version": CANDIDATE})
+    assert (
+        f'id="no-traffic">No traffic of {AGENT} {CANDIDATE} in this range: <a href="{wider.replace("&", "&amp;")}">'
+        f'show the last 7d</a>, or <a href="{listed.replace("&", "&amp;")}">list its stored conversations</a>.'
+    ) in html
+    assert CANDIDATE in c.get(listed).text
+    end = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+    assert _wider("a", "v", end - timedelta(days=7), end, None) == (quality_link("a", "v", last="30d"), "30d")
+    assert _wider("a", "v", end - timedelta(days=30), end, None)[1] == "92d"
+    assert _wider("a", "v", end - timedelta(days=92), end, None) is None

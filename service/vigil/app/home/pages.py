@@ -118,6 +118,7 @@ def quality_page(
     # a signal that never failed in the range and raised nothing is named, not drawn
     drawn = [(s, charts.draw(s.points, s.spans, start, end)) for s in series if s.total["x"] or s.spans]
     quiet = [s for s in series if not (s.total["x"] or s.spans)]
+    wider = _wider(agent or "", version or "", start, end, until) if not error else None
     return render_page(
         request,
         "quality.html",
@@ -135,12 +136,27 @@ def quality_page(
         charts=drawn,
         quiet=quiet,
         bucket=quality.bucket_for(end - start),
+        wider=wider,
+        listed="/ui/conversations?" + urlencode({"agent": agent or "", "version": version or ""}),
         queue_link=queue_link,
         queue_label=queue_label,
         quality_link=quality_link,
         rate=rate,
         anchor=anchor,
     )
+
+
+def _wider(agent: str, version: str, start: datetime, end: datetime, until: str | None) -> tuple[str, str] | None:
+    """The next longer range ending where this one does (a preset when it ends now), with its name; None when
+    the range is already the longest a chart covers."""
+    for name, span in [*quality.RANGES.items(), (f"{quality.MAX_RANGE.days}d", quality.MAX_RANGE)]:
+        if span > end - start:
+            if not until and name in quality.RANGES:
+                return quality_link(agent, version, last=name), name
+            return quality_link(
+                agent, version, since=f"{end - span:%Y-%m-%dT%H:%M}", until=f"{end:%Y-%m-%dT%H:%M}"
+            ), name
+    return None
 
 
 NAMED = 12  # known agents or versions a "no match" names; more are counted
