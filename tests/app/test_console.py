@@ -629,3 +629,16 @@ def test_a_quality_range_without_traffic_links_to_a_wider_one_and_the_conversati
     assert _wider("a", "v", end - timedelta(days=7), end, None) == (quality_link("a", "v", last="30d"), "30d")
     assert _wider("a", "v", end - timedelta(days=30), end, None)[1] == "92d"
     assert _wider("a", "v", end - timedelta(days=92), end, None) is None
+
+
+def test_the_alerts_pages_past_alerts_control_keeps_to_one_line() -> None:
+    """Beside the page's long lead, "No past alerts" was squeezed onto two lines at desktop width."""
+    from pathlib import Path
+
+    import vigil
+
+    root = Path(vigil.__file__).parent
+    template = (root / "detector/templates/alerts.html").read_text()
+    assert '<p class="head-action">{% if narrowed %}' in template
+    css = (root / "ui/static/vigil.css").read_text()
+    assert re.search(r"\.head-action \{[^}]*white-space: nowrap", css)
