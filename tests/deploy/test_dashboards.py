@@ -28,6 +28,8 @@ REQUIRED_ALERTS = {
     "JudgeBudgetExhausted",
     "JudgeErrors",
     "VigilLoopStalled",
+    "VigilTargetDown",
+    "VigilTargetsAbsent",
 }
 SAMPLE_SUFFIXES = {
     "counter": ("_total", "_created"),
@@ -184,6 +186,23 @@ def test_the_active_alerts_panel_lists_every_alert() -> None:
     every = {r["alert"] for r in alert_rules()}
     for names in filters:
         assert names == every, f"left out: {sorted(every - names)}; unknown: {sorted(names - every)}"
+
+
+def test_the_target_alerts_select_the_example_scrape_jobs() -> None:
+    """VigilTargetDown and VigilTargetsAbsent read ``up`` of Vigil's jobs only: each job of the example
+    configuration (the chart's ServiceMonitor gives the same, see tests/deploy/test_helm.py), no other."""
+    rules = {r["alert"]: r for r in alert_rules()}
+    selectors = {
+        m for a in ("VigilTargetDown", "VigilTargetsAbsent") for m in re.findall(r'job=~"([^"]+)"', rules[a]["expr"])
+    }
+    assert len(selectors) == 1, selectors
+    (selector,) = selectors
+    config = yaml.safe_load((DASHBOARDS / "prometheus.yml").read_text())
+    jobs = {c["job_name"] for c in config["scrape_configs"]}
+    assert jobs == {"vigil", "vigil-workers"}
+    assert all(re.fullmatch(selector, job) for job in jobs)
+    for other in ("node-exporter", "vigil-exporter", "prod-vigil", "prometheus"):
+        assert not re.fullmatch(selector, other), other
 
 
 def test_promtool_checks_rules_and_config() -> None:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import typer.main
+import yaml
 
 from tests.support.helm_chart import CHART, CI_VALUES, KUBE_VERSION, by_kind, helm, load_values, one, render
 from vigil.app.cli import app
-from vigil.settings import Settings
+from vigil.settings import PROJECT_ROOT, Settings
 
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}  # checked in tests/test_helm_files.py and below
 SECRET_VARS = {"VIGIL_DATABASE_URL", "VIGIL_API_KEYS", "VIGIL_REVIEW_SESSION_SECRET"}
@@ -202,6 +204,32 @@ def test_service_monitor_scrapes_the_services_the_chart_makes() -> None:
         assert (workers.items() <= labels.items()) == is_worker
         if is_worker:
             assert containers(d)[0]["ports"][0]["name"] == "metrics"
+
+
+def test_service_monitor_targets_get_the_jobs_the_target_alerts_select() -> None:
+    """Prometheus Operator names a target's job after its Service (``RELEASE-vigil``, ``RELEASE-vigil-workers``)
+    unless the ServiceMonitor's ``jobLabel`` names a label of the Service: VigilTargetDown and
+    VigilTargetsAbsent select jobs ``vigil`` and ``vigil-workers``, which only a release named ``vigil`` got."""
+    rules = yaml.safe_load((PROJECT_ROOT / "dashboards" / "alerts.yaml").read_text())["groups"]
+    exprs = [r["expr"] for g in rules for r in g["rules"] if r["alert"] in ("VigilTargetDown", "VigilTargetsAbsent")]
+    assert len(exprs) == 2
+    (selector,) = {m for e in exprs for m in re.findall(r'job=~"([^"]+)"', e)}
+    production = load_values(CHART / "ci" / "production-values.yaml")
+    overridden = {**production, "fullnameOverride": "agents-watch"}
+    for release, values in (("vigil", production), ("prod", production), ("vigil-prod", production), ("x", overridden)):
+        docs = render(values, name=release)
+        monitor = one(docs, "ServiceMonitor")
+        selected = [
+            s
+            for s in by_kind(docs, "Service")
+            if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+        ]
+        # the operator's relabelling: the Service's name, replaced by its jobLabel label where that is set
+        jobs = {
+            s["metadata"]["labels"].get(monitor["spec"].get("jobLabel", ""), s["metadata"]["name"]) for s in selected
+        }
+        assert jobs == {"vigil", "vigil-workers"}, (release, jobs)
+        assert all(re.fullmatch(selector, job) for job in jobs)
 
 
 def test_ingress_routes_to_the_api_service() -> None:

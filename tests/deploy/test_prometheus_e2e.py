@@ -1,4 +1,5 @@
-"""End to end: a real Prometheus scrapes `vigil serve`, a new version regresses, the alert fires."""
+"""End to end: a real Prometheus scrapes `vigil serve`, a new version regresses, the alert fires; then the
+process stops, and its target is down where VigilTargetDown looks."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from tests.support.services import free_port, missing, scrape, wait_port
 from tests.support.waiting import scaled, wait_for
@@ -19,6 +21,7 @@ from vigil.settings import PROJECT_ROOT
 pytestmark = pytest.mark.prometheus
 
 KEY = "e2e-admin-key"
+ALERTS = PROJECT_ROOT / "dashboards" / "alerts.yaml"
 
 
 def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -60,13 +63,26 @@ def simulate(env: dict[str, str], url: str, versions: str, count: int, seed: int
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def firing(prom: str) -> dict[str, list[dict]]:
+def alerts_in(prom: str, state: str = "firing") -> dict[str, list[dict]]:
     alerts = httpx.get(f"{prom}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
     out: dict[str, list[dict]] = {}
     for a in alerts:
-        if a["state"] == "firing":
+        if a["state"] == state:
             out.setdefault(a["labels"]["alertname"], []).append(a["labels"])
     return out
+
+
+def query(prom: str, expr: str) -> list[dict]:
+    """The instant vector ``expr`` evaluates to now, as Prometheus' query API returns it."""
+    answer = httpx.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=5).json()
+    assert answer["status"] == "success", answer
+    return list(answer["data"]["result"])
+
+
+def alert_expr(name: str) -> str:
+    groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    (expr,) = [r["expr"] for g in groups for r in g["rules"] if r["alert"] == name]
+    return str(expr)
 
 
 def test_regression_reaches_firing_in_prometheus(tmp_path: Path) -> None:
@@ -91,7 +107,7 @@ def test_regression_reaches_firing_in_prometheus(tmp_path: Path) -> None:
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"rule_files: ['{PROJECT_ROOT / 'dashboards' / 'alerts.yaml'}']\n"
+        f"rule_files: ['{ALERTS}']\n"
         "scrape_configs:\n"
         f"  - job_name: vigil\n    static_configs: [{{targets: ['127.0.0.1:{vigil_port}']}}]\n"
     )
@@ -118,7 +134,7 @@ def test_regression_reaches_firing_in_prometheus(tmp_path: Path) -> None:
         deadline = time.monotonic() + scaled(90)
         got: dict[str, list[dict]] = {}
         while time.monotonic() < deadline:
-            got = firing(prom_url)
+            got = alerts_in(prom_url)
             if "ForbiddenToolCallsRising" in got and "RegressionDetected" in got:
                 break
             time.sleep(1)
@@ -135,6 +151,20 @@ def test_regression_reaches_firing_in_prometheus(tmp_path: Path) -> None:
         alerts = httpx.get(f"{url}/v1/alerts", headers={"Authorization": f"Bearer {KEY}"}).json()
         assert {a["agent_version"] for a in alerts["active"]} == {"v1.5.0"}
         assert "forbidden_tool" in {a["signal"] for a in alerts["active"]}
+        assert "VigilTargetDown" not in got and not query(prom_url, alert_expr("VigilTargetsAbsent")), got
+
+        # the process is gone: its target stays discovered, down, and VigilTargetDown's expression selects it
+        # (its `for` is minutes: the alert is pending, which says the rule Prometheus loaded sees it too)
+        stop(serve)
+        down = wait_for(lambda: query(prom_url, alert_expr("VigilTargetDown")), 60, 0.2, "the stopped target down")
+        assert [(r["metric"]["job"], r["metric"]["instance"]) for r in down] == [("vigil", f"127.0.0.1:{vigil_port}")]
+        pending = wait_for(
+            lambda: alerts_in(prom_url, "pending").get("VigilTargetDown"), 30, 0.2, "VigilTargetDown pending"
+        )
+        assert [(a["job"], a["instance"], a["severity"]) for a in pending] == [
+            ("vigil", f"127.0.0.1:{vigil_port}", "critical")
+        ]
+        assert not query(prom_url, alert_expr("VigilTargetsAbsent"))  # a target that is down is no absent one
     finally:
         stop(prom)
         stop(serve)
