@@ -39,9 +39,9 @@ def test_a_long_transcript_renders_a_bounded_page_whose_links_reach_every_messag
     assert shown == [*range(folding.HEAD), *range(20_000 - folding.TAIL, 20_000)]
     assert len(shown) <= folding.HEAD + folding.TAIL
     assert "Messages 100–19,799 folded (19,700)" in html
-    assert 'href="?messages=100-399#m100">show 100–399</a>' in html
+    assert 'href="/ui/review/long-1?messages=100-399#m100">show 100–399</a>' in html
     # the finding on the folded message 10,000 links to the window around it, which shows it
-    assert 'href="?around=10000#m10000" class="evref"' in html
+    assert 'href="/ui/review/long-1?around=10000#m10000" class="evref"' in html
     assert "pii-in-reply" in html  # the findings stay complete
     near = ui.get("/ui/review/long-1?around=10000")
     assert near.status_code == 200
@@ -52,10 +52,12 @@ def test_a_long_transcript_renders_a_bounded_page_whose_links_reach_every_messag
     # the fold row's window, and from it the next and the previous windows
     window = ui.get("/ui/review/long-1?messages=100-399")
     assert _shown(window.text) == list(range(100, 400))
-    assert "Messages 0–99 folded (100)" in window.text and 'href="?messages=0-99#m0">show them</a>' in window.text
+    assert "Messages 0–99 folded (100)" in window.text
+    assert 'href="/ui/review/long-1?messages=0-99#m0">show them</a>' in window.text
     assert "Messages 400–19,999 folded (19,600)" in window.text
-    assert 'href="?messages=400-699#m400">show 400–699</a>' in window.text
-    assert 'href="?messages=100-399&amp;comment_on=150#comment-form"' in window.text  # a window keeps itself
+    assert 'href="/ui/review/long-1?messages=400-699#m400">show 400–699</a>' in window.text
+    # a window keeps itself
+    assert 'href="/ui/review/long-1?messages=100-399&amp;comment_on=150#comment-form"' in window.text
     assert 'id="label-form"' in window.text and 'id="label-form"' in html
 
 
@@ -71,7 +73,7 @@ def test_a_comment_on_a_folded_message_links_to_it(long_ui) -> None:
     )
     assert sent.status_code == 303
     html = ui.get("/ui/review/long-2").text
-    assert 'on <a href="?around=500#m500">message #500</a>' in html
+    assert 'on <a href="/ui/review/long-2?around=500#m500">message #500</a>' in html
     # asking to comment on a folded message opens the window around it, the message picked in the form
     asked = ui.get("/ui/review/long-2?comment_on=700").text
     assert 700 in _shown(asked) and '<option value="700" selected>' in asked

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import pytest
 
@@ -187,6 +187,31 @@ def test_a_long_transcript_folds_and_its_links_reach_folded_messages(browser, se
     _shot(page, "conversation-window.png")
     context.close()
     assert not failures, "\n".join(failures)
+
+
+def test_the_crumb_back_to_a_list_survives_a_fold_link_and_a_save(browser, server) -> None:
+    """Following a fold row, then saving a label, the crumb fell back to "Queue": both dropped ``from``."""
+    from tests.support.review import long_conversation
+
+    base, rt = server
+    store(rt, [long_conversation(1_000, "long-crumb", leak_at=500)])
+    listed = "/ui/conversations?agent=coder&version=v1"
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    _login(page, base)
+    page.goto(f"{base}/ui/review/long-crumb?" + urlencode({"from": listed}))
+    crumb = page.locator("#crumb-back")
+    assert crumb.get_attribute("href") == listed
+    page.locator(".fold-row a.fold-open").first.click()
+    page.wait_for_url("**messages=*")
+    assert crumb.count() == 1, "the fold link dropped the crumb"
+    assert crumb.inner_text() == "Conversations" and crumb.get_attribute("href") == listed
+    page.keyboard.press("r")  # not a failure
+    page.click("#save")
+    page.wait_for_url("**notice=labelled*")
+    assert crumb.count() == 1, "the Save dropped the crumb"
+    assert page.locator("#toast").is_visible() and crumb.get_attribute("href") == listed
+    crumb.click()
+    page.wait_for_url(f"{base}{listed}")
 
 
 def test_real_shapes_fit_the_screen_a_long_task_id_and_a_long_policy(browser, server) -> None:

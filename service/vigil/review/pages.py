@@ -8,9 +8,10 @@ carries it, and after log-in the conversation page shows it filled in again, uns
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
-from urllib.parse import quote, unquote, urlencode
+from urllib.parse import parse_qs, quote, unquote, urlencode
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -41,7 +42,7 @@ from vigil.review.stage import ReviewStage
 from vigil.store import reads
 from vigil.ui import folding, transcript
 from vigil.ui.forms import Refused, comment_draft, draft_of, form_user, go, label_draft, posted
-from vigil.ui.links import anchor, back_crumb, quality_link
+from vigil.ui.links import anchor, back_crumb, back_from, quality_link
 from vigil.ui.render import render_page, session_slot, sessions_of, ui_user
 
 router = APIRouter(
@@ -77,8 +78,15 @@ def _stage(request: Request) -> ReviewStage:
     return stage_of(request)
 
 
-def _review_url(cid: str, notice: str | None = None) -> str:
-    return f"/ui/review/{quote(cid, safe='')}" + (f"?notice={notice}" if notice else "")
+def _review_url(cid: str, notice: str | None = None, came_from: str | None = None) -> str:
+    """The conversation's page; ``came_from``, its crumb back to a list, is kept only where it is one."""
+    query = urlencode({k: v for k, v in (("notice", notice), ("from", back_from(came_from))) if v})
+    return f"/ui/review/{quote(cid, safe='')}" + ("?" + query if query else "")
+
+
+def _came_from(form: Mapping[str, Any]) -> str | None:
+    """The ``from`` a form of the conversation page carried (its crumb back; checked where it is used)."""
+    return str(form.get("from") or "") or None
 
 
 @router.get("/queue")
@@ -229,6 +237,7 @@ def review_page(
         toast=toast,
         comment_on=comment_on,
         window=(messages, around),
+        came_from=request.query_params.get("from"),
     )
 
 
@@ -244,11 +253,14 @@ def _conversation_page(
     toast: str | None = None,
     comment_on: int | None = None,
     window: tuple[str | None, str | None] = (None, None),
+    came_from: str | None = None,
 ) -> Response:
     """The conversation with its review box; ``draft``: an unsaved label to fill the form with;
     ``label_error``: why the label was refused (shown as an error, its field focused); ``unsent``: a comment
     that was not added (its text and message, filled in again); ``window``: the
-    ``messages`` and ``around`` parameters that pick the shown part of a long transcript."""
+    ``messages`` and ``around`` parameters that pick the shown part of a long transcript; ``came_from``: the
+    list it was opened from (its crumb back, which its links and forms carry on; dropped unless one of ours)."""
+    came_from = back_from(came_from)
     st = _stage(request)
     rt = runtime_of(request)
     with st.sessions() as s:
@@ -281,8 +293,10 @@ def _conversation_page(
         if 0 <= asked < fold.total and not fold.visible(asked):  # commenting on a folded message: show it
             fold = folding.around(fold.total, asked)
     except folding.BadWindow as exc:
-        back = _review_url(conversation_id)
+        back = _review_url(conversation_id, came_from=came_from)
         return render_page(request, "error.html", 400, title="Bad request", message=str(exc), status=400, back=back)
+    carry = urlencode({"from": came_from}) if came_from else ""
+    fold = replace(fold, page=_review_url(conversation_id), carry=carry)
     rows = transcript.folded(document, conv["findings"], fold)
     messages = [m for kind, m in rows if kind == "m"]
     return render_page(
@@ -320,7 +334,8 @@ def _conversation_page(
         error_field="category" if label_error and "category" in label_error else None,
         session_labelled=labelled_this_session(request),
         queue_filter=remembered_queue_filter(request),
-        back=back_crumb(request.query_params.get("from")),
+        back=back_crumb(came_from),
+        came_from=came_from,
         rule_descriptions=st.rule_descriptions,
         rule_conversations=lambda rule: (
             "/ui/conversations?"
@@ -330,20 +345,22 @@ def _conversation_page(
     )
 
 
-def _act(request: Request, cid: str, fn: Callable[[Session, ReviewStage], Any], notice: str) -> Response:
+def _act(
+    request: Request, cid: str, fn: Callable[[Session, ReviewStage], Any], notice: str, came_from: str | None
+) -> Response:
     st = _stage(request)
     try:
         with st.sessions.begin() as s:
             fn(s, st)
     except Done:
-        return go(_review_url(cid, "done"))
+        return go(_review_url(cid, "done", came_from))
     except NotHeld:
-        return go(_review_url(cid, "not_held"))
+        return go(_review_url(cid, "not_held", came_from))
     except Conflict:
-        return go(_review_url(cid, "conflict"))
+        return go(_review_url(cid, "conflict", came_from))
     except NotFound as exc:
         return render_page(request, "error.html", 404, title="Not found", message=str(exc))
-    return go(_review_url(cid, notice))
+    return go(_review_url(cid, notice, came_from))
 
 
 _LEASE_ACTIONS: dict[str, tuple[Callable[[Session, ReviewStage, str, str], Any], str]] = {
@@ -358,8 +375,9 @@ _LEASE_ACTIONS: dict[str, tuple[Callable[[Session, ReviewStage, str, str], Any],
 @router.post("/review/{conversation_id:path}/release", dependencies=[Depends(session_slot)])
 def lease_action(request: Request, conversation_id: str, posted_form: FormData = Depends(posted)) -> Response:
     """Claim, extend or release the reviewer's lease on an item (the path's last word), then back to it."""
+    came_from = _came_from(posted_form)
     try:
-        p, _ = form_user(request, posted_form, _review_url(conversation_id))
+        p, _ = form_user(request, posted_form, _review_url(conversation_id, came_from=came_from))
     except Refused as refused:
         return refused.response
     action = request.url.path.rsplit("/", 1)[1]
@@ -375,7 +393,7 @@ def lease_action(request: Request, conversation_id: str, posted_form: FormData =
             raise
         st.metrics.review_claims.labels("claimed").inc()
 
-    return _act(request, conversation_id, act, notice)
+    return _act(request, conversation_id, act, notice, came_from)
 
 
 def _count_claim_next(st: ReviewStage, form: dict[str, Any], cid: str | None) -> None:
@@ -386,8 +404,9 @@ def _count_claim_next(st: ReviewStage, form: dict[str, Any], cid: str | None) ->
 
 @router.post("/review/{conversation_id:path}/skip", dependencies=[Depends(session_slot)])
 def skip(request: Request, conversation_id: str, posted_form: FormData = Depends(posted)) -> Response:
+    here = _review_url(conversation_id, came_from=_came_from(posted_form))
     try:
-        p, form = form_user(request, posted_form, _review_url(conversation_id))
+        p, form = form_user(request, posted_form, here)
     except Refused as refused:
         return refused.response
     st = _stage(request)
@@ -402,33 +421,35 @@ def skip(request: Request, conversation_id: str, posted_form: FormData = Depends
                 else None
             )
     except Conflict:
-        return go(_review_url(conversation_id, "conflict"))
+        return go(_review_url(conversation_id, "conflict", _came_from(form)))
     except NotFound as exc:
-        return render_page(
-            request, "error.html", 404, title="Not skipped", message=str(exc), back=_review_url(conversation_id)
-        )
+        return render_page(request, "error.html", 404, title="Not skipped", message=str(exc), back=here)
     _count_claim_next(st, form, nxt)
     notice = "empty" if form.get("next") else "skipped"
     back = "/ui/queue?" + urlencode({**remembered_queue_filter(request), "notice": notice})
     return go(_review_url(nxt, "skipped_next") if nxt else back)
 
 
-def _log_in_again(request: Request, conversation_id: str, why: str, draft: dict[str, str | None] | None) -> Response:
+def _log_in_again(
+    request: Request, conversation_id: str, why: str, draft: dict[str, str | None] | None, came_from: str | None
+) -> Response:
     """The log-in page for a post whose session expired, carrying what was typed back to the conversation."""
-    return render_page(
-        request, "login.html", 401, title="Log in", next=_review_url(conversation_id), error=why, draft=draft
-    )
+    back = _review_url(conversation_id, came_from=came_from)
+    return render_page(request, "login.html", 401, title="Log in", next=back, error=why, draft=draft)
 
 
 @router.post("/review/{conversation_id:path}/label", dependencies=[Depends(session_slot)])
 def label(request: Request, conversation_id: str, posted_form: FormData = Depends(posted)) -> Response:
     form = dict(posted_form)
+    came_from = _came_from(form)
     sessions = sessions_of(request)
     p = sessions.principal(request)
     if p is None:
-        return _log_in_again(request, conversation_id, EXPIRED_LABEL, draft_of(form))
+        return _log_in_again(request, conversation_id, EXPIRED_LABEL, draft_of(form), came_from)
     if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
-        return _conversation_page(request, conversation_id, p, 403, notice=STALE_LABEL, draft=draft_of(form))
+        return _conversation_page(
+            request, conversation_id, p, 403, notice=STALE_LABEL, draft=draft_of(form), came_from=came_from
+        )
     st = _stage(request)
     read = str(form.get("revision", ""))
     data = queue.LabelIn(
@@ -460,6 +481,7 @@ def label(request: Request, conversation_id: str, posted_form: FormData = Depend
             422 if isinstance(exc, Invalid) else 409,
             label_error=why,
             draft=draft_of(form),
+            came_from=came_from,
         )
     except NotFound as exc:
         return render_page(request, "error.html", 404, title="Not found", message=str(exc))
@@ -467,7 +489,7 @@ def label(request: Request, conversation_id: str, posted_form: FormData = Depend
     if form.get("next"):
         last = "/ui/queue?" + urlencode({**remembered_queue_filter(request), "notice": "labelled_last"})
         return count_labels(request, go(_review_url(nxt, "labelled") if nxt else last))
-    return count_labels(request, go(_review_url(conversation_id, "labelled")))
+    return count_labels(request, go(_review_url(conversation_id, "labelled", came_from)))
 
 
 @router.post("/review/{conversation_id:path}/comment", dependencies=[Depends(session_slot)])
@@ -476,13 +498,21 @@ def comment(request: Request, conversation_id: str, posted_form: FormData = Depe
     raw_index = str(form.get("message_index") or "").strip()
     # the typed comment survives every refusal: an expired session, a stale form, a bad message number
     unsent = comment_draft({"comment": str(form.get("body") or ""), "comment_on": raw_index or None})
+    came_from = _came_from(form)
     sessions = sessions_of(request)
     p = sessions.principal(request)
     if p is None:
-        return _log_in_again(request, conversation_id, EXPIRED_COMMENT, unsent)
+        return _log_in_again(request, conversation_id, EXPIRED_COMMENT, unsent, came_from)
     if not sessions.csrf_ok(request, str(form.get("csrf", ""))):
         return _conversation_page(
-            request, conversation_id, p, 403, notice=STALE_COMMENT, unsent=unsent, comment_on=form_int(raw_index)
+            request,
+            conversation_id,
+            p,
+            403,
+            notice=STALE_COMMENT,
+            unsent=unsent,
+            comment_on=form_int(raw_index),
+            came_from=came_from,
         )
     try:
         with _stage(request).sessions.begin() as s:
@@ -500,10 +530,11 @@ def comment(request: Request, conversation_id: str, posted_form: FormData = Depe
             notice=f"Comment not added: {why}",
             unsent=unsent,
             comment_on=form_int(raw_index),
+            came_from=came_from,
         )
     except NotFound as exc:
         return render_page(request, "error.html", 404, title="Not found", message=str(exc))
-    return go(_review_url(conversation_id, "commented") + "#comments")
+    return go(_review_url(conversation_id, "commented", came_from) + "#comments")
 
 
 @router.get("/progress")
@@ -520,14 +551,18 @@ RELOGGED_PREFIX = "/ui/review/"
 
 
 def resume_after_login(request: Request, target: str, draft: dict[str, Any]) -> Response | None:
-    """``login_resumers`` entry: back to the conversation with the unsaved label filled in."""
+    """``login_resumers`` entry: back to the conversation with the unsaved label filled in (and its crumb)."""
     if not target.startswith(RELOGGED_PREFIX):
         return None
     user = sessions_of(request).principal(request)
     if user is None:
         return None
-    cid = unquote(target[len(RELOGGED_PREFIX) :])
+    path, _, query = target.partition("?")  # the id is quoted whole: a "?" starts the query
+    cid = unquote(path[len(RELOGGED_PREFIX) :])
+    came_from = next(iter(parse_qs(query).get("from", [])), None)
     label, unsent = label_draft(draft), comment_draft(draft)
     notice = RELOGGED_LABEL if label is not None or unsent is None else RELOGGED_COMMENT
     on = form_int(str(unsent.get("comment_on") or "")) if unsent else None
-    return _conversation_page(request, cid, user, notice=notice, draft=label, unsent=unsent, comment_on=on)
+    return _conversation_page(
+        request, cid, user, notice=notice, draft=label, unsent=unsent, comment_on=on, came_from=came_from
+    )

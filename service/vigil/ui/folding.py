@@ -48,6 +48,10 @@ class Fold:
     total: int
     shown: tuple[tuple[int, int], ...]
     window: tuple[int, int] | None = None  # the asked-for window (inclusive), kept by the page's own links
+    # the page's path, so its links lead to it also from a form post's answer (a refused label is shown at
+    # .../label, where "?messages=..." asked for a conversation named "<id>/label")
+    page: str = ""
+    carry: str = ""  # a query every link to the page keeps (``from=``: its crumb back to a list)
 
     @property
     def folded(self) -> bool:
@@ -56,16 +60,25 @@ class Fold:
     def visible(self, index: int) -> bool:
         return any(a <= index < b for a, b in self.shown)
 
+    def link(self, query: str = "") -> str:
+        """The page's address with ``query`` and what every link of it carries."""
+        joined = "&".join(q for q in (query, self.carry) if q)
+        return self.page + ("?" + joined if joined else "")
+
     def href(self, index: object) -> str:
         """Where a link to message ``index`` goes: its anchor here, or the window around it."""
         if not isinstance(index, int) or self.visible(index) or not 0 <= index < self.total:
             return f"#m{index}"  # shown here, or no message of this conversation: nothing to open
-        return f"?around={index}#m{index}"
+        return self.link(f"around={index}") + f"#m{index}"
 
     @property
     def keep(self) -> str:
         """The query that keeps this page's window (for links back to the same page), '' when none."""
         return f"messages={self.window[0]}-{self.window[1]}" if self.window else ""
+
+    def here(self, query: str) -> str:
+        """A link to this page as it is (its window kept) with ``query`` added."""
+        return self.link("&".join(q for q in (self.keep, query) if q))
 
     def gaps(self) -> list[Gap]:
         """The folded runs, each opening the ``WINDOW`` messages next to what is shown before it (the

@@ -80,3 +80,9 @@ def back_crumb(came_from: str | None) -> tuple[str, str] | None:
         return None
     path = came_from.split("?", 1)[0]
     return next(((words, came_from) for start, words in BACK_TO if path == start), None)
+
+
+def back_from(came_from: str | None) -> str | None:
+    """``came_from`` where :func:`back_crumb` takes it, else None: what the conversation page's own links,
+    forms and redirects carry on, so its crumb survives them and a foreign value is dropped at every step."""
+    return came_from if back_crumb(came_from) else None

@@ -68,8 +68,9 @@ def login(request: Request, posted_form: FormData = Depends(posted)) -> Response
     if p is None or p.role not in UI_ROLES:
         msg = LOGIN_ERRORS["not_reviewer" if p else "bad_credentials"]
         return render_page(request, "login.html", 401, title="Log in", next=target, error=msg, draft=draft)
-    if draft is not None and "?" not in target:
-        # a page that can show the unsaved label again gets it now (a redirect could not carry it)
+    if draft is not None:
+        # a page that can show the unsaved label again gets it now (a redirect could not carry it); the
+        # target's query is the resumer's to read (the conversation page's crumb back rides in it)
         sessions.start(request, p, key)
         for resume in runtime_of(request).hooks.login_resumers:
             page = resume(request, target, draft)
