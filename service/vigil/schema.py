@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Annotated, Any, Final, Literal
 
@@ -85,6 +85,44 @@ def _utc_representable(value: datetime, info: ValidationInfo) -> datetime:
 
 UtcTime = Annotated[datetime, AfterValidator(_utc_representable)]
 """A time in a conversation: ISO 8601 whose UTC equivalent lies within the years 1 to 9999."""
+
+# How far ahead of this host's clock a time that arrives (a conversation's, an outcome's) may be dated: clients'
+# clocks drift by seconds, while a time hours or days ahead is a wrong time (the console showed outcomes that had
+# not happened yet; a conversation dated ahead lands in an hour bucket after now and drags the detector's cursor)
+FUTURE_ALLOWANCE: Final = timedelta(minutes=5)
+
+
+def latest_allowed() -> datetime:
+    """The latest time an arriving item may carry: this host's clock plus :data:`FUTURE_ALLOWANCE`. Read once a
+    batch: a batch is parsed in milliseconds."""
+    return datetime.now(UTC) + FUTURE_ALLOWANCE
+
+
+def naive_hint(sent: Any) -> str:
+    """What to say of a time sent without an offset: it is read as UTC, so a producer's local time east of UTC
+    is hours ahead (the usual cause of an ``occurred_in_future``)."""
+    if not isinstance(sent, str):
+        return ""
+    try:
+        naive = datetime.fromisoformat(sent.replace("z", "Z")).tzinfo is None
+    except ValueError:
+        return ""
+    return f" ({sent!r} has no UTC offset, so it is read as UTC: send the offset, e.g. +02:00)" if naive else ""
+
+
+def in_future(field: str, value: datetime, latest: datetime, advice: str, sent: Any = None) -> dict[str, str]:
+    """The field error of a time later than ``latest`` (:func:`latest_allowed`): the field, the time, this
+    server's clock and the allowance, what to do, and the hint of :func:`naive_hint` for ``sent``."""
+    minutes = int(FUTURE_ALLOWANCE.total_seconds() // 60)
+    now = latest - FUTURE_ALLOWANCE
+    message = (
+        f"{field} {in_utc(value).isoformat()} is in the future: this server's clock reads "
+        f"{now.isoformat(timespec='seconds')} and takes times at most {minutes} minutes ahead of it "
+        f"(up to {latest.isoformat(timespec='seconds')}); {advice}" + naive_hint(sent)
+    )
+    return {"field": field, "message": message}
+
+
 # Every model writes NaN/Infinity as such (not as null), so the decoder refuses them by name.
 MAX_INT = 2**63 - 1  # what a database BIGINT holds
 
@@ -524,6 +562,57 @@ class Conversation(BaseModel):
         if self.updated_at is not None:
             return int(self.updated_at.timestamp() * 1_000_000)
         return len(self.messages)
+
+
+_CONVERSATION_ADVICE = "send it once that time has come, or fix the clock or time zone of the host that stamped it"
+_INLINE_OUTCOME_ADVICE = "send the outcome once it has happened, or leave occurred_at out for the conversation's end"
+
+
+def _sent(document: Any, path: tuple[str | int, ...]) -> Any:
+    """The value ``document`` (a conversation as parsed from JSON) holds at ``path``, or None."""
+    for step in path:
+        if isinstance(step, int):
+            document = document[step] if isinstance(document, list) and step < len(document) else None
+        else:
+            document = document.get(step) if isinstance(document, dict) else None
+    return document
+
+
+def conversation_in_future(conversation: Conversation, latest: datetime, document: Any = None) -> list[dict[str, str]]:
+    """The field errors of every time of ``conversation`` later than ``latest`` (:func:`latest_allowed`):
+    ``started_at``, ``ended_at``, ``updated_at``, each message's ``timestamp`` and each inline outcome's
+    ``occurred_at``; empty when none is. ``document`` (what was parsed, when there is one) names a time sent
+    without an offset."""
+    c = conversation
+    # aware times compare as they are (an offset is no conversion), naive ones (UTC) with latest made naive:
+    # no time is converted or copied, as the check runs on every message of every conversation
+    naive = latest.astimezone(UTC).replace(tzinfo=None)
+    times: list[tuple[tuple[str | int, ...], datetime | None]] = [
+        (("started_at",), c.started_at),
+        (("ended_at",), c.ended_at),
+        (("updated_at",), c.updated_at),
+    ]
+    times += [
+        (("messages", i, "timestamp"), t)
+        for i, m in enumerate(c.messages)
+        if (t := m.timestamp) is not None and (t > latest if t.tzinfo is not None else t > naive)
+    ]
+    times += [
+        (("outcomes", i, "occurred_at"), t)
+        for i, o in enumerate(c.outcomes)
+        if (t := o.occurred_at) is not None and (t > latest if t.tzinfo is not None else t > naive)
+    ]
+    return [
+        in_future(
+            ".".join(map(str, path)),
+            value,
+            latest,
+            _INLINE_OUTCOME_ADVICE if path[0] == "outcomes" else _CONVERSATION_ADVICE,
+            _sent(document, path),
+        )
+        for path, value in times
+        if value is not None and (value > latest if value.tzinfo is not None else value > naive)
+    ]
 
 
 def conversation_json_schema() -> dict[str, Any]:

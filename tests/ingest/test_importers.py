@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import orjson
 import pytest
 
 from tests.support.services import shared_data
-from vigil.ingest.importers import ImportError_, load_file
+from vigil.ingest.importers import ImportError_, convert_data, load_file
 from vigil.schema import Conversation
 
 TAU2 = {
@@ -332,3 +334,30 @@ def test_tau2_simulations_sharing_an_id_are_refused_by_name(tmp_path: Path) -> N
     path.write_text(json.dumps(raw))
     with pytest.raises(ImportError_, match=r"simulation 2: id '.*' is simulation 0's too"):
         list(load_file(path))
+
+
+def test_a_tau2_run_without_an_end_is_never_dated_ahead_on_a_host_east_of_utc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The τ² importer dated a rewarded run that records no end at the host's local wall time, without an
+    offset: read as UTC, nine hours ahead in Tokyo."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        data = {
+            "info": {"environment_info": {"domain_name": "retail"}, "agent_info": {"llm": "m"}},
+            "tasks": [],
+            "simulations": [
+                {
+                    "id": "s1",
+                    "task_id": "t1",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "reward_info": {"reward": 1.0},
+                }
+            ],
+        }
+        [conv] = convert_data(data, "tau2", Path("run.json"), None, None).conversations
+    finally:
+        monkeypatch.undo()  # the zone as it was, then read again
+        time.tzset()
+    [outcome] = conv.outcomes
+    assert outcome.occurred_at is not None and outcome.occurred_at.tzinfo is not None
+    assert outcome.occurred_at <= datetime.now(UTC)

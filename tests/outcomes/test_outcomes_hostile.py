@@ -109,25 +109,25 @@ def test_conversation_time_leaving_the_calendar_is_a_422_over_http(rt_client) ->
     assert error["errors"][0]["field"] == "started_at" and UTC_RANGE_MESSAGE in error["errors"][0]["message"]
 
 
-@pytest.mark.parametrize(
-    "fields",
-    [{"ended_at": "9999-12-30T00:00:00Z"}, {"started_at": "0001-01-01T00:00:00Z"}],
-    ids=["ends-in-9999", "starts-in-0001"],
-)
-def test_conversation_at_the_edge_of_time_with_an_inline_outcome_is_stored(db_client, fields) -> None:
-    """A valid conversation ending days before the end of year 9999 (or starting on 0001-01-01) with an
-    inline outcome is stored and its outcome joined: the attribution window stops at the end (start) of
-    time instead of overflowing (it was refused as store_rejected)."""
+def test_conversation_at_the_start_of_time_with_an_inline_outcome_is_stored(db_client) -> None:
+    """A valid conversation starting on 0001-01-01 with an inline outcome is stored and its outcome joined:
+    the attribution window stops at the start of time instead of overflowing (it was refused as
+    store_rejected). One ending days before the end of year 9999 is refused as dated ahead of now, an item's
+    error, never a store failure (the window at the end of time is held by the test below)."""
     rt, c = db_client
-    doc = conv(**fields, outcomes=[{"type": "csat", "value": 1}])
+    doc = conv(started_at="0001-01-01T00:00:00Z", outcomes=[{"type": "csat", "value": 1}])
     r = c.post("/v1/conversations", json=doc, headers=INGEST)
     assert r.status_code == 202, r.text
     cid = doc["conversation_id"]
     assert c.get(f"/v1/conversations/{cid}", headers=REVIEWER).status_code == 200
     with rt.sessions() as s:
         [link] = s.scalars(select(OutcomeLinkRow).where(OutcomeLinkRow.conversation_id == cid)).all()
-    # the inline outcome happened when the conversation ended, else on arrival (far past 0001-01-02)
-    assert link.attributed == ("ended_at" in fields)
+    assert not link.attributed  # the inline outcome happened on arrival, far past 0001-01-02
+    late = conv(ended_at="9999-12-30T00:00:00Z", outcomes=[{"type": "csat", "value": 1}])
+    late["conversation_id"] = "ends-in-9999"
+    r = c.post("/v1/conversations", json=late, headers=INGEST)
+    assert r.status_code == 422, r.text
+    assert [(e["reason"], e["errors"][0]["field"]) for e in r.json()["errors"]] == [("occurred_in_future", "ended_at")]
 
 
 def test_attribution_window_is_clamped_to_the_representable_times() -> None:

@@ -26,7 +26,7 @@ from vigil.ingest.decode import DecodeError, Item, decode_batch
 from vigil.ingest.importers import FORMATS, MALFORMED
 from vigil.ingest.pipeline import Envelope
 from vigil.runtime import Runtime
-from vigil.schema import Conversation, loads_exact, outcome_types, too_dense
+from vigil.schema import Conversation, latest_allowed, loads_exact, outcome_types, too_dense
 from vigil.store.db import StoreUnavailable
 from vigil.store.writes import DeadLetter
 
@@ -141,7 +141,7 @@ def ingest_body(rt: Runtime, body: bytes) -> Answer:
     if refused is not None:
         return refused
     try:
-        batch = decode_batch(body, rt.settings.max_message_bytes, MAX_BATCH)
+        batch = decode_batch(body, rt.settings.max_message_bytes, MAX_BATCH, latest_allowed())
     except DecodeError as exc:
         pipeline.store([], [DeadLetter("http", exc.reason, exc.detail, body)], "http")
         return Answer(_STATUS.get(exc.reason, 400), {"detail": exc.detail, "reason": exc.reason})
@@ -212,15 +212,20 @@ def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, a
     valid: list[tuple[Conversation, str, Envelope]] = []
     errors: list[dict[str, Any]] = []
     indexed: list[tuple[int, Conversation]] = []
+    invalid: list[Item] = []
+    latest = latest_allowed()
     for index, conv in enumerate(imported.conversations):
+        raw = b""
         try:
-            checked, raw = decode_document(encode_conversation(conv), rt.settings.max_message_bytes)
+            raw = encode_conversation(conv)
+            checked, raw = decode_document(raw, rt.settings.max_message_bytes, latest=latest)
         except DecodeError as exc:
             errors.append({"index": index, "reason": exc.reason, "errors": exc.errors})
+            invalid.append(Item(index, raw, error=exc))
             continue
         valid.append((checked, raw.decode(), Envelope(raw, "http", key=checked.conversation_id)))
         indexed.append((index, checked))
-    result = pipeline.process_documents(valid, [], "http")
+    result = pipeline.process_documents(valid, grouped_letters(invalid, "http") if invalid else [], "http")
     out = {
         "format": imported.format,
         "format_title": imported.title,

@@ -23,7 +23,7 @@ from vigil.metrics import Metrics
 from vigil.observability import span
 from vigil.rules import RuleEngine
 from vigil.runtime import DownstreamStage, Envelope
-from vigil.schema import Conversation
+from vigil.schema import Conversation, latest_allowed
 from vigil.settings import Settings
 from vigil.store.db import PERMANENT_DB_ERRORS, retry_kind, retry_transient, storable_text
 from vigil.store.db import db_detail as _db_detail
@@ -59,12 +59,13 @@ class Pipeline:
         checked: list[Checked] = []
         dead: list[DeadLetter] = []
         limit, expansion = self.settings.max_message_bytes, self.settings.max_json_expansion
+        latest = latest_allowed()
         for env in envelopes:
             if env.refused is not None:
                 dead.append(_letter(env, env.refused[0], env.refused[1]))
                 continue
             try:
-                conv, raw = decode_document(env.raw, limit, expansion)
+                conv, raw = decode_document(env.raw, limit, expansion, latest)
             except DecodeError as exc:
                 dead.append(_letter(env, exc.reason, exc.detail))
                 continue
@@ -91,12 +92,13 @@ class Pipeline:
             checked: list[Checked] = []
             dead: list[DeadLetter] = []
             limit = self.settings.max_message_bytes
+            latest = latest_allowed()
             with span("vigil.decode_rules"):
                 for c in conversations:
                     raw = b""
                     try:
                         raw = encode_conversation(c)
-                        conv, raw = decode_document(raw, limit)
+                        conv, raw = decode_document(raw, limit, latest=latest)
                     except DecodeError as exc:
                         dead.append(_letter(None, exc.reason, exc.detail, raw, source, c))
                         continue

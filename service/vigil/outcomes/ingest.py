@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -33,8 +33,10 @@ from vigil.schema import (
     ConversationId,
     OutcomeType,
     UnreadableJson,
+    in_future,
     in_utc,
     item_raw,
+    latest_allowed,
     outcome_types,
     read_items,
     too_dense,
@@ -48,7 +50,6 @@ from vigil.store.db import (
     retry_kind,
     retry_transient,
     upsert,
-    utcnow,
     write_clock,
 )
 from vigil.store.models import OutcomeRow
@@ -61,9 +62,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 LISTENER_CHUNK = 5_000  # outcomes handed to a listener at once: the most one POST /v1/outcomes holds
 
-# How far ahead of this host's clock an outcome may be dated: clients' clocks drift by seconds, while a
-# time hours or days ahead is a wrong time (the console showed outcomes that had not happened yet)
-FUTURE_ALLOWANCE = timedelta(minutes=5)
+_FUTURE_ADVICE = "send the outcome once it has happened, or leave occurred_at out for the time it arrives"
 
 # What an idempotency key names; occurred_at is left out because it defaults to arrival time on redelivery.
 IDENTITY = ("conversation_id", "type", "value")
@@ -149,19 +148,6 @@ def _detail(errors: Sequence[ItemError]) -> str:
     return shown + (f"; ... and {more} more items" if more > 0 else "")
 
 
-def _naive_hint(item: Any) -> str:
-    """What to say of an ``occurred_at`` sent without an offset: it is read as UTC, so a producer's local time
-    east of UTC is hours ahead (the usual cause of an occurred_in_future)."""
-    sent = item.get("occurred_at") if isinstance(item, dict) else None
-    if not isinstance(sent, str):
-        return ""
-    try:
-        naive = datetime.fromisoformat(sent.replace("z", "Z")).tzinfo is None
-    except ValueError:
-        return ""
-    return f" ({sent!r} has no UTC offset, so it is read as UTC: send the offset, e.g. +02:00)" if naive else ""
-
-
 def _conflict(key: str, stored: tuple[Any, ...], sent: tuple[Any, ...]) -> list[dict[str, str]]:
     return [
         {
@@ -213,7 +199,7 @@ class OutcomeStore:
         valid: list[tuple[int, OutcomeIn]] = []
         errors: list[ItemError] = []
         refused = refused or {}
-        latest = utcnow() + FUTURE_ALLOWANCE  # one clock read a batch: a batch is parsed in milliseconds
+        latest = latest_allowed()
         for index, item in enumerate(items):
             if index in refused:
                 reason, where = refused[index]
@@ -245,13 +231,9 @@ class OutcomeStore:
                 )
                 continue
             if outcome.occurred_at is not None and outcome.occurred_at > latest:
-                message = (
-                    f"occurred_at {outcome.occurred_at.isoformat()} is in the future: at most "
-                    f"{FUTURE_ALLOWANCE.seconds // 60} minutes ahead of this server's clock "
-                    f"({latest.isoformat(timespec='seconds')}) is taken; send the outcome once it has happened, "
-                    "or leave occurred_at out for the time it arrives" + _naive_hint(item)
-                )
-                errors.append(ItemError(index, "occurred_in_future", [{"field": "occurred_at", "message": message}]))
+                sent = item.get("occurred_at") if isinstance(item, dict) else None
+                error = in_future("occurred_at", outcome.occurred_at, latest, _FUTURE_ADVICE, sent)
+                errors.append(ItemError(index, "occurred_in_future", [error]))
                 continue
             valid.append((index, outcome))
         return valid, errors

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +126,7 @@ def convert(
                         {
                             "type": "task_success",
                             "value": raw_reward,
-                            "occurred_at": end or datetime.now().isoformat(),
+                            "occurred_at": end or datetime.now(UTC).isoformat(),
                             "idempotency_key": f"tau2:{domain}:{sim['id']}:task_success",
                         }
                     ],

@@ -36,9 +36,9 @@ from vigil.ingest.otlp.models import OtelConversationRow, OtelConversationTraceR
 from vigil.ingest.otlp.otlp import EXTENDS, STORED_NS, valid_ids, valid_times
 from vigil.ingest.otlp.shared import SharedValues, purge_values, resolve
 from vigil.runtime import Runtime
-from vigil.schema import INCOMING, Conversation
+from vigil.schema import INCOMING, Conversation, conversation_in_future, latest_allowed
 from vigil.store.db import after_commit, among, aware, clock, retry_kind, retry_transient, write_clock
-from vigil.store.writes import Checked, copy_new_values
+from vigil.store.writes import Checked, DeadLetter, copy_new_values
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -586,6 +586,8 @@ class TraceIngest:
         interval = timedelta(seconds=s.otlp_progress_interval_seconds)
         now: datetime | None = None  # read when a conversation may wait: the clock its times are stamped by
         convs: list[tuple[Conversation, str, None]] = []
+        dead: list[DeadLetter] = []  # conversations dated ahead of now
+        latest: datetime | None = None  # read once, at the first conversation assembled
         empty: list[str] = []
         ended: dict[str, int] = {}  # every trace's root came, no messages yet: spans and events assembled
         for key in sorted(touched):
@@ -618,16 +620,31 @@ class TraceIngest:
             try:
                 # from the dict, not the JSON: the schema takes the strings as they are instead of decoding a
                 # second copy of the whole conversation (half the cost)
-                convs.append((Conversation.model_validate(doc, context=INCOMING), document, None))
+                conv = Conversation.model_validate(doc, context=INCOMING)
             except ValidationError as exc:
                 res.problem(f"conversation {key}: {exc.errors()[0]['msg']}")
                 log.warning("OTLP conversation %s does not validate: %s", key, exc)
                 empty.append(key)  # idle: finished once, not claimed again and again
                 continue
+            # span times are the exporting host's clock: one running ahead would date the conversation ahead
+            # of now, as a producer's clock would on the other ways in (its spans stay stored: a revision
+            # assembled once the clock has passed them is taken)
+            latest = latest or latest_allowed()
+            future = conversation_in_future(conv, latest, doc)
+            if future:
+                detail = "; ".join(e["message"] for e in future[:5])
+                res.problem(f"conversation {key}: {detail}")
+                log.warning("OTLP conversation %s is dated ahead: %s", key, detail)
+                dead.append(
+                    DeadLetter("otlp", "occurred_in_future", detail, document.encode(), key=conv.conversation_id)
+                )
+                empty.append(key)
+                continue
+            convs.append((conv, document, None))
             res.conversations.append(doc["conversation_id"])
         outgrown: list[str] = []  # processed or finished from fewer spans than another request stored meanwhile
-        if convs:
-            self.rt.pipeline.process_documents(convs, [], "otlp")
+        if convs or dead:
+            self.rt.pipeline.process_documents(convs, dead, "otlp")
             self.rt.metrics.otlp_conversations.inc(len(convs))
             outgrown += self._take_stale([c.conversation_id for c, _, _ in convs if c.status == "finished"])
         if idle and empty:  # idle with nothing to judge: finished all the same, so it is not claimed again
