@@ -264,3 +264,51 @@ def test_a_body_in_another_format_dated_ahead_is_refused_and_kept(rt_client) -> 
     assert stored_ids(rt) == {"tau2:retail:past"}
     [letter] = letters(rt)
     assert letter.reason == "occurred_in_future" and orjson.loads(letter.raw)["conversation_id"] == "tau2:retail:ahead"
+
+
+def test_a_growing_otlp_conversation_dated_ahead_waits_its_progress_interval_as_a_stored_one_does(
+    db_url: str,
+) -> None:
+    """A refused revision left the conversation never processed: every later request touching it read all its
+    spans back, assembled it again and kept another dead letter of the whole conversation, where a stored
+    revision waits ``VIGIL_OTLP_PROGRESS_INTERVAL_SECONDS``."""
+    from sqlalchemy import update
+
+    from vigil.ingest.otlp.models import OtelConversationRow
+
+    s = make_settings(db_url, judge_mode="offline", otlp_progress_interval_seconds=600)
+    rt = wire(build_runtime(s, registry=CollectorRegistry()), {"api"})
+    ingest = rt.get(TraceIngest)
+    start = datetime.now(UTC) + timedelta(hours=2)
+
+    def child(n: int) -> dict[str, Any]:
+        said = orjson.dumps([{"role": "assistant", "parts": [{"type": "text", "content": f"step {n}"}]}]).decode()
+        ns = int((start + timedelta(seconds=n)).timestamp() * 1e9)
+        return {
+            "trace_id": f"{3:032x}",
+            "span_id": f"{n:016x}",
+            "parent_span_id": "00000000000000ff",  # its root is still open
+            "name": "chat m",
+            "kind": 3,
+            "start_ns": ns,
+            "end_ns": ns + 1_000_000,
+            "attributes": {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.conversation.id": "ahead",
+                "gen_ai.output.messages": said,
+            },
+            "events": [],
+            "status": {"code": 0, "message": ""},
+            "resource": {"service.name": "skewed-agent"},
+        }
+
+    assert ingest.ingest([child(1)]).pending == ["ahead"]  # it just began: waits
+    with rt.sessions.begin() as session:  # began an interval ago: its first revision is due
+        session.execute(update(OtelConversationRow).values(first_seen_at=datetime.now(UTC) - timedelta(hours=1)))
+    res = ingest.ingest([child(2)])
+    assert any("conversation ahead:" in p for p in res.problems), res.problems
+    assert [letter.reason for letter in letters(rt)] == ["occurred_in_future"]
+    for n in range(3, 6):
+        assert ingest.ingest([child(n)]).pending == ["ahead"]
+    assert len(letters(rt)) == 1 and stored_ids(rt) == set()
+    rt.close()

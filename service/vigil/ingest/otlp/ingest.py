@@ -587,6 +587,7 @@ class TraceIngest:
         now: datetime | None = None  # read when a conversation may wait: the clock its times are stamped by
         convs: list[tuple[Conversation, str, None]] = []
         dead: list[DeadLetter] = []  # conversations dated ahead of now
+        refused: list[str] = []  # their keys
         latest: datetime | None = None  # read once, at the first conversation assembled
         empty: list[str] = []
         ended: dict[str, int] = {}  # every trace's root came, no messages yet: spans and events assembled
@@ -639,6 +640,7 @@ class TraceIngest:
                     DeadLetter("otlp", "occurred_in_future", detail, document.encode(), key=conv.conversation_id)
                 )
                 empty.append(key)
+                refused.append(key)
                 continue
             convs.append((conv, document, None))
             res.conversations.append(doc["conversation_id"])
@@ -647,6 +649,8 @@ class TraceIngest:
             self.rt.pipeline.process_documents(convs, dead, "otlp")
             self.rt.metrics.otlp_conversations.inc(len(convs))
             outgrown += self._take_stale([c.conversation_id for c, _, _ in convs if c.status == "finished"])
+        if refused and not idle:  # idle: finished below, never assembled again
+            self._refused(refused)
         if idle and empty:  # idle with nothing to judge: finished all the same, so it is not claimed again
             self._finish_empty(empty)
         if ended:
@@ -772,6 +776,27 @@ class TraceIngest:
             if finished:  # counted once committed: a try rolled back and tried again counts once
                 after_commit(session, lambda: self.rt.metrics.otlp_finished.labels("root").inc(finished))
         return sorted(grown)
+
+    def _refused(self, keys: list[str]) -> None:
+        """Stamp ``processed_at`` on conversations whose revision was refused (dated ahead), as
+        :class:`TraceMarker` stamps a stored one: the next revision waits the progress interval instead of
+        every request touching the conversation reading its spans back and keeping another dead letter."""
+        t = OtelConversationRow
+
+        def once() -> None:
+            with self.rt.sessions.begin() as session:
+                postgres = session.get_bind().dialect.name == "postgresql"
+                now = clock(session) if postgres else datetime.now(UTC)
+                if postgres:  # in key order, as every writer of these rows locks them
+                    session.execute(
+                        select(t.conversation_key)
+                        .where(among(session, t.conversation_key, sorted(keys)))
+                        .order_by(t.conversation_key)
+                        .with_for_update()
+                    ).all()
+                session.execute(update(t).where(among(session, t.conversation_key, keys)).values(processed_at=now))
+
+        self._retrying(once)
 
     def _finish_empty(self, keys: list[str]) -> None:
         t = OtelConversationRow
