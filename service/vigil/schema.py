@@ -578,19 +578,22 @@ def _sent(document: Any, path: tuple[str | int, ...]) -> Any:
     return document
 
 
-def conversation_in_future(conversation: Conversation, latest: datetime, document: Any = None) -> list[dict[str, str]]:
-    """The field errors of every time of ``conversation`` later than ``latest`` (:func:`latest_allowed`):
-    ``started_at``, ``ended_at``, ``updated_at``, each message's ``timestamp`` and each inline outcome's
-    ``occurred_at``; empty when none is. ``document`` (what was parsed, when there is one) names a time sent
-    without an offset."""
+def conversation_in_future(
+    conversation: Conversation, latest: datetime, document: Any = None, limit: int = 20
+) -> tuple[list[dict[str, str]], int]:
+    """The field errors of the first ``limit`` times of ``conversation`` later than ``latest``
+    (:func:`latest_allowed`), and how many there are: ``started_at``, ``ended_at``, ``updated_at``, each
+    message's ``timestamp`` and each inline outcome's ``occurred_at``; none when no time is. ``document`` (what
+    was parsed, when there is one) names a time sent without an offset. Only the errors returned are built:
+    a message each, where a hostile conversation dates thousands of messages ahead."""
     c = conversation
     # aware times compare as they are (an offset is no conversion), naive ones (UTC) with latest made naive:
     # no time is converted or copied, as the check runs on every message of every conversation
     naive = latest.astimezone(UTC).replace(tzinfo=None)
-    times: list[tuple[tuple[str | int, ...], datetime | None]] = [
-        (("started_at",), c.started_at),
-        (("ended_at",), c.ended_at),
-        (("updated_at",), c.updated_at),
+    times: list[tuple[tuple[str | int, ...], datetime]] = [
+        (path, t)
+        for path, t in ((("started_at",), c.started_at), (("ended_at",), c.ended_at), (("updated_at",), c.updated_at))
+        if t is not None and (t > latest if t.tzinfo is not None else t > naive)
     ]
     times += [
         (("messages", i, "timestamp"), t)
@@ -602,7 +605,7 @@ def conversation_in_future(conversation: Conversation, latest: datetime, documen
         for i, o in enumerate(c.outcomes)
         if (t := o.occurred_at) is not None and (t > latest if t.tzinfo is not None else t > naive)
     ]
-    return [
+    errors = [
         in_future(
             ".".join(map(str, path)),
             value,
@@ -610,9 +613,9 @@ def conversation_in_future(conversation: Conversation, latest: datetime, documen
             _INLINE_OUTCOME_ADVICE if path[0] == "outcomes" else _CONVERSATION_ADVICE,
             _sent(document, path),
         )
-        for path, value in times
-        if value is not None and (value > latest if value.tzinfo is not None else value > naive)
+        for path, value in times[:limit]
     ]
+    return errors, len(times)
 
 
 def conversation_json_schema() -> dict[str, Any]:

@@ -312,3 +312,31 @@ def test_a_growing_otlp_conversation_dated_ahead_waits_its_progress_interval_as_
         assert ingest.ingest([child(n)]).pending == ["ahead"]
     assert len(letters(rt)) == 1 and stored_ids(rt) == set()
     rt.close()
+
+
+def test_a_conversation_with_thousands_of_times_ahead_builds_only_the_errors_it_reports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each time ahead cost a formatted message (and a parse of the time as sent, for the hint), where the
+    answer keeps 20 and the letter's detail 5: a conversation of 5,000 messages dated ahead built 5,000."""
+    from vigil.ingest.decode import DecodeError, decode_document
+
+    built = 0
+    real = vigil.schema.in_future
+
+    def counted(*args: Any, **kwargs: Any) -> dict[str, str]:
+        nonlocal built
+        built += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(vigil.schema, "in_future", counted)
+    conv = sim(1)[0]
+    later = ahead(1)
+    conv["messages"] = [{"role": "user", "content": f"m{i}", "timestamp": later} for i in range(5_000)]
+    with pytest.raises(DecodeError) as refused:
+        decode_document(orjson.dumps(conv), 10**8, latest=vigil.schema.latest_allowed())
+    assert refused.value.reason == "occurred_in_future"
+    assert [e["field"] for e in refused.value.errors] == [f"messages.{i}.timestamp" for i in range(20)]
+    assert refused.value.detail.startswith("messages.0.timestamp ")
+    assert refused.value.detail.endswith("; ... and 4995 more")
+    assert built <= 20

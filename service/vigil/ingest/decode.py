@@ -134,11 +134,11 @@ def validate(obj: Any, latest: datetime | None = None) -> Conversation:
 
 def check_times(conversation: Conversation, latest: datetime, document: Any = None) -> None:
     """Raise ``occurred_in_future`` naming each time of ``conversation`` later than ``latest``."""
-    errors = conversation_in_future(conversation, latest, document)
-    if errors:
+    errors, found = conversation_in_future(conversation, latest, document)
+    if found:
         detail = "; ".join(e["message"] for e in errors[:5])
-        more = len(errors) - 5
-        raise DecodeError("occurred_in_future", detail + (f"; ... and {more} more" if more > 0 else ""), errors[:20])
+        more = found - 5
+        raise DecodeError("occurred_in_future", detail + (f"; ... and {more} more" if more > 0 else ""), errors)
 
 
 def _sized(raw: bytes, max_bytes: int) -> bytes:

@@ -631,9 +631,9 @@ class TraceIngest:
             # of now, as a producer's clock would on the other ways in (its spans stay stored: a revision
             # assembled once the clock has passed them is taken)
             latest = latest or latest_allowed()
-            future = conversation_in_future(conv, latest, doc)
-            if future:
-                detail = "; ".join(e["message"] for e in future[:5])
+            future, found = conversation_in_future(conv, latest, doc, limit=5)
+            if found:
+                detail = "; ".join(e["message"] for e in future) + (f"; ... and {found - 5} more" if found > 5 else "")
                 res.problem(f"conversation {key}: {detail}")
                 log.warning("OTLP conversation %s is dated ahead: %s", key, detail)
                 dead.append(
