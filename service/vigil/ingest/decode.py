@@ -133,7 +133,7 @@ def validate(obj: Any, latest: datetime | None = None) -> Conversation:
 
 
 def check_times(conversation: Conversation, latest: datetime, document: Any = None) -> None:
-    """Raise ``occurred_in_future`` naming each time of ``conversation`` later than ``latest``."""
+    """Raise ``occurred_in_future`` naming the times of ``conversation`` later than ``latest`` (the first 20)."""
     errors, found = conversation_in_future(conversation, latest, document)
     if found:
         detail = "; ".join(e["message"] for e in errors[:5])
