@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from functools import cached_property
 from typing import Annotated, Any, Final, Literal
 
 import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import TzInfo
 
 from vigil.errors import ConfigError
 
@@ -587,23 +588,30 @@ def conversation_in_future(
     was parsed, when there is one) names a time sent without an offset. Only the errors returned are built:
     a message each, where a hostile conversation dates thousands of messages ahead."""
     c = conversation
-    # aware times compare as they are (an offset is no conversion), naive ones (UTC) with latest made naive:
-    # no time is converted or copied, as the check runs on every message of every conversation
-    naive = latest.astimezone(UTC).replace(tzinfo=None)
+    # latest on each offset's wall clock (naive: UTC's): a time compares with it as with its own tzinfo object,
+    # field by field, where against UTC each comparison asks both offsets (0.45 us against 0.05: most of the
+    # check's cost). Only for fixed offsets (what the schema parses); a zone's wall clock repeats an hour.
+    refs: dict[tzinfo | None, datetime] = {None: latest.astimezone(UTC).replace(tzinfo=None)}
+    known = refs.get
+
+    def ref(tz: tzinfo | None) -> datetime:
+        refs[tz] = latest.astimezone(tz) if isinstance(tz, (TzInfo, timezone)) else latest
+        return refs[tz]
+
     times: list[tuple[tuple[str | int, ...], datetime]] = [
         (path, t)
         for path, t in ((("started_at",), c.started_at), (("ended_at",), c.ended_at), (("updated_at",), c.updated_at))
-        if t is not None and (t > latest if t.tzinfo is not None else t > naive)
+        if t is not None and t > (known(t.tzinfo) or ref(t.tzinfo))
     ]
     times += [
         (("messages", i, "timestamp"), t)
         for i, m in enumerate(c.messages)
-        if (t := m.timestamp) is not None and (t > latest if t.tzinfo is not None else t > naive)
+        if (t := m.timestamp) is not None and t > (known(t.tzinfo) or ref(t.tzinfo))
     ]
     times += [
         (("outcomes", i, "occurred_at"), t)
         for i, o in enumerate(c.outcomes)
-        if (t := o.occurred_at) is not None and (t > latest if t.tzinfo is not None else t > naive)
+        if (t := o.occurred_at) is not None and t > (known(t.tzinfo) or ref(t.tzinfo))
     ]
     errors = [
         in_future(

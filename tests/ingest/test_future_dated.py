@@ -340,3 +340,28 @@ def test_a_conversation_with_thousands_of_times_ahead_builds_only_the_errors_it_
     assert refused.value.detail.startswith("messages.0.timestamp ")
     assert refused.value.detail.endswith("; ... and 4995 more")
     assert built <= 20
+
+
+def test_the_allowance_is_exact_to_the_microsecond_whatever_the_offset() -> None:
+    """Times compare with the latest one on their own offset's wall clock: at the edge, in any offset, mixed
+    in one conversation, naive (UTC), or in a zone built in code, one microsecond over is refused."""
+    from zoneinfo import ZoneInfo
+
+    from vigil.ingest.decode import DecodeError, decode_document
+
+    latest = datetime(2026, 12, 7, 12, 5, tzinfo=UTC)
+    offsets = [timezone(timedelta(hours=h, minutes=m)) for h, m in ((9, 0), (-5, 0), (5, 45), (0, 0), (-12, 0))]
+    edges = [latest.astimezone(tz) for tz in offsets] + [latest.replace(tzinfo=None)]
+    conv = sim(1)[0]
+    conv["messages"] = [
+        {"role": "user", "content": f"m{i}", "timestamp": (edge + timedelta(microseconds=over)).isoformat()}
+        for i, (edge, over) in enumerate((e, o) for e in edges for o in (0, -1, 1, 0))
+    ]
+    with pytest.raises(DecodeError) as refused:
+        decode_document(orjson.dumps(conv), 10**8, latest=latest)
+    assert [e["field"] for e in refused.value.errors] == [f"messages.{4 * k + 2}.timestamp" for k in range(len(edges))]
+    for over, found in ((0, 0), (1, 1)):
+        model = Conversation.model_validate(sim(1)[0])
+        at = latest.astimezone(ZoneInfo("Asia/Tokyo")) + timedelta(microseconds=over)
+        model.messages[0] = model.messages[0].model_copy(update={"timestamp": at})
+        assert vigil.schema.conversation_in_future(model, latest)[1] == found
