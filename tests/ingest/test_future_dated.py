@@ -365,3 +365,42 @@ def test_the_allowance_is_exact_to_the_microsecond_whatever_the_offset() -> None
         at = latest.astimezone(ZoneInfo("Asia/Tokyo")) + timedelta(microseconds=over)
         model.messages[0] = model.messages[0].model_copy(update={"timestamp": at})
         assert vigil.schema.conversation_in_future(model, latest)[1] == found
+
+
+def test_the_idle_finisher_finishes_a_conversation_still_ahead_unstored_and_a_later_span_brings_it_back(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As docs/schema.md says: the idle finisher tries once; a span that comes after the clock has passed
+    the conversation's times assembles it again, and it is stored."""
+    s = make_settings(sqlite_url, judge_mode="offline", otlp_progress_interval_seconds=0)
+    rt = wire(build_runtime(s, registry=CollectorRegistry()), {"api"})
+    ingest = rt.get(TraceIngest)
+    start = datetime.now(UTC) + timedelta(hours=2)
+
+    def child(n: int) -> dict[str, Any]:
+        said = orjson.dumps([{"role": "assistant", "parts": [{"type": "text", "content": f"step {n}"}]}]).decode()
+        ns = int((start + timedelta(seconds=n)).timestamp() * 1e9)
+        return {
+            "trace_id": f"{4:032x}",
+            "span_id": f"{n:016x}",
+            "parent_span_id": "00000000000000ff",
+            "name": "chat m",
+            "kind": 3,
+            "start_ns": ns,
+            "end_ns": ns + 1_000_000,
+            "attributes": {"gen_ai.conversation.id": "late", "gen_ai.output.messages": said},
+            "events": [],
+            "status": {"code": 0, "message": ""},
+            "resource": {"service.name": "skewed-agent"},
+        }
+
+    ingest.ingest([child(1)])
+    idle_at = datetime.now(UTC) + timedelta(hours=1)
+    assert ingest.finish_idle("me", now=idle_at) == []  # still ahead: refused, finished unstored
+    assert ingest.finish_idle("me", now=idle_at + timedelta(hours=1)) == []  # not claimed again
+    assert stored_ids(rt) == set() and [x.reason for x in letters(rt)] == ["occurred_in_future"] * 2
+    monkeypatch.setattr(Frozen, "at", datetime.now(UTC) + timedelta(hours=3))  # the clock has passed its times
+    monkeypatch.setattr(vigil.schema, "datetime", Frozen)
+    ingest.ingest([child(2)])
+    assert stored_ids(rt) == {"late"}
+    rt.close()
