@@ -404,3 +404,42 @@ def test_the_idle_finisher_finishes_a_conversation_still_ahead_unstored_and_a_la
     ingest.ingest([child(2)])
     assert stored_ids(rt) == {"late"}
     rt.close()
+
+
+def test_a_growing_otlp_conversation_dated_ahead_leaves_a_letter_when_first_refused_and_when_finished(
+    sqlite_url: str,
+) -> None:
+    """Each revision assembled while the trace grows is refused again, but only the first and the finished
+    one are kept as dead letters: a letter every progress interval would fill the dead-letter table with
+    copies of one conversation and hold DeadLettersRising up for as long as the trace grows."""
+    s = make_settings(sqlite_url, judge_mode="offline", otlp_progress_interval_seconds=0)
+    rt = wire(build_runtime(s, registry=CollectorRegistry()), {"api"})
+    ingest = rt.get(TraceIngest)
+    start = datetime.now(UTC) + timedelta(hours=2)
+
+    def child(n: int) -> dict[str, Any]:
+        said = orjson.dumps([{"role": "assistant", "parts": [{"type": "text", "content": f"step {n}"}]}]).decode()
+        ns = int((start + timedelta(seconds=n)).timestamp() * 1e9)
+        return {
+            "trace_id": f"{5:032x}",
+            "span_id": f"{n:016x}",
+            "parent_span_id": "00000000000000ff",
+            "name": "chat m",
+            "kind": 3,
+            "start_ns": ns,
+            "end_ns": ns + 1_000_000,
+            "attributes": {"gen_ai.conversation.id": "growing", "gen_ai.output.messages": said},
+            "events": [],
+            "status": {"code": 0, "message": ""},
+            "resource": {"service.name": "skewed-agent"},
+        }
+
+    for n in range(1, 6):  # every request assembles it (no progress interval) and refuses it
+        res = ingest.ingest([child(n)])
+        assert any("conversation growing:" in p for p in res.problems), (n, res.problems)
+    assert [x.reason for x in letters(rt)] == ["occurred_in_future"]
+    assert ingest.finish_idle("me", now=datetime.now(UTC) + timedelta(hours=3)) == []
+    kept = letters(rt)
+    assert [x.reason for x in kept] == ["occurred_in_future"] * 2 and stored_ids(rt) == set()
+    assert b"step 5" in kept[-1].raw and b"step 1" in kept[-1].raw  # the finished letter holds every span
+    rt.close()

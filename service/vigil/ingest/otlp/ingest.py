@@ -119,6 +119,7 @@ class _Touched:
     has_root: bool = False  # a root span came in this request
     finished: bool = False  # already finished (roots ended, or idle)
     processed_at: datetime | None = None  # when a revision of it last went through the pipeline (or it began)
+    revised: bool = False  # a revision of it went through the pipeline (stored, or refused as dated ahead)
     moved_from: str | None = None  # the trace key its first spans waited under, moved to it in this request
 
 
@@ -358,6 +359,7 @@ class TraceIngest:
             t.has_root = any(not s.get("parent_span_id") for s in t.spans)
             t.finished = bool(state and state.finished_at is not None)
             t.processed_at = (state.processed_at or state.first_seen_at) if state else datetime.now(UTC)
+            t.revised = bool(state and state.processed_at is not None)
             # what this process holds of its spans, under the trace key they waited under if they moved
             compacted, t.last = compact(t.spans, self._last_of(key) or self._last_of(t.moved_from))
             rows.extend((key, s) for s in compacted)
@@ -392,6 +394,7 @@ class TraceIngest:
                 # never processed: it began when the upsert first counted it (Postgres: on the database's clock)
                 began = first_seen if isinstance(first_seen, datetime) else None
                 t.processed_at = processed_at or began or t.processed_at
+                t.revised = processed_at is not None
             # another replica stored spans of it meanwhile, or this request resent some: read them all
             t.fresh = t.fresh and t.stored == len(t.spans) == t.total
         self._link(session, inserted, totals)
@@ -545,6 +548,7 @@ class TraceIngest:
                 idle_finished=s.idle_finished,
                 finished=s.finished_at is not None,
                 processed_at=s.processed_at or s.first_seen_at,
+                revised=s.processed_at is not None,
             )
             for s in states
             if s.span_count > 0
@@ -636,9 +640,12 @@ class TraceIngest:
                 detail = "; ".join(e["message"] for e in future) + (f"; ... and {found - 5} more" if found > 5 else "")
                 res.problem(f"conversation {key}: {detail}")
                 log.warning("OTLP conversation %s is dated ahead: %s", key, detail)
-                dead.append(
-                    DeadLetter("otlp", "occurred_in_future", detail, document.encode(), key=conv.conversation_id)
-                )
+                # a letter for the first revision refused and for the finished one, not one a progress interval
+                # while the trace grows: the first says it began, the last holds the whole conversation
+                if not t.revised or conv.status == "finished":
+                    dead.append(
+                        DeadLetter("otlp", "occurred_in_future", detail, document.encode(), key=conv.conversation_id)
+                    )
                 empty.append(key)
                 refused.append(key)
                 continue
