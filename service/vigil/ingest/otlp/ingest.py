@@ -85,8 +85,14 @@ def _matched(session: Session, stmt: Any) -> int:
 
 
 def _string_bytes(spans: list[dict[str, Any]]) -> int:
-    """About what a span's strings hold: the characters of its string attribute values, plus a little each."""
-    return sum(256 + sum(len(v) for v in s["attributes"].values() if isinstance(v, str)) for s in spans)
+    """About what a span's strings hold: the characters of its string attribute values, plus a little each.
+    (A plain loop: generators per span cost half as much again, on every request of an interleaved trace.)"""
+    n = 256 * len(spans)
+    for s in spans:
+        for v in s["attributes"].values():
+            if isinstance(v, str):
+                n += len(v)
+    return n
 
 
 def _valid_record_ids(r: dict[str, Any]) -> bool:
