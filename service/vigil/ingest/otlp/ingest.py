@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import chain
 from typing import Any, TypeVar, cast
 
 import orjson
@@ -85,8 +86,14 @@ def _matched(session: Session, stmt: Any) -> int:
 
 
 def _string_bytes(spans: list[dict[str, Any]]) -> int:
-    """About what a span's strings hold: the characters of its string attribute values, plus a little each."""
-    return sum(256 + sum(len(v) for v in s["attributes"].values() if isinstance(v, str)) for s in spans)
+    """About what a span's strings hold: the characters of its string attribute values, plus a little each.
+    (A plain loop: generators per span cost half as much again, on every request of an interleaved trace.)"""
+    n = 256 * len(spans)
+    for s in spans:
+        for v in s["attributes"].values():
+            if isinstance(v, str):
+                n += len(v)
+    return n
 
 
 def _valid_record_ids(r: dict[str, Any]) -> bool:
@@ -1193,11 +1200,11 @@ def _insert_spans(
     # as str it was decoded here and encoded again by sqlite3, about a tenth of what OTLP ingest costs
     # beyond native ingest. Postgres' text column needs text.
     on_sqlite = dialect.name == "sqlite"
-    values = _span_values(rows, text=not on_sqlite)
-    # the two drivers Vigil runs on: sqlite3 (qmark) and psycopg (format)
-    mark = "?" if dialect.paramstyle == "qmark" else "%s"
     at_proc = table.c.received_at.type.dialect_impl(dialect).bind_processor(dialect)
     at = at_proc(now) if at_proc else now
+    values = _span_values(rows, text=not on_sqlite, tail=(at,))
+    # the two drivers Vigil runs on: sqlite3 (qmark) and psycopg (format)
+    mark = "?" if dialect.paramstyle == "qmark" else "%s"
     one = f"({', '.join([mark] * 9)})"
     inserted: list[tuple[str, str, str]] = []
     # SQLite: spans that are all new (an exporter's request nearly always is) go in without ON CONFLICT ...
@@ -1208,7 +1215,7 @@ def _insert_spans(
     plain = on_sqlite
     for i in range(0, len(values), INSERT_CHUNK):
         chunk = values[i : i + INSERT_CHUNK]
-        params = tuple(p for v in chunk for p in (*v, at))
+        params = tuple(chain.from_iterable(chunk))  # each row's values end with its received_at (tail)
         sql = f"INSERT INTO {_SPANS} ({_SPAN_COLUMNS}) VALUES {', '.join([one] * len(chunk))}"
         if plain:
             try:
