@@ -443,3 +443,21 @@ def test_a_growing_otlp_conversation_dated_ahead_leaves_a_letter_when_first_refu
     assert [x.reason for x in kept] == ["occurred_in_future"] * 2 and stored_ids(rt) == set()
     assert b"step 5" in kept[-1].raw and b"step 1" in kept[-1].raw  # the finished letter holds every span
     rt.close()
+
+
+def test_vigil_import_dry_run_names_what_storing_would_refuse_as_dated_ahead(tmp_path: Any) -> None:
+    """``--dry-run`` reads and checks a file without storing it: it passed one that the real import then
+    refused, conversation by conversation, as dated ahead."""
+    from typer.testing import CliRunner
+
+    from vigil.app.cli import app
+
+    good, later = sim(2)
+    later["started_at"] = ahead()
+    f = tmp_path / "skewed.jsonl"
+    f.write_bytes(b"\n".join(orjson.dumps(c) for c in (good, later)) + b"\n")
+    result = CliRunner().invoke(app, ["import", "--dry-run", str(f)], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert f"conversation {later['conversation_id']}:" in result.output and "started_at" in result.output
+    assert f"conversation {good['conversation_id']}:" not in result.output
+    assert "read 2 conversations, refused 1" in result.output

@@ -88,7 +88,8 @@ def replay(
         producer = _topic_producer(launch, s)
     elif not dry_run:
         rt = launch.runtime({"replay"}, s)
-    from vigil.ingest.decode import REASONS
+    from vigil.ingest.decode import REASONS, DecodeError, check_times
+    from vigil.schema import latest_allowed
     from vigil.store.writes import DeadLetter
 
     def parts(f: Path) -> Iterator[tuple[Any, list[Refused]]]:
@@ -117,7 +118,16 @@ def replay(
                 first = first or imported
                 convs = imported.conversations
                 count += len(convs)
-                if producer is not None:
+                if dry_run:  # what storing would refuse as dated ahead, the decoder's check on each
+                    latest = latest_allowed()
+                    for c in convs:
+                        try:
+                            check_times(c, latest)
+                        except DecodeError as exc:
+                            bad_here.append(
+                                Refused(Path(f"conversation {c.conversation_id}"), None, exc.reason, exc.detail, b"")
+                            )
+                elif producer is not None:
                     for c in convs:
                         producer.send(
                             s.kafka_conversations_topic,
