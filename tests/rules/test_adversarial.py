@@ -318,6 +318,10 @@ CHAINS: dict[str, Callable[[int], Conversation]] = {
     "huge_replies": lambda n: _chain(["1 " * (n // 4), "2 " * (n // 4)]),
     "huge_digit_runs": lambda n: _chain(["4" * (n // 2), "1" * (n // 2)]),
     "many_mid_size": lambda n: _chain(["word " * 120 + "4111 1111"] * (n // 609)),
+    # a keyword ending each reply, its value opening the next; a keyword glued to the next at every boundary
+    "keyword_then_value": lambda n: _chain(["Your password is", "hunter2!x for now"] * (n // 33)),
+    "glued_keywords": lambda n: _chain(["token"] * (n // 5)),
+    "keyword_then_spaces": lambda n: _chain(["call me at", " " * 500 + "4155550123"] * (n // 520)),
 }
 
 
