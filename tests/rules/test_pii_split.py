@@ -314,3 +314,62 @@ def test_export_redaction_replaces_a_value_after_its_keyword_in_the_message_befo
     assert out["messages"][1]["content"] == "Your temporary password is:"
     assert out["failure"]["failed_turn"]["content"] == "[REDACTED:secret], change it."
     assert redactor.counts == {"secret": 1}
+
+
+def _exported(*contents: str) -> tuple[list[Any], Any]:
+    """Assistant replies exported as a task (the last the failing turn): the redacted contents, the counts."""
+    from vigil.export.redact import Redactor, redact_task
+
+    redactor = Redactor()
+    task = {
+        "messages": [{"role": "user", "content": "?"}, *({"role": "assistant", "content": c} for c in contents[:-1])],
+        "failure": {"failed_turn": {"role": "assistant", "content": contents[-1]}, "rules": [], "judges": []},
+    }
+    out = redact_task(redactor, task)
+    return [m["content"] for m in out["messages"][1:]] + [out["failure"]["failed_turn"]["content"]], redactor.counts
+
+
+@pytest.mark.parametrize(
+    ("first", "reply", "redacted", "kind"),
+    [
+        # a value after its keyword, in a JSON string, a JSON number, and a string holding an escape
+        ("You can reach her at", '{"n": "4155550123"}', {"n": "[REDACTED:phone]"}, "phone"),
+        ("Her mobile number:", "[4155550123, true]", ["[REDACTED:phone]", True], "phone"),
+        ("You can reach her at", '{"n": "4155550123\\u00a0ext"}', {"n": "[REDACTED:phone]"}, "phone"),
+        ("Her date of birth is", '{"d": "03/14/1985", "ok": 1}', {"d": "[REDACTED:dob]", "ok": 1}, "dob"),
+    ],
+)
+def test_export_redaction_replaces_a_part_inside_a_json_reply(first: str, reply: str, redacted: Any, kind: str) -> None:
+    """``pii_leak`` reads a JSON reply as written, and finds the value in it; export redaction read only plain
+    replies across messages, and left the value in the JSON reply."""
+    import json
+
+    assert [h.details for h in _split_hits(u("?"), a(first), a(reply))] == [{"kind": kind, "split_across": [1, 2]}]
+    [text, json_reply], counts = _exported(first, reply)
+    assert text == first and json.loads(json_reply) == redacted
+    assert counts == {kind: 1}
+
+
+def test_export_redaction_replaces_both_parts_of_a_value_running_into_a_json_reply() -> None:
+    """``token=abc`` then ``[1234]``: one value ``abc[1234]`` as ``pii_leak`` reads it (a password may hold
+    brackets); its text part and its JSON part are both replaced, the JSON left JSON, the value counted once."""
+    import json
+
+    [hit] = _split_hits(u("?"), a("Use token=abc"), a("[1234]"))
+    assert hit.details == {"kind": "secret", "split_across": [1, 2]}
+    [text, json_reply], counts = _exported("Use token=abc", "[1234]")
+    assert text == "Use token=[REDACTED:secret]"
+    assert json.loads(json_reply) == ["[REDACTED:secret]"]
+    assert counts == {"secret": 1}
+
+
+def test_export_redaction_of_json_replies_in_long_chains_and_long_replies() -> None:
+    import json
+
+    contents = [c for n in range(300) for c in ("Reach her at", f'{{"n": "415555{n:04d}", "pad": "{" " * n}"}}')]
+    redacted, counts = _exported(*contents)
+    assert all(json.loads(r)["n"] == "[REDACTED:phone]" for r in redacted[1::2])
+    assert counts == {"phone": 300}
+    long = '{"n": "4155550123", "rest": "' + "word " * 50_000 + '"}'
+    [_, reply], counts = _exported("You can reach her at", long)
+    assert json.loads(reply)["n"] == "[REDACTED:phone]" and counts == {"phone": 1}
