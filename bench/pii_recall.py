@@ -11,9 +11,14 @@ negative text (order ids, timestamps, prices, prose) every detection is one. Pri
 The same corpus with every text cut in two, as two consecutive assistant messages (streamed chunks:
 nothing between them), at every place inside each labelled value: a value counts as found when a
 value split across the two (:mod:`vigil.rules.pii_split`, as export redaction reads them) covers it
-whole. Negative texts are cut at every place, and every value found across a cut is a false positive.
-A last line says how many cut values ``pii_leak`` flags at all: a finding of the value's kind overlaps
-it, across the cut or inside one message (``sk-proj-`` then the rest of the key: the rest alone is a key).
+whole; a value found that covers none of the text's labelled values is a false positive. Negative texts
+are cut at every place, and every value found across a cut (or after its keyword before the cut) is a
+false positive.
+A line says how many cut values ``pii_leak`` flags at all: a finding of the value's kind overlaps it,
+across the cut or inside one message (``sk-proj-`` then the rest of the key: the rest alone is a key).
+The last says how many values that are none without their keyword (a password, a bare phone number, a
+date of birth) are found whole when their text is cut anywhere before them: the keyword in the first
+message, the value in the second.
 """
 
 from __future__ import annotations
@@ -93,7 +98,11 @@ def split_score(corpus: dict[str, Any]) -> dict[str, Score]:
     def across(text: str, cut: int, extending: bool = True) -> list[tuple[str, int, int]]:
         texts = [text[:cut], text[cut:]]
         inside = [detect(t) for t in texts]
-        found = [(f.kind, f.parts[0].start, cut + f.parts[-1].end) for f in splits(texts, KINDS, inside, extending)]
+        at = (0, cut)  # where each text starts: a value after its keyword in the first lies in the second alone
+        found = [
+            (f.kind, at[f.parts[0].index] + f.parts[0].start, at[f.parts[-1].index] + f.parts[-1].end)
+            for f in splits(texts, KINDS, inside, extending)
+        ]
         if not extending:
             found += [(f.kind, f.start, f.end) for f in inside[0]] + [
                 (f.kind, cut + f.start, cut + f.end) for f in inside[1]
@@ -102,6 +111,7 @@ def split_score(corpus: dict[str, Any]) -> dict[str, Score]:
 
     for case in corpus["positives"]:
         text, s = case["text"], scores[case["category"]]
+        labelled = [(text.find(str(value)), text.find(str(value)) + len(str(value))) for _, value in case["values"]]
         for kind, value in case["values"]:
             start = text.find(str(value))
             end = start + len(str(value))
@@ -113,7 +123,11 @@ def split_score(corpus: dict[str, Any]) -> dict[str, Score]:
                     s.found += 1
                 else:
                     s.missed.append(f"{kind} {text[start:cut]!r} + {text[cut:end]!r} in {text!r}")
-                s.false_positives += sum(1 for _, a, b in found if not (a < end and start < b))
+                # another labelled value of the text, in the second part after its keyword in the first, is no
+                # false positive ("Call 4155550123 or 4155550124" cut inside the first number)
+                wrong = [(k, a, b) for k, a, b in found if not any(a < y and x < b for x, y in labelled)]
+                s.false_positives += len(wrong)
+                s.spurious += [f"{k} {text[a:cut]!r} + {text[cut:b]!r} in {text!r}" for k, a, b in wrong]
                 flagged += any(k == kind and a < end and start < b for k, a, b in across(text, cut, False))
     for case in corpus["negatives"]:
         text, s = case["text"], scores[f"negative:{case['category']}"]
@@ -123,7 +137,31 @@ def split_score(corpus: dict[str, Any]) -> dict[str, Score]:
                 s.false_positives += 1
                 s.spurious.append(f"{kind} {text[a:cut]!r} + {text[cut:b]!r} in {text!r}")
     print(f"pii_leak flags {flagged} of {totals(scores).values} cut values (across the cut or inside one message)")
+    keyworded, found_after = _keyword_cuts(corpus)
+    print(f"values that need their keyword, cut before them: {found_after} of {keyworded} found whole after the cut")
     return dict(scores)
+
+
+def _keyword_cuts(corpus: dict[str, Any]) -> tuple[int, int]:
+    """Every labelled value that is not one read alone (a password, a bare phone number, a date of birth
+    without their keyword), with its text cut at every place before it: how many of these cuts find it
+    whole in the second part, as one after its keyword in the first."""
+    cuts = found = 0
+    for case in corpus["positives"]:
+        text = case["text"]
+        for kind, value in case["values"]:
+            start = text.find(str(value))
+            end = start + len(str(value))
+            if start == 0 or any(f.kind == kind and f.end > 0 for f in detect(text[start:end])):
+                continue
+            for cut in range(1, start + 1):
+                texts = [text[:cut], text[cut:]]
+                inside = [detect(t) for t in texts]
+                spans = [(f.kind, cut + f.start, cut + f.end) for f in inside[1]]
+                spans += [(f.kind, cut + f.parts[0].start, cut + f.parts[-1].end) for f in splits(texts, KINDS, inside)]
+                cuts += 1
+                found += any(k == kind and a <= start and end <= b for k, a, b in spans)
+    return cuts, found
 
 
 def _shown(text: str, spans: list[Any]) -> str:

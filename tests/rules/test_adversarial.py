@@ -318,6 +318,10 @@ CHAINS: dict[str, Callable[[int], Conversation]] = {
     "huge_replies": lambda n: _chain(["1 " * (n // 4), "2 " * (n // 4)]),
     "huge_digit_runs": lambda n: _chain(["4" * (n // 2), "1" * (n // 2)]),
     "many_mid_size": lambda n: _chain(["word " * 120 + "4111 1111"] * (n // 609)),
+    # a keyword ending each reply, its value opening the next; a keyword glued to the next at every boundary
+    "keyword_then_value": lambda n: _chain(["Your password is", "hunter2!x for now"] * (n // 33)),
+    "glued_keywords": lambda n: _chain(["token"] * (n // 5)),
+    "keyword_then_spaces": lambda n: _chain(["call me at", " " * 500 + "4155550123"] * (n // 520)),
 }
 
 
@@ -336,3 +340,32 @@ def test_pii_leak_is_linear_across_message_boundaries(shape: str) -> None:
     shown = ", ".join(f"{n}: {t * 1000:.1f} ms" for n, t in timings)
     assert len(timings) > 1, f"pii_leak across boundaries takes over {CAP_SECONDS} s at the smallest size: {shown}"
     assert worst <= SLOPE_BOUND, f"pii_leak across boundaries grows with slope {worst:.2f}: {shown}"
+
+
+# Chains whose replies hold JSON, which export redaction reads across boundaries as pii_leak does and whose
+# parts it replaces in the JSON: many short replies, one huge array of numbers after a keyword.
+JSON_CHAINS: dict[str, Callable[[int], Conversation]] = {
+    "json_after_keywords": lambda n: _chain(["Reach her at", '{"n": "4155550123"}'] * (n // 31)),
+    "json_after_a_glued_value": lambda n: _chain(["Use token=abc", "[1234]"] * (n // 19)),
+    "huge_json_after_a_keyword": lambda n: _chain(["Her mobile number:", "[" + "4155550123, " * (n // 12) + "1]"]),
+    "escaped_json_after_keywords": lambda n: _chain(["Reach her at", '["4155550123\\u00a0"]'] * (n // 32)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", sorted({**CHAINS, **JSON_CHAINS}))
+def test_export_redaction_is_linear_across_message_boundaries(shape: str) -> None:
+    from vigil.export.redact import Redactor, redact_task
+
+    def prepare(convo: Conversation) -> Callable[[], object]:
+        messages = [m.model_dump(exclude_none=True) for m in convo.messages]
+        task = {"messages": messages[:-1], "failure": {"failed_turn": messages[-1], "rules": [], "judges": []}}
+        return lambda: redact_task(Redactor(), task)
+
+    chains = {**CHAINS, **JSON_CHAINS}
+    worst, timings = growth(prepare, chains[shape])  # type: ignore[arg-type]  # a conversation, not a text
+    if worst > SLOPE_BOUND:  # once more, as above: a busy machine can cost the largest size
+        worst, timings = min((worst, timings), growth(prepare, chains[shape]), key=lambda r: r[0])  # type: ignore[arg-type]
+    shown = ", ".join(f"{n}: {t * 1000:.1f} ms" for n, t in timings)
+    assert len(timings) > 1, f"export redaction takes over {CAP_SECONDS} s at the smallest size: {shown}"
+    assert worst <= SLOPE_BOUND, f"export redaction across boundaries grows with slope {worst:.2f}: {shown}"

@@ -205,3 +205,171 @@ def test_the_failing_turn_of_an_exported_split_leak_is_the_one_that_completes_it
     finding = {"severity": "critical", "evidence": [e.as_dict() for e in hit.evidence], "details": hit.details}
     idx, _ = failure_index(conv.messages, [finding])
     assert idx == 2  # the task's history then holds message 1, so both parts are redacted on export
+
+
+# A keyword ending one reply and its value opening the next: the value lies in one message, and is one only
+# by the words before it.
+KEYWORD_THEN_VALUE = [
+    ("secret", "Your temporary password is:", "hunter2!x", "hunter2!x"),
+    ("secret", "Your temporary password is", "hunter2!x, change it soon.", "hunter2!x"),
+    ("secret", "The API key", "sk_9f8a7b6c5d today", "sk_9f8a7b6c5d"),
+    ("secret", "DB_PASSWORD=", "s3cr3t-Val", "s3cr3t-Val"),
+    ("phone", "You can reach her at", "4155550123 after six.", "4155550123"),
+    ("phone", "Her mobile number:", " 4155550123", "4155550123"),
+    ("dob", "Her date of birth is", "03/14/1985, as on file.", "03/14/1985"),
+    ("ssn", "His SSN is", "123456789.", "123456789"),
+]
+
+
+@pytest.mark.parametrize(("kind", "first", "second", "value"), KEYWORD_THEN_VALUE)
+def test_a_value_after_its_keyword_in_the_reply_before_is_found(kind: str, first: str, second: str, value: str) -> None:
+    messages = (u("What do you have on file?"), a(first), a(second))
+    assert run("pii_leak", convo(u("?"), a(second)), kinds=ALL_KINDS) == []  # alone, the value is none
+    [hit] = run("pii_leak", convo(*messages), kinds=ALL_KINDS)
+    assert hit.details == {"kind": kind, "split_across": [1, 2]}
+    assert hit.message == f"{kind} in assistant message 2 after its keyword in message 1"
+    [evidence] = hit.evidence  # the value's span only: the keyword is no personal data
+    assert (evidence.message_index, second[evidence.start : evidence.end]) == (2, value)
+
+
+def test_a_value_after_its_keyword_streamed_in_chunks_is_found() -> None:
+    chunks = ("Your password", " is ", "hunter2!x", " and your API key", " is ", "4831-a!")
+    [password, pin] = run("pii_leak", convo(u("?"), *(a(c) for c in chunks)), kinds=ALL_KINDS)
+    assert (password.details, [(e.message_index, e.start, e.end) for e in password.evidence]) == (
+        {"kind": "secret", "split_across": [2, 3]},
+        [(3, 0, 9)],
+    )
+    assert pin.details == {"kind": "secret", "split_across": [5, 6]}
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("Here is your new token.", "Thanks for waiting!"),  # a sentence ends the first
+        ("I have reset the token", "Please log in again."),  # a capitalised word opens a sentence
+        ("I have reset the token", "\nPlease log in again."),
+        ("Your new password is", "Please keep it safe."),  # nor is "isPlease", as the two read streamed
+        ("I have reset your password", "Everything else is unchanged."),
+        ("Call us back about o", "rder 5550123456"),  # a streamed word: read with a space, "order" is gone
+        ("You can reach us any time.", "4155550123 is your order number."),
+        ("What is your phone number?", "4155550123 is what I have."),
+        ("Her date of birth is on file.", "03/14/1985 is the day we opened."),
+        ("Your password", "reset link: 4155550123 ..."),
+        ("Your SSN", " stays private. 123456789 is the ticket."),  # a sentence ends between them
+        ("Your password is", "hun"),  # too short to be one
+    ],
+)
+def test_a_keyword_and_an_unrelated_next_reply_are_no_value(first: str, second: str) -> None:
+    assert _split_hits(u("?"), a(first), a(second), except_user_provided=False) == []
+
+
+def test_a_password_after_its_keyword_is_read_apart_from_the_keyword_s_last_word() -> None:
+    """Streamed, ``password is`` then ``hunter2!x`` read as ``password ishunter2!x``: a password ``ishunter2!x``,
+    with ``is`` redacted and a value the user's ``hunter2!x`` never equals."""
+    messages = (u("My new password will be hunter2!x"), a("Your temporary password is"), a("hunter2!x"))
+    assert run("pii_leak", convo(*messages), kinds=ALL_KINDS) == []  # the user's own
+    [hit] = run("pii_leak", convo(*messages), kinds=ALL_KINDS, except_user_provided=False)
+    assert [(e.message_index, e.start, e.end) for e in hit.evidence] == [(2, 0, 9)]
+
+
+def test_a_key_after_its_keyword_glued_to_the_next_reply_is_read_streamed_whole() -> None:
+    """Read with a space at the boundary, the rest of the key is an AWS secret of its own, found inside the
+    second reply: that reading must not displace the key read streamed, which redaction replaces whole."""
+    texts = ["Set OPENAI_API_KEY=sk-proj-Abc12", "3DEF456ghi789JKL012mno345PQR678stu901VWX now."]
+    [split] = pii_split.splits(texts, pii.KINDS, [pii.detect(t) for t in texts], extending=True)
+    assert split.value == "sk-proj-Abc123DEF456ghi789JKL012mno345PQR678stu901VWX" and split.extends
+
+
+def test_many_replies_each_a_keyword_or_its_value_are_each_found_once() -> None:
+    replies = [t for n in range(400) for t in ("Your password is", f"Pw{n:04d}!x for now.")]
+    hits = _split_hits(u("?"), *(a(r) for r in replies), except_user_provided=False)
+    assert [h.details["split_across"] for h in hits] == [[k, k + 1] for k in range(1, 801, 2)]
+    assert [[(e.message_index, e.start, e.end) for e in h.evidence] for h in hits] == [
+        [(k + 1, 0, 8)] for k in range(1, 801, 2)
+    ]
+
+
+def test_a_keyword_at_the_end_of_a_long_reply_and_white_space_around_the_value() -> None:
+    long = "Thanks for waiting. " * 3000 + "Your temporary password is:"
+    [hit] = _split_hits(u("?"), a(long), a("  \t hunter2!x"))
+    assert hit.details == {"kind": "secret", "split_across": [1, 2]}
+    # white space beyond the window between keyword and value: not read across (the window is bounded)
+    assert _split_hits(u("?"), a("Your temporary password is:" + " " * 10_000), a("hunter2!x")) == []
+    assert _split_hits(u("?"), a("Your temporary password is:"), a(" " * 10_000 + "hunter2!x")) == []
+
+
+def test_export_redaction_replaces_a_value_after_its_keyword_in_the_message_before() -> None:
+    from vigil.export.redact import Redactor, redact_task
+
+    redactor = Redactor()
+    task = {
+        "messages": [{"role": "user", "content": "?"}, {"role": "assistant", "content": "Your temporary password is:"}],
+        "failure": {
+            "failed_turn": {"role": "assistant", "content": "hunter2!x, change it."},
+            "rules": [],
+            "judges": [],
+        },
+    }
+    out = redact_task(redactor, task)
+    assert out["messages"][1]["content"] == "Your temporary password is:"
+    assert out["failure"]["failed_turn"]["content"] == "[REDACTED:secret], change it."
+    assert redactor.counts == {"secret": 1}
+
+
+def _exported(*contents: str) -> tuple[list[Any], Any]:
+    """Assistant replies exported as a task (the last the failing turn): the redacted contents, the counts."""
+    from vigil.export.redact import Redactor, redact_task
+
+    redactor = Redactor()
+    task = {
+        "messages": [{"role": "user", "content": "?"}, *({"role": "assistant", "content": c} for c in contents[:-1])],
+        "failure": {"failed_turn": {"role": "assistant", "content": contents[-1]}, "rules": [], "judges": []},
+    }
+    out = redact_task(redactor, task)
+    return [m["content"] for m in out["messages"][1:]] + [out["failure"]["failed_turn"]["content"]], redactor.counts
+
+
+@pytest.mark.parametrize(
+    ("first", "reply", "redacted", "kind"),
+    [
+        # a value after its keyword, in a JSON string, a JSON number, and a string holding an escape
+        ("You can reach her at", '{"n": "4155550123"}', {"n": "[REDACTED:phone]"}, "phone"),
+        ("Her mobile number:", "[4155550123, true]", ["[REDACTED:phone]", True], "phone"),
+        ("You can reach her at", '{"n": "4155550123\\u00a0ext"}', {"n": "[REDACTED:phone]"}, "phone"),
+        ("Her date of birth is", '{"d": "03/14/1985", "ok": 1}', {"d": "[REDACTED:dob]", "ok": 1}, "dob"),
+    ],
+)
+def test_export_redaction_replaces_a_part_inside_a_json_reply(first: str, reply: str, redacted: Any, kind: str) -> None:
+    """``pii_leak`` reads a JSON reply as written, and finds the value in it; export redaction read only plain
+    replies across messages, and left the value in the JSON reply."""
+    import json
+
+    assert [h.details for h in _split_hits(u("?"), a(first), a(reply))] == [{"kind": kind, "split_across": [1, 2]}]
+    [text, json_reply], counts = _exported(first, reply)
+    assert text == first and json.loads(json_reply) == redacted
+    assert counts == {kind: 1}
+
+
+def test_export_redaction_replaces_both_parts_of_a_value_running_into_a_json_reply() -> None:
+    """``token=abc`` then ``[1234]``: one value ``abc[1234]`` as ``pii_leak`` reads it (a password may hold
+    brackets); its text part and its JSON part are both replaced, the JSON left JSON, the value counted once."""
+    import json
+
+    [hit] = _split_hits(u("?"), a("Use token=abc"), a("[1234]"))
+    assert hit.details == {"kind": "secret", "split_across": [1, 2]}
+    [text, json_reply], counts = _exported("Use token=abc", "[1234]")
+    assert text == "Use token=[REDACTED:secret]"
+    assert json.loads(json_reply) == ["[REDACTED:secret]"]
+    assert counts == {"secret": 1}
+
+
+def test_export_redaction_of_json_replies_in_long_chains_and_long_replies() -> None:
+    import json
+
+    contents = [c for n in range(300) for c in ("Reach her at", f'{{"n": "415555{n:04d}", "pad": "{" " * n}"}}')]
+    redacted, counts = _exported(*contents)
+    assert all(json.loads(r)["n"] == "[REDACTED:phone]" for r in redacted[1::2])
+    assert counts == {"phone": 300}
+    long = '{"n": "4155550123", "rest": "' + "word " * 50_000 + '"}'
+    [_, reply], counts = _exported("You can reach her at", long)
+    assert json.loads(reply)["n"] == "[REDACTED:phone]" and counts == {"phone": 1}

@@ -13,6 +13,10 @@ value and written back as JSON: redacting its text would turn a phone number wri
 into invalid JSON, and miss an address hidden behind a ``\u0040`` escape. Numbers are redacted too
 (``{"phone": 4155550123}``): a number the detectors flag becomes the ``[REDACTED:<kind>]`` string.
 
+A value split across consecutive assistant replies (:mod:`vigil.rules.pii_split`) is replaced in every
+reply holding a part, a reply holding JSON included: there the part is replaced within the JSON's strings
+and numbers, so it stays JSON.
+
 The detectors read each text folded (:mod:`vigil.rules.fold`: invisible format characters dropped,
 compatibility forms, other scripts' digits and dashes between digits written as ASCII), the operator's
 patterns and the names too; a match replaces the original characters it came from. A reader sees
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import re
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -192,12 +197,17 @@ def _except(redactor: Redactor, obj: Any, keep: tuple[str, ...]) -> Any:
 
 def _message(redactor: Redactor, m: Any, split: list[tuple[int, int, str, bool]] | None = None) -> Any:
     """A message redacted, its tool call ids and the id of the call a tool result answers kept; ``split``:
-    the spans of its text that hold part of a value split across messages."""
+    the spans of its text that hold part of a value split across messages (or a value after its keyword in
+    the message before), in its content as written, JSON or not."""
     if not isinstance(m, dict):
         return redactor.value(m)
     if split:
         out = _except(redactor, m, ("role", "tool_call_id", "content"))
-        out["content"] = redactor.text(m["content"], extra=split)
+        content = m["content"]
+        if _structured(content) is None:
+            out["content"] = redactor.text(content, extra=split)
+        else:
+            out["content"] = redactor.embedded(_json_parts(redactor, content, split))
     else:
         out = _except(redactor, m, ("role", "tool_call_id"))
     if isinstance(m.get("tool_calls"), list):
@@ -236,16 +246,14 @@ def _split_spans(messages: list[Any]) -> dict[int, list[tuple[int, int, str, boo
     message: the span of each message's ``content`` string that holds one. The failed turn follows the
     task's messages directly (they are the conversation up to it), so a value it completes is found too.
     A value that extends one found inside a message (``jane@example.co`` then ``m``) is replaced whole.
-    Content given as a list of parts, or as a JSON object or array (redacted value by value, its escapes read),
-    is not read across messages."""
+    Content that is a JSON object or array is read as written, as ``pii_leak`` reads it (its parts are then
+    replaced in its JSON by :func:`_json_parts`); content given as a list of parts is not read across."""
 
     def role_text(m: Any) -> tuple[str, str]:
         if not isinstance(m, dict):
             return "", ""
         content = m.get("content")
-        if not isinstance(content, str) or _structured(content) is not None:
-            return str(m.get("role")), ""
-        return str(m.get("role")), content
+        return str(m.get("role")), content if isinstance(content, str) else ""
 
     pairs = [role_text(m) for m in messages]
     out: dict[int, list[tuple[int, int, str, bool]]] = {}
@@ -256,3 +264,39 @@ def _split_spans(messages: list[Any]) -> dict[int, list[tuple[int, int, str, boo
             for n, part in enumerate(split.parts):
                 out.setdefault(chain[part.index], []).append((part.start, part.end, split.kind, n == 0))
     return out
+
+
+# A JSON text's scalars as written: strings (quotes included, escapes whole) and numbers. Run on a text that
+# parsed as JSON, from its start, it meets every string whole, so a digit inside one is never read as a number.
+_JSON_SCALAR = compile_linear(r'"(?:[^"\\]|\\.)*"|-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?')
+
+
+def _json_parts(redactor: Redactor, text: str, spans: list[tuple[int, int, str, bool]]) -> str:
+    """``text``, a JSON object or array as written, with the parts of split values at ``spans`` replaced, each
+    ``(start, end, kind, counted)``, so that it stays JSON: within a string, the part's characters (the whole
+    string's when it holds an escape, which the part could cut in two); a number the part touches, whole,
+    by its redaction as a string (as :meth:`Redactor.number` does); brackets, braces, colons and commas,
+    which hold nothing of a value, stay. Every value's first part is counted, replaced or not."""
+    scalars = [m.span() for m in _JSON_SCALAR.finditer(text)]
+    starts = [a for a, _ in scalars]
+    edits: list[tuple[int, int, str]] = []
+    for start, end, kind, counted in sorted(spans):
+        redactor.counts[kind] += counted
+        for i in range(max(0, bisect_right(starts, start) - 1), bisect_left(starts, end)):
+            a, b = scalars[i]
+            if text[a] != '"':
+                if b > start:
+                    edits.append((a, b, f'"[REDACTED:{kind}]"'))
+                continue
+            lo, hi = max(start, a + 1), min(end, b - 1)
+            if lo < hi:
+                if "\\" in text[a + 1 : b - 1]:
+                    lo, hi = a + 1, b - 1
+                edits.append((lo, hi, f"[REDACTED:{kind}]"))
+    out, pos = [], 0
+    for a, b, replacement in sorted(edits):
+        if a >= pos:  # two parts in one escaped string replace it once
+            out += [text[pos:a], replacement]
+            pos = b
+    out.append(text[pos:])
+    return "".join(out)

@@ -85,7 +85,8 @@ class PiiLeakArgs(RuleArgs):
 @rule_type("pii_leak", PiiLeakArgs)
 def pii_leak(view: ConversationView, args: PiiLeakArgs) -> Iterator[Hit]:
     """Personal data or secrets in the assistant's text: emails, phones, Luhn-valid cards, SSNs, IBANs, keys;
-    also a value split across consecutive assistant messages (:mod:`vigil.rules.pii_split`)."""
+    also a value split across consecutive assistant messages, or in one after its keyword in the one before
+    (:mod:`vigil.rules.pii_split`)."""
     user_values: set[str] | None = None
 
     def user_provided(value: str) -> bool:
@@ -123,11 +124,14 @@ def pii_leak(view: ConversationView, args: PiiLeakArgs) -> Iterator[Hit]:
             indexes = [chain[p.index] for p in split.parts]
             # The message that completes the value comes first: it is the failing turn an export starts from.
             evidence = [Evidence(chain[p.index], p.start, p.end, None) for p in reversed(split.parts)]
-            yield Hit(
-                f"{split.kind} split across assistant messages {', '.join(map(str, indexes))}",
-                evidence,
-                {"kind": split.kind, "split_across": indexes},
-            )
+            if split.after is None:
+                message = f"{split.kind} split across assistant messages {', '.join(map(str, indexes))}"
+            else:  # the value lies in one message, its keyword in the one before: evidence is the value's
+                message = (
+                    f"{split.kind} in assistant message {indexes[0]} after its keyword in message {chain[split.after]}"
+                )
+                indexes = [chain[split.after], *indexes]
+            yield Hit(message, evidence, {"kind": split.kind, "split_across": indexes})
 
 
 class RegexArgs(RuleArgs):

@@ -329,6 +329,7 @@ _DATE = (
     rf"\d{{1,2}}[/.\-]\d{{1,2}}[/.\-]\d{{2,4}}|\d{{4}}[/.\-]\d{{1,2}}[/.\-]\d{{1,2}}"
     rf"|{_MONTH} \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}|\d{{1,2}}(?:st|nd|rd|th)? (?:of )?{_MONTH},? \d{{4}}"
 )
+_DOB_WORDS = ("birth", "born", "dob", "d.o.b")
 _DOB = _rx(
     rf"(?i)\b(?:born|birth|dob|d\.o\.b\.?|birthday|birthdate|date of birth)\b[^\d\n]{{0,24}}?({_DATE})",
 )
@@ -390,7 +391,7 @@ def _regex_spans(
     return spans
 
 
-_DOB_SPANS = _regex_spans(_DOB, 1, ("birth", "born", "dob", "d.o.b"))
+_DOB_SPANS = _regex_spans(_DOB, 1, _DOB_WORDS)
 _ADDRESS_SPANS = _regex_spans(_ADDRESS)
 
 
@@ -405,15 +406,27 @@ _OWN_SECRETS = (
 )
 # An AWS secret access key: 40 characters of base64 with upper and lower case letters and a digit.
 _AWS_SECRET = _rx(r"[A-Za-z0-9/+]{40}")
-# A value after its keyword: "password: hunter2!", "DB_PASSWORD=s3cr3t", "the admin password is 'x9$Lq'".
+# A value after its keyword: "password: hunter2!", "DB_PASSWORD=s3cr3t", "the admin password is 'x9$Lq'",
+# "your temporary password is: hunter2!x".
 _KEYWORD = _rx(
     r"(?i)(password|passwd|pwd|passphrase|passcode|secret|secret[_ \-]?key|api[_ \-]?key|access[_ \-]?key|"
     r"auth[_ \-]?token|access[_ \-]?token|token|client[_ \-]?secret|credentials?)[\"']?"
-    r"(?:\s*(?:=|:=|=>|:)\s*|\s+(?:is|was|will be|=)\s+(?:set to\s+)?|\s+)([\"'`]?)([^\s\"'`<>,;]{4,200})"
+    r"(?:\s*(?:=|:=|=>|:)\s*|\s+(?:is|was|will be|=)\s+(?:set to\s+)?|\s+(?:is|was|will be)\s*:\s*|\s+)"
+    r"([\"'`]?)([^\s\"'`<>,;]{4,200})"
 )
 
 
 _KEYWORDS = ("pass", "pwd", "secret", "key", "token", "credential")
+
+# The kinds a value of which can be one only by a keyword before it ("password: hunter2!", "call me at
+# 4155550123", "born on 03/14/1985", "SSN 123456789"), with the words, lower case, one of which the text
+# before the value then holds (:mod:`vigil.rules.pii_split` reads them across a message boundary).
+KEYWORDS: dict[Kind, tuple[str, ...]] = {
+    "secret": _KEYWORDS,
+    "phone": _PHONE_WORDS,
+    "dob": _DOB_WORDS,
+    "ssn": ("ssn", "ss#", "social"),
+}
 
 
 @cache

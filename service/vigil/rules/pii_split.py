@@ -14,10 +14,23 @@ touch are read as one, so a chain of tiny chunks is read once, whole, and a chai
 A value counts when it crosses a boundary and overlaps nothing the detector found inside one message
 (that one is reported there already). Everything else is the detector's: its digit gates, the Luhn,
 mod-97 and SSN checks, the folding of hidden characters.
+
+A keyword ending one text and its value opening the next (``"Your temporary password is:"`` then
+``"hunter2!x"``, ``"You can reach her at"`` then ``"4155550123"``) is a value in one message that the
+detector, reading it alone, does not find: a password, a bare phone number, a date of birth or an SSN is
+one only after its keyword (:data:`pii.KEYWORDS`). It counts when the clause runs on across the boundary:
+no sentence ends (``.``, ``!``, ``?``) at the end of the first text or between the boundary and the value,
+and a password after a keyword written out (``the new token``) is not a bare word (``Please``), which
+opens a sentence. Streamed, a phone number, date or SSN is found after its keyword as it is (their
+patterns allow words between them); a password needs white space or ``:``/``=`` after its keyword, so
+where a password's keyword ends a text within ``_KEYWORD_REACH`` characters and no white space separates
+it from the next, the window is also read with a space there (``password is`` then ``hunter2!x``: the
+password is ``hunter2!x``, not ``ishunter2!x``, and of the two readings this one is kept).
 """
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -43,12 +56,14 @@ class Part:
 class Split:
     """A value split across messages: its kind, its parts in message order, and its :func:`pii.normal` form;
     ``extends``: it overlaps a value found inside one message (``jane@example.co`` then ``m``), which is
-    reported there, and is only of use to redaction."""
+    reported there, and is only of use to redaction; ``after``: the value lies in one message and is one by
+    the keyword that ends the text of this index (``Your temporary password is:`` then ``hunter2!x``)."""
 
     kind: pii.Kind
     parts: tuple[Part, ...]
     value: str
     extends: bool = False
+    after: int | None = None
 
 
 def chains(messages: Iterable[tuple[str, str]]) -> Iterator[list[int]]:
@@ -70,43 +85,128 @@ def chains(messages: Iterable[tuple[str, str]]) -> Iterator[list[int]]:
 def splits(
     texts: Sequence[str], kinds: Sequence[str], inside: Sequence[Sequence[pii.Found]], extending: bool = False
 ) -> list[Split]:
-    """Values of ``kinds`` crossing a boundary of the chain ``texts``, none overlapping ``inside`` (what the
-    detector found in each text alone) unless ``extending``, in text order without overlaps. Part indexes
-    are positions in ``texts``."""
+    """Values of ``kinds`` crossing a boundary of the chain ``texts``, or made values by a keyword before the
+    boundary (:data:`pii.KEYWORDS`), none overlapping ``inside`` (what the detector found in each text alone)
+    unless ``extending``, in text order without overlaps. Part indexes are positions in ``texts``."""
     chain = _Chain(texts)
-    # an empty text's boundaries are its neighbour's, or the chain's own ends: each once, none at an end
-    joints = sorted({p for p in chain.offsets[1:-1] if 0 < p < chain.length})
-    if "secret" not in kinds:
-        joints = [p for p in joints if _could_hold(chain.char(p - 1)) and _could_hold(chain.char(p))]
+    joints = _joints(chain, kinds)
     if not joints:
         return []
+    # Only a password's keyword needs white space before its value ("password is hunter2"): a phone number,
+    # a date of birth or an SSN is found after its keyword streamed ("reach her at4155550123"), and a space
+    # inserted inside a word would cut the words that say a number is not a phone ("o" then "rder 5550123456").
+    needles = pii.KEYWORDS["secret"] if "secret" in kinds else ()
     taken = sorted((chain.offsets[k] + f.start, chain.offsets[k] + f.end) for k, fs in enumerate(inside) for f in fs)
-    taken_starts = [a for a, _ in taken]
-    found: list[tuple[int, int, pii.Kind, str, bool]] = []
+    taken_starts = [t for t, _ in taken]
+    found: list[_Candidate] = []
+    spelled: set[int] = set()  # joints a password's keyword ends, where a value was read with a space
     for a, b in _regions(joints, chain.length):
-        spaced = [p for p in joints[bisect_right(joints, a) : bisect_left(joints, b)] if chain.digits_meet(p)]
+        inner = joints[bisect_right(joints, a) : bisect_left(joints, b)]
+        keyworded = {p for p in inner if needles and chain.keyword_before(p, needles)}
+        spaced = [p for p in inner if p in keyworded or chain.digits_meet(p)]
         for inserted in ([], spaced) if spaced else ([],):
-            window = chain.window(a, b, inserted)
-            spaces = [p - a + k for k, p in enumerate(inserted)]  # where each inserted space is in the window
-            for f in pii.detect(window, kinds):
-                if (f.start == 0 and chain.ragged(a)) or (f.end == len(window) and chain.ragged(b)):
-                    continue  # the value may go on past the window: the detector saw part of it
-                start = a + f.start - bisect_left(spaces, f.start)
-                end = a + f.end - bisect_left(spaces, f.end)
-                k = bisect_right(joints, start)
-                if k == len(joints) or joints[k] >= end:
-                    continue  # inside one message
-                j = bisect_left(taken_starts, end) - 1
-                extends = j >= 0 and taken[j][1] > start
-                if extends and not extending:
-                    continue  # overlaps a value found inside one message: reported there
-                found.append((start, end, f.kind, pii.value_of(f, window), extends))
-    kept: list[Split] = []
+            for start, end, kind, value, extends, one in _read(
+                chain, a, b, inserted, kinds, joints, taken, taken_starts
+            ):
+                first = bool(inserted) and start in keyworded
+                if first and kind == "secret" and one and not extends:  # a value by the keyword alone
+                    spelled.add(start)
+                if one:
+                    after = None if extends else chain.keyword_made(kind, value, start, a)
+                    if after is not None:
+                        found.append(_Candidate(start, end, kind, value, False, after, first))
+                elif (extending or not extends) and not (
+                    kind == "secret" and chain.joiner_glued(start, end, keyworded)
+                ):
+                    found.append(_Candidate(start, end, kind, value, extends, None, False))
+    kept = _without_overlaps(found, sorted(spelled))
+    return [Split(c.kind, chain.parts(c.start, c.end), c.value, c.extends, c.after) for c in kept]
+
+
+def _joints(chain: _Chain, kinds: Sequence[str]) -> list[int]:
+    """The boundaries worth reading: an empty text's are its neighbour's, or the chain's own ends (each once,
+    none at an end); without ``secret``, not one where a character no value holds is on a side, unless a
+    keyword ends the text before it ("phones" then '": [4155550123') and no sentence."""
+    joints = sorted({p for p in chain.offsets[1:-1] if 0 < p < chain.length})
+    if "secret" in kinds:
+        return joints
+    words = tuple(w for kind in kinds if kind in pii.KEYWORDS for w in pii.KEYWORDS[kind])
+    return [
+        p
+        for p in joints
+        if (_could_hold(chain.char(p - 1)) and _could_hold(chain.char(p)))
+        or (words and chain.char(p - 1) not in _ENDS and any(w in chain.tail(p) for w in words))
+    ]
+
+
+def _read(
+    chain: _Chain,
+    a: int,
+    b: int,
+    inserted: list[int],
+    kinds: Sequence[str],
+    joints: list[int],
+    taken: list[tuple[int, int]],
+    taken_starts: list[int],
+) -> Iterator[tuple[int, int, pii.Kind, str, bool, bool]]:
+    """What the detector finds in the chain from ``a`` to ``b`` with a space at each of ``inserted``: each
+    value's span in the chain, kind, value, whether it overlaps one of ``taken`` (found inside a message,
+    sorted, and their starts), and whether it lies in one message."""
+    window = chain.window(a, b, inserted)
+    spaces = [p - a + k for k, p in enumerate(inserted)]  # where each inserted space is in the window
+    for f in pii.detect(window, kinds):
+        if (f.start == 0 and chain.ragged(a)) or (f.end == len(window) and chain.ragged(b)):
+            continue  # the value may go on past the window: the detector saw part of it
+        start = a + f.start - bisect_left(spaces, f.start)
+        end = a + f.end - bisect_left(spaces, f.end)
+        j = bisect_left(taken_starts, end) - 1
+        k = bisect_right(joints, start)
+        yield (
+            start,
+            end,
+            f.kind,
+            pii.value_of(f, window),
+            j >= 0 and taken[j][1] > start,
+            k == len(joints) or joints[k] >= end,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    start: int
+    end: int
+    kind: pii.Kind
+    value: str
+    extends: bool
+    after: int | None
+    first: bool  # it starts at a boundary its keyword ends, read with a space there
+
+
+def _without_overlaps(found: list[_Candidate], spelled: list[int]) -> list[_Candidate]:
+    """The first of overlapping values, and of two starting together the longer; before all others, a value
+    read with a space at the boundary its keyword ends (``password is`` then ``hunter2!x``: the password is
+    ``hunter2!x``, not ``ishunter2!x`` as the two read streamed). A password read streamed across a boundary
+    where one was read with a space is dropped even when that one was not kept (``the password is`` then
+    ``Please log in``: not the password ``isPlease``)."""
+    first = _greedy(c for c in found if c.first)
+    first_starts = [c.start for c in first]
+    rest = []
+    for c in found:
+        if c.first or (c.kind == "secret" and bisect_left(spelled, c.end) > bisect_right(spelled, c.start)):
+            continue
+        i = bisect_left(first_starts, c.end) - 1  # kept apart and in order: the last to start is the last to end
+        if i < 0 or first[i].end <= c.start:
+            rest.append(c)
+    return sorted([*first, *_greedy(rest)], key=lambda c: c.start)
+
+
+def _greedy(found: Iterable[_Candidate]) -> list[_Candidate]:
+    kept: list[_Candidate] = []
     reach = 0
-    for start, end, kind, value, extends in sorted(found, key=lambda s: (s[0], s[0] - s[1])):
-        if start >= reach:
-            kept.append(Split(kind, chain.parts(start, end), value, extends))
-            reach = end
+    for c in sorted(found, key=lambda c: (c.start, c.start - c.end)):
+        if c.start >= reach:
+            kept.append(c)
+            reach = c.end
     return kept
 
 
@@ -117,6 +217,14 @@ _GROUP = 3  # digits of a group written whole at the end of one reply and the st
 # side's character is none of these ("Could you confirm?" then "Thanks") has no such value across it. A
 # password after its keyword may hold any character but white space, so with ``secret`` every boundary is read.
 _IN_VALUES = frozenset("._%+-'@()[]{}<>,/:#=_")
+
+
+# A keyword's value across a boundary: the keyword within this many characters of the text's end (past
+# "the password for your account is set to"), and the clause it opens not ended before the value.
+_KEYWORD_REACH = 64
+_ENDS = frozenset(".!?")
+_JOINERS = frozenset(("is", "was", "be", "to"))  # the last word of "password is", "will be", "set to"
+_SENTENCE_END = re.compile(r"[.!?]\s")  # on at most 2 x REACH characters
 
 
 def _could_hold(ch: str) -> bool:
@@ -158,6 +266,50 @@ class _Chain:
         if p < _GROUP or p + _GROUP > self.length:
             return False
         return all(self.char(q).isdigit() for q in range(p - _GROUP, p + _GROUP))
+
+    def keyword_before(self, p: int, needles: tuple[str, ...]) -> bool:
+        """Whether the text before joint ``p`` ends with one of ``needles`` near its end, in a clause that goes
+        on into the next text with no white space between them (``password is`` then ``hunter2``): the two
+        read streamed glue the keyword's last word to the value."""
+        before, here = self.char(p - 1), self.char(p)
+        if before.isspace() or here.isspace() or before in _ENDS:
+            return False
+        tail = self.tail(p)
+        return any(w in tail for w in needles)
+
+    def joiner_glued(self, start: int, end: int, keyworded: set[int]) -> bool:
+        """Whether a password read streamed from ``start`` to ``end`` opens with the word that joins a keyword
+        to its value, glued to the next text at a boundary a keyword ends (``password is`` then ``[...]``:
+        not the password ``is:[``)."""
+        k = bisect_right(self.offsets, start)
+        if k >= len(self.offsets) or self.offsets[k] not in keyworded or self.offsets[k] >= end:
+            return False
+        return self._slice(start, self.offsets[k]).rstrip(":=").lower() in _JOINERS
+
+    def tail(self, p: int) -> str:
+        """The last ``_KEYWORD_REACH`` characters of the text that ends at joint ``p``, lower case."""
+        k = bisect_right(self.offsets, p - 1) - 1
+        at = p - self.offsets[k]
+        return self.texts[k][max(0, at - _KEYWORD_REACH) : at].lower()
+
+    def keyword_made(self, kind: str, value: str, start: int, a: int) -> int | None:
+        """For a value found at ``start`` in a window from ``a`` and lying in one text, which the detector
+        did not find reading that text alone: the index of the text before whose keyword made it a value, if
+        one clause runs from that text to the value (no sentence ends between them); else None. A word
+        opening the next message after a keyword written out (``the new token`` then ``Please log in``) is
+        the start of a sentence, not a password."""
+        if kind not in pii.KEYWORDS:
+            return None
+        q = self.offsets[bisect_right(self.offsets, start) - 1]  # where the text holding the value starts
+        if q <= a or _SENTENCE_END.search(self._slice(q, start)):
+            return None
+        p = q - 1
+        while p > max(a, q - _KEYWORD_REACH) and self.char(p).isspace():
+            p -= 1
+        last = self.char(p)
+        if last in _ENDS or (kind == "secret" and value.isalpha() and last.isalpha()):
+            return None
+        return bisect_right(self.offsets, p) - 1
 
     def ragged(self, p: int) -> bool:
         """Whether a window edge at ``p`` cuts between two characters of one word (not at the chain's ends)."""
