@@ -134,7 +134,7 @@ class Settings(BaseSettings):
         ge=0,
         description="A JSON body (conversations, outcomes, OTLP/JSON) of 64 KiB or more whose objects, arrays "
         "and items would take more than this many times its size in memory once decoded (estimated before "
-        "decoding, 96 bytes per object or array and 24 per item; commas and brackets inside strings count too) "
+        "decoding, 96 bytes per object or array and 24 per item; commas and brackets inside strings do not count) "
         "is refused with 413 and kept as a dead letter, as is such a message on the conversations or outcomes topic "
         "(reason `oversized`); real conversation batches estimate at about 1. 0: no bound.",
     )

@@ -629,6 +629,12 @@ def test_a_quality_range_without_traffic_links_to_a_wider_one_and_the_conversati
     assert _wider("a", "v", end - timedelta(days=7), end, None) == (quality_link("a", "v", last="30d"), "30d")
     assert _wider("a", "v", end - timedelta(days=30), end, None)[1] == "92d"
     assert _wider("a", "v", end - timedelta(days=92), end, None) is None
+    # a range at the start of the calendar has nothing wider before it: the page says so, it is no 500
+    first = datetime(1, 1, 1, 0, 1, tzinfo=UTC)
+    assert _wider("a", "v", first - timedelta(minutes=1), first, "0001-01-01T00:01") is None
+    early = {"agent": AGENT, "version": CANDIDATE, "since": "0001-01-01T00:00:00", "until": "0001-01-01T00:00:01"}
+    page = c.get("/ui/quality", params=early)
+    assert page.status_code == 200 and "No traffic of" in page.text
 
 
 def test_the_alerts_pages_past_alerts_control_keeps_to_one_line() -> None:

@@ -75,3 +75,32 @@ def test_real_batches_pass_and_the_bound_can_be_switched_off(sqlite_url: str) ->
         r = c.post("/v1/outcomes", content=FLOOD, headers=JSON)  # no bound: decoded, then refused by its count
         assert "VIGIL_MAX_JSON_EXPANSION" not in r.text and "1000" in r.text.replace(",", ""), r.text
     rt.close()
+
+
+def test_commas_and_brackets_inside_strings_do_not_count(client: tuple[Any, Any]) -> None:
+    """A tool result of CSV text (164 kB, ``"0,7,3,..."``) was refused with 413 as "so many JSON objects,
+    arrays and items": its commas were counted as values though it decodes to one string."""
+    rt, c = client
+    csv = "\n".join(",".join(str((row * 7 + col) % 10) for col in range(20)) for row in range(4000))
+    conv = {
+        "conversation_id": "csv-tool-result",
+        "agent_id": "data-bot",
+        "agent_version": "v1",
+        "messages": [
+            {"role": "user", "content": "Read the table."},
+            {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "read_csv", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": csv},
+            {"role": "assistant", "content": 'Done: it starts "[{,"'},
+        ],
+    }
+    body = orjson.dumps(conv)
+    assert too_dense(body, 8) is None
+    r = c.post("/v1/conversations", content=body, headers=JSON)
+    assert r.status_code == 202 and r.json()["stored"] == 1, r.text
+    assert _letters(rt) == []
+    # escaped quotes neither open nor close a string; an escaped backslash before a quote does not escape it
+    quoted = orjson.dumps([{"a": '\\"' + "0," * 40_000 + "\\", "b": "\\"}] * 2)
+    assert too_dense(quoted, 8) is None
+    values = b'["\\\\",' + b"0," * 100_000 + b"0]"  # after the string "\\", 100,000 items: still refused
+    assert too_dense(values, 8) is not None
+    assert too_dense(FLOOD, 8) is not None and too_dense(b'["' + FLOOD[1:-1] + b'"]', 8) is None

@@ -93,3 +93,16 @@ def test_review_queue_limit_is_bounded_and_the_next_page_is_a_cursor(sqlite_url,
     assert r.exit_code == 2 and "cursor" in r.output
     r = runner.invoke(app, ["review", "queue", "--cursor", cursor, "--sort", "agent"])
     assert r.exit_code == 2 and "cursor" in r.output
+
+
+def test_review_queue_refuses_a_mistyped_severity_or_reason_as_the_api_does(sqlite_url, monkeypatch) -> None:
+    """``--severity hgh`` listed an empty queue (exit 0), as if nothing were flagged; the API answers 422."""
+    rt = review_runtime(sqlite_url)
+    store(rt, simulated(20, "v1:0.9", seed=4))
+    rt.close()
+    monkeypatch.setenv("VIGIL_DATABASE_URL", sqlite_url)
+    runner = cli_runner()
+    for option, typo in (("--severity", "hgh"), ("--reason", "findings")):
+        r = runner.invoke(app, ["review", "queue", option, typo])
+        assert r.exit_code == 2 and repr(typo) in r.output, (option, r.output)
+    assert runner.invoke(app, ["review", "queue", "--severity", "HIGH"]).exit_code == 0

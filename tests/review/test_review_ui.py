@@ -95,6 +95,21 @@ def test_session_ends_when_its_key_is_removed_or_the_cookie_is_forged(ui) -> Non
     assert ui.get("/ui/queue", follow_redirects=False).status_code == 303
 
 
+def test_a_form_or_header_token_of_non_ascii_is_a_stale_form_not_a_500(ui, rt) -> None:
+    convs = simulated(5, "v1:0.6", seed=1)
+    store(rt, convs)
+    cid = convs[0]["conversation_id"]
+    ui.get("/ui/login")
+    refused = ui.post("/ui/login", data={"csrf": "é", "api_key": "rita-key"}, follow_redirects=False)
+    assert refused.status_code == 403
+    _login(ui)
+    for path in ("/ui/queue/claim", "/ui/logout", f"/ui/review/{cid}/label", f"/ui/review/{cid}/comment"):
+        r = ui.post(path, data={"csrf": "jeton-périmé", "label": "unsure", "body": "x"}, follow_redirects=False)
+        assert r.status_code == 403, (path, r.status_code)
+    api = ui.post("/v1/review/claim", headers={"X-CSRF-Token": "été".encode("latin-1")})
+    assert api.status_code == 403 and "stale CSRF token" in api.json()["detail"]
+
+
 def test_cookie_session_calls_the_api_with_a_csrf_header(ui, rt) -> None:
     store(rt, simulated(30, "v1:0.6", seed=1))
     page = _login(ui) and ui.get("/ui/queue")

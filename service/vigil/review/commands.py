@@ -68,6 +68,7 @@ def queue_cmd(
     st = _stage(ctx)
     f = QueueFilter(agent, version, rule, reason=reason, severity=severity, search=search)
     try:
+        f.check()  # a mistyped severity or reason is an error, as over HTTP, not an empty queue
         with st.sessions() as s:
             data = list_queue(s, f, status, limit, cursor=cursor, sort=sort, descending=False if ascending else None)
     except (BadCursor, Invalid) as exc:

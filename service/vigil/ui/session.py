@@ -123,7 +123,9 @@ class SessionManager:
 
     def csrf_ok(self, request: Request, token: str | None) -> bool:
         expected = self.read(request).get("csrf")
-        return bool(token and expected) and hmac.compare_digest(str(expected), str(token))
+        # compared as bytes: compare_digest refuses a str holding non-ASCII with a TypeError, which made a
+        # posted token such as "é" a 500 on every form instead of the stale-form answer
+        return bool(token and expected) and hmac.compare_digest(_bytes(expected), _bytes(token))
 
     def save(self, request: Request, response: Response) -> None:
         """Write the cookie if this request created or changed the session."""
@@ -193,3 +195,8 @@ def install(app: Any, settings: Settings, announce: bool, db: sessionmaker[Sessi
     app.state.ui_sessions = sessions
     app.state.session_principal = sessions.hook
     return sessions
+
+
+def _bytes(value: object) -> bytes:
+    """A token as bytes to compare (a lone surrogate a form decoded is kept, not an encoding error)."""
+    return str(value).encode("utf-8", "surrogatepass")

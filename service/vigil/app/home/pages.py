@@ -151,6 +151,8 @@ def _wider(agent: str, version: str, start: datetime, end: datetime, until: str 
     the range is already the longest a chart covers."""
     for name, span in [*quality.RANGES.items(), (f"{quality.MAX_RANGE.days}d", quality.MAX_RANGE)]:
         if span > end - start:
+            if end - datetime.min.replace(tzinfo=UTC) < span:
+                return None  # a range ending in year 1 has no longer one before it (the subtraction was a 500)
             if not until and name in quality.RANGES:
                 return quality_link(agent, version, last=name), name
             return quality_link(
