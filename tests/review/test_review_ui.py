@@ -70,7 +70,13 @@ def test_login_logout_and_key_checks(ui, rt) -> None:
 def test_login_form_needs_its_token_and_next_stays_on_site(ui) -> None:
     ui.get("/ui/login")
     assert ui.post("/ui/login", data={"api_key": "rita-key"}, follow_redirects=False).status_code == 403
-    for evil in ("//evil.example/x", "https://evil.example/", "/\\evil.example"):
+    for evil in (
+        "//evil.example/x",
+        "https://evil.example/",
+        "/\\evil.example",
+        "/\t/evil.example",
+        "/ui/" + "q" * 5000,
+    ):
         page = ui.get("/ui/login", params={"next": evil})
         r = ui.post(
             "/ui/login",

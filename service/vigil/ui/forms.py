@@ -29,9 +29,22 @@ def go(url: str) -> RedirectResponse:
     return RedirectResponse(url, status_code=303)
 
 
+# a console page's address with its filters (a conversation's with the escaped list address it came from, at
+# most links.BACK_MAX unescaped); longer is not one of ours, and a proxy's header buffer (often 4 kB) would 502
+NEXT_MAX = 4096
+
+
 def safe_next(target: str | None) -> str:
-    # only same-site paths: "//host" or "/\\host" would leave the site
-    if target and target.startswith("/") and not target.startswith(("//", "/\\")):
+    # only same-site paths: "//host" or "/\\host" would leave the site; a control character (a browser drops a
+    # tab or line break from an address: "/\t/host" is "//host" to it) or a Location header of many kilobytes
+    # (which a proxy in front answers with a 502) is not a page of ours either
+    if (
+        target
+        and len(target) <= NEXT_MAX
+        and target.isprintable()
+        and target.startswith("/")
+        and not target.startswith(("//", "/\\"))
+    ):
         return target
     return "/ui/queue"
 
