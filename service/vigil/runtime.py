@@ -22,7 +22,7 @@ from vigil.errors import ConfigError
 from vigil.heartbeat import Heartbeat
 from vigil.metrics import Metrics
 from vigil.rules import RuleEngine
-from vigil.schema import Conversation
+from vigil.schema import HOST_BOUND, Conversation, FutureBound
 from vigil.settings import Settings
 from vigil.store.models import OutcomeRow, VerdictRow
 from vigil.store.writes import BatchResult, Checked, DeadLetter
@@ -164,6 +164,8 @@ class Runtime:
     hooks: Hooks
     pipeline: Pipeline
     roles: frozenset[str] = frozenset({"serve"})
+    # the latest time an arriving item may carry, on the database's clock (vigil.store.clock): read once a batch
+    future_bound: FutureBound = HOST_BOUND
     judges: dict[str, JudgeInfo] = field(default_factory=dict)
     # each long-running loop's, by name ("consumer", "judge", "detector", "trace_finisher", "maintenance",
     # "otlp_grpc"): what /healthz answers from

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from functools import cached_property
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, Protocol
 
 import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -87,16 +87,52 @@ def _utc_representable(value: datetime, info: ValidationInfo) -> datetime:
 UtcTime = Annotated[datetime, AfterValidator(_utc_representable)]
 """A time in a conversation: ISO 8601 whose UTC equivalent lies within the years 1 to 9999."""
 
-# How far ahead of this host's clock a time that arrives (a conversation's, an outcome's) may be dated: clients'
-# clocks drift by seconds, while a time hours or days ahead is a wrong time (the console showed outcomes that had
-# not happened yet; a conversation dated ahead lands in an hour bucket after now and drags the detector's cursor)
+# How far ahead of the database's clock (this host's without a database) a time that arrives (a conversation's,
+# an outcome's) may be dated: clients' clocks drift by seconds, while a time hours or days ahead is a wrong time
+# (the console showed outcomes that had not happened yet; a conversation dated ahead lands in an hour bucket
+# after now and drags the detector's cursor). The database's clock, not this host's: what is stored is stamped
+# on it (received_at, the detector's hours), and a replica whose clock runs behind would refuse fresh data.
 FUTURE_ALLOWANCE: Final = timedelta(minutes=5)
 
 
-def latest_allowed() -> datetime:
-    """The latest time an arriving item may carry: this host's clock plus :data:`FUTURE_ALLOWANCE`. Read once a
-    batch: a batch is parsed in milliseconds."""
-    return datetime.now(UTC) + FUTURE_ALLOWANCE
+HOST_CLOCK: Final = "this server's clock"
+DATABASE_CLOCK: Final = "the database's clock"
+
+
+@dataclass(frozen=True, slots=True)
+class LatestAllowed:
+    """The latest time an arriving item may carry (``at``), and the clock it was read on (``clock``: what an
+    error names, :data:`HOST_CLOCK` or :data:`DATABASE_CLOCK`). Read once a batch: a batch is parsed in
+    milliseconds."""
+
+    at: datetime
+    clock: str = HOST_CLOCK
+
+
+class FutureBound(Protocol):
+    """What a stage asks for the latest time an arriving item may carry: this host's clock (:data:`HOST_BOUND`)
+    or the database's (``vigil.store.clock.DatabaseClock``), plus :data:`FUTURE_ALLOWANCE`. Cheap: no query."""
+
+    def latest_allowed(self) -> LatestAllowed: ...
+
+
+def host_now() -> datetime:
+    """This host's clock, in UTC."""
+    return datetime.now(UTC)
+
+
+def latest_allowed() -> LatestAllowed:
+    """The latest time an arriving item may carry on this host's clock: for code without a database (``vigil
+    import --dry-run``); the stages ask the runtime's :class:`FutureBound`, the database's clock."""
+    return LatestAllowed(host_now() + FUTURE_ALLOWANCE)
+
+
+class _HostBound:
+    def latest_allowed(self) -> LatestAllowed:
+        return latest_allowed()
+
+
+HOST_BOUND: Final[FutureBound] = _HostBound()
 
 
 def naive_hint(sent: Any) -> str:
@@ -111,15 +147,15 @@ def naive_hint(sent: Any) -> str:
     return f" ({sent!r} has no UTC offset, so it is read as UTC: send the offset, e.g. +02:00)" if naive else ""
 
 
-def in_future(field: str, value: datetime, latest: datetime, advice: str, sent: Any = None) -> dict[str, str]:
-    """The field error of a time later than ``latest`` (:func:`latest_allowed`): the field, the time, this
-    server's clock and the allowance, what to do, and the hint of :func:`naive_hint` for ``sent``."""
+def in_future(field: str, value: datetime, latest: LatestAllowed, advice: str, sent: Any = None) -> dict[str, str]:
+    """The field error of a time later than ``latest`` (:class:`FutureBound`): the field, the time, the clock
+    read and the allowance, what to do, and the hint of :func:`naive_hint` for ``sent``."""
     minutes = int(FUTURE_ALLOWANCE.total_seconds() // 60)
-    now = latest - FUTURE_ALLOWANCE
+    now = latest.at - FUTURE_ALLOWANCE
     message = (
-        f"{field} {in_utc(value).isoformat()} is in the future: this server's clock reads "
+        f"{field} {in_utc(value).isoformat()} is in the future: {latest.clock} reads "
         f"{now.isoformat(timespec='seconds')} and takes times at most {minutes} minutes ahead of it "
-        f"(up to {latest.isoformat(timespec='seconds')}); {advice}" + naive_hint(sent)
+        f"(up to {latest.at.isoformat(timespec='seconds')}); {advice}" + naive_hint(sent)
     )
     return {"field": field, "message": message}
 
@@ -619,10 +655,10 @@ def _sent(document: Any, path: tuple[str | int, ...]) -> Any:
 
 
 def conversation_in_future(
-    conversation: Conversation, latest: datetime, document: Any = None, limit: int = 20
+    conversation: Conversation, latest: LatestAllowed, document: Any = None, limit: int = 20
 ) -> tuple[list[dict[str, str]], int]:
     """The field errors of the first ``limit`` times of ``conversation`` later than ``latest``
-    (:func:`latest_allowed`), and how many there are: ``started_at``, ``ended_at``, ``updated_at``, each
+    (:class:`FutureBound`), and how many there are: ``started_at``, ``ended_at``, ``updated_at``, each
     message's ``timestamp`` and each inline outcome's ``occurred_at``; none when no time is. ``document`` (what
     was parsed, when there is one) names a time sent without an offset. Only the errors returned are built:
     a message each, where a hostile conversation dates thousands of messages ahead."""
@@ -630,11 +666,12 @@ def conversation_in_future(
     # latest on each offset's wall clock (naive: UTC's): a time compares with it as with its own tzinfo object,
     # field by field, where against UTC each comparison asks both offsets (0.45 us against 0.05: most of the
     # check's cost). Only for fixed offsets (what the schema parses); a zone's wall clock repeats an hour.
-    refs: dict[tzinfo | None, datetime] = {None: latest.astimezone(UTC).replace(tzinfo=None)}
+    at = latest.at
+    refs: dict[tzinfo | None, datetime] = {None: at.astimezone(UTC).replace(tzinfo=None)}
     known = refs.get
 
     def ref(tz: tzinfo | None) -> datetime:
-        refs[tz] = latest.astimezone(tz) if isinstance(tz, (TzInfo, timezone)) else latest
+        refs[tz] = at.astimezone(tz) if isinstance(tz, (TzInfo, timezone)) else at
         return refs[tz]
 
     times: list[tuple[tuple[str | int, ...], datetime]] = [

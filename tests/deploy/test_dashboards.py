@@ -30,6 +30,7 @@ REQUIRED_ALERTS = {
     "VigilLoopStalled",
     "VigilTargetDown",
     "VigilTargetsAbsent",
+    "VigilClockSkew",
 }
 SAMPLE_SUFFIXES = {
     "counter": ("_total", "_created"),

@@ -20,7 +20,7 @@ from vigil.app.wiring import wire
 from vigil.ingest.otlp.ingest import TraceIngest
 from vigil.ingest.simulate import Simulator, parse_versions
 from vigil.runtime import Envelope, Runtime
-from vigil.schema import Conversation
+from vigil.schema import Conversation, LatestAllowed
 from vigil.store.models import ConversationRow, DeadLetterRow, OutcomeRow
 
 PAST = datetime.now(UTC) - timedelta(days=1)
@@ -358,13 +358,13 @@ def test_the_allowance_is_exact_to_the_microsecond_whatever_the_offset() -> None
         for i, (edge, over) in enumerate((e, o) for e in edges for o in (0, -1, 1, 0))
     ]
     with pytest.raises(DecodeError) as refused:
-        decode_document(orjson.dumps(conv), 10**8, latest=latest)
+        decode_document(orjson.dumps(conv), 10**8, latest=LatestAllowed(latest))
     assert [e["field"] for e in refused.value.errors] == [f"messages.{4 * k + 2}.timestamp" for k in range(len(edges))]
     for over, found in ((0, 0), (1, 1)):
         model = Conversation.model_validate(sim(1)[0])
         at = latest.astimezone(ZoneInfo("Asia/Tokyo")) + timedelta(microseconds=over)
         model.messages[0] = model.messages[0].model_copy(update={"timestamp": at})
-        assert vigil.schema.conversation_in_future(model, latest)[1] == found
+        assert vigil.schema.conversation_in_future(model, LatestAllowed(latest))[1] == found
 
 
 def test_the_idle_finisher_finishes_a_conversation_still_ahead_unstored_and_a_later_span_brings_it_back(

@@ -16,6 +16,7 @@ from vigil.rules import RuleEngine
 from vigil.runtime import ROLES, Hooks, Runtime
 from vigil.settings import Settings
 from vigil.store import db
+from vigil.store.clock import future_bound
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +47,14 @@ def build_runtime(
     metrics = Metrics(registry, settings.max_label_values, settings.label_idle_hours * 3600)
     metrics.build_info.labels(__version__).set(1)
     hooks = Hooks()
-    pipeline = Pipeline(settings, sessions, rules, metrics, hooks.downstream)
+    bound = future_bound(engine, sessions, metrics.clock_offset)
+    pipeline = Pipeline(settings, sessions, rules, metrics, hooks.downstream, bound)
     observability.configure(settings)
     log.info("loaded %d rules from %s", len(rules.rules), settings.rule_packs)
     unknown = set(roles) - ROLES
     if unknown:
         raise ValueError(f"unknown roles {sorted(unknown)}")
-    return Runtime(settings, engine, sessions, rules, metrics, hooks, pipeline, frozenset(roles))
+    return Runtime(settings, engine, sessions, rules, metrics, hooks, pipeline, frozenset(roles), bound)
 
 
 # Young collections after this many new container objects instead of Python's 700. A batch of 1,000

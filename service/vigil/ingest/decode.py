@@ -10,8 +10,9 @@ One decoder for every way in (HTTP, Kafka, OTLP, replay, simulate), with the sam
   that would decode to more than ``VIGIL_MAX_JSON_EXPANSION`` times its size.
 * Otherwise the document must validate against the schema (``schema_invalid``).
 * No time in it (``started_at``, ``ended_at``, ``updated_at``, a message's ``timestamp``, an inline outcome's
-  ``occurred_at``) may lie more than ``FUTURE_ALLOWANCE`` (5 minutes) ahead of this server's clock, read
-  once a batch and passed as ``latest`` (``occurred_in_future``): as ``POST /v1/outcomes`` refuses an outcome.
+  ``occurred_at``) may lie more than ``FUTURE_ALLOWANCE`` (5 minutes) ahead of the database's clock (the
+  runtime's ``FutureBound``), read once a batch and passed as ``latest`` (``occurred_in_future``): as
+  ``POST /v1/outcomes`` refuses an outcome.
 * Integers keep their exact value, also beyond 64 bits (rules see ``2**70 + 1``, not the nearest double).
 
 Whatever passes can be stored and read back by every reader (the stored document is strict JSON).
@@ -22,7 +23,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import orjson
@@ -34,6 +34,7 @@ from vigil.schema import (
     INCOMING,
     UNSTORABLE,
     Conversation,
+    LatestAllowed,
     conversation_in_future,
     item_raw,
     lenient_loads,
@@ -115,9 +116,9 @@ def _parse(raw: bytes) -> Any:
     raise DecodeError("malformed_json", strict_error) from None
 
 
-def validate(obj: Any, latest: datetime | None = None) -> Conversation:
+def validate(obj: Any, latest: LatestAllowed | None = None) -> Conversation:
     """The schema check of one item, given as what the strict parser made of its bytes, and (``latest``
-    given) the check that none of its times is later than that (:func:`vigil.schema.latest_allowed`).
+    given) the check that none of its times is later than that (:class:`vigil.schema.FutureBound`).
 
     The strict parse has to build the objects anyway; validating them is 30% cheaper on a 31 kB
     conversation than having pydantic parse the same bytes a second time (the strings, the tool
@@ -132,7 +133,7 @@ def validate(obj: Any, latest: datetime | None = None) -> Conversation:
     return conversation
 
 
-def check_times(conversation: Conversation, latest: datetime, document: Any = None) -> None:
+def check_times(conversation: Conversation, latest: LatestAllowed, document: Any = None) -> None:
     """Raise ``occurred_in_future`` naming the times of ``conversation`` later than ``latest`` (the first 20)."""
     errors, found = conversation_in_future(conversation, latest, document)
     if found:
@@ -149,10 +150,10 @@ def _sized(raw: bytes, max_bytes: int) -> bytes:
 
 
 def decode_document(
-    raw: bytes | str, max_bytes: int, max_expansion: float = 0.0, latest: datetime | None = None
+    raw: bytes | str, max_bytes: int, max_expansion: float = 0.0, latest: LatestAllowed | None = None
 ) -> tuple[Conversation, bytes]:
     """Validate one JSON conversation; returns it with the bytes to store. Raises DecodeError. ``latest``: the
-    latest time it may carry (:func:`vigil.schema.latest_allowed`, read once a batch); None checks none.
+    latest time it may carry (:class:`vigil.schema.FutureBound`, read once a batch); None checks none.
 
     ``max_expansion`` (``VIGIL_MAX_JSON_EXPANSION``) refuses a message that would decode to more than that
     many times its size (``oversized``), as the API refuses such a body: a consumer holds a whole batch of
@@ -214,7 +215,7 @@ class Batch:
         return (i for i in self.items if i.error is not None)
 
 
-def decode_batch(body: bytes, max_bytes: int, max_items: int, latest: datetime | None = None) -> Batch:
+def decode_batch(body: bytes, max_bytes: int, max_items: int, latest: LatestAllowed | None = None) -> Batch:
     """Split a request body into items and decode each with the rules above (``latest`` as for
     :func:`decode_document`).
 

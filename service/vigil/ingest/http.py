@@ -26,7 +26,7 @@ from vigil.ingest.decode import DecodeError, Item, decode_batch
 from vigil.ingest.importers import FORMATS, MALFORMED
 from vigil.ingest.pipeline import Envelope
 from vigil.runtime import Runtime
-from vigil.schema import Conversation, latest_allowed, loads_exact, outcome_types, too_dense
+from vigil.schema import Conversation, loads_exact, outcome_types, too_dense
 from vigil.store.db import StoreUnavailable
 from vigil.store.writes import DeadLetter
 
@@ -141,7 +141,7 @@ def ingest_body(rt: Runtime, body: bytes) -> Answer:
     if refused is not None:
         return refused
     try:
-        batch = decode_batch(body, rt.settings.max_message_bytes, MAX_BATCH, latest_allowed())
+        batch = decode_batch(body, rt.settings.max_message_bytes, MAX_BATCH, rt.future_bound.latest_allowed())
     except DecodeError as exc:
         pipeline.store([], [DeadLetter("http", exc.reason, exc.detail, body)], "http")
         return Answer(_STATUS.get(exc.reason, 400), {"detail": exc.detail, "reason": exc.reason})
@@ -213,7 +213,7 @@ def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, a
     errors: list[dict[str, Any]] = []
     indexed: list[tuple[int, Conversation]] = []
     invalid: list[Item] = []
-    latest = latest_allowed()
+    latest = rt.future_bound.latest_allowed()
     for index, conv in enumerate(imported.conversations):
         raw = b""
         try:

@@ -23,7 +23,7 @@ from vigil.metrics import Metrics
 from vigil.observability import span
 from vigil.rules import RuleEngine
 from vigil.runtime import DownstreamStage, Envelope
-from vigil.schema import Conversation, latest_allowed
+from vigil.schema import HOST_BOUND, Conversation, FutureBound
 from vigil.settings import Settings
 from vigil.store.db import PERMANENT_DB_ERRORS, retry_kind, retry_transient, storable_text
 from vigil.store.db import db_detail as _db_detail
@@ -40,11 +40,13 @@ class Pipeline:
         rules: RuleEngine,
         metrics: Metrics,
         downstream: Sequence[DownstreamStage] = (),
+        bound: FutureBound = HOST_BOUND,
     ) -> None:
         self.settings = settings
         self.sessions = sessions
         self.rules = rules
         self.metrics = metrics
+        self.bound = bound  # the database's clock: what a time arriving may not lie ahead of
         self.stopping = threading.Event()  # set on shutdown: a failing write is not retried again
         self.downstream = downstream if isinstance(downstream, list) else list(downstream)  # the runtime's hooks list
         metrics.rules_loaded.set(len(rules.rules))
@@ -59,7 +61,7 @@ class Pipeline:
         checked: list[Checked] = []
         dead: list[DeadLetter] = []
         limit, expansion = self.settings.max_message_bytes, self.settings.max_json_expansion
-        latest = latest_allowed()
+        latest = self.bound.latest_allowed()
         for env in envelopes:
             if env.refused is not None:
                 dead.append(_letter(env, env.refused[0], env.refused[1]))
@@ -92,7 +94,7 @@ class Pipeline:
             checked: list[Checked] = []
             dead: list[DeadLetter] = []
             limit = self.settings.max_message_bytes
-            latest = latest_allowed()
+            latest = self.bound.latest_allowed()
             with span("vigil.decode_rules"):
                 for c in conversations:
                     raw = b""

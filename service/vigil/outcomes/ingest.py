@@ -28,15 +28,16 @@ from vigil.metrics import Metrics
 from vigil.outcomes.join import link_outcomes
 from vigil.runtime import Envelope
 from vigil.schema import (
+    HOST_BOUND,
     INCOMING,
     UNSTORABLE,
     ConversationId,
+    FutureBound,
     OutcomeType,
     UnreadableJson,
     in_future,
     in_utc,
     item_raw,
-    latest_allowed,
     outcome_types,
     read_items,
     too_dense,
@@ -184,8 +185,10 @@ class OutcomeStore:
         sessions: sessionmaker[Session],
         metrics: Metrics,
         listeners: list[Listener] | None = None,
+        bound: FutureBound = HOST_BOUND,
     ) -> None:
         self.settings = settings
+        self.bound = bound  # the database's clock: what an outcome's occurred_at may not lie ahead of
         self.sessions = sessions
         self.metrics = metrics
         self.types: dict[str, OutcomeType] = outcome_types(settings.outcome_types)
@@ -199,7 +202,7 @@ class OutcomeStore:
         valid: list[tuple[int, OutcomeIn]] = []
         errors: list[ItemError] = []
         refused = refused or {}
-        latest = latest_allowed()
+        latest = self.bound.latest_allowed()
         for index, item in enumerate(items):
             if index in refused:
                 reason, where = refused[index]
@@ -230,7 +233,7 @@ class OutcomeStore:
                     )
                 )
                 continue
-            if outcome.occurred_at is not None and outcome.occurred_at > latest:
+            if outcome.occurred_at is not None and outcome.occurred_at > latest.at:
                 sent = item.get("occurred_at") if isinstance(item, dict) else None
                 error = in_future("occurred_at", outcome.occurred_at, latest, _FUTURE_ADVICE, sent)
                 errors.append(ItemError(index, "occurred_in_future", [error]))

@@ -9,7 +9,7 @@ from vigil.runtime import Runtime
 
 
 def wire(rt: Runtime) -> OutcomeStore:
-    store = OutcomeStore(rt.settings, rt.sessions, rt.metrics, rt.hooks.outcome_listeners)
+    store = OutcomeStore(rt.settings, rt.sessions, rt.metrics, rt.hooks.outcome_listeners, rt.future_bound)
     rt.provide(store)
     rt.hooks.downstream.append(OutcomeJoin(store))
     rt.hooks.topic_handlers[rt.settings.kafka_outcomes_topic] = store.handle_envelopes

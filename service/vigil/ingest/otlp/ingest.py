@@ -37,7 +37,7 @@ from vigil.ingest.otlp.models import OtelConversationRow, OtelConversationTraceR
 from vigil.ingest.otlp.otlp import EXTENDS, STORED_NS, valid_ids, valid_times
 from vigil.ingest.otlp.shared import SharedValues, purge_values, resolve
 from vigil.runtime import Runtime
-from vigil.schema import INCOMING, Conversation, conversation_in_future, latest_allowed
+from vigil.schema import INCOMING, Conversation, LatestAllowed, conversation_in_future
 from vigil.store.db import after_commit, among, aware, clock, retry_kind, retry_transient, write_clock
 from vigil.store.writes import Checked, DeadLetter, copy_new_values
 
@@ -599,7 +599,7 @@ class TraceIngest:
         convs: list[tuple[Conversation, str, None]] = []
         dead: list[DeadLetter] = []  # conversations dated ahead of now
         refused: list[str] = []  # their keys
-        latest: datetime | None = None  # read once, at the first conversation assembled
+        latest: LatestAllowed | None = None  # read once, at the first conversation assembled
         empty: list[str] = []
         ended: dict[str, int] = {}  # every trace's root came, no messages yet: spans and events assembled
         for key in sorted(touched):
@@ -641,7 +641,7 @@ class TraceIngest:
             # span times are the exporting host's clock: one running ahead would date the conversation ahead
             # of now, as a producer's clock would on the other ways in (its spans stay stored: a revision
             # assembled once the clock has passed them is taken)
-            latest = latest or latest_allowed()
+            latest = latest or self.rt.future_bound.latest_allowed()
             future, found = conversation_in_future(conv, latest, doc, limit=5)
             if found:
                 detail = "; ".join(e["message"] for e in future) + (f"; ... and {found - 5} more" if found > 5 else "")

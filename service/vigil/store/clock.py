@@ -1,0 +1,119 @@
+"""The database's clock on this host, without a query per batch: the offset between the two clocks, measured
+at start-up and again once a minute while it is asked (see :class:`DatabaseClock`)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from prometheus_client import Gauge
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from vigil.schema import DATABASE_CLOCK, FUTURE_ALLOWANCE, HOST_BOUND, FutureBound, LatestAllowed, host_now
+from vigil.store.db import clock
+
+log = logging.getLogger(__name__)
+
+# Clocks drift by milliseconds an hour; a minute between measurements follows a clock stepped by NTP (or an
+# operator) within a minute, at one cheap query a minute.
+REFRESH_SECONDS = 60.0
+
+
+def _in_thread(measure: Callable[[], object]) -> None:
+    threading.Thread(target=measure, name="vigil-clock-offset", daemon=True).start()
+
+
+class DatabaseClock:
+    """The latest time an arriving item may carry on the database's clock: this host's clock plus the offset
+    last measured (``database − host``), plus :data:`~vigil.schema.FUTURE_ALLOWANCE`. Every time stored is
+    stamped on the database's clock (``received_at``, the detector's hours), so a replica whose clock runs
+    behind must not refuse fresh data as dated ahead, nor one running ahead take data from the future.
+
+    One measurement reads the database's clock (``read``) between two reads of this host's monotonic clock,
+    and takes the offset from the midpoint. :meth:`latest_allowed` never waits on the database: once the last
+    measurement is older than ``refresh_seconds`` it starts the next one (``spawn``: on a thread) and answers
+    with the last offset meanwhile. A failed measurement keeps the last offset; with none yet, the host's clock
+    is the reference (and errors name it). Either is logged once, until a measurement succeeds again."""
+
+    def __init__(
+        self,
+        read: Callable[[], datetime],
+        gauge: Gauge | None = None,
+        refresh_seconds: float = REFRESH_SECONDS,
+        *,
+        host: Callable[[], datetime] = host_now,
+        monotonic: Callable[[], float] = time.monotonic,
+        spawn: Callable[[Callable[[], object]], None] = _in_thread,
+    ) -> None:
+        self.read = read
+        self.gauge = gauge
+        self.refresh_seconds = refresh_seconds
+        self.host = host
+        self.monotonic = monotonic
+        self.spawn = spawn
+        self.offset: timedelta | None = None  # database − host; None until a measurement succeeded
+        self.measured_at: float | None = None  # monotonic, of the last attempt (failed ones too: not retried per batch)
+        self.failing = False
+        self._lock = threading.Lock()
+        self._measuring = False
+        if gauge is not None:
+            gauge.set(math.nan)
+
+    def measure(self) -> timedelta | None:
+        """Read the database's clock once and keep the offset; on failure keep the last one (logged once)."""
+        try:
+            host, start = self.host(), self.monotonic()
+            database = self.read()
+            elapsed = self.monotonic() - start
+        except Exception as exc:  # a database down or slow: ingest goes on with what it has
+            with self._lock:
+                self.measured_at, self._measuring = self.monotonic(), False
+                first, self.failing = not self.failing, True
+            if first:
+                kept = "keeps the last offset" if self.offset is not None else "uses this host's clock"
+                log.warning("could not read the database's clock (%s): the future-dated check %s", exc, kept)
+            return self.offset
+        offset = database - (host + timedelta(seconds=elapsed / 2))
+        with self._lock:
+            self.offset, self.measured_at, self._measuring = offset, self.monotonic(), False
+            recovered, self.failing = self.failing, False
+        if recovered:
+            log.info("the database's clock reads again: %+.3f s from this host's", offset.total_seconds())
+        if self.gauge is not None:
+            self.gauge.set(-offset.total_seconds())
+        return offset
+
+    def latest_allowed(self) -> LatestAllowed:
+        with self._lock:
+            stale = self.measured_at is None or self.monotonic() - self.measured_at >= self.refresh_seconds
+            start = stale and not self._measuring
+            if start:
+                self._measuring = True
+            offset = self.offset
+        if start:
+            self.spawn(self.measure)
+        if offset is None:
+            return HOST_BOUND.latest_allowed()
+        return LatestAllowed(self.host() + offset + FUTURE_ALLOWANCE, DATABASE_CLOCK)
+
+
+def future_bound(engine: Engine, sessions: sessionmaker[Session], gauge: Gauge | None = None) -> FutureBound:
+    """The bound the stages of a process check arriving times against: on Postgres the database's clock
+    (:class:`DatabaseClock`, measured once here); on SQLite this host's, which is SQLite's own (no query)."""
+    if engine.dialect.name == "sqlite":
+        if gauge is not None:
+            gauge.set(0.0)
+        return HOST_BOUND
+
+    def read() -> datetime:
+        with sessions() as session:
+            return clock(session)
+
+    bound = DatabaseClock(read, gauge)
+    bound.measure()
+    return bound
