@@ -263,6 +263,31 @@ def test_a_keyword_and_an_unrelated_next_reply_are_no_value(first: str, second: 
     assert _split_hits(u("?"), a(first), a(second), except_user_provided=False) == []
 
 
+@pytest.mark.parametrize(
+    ("first", "reply", "second"),
+    [
+        ("Your order ships soon. Call us anytime", "What's my order number?", "4155550123"),
+        ("Please enter your new password", "done", "Saved2024 is your plan's code."),
+        ("To verify, I need your date of birth:", "why?", "03/14/2021 is when the policy changed."),
+        ("Please confirm your SSN:", "which format?", "123456789 is a made-up example."),
+    ],
+)
+def test_a_keyword_and_the_reply_after_a_user_turn_are_no_value(first: str, reply: str, second: str) -> None:
+    """A user turn between the keyword's reply and the next one ends the clause: the next reply answers the
+    user (``Call us anytime``, the user asks for the order number, ``4155550123``), it does not go on with the
+    keyword. A value split across a user turn is still one (streamed, interrupted), but no keyword reaches it."""
+    assert _split_hits(u("?"), a(first), u(reply), a(second), except_user_provided=False) == []
+    from vigil.export.redact import Redactor, redact_task
+
+    task = {
+        "messages": [{"role": "user", "content": "?"}, {"role": "assistant", "content": first}, u(reply)],
+        "failure": {"failed_turn": {"role": "assistant", "content": second}, "rules": [], "judges": []},
+    }
+    assert redact_task(Redactor(), task)["failure"]["failed_turn"]["content"] == second
+    [hit] = _split_hits(u("?"), a("You can reach her at"), u("go on"), a("(415) 555-"), a("0123."))
+    assert hit.details["split_across"] == [3, 4]
+
+
 def test_a_password_after_its_keyword_is_read_apart_from_the_keyword_s_last_word() -> None:
     """Streamed, ``password is`` then ``hunter2!x`` read as ``password ishunter2!x``: a password ``ishunter2!x``,
     with ``is`` redacted and a value the user's ``hunter2!x`` never equals."""

@@ -260,7 +260,8 @@ def _split_spans(messages: list[Any]) -> dict[int, list[tuple[int, int, str, boo
     for chain in pii_split.chains(pairs):
         texts = [pairs[i][1] for i in chain]
         inside = [pii.detect_folded(Folded(t)) for t in texts]
-        for split in pii_split.splits(texts, pii.KINDS, inside, extending=True):
+        turns = pii_split.answered(chain, [role for role, _ in pairs])
+        for split in pii_split.splits(texts, pii.KINDS, inside, extending=True, after_turn=turns):
             for n, part in enumerate(split.parts):
                 out.setdefault(chain[part.index], []).append((part.start, part.end, split.kind, n == 0))
     return out

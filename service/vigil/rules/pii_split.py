@@ -82,12 +82,26 @@ def chains(messages: Iterable[tuple[str, str]]) -> Iterator[list[int]]:
         yield chain
 
 
+def answered(chain: Sequence[int], roles: Sequence[str]) -> frozenset[int]:
+    """The positions in ``chain`` (indexes of ``roles``' messages) of the texts a user turn comes before,
+    after the chain's text before them: what a keyword before that turn said does not reach into them."""
+    return frozenset(
+        k for k in range(1, len(chain)) if any(roles[j] == "user" for j in range(chain[k - 1] + 1, chain[k]))
+    )
+
+
 def splits(
-    texts: Sequence[str], kinds: Sequence[str], inside: Sequence[Sequence[pii.Found]], extending: bool = False
+    texts: Sequence[str],
+    kinds: Sequence[str],
+    inside: Sequence[Sequence[pii.Found]],
+    extending: bool = False,
+    after_turn: frozenset[int] = frozenset(),
 ) -> list[Split]:
     """Values of ``kinds`` crossing a boundary of the chain ``texts``, or made values by a keyword before the
     boundary (:data:`pii.KEYWORDS`), none overlapping ``inside`` (what the detector found in each text alone)
-    unless ``extending``, in text order without overlaps. Part indexes are positions in ``texts``."""
+    unless ``extending``, in text order without overlaps. Part indexes are positions in ``texts``.
+    ``after_turn``: the positions of texts a user turn comes before (:func:`answered`); a keyword's value is
+    not read across one (the reply answers the user), a value split across one is."""
     chain = _Chain(texts)
     joints = _joints(chain, kinds)
     if not joints:
@@ -112,7 +126,7 @@ def splits(
                 if first and kind == "secret" and one and not extends:  # a value by the keyword alone
                     spelled.add(start)
                 if one:
-                    after = None if extends else chain.keyword_made(kind, value, start, a)
+                    after = None if extends else chain.keyword_made(kind, value, start, a, after_turn)
                     if after is not None:
                         found.append(_Candidate(start, end, kind, value, False, after, first))
                 elif (extending or not extends) and not (
@@ -292,15 +306,17 @@ class _Chain:
         at = p - self.offsets[k]
         return self.texts[k][max(0, at - _KEYWORD_REACH) : at].lower()
 
-    def keyword_made(self, kind: str, value: str, start: int, a: int) -> int | None:
+    def keyword_made(self, kind: str, value: str, start: int, a: int, after_turn: frozenset[int]) -> int | None:
         """For a value found at ``start`` in a window from ``a`` and lying in one text, which the detector
         did not find reading that text alone: the index of the text before whose keyword made it a value, if
-        one clause runs from that text to the value (no sentence ends between them); else None. A word
-        opening the next message after a keyword written out (``the new token`` then ``Please log in``) is
-        the start of a sentence, not a password."""
+        one clause runs from that text to the value (no sentence ends between them, no user turn comes
+        between them: the positions ``after_turn``); else None. A word opening the next message after a
+        keyword written out (``the new token`` then ``Please log in``) is the start of a sentence, not a
+        password."""
         if kind not in pii.KEYWORDS:
             return None
-        q = self.offsets[bisect_right(self.offsets, start) - 1]  # where the text holding the value starts
+        holder = bisect_right(self.offsets, start) - 1
+        q = self.offsets[holder]  # where the text holding the value starts
         if q <= a or _SENTENCE_END.search(self._slice(q, start)):
             return None
         p = q - 1
@@ -309,7 +325,10 @@ class _Chain:
         last = self.char(p)
         if last in _ENDS or (kind == "secret" and value.isalpha() and last.isalpha()):
             return None
-        return bisect_right(self.offsets, p) - 1
+        keyword = bisect_right(self.offsets, p) - 1
+        if after_turn and any(k in after_turn for k in range(keyword + 1, holder + 1)):
+            return None
+        return keyword
 
     def ragged(self, p: int) -> bool:
         """Whether a window edge at ``p`` cuts between two characters of one word (not at the chain's ends)."""
