@@ -257,6 +257,10 @@ def test_a_value_after_its_keyword_streamed_in_chunks_is_found() -> None:
         ("Your password", "reset link: 4155550123 ..."),
         ("Your SSN", " stays private. 123456789 is the ticket."),  # a sentence ends between them
         ("Your password is", "hun"),  # too short to be one
+        # a word and the mark that ends its sentence, or opens a list, is no password either
+        ("Please enter your new password", "Thanks! You're all set."),
+        ("Let me help you with your password", "Sure! First, open the app."),
+        ("You can find the API key", "Here: Settings, then Keys."),
     ],
 )
 def test_a_keyword_and_an_unrelated_next_reply_are_no_value(first: str, second: str) -> None:

@@ -312,7 +312,7 @@ class _Chain:
         one clause runs from that text to the value (no sentence ends between them, no user turn comes
         between them: the positions ``after_turn``); else None. A word opening the next message after a
         keyword written out (``the new token`` then ``Please log in``) is the start of a sentence, not a
-        password."""
+        password, nor one with the mark that ends its sentence (``Thanks!``, ``Here:``)."""
         if kind not in pii.KEYWORDS:
             return None
         holder = bisect_right(self.offsets, start) - 1
@@ -323,7 +323,9 @@ class _Chain:
         while p > max(a, q - _KEYWORD_REACH) and self.char(p).isspace():
             p -= 1
         last = self.char(p)
-        if last in _ENDS or (kind == "secret" and value.isalpha() and last.isalpha()):
+        # a word, with the mark that ends its sentence or opens what follows ("Thanks!", "Here:"), after a
+        # keyword written out opens a sentence of its own
+        if last in _ENDS or (kind == "secret" and value.rstrip(".!?:").isalpha() and last.isalpha()):
             return None
         keyword = bisect_right(self.offsets, p) - 1
         if after_turn and any(k in after_turn for k in range(keyword + 1, holder + 1)):
