@@ -392,6 +392,21 @@ def test_export_redaction_replaces_both_parts_of_a_value_running_into_a_json_rep
     assert counts == {"secret": 1}
 
 
+@pytest.mark.parametrize(
+    ("reply", "redacted"), [("[true]", ["[REDACTED:secret]"]), ("[null, 1]", ["[REDACTED:secret]", 1])]
+)
+def test_export_redaction_replaces_a_json_literal_a_part_holds(reply: str, redacted: Any) -> None:
+    """``token=abc`` then ``[true]``: ``pii_leak`` reads the value ``abc[true]``; its ``true`` is as much a
+    part as a number would be, and was left in the JSON."""
+    import json
+
+    [hit] = _split_hits(u("?"), a("Use token=abc"), a(reply))
+    assert hit.details == {"kind": "secret", "split_across": [1, 2]}
+    [text, json_reply], counts = _exported("Use token=abc", reply)
+    assert text == "Use token=[REDACTED:secret]" and json.loads(json_reply) == redacted
+    assert counts == {"secret": 1}
+
+
 def test_export_redaction_of_json_replies_in_long_chains_and_long_replies() -> None:
     import json
 
