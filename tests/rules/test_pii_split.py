@@ -218,6 +218,11 @@ KEYWORD_THEN_VALUE = [
     ("phone", "Her mobile number:", " 4155550123", "4155550123"),
     ("dob", "Her date of birth is", "03/14/1985, as on file.", "03/14/1985"),
     ("ssn", "His SSN is", "123456789.", "123456789"),
+    # the keyword itself ends the reply, the digits open the next: streamed, "DOB03/14/1985" is no date after
+    # its keyword (no word boundary), so the window is read with a space there too
+    ("dob", "Patient DOB", "03/14/1985", "03/14/1985"),
+    ("ssn", "His SSN", "123456789 (verified)", "123456789"),
+    ("phone", "Her mobile", "4155550123", "4155550123"),
 ]
 
 

@@ -106,10 +106,12 @@ def splits(
     joints = _joints(chain, kinds)
     if not joints:
         return []
-    # Only a password's keyword needs white space before its value ("password is hunter2"): a phone number,
-    # a date of birth or an SSN is found after its keyword streamed ("reach her at4155550123"), and a space
-    # inserted inside a word would cut the words that say a number is not a phone ("o" then "rder 5550123456").
+    # A password's keyword needs white space before its value ("password is hunter2"): a phone number, a date
+    # of birth or an SSN is found after its keyword streamed ("reach her at4155550123"), but for the keyword
+    # itself glued to the digits ("DOB" then "03/14/1985": no word ends at "DOB0"). No space elsewhere: inside
+    # a word it would cut the words that say a number is not a phone ("o" then "rder 5550123456").
     needles = pii.KEYWORDS["secret"] if "secret" in kinds else ()
+    digit_words = tuple(w for k in ("phone", "dob", "ssn") if k in kinds for w in pii.KEYWORDS[k])
     taken = sorted((chain.offsets[k] + f.start, chain.offsets[k] + f.end) for k, fs in enumerate(inside) for f in fs)
     taken_starts = [t for t, _ in taken]
     found: list[_Candidate] = []
@@ -117,7 +119,11 @@ def splits(
     for a, b in _regions(joints, chain.length):
         inner = joints[bisect_right(joints, a) : bisect_left(joints, b)]
         keyworded = {p for p in inner if needles and chain.keyword_before(p, needles)}
-        spaced = [p for p in inner if p in keyworded or chain.digits_meet(p)]
+        spaced = [
+            p
+            for p in inner
+            if p in keyworded or chain.digits_meet(p) or (digit_words and chain.keyword_ends(p, digit_words))
+        ]
         for inserted in ([], spaced) if spaced else ([],):
             for start, end, kind, value, extends, one in _read(
                 chain, a, b, inserted, kinds, joints, taken, taken_starts
@@ -290,6 +296,11 @@ class _Chain:
             return False
         tail = self.tail(p)
         return any(w in tail for w in needles)
+
+    def keyword_ends(self, p: int, words: tuple[str, ...]) -> bool:
+        """Whether the text before joint ``p`` ends with one of ``words``, a letter, and the next opens with a
+        digit (``Patient DOB`` then ``03/14/1985``)."""
+        return self.char(p - 1).isalpha() and self.char(p).isdigit() and self.tail(p).endswith(words)
 
     def joiner_glued(self, start: int, end: int, keyworded: set[int]) -> bool:
         """Whether a password read streamed from ``start`` to ``end`` opens with the word that joins a keyword
