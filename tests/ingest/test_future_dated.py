@@ -407,12 +407,12 @@ def test_the_idle_finisher_finishes_a_conversation_still_ahead_unstored_and_a_la
 
 
 def test_a_growing_otlp_conversation_dated_ahead_leaves_a_letter_when_first_refused_and_when_finished(
-    sqlite_url: str,
+    db_url: str,
 ) -> None:
     """Each revision assembled while the trace grows is refused again, but only the first and the finished
     one are kept as dead letters: a letter every progress interval would fill the dead-letter table with
     copies of one conversation and hold DeadLettersRising up for as long as the trace grows."""
-    s = make_settings(sqlite_url, judge_mode="offline", otlp_progress_interval_seconds=0)
+    s = make_settings(db_url, judge_mode="offline", otlp_progress_interval_seconds=0)
     rt = wire(build_runtime(s, registry=CollectorRegistry()), {"api"})
     ingest = rt.get(TraceIngest)
     start = datetime.now(UTC) + timedelta(hours=2)
@@ -461,3 +461,37 @@ def test_vigil_import_dry_run_names_what_storing_would_refuse_as_dated_ahead(tmp
     assert f"conversation {later['conversation_id']}:" in result.output and "started_at" in result.output
     assert f"conversation {good['conversation_id']}:" not in result.output
     assert "read 2 conversations, refused 1" in result.output
+
+
+def test_an_otlp_conversation_stored_then_dated_ahead_leaves_a_letter_when_first_refused(db_url: str) -> None:
+    """A revision of the conversation was stored before its exporter's clock jumped ahead: the first refused
+    revision is kept as a letter (it was not: a stored revision counted as a refused one), not every one."""
+    s = make_settings(db_url, judge_mode="offline", otlp_progress_interval_seconds=0)
+    rt = wire(build_runtime(s, registry=CollectorRegistry()), {"api"})
+    ingest = rt.get(TraceIngest)
+    now = datetime.now(UTC)
+
+    def child(n: int, at: datetime) -> dict[str, Any]:
+        said = orjson.dumps([{"role": "assistant", "parts": [{"type": "text", "content": f"step {n}"}]}]).decode()
+        ns = int((at + timedelta(seconds=n)).timestamp() * 1e9)
+        return {
+            "trace_id": f"{6:032x}",
+            "span_id": f"{n:016x}",
+            "parent_span_id": "00000000000000ff",
+            "name": "chat m",
+            "kind": 3,
+            "start_ns": ns,
+            "end_ns": ns + 1_000_000,
+            "attributes": {"gen_ai.conversation.id": "jumped", "gen_ai.output.messages": said},
+            "events": [],
+            "status": {"code": 0, "message": ""},
+            "resource": {"service.name": "skewed-agent"},
+        }
+
+    ingest.ingest([child(1, now - timedelta(minutes=1))])
+    assert stored_ids(rt) == {"jumped"} and letters(rt) == []
+    for n in range(2, 5):  # the exporter's clock now runs two hours ahead: each revision is refused
+        res = ingest.ingest([child(n, now + timedelta(hours=2))])
+        assert any("conversation jumped:" in p for p in res.problems), (n, res.problems)
+    assert [x.reason for x in letters(rt)] == ["occurred_in_future"]
+    rt.close()

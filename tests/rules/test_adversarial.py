@@ -322,6 +322,7 @@ CHAINS: dict[str, Callable[[int], Conversation]] = {
     "keyword_then_value": lambda n: _chain(["Your password is", "hunter2!x for now"] * (n // 33)),
     "glued_keywords": lambda n: _chain(["token"] * (n // 5)),
     "keyword_then_spaces": lambda n: _chain(["call me at", " " * 500 + "4155550123"] * (n // 520)),
+    "keyword_glued_to_digits": lambda n: _chain(["Her mobile", "4155550123", "DOB", "03/14/1985"] * (n // 33)),
 }
 
 

@@ -218,6 +218,11 @@ KEYWORD_THEN_VALUE = [
     ("phone", "Her mobile number:", " 4155550123", "4155550123"),
     ("dob", "Her date of birth is", "03/14/1985, as on file.", "03/14/1985"),
     ("ssn", "His SSN is", "123456789.", "123456789"),
+    # the keyword itself ends the reply, the digits open the next: streamed, "DOB03/14/1985" is no date after
+    # its keyword (no word boundary), so the window is read with a space there too
+    ("dob", "Patient DOB", "03/14/1985", "03/14/1985"),
+    ("ssn", "His SSN", "123456789 (verified)", "123456789"),
+    ("phone", "Her mobile", "4155550123", "4155550123"),
 ]
 
 
@@ -257,10 +262,39 @@ def test_a_value_after_its_keyword_streamed_in_chunks_is_found() -> None:
         ("Your password", "reset link: 4155550123 ..."),
         ("Your SSN", " stays private. 123456789 is the ticket."),  # a sentence ends between them
         ("Your password is", "hun"),  # too short to be one
+        # a word and the mark that ends its sentence, or opens a list, is no password either
+        ("Please enter your new password", "Thanks! You're all set."),
+        ("Let me help you with your password", "Sure! First, open the app."),
+        ("You can find the API key", "Here: Settings, then Keys."),
     ],
 )
 def test_a_keyword_and_an_unrelated_next_reply_are_no_value(first: str, second: str) -> None:
     assert _split_hits(u("?"), a(first), a(second), except_user_provided=False) == []
+
+
+@pytest.mark.parametrize(
+    ("first", "reply", "second"),
+    [
+        ("Your order ships soon. Call us anytime", "What's my order number?", "4155550123"),
+        ("Please enter your new password", "done", "Saved2024 is your plan's code."),
+        ("To verify, I need your date of birth:", "why?", "03/14/2021 is when the policy changed."),
+        ("Please confirm your SSN:", "which format?", "123456789 is a made-up example."),
+    ],
+)
+def test_a_keyword_and_the_reply_after_a_user_turn_are_no_value(first: str, reply: str, second: str) -> None:
+    """A user turn between the keyword's reply and the next one ends the clause: the next reply answers the
+    user (``Call us anytime``, the user asks for the order number, ``4155550123``), it does not go on with the
+    keyword. A value split across a user turn is still one (streamed, interrupted), but no keyword reaches it."""
+    assert _split_hits(u("?"), a(first), u(reply), a(second), except_user_provided=False) == []
+    from vigil.export.redact import Redactor, redact_task
+
+    task = {
+        "messages": [{"role": "user", "content": "?"}, {"role": "assistant", "content": first}, u(reply)],
+        "failure": {"failed_turn": {"role": "assistant", "content": second}, "rules": [], "judges": []},
+    }
+    assert redact_task(Redactor(), task)["failure"]["failed_turn"]["content"] == second
+    [hit] = _split_hits(u("?"), a("You can reach her at"), u("go on"), a("(415) 555-"), a("0123."))
+    assert hit.details["split_across"] == [3, 4]
 
 
 def test_a_password_after_its_keyword_is_read_apart_from_the_keyword_s_last_word() -> None:
@@ -360,6 +394,21 @@ def test_export_redaction_replaces_both_parts_of_a_value_running_into_a_json_rep
     [text, json_reply], counts = _exported("Use token=abc", "[1234]")
     assert text == "Use token=[REDACTED:secret]"
     assert json.loads(json_reply) == ["[REDACTED:secret]"]
+    assert counts == {"secret": 1}
+
+
+@pytest.mark.parametrize(
+    ("reply", "redacted"), [("[true]", ["[REDACTED:secret]"]), ("[null, 1]", ["[REDACTED:secret]", 1])]
+)
+def test_export_redaction_replaces_a_json_literal_a_part_holds(reply: str, redacted: Any) -> None:
+    """``token=abc`` then ``[true]``: ``pii_leak`` reads the value ``abc[true]``; its ``true`` is as much a
+    part as a number would be, and was left in the JSON."""
+    import json
+
+    [hit] = _split_hits(u("?"), a("Use token=abc"), a(reply))
+    assert hit.details == {"kind": "secret", "split_across": [1, 2]}
+    [text, json_reply], counts = _exported("Use token=abc", reply)
+    assert text == "Use token=[REDACTED:secret]" and json.loads(json_reply) == redacted
     assert counts == {"secret": 1}
 
 

@@ -260,22 +260,25 @@ def _split_spans(messages: list[Any]) -> dict[int, list[tuple[int, int, str, boo
     for chain in pii_split.chains(pairs):
         texts = [pairs[i][1] for i in chain]
         inside = [pii.detect_folded(Folded(t)) for t in texts]
-        for split in pii_split.splits(texts, pii.KINDS, inside, extending=True):
+        turns = pii_split.answered(chain, [role for role, _ in pairs])
+        for split in pii_split.splits(texts, pii.KINDS, inside, extending=True, after_turn=turns):
             for n, part in enumerate(split.parts):
                 out.setdefault(chain[part.index], []).append((part.start, part.end, split.kind, n == 0))
     return out
 
 
-# A JSON text's scalars as written: strings (quotes included, escapes whole) and numbers. Run on a text that
-# parsed as JSON, from its start, it meets every string whole, so a digit inside one is never read as a number.
-_JSON_SCALAR = compile_linear(r'"(?:[^"\\]|\\.)*"|-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?')
+# A JSON text's scalars as written: strings (quotes included, escapes whole), numbers and the literals. Run on
+# a text that parsed as JSON, from its start, it meets every string whole, so a digit or a word inside one is
+# never read as a number or a literal.
+_JSON_SCALAR = compile_linear(r'"(?:[^"\\]|\\.)*"|-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null')
 
 
 def _json_parts(redactor: Redactor, text: str, spans: list[tuple[int, int, str, bool]]) -> str:
     """``text``, a JSON object or array as written, with the parts of split values at ``spans`` replaced, each
     ``(start, end, kind, counted)``, so that it stays JSON: within a string, the part's characters (the whole
-    string's when it holds an escape, which the part could cut in two); a number the part touches, whole,
-    by its redaction as a string (as :meth:`Redactor.number` does); brackets, braces, colons and commas,
+    string's when it holds an escape, which the part could cut in two); a number or a literal (``true``,
+    ``false``, ``null``) the part touches, whole, by its redaction as a string (as :meth:`Redactor.number`
+    does for a number); brackets, braces, colons and commas,
     which hold nothing of a value, stay. Every value's first part is counted, replaced or not."""
     scalars = [m.span() for m in _JSON_SCALAR.finditer(text)]
     starts = [a for a, _ in scalars]

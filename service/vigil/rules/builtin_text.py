@@ -116,9 +116,11 @@ def pii_leak(view: ConversationView, args: PiiLeakArgs) -> Iterator[Hit]:
                 yield Hit(f"{kind} in assistant text", [Evidence(i, found.start, found.end, None)], {"kind": kind})
     if len(inside) < 2:
         return
+    roles = [m.role for m in view.messages]
     for chain in pii_split.chains((m.role, view.texts[i] if i in inside else "") for i, m in enumerate(view.messages)):
         texts = [view.texts[i] for i in chain]
-        for split in pii_split.splits(texts, args.kinds, [inside[i] for i in chain]):
+        turns = pii_split.answered(chain, roles)
+        for split in pii_split.splits(texts, args.kinds, [inside[i] for i in chain], after_turn=turns):
             if user_provided(split.value):
                 continue
             indexes = [chain[p.index] for p in split.parts]

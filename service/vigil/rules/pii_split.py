@@ -82,20 +82,36 @@ def chains(messages: Iterable[tuple[str, str]]) -> Iterator[list[int]]:
         yield chain
 
 
+def answered(chain: Sequence[int], roles: Sequence[str]) -> frozenset[int]:
+    """The positions in ``chain`` (indexes of ``roles``' messages) of the texts a user turn comes before,
+    after the chain's text before them: what a keyword before that turn said does not reach into them."""
+    return frozenset(
+        k for k in range(1, len(chain)) if any(roles[j] == "user" for j in range(chain[k - 1] + 1, chain[k]))
+    )
+
+
 def splits(
-    texts: Sequence[str], kinds: Sequence[str], inside: Sequence[Sequence[pii.Found]], extending: bool = False
+    texts: Sequence[str],
+    kinds: Sequence[str],
+    inside: Sequence[Sequence[pii.Found]],
+    extending: bool = False,
+    after_turn: frozenset[int] = frozenset(),
 ) -> list[Split]:
     """Values of ``kinds`` crossing a boundary of the chain ``texts``, or made values by a keyword before the
     boundary (:data:`pii.KEYWORDS`), none overlapping ``inside`` (what the detector found in each text alone)
-    unless ``extending``, in text order without overlaps. Part indexes are positions in ``texts``."""
+    unless ``extending``, in text order without overlaps. Part indexes are positions in ``texts``.
+    ``after_turn``: the positions of texts a user turn comes before (:func:`answered`); a keyword's value is
+    not read across one (the reply answers the user), a value split across one is."""
     chain = _Chain(texts)
     joints = _joints(chain, kinds)
     if not joints:
         return []
-    # Only a password's keyword needs white space before its value ("password is hunter2"): a phone number,
-    # a date of birth or an SSN is found after its keyword streamed ("reach her at4155550123"), and a space
-    # inserted inside a word would cut the words that say a number is not a phone ("o" then "rder 5550123456").
+    # A password's keyword needs white space before its value ("password is hunter2"): a phone number, a date
+    # of birth or an SSN is found after its keyword streamed ("reach her at4155550123"), but for the keyword
+    # itself glued to the digits ("DOB" then "03/14/1985": no word ends at "DOB0"). No space elsewhere: inside
+    # a word it would cut the words that say a number is not a phone ("o" then "rder 5550123456").
     needles = pii.KEYWORDS["secret"] if "secret" in kinds else ()
+    digit_words = tuple(w for k in ("phone", "dob", "ssn") if k in kinds for w in pii.KEYWORDS[k])
     taken = sorted((chain.offsets[k] + f.start, chain.offsets[k] + f.end) for k, fs in enumerate(inside) for f in fs)
     taken_starts = [t for t, _ in taken]
     found: list[_Candidate] = []
@@ -103,7 +119,11 @@ def splits(
     for a, b in _regions(joints, chain.length):
         inner = joints[bisect_right(joints, a) : bisect_left(joints, b)]
         keyworded = {p for p in inner if needles and chain.keyword_before(p, needles)}
-        spaced = [p for p in inner if p in keyworded or chain.digits_meet(p)]
+        spaced = [
+            p
+            for p in inner
+            if p in keyworded or chain.digits_meet(p) or (digit_words and chain.keyword_ends(p, digit_words))
+        ]
         for inserted in ([], spaced) if spaced else ([],):
             for start, end, kind, value, extends, one in _read(
                 chain, a, b, inserted, kinds, joints, taken, taken_starts
@@ -112,7 +132,7 @@ def splits(
                 if first and kind == "secret" and one and not extends:  # a value by the keyword alone
                     spelled.add(start)
                 if one:
-                    after = None if extends else chain.keyword_made(kind, value, start, a)
+                    after = None if extends else chain.keyword_made(kind, value, start, a, after_turn)
                     if after is not None:
                         found.append(_Candidate(start, end, kind, value, False, after, first))
                 elif (extending or not extends) and not (
@@ -277,6 +297,11 @@ class _Chain:
         tail = self.tail(p)
         return any(w in tail for w in needles)
 
+    def keyword_ends(self, p: int, words: tuple[str, ...]) -> bool:
+        """Whether the text before joint ``p`` ends with one of ``words``, a letter, and the next opens with a
+        digit (``Patient DOB`` then ``03/14/1985``)."""
+        return self.char(p - 1).isalpha() and self.char(p).isdigit() and self.tail(p).endswith(words)
+
     def joiner_glued(self, start: int, end: int, keyworded: set[int]) -> bool:
         """Whether a password read streamed from ``start`` to ``end`` opens with the word that joins a keyword
         to its value, glued to the next text at a boundary a keyword ends (``password is`` then ``[...]``:
@@ -292,24 +317,31 @@ class _Chain:
         at = p - self.offsets[k]
         return self.texts[k][max(0, at - _KEYWORD_REACH) : at].lower()
 
-    def keyword_made(self, kind: str, value: str, start: int, a: int) -> int | None:
+    def keyword_made(self, kind: str, value: str, start: int, a: int, after_turn: frozenset[int]) -> int | None:
         """For a value found at ``start`` in a window from ``a`` and lying in one text, which the detector
         did not find reading that text alone: the index of the text before whose keyword made it a value, if
-        one clause runs from that text to the value (no sentence ends between them); else None. A word
-        opening the next message after a keyword written out (``the new token`` then ``Please log in``) is
-        the start of a sentence, not a password."""
+        one clause runs from that text to the value (no sentence ends between them, no user turn comes
+        between them: the positions ``after_turn``); else None. A word opening the next message after a
+        keyword written out (``the new token`` then ``Please log in``) is the start of a sentence, not a
+        password, nor one with the mark that ends its sentence (``Thanks!``, ``Here:``)."""
         if kind not in pii.KEYWORDS:
             return None
-        q = self.offsets[bisect_right(self.offsets, start) - 1]  # where the text holding the value starts
+        holder = bisect_right(self.offsets, start) - 1
+        q = self.offsets[holder]  # where the text holding the value starts
         if q <= a or _SENTENCE_END.search(self._slice(q, start)):
             return None
         p = q - 1
         while p > max(a, q - _KEYWORD_REACH) and self.char(p).isspace():
             p -= 1
         last = self.char(p)
-        if last in _ENDS or (kind == "secret" and value.isalpha() and last.isalpha()):
+        # a word, with the mark that ends its sentence or opens what follows ("Thanks!", "Here:"), after a
+        # keyword written out opens a sentence of its own
+        if last in _ENDS or (kind == "secret" and value.rstrip(".!?:").isalpha() and last.isalpha()):
             return None
-        return bisect_right(self.offsets, p) - 1
+        keyword = bisect_right(self.offsets, p) - 1
+        if after_turn and any(k in after_turn for k in range(keyword + 1, holder + 1)):
+            return None
+        return keyword
 
     def ragged(self, p: int) -> bool:
         """Whether a window edge at ``p`` cuts between two characters of one word (not at the chain's ends)."""

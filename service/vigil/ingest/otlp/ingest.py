@@ -96,6 +96,15 @@ def _string_bytes(spans: list[dict[str, Any]]) -> int:
     return n
 
 
+def _refused_last(state: Any) -> bool:
+    """Whether the last revision of the conversation in ``state`` (its ``otel_conversations`` row, or None)
+    that went through the pipeline was refused as dated ahead: stamped ``processed_at`` without the
+    ``conversation_id`` a stored one sets (:class:`TraceMarker`) and a refused one clears (``_refused``). Such
+    a conversation refused again leaves no dead letter but when finished; one stored before and now refused
+    leaves one (the first refusal), as a new one does."""
+    return state is not None and state.processed_at is not None and state.conversation_id is None
+
+
 def _valid_record_ids(r: dict[str, Any]) -> bool:
     """A log record's trace id is 32 hex digits, its span id (if any) 16, not all zeros: what a span's are."""
     trace, span = r["trace_id"], r.get("span_id")
@@ -126,7 +135,7 @@ class _Touched:
     has_root: bool = False  # a root span came in this request
     finished: bool = False  # already finished (roots ended, or idle)
     processed_at: datetime | None = None  # when a revision of it last went through the pipeline (or it began)
-    revised: bool = False  # a revision of it went through the pipeline (stored, or refused as dated ahead)
+    revised: bool = False  # its last revision through the pipeline was refused as dated ahead
     moved_from: str | None = None  # the trace key its first spans waited under, moved to it in this request
 
 
@@ -349,6 +358,7 @@ class TraceIngest:
                     c.finished_at,
                     c.processed_at,
                     c.first_seen_at,
+                    c.conversation_id,
                 ).where(among(session, c.conversation_key, sorted(touched)))
             )
         }
@@ -366,7 +376,7 @@ class TraceIngest:
             t.has_root = any(not s.get("parent_span_id") for s in t.spans)
             t.finished = bool(state and state.finished_at is not None)
             t.processed_at = (state.processed_at or state.first_seen_at) if state else datetime.now(UTC)
-            t.revised = bool(state and state.processed_at is not None)
+            t.revised = _refused_last(state)
             # what this process holds of its spans, under the trace key they waited under if they moved
             compacted, t.last = compact(t.spans, self._last_of(key) or self._last_of(t.moved_from))
             rows.extend((key, s) for s in compacted)
@@ -401,7 +411,7 @@ class TraceIngest:
                 # never processed: it began when the upsert first counted it (Postgres: on the database's clock)
                 began = first_seen if isinstance(first_seen, datetime) else None
                 t.processed_at = processed_at or began or t.processed_at
-                t.revised = processed_at is not None
+                t.revised = t.revised and processed_at is not None  # not a row purged and begun again
             # another replica stored spans of it meanwhile, or this request resent some: read them all
             t.fresh = t.fresh and t.stored == len(t.spans) == t.total
         self._link(session, inserted, totals)
@@ -555,7 +565,7 @@ class TraceIngest:
                 idle_finished=s.idle_finished,
                 finished=s.finished_at is not None,
                 processed_at=s.processed_at or s.first_seen_at,
-                revised=s.processed_at is not None,
+                revised=_refused_last(s),
             )
             for s in states
             if s.span_count > 0
@@ -808,7 +818,12 @@ class TraceIngest:
                         .order_by(t.conversation_key)
                         .with_for_update()
                     ).all()
-                session.execute(update(t).where(among(session, t.conversation_key, keys)).values(processed_at=now))
+                # conversation_id cleared: the last revision was refused, not stored (see _refused_last)
+                session.execute(
+                    update(t)
+                    .where(among(session, t.conversation_key, keys))
+                    .values(processed_at=now, conversation_id=None)
+                )
 
         self._retrying(once)
 

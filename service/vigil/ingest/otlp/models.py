@@ -65,6 +65,7 @@ class OtelConversationRow(Base):
     idle_finished: Mapped[bool] = mapped_column(Boolean, default=False)
     claimed_by: Mapped[str | None] = mapped_column(String(64))
     claim_until: Mapped[datetime | None]
+    # set when a revision of it is stored, cleared when a later one is refused as dated ahead
     conversation_id: Mapped[str | None] = mapped_column(String(256))
     session_id: Mapped[str | None] = mapped_column(String(256))
     user_id: Mapped[str | None] = mapped_column(String(256))
