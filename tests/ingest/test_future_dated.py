@@ -46,6 +46,26 @@ def letters(rt: Runtime) -> list[DeadLetterRow]:
         return rows
 
 
+def child_span(trace: int, n: int, at: datetime, cid: str, **attributes: str) -> dict[str, Any]:
+    """Span ``n`` of trace ``trace`` (its root still open), conversation ``cid``, an assistant reply ``step n``
+    stamped ``n`` seconds after ``at``."""
+    said = orjson.dumps([{"role": "assistant", "parts": [{"type": "text", "content": f"step {n}"}]}]).decode()
+    ns = int((at + timedelta(seconds=n)).timestamp() * 1e9)
+    return {
+        "trace_id": f"{trace:032x}",
+        "span_id": f"{n:016x}",
+        "parent_span_id": "00000000000000ff",
+        "name": "chat m",
+        "kind": 3,
+        "start_ns": ns,
+        "end_ns": ns + 1_000_000,
+        "attributes": {**attributes, "gen_ai.conversation.id": cid, "gen_ai.output.messages": said},
+        "events": [],
+        "status": {"code": 0, "message": ""},
+        "resource": {"service.name": "skewed-agent"},
+    }
+
+
 @pytest.fixture
 def rt_client(sqlite_url: str) -> Iterator[tuple[Runtime, Any]]:
     rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
@@ -282,25 +302,7 @@ def test_a_growing_otlp_conversation_dated_ahead_waits_its_progress_interval_as_
     start = datetime.now(UTC) + timedelta(hours=2)
 
     def child(n: int) -> dict[str, Any]:
-        said = orjson.dumps([{"role": "assistant", "parts": [{"type": "text", "content": f"step {n}"}]}]).decode()
-        ns = int((start + timedelta(seconds=n)).timestamp() * 1e9)
-        return {
-            "trace_id": f"{3:032x}",
-            "span_id": f"{n:016x}",
-            "parent_span_id": "00000000000000ff",  # its root is still open
-            "name": "chat m",
-            "kind": 3,
-            "start_ns": ns,
-            "end_ns": ns + 1_000_000,
-            "attributes": {
-                "gen_ai.operation.name": "chat",
-                "gen_ai.conversation.id": "ahead",
-                "gen_ai.output.messages": said,
-            },
-            "events": [],
-            "status": {"code": 0, "message": ""},
-            "resource": {"service.name": "skewed-agent"},
-        }
+        return child_span(3, n, start, "ahead", **{"gen_ai.operation.name": "chat"})
 
     assert ingest.ingest([child(1)]).pending == ["ahead"]  # it just began: waits
     with rt.sessions.begin() as session:  # began an interval ago: its first revision is due
@@ -378,21 +380,7 @@ def test_the_idle_finisher_finishes_a_conversation_still_ahead_unstored_and_a_la
     start = datetime.now(UTC) + timedelta(hours=2)
 
     def child(n: int) -> dict[str, Any]:
-        said = orjson.dumps([{"role": "assistant", "parts": [{"type": "text", "content": f"step {n}"}]}]).decode()
-        ns = int((start + timedelta(seconds=n)).timestamp() * 1e9)
-        return {
-            "trace_id": f"{4:032x}",
-            "span_id": f"{n:016x}",
-            "parent_span_id": "00000000000000ff",
-            "name": "chat m",
-            "kind": 3,
-            "start_ns": ns,
-            "end_ns": ns + 1_000_000,
-            "attributes": {"gen_ai.conversation.id": "late", "gen_ai.output.messages": said},
-            "events": [],
-            "status": {"code": 0, "message": ""},
-            "resource": {"service.name": "skewed-agent"},
-        }
+        return child_span(4, n, start, "late")
 
     ingest.ingest([child(1)])
     idle_at = datetime.now(UTC) + timedelta(hours=1)
@@ -418,21 +406,7 @@ def test_a_growing_otlp_conversation_dated_ahead_leaves_a_letter_when_first_refu
     start = datetime.now(UTC) + timedelta(hours=2)
 
     def child(n: int) -> dict[str, Any]:
-        said = orjson.dumps([{"role": "assistant", "parts": [{"type": "text", "content": f"step {n}"}]}]).decode()
-        ns = int((start + timedelta(seconds=n)).timestamp() * 1e9)
-        return {
-            "trace_id": f"{5:032x}",
-            "span_id": f"{n:016x}",
-            "parent_span_id": "00000000000000ff",
-            "name": "chat m",
-            "kind": 3,
-            "start_ns": ns,
-            "end_ns": ns + 1_000_000,
-            "attributes": {"gen_ai.conversation.id": "growing", "gen_ai.output.messages": said},
-            "events": [],
-            "status": {"code": 0, "message": ""},
-            "resource": {"service.name": "skewed-agent"},
-        }
+        return child_span(5, n, start, "growing")
 
     for n in range(1, 6):  # every request assembles it (no progress interval) and refuses it
         res = ingest.ingest([child(n)])
@@ -472,21 +446,7 @@ def test_an_otlp_conversation_stored_then_dated_ahead_leaves_a_letter_when_first
     now = datetime.now(UTC)
 
     def child(n: int, at: datetime) -> dict[str, Any]:
-        said = orjson.dumps([{"role": "assistant", "parts": [{"type": "text", "content": f"step {n}"}]}]).decode()
-        ns = int((at + timedelta(seconds=n)).timestamp() * 1e9)
-        return {
-            "trace_id": f"{6:032x}",
-            "span_id": f"{n:016x}",
-            "parent_span_id": "00000000000000ff",
-            "name": "chat m",
-            "kind": 3,
-            "start_ns": ns,
-            "end_ns": ns + 1_000_000,
-            "attributes": {"gen_ai.conversation.id": "jumped", "gen_ai.output.messages": said},
-            "events": [],
-            "status": {"code": 0, "message": ""},
-            "resource": {"service.name": "skewed-agent"},
-        }
+        return child_span(6, n, at, "jumped")
 
     ingest.ingest([child(1, now - timedelta(minutes=1))])
     assert stored_ids(rt) == {"jumped"} and letters(rt) == []
