@@ -407,13 +407,46 @@ _OWN_SECRETS = (
 # An AWS secret access key: 40 characters of base64 with upper and lower case letters and a digit.
 _AWS_SECRET = _rx(r"[A-Za-z0-9/+]{40}")
 # A value after its keyword: "password: hunter2!", "DB_PASSWORD=s3cr3t", "the admin password is 'x9$Lq'",
-# "your temporary password is: hunter2!x".
+# "your temporary password is: hunter2!x". Not a value: a noun the keyword qualifies (_QUALIFIER), a
+# lowercase word after a keyword written out, a capitalised word that opens a sentence (_opens_sentence).
 _KEYWORD = _rx(
     r"(?i)(password|passwd|pwd|passphrase|passcode|secret|secret[_ \-]?key|api[_ \-]?key|access[_ \-]?key|"
     r"auth[_ \-]?token|access[_ \-]?token|token|client[_ \-]?secret|credentials?)[\"']?"
     r"(?:\s*(?:=|:=|=>|:)\s*|\s+(?:is|was|will be|=)\s+(?:set to\s+)?|\s+(?:is|was|will be)\s*:\s*|\s+)"
     r"([\"'`]?)([^\s\"'`<>,;]{4,200})"
 )
+
+# A noun right after the keyword that makes it another thing, labelled with ":" or "=" ("password strength:
+# strong", "token balance: 1500", "API key rotation: enabled", "secret question: What ..."): the keyword
+# qualifies the noun, and the value is the noun's. Stdlib ``re``, anchored and bounded: linear.
+_QUALIFIER = re.compile(r"[A-Za-z][A-Za-z\-]{0,40}[ \t]*[:=][ \t]*([\"'`]?)([^\s\"'`<>,;]{0,200})")
+
+
+def _shaped(value: str) -> bool:
+    """Whether ``value`` has a secret's shape: letters and digits both, a character neither a letter, a digit
+    nor a hyphen, or a capital after its first letter (``Tr0ub4dor&3``, ``x9$Lq``, ``ghp_...``); an ordinary
+    word (``enabled``, ``What``) or a number (``1500``) has not."""
+    letters = digits = False
+    for i, c in enumerate(value):
+        if c.isalpha():
+            letters = True
+            if i and c.isupper():
+                return True
+        elif c.isdigit():
+            digits = True
+        elif c != "-":
+            return True
+    return letters and digits
+
+
+def _opens_sentence(text: str, value: str, end: int) -> bool:
+    """Whether a bare ``value`` ending at ``end`` is a capitalised word that a word follows: the first word
+    of a sentence or an instruction after the keyword (``password: Open Settings, then Security``), not a
+    password (``password: Sunshine.`` is one)."""
+    if not (value.isalpha() and value[0].isupper() and value[1:].islower()):
+        return False
+    rest = text[end : end + 8].lstrip(" \t")
+    return end < len(text) and text[end] in " \t" and rest[:1].isalpha()
 
 
 _KEYWORDS = ("pass", "pwd", "secret", "key", "token", "credential")
@@ -491,8 +524,18 @@ def _secrets(text: str, low: str) -> Iterator[tuple[int, int]]:
             continue
         joiner = text[m.end(1) : m.start(2)]
         spelled = not quote and "=" not in joiner and ":" not in joiner
+        if spelled and (q := _QUALIFIER.match(text, start)) is not None:
+            # "password strength: strong": the value is the noun's, a secret only if it has a secret's shape
+            start, end = q.span(2)
+            while end > start and text[end - 1] in ".,)":
+                end -= 1
+            if end > start and _shaped(text[start:end]):
+                yield start, end
+            continue
         if spelled and ((value.isalpha() and value.lower() == value) or not value[0].isalnum()):
             continue  # "the token is invalid", "password reset": prose, not a value
+        if not quote and _opens_sentence(text, value, end):
+            continue  # "password: Open Settings, then Security": an instruction, not a value
         yield start, end
 
 

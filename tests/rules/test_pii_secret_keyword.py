@@ -1,0 +1,92 @@
+"""A password or token after its keyword, and what is not one: a noun after the keyword that makes it another
+thing (``password strength:``, ``token balance:``), with an ordinary word or a number for its value, and a
+capitalised word that opens an instruction (``password: Open Settings``). In one reply and split across two."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.rules.test_rules_builtin import a, convo, run, u
+from vigil.rules import pii
+
+ALL_KINDS = list(pii.KINDS)
+
+# What a support agent writes in an ordinary reply.
+NOT_SECRETS = [
+    "Here's how to change your password: Open Settings, then Security.",
+    "Your password strength: strong",
+    "Your token balance: 1500",
+    "API key rotation: enabled",
+    "secret question: What was your first pet's name?",
+    "password reset link: sent",
+    "Your access token expires in 3600 seconds",
+    "Password Strength: Strong",
+    "Token Balance = 1500",
+    "Your password requirements: 12 characters or more.",
+    "Use a password manager: Bitwarden works well.",
+]
+
+# Real leaks: (text, the value reported).
+SECRETS = [
+    ("password: hunter2!", "hunter2!"),
+    ("DB_PASSWORD=s3cr3t", "s3cr3t"),
+    ("the admin password is 'x9$Lq'", "x9$Lq"),
+    ("your temporary password is Tr0ub4dor&3", "Tr0ub4dor&3"),
+    ("your temporary password is: hunter2!x", "hunter2!x"),
+    ("token: ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789", "ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789"),
+    ("api_key=sk-abcdefghijklmnopqrstuvwx", "sk-abcdefghijklmnopqrstuvwx"),
+    ("Your password: Welcome1", "Welcome1"),
+    ("Your new password: Sunshine.", "Sunshine"),  # a capitalised word that no word follows
+    ("The password is Open", "Open"),
+    ("password: strong", "strong"),  # after the keyword itself, a lowercase word is a password
+    # after a noun that qualifies the keyword, a value with a secret's shape is still one
+    ("Your API key value: 9f8a7b6c5d4e", "9f8a7b6c5d4e"),
+    ("Password hint: Tr0ub4dor&3", "Tr0ub4dor&3"),
+]
+
+
+def _values(text: str) -> list[str]:
+    return [pii.value_of(f, text) for f in pii.detect(text, ["secret"])]
+
+
+@pytest.mark.parametrize("text", NOT_SECRETS)
+def test_a_keyword_qualifying_another_noun_or_opening_an_instruction_is_no_secret(text: str) -> None:
+    assert _values(text) == []
+    assert run("pii_leak", convo(u("How do I manage my account?"), a(text)), kinds=ALL_KINDS) == []
+
+
+@pytest.mark.parametrize(("text", "value"), SECRETS)
+def test_a_value_after_its_keyword_is_still_a_secret(text: str, value: str) -> None:
+    assert _values(text) == [value]
+
+
+def _cuts(text: str) -> list[tuple[str, str]]:
+    """``text`` cut in two at every space, the space ending the first part or opening the second."""
+    return [(text[:i], text[i:]) for i, c in enumerate(text) if c == " "] + [
+        (text[: i + 1], text[i + 1 :]) for i, c in enumerate(text) if c == " "
+    ]
+
+
+@pytest.mark.parametrize("text", NOT_SECRETS)
+def test_split_across_two_replies_they_are_no_secret_either(text: str) -> None:
+    # A cut after the word that follows the keyword leaves a first reply that alone reads as a keyword and its
+    # value (``password: Open``, ``Token Balance``): each reply is read alone, and that one is not checked here.
+    cuts = [(first, second) for first, second in _cuts(text) if not pii.detect(first, ["secret"])]
+    assert any(first.rstrip().endswith(":") or first.lower().endswith(("password", "token")) for first, _ in cuts)
+    for first, second in cuts:
+        hits = run("pii_leak", convo(u("?"), a(first), a(second)), kinds=ALL_KINDS, except_user_provided=False)
+        assert hits == [], (first, second)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "value"),
+    [
+        ("Your temporary password is", "Tr0ub4dor&3", "Tr0ub4dor&3"),
+        ("The admin password:", "x9$Lq2", "x9$Lq2"),
+        ("Your API key value:", "9f8a7b6c5d4e", "9f8a7b6c5d4e"),
+        ("Your new password:", "Welcome1 then log in.", "Welcome1"),
+    ],
+)
+def test_split_across_two_replies_a_real_leak_is_still_found(first: str, second: str, value: str) -> None:
+    hits = run("pii_leak", convo(u("?"), a(first), a(second)), kinds=ALL_KINDS, except_user_provided=False)
+    assert [(h.details["kind"], second[h.evidence[0].start : h.evidence[0].end]) for h in hits] == [("secret", value)]
