@@ -38,8 +38,8 @@ def ahead(hours: float = 2.0) -> str:
 
 
 @pytest.fixture
-def rt_client(sqlite_url: str) -> Iterator[tuple[Runtime, Any]]:
-    rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
+def rt_client(db_url: str) -> Iterator[tuple[Runtime, Any]]:
+    rt = build_runtime(make_settings(db_url), registry=CollectorRegistry())
     with make_client(rt) as c:
         yield rt, c
     rt.close()
@@ -172,3 +172,24 @@ def test_each_source_finds_its_intake() -> None:
     assert intake_of(row("http", raw=orjson.dumps({"conversation_id": "c", "messages": []})), "o") == "conversations"
     with pytest.raises(NoWayBack, match="offsets 3-7"):
         intake_of(row("kafka", topic="conversations", offset=3, last_offset=7), "outcomes")
+
+
+def test_kafka_letters_go_back_through_the_intake_of_their_topic(rt_client) -> None:
+    """A message the database refused once (``store_rejected``), on either topic: its topic names its intake."""
+    rt, c = rt_client
+    conv = next(Simulator(parse_versions("v1:0.0"), 2).stream(1, start=PAST))
+    outcome = {"conversation_id": conv["conversation_id"], "type": "escalation", "idempotency_key": "k-9"}
+    with rt.sessions.begin() as s:
+        rows = [
+            DeadLetterRow(
+                source="kafka", topic=topic, partition=0, offset=7, last_offset=7, reason="store_rejected",
+                detail="d", raw=orjson.dumps(doc), raw_size=len(orjson.dumps(doc)),
+            )
+            for topic, doc in (("conversations", conv), (rt.settings.kafka_outcomes_topic, outcome))
+        ]  # fmt: skip
+        s.add_all(rows)
+        s.flush()
+        ids = [r.id for r in rows]
+    answers = [c.post(f"/v1/dead-letters/{i}/replay", headers=ADMIN) for i in ids]
+    assert [(a.status_code, a.json()["intake"]) for a in answers] == [(200, "conversations"), (200, "outcomes")]
+    assert count(rt, ConversationRow) == 1 and count(rt, OutcomeRow) == 1
