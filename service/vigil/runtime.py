@@ -96,6 +96,9 @@ OutcomeSink = Callable[[list[dict[str, Any]]], Any]
 LoginResumer = Callable[[Any, str, dict[str, Any]], Any]
 # () -> banners every UI page shows while they hold (an active alert): dicts with "text" and "href"
 BannerSource = Callable[[], list[dict[str, str]]]
+# (a dead letter's raw bytes, ?format= or None) -> (HTTP status, answer) as its intake answers it, keeping no new
+# dead letter of a refusal (``POST /v1/dead-letters/{id}/replay``)
+Replayer = Callable[[bytes, str | None], tuple[int, dict[str, Any]]]
 
 
 @dataclass
@@ -111,7 +114,8 @@ class Hooks:
     - ``routers``, ``nav`` (``(label, path)``) and ``templates``: a stage's API, UI pages and their folders;
     - ``outcome_sink``: where demo and simulated traffic sends its outcomes;
     - ``login_resumers``: pages that show a label posted with an expired session again after log-in;
-    - ``banners``: what every UI page shows on top while it holds (the detector's active alerts).
+    - ``banners``: what every UI page shows on top while it holds (the detector's active alerts);
+    - ``replayers``: intake (``conversations``, ``outcomes``) → what re-sends a dead letter's raw bytes through it.
     """
 
     downstream: list[DownstreamStage] = field(default_factory=list)
@@ -128,6 +132,7 @@ class Hooks:
     outcome_sink: OutcomeSink | None = None
     login_resumers: list[LoginResumer] = field(default_factory=list)
     banners: list[BannerSource] = field(default_factory=list)
+    replayers: dict[str, Replayer] = field(default_factory=dict)
 
     def add_router(self, router: APIRouter) -> None:
         if router not in self.routers:

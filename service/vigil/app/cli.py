@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from vigil import __version__
 from vigil.app.console import checked_settings, console, fail, load_settings
+from vigil.app.dead_letters import register as register_dead_letter_commands
 from vigil.app.home.commands import register as register_home_commands
 from vigil.app.wiring import STAGES
 from vigil.errors import VigilError
@@ -206,6 +207,7 @@ for _stage in STAGES:
     if _stage.commands is not None:
         _stage.commands(app)
 register_home_commands(app)
+register_dead_letter_commands(app)
 
 
 # The status of a process killed by SIGPIPE as a shell reports it (128 + 13): what `cat` or `grep` end with

@@ -18,7 +18,7 @@ from starlette.requests import ClientDisconnect
 from vigil import __version__
 from vigil.errors import without_frames
 from vigil.heartbeat import check
-from vigil.http import conversations
+from vigil.http import conversations, dead_letters
 from vigil.http.auth import KeyRing
 from vigil.http.body import IngestBusy, LimitBodies
 from vigil.http.guard import NUL_TEXT_DETAIL, RefuseNul
@@ -58,6 +58,7 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
     app.state.keyring = KeyRing.from_settings(runtime.settings)
     runtime.provide(app.state.keyring)  # the OTLP/gRPC receiver checks the same keys
     app.include_router(conversations.router)
+    app.include_router(dead_letters.router)
     for router in runtime.hooks.routers:
         app.include_router(router)
 

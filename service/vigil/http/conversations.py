@@ -108,10 +108,12 @@ def document_json(session: Session, conversation_id: str, document: dict[str, An
 
 @router.get("/v1/dead-letters", dependencies=[require("admin")])
 def dead_letters(
-    request: Request, reason: str | None = None, limit: int = Query(50, ge=1, le=500)
+    request: Request, reason: str | None = None, source: str | None = None, limit: int = Query(50, ge=1, le=500)
 ) -> list[dict[str, Any]]:
+    """Refused input, newest first; ``replayed_at`` says when one was re-sent and taken
+    (``POST /v1/dead-letters/{id}/replay``)."""
     with runtime_of(request).sessions() as s:
-        return reads.list_dead_letters(s, limit, reason)
+        return reads.list_dead_letters(s, limit, reason, source)
 
 
 @router.get("/v1/rules", dependencies=[require("reviewer", "ingest")])

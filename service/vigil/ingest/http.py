@@ -9,7 +9,9 @@ meanwhile). Invalid items of one request become one dead letter per reason, hold
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,10 +27,10 @@ from vigil.http.encoding import Undecodable, reason_of
 from vigil.ingest.decode import DecodeError, Item, decode_batch
 from vigil.ingest.importers import FORMATS, MALFORMED
 from vigil.ingest.pipeline import Envelope
-from vigil.runtime import Runtime
+from vigil.runtime import Pipeline, Runtime
 from vigil.schema import Conversation, loads_exact, outcome_types, too_dense
 from vigil.store.db import StoreUnavailable
-from vigil.store.writes import DeadLetter
+from vigil.store.writes import BatchResult, Checked, DeadLetter
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +240,43 @@ def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, a
         "conversation_ids": [c.conversation_id for c, _, _ in valid],
     }
     return Answer(422 if errors else 202, out)
+
+
+class _Unlettered:
+    """The pipeline, keeping none of the dead letters handed to it: a re-sent letter refused again stays as
+    it was instead of being written once more (a letter the database refuses, ``store_rejected``, is still
+    kept: that is a new refusal)."""
+
+    def __init__(self, inner: Pipeline) -> None:
+        self.inner = inner
+        self.stopping: threading.Event = inner.stopping
+
+    def check(self, conversation: Conversation, document: str | None = None) -> Checked:
+        return self.inner.check(conversation, document)
+
+    def process(self, conversations: Sequence[Conversation], source: str) -> BatchResult:
+        return self.inner.process(conversations, source)
+
+    def process_raw(self, envelopes: Sequence[Envelope]) -> BatchResult:
+        return self.inner.process_raw(envelopes)
+
+    def process_documents(
+        self, items: Sequence[tuple[Conversation, str, Envelope | None]], dead: list[DeadLetter], source: str
+    ) -> BatchResult:
+        return self.inner.process_documents(items, [], source)
+
+    def store(self, checked: list[Checked], dead: list[DeadLetter], source: str) -> BatchResult:
+        return self.inner.store(checked, [], source)
+
+
+def replay(rt: Runtime, raw: bytes, fmt: str | None) -> tuple[int, dict[str, Any]]:
+    """``rt.hooks.replayers["conversations"]``: a dead letter's raw bytes through ``POST /v1/conversations``
+    (``?format=`` if given), answered as it answers, keeping no new dead letter of a refusal."""
+    if fmt is not None and fmt not in ("auto", *FORMATS):
+        return 400, {"detail": f"format must be auto, {', '.join(FORMATS)}; not {fmt!r}", "reason": "schema_invalid"}
+    quiet = replace(rt, pipeline=_Unlettered(rt.pipeline))
+    answer = ingest_body(quiet, raw) if fmt is None else ingest_formatted(quiet, raw, fmt, None, None)
+    return answer.status, answer.body
 
 
 def unavailable(rt: Runtime, exc: Exception) -> JSONResponse:

@@ -112,6 +112,34 @@ async def _post_outcomes(store: Any, body: bytes, expansion: float) -> JSONRespo
     return JSONResponse(out, status_code=422 if result.errors else 202)
 
 
+def replay(store: OutcomeStore, raw: bytes, expansion: float) -> tuple[int, dict[str, Any]]:
+    """``rt.hooks.replayers["outcomes"]``: a dead letter's body read as ``POST /v1/outcomes`` reads one, answered
+    as it answers, keeping no new dead letter of a refusal (the letter re-sent stays)."""
+    if not raw.strip():
+        return 400, {"detail": "empty body; send an outcome object or an array of them", "reason": "empty"}
+    why = too_dense(raw, expansion)
+    if why is not None:
+        return 413, {"detail": why, "reason": "oversized"}
+    try:
+        items, refused = read_items(raw)
+    except UnreadableJson as exc:
+        return 400, {"detail": str(exc), "reason": "malformed_json"}
+    if len(items) > MAX_BATCH:
+        return 413, {
+            "detail": f"batch of {len(items)} exceeds {MAX_BATCH} items; split it",
+            "reason": "batch_too_large",
+        }
+    result = store.ingest(items, "replay", None, refused, keep_letters=False)
+    out = {
+        "accepted": result.received - len(result.errors),
+        "stored": result.stored,
+        "duplicates": result.duplicates,
+        "rejected": len(result.errors),
+        "errors": [{"index": e.index, "reason": e.reason, "errors": e.errors} for e in result.errors],
+    }
+    return (422 if result.errors else 202), out
+
+
 @router.get("/v1/outcome-types", dependencies=[require("ingest", "reviewer")])
 def outcome_types(request: Request) -> dict[str, Any]:
     """Outcome types Vigil accepts, with their kind (bad, good, score) and the attribution window."""

@@ -314,12 +314,13 @@ class OutcomeStore:
         source: str,
         raw: bytes | None = None,
         refused: Mapping[int, tuple[str, str]] | None = None,
+        keep_letters: bool = True,
     ) -> OutcomeBatch:
         """Validate and store decoded items in one transaction.
 
         Invalid items become one dead letter per reason (as a request's conversations do), items reusing a
         key for a different outcome another (reason ``idempotency_conflict``); all are named in the
-        returned errors.
+        returned errors. ``keep_letters`` False (a dead letter re-sent): they are named only.
         """
         valid, errors = self.parse(items, refused)
         dead = []
@@ -336,8 +337,8 @@ class OutcomeStore:
                 conflicts = [
                     ItemError(valid[pos][0], "idempotency_conflict", errs) for pos, errs in result.conflicts.items()
                 ]
-                letters = list(dead)
-                if conflicts:
+                letters = list(dead) if keep_letters else []
+                if conflicts and keep_letters:
                     body = raw if raw is not None else _items_raw([items[e.index] for e in conflicts])
                     letters.append(DeadLetter(source, "idempotency_conflict", _detail(conflicts), body))
                 new_dead = store_dead_letters(

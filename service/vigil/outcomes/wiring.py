@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vigil.outcomes.api import router
+from vigil.outcomes.api import replay, router
 from vigil.outcomes.ingest import OutcomeStore
 from vigil.outcomes.join import OutcomeJoin
 from vigil.runtime import Runtime
@@ -15,4 +15,6 @@ def wire(rt: Runtime) -> OutcomeStore:
     rt.hooks.topic_handlers[rt.settings.kafka_outcomes_topic] = store.handle_envelopes
     rt.hooks.outcome_sink = store.sink
     rt.hooks.add_router(router)
+    expansion = rt.settings.max_json_expansion
+    rt.hooks.replayers["outcomes"] = lambda raw, _fmt: replay(store, raw, expansion)
     return store

@@ -159,6 +159,8 @@ class DeadLetterRow(Base):
     raw: Mapped[bytes] = mapped_column(LargeBinary)
     raw_size: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # when ``POST /v1/dead-letters/{id}/replay`` last fed ``raw`` back through its intake and it was taken
+    replayed_at: Mapped[datetime | None] = mapped_column(default=None)
 
     __table_args__ = (
         UniqueConstraint("source", "topic", "partition", "offset", name="uq_dead_letters_position"),

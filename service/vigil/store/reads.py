@@ -273,10 +273,14 @@ def _page(rows: Sequence[ConversationRow], total: int, capped: bool, limit: int,
     }
 
 
-def list_dead_letters(session: Session, limit: int = 50, reason: str | None = None) -> list[dict[str, Any]]:
+def list_dead_letters(
+    session: Session, limit: int = 50, reason: str | None = None, source: str | None = None
+) -> list[dict[str, Any]]:
     q = select(DeadLetterRow).order_by(DeadLetterRow.id.desc()).limit(limit)
     if reason:
         q = q.where(DeadLetterRow.reason == reason)
+    if source:
+        q = q.where(DeadLetterRow.source == source)
     return [
         {
             "id": d.id,
@@ -290,6 +294,7 @@ def list_dead_letters(session: Session, limit: int = 50, reason: str | None = No
             "raw_size": d.raw_size,
             "raw_preview": d.raw[:2000].decode("utf-8", "replace"),
             "created_at": aware(d.created_at),
+            "replayed_at": aware(d.replayed_at),
         }
         for d in session.scalars(q).all()
     ]

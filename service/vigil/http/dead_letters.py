@@ -1,0 +1,128 @@
+"""``POST /v1/dead-letters/{id}/replay``: a dead letter's raw bytes fed back through the intake its source uses.
+
+Which intake: a Kafka letter's topic names it (the outcomes topic, else conversations); an OTLP letter dated
+ahead holds the conversation it assembled; ``replay`` letters (``vigil import``) hold conversations; an HTTP
+letter holds the body (or invalid items) of ``POST /v1/conversations`` or ``POST /v1/outcomes``, told apart
+by its reason and what its items hold. What cannot go back is refused with 409: a letter that kept only the
+first bytes of what was refused, OTLP request bodies, a Kafka row holding several messages.
+
+Taken, the letter is marked ``replayed_at`` (kept, not deleted: on-call sees what was re-sent, and retention
+removes it as any other). Refused again, it is left as it was, no new letter is written, and the answer is
+the intake's refusal. Replaying twice stores nothing twice: conversations are upserted by id and revision,
+outcomes by their idempotency key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse
+from sqlalchemy import update
+from starlette.concurrency import run_in_threadpool
+
+from vigil.http import runtime_of
+from vigil.http.auth import require
+from vigil.http.params import MAX_ID
+from vigil.runtime import Runtime
+from vigil.store.db import aware, write_clock
+from vigil.store.models import DeadLetterRow
+
+router = APIRouter(tags=["conversations"])
+
+CONVERSATIONS, OUTCOMES = "conversations", "outcomes"
+# reasons only POST /v1/outcomes (and the outcomes topic) give
+_OUTCOME_REASONS = frozenset({"unknown_outcome_type", "idempotency_conflict"})
+
+
+class NoWayBack(Exception):
+    """This letter cannot be fed back through any intake (answered 409)."""
+
+
+def intake_of(letter: DeadLetterRow, outcomes_topic: str) -> str:
+    """The intake a letter's raw bytes go back through, or :class:`NoWayBack` saying why none."""
+    if letter.raw_size > len(letter.raw):
+        raise NoWayBack(
+            f"only the first {len(letter.raw)} of {letter.raw_size} bytes were kept (VIGIL_DEAD_LETTER_RAW_BYTES): "
+            "send the original again from its producer"
+        )
+    if letter.source == "kafka":
+        if letter.last_offset is not None and letter.last_offset != letter.offset:
+            raise NoWayBack(
+                f"the letter holds the messages of offsets {letter.offset}-{letter.last_offset} one per line: "
+                "re-read them from the topic"
+            )
+        return OUTCOMES if letter.topic == outcomes_topic else CONVERSATIONS
+    if letter.source == "otlp":
+        if letter.reason != "occurred_in_future":
+            raise NoWayBack("an OTLP request body cannot be re-sent from here: have the exporter send it again")
+        return CONVERSATIONS  # the conversation its spans assembled, as Vigil's schema
+    if letter.source == "replay":
+        return CONVERSATIONS
+    if letter.source == "demo":
+        return OUTCOMES
+    if letter.source == "http":
+        return OUTCOMES if letter.reason in _OUTCOME_REASONS or _holds_outcomes(letter.raw) else CONVERSATIONS
+    raise NoWayBack(f"no intake reads letters of source {letter.source!r}")
+
+
+def _holds_outcomes(raw: bytes) -> bool:
+    """Whether a body reads as outcomes: objects with a ``type`` and none of a conversation's ``messages``."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    items = data if isinstance(data, list) else [data]
+    objects = [i for i in items if isinstance(i, dict)]
+    return bool(objects) and all("type" in i and "messages" not in i for i in objects)
+
+
+def replay_letter(rt: Runtime, letter_id: int, fmt: str | None, intake: str | None) -> tuple[int, dict[str, Any]]:
+    """Re-send one letter (runs in a worker thread): (status, answer)."""
+    with rt.sessions() as s:
+        letter = s.get(DeadLetterRow, letter_id)
+        if letter is None:
+            return 404, {"detail": f"no dead letter {letter_id}"}
+        s.expunge(letter)
+    where = {"id": letter.id, "source": letter.source, "reason": letter.reason}
+    try:
+        found = intake_of(letter, rt.settings.kafka_outcomes_topic)
+    except NoWayBack as exc:
+        return 409, {**where, "detail": str(exc), "reason": "not_replayable"}
+    chosen = intake or found
+    replayer = rt.hooks.replayers.get(chosen)
+    if replayer is None:
+        return 409, {**where, "detail": f"the {chosen} intake is not wired in this process", "reason": "not_replayable"}
+    status, answer = replayer(letter.raw, fmt)
+    if status >= 300:  # refused again: the letter stays as it was
+        return 422, {**where, "intake": chosen, "detail": "the intake refused it again", "refusal": answer}
+    with rt.sessions.begin() as s:
+        now = write_clock(s)
+        s.execute(update(DeadLetterRow).where(DeadLetterRow.id == letter.id).values(replayed_at=now))
+    return 200, {**where, "intake": chosen, "replayed_at": aware(now).isoformat(), "result": answer}
+
+
+@router.post(
+    "/v1/dead-letters/{letter_id}/replay",
+    dependencies=[require("admin")],
+    responses={
+        200: {"description": "Taken by its intake; the letter is marked replayed_at"},
+        404: {"description": "No such dead letter"},
+        409: {"description": "Cannot be re-sent: raw truncated, an OTLP body, several Kafka messages in one row"},
+        422: {"description": "Its intake refused it again (the refusal is in the answer); the letter is kept"},
+    },
+)
+async def replay_dead_letter(
+    request: Request,
+    letter_id: int = PathParam(ge=1, le=MAX_ID),
+    format: str | None = Query(
+        None, description="Read the raw bytes in another format (as POST /v1/conversations?format=)."
+    ),
+    intake: str | None = Query(None, description="conversations or outcomes: overrides the intake found."),
+) -> JSONResponse:
+    if intake is not None and intake not in (CONVERSATIONS, OUTCOMES):
+        raise HTTPException(422, f"intake must be {CONVERSATIONS} or {OUTCOMES}, not {intake!r}")
+    status, answer = await run_in_threadpool(replay_letter, runtime_of(request), letter_id, format, intake)
+    return JSONResponse(answer, status_code=status)

@@ -1,0 +1,195 @@
+"""``POST /v1/dead-letters/{id}/replay``: a refused item fed back through its own intake once the cause is gone
+(a clock moved past its time), marked ``replayed_at``; refused again it stays as it was and no new letter is
+written; what cannot go back (kept truncated, an OTLP body) is refused with 409; admins only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+from sqlalchemy import func, select
+
+from tests.support.app import ADMIN, INGEST, REVIEWER, make_client, make_settings
+from vigil.app.runtime import build_runtime
+from vigil.ingest.simulate import Simulator, parse_versions
+from vigil.outcomes.ingest import OutcomeStore
+from vigil.runtime import Runtime
+from vigil.schema import FUTURE_ALLOWANCE, LatestAllowed
+from vigil.store.models import ConversationRow, DeadLetterRow, OutcomeRow
+
+PAST = datetime.now(UTC) - timedelta(days=1)
+
+
+@dataclass
+class Later:
+    """A clock three hours ahead: what was dated two hours ahead has happened."""
+
+    def latest_allowed(self) -> LatestAllowed:
+        return LatestAllowed(datetime.now(UTC) + timedelta(hours=3) + FUTURE_ALLOWANCE)
+
+
+def ahead(hours: float = 2.0) -> str:
+    return (datetime.now(UTC) + timedelta(hours=hours)).isoformat()
+
+
+@pytest.fixture
+def rt_client(db_url: str) -> Iterator[tuple[Runtime, Any]]:
+    rt = build_runtime(make_settings(db_url), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        yield rt, c
+    rt.close()
+
+
+def letters(rt: Runtime) -> list[DeadLetterRow]:
+    with rt.sessions() as s:
+        rows = list(s.scalars(select(DeadLetterRow).order_by(DeadLetterRow.id)))
+        s.expunge_all()
+        return rows
+
+
+def count(rt: Runtime, table: Any) -> int:
+    with rt.sessions() as s:
+        return s.scalar(select(func.count()).select_from(table)) or 0
+
+
+def test_a_future_dated_conversation_is_stored_once_the_clock_has_passed_it(rt_client) -> None:
+    rt, c = rt_client
+    conv = dict(next(Simulator(parse_versions("v1:0.0"), 1).stream(1, start=PAST)), ended_at=ahead())
+    assert c.post("/v1/conversations", json=conv, headers=INGEST).status_code == 422
+    [letter] = letters(rt)
+    assert letter.reason == "occurred_in_future" and letter.replayed_at is None
+
+    again = c.post(f"/v1/dead-letters/{letter.id}/replay", headers=ADMIN)
+    assert again.status_code == 422, again.text
+    assert again.json()["refusal"]["errors"][0]["reason"] == "occurred_in_future"
+    [kept] = letters(rt)  # left as it was, and no second letter of the same refusal
+    assert kept.id == letter.id and kept.replayed_at is None
+    assert count(rt, ConversationRow) == 0
+
+    rt.future_bound = Later()
+    r = c.post(f"/v1/dead-letters/{letter.id}/replay", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["intake"], body["result"]["stored"]) == ("conversations", 1)
+    assert count(rt, ConversationRow) == 1
+    [done] = letters(rt)
+    assert done.replayed_at is not None
+    listed = c.get("/v1/dead-letters", headers=ADMIN).json()
+    assert listed[0]["replayed_at"] is not None
+
+    twice = c.post(f"/v1/dead-letters/{letter.id}/replay", headers=ADMIN)  # stores nothing twice
+    assert twice.status_code == 200, twice.text
+    assert (twice.json()["result"]["stored"], twice.json()["result"]["duplicates"]) == (0, 1)
+    assert count(rt, ConversationRow) == 1 and len(letters(rt)) == 1
+
+
+def test_an_outcome_letter_goes_back_through_the_outcomes_intake(rt_client) -> None:
+    rt, c = rt_client
+    outcome = {"conversation_id": "c-1", "type": "escalation", "occurred_at": ahead(), "idempotency_key": "k-1"}
+    assert c.post("/v1/outcomes", json=outcome, headers=INGEST).status_code == 422
+    [letter] = letters(rt)
+    assert (letter.source, letter.reason) == ("http", "occurred_in_future")
+
+    rt.get(OutcomeStore).bound = Later()
+    r = c.post(f"/v1/dead-letters/{letter.id}/replay", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert (r.json()["intake"], r.json()["result"]["stored"]) == ("outcomes", 1)
+    twice = c.post(f"/v1/dead-letters/{letter.id}/replay", headers=ADMIN)
+    assert twice.status_code == 200 and twice.json()["result"]["duplicates"] == 1
+    assert count(rt, OutcomeRow) == 1 and len(letters(rt)) == 1
+
+
+def test_what_cannot_go_back_is_refused_with_409(rt_client) -> None:
+    rt, c = rt_client
+    raw = orjson.dumps({"conversation_id": "x", "messages": []})
+    with rt.sessions.begin() as s:
+        truncated = DeadLetterRow(source="http", reason="oversized", detail="d", raw=raw[:10], raw_size=len(raw))
+        otlp = DeadLetterRow(source="otlp", reason="malformed_otlp", detail="d", raw=b"\x0a\x01", raw_size=2)
+        s.add_all([truncated, otlp])
+        s.flush()
+        ids = truncated.id, otlp.id
+    for letter_id, says in zip(ids, ("first 10 of", "OTLP request body"), strict=True):
+        r = c.post(f"/v1/dead-letters/{letter_id}/replay", headers=ADMIN)
+        assert r.status_code == 409, r.text
+        assert says in r.json()["detail"] and r.json()["reason"] == "not_replayable"
+    assert all(d.replayed_at is None for d in letters(rt))
+    assert c.post("/v1/dead-letters/999999/replay", headers=ADMIN).status_code == 404
+
+
+def test_only_an_admin_replays(rt_client) -> None:
+    rt, c = rt_client
+    assert c.post("/v1/conversations", content=b"{not json", headers=INGEST).status_code == 400
+    [letter] = letters(rt)
+    for who in (REVIEWER, INGEST):
+        assert c.post(f"/v1/dead-letters/{letter.id}/replay", headers=who).status_code == 403
+    r = c.post(f"/v1/dead-letters/{letter.id}/replay", headers=ADMIN)
+    assert r.status_code == 422 and r.json()["refusal"]["reason"] == "malformed_json"
+    assert len(letters(rt)) == 1
+
+
+def test_the_replayed_at_migration_matches_the_model_and_downgrades(db_url: str) -> None:
+    from alembic import command
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy import inspect
+
+    from vigil.app.wiring import metadata
+    from vigil.store import db
+
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            diffs = compare_metadata(MigrationContext.configure(conn), metadata())
+        assert [d for d in diffs if "dead_letters" in repr(d)] == []
+        cfg = db.alembic_config(engine.url.render_as_string(hide_password=False))
+        command.downgrade(cfg, "0021_detector_feeds")
+        assert "replayed_at" not in {c["name"] for c in inspect(engine).get_columns("dead_letters")}
+        command.upgrade(cfg, "head")
+        assert "replayed_at" in {c["name"] for c in inspect(engine).get_columns("dead_letters")}
+    finally:
+        engine.dispose()
+
+
+def test_each_source_finds_its_intake() -> None:
+    from vigil.http.dead_letters import NoWayBack, intake_of
+
+    def row(source: str, reason: str = "schema_invalid", raw: bytes = b"{}", **where: Any) -> DeadLetterRow:
+        return DeadLetterRow(source=source, reason=reason, detail="", raw=raw, raw_size=len(raw), **where)
+
+    outcome = orjson.dumps([{"conversation_id": "c", "type": "escalation"}])
+    assert intake_of(row("kafka", topic="outcomes", offset=3, last_offset=3), "outcomes") == "outcomes"
+    assert intake_of(row("kafka", topic="conversations", offset=3, last_offset=3), "outcomes") == "conversations"
+    assert intake_of(row("otlp", "occurred_in_future"), "outcomes") == "conversations"
+    assert intake_of(row("replay"), "outcomes") == "conversations"
+    assert intake_of(row("http", raw=outcome), "outcomes") == "outcomes"
+    assert intake_of(row("http", "unknown_outcome_type", raw=b"x"), "outcomes") == "outcomes"
+    assert intake_of(row("http", raw=orjson.dumps({"conversation_id": "c", "messages": []})), "o") == "conversations"
+    with pytest.raises(NoWayBack, match="offsets 3-7"):
+        intake_of(row("kafka", topic="conversations", offset=3, last_offset=7), "outcomes")
+
+
+def test_kafka_letters_go_back_through_the_intake_of_their_topic(rt_client) -> None:
+    """A message the database refused once (``store_rejected``), on either topic: its topic names its intake."""
+    rt, c = rt_client
+    conv = next(Simulator(parse_versions("v1:0.0"), 2).stream(1, start=PAST))
+    outcome = {"conversation_id": conv["conversation_id"], "type": "escalation", "idempotency_key": "k-9"}
+    with rt.sessions.begin() as s:
+        rows = [
+            DeadLetterRow(
+                source="kafka", topic=topic, partition=0, offset=7, last_offset=7, reason="store_rejected",
+                detail="d", raw=orjson.dumps(doc), raw_size=len(orjson.dumps(doc)),
+            )
+            for topic, doc in (("conversations", conv), (rt.settings.kafka_outcomes_topic, outcome))
+        ]  # fmt: skip
+        s.add_all(rows)
+        s.flush()
+        ids = [r.id for r in rows]
+    answers = [c.post(f"/v1/dead-letters/{i}/replay", headers=ADMIN) for i in ids]
+    assert [(a.status_code, a.json()["intake"]) for a in answers] == [(200, "conversations"), (200, "outcomes")]
+    assert count(rt, ConversationRow) == 1 and count(rt, OutcomeRow) == 1
