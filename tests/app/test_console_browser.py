@@ -306,3 +306,28 @@ def test_the_alerts_pages_past_alerts_control_keeps_to_one_line(browser, seeded)
     assert control.count() == 1  # the seeded regression is the only alert, and active
     assert page.evaluate("document.getElementById('no-past').getClientRects().length") == 1
     context.close()
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["1280x800", "390x844"])
+def test_the_dead_letters_page_passes_axe_and_fits_the_screen(browser, seeded, viewport) -> None:
+    """The admin's dead-letter page, with a letter whose raw bytes and detail are one long unbroken value (a
+    minified body): it wraps inside the page, and the page passes axe, at desktop and phone widths."""
+    from vigil.store.writes import DeadLetter
+
+    base, rt, _ = seeded
+    script = axe_script()
+    if script is None:
+        missing("axe-core (npm install axe-core@4)")
+    long = b'{"conversation_id":"' + b"x" * 3000 + b'","messages":[<script>alert(1)</script>]}'
+    rt.pipeline.store([], [DeadLetter("http", "malformed_json", "unexpected " + "y" * 600, long)], "http")
+    context = browser.new_context(viewport=viewport, bypass_csp=True)
+    page = login(context, base, "admin-key")
+    page.goto(f"{base}/ui/dead-letters")
+    assert "malformed_json" in page.locator("main").inner_text()
+    found = axe_violations(page, script)
+    wide = page.evaluate("document.documentElement.scrollWidth")
+    if viewport is PHONE:
+        shot(page, "phone-ui-dead-letters.png")
+    context.close()
+    assert not found, describe(found)
+    assert wide <= viewport["width"], f"{wide} px wide at {viewport['width']} px"
