@@ -38,6 +38,9 @@ SECRETS = [
     ("Your password: Welcome1", "Welcome1"),
     ("Your new password: Sunshine.", "Sunshine"),  # a capitalised word that no word follows
     ("The password is Open", "Open"),
+    # after a keyword written out, a capitalised word mid-sentence is the value, whatever follows it
+    ("The Wi-Fi password is Sunshine for guests.", "Sunshine"),
+    ("Your password is Fluffy and your PIN is 1234", "Fluffy"),
     ("password: strong", "strong"),  # after the keyword itself, a lowercase word is a password
     # after a noun that qualifies the keyword, a value with a secret's shape is still one
     ("Your API key value: 9f8a7b6c5d4e", "9f8a7b6c5d4e"),

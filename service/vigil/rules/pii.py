@@ -534,8 +534,10 @@ def _secrets(text: str, low: str) -> Iterator[tuple[int, int]]:
             continue
         if spelled and ((value.isalpha() and value.lower() == value) or not value[0].isalnum()):
             continue  # "the token is invalid", "password reset": prose, not a value
-        if not quote and _opens_sentence(text, value, end):
-            continue  # "password: Open Settings, then Security": an instruction, not a value
+        if not quote and not spelled and _opens_sentence(text, value, end):
+            # "password: Open Settings, then Security": an instruction, not a value. After a keyword written out
+            # ("the Wi-Fi password is Sunshine for guests") a capitalised word mid-sentence is the value.
+            continue
         yield start, end
 
 
