@@ -173,9 +173,10 @@ class Metrics:
         )
         self.clock_offset = Gauge(
             "clock_offset_seconds",
-            "This host's clock minus the database's, as last measured (every 60 s, while items arrive): the clock "
-            "times arriving are checked against is the database's, so a host clock off by this much only shows "
-            "here (alert VigilClockSkew). 0 on SQLite, whose clock is the host's; NaN until first measured.",
+            "This host's clock minus the database's, as last measured (every 60 s while items arrive or it is "
+            "scraped): the clock times arriving are checked against is the database's, so a host clock off by this "
+            "much only shows here (alert VigilClockSkew). 0 on SQLite, whose clock is the host's; NaN until first "
+            "measured.",
             namespace=NS,
             registry=r,
         )

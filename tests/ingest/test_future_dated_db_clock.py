@@ -196,6 +196,26 @@ def test_the_offset_is_measured_from_the_midpoint_and_refreshed_lazily_off_the_b
     assert not bound.failing and fake.reads == 6
 
 
+def test_a_process_no_item_reaches_follows_its_clock_on_each_scrape() -> None:
+    # a judge or detector worker measures at start-up and then never asks for the bound: its gauge, and the
+    # VigilClockSkew alert on it, must follow a clock fixed (or gone off) later all the same
+    from prometheus_client import Gauge
+
+    registry = CollectorRegistry()
+    gauge = Gauge("vigil_clock_offset_seconds", "test", registry=registry)
+    fake = FakeClocks(timedelta(minutes=10))
+    bound = make_clock(fake, gauge)
+    bound.measure()  # start-up
+    assert registry.get_sample_value("vigil_clock_offset_seconds") == -600.0
+    assert fake.spawned == []  # fresh: a scrape queries nothing
+    fake.offset = timedelta(0)  # the host's time sync fixed
+    fake.advance(60)
+    registry.get_sample_value("vigil_clock_offset_seconds")  # a scrape a minute on starts the next measurement
+    assert len(fake.spawned) == 1
+    fake.run_spawned()
+    assert registry.get_sample_value("vigil_clock_offset_seconds") == 0.0
+
+
 def test_without_any_measurement_the_host_clock_is_the_reference_and_says_so(caplog) -> None:
     fake = FakeClocks(timedelta(minutes=10))
     fake.down = True

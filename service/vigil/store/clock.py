@@ -1,5 +1,5 @@
 """The database's clock on this host, without a query per batch: the offset between the two clocks, measured
-at start-up and again once a minute while it is asked (see :class:`DatabaseClock`)."""
+at start-up and again once a minute while it is asked or scraped (see :class:`DatabaseClock`)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ class DatabaseClock:
     One measurement reads the database's clock (``read``) between two reads of this host's monotonic clock,
     and takes the offset from the midpoint. :meth:`latest_allowed` never waits on the database: once the last
     measurement is older than ``refresh_seconds`` it starts the next one (``spawn``: on a thread) and answers
-    with the last offset meanwhile. A failed measurement keeps the last offset; with none yet, the host's clock
+    with the last offset meanwhile; a scrape of ``gauge`` does the same, so a process no item reaches follows
+    its clock too. A failed measurement keeps the last offset; with none yet, the host's clock
     is the reference (and errors name it). Either is logged once, until a measurement succeeds again."""
 
     def __init__(
@@ -61,8 +62,12 @@ class DatabaseClock:
         self.failing = False
         self._lock = threading.Lock()
         self._measuring = False
+        self._reading = math.nan  # host − database in seconds, as the gauge exports it
         if gauge is not None:
-            gauge.set(math.nan)
+            # read on each scrape, which also starts the next measurement once the last is a minute old: a
+            # process no item reaches (a judge or detector worker, an idle replica) follows its clock too,
+            # instead of exporting its start-up offset for ever
+            gauge.set_function(self._scraped)
 
     def measure(self) -> timedelta | None:
         """Read the database's clock once and keep the offset; on failure keep the last one (logged once)."""
@@ -84,19 +89,26 @@ class DatabaseClock:
             recovered, self.failing = self.failing, False
         if recovered:
             log.info("the database's clock reads again: %+.3f s from this host's", offset.total_seconds())
-        if self.gauge is not None:
-            self.gauge.set(-offset.total_seconds())
+        self._reading = -offset.total_seconds()
         return offset
 
-    def latest_allowed(self) -> LatestAllowed:
+    def _scraped(self) -> float:
+        self._refresh()
+        return self._reading
+
+    def _refresh(self) -> None:
+        """Start the next measurement (``spawn``) once the last is ``refresh_seconds`` old, one at a time."""
         with self._lock:
             stale = self.measured_at is None or self.monotonic() - self.measured_at >= self.refresh_seconds
             start = stale and not self._measuring
             if start:
                 self._measuring = True
-            offset = self.offset
         if start:
             self.spawn(self.measure)
+
+    def latest_allowed(self) -> LatestAllowed:
+        self._refresh()
+        offset = self.offset
         if offset is None:
             return HOST_BOUND.latest_allowed()
         return LatestAllowed(self.host() + offset + FUTURE_ALLOWANCE, DATABASE_CLOCK)
