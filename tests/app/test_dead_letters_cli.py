@@ -72,3 +72,10 @@ def test_replay_exits_1_while_any_is_refused_and_0_once_taken(sqlite_url: str) -
     misuse = run(sqlite_url, "dead-letters", "replay", "--reason", "x", str(outcome_id))
     assert misuse.exit_code == 2 and "--reason and --source choose letters with --all" in misuse.output
     assert run(sqlite_url, "dead-letters", "replay").exit_code == 2
+
+
+def test_an_id_beyond_any_letter_is_a_usage_error_not_a_traceback(sqlite_url: str) -> None:
+    make_letters(sqlite_url)
+    for bad in ("99999999999999999999", "0"):
+        out = run(sqlite_url, "dead-letters", "replay", "--", bad)
+        assert out.exit_code == 2 and not isinstance(out.exception, OverflowError), out.output

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from vigil.http.params import MAX_ID
 from vigil.runtime import Launcher
 
 LETTER_COLUMNS = ("id", "received", "source", "reason", "size", "replayed", "detail")
@@ -79,7 +80,10 @@ def register(app: typer.Typer) -> None:
     @group.command("replay")
     def replay_letters(
         ctx: typer.Context,
-        ids: Annotated[list[int] | None, typer.Argument(help="The letters' ids (vigil dead-letters list).")] = None,
+        ids: Annotated[
+            list[int] | None,
+            typer.Argument(min=1, max=MAX_ID, help="The letters' ids (vigil dead-letters list)."),
+        ] = None,
         replay_all: Annotated[
             bool, typer.Option("--all", help="Every letter not yet re-sent (of --reason and --source if given).")
         ] = False,
