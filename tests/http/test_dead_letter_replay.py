@@ -170,6 +170,9 @@ def test_each_source_finds_its_intake() -> None:
     assert intake_of(row("http", raw=outcome), "outcomes") == "outcomes"
     assert intake_of(row("http", "unknown_outcome_type", raw=b"x"), "outcomes") == "outcomes"
     assert intake_of(row("http", raw=orjson.dumps({"conversation_id": "c", "messages": []})), "o") == "conversations"
+    # the demo feeds conversations through the pipeline and outcomes through their store, both as "demo"
+    assert intake_of(row("demo", raw=orjson.dumps({"conversation_id": "c", "messages": []})), "o") == "conversations"
+    assert intake_of(row("demo", raw=outcome), "outcomes") == "outcomes"
     with pytest.raises(NoWayBack, match="offsets 3-7"):
         intake_of(row("kafka", topic="conversations", offset=3, last_offset=7), "outcomes")
 

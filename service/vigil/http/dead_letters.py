@@ -61,9 +61,7 @@ def intake_of(letter: DeadLetterRow, outcomes_topic: str) -> str:
         return CONVERSATIONS  # the conversation its spans assembled, as Vigil's schema
     if letter.source == "replay":
         return CONVERSATIONS
-    if letter.source == "demo":
-        return OUTCOMES
-    if letter.source == "http":
+    if letter.source in ("http", "demo"):  # demo traffic letters both its conversations and its outcomes
         return OUTCOMES if letter.reason in _OUTCOME_REASONS or _holds_outcomes(letter.raw) else CONVERSATIONS
     raise NoWayBack(f"no intake reads letters of source {letter.source!r}")
 
