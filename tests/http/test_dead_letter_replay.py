@@ -196,3 +196,21 @@ def test_kafka_letters_go_back_through_the_intake_of_their_topic(rt_client) -> N
     answers = [c.post(f"/v1/dead-letters/{i}/replay", headers=ADMIN) for i in ids]
     assert [(a.status_code, a.json()["intake"]) for a in answers] == [(200, "conversations"), (200, "outcomes")]
     assert count(rt, ConversationRow) == 1 and count(rt, OutcomeRow) == 1
+
+
+def test_a_body_refused_as_over_the_size_limit_is_not_replayed_from_what_was_kept(sqlite_url: str) -> None:
+    """Only the first bytes of an oversized body are kept: re-sending those is no replay (409), never a
+    truncated body answered as refused again, or taken in part and marked re-sent."""
+    rt = build_runtime(make_settings(sqlite_url, max_request_bytes=1024), registry=CollectorRegistry())
+    try:
+        with make_client(rt) as c:
+            body = orjson.dumps([{"conversation_id": f"c-{i}", "messages": []} for i in range(100)])
+            assert c.post("/v1/conversations", content=body, headers=INGEST).status_code == 413
+            assert c.post("/v1/outcomes", content=body, headers=INGEST).status_code == 413
+            kept = letters(rt)
+            assert [d.reason for d in kept] == ["oversized", "oversized"]
+            assert all(d.raw_size > len(d.raw) for d in kept)
+            answers = [c.post(f"/v1/dead-letters/{d.id}/replay", headers=ADMIN) for d in kept]
+            assert [a.status_code for a in answers] == [409, 409], [a.json() for a in answers]
+    finally:
+        rt.close()

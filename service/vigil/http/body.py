@@ -57,6 +57,12 @@ class BodyTooLarge(VigilError):
         self.read = read
 
     @property
+    def sent(self) -> int:
+        """The body's size as far as known, for its dead letter's ``raw_size``: its ``Content-Length``, else
+        more than the limit; never ``len(prefix)``, which would read as the whole body (and be replayed as it)."""
+        return max(self.size if self.size is not None else self.limit + 1, len(self.prefix) + 1)
+
+    @property
     def kept(self) -> str:
         if not self.read:
             return f"refused on its Content-Length of {self.size} bytes before any of it was read: no bytes kept"

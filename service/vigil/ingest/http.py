@@ -348,7 +348,7 @@ async def ingest_conversations(
             else:
                 answer = await run_in_threadpool(ingest_formatted, rt, body, format, agent_id, agent_version)
     except BodyTooLarge as exc:
-        letter = DeadLetter("http", "oversized", str(exc), exc.prefix)
+        letter = DeadLetter("http", "oversized", str(exc), exc.prefix, size=exc.sent)
         try:
             await run_in_threadpool(rt.pipeline.store, [], [letter], "http")
         except StoreUnavailable:

@@ -63,7 +63,9 @@ async def post_outcomes(request: Request) -> JSONResponse:
             return await _post_outcomes(store, body, s.max_json_expansion)
     except BodyTooLarge as exc:  # a note of what was read of it, as for conversations
         try:
-            await run_in_threadpool(store.ingest_dead, DeadLetter("http", "oversized", str(exc), exc.prefix))
+            await run_in_threadpool(
+                store.ingest_dead, DeadLetter("http", "oversized", str(exc), exc.prefix, size=exc.sent)
+            )
         except Exception:  # the answer is 413 either way; the note is what could be kept
             log.warning("keeping a note of an oversized outcomes request failed", exc_info=True)
         return JSONResponse({"detail": str(exc), "reason": "oversized"}, 413)
