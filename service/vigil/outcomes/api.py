@@ -85,53 +85,36 @@ async def post_outcomes(request: Request) -> JSONResponse:
 
 
 async def _post_outcomes(store: Any, body: bytes, expansion: float) -> JSONResponse:
-    if not body.strip():  # as POST /v1/conversations answers one: a 400 with its reason, and a letter of it
-        empty = "empty body; send an outcome object or an array of them"
-        await run_in_threadpool(store.ingest_dead, DeadLetter("http", "empty", empty, body))
-        return JSONResponse({"detail": empty, "reason": "empty"}, 400)
-    # decoding it would take far more memory than its size; counting is CPU work on up to 32 MiB: off the loop
-    why = await run_in_threadpool(too_dense, body, expansion)
-    if why is not None:
-        await run_in_threadpool(store.ingest_dead, DeadLetter("http", "oversized", why, body))
-        return JSONResponse({"detail": why, "reason": "oversized"}, 413)
-    try:  # a NaN or lone surrogate refuses only the item holding it
-        items, refused = await run_in_threadpool(read_items, body)
-    except UnreadableJson as exc:
-        await run_in_threadpool(store.ingest_dead, DeadLetter("http", "malformed_json", str(exc), body))
-        return JSONResponse({"detail": str(exc), "reason": "malformed_json"}, 400)
-    if len(items) > MAX_BATCH:
-        why = f"batch of {len(items)} exceeds {MAX_BATCH} items; split it"
-        await run_in_threadpool(store.ingest_dead, DeadLetter("http", "batch_too_large", why, body))
-        return JSONResponse({"detail": why, "reason": "batch_too_large"}, 413)
-    result = await run_in_threadpool(store.ingest, items, "http", None, refused)
-    out = {
-        "accepted": result.received - len(result.errors),
-        "stored": result.stored,
-        "duplicates": result.duplicates,
-        "rejected": len(result.errors),
-        "errors": [{"index": e.index, "reason": e.reason, "errors": e.errors} for e in result.errors],
-    }
-    return JSONResponse(out, status_code=422 if result.errors else 202)
+    # counting and decoding are CPU work on up to 32 MiB, storing waits on the database: off the loop
+    status, out = await run_in_threadpool(answer, store, body, expansion, "http", True)
+    return JSONResponse(out, status_code=status)
 
 
-def replay(store: OutcomeStore, raw: bytes, expansion: float) -> tuple[int, dict[str, Any]]:
-    """``rt.hooks.replayers["outcomes"]``: a dead letter's body read as ``POST /v1/outcomes`` reads one, answered
-    as it answers, keeping no new dead letter of a refusal (the letter re-sent stays)."""
-    if not raw.strip():
-        return 400, {"detail": "empty body; send an outcome object or an array of them", "reason": "empty"}
+def answer(
+    store: OutcomeStore, raw: bytes, expansion: float, source: str, keep_letters: bool
+) -> tuple[int, dict[str, Any]]:
+    """``POST /v1/outcomes``'s answer to ``raw`` (status and body), storing what it takes. ``keep_letters``: a
+    refusal is kept as a dead letter (the endpoint); a re-sent letter (``rt.hooks.replayers["outcomes"]``,
+    :func:`replay`) keeps none, as the letter re-sent stays."""
+
+    def refuse(status: int, reason: str, why: str) -> tuple[int, dict[str, Any]]:
+        if keep_letters:
+            store.ingest_dead(DeadLetter(source, reason, why, raw))
+        return status, {"detail": why, "reason": reason}
+
+    if not raw.strip():  # as POST /v1/conversations answers one: a 400 with its reason, and a letter of it
+        return refuse(400, "empty", "empty body; send an outcome object or an array of them")
+    # decoding it would take far more memory than its size
     why = too_dense(raw, expansion)
     if why is not None:
-        return 413, {"detail": why, "reason": "oversized"}
-    try:
+        return refuse(413, "oversized", why)
+    try:  # a NaN or lone surrogate refuses only the item holding it
         items, refused = read_items(raw)
     except UnreadableJson as exc:
-        return 400, {"detail": str(exc), "reason": "malformed_json"}
+        return refuse(400, "malformed_json", str(exc))
     if len(items) > MAX_BATCH:
-        return 413, {
-            "detail": f"batch of {len(items)} exceeds {MAX_BATCH} items; split it",
-            "reason": "batch_too_large",
-        }
-    result = store.ingest(items, "replay", None, refused, keep_letters=False)
+        return refuse(413, "batch_too_large", f"batch of {len(items)} exceeds {MAX_BATCH} items; split it")
+    result = store.ingest(items, source, None, refused, keep_letters=keep_letters)
     out = {
         "accepted": result.received - len(result.errors),
         "stored": result.stored,
@@ -140,6 +123,12 @@ def replay(store: OutcomeStore, raw: bytes, expansion: float) -> tuple[int, dict
         "errors": [{"index": e.index, "reason": e.reason, "errors": e.errors} for e in result.errors],
     }
     return (422 if result.errors else 202), out
+
+
+def replay(store: OutcomeStore, raw: bytes, expansion: float) -> tuple[int, dict[str, Any]]:
+    """``rt.hooks.replayers["outcomes"]``: a dead letter's body read as ``POST /v1/outcomes`` reads one, answered
+    as it answers, keeping no new dead letter of a refusal (the letter re-sent stays)."""
+    return answer(store, raw, expansion, "replay", keep_letters=False)
 
 
 @router.get("/v1/outcome-types", dependencies=[require("ingest", "reviewer")])
