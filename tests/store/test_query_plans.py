@@ -152,6 +152,8 @@ def recorded(pg_url):  # type: ignore[no-untyped-def]
         assert c.get("/v1/review/progress", headers=REVIEWER).status_code == 200
         assert c.get("/v1/calibration", headers=REVIEWER).status_code == 200
         assert c.get("/v1/judges", headers=REVIEWER).status_code == 200
+        for params in ({}, {"reason": "malformed_json"}, {"source": "http"}):  # the dead-letter list, filtered
+            assert c.get("/v1/dead-letters", params=params, headers=ADMIN).status_code == 200
         assert c.get("/v1/rules/quality", params={"outcome": "escalation"}, headers=REVIEWER).status_code == 200
         series = c.get("/v1/quality/series", params={"agent": "support-bot", "version": "v2"}, headers=REVIEWER)
         assert series.status_code == 200
@@ -213,6 +215,7 @@ def test_no_hot_query_scans_a_growing_table(recorded) -> None:  # type: ignore[n
     assert any("FROM quality_counts" in s and "hour >=" in s for s in statements)  # a baseline's newest hours
     assert any("FROM quality_totals" in s for s in statements)  # every series' counts: one row each
     assert any(s.startswith("DELETE FROM review_items") for s in statements)  # items that waited in vain
+    assert any("FROM dead_letters" in s and "dead_letters.reason =" in s for s in statements)  # by reason
     assert any(s.startswith("DELETE FROM review_items") and "review_count" in s for s in statements)  # expired
     assert any(s.startswith("UPDATE review_items") and "assigned_at <" in s for s in statements)  # assignment timeout
     assert any(s.startswith("DELETE FROM review_audit") and "actor" in s for s in statements)  # expired records

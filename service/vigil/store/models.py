@@ -165,6 +165,9 @@ class DeadLetterRow(Base):
     __table_args__ = (
         UniqueConstraint("source", "topic", "partition", "offset", name="uq_dead_letters_position"),
         Index("ix_dead_letters_created", "created_at", postgresql_using="brin"),
+        # the newest letters of one reason (the console's per-reason link, `dead-letters replay --all --reason`):
+        # a range of this index, not a walk back through every newer letter of other reasons
+        Index("ix_dead_letters_reason", "reason", "id"),
     )
 
 

@@ -21,8 +21,11 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("dead_letters", sa.Column("replayed_at", sa.DateTime(timezone=True), nullable=True))
+    # the newest letters of one reason, which re-sending them by reason reads
+    op.create_index("ix_dead_letters_reason", "dead_letters", ["reason", "id"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_dead_letters_reason", table_name="dead_letters")
     with op.batch_alter_table("dead_letters") as batch:
         batch.drop_column("replayed_at")
