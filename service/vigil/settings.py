@@ -313,6 +313,38 @@ class Settings(BaseSettings):
     review_cookie_secure: bool = Field(
         default=False, description="Mark the UI session cookie Secure (set true behind HTTPS)."
     )
+    auth_proxy_user_header: str = Field(
+        default="",
+        description="Single sign-on through an authenticating proxy (oauth2-proxy, an ingress's external "
+        "authentication): the request header in which the proxy names the signed-in user, e.g. "
+        "X-Forwarded-Email. Empty = off. Honoured only from VIGIL_AUTH_PROXY_TRUSTED_NETWORKS (required "
+        "with it); see [Console](console.md#single-sign-on-through-a-proxy).",
+    )
+    auth_proxy_groups_header: str = Field(
+        default="",
+        description="The header in which the proxy lists the user's groups, comma-separated, e.g. "
+        "X-Forwarded-Groups; read with VIGIL_AUTH_PROXY_ROLES.",
+    )
+    auth_proxy_roles: str = Field(
+        default="",
+        description='Groups to console roles as JSON, e.g. {"vigil-admins": "admin", "support-qa": "reviewer"}; '
+        "a user gets the highest role of their groups.",
+    )
+    auth_proxy_default_role: str = Field(
+        default="",
+        description="Role of a signed-in user none of whose groups is mapped: reviewer, admin, or empty "
+        "(refused with 403).",
+    )
+    auth_proxy_trusted_networks: str = Field(
+        default="",
+        description="Comma-separated addresses or networks (CIDR) the proxy connects from, checked against the "
+        "connection's own peer address (never X-Forwarded-For); for a sidecar 127.0.0.1/32.",
+    )
+    auth_proxy_logout_url: str = Field(
+        default="",
+        description="Where Log out sends a user signed in through the proxy (e.g. /oauth2/sign_out); empty: "
+        "the log-in page.",
+    )
     # --- end review ---
 
     # --- outcomes, compare, detector (issue: outcomes and alerting) ---

@@ -139,6 +139,10 @@ def require(*roles: str):  # type: ignore[no-untyped-def]
     def check(request: Request) -> Principal:
         p = principal_from_request(request)
         if p is None:
+            sessions = getattr(request.app.state, "ui_sessions", None)
+            refusal = sessions.proxy_refusal(request) if sessions is not None else ""
+            if refusal:
+                raise HTTPException(status.HTTP_403_FORBIDDEN, refusal)
             raise HTTPException(
                 status.HTTP_401_UNAUTHORIZED,
                 "missing or unknown API key",

@@ -25,6 +25,8 @@ from typing import Any
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from vigil.http.proxy_auth import PEER_SCOPE_KEY
+
 log = logging.getLogger(__name__)
 
 HEAD_BYTES = 65_536  # request line and headers; a bearer key, a session cookie and a query fit many times
@@ -111,6 +113,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             super().data_received(piece)
         if data and not self.transport.is_closing():
             super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        # the socket's own peer, before uvicorn's proxy-headers middleware replaces the scope's client with
+        # X-Forwarded-For: the sign-in proxy's header is trusted by this address only (vigil.http.proxy_auth)
+        self.scope[PEER_SCOPE_KEY] = self.client[0] if self.client else None  # type: ignore[literal-required]
 
     def on_headers_complete(self) -> None:
         self._in_head = False

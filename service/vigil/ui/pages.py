@@ -43,6 +43,11 @@ def home() -> RedirectResponse:
 @router.get("/login")
 def login_page(request: Request, next: str | None = None, error: str | None = None, expired: bool = False) -> Response:
     message = LOGIN_ERRORS.get(error or "") or (EXPIRED if expired else None)
+    sessions = sessions_of(request)
+    if sessions.proxy is not None and sessions.proxy_identity(request) is not None:
+        if sessions.principal(request) is not None:
+            return go(safe_next(next))  # signed in at the proxy: nothing to log in to
+        message = sessions.proxy_refusal(request)
     return render_page(request, "login.html", title="Log in", next=safe_next(next), error=message)
 
 
@@ -87,6 +92,10 @@ def logout(request: Request, form: FormData = Depends(posted)) -> Response:
         form_user(request, form)
     except Refused as refused:
         return refused.response
-    response = go("/ui/login")
-    sessions_of(request).logout(request, response)
+    sessions = sessions_of(request)
+    # a user the proxy signed in leaves through the proxy's sign-out (the proxy's own session would let
+    # them straight back in); the page shows them Log out only when it is configured
+    by_proxy = sessions.signed_in_by_proxy(request) and sessions.proxy is not None and sessions.proxy.logout_url
+    response = go(sessions.proxy.logout_url if by_proxy and sessions.proxy else "/ui/login")
+    sessions.logout(request, response)
     return response

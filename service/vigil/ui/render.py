@@ -52,8 +52,12 @@ def sessions_of(request: Request) -> SessionManager:
 
 def logged_in(request: Request) -> Principal:
     """The logged-in reviewer, or a redirect to the login page."""
-    p = sessions_of(request).principal(request)
+    sessions = sessions_of(request)
+    p = sessions.principal(request)
     if p is None:
+        refusal = sessions.proxy_refusal(request)
+        if refusal:  # signed in at the proxy, but no role here: the log-in page would only send them back
+            raise HTTPException(403, refusal)
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise HTTPException(303, "log in first", headers={"Location": f"/ui/login?next={quote(target, safe='')}"})
     return p
@@ -132,6 +136,7 @@ def render_page(request: Request, template: str, status_code: int = 200, **conte
     ctx = {
         "request": request,
         "user": user,
+        "can_log_out": sessions.can_log_out(request),
         "csrf": sessions.csrf_token(request),
         "nav": nav_of(request),
         "path": request.url.path,

@@ -25,6 +25,7 @@ from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.http.auth import KeyRing, Principal
+from vigil.http.proxy_auth import ProxyAuth, ProxyIdentity
 from vigil.settings import Settings
 from vigil.ui.models import UiSessionRow
 
@@ -41,11 +42,14 @@ def _id_hash(session_id: str) -> str:
 
 
 class SessionManager:
-    def __init__(self, secret: str, max_age: int, secure: bool, db: sessionmaker[Session]) -> None:
+    def __init__(
+        self, secret: str, max_age: int, secure: bool, db: sessionmaker[Session], proxy: ProxyAuth | None = None
+    ) -> None:
         self.secret = secret
         self.max_age = max_age
         self.secure = secure
         self.db = db
+        self.proxy = proxy
         self._signer = URLSafeTimedSerializer(secret, salt="vigil-ui-session")
 
     def fingerprint(self, key: str) -> str:
@@ -68,14 +72,47 @@ class SessionManager:
         return data
 
     def principal(self, request: Request) -> Principal | None:
-        """The logged-in reviewer: the cookie's session exists, has not expired, and names a key that
-        still exists with a UI role."""
+        """The logged-in reviewer: the user a trusted sign-in proxy names with a role
+        (:mod:`vigil.http.proxy_auth`), else the cookie's session, if it exists, has not expired, and names
+        a key that still exists with a UI role."""
         if hasattr(request.state, "vigil_principal"):
             cached: Principal | None = request.state.vigil_principal
             return cached
-        found = self._lookup(request)
+        found = self._proxied(request) or self._lookup(request)
         request.state.vigil_principal = found
         return found
+
+    def _proxied(self, request: Request) -> Principal | None:
+        if self.proxy is None:
+            return None
+        identity = self.proxy.identify(request)
+        request.state.vigil_proxy_identity = identity
+        if identity is None or identity.role is None:
+            return None  # a refused user may still hold a key's session (an admin's way in past the proxy)
+        return Principal(identity.name, identity.role)
+
+    def proxy_identity(self, request: Request) -> ProxyIdentity | None:
+        """What the sign-in proxy said of this request (None: no proxy, no header, or an untrusted peer)."""
+        self.principal(request)
+        return getattr(request.state, "vigil_proxy_identity", None)
+
+    def signed_in_by_proxy(self, request: Request) -> bool:
+        """The user is the one the sign-in proxy names (not a key's session)."""
+        identity = self.proxy_identity(request)
+        p = self.principal(request)
+        return identity is not None and p is not None and identity.name == p.name and identity.role == p.role
+
+    def can_log_out(self, request: Request) -> bool:
+        """A key's session ends at Log out; a proxy's user leaves only through the proxy's sign-out, so the
+        button is shown for them only when VIGIL_AUTH_PROXY_LOGOUT_URL names it."""
+        return not self.signed_in_by_proxy(request) or bool(self.proxy and self.proxy.logout_url)
+
+    def proxy_refusal(self, request: Request) -> str:
+        """Why the user the proxy names was not let in, when no key's session let them in either."""
+        identity = self.proxy_identity(request)
+        if identity is None or self.principal(request) is not None:
+            return ""
+        return identity.refusal
 
     def _lookup(self, request: Request) -> Principal | None:
         sid = self.read(request).get("sid")
@@ -191,7 +228,8 @@ def install(app: Any, settings: Settings, announce: bool, db: sessionmaker[Sessi
         secret = secrets.token_urlsafe(32)
         if announce:
             log.info("VIGIL_REVIEW_SESSION_SECRET is not set: UI sessions last only as long as this process")
-    sessions = SessionManager(secret, settings.review_session_max_age_seconds, settings.review_cookie_secure, db)
+    proxy = ProxyAuth.from_settings(settings)
+    sessions = SessionManager(secret, settings.review_session_max_age_seconds, settings.review_cookie_secure, db, proxy)
     app.state.ui_sessions = sessions
     app.state.session_principal = sessions.hook
     return sessions
