@@ -394,3 +394,40 @@ def test_on_a_wide_screen_the_label_form_has_no_sheet_bar(browser, server) -> No
     page = _next_item(browser, base, 1280, 800)
     assert not page.locator("#label-form .sheet-toggle").is_visible()
     assert page.locator("#label-form #save-next").is_visible()
+
+
+def test_a_long_unbroken_comment_or_note_keeps_the_review_column_on_screen(browser, server) -> None:
+    """A comment or a label's notes holding one long word (a pasted address, a token, minified JSON) widened
+    the review column to that word's length (about 25,000 px for 3,000 characters): the column scrolled sideways
+    inside itself and the label form's right half (Severity, the rubric, the save buttons' row) was cut off,
+    for every reviewer who opened the conversation, on a wide screen and on a phone."""
+    import httpx
+
+    base, rt = server
+    convs = simulated(3, "v1.4.0:0.9", seed=5)
+    store(rt, convs)
+    cid = convs[0]["conversation_id"]
+    word = "https://example.com/trace?id=" + "0123456789abcdef" * 200
+    with httpx.Client(base_url=base, headers={"Authorization": "Bearer raj-key"}) as api:
+        assert api.post(f"/v1/review/items/{quote(cid, safe='')}/comments", json={"body": word}).status_code == 201
+        labelled = api.post(
+            f"/v1/review/items/{quote(cid, safe='')}/labels",
+            json={"label": "unsure", "notes": word, "expected_behavior": word},
+            headers={"Authorization": "Bearer rita-key"},
+        )
+        assert labelled.status_code == 201, labelled.text
+    for width, height in ((1280, 800), (390, 844)):
+        page = browser.new_page(viewport={"width": width, "height": height})
+        sign_in(page, base, f"/ui/review/{quote(cid, safe='')}")
+        assert word[:40] in page.inner_text("#comments") and word[:40] in page.inner_text(".history .label-notes")
+        side = page.evaluate(
+            "() => { const a = document.querySelector('aside.side'); return [a.scrollWidth, a.clientWidth] }"
+        )
+        assert side[0] <= side[1], f"at {width} px the review column is {side[0]} px wide inside {side[1]} px"
+        right = page.evaluate("() => document.querySelector('aside.side').getBoundingClientRect().right")
+        # on a phone the label form is a sheet folded to its bar; on a wide screen it sits in the column
+        form = "#severity" if width > 800 else "#add-comment"
+        for sel in ("#comments .comment-body", ".history .label-notes", "#comment-body", form):
+            box = page.locator(sel).first.bounding_box()
+            assert box is not None and box["x"] + box["width"] <= right + 1, (width, sel, box, right)
+        page.close()
