@@ -5,6 +5,7 @@ Screenshots go to ``test-artifacts/`` (look at them when the UI changes).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote, urlencode
@@ -431,3 +432,74 @@ def test_a_long_unbroken_comment_or_note_keeps_the_review_column_on_screen(brows
             box = page.locator(sel).first.bounding_box()
             assert box is not None and box["x"] + box["width"] <= right + 1, (width, sel, box, right)
         page.close()
+
+
+def _unconfirmed_cancel(cid: str, lines: int) -> dict[str, object]:
+    """A cancel made after the user only asked a question (confirm-before-write quotes it), whose order lookup
+    has ``lines`` lines of arguments and of result: both scroll inside their boxes."""
+    order = {"order_id": "#W4431295", "items": [{"name": f"item {i}", "price": i} for i in range(lines)]}
+    call = {"type": "function"}
+    return {
+        "schema_version": 1,
+        "conversation_id": cid,
+        "agent_id": "support-bot",
+        "agent_version": "v1.5.0",
+        "messages": [
+            {"role": "system", "content": "You are a retail support agent. Confirm before any write action."},
+            {"role": "user", "content": "Hi, I want to cancel my order #W4431295, the hiking boots."},
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {**call, "id": "c1", "function": {"name": "get_order_details", "arguments": json.dumps(order)}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": json.dumps({**order, "status": "pending"})},
+            {"role": "assistant", "content": "Shall I cancel it and refund $396.34 to your original payment method?"},
+            {"role": "user", "content": "Hmm, what would the refund timeline be?"},
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        **call,
+                        "id": "c2",
+                        "function": {"name": "cancel_pending_order", "arguments": '{"order_id":"#W4431295"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c2", "content": '{"status":"cancelled"}'},
+            {"role": "assistant", "content": "Your order is cancelled."},
+        ],
+    }
+
+
+@pytest.mark.parametrize("width,height", [(1280, 800), (390, 844)], ids=["1280x800", "390x844"])
+def test_a_conversation_with_long_tool_output_and_quoted_evidence_passes_axe(browser, server, width, height) -> None:
+    """Tool arguments and results scroll inside boxes of a few hundred pixels, which a keyboard could not
+    reach (axe: scrollable-region-focusable, serious): a 40-line order lookup's last lines could be read with
+    a mouse only. A finding's links to its evidence, followed by the quote, were told from the text around them
+    by colour alone (link-in-text-block, serious). The page passes axe with both."""
+    from tests.support.browser import axe_script, axe_violations, describe
+
+    base, rt = server
+    script = axe_script()
+    if script is None:
+        missing("axe-core (npm install axe-core@4)")
+    conv = _unconfirmed_cancel("long-tool-output", 40)
+    store(rt, [conv])
+    context = browser.new_context(viewport={"width": width, "height": height}, bypass_csp=True)
+    page = sign_in(context.new_page(), base, "/ui/review/long-tool-output")
+    assert page.locator(".findings q").count() >= 1  # quoted evidence is there
+    scrolling = page.evaluate(
+        "() => Array.from(document.querySelectorAll('.transcript pre.args, .transcript .text'))"
+        ".filter(e => e.scrollHeight > e.clientHeight).length"
+    )
+    assert scrolling == 2  # the lookup's arguments and its result
+    found = axe_violations(page, script)
+    assert not found, describe(found)
+    page.locator("#m3 .text").focus()
+    page.keyboard.press("End")  # the keyboard reaches the result's last lines
+    page.wait_for_function(
+        "() => { const e = document.querySelector('#m3 .text');"
+        " return e.scrollTop + e.clientHeight >= e.scrollHeight - 1 }"
+    )
+    context.close()

@@ -227,8 +227,39 @@
     form.addEventListener("change", function () { unfold(form, true); });
   }
 
+  // a tool's arguments or a message taller than its box scroll inside it: such a box takes focus, so the
+  // keyboard reaches its last lines (arrows, Page Down, End), and is named for a screen reader
+  function scrollName(el) {
+    var call = el.closest(".call, li.tool");
+    var name = call ? call.querySelector("code") : null;
+    if (name) { return (call.classList.contains("call") ? "Arguments of " : "Parameters of ") + name.textContent; }
+    var msg = el.closest("article.msg");
+    return msg ? "Message " + msg.id.replace(/^m/, "#") : "Scrolling text";
+  }
+  function scrollers() {
+    document.querySelectorAll("pre.args, .msg .text").forEach(function (el) {
+      var scrolls = el.clientHeight > 0 && el.scrollHeight > el.clientHeight + 1;
+      if (scrolls && !el.hasAttribute("tabindex")) {
+        el.setAttribute("tabindex", "0");
+        el.setAttribute("role", "region");
+        el.setAttribute("aria-label", scrollName(el));
+      } else if (!scrolls && el.getAttribute("role") === "region") {
+        ["tabindex", "role", "aria-label"].forEach(function (a) { el.removeAttribute(a); });
+      }
+    });
+  }
+  var pending = false;
+  function rescan() {
+    if (pending) { return; }
+    pending = true;
+    window.requestAnimationFrame(function () { pending = false; scrollers(); });
+  }
+  window.addEventListener("resize", rescan);
+  document.addEventListener("toggle", rescan, true);  // a details opened: what it holds may scroll
+
   document.addEventListener("DOMContentLoaded", function () {
     sheet();
+    scrollers();
     flagged = Array.prototype.slice.call(document.querySelectorAll(".msg.flagged"));
     var invalid = document.querySelector('[aria-invalid="true"]');
     if (invalid) { invalid.focus(); }
