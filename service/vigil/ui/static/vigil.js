@@ -196,6 +196,31 @@
     }
   });
 
+  // the export form answers with a file, which leaves the page as it was: once the answer has come (it sets
+  // a cookie naming its run), show the page again with that run, pending, and the button that marks it saved
+  function cookie(name) {
+    var found = document.cookie.split("; ").filter(function (c) { return c.indexOf(name + "=") === 0; })[0];
+    return found ? found.slice(name.length + 1) : null;
+  }
+  var DOWNLOADED = "vigil_export_run";
+  function forget() { document.cookie = DOWNLOADED + "=; Max-Age=0; Path=/ui/export; SameSite=Strict"; }
+  document.addEventListener("submit", function (ev) {
+    if (ev.defaultPrevented || ev.target.id !== "export-form") { return; }
+    forget();
+    var waited = 0;
+    var poll = setInterval(function () {
+      var run = cookie(DOWNLOADED);
+      waited += 250;
+      if (run && /^[0-9]+$/.test(run)) {
+        clearInterval(poll);
+        forget();
+        window.location.assign("/ui/export?run=" + run);
+      } else if (waited > 600000) {
+        clearInterval(poll);
+      }
+    }, 250);
+  });
+
   function countdown() {
     document.querySelectorAll("[data-lease-until]").forEach(function (el) {
       var left = Math.round((Date.parse(el.getAttribute("data-lease-until")) - Date.now()) / 1000);
