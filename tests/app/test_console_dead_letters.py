@@ -61,6 +61,47 @@ def test_an_admin_sees_the_letters_and_resends_one(rt_client) -> None:
     assert _letters(rt)[0].replayed_at is None
 
 
+def test_a_refusal_on_resend_reads_as_the_letters_own_detail(rt_client) -> None:
+    """Refused again, the page showed the intake's whole answer as a Python dict (``{'accepted': 0, 'stored':
+    0, ... 'errors': [{'index': 0, 'reason': ...}]}``): it says, as the letter's detail does, each item's reason
+    and each field's error."""
+    rt, c = rt_client
+    short = {
+        "schema_version": 1,
+        "conversation_id": "c-1",
+        "agent_id": "a" * 300,
+        "agent_version": "v1",
+        "messages": [],
+    }
+    assert c.post("/v1/conversations", json=short, headers=INGEST).status_code == 422
+    assert c.post("/v1/conversations", content=b"{not json", headers=INGEST).status_code == 400
+    assert c.post("/v1/outcomes", content=HOSTILE, headers=INGEST).status_code == 422
+    schema, malformed, outcome = _letters(rt)
+    log_in(c, "admin-key")
+    token = re.search(r'name="csrf" value="([^"]+)"', c.get("/ui/dead-letters").text)
+    assert token
+    said = {}
+    for letter in (schema, malformed, outcome):
+        page = c.post(f"/ui/dead-letters/{letter.id}/replay", data={"csrf": token.group(1)})
+        assert page.status_code == 422, page.text
+        message = re.search(r'<p class="error"[^>]*>(.*?)</p>', page.text, re.S)
+        assert message, page.text
+        said[letter.reason] = message.group(1).strip()
+    for text in said.values():
+        assert "{" not in text and "accepted" not in text, text
+    assert said["schema_invalid"] == (
+        "The conversations intake refused it again: item 0 schema_invalid: agent_id: String should have at most "
+        "256 characters; messages: List should have at least 1 item after validation, not 0"
+    )
+    assert said["malformed_json"].startswith(
+        "The conversations intake refused it again: malformed_json: body is not JSON"
+    )
+    assert said["unknown_outcome_type"].startswith(
+        "The outcomes intake refused it again: item 0 unknown_outcome_type: "
+        "type: unknown outcome type &#39;chargeback&#39;"
+    )
+
+
 def test_a_letter_taken_on_resend_is_marked(rt_client) -> None:
     rt, c = rt_client
     later = (datetime.now(UTC) + timedelta(hours=2)).isoformat()

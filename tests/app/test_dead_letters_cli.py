@@ -54,7 +54,11 @@ def test_replay_exits_1_while_any_is_refused_and_0_once_taken(sqlite_url: str) -
 
     refused = run(sqlite_url, "dead-letters", "replay", str(outcome_id))
     assert refused.exit_code == 1, refused.output
-    assert f"{outcome_id}: refused (422)" in refused.output and "unknown outcome type" in refused.output
+    assert (
+        f"{outcome_id}: refused (422): The outcomes intake refused it again: "
+        "item 0 unknown_outcome_type: type: unknown outcome type" in refused.output
+    )
+    assert "{'" not in refused.output  # worded as the letter's detail, not the answer's dict
 
     declared = {"VIGIL_OUTCOME_TYPES": "chargeback:bad"}
     taken = run(sqlite_url, "dead-letters", "replay", str(outcome_id), **declared)

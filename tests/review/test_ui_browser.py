@@ -5,6 +5,7 @@ Screenshots go to ``test-artifacts/`` (look at them when the UI changes).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote, urlencode
@@ -394,3 +395,111 @@ def test_on_a_wide_screen_the_label_form_has_no_sheet_bar(browser, server) -> No
     page = _next_item(browser, base, 1280, 800)
     assert not page.locator("#label-form .sheet-toggle").is_visible()
     assert page.locator("#label-form #save-next").is_visible()
+
+
+def test_a_long_unbroken_comment_or_note_keeps_the_review_column_on_screen(browser, server) -> None:
+    """A comment or a label's notes holding one long word (a pasted address, a token, minified JSON) widened
+    the review column to that word's length (about 25,000 px for 3,000 characters): the column scrolled sideways
+    inside itself and the label form's right half (Severity, the rubric, the save buttons' row) was cut off,
+    for every reviewer who opened the conversation, on a wide screen and on a phone."""
+    import httpx
+
+    base, rt = server
+    convs = simulated(3, "v1.4.0:0.9", seed=5)
+    store(rt, convs)
+    cid = convs[0]["conversation_id"]
+    word = "https://example.com/trace?id=" + "0123456789abcdef" * 200
+    with httpx.Client(base_url=base, headers={"Authorization": "Bearer raj-key"}) as api:
+        assert api.post(f"/v1/review/items/{quote(cid, safe='')}/comments", json={"body": word}).status_code == 201
+        labelled = api.post(
+            f"/v1/review/items/{quote(cid, safe='')}/labels",
+            json={"label": "unsure", "notes": word, "expected_behavior": word},
+            headers={"Authorization": "Bearer rita-key"},
+        )
+        assert labelled.status_code == 201, labelled.text
+    for width, height in ((1280, 800), (390, 844)):
+        page = browser.new_page(viewport={"width": width, "height": height})
+        sign_in(page, base, f"/ui/review/{quote(cid, safe='')}")
+        assert word[:40] in page.inner_text("#comments") and word[:40] in page.inner_text(".history .label-notes")
+        side = page.evaluate(
+            "() => { const a = document.querySelector('aside.side'); return [a.scrollWidth, a.clientWidth] }"
+        )
+        assert side[0] <= side[1], f"at {width} px the review column is {side[0]} px wide inside {side[1]} px"
+        right = page.evaluate("() => document.querySelector('aside.side').getBoundingClientRect().right")
+        # on a phone the label form is a sheet folded to its bar; on a wide screen it sits in the column
+        form = "#severity" if width > 800 else "#add-comment"
+        for sel in ("#comments .comment-body", ".history .label-notes", "#comment-body", form):
+            box = page.locator(sel).first.bounding_box()
+            assert box is not None and box["x"] + box["width"] <= right + 1, (width, sel, box, right)
+        page.close()
+
+
+def _unconfirmed_cancel(cid: str, lines: int) -> dict[str, object]:
+    """A cancel made after the user only asked a question (confirm-before-write quotes it), whose order lookup
+    has ``lines`` lines of arguments and of result: both scroll inside their boxes."""
+    order = {"order_id": "#W4431295", "items": [{"name": f"item {i}", "price": i} for i in range(lines)]}
+    call = {"type": "function"}
+    return {
+        "schema_version": 1,
+        "conversation_id": cid,
+        "agent_id": "support-bot",
+        "agent_version": "v1.5.0",
+        "messages": [
+            {"role": "system", "content": "You are a retail support agent. Confirm before any write action."},
+            {"role": "user", "content": "Hi, I want to cancel my order #W4431295, the hiking boots."},
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {**call, "id": "c1", "function": {"name": "get_order_details", "arguments": json.dumps(order)}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": json.dumps({**order, "status": "pending"})},
+            {"role": "assistant", "content": "Shall I cancel it and refund $396.34 to your original payment method?"},
+            {"role": "user", "content": "Hmm, what would the refund timeline be?"},
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        **call,
+                        "id": "c2",
+                        "function": {"name": "cancel_pending_order", "arguments": '{"order_id":"#W4431295"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c2", "content": '{"status":"cancelled"}'},
+            {"role": "assistant", "content": "Your order is cancelled."},
+        ],
+    }
+
+
+@pytest.mark.parametrize("width,height", [(1280, 800), (390, 844)], ids=["1280x800", "390x844"])
+def test_a_conversation_with_long_tool_output_and_quoted_evidence_passes_axe(browser, server, width, height) -> None:
+    """Tool arguments and results scroll inside boxes of a few hundred pixels, which a keyboard could not
+    reach (axe: scrollable-region-focusable, serious): a 40-line order lookup's last lines could be read with
+    a mouse only. A finding's links to its evidence, followed by the quote, were told from the text around them
+    by colour alone (link-in-text-block, serious). The page passes axe with both."""
+    from tests.support.browser import axe_script, axe_violations, describe
+
+    base, rt = server
+    script = axe_script()
+    if script is None:
+        missing("axe-core (npm install axe-core@4)")
+    conv = _unconfirmed_cancel("long-tool-output", 40)
+    store(rt, [conv])
+    context = browser.new_context(viewport={"width": width, "height": height}, bypass_csp=True)
+    page = sign_in(context.new_page(), base, "/ui/review/long-tool-output")
+    assert page.locator(".findings q").count() >= 1  # quoted evidence is there
+    scrolling = page.evaluate(
+        "() => Array.from(document.querySelectorAll('.transcript pre.args, .transcript .text'))"
+        ".filter(e => e.scrollHeight > e.clientHeight).length"
+    )
+    assert scrolling == 2  # the lookup's arguments and its result
+    found = axe_violations(page, script)
+    assert not found, describe(found)
+    page.locator("#m3 .text").focus()
+    page.keyboard.press("End")  # the keyboard reaches the result's last lines
+    page.wait_for_function(
+        "() => { const e = document.querySelector('#m3 .text');"
+        " return e.scrollTop + e.clientHeight >= e.scrollHeight - 1 }"
+    )
+    context.close()

@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Re-send letters through the intake their source used; exits 1 when any is refused (again, or as one
         that cannot go back: kept truncated, an OTLP body, several Kafka messages in one row)."""
-        from vigil.http.dead_letters import CONVERSATIONS, OUTCOMES, replay_letter
+        from vigil.http.dead_letters import CONVERSATIONS, OUTCOMES, refusal_text, replay_letter
         from vigil.tables import print_json
 
         launch = Launcher.of(ctx)
@@ -127,9 +127,11 @@ def register(app: typer.Typer) -> None:
                     highlight=False,
                 )
             else:
-                why = answer.get("refusal", {}).get("errors") or answer.get("refusal") or answer["detail"]
                 launch.console.print(
-                    f"{letter_id}: refused ({status}): {why}", soft_wrap=True, highlight=False, markup=False
+                    f"{letter_id}: refused ({status}): {refusal_text(answer)}",
+                    soft_wrap=True,
+                    highlight=False,
+                    markup=False,
                 )
         if as_json:
             print_json(answers)

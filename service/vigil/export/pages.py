@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
@@ -52,16 +52,28 @@ def _watermark(raw: str) -> int | None:
     return int(raw)
 
 
+# Set on a download's answer: the page's script waits for it, then shows the run the download made (a form
+# post that answers with a file leaves the page as it was). It holds only the run's id.
+DOWNLOADED = "vigil_export_run"
+
+
 @router.get("/export")
-def export_page(request: Request, user: Principal = Depends(ui_user), error: str | None = None) -> Response:
+def export_page(
+    request: Request,
+    user: Principal = Depends(ui_user),
+    error: str | None = None,
+    run: int | None = Query(None, ge=1, le=MAX_ID),
+) -> Response:
     rt = runtime_of(request)
     with rt.sessions() as s:
         runs = s.scalars(select(ExportRunRow).order_by(ExportRunRow.id.desc()).limit(50)).all()
+        downloaded = s.get(ExportRunRow, run) if run is not None else None
     return render_page(
         request,
         "export.html",
         title="Export eval tasks",
         runs=runs,
+        downloaded=downloaded,
         can_export=user.can("admin"),
         error=error,
     )
@@ -99,7 +111,7 @@ def export_download(request: Request, form: FormData = Depends(posted)) -> Respo
     except (ValueError, ExportError) as exc:
         return render_page(request, "error.html", 422, title="Export failed", message=str(exc), back="/ui/export")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    return Response(
+    response = Response(
         b"".join(result.lines),
         media_type="application/x-ndjson",
         headers={
@@ -114,6 +126,11 @@ def export_download(request: Request, form: FormData = Depends(posted)) -> Respo
             "Cache-Control": "no-store",
         },
     )
+    secure = rt.settings.review_cookie_secure
+    response.set_cookie(
+        DOWNLOADED, str(result.run_id), max_age=600, path="/ui/export", secure=secure, samesite="strict"
+    )
+    return response
 
 
 @router.post("/export/{run_id}/ack", dependencies=[Depends(session_slot)])

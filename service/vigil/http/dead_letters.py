@@ -77,6 +77,32 @@ def _holds_outcomes(raw: bytes) -> bool:
     return bool(objects) and all("type" in i and "messages" not in i for i in objects)
 
 
+def refusal_text(answer: dict[str, Any]) -> str:
+    """An intake's refusal in words, as a letter's own detail reads: each refused item's reason and each field's
+    error (``item 0 schema_invalid: agent_id: ...; messages: ...``), or the body's (``malformed_json: ...``)."""
+    refusal = answer.get("refusal")
+    if not isinstance(refusal, dict):
+        return str(answer.get("detail", ""))
+    items = []
+    for item in refusal.get("errors") or []:
+        if not isinstance(item, dict):
+            continue
+        fields = "; ".join(
+            f"{e.get('field')}: {e.get('message')}" if e.get("field") else str(e.get("message"))
+            for e in item.get("errors") or []
+            if isinstance(e, dict)
+        )
+        said = f"item {item.get('index')} {item.get('reason')}" + (f": {fields}" if fields else "")
+        items.append(said + (f" ({item['hint']})" if item.get("hint") else ""))
+    if items:
+        why = " | ".join(items)
+    elif refusal.get("reason") or refusal.get("detail"):
+        why = ": ".join(str(refusal[k]) for k in ("reason", "detail") if refusal.get(k))
+    else:
+        why = orjson.dumps(refusal).decode()
+    return f"The {answer.get('intake', 'its')} intake refused it again: {why}"
+
+
 def replay_letter(rt: Runtime, letter_id: int, fmt: str | None, intake: str | None) -> tuple[int, dict[str, Any]]:
     """Re-send one letter (runs in a worker thread): (status, answer)."""
     with rt.sessions() as s:

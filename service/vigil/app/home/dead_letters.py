@@ -19,7 +19,7 @@ from starlette.datastructures import FormData
 
 from vigil.http import runtime_of
 from vigil.http.auth import Principal
-from vigil.http.dead_letters import replay_letter
+from vigil.http.dead_letters import refusal_text, replay_letter
 from vigil.http.params import MAX_ID
 from vigil.store import reads
 from vigil.store.db import clock
@@ -84,12 +84,11 @@ def replay_page(
     status, answer = replay_letter(runtime_of(request), letter_id, None, None)
     if status == 200:
         return go(f"{PAGE}?" + urlencode({"done": letter_id}))
-    why = answer.get("refusal") or answer.get("detail")
     return render_page(
         request,
         "error.html",
         status,
         title=f"Dead letter {letter_id} not re-sent",
-        message=f"{answer.get('detail', '')}: {why}" if "refusal" in answer else str(why),
+        message=refusal_text(answer),
         back=PAGE,
     )

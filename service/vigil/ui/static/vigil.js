@@ -196,6 +196,31 @@
     }
   });
 
+  // the export form answers with a file, which leaves the page as it was: once the answer has come (it sets
+  // a cookie naming its run), show the page again with that run, pending, and the button that marks it saved
+  function cookie(name) {
+    var found = document.cookie.split("; ").filter(function (c) { return c.indexOf(name + "=") === 0; })[0];
+    return found ? found.slice(name.length + 1) : null;
+  }
+  var DOWNLOADED = "vigil_export_run";
+  function forget() { document.cookie = DOWNLOADED + "=; Max-Age=0; Path=/ui/export; SameSite=Strict"; }
+  document.addEventListener("submit", function (ev) {
+    if (ev.defaultPrevented || ev.target.id !== "export-form") { return; }
+    forget();
+    var waited = 0;
+    var poll = setInterval(function () {
+      var run = cookie(DOWNLOADED);
+      waited += 250;
+      if (run && /^[0-9]+$/.test(run)) {
+        clearInterval(poll);
+        forget();
+        window.location.assign("/ui/export?run=" + run);
+      } else if (waited > 600000) {
+        clearInterval(poll);
+      }
+    }, 250);
+  });
+
   function countdown() {
     document.querySelectorAll("[data-lease-until]").forEach(function (el) {
       var left = Math.round((Date.parse(el.getAttribute("data-lease-until")) - Date.now()) / 1000);
@@ -227,8 +252,39 @@
     form.addEventListener("change", function () { unfold(form, true); });
   }
 
+  // a tool's arguments or a message taller than its box scroll inside it: such a box takes focus, so the
+  // keyboard reaches its last lines (arrows, Page Down, End), and is named for a screen reader
+  function scrollName(el) {
+    var call = el.closest(".call, li.tool");
+    var name = call ? call.querySelector("code") : null;
+    if (name) { return (call.classList.contains("call") ? "Arguments of " : "Parameters of ") + name.textContent; }
+    var msg = el.closest("article.msg");
+    return msg ? "Message " + msg.id.replace(/^m/, "#") : "Scrolling text";
+  }
+  function scrollers() {
+    document.querySelectorAll("pre.args, .msg .text").forEach(function (el) {
+      var scrolls = el.clientHeight > 0 && el.scrollHeight > el.clientHeight + 1;
+      if (scrolls && !el.hasAttribute("tabindex")) {
+        el.setAttribute("tabindex", "0");
+        el.setAttribute("role", "region");
+        el.setAttribute("aria-label", scrollName(el));
+      } else if (!scrolls && el.getAttribute("role") === "region") {
+        ["tabindex", "role", "aria-label"].forEach(function (a) { el.removeAttribute(a); });
+      }
+    });
+  }
+  var pending = false;
+  function rescan() {
+    if (pending) { return; }
+    pending = true;
+    window.requestAnimationFrame(function () { pending = false; scrollers(); });
+  }
+  window.addEventListener("resize", rescan);
+  document.addEventListener("toggle", rescan, true);  // a details opened: what it holds may scroll
+
   document.addEventListener("DOMContentLoaded", function () {
     sheet();
+    scrollers();
     flagged = Array.prototype.slice.call(document.querySelectorAll(".msg.flagged"));
     var invalid = document.querySelector('[aria-invalid="true"]');
     if (invalid) { invalid.focus(); }
