@@ -331,3 +331,25 @@ def test_the_dead_letters_page_passes_axe_and_fits_the_screen(browser, seeded, v
     context.close()
     assert not found, describe(found)
     assert wide <= viewport["width"], f"{wide} px wide at {viewport['width']} px"
+
+
+def test_dead_letter_rows_keep_words_whole_and_number_headers_sit_over_their_numbers(browser, seeded) -> None:
+    """At 1280 px a letter's long detail squeezed the Re-send button to "Re-/sen/d" and its reason to
+    "schema_invali/d"; and every numeric column's header was left-aligned over right-aligned figures."""
+    from vigil.store.writes import DeadLetter
+
+    base, rt, _ = seeded
+    long = b'{"conversation_id":"' + b"x" * 3000 + b'"}'
+    rt.pipeline.store([], [DeadLetter("http", "schema_invalid", "agent_id: " + "y" * 600, long)], "http")
+    context = browser.new_context(viewport=DESKTOP)
+    page = login(context, base, "admin-key")
+    page.goto(f"{base}/ui/dead-letters")
+    lines = page.eval_on_selector_all(
+        "#letters tbody tr td.nowrap, #letters tbody button",
+        "els => els.map(e => { const r = document.createRange(); r.selectNodeContents(e);"
+        " return [e.textContent.trim(), new Set([...r.getClientRects()].map(c => Math.round(c.top))).size]; })",
+    )
+    assert lines and all(n == 1 for _, n in lines), lines
+    aligns = page.eval_on_selector_all("table.data th.num", "els => els.map(e => getComputedStyle(e).textAlign)")
+    assert aligns and set(aligns) == {"right"}, aligns
+    context.close()

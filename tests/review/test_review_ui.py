@@ -897,3 +897,27 @@ def test_a_finding_says_what_its_rule_checks_and_links_to_the_rules_conversation
     chart = "/ui/quality?" + urlencode({"agent": agent, "version": version}) + f"#signal-rule-{rule}"
     assert f'class="rule-conversations" href="{listed.replace("&", "&amp;")}"' in html
     assert f'class="rule-chart" href="{chart.replace("&", "&amp;")}"' in html
+
+
+def test_counts_on_the_conversation_page_agree_with_their_number(ui, rt) -> None:
+    """ "1 tool calls · 1 tool errors": each count now takes its noun in the singular for one."""
+    conv = xss_conversation("one-of-each")
+    store(rt, [conv])
+    _login(ui, "admin-key")
+    page = ui.get("/ui/review/one-of-each")
+    assert page.status_code == 200
+    text = re.sub(r"<[^>]+>", "", page.text)
+    assert "5 messages" in text and re.search(r"\b1 tool call\b", text) and "1 tool error" in text
+    assert "1 tool calls" not in text and "1 tool errors" not in text
+
+
+def test_counts_read_with_thousands_separators() -> None:
+    from vigil.ui.render import count_of, thousands
+
+    assert (
+        thousands(2804) == "2,804" and thousands(7) == "7" and thousands(True) == "True" and thousands(None) == "None"
+    )
+    assert count_of(1, "tool error") == "1 tool error"
+    assert count_of(0, "finding") == "0 findings"
+    assert count_of(12345, "message") == "12,345 messages"
+    assert count_of(2, "entry", "entries") == "2 entries"

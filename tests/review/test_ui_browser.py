@@ -503,3 +503,25 @@ def test_a_conversation_with_long_tool_output_and_quoted_evidence_passes_axe(bro
         " return e.scrollTop + e.clientHeight >= e.scrollHeight - 1 }"
     )
     context.close()
+
+
+def test_the_shortcuts_dialog_takes_the_focus_and_gives_it_back(browser, server) -> None:
+    """ "?" showed the keymap, but the focus stayed behind it: a screen reader did not read the dialog, and
+    Tab moved through the page underneath. Now the dialog takes the focus, and closing it (Escape, or its
+    Close button) gives the focus back to where it was."""
+    base, rt = server
+    store(rt, simulated(20, "v1.4.0:0.3,v1.5.0:0.6", seed=11))
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    _login(page, base)
+    page.focus("table.queue tbody tr a")
+    opener = page.evaluate("document.activeElement.outerHTML")
+    page.keyboard.press("?")
+    assert page.locator("#help").is_visible()
+    assert page.evaluate("document.activeElement.getAttribute('role')") == "dialog"
+    page.keyboard.press("Escape")
+    assert page.locator("#help").is_hidden()
+    assert page.evaluate("document.activeElement.outerHTML") == opener
+    page.keyboard.press("?")
+    page.click("#help-close")
+    assert page.locator("#help").is_hidden()
+    assert page.evaluate("document.activeElement.outerHTML") == opener

@@ -82,6 +82,17 @@ async def session_slot(request: Request) -> AsyncIterator[None]:
         yield
 
 
+def thousands(n: object) -> str:
+    """An integer with thousands separators ("2,804"), as every figure on a page; anything else as it is."""
+    return f"{n:,}" if isinstance(n, int) and not isinstance(n, bool) else str(n)
+
+
+def count_of(n: object, noun: str, plural: str | None = None) -> str:
+    """``n`` and its noun, singular for one: "1 tool error", "2,804 tool errors"."""
+    one = isinstance(n, int) and not isinstance(n, bool) and n == 1
+    return f"{thousands(n)} {noun if one else (plural or noun + 's')}"
+
+
 def environment(request: Request) -> Environment:
     env: Environment | None = getattr(request.app.state, "ui_env", None)
     if env is None:
@@ -99,6 +110,8 @@ def environment(request: Request) -> Environment:
         env.filters["outcome"] = outcome_label
         env.filters["reason_key"] = reason_key
         env.filters["visible"] = visible
+        env.filters["num"] = thousands
+        env.filters["count"] = count_of
         request.app.state.ui_env = env
     return env
 

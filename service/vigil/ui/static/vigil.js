@@ -13,9 +13,22 @@
     if (el) { el.click(); return true; }
     return false;
   }
+  var helpOpener = null;
   function toggleHelp(force) {
     var help = document.getElementById("help");
-    if (help) { help.hidden = force === undefined ? !help.hidden : !force; }
+    if (!help) { return; }
+    var open = force === undefined ? help.hidden : force;
+    if (open === !help.hidden) { return; }
+    help.hidden = !open;
+    if (open) {
+      // a dialog takes the focus, so a screen reader reads it and Tab stays in it; closing gives it back
+      helpOpener = document.activeElement;
+      var dialog = help.querySelector('[role="dialog"]');
+      if (dialog) { dialog.focus(); }
+    } else if (helpOpener && helpOpener.focus && document.contains(helpOpener)) {
+      helpOpener.focus();
+      helpOpener = null;
+    }
   }
   function labelForm() {
     return document.getElementById("label-form") || document.querySelector("form[data-label-form]");
