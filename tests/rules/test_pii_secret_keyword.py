@@ -24,6 +24,14 @@ NOT_SECRETS = [
     "Token Balance = 1500",
     "Your password requirements: 12 characters or more.",
     "Use a password manager: Bitwarden works well.",
+    "Password: Required for all accounts.",
+    "Your password: Hidden for your security.",
+    # an instruction: a capitalised word that another follows, or a verb that opens one, whatever comes next
+    "To change your password: Open Settings and tap Reset.",
+    "To reset your password: Click on Forgot password.",
+    "Your password: Navigate to Settings, then Security.",
+    "To change your passcode: Head to Settings and tap Face ID.",
+    "Forgot your password: Select Reset and follow the link.",
 ]
 
 # Real leaks: (text, the value reported).
@@ -41,6 +49,10 @@ SECRETS = [
     # after a keyword written out, a capitalised word mid-sentence is the value, whatever follows it
     ("The Wi-Fi password is Sunshine for guests.", "Sunshine"),
     ("Your password is Fluffy and your PIN is 1234", "Fluffy"),
+    # a capitalised word after "password:" that a lowercase word carrying on the sentence follows
+    ("Your password: Sunshine and your username: bob", "Sunshine"),
+    ("Passcode: Dolphins for the guest network.", "Dolphins"),
+    ("The temporary password: Marigold to sign in, then change it.", "Marigold"),
     ("password: strong", "strong"),  # after the keyword itself, a lowercase word is a password
     # after a noun that qualifies the keyword, a value with a secret's shape is still one
     ("Your API key value: 9f8a7b6c5d4e", "9f8a7b6c5d4e"),
@@ -88,6 +100,8 @@ def test_split_across_two_replies_they_are_no_secret_either(text: str) -> None:
         ("The admin password:", "x9$Lq2", "x9$Lq2"),
         ("Your API key value:", "9f8a7b6c5d4e", "9f8a7b6c5d4e"),
         ("Your new password:", "Welcome1 then log in.", "Welcome1"),
+        ("Your password:", " Sunshine and your username: bob", "Sunshine"),
+        ("Your pass", "word: Sunshine and your username: bob", "Sunshine"),  # the label in the second reply
     ],
 )
 def test_split_across_two_replies_a_real_leak_is_still_found(first: str, second: str, value: str) -> None:

@@ -328,15 +328,18 @@ class _Chain:
             return None
         holder = bisect_right(self.offsets, start) - 1
         q = self.offsets[holder]  # where the text holding the value starts
-        if q <= a or _SENTENCE_END.search(self._slice(q, start)):
+        lead = self._slice(q, start)
+        if q <= a or _SENTENCE_END.search(lead):
             return None
         p = q - 1
         while p > max(a, q - _KEYWORD_REACH) and self.char(p).isspace():
             p -= 1
         last = self.char(p)
         # a word, with the mark that ends its sentence or opens what follows ("Thanks!", "Here:"), after a
-        # keyword written out opens a sentence of its own
-        if last in _ENDS or (kind == "secret" and value.rstrip(".!?:").isalpha() and last.isalpha()):
+        # keyword written out opens a sentence of its own; not after the label that ends a keyword cut in two
+        # ("Your pass" then "word: Sunshine and ...")
+        labelled = lead.rstrip().endswith((":", "="))
+        if last in _ENDS or (kind == "secret" and value.rstrip(".!?:").isalpha() and last.isalpha() and not labelled):
             return None
         keyword = bisect_right(self.offsets, p) - 1
         if after_turn and any(k in after_turn for k in range(keyword + 1, holder + 1)):
