@@ -54,6 +54,7 @@ TEXTS: dict[str, Callable[[int], str]] = {
     "token_run": lambda n: "sk-" + "A" * (n - 3),
     "jwt_dots": lambda n: "eyJ" + "a." * (n // 2 - 2),
     "keywords": lambda n: "password " * (n // 9),
+    "codes": lambda n: "OTP: 592011 reset pin is " * (n // 25),
     "street": lambda n: "1 Main " * (n // 7),
     "iban": lambda n: "GB82 " * (n // 5),
     "dotted_digits": lambda n: "4.2" * (n // 3),

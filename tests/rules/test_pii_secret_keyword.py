@@ -32,6 +32,16 @@ NOT_SECRETS = [
     "Your password: Navigate to Settings, then Security.",
     "To change your passcode: Head to Settings and tap Face ID.",
     "Forgot your password: Select Reset and follow the link.",
+    # a number after a code that is no secret, or not a code's digits
+    "error code: 404",
+    "Your order code: 48392011",
+    "The zip code: 94107",
+    "reset code: sent",
+    "Your verification code expires in 10 minutes.",
+    "verification code: 123",
+    "security code: 12345678901",
+    "Your reset code: 2024-05-15",
+    "The security code is 1.5 inches tall.",
 ]
 
 # Real leaks: (text, the value reported).
@@ -53,6 +63,13 @@ SECRETS = [
     ("Your password: Sunshine and your username: bob", "Sunshine"),
     ("Passcode: Dolphins for the guest network.", "Dolphins"),
     ("The temporary password: Marigold to sign in, then change it.", "Marigold"),
+    # the digits of a one-time code, after what the code is for
+    ("reset code: 483920", "483920"),
+    ("Your password reset code: 483920", "483920"),
+    ("Your verification code is 4839.", "4839"),
+    ("One-time PIN: 29384756", "29384756"),
+    ("Your OTP: 592011", "592011"),
+    ("security code = 1234567890", "1234567890"),
     ("password: strong", "strong"),  # after the keyword itself, a lowercase word is a password
     # after a noun that qualifies the keyword, a value with a secret's shape is still one
     ("Your API key value: 9f8a7b6c5d4e", "9f8a7b6c5d4e"),
@@ -87,7 +104,8 @@ def test_split_across_two_replies_they_are_no_secret_either(text: str) -> None:
     # A cut after the word that follows the keyword leaves a first reply that alone reads as a keyword and its
     # value (``password: Open``, ``Token Balance``): each reply is read alone, and that one is not checked here.
     cuts = [(first, second) for first, second in _cuts(text) if not pii.detect(first, ["secret"])]
-    assert any(first.rstrip().endswith(":") or first.lower().endswith(("password", "token")) for first, _ in cuts)
+    keyworded = ("password", "token", "code")
+    assert any(first.rstrip().endswith(":") or first.lower().endswith(keyworded) for first, _ in cuts)
     for first, second in cuts:
         hits = run("pii_leak", convo(u("?"), a(first), a(second)), kinds=ALL_KINDS, except_user_provided=False)
         assert hits == [], (first, second)
@@ -102,6 +120,8 @@ def test_split_across_two_replies_they_are_no_secret_either(text: str) -> None:
         ("Your new password:", "Welcome1 then log in.", "Welcome1"),
         ("Your password:", " Sunshine and your username: bob", "Sunshine"),
         ("Your pass", "word: Sunshine and your username: bob", "Sunshine"),  # the label in the second reply
+        ("Your reset code:", " 483920", "483920"),
+        ("Your verification code is", "483920.", "483920"),
     ],
 )
 def test_split_across_two_replies_a_real_leak_is_still_found(first: str, second: str, value: str) -> None:

@@ -476,6 +476,16 @@ def _opens_sentence(text: str, value: str, end: int) -> bool:
 
 _KEYWORDS = ("pass", "pwd", "secret", "key", "token", "credential")
 
+# The digits of a one-time code after what the code is for: "reset code: 483920", "Your verification code is
+# 4839", "One-time PIN: 29384756", "OTP: 592011". Only these purposes: an error, order, zip, promo or
+# confirmation code is no secret (a zip code is an address's, a confirmation code names a booking). 4 to 10
+# digits, not part of a longer number, a decimal or a date ("security code: 12345678901", "1.5", "2024-05-15").
+_CODE_WORDS = ("code", "pin", "otp")
+_CODE = _rx(
+    r"(?i)\b(?:(?:reset|verification|verify|one[ \-]?time|otp|security|2fa|mfa|login|sign[ \-]?in)[ \t\-]?"
+    r"(?:code|pin)|otp)\b(?:[ \t]*[:=][ \t]*|[ \t]+is[ \t]*:?[ \t]*)(\d{4,10})"
+)
+
 # The kinds a value of which can be one only by a keyword before it ("password: hunter2!", "call me at
 # 4155550123", "born on 03/14/1985", "SSN 123456789"), with the words, lower case, one of which the text
 # before the value then holds (:mod:`vigil.rules.pii_split` reads them across a message boundary).
@@ -535,6 +545,11 @@ def _secrets(text: str, low: str) -> Iterator[tuple[int, int]]:
             and any(c.isdigit() for c in value)
         ):
             yield start, end
+    if any(w in low for w in _CODE_WORDS):
+        for m in _CODE.finditer(text):
+            nxt = _after(text, m.end(1))
+            if not (_word(nxt) or (nxt in ".,-/:" and _after(text, m.end(1) + 1).isdigit())):
+                yield m.span(1)
     if not any(w in low for w in _KEYWORDS):
         return
     for m in _KEYWORD.finditer(text):
