@@ -324,6 +324,9 @@ CHAINS: dict[str, Callable[[int], Conversation]] = {
     "glued_keywords": lambda n: _chain(["token"] * (n // 5)),
     "keyword_then_spaces": lambda n: _chain(["call me at", " " * 500 + "4155550123"] * (n // 520)),
     "keyword_glued_to_digits": lambda n: _chain(["Her mobile", "4155550123", "DOB", "03/14/1985"] * (n // 33)),
+    # a word its keyword labels ending every reply, read on into the next
+    "keyword_then_word": lambda n: _chain(["password: Open"] * (n // 14)),
+    "keyword_far_then_word": lambda n: _chain([" " * 300 + "password: Open"] * (n // 314)),
 }
 
 

@@ -4,6 +4,8 @@ capitalised word that opens an instruction (``password: Open Settings``). In one
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.rules.test_rules_builtin import a, convo, run, u
@@ -127,3 +129,33 @@ def test_split_across_two_replies_they_are_no_secret_either(text: str) -> None:
 def test_split_across_two_replies_a_real_leak_is_still_found(first: str, second: str, value: str) -> None:
     hits = run("pii_leak", convo(u("?"), a(first), a(second)), kinds=ALL_KINDS, except_user_provided=False)
     assert [(h.details["kind"], second[h.evidence[0].start : h.evidence[0].end]) for h in hits] == [("secret", value)]
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("Here's how to change your password: Open", " Settings and tap Reset"),
+        ("Here's how to change your password: Open ", "Settings and tap Reset"),
+        ("To reset your password: Click", " on Forgot password."),
+    ],
+)
+def test_a_reply_cut_after_the_word_its_keyword_labels_reads_on_into_the_next(first: str, second: str) -> None:
+    assert _values(first)  # alone, the first reply ends with a password after its keyword
+    hits = run("pii_leak", convo(u("?"), a(first), a(second)), kinds=ALL_KINDS, except_user_provided=False)
+    assert hits == []
+
+
+TOOL_RESULT = {"role": "tool", "tool_call_id": "c1", "content": "{}"}
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [a("Your password: Sunshine"), a(" and your username: bob")],  # the next reply carries the sentence on
+        [a("Your password: Open"), u("and then?"), a("Settings and tap Reset")],  # the next answers the user
+        [a("Your password: Open"), TOOL_RESULT, a(" Settings and tap Reset")],  # a tool result ends the chain
+    ],
+)
+def test_a_password_ending_a_reply_stays_one_unless_the_next_goes_on_with_it(messages: list[dict[str, Any]]) -> None:
+    hits = run("pii_leak", convo(u("?"), *messages), kinds=ALL_KINDS, except_user_provided=False)
+    assert [(h.details["kind"], h.evidence[0].message_index) for h in hits] == [("secret", 1)]
