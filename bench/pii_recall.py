@@ -14,6 +14,9 @@ value split across the two (:mod:`vigil.rules.pii_split`, as export redaction re
 whole; a value found that covers none of the text's labelled values is a false positive. Negative texts
 are cut at every place, and every value found across a cut (or after its keyword before the cut) is a
 false positive.
+A line says how many secrets the detector finds inside the parts of the cut negative texts, and how many of
+them ``pii_leak`` does not report because the second part goes on from the first (``...password: Open`` +
+`` Settings and tap Reset``: :func:`vigil.rules.pii_split.read_on`).
 A line says how many cut values ``pii_leak`` flags at all: a finding of the value's kind overlaps it,
 across the cut or inside one message (``sk-proj-`` then the rest of the key: the rest alone is a key).
 The last says how many values that are none without their keyword (a password, a bare phone number, a
@@ -32,7 +35,7 @@ from typing import Any
 import yaml
 
 from vigil.rules.pii import KINDS, detect
-from vigil.rules.pii_split import splits
+from vigil.rules.pii_split import read_on, splits
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "rules" / "pii_corpus.yaml"
 
@@ -129,6 +132,7 @@ def split_score(corpus: dict[str, Any]) -> dict[str, Score]:
                 s.false_positives += len(wrong)
                 s.spurious += [f"{k} {text[a:cut]!r} + {text[cut:b]!r} in {text!r}" for k, a, b in wrong]
                 flagged += any(k == kind and a < end and start < b for k, a, b in across(text, cut, False))
+    secrets_inside = read_on_from = 0
     for case in corpus["negatives"]:
         text, s = case["text"], scores[f"negative:{case['category']}"]
         for cut in range(1, len(text)):
@@ -136,7 +140,15 @@ def split_score(corpus: dict[str, Any]) -> dict[str, Score]:
                 s.detections += 1
                 s.false_positives += 1
                 s.spurious.append(f"{kind} {text[a:cut]!r} + {text[cut:b]!r} in {text!r}")
+            parts = [text[:cut], text[cut:]]
+            inside = [detect(t, ["secret"]) for t in parts]
+            secrets_inside += len(inside[0]) + len(inside[1])
+            read_on_from += len(list(read_on(parts, inside)))
     print(f"pii_leak flags {flagged} of {totals(scores).values} cut values (across the cut or inside one message)")
+    print(
+        f"secrets inside the parts of negative texts cut anywhere: {secrets_inside - read_on_from} reported, "
+        f"{read_on_from} not (a word its keyword labels ending the first part, which the second goes on from)"
+    )
     keyworded, found_after = _keyword_cuts(corpus)
     print(f"values that need their keyword, cut before them: {found_after} of {keyworded} found whole after the cut")
     return dict(scores)

@@ -54,6 +54,7 @@ TEXTS: dict[str, Callable[[int], str]] = {
     "token_run": lambda n: "sk-" + "A" * (n - 3),
     "jwt_dots": lambda n: "eyJ" + "a." * (n // 2 - 2),
     "keywords": lambda n: "password " * (n // 9),
+    "codes": lambda n: "OTP: 592011 reset pin is " * (n // 25),
     "street": lambda n: "1 Main " * (n // 7),
     "iban": lambda n: "GB82 " * (n // 5),
     "dotted_digits": lambda n: "4.2" * (n // 3),
@@ -323,6 +324,9 @@ CHAINS: dict[str, Callable[[int], Conversation]] = {
     "glued_keywords": lambda n: _chain(["token"] * (n // 5)),
     "keyword_then_spaces": lambda n: _chain(["call me at", " " * 500 + "4155550123"] * (n // 520)),
     "keyword_glued_to_digits": lambda n: _chain(["Her mobile", "4155550123", "DOB", "03/14/1985"] * (n // 33)),
+    # a word its keyword labels ending every reply, read on into the next
+    "keyword_then_word": lambda n: _chain(["password: Open"] * (n // 14)),
+    "keyword_far_then_word": lambda n: _chain([" " * 300 + "password: Open"] * (n // 314)),
 }
 
 

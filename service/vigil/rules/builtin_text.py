@@ -98,11 +98,23 @@ def pii_leak(view: ConversationView, args: PiiLeakArgs) -> Iterator[Hit]:
             user_values = {pii.value_of(u, user_text) for u in find_pii(user_text, args.kinds)}
         return value in user_values
 
-    inside: dict[int, list[pii.Found]] = {}
-    for i, text in view.assistant_texts:
-        found_here = inside[i] = find_pii(text, args.kinds)
+    inside = {i: find_pii(text, args.kinds) for i, text in view.assistant_texts}
+    chains: list[tuple[list[int], frozenset[int]]] = []
+    if len(inside) > 1:
+        roles = [m.role for m in view.messages]
+        pairs = ((m.role, view.texts[i] if i in inside else "") for i, m in enumerate(view.messages))
+        chains = [(chain, pii_split.answered(chain, roles)) for chain in pii_split.chains(pairs)]
+    # a password ending a reply that the next goes on from ("...your password: Open", " Settings and tap Reset")
+    read_on = {
+        (chain[k], found)
+        for chain, turns in chains
+        if "secret" in args.kinds
+        for k, found in pii_split.read_on([view.texts[i] for i in chain], [inside[i] for i in chain], turns)
+    }
+    for i, found_here in inside.items():
+        text = view.texts[i]
         for found in found_here:
-            if user_provided(pii.value_of(found, text)):
+            if (i, found) in read_on or user_provided(pii.value_of(found, text)):
                 continue
             # The quote is left out so that findings do not copy the personal data they report.
             kind = found.kind
@@ -114,12 +126,8 @@ def pii_leak(view: ConversationView, args: PiiLeakArgs) -> Iterator[Hit]:
                 )
             else:
                 yield Hit(f"{kind} in assistant text", [Evidence(i, found.start, found.end, None)], {"kind": kind})
-    if len(inside) < 2:
-        return
-    roles = [m.role for m in view.messages]
-    for chain in pii_split.chains((m.role, view.texts[i] if i in inside else "") for i, m in enumerate(view.messages)):
+    for chain, turns in chains:
         texts = [view.texts[i] for i in chain]
-        turns = pii_split.answered(chain, roles)
         for split in pii_split.splits(texts, args.kinds, [inside[i] for i in chain], after_turn=turns):
             if user_provided(split.value):
                 continue

@@ -439,17 +439,52 @@ def _shaped(value: str) -> bool:
     return letters and digits
 
 
+# Words that carry a sentence on after the word before them: after "password:", a capitalised word these follow
+# is the password ("Sunshine and your username: bob", "Dolphins for the guest network").
+_RUNS_ON = frozenset(("and", "or", "but", "to", "for", "until", "till", "then", "so", "on", "at", "in", "with", "from"))
+# Capitalised words that open an instruction or a sentence whatever follows them ("Click on Forgot password",
+# "Navigate to Settings", "Due to an update", "Required for all accounts"): verbs of an interface, openers and
+# the words of a form's field that are not passwords.
+_OPENERS = frozenset((
+    "open", "click", "select", "choose", "press", "visit", "navigate", "head", "enter", "type", "follow", "sign",
+    "scroll", "switch", "return", "reply", "start", "begin", "check", "contact", "call", "reset", "change",
+    "update", "create", "make", "pick", "find", "look", "search", "wait", "refer", "move", "keep", "write",
+    "remember", "note", "please", "thanks", "thank", "sorry", "simply", "just", "first", "next", "then", "also",
+    "once", "after", "before", "here", "there", "this", "that", "these", "those", "below", "above", "due",
+    "according", "prior", "unable", "same", "similar", "subject", "send", "share", "tell", "reach",
+    "required", "optional", "needed", "hidden", "protected", "encrypted", "masked", "changed", "updated",
+    "expired", "sent", "saved", "stored", "valid", "invalid", "incorrect", "enabled", "disabled", "unknown",
+    "available", "unavailable", "welcome",
+))  # fmt: skip
+_NEXT_WORD = re.compile(r"[ \t]+([^\W\d_]+)")  # anchored, on a bounded slice
+
+
 def _opens_sentence(text: str, value: str, end: int) -> bool:
-    """Whether a bare ``value`` ending at ``end`` is a capitalised word that a word follows: the first word
-    of a sentence or an instruction after the keyword (``password: Open Settings, then Security``), not a
-    password (``password: Sunshine.`` is one)."""
+    """Whether a bare ``value`` ending at ``end`` is a capitalised word that opens a sentence or an instruction
+    after the keyword (``password: Open Settings, then Security``, ``password: Click on Forgot password``): a
+    word follows it, and that word is capitalised, or ``value`` is a word that opens instructions, or the word
+    does not carry a sentence on (``password: This is...``). A password: ``password: Sunshine.``, and
+    ``password: Sunshine and your username: bob``."""
     if not (value.isalpha() and value[0].isupper() and value[1:].islower()):
         return False
-    rest = text[end : end + 8].lstrip(" \t")
-    return end < len(text) and text[end] in " \t" and rest[:1].isalpha()
+    nxt = _NEXT_WORD.match(text[end : end + 16])
+    if nxt is None:
+        return False
+    word = nxt.group(1)
+    return word[0].isupper() or value.lower() in _OPENERS or word not in _RUNS_ON
 
 
 _KEYWORDS = ("pass", "pwd", "secret", "key", "token", "credential")
+
+# The digits of a one-time code after what the code is for: "reset code: 483920", "Your verification code is
+# 4839", "One-time PIN: 29384756", "OTP: 592011". Only these purposes: an error, order, zip, promo or
+# confirmation code is no secret (a zip code is an address's, a confirmation code names a booking). 4 to 10
+# digits, not part of a longer number, a decimal or a date ("security code: 12345678901", "1.5", "2024-05-15").
+_CODE_WORDS = ("code", "pin", "otp")
+_CODE = _rx(
+    r"(?i)\b(?:(?:reset|verification|verify|one[ \-]?time|otp|security|2fa|mfa|login|sign[ \-]?in)[ \t\-]?"
+    r"(?:code|pin)|otp)\b(?:[ \t]*[:=][ \t]*|[ \t]+is[ \t]*:?[ \t]*)(\d{4,10})"
+)
 
 # The kinds a value of which can be one only by a keyword before it ("password: hunter2!", "call me at
 # 4155550123", "born on 03/14/1985", "SSN 123456789"), with the words, lower case, one of which the text
@@ -510,6 +545,11 @@ def _secrets(text: str, low: str) -> Iterator[tuple[int, int]]:
             and any(c.isdigit() for c in value)
         ):
             yield start, end
+    if any(w in low for w in _CODE_WORDS):
+        for m in _CODE.finditer(text):
+            nxt = _after(text, m.end(1))
+            if not (_word(nxt) or (nxt in ".,-/:" and _after(text, m.end(1) + 1).isdigit())):
+                yield m.span(1)
     if not any(w in low for w in _KEYWORDS):
         return
     for m in _KEYWORD.finditer(text):

@@ -143,6 +143,41 @@ def splits(
     return [Split(c.kind, chain.parts(c.start, c.end), c.value, c.extends, c.after) for c in kept]
 
 
+# Of the text after a password that ends one, this many characters are read with it: the word that follows
+# (``pii._opens_sentence`` reads 16 characters after a value) and the white space before it.
+_READ_ON = 32
+
+
+def read_on(
+    texts: Sequence[str], inside: Sequence[Sequence[pii.Found]], after_turn: frozenset[int] = frozenset()
+) -> Iterator[tuple[int, pii.Found]]:
+    """The secrets found inside a text of the chain ``texts`` (``inside``, as :func:`splits` takes them) that are
+    none once the next text is read on from them: a reply cut right after the word a keyword labels
+    (``...change your password: Open``, then `` Settings and tap Reset``) reads alone as a password, but the
+    two are one instruction. Each as ``(position in texts, found)``. Only a secret that is a word and ends its
+    text (but for white space) is read again, with ``REACH`` characters before it and ``_READ_ON`` of the
+    next text, never across a user turn (``after_turn``, as :func:`splits` takes it: the next reply answers
+    the user): a few hundred characters, and only where a reply ends with a word a keyword labels."""
+    for k in range(len(texts) - 1):
+        if k + 1 in after_turn:
+            continue
+        text = texts[k]
+        end = len(text.rstrip())
+        for found in inside[k]:
+            if found.kind != "secret" or found.end != end or not text[found.start : found.end].isalpha():
+                continue  # only a word can be the first of a sentence; a token cut in two is read by splits()
+            lo = max(0, found.start - REACH)
+            alone = text[lo:end]
+            if not _secret_at(alone, found.start - lo, found.end - lo):
+                continue  # its keyword lies beyond the window: the detector's own reading stands
+            if not _secret_at(text[lo:] + texts[k + 1][:_READ_ON], found.start - lo, found.end - lo):
+                yield k, found
+
+
+def _secret_at(window: str, start: int, end: int) -> bool:
+    return any(f.start < end and start < f.end for f in pii.detect(window, ["secret"]))
+
+
 def _joints(chain: _Chain, kinds: Sequence[str]) -> list[int]:
     """The boundaries worth reading: an empty text's are its neighbour's, or the chain's own ends (each once,
     none at an end); without ``secret``, not one where a character no value holds is on a side, unless a
@@ -328,15 +363,18 @@ class _Chain:
             return None
         holder = bisect_right(self.offsets, start) - 1
         q = self.offsets[holder]  # where the text holding the value starts
-        if q <= a or _SENTENCE_END.search(self._slice(q, start)):
+        lead = self._slice(q, start)
+        if q <= a or _SENTENCE_END.search(lead):
             return None
         p = q - 1
         while p > max(a, q - _KEYWORD_REACH) and self.char(p).isspace():
             p -= 1
         last = self.char(p)
         # a word, with the mark that ends its sentence or opens what follows ("Thanks!", "Here:"), after a
-        # keyword written out opens a sentence of its own
-        if last in _ENDS or (kind == "secret" and value.rstrip(".!?:").isalpha() and last.isalpha()):
+        # keyword written out opens a sentence of its own; not after the label that ends a keyword cut in two
+        # ("Your pass" then "word: Sunshine and ...")
+        labelled = lead.rstrip().endswith((":", "="))
+        if last in _ENDS or (kind == "secret" and value.rstrip(".!?:").isalpha() and last.isalpha() and not labelled):
             return None
         keyword = bisect_right(self.offsets, p) - 1
         if after_turn and any(k in after_turn for k in range(keyword + 1, holder + 1)):
