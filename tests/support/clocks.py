@@ -3,6 +3,7 @@ replica under :func:`host_clock`."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,16 +26,15 @@ def skewed(hours: float) -> type[datetime]:
 
 @contextmanager
 def host_clock(hours: float) -> Iterator[None]:
-    """This process's host clock running ``hours`` ahead (behind when negative) for what runs inside, as Vigil
-    and its cookie signatures read it: a replica on a host whose time sync stopped. A runtime built inside
-    measures its offset from the database's clock on the skewed clock, as such a replica would at start-up."""
+    """This process's host clock running ``hours`` ahead (behind when negative) for what runs inside, as every
+    Vigil module and cookie signatures read it: a replica on a host whose time sync stopped. A runtime built
+    inside measures its offset from the database's clock on the skewed clock, as such a replica does at start-up;
+    all it does must run inside too."""
     real = time.time
+    ahead = skewed(hours)
     with pytest.MonkeyPatch.context() as m:
-        for module in HOST_CLOCK_READERS:
-            m.setattr(f"{module}.datetime", skewed(hours))
+        for name, module in list(sys.modules.items()):
+            if (name == "vigil" or name.startswith("vigil.")) and getattr(module, "datetime", None) is datetime:
+                m.setattr(module, "datetime", ahead)
         m.setattr("itsdangerous.timed.time", SimpleNamespace(time=lambda: real() + hours * 3600))
         yield
-
-
-# the modules whose ``datetime.now`` reads this host's clock
-HOST_CLOCK_READERS = ("vigil.schema", "vigil.store.db", "vigil.ui.session")
