@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
@@ -189,6 +190,11 @@ class Runtime:
 
     def find(self, kind: type[T]) -> T | None:
         return self._components.get(kind)  # type: ignore[return-value]
+
+    def now(self) -> datetime:
+        """Now on the database's clock, without a query (:meth:`vigil.schema.FutureBound.now`): what a time
+        written by another replica is compared with when no transaction reads ``now()`` anyway."""
+        return self.future_bound.now()
 
     def heartbeat(self, loop: str) -> Heartbeat:
         """The heartbeat of the loop named ``loop``, made on first ask: from then on ``/healthz`` (the worker's

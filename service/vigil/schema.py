@@ -111,9 +111,12 @@ class LatestAllowed:
 
 class FutureBound(Protocol):
     """What a stage asks for the latest time an arriving item may carry: this host's clock (:data:`HOST_BOUND`)
-    or the database's (``vigil.store.clock.DatabaseClock``), plus :data:`FUTURE_ALLOWANCE`. Cheap: no query."""
+    or the database's (``vigil.store.clock.DatabaseClock``), plus :data:`FUTURE_ALLOWANCE`; and for now on that
+    clock. Cheap: no query."""
 
     def latest_allowed(self) -> LatestAllowed: ...
+
+    def now(self) -> datetime: ...
 
 
 def host_now() -> datetime:
@@ -130,6 +133,9 @@ def latest_allowed() -> LatestAllowed:
 class _HostBound:
     def latest_allowed(self) -> LatestAllowed:
         return latest_allowed()
+
+    def now(self) -> datetime:
+        return host_now()
 
 
 HOST_BOUND: Final[FutureBound] = _HostBound()

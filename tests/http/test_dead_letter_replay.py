@@ -30,7 +30,10 @@ class Later:
     """A clock three hours ahead: what was dated two hours ahead has happened."""
 
     def latest_allowed(self) -> LatestAllowed:
-        return LatestAllowed(datetime.now(UTC) + timedelta(hours=3) + FUTURE_ALLOWANCE)
+        return LatestAllowed(self.now() + FUTURE_ALLOWANCE)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + timedelta(hours=3)
 
 
 def ahead(hours: float = 2.0) -> str:

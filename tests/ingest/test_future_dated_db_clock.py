@@ -225,3 +225,16 @@ def test_without_any_measurement_the_host_clock_is_the_reference_and_says_so(cap
     assert "uses this host's clock" in caplog.text
     latest = bound.latest_allowed()
     assert latest.clock == HOST_CLOCK
+
+
+def test_now_is_the_database_clock_read_from_memory() -> None:
+    """What UI sessions and read windows compare other replicas' times with: this host's clock plus the last
+    offset (this host's alone before the first measurement), the next measurement started once a minute old."""
+    fake = FakeClocks(timedelta(hours=-3))
+    database = make_clock(fake)
+    assert database.now() == fake.wall and len(fake.spawned) == 1  # not measured yet: not waited for either
+    fake.run_spawned()
+    assert database.now() == fake.wall - timedelta(hours=3) and fake.reads == 1
+    fake.advance(61)
+    assert database.now() == fake.wall - timedelta(hours=3) and len(fake.spawned) == 1 and fake.reads == 1
+    assert abs(HOST_BOUND.now() - datetime.now(UTC)) < timedelta(seconds=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
@@ -131,14 +132,11 @@ def test_cookie_session_calls_the_api_with_a_csrf_header(ui, rt) -> None:
 
 def _expire_session(ui, rt, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Replace the session cookie by the same session signed longer ago than its maximum age."""
-    import time
-
-    from itsdangerous import TimestampSigner
-
     sessions = ui.app.state.ui_sessions
     data = sessions._signer.loads(ui.cookies.get(COOKIE))
+    long_ago = sessions.now() - timedelta(seconds=sessions.max_age + 60)
     with monkeypatch.context() as m:
-        m.setattr(TimestampSigner, "get_timestamp", lambda self: int(time.time()) - sessions.max_age - 60)
+        m.setitem(sessions._signer.signer_kwargs, "now", lambda: long_ago)
         old = sessions._signer.dumps(data)
     ui.cookies.clear()
     ui.cookies.set(COOKIE, old)

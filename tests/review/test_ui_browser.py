@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
@@ -525,3 +526,22 @@ def test_the_shortcuts_dialog_takes_the_focus_and_gives_it_back(browser, server)
     page.click("#help-close")
     assert page.locator("#help").is_hidden()
     assert page.evaluate("document.activeElement.outerHTML") == opener
+
+
+@pytest.mark.parametrize("hours", [2, -2])
+def test_the_lease_countdown_reads_what_is_left_not_the_browsers_clock(browser, server, hours: int) -> None:  # type: ignore[no-untyped-def]
+    """The countdown subtracted the browser's clock from the lease's end (the database's clock): a laptop 2 h
+    ahead showed a lease claimed a moment ago as expired, one 2 h behind showed 2 h 30 min left of 30 min."""
+    base, rt = server
+    store(rt, simulated(10, "v1:0.6", seed=5))
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.clock.set_system_time(datetime.now(UTC) + timedelta(hours=hours))
+    _login(page, base)
+    page.keyboard.press("n")  # claim next
+    page.wait_for_url(f"{base}/ui/review/**")
+    page.wait_for_function("!/UTC/.test(document.querySelector('[data-lease-until]').textContent)")  # counting
+    shown = page.locator("[data-lease-until]").inner_text()
+    assert shown.endswith(" more"), shown
+    minutes, seconds = map(int, shown.removesuffix(" more").split(":"))
+    lease_seconds = rt.settings.review_lease_seconds
+    assert lease_seconds - 60 < minutes * 60 + seconds <= lease_seconds, shown

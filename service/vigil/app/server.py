@@ -170,7 +170,7 @@ def build_app(rt: Runtime, background: list[Background] | None = None) -> FastAP
     from vigil.ui import errors, pages, session
 
     app = create_app(rt, background)
-    session.install(app, rt.settings, announce=rt.has_role("serve", "api"), db=rt.sessions)
+    session.install(app, rt.settings, announce=rt.has_role("serve", "api"), db=rt.sessions, now=rt.now)
     errors.install(app)
     app.include_router(pages.router)
     return app

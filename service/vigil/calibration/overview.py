@@ -15,6 +15,7 @@ verdicts and runs. An offline run never makes the model's judge calibrated.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -37,6 +38,7 @@ from vigil.calibration.report import (
     version_report,
 )
 from vigil.calibration.stats import Agreement, agreement_from_counts, position_bias
+from vigil.schema import host_now
 from vigil.settings import Settings
 from vigil.store.models import PairwiseRow, VerdictRow
 from vigil.store.reads import LabelWindow
@@ -58,6 +60,7 @@ class Calibration:
     settings: Settings
     current: dict[str, str]
     modes: dict[str, str] = field(default_factory=dict)
+    now: Callable[[], datetime] = host_now  # the database's clock, without a query (Runtime.now)
 
     def mode_of(self, judge: str) -> str:
         return self.modes.get(judge, LIVE)
@@ -94,7 +97,7 @@ class Calibration:
     @property
     def rates_since(self) -> datetime | None:
         """Raw and corrected production rates cover the verdicts of the read window (``VIGIL_READ_WINDOW_DAYS``)."""
-        return default_since(self.settings.read_window_days)
+        return default_since(self.settings.read_window_days, self.now())
 
     def judge(self, session: Session, name: str) -> dict[str, Any]:
         """The full calibration report of one judge."""

@@ -21,6 +21,7 @@ def wire(rt: Runtime) -> Calibration:
         rt.settings,
         {name: j.version for name, j in rt.judges.items()},
         {name: "offline" if j.offline else "live" for name, j in rt.judges.items()},
+        rt.now,
     )
     rt.provide(cal)
     rt.hooks.judge_info_enrichers.append(partial(enrich.judge_infos, cal))

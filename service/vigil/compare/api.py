@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -52,14 +52,15 @@ def counting(rt: Runtime) -> Iterator[tuple[Session, rollup_tail.Tail]]:
 def window(rt: Runtime, since: datetime | None, until: datetime | None) -> tuple[datetime | None, datetime | None]:
     """The read window: as asked, else the last ``read_window_days``."""
     if since is None and until is None:
-        since = default_since(rt.settings.read_window_days)
+        since = default_since(rt.settings.read_window_days, rt.now())
     return since, until
 
 
 def outcomes_before(rt: Runtime) -> datetime | None:
-    """Outcome rates count conversations received before this (``VIGIL_COMPARE_OUTCOME_SETTLE_HOURS`` ago)."""
+    """Outcome rates count conversations received before this (``VIGIL_COMPARE_OUTCOME_SETTLE_HOURS`` ago, on the
+    database's clock, which stamps ``received_at``)."""
     hours = rt.settings.compare_outcome_settle_hours
-    return datetime.now(UTC) - timedelta(hours=hours) if hours > 0 else None
+    return rt.now() - timedelta(hours=hours) if hours > 0 else None
 
 
 def ordered(since: datetime | None, until: datetime | None) -> None:

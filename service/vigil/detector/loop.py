@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -114,8 +114,10 @@ class Detector:
         return baselines(s, self.settings, now)
 
     def refresh(self, now: datetime | None = None) -> None:
-        """Set the quality and detector gauges from the shared tables."""
-        now = now or datetime.now(UTC)
+        """Set the quality and detector gauges from the shared tables (``now``: the pass's, the database's clock)."""
+        if now is None:
+            with self.sessions() as s:
+                now = clock(s)
         live_since = now - timedelta(hours=self.settings.detector_retire_hours)
         self.gauges.refresh(self.sessions, self.h, live_since, now)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -85,13 +85,14 @@ def chart_range(alert: dict[str, Any], now: datetime) -> dict[str, str]:
     return out
 
 
-def links(alert: dict[str, Any], now: datetime | None = None) -> dict[str, str]:
+def links(alert: dict[str, Any], now: datetime) -> dict[str, str]:
+    """Where an alert's page leads; ``now`` (the database's clock, which dates the alert) ends the chart's range."""
     agent, version, signal = alert["agent_id"], alert["agent_version"], alert["signal"]
     out = {
         "queue": queue_link(agent, version, signal),
         "queue_label": queue_label(signal),
         "behind": behind_link(agent, version, signal),
-        "chart": quality_link(agent, version, **chart_range(alert, now or datetime.now(UTC))),
+        "chart": quality_link(agent, version, **chart_range(alert, now)),
     }
     base = baseline_version(alert["baseline"])
     if base:
@@ -130,9 +131,10 @@ def alerts_page(
         data = list_alerts(s, fed_by, agent=agent, version=version, limit=100, signals=signals)
         active = [a for a in fold_twins(data["active"], fed_by) if _matches(a, signal)]
         past = [a for a in fold_twins(data["past"], fed_by) if _matches(a, signal)][:50] if show == "all" else []
+        now = rt.now()
         for a in active + past:
             a["evidence"] = evidence(s, a)
-            a["links"] = links(a)
+            a["links"] = links(a, now)
     return render_page(
         request,
         "alerts.html",

@@ -14,7 +14,6 @@ from vigil.http.auth import require
 from vigil.http.params import Instant
 from vigil.review import FlaggingPolicy
 from vigil.runtime import Runtime
-from vigil.store.db import utcnow
 
 router = APIRouter(tags=["rules"])
 
@@ -46,7 +45,7 @@ async def get_rule_quality(
 ) -> dict[str, Any]:
     """Firing rate, precision, recall and lift (95% intervals) per pack, severity and rule."""
     rt = runtime_of(request)
-    window = since or utcnow() - timedelta(days=30)
+    window = since or rt.now() - timedelta(days=30)
     result = await run_in_threadpool(rule_quality, rt, outcome, polarity, window, agent, version)
     if not result["conversations"]:
         scope = sources.stored_scope(agent, version, window)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlencode
 
@@ -40,6 +41,7 @@ from vigil.review.page_kit import (
 from vigil.review.policy import LABELS, SEVERITIES
 from vigil.review.stage import ReviewStage
 from vigil.store import reads
+from vigil.store.db import clock
 from vigil.ui import folding, transcript
 from vigil.ui.forms import Refused, comment_draft, draft_of, form_user, go, label_draft, posted
 from vigil.ui.links import anchor, back_crumb, back_from, quality_link
@@ -273,7 +275,8 @@ def _conversation_page(
             )
         for enrich in rt.hooks.conversation_enrichers:
             enrich(s, conv)
-        item = insights.item_detail(s, conversation_id)
+        now = clock(s)  # the lease's clock: the page says what is left of it, not the browser's clock
+        item = insights.item_detail(s, conversation_id, now)
         hist = insights.history(s, conversation_id)
         notes = triage.comments(s, conversation_id)
         task = conv.get("task_id")
@@ -322,6 +325,7 @@ def _conversation_page(
         notice=notice,
         me=user.name,
         lease_seconds=st.lease_seconds,
+        lease_left=_seconds_left(item, now),
         blind=blind,
         draft=draft,
         rubric=st.policy.rubric,
@@ -566,3 +570,10 @@ def resume_after_login(request: Request, target: str, draft: dict[str, Any]) -> 
     return _conversation_page(
         request, cid, user, notice=notice, draft=label, unsent=unsent, comment_on=on, came_from=came_from
     )
+
+
+def _seconds_left(item: dict[str, Any] | None, now: datetime) -> int | None:
+    """Whole seconds left of a claimed item's lease at ``now`` (None: not claimed), what the page counts down
+    from: a browser's own clock, ahead or behind the database's, showed a fresh lease expired or hours long."""
+    until = (item or {}).get("lease_until")
+    return None if until is None else max(0, int((until - now).total_seconds()))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from sqlalchemy import BigInteger, DateTime, Index, Integer, String, and_, func, not_, or_, select
@@ -124,11 +124,12 @@ def day_of(ts: datetime) -> datetime:
     return aware(ts).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
-def default_since(window_days: float, now: datetime | None = None) -> datetime | None:
-    """Start of the default read window (None: all time)."""
+def default_since(window_days: float, now: datetime) -> datetime | None:
+    """Start of the default read window (None: all time); ``now`` on the database's clock, which stamps what
+    the window holds (:meth:`vigil.runtime.Runtime.now`)."""
     if window_days <= 0:
         return None
-    return hour_of((now or datetime.now(UTC)) - timedelta(days=window_days))
+    return hour_of(now - timedelta(days=window_days))
 
 
 @dataclass(slots=True)

@@ -4,7 +4,10 @@ The cookie is signed (itsdangerous) with ``VIGIL_REVIEW_SESSION_SECRET``. A logg
 random session id, never the key; the session itself is a row of ``ui_sessions`` (keyed by the id's
 SHA-256) naming the key and a keyed fingerprint of it. Logging out deletes the row, so a copy of the
 cookie stops working too; removing a key from ``VIGIL_API_KEYS`` ends its sessions; a row past its
-``VIGIL_REVIEW_SESSION_MAX_AGE_SECONDS`` is refused and swept at the next log-in.
+``VIGIL_REVIEW_SESSION_MAX_AGE_SECONDS`` is refused and swept at the next log-in. Both that expiry and the
+cookie's signing time are on the database's clock (read from memory, :meth:`vigil.runtime.Runtime.now`), which
+every replica shares: one whose host clock ran ahead swept the other replicas' live sessions at its log-ins, and
+the others refused its cookies as signed in the future (every other request sent back to log in).
 Every session, even before log-in, carries a random CSRF token that each form posts back;
 API calls made with the cookie (not a Bearer key) must send it as ``X-CSRF-Token`` (without it: 403
 "missing CSRF token", not 401, since the caller is logged in).
@@ -16,16 +19,18 @@ import hashlib
 import hmac
 import logging
 import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import HTTPException, Request, Response
-from itsdangerous import BadSignature, URLSafeTimedSerializer
+from itsdangerous import BadSignature, TimestampSigner, URLSafeTimedSerializer
 from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.http.auth import KeyRing, Principal
 from vigil.http.proxy_auth import ProxyAuth, ProxyIdentity
+from vigil.schema import host_now
 from vigil.settings import Settings
 from vigil.ui.models import UiSessionRow
 
@@ -41,16 +46,36 @@ def _id_hash(session_id: str) -> str:
     return hashlib.sha256(session_id.encode()).hexdigest()
 
 
+class _Signer(TimestampSigner):
+    """Cookies signed at ``now`` (the database's clock), seconds since the epoch as the timestamp's format has it."""
+
+    def __init__(self, *args: Any, now: Callable[[], datetime], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.now = now
+
+    def get_timestamp(self) -> int:
+        return int(self.now().timestamp())
+
+
 class SessionManager:
     def __init__(
-        self, secret: str, max_age: int, secure: bool, db: sessionmaker[Session], proxy: ProxyAuth | None = None
+        self,
+        secret: str,
+        max_age: int,
+        secure: bool,
+        db: sessionmaker[Session],
+        now: Callable[[], datetime] = host_now,
+        proxy: ProxyAuth | None = None,
     ) -> None:
         self.secret = secret
         self.max_age = max_age
         self.secure = secure
         self.db = db
         self.proxy = proxy
-        self._signer = URLSafeTimedSerializer(secret, salt="vigil-ui-session")
+        self.now = now  # the database's clock, without a query (this host's for SQLite, which is its clock)
+        self._signer = URLSafeTimedSerializer(
+            secret, salt="vigil-ui-session", signer=_Signer, signer_kwargs={"now": now}
+        )
 
     def fingerprint(self, key: str) -> str:
         return hmac.new(self.secret.encode(), key.encode(), hashlib.sha256).hexdigest()[:32]
@@ -64,8 +89,11 @@ class SessionManager:
         raw = request.cookies.get(COOKIE)
         if raw:
             try:
-                loaded = self._signer.loads(raw, max_age=self.max_age)
-                data = loaded if isinstance(loaded, dict) else {}
+                loaded, signed_at = self._signer.loads(raw, return_timestamp=True)
+                # a signature seconds ahead is another replica's, whose offset from the database's clock was
+                # measured a few ms apart from this one's: not refused, as itsdangerous' own max_age check does
+                fresh = self.now() - signed_at <= timedelta(seconds=self.max_age)
+                data = loaded if fresh and isinstance(loaded, dict) else {}
             except BadSignature:
                 data = {}
         request.state.vigil_session = data
@@ -123,7 +151,7 @@ class SessionManager:
             if row is None:
                 return None
             expires = row.expires_at if row.expires_at.tzinfo else row.expires_at.replace(tzinfo=UTC)
-            if expires <= datetime.now(UTC):
+            if expires <= self.now():
                 return None
             name, fp = row.key_name, row.fingerprint
         ring: KeyRing = request.app.state.keyring
@@ -180,7 +208,7 @@ class SessionManager:
         """
         self.end(request)
         sid = secrets.token_urlsafe(32)
-        now = datetime.now(UTC)
+        now = self.now()
         with self.db.begin() as s:
             s.execute(delete(UiSessionRow).where(UiSessionRow.expires_at < now))
             s.add(
@@ -221,15 +249,24 @@ class SessionManager:
         )
 
 
-def install(app: Any, settings: Settings, announce: bool, db: sessionmaker[Session]) -> SessionManager:
-    """Give ``app`` its UI sessions; ``require()`` then accepts the UI cookie too (CSRF header on writes)."""
+def install(
+    app: Any,
+    settings: Settings,
+    announce: bool,
+    db: sessionmaker[Session],
+    now: Callable[[], datetime] = host_now,
+) -> SessionManager:
+    """Give ``app`` its UI sessions; ``require()`` then accepts the UI cookie too (CSRF header on writes).
+    ``now``: the database's clock without a query (:meth:`vigil.runtime.Runtime.now`)."""
     secret = settings.review_session_secret.get_secret_value()
     if not secret:
         secret = secrets.token_urlsafe(32)
         if announce:
             log.info("VIGIL_REVIEW_SESSION_SECRET is not set: UI sessions last only as long as this process")
     proxy = ProxyAuth.from_settings(settings)
-    sessions = SessionManager(secret, settings.review_session_max_age_seconds, settings.review_cookie_secure, db, proxy)
+    sessions = SessionManager(
+        secret, settings.review_session_max_age_seconds, settings.review_cookie_secure, db, now, proxy
+    )
     app.state.ui_sessions = sessions
     app.state.session_principal = sessions.hook
     return sessions

@@ -9,7 +9,7 @@ open items by status; detections by the open ones.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -122,8 +122,9 @@ def judge_spend(rt: Runtime, s: Session) -> list[dict[str, Any]]:
 
 
 def snapshot(rt: Runtime, now: datetime | None = None) -> dict[str, Any]:
-    """Everything the home page shows, read in one session."""
-    now = now or datetime.now(UTC)
+    """Everything the home page shows, read in one session; its windows end at ``now``, by default the
+    database's clock (which stamps what they count), not this host's."""
+    now = now or rt.now()
     with rt.sessions() as s:
         alerts = list_alerts(s, fed_by_rules(rt.rules), active=True, limit=50)["active"]
         for a in alerts:

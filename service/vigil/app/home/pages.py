@@ -108,9 +108,9 @@ def quality_page(
     rt = runtime_of(request)
     known, agent, version, notice = _pick(rt, agent, version)
     error, series, preset = None, [], None
-    start = end = datetime.now(UTC)
+    start = end = rt.now()
     try:
-        start, end, preset = quality.time_range(since, until, last, datetime.now(UTC))
+        start, end, preset = quality.time_range(since, until, last, end)
     except quality.RangeError as exc:
         error = str(exc)
     if error is None and agent and version:
@@ -263,7 +263,7 @@ def quality_series(
 ) -> dict[str, Any]:
     """Every quality signal of one agent version over time, per bucket, with 95% Wilson intervals and alerts."""
     try:
-        start, end, _ = quality.time_range(since, until, None, datetime.now(UTC))
+        start, end, _ = quality.time_range(since, until, None, runtime_of(request).now())
     except quality.RangeError as exc:
         raise HTTPException(422, str(exc)) from exc
     series = quality.quality(runtime_of(request), agent, version, start, end)

@@ -10,8 +10,8 @@ values table holds what repeats, not every long text.
 Retention: each process upserts a value (setting ``touched_at``) whenever it refers to it and has not
 done so for ``TOUCH_EVERY_SECONDS``. Spans never outlive twice the span retention from their receipt
 (see ``TraceIngest._maybe_purge``), so a value untouched for that long plus two touch intervals is
-referred to by no span left, and is deleted; the margin also covers replicas' clocks drifting apart by
-up to one interval.
+referred to by no span left, and is deleted. ``touched_at`` and the spans' receipt are both the database's
+clock (the storing transaction's), whatever the replicas' host clocks say.
 """
 
 from __future__ import annotations

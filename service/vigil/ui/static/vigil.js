@@ -234,9 +234,12 @@
     }, 250);
   });
 
+  // seconds left of the lease when the server rendered the page, less the time since on this page's own
+  // monotonic clock: the lease ends on the database's clock, which the browser's may be hours away from
   function countdown() {
-    document.querySelectorAll("[data-lease-until]").forEach(function (el) {
-      var left = Math.round((Date.parse(el.getAttribute("data-lease-until")) - Date.now()) / 1000);
+    document.querySelectorAll("[data-lease-left]").forEach(function (el) {
+      var given = el.getAttribute("data-lease-left");
+      var left = given === "" ? NaN : Math.round(Number(given) - performance.now() / 1000);
       if (isNaN(left)) { return; }
       if (left <= 0) { el.textContent = "expired: extend or claim again"; el.classList.add("bad"); return; }
       var m = Math.floor(left / 60), s = left % 60;
