@@ -79,3 +79,14 @@ def test_an_id_beyond_any_letter_is_a_usage_error_not_a_traceback(sqlite_url: st
     for bad in ("99999999999999999999", "0"):
         out = run(sqlite_url, "dead-letters", "replay", "--", bad)
         assert out.exit_code == 2 and not isinstance(out.exception, OverflowError), out.output
+
+
+def test_replay_refuses_a_format_for_an_outcome_letter_naming_it(sqlite_url: str) -> None:
+    make_letters(sqlite_url)
+    letters = json.loads(run(sqlite_url, "dead-letters", "list", "--json").stdout)
+    outcome_id = next(d["id"] for d in letters if d["reason"] == "unknown_outcome_type")
+    declared = {"VIGIL_OUTCOME_TYPES": "chargeback:bad"}
+    refused = run(sqlite_url, "dead-letters", "replay", str(outcome_id), "--format", "openai", **declared)
+    assert refused.exit_code == 1, refused.output
+    assert f"{outcome_id}: refused (422): format: POST /v1/outcomes reads no query parameters" in refused.output
+    assert run(sqlite_url, "dead-letters", "replay", str(outcome_id), **declared).exit_code == 0

@@ -354,3 +354,22 @@ def test_the_query_migration_matches_the_model_and_downgrades(db_url: str) -> No
         assert "query" in {c["name"] for c in inspect(engine).get_columns("dead_letters")}
     finally:
         engine.dispose()
+
+
+def test_a_format_given_for_an_outcome_letter_is_refused_naming_it(rt_client) -> None:
+    """POST /v1/outcomes reads no format: asked for one, a replay says so instead of re-sending the letter
+    as if the format had been read."""
+    rt, c = rt_client
+    outcome = {"conversation_id": "c-1", "type": "escalation", "occurred_at": ahead(), "idempotency_key": "k-2"}
+    assert c.post("/v1/outcomes", json=outcome, headers=INGEST).status_code == 422
+    [letter] = letters(rt)
+    rt.get(OutcomeStore).bound = Later()
+    for ask in ("?format=openai", "?format=openai&intake=outcomes"):
+        r = c.post(f"/v1/dead-letters/{letter.id}/replay{ask}", headers=ADMIN)
+        assert r.status_code == 422, r.text
+        body = r.json()
+        assert (body["reason"], body["parameter"], body["intake"]) == ("bad_parameter", "format", "outcomes")
+        assert "POST /v1/outcomes reads no query parameters" in body["detail"]
+    assert count(rt, OutcomeRow) == 0 and letters(rt)[0].replayed_at is None
+    r = c.post(f"/v1/dead-letters/{letter.id}/replay", headers=ADMIN)
+    assert r.status_code == 200 and r.json()["result"]["stored"] == 1, r.text
