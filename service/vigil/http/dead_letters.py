@@ -1,7 +1,8 @@
 """``POST /v1/dead-letters/{id}/replay``: a dead letter's raw bytes fed back through the intake its source uses.
 
 Which intake: a Kafka letter's topic names it (the outcomes topic, else conversations); an OTLP letter dated
-ahead holds the conversation it assembled; ``replay`` letters (``vigil import``) hold conversations; an HTTP
+ahead holds the conversation it assembled; ``replay`` letters (``vigil import``) hold conversations, or a
+file or line as read with the format it was read in (``query``); an HTTP
 letter holds the body (or invalid items) of ``POST /v1/conversations`` or ``POST /v1/outcomes``, told apart
 by the query parameters it records (only the conversations intake reads any), its reason and what its items
 hold. The body of a ``POST /v1/conversations?format=...`` goes back with the parameters it was sent with
