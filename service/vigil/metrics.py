@@ -176,7 +176,15 @@ class Metrics:
             "This host's clock minus the database's, as last measured (every 60 s while items arrive or it is "
             "scraped): the clock times arriving are checked against is the database's, so a host clock off by this "
             "much only shows here (alert VigilClockSkew). 0 on SQLite, whose clock is the host's; NaN until first "
-            "measured.",
+            "measured. Keeps its last value while measurements fail (vigil_clock_offset_age_seconds grows).",
+            namespace=NS,
+            registry=r,
+        )
+        self.clock_offset_age = Gauge(
+            "clock_offset_age_seconds",
+            "Seconds since vigil_clock_offset_seconds was measured: under a minute and a bit while the database "
+            "answers; grows while a measurement fails or goes unanswered (abandoned after 15 s, the next tried a "
+            "minute after it). 0 on SQLite; NaN until first measured.",
             namespace=NS,
             registry=r,
         )

@@ -9,7 +9,7 @@ so only the code that can import a class can look its object up.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from vigil.errors import ConfigError
+from vigil.errors import ConfigError, VigilError
 from vigil.heartbeat import Heartbeat
 from vigil.metrics import Metrics
 from vigil.rules import RuleEngine
@@ -97,9 +97,19 @@ OutcomeSink = Callable[[list[dict[str, Any]]], Any]
 LoginResumer = Callable[[Any, str, dict[str, Any]], Any]
 # () -> banners every UI page shows while they hold (an active alert): dicts with "text" and "href"
 BannerSource = Callable[[], list[dict[str, str]]]
-# (a dead letter's raw bytes, ?format= or None) -> (HTTP status, answer) as its intake answers it, keeping no new
-# dead letter of a refusal (``POST /v1/dead-letters/{id}/replay``)
-Replayer = Callable[[bytes, str | None], tuple[int, dict[str, Any]]]
+# (a dead letter's raw bytes, the query parameters to read them with: those recorded with it, ?format= of the replay
+# over them) -> (HTTP status, answer) as its intake answers it, keeping no new dead letter of a refusal
+# (``POST /v1/dead-letters/{id}/replay``); a parameter the intake does not read, or a value it refuses, raises
+# BadParameter
+Replayer = Callable[[bytes, Mapping[str, str]], tuple[int, dict[str, Any]]]
+
+
+class BadParameter(VigilError):
+    """A query parameter an intake does not read, or a value of it the intake refuses; ``name`` names it."""
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(why)
+        self.name = name
 
 
 @dataclass

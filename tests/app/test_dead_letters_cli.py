@@ -83,3 +83,30 @@ def test_an_id_beyond_any_letter_is_a_usage_error_not_a_traceback(sqlite_url: st
     for bad in ("99999999999999999999", "0"):
         out = run(sqlite_url, "dead-letters", "replay", "--", bad)
         assert out.exit_code == 2 and not isinstance(out.exception, OverflowError), out.output
+
+
+def test_replay_refuses_a_format_for_an_outcome_letter_naming_it(sqlite_url: str) -> None:
+    make_letters(sqlite_url)
+    letters = json.loads(run(sqlite_url, "dead-letters", "list", "--json").stdout)
+    outcome_id = next(d["id"] for d in letters if d["reason"] == "unknown_outcome_type")
+    declared = {"VIGIL_OUTCOME_TYPES": "chargeback:bad"}
+    refused = run(sqlite_url, "dead-letters", "replay", str(outcome_id), "--format", "openai", **declared)
+    assert refused.exit_code == 1, refused.output
+    assert f"{outcome_id}: refused (422): format: POST /v1/outcomes reads no query parameters" in refused.output
+    assert run(sqlite_url, "dead-letters", "replay", str(outcome_id), **declared).exit_code == 0
+
+
+def test_a_line_vigil_import_refused_is_replayed_in_the_format_it_was_read_in(sqlite_url: str, tmp_path) -> None:
+    """Kept as read, an Anthropic line goes back with --format and --agent-id, not as Vigil's own schema."""
+    good = {"system": "s", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    bad = {"system": "s", "messages": [{"role": "user", "content": [{"type": "hologram"}]}]}
+    path = tmp_path / "claude.jsonl"
+    path.write_text("\n".join(json.dumps(d) for d in (good, good | {"system": "t"}, bad)) + "\n")
+    imported = run(sqlite_url, "import", "--format", "anthropic", "--agent-id", "bot", str(path))
+    assert imported.exit_code == 2, imported.output
+    [letter] = json.loads(run(sqlite_url, "dead-letters", "list", "--json").stdout)
+    assert (letter["source"], letter["query"]) == ("replay", "format=anthropic&agent_id=bot")
+    again = run(sqlite_url, "dead-letters", "replay", str(letter["id"]), "--json")
+    assert again.exit_code == 1, again.output
+    [answer] = json.loads(again.stdout)
+    assert answer["refusal"]["format"] == "anthropic" and "hologram" in answer["refusal"]["detail"], answer

@@ -217,3 +217,162 @@ def test_a_body_refused_as_over_the_size_limit_is_not_replayed_from_what_was_kep
             assert [a.status_code for a in answers] == [409, 409], [a.json() for a in answers]
     finally:
         rt.close()
+
+
+def anthropic_body(chars: int = 70_000) -> bytes:
+    """An Anthropic Messages record without an id or agent: read natively it is no conversation."""
+    text = "x" * chars
+    return orjson.dumps(
+        {
+            "system": "You help.",
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": text}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+            ],
+        }
+    )
+
+
+FORMATTED = "/v1/conversations?format=anthropic&agent_id=support-bot&agent_version=v2&unread=1"
+
+
+def test_a_formatted_request_is_replayed_with_the_query_parameters_it_was_sent_with(db_url: str) -> None:
+    """Refused as too dense under a low ``VIGIL_MAX_JSON_EXPANSION``, the body is re-sent once the setting is
+    raised: read as the format and for the agent its request named, not as Vigil's schema (refused) nor as an
+    agent called ``body``."""
+    keep = {"dead_letter_raw_bytes": 200_000, "dead_letter_batch_raw_bytes": 200_000}
+    low = build_runtime(make_settings(db_url, max_json_expansion=0.001, **keep), registry=CollectorRegistry())
+    try:
+        with make_client(low) as c:
+            assert c.post(FORMATTED, content=anthropic_body(), headers=INGEST).status_code == 413
+            listed = c.get("/v1/dead-letters", headers=ADMIN).json()
+    finally:
+        low.close()
+    [letter] = listed
+    assert letter["reason"] == "oversized"
+    # what the intake reads of the query, and nothing else of it
+    assert letter["query"] == "format=anthropic&agent_id=support-bot&agent_version=v2"
+
+    rt = build_runtime(make_settings(db_url), registry=CollectorRegistry())
+    try:
+        with make_client(rt) as c:
+            r = c.post(f"/v1/dead-letters/{letter['id']}/replay", headers=ADMIN)
+            assert r.status_code == 200, r.text
+            assert (r.json()["result"]["format"], r.json()["result"]["stored"]) == ("anthropic", 1)
+            with rt.sessions() as s:
+                stored = s.execute(select(ConversationRow.agent_id, ConversationRow.agent_version)).all()
+            assert [tuple(row) for row in stored] == [("support-bot", "v2")]
+            # ?format= on the replay still decides the format; the agent named by the request stays
+            again = c.post(f"/v1/dead-letters/{letter['id']}/replay?format=auto", headers=ADMIN)
+            assert again.status_code == 200 and again.json()["result"]["duplicates"] == 1, again.text
+            # native: Vigil's own schema, the recorded parameters left out (a producer that named a wrong format)
+            native = c.post(f"/v1/dead-letters/{letter['id']}/replay?format=native", headers=ADMIN)
+            assert native.status_code == 422 and native.json()["refusal"]["rejected"] == 1, native.text
+    finally:
+        rt.close()
+
+
+def test_a_request_refused_whole_keeps_its_parameters_and_its_items_keep_none(sqlite_url: str) -> None:
+    """A body the format's reader refuses is kept as sent, with the query; an item refused after conversion
+    is kept in Vigil's schema, read back without any."""
+    rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
+    try:
+        with make_client(rt) as c:
+            assert c.post(FORMATTED, content=b'{"nothing": 1}', headers=INGEST).status_code == 422
+            dated = orjson.dumps(
+                {
+                    "conversation_id": "c-ahead",
+                    "agent_id": "a",
+                    "ended_at": ahead(),
+                    "messages": [{"role": "user", "content": "hi"}],
+                }
+            )
+            assert c.post("/v1/conversations?format=openai", content=dated, headers=INGEST).status_code == 422
+            listed = c.get("/v1/dead-letters", headers=ADMIN).json()
+        assert [(d["reason"], d["query"]) for d in listed] == [
+            ("occurred_in_future", None),
+            ("schema_invalid", "format=anthropic&agent_id=support-bot&agent_version=v2"),
+        ]
+    finally:
+        rt.close()
+
+
+def test_recorded_parameters_are_bounded_and_checked_before_replay(rt_client) -> None:
+    rt, c = rt_client
+    long_id = "a" * 10_000  # no agent id is this long: the schema takes 256 characters at most
+    assert (
+        c.post(f"/v1/conversations?format=anthropic&agent_id={long_id}", content=b"[", headers=INGEST).status_code
+        == 400
+    )
+    [kept] = letters(rt)
+    assert kept.query is not None and len(kept.query) < 400 and kept.query.startswith("format=anthropic&agent_id=aaa")
+    # a value cut is still longer than any the intake takes: refused again, never read as another agent
+    r = c.post(f"/v1/dead-letters/{kept.id}/replay", headers=ADMIN)
+    assert r.status_code == 422 and r.json()["refusal"]["reason"] == "malformed_json", r.text
+
+    raw = anthropic_body(100)
+    with rt.sessions.begin() as s:
+        rows = [
+            DeadLetterRow(source="http", reason="schema_invalid", detail="d", raw=raw, raw_size=len(raw), query=q)
+            for q in ("format=hologram", "format=openai&format=anthropic", "format=openai&colour=blue", "agent_id")
+        ]
+        s.add_all(rows)
+        s.flush()
+        ids = [row.id for row in rows]
+    for letter_id, says in zip(ids, ("format", "format", "colour", "query"), strict=True):
+        r = c.post(f"/v1/dead-letters/{letter_id}/replay", headers=ADMIN)
+        assert r.status_code == 409, r.text
+        assert r.json()["reason"] == "not_replayable" and says in r.json()["detail"], r.text
+    # an explicit ?format= replaces a recorded one it could not use
+    r = c.post(f"/v1/dead-letters/{ids[0]}/replay?format=anthropic", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    bad = c.post(f"/v1/dead-letters/{ids[0]}/replay?format=hologram", headers=ADMIN)
+    assert bad.status_code == 422 and bad.json()["parameter"] == "format", bad.text
+
+
+def test_a_letter_of_a_formatted_request_goes_back_to_conversations_whatever_it_holds() -> None:
+    """OpenAI Agents spans carry a ``type`` and no ``messages``, as outcomes do: the query says which intake."""
+    from vigil.http.dead_letters import intake_of
+
+    spans = orjson.dumps([{"object": "trace.span", "type": "agent"}])
+    row = DeadLetterRow(source="http", reason="schema_invalid", detail="", raw=spans, raw_size=len(spans))
+    assert intake_of(row, "outcomes") == "outcomes"
+    row.query = "format=openai-agents"
+    assert intake_of(row, "outcomes") == "conversations"
+
+
+def test_the_query_migration_matches_the_model_and_downgrades(db_url: str) -> None:
+    from alembic import command
+    from sqlalchemy import inspect
+
+    from vigil.store import db
+
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    try:
+        cfg = db.alembic_config(engine.url.render_as_string(hide_password=False))
+        command.downgrade(cfg, "0022_dead_letter_replayed")
+        assert "query" not in {c["name"] for c in inspect(engine).get_columns("dead_letters")}
+        command.upgrade(cfg, "head")
+        assert "query" in {c["name"] for c in inspect(engine).get_columns("dead_letters")}
+    finally:
+        engine.dispose()
+
+
+def test_a_format_given_for_an_outcome_letter_is_refused_naming_it(rt_client) -> None:
+    """POST /v1/outcomes reads no format: asked for one, a replay says so instead of re-sending the letter
+    as if the format had been read."""
+    rt, c = rt_client
+    outcome = {"conversation_id": "c-1", "type": "escalation", "occurred_at": ahead(), "idempotency_key": "k-2"}
+    assert c.post("/v1/outcomes", json=outcome, headers=INGEST).status_code == 422
+    [letter] = letters(rt)
+    rt.get(OutcomeStore).bound = Later()
+    for ask in ("?format=openai", "?format=openai&intake=outcomes"):
+        r = c.post(f"/v1/dead-letters/{letter.id}/replay{ask}", headers=ADMIN)
+        assert r.status_code == 422, r.text
+        body = r.json()
+        assert (body["reason"], body["parameter"], body["intake"]) == ("bad_parameter", "format", "outcomes")
+        assert "POST /v1/outcomes reads no query parameters" in body["detail"]
+    assert count(rt, OutcomeRow) == 0 and letters(rt)[0].replayed_at is None
+    r = c.post(f"/v1/dead-letters/{letter.id}/replay", headers=ADMIN)
+    assert r.status_code == 200 and r.json()["result"]["stored"] == 1, r.text

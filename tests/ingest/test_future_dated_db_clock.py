@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -238,3 +239,139 @@ def test_now_is_the_database_clock_read_from_memory() -> None:
     fake.advance(61)
     assert database.now() == fake.wall - timedelta(hours=3) and len(fake.spawned) == 1 and fake.reads == 1
     assert abs(HOST_BOUND.now() - datetime.now(UTC)) < timedelta(seconds=1)
+
+
+class HangingDatabase(FakeClocks):
+    """A database that takes the connection and never answers the first ``hanging`` reads until released, then
+    answers every other read as :class:`FakeClocks` does."""
+
+    def __init__(self, offset: timedelta, hanging: int = 1) -> None:
+        super().__init__(offset)
+        self.hanging = hanging
+        self.release = threading.Event()
+        self.entered = threading.Semaphore(0)
+        self.threads: list[threading.Thread] = []
+
+    def read(self) -> datetime:
+        if self.hanging > 0:
+            self.hanging -= 1
+            self.entered.release()
+            assert self.release.wait(30), "never released"
+            return self.wall + timedelta(hours=5)  # a late answer: to be dropped, not kept
+        return super().read()
+
+    def spawn(self, measure: Callable[[], object]) -> None:
+        thread = threading.Thread(target=measure, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def finish(self, thread: threading.Thread) -> None:
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+def hanging_clock(fake: HangingDatabase, gauge: Any = None, age: Any = None, timeout: float = 5.0) -> DatabaseClock:
+    return DatabaseClock(
+        fake.read, gauge, 60.0, host=fake.host, monotonic=fake.monotonic, spawn=fake.spawn,
+        timeout_seconds=timeout, age_gauge=age,
+    )  # fmt: skip
+
+
+def test_a_measurement_the_database_never_answers_is_abandoned_and_the_next_minute_measures_again(caplog) -> None:
+    from prometheus_client import Gauge
+
+    registry = CollectorRegistry()
+    gauge = Gauge("vigil_clock_offset_seconds", "test", registry=registry)
+    age = Gauge("vigil_clock_offset_age_seconds", "test", registry=registry)
+    fake = HangingDatabase(timedelta(minutes=10))
+    bound = hanging_clock(fake, gauge, age)
+    bound.latest_allowed()
+    assert fake.entered.acquire(timeout=30)  # the first measurement waits on the database
+    fake.advance(4)
+    bound.latest_allowed()
+    assert len(fake.threads) == 1  # within its 5 s: still awaited, no second one
+    with caplog.at_level(logging.WARNING, logger="vigil.store.clock"):
+        fake.advance(2)
+        assert bound.latest_allowed().clock == HOST_CLOCK  # abandoned: nothing measured yet
+    assert bound.failing and "did not answer within 5 s" in caplog.text
+    assert len(fake.threads) == 1  # not retried at once: a minute after the one abandoned started
+    assert math.isnan(registry.get_sample_value("vigil_clock_offset_age_seconds") or 0.0)
+    fake.advance(54)
+    bound.latest_allowed()
+    assert len(fake.threads) == 2
+    fake.finish(fake.threads[1])
+    assert bound.offset == timedelta(minutes=10) and not bound.failing
+    assert registry.get_sample_value("vigil_clock_offset_seconds") == -600.0
+    assert registry.get_sample_value("vigil_clock_offset_age_seconds") == 0.0
+    fake.advance(30)
+    assert registry.get_sample_value("vigil_clock_offset_age_seconds") == 30.0
+    # the abandoned one answers at last: too late to say when the database read its clock, so dropped
+    fake.release.set()
+    fake.finish(fake.threads[0])
+    assert bound.offset == timedelta(minutes=10) and registry.get_sample_value("vigil_clock_offset_seconds") == -600.0
+
+
+def test_measurements_left_waiting_are_bounded_and_a_database_answering_again_is_measured(caplog) -> None:
+    """Each measurement left waiting holds a thread and a connection: three at most, then none is started
+    until one of them returns; the age gauge keeps growing meanwhile."""
+    from prometheus_client import Gauge
+
+    registry = CollectorRegistry()
+    age = Gauge("vigil_clock_offset_age_seconds", "test", registry=registry)
+    fake = HangingDatabase(timedelta(minutes=-2), hanging=0)
+    bound = hanging_clock(fake, age=age)
+    bound.measure()  # start-up, answered
+    assert bound.offset == timedelta(minutes=-2)
+    fake.hanging = 10
+    for minute in range(1, 6):
+        fake.advance(60)
+        bound.latest_allowed()
+        if minute <= 3:
+            assert fake.entered.acquire(timeout=30)
+    assert len(fake.threads) == 3
+    assert registry.get_sample_value("vigil_clock_offset_age_seconds") == 300.0
+    assert bound.latest_allowed().clock == DATABASE_CLOCK  # the last offset kept meanwhile
+    fake.hanging = 0
+    fake.release.set()
+    for thread in fake.threads:
+        fake.finish(thread)
+    bound.latest_allowed()  # the next measurement starts as soon as one of those returned
+    assert len(fake.threads) == 4
+    fake.finish(fake.threads[3])
+    assert not bound.failing and registry.get_sample_value("vigil_clock_offset_age_seconds") == 0.0
+
+
+def test_start_up_waits_a_bounded_time_on_a_database_that_takes_the_connection_and_never_answers() -> None:
+    """A server that accepts connections and answers nothing (a stopped process behind a live socket): the
+    process starts with this host's clock instead of waiting on it for ever."""
+    import socket
+
+    from vigil.store import db
+    from vigil.store.clock import future_bound
+
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    taken = threading.Event()
+
+    def accept() -> None:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        accepted.append(conn)
+        taken.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = server.getsockname()[1]
+    # connect_timeout 0: libpq waits on the start-up reply for ever, as on a server that answers nothing
+    engine = db.make_engine(f"postgresql://vigil@127.0.0.1:{port}/vigil?connect_timeout=0")
+    try:
+        bound = future_bound(engine, db.make_sessionmaker(engine), timeout_seconds=0.2)
+        assert taken.wait(30)
+        assert isinstance(bound, DatabaseClock) and bound.offset is None and bound.failing
+        assert bound.latest_allowed().clock == HOST_CLOCK
+    finally:
+        server.close()
+        for conn in accepted:
+            conn.close()
+        engine.dispose()

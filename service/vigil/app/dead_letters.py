@@ -90,7 +90,12 @@ def register(app: typer.Typer) -> None:
         reason: Annotated[str | None, typer.Option(help="With --all: only this reason.")] = None,
         source: Annotated[str | None, typer.Option(help="With --all: only this source.")] = None,
         fmt: Annotated[
-            str | None, typer.Option("--format", help="Read the raw bytes in another format (as ?format=).")
+            str | None,
+            typer.Option(
+                "--format",
+                help="Read the raw bytes in this format (as ?format=) instead of the one the letter's request "
+                "named; native: Vigil's own schema.",
+            ),
         ] = None,
         intake: Annotated[
             str | None, typer.Option(help="conversations or outcomes: overrides the intake found.")

@@ -47,7 +47,7 @@ def build_runtime(
     metrics = Metrics(registry, settings.max_label_values, settings.label_idle_hours * 3600)
     metrics.build_info.labels(__version__).set(1)
     hooks = Hooks()
-    bound = future_bound(engine, sessions, metrics.clock_offset)
+    bound = future_bound(engine, sessions, metrics.clock_offset, metrics.clock_offset_age)
     pipeline = Pipeline(settings, sessions, rules, metrics, hooks.downstream, bound)
     observability.configure(settings)
     log.info("loaded %d rules from %s", len(rules.rules), settings.rule_packs)

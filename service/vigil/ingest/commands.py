@@ -89,8 +89,12 @@ def replay(
     elif not dry_run:
         rt = launch.runtime({"replay"}, s)
     from vigil.ingest.decode import REASONS, DecodeError, check_times
+    from vigil.ingest.http import read_params
     from vigil.schema import latest_allowed
     from vigil.store.writes import DeadLetter
+
+    # a refused file or line is kept as read, in its format: a replay reads it with the options it was read with
+    params = read_params(format, agent_id, agent_version)
 
     def parts(f: Path) -> Iterator[tuple[Any, list[Refused]]]:
         try:  # a large file of JSON lines comes a part at a time (see read_file_parts): memory holds one part
@@ -107,7 +111,11 @@ def replay(
             count, first, bad_here = 0, None, []
             for imported, bad in parts(f):
                 if rt is not None:  # kept as dead letters as they come; the summary needs only their text
-                    letters = [DeadLetter("replay", r.reason, str(r)[:4000], r.raw) for r in bad if r.reason in REASONS]
+                    letters = [
+                        DeadLetter("replay", r.reason, str(r)[:4000], r.raw, params=params)
+                        for r in bad
+                        if r.reason in REASONS
+                    ]
                     if letters:
                         rt.pipeline.store([], letters, "replay")
                     for r in bad:

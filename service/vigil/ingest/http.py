@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -27,7 +27,7 @@ from vigil.http.encoding import Undecodable, reason_of
 from vigil.ingest.decode import DecodeError, Item, decode_batch
 from vigil.ingest.importers import FORMATS, MALFORMED
 from vigil.ingest.pipeline import Envelope
-from vigil.runtime import Pipeline, Runtime
+from vigil.runtime import BadParameter, Pipeline, Runtime
 from vigil.schema import Conversation, loads_exact, outcome_types, too_dense
 from vigil.store.db import StoreUnavailable
 from vigil.store.writes import BatchResult, Checked, DeadLetter
@@ -42,6 +42,18 @@ MAX_BATCH = 1000
 # native schema, openai, anthropic and langsmith (bench.bench_decoded_memory), alike across formats.
 DECODED_BYTES_PER_BODY_BYTE = 21
 _STATUS = {"empty": 400, "malformed_json": 400, "batch_too_large": 413, "oversized": 413}
+# what POST /v1/conversations reads of its query; ``agent_id`` and ``agent_version`` only with ``format``
+PARAMETERS = ("format", "agent_id", "agent_version")
+NATIVE = "native"  # a replay's ?format= for Vigil's own schema, the letter's recorded parameters left out
+
+
+def read_params(fmt: str | None, agent_id: str | None, agent_version: str | None) -> dict[str, str] | None:
+    """The query parameters a letter of a refused body records, as this intake read them: none without a
+    format (the agent's are read only with one)."""
+    if fmt is None:
+        return None
+    given = {"format": fmt, "agent_id": agent_id, "agent_version": agent_version}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 @dataclass(slots=True)
@@ -89,13 +101,13 @@ def hint(item: Item) -> dict[str, str]:
     return {"hint": f"this looks like {name} ({why}): send it with ?format={name} (or ?format=auto)"}
 
 
-def _too_dense(rt: Runtime, body: bytes) -> Answer | None:
+def _too_dense(rt: Runtime, body: bytes, params: dict[str, str] | None = None) -> Answer | None:
     """413 for a body that would decode to far more memory than its size (see ``schema.too_dense``), kept
-    as a dead letter; None for any other."""
+    as a dead letter (with the query ``params`` it was sent with); None for any other."""
     why = too_dense(body, rt.settings.max_json_expansion)
     if why is None:
         return None
-    rt.pipeline.store([], [DeadLetter("http", "oversized", why, body)], "http")
+    rt.pipeline.store([], [DeadLetter("http", "oversized", why, body, params=params)], "http")
     return Answer(413, {"detail": why, "reason": "oversized"})
 
 
@@ -186,21 +198,23 @@ def ingest_body(rt: Runtime, body: bytes) -> Answer:
 def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, agent_version: str | None) -> Answer:
     """A body in another format (``?format=``): converted by the importers, then decoded and stored as any
     native conversation. The answer says which format was read; a shape no format (or several) reads is
-    refused whole, naming the formats tried, and kept as a dead letter."""
+    refused whole, naming the formats tried, and kept as a dead letter with the query parameters read (a
+    converted conversation refused is kept in Vigil's schema, read back without them)."""
     import orjson
 
     from vigil.ingest.decode import decode_document, encode_conversation
     from vigil.ingest.importers import BOM, ImportError_, convert_data, malformed
 
     pipeline = rt.pipeline
-    refused = _too_dense(rt, body)
+    params = read_params(fmt, agent_id, agent_version)
+    refused = _too_dense(rt, body, params)
     if refused is not None:
         return refused
     try:
         # as Vigil's own schema is read: integers beyond 64 bits kept exact, a byte order mark skipped
         data = loads_exact(body.removeprefix(BOM))
     except orjson.JSONDecodeError as exc:
-        pipeline.store([], [DeadLetter("http", "malformed_json", str(exc), body)], "http")
+        pipeline.store([], [DeadLetter("http", "malformed_json", str(exc), body, params=params)], "http")
         return Answer(400, {"detail": f"body is not JSON: {exc}", "reason": "malformed_json"})
     try:
         try:
@@ -209,7 +223,7 @@ def ingest_formatted(rt: Runtime, body: bytes, fmt: str, agent_id: str | None, a
             log.warning("importer %s failed on a request body", fmt, exc_info=True)
             raise malformed("body", fmt, exc) from None
     except ImportError_ as exc:
-        pipeline.store([], [DeadLetter("http", "schema_invalid", str(exc)[:4000], body)], "http")
+        pipeline.store([], [DeadLetter("http", "schema_invalid", str(exc)[:4000], body, params=params)], "http")
         return Answer(422, {"detail": str(exc), "reason": "schema_invalid", "format": fmt})
     valid: list[tuple[Conversation, str, Envelope]] = []
     errors: list[dict[str, Any]] = []
@@ -269,13 +283,22 @@ class _Unlettered:
         return self.inner.store(checked, [], source)
 
 
-def replay(rt: Runtime, raw: bytes, fmt: str | None) -> tuple[int, dict[str, Any]]:
+def replay(rt: Runtime, raw: bytes, params: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
     """``rt.hooks.replayers["conversations"]``: a dead letter's raw bytes through ``POST /v1/conversations``
-    (``?format=`` if given), answered as it answers, keeping no new dead letter of a refusal."""
-    if fmt is not None and fmt not in ("auto", *FORMATS):
-        return 400, {"detail": f"format must be auto, {', '.join(FORMATS)}; not {fmt!r}", "reason": "schema_invalid"}
+    with the query ``params`` (``format=native``: Vigil's schema, as without one), answered as it answers,
+    keeping no new dead letter of a refusal; a parameter it does not read or a format it does not know raises
+    :class:`BadParameter`."""
+    for name in params:
+        if name not in PARAMETERS:
+            raise BadParameter(name, f"POST /v1/conversations reads {', '.join(PARAMETERS)}; not {name}")
+    fmt = params.get("format")
+    if fmt is not None and fmt not in (NATIVE, "auto", *FORMATS):
+        raise BadParameter("format", f"format must be {NATIVE}, auto, {', '.join(FORMATS)}; not {fmt!r}")
     quiet = replace(rt, pipeline=_Unlettered(rt.pipeline))
-    answer = ingest_body(quiet, raw) if fmt is None else ingest_formatted(quiet, raw, fmt, None, None)
+    if fmt is None or fmt == NATIVE:
+        answer = ingest_body(quiet, raw)
+    else:
+        answer = ingest_formatted(quiet, raw, fmt, params.get("agent_id"), params.get("agent_version"))
     return answer.status, answer.body
 
 
@@ -348,7 +371,8 @@ async def ingest_conversations(
             else:
                 answer = await run_in_threadpool(ingest_formatted, rt, body, format, agent_id, agent_version)
     except BodyTooLarge as exc:
-        letter = DeadLetter("http", "oversized", str(exc), exc.prefix, size=exc.sent)
+        params = read_params(format, agent_id, agent_version)
+        letter = DeadLetter("http", "oversized", str(exc), exc.prefix, size=exc.sent, params=params)
         try:
             await run_in_threadpool(rt.pipeline.store, [], [letter], "http")
         except StoreUnavailable:
@@ -357,7 +381,8 @@ async def ingest_conversations(
     except EncodedBody as exc:
         return JSONResponse({"detail": str(exc), "reason": "unsupported_encoding"}, 415)
     except Undecodable as exc:  # gzip or deflate that cannot be undone: a note of what was sent, as for a large one
-        letter = DeadLetter("http", reason_of(exc), f"{exc}; {exc.kept}", exc.body)
+        params = read_params(format, agent_id, agent_version)
+        letter = DeadLetter("http", reason_of(exc), f"{exc}; {exc.kept}", exc.body, params=params)
         try:
             await run_in_threadpool(rt.pipeline.store, [], [letter], "http")
         except StoreUnavailable:

@@ -18,7 +18,7 @@ from vigil.runtime import Runtime
 
 def wire(rt: Runtime) -> None:
     rt.hooks.add_router(http.router)
-    rt.hooks.replayers["conversations"] = lambda raw, fmt: http.replay(rt, raw, fmt)
+    rt.hooks.replayers["conversations"] = lambda raw, params: http.replay(rt, raw, params)
     rt.hooks.add_router(otlp_router)
     ingest = TraceIngest(rt)
     rt.provide(ingest)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -15,6 +16,7 @@ from vigil.http.auth import require
 from vigil.http.body import ENCODED_BODIES, BodyTooLarge, EncodedBody, hold_decoded, limited_body
 from vigil.http.encoding import Undecodable, reason_of
 from vigil.outcomes.ingest import OutcomeIn, OutcomeStore
+from vigil.runtime import BadParameter
 from vigil.schema import UnreadableJson, read_items, too_dense
 from vigil.store.db import StoreUnavailable
 from vigil.store.writes import DeadLetter
@@ -125,9 +127,17 @@ def answer(
     return (422 if result.errors else 202), out
 
 
-def replay(store: OutcomeStore, raw: bytes, expansion: float) -> tuple[int, dict[str, Any]]:
+def replay(
+    store: OutcomeStore, raw: bytes, expansion: float, params: Mapping[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
     """``rt.hooks.replayers["outcomes"]``: a dead letter's body read as ``POST /v1/outcomes`` reads one, answered
-    as it answers, keeping no new dead letter of a refusal (the letter re-sent stays)."""
+    as it answers, keeping no new dead letter of a refusal (the letter re-sent stays). The endpoint reads no
+    query parameter: one given (``?format=``) raises :class:`BadParameter` rather than being passed over, as
+    if the body had been read in that format."""
+    if params:
+        name = next(iter(params))
+        why = "POST /v1/outcomes reads no query parameters: an outcome letter goes back as it was sent"
+        raise BadParameter(name, f"{why} (leave {name} out)")
     return answer(store, raw, expansion, "replay", keep_letters=False)
 
 

@@ -16,5 +16,5 @@ def wire(rt: Runtime) -> OutcomeStore:
     rt.hooks.outcome_sink = store.sink
     rt.hooks.add_router(router)
     expansion = rt.settings.max_json_expansion
-    rt.hooks.replayers["outcomes"] = lambda raw, _fmt: replay(store, raw, expansion)
+    rt.hooks.replayers["outcomes"] = lambda raw, params: replay(store, raw, expansion, params)
     return store

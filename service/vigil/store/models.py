@@ -161,6 +161,9 @@ class DeadLetterRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # when ``POST /v1/dead-letters/{id}/replay`` last fed ``raw`` back through its intake and it was taken
     replayed_at: Mapped[datetime | None] = mapped_column(default=None)
+    # the query parameters the intake read of the request ``raw`` is the body of (``format=openai&agent_id=...``),
+    # URL-encoded: a replay reads ``raw`` with them (None: none were read)
+    query: Mapped[str | None] = mapped_column(Text, default=None)
 
     __table_args__ = (
         UniqueConstraint("source", "topic", "partition", "offset", name="uq_dead_letters_position"),

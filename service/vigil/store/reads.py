@@ -295,6 +295,7 @@ def list_dead_letters(
             "raw_preview": d.raw[:2000].decode("utf-8", "replace"),
             "created_at": aware(d.created_at),
             "replayed_at": aware(d.replayed_at),
+            "query": d.query,
         }
         for d in session.scalars(q).all()
     ]

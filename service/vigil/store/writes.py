@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -83,12 +84,30 @@ class DeadLetter:
     messages: int = 1  # the bad messages (or items) the letter holds: what vigil_dead_letters_total counts
     last_offset: int | None = None  # of a group's messages (None: ``offset`` alone)
     size: int | None = None  # of what was refused when ``raw`` holds only its first bytes (None: ``len(raw)``)
+    # the query parameters the intake read of the request ``raw`` is the body of (``?format=`` and those going
+    # with it), which a replay reads it with again; None: none
+    params: dict[str, str] | None = None
 
     @property
     def raw_size(self) -> int:
         """The size stored: the column is a 32-bit integer, so 2 GiB and more is stored as 2**31 - 1 (a
         letter of many large messages summed past it, its insert refused, held its consumer forever)."""
         return min(len(self.raw) if self.size is None else self.size, 2**31 - 1)
+
+
+# A recorded query parameter's value is cut at this many characters: more than any value an intake takes (an
+# agent id is at most 256), so a value cut is refused on replay as the whole one was, never read as another.
+PARAM_VALUE_CHARS = 300
+PARAM_COUNT = 8  # the parameters one letter keeps: the intakes read three
+
+
+def query_text(params: dict[str, str] | None) -> str | None:
+    """A letter's query parameters as the ``query`` column keeps them: URL-encoded, each value cut at
+    :data:`PARAM_VALUE_CHARS`; None for none."""
+    if not params:
+        return None
+    kept = list(params.items())[:PARAM_COUNT]
+    return urlencode([(name[:PARAM_VALUE_CHARS], value[:PARAM_VALUE_CHARS]) for name, value in kept])
 
 
 _TIMESTAMPTZ = 1184
@@ -494,9 +513,9 @@ def group_dead_letters(letters: Sequence[DeadLetter]) -> list[DeadLetter]:
     ``last_offset`` where it ends. Messages found recorded already are left out before (see
     :func:`store_dead_letters`).
     """
-    groups: dict[tuple[str, str | None, int | None, str], list[DeadLetter]] = {}
-    for d in letters:
-        groups.setdefault((d.source, d.topic, d.partition, d.reason), []).append(d)
+    groups: dict[tuple[str, str | None, int | None, str, str | None], list[DeadLetter]] = {}
+    for d in letters:  # letters read with other query parameters are never one letter: a replay reads it with one
+        groups.setdefault((d.source, d.topic, d.partition, d.reason, query_text(d.params)), []).append(d)
     out: list[DeadLetter] = []
     for key, whole in groups.items():
         whole.sort(key=lambda d: (d.offset is None, d.offset or 0))
@@ -505,8 +524,8 @@ def group_dead_letters(letters: Sequence[DeadLetter]) -> list[DeadLetter]:
     return out
 
 
-def _grouped(key: tuple[str, str | None, int | None, str], group: list[DeadLetter]) -> DeadLetter:
-    source, topic, partition, reason = key
+def _grouped(key: tuple[str, str | None, int | None, str, str | None], group: list[DeadLetter]) -> DeadLetter:
+    source, topic, partition, reason, _query = key
     if len(group) == 1:
         return group[0]
     first = group[0]
@@ -520,7 +539,9 @@ def _grouped(key: tuple[str, str | None, int | None, str], group: list[DeadLette
     messages = sum(d.messages for d in group)
     last = max(offsets) if len(offsets) == len(group) else None
     size = None if all(d.size is None for d in group) else sum(d.raw_size for d in group) + len(group) - 1
-    return DeadLetter(source, reason, detail, raw, topic, partition, first.offset, first.key, messages, last, size)
+    return DeadLetter(
+        source, reason, detail, raw, topic, partition, first.offset, first.key, messages, last, size, first.params
+    )
 
 
 def _unrecorded(session: Session, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
@@ -601,6 +622,7 @@ def store_dead_letters(
                 "detail": storable_text(d.detail[:4000]),
                 "raw": raw,
                 "raw_size": d.raw_size,
+                "query": query_text(d.params),
                 "created_at": now,
             }
         )
