@@ -25,6 +25,7 @@ from vigil.metrics import Metrics
 from vigil.rules import RuleEngine
 from vigil.schema import HOST_BOUND, Conversation, FutureBound
 from vigil.settings import Settings
+from vigil.store.erasure import Eraser
 from vigil.store.models import OutcomeRow, VerdictRow
 from vigil.store.writes import BatchResult, Checked, DeadLetter
 from vigil.tables import terminal_safe
@@ -126,7 +127,9 @@ class Hooks:
     - ``outcome_sink``: where demo and simulated traffic sends its outcomes;
     - ``login_resumers``: pages that show a label posted with an expired session again after log-in;
     - ``banners``: what every UI page shows on top while it holds (the detector's active alerts);
-    - ``replayers``: intake (``conversations``, ``outcomes``) → what re-sends a dead letter's raw bytes through it.
+    - ``replayers``: intake (``conversations``, ``outcomes``) → what re-sends a dead letter's raw bytes through it;
+    - ``erasers``: each stage's part of erasing a conversation (its own tables), run in one transaction with
+      the shared record's (:mod:`vigil.store.erasure`).
     """
 
     downstream: list[DownstreamStage] = field(default_factory=list)
@@ -144,6 +147,7 @@ class Hooks:
     login_resumers: list[LoginResumer] = field(default_factory=list)
     banners: list[BannerSource] = field(default_factory=list)
     replayers: dict[str, Replayer] = field(default_factory=dict)
+    erasers: list[Eraser] = field(default_factory=list)
 
     def add_router(self, router: APIRouter) -> None:
         if router not in self.routers:

@@ -13,7 +13,7 @@ from sqlalchemy import MetaData
 from vigil import calibration, compare, detector, evaluation, export, ingest, judge, outcomes, review
 from vigil.app import home
 from vigil.runtime import Runtime, Stage
-from vigil.store import rollups
+from vigil.store import erasure, rollups
 from vigil.store.maintenance import Maintenance
 from vigil.store.models import Base
 
@@ -55,4 +55,5 @@ def metadata() -> MetaData:
     import vigil.ui.models  # noqa: F401  (registers ui_sessions)
 
     assert rollups.RollupHourRow.__table__.metadata is Base.metadata  # the shared rollup tables, too
+    assert erasure.ErasedRow.__table__.metadata is Base.metadata  # erasures and their tombstones
     return Base.metadata

@@ -8,12 +8,16 @@ from pathlib import Path
 from vigil.detector import pages
 from vigil.detector.api import router
 from vigil.detector.loop import Detector
+from vigil.detector.models import DetectorFeedRow
 from vigil.detector.sampled import sampled_verdict_counter
 from vigil.detector.twins import fed_by_rules
 from vigil.runtime import Runtime
+from vigil.store.erasure import deleting
 from vigil.store.signals import conversation_signals, outcome_signals
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+# what a conversation was fed as; the hourly counts it added to stay (anonymous aggregates)
+ERASE = deleting(DetectorFeedRow.conversation_id)
 
 
 def bad_outcomes(rt: Runtime) -> list[str]:
@@ -59,6 +63,8 @@ def wire(rt: Runtime) -> Detector | None:
     if banner not in rt.hooks.banners:
         rt.hooks.banners.append(banner)
     rt.hooks.verdict_listeners.append(sampled_verdict_counter(rt.metrics))
+    if ERASE not in rt.hooks.erasers:
+        rt.hooks.erasers.append(ERASE)
     if not rt.has_role("serve", "detector"):
         return None
     detector = build_detector(rt)

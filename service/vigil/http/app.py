@@ -18,7 +18,7 @@ from starlette.requests import ClientDisconnect
 from vigil import __version__
 from vigil.errors import without_frames
 from vigil.heartbeat import check
-from vigil.http import conversations, dead_letters
+from vigil.http import conversations, dead_letters, erasure
 from vigil.http.auth import KeyRing
 from vigil.http.body import IngestBusy, LimitBodies
 from vigil.http.guard import NUL_TEXT_DETAIL, RefuseNul
@@ -59,6 +59,7 @@ def create_app(runtime: Runtime, background: list | None = None) -> FastAPI:  # 
     runtime.provide(app.state.keyring)  # the OTLP/gRPC receiver checks the same keys
     app.include_router(conversations.router)
     app.include_router(dead_letters.router)
+    app.include_router(erasure.router)
     for router in runtime.hooks.routers:
         app.include_router(router)
 

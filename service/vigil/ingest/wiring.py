@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from vigil.ingest import http
 from vigil.ingest.otlp.api import router as otlp_router
 from vigil.ingest.otlp.assemble import ordered_tree
+from vigil.ingest.otlp.erase import erase_traces
 from vigil.ingest.otlp.finisher import TraceFinisher
 from vigil.ingest.otlp.grpc import GrpcReceiver
 from vigil.ingest.otlp.ingest import TraceIngest, TraceMarker
@@ -20,6 +21,8 @@ def wire(rt: Runtime) -> None:
     rt.hooks.add_router(http.router)
     rt.hooks.replayers["conversations"] = lambda raw, params: http.replay(rt, raw, params)
     rt.hooks.add_router(otlp_router)
+    if erase_traces not in rt.hooks.erasers:
+        rt.hooks.erasers.append(erase_traces)
     ingest = TraceIngest(rt)
     rt.provide(ingest)
     rt.hooks.downstream.append(TraceMarker(rt.metrics, ingest.note_stale, rt.settings.otlp_max_spans_per_conversation))

@@ -7,12 +7,15 @@ from vigil.judge.client import ClientOverride, LLMClient
 from vigil.judge.definitions import load_judges
 from vigil.judge.engine import JudgeEngine
 from vigil.judge.errors import JudgeDefinitionError
+from vigil.judge.models import JudgeRequestRow
 from vigil.judge.sampling import JudgeSampler
 from vigil.judge.stage import JudgeStage
 from vigil.judge.worker import JudgeWorker
 from vigil.runtime import JudgeInfo, Runtime
+from vigil.store.erasure import deleting
 
 WORKER_ROLES = ("serve", "judge-worker")
+ERASE = deleting(JudgeRequestRow.conversation_id)
 
 
 def wire(rt: Runtime, client: LLMClient | None = None) -> JudgeStage:
@@ -42,6 +45,8 @@ def wire(rt: Runtime, client: LLMClient | None = None) -> JudgeStage:
         rt.hooks.downstream.append(sampler)
         rt.hooks.outcome_listeners.append(sampler.on_outcomes)
     rt.hooks.conversation_enrichers.append(stage.enrich)
+    if ERASE not in rt.hooks.erasers:
+        rt.hooks.erasers.append(ERASE)
     rt.hooks.add_router(router)
     if judges and rt.has_role(*WORKER_ROLES):
         stage.worker = JudgeWorker(engine, rt.hooks.verdict_listeners, heartbeat=rt.heartbeat("judge"))

@@ -8,8 +8,20 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from vigil.review import api, insights, pages, triage_pages
+from vigil.review.models import ReviewAuditRow, ReviewCommentRow, ReviewPairwiseRow, ReviewReasonRow, ReviewSkipRow
 from vigil.review.stage import ReviewStage
 from vigil.runtime import Runtime
+from vigil.store.erasure import deleting
+
+# the review stage's own rows naming a conversation (its items and labels are the shared record's)
+ERASE = deleting(
+    ReviewReasonRow.conversation_id,
+    ReviewSkipRow.conversation_id,
+    ReviewAuditRow.conversation_id,
+    ReviewCommentRow.conversation_id,
+    ReviewPairwiseRow.conversation_a,
+    ReviewPairwiseRow.conversation_b,
+)
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 OWN_NAV = [("Queue", "/ui/queue"), ("Progress", "/ui/progress"), ("Clusters", "/ui/clusters")]
@@ -28,6 +40,8 @@ def wire(rt: Runtime) -> ReviewStage:
     rt.hooks.verdict_listeners.append(stage.flagger.on_verdicts)
     rt.hooks.outcome_listeners.append(stage.flagger.on_outcomes)
     rt.hooks.conversation_enrichers.append(_enrich)
+    if ERASE not in rt.hooks.erasers:
+        rt.hooks.erasers.append(ERASE)
     rt.hooks.login_resumers.append(pages.resume_after_login)
     rt.hooks.add_router(api.router)
     rt.hooks.add_router(pages.router)

@@ -1,0 +1,37 @@
+"""The tracing stage's part of an erasure: the spans, log records and trace links a conversation was built from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import delete, or_, select
+from sqlalchemy.orm import Session
+
+from vigil.ingest.otlp.models import OtelConversationRow, OtelConversationTraceRow, OtelEventRow, OtelSpanRow
+from vigil.store.db import among
+from vigil.store.erasure import removed
+
+
+def erase_traces(session: Session, conversation_ids: Sequence[str]) -> dict[str, int]:
+    """``Hooks.erasers`` entry. A traced conversation is buffered under its key (the id it was stored as, or
+    the key it was assembled under before): its spans are those of its traces stored under that key. Values
+    several conversations share (``otel_values``, instructions most often) are not one conversation's and
+    stay until their own expiry."""
+    C, T, S, E = OtelConversationRow, OtelConversationTraceRow, OtelSpanRow, OtelEventRow  # noqa: E741
+    ids = list(conversation_ids)
+    named = or_(among(session, C.conversation_id, ids), among(session, C.conversation_key, ids))
+    keys = set(session.scalars(select(C.conversation_key).where(named)))
+    keys |= set(ids)  # spans of a conversation not yet assembled, buffered under its id
+    keyed = sorted(keys)
+    traces = sorted(set(session.scalars(select(T.trace_id).where(among(session, T.conversation_key, keyed)))))
+    spans = 0
+    if traces:
+        spans = removed(
+            session, delete(S).where(among(session, S.trace_id, traces), among(session, S.conversation_key, keyed))
+        )
+    return {
+        S.__tablename__: spans,
+        E.__tablename__: removed(session, delete(E).where(among(session, E.conversation_key, keyed))),
+        T.__tablename__: removed(session, delete(T).where(among(session, T.conversation_key, keyed))),
+        C.__tablename__: removed(session, delete(C).where(among(session, C.conversation_key, keyed))),
+    }
