@@ -110,6 +110,13 @@ class Metrics:
             namespace=NS,
             registry=r,
         )
+        self.erased_dropped = Counter(
+            "erased_dropped_total",
+            "Conversations dropped at ingest because they were erased (a tombstone holds their id's hash).",
+            ["source"],
+            namespace=NS,
+            registry=r,
+        )
         self.findings = Counter(
             "findings_total",
             "Rule findings.",

@@ -27,6 +27,7 @@ from vigil.schema import HOST_BOUND, Conversation, FutureBound
 from vigil.settings import Settings
 from vigil.store.db import PERMANENT_DB_ERRORS, retry_kind, retry_transient, storable_text
 from vigil.store.db import db_detail as _db_detail
+from vigil.store.erasure import erased_among
 from vigil.store.writes import BatchResult, Checked, DeadLetter, store_conversations, store_dead_letters
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,7 @@ class Pipeline:
                     first.duplicates + second.duplicates,
                     first.dead_letters + second.dead_letters,
                     first.new_dead_letters + second.new_dead_letters,
+                    first.erased + second.erased,
                 )
         self._count(result, source)
         return result
@@ -184,10 +186,16 @@ class Pipeline:
         )
 
     def _store_once(self, checked: list[Checked], dead: list[DeadLetter]) -> BatchResult:
+        checked_in = checked
         with (
             span("vigil.store", **{"vigil.conversations": len(checked)}) as store_span,
             self.sessions.begin() as session,
         ):
+            # an erased conversation sent again (a redelivery, an exporter's retry, an import run twice) is
+            # dropped: one primary-key look-up for the batch's ids
+            erased = erased_among(session, [c.conversation_id for c in checked])
+            if erased:
+                checked = [c for c in checked if c.conversation_id not in erased]
             stored = store_conversations(session, checked)
             new_dead = store_dead_letters(
                 session, dead, self.settings.dead_letter_raw_bytes, self.settings.dead_letter_batch_raw_bytes
@@ -196,8 +204,9 @@ class Pipeline:
             for stage in self.downstream:
                 with span(f"vigil.stage.{type(stage).__name__}"):
                     stage.on_stored(session, stored)
-        result = BatchResult(len(checked) + len(dead), stored, len(checked) - len(stored), dead)
-        result.new_dead_letters = new_dead
+        dropped = len(checked_in) - len(checked)
+        result = BatchResult(len(checked) + len(dead) + dropped, stored, len(checked) - len(stored), dead)
+        result.new_dead_letters, result.erased = new_dead, dropped
         return result
 
     def _observe(self, n: int, t0: float, t1: float, t2: float) -> None:
@@ -238,6 +247,8 @@ class Pipeline:
             metric.labels(*labels).inc(n)
         if result.duplicates:
             m.conversations_duplicate.labels(source).inc(result.duplicates)
+        if result.erased:
+            m.erased_dropped.labels(source).inc(result.erased)
         for reason, letter_source in result.new_dead_letters:
             m.dead_letters.labels(reason, letter_source).inc()
 

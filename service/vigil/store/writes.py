@@ -654,3 +654,4 @@ class BatchResult:
     duplicates: int = 0
     dead_letters: list[DeadLetter] = field(default_factory=list)
     new_dead_letters: list[tuple[str, str]] = field(default_factory=list)  # (reason, source) first stored now
+    erased: int = 0  # conversations dropped as erased (a tombstone holds their id): not stored, not dead letters
