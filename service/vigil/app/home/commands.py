@@ -199,3 +199,73 @@ def register_conversations(app: typer.Typer) -> None:
             )
         if found["conversation"] is None:
             typer.echo("its stored document cannot be read (the summary above is from its row)", err=True)
+
+    @conversations.command("erase")
+    def erase_conversations(
+        ctx: typer.Context,
+        conversation_ids: Annotated[list[str] | None, typer.Argument(help="Conversation ids.")] = None,
+        where_metadata: Annotated[
+            str | None,
+            typer.Option(
+                "--where-metadata", metavar="KEY=VALUE", help="Every conversation whose metadata has KEY set to VALUE."
+            ),
+        ] = None,
+        yes: Annotated[bool, typer.Option("--yes", help="Erase without listing first and asking.")] = False,
+        tombstone: Annotated[
+            bool, typer.Option(help="Keep each id's hash so ingest drops the conversation if it is sent again.")
+        ] = True,
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON (no --yes: what would go).")] = False,
+    ) -> None:
+        """Erase conversations and every row derived from them (labelled, queued and exported ones too), keeping a
+        record without their content. Without --yes, lists what would go and asks first (--json: lists only).
+        Exits 1 when an id is not stored."""
+        from vigil.errors import VigilError
+        from vigil.store import erasure
+        from vigil.tables import print_json, print_table
+
+        launch = Launcher.of(ctx)
+        if bool(conversation_ids) == bool(where_metadata):
+            launch.fail("give conversation ids or --where-metadata KEY=VALUE (one of them)")
+        key, sep, value = (where_metadata or "").partition("=")
+        if where_metadata and (not sep or not key):
+            launch.fail(f"--where-metadata wants KEY=VALUE, not {where_metadata!r}")
+        try:
+            rt = launch.runtime({"replay"})
+        except VigilError as exc:
+            launch.fail(exc)
+        ids = list(conversation_ids or [])
+        if where_metadata:
+            with rt.sessions() as s:
+                ids = erasure.matching_metadata(s, key, value)
+            if not ids:
+                launch.fail(f"no stored conversation has metadata {key}={value!r}", code=1)
+        if not yes:
+            if as_json:
+                print_json({"dry_run": True, "conversation_ids": ids, "limit": erasure.MAX_MATCHES})
+                return
+            for cid in ids:
+                typer.echo(cid)
+            if len(ids) >= erasure.MAX_MATCHES:
+                typer.echo(f"(the first {erasure.MAX_MATCHES}: erase them, then run again for the rest)", err=True)
+            if not typer.confirm(f"erase {len(ids)} conversation(s) and everything derived from them?", err=True):
+                launch.fail("nothing erased", code=1)
+        results = erasure.erase_each(rt.sessions, ids, rt.hooks.erasers, _actor(), tombstone)
+        missing = [r["conversation_id"] for r in results if r["status"] == "not_found"]
+        if as_json:
+            print_json({"results": results, "erased": len(results) - len(missing)})
+        else:
+            print_table(
+                ["conversation", "status", "rows removed"],
+                [[r["conversation_id"], r["status"], str(sum(r.get("removed", {}).values()))] for r in results],
+            )
+        if missing:
+            raise typer.Exit(1)
+
+
+def _actor() -> str:
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"[:128]
+    except (OSError, KeyError):  # no user name for this uid (a container's)
+        return "cli"
