@@ -2,7 +2,7 @@
 the SHA-256 of the conversation id, the rows removed per table); ``erased_conversations`` keeps the hash of
 each id erased with a tombstone, by which ingest drops the conversation if it is sent again.
 
-Revision ID: 0023_erasures
+Revision ID: 0024_erasures
 Revises: 0022_dead_letter_replayed
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0023_erasures"
+revision = "0024_erasures"
 down_revision = "0022_dead_letter_replayed"
 branch_labels = None
 depends_on = None
