@@ -4,6 +4,7 @@ redelivery, an import run twice), neither storing it nor keeping it as a dead le
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,3 +63,36 @@ def test_without_a_tombstone_the_conversation_may_come_again(rt_client) -> None:
     assert r.status_code == 200 and r.json()["tombstone"] is False
     again = c.post("/v1/conversations", json=[conversation("c-1")], headers=INGEST).json()
     assert (again["stored"], again["erased"]) == (1, 0)
+
+
+@pytest.mark.kafka
+@pytest.mark.postgres
+def test_an_erased_conversation_produced_again_to_kafka_is_dropped_by_the_consumer(kafka, pg_url) -> None:
+    from tests.ingest.test_kafka_consumer import produce, start_worker, topic_settings
+    from tests.support.services import create_topic
+    from tests.support.waiting import wait_for
+    from vigil.store.erasure import erase_each
+
+    topic, group = f"conv-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka, topic, 1)
+    rt = build_runtime(topic_settings(kafka, pg_url, topic, group), registry=CollectorRegistry())
+    worker, thread, _ = start_worker(rt)
+
+    def stored() -> set[str]:
+        with rt.sessions() as s:
+            return set(s.scalars(select(ConversationRow.conversation_id)))
+
+    try:
+        produce(kafka, topic, [conversation("k-1"), conversation("k-2")])
+        wait_for(lambda: stored() == {"k-1", "k-2"}, 60, what="both conversations stored")
+        assert erase_each(rt.sessions, ["k-1"], [], "test")[0]["status"] == "erased"
+        produce(kafka, topic, [conversation("k-1"), conversation("k-3")])  # the producer sent it again
+        wait_for(lambda: "k-3" in stored(), 60, what="the conversation after the erased one stored")
+        assert stored() == {"k-2", "k-3"}
+        assert rt.metrics.registry.get_sample_value("vigil_erased_dropped_total", {"source": "kafka"}) == 1.0
+        with rt.sessions() as s:
+            assert s.scalar(select(func.count()).select_from(DeadLetterRow)) == 0
+    finally:
+        worker.stop()
+        thread.join(15)
+        rt.close()
