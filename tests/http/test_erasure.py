@@ -185,7 +185,7 @@ def test_the_erasures_migration_matches_the_models_and_downgrades(db_url: str) -
             diffs = compare_metadata(MigrationContext.configure(conn), metadata())
         assert [d for d in diffs if "erase" in repr(d)] == []
         cfg = db.alembic_config(engine.url.render_as_string(hide_password=False))
-        command.downgrade(cfg, "0022_dead_letter_replayed")
+        command.downgrade(cfg, "0023_dead_letter_query")
         assert not {"erasures", "erased_conversations"} & set(inspect(engine).get_table_names())
         command.upgrade(cfg, "head")
         assert {"erasures", "erased_conversations"} <= set(inspect(engine).get_table_names())

@@ -3,7 +3,7 @@ the SHA-256 of the conversation id, the rows removed per table); ``erased_conver
 each id erased with a tombstone, by which ingest drops the conversation if it is sent again.
 
 Revision ID: 0024_erasures
-Revises: 0022_dead_letter_replayed
+Revises: 0023_dead_letter_query
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0024_erasures"
-down_revision = "0022_dead_letter_replayed"
+down_revision = "0023_dead_letter_query"
 branch_labels = None
 depends_on = None
 
