@@ -188,3 +188,18 @@ def test_settings_that_cannot_work_are_refused_at_start(overrides: dict[str, str
 
 def test_off_unless_a_user_header_is_named() -> None:
     assert ProxyAuth.from_settings(make_settings("sqlite://")) is None
+
+
+def test_a_second_user_header_is_refused_not_read_first_come(proxied: Runtime) -> None:
+    """A proxy that adds its header after the client's (rather than replacing it) would otherwise let the
+    client's own line, read first, name the user: two user lines are refused, whoever sent them."""
+    with client(proxied, SIDECAR) as c:
+        sent = [
+            ("X-Forwarded-Email", "mallory@example.com"),
+            ("X-Forwarded-Email", "alice@example.com"),
+            ("X-Forwarded-Groups", "support-qa"),
+        ]
+        page = c.get("/ui/queue", headers=sent)
+        assert page.status_code == 403 and "more than once" in page.text
+        assert "mallory@example.com" not in page.text
+        assert c.get("/v1/review/queue", headers=sent).status_code == 403

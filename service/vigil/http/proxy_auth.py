@@ -6,7 +6,8 @@ A header anyone can send is trusted only from the proxy: the request's **direct 
 address, not ``X-Forwarded-For``, which uvicorn would otherwise substitute for it) must be inside
 ``VIGIL_AUTH_PROXY_TRUSTED_NETWORKS``, and that setting is required once the user header is named. A
 request carrying the header from anywhere else is treated as carrying none (API keys and the log-in page
-still work) and is logged, once a minute at most.
+still work) and is logged, once a minute at most. A user header sent more than once is refused: a proxy
+that added its own after the client's, instead of replacing it, would otherwise let the client's name it.
 
 The user's role: the highest role any of their groups maps to in ``VIGIL_AUTH_PROXY_ROLES`` (JSON
 ``{"group": "reviewer" | "admin"}``), else ``VIGIL_AUTH_PROXY_DEFAULT_ROLE``; a signed-in user with
@@ -112,6 +113,10 @@ class ProxyAuth:
         if not self._trusted(peer):
             self._warn_untrusted(peer)
             return None
+        if len(request.headers.getlist(self.user_header)) > 1:
+            # a proxy that adds its line after the client's instead of replacing it: the first would be the
+            # client's own choice of user
+            return ProxyIdentity("", None, (), f"the {self.user_header} header came more than once")
         name = raw.strip()
         if not name or len(name) > NAME_MAX or not name.isprintable():
             return ProxyIdentity(
