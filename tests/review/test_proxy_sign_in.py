@@ -21,7 +21,7 @@ from tests.support.services import free_port, wait_port
 from vigil.app.server import build_app
 from vigil.errors import ConfigError
 from vigil.http.protocol import GuardedHttpProtocol
-from vigil.http.proxy_auth import ProxyAuth
+from vigil.http.proxy_auth import PEER_SCOPE_KEY, ProxyAuth
 from vigil.runtime import Runtime
 
 PROXY = {
@@ -203,3 +203,18 @@ def test_a_second_user_header_is_refused_not_read_first_come(proxied: Runtime) -
         assert page.status_code == 403 and "more than once" in page.text
         assert "mallory@example.com" not in page.text
         assert c.get("/v1/review/queue", headers=sent).status_code == 403
+
+
+def test_a_connection_whose_peer_is_unknown_is_not_trusted_by_its_forwarded_client(proxied: Runtime) -> None:
+    """vigil serve's protocol records no peer when the socket cannot tell it; the scope's client may then
+    be X-Forwarded-For's (uvicorn trusts that header from a client it cannot place when told to trust
+    any), so it must not stand in for the peer."""
+    app = build_app(proxied)
+
+    async def unknown_peer(scope: Any, receive: Any, send: Any) -> None:
+        scope[PEER_SCOPE_KEY] = None  # what the protocol records when the socket has no peer address
+        await app(scope, receive, send)
+
+    with TestClient(unknown_peer, client=(SIDECAR, 40000), follow_redirects=False) as c:
+        r = c.get("/v1/review/queue", headers=headers("alice@example.com", "support-qa"))
+        assert r.status_code == 401, r.text

@@ -106,8 +106,9 @@ class ProxyAuth:
         raw = request.headers.get(self.user_header)
         if raw is None:
             return None
-        peer = request.scope.get(PEER_SCOPE_KEY)
-        if peer is None:  # another server than vigil serve: its client, which it may have taken from a header
+        if PEER_SCOPE_KEY in request.scope:  # vigil serve: the socket's peer (None: unknown, not trusted)
+            peer = request.scope[PEER_SCOPE_KEY]
+        else:  # another server than vigil serve: its client, which it may have taken from a header
             client = request.scope.get("client")
             peer = client[0] if client else None
         if not self._trusted(peer):
