@@ -218,3 +218,27 @@ def test_a_connection_whose_peer_is_unknown_is_not_trusted_by_its_forwarded_clie
     with TestClient(unknown_peer, client=(SIDECAR, 40000), follow_redirects=False) as c:
         r = c.get("/v1/review/queue", headers=headers("alice@example.com", "support-qa"))
         assert r.status_code == 401, r.text
+
+
+def test_names_and_groups_the_proxy_sends_in_utf8_are_read_as_utf8(sqlite_url: str) -> None:
+    """HTTP headers reach the app as Latin-1; a proxy names users and groups in UTF-8, so "zoë" had been
+    labelling as "zoÃ«" and a group "qualité" had never matched its mapping."""
+    rt = review_runtime(sqlite_url, **{**PROXY, "auth_proxy_roles": '{"qualité": "reviewer"}'})
+    try:
+        store(rt, simulated(5))
+        with client(rt, SIDECAR) as c:
+            sent = [(b"X-Forwarded-Email", "zoë@example.com".encode()), (b"X-Forwarded-Groups", "qualité".encode())]
+            page = c.get("/ui/queue", headers=sent)
+            assert page.status_code == 200, page.text
+            assert ">zoë@example.com<" in page.text
+            item = c.get("/v1/review/queue", headers=sent).json()["items"][0]["conversation_id"]
+            done = c.post(
+                f"/v1/review/items/{item}/labels",
+                json={"label": "not_a_failure"},
+                headers=[*sent, (b"X-CSRF-Token", csrf(page.text).encode())],
+            )
+            assert done.status_code == 201 and done.json()["reviewer"] == "zoë@example.com", done.text
+            bad = [(b"X-Forwarded-Email", b"z\xffo@example.com"), (b"X-Forwarded-Groups", b"support-qa")]
+            assert c.get("/v1/review/queue", headers=bad).status_code == 403  # not UTF-8: refused, not guessed
+    finally:
+        rt.close()

@@ -118,10 +118,13 @@ class ProxyAuth:
             # a proxy that adds its line after the client's instead of replacing it: the first would be the
             # client's own choice of user
             return ProxyIdentity("", None, (), f"the {self.user_header} header came more than once")
-        name = raw.strip()
+        name = (_utf8(raw) or "").strip()
         if not name or len(name) > NAME_MAX or not name.isprintable():
             return ProxyIdentity(
-                "", None, (), f"the sign-in proxy's {self.user_header} header is empty, too long or not printable"
+                "",
+                None,
+                (),
+                f"the sign-in proxy's {self.user_header} header is empty, too long, not UTF-8 or not printable",
             )
         groups = self._groups(request)
         role = self._role(groups)
@@ -141,7 +144,7 @@ class ProxyAuth:
             return ()
         found: list[str] = []
         for value in request.headers.getlist(self.groups_header):
-            for part in value.split(","):
+            for part in (_utf8(value) or "").split(","):  # a value not in UTF-8 names no group
                 group = part.strip()
                 if group and len(found) < GROUPS_MAX:
                     found.append(group)
@@ -178,6 +181,15 @@ class ProxyAuth:
                 peer,
                 self.user_header,
             )
+
+
+def _utf8(value: str) -> str | None:
+    """A header value as the proxy wrote it, or None if it is not UTF-8: HTTP hands the app Latin-1, and a
+    proxy names users and groups in UTF-8 ("zoë" had arrived as "zoÃ«", "qualité" matched no mapping)."""
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return None
 
 
 def _check_header_name(variable: str, name: str) -> None:
