@@ -242,3 +242,11 @@ def test_names_and_groups_the_proxy_sends_in_utf8_are_read_as_utf8(sqlite_url: s
             assert c.get("/v1/review/queue", headers=bad).status_code == 403  # not UTF-8: refused, not guessed
     finally:
         rt.close()
+
+
+def test_a_user_in_many_groups_gets_the_role_of_a_group_past_the_shown_ones(proxied: Runtime) -> None:
+    """A directory user can be in hundreds of groups; the ones kept for display are capped, the role is
+    not: an admin group listed 250th had left its user refused."""
+    many = ", ".join([f"team-{i}" for i in range(250)] + ["vigil-admins"])
+    with client(proxied, SIDECAR) as c:
+        assert c.get("/v1/review/audit", headers=headers("carol@example.com", many)).status_code == 200

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 PEER_SCOPE_KEY = "vigil.peer"  # the socket's peer host, set by vigil serve's HTTP protocol
 ROLES = ("reviewer", "admin")  # lowest first: a user with both gets admin
 NAME_MAX = 254  # an e-mail address's longest form
-GROUPS_MAX = 200  # groups read from one header value; a longer list is cut, not refused
+GROUPS_MAX = 200  # groups kept with the identity (the role is taken from all of them; the head is bounded)
 WARN_EVERY_SECONDS = 60.0
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -126,8 +126,9 @@ class ProxyAuth:
                 (),
                 f"the sign-in proxy's {self.user_header} header is empty, too long, not UTF-8 or not printable",
             )
-        groups = self._groups(request)
-        role = self._role(groups)
+        every = self._groups(request)
+        role = self._role(every)
+        groups = every[:GROUPS_MAX]
         if role is None:
             shown = ", ".join(groups[:20]) or "none"
             return ProxyIdentity(
@@ -146,7 +147,7 @@ class ProxyAuth:
         for value in request.headers.getlist(self.groups_header):
             for part in (_utf8(value) or "").split(","):  # a value not in UTF-8 names no group
                 group = part.strip()
-                if group and len(found) < GROUPS_MAX:
+                if group:
                     found.append(group)
         return tuple(found)
 
