@@ -44,6 +44,13 @@ NOT_SECRETS = [
     "security code: 12345678901",
     "Your reset code: 2024-05-15",
     "The security code is 1.5 inches tall.",
+    # a time or a quantity after a code's words: its number measures something
+    "Your verification code is sent at 1030 am.",
+    "Your verification code is 1030 am",
+    "Your OTP code is 1030 seconds old",
+    "Your sign-in code is 2030 minutes away",
+    "verification code: 1440 mins",
+    "security code: 1000 times",
 ]
 
 # Real leaks: (text, the value reported).

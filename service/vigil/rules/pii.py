@@ -485,6 +485,21 @@ _CODE = _rx(
     r"(?i)\b(?:(?:reset|verification|verify|one[ \-]?time|otp|security|2fa|mfa|login|sign[ \-]?in)[ \t\-]?"
     r"(?:code|pin)|otp)\b(?:[ \t]*[:=][ \t]*|[ \t]+is[ \t]*:?[ \t]*)(\d{4,10})"
 )
+# A word after the digits that makes them a time or a quantity ("code is 1030 am", "OTP is 1030 seconds old",
+# "sign-in code is 2030 minutes away"): the number measures something, it is not the code.
+_UNITS = frozenset((
+    "am", "pm", "a.m", "p.m", "utc", "gmt", "ms", "sec", "secs", "second", "seconds", "min", "mins", "minute",
+    "minutes", "hr", "hrs", "hour", "hours", "day", "days", "week", "weeks", "month", "months", "year", "years",
+    "time", "times", "digit", "digits", "character", "characters", "char", "chars", "attempt", "attempts",
+))  # fmt: skip
+_UNIT_WORD = re.compile(r"[ \t]+([A-Za-z](?:[A-Za-z.]{0,11}[A-Za-z])?)")  # anchored, on a bounded slice
+
+
+def _measures(text: str, end: int) -> bool:
+    """Whether the number ending at ``end`` is followed by a unit (``1030 am``, ``2030 minutes``)."""
+    m = _UNIT_WORD.match(text[end : end + 16])
+    return m is not None and m.group(1).lower() in _UNITS
+
 
 # The kinds a value of which can be one only by a keyword before it ("password: hunter2!", "call me at
 # 4155550123", "born on 03/14/1985", "SSN 123456789"), with the words, lower case, one of which the text
@@ -548,7 +563,9 @@ def _secrets(text: str, low: str) -> Iterator[tuple[int, int]]:
     if any(w in low for w in _CODE_WORDS):
         for m in _CODE.finditer(text):
             nxt = _after(text, m.end(1))
-            if not (_word(nxt) or (nxt in ".,-/:" and _after(text, m.end(1) + 1).isdigit())):
+            if not (
+                _word(nxt) or (nxt in ".,-/:" and _after(text, m.end(1) + 1).isdigit()) or _measures(text, m.end(1))
+            ):
                 yield m.span(1)
     if not any(w in low for w in _KEYWORDS):
         return
