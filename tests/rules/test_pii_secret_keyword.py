@@ -34,6 +34,16 @@ NOT_SECRETS = [
     "Your password: Navigate to Settings, then Security.",
     "To change your passcode: Head to Settings and tap Face ID.",
     "Forgot your password: Select Reset and follow the link.",
+    # a word that tells the state of the password or key, ending the sentence, or a mask in its place
+    "password: Required.",
+    "Your password: Expired",
+    "Your password is Incorrect, please try again.",
+    "Your password: Updated",
+    "token: expired",
+    "API key: Enabled",
+    "Your API key: Revoked",
+    "Secret: None",
+    "Password: ********",
     # a number after a code that is no secret, or not a code's digits
     "error code: 404",
     "Your order code: 48392011",

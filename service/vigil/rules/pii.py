@@ -456,6 +456,23 @@ _OPENERS = frozenset((
     "expired", "sent", "saved", "stored", "valid", "invalid", "incorrect", "enabled", "disabled", "unknown",
     "available", "unavailable", "welcome",
 ))  # fmt: skip
+# Words that tell the state of a password or key where its value would be ("password: Required.", "Your password
+# is Incorrect", "API key: Revoked", "token: expired", "Secret: None"), and a mask in its place ("********").
+_STATES = frozenset((
+    "required", "optional", "needed", "hidden", "protected", "encrypted", "masked", "redacted", "changed",
+    "updated", "expired", "sent", "saved", "stored", "valid", "invalid", "correct", "incorrect", "wrong",
+    "enabled", "disabled", "unknown", "available", "unavailable", "revoked", "reset", "none", "null", "empty",
+    "missing", "pending", "active", "inactive", "locked", "unlocked", "verified", "accepted", "rejected",
+    "unset", "blank",
+))  # fmt: skip
+_MASK = frozenset("*•●")
+
+
+def _states(value: str) -> bool:
+    """Whether a bare ``value`` after the keyword is a state word or a mask, not the password."""
+    return value.lower() in _STATES or set(value) <= _MASK
+
+
 _NEXT_WORD = re.compile(r"[ \t]+([^\W\d_]+)")  # anchored, on a bounded slice
 
 
@@ -591,6 +608,8 @@ def _secrets(text: str, low: str) -> Iterator[tuple[int, int]]:
             continue
         if spelled and ((value.isalpha() and value.lower() == value) or not value[0].isalnum()):
             continue  # "the token is invalid", "password reset": prose, not a value
+        if not quote and _states(value):
+            continue  # "password: Required.", "Your API key: Revoked": its state, not its value
         if not quote and not spelled and _opens_sentence(text, value, end):
             # "password: Open Settings, then Security": an instruction, not a value. After a keyword written out
             # ("the Wi-Fi password is Sunshine for guests") a capitalised word mid-sentence is the value.
