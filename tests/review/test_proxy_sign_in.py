@@ -21,7 +21,7 @@ from tests.support.services import free_port, wait_port
 from vigil.app.server import build_app
 from vigil.errors import ConfigError
 from vigil.http.protocol import GuardedHttpProtocol
-from vigil.http.proxy_auth import ProxyAuth
+from vigil.http.proxy_auth import PEER_SCOPE_KEY, ProxyAuth
 from vigil.runtime import Runtime
 
 PROXY = {
@@ -188,3 +188,65 @@ def test_settings_that_cannot_work_are_refused_at_start(overrides: dict[str, str
 
 def test_off_unless_a_user_header_is_named() -> None:
     assert ProxyAuth.from_settings(make_settings("sqlite://")) is None
+
+
+def test_a_second_user_header_is_refused_not_read_first_come(proxied: Runtime) -> None:
+    """A proxy that adds its header after the client's (rather than replacing it) would otherwise let the
+    client's own line, read first, name the user: two user lines are refused, whoever sent them."""
+    with client(proxied, SIDECAR) as c:
+        sent = [
+            ("X-Forwarded-Email", "mallory@example.com"),
+            ("X-Forwarded-Email", "alice@example.com"),
+            ("X-Forwarded-Groups", "support-qa"),
+        ]
+        page = c.get("/ui/queue", headers=sent)
+        assert page.status_code == 403 and "more than once" in page.text
+        assert "mallory@example.com" not in page.text
+        assert c.get("/v1/review/queue", headers=sent).status_code == 403
+
+
+def test_a_connection_whose_peer_is_unknown_is_not_trusted_by_its_forwarded_client(proxied: Runtime) -> None:
+    """vigil serve's protocol records no peer when the socket cannot tell it; the scope's client may then
+    be X-Forwarded-For's (uvicorn trusts that header from a client it cannot place when told to trust
+    any), so it must not stand in for the peer."""
+    app = build_app(proxied)
+
+    async def unknown_peer(scope: Any, receive: Any, send: Any) -> None:
+        scope[PEER_SCOPE_KEY] = None  # what the protocol records when the socket has no peer address
+        await app(scope, receive, send)
+
+    with TestClient(unknown_peer, client=(SIDECAR, 40000), follow_redirects=False) as c:
+        r = c.get("/v1/review/queue", headers=headers("alice@example.com", "support-qa"))
+        assert r.status_code == 401, r.text
+
+
+def test_names_and_groups_the_proxy_sends_in_utf8_are_read_as_utf8(sqlite_url: str) -> None:
+    """HTTP headers reach the app as Latin-1; a proxy names users and groups in UTF-8, so "zoë" had been
+    labelling as "zoÃ«" and a group "qualité" had never matched its mapping."""
+    rt = review_runtime(sqlite_url, **{**PROXY, "auth_proxy_roles": '{"qualité": "reviewer"}'})
+    try:
+        store(rt, simulated(5))
+        with client(rt, SIDECAR) as c:
+            sent = [(b"X-Forwarded-Email", "zoë@example.com".encode()), (b"X-Forwarded-Groups", "qualité".encode())]
+            page = c.get("/ui/queue", headers=sent)
+            assert page.status_code == 200, page.text
+            assert ">zoë@example.com<" in page.text
+            item = c.get("/v1/review/queue", headers=sent).json()["items"][0]["conversation_id"]
+            done = c.post(
+                f"/v1/review/items/{item}/labels",
+                json={"label": "not_a_failure"},
+                headers=[*sent, (b"X-CSRF-Token", csrf(page.text).encode())],
+            )
+            assert done.status_code == 201 and done.json()["reviewer"] == "zoë@example.com", done.text
+            bad = [(b"X-Forwarded-Email", b"z\xffo@example.com"), (b"X-Forwarded-Groups", b"support-qa")]
+            assert c.get("/v1/review/queue", headers=bad).status_code == 403  # not UTF-8: refused, not guessed
+    finally:
+        rt.close()
+
+
+def test_a_user_in_many_groups_gets_the_role_of_a_group_past_the_shown_ones(proxied: Runtime) -> None:
+    """A directory user can be in hundreds of groups; the ones kept for display are capped, the role is
+    not: an admin group listed 250th had left its user refused."""
+    many = ", ".join([f"team-{i}" for i in range(250)] + ["vigil-admins"])
+    with client(proxied, SIDECAR) as c:
+        assert c.get("/v1/review/audit", headers=headers("carol@example.com", many)).status_code == 200

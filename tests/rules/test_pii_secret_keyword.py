@@ -34,6 +34,16 @@ NOT_SECRETS = [
     "Your password: Navigate to Settings, then Security.",
     "To change your passcode: Head to Settings and tap Face ID.",
     "Forgot your password: Select Reset and follow the link.",
+    # a word that tells the state of the password or key, ending the sentence, or a mask in its place
+    "password: Required.",
+    "Your password: Expired",
+    "Your password is Incorrect, please try again.",
+    "Your password: Updated",
+    "token: expired",
+    "API key: Enabled",
+    "Your API key: Revoked",
+    "Secret: None",
+    "Password: ********",
     # a number after a code that is no secret, or not a code's digits
     "error code: 404",
     "Your order code: 48392011",
@@ -44,6 +54,13 @@ NOT_SECRETS = [
     "security code: 12345678901",
     "Your reset code: 2024-05-15",
     "The security code is 1.5 inches tall.",
+    # a time or a quantity after a code's words: its number measures something
+    "Your verification code is sent at 1030 am.",
+    "Your verification code is 1030 am",
+    "Your OTP code is 1030 seconds old",
+    "Your sign-in code is 2030 minutes away",
+    "verification code: 1440 mins",
+    "security code: 1000 times",
 ]
 
 # Real leaks: (text, the value reported).

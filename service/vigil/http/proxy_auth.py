@@ -6,7 +6,8 @@ A header anyone can send is trusted only from the proxy: the request's **direct 
 address, not ``X-Forwarded-For``, which uvicorn would otherwise substitute for it) must be inside
 ``VIGIL_AUTH_PROXY_TRUSTED_NETWORKS``, and that setting is required once the user header is named. A
 request carrying the header from anywhere else is treated as carrying none (API keys and the log-in page
-still work) and is logged, once a minute at most.
+still work) and is logged, once a minute at most. A user header sent more than once is refused: a proxy
+that added its own after the client's, instead of replacing it, would otherwise let the client's name it.
 
 The user's role: the highest role any of their groups maps to in ``VIGIL_AUTH_PROXY_ROLES`` (JSON
 ``{"group": "reviewer" | "admin"}``), else ``VIGIL_AUTH_PROXY_DEFAULT_ROLE``; a signed-in user with
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 PEER_SCOPE_KEY = "vigil.peer"  # the socket's peer host, set by vigil serve's HTTP protocol
 ROLES = ("reviewer", "admin")  # lowest first: a user with both gets admin
 NAME_MAX = 254  # an e-mail address's longest form
-GROUPS_MAX = 200  # groups read from one header value; a longer list is cut, not refused
+GROUPS_MAX = 200  # groups kept with the identity (the role is taken from all of them; the head is bounded)
 WARN_EVERY_SECONDS = 60.0
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -105,20 +106,29 @@ class ProxyAuth:
         raw = request.headers.get(self.user_header)
         if raw is None:
             return None
-        peer = request.scope.get(PEER_SCOPE_KEY)
-        if peer is None:  # another server than vigil serve: its client, which it may have taken from a header
+        if PEER_SCOPE_KEY in request.scope:  # vigil serve: the socket's peer (None: unknown, not trusted)
+            peer = request.scope[PEER_SCOPE_KEY]
+        else:  # another server than vigil serve: its client, which it may have taken from a header
             client = request.scope.get("client")
             peer = client[0] if client else None
         if not self._trusted(peer):
             self._warn_untrusted(peer)
             return None
-        name = raw.strip()
+        if len(request.headers.getlist(self.user_header)) > 1:
+            # a proxy that adds its line after the client's instead of replacing it: the first would be the
+            # client's own choice of user
+            return ProxyIdentity("", None, (), f"the {self.user_header} header came more than once")
+        name = (_utf8(raw) or "").strip()
         if not name or len(name) > NAME_MAX or not name.isprintable():
             return ProxyIdentity(
-                "", None, (), f"the sign-in proxy's {self.user_header} header is empty, too long or not printable"
+                "",
+                None,
+                (),
+                f"the sign-in proxy's {self.user_header} header is empty, too long, not UTF-8 or not printable",
             )
-        groups = self._groups(request)
-        role = self._role(groups)
+        every = self._groups(request)
+        role = self._role(every)
+        groups = every[:GROUPS_MAX]
         if role is None:
             shown = ", ".join(groups[:20]) or "none"
             return ProxyIdentity(
@@ -135,9 +145,9 @@ class ProxyAuth:
             return ()
         found: list[str] = []
         for value in request.headers.getlist(self.groups_header):
-            for part in value.split(","):
+            for part in (_utf8(value) or "").split(","):  # a value not in UTF-8 names no group
                 group = part.strip()
-                if group and len(found) < GROUPS_MAX:
+                if group:
                     found.append(group)
         return tuple(found)
 
@@ -172,6 +182,15 @@ class ProxyAuth:
                 peer,
                 self.user_header,
             )
+
+
+def _utf8(value: str) -> str | None:
+    """A header value as the proxy wrote it, or None if it is not UTF-8: HTTP hands the app Latin-1, and a
+    proxy names users and groups in UTF-8 ("zoë" had arrived as "zoÃ«", "qualité" matched no mapping)."""
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return None
 
 
 def _check_header_name(variable: str, name: str) -> None:

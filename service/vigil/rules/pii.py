@@ -456,6 +456,23 @@ _OPENERS = frozenset((
     "expired", "sent", "saved", "stored", "valid", "invalid", "incorrect", "enabled", "disabled", "unknown",
     "available", "unavailable", "welcome",
 ))  # fmt: skip
+# Words that tell the state of a password or key where its value would be ("password: Required.", "Your password
+# is Incorrect", "API key: Revoked", "token: expired", "Secret: None"), and a mask in its place ("********").
+_STATES = frozenset((
+    "required", "optional", "needed", "hidden", "protected", "encrypted", "masked", "redacted", "changed",
+    "updated", "expired", "sent", "saved", "stored", "valid", "invalid", "correct", "incorrect", "wrong",
+    "enabled", "disabled", "unknown", "available", "unavailable", "revoked", "reset", "none", "null", "empty",
+    "missing", "pending", "active", "inactive", "locked", "unlocked", "verified", "accepted", "rejected",
+    "unset", "blank",
+))  # fmt: skip
+_MASK = frozenset("*•●")
+
+
+def _states(value: str) -> bool:
+    """Whether a bare ``value`` after the keyword is a state word or a mask, not the password."""
+    return value.lower() in _STATES or set(value) <= _MASK
+
+
 _NEXT_WORD = re.compile(r"[ \t]+([^\W\d_]+)")  # anchored, on a bounded slice
 
 
@@ -485,6 +502,21 @@ _CODE = _rx(
     r"(?i)\b(?:(?:reset|verification|verify|one[ \-]?time|otp|security|2fa|mfa|login|sign[ \-]?in)[ \t\-]?"
     r"(?:code|pin)|otp)\b(?:[ \t]*[:=][ \t]*|[ \t]+is[ \t]*:?[ \t]*)(\d{4,10})"
 )
+# A word after the digits that makes them a time or a quantity ("code is 1030 am", "OTP is 1030 seconds old",
+# "sign-in code is 2030 minutes away"): the number measures something, it is not the code.
+_UNITS = frozenset((
+    "am", "pm", "a.m", "p.m", "utc", "gmt", "ms", "sec", "secs", "second", "seconds", "min", "mins", "minute",
+    "minutes", "hr", "hrs", "hour", "hours", "day", "days", "week", "weeks", "month", "months", "year", "years",
+    "time", "times", "digit", "digits", "character", "characters", "char", "chars", "attempt", "attempts",
+))  # fmt: skip
+_UNIT_WORD = re.compile(r"[ \t]+([A-Za-z](?:[A-Za-z.]{0,11}[A-Za-z])?)")  # anchored, on a bounded slice
+
+
+def _measures(text: str, end: int) -> bool:
+    """Whether the number ending at ``end`` is followed by a unit (``1030 am``, ``2030 minutes``)."""
+    m = _UNIT_WORD.match(text[end : end + 16])
+    return m is not None and m.group(1).lower() in _UNITS
+
 
 # The kinds a value of which can be one only by a keyword before it ("password: hunter2!", "call me at
 # 4155550123", "born on 03/14/1985", "SSN 123456789"), with the words, lower case, one of which the text
@@ -548,7 +580,9 @@ def _secrets(text: str, low: str) -> Iterator[tuple[int, int]]:
     if any(w in low for w in _CODE_WORDS):
         for m in _CODE.finditer(text):
             nxt = _after(text, m.end(1))
-            if not (_word(nxt) or (nxt in ".,-/:" and _after(text, m.end(1) + 1).isdigit())):
+            if not (
+                _word(nxt) or (nxt in ".,-/:" and _after(text, m.end(1) + 1).isdigit()) or _measures(text, m.end(1))
+            ):
                 yield m.span(1)
     if not any(w in low for w in _KEYWORDS):
         return
@@ -574,6 +608,8 @@ def _secrets(text: str, low: str) -> Iterator[tuple[int, int]]:
             continue
         if spelled and ((value.isalpha() and value.lower() == value) or not value[0].isalnum()):
             continue  # "the token is invalid", "password reset": prose, not a value
+        if not quote and _states(value):
+            continue  # "password: Required.", "Your API key: Revoked": its state, not its value
         if not quote and not spelled and _opens_sentence(text, value, end):
             # "password: Open Settings, then Security": an instruction, not a value. After a keyword written out
             # ("the Wi-Fi password is Sunshine for guests") a capitalised word mid-sentence is the value.
