@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, delete, func, insert, or_, select, text, true
+from sqlalchemy import ColumnElement, and_, bindparam, case, delete, func, insert, or_, select, text, true
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.store.db import aware, clock, upsert
@@ -177,6 +177,19 @@ def task_counts(session: Session, scope: ColumnElement[bool]) -> dict[TaskKey, t
     return {k: (n, s) for k, (n, s) in out.items()}
 
 
+def trials_of(session: Session, scope: ColumnElement[bool]) -> dict[str, tuple[int, int]]:
+    """Each conversation's own part of :func:`task_counts`: (1, 1 if it succeeded) for a trial; conversations
+    in ``scope`` that are no trial are left out (they add nothing)."""
+    C, L = ConversationRow, OutcomeLinkRow
+    q = (
+        select(C.conversation_id, func.max(case((L.happened, 1), else_=0)))
+        .join(L, L.conversation_id == C.conversation_id)
+        .where(scope, C.task_id.is_not(None), finished(), L.type == "task_success", L.attributed)
+        .group_by(C.conversation_id)
+    )
+    return {cid: (1, int(ok)) for cid, ok in session.execute(q)}
+
+
 def version_spans(session: Session, scope: ColumnElement[bool]) -> list[tuple[str, str, datetime, datetime]]:
     C = ConversationRow
     q = (
@@ -272,13 +285,24 @@ def rebuild(session: Session, now: datetime | None = None) -> RefreshResult:
     _add_counts(session, counts)
     _add_tasks(session, tasks)
     _add_versions(session, version_spans(session, true()))
-    C = ConversationRow
-    cols = ["conversation_id", "received_at", "agent_id", "agent_version", "task_id"]
+    C, L = ConversationRow, OutcomeLinkRow
+    trial = (
+        select(L.conversation_id, func.max(case((L.happened, 1), else_=0)).label("ok"))
+        .where(L.type == "task_success", L.attributed)
+        .group_by(L.conversation_id)
+        .subquery()
+    )
+    counted = and_(trial.c.conversation_id.is_not(None), C.task_id.is_not(None), finished())
+    cols = ["conversation_id", "received_at", "agent_id", "agent_version", "task_id", "trials", "successes"]
     session.execute(
         insert(RollupMemberRow).from_select(
-            cols, select(C.conversation_id, C.received_at, C.agent_id, C.agent_version, C.task_id)
+            cols,
+            select(
+                C.conversation_id, C.received_at, C.agent_id, C.agent_version, C.task_id,
+                case((counted, 1), else_=0), case((counted, trial.c.ok), else_=0),
+            ).outerjoin(trial, trial.c.conversation_id == C.conversation_id),
         )
-    )
+    )  # fmt: skip
     _set_state(session, now, now)
     return RefreshResult(
         rebuilt=True,
@@ -329,6 +353,26 @@ def _recompute_tasks(session: Session, dirty: set[tuple[str, str, str]], frozen_
         _add_tasks(session, task_counts(session, scope))
 
 
+MEMBER_COLUMNS = ("received_at", "agent_id", "agent_version", "task_id", "trials", "successes")
+
+
+def _recount_members(session: Session, start: datetime) -> None:
+    """Record the task part of each conversation whose outcome links were written since ``start`` as
+    counted now (a read subtracts it from the conversation's part at the read)."""
+    C, L, M = ConversationRow, OutcomeLinkRow, RollupMemberRow.__table__
+    ids = sorted(session.scalars(select(L.conversation_id).where(L.linked_at >= start).distinct()))
+    stmt = (
+        M.update()
+        .where(M.c.conversation_id == bindparam("cid"))
+        .values(trials=bindparam("t"), successes=bindparam("s"))
+    )
+    for i in range(0, len(ids), CHUNK):
+        part = ids[i : i + CHUNK]
+        trials = trials_of(session, C.conversation_id.in_(part))
+        rows = [{"cid": cid, "t": trials.get(cid, (0, 0))[0], "s": trials.get(cid, (0, 0))[1]} for cid in part]
+        session.execute(stmt, rows)
+
+
 Frozen = datetime | Callable[[datetime], datetime | None] | None
 """Hours before it are no longer recomputed: a time, or one computed from the job's clock."""
 
@@ -375,20 +419,24 @@ def refresh_in(
         _add_counts(session, added)
         _add_tasks(session, task_counts(session, scope))
         _add_versions(session, version_spans(session, scope))
+        trials = trials_of(session, scope)
         for _cid, _at, _a, _v, _t, old_at, old_a, old_v, old_t in part:
             if old_at is not None:
                 dirty[(hour_of(_ts(old_at)), old_a, old_v)] |= {CONV_FAMILY, OUTCOME_FAMILY}
                 if old_t is not None:
                     dirty_tasks.add((old_a, old_v, old_t))
         members = [
-            {"conversation_id": r[0], "received_at": r[1], "agent_id": r[2], "agent_version": r[3], "task_id": r[4]}
+            {
+                "conversation_id": r[0], "received_at": r[1], "agent_id": r[2], "agent_version": r[3], "task_id": r[4],
+                "trials": trials.get(r[0], (0, 0))[0], "successes": trials.get(r[0], (0, 0))[1],
+            }
             for r in sorted(part, key=lambda r: r[0])
-        ]
+        ]  # fmt: skip
         ins = upsert(session, RollupMemberRow.__table__)
         session.execute(
             ins.on_conflict_do_update(
                 index_elements=["conversation_id"],
-                set_={k: ins.excluded[k] for k in ("received_at", "agent_id", "agent_version", "task_id")},
+                set_={k: ins.excluded[k] for k in MEMBER_COLUMNS},
             ),
             members,
         )
@@ -404,6 +452,7 @@ def refresh_in(
         dirty[(_ts(hour), a, v)].add(OUTCOME_FAMILY)
         if kind == "task_success" and task is not None:
             dirty_tasks.add((a, v, task))
+    _recount_members(session, start)
     hv = _trunc(session, "hour", V.created_at)
     verdicts = select(hv, V.agent_id, V.agent_version).where(V.created_at >= start).distinct()
     for hour, a, v in session.execute(verdicts):
