@@ -253,9 +253,9 @@ def _task_successes(convs: list[dict[str, Any]], tag: str, value: int = 1) -> li
     ]  # fmt: skip
 
 
-def _tail_task_read(rt: Any) -> tuple[int, dict[str, tuple[int, int]]]:
-    """pass^k's trials as a read counts them with a tail, and the SQLite virtual machine's steps that took
-    (in hundreds: a measure of the rows it read, not a time)."""
+def _tail_read(rt: Any) -> tuple[int, dict[str, tuple[int, int]], dict[str, int]]:
+    """pass^k's trials and the outcome counts as a read counts them with a tail, and the SQLite virtual
+    machine's steps that took (in hundreds: a measure of the rows it read, not a time)."""
     with rt.sessions() as s:
         rollup_tail.attach(s, 10_000)
         raw = s.connection().connection.driver_connection
@@ -268,9 +268,14 @@ def _tail_task_read(rt: Any) -> tuple[int, dict[str, tuple[int, int]]]:
         raw.set_progress_handler(step, 100)
         try:
             tasks = rollups.task_counts(s, "support-bot", "v1", min_trials=1)
+            outcomes = rollups.version_counts(s, "support-bot", "v1").outcomes
         finally:
             raw.set_progress_handler(None, 0)
-    return steps[0], tasks
+    return steps[0], tasks, outcomes
+
+
+def _direct_outcomes(rt: Any) -> dict[str, int]:
+    return {k[8:]: x for k, (_n, x) in _direct(rt, "v1").items() if k.startswith("outcome:")}
 
 
 def _a_tail(c: Any, convs: list[dict[str, Any]], seed: int) -> None:
@@ -282,9 +287,10 @@ def _a_tail(c: Any, convs: list[dict[str, Any]], seed: int) -> None:
     assert c.post("/v1/outcomes", json=later, headers=INGEST).status_code in (200, 202)
 
 
-def test_the_tail_reads_the_conversations_it_touched_not_their_tasks_history(sqlite_url) -> None:
-    """pass^k with a tail counts exactly, and what the read looks at does not grow with the stored rows:
-    the same tail over eight times the conversations of the same tasks reads about as much."""
+def test_the_tail_reads_the_conversations_it_touched_not_their_tasks_or_hours(sqlite_url) -> None:
+    """pass^k and outcome counts with a tail count exactly, and what the read looks at does not grow with
+    the stored rows: the same tail over eight times the conversations of the same tasks and hour reads
+    about as much."""
     rt = _runtime(sqlite_url)
     with make_client(rt) as c:
         first = clean(60, "v1", 1)
@@ -298,8 +304,8 @@ def test_the_tail_reads_the_conversations_it_touched_not_their_tasks_history(sql
         assert not rollup_job.refresh(rt.sessions, lag_seconds=0).rebuilt  # members recorded incrementally
 
         _a_tail(c, more[:28], 3)
-        small, tasks = _tail_task_read(rt)
-        assert tasks == _direct_tasks(rt, "v1")
+        small, tasks, outcomes = _tail_read(rt)
+        assert tasks == _direct_tasks(rt, "v1") and outcomes == _direct_outcomes(rt)
 
         rollup_job.refresh(rt.sessions, lag_seconds=0)
         bulk = clean(700, "v1", 4)
@@ -308,7 +314,7 @@ def test_the_tail_reads_the_conversations_it_touched_not_their_tasks_history(sql
         rollup_job.refresh(rt.sessions, lag_seconds=0)
 
         _a_tail(c, bulk, 5)
-        large, tasks = _tail_task_read(rt)
-        assert tasks == _direct_tasks(rt, "v1")
+        large, tasks, outcomes = _tail_read(rt)
+        assert tasks == _direct_tasks(rt, "v1") and outcomes == _direct_outcomes(rt)
         assert large < 2 * small, (small, large)
     rt.close()

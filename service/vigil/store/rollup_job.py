@@ -190,6 +190,31 @@ def trials_of(session: Session, scope: ColumnElement[bool]) -> dict[str, tuple[i
     return {cid: (1, int(ok)) for cid, ok in session.execute(q)}
 
 
+def outcomes_of(session: Session, scope: ColumnElement[bool]) -> dict[str, set[str]]:
+    """Each conversation's own part of :func:`outcome_counts`: the outcome types it counts under;
+    conversations in ``scope`` that count under none are left out."""
+    C, L = ConversationRow, OutcomeLinkRow
+    q = (
+        select(C.conversation_id, L.type)
+        .join(L, L.conversation_id == C.conversation_id)
+        .where(scope, finished(), L.attributed, L.happened)
+        .distinct()
+    )
+    out: dict[str, set[str]] = defaultdict(set)
+    for cid, kind in session.execute(q):
+        out[cid].add(kind)
+    return out
+
+
+def outcome_types(stored: str) -> set[str]:
+    """The outcome types a ``rollup_members.outcomes`` value names."""
+    return set(stored.split("\n")) if stored else set()
+
+
+def _stored_types(types: set[str] | None) -> str:
+    return "\n".join(sorted(types or ()))
+
+
 def version_spans(session: Session, scope: ColumnElement[bool]) -> list[tuple[str, str, datetime, datetime]]:
     C = ConversationRow
     q = (
@@ -293,14 +318,24 @@ def rebuild(session: Session, now: datetime | None = None) -> RefreshResult:
         .subquery()
     )
     counted = and_(trial.c.conversation_id.is_not(None), C.task_id.is_not(None), finished())
-    cols = ["conversation_id", "received_at", "agent_id", "agent_version", "task_id", "trials", "successes"]
+    kinds = select(L.conversation_id, L.type).where(L.attributed, L.happened).distinct().subquery()
+    joined = func.string_agg if _pg(session) else func.group_concat
+    happened = (
+        select(kinds.c.conversation_id, joined(kinds.c.type, "\n").label("types"))
+        .group_by(kinds.c.conversation_id)
+        .subquery()
+    )
+    cols = ["conversation_id", "received_at", "agent_id", "agent_version", "task_id", "trials", "successes", "outcomes"]
     session.execute(
         insert(RollupMemberRow).from_select(
             cols,
             select(
                 C.conversation_id, C.received_at, C.agent_id, C.agent_version, C.task_id,
                 case((counted, 1), else_=0), case((counted, trial.c.ok), else_=0),
-            ).outerjoin(trial, trial.c.conversation_id == C.conversation_id),
+                case((finished(), func.coalesce(happened.c.types, "")), else_=""),
+            )
+            .outerjoin(trial, trial.c.conversation_id == C.conversation_id)
+            .outerjoin(happened, happened.c.conversation_id == C.conversation_id),
         )
     )  # fmt: skip
     _set_state(session, now, now)
@@ -353,23 +388,27 @@ def _recompute_tasks(session: Session, dirty: set[tuple[str, str, str]], frozen_
         _add_tasks(session, task_counts(session, scope))
 
 
-MEMBER_COLUMNS = ("received_at", "agent_id", "agent_version", "task_id", "trials", "successes")
+MEMBER_COLUMNS = ("received_at", "agent_id", "agent_version", "task_id", "trials", "successes", "outcomes")
 
 
 def _recount_members(session: Session, start: datetime) -> None:
-    """Record the task part of each conversation whose outcome links were written since ``start`` as
-    counted now (a read subtracts it from the conversation's part at the read)."""
+    """Record the task and outcome parts of each conversation whose outcome links were written since
+    ``start`` as counted now (a read subtracts them from the conversation's parts at the read)."""
     C, L, M = ConversationRow, OutcomeLinkRow, RollupMemberRow.__table__
     ids = sorted(session.scalars(select(L.conversation_id).where(L.linked_at >= start).distinct()))
     stmt = (
         M.update()
         .where(M.c.conversation_id == bindparam("cid"))
-        .values(trials=bindparam("t"), successes=bindparam("s"))
+        .values(trials=bindparam("t"), successes=bindparam("s"), outcomes=bindparam("o"))
     )
     for i in range(0, len(ids), CHUNK):
         part = ids[i : i + CHUNK]
-        trials = trials_of(session, C.conversation_id.in_(part))
-        rows = [{"cid": cid, "t": trials.get(cid, (0, 0))[0], "s": trials.get(cid, (0, 0))[1]} for cid in part]
+        scope = C.conversation_id.in_(part)
+        trials, kinds = trials_of(session, scope), outcomes_of(session, scope)
+        rows = [
+            {"cid": c, "t": trials.get(c, (0, 0))[0], "s": trials.get(c, (0, 0))[1], "o": _stored_types(kinds.get(c))}
+            for c in part
+        ]
         session.execute(stmt, rows)
 
 
@@ -419,7 +458,7 @@ def refresh_in(
         _add_counts(session, added)
         _add_tasks(session, task_counts(session, scope))
         _add_versions(session, version_spans(session, scope))
-        trials = trials_of(session, scope)
+        trials, kinds = trials_of(session, scope), outcomes_of(session, scope)
         for _cid, _at, _a, _v, _t, old_at, old_a, old_v, old_t in part:
             if old_at is not None:
                 dirty[(hour_of(_ts(old_at)), old_a, old_v)] |= {CONV_FAMILY, OUTCOME_FAMILY}
@@ -429,6 +468,7 @@ def refresh_in(
             {
                 "conversation_id": r[0], "received_at": r[1], "agent_id": r[2], "agent_version": r[3], "task_id": r[4],
                 "trials": trials.get(r[0], (0, 0))[0], "successes": trials.get(r[0], (0, 0))[1],
+                "outcomes": _stored_types(kinds.get(r[0])),
             }
             for r in sorted(part, key=lambda r: r[0])
         ]  # fmt: skip

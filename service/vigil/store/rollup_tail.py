@@ -8,9 +8,12 @@ counts them as the job's next run will:
 
 - a conversation counted nowhere yet (no ``rollup_members`` row) is *added*, from its own rows;
 - a conversation stored again has its old hour *recounted* from the base tables (conversation and
-  outcome counts) and the new revision added; the hours of outcome links written since (outcome counts),
-  of verdicts written since (judge counts) are recounted likewise. A recounted hour's rollup rows of that
-  kind are left out, so nothing counts twice.
+  outcome counts) and the new revision added; the hours of verdicts written since (judge counts) are
+  recounted likewise. A recounted hour's rollup rows of that kind are left out, so nothing counts twice.
+- an outcome link written since to a conversation the job counted changes the outcome counts by the
+  types the conversation counts under now and not as counted (``rollup_members.outcomes``), or the
+  reverse: a read looks at those conversations, not at their whole hour. A conversation counted before
+  members kept that (NULL) has its hour's outcome counts recounted instead.
 - pass^k per task changes by what the conversations stored again or given outcome links since add now,
   less what ``rollup_members`` says they added when the job counted them: a read looks at those
   conversations only, never at a task's whole history. A conversation counted before members kept that
@@ -66,6 +69,9 @@ class Tail:
     added: dict[Version, list[str]] = field(default_factory=lambda: defaultdict(list))  # conversation ids
     recount: dict[Version, Hours] = field(default_factory=lambda: defaultdict(lambda: defaultdict(set)))
     touched: set[str] = field(default_factory=set)  # conversations whose part of the task counts may differ
+    linked: dict[Version, dict[str, tuple[datetime, set[str]]]] = field(
+        default_factory=lambda: defaultdict(dict)
+    )  # counted conversations given outcome links since: their hour and outcome types as counted
     task_parts: dict[Version, tuple[set[str], dict[tuple[str, datetime], tuple[int, int]]]] | None = None
     first_seen: dict[Version, datetime] = field(default_factory=dict)
     counted: dict[Version, Counts] = field(default_factory=dict)  # counts() read so far
@@ -102,6 +108,17 @@ class Tail:
                 V.agent_id == agent, V.agent_version == version, _in_hours(V.created_at, by_family[JUDGE_FAMILY])
             )
             out.update(rollup_job.judge_counts(session, scope))
+        linked = {cid: ht for cid, ht in self.linked.get((agent, version), {}).items() if not self.frozen(ht[0])}
+        if linked:  # frozen hours keep their counts, as in the job
+            now = rollup_job.outcomes_of(session, among(session, C.conversation_id, sorted(linked)))
+            for cid, (hour, before) in linked.items():
+                if OUTCOME_FAMILY in hours.get(hour, ()):
+                    continue  # that hour's outcome counts are recounted whole above
+                after = now.get(cid, set())
+                for kind in after ^ before:
+                    key = (hour, agent, version, f"outcome:{kind}")
+                    had = out.get(key, (OUTCOME_FAMILY, 0, 0))
+                    out[key] = (OUTCOME_FAMILY, had[1], had[2] + (1 if kind in after else -1))
         ids = self.added.get((agent, version))
         if ids:
             scope = among(session, C.conversation_id, ids)
@@ -236,13 +253,32 @@ def read(session: Session, max_rows: int, frozen_before: datetime | None = None)
             tail.recount[(old_a, old_v)][hour_of(rollup_job._ts(old_at))] |= {CONV_FAMILY, OUTCOME_FAMILY}
         if task is not None or old_t is not None:
             tail.touched.add(cid)
+    added = {cid for ids in tail.added.values() for cid in ids}
+    counted = _outcomes_counted(session, sorted({r[0] for r in link_rows} - added))
     for cid, at, a, v, kind in link_rows:
-        tail.recount[(a, v)][hour_of(rollup_job._ts(at))].add(OUTCOME_FAMILY)
+        at = rollup_job._ts(at)
+        if cid in counted and counted[cid][0] == at:
+            tail.linked[(a, v)][cid] = (hour_of(at), counted[cid][1])
+        elif cid not in added:  # counted before members kept its outcomes (or not at all): the hour is recounted
+            tail.recount[(a, v)][hour_of(at)].add(OUTCOME_FAMILY)
         if kind == "task_success":
             tail.touched.add(cid)
     for at, a, v in verdict_rows:  # recounted, not added: a verdict counted already may sit after the watermark
         tail.recount[(a, v)][hour_of(rollup_job._ts(at))].add(JUDGE_FAMILY)
     return tail
+
+
+def _outcomes_counted(session: Session, ids: list[str]) -> dict[str, tuple[datetime, set[str]]]:
+    """The conversations' time and outcome types as the job counted them (those it kept them for)."""
+    if not ids:
+        return {}
+    M = RollupMemberRow
+    rows = session.execute(
+        select(M.conversation_id, M.received_at, M.outcomes).where(
+            among(session, M.conversation_id, ids), M.outcomes.is_not(None)
+        )
+    )
+    return {cid: (rollup_job._ts(at), rollup_job.outcome_types(kinds or "")) for cid, at, kinds in rows}
 
 
 def attach(session: Session, max_rows: int, frozen_before: datetime | None = None) -> Tail:
