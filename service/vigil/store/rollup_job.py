@@ -391,25 +391,70 @@ def _recompute_tasks(session: Session, dirty: set[tuple[str, str, str]], frozen_
 MEMBER_COLUMNS = ("received_at", "agent_id", "agent_version", "task_id", "trials", "successes", "outcomes")
 
 
-def _recount_members(session: Session, start: datetime) -> None:
-    """Record the task and outcome parts of each conversation whose outcome links were written since
-    ``start`` as counted now (a read subtracts them from the conversation's parts at the read)."""
-    C, L, M = ConversationRow, OutcomeLinkRow, RollupMemberRow.__table__
-    ids = sorted(session.scalars(select(L.conversation_id).where(L.linked_at >= start).distinct()))
+def _count_links(
+    session: Session,
+    start: datetime,
+    added: set[str],
+    dirty: dict[tuple[datetime, str, str], set[str]],
+    dirty_tasks: set[tuple[str, str, str]],
+    frozen_before: datetime | None,
+) -> None:
+    """Count the outcome links written since ``start``: a conversation counted before with its parts on
+    record changes its hour's outcome counts and its task's day by its parts now less its parts as counted
+    (idempotent: the lag's second look finds them equal); one without (counted before they were kept)
+    has its hour and task recomputed. Its parts are then recorded as counted now. Conversations added in
+    this run were counted from their own rows already. Hours and days that may have lost raw rows keep
+    their counts, as in :func:`_recompute`."""
+    C, L, M = ConversationRow, OutcomeLinkRow, RollupMemberRow
+    rows = session.execute(
+        select(
+            L.conversation_id, C.received_at, C.agent_id, C.agent_version, C.task_id,
+            M.received_at, M.trials, M.successes, M.outcomes,
+        )
+        .join(C, C.conversation_id == L.conversation_id)
+        .outerjoin(M, M.conversation_id == C.conversation_id)
+        .where(L.linked_at >= start)
+        .distinct()
+    ).all()  # fmt: skip
+    rows = sorted({r[0]: r for r in rows if r[0] not in added}.values(), key=lambda r: r[0])
+    first_day = day_of(frozen_before) + timedelta(days=1) if frozen_before is not None else None
+    counts: dict[HourKey, list[int]] = defaultdict(lambda: [0])
+    tasks: dict[TaskKey, list[int]] = defaultdict(lambda: [0, 0])
+    table = M.__table__
     stmt = (
-        M.update()
-        .where(M.c.conversation_id == bindparam("cid"))
+        table.update()
+        .where(table.c.conversation_id == bindparam("cid"))
         .values(trials=bindparam("t"), successes=bindparam("s"), outcomes=bindparam("o"))
     )
-    for i in range(0, len(ids), CHUNK):
-        part = ids[i : i + CHUNK]
-        scope = C.conversation_id.in_(part)
+    for i in range(0, len(rows), CHUNK):
+        part = rows[i : i + CHUNK]
+        scope = C.conversation_id.in_([r[0] for r in part])
         trials, kinds = trials_of(session, scope), outcomes_of(session, scope)
-        rows = [
+        for cid, at, a, v, task, old_at, old_n, old_s, old_kinds in part:
+            at = _ts(at)
+            if old_at is None or _ts(old_at) != at or old_n is None or old_kinds is None:
+                dirty[(hour_of(at), a, v)].add(OUTCOME_FAMILY)
+                if task is not None:
+                    dirty_tasks.add((a, v, task))
+                continue
+            before, after = outcome_types(old_kinds), kinds.get(cid, set())
+            if frozen_before is not None and hour_of(at) < frozen_before:
+                before = after
+            for kind in after ^ before:
+                counts[(hour_of(at), a, v, f"outcome:{kind}")][0] += 1 if kind in after else -1
+            n, ok = trials.get(cid, (0, 0))
+            frozen = first_day is not None and day_of(at) < first_day
+            if task is not None and not frozen and (n, ok) != (old_n, old_s or 0):
+                acc = tasks[(a, v, task, day_of(at))]
+                acc[0] += n - old_n
+                acc[1] += ok - (old_s or 0)
+        rows_now = [
             {"cid": c, "t": trials.get(c, (0, 0))[0], "s": trials.get(c, (0, 0))[1], "o": _stored_types(kinds.get(c))}
-            for c in part
+            for c in (r[0] for r in part)
         ]
-        session.execute(stmt, rows)
+        session.execute(stmt, rows_now)
+    _add_counts(session, {k: (OUTCOME_FAMILY, 0, x) for k, (x,) in counts.items() if x})
+    _add_tasks(session, {k: (n, ok) for k, (n, ok) in tasks.items() if n or ok})
 
 
 Frozen = datetime | Callable[[datetime], datetime | None] | None
@@ -437,7 +482,7 @@ def refresh_in(
     if retained is not None and retained.watermark is not None:  # what a retention run did delete before
         deleted_before = aware(retained.watermark)
         frozen_before = deleted_before if frozen_before is None else max(frozen_before, deleted_before)
-    C, M, L, V = ConversationRow, RollupMemberRow, OutcomeLinkRow, VerdictRow
+    C, M, V = ConversationRow, RollupMemberRow, VerdictRow
     changed = session.execute(
         select(
             C.conversation_id, C.received_at, C.agent_id, C.agent_version, C.task_id,
@@ -481,18 +526,8 @@ def refresh_in(
             members,
         )
         result.added += len(part)
-    h = _trunc(session, "hour", C.received_at)
-    links = (
-        select(h, C.agent_id, C.agent_version, C.task_id, L.type)
-        .join(C, C.conversation_id == L.conversation_id)
-        .where(L.linked_at >= start)
-        .distinct()
-    )
-    for hour, a, v, task, kind in session.execute(links):
-        dirty[(_ts(hour), a, v)].add(OUTCOME_FAMILY)
-        if kind == "task_success" and task is not None:
-            dirty_tasks.add((a, v, task))
-    _recount_members(session, start)
+    added_ids = {r[0] for r in changed}
+    _count_links(session, start, added_ids, dirty, dirty_tasks, frozen_before)
     hv = _trunc(session, "hour", V.created_at)
     verdicts = select(hv, V.agent_id, V.agent_version).where(V.created_at >= start).distinct()
     for hour, a, v in session.execute(verdicts):
