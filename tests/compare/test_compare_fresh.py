@@ -243,3 +243,78 @@ def test_a_read_with_a_tail_wakes_the_in_process_job_and_does_not_wait_for_it(sq
             stop.set()
             worker.join()
     rt.close()
+
+
+def _task_successes(convs: list[dict[str, Any]], tag: str, value: int = 1) -> list[dict[str, Any]]:
+    return [
+        {"conversation_id": x["conversation_id"], "type": "task_success", "value": (i + value) % 2,
+         "idempotency_key": f"{tag}{i}"}
+        for i, x in enumerate(convs)
+    ]  # fmt: skip
+
+
+def _tail_read(rt: Any) -> tuple[int, dict[str, tuple[int, int]], dict[str, int]]:
+    """pass^k's trials and the outcome counts as a read counts them with a tail, and the SQLite virtual
+    machine's steps that took (in hundreds: a measure of the rows it read, not a time)."""
+    with rt.sessions() as s:
+        rollup_tail.attach(s, 10_000)
+        raw = s.connection().connection.driver_connection
+        steps = [0]
+
+        def step() -> int:
+            steps[0] += 1
+            return 0
+
+        raw.set_progress_handler(step, 100)
+        try:
+            tasks = rollups.task_counts(s, "support-bot", "v1", min_trials=1)
+            outcomes = rollups.version_counts(s, "support-bot", "v1").outcomes
+        finally:
+            raw.set_progress_handler(None, 0)
+    return steps[0], tasks, outcomes
+
+
+def _direct_outcomes(rt: Any) -> dict[str, int]:
+    return {k[8:]: x for k, (_n, x) in _direct(rt, "v1").items() if k.startswith("outcome:")}
+
+
+def _a_tail(c: Any, convs: list[dict[str, Any]], seed: int) -> None:
+    """Two new conversations with outcomes, and outcomes for three conversations the job counted already
+    (one a second outcome that turns a failure into a success)."""
+    new = clean(2, "v1", seed)
+    assert c.post("/v1/conversations", json=new, headers=INGEST).status_code == 202
+    later = _task_successes(new + convs[-3:-1], f"n{seed}-") + _task_successes(convs[-1:], f"m{seed}-", value=0)
+    assert c.post("/v1/outcomes", json=later, headers=INGEST).status_code in (200, 202)
+
+
+def test_the_tail_reads_the_conversations_it_touched_not_their_tasks_or_hours(sqlite_url) -> None:
+    """pass^k and outcome counts with a tail count exactly, and what the read looks at does not grow with
+    the stored rows: the same tail over eight times the conversations of the same tasks and hour reads
+    about as much."""
+    rt = _runtime(sqlite_url)
+    with make_client(rt) as c:
+        first = clean(60, "v1", 1)
+        assert c.post("/v1/conversations", json=first, headers=INGEST).status_code == 202
+        assert c.post("/v1/outcomes", json=_task_successes(first[:40], "a"), headers=INGEST).status_code in (200, 202)
+        assert rollup_job.refresh(rt.sessions, lag_seconds=0).rebuilt
+        more = clean(40, "v1", 2)
+        assert c.post("/v1/conversations", json=more, headers=INGEST).status_code == 202
+        late = _task_successes(more[:30] + first[40:50], "b") + _task_successes(first[:5], "c", value=0)
+        assert c.post("/v1/outcomes", json=late, headers=INGEST).status_code in (200, 202)
+        assert not rollup_job.refresh(rt.sessions, lag_seconds=0).rebuilt  # members recorded incrementally
+
+        _a_tail(c, more[:28], 3)
+        small, tasks, outcomes = _tail_read(rt)
+        assert tasks == _direct_tasks(rt, "v1") and outcomes == _direct_outcomes(rt)
+
+        rollup_job.refresh(rt.sessions, lag_seconds=0)
+        bulk = clean(700, "v1", 4)
+        assert c.post("/v1/conversations", json=bulk, headers=INGEST).status_code == 202
+        assert c.post("/v1/outcomes", json=_task_successes(bulk, "d"), headers=INGEST).status_code in (200, 202)
+        rollup_job.refresh(rt.sessions, lag_seconds=0)
+
+        _a_tail(c, bulk, 5)
+        large, tasks, outcomes = _tail_read(rt)
+        assert tasks == _direct_tasks(rt, "v1") and outcomes == _direct_outcomes(rt)
+        assert large < 2 * small, (small, large)
+    rt.close()

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 
 from tests.compare.test_compare_api import verdict_row
 from tests.support.app import INGEST, REVIEWER, make_client, make_settings
@@ -205,3 +205,56 @@ def test_a_run_on_a_clock_running_ahead_leaves_no_conversation_uncounted(rt, mon
         assert c.post("/v1/conversations", json=later, headers=INGEST).status_code == 202
         rollup_job.refresh(rt.sessions, lag_seconds=0)
     assert_matches_scratch(rt)
+
+
+def _links_run(rt, c, convs: list[dict], tag: str) -> int:  # type: ignore[no-untyped-def]
+    """Outcomes for three conversations the job counted, then one run: the SQLite virtual machine's steps
+    that run took (in tens: a measure of the rows it read and wrote, not a time)."""
+    later = [
+        {"conversation_id": x["conversation_id"], "type": kind, "value": 1, "idempotency_key": f"{tag}{i}{kind}"}
+        for i, x in enumerate(convs[-3:])
+        for kind in ("task_success", "escalation")
+    ]
+    assert c.post("/v1/outcomes", json=later, headers=INGEST).status_code in (200, 202)
+    steps: list[int] = []
+
+    def step() -> int:
+        steps.append(1)
+        return 0
+
+    def watch(conn, *_args) -> None:  # type: ignore[no-untyped-def]
+        conn.connection.driver_connection.set_progress_handler(step, 10)
+
+    def unwatch(conn, *_args) -> None:  # type: ignore[no-untyped-def]
+        conn.connection.driver_connection.set_progress_handler(None, 0)
+
+    engine = rt.sessions.kw["bind"]
+    event.listen(engine, "before_cursor_execute", watch)
+    event.listen(engine, "after_cursor_execute", unwatch)
+    try:
+        rollup_job.refresh(rt.sessions, lag_seconds=0)
+    finally:
+        event.remove(engine, "before_cursor_execute", watch)
+        event.remove(engine, "after_cursor_execute", unwatch)
+    assert_matches_scratch(rt)
+    return len(steps)
+
+
+def test_a_run_after_outcomes_for_counted_conversations_reads_them_not_their_tasks_or_hours(
+    sqlite_url,
+) -> None:
+    """Outcomes for conversations counted already change the rollups by those conversations' parts; the
+    run does not recount their tasks' history nor their hours, so it costs the same over eight times the
+    conversations of the same tasks and hour."""
+    rt = build_runtime(make_settings(sqlite_url), registry=CollectorRegistry())
+    with make_client(rt) as c:
+        first = clean(80, "v1", 1)
+        assert c.post("/v1/conversations", json=first, headers=INGEST).status_code == 202
+        rollup_job.refresh(rt.sessions, lag_seconds=0)
+        small = _links_run(rt, c, first, "a")
+        bulk = clean(640, "v1", 2)
+        assert c.post("/v1/conversations", json=bulk, headers=INGEST).status_code == 202
+        rollup_job.refresh(rt.sessions, lag_seconds=0)
+        large = _links_run(rt, c, bulk, "b")
+        assert large < 2 * small, (small, large)
+    rt.close()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, delete, func, insert, or_, select, text, true
+from sqlalchemy import ColumnElement, and_, bindparam, case, delete, func, insert, or_, select, text, true
 from sqlalchemy.orm import Session, sessionmaker
 
 from vigil.store.db import aware, clock, upsert
@@ -177,6 +177,44 @@ def task_counts(session: Session, scope: ColumnElement[bool]) -> dict[TaskKey, t
     return {k: (n, s) for k, (n, s) in out.items()}
 
 
+def trials_of(session: Session, scope: ColumnElement[bool]) -> dict[str, tuple[int, int]]:
+    """Each conversation's own part of :func:`task_counts`: (1, 1 if it succeeded) for a trial; conversations
+    in ``scope`` that are no trial are left out (they add nothing)."""
+    C, L = ConversationRow, OutcomeLinkRow
+    q = (
+        select(C.conversation_id, func.max(case((L.happened, 1), else_=0)))
+        .join(L, L.conversation_id == C.conversation_id)
+        .where(scope, C.task_id.is_not(None), finished(), L.type == "task_success", L.attributed)
+        .group_by(C.conversation_id)
+    )
+    return {cid: (1, int(ok)) for cid, ok in session.execute(q)}
+
+
+def outcomes_of(session: Session, scope: ColumnElement[bool]) -> dict[str, set[str]]:
+    """Each conversation's own part of :func:`outcome_counts`: the outcome types it counts under;
+    conversations in ``scope`` that count under none are left out."""
+    C, L = ConversationRow, OutcomeLinkRow
+    q = (
+        select(C.conversation_id, L.type)
+        .join(L, L.conversation_id == C.conversation_id)
+        .where(scope, finished(), L.attributed, L.happened)
+        .distinct()
+    )
+    out: dict[str, set[str]] = defaultdict(set)
+    for cid, kind in session.execute(q):
+        out[cid].add(kind)
+    return out
+
+
+def outcome_types(stored: str) -> set[str]:
+    """The outcome types a ``rollup_members.outcomes`` value names."""
+    return set(stored.split("\n")) if stored else set()
+
+
+def _stored_types(types: set[str] | None) -> str:
+    return "\n".join(sorted(types or ()))
+
+
 def version_spans(session: Session, scope: ColumnElement[bool]) -> list[tuple[str, str, datetime, datetime]]:
     C = ConversationRow
     q = (
@@ -272,13 +310,34 @@ def rebuild(session: Session, now: datetime | None = None) -> RefreshResult:
     _add_counts(session, counts)
     _add_tasks(session, tasks)
     _add_versions(session, version_spans(session, true()))
-    C = ConversationRow
-    cols = ["conversation_id", "received_at", "agent_id", "agent_version", "task_id"]
+    C, L = ConversationRow, OutcomeLinkRow
+    trial = (
+        select(L.conversation_id, func.max(case((L.happened, 1), else_=0)).label("ok"))
+        .where(L.type == "task_success", L.attributed)
+        .group_by(L.conversation_id)
+        .subquery()
+    )
+    counted = and_(trial.c.conversation_id.is_not(None), C.task_id.is_not(None), finished())
+    kinds = select(L.conversation_id, L.type).where(L.attributed, L.happened).distinct().subquery()
+    joined = func.string_agg if _pg(session) else func.group_concat
+    happened = (
+        select(kinds.c.conversation_id, joined(kinds.c.type, "\n").label("types"))
+        .group_by(kinds.c.conversation_id)
+        .subquery()
+    )
+    cols = ["conversation_id", "received_at", "agent_id", "agent_version", "task_id", "trials", "successes", "outcomes"]
     session.execute(
         insert(RollupMemberRow).from_select(
-            cols, select(C.conversation_id, C.received_at, C.agent_id, C.agent_version, C.task_id)
+            cols,
+            select(
+                C.conversation_id, C.received_at, C.agent_id, C.agent_version, C.task_id,
+                case((counted, 1), else_=0), case((counted, trial.c.ok), else_=0),
+                case((finished(), func.coalesce(happened.c.types, "")), else_=""),
+            )
+            .outerjoin(trial, trial.c.conversation_id == C.conversation_id)
+            .outerjoin(happened, happened.c.conversation_id == C.conversation_id),
         )
-    )
+    )  # fmt: skip
     _set_state(session, now, now)
     return RefreshResult(
         rebuilt=True,
@@ -329,6 +388,75 @@ def _recompute_tasks(session: Session, dirty: set[tuple[str, str, str]], frozen_
         _add_tasks(session, task_counts(session, scope))
 
 
+MEMBER_COLUMNS = ("received_at", "agent_id", "agent_version", "task_id", "trials", "successes", "outcomes")
+
+
+def _count_links(
+    session: Session,
+    start: datetime,
+    added: set[str],
+    dirty: dict[tuple[datetime, str, str], set[str]],
+    dirty_tasks: set[tuple[str, str, str]],
+    frozen_before: datetime | None,
+) -> None:
+    """Count the outcome links written since ``start``: a conversation counted before with its parts on
+    record changes its hour's outcome counts and its task's day by its parts now less its parts as counted
+    (idempotent: the lag's second look finds them equal); one without (counted before they were kept)
+    has its hour and task recomputed. Its parts are then recorded as counted now. Conversations added in
+    this run were counted from their own rows already. Hours and days that may have lost raw rows keep
+    their counts, as in :func:`_recompute`."""
+    C, L, M = ConversationRow, OutcomeLinkRow, RollupMemberRow
+    rows = session.execute(
+        select(
+            L.conversation_id, C.received_at, C.agent_id, C.agent_version, C.task_id,
+            M.received_at, M.trials, M.successes, M.outcomes,
+        )
+        .join(C, C.conversation_id == L.conversation_id)
+        .outerjoin(M, M.conversation_id == C.conversation_id)
+        .where(L.linked_at >= start)
+        .distinct()
+    ).all()  # fmt: skip
+    rows = sorted({r[0]: r for r in rows if r[0] not in added}.values(), key=lambda r: r[0])
+    first_day = day_of(frozen_before) + timedelta(days=1) if frozen_before is not None else None
+    counts: dict[HourKey, list[int]] = defaultdict(lambda: [0])
+    tasks: dict[TaskKey, list[int]] = defaultdict(lambda: [0, 0])
+    table = M.__table__
+    stmt = (
+        table.update()
+        .where(table.c.conversation_id == bindparam("cid"))
+        .values(trials=bindparam("t"), successes=bindparam("s"), outcomes=bindparam("o"))
+    )
+    for i in range(0, len(rows), CHUNK):
+        part = rows[i : i + CHUNK]
+        scope = C.conversation_id.in_([r[0] for r in part])
+        trials, kinds = trials_of(session, scope), outcomes_of(session, scope)
+        for cid, at, a, v, task, old_at, old_n, old_s, old_kinds in part:
+            at = _ts(at)
+            if old_at is None or _ts(old_at) != at or old_n is None or old_kinds is None:
+                dirty[(hour_of(at), a, v)].add(OUTCOME_FAMILY)
+                if task is not None:
+                    dirty_tasks.add((a, v, task))
+                continue
+            before, after = outcome_types(old_kinds), kinds.get(cid, set())
+            if frozen_before is not None and hour_of(at) < frozen_before:
+                before = after
+            for kind in after ^ before:
+                counts[(hour_of(at), a, v, f"outcome:{kind}")][0] += 1 if kind in after else -1
+            n, ok = trials.get(cid, (0, 0))
+            frozen = first_day is not None and day_of(at) < first_day
+            if task is not None and not frozen and (n, ok) != (old_n, old_s or 0):
+                acc = tasks[(a, v, task, day_of(at))]
+                acc[0] += n - old_n
+                acc[1] += ok - (old_s or 0)
+        rows_now = [
+            {"cid": c, "t": trials.get(c, (0, 0))[0], "s": trials.get(c, (0, 0))[1], "o": _stored_types(kinds.get(c))}
+            for c in (r[0] for r in part)
+        ]
+        session.execute(stmt, rows_now)
+    _add_counts(session, {k: (OUTCOME_FAMILY, 0, x) for k, (x,) in counts.items() if x})
+    _add_tasks(session, {k: (n, ok) for k, (n, ok) in tasks.items() if n or ok})
+
+
 Frozen = datetime | Callable[[datetime], datetime | None] | None
 """Hours before it are no longer recomputed: a time, or one computed from the job's clock."""
 
@@ -354,7 +482,7 @@ def refresh_in(
     if retained is not None and retained.watermark is not None:  # what a retention run did delete before
         deleted_before = aware(retained.watermark)
         frozen_before = deleted_before if frozen_before is None else max(frozen_before, deleted_before)
-    C, M, L, V = ConversationRow, RollupMemberRow, OutcomeLinkRow, VerdictRow
+    C, M, V = ConversationRow, RollupMemberRow, VerdictRow
     changed = session.execute(
         select(
             C.conversation_id, C.received_at, C.agent_id, C.agent_version, C.task_id,
@@ -375,35 +503,31 @@ def refresh_in(
         _add_counts(session, added)
         _add_tasks(session, task_counts(session, scope))
         _add_versions(session, version_spans(session, scope))
+        trials, kinds = trials_of(session, scope), outcomes_of(session, scope)
         for _cid, _at, _a, _v, _t, old_at, old_a, old_v, old_t in part:
             if old_at is not None:
                 dirty[(hour_of(_ts(old_at)), old_a, old_v)] |= {CONV_FAMILY, OUTCOME_FAMILY}
                 if old_t is not None:
                     dirty_tasks.add((old_a, old_v, old_t))
         members = [
-            {"conversation_id": r[0], "received_at": r[1], "agent_id": r[2], "agent_version": r[3], "task_id": r[4]}
+            {
+                "conversation_id": r[0], "received_at": r[1], "agent_id": r[2], "agent_version": r[3], "task_id": r[4],
+                "trials": trials.get(r[0], (0, 0))[0], "successes": trials.get(r[0], (0, 0))[1],
+                "outcomes": _stored_types(kinds.get(r[0])),
+            }
             for r in sorted(part, key=lambda r: r[0])
-        ]
+        ]  # fmt: skip
         ins = upsert(session, RollupMemberRow.__table__)
         session.execute(
             ins.on_conflict_do_update(
                 index_elements=["conversation_id"],
-                set_={k: ins.excluded[k] for k in ("received_at", "agent_id", "agent_version", "task_id")},
+                set_={k: ins.excluded[k] for k in MEMBER_COLUMNS},
             ),
             members,
         )
         result.added += len(part)
-    h = _trunc(session, "hour", C.received_at)
-    links = (
-        select(h, C.agent_id, C.agent_version, C.task_id, L.type)
-        .join(C, C.conversation_id == L.conversation_id)
-        .where(L.linked_at >= start)
-        .distinct()
-    )
-    for hour, a, v, task, kind in session.execute(links):
-        dirty[(_ts(hour), a, v)].add(OUTCOME_FAMILY)
-        if kind == "task_success" and task is not None:
-            dirty_tasks.add((a, v, task))
+    added_ids = {r[0] for r in changed}
+    _count_links(session, start, added_ids, dirty, dirty_tasks, frozen_before)
     hv = _trunc(session, "hour", V.created_at)
     verdicts = select(hv, V.agent_id, V.agent_version).where(V.created_at >= start).distinct()
     for hour, a, v in session.execute(verdicts):

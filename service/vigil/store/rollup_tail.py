@@ -8,9 +8,16 @@ counts them as the job's next run will:
 
 - a conversation counted nowhere yet (no ``rollup_members`` row) is *added*, from its own rows;
 - a conversation stored again has its old hour *recounted* from the base tables (conversation and
-  outcome counts) and the new revision added; the hours of outcome links written since (outcome counts),
-  of verdicts written since (judge counts) are recounted likewise, as are the tasks they touch (pass^k).
-  A recounted hour's rollup rows of that kind are left out, so nothing counts twice.
+  outcome counts) and the new revision added; the hours of verdicts written since (judge counts) are
+  recounted likewise. A recounted hour's rollup rows of that kind are left out, so nothing counts twice.
+- an outcome link written since to a conversation the job counted changes the outcome counts by the
+  types the conversation counts under now and not as counted (``rollup_members.outcomes``), or the
+  reverse: a read looks at those conversations, not at their whole hour. A conversation counted before
+  members kept that (NULL) has its hour's outcome counts recounted instead.
+- pass^k per task changes by what the conversations stored again or given outcome links since add now,
+  less what ``rollup_members`` says they added when the job counted them: a read looks at those
+  conversations only, never at a task's whole history. A conversation counted before members kept that
+  (NULL) has its old task recounted from the base tables instead, that task's rollup rows left out.
 
 So the figures are exact up to the read. A longer tail (the job stopped, or far behind) is not read: the
 figures are the rollups' alone, exact up to the watermark, and :meth:`Tail.freshness` says so.
@@ -61,7 +68,11 @@ class Tail:
     frozen_before: datetime | None = None  # hours before this may have lost raw rows: the rollups' stand
     added: dict[Version, list[str]] = field(default_factory=lambda: defaultdict(list))  # conversation ids
     recount: dict[Version, Hours] = field(default_factory=lambda: defaultdict(lambda: defaultdict(set)))
-    tasks: dict[Version, set[str]] = field(default_factory=lambda: defaultdict(set))
+    touched: set[str] = field(default_factory=set)  # conversations whose part of the task counts may differ
+    linked: dict[Version, dict[str, tuple[datetime, set[str]]]] = field(
+        default_factory=lambda: defaultdict(dict)
+    )  # counted conversations given outcome links since: their hour and outcome types as counted
+    task_parts: dict[Version, tuple[set[str], dict[tuple[str, datetime], tuple[int, int]]]] | None = None
     first_seen: dict[Version, datetime] = field(default_factory=dict)
     counted: dict[Version, Counts] = field(default_factory=dict)  # counts() read so far
 
@@ -97,6 +108,17 @@ class Tail:
                 V.agent_id == agent, V.agent_version == version, _in_hours(V.created_at, by_family[JUDGE_FAMILY])
             )
             out.update(rollup_job.judge_counts(session, scope))
+        linked = {cid: ht for cid, ht in self.linked.get((agent, version), {}).items() if not self.frozen(ht[0])}
+        if linked:  # frozen hours keep their counts, as in the job
+            now = rollup_job.outcomes_of(session, among(session, C.conversation_id, sorted(linked)))
+            for cid, (hour, before) in linked.items():
+                if OUTCOME_FAMILY in hours.get(hour, ()):
+                    continue  # that hour's outcome counts are recounted whole above
+                after = now.get(cid, set())
+                for kind in after ^ before:
+                    key = (hour, agent, version, f"outcome:{kind}")
+                    had = out.get(key, (OUTCOME_FAMILY, 0, 0))
+                    out[key] = (OUTCOME_FAMILY, had[1], had[2] + (1 if kind in after else -1))
         ids = self.added.get((agent, version))
         if ids:
             scope = among(session, C.conversation_id, ids)
@@ -114,17 +136,64 @@ class Tail:
     ) -> tuple[set[str], datetime | None, dict[tuple[str, datetime], tuple[int, int]]]:
         """The version's tasks the tail touched, the first day counted afresh (later days), and their
         trials and successes per (task, day) from the base tables."""
-        tasks = self.tasks.get((agent, version), set())
-        if not tasks:
-            return tasks, None, {}
+        if self.task_parts is None:
+            self.task_parts = self._task_parts(session)
+        recount, changes = self.task_parts.get((agent, version), (set(), {}))
+        start = day_of(self.frozen_before) + timedelta(days=1) if self.frozen_before is not None else None
+        if not recount:
+            return recount, start, changes
         C = ConversationRow
-        scope = and_(C.task_id.in_(sorted(tasks)), C.agent_id == agent, C.agent_version == version)
-        start = None
-        if self.frozen_before is not None:  # days that may have lost raw rows keep their counts, as in the job
-            start = day_of(self.frozen_before) + timedelta(days=1)
+        scope = and_(C.task_id.in_(sorted(recount)), C.agent_id == agent, C.agent_version == version)
+        if start is not None:  # days that may have lost raw rows keep their counts, as in the job
             scope = and_(scope, C.received_at >= start)
         fresh = {(t, d): nc for (_a, _v, t, d), nc in rollup_job.task_counts(session, scope).items()}
-        return tasks, start, fresh
+        for (t, d), nc in changes.items():
+            if t not in recount:
+                fresh[(t, d)] = nc
+        return recount, start, fresh
+
+    def _task_parts(
+        self, session: Session
+    ) -> dict[Version, tuple[set[str], dict[tuple[str, datetime], tuple[int, int]]]]:
+        """Per version: the tasks to recount from the base tables, and what the touched conversations
+        change in the other tasks' trials and successes per (task, day), against the rollups."""
+        out: dict[Version, tuple[set[str], dict[tuple[str, datetime], list[int]]]] = defaultdict(
+            lambda: (set(), defaultdict(lambda: [0, 0]))
+        )
+        if not self.touched:
+            return {}
+        C, M = ConversationRow, RollupMemberRow
+        ids = sorted(self.touched)
+        start = day_of(self.frozen_before) + timedelta(days=1) if self.frozen_before is not None else None
+        now = rollup_job.trials_of(session, among(session, C.conversation_id, ids))
+        rows = session.execute(
+            select(
+                C.conversation_id, C.received_at, C.agent_id, C.agent_version, C.task_id,
+                M.received_at, M.agent_id, M.agent_version, M.task_id, M.trials, M.successes,
+            )
+            .outerjoin(M, M.conversation_id == C.conversation_id)
+            .where(among(session, C.conversation_id, ids))
+        ).all()  # fmt: skip
+        for cid, at, a, v, task, old_at, old_a, old_v, old_t, old_n, old_s in rows:
+            day = day_of(rollup_job._ts(at))
+            counted = old_at is not None and rollup_job._ts(old_at) == at
+            if old_at is not None and old_t is not None:
+                old_day = day_of(rollup_job._ts(old_at))
+                if old_n is None:  # counted before members kept its part: its old task is recounted
+                    out[(old_a, old_v)][0].add(old_t)
+                elif old_n and (start is None or old_day >= start):
+                    acc = out[(old_a, old_v)][1][(old_t, old_day)]
+                    acc[0] -= old_n
+                    acc[1] -= old_s or 0
+            n, s = now.get(cid, (0, 0))
+            if n and task is not None and (not counted or start is None or day >= start):
+                acc = out[(a, v)][1][(task, day)]
+                acc[0] += n
+                acc[1] += s
+        return {
+            key: (recount, {k: (n, s) for k, (n, s) in changes.items() if n or s})
+            for key, (recount, changes) in out.items()
+        }
 
     def freshness(self) -> dict[str, Any]:
         """Up to when the figures count, for the answer (``counts_up_to`` None: the rollups are not built yet)."""
@@ -157,7 +226,7 @@ def read(session: Session, max_rows: int, frozen_before: datetime | None = None)
         C.conversation_id, C.received_at, C.agent_id, C.agent_version, C.task_id,
         M.received_at, M.agent_id, M.agent_version, M.task_id,
     ).outerjoin(M, M.conversation_id == C.conversation_id)  # fmt: skip
-    links = select(C.received_at, C.agent_id, C.agent_version, C.task_id, L.type).join(
+    links = select(L.conversation_id, C.received_at, C.agent_id, C.agent_version, L.type).join(
         C, C.conversation_id == L.conversation_id
     )
     verdicts = select(V.created_at, V.agent_id, V.agent_version)
@@ -180,18 +249,36 @@ def read(session: Session, max_rows: int, frozen_before: datetime | None = None)
         if old_at is not None and rollup_job._ts(old_at) == at:
             continue  # counted by the job's last run already
         tail.added[(a, v)].append(cid)
-        if old_at is not None:  # stored again: the hour and task it was counted in are recounted
+        if old_at is not None:  # stored again: the hour it was counted in is recounted
             tail.recount[(old_a, old_v)][hour_of(rollup_job._ts(old_at))] |= {CONV_FAMILY, OUTCOME_FAMILY}
-            for key, t in (((old_a, old_v), old_t), ((a, v), task)):
-                if t is not None:
-                    tail.tasks[key].add(t)
-    for at, a, v, task, kind in link_rows:
-        tail.recount[(a, v)][hour_of(rollup_job._ts(at))].add(OUTCOME_FAMILY)
-        if kind == "task_success" and task is not None:
-            tail.tasks[(a, v)].add(task)
+        if task is not None or old_t is not None:
+            tail.touched.add(cid)
+    added = {cid for ids in tail.added.values() for cid in ids}
+    counted = _outcomes_counted(session, sorted({r[0] for r in link_rows} - added))
+    for cid, at, a, v, kind in link_rows:
+        at = rollup_job._ts(at)
+        if cid in counted and counted[cid][0] == at:
+            tail.linked[(a, v)][cid] = (hour_of(at), counted[cid][1])
+        elif cid not in added:  # counted before members kept its outcomes (or not at all): the hour is recounted
+            tail.recount[(a, v)][hour_of(at)].add(OUTCOME_FAMILY)
+        if kind == "task_success":
+            tail.touched.add(cid)
     for at, a, v in verdict_rows:  # recounted, not added: a verdict counted already may sit after the watermark
         tail.recount[(a, v)][hour_of(rollup_job._ts(at))].add(JUDGE_FAMILY)
     return tail
+
+
+def _outcomes_counted(session: Session, ids: list[str]) -> dict[str, tuple[datetime, set[str]]]:
+    """The conversations' time and outcome types as the job counted them (those it kept them for)."""
+    if not ids:
+        return {}
+    M = RollupMemberRow
+    rows = session.execute(
+        select(M.conversation_id, M.received_at, M.outcomes).where(
+            among(session, M.conversation_id, ids), M.outcomes.is_not(None)
+        )
+    )
+    return {cid: (rollup_job._ts(at), rollup_job.outcome_types(kinds or "")) for cid, at, kinds in rows}
 
 
 def attach(session: Session, max_rows: int, frozen_before: datetime | None = None) -> Tail:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import BigInteger, DateTime, Index, Integer, String, and_, func, not_, or_, select
+from sqlalchemy import BigInteger, DateTime, Index, Integer, SmallInteger, String, Text, and_, func, not_, or_, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from vigil.store.db import aware
@@ -68,7 +68,10 @@ class RollupVersionRow(Base):
 
 
 class RollupMemberRow(Base):
-    """Where each conversation was counted: a newer revision moves it, and its old hour is recomputed."""
+    """Where each conversation was counted: a newer revision moves it, and its old hour is recomputed.
+
+    ``trials`` and ``successes`` (0 or 1) are what it added to its task's day when last counted, ``outcomes``
+    the outcome types it counted under (one a line); NULL on rows written before they were kept."""
 
     __tablename__ = "rollup_members"
 
@@ -77,6 +80,9 @@ class RollupMemberRow(Base):
     agent_id: Mapped[str] = mapped_column(String(256))
     agent_version: Mapped[str] = mapped_column(String(128))
     task_id: Mapped[str | None] = mapped_column(String(256))
+    trials: Mapped[int | None] = mapped_column(SmallInteger)
+    successes: Mapped[int | None] = mapped_column(SmallInteger)
+    outcomes: Mapped[str | None] = mapped_column(Text)
 
 
 TAIL_KEY = "vigil.rollup_tail"
