@@ -7,8 +7,8 @@ conversation of each touched task (a task's whole history) or of each touched ho
 Rows written before keep them NULL: nothing says what they were counted as, so a read recounts their task
 or hour from the base tables, as before.
 
-Revision ID: 0023_rollup_member_trials
-Revises: 0022_dead_letter_replayed
+Revision ID: 0025_rollup_member_trials
+Revises: 0024_erasures
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0023_rollup_member_trials"
-down_revision = "0022_dead_letter_replayed"
+revision = "0025_rollup_member_trials"
+down_revision = "0024_erasures"
 branch_labels = None
 depends_on = None
 
