@@ -96,3 +96,31 @@ def test_an_erased_conversation_produced_again_to_kafka_is_dropped_by_the_consum
         worker.stop()
         thread.join(15)
         rt.close()
+
+
+def test_until_a_tombstone_exists_a_batch_does_not_look_its_ids_up_and_another_replica_still_drops(
+    db_url: str,
+) -> None:
+    """With no erasure yet (the usual case) a batch asks only whether any tombstone exists, not for its 1,000
+    ids' hashes; a replica that learnt "none" still drops a conversation another replica erased since."""
+    from sqlalchemy import event
+
+    first = build_runtime(make_settings(db_url), registry=CollectorRegistry())
+    second = build_runtime(make_settings(db_url), registry=CollectorRegistry())
+    lookups: list[str] = []
+
+    def record(_conn, _cursor, statement, _parameters, _context, _many):  # type: ignore[no-untyped-def]
+        if "erased_conversations" in statement:
+            lookups.append(statement)
+
+    try:
+        with make_client(first) as a, make_client(second) as b:
+            event.listen(second.engine, "before_cursor_execute", record)
+            assert b.post("/v1/conversations", json=[conversation("r-1")], headers=INGEST).status_code == 202
+            assert lookups and all("conversation_hash IN" not in s and "ANY" not in s for s in lookups), lookups
+            assert a.delete("/v1/conversations/r-1", headers=ADMIN).status_code == 200  # the other replica
+            again = b.post("/v1/conversations", json=[conversation("r-1")], headers=INGEST).json()
+            assert (again["stored"], again["erased"]) == (0, 1), again
+    finally:
+        first.close()
+        second.close()

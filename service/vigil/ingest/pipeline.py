@@ -27,7 +27,7 @@ from vigil.schema import HOST_BOUND, Conversation, FutureBound
 from vigil.settings import Settings
 from vigil.store.db import PERMANENT_DB_ERRORS, retry_kind, retry_transient, storable_text
 from vigil.store.db import db_detail as _db_detail
-from vigil.store.erasure import erased_among
+from vigil.store.erasure import Tombstones
 from vigil.store.writes import BatchResult, Checked, DeadLetter, store_conversations, store_dead_letters
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class Pipeline:
         self.metrics = metrics
         self.bound = bound  # the database's clock: what a time arriving may not lie ahead of
         self.stopping = threading.Event()  # set on shutdown: a failing write is not retried again
+        self.tombstones = Tombstones()  # whether any erased conversation must be looked for in a batch
         self.downstream = downstream if isinstance(downstream, list) else list(downstream)  # the runtime's hooks list
         metrics.rules_loaded.set(len(rules.rules))
 
@@ -192,8 +193,8 @@ class Pipeline:
             self.sessions.begin() as session,
         ):
             # an erased conversation sent again (a redelivery, an exporter's retry, an import run twice) is
-            # dropped: one primary-key look-up for the batch's ids
-            erased = erased_among(session, [c.conversation_id for c in checked])
+            # dropped: one primary-key look-up for the batch's ids, once any tombstone exists
+            erased = self.tombstones.erased_among(session, [c.conversation_id for c in checked])
             if erased:
                 checked = [c for c in checked if c.conversation_id not in erased]
             stored = store_conversations(session, checked)
