@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import delete, or_, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from vigil.ingest.otlp.models import OtelConversationRow, OtelConversationTraceRow, OtelEventRow, OtelSpanRow
@@ -18,11 +18,10 @@ def erase_traces(session: Session, conversation_ids: Sequence[str]) -> dict[str,
     several conversations share (``otel_values``, instructions most often) are not one conversation's and
     stay until their own expiry."""
     C, T, S, E = OtelConversationRow, OtelConversationTraceRow, OtelSpanRow, OtelEventRow  # noqa: E741
-    ids = list(conversation_ids)
-    named = or_(among(session, C.conversation_id, ids), among(session, C.conversation_key, ids))
-    keys = set(session.scalars(select(C.conversation_key).where(named)))
-    keys |= set(ids)  # spans of a conversation not yet assembled, buffered under its id
-    keyed = sorted(keys)
+    # a traced conversation's key is its id: the tracing stage stores a conversation assembled under key K as
+    # conversation K, and sets ``conversation_id`` to its key or to NULL, never to another id; so the rows
+    # are found by the primary key (a look-up by ``conversation_id`` had no index and scanned the table)
+    keyed = sorted(set(conversation_ids))
     traces = sorted(set(session.scalars(select(T.trace_id).where(among(session, T.conversation_key, keyed)))))
     spans = 0
     if traces:
